@@ -1,0 +1,432 @@
+"""Configuration: pydantic models of the TOML file, loading, env overrides, checks.
+
+Sizes written as strings ("20GB", "100MB") are parsed by pydantic's ``ByteSize``:
+``GB``/``MB``/``KB`` are decimal (10^9, 10^6, 10^3 bytes); ``GiB``/``MiB``/``KiB``
+are binary (2^30, 2^20, 2^10 bytes).
+
+Loading order: built-in defaults < TOML file < environment variables
+``CEREBELLAR_NORSE_<SECTION>__<KEY>`` (nested tables: ``..._NEURAL__GRANULE__V_TH``).
+Unknown keys are errors in every layer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import ConfigError, ConfigProblem
+
+ENV_PREFIX = "CEREBELLAR_NORSE_"
+N_FEATURES = 3  # log return, log volume, log inter-tick gap
+N_CLASSES = 3  # down, flat, up
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+
+class LIFConfig(_Section):
+    """LIF parameters of one population (Norse ``LIFParameters``), in physical units."""
+
+    tau_syn_ms: float = Field(5.0, gt=0, le=1000, description="Synaptic current time constant (ms).")
+    tau_mem_ms: float = Field(10.0, gt=0, le=1000, description="Membrane time constant (ms).")
+    v_leak: float = Field(0.0, description="Leak (resting) potential (dimensionless, threshold 1).")
+    v_th: float = Field(1.0, description="Spike threshold potential (dimensionless).")
+    v_reset: float = Field(0.0, description="Potential after a spike (dimensionless).")
+
+    @model_validator(mode="after")
+    def _reset_below_threshold(self) -> "LIFConfig":
+        if not self.v_reset < self.v_th:
+            raise ValueError(f"v_reset ({self.v_reset}) must be below v_th ({self.v_th})")
+        return self
+
+
+def _lif(tau_syn: float, tau_mem: float) -> Any:
+    return Field(default_factory=lambda: LIFConfig(tau_syn_ms=tau_syn, tau_mem_ms=tau_mem))
+
+
+class NeuralConfig(_Section):
+    """Network shape, dynamics and learning rate (section ``[neural]``)."""
+
+    mossy_size: int = Field(48, ge=N_FEATURES, le=65_536, description="Mossy fibres; a multiple of 3 (one population per tick feature).")
+    granule_size: int = Field(1024, ge=1, le=100_000_000, description="Granule cells.")
+    granule_dendrites: int = Field(4, ge=1, le=64, description="Mossy fibres feeding each granule cell.")
+    purkinje_size: int = Field(32, ge=1, le=1_000_000, description="Purkinje cells.")
+    connections_per_neuron: int = Field(128, ge=1, le=1_000_000, description="Parallel-fibre inputs (granule cells) per Purkinje cell.")
+    dcn_size: int = Field(12, ge=N_CLASSES, le=100_000, description="Deep-nuclei cells; a multiple of 3 (one group per class down/flat/up).")
+    steps_per_tick: int = Field(4, ge=1, le=1000, description="Integration steps per market tick.")
+    dt_ms: float = Field(1.0, gt=0, le=100, description="Integration step (ms).")
+    seed: int = Field(42, ge=0, le=2**63 - 1, description="Seed fixing topology and initial weights.")
+    horizon_ticks: int = Field(10, ge=1, le=100_000, description="Prediction horizon (ticks ahead) of the down/flat/up classes.")
+    target_sparsity: float = Field(0.05, gt=0, lt=1, description="Target fraction of granule cells spiking per step (Golgi inhibition).")
+    golgi_rate: float = Field(2.0, ge=0, le=1000, description="Gain of the Golgi homeostatic inhibition (current per unit activity error per step).")
+    mossy_gain: float = Field(1.0, gt=0, le=1000, description="Peak mossy-fibre current (per step, dimensionless).")
+    feature_clip: float = Field(4.0, gt=0, le=100, description="Z-scored features are clipped to +/- this (standard deviations).")
+    norm_window: int = Field(1000, ge=2, le=10_000_000, description="Ticks of memory of the per-market running normaliser.")
+    readout_scale: float = Field(1.0, gt=0, le=1000, description="Multiplier from readout potential to class logits.")
+    precision: Literal["float32", "float64"] = Field("float32", description="Floating point type of the network state and weights.")
+    learning_rate: float = Field(1e-3, gt=0, le=1, description="Adam learning rate for gradient training.")
+    granule: LIFConfig = _lif(2.0, 2.0)
+    purkinje: LIFConfig = _lif(2.0, 4.0)
+    dcn: LIFConfig = _lif(2.0, 4.0)
+    readout: LIFConfig = _lif(5.0, 10.0)
+
+
+class PerformanceConfig(_Section):
+    """Device, batching and memory (section ``[performance]``)."""
+
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description='"cpu", "cuda", or "auto" (CUDA when present).')
+    batch_size: int = Field(256, ge=1, le=65_536, description="Most ticks stepped as one batch.")
+    max_batch_delay_us: int = Field(50, ge=0, le=1_000_000, description="Longest wait to fill a batch (us).")
+    queue_size: int = Field(4096, ge=1, le=10_000_000, description="Ticks waiting for the engine before callers get 503.")
+    max_markets: int = Field(1024, ge=1, le=10_000_000, description="Market state slots; least recently used markets are evicted beyond it.")
+    cuda_streams: int = Field(1, ge=1, le=64, description="CUDA streams (device cuda).")
+    cpu_threads: int = Field(1, ge=1, le=1024, description="Threads of the CPU kernel (numba).")
+    memory_pool_enabled: bool = Field(True, description="Reserve the state pool at start.")
+    memory_pool_size: ByteSize = Field(ByteSize(64_000_000), description='Memory reserved for market states, e.g. "20GB".')
+    memory_limit: ByteSize = Field(ByteSize(2_000_000_000), description='Hard cap on the estimated memory, e.g. "28GB".')
+    garbage_collection_threshold: float = Field(0.8, gt=0, le=1, description="Pool usage fraction above which idle markets are evicted early.")
+
+
+class TrainingConfig(_Section):
+    """Training jobs (section ``[training]``)."""
+
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
+    epochs: int = Field(5, ge=1, le=10_000, description="Default epochs of a job.")
+    sequence_length: int = Field(64, ge=1, le=100_000, description="Truncated BPTT window (ticks).")
+    batch_markets: int = Field(16, ge=1, le=65_536, description="Sequences per gradient step.")
+    validation_fraction: float = Field(0.2, gt=0, lt=1, description="Last fraction (by time) held out for validation.")
+    early_stopping_patience: int = Field(3, ge=1, le=1000, description="Epochs without validation improvement before stopping.")
+    flat_band: float = Field(0.0005, ge=0, le=1, description="|log return| over the horizon below this is class flat.")
+    max_bad_row_fraction: float = Field(0.01, ge=0, le=1, description="A job fails when more rows than this fraction are bad.")
+    threads: int = Field(1, ge=1, le=1024, description="CPU threads of the training process.")
+    auto_activate: bool = Field(True, description="Activate a trained model when it beats the active one on validation.")
+    reset_state_on_swap: bool = Field(False, description="Reset market states when a new model is activated.")
+    online_learning: bool = Field(False, description="Climbing-fibre online adaptation while serving.")
+    climbing_fibre_rate: float = Field(1e-4, ge=0, le=1, description="Step size of the climbing-fibre LTD/LTP rule.")
+    bootstrap_on_first_run: bool = Field(True, description="Train a default model on generated data when the state dir has none.")
+
+
+class ServerConfig(_Section):
+    """HTTP server (section ``[server]``)."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="Listen address.")
+    port: int = Field(8080, ge=1, le=65_535, description="Listen port.")
+    api_token: SecretStr | None = Field(None, description="Bearer token for state-changing routes; required off loopback.")
+    worker_threads: int = Field(4, ge=1, le=1024, description="Threads for blocking work off the hot path.")
+    connection_timeout: float = Field(30.0, gt=0, le=3600, description="Seconds to wait for a request before closing (s).")
+    keep_alive_timeout: float = Field(75.0, gt=0, le=3600, description="Idle keep-alive connection lifetime (s).")
+    max_connections: int = Field(10_000, ge=1, le=1_000_000, description="Concurrent connections before new ones get 503.")
+    max_body_size: ByteSize = Field(ByteSize(1_000_000), description='Largest request body, e.g. "1MB".')
+
+
+class LoggingConfig(_Section):
+    """Logs (section ``[logging]``)."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="Lowest level logged.")
+    file: Path | None = Field(None, description="Also write JSON lines here (e.g. /var/log/cerebellar-norse/application.log).")
+    max_files: int = Field(30, ge=1, le=10_000, description="Rotated log files kept.")
+    max_size: ByteSize = Field(ByteSize(100_000_000), description='Size at which the log file rotates, e.g. "100MB".')
+    compression: Literal["gzip", "none"] = Field("gzip", description="Compression of rotated files.")
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+
+class PathsConfig(_Section):
+    """Where state and data live (section ``[paths]``)."""
+
+    state_dir: Path = Field(
+        default_factory=lambda: Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0] or "./var"),
+        description="Models, market state, recordings ($STATE_DIRECTORY under systemd, else ./var).",
+    )
+    data_dir: Path = Field(Path("/data/training"), description="Training CSV files.")
+
+
+class DebugConfig(_Section):
+    """Debugging aids (section ``[debug]``)."""
+
+    record_requests: bool = Field(False, description="Record every tick to the state dir for replay.")
+
+
+class Config(_Section):
+    """The whole configuration file."""
+
+    neural: NeuralConfig = Field(default_factory=NeuralConfig)
+    performance: PerformanceConfig = Field(default_factory=PerformanceConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per floating point value of the network (4 or 8)."""
+        return 4 if self.neural.precision == "float32" else 8
+
+
+# ---------------------------------------------------------------------------
+# Memory estimate
+# ---------------------------------------------------------------------------
+
+
+class MemoryEstimate(BaseModel):
+    """Estimated memory of a configuration, in bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weights: int
+    state_per_market: int
+    pool: int
+    total: int
+
+
+def state_floats_per_market(n: NeuralConfig) -> int:
+    """Floating point values of one market's network state (v and i of every cell)."""
+    return 2 * (n.granule_size + n.purkinje_size + n.dcn_size + N_CLASSES) + 1
+
+
+ENCODER_STATE_BYTES = 12 * 8  # float64 running normaliser, see neurons.encoder
+
+
+def estimate_memory(cfg: Config) -> MemoryEstimate:
+    """Memory estimate: granule_size x 4 bytes x connections_per_neuron + state + pool.
+
+    The weights term is the operations guide's formula (an upper bound of the
+    parallel-fibre weights, which number purkinje_size x connections_per_neuron);
+    the other weight matrices are added exactly. The pool is ``memory_pool_size``
+    when the pool is enabled, else ``max_markets`` market states.
+    """
+    n = cfg.neural
+    b = cfg.dtype_bytes
+    weights = n.granule_size * 4 * n.connections_per_neuron
+    weights += n.granule_size * n.granule_dendrites * (b + 4)  # mossy -> granule
+    weights += n.dcn_size * (n.mossy_size + n.purkinje_size) * b + N_CLASSES * n.dcn_size * b
+    per_market = state_floats_per_market(n) * b + ENCODER_STATE_BYTES
+    pool = int(cfg.performance.memory_pool_size) if cfg.performance.memory_pool_enabled else per_market * cfg.performance.max_markets
+    return MemoryEstimate(weights=weights, state_per_market=per_market, pool=pool, total=weights + per_market + pool)
+
+
+def fmt_bytes(n: int) -> str:
+    """Human-readable decimal size (matches the GB = 10^9 convention of the config)."""
+    for unit, factor in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= factor:
+            return f"{n / factor:.2f}{unit}"
+    return f"{n}B"
+
+
+# ---------------------------------------------------------------------------
+# Consistency checks (need no host information)
+# ---------------------------------------------------------------------------
+
+
+def consistency_problems(cfg: Config) -> list[ConfigProblem]:
+    """Checks across keys that a schema alone cannot express."""
+    n, perf = cfg.neural, cfg.performance
+    out: list[ConfigProblem] = []
+    if n.mossy_size % N_FEATURES:
+        out.append(ConfigProblem("neural.mossy_size", f"{n.mossy_size} is not a multiple of {N_FEATURES} (one population per feature)", f"use {n.mossy_size - n.mossy_size % N_FEATURES or N_FEATURES}"))
+    if n.mossy_size // N_FEATURES < 2 and n.mossy_size % N_FEATURES == 0:
+        out.append(ConfigProblem("neural.mossy_size", "needs at least 2 fibres per feature for population coding", "use at least 6"))
+    if n.dcn_size % N_CLASSES:
+        out.append(ConfigProblem("neural.dcn_size", f"{n.dcn_size} is not a multiple of {N_CLASSES} (one group per class down/flat/up)", f"use {n.dcn_size - n.dcn_size % N_CLASSES or N_CLASSES}"))
+    if n.granule_dendrites > n.mossy_size:
+        out.append(ConfigProblem("neural.granule_dendrites", f"{n.granule_dendrites} dendrites but only {n.mossy_size} mossy fibres", "lower granule_dendrites or raise mossy_size"))
+    if n.connections_per_neuron > n.granule_size:
+        out.append(ConfigProblem("neural.connections_per_neuron", f"{n.connections_per_neuron} inputs per Purkinje cell but only {n.granule_size} granule cells", "lower connections_per_neuron or raise granule_size"))
+    if n.purkinje_size > n.granule_size:
+        out.append(ConfigProblem("neural.purkinje_size", f"{n.purkinje_size} Purkinje cells exceed {n.granule_size} granule cells", "lower purkinje_size"))
+    if n.target_sparsity * n.granule_size < 1:
+        out.append(ConfigProblem("neural.target_sparsity", f"{n.target_sparsity} of {n.granule_size} granule cells is less than one cell", "raise target_sparsity or granule_size"))
+    for name in ("granule", "purkinje", "dcn", "readout"):
+        lif: LIFConfig = getattr(n, name)
+        for tau_key in ("tau_syn_ms", "tau_mem_ms"):
+            if n.dt_ms / getattr(lif, tau_key) >= 2.0:
+                out.append(ConfigProblem(f"neural.{name}.{tau_key}", f"dt_ms {n.dt_ms} is at least twice {tau_key} {getattr(lif, tau_key)}: forward Euler is unstable", f"raise {tau_key} above {n.dt_ms / 2} or lower neural.dt_ms"))
+    est = estimate_memory(cfg)
+    if perf.memory_pool_enabled and int(perf.memory_pool_size) < est.state_per_market:
+        out.append(ConfigProblem("performance.memory_pool_size", f"{fmt_bytes(int(perf.memory_pool_size))} holds no market state of {fmt_bytes(est.state_per_market)}", f"raise it to at least {fmt_bytes(est.state_per_market)}"))
+    if est.total > int(perf.memory_limit):
+        out.append(ConfigProblem(
+            "performance.memory_limit",
+            f"memory estimate {fmt_bytes(est.total)} (weights {fmt_bytes(est.weights)} = granule_size {n.granule_size} x 4 B x connections_per_neuron {n.connections_per_neuron}, + state {fmt_bytes(est.state_per_market)} + pool {fmt_bytes(est.pool)}) exceeds memory_limit {fmt_bytes(int(perf.memory_limit))}",
+            "lower neural.granule_size, neural.connections_per_neuron or performance.memory_pool_size, or raise performance.memory_limit",
+        ))
+    if perf.batch_size > perf.queue_size:
+        out.append(ConfigProblem("performance.batch_size", f"{perf.batch_size} exceeds queue_size {perf.queue_size}", "lower batch_size or raise performance.queue_size"))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+def _pydantic_problems(err: ValidationError, prefix: str = "") -> list[ConfigProblem]:
+    out = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if prefix:
+            key = f"{prefix}.{key}" if key else prefix
+        etype = e["type"]
+        if etype == "extra_forbidden":
+            out.append(ConfigProblem(key, "unknown key", "remove it or check its spelling against `cerebellar-norse --dump-schema`"))
+        elif etype == "missing":
+            out.append(ConfigProblem(key, "missing", "add it"))
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            msg = e["msg"].removeprefix("Value error, ")
+            out.append(ConfigProblem(key, f"{msg}{shown}", "see the configuration reference in README.md"))
+    return out
+
+
+def default_toml_text() -> str:
+    """The built-in default configuration, as shipped in the package."""
+    return resources.files("cerebellar_norse").joinpath("default.toml").read_text(encoding="utf-8")
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """Parse TOML text; a syntax error becomes a ConfigError naming the line."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([ConfigProblem("", f"TOML syntax error: {exc}", "fix the syntax at that line")], source) from None
+
+
+def read_toml_file(path: Path) -> dict[str, Any]:
+    """Read and parse a TOML file; unreadable files are ConfigErrors."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([ConfigProblem("", f"config file {path} does not exist", "pass an existing file to --config")], str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigProblem("", f"cannot read config file {path}: {exc}", "check the path and its permissions")], str(path)) from None
+    return parse_toml(text, str(path))
+
+
+def _parse_env_value(raw: str) -> Any:
+    """An env value is read as a TOML value when it is one (8080, true, 1.5, "x"), else as a string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Collect ``CEREBELLAR_NORSE_<SECTION>__<KEY>`` variables as a nested dict.
+
+    Returns the nested overrides and a map dotted-key -> variable name (for messages).
+    Variables without ``__`` (e.g. ``CEREBELLAR_NORSE_LOG``) are not config keys.
+    """
+    tree: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        if any(not p for p in parts):
+            continue
+        node = tree
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                break
+            node = nxt
+        else:
+            node[parts[-1]] = _parse_env_value(raw)
+            names[".".join(parts)] = name
+    return tree, names
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _sectionless_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
+    """Top-level keys must be tables (sections); a stray key gets a clear message."""
+    out = []
+    for k, v in data.items():
+        if k in Config.model_fields and not isinstance(v, Mapping):
+            out.append(ConfigProblem(k, f"must be a table [{k}], got {type(v).__name__}", f"write it as a [{k}] section"))
+    return out
+
+
+def build_config(data: Mapping[str, Any], source: str = "", environ: Mapping[str, str] | None = None) -> Config:
+    """Validate raw TOML data (plus env overrides) into a Config, or raise ConfigError."""
+    env_tree, env_names = env_overrides(os.environ if environ is None else environ)
+    merged = _deep_merge(dict(data), env_tree)
+    problems = _sectionless_problems(merged)
+    if problems:
+        raise ConfigError(problems, source)
+    try:
+        cfg = Config.model_validate(merged)
+    except ValidationError as exc:
+        problems = _pydantic_problems(exc)
+        for p in problems:
+            if p.key in env_names:
+                object.__setattr__(p, "message", f"{p.message} [from environment variable {env_names[p.key]}]")
+        raise ConfigError(problems, source) from None
+    return cfg
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Load a configuration: the built-in default when ``path`` is None.
+
+    Raises:
+        ConfigError: syntax, schema or unknown-key problems (every problem listed).
+    """
+    if path is None:
+        return build_config(parse_toml(default_toml_text(), "<built-in default>"), "<built-in default>", environ)
+    p = Path(path)
+    return build_config(read_toml_file(p), str(p), environ)
+
+
+def load_checked_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Load a configuration and run the consistency checks; raise ConfigError on any problem."""
+    cfg = load_config(path, environ)
+    problems = consistency_problems(cfg)
+    if problems:
+        raise ConfigError(problems, str(path) if path else "<built-in default>")
+    return cfg
+
+
+def config_json_schema() -> dict[str, Any]:
+    """JSON Schema of the configuration file."""
+    schema = Config.model_json_schema()
+    schema["title"] = "cerebellar-norse configuration"
+    return schema
+
+
+def config_to_toml_dict(cfg: Config) -> dict[str, Any]:
+    """A plain dict of the config suitable for TOML/JSON (secrets masked)."""
+    return cfg.model_dump(mode="json")
+
+
+def is_finite_number(x: Any) -> bool:
+    """True for int/float values that are finite (bools excluded)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

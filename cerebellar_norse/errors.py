@@ -1,0 +1,114 @@
+"""The one exception tree of cerebellar-norse.
+
+Every error the service raises on purpose derives from :class:`CerebellarNorseError`
+and falls into one of four families, which map onto how callers react:
+
+* :class:`ConfigError` – the configuration (TOML, environment, CLI) is wrong; fix it
+  and restart. Carries every problem found, each with its TOML key and a fix.
+* :class:`InputError` – one request, tick, CSV row or checkpoint is bad; the caller
+  gets a 4xx naming the field and no state changes.
+* :class:`CapacityError` – the service is full right now (queue, pool); retry later.
+* :class:`EngineFatalError` – the engine or device cannot go on (device lost,
+  backend failed to start); the service reports itself not ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class CerebellarNorseError(Exception):
+    """Base of every error raised on purpose by cerebellar-norse."""
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One problem in a configuration.
+
+    Attributes:
+        key: dotted TOML key, e.g. ``performance.device`` (``""`` for the whole file).
+        message: what is wrong, with the offending value or numbers.
+        fix: what to do about it.
+    """
+
+    key: str
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        where = self.key or "<file>"
+        text = f"{where}: {self.message}"
+        if self.fix:
+            text += f" (fix: {self.fix})"
+        return text
+
+
+class ConfigError(CerebellarNorseError):
+    """The configuration is invalid; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: list[ConfigProblem], source: str = "") -> None:
+        self.problems = list(problems)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__(prefix + "; ".join(str(p) for p in self.problems))
+
+
+class InputError(CerebellarNorseError):
+    """Bad input from a caller (a tick, a request body, a CSV row, a checkpoint).
+
+    Attributes:
+        field: the offending field (dotted path, e.g. ``ticks.3.price``) or ``""``.
+    """
+
+    status_code = 422
+
+    def __init__(self, message: str, field: str = "") -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class TickOrderError(InputError):
+    """A tick is older than the last tick applied to its market."""
+
+    status_code = 409
+
+
+class DataError(InputError):
+    """A training data file is unusable (report lists file:line problems)."""
+
+    def __init__(self, message: str, report: list[str] | None = None) -> None:
+        self.report = list(report or [])
+        super().__init__(message)
+
+
+class CheckpointError(InputError):
+    """A model checkpoint or state file is corrupt, incomplete or of the wrong shape.
+
+    Attributes:
+        path: the file that is corrupt (or the directory when no file is named).
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class CapacityError(CerebellarNorseError):
+    """The service cannot take more work right now (queue full, pool exhausted).
+
+    Attributes:
+        retry_after_s: suggested wait before retrying, in seconds.
+    """
+
+    def __init__(self, message: str, retry_after_s: float = 0.01) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class EngineFatalError(CerebellarNorseError):
+    """The engine or its device cannot continue (backend failed, device lost)."""
+
+
+class DeviceUnavailableError(EngineFatalError):
+    """The configured device (e.g. ``cuda``) is not present on this host."""

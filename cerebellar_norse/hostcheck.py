@@ -1,0 +1,117 @@
+"""Host checks of a configuration: is the device there, does the memory fit.
+
+Used by ``cerebellar-norse --validate-config`` (not by ``--validate-only``).
+Facts about the host are gathered once into :class:`HostFacts` so the checks are
+pure functions and can be tested with any host description.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from .config import Config, estimate_memory, fmt_bytes
+from .errors import ConfigProblem
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the checks need to know about the host.
+
+    Attributes:
+        ram_total_bytes: physical memory (bytes), None when unknown.
+        ram_available_bytes: memory available to new processes (bytes), None when unknown.
+        cuda_available: a CUDA device can be used.
+        gpu_memory_total_bytes: memory of CUDA device 0 (bytes), None without CUDA.
+        gpu_name: name of CUDA device 0, "" without CUDA.
+    """
+
+    ram_total_bytes: int | None
+    ram_available_bytes: int | None
+    cuda_available: bool
+    gpu_memory_total_bytes: int | None = None
+    gpu_name: str = ""
+
+
+def _meminfo() -> tuple[int | None, int | None]:
+    total = avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    value = int(rest.split()[0]) * 1024
+                    if key == "MemTotal":
+                        total = value
+                    else:
+                        avail = value
+    except OSError:
+        pass
+    return total, avail
+
+
+def _cuda_facts() -> tuple[bool, int | None, str]:
+    """Ask torch for CUDA; fall back to no CUDA when torch cannot see a device."""
+    if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidiactl"):
+        return False, None, ""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False, None, ""
+        props = torch.cuda.get_device_properties(0)
+        return True, int(props.total_memory), str(props.name)
+    except Exception:  # a broken driver is reported as "no CUDA", with the host check saying so
+        try:
+            subprocess.run(["nvidia-smi", "-L"], check=True, capture_output=True, timeout=10)
+        except Exception:
+            return False, None, ""
+        return False, None, ""
+
+
+def gather_host_facts() -> HostFacts:
+    """Read the facts of this host (RAM from /proc/meminfo, CUDA through torch)."""
+    total, avail = _meminfo()
+    cuda, gpu_mem, gpu_name = _cuda_facts()
+    return HostFacts(total, avail, cuda, gpu_mem, gpu_name)
+
+
+def resolve_device(cfg: Config, host: HostFacts) -> str:
+    """The device the service will use: ``auto`` becomes cuda when present, else cpu."""
+    if cfg.performance.device == "auto":
+        return "cuda" if host.cuda_available else "cpu"
+    return cfg.performance.device
+
+
+def host_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
+    """Every problem of ``cfg`` on ``host``: device mismatch and memory that does not fit."""
+    out: list[ConfigProblem] = []
+    device = resolve_device(cfg, host)
+    if cfg.performance.device == "cuda" and not host.cuda_available:
+        out.append(ConfigProblem(
+            "performance.device",
+            'device mismatch: "cuda" is configured but this host has no usable CUDA device',
+            'set performance.device = "cpu" (or "auto"), or run on a host with a GPU (check `nvidia-smi -L`)',
+        ))
+    est = estimate_memory(cfg)
+    if host.ram_total_bytes is not None and est.total > host.ram_total_bytes:
+        out.append(ConfigProblem(
+            "performance.memory_limit",
+            f"memory estimate {fmt_bytes(est.total)} exceeds host RAM {fmt_bytes(host.ram_total_bytes)}",
+            "lower neural.granule_size, neural.connections_per_neuron or performance.memory_pool_size",
+        ))
+    if host.ram_total_bytes is not None and int(cfg.performance.memory_limit) > host.ram_total_bytes:
+        out.append(ConfigProblem(
+            "performance.memory_limit",
+            f"memory_limit {fmt_bytes(int(cfg.performance.memory_limit))} exceeds host RAM {fmt_bytes(host.ram_total_bytes)}",
+            f"set it below {fmt_bytes(host.ram_total_bytes)}, leaving room for the system",
+        ))
+    if device == "cuda" and host.gpu_memory_total_bytes is not None and est.total > host.gpu_memory_total_bytes:
+        out.append(ConfigProblem(
+            "performance.memory_pool_size",
+            f"memory estimate {fmt_bytes(est.total)} exceeds GPU memory {fmt_bytes(host.gpu_memory_total_bytes)} of {host.gpu_name or 'device 0'}",
+            "lower performance.memory_pool_size or the network size",
+        ))
+    return out
