@@ -1,0 +1,186 @@
+"""The ``cerebellar-norse`` command.
+
+Exit codes: 0 ok, 1 check failed, 2 usage error. Errors go to stderr, one line each;
+user errors never print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with a one-line message (no usage dump on stdout)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command-line interface (flags of DESIGN §4 plus subcommands)."""
+    p = _Parser(prog="cerebellar-norse", description="Low-latency cerebellar spiking network service.")
+    p.add_argument("--config", metavar="PATH", help="TOML configuration (default: built-in default)")
+    p.add_argument("--host", help="listen address (overrides server.host)")
+    p.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    actions = p.add_mutually_exclusive_group()
+    actions.add_argument("--validate-only", action="store_true", help="check TOML syntax and schema, no host checks")
+    actions.add_argument("--validate-config", action="store_true", help="check schema, consistency and this host (device, memory)")
+    actions.add_argument("--dump-schema", action="store_true", help="print the JSON Schema of the configuration")
+    actions.add_argument("--dump-weights", action="store_true", help="print per-layer weight statistics of the loaded model")
+    actions.add_argument("--verify-data", metavar="DIR", help="verify SHA-256 manifests of models and market state under DIR")
+    actions.add_argument("--validate-model", metavar="DIR", help="verify a model directory (or a directory of models)")
+    p.add_argument("--format", choices=["text", "json", "npz"], default="text", help="output format of --dump-weights")
+    p.add_argument("--output", metavar="PATH", help="file for --dump-weights --format npz")
+
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    cv = sub.add_parser("crossval", help="compare the fused kernel with the Norse reference")
+    cv.add_argument("--ticks", type=int, default=1000, help="ticks per run (default 1000)")
+    cv.add_argument("--markets", type=int, default=4, help="interleaved markets (default 4)")
+    cv.add_argument("--precision", choices=["float32", "float64", "both"], default="both", help="precision(s) to compare (default both)")
+    cv.add_argument("--seed", type=int, default=7, help="seed of the generated tick stream")
+    cv.add_argument("--json", action="store_true", help="print one JSON object")
+
+    bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
+    bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
+    bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
+    bn.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _err(msg: str) -> None:
+    print(f"cerebellar-norse: {msg}", file=sys.stderr)
+
+
+def _print_problems(problems: Sequence[ConfigProblem], source: str) -> None:
+    for prob in problems:
+        _err(f"{source}: {prob}" if source else str(prob))
+
+
+def _cmd_validate(args: argparse.Namespace, host_checks: bool) -> int:
+    from . import config as cfgmod
+
+    source = args.config or "<built-in default>"
+    try:
+        cfg = cfgmod.load_config(args.config)
+    except ConfigError as exc:
+        _print_problems(exc.problems, source)
+        return EXIT_FAILED
+    if not host_checks:
+        print(f"{source}: schema OK")
+        return EXIT_OK
+    from .hostcheck import gather_host_facts, host_problems
+
+    problems = cfgmod.consistency_problems(cfg) + host_problems(cfg, gather_host_facts())
+    if problems:
+        _print_problems(problems, source)
+        _err(f"{source}: {len(problems)} problem(s) found")
+        return EXIT_FAILED
+    est = cfgmod.estimate_memory(cfg)
+    print(f"{source}: valid (device {cfg.performance.device}, memory estimate {cfgmod.fmt_bytes(est.total)} of limit {cfgmod.fmt_bytes(int(cfg.performance.memory_limit))})")
+    return EXIT_OK
+
+
+def _cmd_dump_schema(args: argparse.Namespace) -> int:
+    from .config import config_json_schema
+
+    print(json.dumps(config_json_schema(), indent=2))
+    return EXIT_OK
+
+
+def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from .config import load_checked_config
+
+    cfg = load_checked_config(args.config)
+    updates = {}
+    if args.host is not None:
+        updates["host"] = args.host
+    if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            raise ConfigError([ConfigProblem("server.port", f"--port {args.port} is outside 1..65535", "pass a port in 1..65535")])
+        updates["port"] = args.port
+    if updates:
+        cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update=updates)})
+    return cfg
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    from .api.server import serve
+
+    return serve(cfg)
+
+
+def _cmd_crossval(args: argparse.Namespace) -> int:
+    from .neurons.crossval import run_crossval_command
+
+    if args.ticks < 1 or args.markets < 1:
+        _err("--ticks and --markets must be at least 1")
+        return EXIT_USAGE
+    return run_crossval_command(_load(args), args.ticks, args.markets, args.precision, args.seed, args.json)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .neurons.bench import run_bench_command
+
+    if args.ticks < 10 or args.reference_ticks < 10:
+        _err("--ticks and --reference-ticks must be at least 10")
+        return EXIT_USAGE
+    return run_bench_command(_load(args), args.ticks, args.reference_ticks, args.json)
+
+
+def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
+    if args.validate_only:
+        return lambda a: _cmd_validate(a, host_checks=False)
+    if args.validate_config:
+        return lambda a: _cmd_validate(a, host_checks=True)
+    if args.dump_schema:
+        return _cmd_dump_schema
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {"crossval": _cmd_crossval, "bench": _cmd_bench}
+    if args.command in commands:
+        return commands[args.command]
+    if args.dump_weights or args.verify_data or args.validate_model:
+        return _cmd_not_available
+    return _cmd_serve
+
+
+def _cmd_not_available(args: argparse.Namespace) -> int:
+    _err("no model store exists yet in this version: --dump-weights, --verify-data and --validate-model need trained models")
+    return EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.config is not None and not Path(args.config).exists():
+        _err(f"{args.config}: config file does not exist (fix: pass an existing file to --config)")
+        return EXIT_FAILED if (args.validate_only or args.validate_config) else EXIT_USAGE
+    try:
+        return _dispatch(args)(args)
+    except ConfigError as exc:
+        _print_problems(exc.problems, exc.source or (args.config or ""))
+        return EXIT_FAILED
+    except CheckpointError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    except InputError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    except CerebellarNorseError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
