@@ -11,9 +11,12 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError
+
+if TYPE_CHECKING:
+    from .config import Config
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -96,7 +99,7 @@ def _cmd_dump_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _load(args: argparse.Namespace) -> Config:
     from .config import load_checked_config
 
     cfg = load_checked_config(args.config)

@@ -1,0 +1,1 @@
+"""Engine: market state pool, micro-batching and backends."""

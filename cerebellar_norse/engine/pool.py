@@ -1,0 +1,93 @@
+"""Market state pool: preallocated slot arrays and a least-recently-used slot table.
+
+All market states live in one :class:`~cerebellar_norse.neurons.state.StateArrays`
+of ``capacity`` slots, allocated once. A market gets a slot on its first tick; when
+every slot is taken, the least recently used market is evicted (its slot reset, so
+if it comes back it restarts from the initial state) and the eviction is counted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from ..neurons.state import StateArrays
+
+
+class SlotTable:
+    """Maps market ids to slots with LRU eviction. Not thread-safe: one owner at a time.
+
+    Args:
+        capacity: number of slots.
+        on_new_slot: called with the slot index whenever a slot is (re)assigned, to reset it.
+    """
+
+    def __init__(self, capacity: int, on_new_slot: Callable[[int], None]) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._on_new_slot = on_new_slot
+        self._slots: OrderedDict[str, int] = OrderedDict()
+        self._free = list(range(capacity - 1, -1, -1))
+        self.evictions = 0
+        self.last_evicted: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, market_id: object) -> bool:
+        return market_id in self._slots
+
+    def markets(self) -> list[str]:
+        """Markets holding a slot, least recently used first."""
+        return list(self._slots)
+
+    def get(self, market_id: str) -> int | None:
+        """The slot of a market without touching its recency, or None."""
+        return self._slots.get(market_id)
+
+    def acquire(self, market_id: str) -> int:
+        """The market's slot (assigning one, evicting the LRU market if full); marks it most recent."""
+        slot = self._slots.get(market_id)
+        if slot is not None:
+            self._slots.move_to_end(market_id)
+            return slot
+        if self._free:
+            slot = self._free.pop()
+        else:
+            victim, slot = self._slots.popitem(last=False)
+            self.evictions += 1
+            self.last_evicted = victim
+        self._on_new_slot(slot)
+        self._slots[market_id] = slot
+        return slot
+
+    def release(self, market_id: str) -> bool:
+        """Forget a market and free its slot; True when it held one."""
+        slot = self._slots.pop(market_id, None)
+        if slot is None:
+            return False
+        self._free.append(slot)
+        return True
+
+    def items(self) -> list[tuple[str, int]]:
+        """(market, slot) pairs, least recently used first."""
+        return list(self._slots.items())
+
+
+class StatePool:
+    """Slot arrays plus the slot table: the state of every live market."""
+
+    def __init__(self, arrays: StateArrays, reset_slot: Callable[[int], None]) -> None:
+        self.arrays = arrays
+        self.table = SlotTable(arrays.slots, reset_slot)
+
+    @property
+    def capacity(self) -> int:
+        """Number of slots."""
+        return self.table.capacity
+
+    @property
+    def used(self) -> int:
+        """Slots holding a market."""
+        return len(self.table)

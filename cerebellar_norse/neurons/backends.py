@@ -1,0 +1,167 @@
+"""Backends: one small interface, ``step(slots, price, volume, ts_ms) -> (probs, spikes)``.
+
+Both backends update the same slot arrays (:class:`StateArrays`) in place, so they
+are interchangeable and directly comparable.
+
+* ``fused``: the numba kernel of :mod:`.fused` (CPU fast path).
+* ``reference``: the Norse reference module, batched in torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .encoder import encode_tick_to_mossy
+from norse.torch.functional.leaky_integrator import LIState
+from norse.torch.functional.lif import LIFFeedForwardState
+
+from .functional import CerebellumState
+from .fused import FusedWorkspace, tick_batch
+from .parameters import NetworkParameters, encoder_parameters, kernel_coefficients, numpy_dtype
+from .reference import CerebellarReference
+from .state import StateArrays
+from .topology import Weights
+
+BACKENDS = ("fused", "reference")
+
+
+class Backend(Protocol):
+    """What the engine needs from a backend."""
+
+    name: str
+
+    def step(self, slots: np.ndarray, price: np.ndarray, volume: np.ndarray,
+             ts_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Apply ticks (in order) to the given slots.
+
+        Returns views valid until the next call: probabilities (B, K) float64 and
+        spikes per population (B, 3) int64.
+        """
+        ...
+
+    def set_weights(self, weights: Weights) -> None:
+        """Swap in new weights (same topology) between batches."""
+        ...
+
+
+class FusedBackend:
+    """The numba kernel over preallocated buffers; batches up to ``max_batch`` ticks."""
+
+    name = "fused"
+
+    def __init__(self, weights: Weights, params: NetworkParameters, state: StateArrays, enc_par: np.ndarray,
+                 max_batch: int) -> None:
+        self.params = params
+        self.state = state
+        self.enc_par = enc_par
+        self.coef = kernel_coefficients(params)
+        self.max_batch = max_batch
+        self.ws = FusedWorkspace.allocate(params.shape, self.coef.dtype, max_batch)
+        self._lock = threading.Lock()
+        self.set_weights(weights)
+
+    def set_weights(self, weights: Weights) -> None:
+        """Swap weights atomically with respect to ``step``."""
+        w = weights.astype(self.coef.dtype)
+        packed = (w.mg_idx, w.mg_w, w.pf_ptr, w.pf_post, w.pf_w_csr(), w.pc_bias, w.w_md, w.w_pd, w.dcn_bias, w.w_out)
+        with self._lock:
+            self._w = packed
+
+    def step(self, slots: np.ndarray, price: np.ndarray, volume: np.ndarray,
+             ts_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run the fused kernel for one batch."""
+        b = slots.shape[0]
+        if b > self.max_batch:
+            raise ValueError(f"batch of {b} exceeds the workspace of {self.max_batch}")
+        ws = self.ws
+        with self._lock:
+            tick_batch(slots, price, volume, ts_ms, *self.state.arrays(), *self._w, self.coef, self.enc_par,
+                       self.params.steps_per_tick, ws.work_f, ws.work_i, ws.work_z, ws.probs, ws.spikes)
+        return ws.probs[:b], ws.spikes[:b]
+
+
+def unique_waves(slots: np.ndarray) -> list[np.ndarray]:
+    """Split batch positions into consecutive waves in which each slot occurs at most once.
+
+    Wave k holds the k-th occurrence of every slot, so applying the waves in order
+    applies each market's ticks in arrival order.
+    """
+    seen: dict[int, int] = {}
+    rank = np.empty(slots.shape[0], dtype=np.int64)
+    for j, s in enumerate(slots.tolist()):
+        rank[j] = seen.get(s, 0)
+        seen[s] = rank[j] + 1
+    return [np.nonzero(rank == k)[0] for k in range(int(rank.max()) + 1 if rank.size else 0)]
+
+
+class ReferenceBackend:
+    """The Norse reference network, batched in torch (no gradients)."""
+
+    name = "reference"
+
+    def __init__(self, weights: Weights, params: NetworkParameters, state: StateArrays, enc_par: np.ndarray,
+                 max_batch: int) -> None:
+        self.params = params
+        self.state = state
+        self.enc_par = enc_par
+        self.dtype = numpy_dtype("float32" if params.dtype == torch.float32 else "float64")
+        self.max_batch = max_batch
+        self._z = np.zeros(3, dtype=np.float64)
+        self._lock = threading.Lock()
+        self.set_weights(weights)
+
+    def set_weights(self, weights: Weights) -> None:
+        """Rebuild the module from ``weights``."""
+        module = CerebellarReference(weights.astype(self.dtype), self.params).eval()
+        with torch.no_grad():
+            dense = module.dense_weights()
+        with self._lock:
+            self.module, self._dense = module, dense
+
+    def step(self, slots: np.ndarray, price: np.ndarray, volume: np.ndarray,
+             ts_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Encode (shared numba encoder) and step the reference, one wave of distinct markets at a time."""
+        b = slots.shape[0]
+        probs = np.empty((b, self.params.shape.classes), dtype=np.float64)
+        spikes = np.empty((b, 3), dtype=np.int64)
+        st = self.state
+        with self._lock, torch.no_grad():
+            for wave in unique_waves(slots):
+                ws = slots[wave]
+                mossy = np.empty((wave.size, self.params.shape.mossy), dtype=self.dtype)
+                for j, pos in enumerate(wave.tolist()):
+                    encode_tick_to_mossy(st.enc[slots[pos]], price[pos], volume[pos], ts_ms[pos], self.enc_par, self._z, mossy[j])
+                t = lambda a: torch.from_numpy(a[ws])  # noqa: E731
+                state = CerebellumState(
+                    granule=LIFFeedForwardState(v=t(st.v_gr), i=t(st.i_gr)),
+                    golgi=torch.from_numpy(st.golgi[ws]).unsqueeze(1),
+                    purkinje=LIFFeedForwardState(v=t(st.v_pc), i=t(st.i_pc)),
+                    dcn=LIFFeedForwardState(v=t(st.v_dcn), i=t(st.i_dcn)),
+                    readout=LIState(v=t(st.v_out), i=t(st.i_out)),
+                )
+                out, new = self.module(torch.from_numpy(mossy), state, self._dense)
+                st.v_gr[ws], st.i_gr[ws] = new.granule.v.numpy(), new.granule.i.numpy()
+                st.golgi[ws] = new.golgi.squeeze(1).numpy()
+                st.v_pc[ws], st.i_pc[ws] = new.purkinje.v.numpy(), new.purkinje.i.numpy()
+                st.v_dcn[ws], st.i_dcn[ws] = new.dcn.v.numpy(), new.dcn.i.numpy()
+                st.v_out[ws], st.i_out[ws] = new.readout.v.numpy(), new.readout.i.numpy()
+                probs[wave] = torch.softmax(out.logits.double(), dim=1).numpy()
+                spikes[wave] = out.spikes.round().long().numpy()
+        return probs, spikes
+
+
+def make_backend(name: str, weights: Weights, params: NetworkParameters, state: StateArrays, enc_par: np.ndarray,
+                 max_batch: int) -> Backend:
+    """Build a backend by name (``fused`` or ``reference``)."""
+    if name == "fused":
+        return FusedBackend(weights, params, state, enc_par, max_batch)
+    if name == "reference":
+        return ReferenceBackend(weights, params, state, enc_par, max_batch)
+    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Backend", "FusedBackend", "ReferenceBackend", "encoder_parameters", "make_backend", "unique_waves"]

@@ -1,0 +1,168 @@
+"""Public Python API: a cerebellar network you can feed ticks without HTTP.
+
+>>> from cerebellar_norse import CerebellarNetwork
+>>> net = CerebellarNetwork()                      # built-in default config, fused backend
+>>> r = net.process({"price": 100.0, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "TEST"})
+>>> sorted(r)
+['confidence', 'market_id', 'prediction', 'probabilities', 'processing_time_ns', 'spike_count']
+
+Results are the dicts the HTTP API returns (without model_version/request_id):
+``prediction = P(up) - P(down)`` in [-1, 1]; ``confidence = 1 - H(p)/ln 3`` in [0, 1]
+(0 for a uniform distribution, 1 for a certain one); ``spike_count`` the spikes of all
+populations during the tick; ``processing_time_ns`` the network time of the call,
+divided evenly among the ticks of a batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import Config, load_checked_config
+from ..engine.pool import StatePool
+from ..errors import InputError, TickOrderError
+from ..ticks import Tick, validate_tick, validate_ticks
+from .backends import Backend, make_backend
+from .encoder import S_LAST_TS, S_N_TICKS
+from .parameters import encoder_parameters, network_parameters
+from .state import StateArrays
+from .topology import Weights, generate_weights
+
+CLASSES = ("down", "flat", "up")
+_LN3 = math.log(3.0)
+
+
+def summarize(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(prediction, confidence) arrays from class probabilities (B, 3) (down, flat, up)."""
+    p = np.clip(probs, 1e-300, 1.0)
+    entropy = -(p * np.log(p)).sum(axis=1)
+    return probs[:, 2] - probs[:, 0], np.clip(1.0 - entropy / _LN3, 0.0, 1.0)
+
+
+def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, elapsed_ns: int) -> list[dict[str, Any]]:
+    """Result dicts of a batch (shared with the engine so every path answers alike)."""
+    pred, conf = summarize(probs)
+    per_tick = elapsed_ns // max(len(ticks), 1)
+    totals = spikes.sum(axis=1)
+    return [
+        {
+            "market_id": t.market_id,
+            "prediction": float(pred[j]),
+            "probabilities": {c: float(probs[j, k]) for k, c in enumerate(CLASSES)},
+            "confidence": float(conf[j]),
+            "spike_count": int(totals[j]),
+            "processing_time_ns": int(per_tick),
+        }
+        for j, t in enumerate(ticks)
+    ]
+
+
+class CerebellarNetwork:
+    """A cerebellar spiking network with per-market state.
+
+    Args:
+        config: a :class:`Config`, a path to a TOML file, or None for the built-in default.
+        backend: ``"fused"`` (numba kernel, fast) or ``"reference"`` (Norse, slow, differentiable).
+        weights: weights to use instead of the ones generated from the config's seed.
+        max_markets: market slots (default ``performance.max_markets``); beyond it the
+            least recently used market is evicted and restarts from rest.
+        max_batch: largest batch (default ``performance.batch_size``; bigger batches are split).
+
+    Not thread-safe: use one network per thread, or the engine for concurrent callers.
+    """
+
+    def __init__(self, config: Config | str | Path | None = None, backend: str = "fused", weights: Weights | None = None,
+                 max_markets: int | None = None, max_batch: int | None = None) -> None:
+        self.config = config if isinstance(config, Config) else load_checked_config(config)
+        cfg = self.config
+        self.params = network_parameters(cfg)
+        self.weights = generate_weights(cfg) if weights is None else weights
+        if self.weights.shape != self.params.shape:
+            raise InputError(f"weights of shape {self.weights.shape} do not match the config's network {self.params.shape}", "weights")
+        self.max_batch = max_batch or cfg.performance.batch_size
+        arrays = StateArrays.allocate(max_markets or cfg.performance.max_markets, self.params, cfg.neural.precision)
+        self.pool = StatePool(arrays, self._reset_slot)
+        self.backend: Backend = make_backend(backend, self.weights, self.params, arrays, encoder_parameters(cfg.neural), self.max_batch)
+
+    # -- state -----------------------------------------------------------------
+
+    def _reset_slot(self, slot: int) -> None:
+        self.pool.arrays.reset_slot(slot, self.params, float(self.weights.golgi_init))
+
+    @property
+    def markets(self) -> list[str]:
+        """Markets with live state, least recently used first."""
+        return self.pool.table.markets()
+
+    def reset(self, market_id: str) -> bool:
+        """Forget a market's state (its next tick starts from rest); True when it had state."""
+        return self.pool.table.release(market_id)
+
+    def snapshot(self, market_id: str) -> dict[str, np.ndarray]:
+        """A copy of a market's state (encoder and every neuron), for later :meth:`restore`."""
+        slot = self.pool.table.get(market_id)
+        if slot is None:
+            raise InputError(f"no state for market {market_id!r}", "market_id")
+        return self.pool.arrays.read_slot(slot)
+
+    def restore(self, market_id: str, snapshot: Mapping[str, np.ndarray]) -> None:
+        """Load a snapshot into a market (created if new). Shapes are checked before any change."""
+        probe = self.pool.arrays.read_slot(0)
+        for k, v in probe.items():
+            if k not in snapshot or np.shape(snapshot[k]) != v.shape:
+                raise InputError(f"snapshot field {k!r} missing or of shape {np.shape(snapshot.get(k))}, expected {v.shape}", "snapshot")
+        self.pool.arrays.write_slot(self.pool.table.acquire(market_id), dict(snapshot))
+
+    # -- processing ------------------------------------------------------------
+
+    def process(self, tick: Mapping[str, Any]) -> dict[str, Any]:
+        """Process one tick (a mapping with price, volume, timestamp, market_id)."""
+        return self.process_ticks([validate_tick(tick)])[0]
+
+    def process_batch(self, ticks: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Process many ticks in order: a list of tick mappings or a mapping of columns.
+
+        Every tick is validated (and checked not to be older than its market's last
+        tick) before any state changes; results come back in input order.
+        """
+        return self.process_ticks(validate_ticks(ticks))
+
+    def check_order(self, ticks: Sequence[Tick]) -> None:
+        """Raise TickOrderError if a tick is older than its market's previous tick."""
+        last: dict[str, int] = {}
+        for j, t in enumerate(ticks):
+            prev = last.get(t.market_id)
+            if prev is None:
+                slot = self.pool.table.get(t.market_id)
+                if slot is not None and self.pool.arrays.enc[slot, S_N_TICKS] > 0:
+                    prev = int(self.pool.arrays.enc[slot, S_LAST_TS])
+            if prev is not None and t.timestamp < prev:
+                field = f"ticks.{j}.timestamp" if len(ticks) > 1 else "timestamp"
+                raise TickOrderError(f"tick at {t.timestamp} is older than the market's last tick at {prev}", field)
+            last[t.market_id] = t.timestamp
+
+    def process_ticks(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+        """Process validated ticks (see :mod:`cerebellar_norse.ticks`)."""
+        if not ticks:
+            return []
+        self.check_order(ticks)
+        distinct = len({t.market_id for t in ticks})
+        if distinct > self.pool.capacity:
+            raise InputError(f"batch has {distinct} markets but the pool holds {self.pool.capacity}", "ticks")
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(ticks), self.max_batch):
+            chunk = ticks[start:start + self.max_batch]
+            slots = np.array([self.pool.table.acquire(t.market_id) for t in chunk], dtype=np.int64)
+            price = np.array([t.price for t in chunk], dtype=np.float64)
+            volume = np.array([t.volume for t in chunk], dtype=np.float64)
+            ts = np.array([t.timestamp for t in chunk], dtype=np.float64)
+            t0 = time.perf_counter_ns()
+            probs, spikes = self.backend.step(slots, price, volume, ts)
+            elapsed = time.perf_counter_ns() - t0
+            out.extend(result_dicts(chunk, probs, spikes, elapsed))
+        return out

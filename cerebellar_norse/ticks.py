@@ -1,0 +1,119 @@
+"""Market ticks: validation shared by the Python API, the engine and HTTP.
+
+A tick is ``{"price": float, "volume": float, "timestamp": int, "market_id": str}``
+with price in quote currency (finite, > 0), volume in traded units (finite, >= 0),
+timestamp in milliseconds since the Unix epoch (an integer between 2000-01-01 and
+2100-01-01, so seconds or microseconds by mistake are caught), market_id 1–64
+printable ASCII characters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+
+TS_MIN_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+TS_MAX_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
+MARKET_ID_MAX = 64
+TICK_FIELDS = ("price", "volume", "timestamp", "market_id")
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One validated market tick (units in the module docstring)."""
+
+    price: float
+    volume: float
+    timestamp: int
+    market_id: str
+
+
+def check_market_id(value: Any, field: str = "market_id") -> str:
+    """A market id of 1–64 printable ASCII characters (no spaces at the ends)."""
+    if not isinstance(value, str):
+        raise InputError(f"must be a string, got {type(value).__name__}", field)
+    if not 1 <= len(value) <= MARKET_ID_MAX:
+        raise InputError(f"must be 1 to {MARKET_ID_MAX} characters, got {len(value)}", field)
+    if not all(" " <= ch <= "~" for ch in value) or value != value.strip():
+        raise InputError("must be printable ASCII without leading or trailing spaces", field)
+    return value
+
+
+def check_price(value: Any, field: str = "price") -> float:
+    """A finite price > 0."""
+    x = _number(value, field)
+    if not x > 0:
+        raise InputError(f"must be > 0, got {x!r}", field)
+    return x
+
+
+def check_volume(value: Any, field: str = "volume") -> float:
+    """A finite volume >= 0."""
+    x = _number(value, field)
+    if not x >= 0:
+        raise InputError(f"must be >= 0, got {x!r}", field)
+    return x
+
+
+def check_timestamp(value: Any, field: str = "timestamp") -> int:
+    """An integer time in ms since the epoch within [2000-01-01, 2100-01-01)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        else:
+            raise InputError(f"must be an integer (ms since epoch), got {value!r}", field)
+    v = int(value)
+    if not TS_MIN_MS <= v < TS_MAX_MS:
+        raise InputError(f"{v} is not a plausible time in ms since epoch (2000-01-01 .. 2100-01-01)", field)
+    return v
+
+
+def _number(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError(f"must be a number, got {type(value).__name__}", field)
+    x = float(value)
+    if not math.isfinite(x):
+        raise InputError(f"must be finite, got {x!r}", field)
+    return x
+
+
+def validate_tick(data: Mapping[str, Any], prefix: str = "") -> Tick:
+    """Validate one tick mapping; errors name the field (``prefix`` + field)."""
+    if not isinstance(data, Mapping):
+        raise InputError(f"a tick must be an object, got {type(data).__name__}", prefix.rstrip("."))
+    for key in data:
+        if key not in TICK_FIELDS:
+            raise InputError("unknown field", f"{prefix}{key}")
+    for key in TICK_FIELDS:
+        if key not in data:
+            raise InputError("missing", f"{prefix}{key}")
+    return Tick(
+        price=check_price(data["price"], f"{prefix}price"),
+        volume=check_volume(data["volume"], f"{prefix}volume"),
+        timestamp=check_timestamp(data["timestamp"], f"{prefix}timestamp"),
+        market_id=check_market_id(data["market_id"], f"{prefix}market_id"),
+    )
+
+
+def validate_ticks(ticks: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[Tick]:
+    """Validate a batch: a list of tick mappings, or a mapping of equal-length columns.
+
+    Errors name the index, e.g. ``ticks.3.price``. Nothing is returned unless every
+    tick is valid.
+    """
+    if isinstance(ticks, Mapping):
+        cols = {k: list(np.asarray(v).tolist()) if not isinstance(v, list) else v for k, v in ticks.items()}
+        lengths = {len(v) for v in cols.values()}
+        if len(lengths) > 1:
+            raise InputError(f"columns have different lengths {sorted(lengths)}", "ticks")
+        n = lengths.pop() if lengths else 0
+        rows: Sequence[Mapping[str, Any]] = [{k: cols[k][i] for k in cols} for i in range(n)]
+    else:
+        rows = ticks
+    return [validate_tick(row, f"ticks.{i}.") for i, row in enumerate(rows)]

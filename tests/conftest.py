@@ -1,0 +1,64 @@
+"""Shared fixtures: the repository root, a clean environment, the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+CliRunner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def clean_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``os.environ`` without config overrides (``CEREBELLAR_NORSE_*``) or ``STATE_DIRECTORY``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture
+def run_cli() -> CliRunner:
+    """Run the real ``cerebellar-norse`` command (``python -m cerebellar_norse.cli``) from the repo root.
+
+    ``run_cli("--validate-only", "--config", path, env={"CEREBELLAR_NORSE_SERVER__PORT": "1"})``
+    returns the CompletedProcess with text stdout/stderr. The environment is cleaned of
+    config overrides first, then ``env`` is added.
+    """
+
+    def run(*args: str | os.PathLike[str], env: Mapping[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cerebellar_norse.cli", *map(str, args)],
+            cwd=REPO_ROOT,
+            env=clean_environ(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run
+
+
+@pytest.fixture
+def write_toml(tmp_path: Path) -> Callable[[str], Path]:
+    """Write TOML text to a fresh file under tmp_path and return its path."""
+    counter = iter(range(1_000_000))
+
+    def write(text: str) -> Path:
+        path = tmp_path / f"config-{next(counter)}.toml"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write
+
+
+@pytest.fixture(autouse=True)
+def _no_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``paths.state_dir`` defaults to $STATE_DIRECTORY; keep tests independent of the caller's shell."""
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)

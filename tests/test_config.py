@@ -1,0 +1,389 @@
+"""Configuration: loading, byte sizes, environment overrides, memory estimate, consistency rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cerebellar_norse.config import (
+    Config,
+    build_config,
+    config_json_schema,
+    consistency_problems,
+    default_toml_text,
+    env_overrides,
+    estimate_memory,
+    fmt_bytes,
+    load_checked_config,
+    load_config,
+)
+from cerebellar_norse.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+PRODUCTION = REPO_ROOT / "config" / "production.toml"
+
+
+def cfg_with(data: dict[str, Any], environ: dict[str, str] | None = None) -> Config:
+    """A config of the given TOML tables on top of the defaults, without the caller's environment."""
+    return build_config(data, "test", environ={} if environ is None else environ)
+
+
+def problem_keys(exc: ConfigError) -> list[str]:
+    return [p.key for p in exc.problems]
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+def test_builtin_default_loads_with_documented_values() -> None:
+    cfg = load_config(environ={})
+    assert cfg.performance.device == "cpu"
+    assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8080)
+    assert cfg.neural.granule_size == 1024
+    assert cfg.neural.connections_per_neuron == 128
+    assert int(cfg.performance.memory_pool_size) == 64 * 10**6
+    assert int(cfg.performance.memory_limit) == 2 * 10**9
+    assert int(cfg.logging.max_size) == 100 * 10**6
+    assert cfg.paths.state_dir == Path("./var")
+    assert cfg.server.api_token is None
+
+
+def test_builtin_default_equals_model_defaults() -> None:
+    """A key left out of a TOML file gets the same value as in the built-in default."""
+    assert load_config(environ={}) == Config()
+
+
+def test_builtin_default_has_no_consistency_problems() -> None:
+    cfg = load_config(environ={})
+    assert consistency_problems(cfg) == []
+    assert load_checked_config(environ={}) == cfg
+
+
+def test_config_default_toml_is_the_package_default() -> None:
+    repo_copy = (REPO_ROOT / "config" / "default.toml").read_text(encoding="utf-8")
+    package_copy = (REPO_ROOT / "cerebellar_norse" / "default.toml").read_text(encoding="utf-8")
+    assert repo_copy == package_copy
+    assert default_toml_text() == package_copy
+    assert load_config(REPO_ROOT / "config" / "default.toml", environ={}) == load_config(environ={})
+
+
+def test_production_config_loads_with_operations_guide_values() -> None:
+    cfg = load_config(PRODUCTION, environ={})
+    assert cfg.performance.device == "cuda"
+    assert cfg.performance.batch_size == 1024
+    assert cfg.performance.cuda_streams == 4
+    assert cfg.performance.memory_pool_enabled is True
+    assert int(cfg.performance.memory_pool_size) == 20 * 10**9
+    assert int(cfg.performance.memory_limit) == 28 * 10**9
+    assert cfg.performance.garbage_collection_threshold == 0.8
+    assert cfg.neural.granule_size == 4_000_000
+    assert cfg.neural.learning_rate == 0.0001
+    assert cfg.training.gradient_checkpointing is True
+    assert (cfg.server.worker_threads, cfg.server.connection_timeout, cfg.server.keep_alive_timeout) == (16, 30, 75)
+    assert cfg.server.max_connections == 10_000
+    assert (cfg.logging.max_files, int(cfg.logging.max_size), cfg.logging.compression) == (30, 100 * 10**6, "gzip")
+    assert cfg.logging.file == Path("/var/log/cerebellar-norse/application.log")
+    assert cfg.paths.state_dir == Path("/var/lib/cerebellar-norse")
+    assert cfg.paths.data_dir == Path("/data/training")
+
+
+def test_production_config_is_consistent() -> None:
+    """Host checks aside (device, RAM), the production file is a valid network."""
+    assert consistency_problems(load_config(PRODUCTION, environ={})) == []
+
+
+def test_missing_file_is_a_config_error_naming_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(missing, environ={})
+    assert str(missing) in str(info.value)
+
+
+def test_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[neural]\ngranule_size = 10\nseed = = 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert "line 3" in str(info.value)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg_with({"server": {"port": 0, "colour": "red"}, "performance": {"device": "tpu"}})
+    assert sorted(problem_keys(info.value)) == ["performance.device", "server.colour", "server.port"]
+
+
+def test_top_level_key_that_should_be_a_table() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg_with({"server": 8080})
+    assert problem_keys(info.value) == ["server"]
+    assert "table" in info.value.problems[0].message
+
+
+def test_lif_reset_must_be_below_threshold() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg_with({"neural": {"dcn": {"v_reset": 1.0, "v_th": 1.0}}})
+    assert problem_keys(info.value) == ["neural.dcn"]
+
+
+def test_partial_lif_table_keeps_population_defaults() -> None:
+    """[neural.purkinje] with one key keeps the Purkinje defaults of the others (not generic LIF ones)."""
+    cfg = cfg_with({"neural": {"purkinje": {"tau_syn_ms": 1.5}}})
+    assert (cfg.neural.purkinje.tau_syn_ms, cfg.neural.purkinje.tau_mem_ms) == (1.5, 4.0)
+    assert cfg.neural.granule == Config().neural.granule
+
+
+def test_logging_level_is_case_insensitive() -> None:
+    assert cfg_with({"logging": {"level": "debug"}}).logging.level == "DEBUG"
+
+
+def test_json_schema_lists_every_section_and_forbids_unknown_keys() -> None:
+    schema = config_json_schema()
+    assert set(schema["properties"]) == {"neural", "performance", "training", "server", "logging", "paths", "debug"}
+    assert schema["additionalProperties"] is False
+    assert all(d["additionalProperties"] is False for d in schema["$defs"].values())
+
+
+# ---------------------------------------------------------------------------
+# Byte sizes: GB/MB decimal, GiB/MiB binary
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("20GB", 20 * 10**9),
+        ("20GiB", 20 * 2**30),
+        ("28GB", 28 * 10**9),
+        ("100MB", 100 * 10**6),
+        ("100MiB", 100 * 2**20),
+        ("1KB", 1000),
+        ("1KiB", 1024),
+        ("2.5GB", 2_500_000_000),
+        (12345, 12345),
+    ],
+)
+def test_byte_size_parsing(text: str | int, expected: int) -> None:
+    cfg = cfg_with({"performance": {"memory_pool_size": text, "memory_limit": "1000GB"}})
+    assert int(cfg.performance.memory_pool_size) == expected
+
+
+def test_bad_byte_size_names_the_key() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg_with({"performance": {"memory_limit": "20 parsecs"}})
+    assert problem_keys(info.value) == ["performance.memory_limit"]
+    assert "20 parsecs" in info.value.problems[0].message
+
+
+# ---------------------------------------------------------------------------
+# Environment overrides CEREBELLAR_NORSE_<SECTION>__<KEY>
+# ---------------------------------------------------------------------------
+
+
+def test_env_override_of_a_key_is_typed() -> None:
+    cfg = load_config(environ={"CEREBELLAR_NORSE_SERVER__PORT": "9090", "CEREBELLAR_NORSE_DEBUG__RECORD_REQUESTS": "true"})
+    assert cfg.server.port == 9090
+    assert cfg.debug.record_requests is True
+
+
+def test_env_override_beats_the_file(write_toml: Any) -> None:
+    path = write_toml("[server]\nport = 7000\nhost = \"0.0.0.0\"\n")
+    cfg = load_config(path, environ={"CEREBELLAR_NORSE_SERVER__PORT": "9000"})
+    assert (cfg.server.host, cfg.server.port) == ("0.0.0.0", 9000)
+
+
+def test_env_override_of_paths_and_sizes() -> None:
+    cfg = load_config(environ={
+        "CEREBELLAR_NORSE_PATHS__STATE_DIR": "/srv/cerebellar",
+        "CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": "3GiB",
+        "CEREBELLAR_NORSE_PERFORMANCE__DEVICE": "auto",
+    })
+    assert cfg.paths.state_dir == Path("/srv/cerebellar")
+    assert int(cfg.performance.memory_limit) == 3 * 2**30
+    assert cfg.performance.device == "auto"
+
+
+def test_nested_env_override_of_a_lif_table() -> None:
+    cfg = load_config(environ={"CEREBELLAR_NORSE_NEURAL__GRANULE__TAU_MEM_MS": "3.5"})
+    assert cfg.neural.granule.tau_mem_ms == 3.5
+    assert cfg.neural.granule.tau_syn_ms == 2.0  # the granule default, not the generic LIF default
+    assert cfg.neural.purkinje == Config().neural.purkinje
+
+
+def test_env_text_values_are_kept_verbatim() -> None:
+    """Values that look like TOML numbers stay text where the key is text (token, host, path)."""
+    cfg = load_config(environ={
+        "CEREBELLAR_NORSE_SERVER__API_TOKEN": "123456",
+        "CEREBELLAR_NORSE_PATHS__DATA_DIR": "2024",
+        "CEREBELLAR_NORSE_SERVER__HOST": "0.0.0.0",
+    })
+    assert cfg.server.api_token is not None
+    assert cfg.server.api_token.get_secret_value() == "123456"
+    assert cfg.paths.data_dir == Path("2024")
+    assert cfg.server.host == "0.0.0.0"
+
+
+def test_env_override_of_unknown_key_is_an_error_naming_key_and_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={"CEREBELLAR_NORSE_SERVER__PROT": "9090"})
+    (problem,) = info.value.problems
+    assert problem.key == "server.prot"
+    assert "unknown key" in problem.message
+    assert "environment variable CEREBELLAR_NORSE_SERVER__PROT" in problem.message
+
+
+def test_env_override_of_unknown_section_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={"CEREBELLAR_NORSE_SERVERS__PORT": "9090"})
+    (problem,) = info.value.problems
+    assert problem.key == "servers"
+    assert "CEREBELLAR_NORSE_SERVERS__PORT" in problem.message
+
+
+def test_env_override_with_a_bad_value_names_key_and_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={"CEREBELLAR_NORSE_SERVER__PORT": "notaport"})
+    (problem,) = info.value.problems
+    assert problem.key == "server.port"
+    assert "CEREBELLAR_NORSE_SERVER__PORT" in problem.message
+
+
+def test_env_variables_without_double_underscore_are_not_config() -> None:
+    environ = {"CEREBELLAR_NORSE_LOG": "debug", "CEREBELLAR_NORSE_PORT": "1", "SERVER__PORT": "1", "OTHER_SERVER__PORT": "1"}
+    assert env_overrides(environ) == ({}, {})
+    assert load_config(environ=environ) == load_config(environ={})
+
+
+def test_env_overrides_builds_a_nested_tree() -> None:
+    tree, names = env_overrides({
+        "CEREBELLAR_NORSE_NEURAL__GRANULE__V_TH": "1.5",
+        "CEREBELLAR_NORSE_SERVER__PORT": "8081",
+        "CEREBELLAR_NORSE_PATHS__STATE_DIR": "/srv/x",
+    })
+    assert tree == {"neural": {"granule": {"v_th": 1.5}}, "server": {"port": 8081}, "paths": {"state_dir": "/srv/x"}}
+    assert names["neural.granule.v_th"] == "CEREBELLAR_NORSE_NEURAL__GRANULE__V_TH"
+
+
+def test_os_environ_is_used_when_no_environ_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CEREBELLAR_NORSE_SERVER__PORT", "9191")
+    assert load_config().server.port == 9191
+
+
+def test_state_dir_defaults_to_systemd_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/cerebellar-norse:/var/lib/other")
+    assert load_config(environ={}).paths.state_dir == Path("/var/lib/cerebellar-norse")
+
+
+# ---------------------------------------------------------------------------
+# Memory estimate
+# ---------------------------------------------------------------------------
+
+
+def test_memory_estimate_of_the_default_config() -> None:
+    cfg = load_config(environ={})
+    n = cfg.neural
+    est = estimate_memory(cfg)
+    pf_weights = n.granule_size * 4 * n.connections_per_neuron  # the operations guide's formula
+    mossy_weights = n.granule_size * n.granule_dendrites * (4 + 4)  # float32 weight + int32 index
+    dcn_weights = n.dcn_size * (n.mossy_size + n.purkinje_size) * 4 + 3 * n.dcn_size * 4
+    assert est.weights == pf_weights + mossy_weights + dcn_weights
+    state_floats = 2 * (n.granule_size + n.purkinje_size + n.dcn_size + 3) + 1
+    assert est.state_per_market == state_floats * 4 + 12 * 8
+    assert est.pool == 64 * 10**6
+    assert est.total == est.weights + est.state_per_market + est.pool
+
+
+def test_memory_estimate_weights_scale_with_granule_size_times_connections() -> None:
+    base = cfg_with({"neural": {"granule_size": 10_000, "connections_per_neuron": 100}})
+    more = cfg_with({"neural": {"granule_size": 10_000, "connections_per_neuron": 101}})
+    assert estimate_memory(more).weights - estimate_memory(base).weights == 10_000 * 4
+
+
+def test_memory_estimate_of_production_is_the_guides_numbers() -> None:
+    est = estimate_memory(load_config(PRODUCTION, environ={}))
+    assert est.weights >= 4_000_000 * 4 * 250  # 4 GB of parallel-fibre weights
+    assert est.pool == 20 * 10**9
+    assert est.total < 28 * 10**9
+
+
+def test_memory_estimate_without_pool_counts_market_slots() -> None:
+    cfg = cfg_with({"performance": {"memory_pool_enabled": False, "max_markets": 10}})
+    est = estimate_memory(cfg)
+    assert est.pool == 10 * est.state_per_market
+
+
+def test_memory_estimate_float64_doubles_state() -> None:
+    f32 = estimate_memory(cfg_with({"neural": {"precision": "float32"}}))
+    f64 = estimate_memory(cfg_with({"neural": {"precision": "float64"}}))
+    assert f64.state_per_market - 96 == 2 * (f32.state_per_market - 96)
+
+
+@pytest.mark.parametrize(("n", "text"), [(999, "999B"), (1000, "1.00KB"), (64_569_708, "64.57MB"), (28 * 10**9, "28.00GB")])
+def test_fmt_bytes_is_decimal(n: int, text: str) -> None:
+    assert fmt_bytes(n) == text
+
+
+# ---------------------------------------------------------------------------
+# Consistency rules (one case per rule in consistency_problems)
+# ---------------------------------------------------------------------------
+
+CONSISTENCY_CASES = [
+    pytest.param({"neural": {"mossy_size": 50}}, {"neural.mossy_size"}, "multiple of 3", id="mossy-not-multiple-of-3"),
+    pytest.param({"neural": {"mossy_size": 3, "granule_dendrites": 2}}, {"neural.mossy_size"}, "at least 2 fibres", id="mossy-one-per-feature"),
+    pytest.param({"neural": {"dcn_size": 13}}, {"neural.dcn_size"}, "multiple of 3", id="dcn-not-multiple-of-3"),
+    pytest.param({"neural": {"mossy_size": 6, "granule_dendrites": 7}}, {"neural.granule_dendrites"}, "only 6 mossy", id="dendrites-above-mossy"),
+    pytest.param({"neural": {"connections_per_neuron": 2000}}, {"neural.connections_per_neuron"}, "only 1024 granule", id="connections-above-granule"),
+    pytest.param({"neural": {"purkinje_size": 2000}}, {"neural.purkinje_size"}, "exceed 1024 granule", id="purkinje-above-granule"),
+    pytest.param({"neural": {"target_sparsity": 0.0005}}, {"neural.target_sparsity"}, "less than one cell", id="sparsity-below-one-cell"),
+    pytest.param({"neural": {"readout": {"tau_mem_ms": 0.5}}}, {"neural.readout.tau_mem_ms"}, "unstable", id="euler-readout-tau-mem"),
+    pytest.param(
+        {"neural": {"dt_ms": 4.0}},  # granule taus 2.0 (ratio 2), purkinje/dcn tau_syn 2.0; tau_mem 4.0 (ratio 1) fine
+        {"neural.granule.tau_syn_ms", "neural.granule.tau_mem_ms", "neural.purkinje.tau_syn_ms", "neural.dcn.tau_syn_ms"},
+        "forward Euler is unstable",
+        id="euler-dt-at-twice-tau",
+    ),
+    pytest.param({"performance": {"memory_pool_size": "1KB"}}, {"performance.memory_pool_size"}, "holds no market state", id="pool-below-one-state"),
+    pytest.param({"performance": {"batch_size": 5000}}, {"performance.batch_size"}, "queue_size 4096", id="batch-above-queue"),
+    pytest.param(
+        {"neural": {"granule_size": 1_000_000, "connections_per_neuron": 1000}},
+        {"performance.memory_limit"},
+        "exceeds memory_limit 2.00GB",
+        id="estimate-above-memory-limit",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "keys", "fragment"), CONSISTENCY_CASES)
+def test_consistency_rule(data: dict[str, Any], keys: set[str], fragment: str) -> None:
+    cfg = cfg_with(data)
+    problems = consistency_problems(cfg)
+    assert {p.key for p in problems} == keys
+    assert all(fragment in p.message for p in problems), problems
+    assert all(p.fix for p in problems)
+
+
+def test_euler_rule_boundary_is_twice_tau() -> None:
+    just_stable = cfg_with({"neural": {"dt_ms": 3.9}})
+    assert not [p for p in consistency_problems(just_stable) if "Euler" in p.message]
+
+
+def test_memory_limit_message_gives_the_numbers() -> None:
+    cfg = cfg_with({"neural": {"granule_size": 1_000_000, "connections_per_neuron": 1000}})
+    est = estimate_memory(cfg)
+    (problem,) = consistency_problems(cfg)
+    for text in (fmt_bytes(est.total), fmt_bytes(est.weights), "granule_size 1000000", "connections_per_neuron 1000", "2.00GB"):
+        assert text in problem.message
+
+
+def test_load_checked_config_raises_on_a_consistency_problem(write_toml: Any) -> None:
+    path = write_toml("[neural]\nmossy_size = 50\n")
+    load_config(path, environ={})  # the schema is fine
+    with pytest.raises(ConfigError) as info:
+        load_checked_config(path, environ={})
+    assert problem_keys(info.value) == ["neural.mossy_size"]
+    assert info.value.source == str(path)

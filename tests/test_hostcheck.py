@@ -1,0 +1,118 @@
+"""Host checks: device presence and memory against hand-made host descriptions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cerebellar_norse.config import Config, build_config, estimate_memory, fmt_bytes, load_config
+from cerebellar_norse.hostcheck import HostFacts, gather_host_facts, host_problems, resolve_device
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+GB = 10**9
+
+CPU_HOST = HostFacts(ram_total_bytes=32 * GB, ram_available_bytes=30 * GB, cuda_available=False)
+GPU_HOST = HostFacts(ram_total_bytes=512 * GB, ram_available_bytes=500 * GB, cuda_available=True, gpu_memory_total_bytes=80 * GB, gpu_name="NVIDIA H100")
+
+
+def cfg_with(data: dict[str, Any]) -> Config:
+    return build_config(data, "test", environ={})
+
+
+def keys(problems: list[Any]) -> list[str]:
+    return [p.key for p in problems]
+
+
+def test_cuda_configured_without_cuda_is_a_device_problem() -> None:
+    problems = host_problems(cfg_with({"performance": {"device": "cuda"}}), CPU_HOST)
+    assert keys(problems) == ["performance.device"]
+    assert "cuda" in problems[0].message
+    assert "cpu" in problems[0].fix
+
+
+def test_cuda_configured_with_cuda_is_fine() -> None:
+    assert host_problems(cfg_with({"performance": {"device": "cuda"}}), GPU_HOST) == []
+
+
+@pytest.mark.parametrize(
+    ("device", "host", "resolved"),
+    [
+        ("auto", GPU_HOST, "cuda"),
+        ("auto", CPU_HOST, "cpu"),
+        ("cpu", GPU_HOST, "cpu"),
+        ("cuda", GPU_HOST, "cuda"),
+        ("cuda", CPU_HOST, "cuda"),  # not silently downgraded: host_problems reports it
+    ],
+)
+def test_resolve_device(device: str, host: HostFacts, resolved: str) -> None:
+    assert resolve_device(cfg_with({"performance": {"device": device}}), host) == resolved
+
+
+def test_auto_on_a_cpu_host_is_not_a_problem() -> None:
+    assert host_problems(cfg_with({"performance": {"device": "auto"}}), CPU_HOST) == []
+
+
+def test_estimate_above_host_ram() -> None:
+    cfg = cfg_with({"performance": {"memory_limit": "50MB"}})  # estimate 64.57MB
+    host = HostFacts(ram_total_bytes=60_000_000, ram_available_bytes=50_000_000, cuda_available=False)
+    problems = host_problems(cfg, host)
+    assert keys(problems) == ["performance.memory_limit"]
+    assert "exceeds host RAM 60.00MB" in problems[0].message
+    assert fmt_bytes(estimate_memory(cfg).total) in problems[0].message
+
+
+def test_memory_limit_above_host_ram() -> None:
+    cfg = cfg_with({})  # memory_limit 2GB, estimate 64.57MB
+    host = HostFacts(ram_total_bytes=1 * GB, ram_available_bytes=GB // 2, cuda_available=False)
+    problems = host_problems(cfg, host)
+    assert keys(problems) == ["performance.memory_limit"]
+    assert "memory_limit 2.00GB exceeds host RAM 1.00GB" in problems[0].message
+
+
+def test_unknown_ram_skips_the_ram_checks() -> None:
+    host = HostFacts(ram_total_bytes=None, ram_available_bytes=None, cuda_available=False)
+    assert host_problems(cfg_with({"performance": {"memory_limit": "1000GB"}}), host) == []
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_estimate_above_gpu_memory(device: str) -> None:
+    cfg = cfg_with({"performance": {"device": device}})  # estimate 64.57MB
+    host = HostFacts(64 * GB, 60 * GB, cuda_available=True, gpu_memory_total_bytes=32_000_000, gpu_name="Tiny GPU")
+    problems = host_problems(cfg, host)
+    assert keys(problems) == ["performance.memory_pool_size"]
+    assert "GPU memory 32.00MB of Tiny GPU" in problems[0].message
+
+
+def test_gpu_memory_is_not_checked_for_cpu_device() -> None:
+    host = HostFacts(64 * GB, 60 * GB, cuda_available=True, gpu_memory_total_bytes=32_000_000, gpu_name="Tiny GPU")
+    assert host_problems(cfg_with({"performance": {"device": "cpu"}}), host) == []
+
+
+def test_production_fits_a_big_gpu_host() -> None:
+    cfg = load_config(REPO_ROOT / "config" / "production.toml", environ={})
+    assert host_problems(cfg, GPU_HOST) == []
+
+
+def test_production_on_a_small_cpu_host_lists_every_problem() -> None:
+    cfg = load_config(REPO_ROOT / "config" / "production.toml", environ={})
+    host = HostFacts(ram_total_bytes=16 * GB, ram_available_bytes=15 * GB, cuda_available=False)
+    problems = host_problems(cfg, host)
+    assert keys(problems) == ["performance.device", "performance.memory_limit", "performance.memory_limit"]
+
+
+def test_default_fits_a_small_cpu_host() -> None:
+    assert host_problems(load_config(environ={}), CPU_HOST) == []
+
+
+def test_gather_host_facts_reads_this_host() -> None:
+    torch = pytest.importorskip("torch")
+    facts = gather_host_facts()
+    assert facts.ram_total_bytes is not None and facts.ram_total_bytes > 0
+    assert facts.ram_available_bytes is not None and 0 < facts.ram_available_bytes <= facts.ram_total_bytes
+    assert facts.cuda_available == torch.cuda.is_available()
+    if facts.cuda_available:
+        assert facts.gpu_memory_total_bytes and facts.gpu_memory_total_bytes > 0
+    else:
+        assert facts.gpu_memory_total_bytes is None
