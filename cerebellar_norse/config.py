@@ -14,9 +14,11 @@ from __future__ import annotations
 import math
 import os
 import tomllib
+from collections.abc import Mapping
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -50,13 +52,24 @@ class LIFConfig(_Section):
     v_reset: float = Field(0.0, description="Potential after a spike (dimensionless).")
 
     @model_validator(mode="after")
-    def _reset_below_threshold(self) -> "LIFConfig":
+    def _reset_below_threshold(self) -> LIFConfig:
         if not self.v_reset < self.v_th:
             raise ValueError(f"v_reset ({self.v_reset}) must be below v_th ({self.v_th})")
         return self
 
 
-def _lif(tau_syn: float, tau_mem: float) -> Any:
+# Time constants (tau_syn_ms, tau_mem_ms) of each population; a partial table such as
+# [neural.granule] with only tau_mem_ms keeps the population's other defaults.
+LIF_DEFAULTS: dict[str, tuple[float, float]] = {
+    "granule": (2.0, 2.0),
+    "purkinje": (2.0, 4.0),
+    "dcn": (2.0, 4.0),
+    "readout": (5.0, 10.0),
+}
+
+
+def _lif(population: str) -> Any:
+    tau_syn, tau_mem = LIF_DEFAULTS[population]
     return Field(default_factory=lambda: LIFConfig(tau_syn_ms=tau_syn, tau_mem_ms=tau_mem))
 
 
@@ -64,7 +77,7 @@ class NeuralConfig(_Section):
     """Network shape, dynamics and learning rate (section ``[neural]``)."""
 
     mossy_size: int = Field(48, ge=N_FEATURES, le=65_536, description="Mossy fibres; a multiple of 3 (one population per tick feature).")
-    granule_size: int = Field(1024, ge=1, le=100_000_000, description="Granule cells.")
+    granule_size: int = Field(512, ge=1, le=100_000_000, description="Granule cells.")
     granule_dendrites: int = Field(4, ge=1, le=64, description="Mossy fibres feeding each granule cell.")
     purkinje_size: int = Field(32, ge=1, le=1_000_000, description="Purkinje cells.")
     connections_per_neuron: int = Field(128, ge=1, le=1_000_000, description="Parallel-fibre inputs (granule cells) per Purkinje cell.")
@@ -81,10 +94,23 @@ class NeuralConfig(_Section):
     readout_scale: float = Field(1.0, gt=0, le=1000, description="Multiplier from readout potential to class logits.")
     precision: Literal["float32", "float64"] = Field("float32", description="Floating point type of the network state and weights.")
     learning_rate: float = Field(1e-3, gt=0, le=1, description="Adam learning rate for gradient training.")
-    granule: LIFConfig = _lif(2.0, 2.0)
-    purkinje: LIFConfig = _lif(2.0, 4.0)
-    dcn: LIFConfig = _lif(2.0, 4.0)
-    readout: LIFConfig = _lif(5.0, 10.0)
+    granule: LIFConfig = _lif("granule")
+    purkinje: LIFConfig = _lif("purkinje")
+    dcn: LIFConfig = _lif("dcn")
+    readout: LIFConfig = _lif("readout")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _population_lif_defaults(cls, data: Any) -> Any:
+        """Fill keys missing from a partial LIF table with that population's defaults."""
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        for name, (tau_syn, tau_mem) in LIF_DEFAULTS.items():
+            table = data.get(name)
+            if isinstance(table, Mapping):
+                data[name] = {"tau_syn_ms": tau_syn, "tau_mem_ms": tau_mem, **table}
+        return data
 
 
 class PerformanceConfig(_Section):
@@ -376,22 +402,51 @@ def _sectionless_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     return out
 
 
+# Errors of a text-typed key (str, SecretStr, Path) given a number or a bool.
+_TEXT_ERROR_TYPES = frozenset({"string_type", "path_type"})
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    for p in parents:
+        tree = tree[p]
+    tree[last] = value
+
+
 def build_config(data: Mapping[str, Any], source: str = "", environ: Mapping[str, str] | None = None) -> Config:
     """Validate raw TOML data (plus env overrides) into a Config, or raise ConfigError."""
-    env_tree, env_names = env_overrides(os.environ if environ is None else environ)
-    merged = _deep_merge(dict(data), env_tree)
-    problems = _sectionless_problems(merged)
+    env = os.environ if environ is None else environ
+    env_tree, env_names = env_overrides(env)
+    problems = _sectionless_problems(_deep_merge(dict(data), env_tree))
     if problems:
         raise ConfigError(problems, source)
-    try:
-        cfg = Config.model_validate(merged)
-    except ValidationError as exc:
-        problems = _pydantic_problems(exc)
-        for p in problems:
-            if p.key in env_names:
-                object.__setattr__(p, "message", f"{p.message} [from environment variable {env_names[p.key]}]")
-        raise ConfigError(problems, source) from None
-    return cfg
+    verbatim: set[str] = set()
+    while True:
+        try:
+            return Config.model_validate(_deep_merge(dict(data), env_tree))
+        except ValidationError as exc:
+            # A variable read as a TOML number or bool where the key wants text (a numeric
+            # api_token, host "0") is meant verbatim: validate its raw string instead.
+            retry = {
+                key for key in (".".join(str(p) for p in e["loc"]) for e in exc.errors() if e["type"] in _TEXT_ERROR_TYPES)
+                if key in env_names and key not in verbatim
+            }
+            if retry:
+                for key in retry:
+                    _set_dotted(env_tree, key, env[env_names[key]])
+                verbatim |= retry
+                continue
+            problems = [_with_env_source(p, env_names) for p in _pydantic_problems(exc)]
+            raise ConfigError(problems, source) from None
+
+
+def _with_env_source(problem: ConfigProblem, env_names: Mapping[str, str]) -> ConfigProblem:
+    """Name the environment variable(s) a problem comes from (a key or a whole unknown section)."""
+    names = [var for key, var in env_names.items() if key == problem.key or key.startswith(problem.key + ".")]
+    if not problem.key or not names:
+        return problem
+    plural = "s" if len(names) > 1 else ""
+    return replace(problem, message=f"{problem.message} [from environment variable{plural} {', '.join(names)}]")
 
 
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:

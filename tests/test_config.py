@@ -44,8 +44,6 @@ def test_builtin_default_loads_with_documented_values() -> None:
     cfg = load_config(environ={})
     assert cfg.performance.device == "cpu"
     assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8080)
-    assert cfg.neural.granule_size == 1024
-    assert cfg.neural.connections_per_neuron == 128
     assert int(cfg.performance.memory_pool_size) == 64 * 10**6
     assert int(cfg.performance.memory_limit) == 2 * 10**9
     assert int(cfg.logging.max_size) == 100 * 10**6
@@ -294,7 +292,7 @@ def test_memory_estimate_of_the_default_config() -> None:
     assert est.weights == pf_weights + mossy_weights + dcn_weights
     state_floats = 2 * (n.granule_size + n.purkinje_size + n.dcn_size + 3) + 1
     assert est.state_per_market == state_floats * 4 + 12 * 8
-    assert est.pool == 64 * 10**6
+    assert est.pool == int(cfg.performance.memory_pool_size)
     assert est.total == est.weights + est.state_per_market + est.pool
 
 
@@ -337,9 +335,9 @@ CONSISTENCY_CASES = [
     pytest.param({"neural": {"mossy_size": 3, "granule_dendrites": 2}}, {"neural.mossy_size"}, "at least 2 fibres", id="mossy-one-per-feature"),
     pytest.param({"neural": {"dcn_size": 13}}, {"neural.dcn_size"}, "multiple of 3", id="dcn-not-multiple-of-3"),
     pytest.param({"neural": {"mossy_size": 6, "granule_dendrites": 7}}, {"neural.granule_dendrites"}, "only 6 mossy", id="dendrites-above-mossy"),
-    pytest.param({"neural": {"connections_per_neuron": 2000}}, {"neural.connections_per_neuron"}, "only 1024 granule", id="connections-above-granule"),
-    pytest.param({"neural": {"purkinje_size": 2000}}, {"neural.purkinje_size"}, "exceed 1024 granule", id="purkinje-above-granule"),
-    pytest.param({"neural": {"target_sparsity": 0.0005}}, {"neural.target_sparsity"}, "less than one cell", id="sparsity-below-one-cell"),
+    pytest.param({"neural": {"granule_size": 1024, "connections_per_neuron": 2000}}, {"neural.connections_per_neuron"}, "only 1024 granule", id="connections-above-granule"),
+    pytest.param({"neural": {"granule_size": 1024, "purkinje_size": 2000}}, {"neural.purkinje_size"}, "exceed 1024 granule", id="purkinje-above-granule"),
+    pytest.param({"neural": {"granule_size": 1024, "target_sparsity": 0.0005}}, {"neural.target_sparsity"}, "less than one cell", id="sparsity-below-one-cell"),
     pytest.param({"neural": {"readout": {"tau_mem_ms": 0.5}}}, {"neural.readout.tau_mem_ms"}, "unstable", id="euler-readout-tau-mem"),
     pytest.param(
         {"neural": {"dt_ms": 4.0}},  # granule taus 2.0 (ratio 2), purkinje/dcn tau_syn 2.0; tau_mem 4.0 (ratio 1) fine
@@ -348,7 +346,7 @@ CONSISTENCY_CASES = [
         id="euler-dt-at-twice-tau",
     ),
     pytest.param({"performance": {"memory_pool_size": "1KB"}}, {"performance.memory_pool_size"}, "holds no market state", id="pool-below-one-state"),
-    pytest.param({"performance": {"batch_size": 5000}}, {"performance.batch_size"}, "queue_size 4096", id="batch-above-queue"),
+    pytest.param({"performance": {"batch_size": 5000, "queue_size": 4096}}, {"performance.batch_size"}, "queue_size 4096", id="batch-above-queue"),
     pytest.param(
         {"neural": {"granule_size": 1_000_000, "connections_per_neuron": 1000}},
         {"performance.memory_limit"},

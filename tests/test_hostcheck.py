@@ -55,7 +55,7 @@ def test_auto_on_a_cpu_host_is_not_a_problem() -> None:
 
 
 def test_estimate_above_host_ram() -> None:
-    cfg = cfg_with({"performance": {"memory_limit": "50MB"}})  # estimate 64.57MB
+    cfg = cfg_with({"performance": {"memory_pool_size": "64MB", "memory_limit": "50MB"}})  # estimate > 64MB
     host = HostFacts(ram_total_bytes=60_000_000, ram_available_bytes=50_000_000, cuda_available=False)
     problems = host_problems(cfg, host)
     assert keys(problems) == ["performance.memory_limit"]
@@ -64,7 +64,7 @@ def test_estimate_above_host_ram() -> None:
 
 
 def test_memory_limit_above_host_ram() -> None:
-    cfg = cfg_with({})  # memory_limit 2GB, estimate 64.57MB
+    cfg = cfg_with({"performance": {"memory_pool_size": "64MB", "memory_limit": "2GB"}})  # estimate about 64MB
     host = HostFacts(ram_total_bytes=1 * GB, ram_available_bytes=GB // 2, cuda_available=False)
     problems = host_problems(cfg, host)
     assert keys(problems) == ["performance.memory_limit"]
@@ -78,7 +78,7 @@ def test_unknown_ram_skips_the_ram_checks() -> None:
 
 @pytest.mark.parametrize("device", ["cuda", "auto"])
 def test_estimate_above_gpu_memory(device: str) -> None:
-    cfg = cfg_with({"performance": {"device": device}})  # estimate 64.57MB
+    cfg = cfg_with({"performance": {"device": device, "memory_pool_size": "64MB"}})  # estimate > 64MB
     host = HostFacts(64 * GB, 60 * GB, cuda_available=True, gpu_memory_total_bytes=32_000_000, gpu_name="Tiny GPU")
     problems = host_problems(cfg, host)
     assert keys(problems) == ["performance.memory_pool_size"]

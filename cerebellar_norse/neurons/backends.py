@@ -20,7 +20,7 @@ from norse.torch.functional.leaky_integrator import LIState
 from norse.torch.functional.lif import LIFFeedForwardState
 
 from .functional import CerebellumState
-from .fused import FusedWorkspace, tick_batch
+from .fused import FusedWorkspace, PackedWeights, make_dims, tick_batch
 from .parameters import NetworkParameters, encoder_parameters, kernel_coefficients, numpy_dtype
 from .reference import CerebellarReference
 from .state import StateArrays
@@ -34,9 +34,10 @@ class Backend(Protocol):
 
     name: str
 
-    def step(self, slots: np.ndarray, price: np.ndarray, volume: np.ndarray,
-             ts_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Apply ticks (in order) to the given slots.
+
+        ``slots`` is (B,) int64, ``ticks`` (3, B) float64 rows price, volume, time (ms).
 
         Returns views valid until the next call: probabilities (B, K) float64 and
         spikes per population (B, 3) int64.
@@ -61,26 +62,21 @@ class FusedBackend:
         self.coef = kernel_coefficients(params)
         self.max_batch = max_batch
         self.ws = FusedWorkspace.allocate(params.shape, self.coef.dtype, max_batch)
-        self._lock = threading.Lock()
+        self.dims = make_dims(params.shape, state.slots)
         self.set_weights(weights)
 
     def set_weights(self, weights: Weights) -> None:
         """Swap weights atomically with respect to ``step``."""
-        w = weights.astype(self.coef.dtype)
-        packed = (w.mg_idx, w.mg_w, w.pf_ptr, w.pf_post, w.pf_w_csr(), w.pc_bias, w.w_md, w.w_pd, w.dcn_bias, w.w_out)
-        with self._lock:
-            self._w = packed
+        self.packed = PackedWeights.pack(weights, self.coef.dtype)
 
-    def step(self, slots: np.ndarray, price: np.ndarray, volume: np.ndarray,
-             ts_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Run the fused kernel for one batch."""
+    def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run the fused kernel for one batch (one caller at a time: the workspace is shared)."""
         b = slots.shape[0]
         if b > self.max_batch:
             raise ValueError(f"batch of {b} exceeds the workspace of {self.max_batch}")
-        ws = self.ws
-        with self._lock:
-            tick_batch(slots, price, volume, ts_ms, *self.state.arrays(), *self._w, self.coef, self.enc_par,
-                       self.params.steps_per_tick, ws.work_f, ws.work_i, ws.work_z, ws.probs, ws.spikes)
+        ws, pw = self.ws, self.packed  # one read of the weights: a concurrent set_weights swaps whole
+        tick_batch(slots, ticks, self.state.flat, self.state.enc, pw.wf, pw.wi, self.dims, self.coef, self.enc_par,
+                   self.params.steps_per_tick, ws.work_f, ws.work_i, ws.work_z, ws.probs, ws.spikes)
         return ws.probs[:b], ws.spikes[:b]
 
 
@@ -122,8 +118,7 @@ class ReferenceBackend:
         with self._lock:
             self.module, self._dense = module, dense
 
-    def step(self, slots: np.ndarray, price: np.ndarray, volume: np.ndarray,
-             ts_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Encode (shared numba encoder) and step the reference, one wave of distinct markets at a time."""
         b = slots.shape[0]
         probs = np.empty((b, self.params.shape.classes), dtype=np.float64)
@@ -134,7 +129,7 @@ class ReferenceBackend:
                 ws = slots[wave]
                 mossy = np.empty((wave.size, self.params.shape.mossy), dtype=self.dtype)
                 for j, pos in enumerate(wave.tolist()):
-                    encode_tick_to_mossy(st.enc[slots[pos]], price[pos], volume[pos], ts_ms[pos], self.enc_par, self._z, mossy[j])
+                    encode_tick_to_mossy(st.enc[slots[pos]], ticks[0, pos], ticks[1, pos], ticks[2, pos], self.enc_par, self._z, mossy[j])
                 t = lambda a: torch.from_numpy(a[ws])  # noqa: E731
                 state = CerebellumState(
                     granule=LIFFeedForwardState(v=t(st.v_gr), i=t(st.i_gr)),

@@ -7,10 +7,14 @@ floating point operations where it matters:
 * encoder, granule, Golgi, Purkinje, DCN and readout updates fused in one call that
   steps a whole batch of markets through ``steps_per_tick`` steps;
 * parallel-fibre input is event-driven: only the CSR rows of granule cells that
-  spiked are read (``pf_ptr``/``pf_post``/``pf_w_csr``), so the cost of that layer is
-  proportional to the spikes, not to granule_size x Purkinje cells;
+  spiked are read, so the cost of that layer is proportional to the spikes, not to
+  granule_size x Purkinje cells;
 * no allocation: states are updated in place in the slot arrays, scratch space comes
   from preallocated buffers (:class:`FusedWorkspace`).
+
+Arguments are packed into a few flat arrays (:class:`PackedWeights`, the state
+buffer of :class:`~cerebellar_norse.neurons.state.StateArrays`) because numba's
+per-argument dispatch cost (~40 ns each) is a large part of a single-tick call.
 
 Batch entries are processed in order, so several ticks of one market in the same
 batch are applied in arrival order.
@@ -25,31 +29,58 @@ import numpy as np
 
 from .encoder import encode_tick_to_mossy
 from .parameters import C_GOLGI_RATE, C_N_GRANULE, C_READOUT_SCALE, C_TARGET, NetworkShape
+from .state import state_views
+from .topology import Weights
+
+# dims layout (int64): sizes of the network and the slot count
+D_M, D_G, D_DEN, D_P, D_N, D_K, D_NNZ, D_SLOTS = range(8)
+N_DIMS = 8
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _lif(v, i, inp, c_mem, nc_syn, v_leak, v_th, v_reset):  # type: ignore[no-untyped-def]
-    """One Norse LIF feed-forward step of one cell: returns (spiked, v, i)."""
-    i_new = i + inp
-    v_dec = v + c_mem * ((v_leak - v) + i_new)
-    i_dec = i_new + nc_syn * i_new
-    if v_dec > v_th:
-        return True, v_reset, i_dec
-    return False, v_dec, i_dec
+@dataclass(frozen=True)
+class PackedWeights:
+    """Weights flattened for the kernel.
+
+    ``wf`` (float): mg_w (D, G) | pf_w in CSR order (nnz) | pc_bias (P) | w_md (N, M) |
+    w_pd (N, P) | dcn_bias (N) | w_out (K, N).
+    ``wi`` (int32): mg_idx (D, G) | pf_ptr (G + 1) | pf_post (nnz).
+    """
+
+    wf: np.ndarray
+    wi: np.ndarray
+
+    @classmethod
+    def pack(cls, w: Weights, dtype: np.dtype) -> PackedWeights:
+        """Pack ``w`` (any float type) into the kernel layout in ``dtype``."""
+        if w.pf_ptr[-1] >= 2**31:
+            raise ValueError("more than 2^31 parallel-fibre synapses are not supported by the CPU kernel")
+        wf = np.concatenate([np.asarray(a, dtype=dtype).reshape(-1) for a in (
+            w.mg_w.T, w.pf_w_csr(), w.pc_bias, w.w_md, w.w_pd, w.dcn_bias, w.w_out)])
+        wi = np.concatenate([w.mg_idx.T.reshape(-1), w.pf_ptr, w.pf_post]).astype(np.int32)
+        return cls(wf, wi)
+
+
+def make_dims(shape: NetworkShape, slots: int) -> np.ndarray:
+    """The int64 dims array of the kernel."""
+    d = np.zeros(N_DIMS, dtype=np.int64)
+    d[D_M], d[D_G], d[D_DEN], d[D_P], d[D_N], d[D_K] = shape.mossy, shape.granule, shape.dendrites, shape.purkinje, shape.dcn, shape.classes
+    d[D_NNZ] = shape.purkinje * shape.pf_per_purkinje
+    d[D_SLOTS] = slots
+    return d
 
 
 @nb.njit(cache=True, nogil=True)
-def tick_batch(slots, price, volume, ts_ms,  # type: ignore[no-untyped-def]
-               enc, v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out,
-               mg_idx, mg_w, pf_ptr, pf_post, pf_w, pc_bias, w_md, w_pd, dcn_bias, w_out,
-               coef, enc_par, steps, work_f, work_i, work_z, probs, spikes):
+def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  # type: ignore[no-untyped-def]
+               work_f, work_i, work_z, probs, spikes):
     """Step ``len(slots)`` market ticks through ``steps`` integration steps each.
 
     Args:
         slots: (B,) int64 state slot of each tick.
-        price, volume, ts_ms: (B,) float64 tick fields (ts in ms since epoch).
-        enc … i_out: slot state arrays (see neurons.state.StateArrays), updated in place.
-        mg_idx … w_out: weights (see neurons.topology.Weights; pf_w in CSR order).
+        ticks: (3, B) float64 rows price, volume, time (ms since epoch).
+        state_f: flat float state buffer of the slot arrays (see neurons.state).
+        enc: (S, 12) float64 encoder states.
+        wf, wi: packed weights (see PackedWeights).
+        dims: int64 sizes (see make_dims).
         coef: kernel coefficients (see neurons.parameters.kernel_coefficients).
         enc_par: float64 encoder parameters.
         steps: integration steps per tick.
@@ -57,20 +88,43 @@ def tick_batch(slots, price, volume, ts_ms,  # type: ignore[no-untyped-def]
         probs: (B, K) float64 output class probabilities.
         spikes: (B, 3) int64 output spikes per population over the tick.
     """
-    G, D = mg_idx.shape
-    P = pc_bias.shape[0]
-    N = dcn_bias.shape[0]
-    K = w_out.shape[0]
-    M = w_md.shape[1]
-    mossy = work_f[0:M]
-    mf_gr = work_f[M:M + G]
-    pc_acc = work_f[M + G:M + G + P]
-    drive = work_f[M + G + P:M + G + P + N]
-    out_in = work_f[M + G + P + N:M + G + P + N + K]
-    tmp = work_f[M + G + P + N + K:M + G + P + N + K + 2]
-    gr_spk = work_i[0:G]
-    pc_spk = work_i[G:G + P]
-    dcn_spk = work_i[G + P:G + P + N]
+    M, G, D, P, N, K, NNZ, S = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
+    v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out = state_views(state_f, S, G, P, N, K)
+    o = 0
+    mg_w = wf[o:o + D * G].reshape((D, G))
+    o += D * G
+    pf_w = wf[o:o + NNZ]
+    o += NNZ
+    pc_bias = wf[o:o + P]
+    o += P
+    w_md = wf[o:o + N * M].reshape((N, M))
+    o += N * M
+    w_pd = wf[o:o + N * P].reshape((N, P))
+    o += N * P
+    dcn_bias = wf[o:o + N]
+    o += N
+    w_out = wf[o:o + K * N].reshape((K, N))
+    mg_idx = wi[0:D * G].reshape((D, G))
+    pf_ptr = wi[D * G:D * G + G + 1]
+    pf_post = wi[D * G + G + 1:D * G + G + 1 + NNZ]
+
+    o = 0
+    mossy = work_f[o:o + M]
+    o += M
+    mf_gr = work_f[o:o + G]
+    o += G
+    pc_acc = work_f[o:o + P]
+    o += P
+    drive = work_f[o:o + N]
+    o += N
+    out_in = work_f[o:o + K]
+    o += K
+    tmp = work_f[o:o + 2]
+    gr_flag = work_i[0:G]
+    gr_spk = work_i[G:2 * G]
+    pc_spk = work_i[2 * G:2 * G + P]
+    dcn_spk = work_i[2 * G + P:2 * G + P + N]
+
     zero = coef[C_N_GRANULE] - coef[C_N_GRANULE]
     c_gr, n_gr, l_gr, t_gr, r_gr = coef[0], coef[1], coef[2], coef[3], coef[4]
     c_pc, n_pc, l_pc, t_pc, r_pc = coef[5], coef[6], coef[7], coef[8], coef[9]
@@ -80,34 +134,46 @@ def tick_batch(slots, price, volume, ts_ms,  # type: ignore[no-untyped-def]
 
     for b in range(slots.shape[0]):
         s = slots[b]
-        encode_tick_to_mossy(enc[s], price[b], volume[b], ts_ms[b], enc_par, work_z, mossy)
+        encode_tick_to_mossy(enc[s], ticks[0, b], ticks[1, b], ticks[2, b], enc_par, work_z, mossy)
+        # Dendrite-major loops vectorise (gathers); the sum order per cell is d = 0..D-1,
+        # i.e. ascending mossy index, as in the reference's dense product.
         for g in range(G):
-            acc = zero
-            for d in range(D):
-                acc += mg_w[g, d] * mossy[mg_idx[g, d]]
-            mf_gr[g] = acc
+            mf_gr[g] = mg_w[0, g] * mossy[mg_idx[0, g]]
+        for d in range(1, D):
+            for g in range(G):
+                mf_gr[g] += mg_w[d, g] * mossy[mg_idx[d, g]]
         for n in range(N):
             acc = zero
             for m in range(M):
                 acc += w_md[n, m] * mossy[m]
             drive[n] = acc + dcn_bias[n]
         g_inh = golgi[s]
+        vg = v_gr[s]
+        ig = i_gr[s]
         tot_gr = 0
         tot_pc = 0
         tot_dn = 0
-        vg = v_gr[s]
-        ig = i_gr[s]
         for _ in range(steps):
+            # Granule cells: dense, branch-free LIF update (vectorises); spikes flagged.
+            for g in range(G):
+                i_new = ig[g] + (mf_gr[g] - g_inh)
+                v = vg[g]
+                v_dec = v + c_gr * ((l_gr - v) + i_new)
+                ig[g] = i_new + n_gr * i_new
+                fired = v_dec > t_gr
+                gr_flag[g] = fired
+                vg[g] = r_gr if fired else v_dec
             cnt = 0
             for g in range(G):
-                z, vg[g], ig[g] = _lif(vg[g], ig[g], mf_gr[g] - g_inh, c_gr, n_gr, l_gr, t_gr, r_gr)
-                if z:
+                if gr_flag[g]:
                     gr_spk[cnt] = g
                     cnt += 1
+            # Golgi homeostasis: relu(g + rate * (activity - target)).
             tmp[0] = cnt
             g_new = g_inh + rate * (tmp[0] / n_granule - target)
             g_inh = g_new if g_new > zero else zero
 
+            # Purkinje cells: parallel-fibre input from the granule cells that spiked only.
             for p in range(P):
                 pc_acc[p] = zero
             for k in range(cnt):
@@ -116,21 +182,35 @@ def tick_batch(slots, price, volume, ts_ms,  # type: ignore[no-untyped-def]
                     pc_acc[pf_post[e]] += pf_w[e]
             pcnt = 0
             for p in range(P):
-                z, v_pc[s, p], i_pc[s, p] = _lif(v_pc[s, p], i_pc[s, p], pc_acc[p] + pc_bias[p], c_pc, n_pc, l_pc, t_pc, r_pc)
-                if z:
+                i_new = i_pc[s, p] + (pc_acc[p] + pc_bias[p])
+                v = v_pc[s, p]
+                v_dec = v + c_pc * ((l_pc - v) + i_new)
+                i_pc[s, p] = i_new + n_pc * i_new
+                if v_dec > t_pc:
+                    v_pc[s, p] = r_pc
                     pc_spk[pcnt] = p
                     pcnt += 1
+                else:
+                    v_pc[s, p] = v_dec
 
+            # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked.
             dcnt = 0
             for n in range(N):
                 acc = zero
                 for k in range(pcnt):
                     acc += w_pd[n, pc_spk[k]]
-                z, v_dcn[s, n], i_dcn[s, n] = _lif(v_dcn[s, n], i_dcn[s, n], drive[n] - acc, c_dn, n_dn, l_dn, t_dn, r_dn)
-                if z:
+                i_new = i_dcn[s, n] + (drive[n] - acc)
+                v = v_dcn[s, n]
+                v_dec = v + c_dn * ((l_dn - v) + i_new)
+                i_dcn[s, n] = i_new + n_dn * i_new
+                if v_dec > t_dn:
+                    v_dcn[s, n] = r_dn
                     dcn_spk[dcnt] = n
                     dcnt += 1
+                else:
+                    v_dcn[s, n] = v_dec
 
+            # Readout: leaky integrators of the class groups' DCN spikes.
             for c in range(K):
                 acc = zero
                 for k in range(dcnt):
@@ -145,13 +225,12 @@ def tick_batch(slots, price, volume, ts_ms,  # type: ignore[no-untyped-def]
             tot_pc += pcnt
             tot_dn += dcnt
         golgi[s] = g_inh
-        # softmax of the logits in float64
+        # Softmax of the logits (scale * v_out, rounded to the network's float type) in float64.
         mx = -np.inf
         for c in range(K):
             tmp[1] = scale * v_out[s, c]
             probs[b, c] = tmp[1]
-            if probs[b, c] > mx:
-                mx = probs[b, c]
+            mx = max(mx, probs[b, c])
         tot = 0.0
         for c in range(K):
             probs[b, c] = np.exp(probs[b, c] - mx)
@@ -165,11 +244,13 @@ def tick_batch(slots, price, volume, ts_ms,  # type: ignore[no-untyped-def]
 
 @dataclass
 class FusedWorkspace:
-    """Preallocated scratch and output buffers of the kernel for batches up to ``max_batch``."""
+    """Preallocated scratch, tick and output buffers of the kernel for batches up to ``max_batch``."""
 
     work_f: np.ndarray
     work_i: np.ndarray
     work_z: np.ndarray
+    ticks: np.ndarray
+    slots: np.ndarray
     probs: np.ndarray
     spikes: np.ndarray
 
@@ -179,8 +260,10 @@ class FusedWorkspace:
         nf = shape.mossy + shape.granule + shape.purkinje + shape.dcn + shape.classes + 2
         return cls(
             work_f=np.zeros(nf, dtype=dtype),
-            work_i=np.zeros(shape.granule + shape.purkinje + shape.dcn, dtype=np.int32),
+            work_i=np.zeros(2 * shape.granule + shape.purkinje + shape.dcn, dtype=np.int32),
             work_z=np.zeros(3, dtype=np.float64),
+            ticks=np.zeros((3, max_batch), dtype=np.float64),
+            slots=np.zeros(max_batch, dtype=np.int64),
             probs=np.zeros((max_batch, shape.classes), dtype=np.float64),
             spikes=np.zeros((max_batch, 3), dtype=np.int64),
         )

@@ -158,11 +158,9 @@ class CerebellarNetwork:
         for start in range(0, len(ticks), self.max_batch):
             chunk = ticks[start:start + self.max_batch]
             slots = np.array([self.pool.table.acquire(t.market_id) for t in chunk], dtype=np.int64)
-            price = np.array([t.price for t in chunk], dtype=np.float64)
-            volume = np.array([t.volume for t in chunk], dtype=np.float64)
-            ts = np.array([t.timestamp for t in chunk], dtype=np.float64)
+            ticks_arr = np.array([[t.price for t in chunk], [t.volume for t in chunk], [t.timestamp for t in chunk]], dtype=np.float64)
             t0 = time.perf_counter_ns()
-            probs, spikes = self.backend.step(slots, price, volume, ts)
+            probs, spikes = self.backend.step(slots, ticks_arr)
             elapsed = time.perf_counter_ns() - t0
             out.extend(result_dicts(chunk, probs, spikes, elapsed))
         return out

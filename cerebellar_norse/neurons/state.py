@@ -6,14 +6,49 @@ these arrays in place. Shapes: S slots, G granule, P Purkinje, N DCN, K classes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
 
 from .encoder import N_ENC_STATE
 from .parameters import NetworkParameters, numpy_dtype
 
 STATE_FIELDS = ("enc", "v_gr", "i_gr", "golgi", "v_pc", "i_pc", "v_dcn", "i_dcn", "v_out", "i_out")
+FLOAT_FIELDS = STATE_FIELDS[1:]
+
+
+def floats_per_slot(G: int, P: int, N: int, K: int) -> int:
+    """Float values of one slot's network state."""
+    return 2 * G + 1 + 2 * P + 2 * N + 2 * K
+
+
+@nb.njit(cache=True, nogil=True)
+def state_views(state_f, S, G, P, N, K):  # type: ignore[no-untyped-def]
+    """The per-variable slot arrays as views of one flat buffer (one contiguous block each).
+
+    Order: v_gr (S, G), i_gr (S, G), golgi (S,), v_pc, i_pc (S, P), v_dcn, i_dcn (S, N),
+    v_out, i_out (S, K).
+    """
+    o = 0
+    v_gr = state_f[o:o + S * G].reshape((S, G))
+    o += S * G
+    i_gr = state_f[o:o + S * G].reshape((S, G))
+    o += S * G
+    golgi = state_f[o:o + S]
+    o += S
+    v_pc = state_f[o:o + S * P].reshape((S, P))
+    o += S * P
+    i_pc = state_f[o:o + S * P].reshape((S, P))
+    o += S * P
+    v_dcn = state_f[o:o + S * N].reshape((S, N))
+    o += S * N
+    i_dcn = state_f[o:o + S * N].reshape((S, N))
+    o += S * N
+    v_out = state_f[o:o + S * K].reshape((S, K))
+    o += S * K
+    i_out = state_f[o:o + S * K].reshape((S, K))
+    return v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out
 
 
 @dataclass
@@ -30,6 +65,7 @@ class StateArrays:
     """
 
     enc: np.ndarray
+    flat: np.ndarray
     v_gr: np.ndarray
     i_gr: np.ndarray
     golgi: np.ndarray
@@ -43,11 +79,10 @@ class StateArrays:
     @classmethod
     def allocate(cls, slots: int, p: NetworkParameters, precision: str) -> StateArrays:
         """Zeroed arrays for ``slots`` markets (touched, so the memory is really reserved)."""
-        s, dt = p.shape, numpy_dtype(precision)
-        z = lambda *shape: np.zeros(shape, dtype=dt)  # noqa: E731
-        return cls(np.zeros((slots, N_ENC_STATE)), z(slots, s.granule), z(slots, s.granule), z(slots),
-                   z(slots, s.purkinje), z(slots, s.purkinje), z(slots, s.dcn), z(slots, s.dcn),
-                   z(slots, s.classes), z(slots, s.classes))
+        s = p.shape
+        flat = np.zeros(slots * floats_per_slot(s.granule, s.purkinje, s.dcn, s.classes), dtype=numpy_dtype(precision))
+        views = state_views(flat, slots, s.granule, s.purkinje, s.dcn, s.classes)
+        return cls(np.zeros((slots, N_ENC_STATE)), flat, *views)
 
     @property
     def slots(self) -> int:
@@ -57,11 +92,7 @@ class StateArrays:
     @property
     def nbytes(self) -> int:
         """Bytes held by all arrays."""
-        return sum(getattr(self, f.name).nbytes for f in fields(self))
-
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """The arrays in kernel argument order (STATE_FIELDS)."""
-        return tuple(getattr(self, name) for name in STATE_FIELDS)
+        return int(self.enc.nbytes + self.flat.nbytes)
 
     def reset_slot(self, slot: int, p: NetworkParameters, golgi_init: float) -> None:
         """Put ``slot`` in the resting state (a market's first tick starts from here)."""

@@ -105,7 +105,7 @@ def generate_weights(cfg: Config) -> Weights:
     per_feature = s.mossy // 3
 
     mg_idx = np.sort(_distinct_rows(rng, s.granule, s.dendrites, s.mossy), axis=1).astype(np.int32)
-    mg_w = rng.uniform(0.5, 1.5, size=(s.granule, s.dendrites)) / s.dendrites
+    mg_w = rng.uniform(0.5, 1.5, size=(s.granule, s.dendrites))
 
     pf_pre = np.empty((s.purkinje, s.pf_per_purkinje), dtype=np.int32)
     for p in range(s.purkinje):
