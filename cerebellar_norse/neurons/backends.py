@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+import numba as nb
 import numpy as np
 import torch
 
@@ -20,7 +21,7 @@ from norse.torch.functional.leaky_integrator import LIState
 from norse.torch.functional.lif import LIFFeedForwardState
 
 from .functional import CerebellumState
-from .fused import FusedWorkspace, PackedWeights, make_dims, tick_batch
+from .fused import FusedWorkspace, PackedWeights, chunk_by_slot, make_dims, tick_batch, tick_batch_parallel
 from .parameters import NetworkParameters, encoder_parameters, kernel_coefficients, numpy_dtype
 from .reference import CerebellarReference
 from .state import StateArrays
@@ -50,23 +51,31 @@ class Backend(Protocol):
 
 
 class FusedBackend:
-    """The numba kernel over preallocated buffers; batches up to ``max_batch`` ticks."""
+    """The numba kernel over preallocated buffers; batches up to ``max_batch`` ticks.
+
+    With ``threads > 1``, batches of at least ``parallel_min_batch`` ticks are split by
+    market over that many threads (a market's ticks stay on one thread, in order);
+    smaller batches run on the calling thread, where a thread hand-off would cost
+    more than it saves.
+    """
 
     name = "fused"
 
     def __init__(self, weights: Weights, params: NetworkParameters, state: StateArrays, enc_par: np.ndarray,
-                 max_batch: int) -> None:
+                 max_batch: int, threads: int = 1, parallel_min_batch: int = 32) -> None:
         self.params = params
         self.state = state
         self.enc_par = enc_par
         self.coef = kernel_coefficients(params)
         self.max_batch = max_batch
-        self.ws = FusedWorkspace.allocate(params.shape, self.coef.dtype, max_batch)
+        self.threads = max(1, min(threads, nb.config.NUMBA_NUM_THREADS))
+        self.parallel_min_batch = parallel_min_batch
+        self.ws = FusedWorkspace.allocate(params.shape, self.coef.dtype, max_batch, self.threads)
         self.dims = make_dims(params.shape, state.slots)
         self.set_weights(weights)
 
     def set_weights(self, weights: Weights) -> None:
-        """Swap weights atomically with respect to ``step``."""
+        """Swap weights; a running step keeps the set it started with."""
         self.packed = PackedWeights.pack(weights, self.coef.dtype)
 
     def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -75,8 +84,15 @@ class FusedBackend:
         if b > self.max_batch:
             raise ValueError(f"batch of {b} exceeds the workspace of {self.max_batch}")
         ws, pw = self.ws, self.packed  # one read of the weights: a concurrent set_weights swaps whole
-        tick_batch(slots, ticks, self.state.flat, self.state.enc, pw.wf, pw.wi, self.dims, self.coef, self.enc_par,
-                   self.params.steps_per_tick, ws.work_f, ws.work_i, ws.work_z, ws.probs, ws.spikes)
+        if self.threads > 1 and b >= self.parallel_min_batch:
+            order, starts = chunk_by_slot(slots, self.threads)
+            nb.set_num_threads(self.threads)
+            tick_batch_parallel(order, starts, slots, ticks, self.state.flat, self.state.enc, pw.wf, pw.wi, self.dims,
+                                self.coef, self.enc_par, self.params.steps_per_tick, ws.work_f, ws.work_i, ws.work_z,
+                                ws.probs, ws.spikes)
+        else:
+            tick_batch(slots, ticks, self.state.flat, self.state.enc, pw.wf, pw.wi, self.dims, self.coef, self.enc_par,
+                       self.params.steps_per_tick, ws.work_f[0], ws.work_i[0], ws.work_z[0], ws.probs, ws.spikes)
         return ws.probs[:b], ws.spikes[:b]
 
 
@@ -150,10 +166,10 @@ class ReferenceBackend:
 
 
 def make_backend(name: str, weights: Weights, params: NetworkParameters, state: StateArrays, enc_par: np.ndarray,
-                 max_batch: int) -> Backend:
-    """Build a backend by name (``fused`` or ``reference``)."""
+                 max_batch: int, threads: int = 1) -> Backend:
+    """Build a backend by name (``fused`` or ``reference``); ``threads`` applies to fused."""
     if name == "fused":
-        return FusedBackend(weights, params, state, enc_par, max_batch)
+        return FusedBackend(weights, params, state, enc_par, max_batch, threads)
     if name == "reference":
         return ReferenceBackend(weights, params, state, enc_par, max_batch)
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -35,7 +35,7 @@ N_ENC_STATE = 12
 VAR_FLOOR = 1e-12
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, error_model="numpy")
 def population_code_into(z: np.ndarray, per_feature: int, clip: float, gain: float, out: np.ndarray) -> None:
     """Write the mossy-fibre currents of features ``z`` (3,) into ``out`` (3*K,)."""
     spacing = 2.0 * clip / (per_feature - 1)
@@ -53,7 +53,7 @@ def population_code(z: np.ndarray, per_feature: int, clip: float, gain: float) -
     return out
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, error_model="numpy")
 def encode_tick(state: np.ndarray, price: float, volume: float, ts_ms: float, window: float, clip: float,
                 z_out: np.ndarray) -> None:
     """Update one market's normaliser ``state`` (12,) with a tick; write z-features to ``z_out`` (3,).
@@ -94,7 +94,7 @@ def encode_tick(state: np.ndarray, price: float, volume: float, ts_ms: float, wi
     state[S_N_TICKS] += 1.0
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, error_model="numpy")
 def encode_tick_to_mossy(state: np.ndarray, price: float, volume: float, ts_ms: float, enc_par: np.ndarray,
                          z_buf: np.ndarray, mossy_out: np.ndarray) -> None:
     """Encode a tick straight into mossy-fibre currents ``mossy_out`` (any float type).

@@ -41,7 +41,7 @@ N_DIMS = 8
 class PackedWeights:
     """Weights flattened for the kernel.
 
-    ``wf`` (float): mg_w (D, G) | pf_w in CSR order (nnz) | pc_bias (P) | w_md (N, M) |
+    ``wf`` (float): mg_w (D, G) | pf_w in CSR order (nnz) | pc_bias (P) | w_md transposed (M, N) |
     w_pd (N, P) | dcn_bias (N) | w_out (K, N).
     ``wi`` (int32): mg_idx (D, G) | pf_ptr (G + 1) | pf_post (nnz).
     """
@@ -55,7 +55,7 @@ class PackedWeights:
         if w.pf_ptr[-1] >= 2**31:
             raise ValueError("more than 2^31 parallel-fibre synapses are not supported by the CPU kernel")
         wf = np.concatenate([np.asarray(a, dtype=dtype).reshape(-1) for a in (
-            w.mg_w.T, w.pf_w_csr(), w.pc_bias, w.w_md, w.w_pd, w.dcn_bias, w.w_out)])
+            w.mg_w.T, w.pf_w_csr(), w.pc_bias, w.w_md.T, w.w_pd, w.dcn_bias, w.w_out)])
         wi = np.concatenate([w.mg_idx.T.reshape(-1), w.pf_ptr, w.pf_post]).astype(np.int32)
         return cls(wf, wi)
 
@@ -69,10 +69,10 @@ def make_dims(shape: NetworkShape, slots: int) -> np.ndarray:
     return d
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, error_model="numpy")
 def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  # type: ignore[no-untyped-def]
                work_f, work_i, work_z, probs, spikes):
-    """Step ``len(slots)`` market ticks through ``steps`` integration steps each.
+    """Step ``len(slots)`` market ticks through ``steps`` integration steps each, in order.
 
     Args:
         slots: (B,) int64 state slot of each tick.
@@ -84,10 +84,32 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
         coef: kernel coefficients (see neurons.parameters.kernel_coefficients).
         enc_par: float64 encoder parameters.
         steps: integration steps per tick.
-        work_f, work_i, work_z: scratch buffers (see FusedWorkspace).
+        work_f, work_i, work_z: scratch buffers of one thread (see FusedWorkspace).
         probs: (B, K) float64 output class probabilities.
         spikes: (B, 3) int64 output spikes per population over the tick.
     """
+    _run(slots, slots, 0, slots.shape[0], False, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
+         work_f, work_i, work_z, probs, spikes)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def tick_batch_parallel(order, starts, slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par,  # type: ignore[no-untyped-def]
+                        steps, work_f, work_i, work_z, probs, spikes):
+    """Like :func:`tick_batch`, the batch split into ``len(starts) - 1`` chunks run in parallel.
+
+    ``order[starts[c]:starts[c + 1]]`` are the batch positions of chunk c, in arrival
+    order; every tick of one market must fall in the same chunk. ``work_*`` have one
+    row per chunk.
+    """
+    for c in nb.prange(starts.shape[0] - 1):
+        _run(order, slots, starts[c], starts[c + 1], True, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
+             work_f[c], work_i[c], work_z[c], probs, spikes)
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy")
+def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  # type: ignore[no-untyped-def]
+         work_f, work_i, work_z, probs, spikes):
+    """Process batch positions ``order[lo:hi]`` (or ``lo:hi`` when not ``use_order``)."""
     M, G, D, P, N, K, NNZ, S = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
     v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out = state_views(state_f, S, G, P, N, K)
     o = 0
@@ -97,7 +119,7 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
     o += NNZ
     pc_bias = wf[o:o + P]
     o += P
-    w_md = wf[o:o + N * M].reshape((N, M))
+    w_md_t = wf[o:o + M * N].reshape((M, N))
     o += N * M
     w_pd = wf[o:o + N * P].reshape((N, P))
     o += N * P
@@ -132,7 +154,8 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
     c_ro, n_ro, l_ro = coef[15], coef[16], coef[17]
     rate, target, n_granule, scale = coef[C_GOLGI_RATE], coef[C_TARGET], coef[C_N_GRANULE], coef[C_READOUT_SCALE]
 
-    for b in range(slots.shape[0]):
+    for j in range(lo, hi):
+        b = order[j] if use_order else j
         s = slots[b]
         encode_tick_to_mossy(enc[s], ticks[0, b], ticks[1, b], ticks[2, b], enc_par, work_z, mossy)
         # Dendrite-major loops vectorise (gathers); the sum order per cell is d = 0..D-1,
@@ -142,14 +165,19 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
         for d in range(1, D):
             for g in range(G):
                 mf_gr[g] += mg_w[d, g] * mossy[mg_idx[d, g]]
+        # Mossy-major so the N sums run side by side; each still adds m = 0..M-1 in order.
         for n in range(N):
-            acc = zero
-            for m in range(M):
-                acc += w_md[n, m] * mossy[m]
-            drive[n] = acc + dcn_bias[n]
+            drive[n] = zero
+        for m in range(M):
+            for n in range(N):
+                drive[n] += w_md_t[m, n] * mossy[m]
+        for n in range(N):
+            drive[n] += dcn_bias[n]
         g_inh = golgi[s]
-        vg = v_gr[s]
-        ig = i_gr[s]
+        vg, ig = v_gr[s], i_gr[s]
+        vp, ip = v_pc[s], i_pc[s]
+        vd, idn = v_dcn[s], i_dcn[s]
+        vo, io = v_out[s], i_out[s]
         tot_gr = 0
         tot_pc = 0
         tot_dn = 0
@@ -164,10 +192,9 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
                 gr_flag[g] = fired
                 vg[g] = r_gr if fired else v_dec
             cnt = 0
-            for g in range(G):
-                if gr_flag[g]:
-                    gr_spk[cnt] = g
-                    cnt += 1
+            for g in range(G):  # branch-free compaction: spikes are too sparse and random to predict
+                gr_spk[cnt] = g
+                cnt += gr_flag[g]
             # Golgi homeostasis: relu(g + rate * (activity - target)).
             tmp[0] = cnt
             g_new = g_inh + rate * (tmp[0] / n_granule - target)
@@ -182,16 +209,16 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
                     pc_acc[pf_post[e]] += pf_w[e]
             pcnt = 0
             for p in range(P):
-                i_new = i_pc[s, p] + (pc_acc[p] + pc_bias[p])
-                v = v_pc[s, p]
+                i_new = ip[p] + (pc_acc[p] + pc_bias[p])
+                v = vp[p]
                 v_dec = v + c_pc * ((l_pc - v) + i_new)
-                i_pc[s, p] = i_new + n_pc * i_new
+                ip[p] = i_new + n_pc * i_new
                 if v_dec > t_pc:
-                    v_pc[s, p] = r_pc
+                    vp[p] = r_pc
                     pc_spk[pcnt] = p
                     pcnt += 1
                 else:
-                    v_pc[s, p] = v_dec
+                    vp[p] = v_dec
 
             # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked.
             dcnt = 0
@@ -199,16 +226,16 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
                 acc = zero
                 for k in range(pcnt):
                     acc += w_pd[n, pc_spk[k]]
-                i_new = i_dcn[s, n] + (drive[n] - acc)
-                v = v_dcn[s, n]
+                i_new = idn[n] + (drive[n] - acc)
+                v = vd[n]
                 v_dec = v + c_dn * ((l_dn - v) + i_new)
-                i_dcn[s, n] = i_new + n_dn * i_new
+                idn[n] = i_new + n_dn * i_new
                 if v_dec > t_dn:
-                    v_dcn[s, n] = r_dn
+                    vd[n] = r_dn
                     dcn_spk[dcnt] = n
                     dcnt += 1
                 else:
-                    v_dcn[s, n] = v_dec
+                    vd[n] = v_dec
 
             # Readout: leaky integrators of the class groups' DCN spikes.
             for c in range(K):
@@ -217,10 +244,10 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
                     acc += w_out[c, dcn_spk[k]]
                 out_in[c] = acc
             for c in range(K):
-                i_jump = i_out[s, c] + out_in[c]
-                v = v_out[s, c]
-                v_out[s, c] = v + c_ro * ((l_ro - v) + i_jump)
-                i_out[s, c] = i_jump + n_ro * i_jump
+                i_jump = io[c] + out_in[c]
+                v = vo[c]
+                vo[c] = v + c_ro * ((l_ro - v) + i_jump)
+                io[c] = i_jump + n_ro * i_jump
             tot_gr += cnt
             tot_pc += pcnt
             tot_dn += dcnt
@@ -228,7 +255,7 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
         # Softmax of the logits (scale * v_out, rounded to the network's float type) in float64.
         mx = -np.inf
         for c in range(K):
-            tmp[1] = scale * v_out[s, c]
+            tmp[1] = scale * vo[c]
             probs[b, c] = tmp[1]
             mx = max(mx, probs[b, c])
         tot = 0.0
@@ -244,26 +271,33 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
 
 @dataclass
 class FusedWorkspace:
-    """Preallocated scratch, tick and output buffers of the kernel for batches up to ``max_batch``."""
+    """Preallocated scratch (one row per thread) and output buffers for batches up to ``max_batch``."""
 
     work_f: np.ndarray
     work_i: np.ndarray
     work_z: np.ndarray
-    ticks: np.ndarray
-    slots: np.ndarray
     probs: np.ndarray
     spikes: np.ndarray
 
     @classmethod
-    def allocate(cls, shape: NetworkShape, dtype: np.dtype, max_batch: int) -> FusedWorkspace:
+    def allocate(cls, shape: NetworkShape, dtype: np.dtype, max_batch: int, threads: int = 1) -> FusedWorkspace:
         """Buffers sized for ``shape`` in float type ``dtype``."""
         nf = shape.mossy + shape.granule + shape.purkinje + shape.dcn + shape.classes + 2
         return cls(
-            work_f=np.zeros(nf, dtype=dtype),
-            work_i=np.zeros(2 * shape.granule + shape.purkinje + shape.dcn, dtype=np.int32),
-            work_z=np.zeros(3, dtype=np.float64),
-            ticks=np.zeros((3, max_batch), dtype=np.float64),
-            slots=np.zeros(max_batch, dtype=np.int64),
+            work_f=np.zeros((threads, nf), dtype=dtype),
+            work_i=np.zeros((threads, 2 * shape.granule + shape.purkinje + shape.dcn), dtype=np.int32),
+            work_z=np.zeros((threads, 3), dtype=np.float64),
             probs=np.zeros((max_batch, shape.classes), dtype=np.float64),
             spikes=np.zeros((max_batch, 3), dtype=np.int64),
         )
+
+
+def chunk_by_slot(slots: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split a batch into ``chunks`` groups by ``slot % chunks`` (a market never spans two groups).
+
+    Returns (order, starts): positions grouped by chunk, arrival order kept within a chunk.
+    """
+    key = slots % chunks
+    order = np.argsort(key, kind="stable")
+    starts = np.searchsorted(key[order], np.arange(chunks + 1)).astype(np.int64)
+    return order.astype(np.int64), starts

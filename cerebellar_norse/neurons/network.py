@@ -87,7 +87,9 @@ class CerebellarNetwork:
         self.max_batch = max_batch or cfg.performance.batch_size
         arrays = StateArrays.allocate(max_markets or cfg.performance.max_markets, self.params, cfg.neural.precision)
         self.pool = StatePool(arrays, self._reset_slot)
-        self.backend: Backend = make_backend(backend, self.weights, self.params, arrays, encoder_parameters(cfg.neural), self.max_batch)
+        self.last_spikes = np.zeros((0, 3), dtype=np.int64)  # spikes (granule, Purkinje, DCN) per tick of the last call
+        self.backend: Backend = make_backend(backend, self.weights, self.params, arrays, encoder_parameters(cfg.neural), self.max_batch,
+                                              cfg.performance.cpu_threads)
 
     # -- state -----------------------------------------------------------------
 
@@ -155,6 +157,7 @@ class CerebellarNetwork:
         if distinct > self.pool.capacity:
             raise InputError(f"batch has {distinct} markets but the pool holds {self.pool.capacity}", "ticks")
         out: list[dict[str, Any]] = []
+        spike_parts: list[np.ndarray] = []
         for start in range(0, len(ticks), self.max_batch):
             chunk = ticks[start:start + self.max_batch]
             slots = np.array([self.pool.table.acquire(t.market_id) for t in chunk], dtype=np.int64)
@@ -163,4 +166,6 @@ class CerebellarNetwork:
             probs, spikes = self.backend.step(slots, ticks_arr)
             elapsed = time.perf_counter_ns() - t0
             out.extend(result_dicts(chunk, probs, spikes, elapsed))
+            spike_parts.append(spikes.copy())
+        self.last_spikes = np.concatenate(spike_parts)
         return out
