@@ -15,11 +15,10 @@ from typing import Protocol
 import numba as nb
 import numpy as np
 import torch
-
-from .encoder import encode_tick_to_mossy
 from norse.torch.functional.leaky_integrator import LIState
 from norse.torch.functional.lif import LIFFeedForwardState
 
+from .encoder import encode_tick_to_mossy
 from .functional import CerebellumState
 from .fused import FusedWorkspace, PackedWeights, chunk_by_slot, make_dims, tick_batch, tick_batch_parallel
 from .parameters import NetworkParameters, encoder_parameters, kernel_coefficients, numpy_dtype
@@ -68,7 +67,7 @@ class FusedBackend:
         self.enc_par = enc_par
         self.coef = kernel_coefficients(params)
         self.max_batch = max_batch
-        self.threads = max(1, min(threads, nb.config.NUMBA_NUM_THREADS))
+        self.threads = max(1, min(threads, nb.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
         self.parallel_min_batch = parallel_min_batch
         self.ws = FusedWorkspace.allocate(params.shape, self.coef.dtype, max_batch, self.threads)
         self.dims = make_dims(params.shape, state.slots)
@@ -146,7 +145,7 @@ class ReferenceBackend:
                 mossy = np.empty((wave.size, self.params.shape.mossy), dtype=self.dtype)
                 for j, pos in enumerate(wave.tolist()):
                     encode_tick_to_mossy(st.enc[slots[pos]], ticks[0, pos], ticks[1, pos], ticks[2, pos], self.enc_par, self._z, mossy[j])
-                t = lambda a: torch.from_numpy(a[ws])  # noqa: E731
+                t = lambda a, ws=ws: torch.from_numpy(a[ws])  # noqa: E731
                 state = CerebellumState(
                     granule=LIFFeedForwardState(v=t(st.v_gr), i=t(st.i_gr)),
                     golgi=torch.from_numpy(st.golgi[ws]).unsqueeze(1),

@@ -70,7 +70,7 @@ def make_dims(shape: NetworkShape, slots: int) -> np.ndarray:
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
-def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  # type: ignore[no-untyped-def]
+def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
                work_f, work_i, work_z, probs, spikes):
     """Step ``len(slots)`` market ticks through ``steps`` integration steps each, in order.
 
@@ -93,7 +93,7 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def tick_batch_parallel(order, starts, slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par,  # type: ignore[no-untyped-def]
+def tick_batch_parallel(order, starts, slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par,
                         steps, work_f, work_i, work_z, probs, spikes):
     """Like :func:`tick_batch`, the batch split into ``len(starts) - 1`` chunks run in parallel.
 
@@ -107,7 +107,7 @@ def tick_batch_parallel(order, starts, slots, ticks, state_f, enc, wf, wi, dims,
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
-def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,  # type: ignore[no-untyped-def]
+def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
          work_f, work_i, work_z, probs, spikes):
     """Process batch positions ``order[lo:hi]`` (or ``lo:hi`` when not ``use_order``)."""
     M, G, D, P, N, K, NNZ, S = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]

@@ -116,8 +116,9 @@ class CerebellarNetwork:
         """Load a snapshot into a market (created if new). Shapes are checked before any change."""
         probe = self.pool.arrays.read_slot(0)
         for k, v in probe.items():
-            if k not in snapshot or np.shape(snapshot[k]) != v.shape:
-                raise InputError(f"snapshot field {k!r} missing or of shape {np.shape(snapshot.get(k))}, expected {v.shape}", "snapshot")
+            got = snapshot.get(k)
+            if got is None or np.shape(got) != v.shape:
+                raise InputError(f"snapshot field {k!r} missing or of shape {None if got is None else np.shape(got)}, expected {v.shape}", "snapshot")
         self.pool.arrays.write_slot(self.pool.table.acquire(market_id), dict(snapshot))
 
     # -- processing ------------------------------------------------------------

@@ -43,8 +43,10 @@ class CerebellarReference(nn.Module):
         """Dense weights for :func:`cerebellum_tick` (differentiable w.r.t. the parameters)."""
         s = self._template.shape
         post = torch.arange(s.purkinje).unsqueeze(1).expand(-1, s.pf_per_purkinje)
-        w_pf = torch.zeros(s.granule, s.purkinje, dtype=self.pf_w.dtype).index_put((self.pf_pre, post), self.pf_w)
-        return CerebellumWeights(self.w_mg, w_pf, self.pc_bias, self.w_md, self.w_pd, self.dcn_bias, self.w_out)
+        pre: torch.Tensor = self.pf_pre  # type: ignore[assignment]
+        w_mg: torch.Tensor = self.w_mg  # type: ignore[assignment]
+        w_pf = torch.zeros(s.granule, s.purkinje, dtype=self.pf_w.dtype).index_put((pre, post), self.pf_w)
+        return CerebellumWeights(w_mg, w_pf, self.pc_bias, self.w_md, self.w_pd, self.dcn_bias, self.w_out)
 
     def initial_state(self, batch: int) -> CerebellumState:
         """Resting state for ``batch`` markets."""

@@ -24,7 +24,7 @@ def floats_per_slot(G: int, P: int, N: int, K: int) -> int:
 
 
 @nb.njit(cache=True, nogil=True)
-def state_views(state_f, S, G, P, N, K):  # type: ignore[no-untyped-def]
+def state_views(state_f, S, G, P, N, K):
     """The per-variable slot arrays as views of one flat buffer (one contiguous block each).
 
     Order: v_gr (S, G), i_gr (S, G), golgi (S,), v_pc, i_pc (S, P), v_dcn, i_dcn (S, N),
@@ -115,7 +115,8 @@ class StateArrays:
         """Load a snapshot (from :meth:`read_slot`) into ``slot``; shapes are checked first."""
         for name in STATE_FIELDS:
             arr = getattr(self, name)
-            if name not in snapshot or np.shape(snapshot[name]) != arr.shape[1:]:
-                raise ValueError(f"snapshot field {name!r} missing or of shape {np.shape(snapshot.get(name))}, expected {arr.shape[1:]}")
+            got = snapshot.get(name)
+            if got is None or np.shape(got) != arr.shape[1:]:
+                raise ValueError(f"snapshot field {name!r} missing or of shape {None if got is None else np.shape(got)}, expected {arr.shape[1:]}")
         for name in STATE_FIELDS:
             getattr(self, name)[slot] = snapshot[name]

@@ -72,7 +72,9 @@ class Weights:
 
     def copy(self) -> Weights:
         """A deep copy of every array."""
-        return Weights(**{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()})
+        return Weights(self.mg_idx.copy(), self.mg_w.copy(), self.pf_pre.copy(), self.pf_w.copy(), self.pc_bias.copy(),
+                       self.w_md.copy(), self.w_pd.copy(), self.dcn_bias.copy(), self.w_out.copy(), self.golgi_init,
+                       self.pf_ptr.copy(), self.pf_post.copy(), self.pf_src.copy())
 
 
 def _distinct_rows(rng: np.random.Generator, n_rows: int, k: int, n: int) -> np.ndarray:
@@ -87,7 +89,7 @@ def _distinct_rows(rng: np.random.Generator, n_rows: int, k: int, n: int) -> np.
 
 
 def _csr_by_granule(pf_pre: np.ndarray, n_granule: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    p, c = pf_pre.shape
+    c = pf_pre.shape[1]
     flat_pre = pf_pre.reshape(-1).astype(np.int64)
     src = np.argsort(flat_pre, kind="stable")
     post = (src // c).astype(np.int32)
