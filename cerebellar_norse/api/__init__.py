@@ -1,0 +1,1 @@
+"""HTTP API (FastAPI) of the service."""

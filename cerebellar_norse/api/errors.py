@@ -1,0 +1,99 @@
+"""Mapping of errors to JSON responses: 4xx naming the field for bad input, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError
+from ..observability.context import request_id_var
+from .deps import AuthError
+from .schemas import error_payload
+
+log = logging.getLogger("cerebellar_norse.api")
+
+
+def _field_of(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def validation_response(errors: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """Status and body for pydantic errors: the first error, its field, all messages."""
+    rid = request_id_var.get()
+    if not errors:
+        return 422, error_payload("validation", "invalid request", rid)
+    first = errors[0]
+    field = _field_of(tuple(first.get("loc", ())))
+    if first.get("type") == "json_invalid":
+        return 400, error_payload("malformed_json", f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", rid)
+    if first.get("type") == "extra_forbidden":
+        return 422, error_payload("validation", "unknown field", rid, field)
+    if first.get("type") == "missing" and not field:
+        return 422, error_payload("validation", "request body is missing", rid)
+    msg = str(first.get("msg", "invalid value"))
+    if "input" in first and not isinstance(first["input"], (dict, list)):
+        msg += f" (got {first['input']!r})"
+    return 422, error_payload("validation", msg, rid, field or None)
+
+
+def install_error_handlers(app: FastAPI, count_error: Any) -> None:
+    """Register handlers turning every error into the JSON error shape."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, body = validation_response(list(exc.errors()))
+        count_error("validation")
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(InputError)
+    async def _input(request: Request, exc: InputError) -> JSONResponse:
+        kind = "out_of_order" if exc.status_code == 409 else "validation"
+        count_error(kind)
+        return JSONResponse(error_payload(kind, exc.message, request_id_var.get(), exc.field), status_code=exc.status_code)
+
+    @app.exception_handler(AuthError)
+    async def _auth(request: Request, exc: AuthError) -> JSONResponse:
+        count_error("auth")
+        return JSONResponse(error_payload("unauthorized", str(exc), request_id_var.get()), status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(CapacityError)
+    async def _capacity(request: Request, exc: CapacityError) -> JSONResponse:
+        count_error("capacity")
+        retry = max(1, round(exc.retry_after_s))
+        return JSONResponse(error_payload("capacity", str(exc), request_id_var.get()), status_code=503,
+                            headers={"Retry-After": str(retry)})
+
+    @app.exception_handler(EngineFatalError)
+    async def _engine(request: Request, exc: EngineFatalError) -> JSONResponse:
+        count_error("engine")
+        log.error("engine error: %s", exc)
+        return JSONResponse(error_payload("engine", str(exc), request_id_var.get()), status_code=503)
+
+    @app.exception_handler(CerebellarNorseError)
+    async def _other(request: Request, exc: CerebellarNorseError) -> JSONResponse:
+        count_error("internal")
+        log.error("unhandled service error: %s", exc)
+        return JSONResponse(error_payload("internal", str(exc), request_id_var.get()), status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kinds = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
+        kind = kinds.get(exc.status_code, "http")
+        count_error(kind)
+        return JSONResponse(error_payload(kind, str(exc.detail), request_id_var.get()), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        count_error("internal")
+        log.exception("unexpected error")
+        return JSONResponse(error_payload("internal", "internal error (logged with this request id)", request_id_var.get()), status_code=500)

@@ -1,0 +1,118 @@
+"""/neural/process, /neural/process/batch, /neural/stream, /neural/metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import HTTPException
+from pydantic import ValidationError
+
+from ...errors import CapacityError, CerebellarNorseError, InputError
+from ...observability.context import new_request_id, request_id_var
+from ..deps import service
+from ..errors import validation_response
+from ..schemas import BatchIn, BatchOut, ErrorOut, ResultOut, TickIn, error_payload
+
+router = APIRouter(prefix="/neural", tags=["neural"])
+log = logging.getLogger("cerebellar_norse.api")
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "Malformed JSON."},
+    409: {"model": ErrorOut, "description": "Tick older than the market's last tick (state unchanged)."},
+    413: {"model": ErrorOut, "description": "Body too large."},
+    415: {"model": ErrorOut, "description": "Content type is not application/json."},
+    422: {"model": ErrorOut, "description": "Invalid field (named in error.field)."},
+    503: {"model": ErrorOut, "description": "Queue full or engine unavailable (Retry-After)."},
+}
+
+
+def _require_json(request: Request) -> None:
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";", 1)[0].strip().lower() != "application/json":
+        raise HTTPException(415, f"content type must be application/json, got {ctype or 'none'!r}")
+
+
+@router.post("/process", response_model=ResultOut, responses=ERRORS)
+async def process(tick: TickIn, request: Request) -> dict[str, Any]:
+    """Process one tick of a market and return the network's signal."""
+    _require_json(request)
+    svc = service(request)
+    result = await svc.engine.submit(tick.to_tick())
+    result["request_id"] = request_id_var.get()
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("tick processed", extra={"fields": {"market_id": tick.market_id, "processing_time_ns": result["processing_time_ns"]}})
+    return result
+
+
+@router.post("/process/batch", response_model=BatchOut, responses=ERRORS)
+async def process_batch(batch: BatchIn, request: Request) -> dict[str, Any]:
+    """Process many ticks in order; one bad tick fails the whole batch before any state changes."""
+    _require_json(request)
+    svc = service(request)
+    rid = request_id_var.get()
+    results = await svc.engine.submit_many([t.to_tick() for t in batch.ticks])
+    for r in results:
+        r["request_id"] = rid
+    return {"results": results, "request_id": rid}
+
+
+@router.get("/metrics")
+async def neural_metrics(request: Request) -> dict[str, Any]:
+    """Spike counts per population, granule sparsity and live markets."""
+    svc = service(request)
+    eng = svc.engine
+    st = eng.stats
+    s = eng.params.shape
+    steps = eng.params.steps_per_tick
+    denom = max(st.ticks, 1) * steps
+    return {"neural_metrics": {
+        "spike_counts": {"granule": int(st.spikes[0]), "purkinje": int(st.spikes[1]), "dcn": int(st.spikes[2])},
+        "spikes_per_tick": {"granule": st.spikes[0] / max(st.ticks, 1), "purkinje": st.spikes[1] / max(st.ticks, 1),
+                            "dcn": st.spikes[2] / max(st.ticks, 1)},
+        "sparsity": float(st.spikes[0] / (denom * s.granule)) if st.ticks else None,
+        "target_sparsity": svc.cfg.neural.target_sparsity,
+        "markets": eng.pool.used,
+        "ticks": st.ticks,
+        "batches": st.batches,
+        "mean_batch_size": st.ticks / st.batches if st.batches else None,
+        "model_version": eng.model_version,
+    }}
+
+
+@router.websocket("/stream")
+async def stream(ws: WebSocket) -> None:
+    """One JSON tick in, one JSON result out; a bad message gets an error object, the socket stays open."""
+    svc = ws.app.state.service
+    await ws.accept()
+    svc.metrics.stream_connections.inc()
+    try:
+        while True:
+            text = await ws.receive_text()
+            rid = new_request_id()
+            request_id_var.set(rid)
+            try:
+                tick = TickIn.model_validate_json(text)
+                result = await svc.engine.submit(tick.to_tick())
+                result["request_id"] = rid
+                await ws.send_text(ResultOut.model_validate(result).model_dump_json())
+            except ValidationError as exc:
+                _, body = validation_response(list(exc.errors(include_url=False)))
+                svc.metrics.errors.labels("validation").inc()
+                await ws.send_text(json.dumps(body))
+            except CapacityError as exc:
+                svc.metrics.errors.labels("capacity").inc()
+                await ws.send_text(json.dumps(error_payload("capacity", str(exc), rid)))
+            except InputError as exc:
+                kind = "out_of_order" if exc.status_code == 409 else "validation"
+                svc.metrics.errors.labels(kind).inc()
+                await ws.send_text(json.dumps(error_payload(kind, exc.message, rid, exc.field)))
+            except CerebellarNorseError as exc:
+                svc.metrics.errors.labels("engine").inc()
+                await ws.send_text(json.dumps(error_payload("engine", str(exc), rid)))
+    except WebSocketDisconnect:
+        pass
+    finally:
+        svc.metrics.stream_connections.dec()

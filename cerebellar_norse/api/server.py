@@ -1,0 +1,140 @@
+"""Serving: build the engine and app from a config and run them under uvicorn (uvloop + httptools).
+
+Startup: check the host/token rule, pick the device, build the engine, restore the
+saved market states, warm the kernel up, then report ready. Shutdown (SIGTERM or
+SIGINT, handled by uvicorn): stop accepting, drain queued ticks, save market states.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from ..config import Config
+from ..engine.engine import Engine
+from ..errors import ConfigError, ConfigProblem
+from ..observability.logging import setup_logging
+from ..observability.metrics import ServiceMetrics, engine_families
+from .app import create_app
+from .deps import ServiceState
+
+log = logging.getLogger("cerebellar_norse.server")
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(cfg: Config) -> None:
+    """Refuse to listen beyond loopback without an API token."""
+    if not is_loopback(cfg.server.host) and cfg.server.api_token is None:
+        raise ConfigError([ConfigProblem(
+            "server.api_token",
+            f"listening on {cfg.server.host} (not loopback) requires an API token",
+            "set server.api_token (or CEREBELLAR_NORSE_SERVER__API_TOKEN), or listen on 127.0.0.1",
+        )])
+
+
+def select_device(cfg: Config) -> str:
+    """``cpu`` or ``cuda`` for this host; ``cuda`` configured without CUDA is an error, never a fallback."""
+    if cfg.performance.device == "cpu":
+        return "cpu"
+    from ..cuda.device import resolve_device
+
+    return resolve_device(cfg)
+
+
+def _cuda_memory(device: str) -> Any:
+    if device != "cuda":
+        return lambda: (0, 0)
+    from ..cuda.device import cuda_memory
+
+    return cuda_memory
+
+
+def build_engine(cfg: Config, device: str) -> Engine:
+    """The engine on the chosen device."""
+    if device == "cuda":
+        from ..cuda.backend import make_cuda_engine
+
+        return make_cuda_engine(cfg)
+    return Engine(cfg)
+
+
+def build_service(cfg: Config) -> ServiceState:
+    """Engine, metrics and state of a service (not yet ready: see :func:`make_app`)."""
+    device = select_device(cfg)
+    engine = build_engine(cfg, device)
+    metrics = ServiceMetrics()
+    engine.observers.append(metrics.on_batch)
+    metrics.add_source(engine_families(engine, device, _cuda_memory(device)))
+    return ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device)
+
+
+def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool = True) -> FastAPI:
+    """The app with a lifespan that restores state, warms up, and drains + saves on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        eng = state.engine
+        if restore:
+            eng.restore_state()
+        eng.warm_up()
+        state.ready = True
+        state.not_ready_reason = ""
+        log.info("service ready", extra={"fields": {"model_version": eng.model_version, "device": state.device,
+                                                     "markets": eng.pool.used, "host": state.cfg.server.host,
+                                                     "port": state.cfg.server.port}})
+        try:
+            yield
+        finally:
+            state.ready = False
+            state.not_ready_reason = "shutting down"
+            server = state.extra.get("server")
+            # An instance that never got its socket (e.g. port taken) must not overwrite the saved states.
+            served = server is None or bool(getattr(server, "started", False))
+            await eng.drain(save=save_on_shutdown and served)
+            log.info("service stopped", extra={"fields": {"ticks": eng.stats.ticks}})
+
+    return create_app(state, lifespan=lifespan)
+
+
+def uvicorn_config(app: FastAPI, cfg: Config) -> uvicorn.Config:
+    """uvicorn settings from ``[server]`` (uvloop, httptools, no access log on the hot path)."""
+    return uvicorn.Config(
+        app,
+        host=cfg.server.host,
+        port=cfg.server.port,
+        loop="uvloop",
+        http="httptools",
+        ws="websockets-sansio",
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_keep_alive=int(cfg.server.keep_alive_timeout),
+        limit_concurrency=cfg.server.max_connections,
+        timeout_graceful_shutdown=int(cfg.server.connection_timeout),
+    )
+
+
+def serve(cfg: Config) -> int:
+    """Run the service until SIGTERM/SIGINT; returns the exit code."""
+    setup_logging(cfg.logging)
+    check_exposure(cfg)
+    state = build_service(cfg)
+    server = uvicorn.Server(uvicorn_config(make_app(state), cfg))
+    state.extra["server"] = server
+    server.run()
+    return 0 if server.started else 1

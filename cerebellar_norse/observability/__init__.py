@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, JSON logging, request ids."""

@@ -1,0 +1,94 @@
+"""Structured JSON logs: one object per line on stdout (journald), optionally a rotated file.
+
+Each line: ``{"ts", "level", "logger", "message", "request_id", "fields": {...}}``;
+``fields`` carries structured values (e.g. ``processing_time_ns``, ``market_id``), so
+``jq -r 'select(.fields.processing_time_ns) | .fields.processing_time_ns'`` works.
+Pass them with ``log.info("...", extra={"fields": {...}})``.
+
+The level comes from ``[logging] level``, overridden by ``CEREBELLAR_NORSE_LOG``.
+With ``[logging] file`` set, lines also go to that file, rotated at ``max_size`` with
+``max_files`` kept, gzip-compressed when ``compression = "gzip"``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import logging.handlers
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import LoggingConfig
+from .context import request_id_var
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats records as one JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        rid = getattr(record, "request_id", None) or request_id_var.get()
+        if rid:
+            out["request_id"] = rid
+        fields = getattr(record, "fields", None)
+        if fields:
+            out["fields"] = fields
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _gzip_rotator(source: str, dest: str) -> None:
+    with open(source, "rb") as src, gzip.open(dest, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(source)
+
+
+def effective_level(cfg: LoggingConfig, environ: dict[str, str] | None = None) -> str:
+    """The level to use: ``CEREBELLAR_NORSE_LOG`` when set to a valid level, else the config's."""
+    env = (environ if environ is not None else os.environ).get("CEREBELLAR_NORSE_LOG", "").upper()
+    return env if env in LEVELS else cfg.level
+
+
+def file_handler(cfg: LoggingConfig) -> logging.Handler | None:
+    """The rotating file handler of ``[logging] file`` (None when no file is configured)."""
+    if cfg.file is None:
+        return None
+    path = Path(cfg.file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    h = logging.handlers.RotatingFileHandler(path, maxBytes=int(cfg.max_size), backupCount=cfg.max_files, encoding="utf-8")
+    if cfg.compression == "gzip":
+        h.namer = lambda name: name + ".gz"
+        h.rotator = _gzip_rotator
+    return h
+
+
+def setup_logging(cfg: LoggingConfig, stream: Any = None) -> None:
+    """Install the JSON handlers on the root logger (idempotent)."""
+    root = logging.getLogger()
+    for h in list(root.handlers):  # including handlers a library's basicConfig left behind
+        root.removeHandler(h)
+    fmt = JsonFormatter()
+    handlers: list[logging.Handler] = [logging.StreamHandler(stream or sys.stdout)]
+    fh = file_handler(cfg)
+    if fh is not None:
+        handlers.append(fh)
+    for h in handlers:
+        h.setFormatter(fmt)
+        h._cerebellar_norse = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    root.setLevel(effective_level(cfg))
+    for noisy in ("numba", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

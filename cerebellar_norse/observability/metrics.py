@@ -1,0 +1,142 @@
+"""Prometheus metrics.
+
+Names used by the operations guide's alert rules are kept exactly:
+``processing_duration_seconds`` (histogram of neural processing time per tick,
+buckets from 1 µs with 10 µs an edge), ``cuda_memory_used_bytes``,
+``cuda_memory_total_bytes`` (0 on CPU) and ``training_loss``. Everything else is
+prefixed ``cerebellar_norse_`` with unit suffixes.
+
+The per-tick histogram is kept in plain counters updated once per batch (every tick
+of a batch has the same amortised time), and exposed by a custom collector at scrape
+time, so the hot path pays O(1) per batch instead of one lock per tick.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PROCESSING_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
+REQUEST_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+POPULATIONS = ("granule", "purkinje", "dcn")
+
+
+class TickHistogram:
+    """A histogram whose observations come in groups of equal values (a batch)."""
+
+    def __init__(self, buckets: Iterable[float]) -> None:
+        self.bounds = list(buckets)
+        self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)
+        self.sum = 0.0
+
+    def observe_many(self, value: float, n: int) -> None:
+        """Record ``n`` observations of ``value``."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        """Cumulative buckets as a Prometheus histogram family."""
+        cum = np.cumsum(self.counts)
+        buckets = [(_fmt(b), float(c)) for b, c in zip(self.bounds, cum[:-1], strict=True)]
+        buckets.append(("+Inf", float(cum[-1])))
+        return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=self.sum)
+
+
+def _fmt(b: float) -> str:
+    return repr(float(b))
+
+
+class ServiceMetrics:
+    """All metrics of one service instance, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.processing = TickHistogram(PROCESSING_BUCKETS)
+        self.batch_sizes = TickHistogram(BATCH_BUCKETS)
+        self.requests = Counter("cerebellar_norse_http_requests_total", "HTTP requests by route, method and status.",
+                                ["route", "method", "status"], registry=r)
+        self.request_seconds = Histogram("cerebellar_norse_http_request_duration_seconds", "HTTP request handling time by route.",
+                                         ["route"], buckets=REQUEST_BUCKETS, registry=r)
+        self.errors = Counter("cerebellar_norse_errors_total", "Errors by kind (validation, order, capacity, auth, engine, internal).",
+                              ["kind"], registry=r)
+        self.training_loss = Gauge("training_loss", "Latest training loss (cross-entropy) of the running or last job.", registry=r)
+        self.stream_connections = Gauge("cerebellar_norse_stream_connections", "Open /neural/stream websockets.", registry=r)
+        self._sources: list[Callable[[], Iterable[Metric]]] = []
+        r.register(_CallbackCollector(self))
+
+    def on_batch(self, size: int, elapsed_ns: int, spikes: Any) -> None:
+        """Engine observer: one batch of ``size`` ticks took ``elapsed_ns``."""
+        self.processing.observe_many(elapsed_ns / 1e9 / max(size, 1), size)
+        self.batch_sizes.observe_many(float(size), 1)
+
+    def add_source(self, source: Callable[[], Iterable[Metric]]) -> None:
+        """Register a callable yielding metric families at scrape time."""
+        self._sources.append(source)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+
+class _CallbackCollector(Collector):
+    def __init__(self, m: ServiceMetrics) -> None:
+        self.m = m
+
+    def collect(self) -> Iterable[Metric]:
+        yield self.m.processing.family("processing_duration_seconds", "Neural processing time per tick (s), batch time amortised over its ticks.")
+        yield self.m.batch_sizes.family("cerebellar_norse_batch_size_ticks", "Ticks per engine batch.")
+        for source in self.m._sources:
+            yield from source()
+
+
+def engine_families(engine: Any, device: str, cuda_memory: Callable[[], tuple[int, int]]) -> Callable[[], Iterable[Metric]]:
+    """Scrape-time metric families of an engine (pool, queue, counters, CUDA memory)."""
+    started = time.monotonic()
+
+    def collect() -> Iterable[Metric]:
+        st = engine.stats
+        h = engine.health()
+        used, total = cuda_memory()
+        yield GaugeMetricFamily("cuda_memory_used_bytes", "CUDA memory used by the service (bytes; 0 on CPU).", value=used)
+        yield GaugeMetricFamily("cuda_memory_total_bytes", "CUDA memory of the device (bytes; 0 on CPU).", value=total)
+        yield CounterMetricFamily("cerebellar_norse_ticks", "Ticks processed.", value=st.ticks)
+        yield CounterMetricFamily("cerebellar_norse_batches", "Engine batches run.", value=st.batches)
+        yield CounterMetricFamily("cerebellar_norse_failed_batches", "Engine batches that failed.", value=st.failed_batches)
+        rej = CounterMetricFamily("cerebellar_norse_rejected_ticks", "Ticks refused before processing, by reason.", labels=["reason"])
+        rej.add_metric(["queue_full"], st.rejected_full)
+        rej.add_metric(["out_of_order"], st.rejected_order)
+        yield rej
+        spk = CounterMetricFamily("cerebellar_norse_spikes", "Spikes emitted, by population.", labels=["population"])
+        for k, pop in enumerate(POPULATIONS):
+            spk.add_metric([pop], float(st.spikes[k]))
+        yield spk
+        yield GaugeMetricFamily("cerebellar_norse_queue_depth_ticks", "Ticks waiting for a batch.", value=h["queue_depth"])
+        yield GaugeMetricFamily("cerebellar_norse_queue_capacity_ticks", "Queue capacity (ticks).", value=h["queue_capacity"])
+        pool = h["pool"]
+        yield GaugeMetricFamily("cerebellar_norse_pool_markets", "Markets holding a state slot.", value=pool["markets"])
+        yield GaugeMetricFamily("cerebellar_norse_pool_capacity_markets", "State slots.", value=pool["capacity"])
+        yield GaugeMetricFamily("cerebellar_norse_pool_usage_ratio", "Fraction of state slots in use.", value=pool["usage"])
+        yield GaugeMetricFamily("cerebellar_norse_pool_bytes", "Memory of the state pool (bytes).", value=pool["bytes"])
+        yield CounterMetricFamily("cerebellar_norse_pool_evictions", "Markets evicted (least recently used).", value=pool["evictions"])
+        yield CounterMetricFamily("cerebellar_norse_engine_busy_seconds", "Time spent stepping batches (s).", value=st.busy_ns / 1e9)
+        yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", "Seconds since the service started.", value=time.monotonic() - started)
+        info = GaugeMetricFamily("cerebellar_norse_model_info", "Active model (value 1).", labels=["model_version", "device"])
+        info.add_metric([engine.model_version, device], 1.0)
+        yield info
+
+    return collect
+
+
+def finite_or_nan(x: float) -> float:
+    """``x`` when finite, else NaN (Prometheus accepts NaN)."""
+    return x if math.isfinite(x) else math.nan
