@@ -9,6 +9,7 @@ refused (``CheckpointError`` naming the file).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -55,10 +56,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     fsync_dir(path.parent)
 

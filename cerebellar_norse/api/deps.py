@@ -35,7 +35,8 @@ class ServiceState:
 
 def service(request: Request) -> ServiceState:
     """The service state of the app serving ``request``."""
-    return request.app.state.service  # type: ignore[no-any-return]
+    svc: ServiceState = request.app.state.service
+    return svc
 
 
 def check_token(cfg: Config, authorization: str | None) -> None:

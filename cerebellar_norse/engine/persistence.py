@@ -31,7 +31,7 @@ def save_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any]) -> int:
     arrays = {name: np.ascontiguousarray(getattr(pool.arrays, name)[slots]) for name in STATE_FIELDS}
     buf = io.BytesIO()
     np.savez(buf, markets=np.array([m for m, _ in items], dtype=np.str_),
-             fingerprint=np.array(json.dumps(fingerprint, sort_keys=True)), **arrays)
+             fingerprint=np.array(json.dumps(fingerprint, sort_keys=True)), **arrays)  # type: ignore[arg-type]
     write_checksummed(path, buf.getvalue())
     return len(items)
 

@@ -99,7 +99,7 @@ async def stream(ws: WebSocket) -> None:
                 result["request_id"] = rid
                 await ws.send_text(ResultOut.model_validate(result).model_dump_json())
             except ValidationError as exc:
-                _, body = validation_response(list(exc.errors(include_url=False)))
+                _, body = validation_response([dict(e) for e in exc.errors(include_url=False)])
                 svc.metrics.errors.labels("validation").inc()
                 await ws.send_text(json.dumps(body))
             except CapacityError as exc:
