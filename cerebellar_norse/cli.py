@@ -119,7 +119,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
     from .api.server import serve
 
-    return serve(cfg)
+    return serve(cfg, args.config)
 
 
 def _cmd_crossval(args: argparse.Namespace) -> int:

@@ -7,9 +7,11 @@ SIGINT, handled by uvicorn): stop accepting, drain queued ticks, save market sta
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,10 +21,12 @@ from fastapi import FastAPI
 from ..config import Config
 from ..engine.engine import Engine
 from ..errors import ConfigError, ConfigProblem
+from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.metrics import ServiceMetrics, engine_families
 from .app import create_app
 from .deps import ServiceState
+from .lifecycle import announce_when_listening, install_sighup
 
 log = logging.getLogger("cerebellar_norse.server")
 
@@ -91,15 +95,27 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
         eng = state.engine
         if restore:
             eng.restore_state()
-        eng.warm_up()
+        observers, eng.observers = eng.observers, []  # warm-up ticks are not client ticks: keep them out of the metrics
+        try:
+            eng.warm_up()
+        finally:
+            eng.observers = observers
         state.ready = True
         state.not_ready_reason = ""
         log.info("service ready", extra={"fields": {"model_version": eng.model_version, "device": state.device,
                                                      "markets": eng.pool.used, "host": state.cfg.server.host,
                                                      "port": state.cfg.server.port}})
+        server = state.extra.get("server")
+        announcer = None
+        if server is not None:
+            announcer = asyncio.create_task(announce_when_listening(state, lambda: bool(getattr(server, "started", False))))
+            install_sighup(state, state.extra.get("config_path"))
         try:
             yield
         finally:
+            systemd.stopping("draining queued ticks and saving market state")
+            if announcer is not None:
+                announcer.cancel()
             state.ready = False
             state.not_ready_reason = "shutting down"
             server = state.extra.get("server")
@@ -129,12 +145,28 @@ def uvicorn_config(app: FastAPI, cfg: Config) -> uvicorn.Config:
     )
 
 
-def serve(cfg: Config) -> int:
-    """Run the service until SIGTERM/SIGINT; returns the exit code."""
+class _Server(uvicorn.Server):
+    """uvicorn's server, exiting 0 after a graceful SIGTERM/SIGINT shutdown instead of re-raising the signal."""
+
+    stopped_by: list[int]
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self.stopped_by = list(self._captured_signals)
+                self._captured_signals.clear()
+
+
+def serve(cfg: Config, config_path: str | None = None) -> int:
+    """Run the service until SIGTERM/SIGINT (SIGHUP reloads ``config_path``); returns the exit code."""
     setup_logging(cfg.logging)
     check_exposure(cfg)
     state = build_service(cfg)
-    server = uvicorn.Server(uvicorn_config(make_app(state), cfg))
+    server = _Server(uvicorn_config(make_app(state), cfg))
     state.extra["server"] = server
+    state.extra["config_path"] = config_path
     server.run()
     return 0 if server.started else 1

@@ -1,0 +1,124 @@
+"""Service lifecycle under systemd: readiness, watchdog, reload on SIGHUP.
+
+* READY=1 is sent once the engine is warm and uvicorn listens on its socket.
+* WATCHDOG=1 is sent every WATCHDOG_USEC/2 while the engine is healthy (ready and
+  accepting); a wedged event loop sends nothing, and systemd restarts the service.
+* SIGHUP re-reads the config file. Keys that are safe to change live are applied;
+  any other changed key is logged as needing a restart (and nothing of it applied).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, load_checked_config
+from ..errors import ConfigError
+from ..observability import systemd
+from ..observability.logging import effective_level
+from .deps import ServiceState
+
+log = logging.getLogger("cerebellar_norse.lifecycle")
+
+# Keys applied by a reload; every other changed key needs a restart.
+LIVE_KEYS = (
+    "logging.level",
+    "performance.max_batch_delay_us",
+    "performance.queue_size",
+    "server.api_token",
+    "debug.record_requests",
+    "training.auto_activate",
+    "training.reset_state_on_swap",
+)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """Dotted keys whose values differ between two configs (secrets compared by value)."""
+    def plain(c: Config) -> dict[str, Any]:
+        d = _flatten(c.model_dump(mode="json"))
+        token = c.server.api_token
+        d["server.api_token"] = token.get_secret_value() if token is not None else None
+        return d
+
+    a, b = plain(old), plain(new)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]]:
+    """Apply the live-safe changes of ``new``; returns (applied keys, keys needing a restart)."""
+    changed = changed_keys(state.cfg, new)
+    live = [k for k in changed if k in LIVE_KEYS]
+    restart = [k for k in changed if k not in LIVE_KEYS]
+    if not live:
+        return [], restart
+    cfg = state.cfg
+    update: dict[str, Any] = {}
+    for section in {k.split(".", 1)[0] for k in live}:
+        fields = {k.split(".", 1)[1]: getattr(getattr(new, section), k.split(".", 1)[1]) for k in live if k.startswith(section + ".")}
+        update[section] = getattr(cfg, section).model_copy(update=fields)
+    state.cfg = cfg.model_copy(update=update)
+    eng = state.engine
+    eng.cfg = state.cfg
+    eng.delay_s = state.cfg.performance.max_batch_delay_us / 1e6
+    eng.queue_size = state.cfg.performance.queue_size
+    logging.getLogger().setLevel(effective_level(state.cfg.logging))
+    return live, restart
+
+
+def reload_config(state: ServiceState, path: str | None) -> None:
+    """Handle SIGHUP: re-read ``path``, apply what is safe, log what needs a restart."""
+    if path is None:
+        log.info("reload requested but the service runs on the built-in default config: nothing to reload")
+        return
+    systemd.reloading()
+    try:
+        new = load_checked_config(Path(path))
+    except ConfigError as exc:
+        log.error("config reload refused, keeping the running config: %s", exc)
+        systemd.ready("reload refused: config invalid")
+        return
+    applied, restart = apply_reload(state, new)
+    log.info("config reloaded", extra={"fields": {"applied": applied, "need_restart": restart}})
+    if restart:
+        log.warning("these changed keys need a restart to take effect: %s", ", ".join(restart))
+    systemd.ready("serving")
+
+
+async def announce_when_listening(state: ServiceState, is_listening: Callable[[], bool], timeout_s: float = 300.0) -> None:
+    """Send READY=1 once the socket listens; then ping the watchdog while healthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not is_listening():
+        if loop.time() > deadline:
+            log.error("socket not listening after %.0f s; not reporting ready", timeout_s)
+            return
+        await asyncio.sleep(0.01)
+    systemd.ready(f"serving model {state.engine.model_version} on {state.device}")
+    interval = systemd.watchdog_interval_s()
+    if interval is None:
+        return
+    while True:
+        if state.ready and state.engine.health()["accepting"]:
+            systemd.watchdog_ping()
+        await asyncio.sleep(interval)
+
+
+def install_sighup(state: ServiceState, config_path: str | None) -> None:
+    """Reload the config on SIGHUP (instead of the default: terminate)."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, reload_config, state, config_path)
