@@ -1,0 +1,68 @@
+"""JSON log lines (journald) and rotation of the optional log file."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+from pathlib import Path
+
+from cerebellar_norse.config import LoggingConfig
+from cerebellar_norse.observability.context import request_id_var
+from cerebellar_norse.observability.logging import effective_level, setup_logging
+
+
+def _lines(buf: io.StringIO) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(x) for x in buf.getvalue().splitlines() if x.strip()]
+
+
+def test_json_line_has_operator_fields() -> None:
+    buf = io.StringIO()
+    setup_logging(LoggingConfig(level="DEBUG"), stream=buf)
+    token = request_id_var.set("req-123")
+    try:
+        logging.getLogger("cerebellar_norse.test").info("tick processed", extra={"fields": {"processing_time_ns": 4200, "market_id": "TEST"}})
+    finally:
+        request_id_var.reset(token)
+    (line,) = [x for x in _lines(buf) if x["message"] == "tick processed"]
+    assert line["level"] == "INFO" and line["logger"] == "cerebellar_norse.test"
+    assert line["request_id"] == "req-123"
+    assert line["fields"]["processing_time_ns"] == 4200
+    assert line["ts"].endswith("Z")
+
+
+def test_level_filters_and_env_override() -> None:
+    buf = io.StringIO()
+    setup_logging(LoggingConfig(level="WARNING"), stream=buf)
+    logging.getLogger("x").info("hidden")
+    logging.getLogger("x").warning("shown")
+    assert [x["message"] for x in _lines(buf)] == ["shown"]
+    assert effective_level(LoggingConfig(level="INFO"), {"CEREBELLAR_NORSE_LOG": "debug"}) == "DEBUG"
+    assert effective_level(LoggingConfig(level="INFO"), {"CEREBELLAR_NORSE_LOG": "bogus"}) == "INFO"
+
+
+def test_exceptions_are_one_json_line() -> None:
+    buf = io.StringIO()
+    setup_logging(LoggingConfig(level="INFO"), stream=buf)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("x").exception("failed")
+    (line,) = _lines(buf)
+    assert "ValueError: boom" in line["exception"]
+
+
+def test_file_rotation_with_gzip(tmp_path: Path) -> None:
+    log_file = tmp_path / "application.log"
+    setup_logging(LoggingConfig(level="INFO", file=log_file, max_size=2000, max_files=3, compression="gzip"), stream=io.StringIO())
+    log = logging.getLogger("rot")
+    for k in range(200):
+        log.info("line %d %s", k, "x" * 50)
+    rotated = sorted(tmp_path.glob("application.log.*.gz"))
+    assert 1 <= len(rotated) <= 3, rotated
+    with gzip.open(rotated[0], "rt") as fh:
+        first = json.loads(fh.readline())
+    assert first["logger"] == "rot"
+    assert log_file.stat().st_size <= 2000 + 200
+    setup_logging(LoggingConfig(level="INFO"), stream=io.StringIO())  # detach the file handler

@@ -1,0 +1,80 @@
+"""sd_notify messages over a fake NOTIFY_SOCKET, in process and from the real service."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cerebellar_norse.observability import systemd
+
+
+@pytest.fixture()
+def notify_socket(tmp_path: Path):  # type: ignore[no-untyped-def]
+    path = str(tmp_path / "notify.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.settimeout(30)
+    yield path, s
+    s.close()
+
+
+def test_notify_without_socket_is_a_noop() -> None:
+    assert systemd.notify("READY=1", environ={}) is False
+
+
+def test_notify_sends_datagram(notify_socket) -> None:  # type: ignore[no-untyped-def]
+    path, s = notify_socket
+    assert systemd.notify("READY=1\nSTATUS=x", environ={"NOTIFY_SOCKET": path})
+    assert s.recv(100) == b"READY=1\nSTATUS=x"
+
+
+def test_notify_to_missing_socket_returns_false(tmp_path: Path) -> None:
+    assert systemd.notify("READY=1", environ={"NOTIFY_SOCKET": str(tmp_path / "nope")}) is False
+
+
+def test_watchdog_interval_is_half_of_watchdog_usec() -> None:
+    assert systemd.watchdog_interval_s({"WATCHDOG_USEC": "30000000"}) == 15.0
+    assert systemd.watchdog_interval_s({}) is None
+    assert systemd.watchdog_interval_s({"WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1"}) is None  # meant for another process
+    assert systemd.watchdog_interval_s({"WATCHDOG_USEC": "junk"}) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_service_sends_ready_watchdog_stopping_and_exits_zero(notify_socket, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path, s = notify_socket
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
+    env.update(NOTIFY_SOCKET=path, WATCHDOG_USEC="200000", CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"))
+    proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(_free_port())], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        first = s.recv(4096).decode()
+        assert first.startswith("READY=1"), first
+        pings = [s.recv(4096).decode() for _ in range(3)]
+        assert pings == ["WATCHDOG=1"] * 3
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        msgs = []
+        while time.monotonic() < deadline:
+            msg = s.recv(4096).decode()
+            msgs.append(msg)
+            if msg.startswith("STOPPING=1"):
+                break
+        assert any(m.startswith("STOPPING=1") for m in msgs), msgs
+        assert proc.wait(timeout=30) == 0, proc.stderr.read().decode() if proc.stderr else ""
+        assert (tmp_path / "state" / "market_state.bin").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
