@@ -35,7 +35,7 @@ tools:
 	  echo "promtool unavailable: its tests will be skipped"; }
 
 lint: venv
-	$(VENV)/bin/ruff check cerebellar_norse tests benchmarks
+	$(VENV)/bin/ruff check cerebellar_norse tests benchmarks scripts
 
 typecheck: venv
 	$(VENV)/bin/mypy
@@ -43,7 +43,7 @@ typecheck: venv
 pytest: venv
 	$(VENV)/bin/pytest -q
 
-test: venv lint typecheck pytest
+test: venv tools lint typecheck pytest
 
 bench: venv
 	$(VENV)/bin/cerebellar-norse bench

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
+from ..errors import InputError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS, TS_MIN_MS, Tick, check_market_id
 
 
@@ -23,7 +25,10 @@ class TickIn(BaseModel):
     @field_validator("market_id")
     @classmethod
     def _printable(cls, v: str) -> str:
-        return check_market_id(v)
+        try:
+            return check_market_id(v)
+        except InputError as exc:  # raised as a pydantic error so that it names the full location (ticks.2.market_id)
+            raise PydanticCustomError("market_id", "{reason}", {"reason": exc.message}) from None
 
     def to_tick(self) -> Tick:
         """The engine's tick type."""

@@ -8,11 +8,15 @@ queued, and stepped in batches by the backend on the event loop's thread:
   and ticks that arrived in the same iteration share the batch;
 * under load (a batch ended less than ``max_batch_delay_us`` ago) the engine waits up
   to ``max_batch_delay_us`` from the first queued tick, or until ``batch_size`` ticks
-  are queued, whichever comes first;
+  are queued, whichever comes first; event-loop timers have millisecond resolution, so
+  a delay under half a millisecond waits one loop iteration instead (what uvloop does
+  with such a timer; asyncio would round it up to a whole millisecond);
 * the queue holds at most ``queue_size`` ticks; beyond it callers get
   :class:`~cerebellar_norse.errors.CapacityError` (HTTP 503 + Retry-After);
 * ticks of one market are applied strictly in arrival order (the backend applies a
-  batch in order, and the parallel kernel keeps a market on one thread);
+  batch in order, and the parallel kernel keeps a market on one thread); a batch with
+  more markets than the pool has slots is stepped in parts, so that a market evicted
+  to make room is never one whose tick is still in the same backend step;
 * a failing batch fails only its own ticks; the engine keeps serving.
 
 Running the kernel on the loop thread avoids a thread hand-off per tick (tens of µs),
@@ -44,6 +48,9 @@ from .persistence import STATE_FILE, load_pool, save_pool
 from .pool import StatePool
 
 log = logging.getLogger("cerebellar_norse.engine")
+
+# Shortest delay given to an event-loop timer; shorter waits run on the next loop iteration.
+MIN_TIMER_DELAY_S = 0.0005
 
 
 @dataclass
@@ -204,7 +211,8 @@ class Engine:
             self._flush_handle = loop.call_soon(self._flush)
         elif self._flush_handle is None:
             busy = (time.monotonic() - self._last_batch_end) < self.delay_s
-            self._flush_handle = loop.call_later(self.delay_s, self._flush) if busy else loop.call_soon(self._flush)
+            wait = busy and self.delay_s >= MIN_TIMER_DELAY_S
+            self._flush_handle = loop.call_later(self.delay_s, self._flush) if wait else loop.call_soon(self._flush)
         return fut
 
     def _flush(self) -> None:
@@ -234,7 +242,27 @@ class Engine:
                 fut.set_result(res)
 
     def process_now(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
-        """Step a batch synchronously (at most ``batch_size`` ticks, order already checked)."""
+        """Step a batch synchronously (at most ``batch_size`` ticks, order already checked).
+
+        A batch with more distinct markets than the pool has slots is stepped in parts,
+        each with at most ``capacity`` markets: acquiring a slot for a new market may
+        evict (and reset) the least recently used one, which must not be a market whose
+        tick sits earlier in the same backend step.
+        """
+        cap = self.pool.capacity
+        if len(ticks) <= cap:
+            return self._step(ticks)
+        out: list[dict[str, Any]] = []
+        start, seen = 0, set[str]()
+        for j, t in enumerate(ticks):
+            if t.market_id not in seen and len(seen) == cap:
+                out.extend(self._step(ticks[start:j]))
+                start, seen = j, set()
+            seen.add(t.market_id)
+        out.extend(self._step(ticks[start:]))
+        return out
+
+    def _step(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
         b = len(ticks)
         slots, arr = self._slots[:b], self._ticks[:, :b]
         evictions = self.pool.table.evictions
@@ -263,24 +291,28 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------------
 
     def warm_up(self) -> None:
-        """Run scratch ticks through the batch path (loads every compiled kernel variant), then forget them."""
+        """Run scratch ticks through the batch path (loads every compiled kernel variant), then forget them.
+
+        The scratch ticks all belong to one scratch market in a free slot, so no live
+        market (e.g. one just restored) is evicted; with every slot taken the warm-up is
+        skipped and the first batch loads the kernels.
+        """
+        if self.pool.used >= self.pool.capacity:
+            log.info("warm-up skipped: every market slot is taken")
+            return
         sizes = {1}
         threads = getattr(self.backend, "threads", 1)
         if threads > 1:
             sizes.add(min(self.batch_size, max(getattr(self.backend, "parallel_min_batch", 32), 1)))
-        names: list[str] = []
-        stats, evictions = self.stats, self.pool.table.evictions
+        name = "\x00warmup"
+        stats = self.stats
         self.stats = EngineStats()
         try:
             for n in sorted(sizes):
-                batch = [Tick(100.0, 1.0, 1_600_000_000_000, f"\x00warmup{k}") for k in range(min(n, self.pool.capacity))]
-                names.extend(t.market_id for t in batch)
-                self.process_now(batch)
+                self.process_now([Tick(100.0, 1.0, 1_600_000_000_000, name)] * n)
         finally:
-            for name in names:
-                self.pool.table.release(name)
+            self.pool.table.release(name)
             self.stats = stats
-            self.pool.table.evictions = evictions
 
     async def drain(self, save: bool = True) -> None:
         """Stop accepting, finish every queued tick, then save the pool (if ``save``)."""

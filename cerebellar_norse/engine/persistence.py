@@ -52,8 +52,8 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any]) -> int:
     try:
         saved_fp = json.loads(str(data["fingerprint"]))
         markets = [str(m) for m in data["markets"]]
-    except (KeyError, ValueError) as exc:
-        raise CheckpointError(f"state file lacks {exc}", str(path)) from None
+    except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
+        raise CheckpointError(f"state file lacks or garbles {exc}", str(path)) from None
     if saved_fp != json.loads(json.dumps(fingerprint, sort_keys=True)):
         raise CheckpointError(f"saved for another network ({saved_fp}), not this one ({fingerprint})", str(path))
     n = len(markets)

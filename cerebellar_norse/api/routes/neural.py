@@ -6,7 +6,7 @@ import json
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import HTTPException
 from pydantic import ValidationError
 
@@ -29,16 +29,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _require_json(request: Request) -> None:
+async def require_json(request: Request) -> None:
+    """415 unless the body is ``application/json``; a dependency, so it runs before the body is validated."""
     ctype = request.headers.get("content-type", "")
     if ctype.split(";", 1)[0].strip().lower() != "application/json":
         raise HTTPException(415, f"content type must be application/json, got {ctype or 'none'!r}")
 
 
-@router.post("/process", response_model=ResultOut, responses=ERRORS)
+@router.post("/process", response_model=ResultOut, responses=ERRORS, dependencies=[Depends(require_json)])
 async def process(tick: TickIn, request: Request) -> dict[str, Any]:
     """Process one tick of a market and return the network's signal."""
-    _require_json(request)
     svc = service(request)
     result = await svc.engine.submit(tick.to_tick())
     result["request_id"] = request_id_var.get()
@@ -47,10 +47,9 @@ async def process(tick: TickIn, request: Request) -> dict[str, Any]:
     return result
 
 
-@router.post("/process/batch", response_model=BatchOut, responses=ERRORS)
+@router.post("/process/batch", response_model=BatchOut, responses=ERRORS, dependencies=[Depends(require_json)])
 async def process_batch(batch: BatchIn, request: Request) -> dict[str, Any]:
     """Process many ticks in order; one bad tick fails the whole batch before any state changes."""
-    _require_json(request)
     svc = service(request)
     rid = request_id_var.get()
     results = await svc.engine.submit_many([t.to_tick() for t in batch.ticks])
@@ -84,13 +83,21 @@ async def neural_metrics(request: Request) -> dict[str, Any]:
 
 @router.websocket("/stream")
 async def stream(ws: WebSocket) -> None:
-    """One JSON tick in, one JSON result out; a bad message gets an error object, the socket stays open."""
+    """One JSON tick in, one JSON result out; a bad message gets an error object, the socket stays open.
+
+    Ticks may come as text or binary (UTF-8 JSON) frames; answers are text frames.
+    """
     svc = ws.app.state.service
     await ws.accept()
     svc.metrics.stream_connections.inc()
     try:
         while True:
-            text = await ws.receive_text()
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            text = message.get("text")
+            if text is None:
+                text = message.get("bytes") or b""
             rid = new_request_id()
             request_id_var.set(rid)
             try:

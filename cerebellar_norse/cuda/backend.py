@@ -1,0 +1,681 @@
+"""CUDA backend: the Norse reference equations on the GPU, with streams and CUDA graphs.
+
+Implements the engine's :class:`~cerebellar_norse.neurons.backends.Backend` protocol
+(``step(slots, ticks) -> (probs, spikes)``, ``set_weights``) and an asynchronous
+variant (``submit(slots, ticks) -> handle``, ``wait(handle)``; ``step`` is the two in
+a row).
+
+Maths. One tick is :func:`cerebellar_norse.neurons.functional.cerebellum_step`
+applied ``steps_per_tick`` times with the tick's mossy currents, exactly the loop of
+:func:`~cerebellar_norse.neurons.functional.cerebellum_tick` (see :func:`device_tick`,
+which only adds the device of the spike accumulator), with the dense weights of
+:meth:`CerebellarReference.dense_weights`. Units are those of
+:mod:`~cerebellar_norse.neurons.functional`: dimensionless potentials (threshold 1)
+and per-step current jumps, ``dt`` in s, inverse time constants in 1/s. Class
+probabilities are the float64 softmax of ``readout_scale * v_out``; spikes are counts
+per population (granule, Purkinje, DCN) over the tick. The parameters stay 0-dim CPU
+tensors, which CUDA kernels take as scalars (and CUDA graphs bake in); no default
+device is set, so nothing in a step copies from pageable host memory.
+
+Where things live.
+
+* Weights and every per-slot neuron state variable are resident on the device. The
+  state is one flat device buffer with the same layout as the host
+  :class:`~cerebellar_norse.neurons.state.StateArrays` ``flat`` buffer (one
+  contiguous (S, n) block per variable), placed in the memory pool when
+  ``performance.memory_pool_enabled``.
+* The encoder state (``StateArrays.enc``, float64) stays on the host: the shared numba
+  encoder (:func:`~cerebellar_norse.neurons.encoder.encode_tick_to_mossy`) turns the
+  ticks into mossy currents straight into a pinned staging buffer before the copy to
+  the device, so tick-order checks and encoder snapshots always read current values.
+* Host and device neuron state are reconciled by slot ownership. A slot the host has
+  changed behind the backend's back (reset to rest for a new market, a restored
+  snapshot: its encoder row differs from the one the backend last left, or it has
+  seen no tick yet) is host-owned and is uploaded before its next tick; every other
+  slot is device-owned and reaches the host only through :meth:`CudaBackend.sync_to_host`
+  (called before snapshots and saves). :meth:`CudaBackend.sync_from_host` forces an
+  upload.
+
+Streams. ``streams`` CUDA streams each own pinned host and device staging buffers
+for ``max_batch`` ticks (slots and mossy currents in; probabilities and spikes out).
+Batches go round-robin over the streams. On its stream a batch is: copy-in (H2D),
+wait for the previous batch's step (one event chains the steps, because batches
+share the state slots), upload of host-owned slots, the step (eager or CUDA graph),
+record of the chain event, copy-out (D2H), record of the stream's done event. So
+the copy-in of batch k+1 and the copy-out of batch k-1 overlap the step of batch k,
+while state updates stay in batch order. At most ``streams`` batches are in flight:
+submitting to a stream whose previous batch was never waited for first collects that
+batch (its results are kept in its handle).
+
+Waves. A batch that repeats a market is staged in wave order (wave k = the k-th tick
+of every market in the batch, see :func:`~cerebellar_norse.cuda.staging.wave_layout`);
+each wave gathers its slots' states with ``index_select``, steps, and scatters them
+back with ``index_copy_``, so a market's ticks apply in arrival order.
+
+CUDA graphs (``use_graphs=True``). A single-wave batch size seen ``graph_warmup``
+times on a stream is captured once as a graph for that (stream, batch size) and
+replayed from then on: the graph reads the stream's static staging buffers and the
+resident state and weights, whose addresses never change (:meth:`set_weights` copies
+new weights into the same tensors). Each graph's private memory pool is charged to
+the budget; a graph the budget refuses is not captured and that size stays eager.
+
+Memory. Every allocation (pool, weights, staging, per-stream workspace estimates,
+graph pools) is charged to a :class:`~cerebellar_norse.cuda.memory.MemoryBudget`
+capped by ``performance.memory_limit`` before it is made.
+
+``device="cpu"`` runs the same code without streams, pinned memory or graphs (for
+tests on hosts without a GPU); production on the CPU uses the fused backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from norse.torch.functional.leaky_integrator import LIState
+from norse.torch.functional.lif import LIFFeedForwardState
+
+from ..config import Config, fmt_bytes
+from ..engine.engine import Engine
+from ..errors import CapacityError, DeviceUnavailableError, EngineFatalError
+from ..neurons.encoder import S_N_TICKS
+from ..neurons.functional import CerebellumState, CerebellumWeights, TickOutput, cerebellum_step
+from ..neurons.parameters import NetworkParameters, NetworkShape, encoder_parameters
+from ..neurons.reference import CerebellarReference
+from ..neurons.state import FLOAT_FIELDS, StateArrays
+from ..neurons.topology import Weights
+from .device import cuda_available
+from .memory import DeviceMemory
+from .staging import GraphPolicy, RoundRobin, encode_batch, staging_layout, wave_layout, workspace_bytes
+
+log = logging.getLogger("cerebellar_norse.cuda")
+
+WEIGHT_FIELDS = CerebellumWeights._fields
+_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
+def weight_shapes(s: NetworkShape) -> list[tuple[int, ...]]:
+    """Shapes of the dense weights, in :class:`CerebellumWeights` order."""
+    return [(s.granule, s.mossy), (s.granule, s.purkinje), (s.purkinje,), (s.dcn, s.mossy), (s.dcn, s.purkinje),
+            (s.dcn,), (s.classes, s.dcn)]
+
+
+def device_tick(mossy: torch.Tensor, state: CerebellumState, w: CerebellumWeights,
+                p: NetworkParameters) -> tuple[TickOutput, CerebellumState]:
+    """:func:`~cerebellar_norse.neurons.functional.cerebellum_tick` with its spike accumulator on ``mossy``'s device.
+
+    The same operations in the same order (the maths of a step is
+    :func:`~cerebellar_norse.neurons.functional.cerebellum_step` itself); only the
+    accumulator's ``torch.zeros`` names the device, which ``cerebellum_tick`` leaves to
+    the default device. Args and result as for ``cerebellum_tick``.
+    """
+    mf_gr = mossy @ w.w_mg.T
+    drive_dcn = mossy @ w.w_md.T + w.dcn_bias
+    spikes = torch.zeros(mossy.shape[0], 3, dtype=mossy.dtype, device=mossy.device)
+    v_out = state.readout.v
+    for _ in range(p.steps_per_tick):
+        v_out, z, state = cerebellum_step(mf_gr, drive_dcn, state, w, p)
+        spikes = spikes + z
+    return TickOutput(logits=p.readout_scale * v_out, spikes=spikes), state
+
+
+class _HostEvent:
+    """Stand-in for ``torch.cuda.Event`` on the CPU, where every copy is synchronous."""
+
+    def record(self, stream: Any = None) -> None:
+        """Nothing to record."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def query(self) -> bool:
+        """Always complete."""
+        return True
+
+
+@dataclass
+class CudaHandle:
+    """A submitted batch; pass it to :meth:`CudaBackend.wait`.
+
+    Attributes:
+        seq: submission number (0, 1, …).
+        lane: the stream index it runs on.
+        size: ticks in the batch.
+        perm: staging row -> batch position, or None when rows are in batch order.
+        result: (probs, spikes) once collected.
+    """
+
+    seq: int
+    lane: int
+    size: int
+    perm: np.ndarray | None
+    result: tuple[np.ndarray, np.ndarray] | None = None
+
+
+@dataclass
+class _Lane:
+    """One stream with its staging buffers and graphs."""
+
+    index: int
+    stream: Any  # torch.cuda.Stream, or None on the CPU
+    done: Any  # torch.cuda.Event or _HostEvent: the lane's last copy-out finished
+    slots_h: np.ndarray  # pinned host views (numpy) of the staging tensors
+    mossy_h: np.ndarray
+    probs_h: np.ndarray
+    spikes_h: np.ndarray
+    slots_ht: torch.Tensor  # the same buffers as tensors
+    mossy_ht: torch.Tensor
+    probs_ht: torch.Tensor
+    spikes_ht: torch.Tensor
+    slots_d: torch.Tensor  # device staging
+    mossy_d: torch.Tensor
+    probs_d: torch.Tensor
+    spikes_d: torch.Tensor
+    handle: CudaHandle | None = None
+    graphs: dict[int, Any] = field(default_factory=dict)
+
+
+class CudaBackend:
+    """The network on a CUDA device (see the module docstring for the design).
+
+    Args:
+        weights: model weights (any float type; rounded to the network's).
+        params: network parameters.
+        state: the host slot arrays (encoder state lives here; neuron state is mirrored).
+        enc_par: encoder parameters (:func:`~cerebellar_norse.neurons.parameters.encoder_parameters`).
+        max_batch: most ticks per batch (``performance.batch_size``).
+        streams: CUDA streams (``performance.cuda_streams``).
+        memory_limit: hard cap on the backend's memory in bytes (``performance.memory_limit``).
+        pool_size: bytes reserved at start for market states (``performance.memory_pool_size``).
+        pool_enabled: reserve the pool (``performance.memory_pool_enabled``).
+        device: ``"cuda"``, ``"cuda:N"``, or ``"cpu"`` (same code, no streams/graphs).
+        use_graphs: capture CUDA graphs per (stream, batch size).
+        graph_warmup: eager runs of a (stream, batch size) before its capture.
+        max_graphs: most graphs kept.
+
+    Raises:
+        DeviceUnavailableError: a CUDA device was asked for and there is none.
+        CapacityError: the allocations do not fit ``memory_limit`` or the pool.
+    """
+
+    name = "cuda"
+
+    def __init__(self, weights: Weights, params: NetworkParameters, state: StateArrays, enc_par: np.ndarray,
+                 max_batch: int, *, streams: int = 1, memory_limit: int = 2_000_000_000, pool_size: int = 64_000_000,
+                 pool_enabled: bool = True, device: str = "cuda", use_graphs: bool = True, graph_warmup: int = 2,
+                 max_graphs: int = 64) -> None:
+        self.device = torch.device(device)
+        self.on_cuda = self.device.type == "cuda"
+        if self.on_cuda and not cuda_available():
+            raise DeviceUnavailableError(
+                'performance.device = "cuda" but no CUDA device is available to the cuda backend; '
+                'set performance.device = "cpu" (or "auto"), or run on a host with a GPU (check `nvidia-smi -L`)')
+        if self.on_cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if self.on_cuda and torch.get_float32_matmul_precision() != "highest":
+            log.warning("torch float32 matmul precision is %r: float32 results will drift from the reference "
+                        "(set torch.set_float32_matmul_precision('highest'))", torch.get_float32_matmul_precision())
+        self.params = params
+        self.state = state
+        self.enc_par = np.ascontiguousarray(enc_par, dtype=np.float64)
+        self.max_batch = int(max_batch)
+        self.dtype = params.dtype
+        self.np_dtype = np.dtype(np.float32 if self.dtype == torch.float32 else np.float64)
+        if state.flat.dtype != self.np_dtype:
+            raise ValueError(f"state arrays are {state.flat.dtype}, the network is {self.np_dtype}")
+        self._lock = threading.RLock()
+        self._z = np.zeros(3, dtype=np.float64)
+        self._arange = np.arange(self.max_batch, dtype=np.int64)
+        self._seq = 0
+        self._closed = False
+        self.graph_policy = GraphPolicy(use_graphs and self.on_cuda, graph_warmup, max_graphs)
+        self._rr = RoundRobin(streams)
+        self.mem = DeviceMemory(self.device, memory_limit, pool_size, pool_enabled, pin=self.on_cuda)
+        try:
+            self._allocate(streams)
+            self.set_weights(weights)
+            self.sync_from_host()
+        except BaseException:
+            self.mem.close()
+            raise
+
+    @classmethod
+    def from_config(cls, cfg: Config, weights: Weights, params: NetworkParameters, state: StateArrays,
+                    enc_par: np.ndarray, *, device: str = "cuda", use_graphs: bool = True) -> CudaBackend:
+        """Build from the ``[performance]`` section: batch_size, cuda_streams, memory_pool_*, memory_limit."""
+        perf = cfg.performance
+        return cls(weights, params, state, enc_par, perf.batch_size, streams=perf.cuda_streams,
+                   memory_limit=int(perf.memory_limit), pool_size=int(perf.memory_pool_size),
+                   pool_enabled=perf.memory_pool_enabled, device=device, use_graphs=use_graphs)
+
+    # -- allocation -------------------------------------------------------------
+
+    def _allocate(self, streams: int) -> None:
+        st, s = self.state, self.params.shape
+        fb = self.np_dtype.itemsize
+        # Resident state: one flat buffer in the host layout (in the pool when there is one).
+        self._flat = self.mem.empty("state", (st.flat.size,), self.dtype, from_pool=True)
+        base = st.flat.ctypes.data
+        self._layout: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._fields: dict[str, torch.Tensor] = {}
+        for name in FLOAT_FIELDS:
+            arr = getattr(st, name)
+            off = (arr.ctypes.data - base) // fb
+            self._layout[name] = (off, arr.shape)
+            self._fields[name] = self._flat[off:off + arr.size].view(arr.shape)
+        self._row_sizes = [int(np.prod(getattr(st, n).shape[1:])) for n in FLOAT_FIELDS]
+        self._seen = st.enc.copy()  # encoder rows as the backend last left them (device ownership)
+        # Weights: dense, in the network float type, allocated once (graphs keep their addresses).
+        self._w = CerebellumWeights(*(self.mem.empty(f"weights.{n}", shp, self.dtype)
+                                      for n, shp in zip(WEIGHT_FIELDS, weight_shapes(s), strict=True)))
+        # Streams with their staging buffers and workspaces.
+        layout = staging_layout(self.max_batch, s, fb)
+        self._lanes: list[_Lane] = []
+        for i in range(streams):
+            self.mem.charge(f"workspace.{i}", workspace_bytes(s, self.max_batch, fb))
+            stream = torch.cuda.Stream(device=self.device, priority=-1) if self.on_cuda else None
+            h = [self.mem.empty(f"staging.host.{i}.{nm}", shp, _TORCH_DTYPE[dt], host=True) for nm, shp, dt in layout.buffers()]
+            d = [self.mem.empty(f"staging.device.{i}.{nm}", shp, _TORCH_DTYPE[dt]) for nm, shp, dt in layout.buffers()]
+            for t in (*h, *d):
+                t.zero_()
+            done = torch.cuda.Event() if self.on_cuda else _HostEvent()
+            self._lanes.append(_Lane(
+                index=i, stream=stream, done=done,
+                slots_h=h[0].numpy(), mossy_h=h[1].numpy(), probs_h=h[2].numpy(), spikes_h=h[3].numpy(),
+                slots_ht=h[0], mossy_ht=h[1], probs_ht=h[2], spikes_ht=h[3],
+                slots_d=d[0], mossy_d=d[1], probs_d=d[2], spikes_d=d[3]))
+        self._chain: Any = torch.cuda.Event() if self.on_cuda else _HostEvent()
+        log.info("cuda backend ready", extra={"fields": {"device": str(self.device), "streams": streams,
+                                                         "max_batch": self.max_batch, **self.mem.budget.report()}})
+
+    def _dense_weights_host(self, weights: Weights) -> CerebellumWeights:
+        """Dense weights of the reference module (host, network float type)."""
+        module = CerebellarReference(weights.astype(self.np_dtype), self.params).eval()
+        with torch.no_grad():
+            dense = module.dense_weights()
+        return CerebellumWeights(*(t.detach() for t in dense))
+
+    # -- properties ---------------------------------------------------------------
+
+    @property
+    def streams(self) -> int:
+        """Number of streams."""
+        return len(self._lanes)
+
+    @property
+    def memory_used_bytes(self) -> int:
+        """Bytes charged to the budget (pool reservation included)."""
+        return self.mem.used
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """The budget's cap (``performance.memory_limit``)."""
+        return self.mem.total
+
+    def memory_report(self) -> dict[str, int]:
+        """Budget figures (limit, used, pool, device and pinned host bytes)."""
+        return self.mem.budget.report()
+
+    # -- weights ------------------------------------------------------------------
+
+    def set_weights(self, weights: Weights) -> None:
+        """Swap in new weights (same topology) between batches.
+
+        Batches in flight finish with the weights they started with; the new values
+        are copied into the same device tensors, so captured graphs stay valid.
+        """
+        dense = self._dense_weights_host(weights)
+        with self._lock, torch.no_grad():
+            for name in WEIGHT_FIELDS:
+                src, dst = getattr(dense, name), getattr(self._w, name)
+                if tuple(src.shape) != tuple(dst.shape):
+                    raise ValueError(f"weights {name} of shape {tuple(src.shape)} do not match the network's {tuple(dst.shape)}")
+            self._synchronize_locked()
+            for name in WEIGHT_FIELDS:
+                getattr(self._w, name).copy_(getattr(dense, name))
+            if self.on_cuda:
+                torch.cuda.synchronize(self.device)
+
+    # -- host <-> device state ----------------------------------------------------
+
+    def _host_owned(self, slots: np.ndarray) -> np.ndarray:
+        """Of ``slots``, those whose host state is authoritative (reset, restored, or never ticked)."""
+        enc = self.state.enc[slots]
+        mask = (enc[:, S_N_TICKS] == 0.0) | (enc != self._seen[slots]).any(axis=1)
+        return np.unique(slots[mask]) if mask.any() else slots[:0]
+
+    def _upload_rows(self, slots: np.ndarray) -> None:
+        """Copy the host neuron state of ``slots`` to the device (on the current stream)."""
+        st = self.state
+        rows = np.concatenate([getattr(st, n)[slots].reshape(slots.size, -1) for n in FLOAT_FIELDS], axis=1)
+        src = torch.from_numpy(rows)
+        idx = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))
+        if self.on_cuda:
+            src, idx = src.pin_memory(), idx.pin_memory()
+        src = src.to(self.device, non_blocking=True)
+        idx = idx.to(self.device, non_blocking=True)
+        col = 0
+        for name, width in zip(FLOAT_FIELDS, self._row_sizes, strict=True):
+            dst = self._fields[name]
+            dst.index_copy_(0, idx, src[:, col:col + width].reshape((slots.size, *dst.shape[1:])))
+            col += width
+        self._seen[slots] = st.enc[slots]
+
+    def sync_from_host(self, slots: np.ndarray | list[int] | None = None) -> None:
+        """Upload the host neuron state of ``slots`` (default: every slot); waits for batches in flight.
+
+        Slots the host reset or restored are picked up on their next tick anyway; this
+        forces it (e.g. after writing many slots at once).
+        """
+        with self._lock, torch.no_grad():
+            self._synchronize_locked()
+            if slots is None:
+                self._flat.copy_(torch.from_numpy(self.state.flat))
+                self._seen[:] = self.state.enc
+            else:
+                s = np.unique(np.asarray(slots, dtype=np.int64))
+                if s.size:
+                    self._upload_rows(s)
+            if self.on_cuda:
+                torch.cuda.synchronize(self.device)
+
+    def sync_to_host(self, slots: np.ndarray | list[int] | None = None) -> int:
+        """Bring the device state of ``slots`` (default: all) into the host StateArrays.
+
+        Waits for batches in flight. Host-owned slots (reset or restored on the host
+        and not stepped since) keep their host values. Returns the slots copied.
+        """
+        with self._lock, torch.no_grad():
+            self._synchronize_locked()
+            cand = np.arange(self.state.slots, dtype=np.int64) if slots is None else np.unique(np.asarray(slots, dtype=np.int64))
+            if cand.size == 0:
+                return 0
+            owned = np.setdiff1d(cand, self._host_owned(cand), assume_unique=True)
+            if owned.size == 0:
+                return 0
+            host = self._flat.cpu().numpy()
+            st = self.state
+            for name in FLOAT_FIELDS:
+                off, shape = self._layout[name]
+                view = host[off:off + int(np.prod(shape))].reshape(shape)
+                getattr(st, name)[owned] = view[owned]
+            return int(owned.size)
+
+    # -- stepping -------------------------------------------------------------------
+
+    def _stream_ctx(self, lane: _Lane) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(lane.stream) if lane.stream is not None else contextlib.nullcontext()
+
+    def _compute(self, lane: _Lane, bounds: list[tuple[int, int]]) -> None:
+        """Step the staged batch wave by wave: gather, tick, scatter, outputs into the lane's buffers."""
+        f, w, p = self._fields, self._w, self.params
+        for a, e in bounds:
+            idx = lane.slots_d[a:e]
+
+            def sel(t: torch.Tensor, idx: torch.Tensor = idx) -> torch.Tensor:
+                return t.index_select(0, idx)
+
+            state = CerebellumState(
+                granule=LIFFeedForwardState(v=sel(f["v_gr"]), i=sel(f["i_gr"])),
+                golgi=sel(f["golgi"]).unsqueeze(1),
+                purkinje=LIFFeedForwardState(v=sel(f["v_pc"]), i=sel(f["i_pc"])),
+                dcn=LIFFeedForwardState(v=sel(f["v_dcn"]), i=sel(f["i_dcn"])),
+                readout=LIState(v=sel(f["v_out"]), i=sel(f["i_out"])),
+            )
+            out, new = device_tick(lane.mossy_d[a:e], state, w, p)
+            f["v_gr"].index_copy_(0, idx, new.granule.v)
+            f["i_gr"].index_copy_(0, idx, new.granule.i)
+            f["golgi"].index_copy_(0, idx, new.golgi.squeeze(1))
+            f["v_pc"].index_copy_(0, idx, new.purkinje.v)
+            f["i_pc"].index_copy_(0, idx, new.purkinje.i)
+            f["v_dcn"].index_copy_(0, idx, new.dcn.v)
+            f["i_dcn"].index_copy_(0, idx, new.dcn.i)
+            f["v_out"].index_copy_(0, idx, new.readout.v)
+            f["i_out"].index_copy_(0, idx, new.readout.i)
+            lane.probs_d[a:e].copy_(torch.softmax(out.logits.double(), dim=1))
+            lane.spikes_d[a:e].copy_(out.spikes.round().long())
+
+    def _capture(self, lane: _Lane, b: int) -> bool:
+        """Capture the single-wave step of ``b`` ticks on ``lane``; False when refused or failed."""
+        key = (lane.index, b)
+        name = f"graphs.{lane.index}.{b}"
+        try:
+            self.mem.charge(name, workspace_bytes(self.params.shape, b, self.np_dtype.itemsize))
+        except CapacityError as exc:
+            log.info("cuda graph not captured: %s", exc)
+            self.graph_policy.record_refused(key)
+            return False
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=lane.stream, capture_error_mode="thread_local"):
+                self._compute(lane, [(0, b)])
+        except RuntimeError as exc:
+            self.mem.release(name)
+            self.graph_policy.record_refused(key)
+            log.warning("cuda graph capture of batch %d on stream %d failed, running eagerly: %s", b, lane.index, exc)
+            return False
+        lane.graphs[b] = graph
+        self.graph_policy.record_captured(key)
+        return True
+
+    def submit(self, slots: np.ndarray, ticks: np.ndarray) -> CudaHandle:
+        """Encode a batch on the host and enqueue it on the next stream; returns at once.
+
+        ``slots`` (B,) int64, ``ticks`` (3, B) float64 rows price, volume, time (ms);
+        ticks of one market in arrival order. Submissions are applied in order.
+        """
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        ticks = np.ascontiguousarray(ticks, dtype=np.float64)
+        b = int(slots.shape[0])
+        if b > self.max_batch:
+            raise ValueError(f"batch of {b} exceeds the staging buffers of {self.max_batch}")
+        if ticks.shape != (3, b):
+            raise ValueError(f"ticks must have shape (3, {b}), got {ticks.shape}")
+        with self._lock:
+            if self._closed:
+                raise EngineFatalError("the cuda backend is closed")
+            seq = self._seq
+            self._seq += 1
+            if b == 0:
+                k = self.params.shape.classes
+                return CudaHandle(seq, -1, 0, None, (np.empty((0, k)), np.empty((0, 3), dtype=np.int64)))
+            lane = self._lanes[self._rr.next()]
+            if lane.handle is not None:
+                self._collect(lane.handle, copy=True)  # its buffers are about to be reused
+            perm, bounds = wave_layout(slots)
+            order = perm if perm is not None else self._arange[:b]
+            stale = self._host_owned(slots)
+            enc_before = self.state.enc[slots]
+            seen_before = self._seen[slots]
+            encode_batch(order, slots, ticks, self.state.enc, self.enc_par, self._z, lane.slots_h, lane.mossy_h)
+            self._seen[slots] = self.state.enc[slots]
+            try:
+                self._enqueue(lane, b, bounds, stale)
+            except BaseException as exc:
+                # Nothing of this batch reached the state: put the encoder rows back.
+                self.state.enc[slots] = enc_before
+                self._seen[slots] = seen_before
+                if isinstance(exc, RuntimeError) and not isinstance(exc, CapacityError):
+                    raise EngineFatalError(f"cuda backend: step failed on {self.device}: {exc}") from exc
+                raise
+            handle = CudaHandle(seq, lane.index, b, perm)
+            lane.handle = handle
+            return handle
+
+    def _enqueue(self, lane: _Lane, b: int, bounds: list[tuple[int, int]], stale: np.ndarray) -> None:
+        with torch.no_grad(), self._stream_ctx(lane):
+            lane.slots_d[:b].copy_(lane.slots_ht[:b], non_blocking=True)
+            lane.mossy_d[:b].copy_(lane.mossy_ht[:b], non_blocking=True)
+            if lane.stream is not None:
+                lane.stream.wait_event(self._chain)  # state updates stay in batch order
+            if stale.size:
+                self._upload_rows(stale)
+            action = self.graph_policy.decide((lane.index, b), eligible=len(bounds) == 1)
+            if action == "capture" and self._capture(lane, b):
+                action = "replay"
+            if action == "replay":
+                lane.graphs[b].replay()
+            else:
+                self._compute(lane, bounds)
+            self._chain.record(lane.stream)
+            lane.probs_ht[:b].copy_(lane.probs_d[:b], non_blocking=True)
+            lane.spikes_ht[:b].copy_(lane.spikes_d[:b], non_blocking=True)
+            lane.done.record(lane.stream)
+
+    def _collect(self, handle: CudaHandle, copy: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for ``handle``'s copy-out; results in batch order (views of the staging buffers unless ``copy``)."""
+        lane = self._lanes[handle.lane]
+        try:
+            lane.done.synchronize()
+        except RuntimeError as exc:
+            raise EngineFatalError(f"cuda backend: device failure on {self.device}: {exc}") from exc
+        n = handle.size
+        probs, spikes = lane.probs_h[:n], lane.spikes_h[:n]
+        if handle.perm is not None:
+            p, s = np.empty_like(probs), np.empty_like(spikes)
+            p[handle.perm], s[handle.perm] = probs, spikes
+            probs, spikes = p, s
+        elif copy:
+            probs, spikes = probs.copy(), spikes.copy()
+        handle.result = (probs, spikes)
+        lane.handle = None
+        return handle.result
+
+    def wait(self, handle: CudaHandle) -> tuple[np.ndarray, np.ndarray]:
+        """Results of a submitted batch: probs (B, K) float64, spikes (B, 3) int64, in batch order.
+
+        The arrays may be views of the stream's staging buffers, valid until that
+        stream takes another batch (``streams`` submissions later).
+        """
+        with self._lock:
+            if handle.result is not None:
+                return handle.result
+            return self._collect(handle, copy=False)
+
+    def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Apply ticks (in order) to the given slots: :meth:`submit` then :meth:`wait`."""
+        return self.wait(self.submit(slots, ticks))
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _synchronize_locked(self) -> None:
+        for lane in self._lanes:
+            if lane.handle is not None:
+                self._collect(lane.handle, copy=True)
+        if self.on_cuda:
+            for lane in self._lanes:
+                lane.done.synchronize()
+
+    def synchronize(self) -> None:
+        """Wait for every batch in flight (their results stay in their handles)."""
+        with self._lock:
+            self._synchronize_locked()
+
+    def release_graphs(self) -> None:
+        """Drop every captured graph and its budget charge (sizes are captured again when they recur)."""
+        with self._lock:
+            self._synchronize_locked()
+            for lane in self._lanes:
+                for b in list(lane.graphs):
+                    del lane.graphs[b]
+                    self.mem.release(f"graphs.{lane.index}.{b}")
+            self.graph_policy.forget()
+
+    def close(self) -> None:
+        """Copy the device state to the host, then free every device buffer."""
+        with self._lock:
+            if self._closed:
+                return
+            self.sync_to_host()
+            self.release_graphs()
+            self._lanes.clear()
+            self._fields.clear()
+            del self._flat, self._w
+            self._closed = True
+            self.mem.close()
+            log.info("cuda backend closed", extra={"fields": {"device": str(self.device)}})
+
+    def describe(self) -> dict[str, Any]:
+        """Device, streams, graphs and memory figures (for health and debug bundles)."""
+        rep = self.memory_report()
+        return {
+            "backend": self.name,
+            "device": str(self.device),
+            "device_name": torch.cuda.get_device_name(self.device) if self.on_cuda else "cpu",
+            "streams": self.streams,
+            "max_batch": self.max_batch,
+            "graphs": sorted(self.graph_policy.captured, key=str),
+            "memory": {k: fmt_bytes(v) for k, v in rep.items()},
+        }
+
+
+class _Unbuilt:
+    """Placeholder backend while :class:`CudaEngine` builds the real one around the engine's slot arrays."""
+
+    name = "cuda"
+
+    def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise EngineFatalError("the cuda backend is not built yet")
+
+    def set_weights(self, weights: Weights) -> None:
+        """Nothing to swap yet."""
+
+
+class CudaEngine(Engine):
+    """The engine with a :class:`CudaBackend` over its slot arrays.
+
+    Differences from the CPU engine: saving the pool first brings the device state
+    to the host (:meth:`CudaBackend.sync_to_host`), restoring it pushes the restored
+    states to the device, warm-up runs often enough to capture the CUDA graph of a
+    single tick, and ``health()`` adds the device's figures under ``cuda``.
+    """
+
+    def __init__(self, cfg: Config, weights: Weights | None = None, model_version: str = "", *,
+                 use_graphs: bool = True) -> None:
+        super().__init__(cfg, weights, model_version, backend=_Unbuilt())
+        self.cuda = CudaBackend.from_config(cfg, self.weights, self.params, self.arrays, encoder_parameters(cfg.neural),
+                                            use_graphs=use_graphs)
+        self.backend = self.cuda
+
+    def save_state(self, path: Path | None = None) -> int:
+        """Sync the device state to the host, then save the pool."""
+        self.cuda.sync_to_host()
+        return super().save_state(path)
+
+    def restore_state(self, path: Path | None = None) -> int:
+        """Restore the pool on the host, then upload it to the device."""
+        n = super().restore_state(path)
+        if n:
+            self.cuda.sync_from_host()
+        return n
+
+    def warm_up(self) -> None:
+        """Warm up until the single-tick graph is captured (warm-up + 1 runs)."""
+        for _ in range(self.cuda.graph_policy.warmup + 1):
+            super().warm_up()
+
+    def health(self) -> dict[str, Any]:
+        """The engine's health plus device, streams, graphs and memory of the backend."""
+        out = super().health()
+        out["cuda"] = self.cuda.describe()
+        return out
+
+    def close(self) -> None:
+        """Free the device (the state is synced to the host first)."""
+        self.cuda.close()
+
+
+def make_cuda_engine(cfg: Config, weights: Weights | None = None, model_version: str = "") -> CudaEngine:
+    """The service engine on CUDA (``performance.device`` resolved to ``cuda``)."""
+    return CudaEngine(cfg, weights, model_version)
+
+
+__all__ = ["CudaBackend", "CudaEngine", "CudaHandle", "device_tick", "make_cuda_engine", "weight_shapes"]

@@ -1,0 +1,120 @@
+"""Helpers of the API tests: start the real server in a subprocess, build ticks, compare answers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 60.0
+SHUTDOWN_TIMEOUT_S = 30.0
+BASE_TS = 1_640_995_200_000  # the operations guide's example tick time (ms since epoch)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_environ(state_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment without config overrides, plus the state dir and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
+    env["CEREBELLAR_NORSE_PATHS__STATE_DIR"] = str(state_dir)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class LiveServer:
+    """A ``cerebellar-norse`` serve process and how to talk to it."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    state_dir: Path
+    log_path: Path
+    returncode: int | None = field(default=None)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> int:
+        """SIGTERM, wait for the exit, return the exit code (idempotent)."""
+        if self.returncode is None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.returncode = self.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"server did not exit within {SHUTDOWN_TIMEOUT_S}s of SIGTERM\n{self.log()[-4000:]}") from None
+        return self.returncode
+
+
+def launch(state_dir: Path, log_path: Path, port: int, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``python -m cerebellar_norse.cli --port PORT`` with stdout+stderr to ``log_path``."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)],
+            cwd=REPO_ROOT, env=server_environ(state_dir, env), stdout=out, stderr=subprocess.STDOUT,
+        )
+
+
+def start(state_dir: Path, log_path: Path, env: Mapping[str, str] | None = None) -> LiveServer:
+    """A started server whose /health answered 200 (fails the test with the server log otherwise)."""
+    port = free_port()
+    srv = LiveServer(launch(state_dir, log_path, port, env), port, state_dir, log_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if srv.proc.poll() is not None:
+            raise AssertionError(f"server exited with {srv.proc.returncode} during startup\n{srv.log()[-4000:]}")
+        try:
+            if httpx.get(f"{srv.url}/health", timeout=1.0).status_code == 200:
+                return srv
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    srv.proc.kill()
+    srv.proc.wait()
+    raise AssertionError(f"server not healthy within {STARTUP_TIMEOUT_S}s\n{srv.log()[-4000:]}")
+
+
+def market(prefix: str = "M") -> str:
+    """A market id no other test uses (the module's server keeps state between tests)."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def tick(market_id: str, k: int = 0, price: float = 100.0, volume: float = 1000.0) -> dict[str, Any]:
+    """The k-th tick of a market: one second apart, a small deterministic price path."""
+    return {"price": price + 0.25 * ((k * 7) % 5) - 0.5, "volume": volume + 10.0 * k, "timestamp": BASE_TS + 1000 * k,
+            "market_id": market_id}
+
+
+SIGNAL_KEYS = ("prediction", "probabilities", "confidence", "spike_count")
+
+
+def signal_of(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The network's answer without per-request fields (ids, timing)."""
+    return {k: result[k] for k in SIGNAL_KEYS}

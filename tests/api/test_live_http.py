@@ -1,0 +1,379 @@
+"""The HTTP API of a real server over a real socket: results, batches, every error, health and metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from live_helpers import BASE_TS, LiveServer, market, signal_of, tick
+from prometheus_client.parser import text_string_to_metric_families
+
+GUIDE_TICK = {"price": 100.0, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "TEST"}
+RESULT_KEYS = {"market_id", "prediction", "probabilities", "confidence", "spike_count", "processing_time_ns",
+               "model_version", "request_id"}
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+
+
+def neural_ticks(client: httpx.Client) -> int:
+    """Ticks the engine has processed since start (from /neural/metrics)."""
+    r = client.get("/neural/metrics")
+    assert r.status_code == 200
+    return int(r.json()["neural_metrics"]["ticks"])
+
+
+def assert_error(r: httpx.Response, status: int, kind: str | None = None, field: str | None = None) -> dict[str, Any]:
+    """An error response: the status, the JSON error shape, the field, the request id, no internals."""
+    assert r.status_code == status, r.text
+    assert r.status_code < 500
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"type", "message", "field", "request_id"}
+    assert isinstance(err["message"], str) and err["message"]
+    if kind is not None:
+        assert err["type"] == kind
+    assert err["field"] == field
+    assert err["request_id"] == r.headers["x-request-id"]
+    assert "Traceback" not in r.text and 'File "' not in r.text
+    return err
+
+
+def post_tick(client: httpx.Client, body: Any, path: str = "/neural/process", **kw: Any) -> httpx.Response:
+    return client.post(path, json=body, **kw)
+
+
+# -- /neural/process ---------------------------------------------------------------
+
+
+def test_process_guide_tick(client: httpx.Client) -> None:
+    r = post_tick(client, GUIDE_TICK)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == RESULT_KEYS
+    assert body["market_id"] == "TEST"
+    assert set(body["probabilities"]) == {"down", "flat", "up"}
+    assert math.isclose(sum(body["probabilities"].values()), 1.0, abs_tol=1e-6)
+    assert -1.0 <= body["prediction"] <= 1.0
+    assert 0.0 <= body["confidence"] <= 1.0
+    assert isinstance(body["spike_count"], int) and body["spike_count"] >= 0
+    assert isinstance(body["processing_time_ns"], int) and body["processing_time_ns"] > 0
+    assert body["model_version"]
+    assert HEX32.match(body["request_id"])  # generated
+    assert r.headers["x-request-id"] == body["request_id"]
+
+
+def test_process_honours_request_id(client: httpx.Client) -> None:
+    rid = "order-42.gw:7_a-b"
+    r = post_tick(client, tick(market("RID")), headers={"X-Request-ID": rid})
+    assert r.status_code == 200
+    assert r.json()["request_id"] == rid and r.headers["x-request-id"] == rid
+
+
+@pytest.mark.parametrize("bad", ["has space", "x" * 129, "semi;colon", "<script>"])
+def test_process_replaces_unsafe_request_id(client: httpx.Client, bad: str) -> None:
+    r = post_tick(client, tick(market("RID")), headers={"X-Request-ID": bad})
+    assert r.status_code == 200
+    assert HEX32.match(r.json()["request_id"])
+    assert r.headers["x-request-id"] == r.json()["request_id"]
+
+
+def test_same_ticks_same_answers_on_two_markets(client: httpx.Client) -> None:
+    a, b = market("A"), market("B")
+    for k in range(5):
+        ra = post_tick(client, tick(a, k)).json()
+        rb = post_tick(client, tick(b, k)).json()
+        assert signal_of(ra) == signal_of(rb)
+
+
+# -- /neural/process/batch ------------------------------------------------------------
+
+
+def test_batch_results_in_order(client: httpx.Client) -> None:
+    a, b = market("BA"), market("BB")
+    ticks = [tick(a, 0), tick(b, 0), tick(a, 1), tick(a, 2), tick(b, 1)]
+    r = client.post("/neural/process/batch", json={"ticks": ticks}, headers={"X-Request-ID": "batch-1"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"results", "request_id"} and body["request_id"] == "batch-1"
+    results = body["results"]
+    assert [x["market_id"] for x in results] == [t["market_id"] for t in ticks]
+    assert all(set(x) == RESULT_KEYS and x["request_id"] == "batch-1" for x in results)
+    # the same ticks one by one on fresh markets give the same answers, in the same order
+    c, d = market("BC"), market("BD")
+    rename = {a: c, b: d}
+    singles = [post_tick(client, {**t, "market_id": rename[t["market_id"]]}).json() for t in ticks]
+    assert [signal_of(x) for x in results] == [signal_of(x) for x in singles]
+
+
+@pytest.mark.parametrize(("bad_tick", "status", "field"), [
+    ({"price": "x"}, 422, "ticks.2.price"),
+    ({"price": -1.0}, 422, "ticks.2.price"),
+    ({"volume": True}, 422, "ticks.2.volume"),
+    ({"market_id": "B\x01"}, 422, "ticks.2.market_id"),
+    ({"timestamp": BASE_TS - 60_000}, 409, "ticks.2.timestamp"),  # older than ticks 0 and 1 of the batch
+    ({"extra": 1}, 422, "ticks.2.extra"),
+])
+def test_batch_bad_tick_changes_nothing(client: httpx.Client, bad_tick: dict[str, Any], status: int, field: str) -> None:
+    m, fresh = market("BAD"), market("FRESH")
+    good = [tick(m, 0), tick(m, 1)]
+    before = neural_ticks(client)
+    r = client.post("/neural/process/batch", json={"ticks": [*good, {**tick(m, 2), **bad_tick}, tick(m, 3)]})
+    assert_error(r, status, "out_of_order" if status == 409 else "validation", field)
+    assert neural_ticks(client) == before  # no tick of the batch was processed
+    # the market never saw the rejected batch: it answers exactly like a fresh market
+    after = client.post("/neural/process/batch", json={"ticks": good}).json()["results"]
+    ref = client.post("/neural/process/batch", json={"ticks": [{**t, "market_id": fresh} for t in good]}).json()["results"]
+    assert [signal_of(x) for x in after] == [signal_of(x) for x in ref]
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"ticks": []}, "ticks"),
+    ({}, "ticks"),
+    ({"ticks": {"price": 1.0}}, "ticks"),
+    ({"ticks": [GUIDE_TICK], "more": 1}, "more"),
+])
+def test_batch_bad_envelope(client: httpx.Client, body: Any, field: str) -> None:
+    assert_error(client.post("/neural/process/batch", json=body), 422, "validation", field)
+
+
+# -- every error of /neural/process ---------------------------------------------------------
+
+
+def _without(key: str) -> dict[str, Any]:
+    return {k: v for k, v in GUIDE_TICK.items() if k != key}
+
+
+ERROR_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("missing price", _without("price"), "price"),
+    ("missing volume", _without("volume"), "volume"),
+    ("missing timestamp", _without("timestamp"), "timestamp"),
+    ("missing market_id", _without("market_id"), "market_id"),
+    ("extra field", {**GUIDE_TICK, "side": "buy"}, "side"),
+    ("price as string", {**GUIDE_TICK, "price": "100"}, "price"),
+    ("price null", {**GUIDE_TICK, "price": None}, "price"),
+    ("timestamp float", {**GUIDE_TICK, "timestamp": 1.5}, "timestamp"),
+    ("timestamp string", {**GUIDE_TICK, "timestamp": "1640995200000"}, "timestamp"),
+    ("market_id number", {**GUIDE_TICK, "market_id": 5}, "market_id"),
+    ("volume bool", {**GUIDE_TICK, "volume": True}, "volume"),
+    ("price bool", {**GUIDE_TICK, "price": False}, "price"),
+    ("price 0", {**GUIDE_TICK, "price": 0}, "price"),
+    ("price negative", {**GUIDE_TICK, "price": -100.0}, "price"),
+    ("volume negative", {**GUIDE_TICK, "volume": -1.0}, "volume"),
+    ("timestamp in seconds", {**GUIDE_TICK, "timestamp": 1640995200}, "timestamp"),
+    ("timestamp in microseconds", {**GUIDE_TICK, "timestamp": 1640995200000000}, "timestamp"),
+    ("timestamp negative", {**GUIDE_TICK, "timestamp": -1}, "timestamp"),
+    ("market_id empty", {**GUIDE_TICK, "market_id": ""}, "market_id"),
+    ("market_id 65 chars", {**GUIDE_TICK, "market_id": "M" * 65}, "market_id"),
+    ("market_id control char", {**GUIDE_TICK, "market_id": "TE\x01ST"}, "market_id"),
+    ("market_id newline", {**GUIDE_TICK, "market_id": "TEST\n"}, "market_id"),
+    ("market_id non-ascii", {**GUIDE_TICK, "market_id": "TÉST"}, "market_id"),
+    ("market_id padded", {**GUIDE_TICK, "market_id": " TEST"}, "market_id"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), [c[1:] for c in ERROR_CASES], ids=[c[0] for c in ERROR_CASES])
+def test_process_invalid_tick(client: httpx.Client, body: dict[str, Any], field: str) -> None:
+    before = neural_ticks(client)
+    assert_error(post_tick(client, body), 422, "validation", field)
+    assert neural_ticks(client) == before
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    (b'{"price": 1e400, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "TEST"}', "price"),
+    (b'{"price": 100.0, "volume": -1e400, "timestamp": 1640995200000, "market_id": "TEST"}', "volume"),
+    (b'{"price": NaN, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "TEST"}', "price"),
+    (b'{"price": 100.0, "volume": Infinity, "timestamp": 1640995200000, "market_id": "TEST"}', "volume"),
+], ids=["price 1e400", "volume -1e400", "price NaN", "volume Infinity"])
+def test_process_non_finite(client: httpx.Client, raw: bytes, field: str) -> None:
+    r = client.post("/neural/process", content=raw, headers={"Content-Type": "application/json"})
+    err = assert_error(r, 422, "validation", field)
+    assert "finite" in err["message"]
+
+
+@pytest.mark.parametrize("raw", [b'{"price": 100.0,', b"not json", b"{'price': 1}", b"\xff\xfe"],
+                         ids=["truncated", "text", "single quotes", "binary"])
+def test_process_malformed_json(client: httpx.Client, raw: bytes) -> None:
+    r = client.post("/neural/process", content=raw, headers={"Content-Type": "application/json"})
+    assert_error(r, 400, "malformed_json", None)
+
+
+@pytest.mark.parametrize("body", [b"", b"[]", b"null", b'"tick"'], ids=["empty", "array", "null", "string"])
+def test_process_body_not_an_object(client: httpx.Client, body: bytes) -> None:
+    r = client.post("/neural/process", content=body, headers={"Content-Type": "application/json"})
+    assert_error(r, 422, "validation", None)
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", None],
+                         ids=["text/plain", "form", "none"])
+@pytest.mark.parametrize("path", ["/neural/process", "/neural/process/batch"])
+def test_wrong_content_type(client: httpx.Client, ctype: str | None, path: str) -> None:
+    body = GUIDE_TICK if path == "/neural/process" else {"ticks": [GUIDE_TICK]}
+    req = client.build_request("POST", path, content=json.dumps(body).encode())
+    if ctype is None:
+        req.headers.pop("content-type", None)
+    else:
+        req.headers["content-type"] = ctype
+    before = neural_ticks(client)
+    assert_error(client.send(req), 415, "unsupported_media_type", None)
+    assert neural_ticks(client) == before
+
+
+def test_json_content_type_with_charset(client: httpx.Client) -> None:
+    r = client.post("/neural/process", content=json.dumps(tick(market("CS"))).encode(),
+                    headers={"Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 200
+
+
+def _big_body(size: int) -> bytes:
+    return json.dumps({**GUIDE_TICK, "market_id": "X" * size}).encode()
+
+
+def test_body_too_large_with_content_length(client: httpx.Client) -> None:
+    r = client.post("/neural/process", content=_big_body(1_100_000), headers={"Content-Type": "application/json"})
+    err = assert_error(r, 413, "body_too_large", None)
+    assert "max_body_size" in err["message"]
+    assert client.get("/health").status_code == 200  # the connection pool still works
+
+
+def test_body_too_large_chunked(client: httpx.Client) -> None:
+    body = _big_body(1_100_000)
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(body), 64 * 1024):
+            yield body[i:i + 64 * 1024]
+
+    r = client.post("/neural/process/batch", content=chunks(), headers={"Content-Type": "application/json"})
+    assert "content-length" not in r.request.headers
+    assert_error(r, 413, "body_too_large", None)
+
+
+def test_body_just_under_the_limit_is_read(client: httpx.Client) -> None:
+    # ~0.9 MB passes the size check and fails validation (market_id too long): 422, not 413
+    r = client.post("/neural/process", content=_big_body(900_000), headers={"Content-Type": "application/json"})
+    assert_error(r, 422, "validation", "market_id")
+
+
+def test_out_of_order_tick_leaves_state_untouched(client: httpx.Client) -> None:
+    m, fresh = market("OOO"), market("REF")
+    for k in (0, 1, 2):
+        assert post_tick(client, tick(m, k)).status_code == 200
+        post_tick(client, tick(fresh, k))
+    before = neural_ticks(client)
+    err = assert_error(post_tick(client, tick(m, 1)), 409, "out_of_order", "timestamp")
+    assert str(BASE_TS + 1000) in err["message"]
+    assert neural_ticks(client) == before
+    assert post_tick(client, tick(m, 2)).status_code == 200  # same timestamp as the last tick is in order
+    post_tick(client, tick(fresh, 2))
+    assert signal_of(post_tick(client, tick(m, 3)).json()) == signal_of(post_tick(client, tick(fresh, 3)).json())
+
+
+def test_unknown_route_404(client: httpx.Client) -> None:
+    assert_error(client.get("/neural/nope"), 404, "not_found", None)
+    assert_error(client.post("/v2/process", json=GUIDE_TICK), 404, "not_found", None)
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/neural/process"), ("PUT", "/neural/process/batch"),
+                                              ("POST", "/health"), ("DELETE", "/metrics")])
+def test_wrong_method_405(client: httpx.Client, method: str, path: str) -> None:
+    r = client.request(method, path)
+    assert_error(r, 405, "method_not_allowed", None)
+    assert r.headers.get("allow")
+
+
+def test_errors_are_counted(client: httpx.Client) -> None:
+    def count(kind: str) -> float:
+        for fam in text_string_to_metric_families(client.get("/metrics").text):
+            for s in fam.samples:
+                if s.name == "cerebellar_norse_errors_total" and s.labels.get("kind") == kind:
+                    return s.value
+        return 0.0
+
+    before = count("validation")
+    post_tick(client, {**GUIDE_TICK, "price": -1.0})
+    assert count("validation") == before + 1
+
+
+# -- /health, /neural/metrics, /metrics ---------------------------------------------------------
+
+
+def test_health(client: httpx.Client) -> None:
+    r = client.get("/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ok"
+    assert body["model_version"]
+    assert body["device"] == "cpu"
+    assert isinstance(body["uptime_s"], (int, float)) and body["uptime_s"] > 0
+    assert {"markets", "capacity", "usage", "evictions"} <= set(body["pool"])
+    assert 0 <= body["pool"]["markets"] <= body["pool"]["capacity"]
+    assert body["queue_depth"] == 0
+    assert HEX32.match(r.headers["x-request-id"])
+
+
+def test_neural_metrics_shape(client: httpx.Client) -> None:
+    post_tick(client, tick(market("NM")))
+    r = client.get("/neural/metrics")
+    assert r.status_code == 200
+    nm = r.json()["neural_metrics"]
+    assert set(nm["spike_counts"]) == {"granule", "purkinje", "dcn"}
+    assert all(isinstance(v, int) and v >= 0 for v in nm["spike_counts"].values())
+    assert 0.0 <= nm["sparsity"] <= 1.0
+    assert isinstance(nm["markets"], int) and nm["markets"] >= 1
+    assert nm["ticks"] >= 1
+
+
+ALERT_NAMES = {"processing_duration_seconds", "cuda_memory_used_bytes", "cuda_memory_total_bytes", "training_loss"}
+
+
+def _samples(text: str) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def test_prometheus_metrics(client: httpx.Client) -> None:
+    post_tick(client, tick(market("PM")))
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    samples = _samples(r.text)
+    for name in ("cuda_memory_used_bytes", "cuda_memory_total_bytes", "training_loss", "cerebellar_norse_http_requests_total",
+                 "cerebellar_norse_errors_total", "cerebellar_norse_pool_evictions_total", "processing_duration_seconds_count"):
+        assert name in samples, name
+    edges = {s.labels["le"] for s in samples["processing_duration_seconds_bucket"]}
+    assert "1e-05" in edges and "1e-06" in edges and "+Inf" in edges
+    assert samples["cuda_memory_used_bytes"][0].value == 0 and samples["cuda_memory_total_bytes"][0].value == 0  # CPU
+    for name in samples:
+        if name.startswith(("python_", "process_")):
+            continue
+        family = re.sub(r"_(bucket|count|sum|created)$", "", name)
+        assert name.startswith("cerebellar_norse_") or family in ALERT_NAMES, f"unprefixed metric {name}"
+    routes = {s.labels["route"] for s in samples["cerebellar_norse_http_requests_total"]}
+    assert "/neural/process" in routes  # labelled by route template, not by raw path
+
+
+def test_processing_histogram_counts_only_client_ticks(client: httpx.Client) -> None:
+    post_tick(client, tick(market("HC")))
+    samples = _samples(client.get("/metrics").text)
+    assert samples["processing_duration_seconds_count"][0].value == samples["cerebellar_norse_ticks_total"][0].value
+    assert samples["processing_duration_seconds_count"][0].value == neural_ticks(client)
+
+
+def test_openapi_documents_the_routes(client: httpx.Client) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/neural/process", "/neural/process/batch", "/neural/metrics", "/health", "/metrics"} <= set(paths)
+
+
+def test_server_log_is_json_without_tracebacks(live: LiveServer, client: httpx.Client) -> None:
+    post_tick(client, {**GUIDE_TICK, "price": "bad"})
+    for line in live.log().splitlines():
+        rec = json.loads(line)
+        assert rec["level"] != "ERROR", line
