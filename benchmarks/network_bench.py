@@ -16,6 +16,7 @@ leave both blocks side by side; the rest of the file is kept as it is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -73,10 +74,8 @@ def _versions() -> str:
 
     parts = [f"Python {platform.python_version()}"]
     for pkg in ("numba", "numpy", "torch", "norse"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             parts.append(f"{pkg} {version(pkg)}")
-        except PackageNotFoundError:
-            pass
     return ", ".join(parts)
 
 
@@ -88,7 +87,8 @@ def _env_overrides() -> list[str]:
     return [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("CEREBELLAR_NORSE_") and "__" in k]
 
 
-def render_block(bench: dict[str, Any], cv: dict[str, Any], threads: int, command: str, config: str | None) -> str:
+def render_block(bench: dict[str, Any], cv: dict[str, Any], threads: int, command: str, config: str | None,
+                 load: float | None = None) -> str:
     """The Markdown block of one run."""
     net, host = bench["network"], bench["host"]
     fused, ref = bench["fused"], bench["reference"]["batch_1"]
@@ -102,7 +102,8 @@ def render_block(bench: dict[str, Any], cv: dict[str, Any], threads: int, comman
         + (f" with {', '.join(f'`{e}`' for e in _env_overrides())}" if _env_overrides() else "")
         + f"; network {net['mossy']} mossy, {net['granule']} granule, {net['purkinje']} Purkinje, {net['dcn']} DCN, "
           f"{net['steps_per_tick']} steps per tick, {net['precision']}; {net['spikes_per_tick']:.0f} spikes per tick (batch 1)",
-        f"- Host: {host['processor']}, {host['cpus']} logical CPUs ({host['machine']}); {_versions()}",
+        f"- Host: {host['processor']}, {host['cpus']} logical CPUs ({host['machine']}); {_versions()}"
+        + (f"; 1-minute load average {load:.2f} when the run started" if load is not None else ""),
         f"- Measured {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} at revision {_git_revision()}",
         "",
         "| Backend | Batch | p50 µs/tick | p99 µs/tick | Timed calls |",
@@ -194,11 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_checked_config(args.config)
     threads = cfg.performance.cpu_threads
     bench_args = ["bench", "--json", "--ticks", str(args.ticks), "--reference-ticks", str(args.reference_ticks)]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    if load is not None and load > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {load:.2f} on {os.cpu_count()} CPUs: figures will be noisy", file=sys.stderr)
     bench = _cli(bench_args, args.config)
     cv = _cli(["crossval", "--json", "--ticks", str(args.crossval_ticks)], args.config)
     env = " ".join(_env_overrides())
     command = " ".join(filter(None, [env, "cerebellar-norse", f"--config {args.config}" if args.config else "", *bench_args]))
-    block = render_block(bench, cv, threads, command, args.config)
+    block = render_block(bench, cv, threads, command, args.config, load)
     out: Path = args.output
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(update_document(out.read_text(encoding="utf-8") if out.exists() else "", threads, block), encoding="utf-8")

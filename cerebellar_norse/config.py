@@ -64,7 +64,7 @@ LIF_DEFAULTS: dict[str, tuple[float, float]] = {
     "granule": (2.0, 2.0),
     "purkinje": (2.0, 4.0),
     "dcn": (2.0, 4.0),
-    "readout": (5.0, 10.0),
+    "readout": (1.0, 2.0),
 }
 
 
@@ -91,7 +91,7 @@ class NeuralConfig(_Section):
     mossy_gain: float = Field(1.0, gt=0, le=1000, description="Peak mossy-fibre current (per step, dimensionless).")
     feature_clip: float = Field(4.0, gt=0, le=100, description="Z-scored features are clipped to +/- this (standard deviations).")
     norm_window: int = Field(1000, ge=2, le=10_000_000, description="Ticks of memory of the per-market running normaliser.")
-    readout_scale: float = Field(1.0, gt=0, le=1000, description="Multiplier from readout potential to class logits.")
+    readout_scale: float = Field(2.0, gt=0, le=1000, description="Multiplier from readout potential to class logits.")
     precision: Literal["float32", "float64"] = Field("float32", description="Floating point type of the network state and weights.")
     learning_rate: float = Field(1e-3, gt=0, le=1, description="Adam learning rate for gradient training.")
     granule: LIFConfig = _lif("granule")

@@ -1,10 +1,16 @@
 """Synthetic market ticks with a learnable structure (tests, demos, benchmarks).
 
-Each market follows a log-price random walk whose drift depends on a hidden regime
-(Markov chain): *trend* regimes continue the recent return (momentum), the *revert*
-regime pulls the price back towards a slow moving average (mean reversion). Volume
-is log-normal with bursts that accompany large moves; inter-tick gaps are
-exponential and shrink during bursts. Everything is generated from one seed.
+Each market switches between two hidden, persistent regimes (a Markov chain):
+
+* *trend*: returns continue (``ret = momentum * previous ret + noise``), trading is
+  busy (volume bursts, short gaps between ticks);
+* *revert*: returns reverse (``ret = -reversion * previous ret + noise``), trading is
+  quiet (low volume, longer gaps).
+
+So the direction of the next ticks depends on the last return *and* on the volume
+that identifies the regime: an interaction a linear model of the current tick
+cannot use, but the granule layer's mixed mossy inputs can. Everything comes from
+one seed.
 
 Units: price in quote currency, volume in traded units, timestamp in ms since epoch.
 """
@@ -21,14 +27,15 @@ START_MS = 1_640_995_200_000  # 2022-01-01T00:00:00Z
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """Parameters of the generator (per-tick volatility and regime persistence)."""
+    """Parameters of the generator: per-tick volatility, regime dynamics, activity."""
 
     volatility: float = 1e-3
-    momentum: float = 0.35
-    reversion: float = 0.08
-    regime_stay: float = 0.995
+    momentum: float = 0.6
+    reversion: float = 0.6
+    regime_stay: float = 0.98
     mean_gap_ms: float = 250.0
-    burst_prob: float = 0.02
+    busy_log_volume: float = 7.5
+    quiet_log_volume: float = 5.5
 
 
 def market_ids(n: int) -> list[str]:
@@ -47,25 +54,19 @@ def iter_ticks(n_ticks: int, n_markets: int = 4, seed: int = 0, spec: SyntheticS
     rng = np.random.Generator(np.random.PCG64(seed))
     names = market_ids(n_markets)
     logp = np.log(rng.uniform(20.0, 200.0, n_markets))
-    avg = logp.copy()
     last_ret = np.zeros(n_markets)
-    regime = rng.integers(0, 3, n_markets)  # 0 trend-up-bias, 1 revert, 2 trend-down-bias
+    trend = rng.random(n_markets) < 0.5
     clock = np.full(n_markets, float(START_MS)) + rng.uniform(0, 1000, n_markets)
     for _ in range(n_ticks):
         m = int(rng.integers(0, n_markets))
         if rng.random() > sp.regime_stay:
-            regime[m] = rng.integers(0, 3)
-        burst = rng.random() < sp.burst_prob
-        vol = sp.volatility * (3.0 if burst else 1.0)
-        if regime[m] == 1:
-            drift = -sp.reversion * (logp[m] - avg[m])
-        else:
-            drift = sp.momentum * last_ret[m] + (0.2 if regime[m] == 0 else -0.2) * sp.volatility
-        ret = drift + vol * rng.standard_normal()
+            trend[m] = not trend[m]
+        coef = sp.momentum if trend[m] else -sp.reversion
+        ret = coef * last_ret[m] + sp.volatility * rng.standard_normal()
         logp[m] += ret
-        avg[m] += 0.02 * (logp[m] - avg[m])
         last_ret[m] = ret
-        gap = rng.exponential(sp.mean_gap_ms * (0.2 if burst else 1.0))
-        clock[m] += max(gap, 0.0)
-        volume = float(np.round(rng.lognormal(6.0 + (1.5 if burst else 0.0) + 20.0 * abs(ret), 0.6), 2))
+        gap = rng.exponential(sp.mean_gap_ms * (0.3 if trend[m] else 1.0))
+        clock[m] += gap
+        mu = sp.busy_log_volume if trend[m] else sp.quiet_log_volume
+        volume = float(np.round(rng.lognormal(mu, 0.4), 2))
         yield {"price": float(np.round(np.exp(logp[m]), 6)), "volume": volume, "timestamp": int(clock[m]), "market_id": names[m]}

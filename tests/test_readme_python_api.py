@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def _python_blocks(section: str) -> list[str]:
 
 
 def test_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [k for k in __import__("os").environ if k.startswith("CEREBELLAR_NORSE_")]:
+    for name in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
         monkeypatch.delenv(name)  # the example uses the built-in default configuration
     monkeypatch.chdir(tmp_path)
     blocks = _python_blocks(_section(README.read_text(encoding="utf-8"), "Python API"))

@@ -56,8 +56,10 @@ CUDA graphs (``use_graphs=True``). A single-wave batch size seen ``graph_warmup`
 times on a stream is captured once as a graph for that (stream, batch size) and
 replayed from then on: the graph reads the stream's static staging buffers and the
 resident state and weights, whose addresses never change (:meth:`set_weights` copies
-new weights into the same tensors). Each graph's private memory pool is charged to
-the budget; a graph the budget refuses is not captured and that size stays eager.
+new weights into the same tensors). Each graph's private memory pool (the step's
+intermediates, estimated by :func:`~cerebellar_norse.cuda.staging.workspace_bytes`)
+is charged to the budget; a graph the budget refuses is not captured and that size
+stays eager.
 
 Memory. Every allocation (pool, weights, staging, per-stream workspace estimates,
 graph pools) is charged to a :class:`~cerebellar_norse.cuda.memory.MemoryBudget`
@@ -401,12 +403,17 @@ class CudaBackend:
             owned = np.setdiff1d(cand, self._host_owned(cand), assume_unique=True)
             if owned.size == 0:
                 return 0
-            host = self._flat.cpu().numpy()
             st = self.state
-            for name in FLOAT_FIELDS:
-                off, shape = self._layout[name]
-                view = host[off:off + int(np.prod(shape))].reshape(shape)
-                getattr(st, name)[owned] = view[owned]
+            if 4 * owned.size >= st.slots:  # most of the state: one copy of the whole buffer
+                host = self._flat.cpu().numpy()
+                for name in FLOAT_FIELDS:
+                    off, shape = self._layout[name]
+                    view = host[off:off + int(np.prod(shape))].reshape(shape)
+                    getattr(st, name)[owned] = view[owned]
+            else:  # a few slots: gather their rows on the device
+                idx = torch.from_numpy(owned).to(self.device)
+                for name in FLOAT_FIELDS:
+                    getattr(st, name)[owned] = self._fields[name].index_select(0, idx).cpu().numpy()
             return int(owned.size)
 
     # -- stepping -------------------------------------------------------------------
@@ -639,10 +646,10 @@ class CudaEngine(Engine):
     """
 
     def __init__(self, cfg: Config, weights: Weights | None = None, model_version: str = "", *,
-                 use_graphs: bool = True) -> None:
+                 use_graphs: bool = True, device: str = "cuda") -> None:
         super().__init__(cfg, weights, model_version, backend=_Unbuilt())
         self.cuda = CudaBackend.from_config(cfg, self.weights, self.params, self.arrays, encoder_parameters(cfg.neural),
-                                            use_graphs=use_graphs)
+                                            device=device, use_graphs=use_graphs)
         self.backend = self.cuda
 
     def save_state(self, path: Path | None = None) -> int:
@@ -658,8 +665,8 @@ class CudaEngine(Engine):
         return n
 
     def warm_up(self) -> None:
-        """Warm up until the single-tick graph is captured (warm-up + 1 runs)."""
-        for _ in range(self.cuda.graph_policy.warmup + 1):
+        """Warm up until every stream has captured its single-tick graph ((warm-up + 1) runs per stream)."""
+        for _ in range(self.cuda.streams * (self.cuda.graph_policy.warmup + 1)):
             super().warm_up()
 
     def health(self) -> dict[str, Any]:

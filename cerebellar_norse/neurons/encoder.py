@@ -3,7 +3,7 @@
 Per market, a running normaliser (float64, part of the market's state) turns each
 tick into three z-scored features:
 
-* log return ``log(price / previous price)`` (dimensionless),
+* log return ``log(price) - log(previous price)`` (dimensionless),
 * log volume ``log1p(volume)`` (volume in the tick's units),
 * log inter-tick gap ``log1p(gap_ms / 1000)`` (gap in seconds).
 
@@ -68,7 +68,8 @@ def encode_tick(state: np.ndarray, price: float, volume: float, ts_ms: float, wi
         z_out: output, the three z-scored features.
     """
     first = state[S_N_TICKS] == 0.0
-    x0 = 0.0 if first else math.log(price / state[S_LAST_PRICE])
+    # difference of logs: a ratio of two valid prices can overflow, their logs cannot
+    x0 = 0.0 if first else math.log(price) - math.log(state[S_LAST_PRICE])
     x2 = 0.0 if first else math.log1p(max(ts_ms - state[S_LAST_TS], 0.0) / 1000.0)
     x1 = math.log1p(volume)
     for f in range(3):

@@ -115,7 +115,7 @@ def generate_weights(cfg: Config) -> Weights:
     # Mean parallel-fibre input per step ~ 0.5 threshold currents at target sparsity.
     pf_scale = 1.0 / (s.pf_per_purkinje * n.target_sparsity)
     pf_w = rng.uniform(0.0, 1.0, size=(s.purkinje, s.pf_per_purkinje)) * pf_scale * _threshold_current(n.purkinje, n.dt_ms)
-    pc_bias = np.full(s.purkinje, 0.3 * _threshold_current(n.purkinje, n.dt_ms))
+    pc_bias = np.full(s.purkinje, 0.8 * _threshold_current(n.purkinje, n.dt_ms))
 
     dcn_thr = _threshold_current(n.dcn, n.dt_ms)
     w_md = rng.uniform(0.0, 1.0, size=(s.dcn, s.mossy)) * (2.0 * dcn_thr / (3 * 2.5 * n.mossy_gain))

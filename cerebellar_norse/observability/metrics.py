@@ -4,7 +4,9 @@ Names used by the operations guide's alert rules are kept exactly:
 ``processing_duration_seconds`` (histogram of neural processing time per tick,
 buckets from 1 µs with 10 µs an edge), ``cuda_memory_used_bytes``,
 ``cuda_memory_total_bytes`` (0 on CPU) and ``training_loss``. Everything else is
-prefixed ``cerebellar_norse_`` with unit suffixes.
+prefixed ``cerebellar_norse_`` with unit suffixes. The HELP texts of the two latency
+histograms say "latency", so the operations guide's ``curl -s …/metrics | grep latency``
+finds them.
 
 The per-tick histogram is kept in plain counters updated once per batch (every tick
 of a batch has the same amortised time), and exposed by a custom collector at scrape
@@ -65,7 +67,7 @@ class ServiceMetrics:
         self.batch_sizes = TickHistogram(BATCH_BUCKETS)
         self.requests = Counter("cerebellar_norse_http_requests_total", "HTTP requests by route, method and status.",
                                 ["route", "method", "status"], registry=r)
-        self.request_seconds = Histogram("cerebellar_norse_http_request_duration_seconds", "HTTP request handling time by route.",
+        self.request_seconds = Histogram("cerebellar_norse_http_request_duration_seconds", "HTTP request latency (handling time) by route.",
                                          ["route"], buckets=REQUEST_BUCKETS, registry=r)
         self.errors = Counter("cerebellar_norse_errors_total", "Errors by kind (validation, order, capacity, auth, engine, internal).",
                               ["kind"], registry=r)
@@ -93,7 +95,7 @@ class _CallbackCollector(Collector):
         self.m = m
 
     def collect(self) -> Iterable[Metric]:
-        yield self.m.processing.family("processing_duration_seconds", "Neural processing time per tick (s), batch time amortised over its ticks.")
+        yield self.m.processing.family("processing_duration_seconds", "Neural processing latency per tick (s), batch time amortised over its ticks.")
         yield self.m.batch_sizes.family("cerebellar_norse_batch_size_ticks", "Ticks per engine batch.")
         for source in self.m._sources:
             yield from source()

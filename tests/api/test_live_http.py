@@ -358,6 +358,10 @@ def test_prometheus_metrics(client: httpx.Client) -> None:
         assert name.startswith("cerebellar_norse_") or family in ALERT_NAMES, f"unprefixed metric {name}"
     routes = {s.labels["route"] for s in samples["cerebellar_norse_http_requests_total"]}
     assert "/neural/process" in routes  # labelled by route template, not by raw path
+    # the operations guide's "curl -s .../metrics | grep latency" finds the latency histograms
+    found = [line for line in r.text.splitlines() if "latency" in line]
+    assert any("processing_duration_seconds" in line for line in found)
+    assert any("cerebellar_norse_http_request_duration_seconds" in line for line in found)
 
 
 def test_processing_histogram_counts_only_client_ticks(client: httpx.Client) -> None:

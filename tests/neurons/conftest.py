@@ -13,16 +13,30 @@ from cerebellar_norse.neurons.network import CerebellarNetwork
 from cerebellar_norse.synthetic import generate_ticks
 
 # A network small enough to re-implement and check by hand, with spikes in every population.
+# Every value is pinned (not left to the defaults), so the golden numbers frozen in
+# test_golden.py change only when the topology generation or the dynamics change.
 TINY_NEURAL: dict[str, Any] = {
     "mossy_size": 6,
     "granule_size": 16,
     "granule_dendrites": 2,
     "purkinje_size": 3,
     "connections_per_neuron": 4,
-    "dcn_size": 3,
-    "steps_per_tick": 2,
+    "dcn_size": 6,
+    "steps_per_tick": 4,
+    "dt_ms": 1.0,
+    "seed": 42,
     "target_sparsity": 0.125,
+    "golgi_rate": 2.0,
+    "mossy_gain": 1.0,
+    "feature_clip": 4.0,
+    "norm_window": 1000,
+    "readout_scale": 1.0,
     "precision": "float64",
+    # nested tables: CEREBELLAR_NORSE_NEURAL__<POPULATION>__<KEY>
+    **{f"{pop}__{key}": value
+       for pop, (tau_syn, tau_mem) in {"granule": (2.0, 2.0), "purkinje": (2.0, 4.0), "dcn": (2.0, 4.0),
+                                       "readout": (5.0, 10.0)}.items()
+       for key, value in {"tau_syn_ms": tau_syn, "tau_mem_ms": tau_mem, "v_leak": 0.0, "v_th": 1.0, "v_reset": 0.0}.items()},
 }
 
 # Between tiny and the default: cheap for the Norse reference, still a few spikes per step.
@@ -39,7 +53,10 @@ TickFactory = Callable[..., list[dict[str, Any]]]
 
 
 def config_environ(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """``{"neural": {"granule_size": 64}}`` -> ``{"CEREBELLAR_NORSE_NEURAL__GRANULE_SIZE": "64"}``."""
+    """``{"neural": {"granule_size": 64}}`` -> ``{"CEREBELLAR_NORSE_NEURAL__GRANULE_SIZE": "64"}``.
+
+    Keys of nested tables use ``__``: ``{"neural": {"readout__tau_mem_ms": 2.0}}``.
+    """
     return {f"CEREBELLAR_NORSE_{section.upper()}__{key.upper()}": str(value)
             for section, keys in sections.items() for key, value in keys.items()}
 

@@ -156,11 +156,24 @@ def _max_state_diff(snap: dict[str, np.ndarray], golden: dict[str, np.ndarray]) 
     return max(float(np.max(np.abs(np.asarray(snap[k], dtype=np.float64) - golden[k]))) for k in golden)
 
 
+def golden_stream(n: int = N_TICKS, markets: int = N_MARKETS, seed: int = STREAM_SEED) -> list[dict[str, Any]]:
+    """Interleaved random-walk ticks made here (not by the package), with repeated times and zero volumes."""
+    rng = np.random.default_rng(seed)
+    price = rng.uniform(20.0, 200.0, markets)
+    clock = np.full(markets, 1_640_995_200_000) + rng.integers(0, 1000, markets)
+    out = []
+    for _ in range(n):
+        m = int(rng.integers(0, markets))
+        price[m] *= float(np.exp(rng.normal(0.0, 2e-3)))
+        clock[m] += int(rng.choice([0, int(rng.integers(1, 800))]))
+        volume = 0.0 if rng.random() < 0.1 else round(float(rng.lognormal(6.0, 0.8)), 2)
+        out.append({"price": round(float(price[m]), 6), "volume": volume, "timestamp": int(clock[m]), "market_id": f"M{m}"})
+    return out
+
+
 @pytest.fixture(scope="module")
 def stream() -> list[dict[str, Any]]:
-    from cerebellar_norse.synthetic import generate_ticks
-
-    return generate_ticks(N_TICKS, N_MARKETS, STREAM_SEED)
+    return golden_stream()
 
 
 @pytest.mark.parametrize("backend", ["fused", "reference"])
@@ -170,7 +183,7 @@ def test_backend_matches_the_golden_reimplementation(backend: str, tiny_config: 
     totals = np.zeros(3)
     for j, t in enumerate(stream):
         market = golden.setdefault(str(t["market_id"]), GoldenMarket(tiny_config, net.weights))
-        probs, spikes = market.tick(float(t["price"]), float(t["volume"]), float(t["timestamp"]))  # type: ignore[arg-type]
+        probs, spikes = market.tick(float(t["price"]), float(t["volume"]), float(t["timestamp"]))
         r = net.process(t)
         got = np.array([r["probabilities"][c] for c in ("down", "flat", "up")])
         np.testing.assert_array_equal(net.last_spikes[0], spikes, err_msg=f"tick {j}: spikes differ")
@@ -187,7 +200,7 @@ def test_golden_encoder_matches_the_package_encoder(tiny_config: Config, stream:
     golden: dict[str, GoldenEncoder] = {}
     for t in stream:
         enc = golden.setdefault(str(t["market_id"]), GoldenEncoder(tiny_config.neural))
-        enc.features(float(t["price"]), float(t["volume"]), float(t["timestamp"]))  # type: ignore[arg-type]
+        enc.features(float(t["price"]), float(t["volume"]), float(t["timestamp"]))
         net.process(t)
         s = net.snapshot(str(t["market_id"]))["enc"]
         expect = [enc.last_price, enc.last_ts, enc.n_ticks, *enc.mean, *enc.var, *enc.count]
@@ -195,15 +208,18 @@ def test_golden_encoder_matches_the_package_encoder(tiny_config: Config, stream:
 
 
 # Regression guard, produced once with this file's own GoldenMarket (and checked equal to
-# both backends) on the tiny config, seed 42, stream generate_ticks(50, 3, 2024):
-#   probabilities (down, flat, up) of ticks 11, 21 and 47 (the first ticks are uniform:
-#   no DCN spike yet) and the spikes per population (granule, Purkinje, DCN) over the 50 ticks.
+# both backends) on the tiny config (conftest.TINY_NEURAL, every value pinned, seed 42) and
+# the stream golden_stream() (50 ticks, 3 markets, seed 2024): probabilities (down, flat, up)
+# of ticks 10, 26 and 49 (one per market) and the spikes per population (granule, Purkinje,
+# DCN) over the 50 ticks. They change only when the topology generation or the dynamics do;
+# after such a deliberate change, `.venv/bin/python tests/neurons/test_golden.py` prints the
+# new values to paste here.
 FROZEN_PROBS = {
-    11: (0.3128109271588724, 0.37251126152700614, 0.3146778113141216),
-    21: (0.28416410294655203, 0.42768634655294124, 0.28814955050050667),
-    47: (0.2641620775885393, 0.46650804650104283, 0.26932987591041785),
+    10: (0.301181327473765, 0.27596881658663275, 0.4228498559396021),
+    26: (0.3192368334115734, 0.27575429273655927, 0.4050088738518673),
+    49: (0.31829771880356544, 0.2738630150931534, 0.40783926610328125),
 }
-FROZEN_SPIKE_TOTALS = (193, 31, 9)
+FROZEN_SPIKE_TOTALS = (394, 147, 45)
 
 
 @pytest.mark.parametrize("backend", ["fused", "reference"])
@@ -219,3 +235,33 @@ def test_frozen_golden_numbers(backend: str, tiny_config: Config, stream: list[d
         assert r["spike_count"] == int(s.sum())
         totals += s
     assert tuple(int(x) for x in totals) == FROZEN_SPIKE_TOTALS
+
+
+def frozen_values(cfg: Config) -> tuple[dict[int, tuple[float, ...]], tuple[int, ...]]:
+    """The values frozen above, recomputed with GoldenMarket from the package's weights."""
+    from cerebellar_norse.neurons.topology import generate_weights
+
+    w = generate_weights(cfg)
+    markets: dict[str, GoldenMarket] = {}
+    probs: dict[int, tuple[float, ...]] = {}
+    totals = np.zeros(3)
+    for j, t in enumerate(golden_stream()):
+        p, s = markets.setdefault(str(t["market_id"]), GoldenMarket(cfg, w)).tick(float(t["price"]), float(t["volume"]),
+                                                                                 float(t["timestamp"]))
+        totals += s
+        if j in FROZEN_PROBS:
+            probs[j] = tuple(float(x) for x in p)
+    return probs, tuple(int(x) for x in totals)
+
+
+if __name__ == "__main__":
+    from conftest import TINY_NEURAL, config_environ
+
+    from cerebellar_norse.config import load_config
+
+    values, spike_totals = frozen_values(load_config(None, environ=config_environ({"neural": TINY_NEURAL})))
+    print("FROZEN_PROBS = {")
+    for k, v in values.items():
+        print(f"    {k}: {v!r},")
+    print("}")
+    print(f"FROZEN_SPIKE_TOTALS = {spike_totals!r}")

@@ -1,0 +1,94 @@
+"""WS /neural/stream of a real server: ticks in, results out; bad messages answered, the socket stays open."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from live_helpers import LiveServer, market, signal_of, tick
+from websockets.sync.client import ClientConnection, connect
+
+RESULT_KEYS = {"market_id", "prediction", "probabilities", "confidence", "spike_count", "processing_time_ns",
+               "model_version", "request_id"}
+
+
+def exchange(ws: ClientConnection, message: str | bytes) -> dict[str, Any]:
+    ws.send(message)
+    reply = ws.recv(timeout=10)
+    assert isinstance(reply, str)  # answers are text frames
+    out: dict[str, Any] = json.loads(reply)
+    return out
+
+
+def assert_ws_error(reply: dict[str, Any], kind: str, field: str | None) -> None:
+    assert set(reply) == {"error"}
+    assert set(reply["error"]) == {"type", "message", "field", "request_id"}
+    assert reply["error"]["type"] == kind
+    assert reply["error"]["field"] == field
+    assert reply["error"]["request_id"]
+    assert "Traceback" not in json.dumps(reply)
+
+
+def test_stream_answers_each_tick_like_http(live: LiveServer, client: httpx.Client) -> None:
+    m, ref = market("WS"), market("WSREF")
+    with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:
+        replies = [exchange(ws, json.dumps(tick(m, k))) for k in range(8)]
+    for k, r in enumerate(replies):
+        assert set(r) == RESULT_KEYS
+        assert r["market_id"] == m
+        http = client.post("/neural/process", json=tick(ref, k)).json()
+        assert signal_of(r) == signal_of(http)
+    assert len({r["request_id"] for r in replies}) == len(replies)  # one id per message
+
+
+BAD_MESSAGES: list[tuple[str, str | bytes, str, str | None]] = [
+    ("not json", "hello", "malformed_json", None),
+    ("truncated", '{"price": 1.0,', "malformed_json", None),
+    ("missing field", '{"price": 100.0, "volume": 1.0, "market_id": "X"}', "validation", "timestamp"),
+    ("wrong type", '{"price": "100", "volume": 1.0, "timestamp": 1640995200000, "market_id": "X"}', "validation", "price"),
+    ("non-finite", '{"price": 1e400, "volume": 1.0, "timestamp": 1640995200000, "market_id": "X"}', "validation", "price"),
+    ("extra field", '{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "X", "y": 1}', "validation", "y"),
+    ("bad market", '{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "X\\u0001"}', "validation", "market_id"),
+    ("binary garbage", b"\x00\xff", "malformed_json", None),
+]
+
+
+@pytest.mark.parametrize(("message", "kind", "field"), [c[1:] for c in BAD_MESSAGES], ids=[c[0] for c in BAD_MESSAGES])
+def test_stream_bad_message_keeps_socket_open(live: LiveServer, message: str | bytes, kind: str, field: str | None) -> None:
+    m = market("WSBAD")
+    with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:
+        assert set(exchange(ws, json.dumps(tick(m, 0)))) == RESULT_KEYS
+        assert_ws_error(exchange(ws, message), kind, field)
+        good = exchange(ws, json.dumps(tick(m, 1)))
+        assert set(good) == RESULT_KEYS and good["market_id"] == m
+
+
+def test_stream_out_of_order_and_binary_frames(live: LiveServer, client: httpx.Client) -> None:
+    m, ref = market("WSO"), market("WSOREF")
+    with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:
+        for k in (0, 1, 2):
+            exchange(ws, json.dumps(tick(m, k)))
+            client.post("/neural/process", json=tick(ref, k))
+        assert_ws_error(exchange(ws, json.dumps(tick(m, 0))), "out_of_order", "timestamp")
+        r = exchange(ws, json.dumps(tick(m, 3)).encode())  # a binary frame with UTF-8 JSON is a tick too
+    assert signal_of(r) == signal_of(client.post("/neural/process", json=tick(ref, 3)).json())
+
+
+def test_stream_connection_gauge(live: LiveServer, client: httpx.Client) -> None:
+    def gauge() -> float:
+        for line in client.get("/metrics").text.splitlines():
+            if line.startswith("cerebellar_norse_stream_connections "):
+                return float(line.split()[1])
+        raise AssertionError("no cerebellar_norse_stream_connections")
+
+    with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:
+        exchange(ws, json.dumps(tick(market("WSG"), 0)))
+        assert gauge() == 1
+    for _ in range(100):  # the server sees the close shortly after
+        if gauge() == 0:
+            break
+        time.sleep(0.02)
+    assert gauge() == 0

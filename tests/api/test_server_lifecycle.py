@@ -1,0 +1,68 @@
+"""Starting and stopping the real server: exposure check, graceful shutdown, state carried over a restart."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from live_helpers import REPO_ROOT, LiveServer, free_port, server_environ, signal_of, tick
+
+from cerebellar_norse import CerebellarNetwork
+from cerebellar_norse.engine.persistence import STATE_FILE
+
+
+def test_public_host_without_token_is_refused_before_binding(tmp_path: Path) -> None:
+    cases = {  # name: (extra args, extra env); started together, they take one startup's time
+        "env 0.0.0.0": ([], {"CEREBELLAR_NORSE_SERVER__HOST": "0.0.0.0"}),
+        "env ::": ([], {"CEREBELLAR_NORSE_SERVER__HOST": "::"}),
+        "flag 192.0.2.10": (["--host", "192.0.2.10"], {}),
+    }
+    procs = {}
+    for name, (args, extra) in cases.items():
+        env = server_environ(tmp_path / "state", extra)
+        procs[name] = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(free_port()), *args],
+                                       cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, (name, out, err)
+        assert "server.api_token" in err, (name, err)
+        assert "Traceback" not in out + err
+        # refused before uvicorn started: nothing was bound, no state was written
+        assert "Uvicorn running" not in out + err and "Started server process" not in out + err, name
+    assert not (tmp_path / "state" / STATE_FILE).exists()
+
+
+def test_graceful_shutdown_saves_and_restart_continues(tmp_path: Path, start_server: Callable[..., LiveServer]) -> None:
+    state_dir = tmp_path / "state"
+    ticks = [tick("RESUME", k) for k in range(10)]
+
+    def never_restarted() -> list[dict[str, Any]]:  # the same ticks through the Python API, same built-in config
+        net = CerebellarNetwork()
+        return [net.process(t) for t in ticks]
+
+    pool = ThreadPoolExecutor(1)  # computed while the servers start
+    expected = pool.submit(never_restarted)
+    pool.shutdown(wait=False)
+
+    first = start_server(state_dir)
+    with httpx.Client(base_url=first.url, timeout=10) as c:
+        before = [c.post("/neural/process", json=t).json() for t in ticks[:5]]
+    assert first.stop() == 0, first.log()[-4000:]
+    assert (state_dir / STATE_FILE).is_file()
+    assert '"service stopped"' in first.log()
+
+    second = start_server(state_dir)
+    with httpx.Client(base_url=second.url, timeout=10) as c:
+        health = c.get("/health").json()
+        assert health["pool"]["markets"] == 1  # the saved market is back
+        # the restored market refuses ticks older than its last one
+        assert c.post("/neural/process", json=ticks[3]).status_code == 409
+        after = [c.post("/neural/process", json=t).json() for t in ticks[5:]]
+    assert second.stop() == 0, second.log()[-4000:]
+
+    assert [signal_of(r) for r in before + after] == [signal_of(r) for r in expected.result(timeout=120)]

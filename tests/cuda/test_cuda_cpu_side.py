@@ -1,0 +1,489 @@
+"""The CUDA backend's host side, on any machine: device choice, memory budget, staging, scheduling.
+
+The backend itself also runs here with ``device="cpu"`` (same code, no streams,
+pinned memory or graphs) against the fused kernel, which checks the gather/scatter,
+waves, staging order and host/device state ownership without a GPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from cerebellar_norse.config import Config, PerformanceConfig
+from cerebellar_norse.cuda import device as cuda_device
+from cerebellar_norse.cuda.backend import CudaBackend, CudaEngine, device_tick, weight_shapes
+from cerebellar_norse.cuda.device import cuda_memory, resolve_device
+from cerebellar_norse.cuda.memory import ALIGN, DeviceMemory, MemoryBudget, align_up
+from cerebellar_norse.cuda.staging import GraphPolicy, RoundRobin, staging_layout, wave_layout, workspace_bytes
+from cerebellar_norse.engine.engine import Engine
+from cerebellar_norse.errors import CapacityError, DeviceUnavailableError, EngineFatalError
+from cerebellar_norse.neurons.functional import cerebellum_tick
+from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters
+from cerebellar_norse.neurons.reference import CerebellarReference
+from cerebellar_norse.neurons.state import FLOAT_FIELDS, StateArrays
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.synthetic import generate_ticks
+from cerebellar_norse.ticks import validate_ticks
+
+CfgFactory = Callable[..., Config]
+RunPair = Callable[..., Any]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cfg(device: str) -> Config:
+    return Config.model_validate({"performance": {"device": device}})
+
+
+def _no_cuda_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom() -> bool:
+        raise AssertionError("torch.cuda was asked although performance.device is cpu")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+
+
+# -- resolve_device ------------------------------------------------------------------------
+
+
+def test_cpu_never_asks_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_cuda_calls(monkeypatch)
+    assert resolve_device(_cfg("cpu")) == "cpu"
+    assert resolve_device(PerformanceConfig(device="cpu")) == "cpu"
+
+
+@pytest.mark.parametrize(("available", "expected"), [(True, "cuda"), (False, "cpu")])
+def test_auto_follows_cuda(monkeypatch: pytest.MonkeyPatch, available: bool, expected: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    assert resolve_device(_cfg("auto")) == expected
+
+
+def test_cuda_with_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device(_cfg("cuda")) == "cuda"
+
+
+def test_cuda_without_cuda_is_an_error_naming_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceUnavailableError) as info:
+        resolve_device(_cfg("cuda"))
+    msg = str(info.value)
+    assert "performance.device" in msg
+    assert '"cuda"' in msg and '"cpu"' in msg  # what is configured, and the fix
+    assert isinstance(info.value, EngineFatalError)
+
+
+def test_broken_driver_reads_as_no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> bool:
+        raise RuntimeError("driver mismatch")
+
+    monkeypatch.setattr(torch.cuda, "is_available", broken)
+    assert resolve_device(_cfg("auto")) == "cpu"
+    with pytest.raises(DeviceUnavailableError):
+        resolve_device(_cfg("cuda"))
+
+
+def test_reason_names_hidden_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(DeviceUnavailableError, match="CUDA_VISIBLE_DEVICES"):
+        resolve_device(_cfg("cuda"))
+
+
+# -- cuda_memory ---------------------------------------------------------------------------
+
+
+def test_cuda_memory_is_zero_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda_memory() == (0, 0)
+
+
+def test_cuda_memory_is_zero_until_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: pytest.fail("must not create a CUDA context"))
+    assert cuda_memory() == (0, 0)
+
+
+def test_cuda_memory_reports_driver_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (30 * 2**30, 80 * 2**30))
+    assert cuda_memory() == (50 * 2**30, 80 * 2**30)
+
+
+def test_cuda_available_helper(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cuda_device.cuda_available()
+
+
+# -- MemoryBudget ----------------------------------------------------------------------------
+
+
+def test_budget_reserve_allocate_release() -> None:
+    b = MemoryBudget(10_000_000)
+    b.reserve_pool(4_000_000)
+    assert b.used == align_up(4_000_000) and b.pool_used == 0
+    state = b.allocate("state", 1_000_001, from_pool=True)
+    assert state.offset == 0 and state.nbytes == align_up(1_000_001)
+    assert b.used == align_up(4_000_000)  # pool allocations cost the limit nothing more
+    w = b.allocate("weights", 3_000_000)
+    assert w.offset is None and b.used == align_up(4_000_000) + 3_000_000
+    host = b.allocate("staging.host.0", 1000, kind="host")
+    rep = b.report()
+    assert rep["host_pinned_bytes"] == 1000
+    assert rep["device_bytes"] == align_up(4_000_000) + 3_000_000
+    assert rep["pool_used_bytes"] == align_up(1_000_001)
+    assert b.release("weights") == 3_000_000
+    assert b.release(host.name) == 1000
+    assert b.used == align_up(4_000_000)
+    with pytest.raises(KeyError):
+        b.release("weights")
+
+
+def test_budget_refuses_over_limit_with_the_numbers() -> None:
+    b = MemoryBudget(5_000_000)
+    b.allocate("weights", 3_000_000)
+    with pytest.raises(CapacityError) as info:
+        b.allocate("staging.device.0", 2_500_000)
+    msg = str(info.value)
+    assert "performance.memory_limit" in msg
+    assert "5000000 bytes" in msg and "2500000 bytes" in msg  # the limit and the request
+    assert "5.50MB" in msg and "3.00MB" in msg  # the total it would reach and what is in use
+    assert b.used == 3_000_000  # a refused allocation changes nothing
+    b.allocate("staging.device.0", 2_000_000)  # exactly at the limit is fine
+    assert b.available == 0
+
+
+def test_budget_pool_refusals() -> None:
+    b = MemoryBudget(1_000_000)
+    with pytest.raises(CapacityError, match="memory_pool_size") as info:
+        b.reserve_pool(2_000_000)
+    assert "1000000 bytes" in str(info.value)
+    b.reserve_pool(100_000)
+    with pytest.raises(CapacityError, match="memory_pool_size"):
+        b.allocate("state", 200_000, from_pool=True)
+    with pytest.raises(ValueError, match="already reserved"):
+        b.reserve_pool(10)
+
+
+def test_budget_pool_first_fit_reuses_holes() -> None:
+    b = MemoryBudget(10**9)
+    b.reserve_pool(10 * ALIGN)
+    a = b.allocate("a", 3 * ALIGN, from_pool=True)
+    c = b.allocate("c", 3 * ALIGN, from_pool=True)
+    assert (a.offset, c.offset) == (0, 3 * ALIGN)
+    b.release("a")
+    small = b.allocate("small", ALIGN + 1, from_pool=True)  # two aligned units, fits the hole at 0
+    assert small.offset == 0
+    big = b.allocate("big", 4 * ALIGN, from_pool=True)  # after c
+    assert big.offset == 6 * ALIGN
+    with pytest.raises(CapacityError):
+        b.allocate("more", 2 * ALIGN, from_pool=True)
+    with pytest.raises(ValueError, match="still holds"):
+        b.release_pool()
+    for name in ("small", "c", "big"):
+        b.release(name)
+    b.release_pool()
+    assert b.used == 0
+
+
+def test_budget_rejects_misuse() -> None:
+    b = MemoryBudget(1000)
+    b.allocate("x", 10)
+    with pytest.raises(ValueError, match="exists"):
+        b.allocate("x", 10)
+    with pytest.raises(ValueError, match="no pool"):
+        b.allocate("y", 10, from_pool=True)
+    with pytest.raises(ValueError):
+        b.allocate("z", -1)
+    with pytest.raises(ValueError):
+        MemoryBudget(0)
+
+
+def test_device_memory_on_cpu_places_pool_tensors_in_the_arena() -> None:
+    mem = DeviceMemory(torch.device("cpu"), limit=10_000_000, pool_size=1_000_000, pool_enabled=True, pin=False)
+    assert mem.arena is not None and mem.used == align_up(1_000_000)
+    s = mem.empty("state", (100, 7), torch.float32, from_pool=True)
+    w = mem.empty("weights", (10, 10), torch.float64)
+    assert s.untyped_storage().data_ptr() == mem.arena.untyped_storage().data_ptr()
+    assert (s.data_ptr() - mem.arena.data_ptr()) % ALIGN == 0  # aligned within the arena
+    assert w.untyped_storage().data_ptr() != mem.arena.untyped_storage().data_ptr()
+    assert mem.used == align_up(1_000_000) + 800
+    with pytest.raises(CapacityError, match="memory_limit"):
+        mem.empty("huge", (10_000_000,), torch.float32)
+    assert "huge" not in mem.budget.items()
+    mem.close()
+    assert mem.used == 0 and mem.arena is None
+
+
+def test_device_memory_without_pool() -> None:
+    mem = DeviceMemory(torch.device("cpu"), limit=1_000_000, pool_size=10**9, pool_enabled=False, pin=False)
+    t = mem.empty("state", (1000,), torch.float64, from_pool=True)  # no pool: a plain, charged allocation
+    assert mem.arena is None and mem.used == 8000 and t.shape == (1000,)
+
+
+# -- staging, rotation, waves, graphs --------------------------------------------------------
+
+
+def test_round_robin() -> None:
+    rr = RoundRobin(3)
+    assert rr.peek() == 0
+    assert [rr.next() for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert rr.peek() == 1
+    assert [RoundRobin(1).next() for _ in range(3)] == [0, 0, 0]
+    with pytest.raises(ValueError):
+        RoundRobin(0)
+
+
+def test_staging_layout_sizes() -> None:
+    shape = network_parameters(Config()).shape  # mossy 48, classes 3
+    lay = staging_layout(256, shape, 4)
+    assert lay.in_bytes == 256 * (8 + 48 * 4)
+    assert lay.out_bytes == 256 * (3 * 8 + 3 * 8)
+    assert lay.host_bytes == lay.device_bytes == lay.in_bytes + lay.out_bytes
+    assert sum(int(np.prod(shp)) * dt.itemsize for _, shp, dt in lay.buffers()) == lay.host_bytes
+    assert staging_layout(256, shape, 8).in_bytes == 256 * (8 + 48 * 8)
+    assert [n for n, _, _ in lay.buffers()] == ["slots", "mossy", "probs", "spikes"]
+    with pytest.raises(ValueError):
+        staging_layout(0, shape, 4)
+    with pytest.raises(ValueError):
+        staging_layout(8, shape, 2)
+
+
+def test_workspace_estimate() -> None:
+    shape = network_parameters(Config()).shape
+    one, many = workspace_bytes(shape, 1, 4), workspace_bytes(shape, 1024, 4)
+    assert one % (1 << 20) == 0 and many % (1 << 20) == 0
+    assert many > one > 0
+    assert workspace_bytes(shape, 1024, 8) >= many
+    # at least the gathered and new state of every row
+    assert many >= 1024 * 2 * 2 * (shape.granule + shape.purkinje + shape.dcn) * 4
+
+
+def test_wave_layout_distinct_batch_keeps_order() -> None:
+    assert wave_layout(np.array([], dtype=np.int64)) == (None, [])
+    assert wave_layout(np.array([5], dtype=np.int64)) == (None, [(0, 1)])
+    assert wave_layout(np.array([3, 1, 2], dtype=np.int64)) == (None, [(0, 3)])
+
+
+def test_wave_layout_repeats() -> None:
+    slots = np.array([4, 7, 4, 4, 9, 7], dtype=np.int64)
+    perm, bounds = wave_layout(slots)
+    assert perm is not None
+    assert bounds == [(0, 3), (3, 5), (5, 6)]
+    staged = slots[perm]
+    for a, e in bounds:
+        assert len(set(staged[a:e].tolist())) == e - a  # a wave never repeats a slot
+    assert sorted(perm.tolist()) == list(range(6))
+    for s in (4, 7):  # each market's ticks stay in arrival order
+        positions = [int(p) for p in perm if slots[p] == s]
+        assert positions == sorted(positions)
+
+
+def test_graph_policy() -> None:
+    off = GraphPolicy(False)
+    assert [off.decide(("s", 1)) for _ in range(5)] == ["eager"] * 5
+    pol = GraphPolicy(True, warmup=2, max_graphs=2)
+    assert [pol.decide((0, 8)) for _ in range(3)] == ["eager", "eager", "capture"]
+    pol.record_captured((0, 8))
+    assert pol.decide((0, 8)) == "replay"
+    assert pol.decide((0, 8), eligible=False) == "eager"  # multi-wave batches never use graphs
+    assert pol.decide((1, 8)) == "eager"  # per stream
+    assert [pol.decide((0, 4)) for _ in range(3)] == ["eager", "eager", "capture"]
+    pol.record_refused((0, 4))
+    assert pol.decide((0, 4)) == "eager"
+    pol.record_captured((1, 2))
+    assert [pol.decide((0, 16)) for _ in range(4)] == ["eager"] * 4  # max_graphs reached
+    pol.forget()
+    assert pol.decide((0, 8)) == "eager"
+    with pytest.raises(ValueError):
+        GraphPolicy(True, warmup=0)
+
+
+# -- imports and construction without CUDA --------------------------------------------------
+
+
+def test_package_imports_without_touching_cuda() -> None:
+    code = ("import torch, cerebellar_norse.cuda as c, cerebellar_norse.cuda.backend as b; "
+            "assert not torch.cuda.is_initialized(); assert c.CudaBackend is b.CudaBackend; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the host without CUDA")
+def test_backend_on_cuda_without_cuda_is_an_error() -> None:
+    cfg = Config()
+    p = network_parameters(cfg)
+    with pytest.raises(DeviceUnavailableError, match=r"performance\.device"):
+        CudaBackend(generate_weights(cfg), p, StateArrays.allocate(2, p, "float32"), encoder_parameters(cfg.neural), 4)
+
+
+# -- the backend's code path on the CPU -----------------------------------------------------
+
+
+def _leaves(x: Any) -> list[torch.Tensor]:
+    """Tensors of a (nested) state tuple, in field order."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    assert isinstance(x, tuple)
+    return [leaf for item in x for leaf in _leaves(item)]
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_device_tick_is_cerebellum_tick(cuda_cfg: CfgFactory, precision: str) -> None:
+    cfg = cuda_cfg(precision)
+    p = network_parameters(cfg)
+    ref = CerebellarReference(generate_weights(cfg), p)
+    with torch.no_grad():
+        w = ref.dense_weights()
+        assert [tuple(t.shape) for t in w] == weight_shapes(p.shape)
+        gen = torch.Generator().manual_seed(1)
+        mossy = torch.rand(5, p.shape.mossy, generator=gen, dtype=p.dtype) * 2.0
+        state = ref.initial_state(5)
+        for _ in range(20):
+            a, sa = cerebellum_tick(mossy, state, w, p)
+            b, sb = device_tick(mossy, state, w, p)
+            assert torch.equal(a.logits, b.logits) and torch.equal(a.spikes, b.spikes)
+            for x, y in zip(_leaves(sa), _leaves(sb), strict=True):
+                assert torch.equal(x, y)
+            state = sa
+
+
+@pytest.mark.parametrize(("precision", "streams", "asynchronous"), [("float64", 1, False), ("float32", 3, True)])
+def test_cpu_path_matches_fused(backend_pair: RunPair, cuda_cfg: CfgFactory, precision: str, streams: int,
+                                asynchronous: bool) -> None:
+    cfg = cuda_cfg(precision)
+    rep, backend = backend_pair(cfg, device="cpu", streams=streams, n_ticks=240, asynchronous=asynchronous)
+    rep.check()
+    assert rep.multi_wave_batches > 0  # repeated markets were exercised
+    assert backend.streams == streams
+    assert backend.memory_used_bytes > 0
+    backend.close()
+
+
+def test_staging_buffers_follow_the_layout(cuda_cfg: CfgFactory) -> None:
+    cfg = cuda_cfg("float32")
+    p = network_parameters(cfg)
+    be = CudaBackend(generate_weights(cfg), p, StateArrays.allocate(4, p, "float32"), encoder_parameters(cfg.neural), 16,
+                     streams=2, device="cpu")
+    items = be.mem.budget.items()
+    lay = staging_layout(16, p.shape, 4)
+    for lane in range(2):
+        assert sum(a.nbytes for n, a in items.items() if n.startswith(f"staging.host.{lane}.")) == lay.host_bytes
+        assert sum(a.nbytes for n, a in items.items() if n.startswith(f"staging.device.{lane}.")) == lay.device_bytes
+        assert items[f"workspace.{lane}"].nbytes == workspace_bytes(p.shape, 16, 4)
+    assert items["state"].offset == 0  # in the pool
+    be.close()
+
+
+def test_memory_limit_and_pool_are_enforced(cuda_cfg: CfgFactory) -> None:
+    cfg = cuda_cfg("float32")
+    p, w, enc = network_parameters(cfg), generate_weights(cfg), encoder_parameters(cfg.neural)
+    with pytest.raises(CapacityError, match=r"performance\.memory_limit"):
+        CudaBackend(w, p, StateArrays.allocate(4, p, "float32"), enc, 16, device="cpu", memory_limit=2_000_000, pool_size=1_000_000)
+    with pytest.raises(CapacityError, match="memory_pool_size"):
+        CudaBackend(w, p, StateArrays.allocate(1000, p, "float32"), enc, 16, device="cpu", pool_size=100_000)
+    ok = CudaBackend(w, p, StateArrays.allocate(1000, p, "float32"), enc, 16, device="cpu", pool_enabled=False)
+    assert ok.memory_report()["pool_bytes"] == 0
+    ok.close()
+
+
+def test_batch_checks_and_empty_batch(cuda_cfg: CfgFactory) -> None:
+    cfg = cuda_cfg("float64")
+    p = network_parameters(cfg)
+    be = CudaBackend(generate_weights(cfg), p, StateArrays.allocate(4, p, "float64"), encoder_parameters(cfg.neural), 4, device="cpu")
+    probs, spikes = be.step(np.zeros(0, dtype=np.int64), np.zeros((3, 0)))
+    assert probs.shape == (0, 3) and spikes.shape == (0, 3)
+    with pytest.raises(ValueError, match="exceeds"):
+        be.step(np.zeros(5, dtype=np.int64), np.zeros((3, 5)))
+    with pytest.raises(ValueError, match="shape"):
+        be.step(np.zeros(2, dtype=np.int64), np.zeros((3, 3)))
+    be.close()
+    with pytest.raises(EngineFatalError, match="closed"):
+        be.step(np.zeros(1, dtype=np.int64), np.zeros((3, 1)))
+
+
+def test_set_weights_matches_fused_after_a_swap(cuda_cfg: CfgFactory) -> None:
+    cfg = cuda_cfg("float64")
+    p, enc = network_parameters(cfg), encoder_parameters(cfg.neural)
+    w0 = generate_weights(cfg)
+    w1 = w0.copy()
+    w1.pf_w *= 1.5
+    w1.w_out = w1.w_out[::-1].copy()
+    from cerebellar_norse.neurons.backends import FusedBackend
+
+    fa, ca = StateArrays.allocate(3, p, "float64"), StateArrays.allocate(3, p, "float64")
+    for s in range(3):
+        fa.reset_slot(s, p, float(w0.golgi_init))
+        ca.reset_slot(s, p, float(w0.golgi_init))
+    fused, cuda = FusedBackend(w0, p, fa, enc, 8), CudaBackend(w0, p, ca, enc, 8, device="cpu")
+    ticks = validate_ticks(generate_ticks(60, 3, 5))
+    slot_of = {m: k for k, m in enumerate(sorted({t.market_id for t in ticks}))}
+    for k, t in enumerate(ticks):
+        if k == 30:
+            fused.set_weights(w1)
+            cuda.set_weights(w1)
+        slots = np.array([slot_of[t.market_id]], dtype=np.int64)
+        arr = np.array([[t.price], [t.volume], [t.timestamp]], dtype=np.float64)
+        a, b = fused.step(slots, arr)[0].copy(), cuda.step(slots, arr)[0]
+        assert np.abs(a - b).max() <= 1e-12
+    bad = generate_weights(cuda_cfg("float64", neural={"dcn_size": 9}))
+    with pytest.raises(ValueError, match="do not match"):
+        cuda.set_weights(bad)
+
+
+def test_sync_to_host_leaves_host_owned_slots_alone(cuda_cfg: CfgFactory) -> None:
+    cfg = cuda_cfg("float64")
+    p, w, enc = network_parameters(cfg), generate_weights(cfg), encoder_parameters(cfg.neural)
+    st = StateArrays.allocate(8, p, "float64")
+    for s in range(8):
+        st.reset_slot(s, p, float(w.golgi_init))
+    be = CudaBackend(w, p, st, enc, 4, device="cpu")
+    for t in validate_ticks(generate_ticks(20, 2, 1)):
+        be.step(np.array([int(t.market_id[1:])], dtype=np.int64), np.array([[t.price], [t.volume], [t.timestamp]], dtype=np.float64))
+    assert (st.v_gr[1] == float(p.granule.v_leak)).all()  # the host is not updated by a step
+    assert be.sync_to_host([1]) == 1  # one slot: gathered on the device
+    one = st.read_slot(1)
+    assert not (one["v_gr"] == float(p.granule.v_leak)).all()
+    assert be.sync_to_host() == 2  # the two ticked slots (whole-buffer copy); the others never ticked
+    for name, value in st.read_slot(1).items():
+        assert np.array_equal(value, one[name])
+    st.reset_slot(0, p, float(w.golgi_init))  # the host resets slot 0 (a new market)
+    st.v_gr[2] = 0.25  # and writes slot 2, which has seen no tick
+    assert be.sync_to_host() == 1  # only slot 1 is device-owned now
+    assert (st.v_gr[0] == float(p.granule.v_leak)).all() and (st.v_gr[2] == 0.25).all()
+    assert be.sync_to_host([0, 2]) == 0
+    be.close()
+
+
+def test_cuda_engine_on_cpu_saves_what_the_fused_engine_saves(cuda_cfg: CfgFactory, tmp_path: Path) -> None:
+    cfg = cuda_cfg("float64", performance={"batch_size": 16, "max_markets": 8})
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"state_dir": tmp_path})})
+    ticks = validate_ticks(generate_ticks(120, 5, 9))
+    ref, eng = Engine(cfg), CudaEngine(cfg, device="cpu")
+    for i in range(0, len(ticks), 16):
+        a, b = ref.process_now(ticks[i:i + 16]), eng.process_now(ticks[i:i + 16])
+        assert [r["spike_count"] for r in a] == [r["spike_count"] for r in b]
+        assert max(abs(x["prediction"] - y["prediction"]) for x, y in zip(a, b, strict=True)) <= 1e-12
+    assert eng.save_state(tmp_path / "cuda.npz") == 5
+    # The host arrays now hold the device state: equal to the fused engine's.
+    for name in FLOAT_FIELDS:
+        assert np.abs(getattr(ref.arrays, name) - getattr(eng.arrays, name)).max() <= 1e-12
+    restored = CudaEngine(cfg, device="cpu")
+    assert restored.restore_state(tmp_path / "cuda.npz") == 5
+    more = validate_ticks(generate_ticks(140, 5, 9))[120:]
+    for i in range(0, len(more), 16):
+        a, b = ref.process_now(more[i:i + 16]), restored.process_now(more[i:i + 16])
+        assert max(abs(x["prediction"] - y["prediction"]) for x, y in zip(a, b, strict=True)) <= 1e-12
+    assert eng.health()["cuda"]["backend"] == "cuda"
+    eng.close()
+    restored.close()

@@ -1,0 +1,94 @@
+"""The CUDA backend on a GPU against the fused CPU backend (skipped without CUDA).
+
+Same probabilities, spikes and states (max |diff| <= 1e-4) over 500 ticks of six
+interleaved markets, batches that repeat markets, host resets and restores, with 1
+and 4 streams, with and without CUDA graphs, in float64 and float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from cerebellar_norse.config import Config
+from cerebellar_norse.cuda.backend import CudaBackend, make_cuda_engine
+from cerebellar_norse.cuda.device import cuda_memory, resolve_device
+from cerebellar_norse.errors import CapacityError
+from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters
+from cerebellar_norse.neurons.state import StateArrays
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.synthetic import generate_ticks
+from cerebellar_norse.ticks import validate_ticks
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+CfgFactory = Callable[..., Config]
+RunPair = Callable[..., Any]
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize("streams", [1, 4])
+@pytest.mark.parametrize("use_graphs", [False, True])
+def test_matches_fused(backend_pair: RunPair, cuda_cfg: CfgFactory, precision: str, streams: int, use_graphs: bool) -> None:
+    cfg = cuda_cfg(precision, small=False)  # the default network
+    rep, backend = backend_pair(cfg, device="cuda", streams=streams, use_graphs=use_graphs, n_ticks=500, markets=6)
+    rep.check()
+    assert rep.multi_wave_batches > 0
+    if use_graphs:
+        assert backend.graph_policy.captured, "no CUDA graph was captured"
+        assert any(k.startswith("graphs.") for k in backend.mem.budget.items())
+    else:
+        assert not backend.graph_policy.captured
+    used, total = cuda_memory()
+    assert 0 < used <= total
+    assert backend.memory_used_bytes > 0
+    assert backend.memory_report()["pool_used_bytes"] > 0
+    backend.close()
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_async_submissions_deeper_than_the_streams(backend_pair: RunPair, cuda_cfg: CfgFactory, streams: int) -> None:
+    rep, backend = backend_pair(cuda_cfg("float32", small=False), device="cuda", streams=streams, use_graphs=True,
+                                n_ticks=400, asynchronous=True)
+    rep.check()
+    backend.close()
+
+
+def test_resolve_device_picks_cuda() -> None:
+    assert resolve_device(Config.model_validate({"performance": {"device": "auto"}})) == "cuda"
+    assert resolve_device(Config.model_validate({"performance": {"device": "cuda"}})) == "cuda"
+
+
+def test_pool_is_reserved_on_the_device(cuda_cfg: CfgFactory) -> None:
+    cfg = cuda_cfg("float32", small=False, performance={"memory_pool_size": "256MB"})
+    p = network_parameters(cfg)
+    before = torch.cuda.memory_allocated()
+    be = CudaBackend.from_config(cfg, generate_weights(cfg), p, StateArrays.allocate(64, p, "float32"),
+                                 encoder_parameters(cfg.neural))
+    assert torch.cuda.memory_allocated() - before >= 256_000_000
+    assert be.memory_report()["pool_bytes"] >= 256_000_000
+    be.close()
+    with pytest.raises(CapacityError, match="memory_limit"):
+        CudaBackend.from_config(cuda_cfg("float32", small=False, performance={"memory_pool_size": "256MB", "memory_limit": "200MB"}),
+                                generate_weights(cfg), p, StateArrays.allocate(64, p, "float32"), encoder_parameters(cfg.neural))
+
+
+def test_engine_on_cuda(cuda_cfg: CfgFactory, tmp_path: Any) -> None:
+    cfg = cuda_cfg("float32", small=False, performance={"batch_size": 32, "max_markets": 16})
+    eng = make_cuda_engine(cfg)
+    eng.warm_up()
+    assert eng.cuda.graph_policy.captured, "warm-up captures the single-tick graph"
+    ticks = validate_ticks(generate_ticks(96, 8, 2))
+    for i in range(0, len(ticks), 32):
+        out = eng.process_now(ticks[i:i + 32])
+        assert all(np.isfinite(r["prediction"]) for r in out)
+    assert eng.save_state(tmp_path / "state.npz") == 8
+    assert eng.health()["cuda"]["device"].startswith("cuda")
+    eng.close()

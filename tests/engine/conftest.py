@@ -1,0 +1,47 @@
+"""Fixtures of the engine tests: configs built through environment overrides, tick streams.
+
+``engine_config(queue_size=4, neural={"seed": 7})`` builds the built-in default config
+with ``[performance]`` (keyword arguments) and ``[neural]`` overrides applied through
+``CEREBELLAR_NORSE_*`` variables, and ``paths.state_dir`` under the test's tmp_path.
+The caller's environment is never read.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_helpers import ConfigFactory, StreamFactory
+
+from cerebellar_norse.config import Config, load_config
+from cerebellar_norse.synthetic import generate_ticks
+from cerebellar_norse.ticks import Tick, validate_ticks
+
+
+@pytest.fixture
+def engine_config(tmp_path: Path) -> ConfigFactory:
+    """Build a config: keyword arguments are ``[performance]`` keys, ``neural=`` a dict of ``[neural]`` keys."""
+
+    def make(*, state_dir: Path | None = None, neural: Mapping[str, Any] | None = None, **performance: Any) -> Config:
+        env = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(state_dir or tmp_path / "state")}
+        env.update({f"CEREBELLAR_NORSE_PERFORMANCE__{k.upper()}": str(v) for k, v in performance.items()})
+        env.update({f"CEREBELLAR_NORSE_NEURAL__{k.upper()}": str(v) for k, v in (neural or {}).items()})
+        return load_config(None, environ=env)
+
+    return make
+
+
+@pytest.fixture
+def streams() -> StreamFactory:
+    """``streams(n_ticks, n_markets, seed)``: synthetic ticks grouped by market, each list in time order."""
+
+    def make(n_ticks: int, n_markets: int, seed: int = 0) -> dict[str, list[Tick]]:
+        by_market: dict[str, list[Tick]] = defaultdict(list)
+        for t in validate_ticks(generate_ticks(n_ticks, n_markets, seed)):
+            by_market[t.market_id].append(t)
+        return dict(by_market)
+
+    return make

@@ -1,0 +1,49 @@
+"""Helpers of the engine tests: the ground truth (a sequential network) and result comparison."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cerebellar_norse.config import Config
+from cerebellar_norse.neurons.network import CerebellarNetwork
+from cerebellar_norse.ticks import Tick
+
+ConfigFactory = Callable[..., Config]
+StreamFactory = Callable[..., dict[str, list[Tick]]]
+
+T0 = 1_640_995_200_000  # 2022-01-01T00:00:00Z in ms
+
+# What a result says about the network (processing_time_ns and model_version vary by path).
+CORE_KEYS = ("market_id", "prediction", "probabilities", "confidence", "spike_count")
+
+
+def core(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The network's part of a result dict."""
+    return {k: result[k] for k in CORE_KEYS}
+
+
+def tick(market: str, ts: int, price: float = 100.0, volume: float = 1000.0) -> Tick:
+    """A validated tick."""
+    return Tick(price, volume, ts, market)
+
+
+def sequential(cfg: Config, ticks: Sequence[Tick], max_markets: int | None = None) -> tuple[CerebellarNetwork, list[dict[str, Any]]]:
+    """Ground truth: a fresh synchronous network fed the ticks one at a time, in order."""
+    net = CerebellarNetwork(cfg, max_markets=max_markets)
+    return net, [core(net.process_ticks([t])[0]) for t in ticks]
+
+
+def sequential_markets(cfg: Config, by_market: Mapping[str, Sequence[Tick]]) -> tuple[CerebellarNetwork, dict[str, list[dict[str, Any]]]]:
+    """Ground truth per market: one network fed each market's ticks one at a time (markets are independent)."""
+    net = CerebellarNetwork(cfg, max_markets=max(len(by_market), 1))
+    return net, {m: [core(net.process_ticks([t])[0]) for t in ticks] for m, ticks in by_market.items()}
+
+
+def assert_same_state(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> None:
+    """Two slot states (``StateArrays.read_slot``) are bit for bit equal."""
+    assert set(a) == set(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)

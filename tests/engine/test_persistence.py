@@ -1,0 +1,181 @@
+"""save_pool / load_pool: the market state file (checksummed .npz with a network fingerprint)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from engine_helpers import ConfigFactory, assert_same_state
+
+from cerebellar_norse.engine.engine import Engine
+from cerebellar_norse.engine.persistence import STATE_FILE, load_pool, save_pool
+from cerebellar_norse.errors import CheckpointError
+from cerebellar_norse.neurons.state import STATE_FIELDS
+from cerebellar_norse.storage import MAGIC, read_checksummed, sha256_bytes, write_checksummed
+
+T0 = 1_640_995_200_000
+
+
+def filled(engine: Engine, markets: list[str], seed: int = 0) -> Engine:
+    """Give each market a slot with distinct random state (LRU order = list order)."""
+    rng = np.random.default_rng(seed)
+    for m in markets:
+        slot = engine.pool.table.acquire(m)
+        for name in STATE_FIELDS:
+            arr = getattr(engine.arrays, name)
+            arr[slot] = rng.standard_normal(arr.shape[1:]).astype(arr.dtype)
+    return engine
+
+
+def states(engine: Engine) -> dict[str, dict[str, np.ndarray]]:
+    return {m: engine.arrays.read_slot(s) for m, s in engine.pool.table.items()}
+
+
+@pytest.fixture
+def engine(engine_config: ConfigFactory) -> Engine:
+    return Engine(engine_config(max_markets=8))
+
+
+def test_round_trip_keeps_states_and_lru_order(engine: Engine, engine_config: ConfigFactory, tmp_path: Path) -> None:
+    filled(engine, ["A", "B", "C"])
+    engine.pool.table.acquire("A")  # order B, C, A
+    path = tmp_path / STATE_FILE
+    assert save_pool(engine.pool, path, engine.fingerprint()) == 3
+
+    other = Engine(engine_config(max_markets=8))
+    assert load_pool(other.pool, path, other.fingerprint()) == 3
+    assert other.pool.table.markets() == ["B", "C", "A"]
+    want, got = states(engine), states(other)
+    for m in want:
+        assert_same_state(got[m], want[m])
+
+
+def test_file_format(engine: Engine, tmp_path: Path) -> None:
+    """SHA-256 header, then an .npz with market ids, fingerprint and one array per state field."""
+    filled(engine, ["A", "B"])
+    path = tmp_path / STATE_FILE
+    save_pool(engine.pool, path, engine.fingerprint())
+    raw = path.read_bytes()
+    assert raw.startswith(MAGIC)
+    header, payload = raw.split(b"\n", 1)
+    assert header[len(MAGIC):].decode() == sha256_bytes(payload)
+    with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+        assert set(z.files) == {"markets", "fingerprint", *STATE_FIELDS}
+        assert z["markets"].tolist() == ["A", "B"]
+        assert json.loads(str(z["fingerprint"])) == json.loads(json.dumps(engine.fingerprint()))
+        assert z["v_gr"].shape == (2, *engine.arrays.v_gr.shape[1:])
+
+
+def test_empty_pool_round_trip(engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / STATE_FILE
+    assert save_pool(engine.pool, path, engine.fingerprint()) == 0
+    assert load_pool(engine.pool, path, engine.fingerprint()) == 0
+    assert engine.pool.used == 0
+
+
+def test_more_markets_than_slots_keeps_the_most_recent(engine: Engine, engine_config: ConfigFactory, tmp_path: Path) -> None:
+    filled(engine, [f"M{k}" for k in range(8)])
+    path = tmp_path / STATE_FILE
+    save_pool(engine.pool, path, engine.fingerprint())
+    small = Engine(engine_config(max_markets=3))
+    fp = small.fingerprint()
+    assert fp == engine.fingerprint()  # pool size is not part of the network
+    assert load_pool(small.pool, path, fp) == 3
+    assert small.pool.table.markets() == ["M5", "M6", "M7"]
+    want = states(engine)
+    for m, st in states(small).items():
+        assert_same_state(st, want[m])
+    assert small.pool.table.evictions == 0
+
+
+def test_other_network_is_refused_and_nothing_loaded(engine: Engine, engine_config: ConfigFactory, tmp_path: Path) -> None:
+    filled(engine, ["A"])
+    path = tmp_path / STATE_FILE
+    save_pool(engine.pool, path, engine.fingerprint())
+    other = Engine(engine_config(max_markets=8, neural={"seed": 7}))
+    with pytest.raises(CheckpointError, match="another network") as exc:
+        load_pool(other.pool, path, other.fingerprint())
+    assert exc.value.path == str(path)
+    assert other.pool.used == 0
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_file_is_refused_naming_it(engine: Engine, engine_config: ConfigFactory, tmp_path: Path, damage: str) -> None:
+    filled(engine, ["A", "B"])
+    path = tmp_path / STATE_FILE
+    save_pool(engine.pool, path, engine.fingerprint())
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-50] ^= 0x80
+    else:
+        del data[len(data) // 2:]
+    path.write_bytes(bytes(data))
+    fresh = Engine(engine_config(max_markets=8))
+    with pytest.raises(CheckpointError) as exc:
+        load_pool(fresh.pool, path, fresh.fingerprint())
+    assert str(path) in str(exc.value) and "checksum" in str(exc.value)
+    assert fresh.pool.used == 0
+
+
+def npz(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def test_valid_checksum_over_foreign_payload_is_refused(engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / STATE_FILE
+    fp = np.array(json.dumps(engine.fingerprint(), sort_keys=True))
+    cases = {
+        "unreadable": b"not an npz archive",
+        "lacks": npz(markets=np.array(["A"])),  # no fingerprint
+        "garbles": npz(markets=np.array("A"), fingerprint=fp),  # 0-d market list
+        "shape": npz(markets=np.array(["A"]), fingerprint=fp,
+                     **{name: np.zeros((1, 2)) for name in STATE_FIELDS}),
+    }
+    for word, payload in cases.items():
+        write_checksummed(path, payload)
+        with pytest.raises(CheckpointError, match=word):
+            load_pool(engine.pool, path, engine.fingerprint())
+        assert engine.pool.used == 0, word
+
+
+def test_shape_mismatch_loads_nothing(engine: Engine, tmp_path: Path) -> None:
+    """A file with a matching fingerprint but one field of the wrong shape: no market is loaded."""
+    filled(engine, ["A", "B"])
+    path = tmp_path / STATE_FILE
+    save_pool(engine.pool, path, engine.fingerprint())
+    with np.load(io.BytesIO(read_checksummed(path)), allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files}
+    data["i_out"] = data["i_out"][:, :-1]
+    write_checksummed(path, npz(**data))
+    for m in ["A", "B"]:
+        engine.pool.table.release(m)
+    with pytest.raises(CheckpointError, match="i_out"):
+        load_pool(engine.pool, path, engine.fingerprint())
+    assert engine.pool.used == 0
+
+
+def test_save_is_atomic(engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save that fails before the rename leaves the previous file whole and no temporary file."""
+    filled(engine, ["A"])
+    path = tmp_path / STATE_FILE
+    save_pool(engine.pool, path, engine.fingerprint())
+    before = path.read_bytes()
+    filled(engine, ["B", "C"], seed=1)
+
+    def fail(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="No space"):
+        save_pool(engine.pool, path, engine.fingerprint())
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == [STATE_FILE]
+    assert save_pool(engine.pool, path, engine.fingerprint()) == 3
+    assert os.listdir(tmp_path) == [STATE_FILE]

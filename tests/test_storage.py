@@ -1,0 +1,105 @@
+"""Atomic, checksummed files (cerebellar_norse.storage)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from cerebellar_norse.errors import CheckpointError
+from cerebellar_norse.storage import (
+    HEADER_LEN,
+    MAGIC,
+    atomic_write_bytes,
+    read_checksummed,
+    sha256_bytes,
+    sha256_file,
+    write_checksummed,
+)
+
+
+def test_sha256_helpers(tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)  # more than one read chunk
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    assert sha256_bytes(data) == hashlib.sha256(data).hexdigest() == sha256_file(path)
+
+
+def test_atomic_write_creates_parents_and_replaces_whole(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "file.bin"
+    atomic_write_bytes(path, b"first version, rather long" * 100)
+    os.link(path, tmp_path / "old")
+    atomic_write_bytes(path, b"second")
+    assert path.read_bytes() == b"second"
+    assert (tmp_path / "old").read_bytes() == b"first version, rather long" * 100  # old inode untouched
+    assert os.listdir(path.parent) == ["file.bin"]
+
+
+def test_atomic_write_failure_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "file.bin"
+    atomic_write_bytes(path, b"old")
+
+    def fail(*_args: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OSError, match="Input/output"):
+        atomic_write_bytes(path, b"new")
+    monkeypatch.undo()
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["file.bin"]  # the temporary file was removed
+
+
+@pytest.mark.parametrize("payload", [b"", b"x", os.urandom(100_000)])
+def test_checksummed_round_trip(tmp_path: Path, payload: bytes) -> None:
+    path = tmp_path / "state.bin"
+    digest = write_checksummed(path, payload)
+    assert digest == sha256_bytes(payload)
+    raw = path.read_bytes()
+    assert raw == MAGIC + digest.encode() + b"\n" + payload and len(raw) == HEADER_LEN + len(payload)
+    assert read_checksummed(path) == payload
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("flip_payload", "checksum mismatch"),
+    ("flip_digest", "checksum mismatch"),
+    ("truncate_payload", "checksum mismatch"),
+    ("append", "checksum mismatch"),
+    ("truncate_header", "bad header"),
+    ("empty", "bad header"),
+    ("magic", "bad header"),
+])
+def test_corruption_is_detected_naming_the_file(tmp_path: Path, damage: str, message: str) -> None:
+    path = tmp_path / "state.bin"
+    write_checksummed(path, b"0123456789" * 50)
+    raw = bytearray(path.read_bytes())
+    if damage == "flip_payload":
+        raw[HEADER_LEN + 17] ^= 0x01
+    elif damage == "flip_digest":
+        raw[len(MAGIC)] = ord("0") if raw[len(MAGIC)] != ord("0") else ord("1")
+    elif damage == "truncate_payload":
+        del raw[-1:]
+    elif damage == "append":
+        raw += b"\0"
+    elif damage == "truncate_header":
+        del raw[HEADER_LEN - 10:]
+    elif damage == "empty":
+        raw = bytearray()
+    else:
+        raw[0:1] = b"X"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=message) as exc:
+        read_checksummed(path)
+    assert exc.value.path == str(path)
+    assert str(path) in str(exc.value)
+
+
+def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.bin"
+    with pytest.raises(CheckpointError, match="cannot read") as exc:
+        read_checksummed(missing)
+    assert exc.value.path == str(missing)
+    with pytest.raises(CheckpointError, match="cannot read"):
+        read_checksummed(tmp_path)  # a directory
