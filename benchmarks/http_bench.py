@@ -5,7 +5,9 @@ One run starts two server processes on loopback ports and measures both in the s
 run, interleaved, so the ratio is taken under the same conditions:
 
 * the service, exactly as operators run it: ``python -m cerebellar_norse.cli --port P``
-  on the built-in default config (state dir: a temporary directory);
+  on the built-in default config (state dir: a fresh temporary directory, so on first run
+  the service trains its default model before it serves, as on a new machine; with
+  ``--untrained`` that step is skipped and the untrained network of the seed is served);
 * ``benchmarks/empty_app.py``: uvicorn with the service's settings (uvloop + httptools)
   serving one empty ``POST /empty`` that validates the same ``TickIn`` body.
 
@@ -79,7 +81,7 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_ready(self, path: str, timeout: float = 90.0) -> None:
+    def wait_ready(self, path: str, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -348,6 +350,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"at start; Linux {h['kernel']}, Python {h['python']}, "
         + ", ".join(f"{k} {v}" for k, v in h["packages"].items()) + ".",
         "",
+        f"Service model: `{res['model_version']}`.",
+        "",
         "Sequential, one keep-alive connection (raw-socket client), alternating blocks:",
         "",
         "| endpoint | requests | p50 µs | p90 µs | p99 µs | max µs | req/s |",
@@ -400,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,8,64", help="concurrency levels (default 1,8,64)")
     ap.add_argument("--requests", type=int, default=5000, help="requests per endpoint and concurrency level (default 5000)")
     ap.add_argument("--max-seconds", type=float, default=20.0, help="time cap per measurement (default 20)")
+    ap.add_argument("--untrained", action="store_true",
+                    help="skip the first-run training of the default model (serve the seed's untrained network)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -411,11 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
         env["CEREBELLAR_NORSE_PATHS__STATE_DIR"] = str(work / "state")
         env["CEREBELLAR_NORSE_LOG"] = "WARNING"
+        if args.untrained:
+            env["CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN"] = "false"
         service = start("service", ["-m", "cerebellar_norse.cli"], work, env)
         empty = start("empty", [str(REPO_ROOT / "benchmarks" / "empty_app.py")], work, env)
         try:
             service.wait_ready("/health")
             empty.wait_ready("/openapi.json")
+            res["model_version"] = httpx.get(f"{service.url}/health", timeout=5).json().get("model_version")
             servers = {PROCESS: service, EMPTY: empty}
             ticks = Ticks()
             print("sequential ...", file=sys.stderr)

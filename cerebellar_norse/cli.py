@@ -52,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--seed", type=int, default=7, help="seed of the generated tick stream")
     cv.add_argument("--json", action="store_true", help="print one JSON object")
 
+    tr = sub.add_parser("train", help="train on CSV files offline and store the model")
+    tr.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
+    tr.add_argument("--epochs", type=int, help="epochs (default training.epochs)")
+    tr.add_argument("--activate", action="store_true", help="make the new model the active one")
+    tr.add_argument("--json", action="store_true", help="print one JSON object")
+
+    md = sub.add_parser("make-data", help="write synthetic ticks with a learnable structure as CSV")
+    md.add_argument("--output", required=True, help="CSV file to write")
+    md.add_argument("--ticks", type=int, default=100_000, help="ticks (default 100000)")
+    md.add_argument("--markets", type=int, default=4, help="markets (default 4)")
+    md.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+
     bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
     bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
     bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
@@ -140,6 +152,42 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench_command(_load(args), args.ticks, args.reference_ticks, args.json)
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .training.commands import cmd_train
+
+    if args.epochs is not None and args.epochs < 1:
+        _err("--epochs must be at least 1")
+        return EXIT_USAGE
+    return cmd_train(_load(args), args.files, args.epochs, args.activate, args.json)
+
+
+def _cmd_make_data(args: argparse.Namespace) -> int:
+    from .training.commands import cmd_make_data
+
+    if args.ticks < 1 or args.markets < 1:
+        _err("--ticks and --markets must be at least 1")
+        return EXIT_USAGE
+    return cmd_make_data(Path(args.output), args.ticks, args.markets, args.seed)
+
+
+def _cmd_dump_weights(args: argparse.Namespace) -> int:
+    from .training.commands import cmd_dump_weights
+
+    return cmd_dump_weights(_load(args), args.format, args.output)
+
+
+def _cmd_verify_data(args: argparse.Namespace) -> int:
+    from .training.commands import cmd_verify_data
+
+    return cmd_verify_data(args.verify_data)
+
+
+def _cmd_validate_model(args: argparse.Namespace) -> int:
+    from .training.commands import cmd_validate_model
+
+    return cmd_validate_model(args.validate_model)
+
+
 def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.validate_only:
         return lambda a: _cmd_validate(a, host_checks=False)
@@ -147,17 +195,17 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return lambda a: _cmd_validate(a, host_checks=True)
     if args.dump_schema:
         return _cmd_dump_schema
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {"crossval": _cmd_crossval, "bench": _cmd_bench}
+    if args.dump_weights:
+        return _cmd_dump_weights
+    if args.verify_data:
+        return _cmd_verify_data
+    if args.validate_model:
+        return _cmd_validate_model
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "make-data": _cmd_make_data}
     if args.command in commands:
         return commands[args.command]
-    if args.dump_weights or args.verify_data or args.validate_model:
-        return _cmd_not_available
     return _cmd_serve
-
-
-def _cmd_not_available(args: argparse.Namespace) -> int:
-    _err("no model store exists yet in this version: --dump-weights, --verify-data and --validate-model need trained models")
-    return EXIT_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

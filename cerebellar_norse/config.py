@@ -135,7 +135,7 @@ class TrainingConfig(_Section):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     epochs: int = Field(5, ge=1, le=10_000, description="Default epochs of a job.")
     sequence_length: int = Field(64, ge=1, le=100_000, description="Truncated BPTT window (ticks).")
-    batch_markets: int = Field(16, ge=1, le=65_536, description="Sequences per gradient step.")
+    batch_markets: int = Field(8, ge=1, le=65_536, description="Sequences per gradient step.")
     validation_fraction: float = Field(0.2, gt=0, lt=1, description="Last fraction (by time) held out for validation.")
     early_stopping_patience: int = Field(3, ge=1, le=1000, description="Epochs without validation improvement before stopping.")
     flat_band: float = Field(0.0005, ge=0, le=1, description="|log return| over the horizon below this is class flat.")

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError
+from ..errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError, TickOrderError
 from ..observability.context import request_id_var
 from .deps import AuthError
 from .schemas import error_payload
@@ -23,6 +23,13 @@ def _field_of(loc: tuple[Any, ...]) -> str:
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
     return ".".join(parts)
+
+
+def input_error_kind(exc: InputError) -> str:
+    """``error.type`` of an InputError: by its class and status, not by the status alone (409 is not always order)."""
+    if isinstance(exc, TickOrderError):
+        return "out_of_order"
+    return {404: "not_found", 409: "conflict"}.get(exc.status_code, "validation")
 
 
 def validation_response(errors: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
@@ -55,7 +62,7 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
 
     @app.exception_handler(InputError)
     async def _input(request: Request, exc: InputError) -> JSONResponse:
-        kind = "out_of_order" if exc.status_code == 409 else "validation"
+        kind = input_error_kind(exc)
         count_error(kind)
         return JSONResponse(error_payload(kind, exc.message, request_id_var.get(), exc.field), status_code=exc.status_code)
 

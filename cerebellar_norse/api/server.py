@@ -13,6 +13,7 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -21,12 +22,18 @@ from fastapi import FastAPI
 from ..config import Config
 from ..engine.engine import Engine
 from ..errors import ConfigError, ConfigProblem
+from ..neurons.topology import Weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.metrics import ServiceMetrics, engine_families
+from ..training.bootstrap import bootstrap_model
+from ..training.checkpoints import ModelStore
+from ..training.jobs import JobManager
 from .app import create_app
 from .deps import ServiceState
 from .lifecycle import announce_when_listening, install_sighup
+from .modelswap import activate_version
+from .routes import training as training_routes
 
 log = logging.getLogger("cerebellar_norse.server")
 
@@ -68,23 +75,40 @@ def _cuda_memory(device: str) -> Any:
     return cuda_memory
 
 
-def build_engine(cfg: Config, device: str) -> Engine:
+def build_engine(cfg: Config, device: str, weights: Weights | None, model_version: str) -> Engine:
     """The engine on the chosen device."""
     if device == "cuda":
         from ..cuda.backend import make_cuda_engine
 
-        return make_cuda_engine(cfg)
-    return Engine(cfg)
+        return make_cuda_engine(cfg, weights, model_version)
+    return Engine(cfg, weights, model_version)
+
+
+def load_model(cfg: Config, store: ModelStore) -> tuple[Weights | None, str]:
+    """The stored model to serve (training one first on a fresh state dir when enabled)."""
+    model = store.load_for_service(cfg)
+    if model is None and cfg.training.bootstrap_on_first_run:
+        model = bootstrap_model(cfg, store)
+    if model is None:
+        log.warning("no trained model in the state dir: serving the untrained network of seed %d", cfg.neural.seed)
+        return None, ""
+    log.info("serving stored model", extra={"fields": {"model_version": model.version, "path": str(model.path)}})
+    return model.weights, model.version
 
 
 def build_service(cfg: Config) -> ServiceState:
-    """Engine, metrics and state of a service (not yet ready: see :func:`make_app`)."""
+    """Engine, metrics, model store and jobs of a service (not yet ready: see :func:`make_app`)."""
     device = select_device(cfg)
-    engine = build_engine(cfg, device)
+    store = ModelStore(Path(cfg.paths.state_dir))
+    weights, version = load_model(cfg, store)
+    engine = build_engine(cfg, device, weights, version)
     metrics = ServiceMetrics()
     engine.observers.append(metrics.on_batch)
     metrics.add_source(engine_families(engine, device, _cuda_memory(device)))
-    return ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device)
+    state = ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device)
+    state.extra["store"] = store
+    state.extra["jobs"] = JobManager(cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
+    return state
 
 
 def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool = True) -> FastAPI:
@@ -114,6 +138,9 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             yield
         finally:
             systemd.stopping("draining queued ticks and saving market state")
+            jobs = state.extra.get("jobs")
+            if jobs is not None:
+                await jobs.close()
             if announcer is not None:
                 announcer.cancel()
             state.ready = False
@@ -124,7 +151,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             await eng.drain(save=save_on_shutdown and served)
             log.info("service stopped", extra={"fields": {"ticks": eng.stats.ticks}})
 
-    return create_app(state, lifespan=lifespan)
+    return create_app(state, extra_routers=[training_routes.router], lifespan=lifespan)
 
 
 def uvicorn_config(app: FastAPI, cfg: Config) -> uvicorn.Config:

@@ -119,7 +119,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
     rows = bad = 0
     for path in paths:
         try:
-            fh = open(path, newline="", encoding="utf-8")
+            fh = open(path, newline="", encoding="utf-8")  # noqa: SIM115 (closed by the with below)
         except OSError as exc:
             raise DataError(f"{path}: cannot open: {exc.strerror}", [f"{path}: cannot open"]) from None
         with fh:

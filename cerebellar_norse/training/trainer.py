@@ -22,6 +22,7 @@ keeps the best epoch's weights.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -89,7 +90,7 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
         mossy = np.zeros((len(m), n.mossy_size), dtype=dtype)
         _encode_series(m.price, m.volume, m.timestamp, enc_par, mossy)
         labels = horizon_labels(m.price, h, t.flat_band)
-        n_train = int(round(len(m) * (1.0 - t.validation_fraction)))
+        n_train = round(len(m) * (1.0 - t.validation_fraction))
         labels_train_cut = labels.copy()
         labels_train_cut[max(n_train - h, 0):n_train] = -1
         ticks = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp, strict=True)]
@@ -124,7 +125,7 @@ def make_lanes(prep: Prepared, n_lanes: int) -> Lanes:
     for k, pm in enumerate(prep.markets):
         parts = max(1, round(n_lanes * pm.n_train / total))
         bounds = np.linspace(0, pm.n_train, parts + 1).astype(int)
-        spans.extend((k, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b - a > BURN_IN + 1)
+        spans.extend((k, int(a), int(b)) for a, b in itertools.pairwise(bounds) if b - a > BURN_IN + 1)
     if not spans:
         raise DataError(f"no market has more than {BURN_IN + 1} training ticks")
     length = max(b - a for _, a, b in spans)
@@ -195,12 +196,16 @@ class TrainResult:
 
 
 def train(cfg: Config, prep: Prepared, initial: Weights, epochs: int | None = None, progress: ProgressFn | None = None,
-          should_stop: Callable[[], bool] | None = None, seed: int | None = None) -> TrainResult:
-    """Train from ``initial`` weights; returns the best epoch's weights and the history."""
+          should_stop: Callable[[], bool] | None = None, seed: int | None = None,
+          time_budget_s: float | None = None) -> TrainResult:
+    """Train from ``initial`` weights; returns the best epoch's weights and the history.
+
+    ``should_stop`` is polled between steps (cancellation: raises InterruptedError);
+    with ``time_budget_s`` no new epoch starts once the next one would not fit.
+    """
     t = cfg.training
     torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.neural.seed if seed is None else seed)
-    rng = np.random.Generator(np.random.PCG64(cfg.neural.seed if seed is None else seed))
     params = network_parameters(cfg)
     model = CerebellarReference(initial, params)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.neural.learning_rate)
@@ -208,13 +213,17 @@ def train(cfg: Config, prep: Prepared, initial: Weights, epochs: int | None = No
     lanes = make_lanes(prep, t.batch_markets)
     n_epochs = epochs or t.epochs
     history: list[dict[str, Any]] = []
-    best = (math.inf, 0, initial, {})
+    best: tuple[float, int, Weights, dict[str, Any]] = (math.inf, 0, initial, {})
     ticks_done = 0
     t_start = time.perf_counter()
     bad_epochs = 0
     stopped_early = False
     steps_per_epoch = math.ceil(lanes.length / seq)
     for epoch in range(1, n_epochs + 1):
+        elapsed = time.perf_counter() - t_start
+        if time_budget_s is not None and epoch > 1 and elapsed * epoch / (epoch - 1) > time_budget_s:
+            stopped_early = True
+            break
         losses = []
         model.train()
         state = model.initial_state(lanes.mossy.shape[0])
@@ -260,7 +269,7 @@ def _step(model: CerebellarReference, opt: torch.optim.Optimizer, mossy_np: np.n
     logits_all = []
     for i in range(mossy.shape[1]):
         if use_checkpointing:
-            out, state = checkpoint(model, mossy[:, i], state, weights, use_reentrant=False)  # type: ignore[misc]
+            out, state = checkpoint(model, mossy[:, i], state, weights, use_reentrant=False)
         else:
             out, state = model(mossy[:, i], state, weights)
         logits_all.append(out.logits)
@@ -270,7 +279,7 @@ def _step(model: CerebellarReference, opt: torch.optim.Optimizer, mossy_np: np.n
     if not bool(keep.any()):
         return math.nan, state
     loss = F.cross_entropy(logits[keep], target[keep])
-    loss.backward()  # type: ignore[no-untyped-call]
+    loss.backward()
     opt.step()
     return float(loss.detach()), state
 

@@ -29,10 +29,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _no_bootstrap() -> dict[str, str]:
+    """Override that skips first-run training of a default model (tens of seconds per fresh state dir).
+
+    The API tests serve the untrained network of the config's seed: fast, and the same
+    network as ``CerebellarNetwork()``. Only set when the config knows the key.
+    """
+    from cerebellar_norse.config import TrainingConfig
+
+    if "bootstrap_on_first_run" in TrainingConfig.model_fields:
+        return {"CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false"}
+    return {}
+
+
+NO_BOOTSTRAP = _no_bootstrap()
+
+
 def server_environ(state_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment without config overrides, plus the state dir and ``extra``."""
+    """The caller's environment without config overrides, plus the state dir, no first-run training, and ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
     env["CEREBELLAR_NORSE_PATHS__STATE_DIR"] = str(state_dir)
+    env.update(NO_BOOTSTRAP)
     env.update(extra or {})
     return env
 

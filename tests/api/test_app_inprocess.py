@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.testclient import TestClient
+from live_helpers import NO_BOOTSTRAP
 
 from cerebellar_norse.api.app import create_app
 from cerebellar_norse.api.deps import ServiceState, check_token, require_token
@@ -43,6 +44,14 @@ async def _secret() -> dict[str, bool]:
     return {"ok": True}
 
 
+class _ConflictError(InputError):
+    status_code = 409
+
+
+class _MissingError(InputError):
+    status_code = 404
+
+
 RAISES: dict[str, Exception] = {
     "unexpected": RuntimeError("secret internals at /srv/app/engine.py line 7"),
     "input": InputError("must be > 0", "price"),
@@ -50,6 +59,8 @@ RAISES: dict[str, Exception] = {
     "capacity": CapacityError("queue full", retry_after_s=2.4),
     "engine": EngineFatalError("device lost"),
     "service": CerebellarNorseError("something of ours"),
+    "conflict": _ConflictError("a job is already running", "job"),
+    "missing": _MissingError("no such job", "job_id"),
 }
 
 
@@ -59,7 +70,7 @@ async def _raise(what: str) -> None:
 
 
 def _state(tmp_path: Path, **env: str) -> ServiceState:
-    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **env}
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP, **env}
     return build_service(load_checked_config(None, environ=environ))
 
 
@@ -146,6 +157,8 @@ def test_unexpected_exception_is_a_json_500_with_the_request_id(app: FastAPI, tc
     ("capacity", 503, "capacity", None),
     ("engine", 503, "engine", None),
     ("service", 500, "internal", None),
+    ("conflict", 409, "conflict", "job"),  # a 409 that is not about tick order
+    ("missing", 404, "not_found", "job_id"),
 ])
 def test_service_errors_mapped(tc: TestClient, what: str, status: int, kind: str, field: str | None) -> None:
     r = tc.get(f"/_probe/raise/{what}")

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from ...errors import CapacityError, CerebellarNorseError, InputError
 from ...observability.context import new_request_id, request_id_var
 from ..deps import service
-from ..errors import validation_response
+from ..errors import input_error_kind, validation_response
 from ..schemas import BatchIn, BatchOut, ErrorOut, ResultOut, TickIn, error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
@@ -136,7 +136,7 @@ async def stream(ws: WebSocket) -> None:
                 svc.metrics.errors.labels("capacity").inc()
                 await ws.send_text(json.dumps(error_payload("capacity", str(exc), rid)))
             except InputError as exc:
-                kind = "out_of_order" if exc.status_code == 409 else "validation"
+                kind = input_error_kind(exc)
                 svc.metrics.errors.labels(kind).inc()
                 await ws.send_text(json.dumps(error_payload(kind, exc.message, rid, exc.field)))
             except CerebellarNorseError as exc:

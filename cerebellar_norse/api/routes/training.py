@@ -1,0 +1,67 @@
+"""/training jobs and /models (bearer token required when one is configured)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from ...training.jobs import TrainingRequest
+from ..deps import require_token, service
+from ..modelswap import activate_version
+from ..schemas import ErrorOut
+
+router = APIRouter(tags=["training"], dependencies=[Depends(require_token)])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "Missing or wrong bearer token."},
+    404: {"model": ErrorOut, "description": "No such job or model."},
+    409: {"model": ErrorOut, "description": "A job is already running."},
+    422: {"model": ErrorOut, "description": "Invalid parameters (named in error.field)."},
+}
+
+
+@router.post("/training", status_code=202, responses=ERRORS)
+async def start_training(req: TrainingRequest, request: Request) -> JSONResponse:
+    """Start a training job on CSV files of the data dir; 202 with its job_id."""
+    job = service(request).extra["jobs"].start(req)
+    return JSONResponse({"job_id": job.job_id, "state": job.state, "status_url": f"/training/status/{job.job_id}"},
+                        status_code=202)
+
+
+@router.get("/training/status/{job_id}", responses=ERRORS)
+async def training_status(job_id: str, request: Request) -> dict[str, Any]:
+    """State, progress, epoch, loss history, validation metrics, ETA and error of a job (``latest`` works)."""
+    result: dict[str, Any] = service(request).extra["jobs"].get(job_id).as_dict()
+    return result
+
+
+@router.delete("/training/{job_id}", responses=ERRORS)
+async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
+    """Cancel a running job; no model is written."""
+    job = await service(request).extra["jobs"].cancel(job_id)
+    result: dict[str, Any] = job.as_dict()
+    return result
+
+
+@router.get("/models", responses=ERRORS)
+async def list_models(request: Request) -> dict[str, Any]:
+    """Stored model versions with their validation metrics, and the active one."""
+    svc = service(request)
+    store = svc.extra["store"]
+    models = []
+    for v in store.versions():
+        try:
+            m = store.load(v)
+            models.append({"version": v, "valid": True, "validation": m.metrics.get("validation")})
+        except Exception as exc:  # listed as invalid, never served
+            models.append({"version": v, "valid": False, "error": str(exc)})
+    return {"active": svc.engine.model_version, "models": models}
+
+
+@router.post("/models/{version}/activate", responses=ERRORS)
+async def activate(version: str, request: Request) -> dict[str, Any]:
+    """Serve a stored model (verified first); swapped in between batches."""
+    svc = service(request)
+    activate_version(svc, svc.extra["store"], version)
+    return {"active": svc.engine.model_version}

@@ -1,0 +1,274 @@
+"""Model store: ``<state_dir>/models/<version>/`` directories written atomically.
+
+A model directory holds:
+
+* ``weights.npz`` – every array of :class:`~cerebellar_norse.neurons.topology.Weights`;
+* ``config.json`` – the ``[neural]`` section it was trained with (its network shape);
+* ``metrics.json`` – validation metrics, history, data summary;
+* ``manifest.json`` – SHA-256 and size of each file above, the version and creation time.
+
+It is written into ``models/.tmp-<version>-<pid>/`` (each file fsynced), then renamed
+to ``models/<version>/`` and the directory fsynced: a killed writer leaves only a
+``.tmp-`` directory, which is ignored and removed at the next start. The active
+model is named in ``models/ACTIVE`` (written atomically). Versions sort by time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import Config, NeuralConfig
+from ..errors import CheckpointError
+from ..neurons.parameters import network_shape
+from ..neurons.topology import Weights
+from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes, sha256_file
+
+log = logging.getLogger("cerebellar_norse.models")
+
+FILES = ("weights.npz", "config.json", "metrics.json")
+MANIFEST = "manifest.json"
+ACTIVE = "ACTIVE"
+WEIGHT_FIELDS = ("mg_idx", "mg_w", "pf_pre", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out", "pf_ptr", "pf_post", "pf_src")
+# The [neural] keys that define the network's shape and dynamics: a model is only
+# loadable into a service whose config agrees on them.
+SHAPE_KEYS = ("mossy_size", "granule_size", "granule_dendrites", "purkinje_size", "connections_per_neuron", "dcn_size",
+              "steps_per_tick", "dt_ms", "precision")
+
+
+def new_version() -> str:
+    """A sortable, unique model version: UTC time plus a short random suffix."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+def weights_to_bytes(w: Weights) -> bytes:
+    """Serialise weights as an ``.npz`` (no pickle)."""
+    buf = io.BytesIO()
+    arrays = {k: getattr(w, k) for k in WEIGHT_FIELDS}
+    np.savez(buf, golgi_init=np.array(w.golgi_init), **arrays)
+    return buf.getvalue()
+
+
+def weights_from_bytes(data: bytes, where: str) -> Weights:
+    """Deserialise and shape-check weights written by :func:`weights_to_bytes`."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as exc:
+        raise CheckpointError(f"unreadable weights: {exc}", where) from None
+    missing = [k for k in (*WEIGHT_FIELDS, "golgi_init") if k not in arrays]
+    if missing:
+        raise CheckpointError(f"weights lack {', '.join(missing)}", where)
+    w = Weights(**{k: arrays[k] for k in WEIGHT_FIELDS}, golgi_init=float(arrays["golgi_init"]))
+    check_weights(w, where)
+    return w
+
+
+def check_weights(w: Weights, where: str) -> None:
+    """Shape, dtype and value checks of a weights object (CheckpointError naming the file)."""
+    g, d = w.mg_idx.shape
+    p, c = w.pf_pre.shape
+    n, m = w.w_md.shape
+    expect = {"mg_w": (g, d), "pf_w": (p, c), "pc_bias": (p,), "w_pd": (n, p), "dcn_bias": (n,), "pf_ptr": (g + 1,),
+              "pf_post": (p * c,), "pf_src": (p * c,)}
+    for k, shape in expect.items():
+        if getattr(w, k).shape != shape:
+            raise CheckpointError(f"{k} has shape {getattr(w, k).shape}, expected {shape}", where)
+    if w.w_out.shape[1] != n:
+        raise CheckpointError(f"w_out has shape {w.w_out.shape}, expected (K, {n})", where)
+    for k in ("mg_w", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out"):
+        if not np.all(np.isfinite(getattr(w, k))):
+            raise CheckpointError(f"{k} contains non-finite values", where)
+    if w.mg_idx.size and (w.mg_idx.min() < 0 or w.mg_idx.max() >= m):
+        raise CheckpointError("mg_idx out of range", where)
+    if w.pf_pre.size and (w.pf_pre.min() < 0 or w.pf_pre.max() >= g):
+        raise CheckpointError("pf_pre out of range", where)
+    if w.pf_ptr[0] != 0 or w.pf_ptr[-1] != p * c or np.any(np.diff(w.pf_ptr) < 0):
+        raise CheckpointError("pf_ptr is not a valid CSR row pointer", where)
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """A verified model directory."""
+
+    version: str
+    path: Path
+    weights: Weights
+    neural: dict[str, Any]
+    metrics: dict[str, Any]
+
+    @property
+    def score(self) -> float | None:
+        """Validation loss (lower is better), when recorded."""
+        v = self.metrics.get("validation", {}).get("loss")
+        return float(v) if isinstance(v, (int, float)) else None
+
+
+def shape_mismatch(neural: dict[str, Any], cfg: NeuralConfig) -> list[str]:
+    """Keys of ``[neural]`` on which a model and a config disagree."""
+    current = cfg.model_dump(mode="json")
+    return [k for k in SHAPE_KEYS if neural.get(k) != current.get(k)]
+
+
+class ModelStore:
+    """The models directory of a state dir."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.root = Path(state_dir) / "models"
+
+    def versions(self) -> list[str]:
+        """Stored versions (complete directories), oldest first."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def clean_partial(self) -> list[str]:
+        """Remove ``.tmp-*`` directories left by killed writers; returns their names."""
+        if not self.root.is_dir():
+            return []
+        gone = []
+        for p in self.root.iterdir():
+            if p.is_dir() and p.name.startswith(".tmp-"):
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p.name)
+        return gone
+
+    def save(self, weights: Weights, cfg: Config, metrics: dict[str, Any], version: str | None = None) -> str:
+        """Write a model directory atomically; returns its version."""
+        version = version or new_version()
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{version}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        payloads = {
+            "weights.npz": weights_to_bytes(weights),
+            "config.json": json.dumps(cfg.neural.model_dump(mode="json"), indent=2, sort_keys=True).encode(),
+            "metrics.json": json.dumps(metrics, indent=2, sort_keys=True, default=_json_default).encode(),
+        }
+        for name, data in payloads.items():
+            atomic_write_bytes(tmp / name, data)
+        manifest = {"version": version, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in payloads.items()}}
+        atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
+        final = self.root / version
+        os.rename(tmp, final)
+        fsync_dir(self.root)
+        return version
+
+    def load(self, version: str) -> StoredModel:
+        """Verify and load one model (CheckpointError naming the corrupt file)."""
+        return load_model_dir(self.root / version)
+
+    def active_version(self) -> str | None:
+        """The version named in ``ACTIVE``, if any."""
+        try:
+            v = (self.root / ACTIVE).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        return v or None
+
+    def set_active(self, version: str) -> None:
+        """Name ``version`` the active model (atomic)."""
+        atomic_write_bytes(self.root / ACTIVE, (version + "\n").encode())
+
+    def load_for_service(self, cfg: Config) -> StoredModel | None:
+        """The model to serve: the active one if valid, else the newest valid one; corrupt ones are refused (logged)."""
+        self.clean_partial()
+        order = list(reversed(self.versions()))
+        active = self.active_version()
+        if active in order:
+            order.remove(active)
+            order.insert(0, active)
+        for version in order:
+            try:
+                model = self.load(version)
+            except CheckpointError as exc:
+                log.error("refusing corrupt model %s: %s", version, exc)
+                continue
+            bad = shape_mismatch(model.neural, cfg.neural)
+            if bad:
+                log.warning("model %s does not fit this config (%s differ); skipped", version, ", ".join(bad))
+                continue
+            return model
+        return None
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def load_model_dir(path: Path) -> StoredModel:
+    """Verify the manifest (every file's SHA-256 and size) and load a model directory."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointError("not a model directory", str(path))
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"missing or unreadable manifest ({exc})", str(mpath)) from None
+    for name in FILES:
+        entry = files.get(name)
+        fpath = path / name
+        if entry is None:
+            raise CheckpointError("not listed in the manifest", str(fpath))
+        if not fpath.is_file():
+            raise CheckpointError("missing", str(fpath))
+        if fpath.stat().st_size != entry.get("bytes") or sha256_file(fpath) != entry.get("sha256"):
+            raise CheckpointError("checksum mismatch: the file is corrupt or was changed", str(fpath))
+    weights = weights_from_bytes((path / "weights.npz").read_bytes(), str(path / "weights.npz"))
+    try:
+        neural = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise CheckpointError(f"unreadable JSON: {exc}", str(path)) from None
+    try:
+        shape = network_shape(NeuralConfig.model_validate(neural))
+    except Exception as exc:
+        raise CheckpointError(f"invalid network config: {exc}", str(path / "config.json")) from None
+    if weights.shape != shape:
+        raise CheckpointError(f"weights of shape {weights.shape} do not match the stored config {shape}", str(path / "weights.npz"))
+    return StoredModel(manifest.get("version", path.name), path, weights, neural, metrics)
+
+
+def verify_tree(root: Path) -> tuple[list[str], list[str]]:
+    """Verify every model directory and state file under ``root``; returns (ok, problems) lines."""
+    from ..engine.persistence import STATE_FILE
+    from ..storage import read_checksummed
+
+    ok: list[str] = []
+    problems: list[str] = []
+    root = Path(root)
+    if not root.exists():
+        return ok, [f"{root}: does not exist"]
+    for mpath in sorted(root.rglob(MANIFEST)):
+        if any(part.startswith(".tmp-") for part in mpath.parts):
+            continue
+        try:
+            m = load_model_dir(mpath.parent)
+            ok.append(f"{mpath.parent}: model {m.version} OK")
+        except CheckpointError as exc:
+            problems.append(str(exc))
+    for spath in sorted(root.rglob(STATE_FILE)):
+        try:
+            read_checksummed(spath)
+            ok.append(f"{spath}: market state OK")
+        except CheckpointError as exc:
+            problems.append(str(exc))
+    return ok, problems

@@ -1,0 +1,159 @@
+"""CLI commands of the training and model side: train, make-data, dump-weights, verify-data, validate-model."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import Config
+from ..errors import CheckpointError
+from ..neurons.topology import generate_weights
+from .checkpoints import MANIFEST, ModelStore, load_model_dir, verify_tree, weights_to_bytes
+
+LAYERS = {
+    "mossy_granule": "mg_w",
+    "parallel_fibre_purkinje": "pf_w",
+    "purkinje_bias": "pc_bias",
+    "mossy_dcn": "w_md",
+    "purkinje_dcn": "w_pd",
+    "dcn_bias": "dcn_bias",
+    "dcn_readout": "w_out",
+}
+
+
+def _progress_printer(enabled: bool) -> Any:
+    last = [0.0]
+
+    def show(d: dict[str, Any]) -> None:
+        if "warning" in d:
+            print(f"warning: {d['warning']}", file=sys.stderr)
+            return
+        if d.get("epoch_done"):
+            v = d.get("validation") or {}
+            line = (f"epoch {d['epoch']}/{d['epochs']}: train loss {d['loss']:.4f}, validation loss {v.get('loss', float('nan')):.4f}, "
+                    f"accuracy {v.get('accuracy', float('nan')):.3f} (majority baseline {v.get('majority_baseline_accuracy', float('nan')):.3f}), "
+                    f"directional {v.get('directional_accuracy', float('nan')):.3f}")
+            print(("\r" if enabled else "") + line + (" " * 10 if enabled else ""), file=sys.stderr)
+            return
+        if not enabled or time.monotonic() - last[0] < 0.2:
+            return
+        last[0] = time.monotonic()
+        width = 30
+        frac = d["step"] / max(d["steps"], 1)
+        bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+        print(f"\repoch {d['epoch']}/{d['epochs']} [{bar}] loss {d['loss']:.4f} {d.get('ticks_per_second', 0):.0f} ticks/s",
+              end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool, as_json: bool) -> int:
+    """``cerebellar-norse train``: train offline on CSV files and store the model."""
+    from .data import resolve_data_file
+    from .jobs import run_training
+
+    paths = []
+    for f in files:
+        p = Path(f)
+        paths.append(p.resolve() if p.is_absolute() or p.exists() else resolve_data_file(Path(cfg.paths.data_dir), f))
+    res = run_training(cfg, paths, epochs, _progress_printer(sys.stderr.isatty() and not as_json), None)
+    if activate:
+        ModelStore(Path(cfg.paths.state_dir)).set_active(res["model_version"])
+    res["activated"] = activate
+    if as_json:
+        print(json.dumps(res, default=float))
+    else:
+        v = res["validation"]
+        print(f"model {res['model_version']} stored in {Path(cfg.paths.state_dir) / 'models'}{' and activated' if activate else ''}")
+        print(f"held-out: loss {v['loss']:.4f}, accuracy {v['accuracy']:.3f} vs majority baseline {v['majority_baseline_accuracy']:.3f}, "
+              f"directional accuracy {v['directional_accuracy']:.3f} vs {v['directional_baseline_accuracy']:.3f}")
+    return 0
+
+
+def cmd_make_data(output: Path, ticks: int, markets: int, seed: int) -> int:
+    """``cerebellar-norse make-data``: write synthetic ticks as CSV."""
+    from ..synthetic import generate_ticks
+    from .data import write_csv
+
+    write_csv(output, generate_ticks(ticks, markets, seed))
+    print(f"wrote {ticks} ticks of {markets} markets to {output}")
+    return 0
+
+
+def _served_weights(cfg: Config) -> tuple[Any, str]:
+    model = ModelStore(Path(cfg.paths.state_dir)).load_for_service(cfg)
+    if model is None:
+        return generate_weights(cfg), f"untrained (seed {cfg.neural.seed})"
+    return model.weights, model.version
+
+
+def layer_stats(w: Any) -> dict[str, dict[str, float]]:
+    """Per-layer statistics of a weights object."""
+    out = {}
+    for name, attr in LAYERS.items():
+        a = np.asarray(getattr(w, attr), dtype=np.float64)
+        out[name] = {"count": int(a.size), "mean": float(a.mean()), "std": float(a.std()), "min": float(a.min()),
+                     "max": float(a.max()), "abs_mean": float(np.abs(a).mean()), "zero_fraction": float(np.mean(a == 0))}
+    return out
+
+
+def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
+    """``--dump-weights``: statistics per layer of the served model (or all weights as npz)."""
+    w, version = _served_weights(cfg)
+    if fmt == "npz":
+        data = weights_to_bytes(w)
+        if output:
+            Path(output).write_bytes(data)
+            print(f"wrote weights of model {version} to {output}", file=sys.stderr)
+        else:
+            sys.stdout.buffer.write(data)
+        return 0
+    stats = layer_stats(w)
+    if fmt == "json":
+        print(json.dumps({"model_version": version, "layers": stats}))
+        return 0
+    buf = io.StringIO()
+    print(f"model {version}", file=buf)
+    print(f"{'layer':<26}{'count':>9}{'mean':>12}{'std':>12}{'min':>12}{'max':>12}", file=buf)
+    for name, s in stats.items():
+        print(f"{name:<26}{s['count']:>9}{s['mean']:>12.5f}{s['std']:>12.5f}{s['min']:>12.5f}{s['max']:>12.5f}", file=buf)
+    sys.stdout.write(buf.getvalue())
+    return 0
+
+
+def cmd_verify_data(root: str) -> int:
+    """``--verify-data DIR``: SHA-256 manifests of every model and every market state file under DIR."""
+    ok, problems = verify_tree(Path(root))
+    for line in ok:
+        print(line)
+    for line in problems:
+        print(f"cerebellar-norse: {line}", file=sys.stderr)
+    if not ok and not problems:
+        print(f"cerebellar-norse: {root}: no models or state files found", file=sys.stderr)
+        return 1
+    return 1 if problems else 0
+
+
+def cmd_validate_model(path: str) -> int:
+    """``--validate-model DIR``: a model directory, or every model directory in DIR."""
+    p = Path(path)
+    dirs = [p] if (p / MANIFEST).exists() else sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")) if p.is_dir() else []
+    if not dirs:
+        print(f"cerebellar-norse: {path}: no model directory found", file=sys.stderr)
+        return 1
+    bad = 0
+    for d in dirs:
+        try:
+            m = load_model_dir(d)
+            s = m.weights.shape
+            print(f"{d}: model {m.version} OK ({s.granule} granule, {s.purkinje} Purkinje, {s.dcn} DCN)")
+        except CheckpointError as exc:
+            bad += 1
+            print(f"cerebellar-norse: {exc}", file=sys.stderr)
+    return 1 if bad else 0

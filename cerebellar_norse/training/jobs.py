@@ -1,0 +1,357 @@
+"""Training jobs: one at a time, each in its own process, reported to the service.
+
+The job process limits itself to ``training.threads`` threads (torch, numba, BLAS),
+so serving keeps its cores. It loads the CSV files, trains from the active model's
+weights, evaluates the active model on the same held-out split, and writes the new
+model directory atomically; progress goes to the service through a queue.
+
+The service activates a succeeded job's model when its validation loss beats the
+active model's on the same split (``training.auto_activate``), or as the job asked
+(``activate``: ``auto``, ``always``, ``never``). Activation swaps the weights between
+batches on the event loop, so no request sees a mix of old and new weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import Config
+from ..errors import CerebellarNorseError, InputError
+from ..storage import atomic_write_bytes
+
+log = logging.getLogger("cerebellar_norse.training")
+
+JobStateName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+class JobConflictError(InputError):
+    """A job is already queued or running (HTTP 409)."""
+
+    status_code = 409
+
+
+class JobNotFoundError(InputError):
+    """No job with that id (HTTP 404)."""
+
+    status_code = 404
+
+
+class TrainingRequest(BaseModel):
+    """Parameters of a training job; unset fields take the ``[training]``/``[neural]`` config values."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    files: list[str] = Field(min_length=1, max_length=1000, description="CSV files, relative to paths.data_dir.")
+    epochs: int | None = Field(None, ge=1, le=10_000)
+    learning_rate: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    sequence_length: int | None = Field(None, ge=1, le=100_000)
+    batch_markets: int | None = Field(None, ge=1, le=65_536)
+    validation_fraction: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
+    early_stopping_patience: int | None = Field(None, ge=1, le=1000)
+    flat_band: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    max_bad_row_fraction: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    activate: Literal["auto", "always", "never"] = Field("auto", description="auto: when it beats the active model on validation.")
+
+
+def job_config(cfg: Config, req: TrainingRequest) -> Config:
+    """The config a job trains with: the service's, overridden by the request."""
+    t_over = {k: v for k, v in req.model_dump().items()
+              if v is not None and k in cfg.training.model_fields}
+    n_over = {"learning_rate": req.learning_rate} if req.learning_rate is not None else {}
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update=t_over),
+                                  "neural": cfg.neural.model_copy(update=n_over)})
+
+
+@dataclass
+class JobStatus:
+    """What ``GET /training/status/{job_id}`` reports."""
+
+    job_id: str
+    state: JobStateName = "queued"
+    files: list[str] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    progress: float = 0.0
+    epoch: int = 0
+    epochs: int = 0
+    loss: float | None = None
+    loss_history: list[float] = field(default_factory=list)
+    validation: dict[str, Any] | None = None
+    validation_history: list[dict[str, Any]] = field(default_factory=list)
+    active_model_validation: dict[str, Any] | None = None
+    ticks_per_second: float | None = None
+    eta_s: float | None = None
+    model_version: str | None = None
+    activated: bool = False
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+    report: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (times as ISO-8601 UTC)."""
+        d = asdict(self)
+        for k in ("created", "started", "finished"):
+            v = d[k]
+            d[k] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(v)) if v else None
+        d["loss"] = _finite(d["loss"])
+        d["loss_history"] = [_finite(x) for x in d["loss_history"]]
+        return d
+
+
+def _finite(x: Any) -> Any:
+    return x if not isinstance(x, float) or math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------------------
+# The job process
+# --------------------------------------------------------------------------------------
+
+
+def limit_threads(n: int) -> None:
+    """Limit this process to ``n`` compute threads (call before heavy imports where possible)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[var] = str(n)
+    import torch
+
+    torch.set_num_threads(n)
+    with contextlib.suppress(Exception):
+        torch.set_num_interop_threads(1)
+
+
+def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: Any, should_stop: Any,
+                 time_budget_s: float | None = None) -> dict[str, Any]:
+    """Load, train, compare with the active model, save. Returns the job's result summary."""
+    from ..neurons.topology import generate_weights
+    from .checkpoints import ModelStore
+    from .data import load_csv_files
+    from .trainer import evaluate, prepare, train
+
+    store = ModelStore(Path(cfg.paths.state_dir))
+    data = load_csv_files(files, cfg.training.max_bad_row_fraction)
+    prep = prepare(cfg, data)
+    for w in prep.warnings:
+        progress({"warning": w})
+    active = store.load_for_service(cfg)
+    initial = active.weights if active is not None else generate_weights(cfg)
+    active_val = evaluate(cfg, active.weights, prep) if active is not None else None
+    result = train(cfg, prep, initial, epochs, progress, should_stop, time_budget_s=time_budget_s)
+    metrics = {"validation": result.validation, "history": result.history, "best_epoch": result.best_epoch,
+               "ticks_per_second": result.ticks_per_second, "stopped_early": result.stopped_early,
+               "data": {"files": [str(f) for f in files], "rows": data.rows, "bad_rows": data.bad_rows, "ticks": data.ticks,
+                        "markets": len(data.markets), "train_class_counts": prep.train_counts.tolist(),
+                        "validation_class_counts": prep.val_counts.tolist()},
+               "warnings": result.warnings, "parent_version": active.version if active is not None else None,
+               "parent_validation": active_val}
+    version = store.save(result.weights, cfg, metrics)
+    return {"model_version": version, "validation": result.validation, "active_model_validation": active_val,
+            "active_version": active.version if active is not None else None, "warnings": result.warnings}
+
+
+def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any) -> None:
+    """Entry point of the job process (spawned)."""
+    cfg = Config.model_validate_json(cfg_json)
+    limit_threads(cfg.training.threads)
+
+    def progress(d: dict[str, Any]) -> None:
+        out.put(("progress", d))
+
+    try:
+        res = run_training(cfg, [Path(f) for f in files], epochs, progress, stop.is_set)
+        out.put(("succeeded", res))
+    except InterruptedError:
+        out.put(("cancelled", {}))
+    except CerebellarNorseError as exc:
+        out.put(("failed", {"error": str(exc), "report": getattr(exc, "report", [])[:200]}))
+    except Exception as exc:  # reported to the service, which keeps running
+        out.put(("failed", {"error": f"{type(exc).__name__}: {exc}"}))
+
+
+# --------------------------------------------------------------------------------------
+# The manager in the service
+# --------------------------------------------------------------------------------------
+
+
+class JobManager:
+    """Starts, tracks and cancels training jobs of a service (on its event loop)."""
+
+    def __init__(self, cfg: Config, activate: Any, set_loss: Any) -> None:
+        """``activate(version) -> None`` swaps a stored model in; ``set_loss(x)`` feeds the training_loss gauge."""
+        self.cfg = cfg
+        self._activate = activate
+        self._set_loss = set_loss
+        self.jobs: dict[str, JobStatus] = {}
+        self.latest: str | None = None
+        self._proc: Any = None
+        self._stop: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._ctx = mp.get_context("spawn")
+        self.jobs_dir = Path(cfg.paths.state_dir) / "jobs"
+        self._load_history()
+
+    def _load_history(self) -> None:
+        if not self.jobs_dir.is_dir():
+            return
+        for p in sorted(self.jobs_dir.glob("*.json")):
+            try:
+                d = json.loads(p.read_text(encoding="utf-8"))
+                st = JobStatus(job_id=d["job_id"], state=d["state"], files=d.get("files", []))
+                for k in ("progress", "epoch", "epochs", "loss", "loss_history", "validation", "model_version", "activated",
+                          "warnings", "error", "report", "validation_history", "active_model_validation", "ticks_per_second"):
+                    if k in d:
+                        setattr(st, k, d[k])
+                if d.get("created"):
+                    st.created = calendar.timegm(time.strptime(d["created"], "%Y-%m-%dT%H:%M:%SZ"))
+                self.jobs[st.job_id] = st
+                self.latest = st.job_id
+            except (OSError, ValueError, KeyError):
+                log.warning("ignoring unreadable job record %s", p)
+
+    @property
+    def busy(self) -> bool:
+        """A job is queued or running."""
+        return any(j.state in ("queued", "running") for j in self.jobs.values())
+
+    def start(self, req: TrainingRequest) -> JobStatus:
+        """Validate the request and start its job; JobConflictError when one is running."""
+        from .data import resolve_data_file
+
+        if self.busy:
+            running = next(j.job_id for j in self.jobs.values() if j.state in ("queued", "running"))
+            raise JobConflictError(f"job {running} is still running; one job at a time (cancel it with DELETE /training/{running})", "job")
+        cfg = job_config(self.cfg, req)
+        paths = [resolve_data_file(Path(cfg.paths.data_dir), f) for f in req.files]
+        job = JobStatus(job_id=uuid.uuid4().hex[:12], files=list(req.files), epochs=cfg.training.epochs)
+        self.jobs[job.job_id] = job
+        self.latest = job.job_id
+        out = self._ctx.Queue()
+        self._stop = self._ctx.Event()
+        self._proc = self._ctx.Process(target=_job_main, args=(cfg.model_dump_json(), [str(p) for p in paths],
+                                                               req.epochs, out, self._stop),
+                                       name=f"cerebellar-norse-train-{job.job_id}", daemon=True)
+        self._proc.start()
+        job.state = "running"
+        job.started = time.time()
+        self._task = asyncio.get_running_loop().create_task(self._monitor(job, out, req.activate))
+        log.info("training job started", extra={"fields": {"job_id": job.job_id, "files": req.files}})
+        return job
+
+    def get(self, job_id: str) -> JobStatus:
+        """A job by id (``latest`` for the most recent)."""
+        jid = self.latest if job_id == "latest" else job_id
+        if jid is None or jid not in self.jobs:
+            raise JobNotFoundError(f"no training job {job_id!r}", "job_id")
+        return self.jobs[jid]
+
+    async def cancel(self, job_id: str) -> JobStatus:
+        """Cancel a queued or running job (the process is stopped; no model is written)."""
+        job = self.get(job_id)
+        if job.state in FINAL:
+            return job
+        if self._stop is not None:
+            self._stop.set()
+        proc = self._proc
+        deadline = time.monotonic() + 5.0
+        while proc is not None and proc.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if proc is not None and proc.is_alive():
+            proc.terminate()
+            await asyncio.sleep(0.1)
+        self._finish(job, "cancelled", None)
+        return job
+
+    async def close(self) -> None:
+        """Stop a running job at shutdown."""
+        for job in self.jobs.values():
+            if job.state in ("queued", "running"):
+                await self.cancel(job.job_id)
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _monitor(self, job: JobStatus, out: Any, activate: str) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        while job.state not in FINAL:
+            try:
+                kind, data = await loop.run_in_executor(None, out.get, True, 0.2)
+            except queue.Empty:
+                if self._proc is not None and not self._proc.is_alive() and job.state not in FINAL:
+                    self._finish(job, "failed", f"training process exited with code {self._proc.exitcode}")
+                continue
+            if kind == "progress":
+                self._on_progress(job, data, time.monotonic() - t0)
+            elif kind == "succeeded":
+                self._on_success(job, data, activate)
+            elif kind == "cancelled":
+                self._finish(job, "cancelled", None)
+            else:
+                job.report = list(data.get("report", []))
+                self._finish(job, "failed", data.get("error", "unknown error"))
+
+    def _on_progress(self, job: JobStatus, d: dict[str, Any], elapsed: float) -> None:
+        if "warning" in d:
+            job.warnings.append(d["warning"])
+            return
+        job.epoch, job.epochs = d["epoch"], d["epochs"]
+        done = (d["epoch"] - 1 + d["step"] / max(d["steps"], 1)) / max(d["epochs"], 1)
+        job.progress = min(max(done, 0.0), 1.0)
+        job.ticks_per_second = d.get("ticks_per_second")
+        job.eta_s = elapsed * (1 - job.progress) / job.progress if job.progress > 0 else None
+        loss = d.get("loss")
+        if isinstance(loss, float) and math.isfinite(loss):
+            job.loss = loss
+            self._set_loss(loss)
+        if d.get("epoch_done"):
+            job.loss_history.append(d["loss"])
+            job.validation = d.get("validation")
+            if job.validation is not None:
+                job.validation_history.append(job.validation)
+
+    def _on_success(self, job: JobStatus, res: dict[str, Any], activate: str) -> None:
+        job.model_version = res["model_version"]
+        job.validation = res["validation"]
+        job.active_model_validation = res.get("active_model_validation")
+        job.progress = 1.0
+        job.eta_s = 0.0
+        new_loss = (res["validation"] or {}).get("loss")
+        old = res.get("active_model_validation")
+        old_loss = old.get("loss") if old else None
+        better = old_loss is None or (new_loss is not None and new_loss < old_loss)
+        want = activate == "always" or (activate == "auto" and self.cfg.training.auto_activate and better)
+        if want:
+            try:
+                self._activate(job.model_version)
+                job.activated = True
+            except CerebellarNorseError as exc:
+                job.warnings.append(f"model not activated: {exc}")
+        elif activate == "auto":
+            job.warnings.append(f"model kept inactive: validation loss {new_loss} does not beat the active model's {old_loss}")
+        self._finish(job, "succeeded", None)
+
+    def _finish(self, job: JobStatus, state: JobStateName, error: str | None) -> None:
+        if job.state in FINAL:
+            return
+        job.state = state
+        job.error = error
+        job.finished = time.time()
+        self._proc = None
+        log.info("training job %s", state, extra={"fields": {"job_id": job.job_id, "error": error, "model_version": job.model_version,
+                                                               "activated": job.activated}})
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(self.jobs_dir / f"{job.job_id}.json", json.dumps(job.as_dict(), default=str).encode())
