@@ -44,6 +44,7 @@ from ..neurons.parameters import encoder_parameters, network_parameters
 from ..neurons.state import StateArrays
 from ..neurons.topology import Weights, generate_weights
 from ..ticks import Tick
+from ..training.climbing_fibre import OnlineLearner
 from .persistence import STATE_FILE, load_pool, save_pool
 from .pool import StatePool
 
@@ -97,6 +98,7 @@ class Engine:
         self.batch_size = perf.batch_size
         self.delay_s = perf.max_batch_delay_us / 1e6
         self.queue_size = perf.queue_size
+        self.learner = self._make_learner()
         self.stats = EngineStats()
         self.observers: list[BatchObserver] = []
         self._pending: list[tuple[Tick, asyncio.Future[dict[str, Any]]]] = []
@@ -144,11 +146,28 @@ class Engine:
         log.info("restored market state", extra={"fields": {"markets": n, "path": str(p)}})
         return n
 
+    def _make_learner(self) -> OnlineLearner | None:
+        if not self.cfg.training.online_learning:
+            return None
+        if not hasattr(self.backend, "pf_views"):
+            log.warning("training.online_learning needs the CPU fused backend; disabled on %s", getattr(self.backend, "name", "?"))
+            return None
+        return OnlineLearner(self.weights, self.cfg.neural.horizon_ticks, self.cfg.training.flat_band,
+                             self.cfg.training.climbing_fibre_rate)
+
+    def _learn(self, ticks: Sequence[Tick], probs: np.ndarray) -> None:
+        assert self.learner is not None
+        pf_w, pf_ptr, pf_post = self.backend.pf_views()  # type: ignore[attr-defined]
+        for j, t in enumerate(ticks):
+            self.learner.observe(t.market_id, t.price, probs[j], self.backend.active_granules(j),  # type: ignore[attr-defined]
+                                 pf_w, pf_ptr, pf_post)
+
     def set_weights(self, weights: Weights, model_version: str, reset_states: bool = False) -> None:
         """Swap the model between batches (callers on the loop thread: no batch is running)."""
         self.backend.set_weights(weights)
         self.weights = weights
         self.model_version = model_version
+        self.learner = self._make_learner()
         if reset_states:
             for market in self.pool.table.markets():
                 self.pool.table.release(market)
@@ -274,6 +293,8 @@ class Engine:
         t0 = time.perf_counter_ns()
         probs, spikes = self.backend.step(slots, arr)
         elapsed = time.perf_counter_ns() - t0
+        if self.learner is not None:
+            self._learn(ticks, probs)
         out = result_dicts(ticks, probs, spikes, elapsed)
         version = self.model_version
         for r in out:

@@ -77,6 +77,17 @@ class FusedBackend:
         """Swap weights; a running step keeps the set it started with."""
         self.packed = PackedWeights.pack(weights, self.coef.dtype)
 
+    def pf_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Live views of the parallel-fibre CSR (weights, row pointers, Purkinje cells) in the packed weights."""
+        s = self.params.shape
+        dg, nnz = s.dendrites * s.granule, s.purkinje * s.pf_per_purkinje
+        wi = self.packed.wi
+        return self.packed.wf[dg:dg + nnz], wi[dg:dg + s.granule + 1], wi[dg + s.granule + 1:dg + s.granule + 1 + nnz]
+
+    def active_granules(self, b: int) -> np.ndarray:
+        """Granule cells that spiked during the ``b``-th tick of the last step (uint8 flags, a view)."""
+        return self.ws.active[b]
+
     def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Run the fused kernel for one batch (one caller at a time: the workspace is shared)."""
         b = slots.shape[0]
@@ -88,10 +99,10 @@ class FusedBackend:
             nb.set_num_threads(self.threads)
             tick_batch_parallel(order, starts, slots, ticks, self.state.flat, self.state.enc, pw.wf, pw.wi, self.dims,
                                 self.coef, self.enc_par, self.params.steps_per_tick, ws.work_f, ws.work_i, ws.work_z,
-                                ws.probs, ws.spikes)
+                                ws.probs, ws.spikes, ws.active)
         else:
             tick_batch(slots, ticks, self.state.flat, self.state.enc, pw.wf, pw.wi, self.dims, self.coef, self.enc_par,
-                       self.params.steps_per_tick, ws.work_f[0], ws.work_i[0], ws.work_z[0], ws.probs, ws.spikes)
+                       self.params.steps_per_tick, ws.work_f[0], ws.work_i[0], ws.work_z[0], ws.probs, ws.spikes, ws.active)
         return ws.probs[:b], ws.spikes[:b]
 
 

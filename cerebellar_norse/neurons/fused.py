@@ -71,7 +71,7 @@ def make_dims(shape: NetworkShape, slots: int) -> np.ndarray:
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
-               work_f, work_i, work_z, probs, spikes):
+               work_f, work_i, work_z, probs, spikes, active):
     """Step ``len(slots)`` market ticks through ``steps`` integration steps each, in order.
 
     Args:
@@ -87,14 +87,16 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
         work_f, work_i, work_z: scratch buffers of one thread (see FusedWorkspace).
         probs: (B, K) float64 output class probabilities.
         spikes: (B, 3) int64 output spikes per population over the tick.
+        active: (B, G) uint8 output, 1 for granule cells that spiked during the tick
+            (the eligibility of their parallel-fibre synapses for climbing-fibre learning).
     """
     _run(slots, slots, 0, slots.shape[0], False, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
-         work_f, work_i, work_z, probs, spikes)
+         work_f, work_i, work_z, probs, spikes, active)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def tick_batch_parallel(order, starts, slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par,
-                        steps, work_f, work_i, work_z, probs, spikes):
+                        steps, work_f, work_i, work_z, probs, spikes, active):
     """Like :func:`tick_batch`, the batch split into ``len(starts) - 1`` chunks run in parallel.
 
     ``order[starts[c]:starts[c + 1]]`` are the batch positions of chunk c, in arrival
@@ -103,12 +105,12 @@ def tick_batch_parallel(order, starts, slots, ticks, state_f, enc, wf, wi, dims,
     """
     for c in nb.prange(starts.shape[0] - 1):
         _run(order, slots, starts[c], starts[c + 1], True, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
-             work_f[c], work_i[c], work_z[c], probs, spikes)
+             work_f[c], work_i[c], work_z[c], probs, spikes, active)
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
-         work_f, work_i, work_z, probs, spikes):
+         work_f, work_i, work_z, probs, spikes, active):
     """Process batch positions ``order[lo:hi]`` (or ``lo:hi`` when not ``use_order``)."""
     M, G, D, P, N, K, NNZ, S = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
     v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out = state_views(state_f, S, G, P, N, K)
@@ -178,6 +180,9 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
         vp, ip = v_pc[s], i_pc[s]
         vd, idn = v_dcn[s], i_dcn[s]
         vo, io = v_out[s], i_out[s]
+        act = active[b]
+        for g in range(G):
+            act[g] = 0
         tot_gr = 0
         tot_pc = 0
         tot_dn = 0
@@ -195,6 +200,8 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
             for g in range(G):  # branch-free compaction: spikes are too sparse and random to predict
                 gr_spk[cnt] = g
                 cnt += gr_flag[g]
+            for k in range(cnt):
+                act[gr_spk[k]] = 1
             # Golgi homeostasis: relu(g + rate * (activity - target)).
             tmp[0] = cnt
             g_new = g_inh + rate * (tmp[0] / n_granule - target)
@@ -278,6 +285,7 @@ class FusedWorkspace:
     work_z: np.ndarray
     probs: np.ndarray
     spikes: np.ndarray
+    active: np.ndarray
 
     @classmethod
     def allocate(cls, shape: NetworkShape, dtype: np.dtype, max_batch: int, threads: int = 1) -> FusedWorkspace:
@@ -289,6 +297,7 @@ class FusedWorkspace:
             work_z=np.zeros((threads, 3), dtype=np.float64),
             probs=np.zeros((max_batch, shape.classes), dtype=np.float64),
             spikes=np.zeros((max_batch, 3), dtype=np.int64),
+            active=np.zeros((max_batch, shape.granule), dtype=np.uint8),
         )
 
 

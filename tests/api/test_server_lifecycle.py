@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from live_helpers import REPO_ROOT, LiveServer, free_port, server_environ, signal_of, tick
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from cerebellar_norse import CerebellarNetwork
 from cerebellar_norse.engine.persistence import STATE_FILE
@@ -52,7 +55,11 @@ def test_graceful_shutdown_saves_and_restart_continues(tmp_path: Path, start_ser
     first = start_server(state_dir)
     with httpx.Client(base_url=first.url, timeout=10) as c:
         before = [c.post("/neural/process", json=t).json() for t in ticks[:5]]
-    assert first.stop() == 0, first.log()[-4000:]
+    with connect(f"{first.ws_url}/neural/stream", open_timeout=10) as ws:  # an open stream at shutdown
+        assert first.stop() == 0, first.log()[-4000:]
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012  # "service restart"
     assert (state_dir / STATE_FILE).is_file()
     assert '"service stopped"' in first.log()
 
