@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, estimate_memory
 from ..errors import CapacityError, CheckpointError, EngineFatalError, TickOrderError
 from ..neurons.backends import Backend, make_backend
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
@@ -52,6 +52,18 @@ log = logging.getLogger("cerebellar_norse.engine")
 
 # Shortest delay given to an event-loop timer; shorter waits run on the next loop iteration.
 MIN_TIMER_DELAY_S = 0.0005
+
+
+IDLE_EVICTION_S = 300.0  # markets idle this long may be evicted above the pool threshold
+
+
+def pool_capacity(cfg: Config) -> int:
+    """Market slots: ``max_markets``, limited to what ``memory_pool_size`` holds when the pool is enabled."""
+    perf = cfg.performance
+    if not perf.memory_pool_enabled:
+        return perf.max_markets
+    per_market = estimate_memory(cfg).state_per_market
+    return max(1, min(perf.max_markets, int(perf.memory_pool_size) // per_market))
 
 
 @dataclass
@@ -88,7 +100,7 @@ class Engine:
         self.params = network_parameters(cfg)
         self.weights = weights if weights is not None else generate_weights(cfg)
         self.model_version = model_version or f"seed-{cfg.neural.seed}"
-        self.arrays = StateArrays.allocate(perf.max_markets, self.params, cfg.neural.precision)
+        self.arrays = StateArrays.allocate(pool_capacity(cfg), self.params, cfg.neural.precision)
         self.pool = StatePool(self.arrays, self._reset_slot)
         if isinstance(backend, str) or backend is None:
             self.backend: Backend = make_backend(backend or "fused", self.weights, self.params, self.arrays,
@@ -105,6 +117,7 @@ class Engine:
         self._pending_ts: dict[str, int] = {}
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
         self._last_batch_end = 0.0
+        self._last_gc = 0.0
         self._accepting = True
         self.started = time.monotonic()
         self._slots = np.zeros(self.batch_size, dtype=np.int64)
@@ -242,6 +255,22 @@ class Engine:
             self._run_batch(batch)
         self._pending_ts.clear()
         self._last_batch_end = time.monotonic()
+        if self._last_batch_end - self._last_gc >= 1.0:
+            self.collect_idle(self._last_batch_end)
+
+    def collect_idle(self, now: float | None = None) -> int:
+        """Above ``garbage_collection_threshold`` pool usage, evict markets idle for over ``IDLE_EVICTION_S``."""
+        now = time.monotonic() if now is None else now
+        self._last_gc = now
+        threshold = self.cfg.performance.garbage_collection_threshold
+        keep = int(threshold * self.pool.capacity)
+        if self.pool.used <= keep:
+            return 0
+        gone = self.pool.table.evict_idle(keep, IDLE_EVICTION_S, now)
+        if gone:
+            log.info("evicted idle markets above the pool threshold", extra={"fields": {
+                "evicted": len(gone), "threshold": threshold, "markets": self.pool.used, "capacity": self.pool.capacity}})
+        return len(gone)
 
     def _run_batch(self, batch: list[tuple[Tick, asyncio.Future[dict[str, Any]]]]) -> None:
         ticks = [t for t, _ in batch]

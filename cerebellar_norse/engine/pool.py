@@ -8,6 +8,7 @@ if it comes back it restarts from the initial state) and the eviction is counted
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -29,6 +30,7 @@ class SlotTable:
         self._on_new_slot = on_new_slot
         self._slots: OrderedDict[str, int] = OrderedDict()
         self._free = list(range(capacity - 1, -1, -1))
+        self._last_used: dict[str, float] = {}
         self.evictions = 0
         self.last_evicted: str | None = None
 
@@ -49,6 +51,7 @@ class SlotTable:
     def acquire(self, market_id: str) -> int:
         """The market's slot (assigning one, evicting the LRU market if full); marks it most recent."""
         slot = self._slots.get(market_id)
+        self._last_used[market_id] = time.monotonic()
         if slot is not None:
             self._slots.move_to_end(market_id)
             return slot
@@ -56,15 +59,31 @@ class SlotTable:
             slot = self._free.pop()
         else:
             victim, slot = self._slots.popitem(last=False)
+            self._last_used.pop(victim, None)
             self.evictions += 1
             self.last_evicted = victim
         self._on_new_slot(slot)
         self._slots[market_id] = slot
         return slot
 
+    def evict_idle(self, keep: int, idle_s: float, now: float | None = None) -> list[str]:
+        """Evict least recently used markets idle for more than ``idle_s`` until at most ``keep`` remain."""
+        now = time.monotonic() if now is None else now
+        gone: list[str] = []
+        while len(self._slots) > keep:
+            market = next(iter(self._slots))
+            if now - self._last_used.get(market, now) <= idle_s:
+                break
+            self.release(market)
+            self.evictions += 1
+            self.last_evicted = market
+            gone.append(market)
+        return gone
+
     def release(self, market_id: str) -> bool:
         """Forget a market and free its slot; True when it held one."""
         slot = self._slots.pop(market_id, None)
+        self._last_used.pop(market_id, None)
         if slot is None:
             return False
         self._free.append(slot)
