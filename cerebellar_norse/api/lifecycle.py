@@ -122,3 +122,24 @@ def install_sighup(state: ServiceState, config_path: str | None) -> None:
     """Reload the config on SIGHUP (instead of the default: terminate)."""
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGHUP, reload_config, state, config_path)
+
+
+async def periodic_summary(state: ServiceState, interval_s: float = 60.0) -> None:
+    """Log a processing summary every ``interval_s`` (INFO), with ``fields.processing_time_ns``.
+
+    The per-tick line is DEBUG (it would cost latency at INFO); this line lets
+    ``jq 'select(.fields.processing_time_ns) | .fields.processing_time_ns'`` work at INFO.
+    """
+    last_ticks = state.engine.stats.ticks
+    while True:
+        await asyncio.sleep(interval_s)
+        ticks = state.engine.stats.ticks
+        if ticks == last_ticks:
+            continue
+        q = state.metrics.recent.quantiles((0.5, 0.99))
+        log.info("processing summary", extra={"fields": {
+            "ticks": ticks - last_ticks, "ticks_per_second": round((ticks - last_ticks) / interval_s, 1),
+            "processing_time_ns": int(q[0.5] * 1e9), "processing_time_ns_p99": int(q[0.99] * 1e9),
+            "queue_depth": state.engine.queue_depth, "markets": state.engine.pool.used,
+            "model_version": state.engine.model_version}})
+        last_ticks = ticks

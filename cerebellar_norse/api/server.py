@@ -31,7 +31,7 @@ from ..training.checkpoints import ModelStore
 from ..training.jobs import JobManager
 from .app import create_app
 from .deps import ServiceState
-from .lifecycle import announce_when_listening, install_sighup
+from .lifecycle import announce_when_listening, install_sighup, periodic_summary
 from .modelswap import activate_version
 from .routes import training as training_routes
 
@@ -131,6 +131,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
                                                      "port": state.cfg.server.port}})
         server = state.extra.get("server")
         announcer = None
+        summary = asyncio.create_task(periodic_summary(state))
         if server is not None:
             announcer = asyncio.create_task(announce_when_listening(state, lambda: bool(getattr(server, "started", False))))
             install_sighup(state, state.extra.get("config_path"))
@@ -141,6 +142,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             jobs = state.extra.get("jobs")
             if jobs is not None:
                 await jobs.close()
+            summary.cancel()
             if announcer is not None:
                 announcer.cancel()
             state.ready = False

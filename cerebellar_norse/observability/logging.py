@@ -12,6 +12,7 @@ With ``[logging] file`` set, lines also go to that file, rotated at ``max_size``
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -68,6 +69,12 @@ def file_handler(cfg: LoggingConfig) -> logging.Handler | None:
         return None
     path = Path(cfg.file)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name == "application.log":
+        # The operations guide reads both application.log and app.log: keep the second as an alias.
+        alias = path.with_name("app.log")
+        if not alias.exists() and not alias.is_symlink():
+            with contextlib.suppress(OSError):
+                alias.symlink_to(path.name)
     h = logging.handlers.RotatingFileHandler(path, maxBytes=int(cfg.max_size), backupCount=cfg.max_files, encoding="utf-8")
     if cfg.compression == "gzip":
         h.namer = lambda name: name + ".gz"

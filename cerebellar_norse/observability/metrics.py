@@ -57,6 +57,36 @@ def _fmt(b: float) -> str:
     return repr(float(b))
 
 
+LATENCY_QUANTILES = (0.5, 0.95, 0.99)
+
+
+class RecentLatency:
+    """Per-tick latencies of the last ``size`` batches (value, ticks), for quantile gauges and log summaries."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.values = np.zeros(size)
+        self.weights = np.zeros(size)
+        self.i = 0
+        self.n = 0
+
+    def add(self, value: float, count: int) -> None:
+        """Record a batch whose ``count`` ticks took ``value`` seconds each."""
+        self.values[self.i] = value
+        self.weights[self.i] = count
+        self.i = (self.i + 1) % self.values.shape[0]
+        self.n = min(self.n + 1, self.values.shape[0])
+
+    def quantiles(self, qs: Iterable[float]) -> dict[float, float]:
+        """Tick-weighted quantiles (NaN before the first batch)."""
+        if self.n == 0:
+            return dict.fromkeys(qs, math.nan)
+        v, w = self.values[:self.n], self.weights[:self.n]
+        order = np.argsort(v)
+        cum = np.cumsum(w[order])
+        total = cum[-1]
+        return {q: float(v[order][min(int(np.searchsorted(cum, q * total)), self.n - 1)]) for q in qs}
+
+
 class ServiceMetrics:
     """All metrics of one service instance, in its own registry."""
 
@@ -64,6 +94,7 @@ class ServiceMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.processing = TickHistogram(PROCESSING_BUCKETS)
+        self.recent = RecentLatency()
         self.batch_sizes = TickHistogram(BATCH_BUCKETS)
         self.requests = Counter("cerebellar_norse_http_requests_total", "HTTP requests by route, method and status.",
                                 ["route", "method", "status"], registry=r)
@@ -78,8 +109,10 @@ class ServiceMetrics:
 
     def on_batch(self, size: int, elapsed_ns: int, spikes: Any) -> None:
         """Engine observer: one batch of ``size`` ticks took ``elapsed_ns``."""
-        self.processing.observe_many(elapsed_ns / 1e9 / max(size, 1), size)
+        per_tick = elapsed_ns / 1e9 / max(size, 1)
+        self.processing.observe_many(per_tick, size)
         self.batch_sizes.observe_many(float(size), 1)
+        self.recent.add(per_tick, size)
 
     def add_source(self, source: Callable[[], Iterable[Metric]]) -> None:
         """Register a callable yielding metric families at scrape time."""
@@ -97,6 +130,11 @@ class _CallbackCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         yield self.m.processing.family("processing_duration_seconds", "Neural processing latency per tick (s), batch time amortised over its ticks.")
         yield self.m.batch_sizes.family("cerebellar_norse_batch_size_ticks", "Ticks per engine batch.")
+        lat = GaugeMetricFamily("cerebellar_norse_processing_latency_seconds",
+                                "Neural processing latency per tick over the last 4096 batches (s), by quantile.", labels=["quantile"])
+        for q, v in self.m.recent.quantiles(LATENCY_QUANTILES).items():
+            lat.add_metric([repr(q)], v)
+        yield lat
         for source in self.m._sources:
             yield from source()
 
@@ -132,6 +170,10 @@ def engine_families(engine: Any, device: str, cuda_memory: Callable[[], tuple[in
         yield CounterMetricFamily("cerebellar_norse_pool_evictions", "Markets evicted (least recently used).", value=pool["evictions"])
         yield CounterMetricFamily("cerebellar_norse_engine_busy_seconds", "Time spent stepping batches (s).", value=st.busy_ns / 1e9)
         yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", "Seconds since the service started.", value=time.monotonic() - started)
+        learner = getattr(engine, "learner", None)
+        if learner is not None:
+            yield CounterMetricFamily("cerebellar_norse_online_judged_ticks", "Ticks judged after their horizon by climbing-fibre learning.", value=learner.judged)
+            yield CounterMetricFamily("cerebellar_norse_online_updates", "Climbing-fibre weight updates (wrong predictions).", value=learner.updates)
         info = GaugeMetricFamily("cerebellar_norse_model_info", "Active model (value 1).", labels=["model_version", "device"])
         info.add_metric([engine.model_version, device], 1.0)
         yield info
