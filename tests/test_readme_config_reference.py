@@ -63,7 +63,7 @@ def test_defaults_in_the_table_are_the_real_defaults(script: ModuleType) -> None
     assert rows["server.port"].default == "8080"
     assert rows["performance.memory_limit"].default == '"2GB"'
     assert rows["neural.granule.tau_syn_ms"].default == "2.0"  # the granule population's, not the generic LIF default
-    assert rows["neural.readout.tau_mem_ms"].default == "10.0"
+    assert rows["neural.readout.tau_mem_ms"].default == "2.0"
     assert rows["paths.state_dir"].default == '"./var"'
     assert rows["performance.device"].type == '"cpu" / "cuda" / "auto"'
 
