@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,8 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         eng = state.engine
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=state.cfg.server.worker_threads, thread_name_prefix="cerebellar-norse-worker"))
         if restore:
             eng.restore_state()
         observers, eng.observers = eng.observers, []  # warm-up ticks are not client ticks: keep them out of the metrics

@@ -1,0 +1,193 @@
+"""Gradient training: it learns the synthetic structure, checkpointing, metrics, early stopping, time budget."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TINY_NEURAL, ConfigFactory
+
+from cerebellar_norse.config import Config
+from cerebellar_norse.neurons.topology import TRAINABLE, generate_weights
+from cerebellar_norse.synthetic import generate_ticks
+from cerebellar_norse.training import trainer
+from cerebellar_norse.training.data import TickData, load_csv_files, write_csv
+from cerebellar_norse.training.trainer import Prepared, classification_metrics, evaluate, prepare, train
+
+
+def tick_data(tmp_path: Path, n: int, markets: int, seed: int) -> TickData:
+    path = tmp_path / f"ticks-{n}-{markets}-{seed}.csv"
+    write_csv(path, generate_ticks(n, markets, seed))
+    return load_csv_files([path])
+
+
+def tiny(make_config: ConfigFactory, **training: Any) -> Config:
+    lr = training.pop("learning_rate", 0.005)
+    return make_config(neural={**TINY_NEURAL, "learning_rate": lr}, training=training)
+
+
+@pytest.fixture
+def tiny_prep(tmp_path: Path, make_config: ConfigFactory) -> tuple[Config, Prepared]:
+    cfg = tiny(make_config)
+    return cfg, prepare(cfg, tick_data(tmp_path, 1200, 2, seed=3))
+
+
+# --------------------------------------------------------------------------------------
+# It learns
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_training_beats_the_majority_baseline_on_held_out_data(tmp_path: Path, make_config: ConfigFactory) -> None:
+    cfg = make_config(neural={"learning_rate": 0.005}, training={"threads": 1})
+    prep = prepare(cfg, tick_data(tmp_path, 30_000, 4, seed=11))
+    assert [len(m.ticks) for m in prep.markets] and all(m.n_train < len(m.ticks) for m in prep.markets)
+    initial = generate_weights(cfg)
+    before = evaluate(cfg, initial, prep)
+    result = train(cfg, prep, initial, epochs=2)
+    val = result.validation
+    assert val["samples"] > 4000
+    assert val["accuracy"] > val["majority_baseline_accuracy"], val
+    assert val["loss"] < before["loss"], (before, val)
+    assert result.best_epoch in (1, 2) and len(result.history) == 2
+    assert result.ticks_per_second > 0
+    # the stored best weights are the evaluated ones
+    assert evaluate(cfg, result.weights, prep)["loss"] == pytest.approx(val["loss"], rel=1e-9)
+
+
+def test_split_is_by_time_and_train_labels_never_reach_into_held_out_ticks(tiny_prep: tuple[Config, Prepared]) -> None:
+    cfg, prep = tiny_prep
+    h = cfg.neural.horizon_ticks
+    for m in prep.markets:
+        n = len(m.ticks)
+        assert m.n_train == round(n * (1 - cfg.training.validation_fraction))
+        assert (m.labels[m.n_train - h:m.n_train] == -1).all()
+        assert (m.labels[m.n_train:n - h] >= 0).all() and (m.labels[n - h:] == -1).all()
+        ts = [t.timestamp for t in m.ticks]
+        assert ts == sorted(ts)
+    assert prep.train_counts.sum() > 0 and prep.val_counts.sum() > 0
+    assert len(prep.warnings) == 3  # far fewer than 10,000 samples per class
+
+
+# --------------------------------------------------------------------------------------
+# Gradient checkpointing
+# --------------------------------------------------------------------------------------
+
+
+def test_gradient_checkpointing_gives_the_same_step(tmp_path: Path, make_config: ConfigFactory) -> None:
+    data = tick_data(tmp_path, 400, 2, seed=5)
+    out = {}
+    for ckpt in (False, True):
+        # one window covers every lane: exactly one Adam step per epoch
+        cfg = tiny(make_config, gradient_checkpointing=ckpt, sequence_length=1000, batch_markets=2)
+        prep = prepare(cfg, data)
+        res = train(cfg, prep, generate_weights(cfg), epochs=1)
+        assert len(res.history) == 1
+        out[ckpt] = res
+    loss_plain, loss_ckpt = out[False].history[0]["train_loss"], out[True].history[0]["train_loss"]
+    assert math.isfinite(loss_plain)
+    assert abs(loss_plain - loss_ckpt) <= 1e-6
+    init = generate_weights(tiny(make_config))
+    for name in TRAINABLE:
+        np.testing.assert_allclose(getattr(out[True].weights, name), getattr(out[False].weights, name), atol=1e-6, err_msg=name)
+    assert not np.array_equal(out[True].weights.pf_w, init.pf_w)  # the step did change the weights
+
+
+# --------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------
+
+
+def test_classification_metrics_by_hand() -> None:
+    probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.2, 0.5, 0.3], [0.5, 0.1, 0.4], [0.1, 0.2, 0.7]])
+    labels = np.array([0, 2, 1, 2, 1])
+    m = classification_metrics(probs, labels, majority_class=1)
+    assert m["samples"] == 5
+    assert m["loss"] == pytest.approx(-np.mean(np.log([0.7, 0.6, 0.5, 0.4, 0.2])))
+    assert m["accuracy"] == pytest.approx(0.6)  # predictions 0, 2, 1, 0, 2
+    # moving ticks 0, 1, 3: P(up)-P(down) = -0.6, +0.5, -0.1 against down, up, up
+    assert m["directional_accuracy"] == pytest.approx(2 / 3)
+    assert m["recall"] == {"down": 1.0, "flat": 0.5, "up": 0.5}
+    assert m["majority_class"] == "flat" and m["majority_baseline_accuracy"] == pytest.approx(0.4)
+    assert m["directional_baseline_accuracy"] == pytest.approx(2 / 3)
+    assert m["class_counts"] == {"down": 1, "flat": 2, "up": 2}
+
+
+def test_classification_metrics_edge_cases() -> None:
+    assert classification_metrics(np.zeros((0, 3)), np.zeros(0, dtype=np.int64), 1) == {"samples": 0}
+    m = classification_metrics(np.array([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]]), np.array([1, 1]), majority_class=0)
+    assert math.isnan(m["directional_accuracy"])  # no moving tick
+    assert m["recall"]["down"] is None and m["recall"]["flat"] == 0.5
+    assert m["majority_baseline_accuracy"] == 0.0 and m["directional_baseline_accuracy"] == 0.0
+    assert math.isfinite(m["loss"])  # probability 0 of a label is clipped, not -inf
+
+
+# --------------------------------------------------------------------------------------
+# Early stopping and the time budget
+# --------------------------------------------------------------------------------------
+
+
+def test_early_stopping_after_patience_epochs_without_improvement(tmp_path: Path, make_config: ConfigFactory) -> None:
+    # a learning rate far below float32 resolution: the weights (and validation loss) never change
+    cfg = tiny(make_config, learning_rate=1e-12, early_stopping_patience=1, epochs=5)
+    prep = prepare(cfg, tick_data(tmp_path, 600, 2, seed=7))
+    seen: list[dict[str, Any]] = []
+    res = train(cfg, prep, generate_weights(cfg), progress=lambda d: seen.append(d) if d.get("epoch_done") else None)
+    assert len(res.history) < 5
+    assert len(res.history) == 2 and res.stopped_early and res.best_epoch == 1
+    assert res.history[1]["validation"]["loss"] == res.history[0]["validation"]["loss"]
+    assert [d["epoch"] for d in seen] == [1, 2]
+
+
+def test_no_early_stop_while_validation_improves(tiny_prep: tuple[Config, Prepared], make_config: ConfigFactory) -> None:
+    _, prep = tiny_prep
+    cfg = tiny(make_config, early_stopping_patience=5, epochs=2)
+    res = train(cfg, prep, generate_weights(cfg))
+    assert len(res.history) == 2 and not res.stopped_early
+
+
+def test_time_budget_starts_no_epoch_that_would_not_fit(tiny_prep: tuple[Config, Prepared], make_config: ConfigFactory,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake clock: every epoch takes 10 s; with a 25 s budget the third epoch (ending at 30 s) never starts."""
+    _, prep = tiny_prep
+    cfg = tiny(make_config, early_stopping_patience=100, epochs=5)
+    now = [1000.0]
+
+    def perf_counter() -> float:
+        now[0] += 1e-6
+        return now[0]
+
+    def progress(d: dict[str, Any]) -> None:
+        if d.get("epoch_done"):
+            now[0] += 10.0
+
+    monkeypatch.setattr(trainer, "time", SimpleNamespace(perf_counter=perf_counter))
+    t0 = now[0]
+    res = train(cfg, prep, generate_weights(cfg), progress=progress, time_budget_s=25.0)
+    assert len(res.history) == 2 and res.stopped_early
+    assert now[0] - t0 <= 25.0
+
+
+def test_time_budget_on_the_real_clock(tiny_prep: tuple[Config, Prepared], make_config: ConfigFactory) -> None:
+    _, prep = tiny_prep
+    cfg = tiny(make_config, early_stopping_patience=100, epochs=3)
+    res = train(cfg, prep, generate_weights(cfg), time_budget_s=1e-6)
+    assert len(res.history) == 1 and res.stopped_early  # the first epoch always runs
+
+
+def test_cancellation_is_polled_between_steps(tiny_prep: tuple[Config, Prepared], make_config: ConfigFactory) -> None:
+    _, prep = tiny_prep
+    cfg = tiny(make_config, sequence_length=16)
+    calls = [0]
+
+    def should_stop() -> bool:
+        calls[0] += 1
+        return calls[0] > 3
+
+    with pytest.raises(InterruptedError):
+        train(cfg, prep, generate_weights(cfg), should_stop=should_stop)
+    assert calls[0] == 4
