@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--markets", type=int, default=4, help="markets (default 4)")
     md.add_argument("--seed", type=int, default=0, help="seed (default 0)")
 
+    rp = sub.add_parser("replay", help="run recorded or CSV ticks through the served model")
+    rp.add_argument("file", help="tick CSV (e.g. a recording from <state_dir>/recordings/)")
+    rp.add_argument("--json", action="store_true", help="print one JSON result per line")
+
     bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
     bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
     bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
@@ -188,6 +192,12 @@ def _cmd_validate_model(args: argparse.Namespace) -> int:
     return cmd_validate_model(args.validate_model)
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .training.commands import cmd_replay
+
+    return cmd_replay(_load(args), Path(args.file), args.json)
+
+
 def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.validate_only:
         return lambda a: _cmd_validate(a, host_checks=False)
@@ -202,7 +212,8 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.validate_model:
         return _cmd_validate_model
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "make-data": _cmd_make_data}
+        "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "make-data": _cmd_make_data,
+        "replay": _cmd_replay}
     if args.command in commands:
         return commands[args.command]
     return _cmd_serve

@@ -47,6 +47,7 @@ from ..ticks import Tick
 from ..training.climbing_fibre import OnlineLearner
 from .persistence import STATE_FILE, load_pool, save_pool
 from .pool import StatePool
+from .recorder import TickRecorder
 
 log = logging.getLogger("cerebellar_norse.engine")
 
@@ -111,6 +112,7 @@ class Engine:
         self.delay_s = perf.max_batch_delay_us / 1e6
         self.queue_size = perf.queue_size
         self.learner = self._make_learner()
+        self.recorder: TickRecorder | None = None
         self.stats = EngineStats()
         self.observers: list[BatchObserver] = []
         self._pending: list[tuple[Tick, asyncio.Future[dict[str, Any]]]] = []
@@ -324,6 +326,13 @@ class Engine:
         elapsed = time.perf_counter_ns() - t0
         if self.learner is not None:
             self._learn(ticks, probs)
+        if self.cfg.debug.record_requests:
+            if self.recorder is None:
+                self.recorder = TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
+            self.recorder.write(ticks)
+        elif self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
         out = result_dicts(ticks, probs, spikes, elapsed)
         version = self.model_version
         for r in out:
@@ -372,6 +381,9 @@ class Engine:
             self._flush_handle = None
         self._flush()
         await asyncio.sleep(0)
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
         if save:
             self.save_state()
 

@@ -157,3 +157,28 @@ def cmd_validate_model(path: str) -> int:
             bad += 1
             print(f"cerebellar-norse: {exc}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def cmd_replay(cfg: Config, path: Path, as_json: bool) -> int:
+    """``cerebellar-norse replay FILE``: feed a tick CSV through the served model, in file order per market."""
+    from ..neurons.network import CerebellarNetwork
+    from ..ticks import Tick
+    from .data import load_csv_files
+
+    data = load_csv_files([path], max_bad_fraction=cfg.training.max_bad_row_fraction)
+    weights, version = _served_weights(cfg)
+    markets = len(data.markets)
+    net = CerebellarNetwork(cfg, weights=weights, max_markets=max(markets, 1))
+    rows = sorted((int(ts), m.market_id, float(p), float(v)) for m in data.markets
+                  for ts, p, v in zip(m.timestamp, m.price, m.volume, strict=True))
+    ticks = [Tick(p, v, ts, mid) for ts, mid, p, v in rows]
+    results = net.process_ticks(ticks)
+    if as_json:
+        for r in results:
+            r["model_version"] = version
+            print(json.dumps(r))
+        return 0
+    preds = np.array([r["prediction"] for r in results])
+    print(f"replayed {len(results)} ticks of {markets} markets from {path} through model {version}")
+    print(f"prediction mean {preds.mean():+.4f}, std {preds.std():.4f}; bad rows skipped: {data.bad_rows}")
+    return 0

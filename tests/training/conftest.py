@@ -1,48 +1,27 @@
 """Fixtures of the training tests: configs built through environment overrides, CSV files of ticks.
 
-``make_config(neural={...}, training={...}, state_dir=...)`` is the built-in default
-config with the overrides applied through ``CEREBELLAR_NORSE_*`` variables (the
-caller's environment is not read) and ``paths.state_dir`` under the test's tmp_path.
-``TINY_NEURAL`` is a network small enough for the Norse reference to train in
-fractions of a second.
+``make_config(neural={...}, training={...})`` is the built-in default config with the
+overrides applied through ``CEREBELLAR_NORSE_*`` variables (the caller's environment
+is not read), ``paths.state_dir`` and ``paths.data_dir`` under the test's tmp_path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from training_helpers import ConfigFactory, CsvFactory, config_environ
 
 from cerebellar_norse.config import Config, consistency_problems, load_config
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.training.data import write_csv
 
-ConfigFactory = Callable[..., Config]
-CsvFactory = Callable[..., Path]
-
-TINY_NEURAL: dict[str, Any] = {
-    "mossy_size": 12,
-    "granule_size": 64,
-    "granule_dendrites": 3,
-    "purkinje_size": 6,
-    "connections_per_neuron": 16,
-    "dcn_size": 6,
-    "target_sparsity": 0.1,
-    "horizon_ticks": 5,
-}
-
-
-def config_environ(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """``{"neural": {"granule_size": 64}}`` -> ``{"CEREBELLAR_NORSE_NEURAL__GRANULE_SIZE": "64"}``."""
-    return {f"CEREBELLAR_NORSE_{section.upper()}__{key.upper()}": str(value).lower() if isinstance(value, bool) else str(value)
-            for section, keys in sections.items() for key, value in keys.items()}
-
 
 @pytest.fixture
 def make_config(tmp_path: Path) -> ConfigFactory:
-    """Build a checked config from the built-in default plus ``neural=``/``training=``/``paths=`` overrides."""
+    """Build a checked config from the built-in default plus ``neural=``/``training=``/``performance=`` overrides."""
 
     def make(*, neural: Mapping[str, Any] | None = None, training: Mapping[str, Any] | None = None,
              performance: Mapping[str, Any] | None = None, state_dir: Path | None = None,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TINY_NEURAL, ConfigFactory
+from training_helpers import TINY_NEURAL, ConfigFactory
 
 from cerebellar_norse.config import Config
 from cerebellar_norse.neurons.topology import TRAINABLE, generate_weights

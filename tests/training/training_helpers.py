@@ -1,0 +1,38 @@
+"""Helpers of the training tests: a tiny network, config overrides, the live server of the API tests."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cerebellar_norse.config import Config
+
+# The API tests' server launcher (tests/api/live_helpers.py) is reused as is.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
+from live_helpers import REPO_ROOT, LiveServer, free_port, server_environ, start  # noqa: E402
+
+__all__ = ["REPO_ROOT", "TINY_NEURAL", "ConfigFactory", "CsvFactory", "LiveServer", "config_environ", "free_port",
+           "server_environ", "start"]
+
+ConfigFactory = Callable[..., Config]
+CsvFactory = Callable[..., Path]
+
+# Small enough for the Norse reference to train a window in milliseconds.
+TINY_NEURAL: dict[str, Any] = {
+    "mossy_size": 12,
+    "granule_size": 64,
+    "granule_dendrites": 3,
+    "purkinje_size": 6,
+    "connections_per_neuron": 16,
+    "dcn_size": 6,
+    "target_sparsity": 0.1,
+    "horizon_ticks": 5,
+}
+
+
+def config_environ(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """``{"neural": {"granule_size": 64}}`` -> ``{"CEREBELLAR_NORSE_NEURAL__GRANULE_SIZE": "64"}``."""
+    return {f"CEREBELLAR_NORSE_{section.upper()}__{key.upper()}": str(value).lower() if isinstance(value, bool) else str(value)
+            for section, keys in sections.items() for key, value in keys.items()}
