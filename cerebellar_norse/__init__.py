@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+
+def _versioned_numba_cache() -> None:
+    """Point numba's on-disk cache at a directory keyed by a hash of this package's sources.
+
+    numba invalidates a cached kernel only when its own file changes, not when a function
+    it calls from another module does; keying the directory by every source file makes a
+    changed or upgraded package compile afresh instead of running stale machine code.
+    """
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    base = os.environ.get("CEREBELLAR_NORSE_NUMBA_CACHE_BASE") or os.environ.get("NUMBA_CACHE_DIR") or str(root / "__pycache__" / "numba")
+    os.environ["CEREBELLAR_NORSE_NUMBA_CACHE_BASE"] = base
+    cache_dir = os.path.join(base, digest.hexdigest()[:16])
+    os.environ["NUMBA_CACHE_DIR"] = cache_dir
+    import sys
+
+    if "numba" in sys.modules:  # imported before us: numba reads the setting at decoration time
+        sys.modules["numba"].config.CACHE_DIR = cache_dir
+
+
+_versioned_numba_cache()
 
 if TYPE_CHECKING:
     from .config import Config, load_config

@@ -1,0 +1,279 @@
+"""Model store: atomic model directories, SHA-256 manifests, the ACTIVE pointer, fallbacks, CLI integrity checks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from training_helpers import REPO_ROOT, TINY_NEURAL, ConfigFactory, server_environ
+
+from cerebellar_norse.config import Config
+from cerebellar_norse.errors import CheckpointError
+from cerebellar_norse.neurons.topology import Weights, generate_weights
+from cerebellar_norse.training.checkpoints import (
+    FILES,
+    MANIFEST,
+    WEIGHT_FIELDS,
+    ModelStore,
+    load_model_dir,
+    verify_tree,
+)
+
+V1, V2, V3 = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb", "20240103T000000Z-cccccc"
+METRICS = {"validation": {"loss": 0.95, "accuracy": 0.5}, "history": [{"epoch": 1, "train_loss": 1.0}]}
+
+
+def perturbed(w: Weights, k: float) -> Weights:
+    """A copy with different trainable weights (same topology)."""
+    out = w.copy()
+    out.pf_w = (out.pf_w * (1.0 + k)).astype(out.pf_w.dtype)
+    out.w_out = (out.w_out + k).astype(out.w_out.dtype)
+    return out
+
+
+def flip_byte(path: Path, offset: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def assert_same_weights(a: Weights, b: Weights) -> None:
+    for name in WEIGHT_FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype, name
+        np.testing.assert_array_equal(x, y, err_msg=name)
+    assert a.golgi_init == b.golgi_init
+
+
+@pytest.fixture
+def cfg(make_config: ConfigFactory) -> Config:
+    return make_config(neural=TINY_NEURAL)
+
+
+@pytest.fixture
+def store(cfg: Config) -> ModelStore:
+    return ModelStore(Path(cfg.paths.state_dir))
+
+
+# --------------------------------------------------------------------------------------
+# Save and load
+# --------------------------------------------------------------------------------------
+
+
+def test_save_load_round_trip(cfg: Config, store: ModelStore) -> None:
+    w = perturbed(generate_weights(cfg), 0.1)
+    version = store.save(w, cfg, {**METRICS, "numpy": np.float32(0.5)})
+    assert store.versions() == [version]
+    assert sorted(p.name for p in (store.root / version).iterdir()) == sorted([*FILES, MANIFEST])
+    assert not any(p.name.startswith(".") for p in store.root.iterdir())  # no temporary left behind
+    m = store.load(version)
+    assert m.version == version and m.path == store.root / version
+    assert_same_weights(m.weights, w)
+    assert m.neural == cfg.neural.model_dump(mode="json")
+    assert m.metrics["validation"] == METRICS["validation"] and m.metrics["numpy"] == 0.5
+    assert m.score == 0.95
+    manifest = json.loads((store.root / version / MANIFEST).read_text())
+    assert manifest["version"] == version and set(manifest["files"]) == set(FILES)
+
+
+def test_versions_sort_by_time_and_skip_hidden(cfg: Config, store: ModelStore) -> None:
+    w = generate_weights(cfg)
+    for v in (V2, V1):
+        store.save(w, cfg, METRICS, version=v)
+    auto = store.save(w, cfg, METRICS)  # UTC time now: newer than both
+    assert store.versions() == [V1, V2, auto]
+    assert store.active_version() is None
+    store.set_active(V1)
+    assert store.active_version() == V1
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_manifest_detects_a_flipped_byte_and_names_the_file(cfg: Config, store: ModelStore, name: str) -> None:
+    version = store.save(generate_weights(cfg), cfg, METRICS)
+    target = store.root / version / name
+    flip_byte(target)
+    with pytest.raises(CheckpointError, match="checksum mismatch") as exc:
+        store.load(version)
+    assert exc.value.path == str(target)
+    assert str(target) in str(exc.value)
+
+
+def test_a_missing_file_is_named(cfg: Config, store: ModelStore) -> None:
+    version = store.save(generate_weights(cfg), cfg, METRICS)
+    (store.root / version / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="missing") as exc:
+        store.load(version)
+    assert exc.value.path == str(store.root / version / "config.json")
+    (store.root / version / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match="manifest") as exc:
+        store.load(version)
+    assert exc.value.path == str(store.root / version / MANIFEST)
+
+
+def test_truncated_manifest_is_named(cfg: Config, store: ModelStore) -> None:
+    version = store.save(generate_weights(cfg), cfg, METRICS)
+    mpath = store.root / version / MANIFEST
+    mpath.write_bytes(mpath.read_bytes()[:20])
+    with pytest.raises(CheckpointError) as exc:
+        load_model_dir(store.root / version)
+    assert exc.value.path == str(mpath)
+
+
+def test_weights_not_matching_their_own_config_are_refused(cfg: Config, store: ModelStore, make_config: ConfigFactory) -> None:
+    other = make_config(neural={**TINY_NEURAL, "granule_size": 96})
+    version = store.save(generate_weights(other), cfg, METRICS)  # manifest fine, shapes not
+    with pytest.raises(CheckpointError, match="do not match the stored config") as exc:
+        store.load(version)
+    assert exc.value.path.endswith("weights.npz")
+
+
+# --------------------------------------------------------------------------------------
+# What the service loads
+# --------------------------------------------------------------------------------------
+
+
+def test_partial_tmp_dir_is_ignored_and_cleaned(cfg: Config, store: ModelStore) -> None:
+    w = generate_weights(cfg)
+    store.save(w, cfg, METRICS, version=V1)
+    # a job killed mid-write: a newer version's temporary directory with part of its files
+    tmp = store.root / f".tmp-{V2}-4242"
+    tmp.mkdir()
+    (tmp / "weights.npz").write_bytes(b"PK\x03\x04 half written")
+    assert store.versions() == [V1]
+    ok, problems = verify_tree(store.root.parent)
+    assert problems == [] and len(ok) == 1
+    model = store.load_for_service(cfg)  # cleans first
+    assert model is not None and model.version == V1
+    assert_same_weights(model.weights, w)
+    assert not tmp.exists()
+    tmp.mkdir()
+    assert store.clean_partial() == [tmp.name]
+    assert not tmp.exists() and store.versions() == [V1]
+    assert store.clean_partial() == []
+
+
+def test_corrupt_newest_model_is_refused_and_the_previous_served(cfg: Config, store: ModelStore,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    w1 = perturbed(generate_weights(cfg), 0.1)
+    store.save(w1, cfg, METRICS, version=V1)
+    store.save(perturbed(w1, 0.2), cfg, METRICS, version=V2)
+    assert store.load_for_service(cfg).version == V2  # type: ignore[union-attr]
+    flip_byte(store.root / V2 / "weights.npz")
+    with caplog.at_level(logging.ERROR, logger="cerebellar_norse.models"):
+        model = store.load_for_service(cfg)
+    assert model is not None and model.version == V1
+    assert_same_weights(model.weights, w1)
+    assert any("refusing corrupt model" in r.getMessage() and V2 in r.getMessage() for r in caplog.records)
+
+
+def test_active_model_is_preferred_and_a_corrupt_active_falls_back(cfg: Config, store: ModelStore) -> None:
+    w = generate_weights(cfg)
+    for k, v in enumerate((V1, V2, V3)):
+        store.save(perturbed(w, 0.1 * k), cfg, METRICS, version=v)
+    store.set_active(V1)
+    assert store.load_for_service(cfg).version == V1  # type: ignore[union-attr]
+    (store.root / V1 / "metrics.json").write_text("{}")
+    assert store.load_for_service(cfg).version == V3  # type: ignore[union-attr]
+    store.set_active("20200101T000000Z-gone00")  # names a model that is not there
+    assert store.load_for_service(cfg).version == V3  # type: ignore[union-attr]
+    shutil.rmtree(store.root / V3)
+    shutil.rmtree(store.root / V2)
+    assert store.load_for_service(cfg) is None  # nothing valid: the caller serves the untrained network
+
+
+def test_model_of_another_shape_is_skipped(cfg: Config, store: ModelStore, make_config: ConfigFactory,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    store.save(generate_weights(cfg), cfg, METRICS, version=V1)
+    bigger = make_config(neural={**TINY_NEURAL, "granule_size": 96})
+    store.save(generate_weights(bigger), bigger, METRICS, version=V2)
+    store.set_active(V2)
+    with caplog.at_level(logging.WARNING, logger="cerebellar_norse.models"):
+        model = store.load_for_service(cfg)
+    assert model is not None and model.version == V1
+    assert any("does not fit this config" in r.getMessage() and "granule_size" in r.getMessage() for r in caplog.records)
+    assert store.load_for_service(bigger).version == V2  # type: ignore[union-attr]
+
+
+def test_verify_tree_reports_every_problem(cfg: Config, store: ModelStore) -> None:
+    w = generate_weights(cfg)
+    for v in (V1, V2):
+        store.save(w, cfg, METRICS, version=v)
+    flip_byte(store.root / V2 / "metrics.json")
+    ok, problems = verify_tree(store.root.parent)
+    assert ok == [f"{store.root / V1}: model {V1} OK"]
+    assert len(problems) == 1 and str(store.root / V2 / "metrics.json") in problems[0]
+    assert verify_tree(store.root / "nothing-here")[1]
+
+
+# --------------------------------------------------------------------------------------
+# The CLI: --validate-model, --verify-data, --dump-weights (real subprocesses, run side by side)
+# --------------------------------------------------------------------------------------
+
+
+def run_clis(calls: dict[str, tuple[list[str], Path]]) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run ``cerebellar-norse ARGS`` for each call at once (state dir from the environment); wait for all."""
+    procs = {key: subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", *args], cwd=REPO_ROOT,
+                                   env=server_environ(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for key, (args, state) in calls.items()}
+    out = {}
+    for key, p in procs.items():
+        stdout, stderr = p.communicate(timeout=120)
+        out[key] = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+    return out
+
+
+def test_cli_integrity_commands_and_dump_weights(tmp_path: Path, make_config: ConfigFactory) -> None:
+    default = make_config(state_dir=tmp_path / "good")  # the CLI runs on the built-in default network
+    good = ModelStore(tmp_path / "good")
+    w = perturbed(generate_weights(default), 0.05)
+    good.save(w, default, METRICS, version=V1)
+    bad = ModelStore(tmp_path / "bad")
+    bad.save(w, default, METRICS, version=V1)
+    bad.save(w, default, METRICS, version=V2)
+    corrupt = bad.root / V2 / "weights.npz"
+    flip_byte(corrupt)
+
+    r = run_clis({
+        "validate_good": (["--validate-model", str(good.root)], tmp_path / "good"),
+        "validate_one": (["--validate-model", str(good.root / V1)], tmp_path / "good"),
+        "validate_bad": (["--validate-model", str(bad.root)], tmp_path / "bad"),
+        "verify_good": (["--verify-data", str(tmp_path / "good")], tmp_path / "good"),
+        "verify_bad": (["--verify-data", str(tmp_path / "bad")], tmp_path / "bad"),
+        "dump_text": (["--dump-weights"], tmp_path / "good"),
+        "dump_json": (["--dump-weights", "--format", "json"], tmp_path / "good"),
+    })
+
+    for key in ("validate_good", "validate_one", "verify_good", "dump_text", "dump_json"):
+        assert r[key].returncode == 0, (key, r[key].stderr)
+        assert "Traceback" not in r[key].stderr
+    assert f"model {V1} OK" in r["validate_good"].stdout and f"model {V1} OK" in r["validate_one"].stdout
+    assert f"model {V1} OK" in r["verify_good"].stdout
+
+    for key in ("validate_bad", "verify_bad"):
+        res = r[key]
+        assert res.returncode == 1, (key, res.stdout, res.stderr)
+        assert str(corrupt) in res.stderr and "checksum mismatch" in res.stderr, res.stderr
+        assert f"model {V1} OK" in res.stdout  # the good one is still listed
+        assert "Traceback" not in res.stderr
+
+    text = r["dump_text"].stdout
+    assert f"model {V1}" in text
+    for layer in ("mossy_granule", "parallel_fibre_purkinje", "purkinje_dcn", "dcn_readout"):
+        assert layer in text
+    assert "mean" in text and "std" in text
+
+    doc = json.loads(r["dump_json"].stdout)
+    assert doc["model_version"] == V1
+    layers = doc["layers"]
+    pf = layers["parallel_fibre_purkinje"]
+    assert pf["count"] == w.pf_w.size
+    assert pf["mean"] == pytest.approx(float(np.mean(w.pf_w.astype(np.float64))))
+    assert pf["max"] == pytest.approx(float(w.pf_w.max()))
+    assert set(pf) >= {"count", "mean", "std", "min", "max"}
