@@ -93,7 +93,7 @@ class NeuralConfig(_Section):
     norm_window: int = Field(1000, ge=2, le=10_000_000, description="Ticks of memory of the per-market running normaliser.")
     readout_scale: float = Field(2.0, gt=0, le=1000, description="Multiplier from readout potential to class logits.")
     precision: Literal["float32", "float64"] = Field("float32", description="Floating point type of the network state and weights.")
-    learning_rate: float = Field(1e-3, gt=0, le=1, description="Adam learning rate for gradient training.")
+    learning_rate: float = Field(5e-3, gt=0, le=1, description="Adam learning rate for gradient training.")
     granule: LIFConfig = _lif("granule")
     purkinje: LIFConfig = _lif("purkinje")
     dcn: LIFConfig = _lif("dcn")

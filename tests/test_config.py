@@ -340,8 +340,9 @@ CONSISTENCY_CASES = [
     pytest.param({"neural": {"granule_size": 1024, "target_sparsity": 0.0005}}, {"neural.target_sparsity"}, "less than one cell", id="sparsity-below-one-cell"),
     pytest.param({"neural": {"readout": {"tau_mem_ms": 0.5}}}, {"neural.readout.tau_mem_ms"}, "unstable", id="euler-readout-tau-mem"),
     pytest.param(
-        {"neural": {"dt_ms": 4.0}},  # granule taus 2.0 (ratio 2), purkinje/dcn tau_syn 2.0; tau_mem 4.0 (ratio 1) fine
-        {"neural.granule.tau_syn_ms", "neural.granule.tau_mem_ms", "neural.purkinje.tau_syn_ms", "neural.dcn.tau_syn_ms"},
+        {"neural": {"dt_ms": 4.0}},  # taus of 2.0 or less are unstable (ratio >= 2); tau_mem 4.0 (ratio 1) fine
+        {"neural.granule.tau_syn_ms", "neural.granule.tau_mem_ms", "neural.purkinje.tau_syn_ms", "neural.dcn.tau_syn_ms",
+         "neural.readout.tau_syn_ms", "neural.readout.tau_mem_ms"},
         "forward Euler is unstable",
         id="euler-dt-at-twice-tau",
     ),
@@ -366,7 +367,7 @@ def test_consistency_rule(data: dict[str, Any], keys: set[str], fragment: str) -
 
 
 def test_euler_rule_boundary_is_twice_tau() -> None:
-    just_stable = cfg_with({"neural": {"dt_ms": 3.9}})
+    just_stable = cfg_with({"neural": {"dt_ms": 1.9}})  # the smallest default tau is 1.0 ms (readout tau_syn)
     assert not [p for p in consistency_problems(just_stable) if "Euler" in p.message]
 
 

@@ -152,6 +152,8 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     initial = active.weights if active is not None else generate_weights(cfg)
     active_val = evaluate(cfg, active.weights, prep) if active is not None else None
     result = train(cfg, prep, initial, epochs, progress, should_stop, time_budget_s=time_budget_s)
+    if should_stop is not None and should_stop():  # cancelled during the last evaluation: write no model
+        raise InterruptedError("training cancelled")
     metrics = {"validation": result.validation, "history": result.history, "best_epoch": result.best_epoch,
                "ticks_per_second": result.ticks_per_second, "stopped_early": result.stopped_early,
                "data": {"files": [str(f) for f in files], "rows": data.rows, "bad_rows": data.bad_rows, "ticks": data.ticks,

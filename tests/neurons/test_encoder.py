@@ -182,11 +182,6 @@ def test_network_keeps_one_encoder_state_per_market(tiny_config: Config) -> None
     assert a[S_MEAN + 0] == pytest.approx(math.log(1.1))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "encoder computes the log return as log(price / previous price): for valid ticks whose price "
-    "ratio overflows float64 (e.g. 1e-300 then 1e300, both finite and > 0) the ratio is inf, the "
-    "running mean/variance of the return become inf and then NaN, and the market's neuron state "
-    "turns NaN for good (until reset or eviction)"))
 def test_extreme_but_valid_price_jump_keeps_the_state_finite() -> None:
     net = CerebellarNetwork()
     for k, p in enumerate([1e-300, 1e-300, 1e-300, 1e300, 1.0, 2.0]):

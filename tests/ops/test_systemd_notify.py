@@ -55,7 +55,8 @@ def _free_port() -> int:
 def test_service_sends_ready_watchdog_stopping_and_exits_zero(notify_socket, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     path, s = notify_socket
     env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
-    env.update(NOTIFY_SOCKET=path, WATCHDOG_USEC="200000", CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"))
+    env.update(NOTIFY_SOCKET=path, WATCHDOG_USEC="200000", CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"),
+               CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="false")
     proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(_free_port())], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

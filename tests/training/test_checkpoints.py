@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from training_helpers import REPO_ROOT, TINY_NEURAL, ConfigFactory, server_environ
 
+from cerebellar_norse import cli
 from cerebellar_norse.config import Config
 from cerebellar_norse.errors import CheckpointError
 from cerebellar_norse.neurons.topology import Weights, generate_weights
@@ -24,6 +26,7 @@ from cerebellar_norse.training.checkpoints import (
     load_model_dir,
     verify_tree,
 )
+from cerebellar_norse.training.commands import cmd_validate_model, cmd_verify_data
 
 V1, V2, V3 = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb", "20240103T000000Z-cccccc"
 METRICS = {"validation": {"loss": 0.95, "accuracy": 0.5}, "history": [{"epoch": 1, "train_loss": 1.0}]}
@@ -217,6 +220,18 @@ def test_verify_tree_reports_every_problem(cfg: Config, store: ModelStore) -> No
 # --------------------------------------------------------------------------------------
 
 
+def test_validate_model_takes_one_model_dir_or_a_dir_of_models(cfg: Config, store: ModelStore, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    store.save(generate_weights(cfg), cfg, METRICS, version=V1)
+    assert cmd_validate_model(str(store.root / V1)) == 0
+    assert f"model {V1} OK (64 granule, 6 Purkinje, 6 DCN)" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert cmd_validate_model(str(tmp_path / "empty")) == 1
+    assert "no model directory found" in capsys.readouterr().err
+    assert cmd_verify_data(str(tmp_path / "empty")) == 1
+    assert "no models or state files found" in capsys.readouterr().err
+
+
 def run_clis(calls: dict[str, tuple[list[str], Path]]) -> dict[str, subprocess.CompletedProcess[str]]:
     """Run ``cerebellar-norse ARGS`` for each call at once (state dir from the environment); wait for all."""
     procs = {key: subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", *args], cwd=REPO_ROOT,
@@ -229,33 +244,32 @@ def run_clis(calls: dict[str, tuple[list[str], Path]]) -> dict[str, subprocess.C
     return out
 
 
-def test_cli_integrity_commands_and_dump_weights(tmp_path: Path, make_config: ConfigFactory) -> None:
-    default = make_config(state_dir=tmp_path / "good")  # the CLI runs on the built-in default network
-    good = ModelStore(tmp_path / "good")
+@pytest.fixture
+def default_models(tmp_path: Path, make_config: ConfigFactory) -> tuple[Path, Path, Weights]:
+    """Two state dirs of the built-in default network: ``good`` (one model) and ``bad`` (a good and a corrupt one)."""
+    default = make_config(state_dir=tmp_path / "good")
     w = perturbed(generate_weights(default), 0.05)
-    good.save(w, default, METRICS, version=V1)
+    ModelStore(tmp_path / "good").save(w, default, METRICS, version=V1)
     bad = ModelStore(tmp_path / "bad")
     bad.save(w, default, METRICS, version=V1)
     bad.save(w, default, METRICS, version=V2)
-    corrupt = bad.root / V2 / "weights.npz"
-    flip_byte(corrupt)
+    flip_byte(bad.root / V2 / "weights.npz")
+    return tmp_path / "good", tmp_path / "bad", w
 
+
+def test_cli_validate_model_and_verify_data(default_models: tuple[Path, Path, Weights]) -> None:
+    good, bad, _ = default_models
+    corrupt = bad / "models" / V2 / "weights.npz"
     r = run_clis({
-        "validate_good": (["--validate-model", str(good.root)], tmp_path / "good"),
-        "validate_one": (["--validate-model", str(good.root / V1)], tmp_path / "good"),
-        "validate_bad": (["--validate-model", str(bad.root)], tmp_path / "bad"),
-        "verify_good": (["--verify-data", str(tmp_path / "good")], tmp_path / "good"),
-        "verify_bad": (["--verify-data", str(tmp_path / "bad")], tmp_path / "bad"),
-        "dump_text": (["--dump-weights"], tmp_path / "good"),
-        "dump_json": (["--dump-weights", "--format", "json"], tmp_path / "good"),
+        "validate_good": (["--validate-model", str(good / "models")], good),
+        "validate_bad": (["--validate-model", str(bad / "models")], bad),
+        "verify_good": (["--verify-data", str(good)], good),
+        "verify_bad": (["--verify-data", str(bad)], bad),
     })
-
-    for key in ("validate_good", "validate_one", "verify_good", "dump_text", "dump_json"):
+    for key in ("validate_good", "verify_good"):
         assert r[key].returncode == 0, (key, r[key].stderr)
-        assert "Traceback" not in r[key].stderr
-    assert f"model {V1} OK" in r["validate_good"].stdout and f"model {V1} OK" in r["validate_one"].stdout
-    assert f"model {V1} OK" in r["verify_good"].stdout
-
+        assert f"model {V1} OK" in r[key].stdout
+        assert r[key].stderr == ""
     for key in ("validate_bad", "verify_bad"):
         res = r[key]
         assert res.returncode == 1, (key, res.stdout, res.stderr)
@@ -263,17 +277,27 @@ def test_cli_integrity_commands_and_dump_weights(tmp_path: Path, make_config: Co
         assert f"model {V1} OK" in res.stdout  # the good one is still listed
         assert "Traceback" not in res.stderr
 
-    text = r["dump_text"].stdout
-    assert f"model {V1}" in text
-    for layer in ("mossy_granule", "parallel_fibre_purkinje", "purkinje_dcn", "dcn_readout"):
-        assert layer in text
+
+def test_dump_weights_text_and_json(default_models: tuple[Path, Path, Weights], monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    good, _, w = default_models
+    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(good))
+
+    assert cli.main(["--dump-weights"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == f"model {V1}"
+    for layer in ("mossy_granule", "parallel_fibre_purkinje", "purkinje_bias", "mossy_dcn", "purkinje_dcn", "dcn_bias",
+                  "dcn_readout"):
+        assert any(line.split()[:1] == [layer] for line in text.splitlines()), layer
     assert "mean" in text and "std" in text
 
-    doc = json.loads(r["dump_json"].stdout)
+    assert cli.main(["--dump-weights", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
     assert doc["model_version"] == V1
-    layers = doc["layers"]
-    pf = layers["parallel_fibre_purkinje"]
+    pf = doc["layers"]["parallel_fibre_purkinje"]
+    assert set(pf) >= {"count", "mean", "std", "min", "max"}
     assert pf["count"] == w.pf_w.size
     assert pf["mean"] == pytest.approx(float(np.mean(w.pf_w.astype(np.float64))))
     assert pf["max"] == pytest.approx(float(w.pf_w.max()))
-    assert set(pf) >= {"count", "mean", "std", "min", "max"}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from training_helpers import ConfigFactory
 
 from cerebellar_norse.errors import DataError, InputError
 from cerebellar_norse.training.data import (
@@ -18,6 +19,7 @@ from cerebellar_norse.training.data import (
     load_csv_files,
     resolve_data_file,
 )
+from cerebellar_norse.training.jobs import run_training
 
 T0 = 1_640_995_200_000
 HEADER = "timestamp,market_id,price,volume"
@@ -128,7 +130,7 @@ def test_blank_lines_are_skipped_and_line_numbers_stay_true(tmp_path: Path) -> N
 
 def test_too_many_bad_rows_fail_with_the_report(tmp_path: Path) -> None:
     # 100 rows, 3 bad: 3% > 2%
-    rows = good_rows(97) + [f"{T0 + 10**8},A,0,1", f"{T0 + 10**8},A,nan,1", f"{T0 + 10**8},A,1"]
+    rows = [*good_rows(97), f"{T0 + 10 ** 8},A,0,1", f"{T0 + 10 ** 8},A,nan,1", f"{T0 + 10 ** 8},A,1"]
     path = write(tmp_path, "\n".join([HEADER, *rows]) + "\n")
     with pytest.raises(DataError) as exc:
         load_csv_files([path], max_bad_fraction=0.02)
@@ -139,15 +141,25 @@ def test_too_many_bad_rows_fail_with_the_report(tmp_path: Path) -> None:
                                 f"{path}:101: expected 4 fields, got 3"]
 
 
+def test_training_job_fails_above_the_fraction_with_the_report(tmp_path: Path, make_config: ConfigFactory) -> None:
+    rows = [*good_rows(97), f"{T0 + 10**8},A,0,1", f"{T0 + 10**8},A,nan,1", f"{T0 + 10**8},A,1"]
+    path = write(tmp_path, "\n".join([HEADER, *rows]) + "\n")
+    cfg = make_config(training={"max_bad_row_fraction": 0.02})
+    with pytest.raises(DataError) as exc:
+        run_training(cfg, [path], 1, lambda d: None, None)
+    assert exc.value.report[0] == f"{path}:99: price 0.0 is not > 0" and len(exc.value.report) == 3
+    assert not (tmp_path / "state" / "models").exists()
+
+
 def test_bad_rows_below_the_fraction_pass(tmp_path: Path) -> None:
-    rows = good_rows(97) + [f"{T0 + 10**8},A,0,1", f"{T0 + 10**8},A,nan,1", f"{T0 + 10**8},A,1"]
+    rows = [*good_rows(97), f"{T0 + 10 ** 8},A,0,1", f"{T0 + 10 ** 8},A,nan,1", f"{T0 + 10 ** 8},A,1"]
     path = write(tmp_path, "\n".join([HEADER, *rows]) + "\n")
     data = load_csv_files([path], max_bad_fraction=0.03)  # 3% is not above 3%
     assert data.bad_rows == 3 and data.ticks == 97 and len(data.report) == 3
 
 
 def test_default_fraction_is_one_percent(tmp_path: Path) -> None:
-    rows = good_rows(98) + [f"{T0 + 10**8},A,0,1", f"{T0 + 10**8},A,0,1"]
+    rows = [*good_rows(98), f"{T0 + 10 ** 8},A,0,1", f"{T0 + 10 ** 8},A,0,1"]
     path = write(tmp_path, "\n".join([HEADER, *rows]) + "\n")
     with pytest.raises(DataError, match="2 of 100 rows are bad"):
         load_csv_files([path])

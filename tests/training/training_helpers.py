@@ -11,7 +11,7 @@ from cerebellar_norse.config import Config
 
 # The API tests' server launcher (tests/api/live_helpers.py) is reused as is.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-from live_helpers import REPO_ROOT, LiveServer, free_port, server_environ, start  # noqa: E402
+from live_helpers import REPO_ROOT, LiveServer, free_port, server_environ, start
 
 __all__ = ["REPO_ROOT", "TINY_NEURAL", "ConfigFactory", "CsvFactory", "LiveServer", "config_environ", "free_port",
            "server_environ", "start"]

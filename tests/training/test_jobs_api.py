@@ -1,0 +1,348 @@
+"""Training jobs and model activation against the real server over a socket.
+
+One server for the module (``cerebellar-norse --port P`` in a subprocess) with a bearer
+token, a data dir holding a small generated CSV, and a state dir prepared with three
+stored models of the default network: A (active), B (another valid one) and C (corrupt).
+The tests run in order: refusals, a cancelled job, a job that succeeds and is activated,
+a refused activation of C, then a hot swap to B under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from training_helpers import TINY_NEURAL, ConfigFactory, CsvFactory, LiveServer, start
+
+from cerebellar_norse.config import load_config
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.synthetic import generate_ticks
+from cerebellar_norse.training.checkpoints import ModelStore
+from cerebellar_norse.training.data import write_csv
+from cerebellar_norse.training.jobs import JobStatus, TrainingRequest, job_config, run_training
+
+TOKEN = "secret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+VA, VB, VC = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb", "20240103T000000Z-cccccc"
+JOB_TIMEOUT_S = 180.0
+T0 = 1_640_995_200_000
+
+
+@dataclass
+class JobServer:
+    srv: LiveServer
+    client: httpx.Client
+    store: ModelStore
+
+
+@pytest.fixture(scope="module")
+def js(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobServer]:
+    root = tmp_path_factory.mktemp("jobs")
+    state, data = root / "state", root / "data"
+    write_csv(data / "small.csv", generate_ticks(6000, 2, seed=1))
+    cfg = load_config(None, environ={})
+    store = ModelStore(state)
+    w = generate_weights(cfg)
+    metrics = {"validation": {"loss": 1.1}}
+    store.save(w, cfg, metrics, version=VA)
+    wb = w.copy()
+    wb.pf_w = (wb.pf_w * 1.5).astype(wb.pf_w.dtype)
+    wb.w_out = (wb.w_out[::-1]).copy()  # another readout: visibly different answers
+    store.save(wb, cfg, metrics, version=VB)
+    store.save(wb, cfg, metrics, version=VC)
+    npz = store.root / VC / "weights.npz"
+    raw = bytearray(npz.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    npz.write_bytes(bytes(raw))
+    store.set_active(VA)
+    srv = start(state, root / "server.log", {"CEREBELLAR_NORSE_PATHS__DATA_DIR": str(data),
+                                             "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN})
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30.0) as client:
+            yield JobServer(srv, client, store)
+    finally:
+        rc = srv.stop()
+    assert rc == 0, f"server exited with {rc} after SIGTERM\n{srv.log()[-4000:]}"
+
+
+def served_version(c: httpx.Client) -> str:
+    r = c.get("/health")
+    assert r.status_code == 200, r.text
+    v: str = r.json()["model_version"]
+    return v
+
+
+def wait_final(js: JobServer, job_id: str, by_latest: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """Poll the job's status until it is final; returns the last status and the states seen."""
+    seen: list[str] = []
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    k = 0
+    while time.monotonic() < deadline:
+        ref = "latest" if by_latest and k % 2 else job_id
+        r = js.client.get(f"/training/status/{ref}", headers=AUTH)
+        assert r.status_code == 200, r.text
+        st = r.json()
+        assert st["job_id"] == job_id
+        if not seen or seen[-1] != st["state"]:
+            seen.append(st["state"])
+        if st["state"] in ("succeeded", "failed", "cancelled"):
+            return st, seen
+        k += 1
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} not finished within {JOB_TIMEOUT_S}s\n{js.srv.log()[-4000:]}")
+
+
+def model_dirs(store: ModelStore) -> list[str]:
+    return sorted(p.name for p in store.root.iterdir() if p.is_dir())
+
+
+# --------------------------------------------------------------------------------------
+# In process: the request, the job's config, run_training and cancellation
+# --------------------------------------------------------------------------------------
+
+
+def test_request_overrides_the_config(make_config: ConfigFactory) -> None:
+    cfg = make_config()
+    req = TrainingRequest.model_validate({"files": ["a.csv"], "epochs": 2, "learning_rate": 0.01, "flat_band": 0.001,
+                                          "early_stopping_patience": 4})
+    jc = job_config(cfg, req)
+    assert jc.training.epochs == 2 and jc.training.flat_band == 0.001 and jc.training.early_stopping_patience == 4
+    assert jc.neural.learning_rate == 0.01
+    assert jc.training.sequence_length == cfg.training.sequence_length and jc.neural.seed == cfg.neural.seed
+    assert job_config(cfg, TrainingRequest.model_validate({"files": ["a.csv"]})) == cfg
+
+
+def test_status_reports_nan_as_null() -> None:
+    st = JobStatus(job_id="x", loss=math.nan, loss_history=[1.0, math.nan])
+    d = st.as_dict()
+    assert d["loss"] is None and d["loss_history"] == [1.0, None] and d["created"].endswith("Z")
+
+
+def test_run_training_stores_a_model_and_a_late_cancel_writes_none(make_config: ConfigFactory, ticks_csv: CsvFactory) -> None:
+    cfg = make_config(neural=TINY_NEURAL)
+    path = ticks_csv(800, 2, seed=2)
+    store = ModelStore(cfg.paths.state_dir)
+    stop = [False]
+
+    def progress(d: dict[str, Any]) -> None:
+        if d.get("epoch_done"):
+            stop[0] = True  # DELETE arrives while the last epoch is being evaluated
+
+    with pytest.raises(InterruptedError):
+        run_training(cfg, [path], 1, progress, lambda: stop[0])
+    assert store.versions() == [] and store.clean_partial() == []
+
+    warnings: list[str] = []
+    res = run_training(cfg, [path], 1, lambda d: warnings.append(d["warning"]) if "warning" in d else None, lambda: False)
+    assert store.versions() == [res["model_version"]]
+    assert res["active_version"] is None and res["active_model_validation"] is None
+    assert len(warnings) == 3 and res["warnings"] == warnings  # under 10,000 samples per class
+    stored = store.load(res["model_version"])
+    assert stored.metrics["data"]["rows"] == 800 and stored.metrics["validation"]["loss"] == pytest.approx(res["validation"]["loss"])
+    # the next job starts from the stored model and compares with it on the same split
+    res2 = run_training(cfg, [path], 1, lambda d: None, lambda: False)
+    assert res2["active_version"] == res["model_version"]
+    assert res2["active_model_validation"]["loss"] == pytest.approx(res["validation"]["loss"])
+
+
+# --------------------------------------------------------------------------------------
+# Refusals
+# --------------------------------------------------------------------------------------
+
+
+def test_token_is_required(js: JobServer) -> None:
+    c = js.client
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        r = c.post("/training", json={"files": ["small.csv"]}, headers=headers)
+        assert r.status_code == 401, r.text
+        assert r.json()["error"]["type"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer"
+    for path in ("/training/status/latest", "/models"):
+        assert c.get(path).status_code == 401
+    assert c.post(f"/models/{VB}/activate").status_code == 401
+    assert c.delete("/training/whatever").status_code == 401
+    assert served_version(c) == VA
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"files": ["/etc/passwd"]}, "files"),
+    ({"files": [str(Path("/tmp") / "small.csv")]}, "files"),
+    ({"files": ["../state/models/ACTIVE"]}, "files"),
+    ({"files": ["sub/../../small.csv"]}, "files"),
+    ({"files": ["missing.csv"]}, "files"),
+    ({"files": []}, "files"),
+    ({"files": "small.csv"}, "files"),
+    ({"files": ["small.csv"], "gpus": 8}, "gpus"),
+    ({"files": ["small.csv"], "epochs": 0}, "epochs"),
+    ({"files": ["small.csv"], "learning_rate": "fast"}, "learning_rate"),
+    ({"files": ["small.csv"], "activate": "sometimes"}, "activate"),
+    ({}, "files"),
+])
+def test_invalid_requests_are_422_naming_the_field(js: JobServer, body: dict[str, Any], field: str) -> None:
+    r = js.client.post("/training", json=body, headers=AUTH)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["field"] == field, err
+    assert err["type"] == "validation"
+
+
+def test_unknown_job_is_404(js: JobServer) -> None:
+    r = js.client.get("/training/status/nope", headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["field"] == "job_id"
+    assert js.client.get("/training/status/latest", headers=AUTH).status_code == 404  # no job yet
+    assert js.client.delete("/training/nope", headers=AUTH).status_code == 404
+
+
+# --------------------------------------------------------------------------------------
+# A cancelled job
+# --------------------------------------------------------------------------------------
+
+
+def test_second_job_conflicts_and_cancel_leaves_no_model(js: JobServer) -> None:
+    c = js.client
+    before = model_dirs(js.store)
+    r = c.post("/training", json={"files": ["small.csv"], "epochs": 1000}, headers=AUTH)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    assert r.json()["state"] == "running"
+
+    r2 = c.post("/training", json={"files": ["small.csv"], "epochs": 1}, headers=AUTH)
+    assert r2.status_code == 409, r2.text
+    assert job_id in r2.json()["error"]["message"] and r2.json()["error"]["type"] == "conflict"
+
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while True:  # wait until the job process is inside its training loop
+        st = c.get(f"/training/status/{job_id}", headers=AUTH).json()
+        assert st["state"] == "running", st
+        if st["progress"] > 0:
+            break
+        assert time.monotonic() < deadline, js.srv.log()[-4000:]
+        time.sleep(0.1)
+    assert st["epochs"] == 1000 and st["epoch"] == 1 and st["ticks_per_second"] > 0
+
+    r3 = c.delete(f"/training/{job_id}", headers=AUTH)
+    assert r3.status_code == 200, r3.text
+    assert r3.json()["state"] == "cancelled" and r3.json()["model_version"] is None
+    st = c.get(f"/training/status/{job_id}", headers=AUTH).json()
+    assert st["state"] == "cancelled" and st["finished"] is not None
+    assert c.get("/training/status/latest", headers=AUTH).json()["job_id"] == job_id
+    time.sleep(0.5)  # a late writer would show up now
+    after = model_dirs(js.store)
+    assert [d for d in after if not d.startswith(".tmp-")] == before
+    assert js.store.active_version() == VA and served_version(c) == VA
+    assert c.delete(f"/training/{job_id}", headers=AUTH).json()["state"] == "cancelled"  # idempotent
+
+
+# --------------------------------------------------------------------------------------
+# A job that succeeds and is activated
+# --------------------------------------------------------------------------------------
+
+
+def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
+    c = js.client
+    r = c.post("/training", json={"files": ["small.csv"], "epochs": 1}, headers=AUTH)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    assert r.json()["status_url"] == f"/training/status/{job_id}"
+    st, seen = wait_final(js, job_id, by_latest=True)
+    assert seen[0] == "running" and seen[-1] == "succeeded", (seen, st)
+    assert st["error"] is None and st["progress"] == 1.0 and st["epoch"] == 1
+    assert len(st["loss_history"]) == 1 and math.isfinite(st["loss_history"][0])
+    val = st["validation"]
+    for key in ("loss", "accuracy", "directional_accuracy", "majority_baseline_accuracy", "recall", "samples"):
+        assert key in val, key
+    assert val["samples"] > 500
+    assert st["validation_history"] and st["validation_history"][-1]["loss"] == pytest.approx(val["loss"])
+    old = st["active_model_validation"]
+    assert old is not None and val["loss"] < old["loss"]  # trained beats the untrained network on the same split
+    new = st["model_version"]
+    assert new and new not in (VA, VB, VC)
+    assert new in model_dirs(js.store)
+    assert st["activated"] is True
+    assert served_version(c) == new
+    assert js.store.active_version() == new
+
+    metrics = c.get("/metrics").text
+    m = re.search(r"^training_loss ([0-9.eE+-]+)$", metrics, re.M)
+    assert m is not None, metrics[:2000]
+    assert float(m.group(1)) == pytest.approx(st["loss"]) and float(m.group(1)) > 0
+
+    listed = c.get("/models", headers=AUTH).json()
+    assert listed["active"] == new
+    by_version = {m["version"]: m for m in listed["models"]}
+    assert by_version[new]["valid"] and by_version[new]["validation"]["loss"] == pytest.approx(val["loss"])
+    assert by_version[VC]["valid"] is False and "weights.npz" in by_version[VC]["error"]
+
+
+# --------------------------------------------------------------------------------------
+# Activation
+# --------------------------------------------------------------------------------------
+
+
+def test_activating_a_corrupt_or_unknown_model_is_refused(js: JobServer) -> None:
+    c = js.client
+    current = served_version(c)
+    assert current not in (VB, VC)
+    r = c.post(f"/models/{VC}/activate", headers=AUTH)
+    assert 400 <= r.status_code < 500, r.text
+    assert "weights.npz" in r.json()["error"]["message"]
+    r = c.post("/models/20990101T000000Z-none00/activate", headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["field"] == "version"
+    r = c.post("/models/..%2F..%2Fetc/activate", headers=AUTH)
+    assert 400 <= r.status_code < 500
+    assert served_version(c) == current and js.store.active_version() == current
+
+
+def test_hot_swap_under_load_loses_no_request(js: JobServer) -> None:
+    old = served_version(js.client)
+    lanes, per_lane, swap_after = 3, 150, 60
+
+    async def run() -> tuple[list[list[tuple[int, str]]], httpx.Response]:
+        done = [0]
+        swapped = asyncio.Event()
+
+        async def lane(k: int) -> list[tuple[int, str]]:
+            out = []
+            market = f"swap-{k}"
+            async with httpx.AsyncClient(base_url=js.srv.url, timeout=30.0) as ac:
+                for i in range(per_lane):
+                    body = {"price": 100.0 + 0.1 * ((i * 7) % 11), "volume": 1000.0 + i, "timestamp": T0 + 1000 * i,
+                            "market_id": market}
+                    r = await ac.post("/neural/process", json=body)
+                    out.append((r.status_code, r.json().get("model_version", "") if r.status_code == 200 else r.text))
+                    done[0] += 1
+                    if i == per_lane - 40:
+                        await asyncio.wait_for(swapped.wait(), 60)  # keep sending after the swap
+            return out
+
+        async def swap() -> httpx.Response:
+            while done[0] < swap_after:
+                await asyncio.sleep(0.001)
+            async with httpx.AsyncClient(base_url=js.srv.url, timeout=30.0, headers=AUTH) as ac:
+                r = await ac.post(f"/models/{VB}/activate")
+            swapped.set()
+            return r
+
+        results = await asyncio.gather(*(lane(k) for k in range(lanes)), swap())
+        return list(results[:lanes]), results[-1]  # type: ignore[return-value]
+
+    lane_results, swap_response = asyncio.run(run())
+    assert swap_response.status_code == 200, swap_response.text
+    assert swap_response.json()["active"] == VB
+    for res in lane_results:
+        assert len(res) == per_lane
+        assert all(code == 200 for code, _ in res), [r for r in res if r[0] != 200][:3]
+        versions = [v for _, v in res]
+        assert set(versions) <= {old, VB}, set(versions)
+        assert versions[0] == old and versions[-1] == VB
+        first_new = versions.index(VB)
+        assert all(v == VB for v in versions[first_new:])  # never back to the old model
+    assert served_version(js.client) == VB and js.store.active_version() == VB
