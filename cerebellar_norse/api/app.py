@@ -15,6 +15,7 @@ from .. import __version__
 from ..observability.context import accept_request_id, request_id_var
 from .deps import ServiceState
 from .errors import install_error_handlers
+from .fastpath import PATH, TickFastPath
 from .routes import health, neural
 from .schemas import error_payload
 
@@ -114,5 +115,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     for r in extra_routers or []:
         app.include_router(r)
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc())
+    hot_route = next((r for r in app.routes if getattr(r, "path", None) == PATH), None)
+    app.add_middleware(TickFastPath, state=state, route=hot_route)  # inner: runs inside the request context
     app.add_middleware(RequestContextMiddleware, state=state)
     return app

@@ -44,22 +44,32 @@ def summarize(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return probs[:, 2] - probs[:, 0], np.clip(1.0 - entropy / _LN3, 0.0, 1.0)
 
 
+def _confidence(p: list[float]) -> float:
+    h = -sum(x * math.log(x) for x in p if x > 0.0)
+    return min(max(1.0 - h / _LN3, 0.0), 1.0)
+
+
 def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, elapsed_ns: int) -> list[dict[str, Any]]:
-    """Result dicts of a batch (shared with the engine so every path answers alike)."""
-    pred, conf = summarize(probs)
+    """Result dicts of a batch (shared with the engine so every path answers alike).
+
+    Plain Python per row: for the small batches of live serving, numpy's per-call
+    overhead would cost more than the kernel.
+    """
     per_tick = elapsed_ns // max(len(ticks), 1)
-    totals = spikes.sum(axis=1)
-    return [
-        {
+    rows = probs.tolist()
+    totals = spikes.sum(axis=1).tolist()
+    out = []
+    for j, t in enumerate(ticks):
+        p = rows[j]
+        out.append({
             "market_id": t.market_id,
-            "prediction": float(pred[j]),
-            "probabilities": {c: float(probs[j, k]) for k, c in enumerate(CLASSES)},
-            "confidence": float(conf[j]),
+            "prediction": p[2] - p[0],
+            "probabilities": {"down": p[0], "flat": p[1], "up": p[2]},
+            "confidence": _confidence(p),
             "spike_count": int(totals[j]),
-            "processing_time_ns": int(per_tick),
-        }
-        for j, t in enumerate(ticks)
-    ]
+            "processing_time_ns": per_tick,
+        })
+    return out
 
 
 class CerebellarNetwork:

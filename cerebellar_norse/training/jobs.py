@@ -72,7 +72,7 @@ class TrainingRequest(BaseModel):
 def job_config(cfg: Config, req: TrainingRequest) -> Config:
     """The config a job trains with: the service's, overridden by the request."""
     t_over = {k: v for k, v in req.model_dump().items()
-              if v is not None and k in cfg.training.model_fields}
+              if v is not None and k in type(cfg.training).model_fields}
     n_over = {"learning_rate": req.learning_rate} if req.learning_rate is not None else {}
     return cfg.model_copy(update={"training": cfg.training.model_copy(update=t_over),
                                   "neural": cfg.neural.model_copy(update=n_over)})

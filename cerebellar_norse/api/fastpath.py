@@ -1,0 +1,111 @@
+"""The hot path: ``POST /neural/process`` served as plain ASGI, without FastAPI's routing layers.
+
+FastAPI's route matching, dependency solving and response building cost several
+times the network's own few microseconds per tick. This ASGI layer answers the one
+hot route directly, with exactly the same contract as the FastAPI route it shadows
+(which still documents it in OpenAPI at ``/docs``):
+
+* the body is validated by the same pydantic model (:class:`TickIn`, strict);
+* the response is serialised through the same response model (:class:`ResultOut`);
+* errors have the same JSON shape, statuses and ``error.type`` values, and are counted
+  in the same metrics;
+* it sits inside :class:`RequestContextMiddleware`, so request ids, body-size limits
+  and request metrics apply unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError
+from ..observability.context import request_id_var
+from .deps import ServiceState
+from .errors import input_error_kind, validation_response
+from .schemas import ResultOut, TickIn, error_payload
+
+log = logging.getLogger("cerebellar_norse.api")
+PATH = "/neural/process"
+
+
+class TickFastPath:
+    """ASGI middleware answering ``POST /neural/process``; everything else goes to ``app``."""
+
+    def __init__(self, app: ASGIApp, state: ServiceState, route: Any = None) -> None:
+        self.app = app
+        self.state = state
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
+            if self.route is not None:
+                scope["route"] = self.route  # request metrics label it like the FastAPI route
+            await self._handle(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _reply(self, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if extra:
+            headers.extend(extra)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _error(self, send: Send, status: int, kind: str, message: str, field: str | None = None,
+                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.state.metrics.errors.labels(kind).inc()
+        await self._reply(send, status, json.dumps(error_payload(kind, message, request_id_var.get(), field)).encode(), extra)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctype = ""
+        for k, v in scope["headers"]:
+            if k == b"content-type":
+                ctype = v.decode("latin-1")
+                break
+        if ctype.split(";", 1)[0].strip().lower() != "application/json":
+            await self._error(send, 415, "unsupported_media_type", f"content type must be application/json, got {ctype or 'none'!r}")
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if not body.strip():
+            await self._error(send, 422, "validation", "request body is missing")
+            return
+        try:
+            tick = TickIn.model_validate_json(body)
+        except ValidationError as exc:
+            status, payload = validation_response([dict(e) for e in exc.errors(include_url=False)])
+            self.state.metrics.errors.labels(payload["error"]["type"]).inc()
+            await self._reply(send, status, json.dumps(payload).encode())
+            return
+        try:
+            result = await self.state.engine.submit(tick.to_tick())
+        except InputError as exc:
+            await self._error(send, exc.status_code, input_error_kind(exc), exc.message, exc.field)
+            return
+        except CapacityError as exc:
+            retry = str(max(1, round(exc.retry_after_s))).encode()
+            await self._error(send, 503, "capacity", str(exc), extra=[(b"retry-after", retry)])
+            return
+        except EngineFatalError as exc:
+            log.error("engine error: %s", exc)
+            await self._error(send, 503, "engine", str(exc))
+            return
+        except CerebellarNorseError as exc:
+            log.error("unhandled service error: %s", exc)
+            await self._error(send, 500, "internal", str(exc))
+            return
+        result["request_id"] = request_id_var.get()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("tick processed", extra={"fields": {"market_id": tick.market_id, "processing_time_ns": result["processing_time_ns"]}})
+        await self._reply(send, 200, ResultOut.model_validate(result).model_dump_json().encode())
