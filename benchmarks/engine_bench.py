@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     perf = cfg.performance
     res: dict[str, Any] = {
-        "command": " ".join([*(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("CEREBELLAR_NORSE_")),
-                             "python", *sys.argv]),
+        "command": " ".join([*(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("CEREBELLAR_NORSE_") and "__" in k),
+                             "python", *sys.argv]),  # config overrides only (CEREBELLAR_NORSE_<SECTION>__<KEY>)
         "loop": args.loop,
         "config": {"batch_size": perf.batch_size, "max_batch_delay_us": perf.max_batch_delay_us,
                    "queue_size": perf.queue_size, "cpu_threads": perf.cpu_threads, "device": perf.device,

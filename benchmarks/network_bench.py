@@ -103,8 +103,18 @@ def render_block(bench: dict[str, Any], cv: dict[str, Any], threads: int, comman
         + f"; network {net['mossy']} mossy, {net['granule']} granule, {net['purkinje']} Purkinje, {net['dcn']} DCN, "
           f"{net['steps_per_tick']} steps per tick, {net['precision']}; {net['spikes_per_tick']:.0f} spikes per tick (batch 1)",
         f"- Host: {host['processor']}, {host['cpus']} logical CPUs ({host['machine']}); {_versions()}"
-        + (f"; 1-minute load average {load:.2f} when the run started" if load is not None else ""),
+        + (f"; 1-minute load average {load:.2f} when the run started" if load is not None else "")
+        + (f"; run at niceness {os.nice(0)}" if hasattr(os, "nice") and os.nice(0) != 0 else ""),
         f"- Measured {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} at revision {_git_revision()}",
+    ]
+    if load is not None and load > 0.5 * (host["cpus"] or 1):
+        lines.append("- The host was shared with other work during this run (load average above): other processes "
+                     "compete for the same cores and add to these latencies, so a quiet host should measure the same or less.")
+        if threads > 1 and threads >= (host["cpus"] or 1):
+            lines.append(f"- With cpu_threads = {threads} on {host['cpus']} logical CPUs a parallel batch needs every core at "
+                         "once; a core taken by another process stalls the whole batch (numba's parallel loop waits for "
+                         "its slowest thread), so the parallel figures suffer most from a shared host.")
+    lines += [
         "",
         "| Backend | Batch | p50 µs/tick | p99 µs/tick | Timed calls |",
         "|---|---:|---:|---:|---:|",

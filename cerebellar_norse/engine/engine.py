@@ -113,6 +113,7 @@ class Engine:
         self.queue_size = perf.queue_size
         self.learner = self._make_learner()
         self.recorder: TickRecorder | None = None
+        self._scratch = False  # stepping warm-up ticks: not learned from, not recorded
         self.stats = EngineStats()
         self.observers: list[BatchObserver] = []
         self._pending: list[tuple[Tick, asyncio.Future[dict[str, Any]]]] = []
@@ -324,9 +325,11 @@ class Engine:
         t0 = time.perf_counter_ns()
         probs, spikes = self.backend.step(slots, arr)
         elapsed = time.perf_counter_ns() - t0
-        if self.learner is not None:
+        if self.learner is not None and not self._scratch:
             self._learn(ticks, probs)
-        if self.cfg.debug.record_requests:
+        if self._scratch:
+            pass
+        elif self.cfg.debug.record_requests:
             if self.recorder is None:
                 self.recorder = TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
             self.recorder.write(ticks)
@@ -354,7 +357,8 @@ class Engine:
 
         The scratch ticks all belong to one scratch market in a free slot, so no live
         market (e.g. one just restored) is evicted; with every slot taken the warm-up is
-        skipped and the first batch loads the kernels.
+        skipped and the first batch loads the kernels. They are neither recorded
+        (``debug.record_requests``) nor learned from (``training.online_learning``).
         """
         if self.pool.used >= self.pool.capacity:
             log.info("warm-up skipped: every market slot is taken")
@@ -366,10 +370,12 @@ class Engine:
         name = "\x00warmup"
         stats = self.stats
         self.stats = EngineStats()
+        self._scratch = True
         try:
             for n in sorted(sizes):
                 self.process_now([Tick(100.0, 1.0, 1_600_000_000_000, name)] * n)
         finally:
+            self._scratch = False
             self.pool.table.release(name)
             self.stats = stats
 
