@@ -1,7 +1,7 @@
 """Fixtures of the engine tests: configs built through environment overrides, tick streams.
 
 ``engine_config(queue_size=4, neural={"seed": 7})`` builds the built-in default config
-with ``[performance]`` (keyword arguments) and ``[neural]`` overrides applied through
+with ``[performance]`` (keyword arguments) and ``[neural]``, ``[training]``, ``[debug]`` overrides applied through
 ``CEREBELLAR_NORSE_*`` variables, and ``paths.state_dir`` under the test's tmp_path.
 The caller's environment is never read.
 """
@@ -23,12 +23,14 @@ from cerebellar_norse.ticks import Tick, validate_ticks
 
 @pytest.fixture
 def engine_config(tmp_path: Path) -> ConfigFactory:
-    """Build a config: keyword arguments are ``[performance]`` keys, ``neural=`` a dict of ``[neural]`` keys."""
+    """Build a config: keyword arguments are ``[performance]`` keys; ``neural=``, ``training=``, ``debug=`` dicts of those sections."""
 
-    def make(*, state_dir: Path | None = None, neural: Mapping[str, Any] | None = None, **performance: Any) -> Config:
+    def make(*, state_dir: Path | None = None, neural: Mapping[str, Any] | None = None,
+             training: Mapping[str, Any] | None = None, debug: Mapping[str, Any] | None = None, **performance: Any) -> Config:
         env = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(state_dir or tmp_path / "state")}
-        env.update({f"CEREBELLAR_NORSE_PERFORMANCE__{k.upper()}": str(v) for k, v in performance.items()})
-        env.update({f"CEREBELLAR_NORSE_NEURAL__{k.upper()}": str(v) for k, v in (neural or {}).items()})
+        for section, keys in (("performance", performance), ("neural", neural), ("training", training), ("debug", debug)):
+            env.update({f"CEREBELLAR_NORSE_{section.upper()}__{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v)
+                        for k, v in (keys or {}).items()})
         return load_config(None, environ=env)
 
     return make

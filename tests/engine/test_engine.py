@@ -341,6 +341,23 @@ async def test_warm_up_evicts_no_live_market(engine_config: ConfigFactory) -> No
     assert engine.stats.ticks == 4
 
 
+async def test_warm_up_ticks_are_neither_learned_from_nor_recorded(engine_config: ConfigFactory, tmp_path: Path) -> None:
+    cfg = engine_config(state_dir=tmp_path / "state", cpu_threads=2, training={"online_learning": True},
+                        debug={"record_requests": True})
+    engine = Engine(cfg)
+    assert engine.learner is not None
+    weights = engine.backend.pf_views()[0].copy()  # type: ignore[attr-defined]
+    engine.warm_up()
+    np.testing.assert_array_equal(engine.backend.pf_views()[0], weights)  # type: ignore[attr-defined]
+    assert engine.learner.pending == {} and engine.learner.judged == 0
+    assert not (tmp_path / "state" / "recordings").exists()
+    await engine.submit(tick("A", T0))  # real ticks still are
+    assert list(engine.learner.pending) == ["A"]
+    await engine.drain(save=False)
+    (rec,) = (tmp_path / "state" / "recordings").iterdir()
+    assert rec.read_text().splitlines()[1:] == [f"{T0},A,100.0,1000.0"]
+
+
 # -- persistence across restarts -------------------------------------------------------------
 
 
