@@ -61,8 +61,6 @@ def test_training_beats_the_majority_baseline_on_held_out_data(tmp_path: Path, m
     assert val["loss"] < before["loss"], (before, val)
     assert len(result.history) == 4 and val == result.history[result.best_epoch - 1]["validation"]
     assert result.ticks_per_second > 0
-    # the stored best weights are the evaluated ones
-    assert evaluate(cfg, result.weights, prep)["loss"] == pytest.approx(val["loss"], rel=1e-9)
 
 
 def test_split_is_by_time_and_train_labels_never_reach_into_held_out_ticks(tiny_prep: tuple[Config, Prepared]) -> None:
