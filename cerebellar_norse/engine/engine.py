@@ -265,6 +265,8 @@ class Engine:
         """Above ``garbage_collection_threshold`` pool usage, evict markets idle for over ``IDLE_EVICTION_S``."""
         now = time.monotonic() if now is None else now
         self._last_gc = now
+        if self.learner is not None:
+            self.learner.retain(set(self.pool.table.markets()))
         threshold = self.cfg.performance.garbage_collection_threshold
         keep = int(threshold * self.pool.capacity)
         if self.pool.used <= keep:

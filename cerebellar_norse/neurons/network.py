@@ -135,7 +135,7 @@ class CerebellarNetwork:
 
     def process(self, tick: Mapping[str, Any]) -> dict[str, Any]:
         """Process one tick (a mapping with price, volume, timestamp, market_id)."""
-        return self.process_ticks([validate_tick(tick)])[0]
+        return self.process_ticks([validate_tick(tick)], batch=False)[0]
 
     def process_batch(self, ticks: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[dict[str, Any]]:
         """Process many ticks in order: a list of tick mappings or a mapping of columns.
@@ -145,7 +145,7 @@ class CerebellarNetwork:
         """
         return self.process_ticks(validate_ticks(ticks))
 
-    def check_order(self, ticks: Sequence[Tick]) -> None:
+    def check_order(self, ticks: Sequence[Tick], batch: bool = True) -> None:
         """Raise TickOrderError if a tick is older than its market's previous tick."""
         last: dict[str, int] = {}
         for j, t in enumerate(ticks):
@@ -155,15 +155,15 @@ class CerebellarNetwork:
                 if slot is not None and self.pool.arrays.enc[slot, S_N_TICKS] > 0:
                     prev = int(self.pool.arrays.enc[slot, S_LAST_TS])
             if prev is not None and t.timestamp < prev:
-                field = f"ticks.{j}.timestamp" if len(ticks) > 1 else "timestamp"
+                field = f"ticks.{j}.timestamp" if batch else "timestamp"
                 raise TickOrderError(f"tick at {t.timestamp} is older than the market's last tick at {prev}", field)
             last[t.market_id] = t.timestamp
 
-    def process_ticks(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+    def process_ticks(self, ticks: Sequence[Tick], batch: bool = True) -> list[dict[str, Any]]:
         """Process validated ticks (see :mod:`cerebellar_norse.ticks`)."""
         if not ticks:
             return []
-        self.check_order(ticks)
+        self.check_order(ticks, batch)
         distinct = len({t.market_id for t in ticks})
         if distinct > self.pool.capacity:
             raise InputError(f"batch has {distinct} markets but the pool holds {self.pool.capacity}", "ticks")

@@ -133,12 +133,17 @@ class ModelStore:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def clean_partial(self) -> list[str]:
-        """Remove ``.tmp-*`` directories left by killed writers; returns their names."""
+        """Remove ``.tmp-*`` directories left by killed writers; returns their names.
+
+        A directory whose writer (the pid in its name) is another live process is kept:
+        that process is saving a model right now (a job while ``--dump-weights`` or
+        ``train`` runs beside it).
+        """
         if not self.root.is_dir():
             return []
         gone = []
         for p in self.root.iterdir():
-            if p.is_dir() and p.name.startswith(".tmp-"):
+            if p.is_dir() and p.name.startswith(".tmp-") and not _writer_alive(p.name):
                 shutil.rmtree(p, ignore_errors=True)
                 gone.append(p.name)
         return gone
@@ -202,6 +207,21 @@ class ModelStore:
                 continue
             return model
         return None
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the pid at the end of a ``.tmp-<version>-<pid>`` name is another running process."""
+    text = name.rsplit("-", 1)[-1]
+    pid = int(text) if text.isdigit() else 0
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # exists, owned by another user
+    except (OSError, OverflowError):
+        return False
+    return True
 
 
 def _json_default(o: Any) -> Any:

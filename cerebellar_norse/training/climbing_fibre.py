@@ -99,6 +99,11 @@ class OnlineLearner:
         """Drop a market's pending predictions (it was reset or evicted)."""
         self.pending.pop(market, None)
 
+    def retain(self, markets: set[str]) -> None:
+        """Drop the pending predictions of every market not in ``markets`` (no longer live)."""
+        for market in [m for m in self.pending if m not in markets]:
+            del self.pending[market]
+
     def observe(self, market: str, price: float, probs: np.ndarray, active: np.ndarray,
                 pf_w_csr: np.ndarray, pf_ptr: np.ndarray, pf_post: np.ndarray) -> None:
         """Record one processed tick; judge the tick ``horizon`` ticks back and learn from it."""

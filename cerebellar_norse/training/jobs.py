@@ -234,11 +234,11 @@ class JobManager:
         """Validate the request and start its job; JobConflictError when one is running."""
         from .data import resolve_data_file
 
+        cfg = job_config(self.cfg, req)
+        paths = [resolve_data_file(Path(cfg.paths.data_dir), f) for f in req.files]
         if self.busy:
             running = next(j.job_id for j in self.jobs.values() if j.state in ("queued", "running"))
             raise JobConflictError(f"job {running} is still running; one job at a time (cancel it with DELETE /training/{running})", "job")
-        cfg = job_config(self.cfg, req)
-        paths = [resolve_data_file(Path(cfg.paths.data_dir), f) for f in req.files]
         job = JobStatus(job_id=uuid.uuid4().hex[:12], files=list(req.files), epochs=cfg.training.epochs)
         self.jobs[job.job_id] = job
         self.latest = job.job_id

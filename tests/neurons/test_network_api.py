@@ -351,10 +351,6 @@ def test_parallel_fused_equals_serial(make_config: ConfigFactory, ticks: Any, he
     assert calls["parallel"] == 8
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "CerebellarNetwork.check_order names the field 'timestamp' instead of 'ticks.0.timestamp' when "
-    "process_batch gets a one-tick batch (it tests len(ticks) > 1, so it cannot tell process() from a "
-    "batch of one), while validation errors of the same batch say 'ticks.0.<field>'"))
 def test_one_tick_batch_names_the_indexed_field(net: CerebellarNetwork) -> None:
     net.process(tick("A", T0 + 100))
     with pytest.raises(InputError) as bad_value:

@@ -146,7 +146,7 @@ def test_partial_tmp_dir_is_ignored_and_cleaned(cfg: Config, store: ModelStore) 
     w = generate_weights(cfg)
     store.save(w, cfg, METRICS, version=V1)
     # a job killed mid-write: a newer version's temporary directory with part of its files
-    tmp = store.root / f".tmp-{V2}-4242"
+    tmp = store.root / f".tmp-{V2}-99999999"  # a pid above any pid_max: its writer is gone
     tmp.mkdir()
     (tmp / "weights.npz").write_bytes(b"PK\x03\x04 half written")
     assert store.versions() == [V1]
@@ -160,6 +160,25 @@ def test_partial_tmp_dir_is_ignored_and_cleaned(cfg: Config, store: ModelStore) 
     assert store.clean_partial() == [tmp.name]
     assert not tmp.exists() and store.versions() == [V1]
     assert store.clean_partial() == []
+
+
+def test_partial_dir_of_a_live_writer_is_kept(cfg: Config, store: ModelStore) -> None:
+    """Another process saving right now (a job while ``--dump-weights`` runs beside it) keeps its directory."""
+    store.save(generate_weights(cfg), cfg, METRICS, version=V1)
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tmp = store.root / f".tmp-{V2}-{writer.pid}"
+        tmp.mkdir()
+        assert store.clean_partial() == [] and tmp.is_dir()
+        assert store.load_for_service(cfg).version == V1  # type: ignore[union-attr]
+        assert tmp.is_dir() and store.versions() == [V1]
+    finally:
+        writer.kill()
+        writer.wait()
+    assert store.clean_partial() == [tmp.name] and not tmp.exists()
+    own = store.root / f".tmp-{V2}-{os.getpid()}"  # left by a failed save of this very process
+    own.mkdir()
+    assert store.clean_partial() == [own.name]
 
 
 def test_corrupt_newest_model_is_refused_and_the_previous_served(cfg: Config, store: ModelStore,
