@@ -35,7 +35,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cerebellar_norse.config import Config, load_checked_config  # noqa: E402
-from cerebellar_norse.neurons.backends import Backend, FusedBackend  # noqa: E402
+from cerebellar_norse.neurons.backends import FusedBackend  # noqa: E402
+from cerebellar_norse.neurons.bench import time_backend as time_steps  # noqa: E402
 from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters  # noqa: E402
 from cerebellar_norse.neurons.state import StateArrays  # noqa: E402
 from cerebellar_norse.neurons.topology import generate_weights  # noqa: E402
@@ -56,18 +57,6 @@ def percentiles(per_tick_ns: list[float]) -> dict[str, float]:
     """p50/p99 in µs per tick."""
     a = np.asarray(per_tick_ns) / 1e3
     return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "calls": int(a.size)}
-
-
-def time_steps(backend: Backend, batches: list[tuple[np.ndarray, np.ndarray]], warmup: int) -> dict[str, float]:
-    """Per-tick p50/p99 of synchronous ``step`` calls after ``warmup`` calls."""
-    for slots, ticks in batches[:warmup]:
-        backend.step(slots, ticks)
-    per_tick = []
-    for slots, ticks in batches[warmup:]:
-        t0 = time.perf_counter_ns()
-        backend.step(slots, ticks)
-        per_tick.append((time.perf_counter_ns() - t0) / slots.shape[0])
-    return percentiles(per_tick)
 
 
 def time_pipelined(backend: Any, batches: list[tuple[np.ndarray, np.ndarray]], depth: int) -> dict[str, float]:

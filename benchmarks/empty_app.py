@@ -14,15 +14,12 @@ metrics, the engine, the network and the response model.
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 
 from cerebellar_norse.api.schemas import TickIn
-from cerebellar_norse.api.server import uvicorn_config
+from cerebellar_norse.api.server import GracefulServer, uvicorn_config
 from cerebellar_norse.config import load_checked_config
 
 app = FastAPI(title="empty endpoint")
@@ -34,24 +31,12 @@ async def empty(tick: TickIn) -> dict[str, Any]:
     return {"ok": True, "market_id": tick.market_id}
 
 
-class _Server(uvicorn.Server):
-    """Exit 0 after a graceful SIGTERM (uvicorn re-raises the signal otherwise), like the service."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            try:
-                yield
-            finally:
-                self._captured_signals.clear()
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, required=True)
     args = p.parse_args()
     cfg = load_checked_config(None, environ={"CEREBELLAR_NORSE_SERVER__PORT": str(args.port)})  # host 127.0.0.1
-    _Server(uvicorn_config(app, cfg)).run()
+    GracefulServer(uvicorn_config(app, cfg)).run()  # exits 0 after SIGTERM, like the service
     return 0
 
 

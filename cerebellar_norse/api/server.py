@@ -177,7 +177,7 @@ def uvicorn_config(app: FastAPI, cfg: Config) -> uvicorn.Config:
     )
 
 
-class _Server(uvicorn.Server):
+class GracefulServer(uvicorn.Server):
     """uvicorn's server, exiting 0 after a graceful SIGTERM/SIGINT shutdown instead of re-raising the signal."""
 
     stopped_by: list[int]
@@ -197,7 +197,7 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
     setup_logging(cfg.logging)
     check_exposure(cfg)
     state = build_service(cfg)
-    server = _Server(uvicorn_config(make_app(state), cfg))
+    server = GracefulServer(uvicorn_config(make_app(state), cfg))
     state.extra["server"] = server
     state.extra["config_path"] = config_path
     server.run()

@@ -69,6 +69,25 @@ def make_dims(shape: NetworkShape, slots: int) -> np.ndarray:
     return d
 
 
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _lif_cell(v_arr, i_arr, k, inp, c_mem, nc_syn, v_leak, v_th, v_reset):
+    """One Norse LIF feed-forward step of cell ``k`` in place; True when it spiked.
+
+    ``i += inp; v += c_mem * ((v_leak - v) + i); i += nc_syn * i; spike and reset at v > v_th``
+    with ``c_mem = dt * tau_mem_inv`` and ``nc_syn = -dt * tau_syn_inv`` (the granule layer
+    inlines the same update in a branch-free loop).
+    """
+    i_new = i_arr[k] + inp
+    v = v_arr[k]
+    v_dec = v + c_mem * ((v_leak - v) + i_new)
+    i_arr[k] = i_new + nc_syn * i_new
+    if v_dec > v_th:
+        v_arr[k] = v_reset
+        return True
+    v_arr[k] = v_dec
+    return False
+
+
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
                work_f, work_i, work_z, probs, spikes, active):
@@ -216,16 +235,9 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                     pc_acc[pf_post[e]] += pf_w[e]
             pcnt = 0
             for p in range(P):
-                i_new = ip[p] + (pc_acc[p] + pc_bias[p])
-                v = vp[p]
-                v_dec = v + c_pc * ((l_pc - v) + i_new)
-                ip[p] = i_new + n_pc * i_new
-                if v_dec > t_pc:
-                    vp[p] = r_pc
+                if _lif_cell(vp, ip, p, pc_acc[p] + pc_bias[p], c_pc, n_pc, l_pc, t_pc, r_pc):
                     pc_spk[pcnt] = p
                     pcnt += 1
-                else:
-                    vp[p] = v_dec
 
             # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked.
             dcnt = 0
@@ -233,16 +245,9 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                 acc = zero
                 for k in range(pcnt):
                     acc += w_pd[n, pc_spk[k]]
-                i_new = idn[n] + (drive[n] - acc)
-                v = vd[n]
-                v_dec = v + c_dn * ((l_dn - v) + i_new)
-                idn[n] = i_new + n_dn * i_new
-                if v_dec > t_dn:
-                    vd[n] = r_dn
+                if _lif_cell(vd, idn, n, drive[n] - acc, c_dn, n_dn, l_dn, t_dn, r_dn):
                     dcn_spk[dcnt] = n
                     dcnt += 1
-                else:
-                    vd[n] = v_dec
 
             # Readout: leaky integrators of the class groups' DCN spikes.
             for c in range(K):
