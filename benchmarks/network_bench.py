@@ -58,11 +58,13 @@ def _cli(args: list[str], config: str | None) -> dict[str, Any]:
     return result
 
 
-def _git_revision() -> str:
+def _git_revision(output: Path) -> str:
+    """Short HEAD revision, flagged when tracked files (other than the report itself) differ from it."""
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        exclude = [f":(exclude){output.resolve().relative_to(REPO_ROOT)}"] if output.resolve().is_relative_to(REPO_ROOT) else []
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *exclude], cwd=REPO_ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -88,7 +90,7 @@ def _env_overrides() -> list[str]:
 
 
 def render_block(bench: dict[str, Any], cv: dict[str, Any], threads: int, command: str, config: str | None,
-                 load: float | None = None) -> str:
+                 load: float | None = None, output: Path = DEFAULT_OUTPUT) -> str:
     """The Markdown block of one run."""
     net, host = bench["network"], bench["host"]
     fused, ref = bench["fused"], bench["reference"]["batch_1"]
@@ -105,7 +107,7 @@ def render_block(bench: dict[str, Any], cv: dict[str, Any], threads: int, comman
         f"- Host: {host['processor']}, {host['cpus']} logical CPUs ({host['machine']}); {_versions()}"
         + (f"; 1-minute load average {load:.2f} when the run started" if load is not None else "")
         + (f"; run at niceness {os.nice(0)}" if hasattr(os, "nice") and os.nice(0) != 0 else ""),
-        f"- Measured {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} at revision {_git_revision()}",
+        f"- Measured {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} at revision {_git_revision(output)}",
     ]
     if load is not None and load > 0.5 * (host["cpus"] or 1):
         lines.append("- The host was shared with other work during this run (load average above): other processes "
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     cv = _cli(["crossval", "--json", "--ticks", str(args.crossval_ticks)], args.config)
     env = " ".join(_env_overrides())
     command = " ".join(filter(None, [env, "cerebellar-norse", f"--config {args.config}" if args.config else "", *bench_args]))
-    block = render_block(bench, cv, threads, command, args.config, load)
+    block = render_block(bench, cv, threads, command, args.config, load, args.output)
     out: Path = args.output
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(update_document(out.read_text(encoding="utf-8") if out.exists() else "", threads, block), encoding="utf-8")
