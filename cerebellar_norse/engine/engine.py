@@ -101,7 +101,8 @@ class Engine:
         self.params = network_parameters(cfg)
         self.weights = weights if weights is not None else generate_weights(cfg)
         self.model_version = model_version or f"seed-{cfg.neural.seed}"
-        self.arrays = StateArrays.allocate(pool_capacity(cfg), self.params, cfg.neural.precision)
+        self.arrays = StateArrays.allocate(pool_capacity(cfg), self.params, cfg.neural.precision,
+                                           touch=perf.memory_pool_enabled)
         self.pool = StatePool(self.arrays, self._reset_slot)
         if isinstance(backend, str) or backend is None:
             self.backend: Backend = make_backend(backend or "fused", self.weights, self.params, self.arrays,

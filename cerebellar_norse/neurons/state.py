@@ -77,12 +77,21 @@ class StateArrays:
     i_out: np.ndarray
 
     @classmethod
-    def allocate(cls, slots: int, p: NetworkParameters, precision: str) -> StateArrays:
-        """Zeroed arrays for ``slots`` markets (touched, so the memory is really reserved)."""
+    def allocate(cls, slots: int, p: NetworkParameters, precision: str, touch: bool = True) -> StateArrays:
+        """Zeroed arrays for ``slots`` markets.
+
+        With ``touch`` every page is written now, so the memory is really reserved and a
+        market's first tick does not pay the page faults (np.zeros alone maps lazily).
+        """
         s = p.shape
-        flat = np.zeros(slots * floats_per_slot(s.granule, s.purkinje, s.dcn, s.classes), dtype=numpy_dtype(precision))
+        n = slots * floats_per_slot(s.granule, s.purkinje, s.dcn, s.classes)
+        flat = np.empty(n, dtype=numpy_dtype(precision)) if touch else np.zeros(n, dtype=numpy_dtype(precision))
+        enc = np.empty((slots, N_ENC_STATE)) if touch else np.zeros((slots, N_ENC_STATE))
+        if touch:
+            flat.fill(0)
+            enc.fill(0)
         views = state_views(flat, slots, s.granule, s.purkinje, s.dcn, s.classes)
-        return cls(np.zeros((slots, N_ENC_STATE)), flat, *views)
+        return cls(enc, flat, *views)
 
     @property
     def slots(self) -> int:
