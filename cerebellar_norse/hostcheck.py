@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 
 from .config import Config, estimate_memory, fmt_bytes
@@ -53,21 +52,19 @@ def _meminfo() -> tuple[int | None, int | None]:
 
 
 def _cuda_facts() -> tuple[bool, int | None, str]:
-    """Ask torch for CUDA; fall back to no CUDA when torch cannot see a device."""
+    """Ask torch for CUDA device 0; no NVIDIA driver on the host, or a broken one, reads as no CUDA."""
     if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidiactl"):
+        return False, None, ""  # skip importing torch on hosts that cannot have CUDA
+    from .cuda.device import cuda_available
+
+    if not cuda_available():
         return False, None, ""
     try:
         import torch
 
-        if not torch.cuda.is_available():
-            return False, None, ""
         props = torch.cuda.get_device_properties(0)
         return True, int(props.total_memory), str(props.name)
-    except Exception:  # a broken driver is reported as "no CUDA", with the host check saying so
-        try:
-            subprocess.run(["nvidia-smi", "-L"], check=True, capture_output=True, timeout=10)
-        except Exception:
-            return False, None, ""
+    except Exception:  # a device that cannot even report its properties is not usable
         return False, None, ""
 
 

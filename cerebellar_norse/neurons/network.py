@@ -37,13 +37,6 @@ CLASSES = ("down", "flat", "up")
 _LN3 = math.log(3.0)
 
 
-def summarize(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(prediction, confidence) arrays from class probabilities (B, 3) (down, flat, up)."""
-    p = np.clip(probs, 1e-300, 1.0)
-    entropy = -(p * np.log(p)).sum(axis=1)
-    return probs[:, 2] - probs[:, 0], np.clip(1.0 - entropy / _LN3, 0.0, 1.0)
-
-
 def _confidence(p: list[float]) -> float:
     h = -sum(x * math.log(x) for x in p if x > 0.0)
     return min(max(1.0 - h / _LN3, 0.0), 1.0)
