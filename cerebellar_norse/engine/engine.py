@@ -174,10 +174,10 @@ class Engine:
 
     def _learn(self, ticks: Sequence[Tick], probs: np.ndarray) -> None:
         assert self.learner is not None
-        pf_w, pf_ptr, pf_post = self.backend.pf_views()  # type: ignore[attr-defined]
+        pf_w, pf_ptr, pf_post, pf_rows = self.backend.pf_views()  # type: ignore[attr-defined]
         for j, t in enumerate(ticks):
             self.learner.observe(t.market_id, t.price, probs[j], self.backend.active_granules(j),  # type: ignore[attr-defined]
-                                 pf_w, pf_ptr, pf_post)
+                                 pf_w, pf_ptr, pf_post, pf_rows)
 
     def set_weights(self, weights: Weights, model_version: str, reset_states: bool = False) -> None:
         """Swap the model between batches (callers on the loop thread: no batch is running)."""

@@ -77,12 +77,22 @@ class FusedBackend:
         """Swap weights; a running step keeps the set it started with."""
         self.packed = PackedWeights.pack(weights, self.coef.dtype)
 
-    def pf_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Live views of the parallel-fibre CSR (weights, row pointers, Purkinje cells) in the packed weights."""
+    def pf_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Live views of the parallel-fibre weights in the packed arrays.
+
+        Returns the CSR weights, row pointers and Purkinje cells, and the dense rows
+        (G, P) the kernel reads instead when the network is small enough (else (0, P)).
+        """
         s = self.params.shape
+        pw = self.packed
         dg, nnz = s.dendrites * s.granule, s.purkinje * s.pf_per_purkinje
-        wi = self.packed.wi
-        return self.packed.wf[dg:dg + nnz], wi[dg:dg + s.granule + 1], wi[dg + s.granule + 1:dg + s.granule + 1 + nnz]
+        wi = pw.wi
+        if pw.dense:
+            o = pw.dense_offset(s)
+            rows = pw.wf[o:o + s.granule * s.purkinje].reshape(s.granule, s.purkinje)
+        else:
+            rows = pw.wf[:0].reshape(0, s.purkinje)
+        return pw.wf[dg:dg + nnz], wi[dg:dg + s.granule + 1], wi[dg + s.granule + 1:dg + s.granule + 1 + nnz], rows
 
     def active_granules(self, b: int) -> np.ndarray:
         """Granule cells that spiked during the ``b``-th tick of the last step (uint8 flags, a view)."""

@@ -33,8 +33,13 @@ from .state import state_views
 from .topology import Weights
 
 # dims layout (int64): sizes of the network and the slot count
-D_M, D_G, D_DEN, D_P, D_N, D_K, D_NNZ, D_SLOTS = range(8)
-N_DIMS = 8
+D_M, D_G, D_DEN, D_P, D_N, D_K, D_NNZ, D_SLOTS, D_DENSE = range(9)
+N_DIMS = 9
+# Networks with at most this many granule x Purkinje pairs also get the parallel-fibre
+# weights as dense rows (zeros where no synapse): adding a spiking cell's whole row is
+# vectorised and avoids the store-forwarding stalls of scattered adds, with the same
+# sum per Purkinje cell in the same order (x + 0 = x).
+DENSE_PF_MAX = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -44,20 +49,34 @@ class PackedWeights:
     ``wf`` (float): mg_w (D, G) | pf_w in CSR order (nnz) | pc_bias (P) | w_md transposed (M, N) |
     w_pd (N, P) | dcn_bias (N) | w_out (K, N).
     ``wi`` (int32): mg_idx (D, G) | pf_ptr (G + 1) | pf_post (nnz).
+    With ``dense``, ``wf`` ends with the parallel-fibre weights as dense rows (G, P).
     """
 
     wf: np.ndarray
     wi: np.ndarray
+    dense: bool
 
     @classmethod
     def pack(cls, w: Weights, dtype: np.dtype) -> PackedWeights:
         """Pack ``w`` (any float type) into the kernel layout in ``dtype``."""
         if w.pf_ptr[-1] >= 2**31:
             raise ValueError("more than 2^31 parallel-fibre synapses are not supported by the CPU kernel")
-        wf = np.concatenate([np.asarray(a, dtype=dtype).reshape(-1) for a in (
-            w.mg_w.T, w.pf_w_csr(), w.pc_bias, w.w_md.T, w.w_pd, w.dcn_bias, w.w_out)])
+        s = w.shape
+        parts = [np.asarray(a, dtype=dtype).reshape(-1) for a in (w.mg_w.T, w.pf_w_csr(), w.pc_bias, w.w_md.T, w.w_pd,
+                                                                   w.dcn_bias, w.w_out)]
+        dense = s.granule * s.purkinje <= DENSE_PF_MAX
+        if dense:
+            rows = np.zeros((s.granule, s.purkinje), dtype=dtype)
+            rows[w.pf_pre.reshape(-1), np.repeat(np.arange(s.purkinje), s.pf_per_purkinje)] = w.pf_w.reshape(-1)
+            parts.append(rows.reshape(-1))
         wi = np.concatenate([w.mg_idx.T.reshape(-1), w.pf_ptr, w.pf_post]).astype(np.int32)
-        return cls(wf, wi)
+        return cls(np.concatenate(parts), wi, dense)
+
+    def dense_offset(self, shape: NetworkShape) -> int:
+        """Start of the dense parallel-fibre rows in ``wf``."""
+        s = shape
+        nnz = s.purkinje * s.pf_per_purkinje
+        return s.dendrites * s.granule + nnz + s.purkinje + s.mossy * s.dcn + s.dcn * s.purkinje + s.dcn + s.classes * s.dcn
 
 
 def make_dims(shape: NetworkShape, slots: int) -> np.ndarray:
@@ -66,6 +85,7 @@ def make_dims(shape: NetworkShape, slots: int) -> np.ndarray:
     d[D_M], d[D_G], d[D_DEN], d[D_P], d[D_N], d[D_K] = shape.mossy, shape.granule, shape.dendrites, shape.purkinje, shape.dcn, shape.classes
     d[D_NNZ] = shape.purkinje * shape.pf_per_purkinje
     d[D_SLOTS] = slots
+    d[D_DENSE] = int(shape.granule * shape.purkinje <= DENSE_PF_MAX)
     return d
 
 
@@ -147,6 +167,9 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     dcn_bias = wf[o:o + N]
     o += N
     w_out = wf[o:o + K * N].reshape((K, N))
+    o += K * N
+    dense = dims[8] != 0
+    pf_rows = wf[o:o + G * P].reshape((G, P)) if dense else wf[0:0].reshape((0, P))
     mg_idx = wi[0:D * G].reshape((D, G))
     pf_ptr = wi[D * G:D * G + G + 1]
     pf_post = wi[D * G + G + 1:D * G + G + 1 + NNZ]
@@ -229,10 +252,16 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
             # Purkinje cells: parallel-fibre input from the granule cells that spiked only.
             for p in range(P):
                 pc_acc[p] = zero
-            for k in range(cnt):
-                g = gr_spk[k]
-                for e in range(pf_ptr[g], pf_ptr[g + 1]):
-                    pc_acc[pf_post[e]] += pf_w[e]
+            if dense:
+                for k in range(cnt):
+                    row = pf_rows[gr_spk[k]]
+                    for p in range(P):
+                        pc_acc[p] += row[p]
+            else:
+                for k in range(cnt):
+                    g = gr_spk[k]
+                    for e in range(pf_ptr[g], pf_ptr[g + 1]):
+                        pc_acc[pf_post[e]] += pf_w[e]
             pcnt = 0
             for p in range(P):
                 if _lif_cell(vp, ip, p, pc_acc[p] + pc_bias[p], c_pc, n_pc, l_pc, t_pc, r_pc):

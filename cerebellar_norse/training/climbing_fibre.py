@@ -35,7 +35,8 @@ LTP_RATIO = 0.25
 
 @nb.njit(cache=True, nogil=True)
 def climbing_fibre_update(pf_w: np.ndarray, pf_ptr: np.ndarray, pf_post: np.ndarray, active: np.ndarray,
-                          pc_signal: np.ndarray, rate: float, ltp_step: float, w_max: float) -> int:
+                          pc_signal: np.ndarray, rate: float, ltp_step: float, w_max: float,
+                          pf_rows: np.ndarray | None = None) -> int:
     """Apply the rule to CSR parallel-fibre weights in place; returns the number of synapses changed.
 
     Args:
@@ -43,6 +44,7 @@ def climbing_fibre_update(pf_w: np.ndarray, pf_ptr: np.ndarray, pf_post: np.ndar
         pf_ptr, pf_post: CSR row pointers and postsynaptic Purkinje cells.
         active: (k,) granule cells active at the judged tick.
         pc_signal: (P,) int8: +1 climbing fibre fired (LTD), -1 potentiate (LTP), 0 leave.
+        pf_rows: the kernel's dense copy (G, P) of the same weights, kept equal (None or (0, P): none).
         rate: LTD fraction per event (dimensionless).
         ltp_step: LTP increment per event (weight units).
         w_max: upper bound of a weight.
@@ -61,6 +63,8 @@ def climbing_fibre_update(pf_w: np.ndarray, pf_ptr: np.ndarray, pf_post: np.ndar
                 changed += 1
             if pf_w[e] < 0:
                 pf_w[e] = 0
+            if pf_rows is not None and pf_rows.shape[0] > 0:
+                pf_rows[g, pf_post[e]] = pf_w[e]
     return changed
 
 
@@ -105,7 +109,7 @@ class OnlineLearner:
             del self.pending[market]
 
     def observe(self, market: str, price: float, probs: np.ndarray, active: np.ndarray,
-                pf_w_csr: np.ndarray, pf_ptr: np.ndarray, pf_post: np.ndarray) -> None:
+                pf_w_csr: np.ndarray, pf_ptr: np.ndarray, pf_post: np.ndarray, pf_rows: np.ndarray | None = None) -> None:
         """Record one processed tick; judge the tick ``horizon`` ticks back and learn from it."""
         q = self.pending.setdefault(market, deque())
         q.append(_Pending(price, int(np.argmax(probs)), np.flatnonzero(active).astype(np.int64)))
@@ -122,5 +126,5 @@ class OnlineLearner:
         signal[self.pc_class == truth] = 1
         signal[self.pc_class == old.predicted] = -1
         self.synapses_changed += climbing_fibre_update(pf_w_csr, pf_ptr, pf_post, old.active, signal, self.rate,
-                                                       self.rate * LTP_RATIO * self.w_scale, self.w_max)
+                                                       self.rate * LTP_RATIO * self.w_scale, self.w_max, pf_rows)
         self.updates += 1

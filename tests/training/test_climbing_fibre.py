@@ -146,3 +146,20 @@ def test_engine_online_learning_switch(make_config: ConfigFactory, online: bool)
     else:
         assert eng.learner is None
         assert after.tobytes() == before.tobytes()  # bit-identical
+
+
+def test_online_learning_keeps_the_kernels_dense_rows_equal_to_the_synapses(make_config: ConfigFactory) -> None:
+    cfg = make_config(neural=TINY_NEURAL, training={"online_learning": True, "climbing_fibre_rate": 0.05},
+                      performance={"batch_size": 64, "max_batch_delay_us": 0})
+    eng = Engine(cfg)
+    pf_w, pf_ptr, pf_post, rows = eng.backend.pf_views()  # type: ignore[attr-defined]
+    assert rows.shape[0] == cfg.neural.granule_size  # a tiny network uses the dense rows
+    ticks = validate_ticks(generate_ticks(800, 3, seed=4))
+    for k in range(0, len(ticks), 64):
+        eng.process_now(ticks[k:k + 64])
+    assert eng.learner is not None and eng.learner.updates > 0
+    dense = np.zeros_like(rows)
+    for g in range(rows.shape[0]):
+        for e in range(pf_ptr[g], pf_ptr[g + 1]):
+            dense[g, pf_post[e]] = pf_w[e]
+    np.testing.assert_array_equal(rows, dense)
