@@ -37,9 +37,6 @@ CLASSES = ("down", "flat", "up")
 _LN3 = math.log(3.0)
 
 
-VECTOR_MIN_BATCH = 8  # from this batch size numpy's per-call cost pays off
-
-
 def _confidence(p: list[float]) -> float:
     h = -sum(x * math.log(x) for x in p if x > 0.0)
     return min(max(1.0 - h / _LN3, 0.0), 1.0)
@@ -54,12 +51,6 @@ def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, e
     per_tick = elapsed_ns // max(len(ticks), 1)
     rows = probs.tolist()
     totals = spikes.sum(axis=1).tolist()
-    if len(ticks) >= VECTOR_MIN_BATCH:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            plogp = np.where(probs > 0.0, probs * np.log(probs), 0.0)
-        conf = np.clip(1.0 + plogp.sum(axis=1) / _LN3, 0.0, 1.0).tolist()
-    else:
-        conf = [_confidence(p) for p in rows]
     out = []
     for j, t in enumerate(ticks):
         p = rows[j]
@@ -67,8 +58,8 @@ def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, e
             "market_id": t.market_id,
             "prediction": p[2] - p[0],
             "probabilities": {"down": p[0], "flat": p[1], "up": p[2]},
-            "confidence": conf[j],
-            "spike_count": totals[j],
+            "confidence": _confidence(p),
+            "spike_count": int(totals[j]),
             "processing_time_ns": per_tick,
         })
     return out
