@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("file", help="tick CSV (e.g. a recording from <state_dir>/recordings/)")
     rp.add_argument("--json", action="store_true", help="print one JSON result per line")
 
+    db = sub.add_parser("debug-bundle", help="write a .tar.gz with config, versions, models and service state for support")
+    db.add_argument("--output", dest="bundle_output", metavar="PATH", help="archive to write (default: <state_dir>/debug-bundle-<time>.tar.gz)")
+    db.add_argument("--url", default=None, help="running service to snapshot (default: http://<server.host>:<server.port>; 'none' to skip)")
+
     bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
     bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
     bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
@@ -198,6 +202,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return cmd_replay(_load(args), Path(args.file), args.json)
 
 
+def _cmd_debug_bundle(args: argparse.Namespace) -> int:
+    from .observability.bundle import cmd_debug_bundle
+
+    cfg = _load(args)
+    url = args.url if args.url is not None else f"http://{cfg.server.host}:{cfg.server.port}"
+    return cmd_debug_bundle(cfg, Path(args.bundle_output) if args.bundle_output else None, None if url == "none" else url)
+
+
 def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.validate_only:
         return lambda a: _cmd_validate(a, host_checks=False)
@@ -213,7 +225,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _cmd_validate_model
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "make-data": _cmd_make_data,
-        "replay": _cmd_replay}
+        "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle}
     if args.command in commands:
         return commands[args.command]
     return _cmd_serve
