@@ -39,7 +39,7 @@ from ..config import Config, estimate_memory
 from ..errors import CapacityError, CheckpointError, EngineFatalError, TickOrderError
 from ..neurons.backends import Backend, make_backend
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
-from ..neurons.network import result_dicts
+from ..neurons.network import result_dicts, step_ticks
 from ..neurons.parameters import encoder_parameters, network_parameters
 from ..neurons.state import StateArrays
 from ..neurons.topology import Weights, generate_weights
@@ -316,29 +316,26 @@ class Engine:
         out.extend(self._step(ticks[start:]))
         return out
 
-    def _step(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
-        b = len(ticks)
-        slots, arr = self._slots[:b], self._ticks[:, :b]
-        evictions = self.pool.table.evictions
-        for j, t in enumerate(ticks):
-            slots[j] = self.pool.table.acquire(t.market_id)
-            arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
-        if self.pool.table.evictions != evictions:
-            log.info("evicted least recently used markets", extra={"fields": {"evicted": self.pool.table.evictions - evictions, "last": self.pool.table.last_evicted}})
-        t0 = time.perf_counter_ns()
-        probs, spikes = self.backend.step(slots, arr)
-        elapsed = time.perf_counter_ns() - t0
-        if self.learner is not None and not self._scratch:
-            self._learn(ticks, probs)
-        if self._scratch:
-            pass
-        elif self.cfg.debug.record_requests:
+    def _record(self, ticks: Sequence[Tick]) -> None:
+        """Append applied ticks to the recording while ``debug.record_requests`` is on (it can change on reload)."""
+        if self.cfg.debug.record_requests:
             if self.recorder is None:
                 self.recorder = TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
             self.recorder.write(ticks)
         elif self.recorder is not None:
             self.recorder.close()
             self.recorder = None
+
+    def _step(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+        b = len(ticks)
+        evictions = self.pool.table.evictions
+        probs, spikes, elapsed = step_ticks(self.pool.table, self.backend, ticks, self._slots[:b], self._ticks[:, :b])
+        if self.pool.table.evictions != evictions:
+            log.info("evicted least recently used markets", extra={"fields": {"evicted": self.pool.table.evictions - evictions, "last": self.pool.table.last_evicted}})
+        if not self._scratch:  # warm-up ticks are neither learned from nor recorded
+            if self.learner is not None:
+                self._learn(ticks, probs)
+            self._record(ticks)
         out = result_dicts(ticks, probs, spikes, elapsed)
         version = self.model_version
         for r in out:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Config, load_checked_config
-from ..engine.pool import StatePool
+from ..engine.pool import SlotTable, StatePool
 from ..errors import InputError, TickOrderError
 from ..ticks import Tick, validate_tick, validate_ticks
 from .backends import Backend, make_backend
@@ -66,6 +66,21 @@ def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, e
     return out
 
 
+def step_ticks(table: SlotTable, backend: Backend, ticks: Sequence[Tick], slots: np.ndarray,
+               arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Give each tick its market's slot, fill the kernel's input arrays and step the backend.
+
+    ``slots`` (B,) and ``arr`` (3, B) are buffers (views) of exactly ``len(ticks)`` columns.
+    Returns probabilities, spikes and the backend time in ns.
+    """
+    for j, t in enumerate(ticks):
+        slots[j] = table.acquire(t.market_id)
+        arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
+    t0 = time.perf_counter_ns()
+    probs, spikes = backend.step(slots, arr)
+    return probs, spikes, time.perf_counter_ns() - t0
+
+
 class CerebellarNetwork:
     """A cerebellar spiking network with per-market state.
 
@@ -92,6 +107,8 @@ class CerebellarNetwork:
         arrays = StateArrays.allocate(max_markets or cfg.performance.max_markets, self.params, cfg.neural.precision)
         self.pool = StatePool(arrays, self._reset_slot)
         self.last_spikes = np.zeros((0, 3), dtype=np.int64)  # spikes (granule, Purkinje, DCN) per tick of the last call
+        self._slots = np.zeros(self.max_batch, dtype=np.int64)
+        self._ticks = np.zeros((3, self.max_batch), dtype=np.float64)
         self.backend: Backend = make_backend(backend, self.weights, self.params, arrays, encoder_parameters(cfg.neural), self.max_batch,
                                               cfg.performance.cpu_threads)
 
@@ -165,11 +182,8 @@ class CerebellarNetwork:
         spike_parts: list[np.ndarray] = []
         for start in range(0, len(ticks), self.max_batch):
             chunk = ticks[start:start + self.max_batch]
-            slots = np.array([self.pool.table.acquire(t.market_id) for t in chunk], dtype=np.int64)
-            ticks_arr = np.array([[t.price for t in chunk], [t.volume for t in chunk], [t.timestamp for t in chunk]], dtype=np.float64)
-            t0 = time.perf_counter_ns()
-            probs, spikes = self.backend.step(slots, ticks_arr)
-            elapsed = time.perf_counter_ns() - t0
+            b = len(chunk)
+            probs, spikes, elapsed = step_ticks(self.pool.table, self.backend, chunk, self._slots[:b], self._ticks[:, :b])
             out.extend(result_dicts(chunk, probs, spikes, elapsed))
             spike_parts.append(spikes.copy())
         self.last_spikes = np.concatenate(spike_parts)
