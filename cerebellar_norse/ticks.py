@@ -10,13 +10,13 @@ printable ASCII characters.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, TickOrderError
 
 TS_MIN_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
 TS_MAX_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
@@ -117,3 +117,21 @@ def validate_ticks(ticks: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> li
     else:
         rows = ticks
     return [validate_tick(row, f"ticks.{i}.") for i, row in enumerate(rows)]
+
+
+def check_order(ticks: Sequence[Tick], last_timestamp: Callable[[str], int | None], batch: bool) -> None:
+    """Raise TickOrderError for the first tick older than its market's previous tick.
+
+    ``last_timestamp(market)`` is the time of the market's last accepted tick (None for
+    a new market); ticks earlier in ``ticks`` count too. The field is
+    ``ticks.N.timestamp`` for a batch, ``timestamp`` for a single tick.
+    """
+    seen: dict[str, int] = {}
+    for j, t in enumerate(ticks):
+        prev = seen.get(t.market_id)
+        if prev is None:
+            prev = last_timestamp(t.market_id)
+        if prev is not None and t.timestamp < prev:
+            field = f"ticks.{j}.timestamp" if batch else "timestamp"
+            raise TickOrderError(f"tick at {t.timestamp} is older than the market's last tick at {prev}", field)
+        seen[t.market_id] = t.timestamp

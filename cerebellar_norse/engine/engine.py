@@ -38,12 +38,11 @@ import numpy as np
 from ..config import Config, estimate_memory
 from ..errors import CapacityError, CheckpointError, EngineFatalError, TickOrderError
 from ..neurons.backends import Backend, make_backend
-from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.network import result_dicts, step_ticks
 from ..neurons.parameters import encoder_parameters, network_parameters
 from ..neurons.state import StateArrays
 from ..neurons.topology import Weights, generate_weights
-from ..ticks import Tick
+from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
 from .persistence import STATE_FILE, load_pool, save_pool
 from .pool import StatePool
@@ -196,35 +195,21 @@ class Engine:
         """Ticks waiting for a batch."""
         return len(self._pending)
 
-    def _last_ts(self, market: str) -> int | None:
-        ts = self._pending_ts.get(market)
-        if ts is not None:
-            return ts
-        slot = self.pool.table.get(market)
-        if slot is not None and self.arrays.enc[slot, S_N_TICKS] > 0:
-            return int(self.arrays.enc[slot, S_LAST_TS])
-        return None
-
-    def _admit(self, ticks: Sequence[Tick], prefix: str) -> None:
+    def _admit(self, ticks: Sequence[Tick], batch: bool) -> None:
         if not self._accepting:
             raise CapacityError("engine is shutting down", retry_after_s=1.0)
         if len(self._pending) + len(ticks) > self.queue_size:
             self.stats.rejected_full += len(ticks)
             raise CapacityError(f"queue full ({len(self._pending)} of {self.queue_size} ticks waiting)", retry_after_s=max(self.delay_s, 0.001))
-        seen: dict[str, int] = {}
-        for j, t in enumerate(ticks):
-            prev = seen.get(t.market_id)
-            if prev is None:
-                prev = self._last_ts(t.market_id)
-            if prev is not None and t.timestamp < prev:
-                self.stats.rejected_order += 1
-                name = f"{prefix}{j}.timestamp" if prefix else "timestamp"
-                raise TickOrderError(f"tick at {t.timestamp} is older than the market's last tick at {prev}", name)
-            seen[t.market_id] = t.timestamp
+        try:
+            check_order(ticks, lambda m: self._pending_ts.get(m) or self.pool.last_timestamp(m), batch)
+        except TickOrderError:
+            self.stats.rejected_order += 1
+            raise
 
     async def submit(self, tick: Tick) -> dict[str, Any]:
         """Process one validated tick; returns its result dict (with model_version)."""
-        self._admit((tick,), "")
+        self._admit((tick,), batch=False)
         fut = self._enqueue(tick)
         return await fut
 
@@ -232,7 +217,7 @@ class Engine:
         """Process validated ticks in order; all are admitted (order, capacity) or none is."""
         if not ticks:
             return []
-        self._admit(ticks, "ticks.")
+        self._admit(ticks, batch=True)
         futs = [self._enqueue(t) for t in ticks]
         return list(await asyncio.gather(*futs))
 

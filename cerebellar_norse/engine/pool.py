@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import StateArrays
 
 
@@ -105,6 +106,13 @@ class StatePool:
     def capacity(self) -> int:
         """Number of slots."""
         return self.table.capacity
+
+    def last_timestamp(self, market_id: str) -> int | None:
+        """Time (ms) of the last tick applied to a market with live state, else None."""
+        slot = self.table.get(market_id)
+        if slot is None or self.arrays.enc[slot, S_N_TICKS] == 0:
+            return None
+        return int(self.arrays.enc[slot, S_LAST_TS])
 
     @property
     def used(self) -> int:

@@ -25,10 +25,9 @@ import numpy as np
 
 from ..config import Config, load_checked_config
 from ..engine.pool import SlotTable, StatePool
-from ..errors import InputError, TickOrderError
-from ..ticks import Tick, validate_tick, validate_ticks
+from ..errors import InputError
+from ..ticks import Tick, check_order, validate_tick, validate_ticks
 from .backends import Backend, make_backend
-from .encoder import S_LAST_TS, S_N_TICKS
 from .parameters import encoder_parameters, network_parameters
 from .state import StateArrays
 from .topology import Weights, generate_weights
@@ -156,25 +155,11 @@ class CerebellarNetwork:
         """
         return self.process_ticks(validate_ticks(ticks))
 
-    def check_order(self, ticks: Sequence[Tick], batch: bool = True) -> None:
-        """Raise TickOrderError if a tick is older than its market's previous tick."""
-        last: dict[str, int] = {}
-        for j, t in enumerate(ticks):
-            prev = last.get(t.market_id)
-            if prev is None:
-                slot = self.pool.table.get(t.market_id)
-                if slot is not None and self.pool.arrays.enc[slot, S_N_TICKS] > 0:
-                    prev = int(self.pool.arrays.enc[slot, S_LAST_TS])
-            if prev is not None and t.timestamp < prev:
-                field = f"ticks.{j}.timestamp" if batch else "timestamp"
-                raise TickOrderError(f"tick at {t.timestamp} is older than the market's last tick at {prev}", field)
-            last[t.market_id] = t.timestamp
-
     def process_ticks(self, ticks: Sequence[Tick], batch: bool = True) -> list[dict[str, Any]]:
         """Process validated ticks (see :mod:`cerebellar_norse.ticks`)."""
         if not ticks:
             return []
-        self.check_order(ticks, batch)
+        check_order(ticks, self.pool.last_timestamp, batch)
         distinct = len({t.market_id for t in ticks})
         if distinct > self.pool.capacity:
             raise InputError(f"batch has {distinct} markets but the pool holds {self.pool.capacity}", "ticks")
