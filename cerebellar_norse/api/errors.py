@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -51,6 +53,36 @@ def validation_response(errors: list[dict[str, Any]]) -> tuple[int, dict[str, An
     return 422, error_payload("validation", msg, rid, field or None)
 
 
+@dataclass(frozen=True)
+class ServiceErrorResponse:
+    """How one of the service's own errors is answered (HTTP, the hot path and the stream alike)."""
+
+    status: int
+    kind: str
+    message: str
+    field: str | None = None
+    headers: dict[str, str] = dc_field(default_factory=dict)
+
+    def payload(self, request_id: str) -> dict[str, Any]:
+        """The JSON error body."""
+        return error_payload(self.kind, self.message, request_id, self.field)
+
+
+def service_error(exc: CerebellarNorseError) -> ServiceErrorResponse:
+    """Status, ``error.type``, message, field and headers of an error from the errors tree."""
+    if isinstance(exc, InputError):
+        return ServiceErrorResponse(exc.status_code, input_error_kind(exc), exc.message, exc.field or None)
+    if isinstance(exc, AuthError):
+        return ServiceErrorResponse(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, CapacityError):
+        return ServiceErrorResponse(503, "capacity", str(exc), headers={"Retry-After": str(max(1, round(exc.retry_after_s)))})
+    if isinstance(exc, EngineFatalError):
+        log.error("engine error: %s", exc)
+        return ServiceErrorResponse(503, "engine", str(exc))
+    log.error("unhandled service error: %s", exc)
+    return ServiceErrorResponse(500, "internal", str(exc))
+
+
 def install_error_handlers(app: FastAPI, count_error: Any) -> None:
     """Register handlers turning every error into the JSON error shape."""
 
@@ -60,36 +92,11 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
         count_error("validation")
         return JSONResponse(body, status_code=status)
 
-    @app.exception_handler(InputError)
-    async def _input(request: Request, exc: InputError) -> JSONResponse:
-        kind = input_error_kind(exc)
-        count_error(kind)
-        return JSONResponse(error_payload(kind, exc.message, request_id_var.get(), exc.field), status_code=exc.status_code)
-
-    @app.exception_handler(AuthError)
-    async def _auth(request: Request, exc: AuthError) -> JSONResponse:
-        count_error("auth")
-        return JSONResponse(error_payload("unauthorized", str(exc), request_id_var.get()), status_code=401,
-                            headers={"WWW-Authenticate": "Bearer"})
-
-    @app.exception_handler(CapacityError)
-    async def _capacity(request: Request, exc: CapacityError) -> JSONResponse:
-        count_error("capacity")
-        retry = max(1, round(exc.retry_after_s))
-        return JSONResponse(error_payload("capacity", str(exc), request_id_var.get()), status_code=503,
-                            headers={"Retry-After": str(retry)})
-
-    @app.exception_handler(EngineFatalError)
-    async def _engine(request: Request, exc: EngineFatalError) -> JSONResponse:
-        count_error("engine")
-        log.error("engine error: %s", exc)
-        return JSONResponse(error_payload("engine", str(exc), request_id_var.get()), status_code=503)
-
     @app.exception_handler(CerebellarNorseError)
-    async def _other(request: Request, exc: CerebellarNorseError) -> JSONResponse:
-        count_error("internal")
-        log.error("unhandled service error: %s", exc)
-        return JSONResponse(error_payload("internal", str(exc), request_id_var.get()), status_code=500)
+    async def _service(request: Request, exc: CerebellarNorseError) -> JSONResponse:
+        err = service_error(exc)
+        count_error(err.kind)
+        return JSONResponse(err.payload(request_id_var.get()), status_code=err.status, headers=err.headers or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -22,10 +22,10 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError
+from ..errors import CerebellarNorseError
 from ..observability.context import request_id_var
 from .deps import ServiceState
-from .errors import input_error_kind, validation_response
+from .errors import service_error, validation_response
 from .schemas import ResultOut, TickIn, error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
@@ -90,20 +90,10 @@ class TickFastPath:
             return
         try:
             result = await self.state.engine.submit(tick.to_tick())
-        except InputError as exc:
-            await self._error(send, exc.status_code, input_error_kind(exc), exc.message, exc.field)
-            return
-        except CapacityError as exc:
-            retry = str(max(1, round(exc.retry_after_s))).encode()
-            await self._error(send, 503, "capacity", str(exc), extra=[(b"retry-after", retry)])
-            return
-        except EngineFatalError as exc:
-            log.error("engine error: %s", exc)
-            await self._error(send, 503, "engine", str(exc))
-            return
         except CerebellarNorseError as exc:
-            log.error("unhandled service error: %s", exc)
-            await self._error(send, 500, "internal", str(exc))
+            err = service_error(exc)
+            extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+            await self._error(send, err.status, err.kind, err.message, err.field, extra)
             return
         result["request_id"] = request_id_var.get()
         if log.isEnabledFor(logging.DEBUG):

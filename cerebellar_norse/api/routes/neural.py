@@ -12,11 +12,11 @@ from fastapi.exceptions import HTTPException
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
-from ...errors import CapacityError, CerebellarNorseError, InputError
+from ...errors import CerebellarNorseError
 from ...observability.context import new_request_id, request_id_var
 from ..deps import service
-from ..errors import input_error_kind, validation_response
-from ..schemas import BatchIn, BatchOut, ErrorOut, ResultOut, TickIn, error_payload
+from ..errors import service_error, validation_response
+from ..schemas import BatchIn, BatchOut, ErrorOut, ResultOut, TickIn
 
 log = logging.getLogger("cerebellar_norse.api")
 
@@ -132,16 +132,10 @@ async def stream(ws: WebSocket) -> None:
                 _, body = validation_response([dict(e) for e in exc.errors(include_url=False)])
                 svc.metrics.errors.labels("validation").inc()
                 await ws.send_text(json.dumps(body))
-            except CapacityError as exc:
-                svc.metrics.errors.labels("capacity").inc()
-                await ws.send_text(json.dumps(error_payload("capacity", str(exc), rid)))
-            except InputError as exc:
-                kind = input_error_kind(exc)
-                svc.metrics.errors.labels(kind).inc()
-                await ws.send_text(json.dumps(error_payload(kind, exc.message, rid, exc.field)))
             except CerebellarNorseError as exc:
-                svc.metrics.errors.labels("engine").inc()
-                await ws.send_text(json.dumps(error_payload("engine", str(exc), rid)))
+                err = service_error(exc)
+                svc.metrics.errors.labels(err.kind).inc()
+                await ws.send_text(json.dumps(err.payload(rid)))
     except WebSocketDisconnect:
         pass
     finally:
