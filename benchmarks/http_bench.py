@@ -340,6 +340,17 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _concurrency_table(title: str, per_level: dict[Any, Any], ratios: dict[Any, Any], client: str) -> list[str]:
+    """Markdown lines of one concurrency table and its throughput ratios."""
+    lines = [title, "", "| endpoint | concurrency | requests | errors | req/s | p50 µs | p99 µs |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for c, per in per_level.items():
+        for name in (PROCESS, EMPTY):
+            s = per[name]
+            lines.append(f"| `{name}` | {c} | {s['requests']} | {s['errors']} | {s['throughput_rps']} | {s['p50_us']} | {s['p99_us']} |")
+    lines += ["", f"Throughput ratio `/neural/process` ÷ empty ({client}): " + ", ".join(f"c={c}: {ratios[c]}" for c in per_level)]
+    return lines
+
+
 def markdown(res: dict[str, Any]) -> str:
     seq, h = res["sequential"], res["host"]
     p, e = seq[PROCESS], seq[EMPTY]
@@ -368,29 +379,12 @@ def markdown(res: dict[str, Any]) -> str:
         f"- network time inside the service (`processing_time_ns` of the answers): p50 {seq['network_time_ns']['p50'] / 1000:.1f} µs, "
         f"p99 {seq['network_time_ns']['p99'] / 1000:.1f} µs",
         "",
-        "Concurrency (`httpx.AsyncClient`, one connection per worker; latency as seen by the client):",
-        "",
-        "| endpoint | concurrency | requests | errors | req/s | p50 µs | p99 µs |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for c, per in res["concurrency"].items():
-        for name in (PROCESS, EMPTY):
-            s = per[name]
-            lines.append(f"| `{name}` | {c} | {s['requests']} | {s['errors']} | {s['throughput_rps']} | {s['p50_us']} | {s['p99_us']} |")
-    lines += ["", "Throughput ratio `/neural/process` ÷ empty (httpx): " + ", ".join(
-        f"c={c}: {r['throughput_ratio'][c]}" for c in res["concurrency"]), ""]
-    lines += [
-        "Same load from the minimal asyncio client (raw sockets, one connection per worker):",
-        "",
-        "| endpoint | concurrency | requests | errors | req/s | p50 µs | p99 µs |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c, per in res["concurrency_raw"].items():
-        for name in (PROCESS, EMPTY):
-            s = per[name]
-            lines.append(f"| `{name}` | {c} | {s['requests']} | {s['errors']} | {s['throughput_rps']} | {s['p50_us']} | {s['p99_us']} |")
-    lines += ["", "Throughput ratio `/neural/process` ÷ empty (raw): " + ", ".join(
-        f"c={c}: {r['throughput_ratio_raw'][c]}" for c in res["concurrency_raw"])]
+    lines += _concurrency_table("Concurrency (`httpx.AsyncClient`, one connection per worker; latency as seen by the client):",
+                                res["concurrency"], r["throughput_ratio"], "httpx")
+    lines.append("")
+    lines += _concurrency_table("Same load from the minimal asyncio client (raw sockets, one connection per worker):",
+                                res["concurrency_raw"], r["throughput_ratio_raw"], "raw")
     lines += ["", f"Service ticks processed in the run: {res['service_ticks_total']:.0f}; exit codes after SIGTERM: "
               + ", ".join(f"{k} {v}" for k, v in res["exit_codes"].items()) + "."]
     return "\n".join(lines)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -62,3 +64,18 @@ def write_toml(tmp_path: Path) -> Callable[[str], Path]:
 def _no_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     """``paths.state_dir`` defaults to $STATE_DIRECTORY; keep tests independent of the caller's shell."""
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+
+
+def load_script(path: Path) -> ModuleType:
+    """Import a repository script (``scripts/``, ``benchmarks/``) as a module, by path."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script(request: pytest.FixtureRequest) -> ModuleType:
+    """The script named by the test module's ``SCRIPT`` path, imported once per module."""
+    return load_script(request.module.SCRIPT)

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
-
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "network_bench.py"
 
 
-@pytest.fixture(scope="module")
-def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("network_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bench(p99_1: float, p50_256: float, speedup: float) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from network_sizes import SMALL_NEURAL
 
 from cerebellar_norse.config import Config
 from cerebellar_norse.cuda.backend import CudaBackend, CudaHandle
@@ -30,14 +31,6 @@ from cerebellar_norse.ticks import Tick, validate_ticks
 
 TOLERANCE = 1e-4
 
-# Smaller than the default network (cheap for torch on the CPU), still spiking in every population.
-SMALL_NEURAL: dict[str, Any] = {
-    "mossy_size": 24,
-    "granule_size": 128,
-    "purkinje_size": 8,
-    "connections_per_neuron": 32,
-    "dcn_size": 6,
-}
 
 
 def make_cfg(precision: str, neural: dict[str, Any] | None = None, performance: dict[str, Any] | None = None) -> Config:

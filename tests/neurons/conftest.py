@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from network_sizes import SMALL_NEURAL
 
 from cerebellar_norse.config import Config, consistency_problems, load_config
 from cerebellar_norse.neurons.network import CerebellarNetwork
@@ -39,14 +40,6 @@ TINY_NEURAL: dict[str, Any] = {
        for key, value in {"tau_syn_ms": tau_syn, "tau_mem_ms": tau_mem, "v_leak": 0.0, "v_th": 1.0, "v_reset": 0.0}.items()},
 }
 
-# Between tiny and the default: cheap for the Norse reference, still a few spikes per step.
-SMALL_NEURAL: dict[str, Any] = {
-    "mossy_size": 24,
-    "granule_size": 128,
-    "purkinje_size": 8,
-    "connections_per_neuron": 32,
-    "dcn_size": 6,
-}
 
 ConfigFactory = Callable[..., Config]
 TickFactory = Callable[..., list[dict[str, Any]]]
