@@ -85,12 +85,14 @@ class NeuralConfig(_Section):
     steps_per_tick: int = Field(4, ge=1, le=1000, description="Integration steps per market tick.")
     dt_ms: float = Field(1.0, gt=0, le=100, description="Integration step (ms).")
     seed: int = Field(42, ge=0, le=2**63 - 1, description="Seed fixing topology and initial weights.")
-    horizon_ticks: int = Field(10, ge=1, le=100_000, description="Prediction horizon (ticks ahead) of the down/flat/up classes.")
+    horizon_ticks: int = Field(10, ge=1, le=100_000, description="Prediction horizon (ticks ahead of the same market) of the down/flat/up classes.")
+    horizon_ms: int | None = Field(None, ge=1, le=10 * 365 * 86_400_000, description="When set, the horizon is this much market time (ms) instead of horizon_ticks: a tick is judged at the first tick of its market at least horizon_ms later.")
+    warmup_ticks: int = Field(300, ge=0, le=10_000_000, description="Ticks a market must have seen before its results stop carrying warming_up (the state has then forgotten where it started).")
     target_sparsity: float = Field(0.05, gt=0, lt=1, description="Target fraction of granule cells spiking per step (Golgi inhibition).")
     golgi_rate: float = Field(2.0, ge=0, le=1000, description="Gain of the Golgi homeostatic inhibition (current per unit activity error per step).")
     mossy_gain: float = Field(1.0, gt=0, le=1000, description="Peak mossy-fibre current (per step, dimensionless).")
     feature_clip: float = Field(4.0, gt=0, le=100, description="Z-scored features are clipped to +/- this (standard deviations).")
-    norm_window: int = Field(1000, ge=2, le=10_000_000, description="Ticks of memory of the per-market running normaliser.")
+    norm_window: int = Field(50, ge=2, le=10_000_000, description="Ticks of memory of the per-market running normaliser.")
     readout_scale: float = Field(2.0, gt=0, le=1000, description="Multiplier from readout potential to class logits.")
     precision: Literal["float32", "float64"] = Field("float32", description="Floating point type of the network state and weights.")
     learning_rate: float = Field(5e-3, gt=0, le=1, description="Adam learning rate for gradient training.")
@@ -136,9 +138,13 @@ class TrainingConfig(_Section):
     epochs: int = Field(5, ge=1, le=10_000, description="Default epochs of a job.")
     sequence_length: int = Field(64, ge=1, le=100_000, description="Truncated BPTT window (ticks).")
     batch_markets: int = Field(8, ge=1, le=65_536, description="Sequences per gradient step.")
-    validation_fraction: float = Field(0.2, gt=0, lt=1, description="Last fraction (by time) held out for validation.")
+    validation_fraction: float = Field(0.15, gt=0, lt=1, description="Fraction (by time, after the training part) used for early stopping and calibration.")
+    test_fraction: float = Field(0.15, ge=0, lt=1, description="Last fraction (by time) held out as the test split: scored and reported, never used to choose anything.")
     early_stopping_patience: int = Field(3, ge=1, le=1000, description="Epochs without validation improvement before stopping.")
-    flat_band: float = Field(0.0005, ge=0, le=1, description="|log return| over the horizon below this is class flat.")
+    flat_band_mode: Literal["volatility", "fixed"] = Field("volatility", description='"volatility": the flat band is flat_band_volatility_multiple x the market\'s recent volatility over the horizon; "fixed": the band is flat_band.')
+    flat_band_volatility_multiple: float = Field(0.43, ge=0, le=100, description="Flat band in units of the horizon's volatility (sd of per-tick log returns x sqrt(ticks in the horizon)); 0.43 gives about a third of each class for Gaussian returns.")
+    volatility_window: int = Field(100, ge=2, le=10_000_000, description="Ticks of memory of the running per-tick volatility used by the volatility flat band.")
+    flat_band: float = Field(0.0005, ge=0, le=1, description="Fixed flat band (flat_band_mode fixed): |log return| over the horizon at or below this is class flat (0.0005 = 5 bp).")
     max_bad_row_fraction: float = Field(0.01, ge=0, le=1, description="A job fails when more rows than this fraction are bad.")
     threads: int = Field(1, ge=1, le=1024, description="CPU threads of the training process.")
     auto_activate: bool = Field(True, description="Activate a trained model when it beats the active one on validation.")
@@ -296,6 +302,9 @@ def consistency_problems(cfg: Config) -> list[ConfigProblem]:
             f"memory estimate {fmt_bytes(est.total)} (weights {fmt_bytes(est.weights)} = granule_size {n.granule_size} x 4 B x connections_per_neuron {n.connections_per_neuron}, + state {fmt_bytes(est.state_per_market)} + pool {fmt_bytes(est.pool)}) exceeds memory_limit {fmt_bytes(int(perf.memory_limit))}",
             "lower neural.granule_size, neural.connections_per_neuron or performance.memory_pool_size, or raise performance.memory_limit",
         ))
+    t = cfg.training
+    if t.validation_fraction + t.test_fraction >= 0.9:
+        out.append(ConfigProblem("training.validation_fraction", f"validation_fraction {t.validation_fraction} + test_fraction {t.test_fraction} leave less than 10% for training", "lower training.validation_fraction or training.test_fraction"))
     if perf.batch_size > perf.queue_size:
         out.append(ConfigProblem("performance.batch_size", f"{perf.batch_size} exceeds queue_size {perf.queue_size}", "lower batch_size or raise performance.queue_size"))
     return out
