@@ -60,6 +60,8 @@ class ResultOut(BaseModel):
     confidence: float = Field(description="1 - entropy/ln 3, in [0, 1].")
     spike_count: int = Field(description="Spikes of all populations during the tick.")
     processing_time_ns: int = Field(description="Network time of the tick (ns), batch time amortised.")
+    warming_up: bool = Field(description="True until the market has seen neural.warmup_ticks ticks: the state still "
+                                         "depends on where the market started, so the signal is not yet reliable.")
     model_version: str
     request_id: str
 

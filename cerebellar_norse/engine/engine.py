@@ -38,7 +38,7 @@ import numpy as np
 from ..config import Config, estimate_memory
 from ..errors import CapacityError, CheckpointError, EngineFatalError, TickOrderError
 from ..neurons.backends import Backend, make_backend
-from ..neurons.network import result_dicts, step_ticks
+from ..neurons.network import StepBuffers, result_dicts, step_ticks
 from ..neurons.parameters import encoder_parameters, network_parameters
 from ..neurons.state import StateArrays
 from ..neurons.topology import Weights, generate_weights
@@ -123,8 +123,7 @@ class Engine:
         self._last_gc = 0.0
         self._accepting = True
         self.started = time.monotonic()
-        self._slots = np.zeros(self.batch_size, dtype=np.int64)
-        self._ticks = np.zeros((3, self.batch_size), dtype=np.float64)
+        self._buf = StepBuffers.allocate(self.batch_size, self.arrays.slots)
 
     # -- state ------------------------------------------------------------------
 
@@ -314,14 +313,14 @@ class Engine:
     def _step(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
         b = len(ticks)
         evictions = self.pool.table.evictions
-        probs, spikes, elapsed = step_ticks(self.pool.table, self.backend, ticks, self._slots[:b], self._ticks[:, :b])
+        probs, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, ticks, self._buf)
         if self.pool.table.evictions != evictions:
             log.info("evicted least recently used markets", extra={"fields": {"evicted": self.pool.table.evictions - evictions, "last": self.pool.table.last_evicted}})
         if not self._scratch:  # warm-up ticks are neither learned from nor recorded
             if self.learner is not None:
                 self._learn(ticks, probs)
             self._record(ticks)
-        out = result_dicts(ticks, probs, spikes, elapsed)
+        out = result_dicts(ticks, probs, spikes, elapsed, self._buf.seen[:b], self.cfg.neural.warmup_ticks)
         version = self.model_version
         for r in out:
             r["model_version"] = version

@@ -4,13 +4,16 @@
 >>> net = CerebellarNetwork()                      # built-in default config, fused backend
 >>> r = net.process({"price": 100.0, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "TEST"})
 >>> sorted(r)
-['confidence', 'market_id', 'prediction', 'probabilities', 'processing_time_ns', 'spike_count']
+['confidence', 'market_id', 'prediction', 'probabilities', 'processing_time_ns', 'spike_count', 'warming_up']
 
 Results are the dicts the HTTP API returns (without model_version/request_id):
 ``prediction = P(up) - P(down)`` in [-1, 1]; ``confidence = 1 - H(p)/ln 3`` in [0, 1]
 (0 for a uniform distribution, 1 for a certain one); ``spike_count`` the spikes of all
 populations during the tick; ``processing_time_ns`` the network time of the call,
-divided evenly among the ticks of a batch.
+divided evenly among the ticks of a batch; ``warming_up`` True until the market has
+seen ``neural.warmup_ticks`` ticks (its state still depends on where it started).
+Probabilities are the network's, passed through the model's calibrated head
+(``Weights.head_gain``/``head_bias``).
 """
 
 from __future__ import annotations
@@ -18,16 +21,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numba as nb
 import numpy as np
 
 from ..config import Config, load_checked_config
-from ..engine.pool import SlotTable, StatePool
+from ..engine.pool import StatePool
 from ..errors import InputError
 from ..ticks import Tick, check_order, validate_tick, validate_ticks
 from .backends import Backend, make_backend
+from .encoder import S_N_TICKS
 from .parameters import encoder_parameters, network_parameters
 from .state import StateArrays
 from .topology import Weights, generate_weights
@@ -41,8 +47,12 @@ def _confidence(p: list[float]) -> float:
     return min(max(1.0 - h / _LN3, 0.0), 1.0)
 
 
-def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, elapsed_ns: int) -> list[dict[str, Any]]:
+def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, elapsed_ns: int,
+                 seen: np.ndarray | None = None, warmup_ticks: int = 0) -> list[dict[str, Any]]:
     """Result dicts of a batch (shared with the engine so every path answers alike).
+
+    ``seen`` (B,) holds how many ticks each tick's market had seen including it; a
+    result carries ``warming_up`` while that is at most ``warmup_ticks``.
 
     Plain Python per row: for the small batches of live serving, numpy's per-call
     overhead would cost more than the kernel, and one code path for every batch size
@@ -51,6 +61,7 @@ def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, e
     per_tick = elapsed_ns // max(len(ticks), 1)
     rows = probs.tolist()
     totals = spikes.sum(axis=1).tolist()
+    warm = [False] * len(ticks) if seen is None else (seen[:len(ticks)] <= warmup_ticks).tolist()
     out = []
     for j, t in enumerate(ticks):
         p = rows[j]
@@ -61,22 +72,75 @@ def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, e
             "confidence": _confidence(p),
             "spike_count": int(totals[j]),
             "processing_time_ns": per_tick,
+            "warming_up": warm[j],
         })
     return out
 
 
-def step_ticks(table: SlotTable, backend: Backend, ticks: Sequence[Tick], slots: np.ndarray,
-               arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Give each tick its market's slot, fill the kernel's input arrays and step the backend.
+@nb.njit(cache=True, nogil=True, error_model="numpy")
+def _finish_batch(slots: np.ndarray, enc: np.ndarray, scratch: np.ndarray, seen: np.ndarray, probs: np.ndarray,
+                  gain: np.ndarray, bias: np.ndarray, apply_head: bool) -> None:
+    """Ticks seen per market (after a step) and, with ``apply_head``, the calibrated head in place.
 
-    ``slots`` (B,) and ``arr`` (3, B) are buffers (views) of exactly ``len(ticks)`` columns.
-    Returns probabilities, spikes and the backend time in ns.
+    ``seen[j]`` is the market's tick count including tick j (later ticks of the same
+    market in the batch are subtracted from the count after the step). The head maps
+    each row ``p`` to ``softmax(gain * log p + bias)``.
     """
+    b = slots.shape[0]
+    for j in range(b):
+        scratch[slots[j]] = enc[slots[j], S_N_TICKS]
+    for j in range(b - 1, -1, -1):
+        s = slots[j]
+        seen[j] = scratch[s]
+        scratch[s] -= 1.0
+    if not apply_head:
+        return
+    k = probs.shape[1]
+    for j in range(b):
+        mx = -np.inf
+        for c in range(k):
+            x = gain[c] * math.log(max(probs[j, c], 1e-300)) + bias[c]
+            probs[j, c] = x
+            mx = max(mx, x)
+        tot = 0.0
+        for c in range(k):
+            probs[j, c] = math.exp(probs[j, c] - mx)
+            tot += probs[j, c]
+        for c in range(k):
+            probs[j, c] /= tot
+
+
+@dataclass
+class StepBuffers:
+    """Preallocated inputs and outputs of :func:`step_ticks` for batches up to ``max_batch`` ticks."""
+
+    slots: np.ndarray  # (B,) int64 slot of each tick
+    ticks: np.ndarray  # (3, B) float64 price, volume, time (ms)
+    seen: np.ndarray  # (B,) float64 ticks seen by the tick's market, including it
+    scratch: np.ndarray  # (S,) float64, one per state slot
+
+    @classmethod
+    def allocate(cls, max_batch: int, n_slots: int) -> StepBuffers:
+        """Buffers for ``max_batch`` ticks over ``n_slots`` state slots."""
+        return cls(np.zeros(max_batch, dtype=np.int64), np.zeros((3, max_batch)), np.zeros(max_batch), np.zeros(n_slots))
+
+
+def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Sequence[Tick],
+               buf: StepBuffers) -> tuple[np.ndarray, np.ndarray, int]:
+    """Give each tick its market's slot, step the backend, apply the model's calibrated head.
+
+    Fills ``buf.seen[:len(ticks)]`` (see :func:`_finish_batch`). Returns probabilities,
+    spikes and the time in ns (backend step and head).
+    """
+    b = len(ticks)
+    slots, arr = buf.slots[:b], buf.ticks[:, :b]
     for j, t in enumerate(ticks):
-        slots[j] = table.acquire(t.market_id)
+        slots[j] = pool.table.acquire(t.market_id)
         arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
     t0 = time.perf_counter_ns()
     probs, spikes = backend.step(slots, arr)
+    _finish_batch(slots, pool.arrays.enc, buf.scratch, buf.seen, probs, weights.head_gain, weights.head_bias,
+                  not weights.head_is_identity)
     return probs, spikes, time.perf_counter_ns() - t0
 
 
@@ -106,8 +170,7 @@ class CerebellarNetwork:
         arrays = StateArrays.allocate(max_markets or cfg.performance.max_markets, self.params, cfg.neural.precision)
         self.pool = StatePool(arrays, self._reset_slot)
         self.last_spikes = np.zeros((0, 3), dtype=np.int64)  # spikes (granule, Purkinje, DCN) per tick of the last call
-        self._slots = np.zeros(self.max_batch, dtype=np.int64)
-        self._ticks = np.zeros((3, self.max_batch), dtype=np.float64)
+        self._buf = StepBuffers.allocate(self.max_batch, arrays.slots)
         self.backend: Backend = make_backend(backend, self.weights, self.params, arrays, encoder_parameters(cfg.neural), self.max_batch,
                                               cfg.performance.cpu_threads)
 
@@ -168,8 +231,8 @@ class CerebellarNetwork:
         for start in range(0, len(ticks), self.max_batch):
             chunk = ticks[start:start + self.max_batch]
             b = len(chunk)
-            probs, spikes, elapsed = step_ticks(self.pool.table, self.backend, chunk, self._slots[:b], self._ticks[:, :b])
-            out.extend(result_dicts(chunk, probs, spikes, elapsed))
+            probs, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, chunk, self._buf)
+            out.extend(result_dicts(chunk, probs, spikes, elapsed, self._buf.seen[:b], self.config.neural.warmup_ticks))
             spike_parts.append(spikes.copy())
         self.last_spikes = np.concatenate(spike_parts)
         return out

@@ -15,11 +15,15 @@ Connectivity (all fixed except the trainable weights named in :data:`TRAINABLE`)
   (CSR: ``pf_ptr``, ``pf_post``, ``pf_src``), which makes it event-driven.
 * mossy -> DCN (collaterals, ``w_md``, excitatory), Purkinje -> DCN (``w_pd``,
   inhibitory magnitudes), DCN -> readout (``w_out``, one row per class).
+* the calibrated output head (``head_gain``, ``head_bias``, float64, one per class):
+  served probabilities are ``softmax(head_gain * log p + head_bias)`` of the network's
+  probabilities ``p``; gains 1 and biases 0 (a generated network) leave ``p`` unchanged.
+  Training fits them on the validation split (see ``training.calibration``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -52,6 +56,8 @@ class Weights:
     pf_ptr: np.ndarray  # (G+1,) int64 CSR row pointers by granule cell
     pf_post: np.ndarray  # (C*P,) int32 Purkinje cell of each CSR entry
     pf_src: np.ndarray  # (C*P,) int64 flat index into pf_w of each CSR entry
+    head_gain: np.ndarray = field(default_factory=lambda: np.ones(3))  # (K,) float64 calibrated head gains
+    head_bias: np.ndarray = field(default_factory=lambda: np.zeros(3))  # (K,) float64 calibrated head biases
 
     @property
     def shape(self) -> NetworkShape:
@@ -68,13 +74,23 @@ class Weights:
         """A copy with float arrays in ``dtype`` (index arrays shared)."""
         f = lambda a: np.ascontiguousarray(a, dtype=dtype)  # noqa: E731
         return Weights(self.mg_idx, f(self.mg_w), self.pf_pre, f(self.pf_w), f(self.pc_bias), f(self.w_md), f(self.w_pd),
-                       f(self.dcn_bias), f(self.w_out), self.golgi_init, self.pf_ptr, self.pf_post, self.pf_src)
+                       f(self.dcn_bias), f(self.w_out), self.golgi_init, self.pf_ptr, self.pf_post, self.pf_src,
+                       self.head_gain, self.head_bias)
 
     def copy(self) -> Weights:
         """A deep copy of every array."""
         return Weights(self.mg_idx.copy(), self.mg_w.copy(), self.pf_pre.copy(), self.pf_w.copy(), self.pc_bias.copy(),
                        self.w_md.copy(), self.w_pd.copy(), self.dcn_bias.copy(), self.w_out.copy(), self.golgi_init,
-                       self.pf_ptr.copy(), self.pf_post.copy(), self.pf_src.copy())
+                       self.pf_ptr.copy(), self.pf_post.copy(), self.pf_src.copy(), self.head_gain.copy(), self.head_bias.copy())
+
+    def with_head(self, gain: np.ndarray, bias: np.ndarray) -> Weights:
+        """The same network with another calibrated head (arrays shared, head copied as float64)."""
+        return replace(self, head_gain=np.array(gain, dtype=np.float64), head_bias=np.array(bias, dtype=np.float64))
+
+    @property
+    def head_is_identity(self) -> bool:
+        """True when the head leaves the network's probabilities unchanged."""
+        return bool(np.all(self.head_gain == 1.0) and np.all(self.head_bias == 0.0))
 
 
 def _distinct_rows(rng: np.random.Generator, n_rows: int, k: int, n: int) -> np.ndarray:

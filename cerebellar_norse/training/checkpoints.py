@@ -42,6 +42,7 @@ ACTIVE = "ACTIVE"
 WEIGHT_FIELDS = ("mg_idx", "mg_w", "pf_pre", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out", "pf_ptr", "pf_post", "pf_src")
 # The [neural] keys that define the network's shape and dynamics: a model is only
 # loadable into a service whose config agrees on them.
+HEAD_FIELDS = ("head_gain", "head_bias")
 SHAPE_KEYS = ("mossy_size", "granule_size", "granule_dendrites", "purkinje_size", "connections_per_neuron", "dcn_size",
               "steps_per_tick", "dt_ms", "precision")
 
@@ -55,7 +56,7 @@ def weights_to_bytes(w: Weights) -> bytes:
     """Serialise weights as an ``.npz`` (no pickle)."""
     buf = io.BytesIO()
     arrays = {k: getattr(w, k) for k in WEIGHT_FIELDS}
-    np.savez(buf, golgi_init=np.array(w.golgi_init), **arrays)
+    np.savez(buf, golgi_init=np.array(w.golgi_init), head_gain=w.head_gain, head_bias=w.head_bias, **arrays)
     return buf.getvalue()
 
 
@@ -69,7 +70,8 @@ def weights_from_bytes(data: bytes, where: str) -> Weights:
     missing = [k for k in (*WEIGHT_FIELDS, "golgi_init") if k not in arrays]
     if missing:
         raise CheckpointError(f"weights lack {', '.join(missing)}", where)
-    w = Weights(**{k: arrays[k] for k in WEIGHT_FIELDS}, golgi_init=float(arrays["golgi_init"]))
+    head = {k: np.asarray(arrays[k], dtype=np.float64) for k in HEAD_FIELDS if k in arrays}  # absent in older models: identity
+    w = Weights(**{k: arrays[k] for k in WEIGHT_FIELDS}, golgi_init=float(arrays["golgi_init"]), **head)
     check_weights(w, where)
     return w
 
@@ -86,7 +88,10 @@ def check_weights(w: Weights, where: str) -> None:
             raise CheckpointError(f"{k} has shape {getattr(w, k).shape}, expected {shape}", where)
     if w.w_out.shape[1] != n:
         raise CheckpointError(f"w_out has shape {w.w_out.shape}, expected (K, {n})", where)
-    for k in ("mg_w", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out"):
+    for k in HEAD_FIELDS:
+        if getattr(w, k).shape != (w.w_out.shape[0],):
+            raise CheckpointError(f"{k} has shape {getattr(w, k).shape}, expected ({w.w_out.shape[0]},)", where)
+    for k in ("mg_w", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out", *HEAD_FIELDS):
         if not np.all(np.isfinite(getattr(w, k))):
             raise CheckpointError(f"{k} contains non-finite values", where)
     if w.mg_idx.size and (w.mg_idx.min() < 0 or w.mg_idx.max() >= m):

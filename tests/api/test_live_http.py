@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 GUIDE_TICK = {"price": 100.0, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "TEST"}
 RESULT_KEYS = {"market_id", "prediction", "probabilities", "confidence", "spike_count", "processing_time_ns",
-               "model_version", "request_id"}
+               "warming_up", "model_version", "request_id"}
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 

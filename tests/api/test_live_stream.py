@@ -12,7 +12,7 @@ from live_helpers import LiveServer, market, signal_of, tick
 from websockets.sync.client import ClientConnection, connect
 
 RESULT_KEYS = {"market_id", "prediction", "probabilities", "confidence", "spike_count", "processing_time_ns",
-               "model_version", "request_id"}
+               "warming_up", "model_version", "request_id"}
 
 
 def exchange(ws: ClientConnection, message: str | bytes) -> dict[str, Any]:

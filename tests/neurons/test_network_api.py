@@ -17,7 +17,7 @@ from cerebellar_norse.neurons.network import CerebellarNetwork
 
 ConfigFactory = Any
 T0 = 1_640_995_200_000
-RESULT_KEYS = {"market_id", "prediction", "probabilities", "confidence", "spike_count", "processing_time_ns"}
+RESULT_KEYS = {"market_id", "prediction", "probabilities", "confidence", "spike_count", "processing_time_ns", "warming_up"}
 
 
 def tick(market: str, ts: int, price: float = 100.0, volume: float = 1000.0) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from cerebellar_norse.neurons.topology import Weights, generate_weights
 
 INDEX_FIELDS = ("mg_idx", "pf_pre", "pf_ptr", "pf_post", "pf_src")
 FLOAT_FIELDS = ("mg_w", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out")
+HEAD_FIELDS = ("head_gain", "head_bias")  # float64 whatever the network's precision
 ConfigFactory = Any
 
 
@@ -29,8 +30,12 @@ def default_config(make_config: ConfigFactory) -> Config:
 
 def test_every_field_is_covered(default_config: Config) -> None:
     w = generate_weights(default_config)
-    assert set(_array_fields(w)) == set(INDEX_FIELDS) | set(FLOAT_FIELDS)
-    assert {f.name for f in dataclasses.fields(w)} == set(INDEX_FIELDS) | set(FLOAT_FIELDS) | {"golgi_init"}
+    assert set(_array_fields(w)) == set(INDEX_FIELDS) | set(FLOAT_FIELDS) | set(HEAD_FIELDS)
+    assert {f.name for f in dataclasses.fields(w)} == set(INDEX_FIELDS) | set(FLOAT_FIELDS) | set(HEAD_FIELDS) | {"golgi_init"}
+    assert w.head_is_identity  # a generated network serves its own probabilities
+    h = w.with_head(np.array([0.0, 2.0, 0.0]), np.array([0.1, 0.2, 0.3]))
+    assert not h.head_is_identity and w.head_is_identity and h.pf_w is w.pf_w
+    assert h.head_gain.dtype == np.float64 and h.copy().head_bias.tolist() == [0.1, 0.2, 0.3]
 
 
 @pytest.mark.parametrize("precision", ["float32", "float64"])
