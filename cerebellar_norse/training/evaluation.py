@@ -1,0 +1,682 @@
+"""Scoring of a model's class probabilities against simple baselines (pure functions, no I/O).
+
+Classes are indexed 0 = down, 1 = flat, 2 = up (``data.CLASS_NAMES``). The served
+``prediction`` is P(up) − P(down); its sign is the traded direction. Rows are ticks
+in time order (one market after another is fine); each row has the label of the
+log return from the tick to its horizon (``fwd_ret``) and, where known, the log
+return over the previous horizon (``past_ret``).
+
+Units: probabilities are fractions in [0, 1]; log losses are in nats per row;
+returns are natural-log returns; P&L figures named ``*_bp`` are in basis points
+(1 bp = 1e-4 log-return units); ``cost_bp`` is the round-trip cost of one trade
+of size 1 in basis points.
+
+Baselines (none of them looks at the evaluation labels):
+
+* ``base_rates`` — the class frequencies of the model's training data, for every row;
+* ``majority`` — the most frequent training class with probability ≈ 1 (the one-hot
+  vector clipped to [1e-4, 1] and renormalised, so that its log loss is finite);
+* ``persistence`` — the direction of ``past_ret`` continues: P(flat) is the base rate
+  of flat and the moving mass M = P(down) + P(up) of the base rates is split
+  0.6 M / 0.4 M in favour of the direction of ``past_ret``; where ``past_ret`` is zero
+  or unknown (NaN) the split is 0.5 M / 0.5 M (no view, no position);
+* ``mean_reversion`` — as persistence with the opposite direction;
+* ``logistic`` — a multinomial logistic regression's probabilities (``fit_logistic``),
+  when the caller supplies them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .data import CLASS_NAMES
+
+DOWN, FLAT, UP = 0, 1, 2
+LOG_LOSS_CLIP = 1e-12
+MAJORITY_FLOOR = 1e-4
+DIRECTION_TILT = 0.1
+CALIBRATION_BINS = 10
+PSEUDO_COUNT = 0.5
+HESSIAN_ROWS = 32_768
+NEWTON_TOL = 1e-10
+MAX_MARKETS_REPORTED = 200
+BASELINE_NAMES = ("base_rates", "majority", "persistence", "mean_reversion", "logistic")
+_BOOTSTRAP_CHUNK = 4_000_000
+
+
+# --------------------------------------------------------------------------- logistic regression
+
+
+@dataclass(frozen=True)
+class LogisticModel:
+    """A fitted multinomial logistic regression over standardised features.
+
+    ``mean``/``scale`` (d,) standardise the raw features (``scale`` is 1 for constant
+    columns); ``coef`` (d, 3) and ``intercept`` (3,) give the class logits (nats) of the
+    standardised features; ``loss`` is the fitted objective (mean negative log-likelihood
+    in nats per row plus the penalty); ``iterations`` Newton steps were taken.
+    """
+
+    mean: np.ndarray
+    scale: np.ndarray
+    coef: np.ndarray
+    intercept: np.ndarray
+    l2: float
+    iterations: int
+    converged: bool
+    loss: float
+
+    def logits(self, X: np.ndarray) -> np.ndarray:
+        """Class logits (n, 3) in nats for raw features ``X`` (n, d)."""
+        Xf = _as_matrix(X, self.mean.shape[0])
+        w = self.coef / self.scale[:, None]
+        return Xf @ w + (self.intercept - self.mean @ w)
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Class probabilities (n, 3), columns down/flat/up, each row summing to 1."""
+        return _softmax(self.logits(X))
+
+
+def _as_matrix(X: np.ndarray, d: int | None = None) -> np.ndarray:
+    Xf = np.asarray(X, dtype=np.float64)
+    if Xf.ndim != 2:
+        raise ValueError(f"X must be 2-D (rows, features), got shape {Xf.shape}")
+    if d is not None and Xf.shape[1] != d:
+        raise ValueError(f"X has {Xf.shape[1]} features, the model was fitted on {d}")
+    if not np.isfinite(Xf).all():
+        raise ValueError("X contains NaN or infinite values")
+    return Xf
+
+
+def _as_labels(y: np.ndarray, n: int) -> np.ndarray:
+    arr = np.asarray(y)
+    if arr.shape != (n,):
+        raise ValueError(f"labels must have shape ({n},), got {arr.shape}")
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr == np.round(arr))):
+        raise ValueError("labels must be integers 0 (down), 1 (flat) or 2 (up)")
+    if arr.dtype.kind not in "iuf" and n > 0:
+        raise ValueError(f"labels must be integers, got dtype {arr.dtype}")
+    lab = arr.astype(np.int64)
+    if n and (lab.min() < 0 or lab.max() > 2):
+        raise ValueError("labels must be 0 (down), 1 (flat) or 2 (up)")
+    return lab
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _logsumexp_rows(zt: np.ndarray) -> np.ndarray:
+    """log Σ_k exp(zt[k]) of class-major logits (3, n) (elementwise over contiguous rows: fast)."""
+    m = np.maximum(np.maximum(zt[0], zt[1]), zt[2])
+    return m + np.log(np.exp(zt - m).sum(axis=0))
+
+
+def _logsumexp(z: np.ndarray) -> np.ndarray:
+    m = z.max(axis=-1)
+    return m + np.log(np.exp(z - m[..., None]).sum(axis=-1))
+
+
+class _Objective:
+    """Mean negative log-likelihood + pseudo-count prior + L2 penalty over rows of raw features.
+
+    Parameters ``theta`` (3·(d+1),): for each class, the d standardised weights then the
+    intercept. Logits are computed as ``X @ (w / scale) + (b − mean @ (w / scale))`` so that
+    the standardised copy of ``X`` is never made.
+    """
+
+    def __init__(self, X: np.ndarray, labels: np.ndarray, mean: np.ndarray, scale: np.ndarray, l2: float,
+                 constant: np.ndarray) -> None:
+        self.X, self.labels, self.mean, self.scale, self.l2 = X, labels, mean, scale, l2
+        self.constant = constant
+        self.n, self.d = X.shape
+        self.rows = np.arange(self.n)
+        self.counts = np.bincount(labels, minlength=3).astype(np.float64)
+        self._aug: np.ndarray | None = None
+        self._aug_t = np.zeros((0, 0))
+
+    def unpack(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = theta.reshape(3, self.d + 1)
+        return t[:, :self.d].T, t[:, self.d]
+
+    def loss(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        """The objective (nats per row) and the class-major logits (3, n)."""
+        w, b = self.unpack(theta)
+        wr = w / self.scale[:, None]
+        zt = np.ascontiguousarray(wr.T) @ self.X.T
+        zt += (b - self.mean @ wr)[:, None]
+        nll = float(_logsumexp_rows(zt).sum() - np.take_along_axis(zt, self.labels[None, :], axis=0).sum())
+        prior = PSEUDO_COUNT * float(3.0 * _logsumexp(b) - b.sum())
+        return (nll + prior) / self.n + 0.5 * self.l2 * float((w * w).sum()), zt
+
+    def gradient(self, theta: np.ndarray, zt: np.ndarray) -> np.ndarray:
+        w, b = self.unpack(theta)
+        gt = np.exp(zt - _logsumexp_rows(zt))
+        gt[self.labels, self.rows] -= 1.0
+        gsum = gt.sum(axis=1)
+        gw = self.X.T @ gt.T
+        gw = (gw - np.outer(self.mean, gsum)) / self.scale[:, None] / self.n + self.l2 * w
+        gw[self.constant] = 0.0  # a constant column standardises to 0: its weights stay at 0
+        gb = (gsum + PSEUDO_COUNT * (3.0 * _softmax(b) - 1.0)) / self.n
+        return np.concatenate([gw.T, gb[:, None]], axis=1).ravel()
+
+    def hessian(self, theta: np.ndarray) -> np.ndarray:
+        """The exact Hessian (3·(d+1), 3·(d+1)) over this objective's rows."""
+        d, p1 = self.d, self.d + 1
+        w, b = self.unpack(theta)
+        if self._aug is None:
+            aug = np.empty((self.n, p1))
+            aug[:, :d] = (self.X - self.mean) / self.scale
+            aug[:, :d][:, self.constant] = 0.0
+            aug[:, d] = 1.0
+            self._aug = aug
+            self._aug_t = np.ascontiguousarray(aug.T)  # both layouts: a C-order GEMM is much faster here
+        aug, aug_t = self._aug, self._aug_t
+        p = _softmax(aug @ np.vstack([w, b[None, :]]))
+        pairs = [(j, k) for j in range(3) for k in range(j, 3)]
+        weights = [p[:, j] * ((1.0 if j == k else 0.0) - p[:, k]) for j, k in pairs]
+        blocks = [((aug_t * wt) @ aug) / self.n for wt in weights]
+        pb = _softmax(b)
+        h = np.zeros((3 * p1, 3 * p1))
+        for block, (j, k) in zip(blocks, pairs, strict=True):
+            block[d, d] += PSEUDO_COUNT * pb[j] * ((1.0 if j == k else 0.0) - pb[k]) / self.n
+            if j == k:
+                block[:d, :d] += self.l2 * np.eye(d)
+            h[j * p1:(j + 1) * p1, k * p1:(k + 1) * p1] = block
+            h[k * p1:(k + 1) * p1, j * p1:(j + 1) * p1] = block.T
+        return h
+
+
+def _newton(obj: _Objective, theta: np.ndarray, max_iter: int, hessian_of: _Objective | None,
+            fixed_hessian: np.ndarray | None = None,
+            tol: float = NEWTON_TOL) -> tuple[np.ndarray, int, bool, float, np.ndarray | None]:
+    """Damped Newton with Armijo backtracking; the Hessian from ``hessian_of`` (or ``fixed_hessian``).
+
+    Stops when half the Newton decrement (the predicted loss decrease, nats per row) is below ``tol``.
+    """
+    loss, z = obj.loss(theta)
+    h = fixed_hessian
+    iterations = 0
+    converged = False
+    for _ in range(max_iter):
+        g = obj.gradient(theta, z)
+        if float(np.abs(g).max()) < 1e-10:
+            converged = True
+            break
+        if hessian_of is not None:
+            h = hessian_of.hessian(theta)
+        assert h is not None
+        damped = h + (1e-10 * float(np.trace(h)) / h.shape[0] + 1e-12) * np.eye(h.shape[0])
+        try:
+            step = -np.linalg.solve(damped, g)
+        except np.linalg.LinAlgError:
+            step = -np.linalg.lstsq(damped, g, rcond=None)[0]
+        decrement = float(-g @ step)
+        if decrement <= 0.0:
+            step, decrement = -g, float(g @ g)
+        if decrement / 2.0 < tol:
+            converged = True
+            break
+        t = 1.0
+        while True:
+            new_loss, new_z = obj.loss(theta + t * step)
+            if new_loss <= loss - 1e-4 * t * decrement:
+                break
+            t *= 0.5
+            if t < 1e-10:
+                return theta, iterations, decrement / 2.0 < 100 * tol, loss, h
+        iterations += 1
+        theta = theta + t * step
+        improvement = loss - new_loss
+        loss, z = new_loss, new_z
+        if improvement < 1e-14 * max(1.0, abs(loss)):
+            converged = True
+            break
+    return theta, iterations, converged, loss, h
+
+
+def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1e-3, max_iter: int = 200) -> LogisticModel:
+    """Fit a 3-class multinomial logistic regression with intercept, deterministically.
+
+    ``X`` (n, d) raw features (any units; standardised internally to mean 0, sd 1, constant
+    columns left at 0); ``y`` (n,) labels 0 = down, 1 = flat, 2 = up. The objective is the
+    mean negative log-likelihood (nats per row) plus ``l2``/2 · ‖coef‖² on the standardised
+    weights (the intercept is not penalised). To keep classes absent from ``y`` at a finite
+    (small) probability, the likelihood also counts ``PSEUDO_COUNT`` (0.5) pseudo-rows per
+    class at the feature means, i.e. about 0.5 / (n + 1.5) for an absent class.
+
+    Newton's method with an Armijo backtracking line search in float64. Up to
+    ``HESSIAN_ROWS`` rows it is exact Newton on all rows; beyond, it first converges on a
+    fixed (seed 0) random subsample of ``HESSIAN_ROWS`` rows, then takes Newton steps on
+    all rows with the subsample's Hessian (the gradient and the loss use all rows), so
+    1e6 rows × 50 features fit in a few seconds. At most ``max_iter`` steps per stage.
+    """
+    Xf = _as_matrix(X)
+    n, d = Xf.shape
+    if n == 0:
+        raise ValueError("no rows to fit")
+    if l2 < 0 or not math.isfinite(l2):
+        raise ValueError("l2 must be a finite number >= 0")
+    lab = _as_labels(y, n)
+    mean = Xf.mean(axis=0)
+    var = np.zeros(d)
+    step_rows = max(1, 8_000_000 // max(d, 1))
+    for a in range(0, n, step_rows):
+        var += ((Xf[a:a + step_rows] - mean) ** 2).sum(axis=0)
+    scale = np.sqrt(var / n)
+    constant = scale <= 1e-12 * (1.0 + np.abs(mean))
+    scale = np.where(constant, 1.0, scale)
+    full = _Objective(Xf, lab, mean, scale, float(l2), constant)
+    theta = np.zeros((3, d + 1))
+    theta[:, d] = np.log((full.counts + PSEUDO_COUNT) / (n + 3.0 * PSEUDO_COUNT))
+    theta = theta.ravel()
+    if n <= HESSIAN_ROWS:
+        theta, iterations, converged, loss, _ = _newton(full, theta, max_iter, full)
+    else:
+        rows = np.sort(np.random.default_rng(0).choice(n, HESSIAN_ROWS, replace=False))
+        sub = _Objective(Xf[rows], lab[rows], mean, scale, float(l2), constant)
+        theta, it_sub, _, _, _ = _newton(sub, theta, max_iter, sub, tol=1e-8)  # a warm start
+        h = sub.hessian(theta)
+        theta, iterations, converged, loss, _ = _newton(full, theta, max_iter, None, h)
+        iterations += it_sub
+    w, b = full.unpack(theta)
+    return LogisticModel(mean=mean, scale=scale, coef=np.ascontiguousarray(w), intercept=b.copy(), l2=float(l2),
+                         iterations=iterations, converged=converged, loss=float(loss))
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+@dataclass
+class ScoreInputs:
+    """What ``score`` compares, one row per labelled tick in time order.
+
+    ``probs`` (n, 3) the model's class probabilities (down, flat, up; rows are renormalised
+    to sum to 1); ``labels`` (n,) ints in {0, 1, 2}; ``fwd_ret`` (n,) the log return from the
+    tick to its horizon (what the label came from); ``past_ret`` (n,) the log return over the
+    previous horizon (NaN where unknown); ``base_rates`` (3,) class frequencies of the
+    model's training data; ``lr_probs`` (n, 3) logistic-regression baseline probabilities
+    or None; ``horizon`` the label horizon in ticks (bootstrap block length, P&L sizing);
+    ``markets`` (n,) per-row market ids (strings) or None.
+    """
+
+    probs: np.ndarray
+    labels: np.ndarray
+    fwd_ret: np.ndarray
+    past_ret: np.ndarray
+    base_rates: np.ndarray
+    lr_probs: np.ndarray | None = None
+    horizon: int = 1
+    markets: np.ndarray | None = None
+
+
+@dataclass
+class _Checked:
+    probs: np.ndarray
+    labels: np.ndarray
+    fwd_ret: np.ndarray
+    past_ret: np.ndarray
+    base_rates: np.ndarray
+    lr_probs: np.ndarray | None
+    horizon: int
+    markets: np.ndarray | None
+
+
+def _prob_matrix(p: np.ndarray, n: int, name: str) -> np.ndarray:
+    arr = np.asarray(p, dtype=np.float64)
+    if arr.shape != (n, 3):
+        raise ValueError(f"{name} must have shape ({n}, 3), got {arr.shape}")
+    if not np.isfinite(arr).all() or (arr < 0).any():
+        raise ValueError(f"{name} must be finite and >= 0")
+    sums = arr.sum(axis=1, keepdims=True)
+    if (sums <= 0).any():
+        raise ValueError(f"{name} has a row of zeros")
+    return arr / sums
+
+
+def _check(inp: ScoreInputs) -> _Checked:
+    labels_raw = np.asarray(inp.labels)
+    if labels_raw.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {labels_raw.shape}")
+    n = labels_raw.shape[0]
+    if n == 0:
+        raise ValueError("no samples to score")
+    labels = _as_labels(labels_raw, n)
+    probs = _prob_matrix(inp.probs, n, "probs")
+    lr = None if inp.lr_probs is None else _prob_matrix(inp.lr_probs, n, "lr_probs")
+    fwd = np.asarray(inp.fwd_ret, dtype=np.float64)
+    if fwd.shape != (n,) or not np.isfinite(fwd).all():
+        raise ValueError(f"fwd_ret must be {n} finite log returns")
+    past = np.asarray(inp.past_ret, dtype=np.float64)
+    if past.shape != (n,):
+        raise ValueError(f"past_ret must have shape ({n},), got {past.shape}")
+    br = np.asarray(inp.base_rates, dtype=np.float64)
+    if br.shape != (3,) or not np.isfinite(br).all() or (br < 0).any() or br.sum() <= 0:
+        raise ValueError("base_rates must be 3 finite frequencies >= 0 with a positive sum")
+    horizon = int(inp.horizon)
+    if horizon < 1 or horizon != inp.horizon:
+        raise ValueError("horizon must be an integer >= 1 (ticks)")
+    markets = None
+    if inp.markets is not None:
+        markets = np.asarray(inp.markets).astype(str)
+        if markets.shape != (n,):
+            raise ValueError(f"markets must have shape ({n},), got {markets.shape}")
+    return _Checked(probs, labels, fwd, past, br / br.sum(), lr, horizon, markets)
+
+
+def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray) -> dict[str, np.ndarray]:
+    """Probabilities (n, 3) of the label-free baselines (module docstring), n = len(past_ret).
+
+    ``base_rates`` (3,) training class frequencies (normalised here); ``past_ret`` (n,) log
+    returns over the previous horizon, NaN where unknown.
+    """
+    br = np.asarray(base_rates, dtype=np.float64)
+    br = br / br.sum()
+    past = np.asarray(past_ret, dtype=np.float64)
+    n = past.shape[0]
+    majority = np.full(3, MAJORITY_FLOOR)
+    majority[int(np.argmax(br))] = 1.0
+    majority /= majority.sum()
+    direction = np.where(np.isfinite(past), np.sign(np.nan_to_num(past)), 0.0)
+    moving = br[DOWN] + br[UP]
+    out = {"base_rates": np.tile(br, (n, 1)), "majority": np.tile(majority, (n, 1))}
+    for name, sign in (("persistence", 1.0), ("mean_reversion", -1.0)):
+        p = np.empty((n, 3))
+        p[:, FLAT] = br[FLAT]
+        p[:, UP] = moving * (0.5 + DIRECTION_TILT * sign * direction)
+        p[:, DOWN] = moving * (0.5 - DIRECTION_TILT * sign * direction)
+        out[name] = p
+    return out
+
+
+def _num(x: float | np.floating[Any] | None) -> float | None:
+    """A JSON-safe float: None for None, NaN and infinities."""
+    if x is None:
+        return None
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def _mean(x: np.ndarray) -> float | None:
+    return float(x.mean()) if x.size else None
+
+
+def _direction_q(p: np.ndarray) -> np.ndarray:
+    """q = P(up) / (P(up) + P(down)); 0.5 where both are 0."""
+    moving = p[:, UP] + p[:, DOWN]
+    return np.divide(p[:, UP], moving, out=np.full(p.shape[0], 0.5), where=moving > 0)
+
+
+def _calibration_bins(conf: np.ndarray, hit: np.ndarray) -> tuple[float | None, list[dict[str, Any]]]:
+    """ECE (count-weighted mean |hit frequency − mean confidence|) and the per-bin table."""
+    edges = np.linspace(0.0, 1.0, CALIBRATION_BINS + 1)
+    idx = np.clip((conf * CALIBRATION_BINS).astype(np.int64), 0, CALIBRATION_BINS - 1)
+    count = np.bincount(idx, minlength=CALIBRATION_BINS)
+    sum_conf = np.bincount(idx, weights=conf, minlength=CALIBRATION_BINS)
+    sum_hit = np.bincount(idx, weights=hit.astype(np.float64), minlength=CALIBRATION_BINS)
+    table = []
+    for k in range(CALIBRATION_BINS):
+        c = int(count[k])
+        table.append({"lo": float(edges[k]), "hi": float(edges[k + 1]), "count": c,
+                      "mean_predicted": float(sum_conf[k] / c) if c else None,
+                      "observed": float(sum_hit[k] / c) if c else None})
+    total = conf.shape[0]
+    if total == 0:
+        return None, table
+    ece = float(np.abs(sum_hit - sum_conf).sum() / total)
+    return ece, table
+
+
+def _positions(p: np.ndarray) -> np.ndarray:
+    return np.sign(p[:, UP] - p[:, DOWN])
+
+
+def _trade_returns(pos: np.ndarray, fwd: np.ndarray, cost_bp: float) -> np.ndarray:
+    """Per-row log return of a position held for the horizon, after ``cost_bp`` per unit traded."""
+    return pos * fwd - cost_bp * 1e-4 * np.abs(pos)
+
+
+def _pnl(pos: np.ndarray, fwd: np.ndarray, horizon: int, cost_bp: float) -> dict[str, Any]:
+    ret = _trade_returns(pos, fwd, cost_bp)
+    traded = pos != 0
+    r = ret[traded]
+    trades = int(traded.sum())
+    sd = float(r.std(ddof=1)) if trades >= 2 else 0.0
+    return {"trades": trades,
+            "hit_rate": float((r > 0).mean()) if trades else None,
+            "mean_trade_bp": _num(r.mean() * 1e4) if trades else None,
+            "total_bp": _num(r.sum() / horizon * 1e4),
+            "sharpe_per_trade": _num(r.mean() / sd) if sd > 0 else None}
+
+
+@dataclass
+class _Rows:
+    """Per-row contributions of one predictor (for the paired bootstrap)."""
+
+    log_loss: np.ndarray
+    correct: np.ndarray
+    direction_log_loss: np.ndarray
+    direction_correct: np.ndarray
+
+
+def _evaluate(p: np.ndarray, c: _Checked, cost_bp: float) -> tuple[dict[str, Any], _Rows]:
+    n = p.shape[0]
+    lab = c.labels
+    moving = lab != FLAT
+    pred = p.argmax(axis=1)
+    ll = -np.log(np.clip(p[np.arange(n), lab], LOG_LOSS_CLIP, 1.0))
+    correct = (pred == lab).astype(np.float64)
+    q = _direction_q(p)[moving]
+    up = lab[moving] == UP
+    dll = -np.log(np.clip(np.where(up, q, 1.0 - q), LOG_LOSS_CLIP, 1.0))
+    sign = _positions(p)[moving]
+    dcorrect = np.where(sign == 0, 0.5, (sign > 0) == up).astype(np.float64)
+    onehot = np.zeros_like(p)
+    onehot[np.arange(n), lab] = 1.0
+    confusion = np.zeros((3, 3), dtype=np.int64)
+    np.add.at(confusion, (lab, pred), 1)
+    recall = {}
+    for k, name in enumerate(CLASS_NAMES):
+        row = int(confusion[k].sum())
+        recall[name] = float(confusion[k, k] / row) if row else None
+    ece, _ = _calibration_bins(p.max(axis=1), pred == lab)
+    dece, reliability = _calibration_bins(q, up)
+    metrics = {
+        "accuracy": float(correct.mean()),
+        "directional_accuracy": _mean(dcorrect),
+        "log_loss": float(ll.mean()),
+        "direction_log_loss": _mean(dll),
+        "brier": float(((p - onehot) ** 2).sum(axis=1).mean()),
+        "recall": recall,
+        "confusion": confusion.tolist(),
+        "ece": ece,
+        "direction_ece": dece,
+        "reliability": reliability,
+        "pnl": _pnl(_positions(p), c.fwd_ret, c.horizon, cost_bp),
+    }
+    return metrics, _Rows(ll, correct, dll, dcorrect)
+
+
+def _confidence(p: np.ndarray) -> np.ndarray:
+    """1 − H(p) / ln 3 in [0, 1] (1 = certain, 0 = uniform)."""
+    logp = np.log(np.where(p > 0, p, 1.0))
+    return np.clip(1.0 + (p * logp).sum(axis=1) / math.log(3.0), 0.0, 1.0)
+
+
+def _confidence_quartiles(p: np.ndarray, rows: _Rows, labels: np.ndarray) -> dict[str, Any]:
+    conf = _confidence(p)
+    edges = np.quantile(conf, [0.0, 0.25, 0.5, 0.75, 1.0])
+    idx = np.searchsorted(edges[1:4], conf, side="right")
+    moving = labels != FLAT
+    idx_moving = idx[moving]
+    quartiles = []
+    for k in range(4):
+        sel = idx == k
+        sel_m = idx_moving == k
+        quartiles.append({"lo": float(edges[k]), "hi": float(edges[k + 1]), "count": int(sel.sum()),
+                          "mean_confidence": _mean(conf[sel]), "accuracy": _mean(rows.correct[sel]),
+                          "moving": int(sel_m.sum()), "directional_accuracy": _mean(rows.direction_correct[sel_m])})
+    return {"edges": [float(e) for e in edges], "quartiles": quartiles}
+
+
+def block_length(n: int, horizon: int) -> int:
+    """Moving-block bootstrap block length in rows: max(horizon, ceil(n ** (1/3))), at most n."""
+    return max(1, min(n, max(horizon, math.ceil(n ** (1.0 / 3.0) - 1e-9))))
+
+
+def _block_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m).
+
+    Each resample concatenates ceil(m / block) blocks of ``block`` consecutive rows with
+    uniformly drawn starts (the same starts for every series: a paired bootstrap); block
+    sums come from prefix sums, so the cost is O(k·m + k·resamples·m/block).
+    """
+    k, m = series.shape
+    n_blocks = math.ceil(m / block)
+    prefix = np.zeros((k, m + 1))
+    np.cumsum(series, axis=1, out=prefix[:, 1:])
+    sums = prefix[:, block:] - prefix[:, :m - block + 1]
+    out = np.empty((k, resamples))
+    chunk = max(1, _BOOTSTRAP_CHUNK // max(1, n_blocks * k))
+    for a in range(0, resamples, chunk):
+        b = min(resamples, a + chunk)
+        starts = rng.integers(0, m - block + 1, size=(b - a, n_blocks))
+        out[:, a:b] = sums[:, starts].sum(axis=2) / (n_blocks * block)
+    return out
+
+
+def _diff_table(model: _Rows, baselines: dict[str, _Rows], horizon: int, resamples: int,
+                rng: np.random.Generator) -> tuple[dict[str, Any], int]:
+    names = list(baselines)
+    fields_all = ("log_loss", "accuracy")
+    fields_moving = ("direction_log_loss", "directional_accuracy")
+    attr = {"log_loss": "log_loss", "accuracy": "correct", "direction_log_loss": "direction_log_loss",
+            "directional_accuracy": "direction_correct"}
+    out: dict[str, dict[str, Any]] = {name: {} for name in names}
+    block_all = block_length(model.log_loss.shape[0], horizon)
+    for group in (fields_all, fields_moving):
+        keys = [(name, f) for name in names for f in group]
+        rows = [getattr(model, attr[f]) - getattr(baselines[name], attr[f]) for name, f in keys]
+        m = rows[0].shape[0] if rows else 0
+        block = min(block_all, m)
+        if m == 0:
+            for name, f in keys:
+                out[name][f] = {"diff": None, "ci95": None}
+            continue
+        series = np.vstack(rows)
+        point = series.mean(axis=1)
+        ci: np.ndarray | None = None
+        if resamples > 0:
+            means = _block_bootstrap(series, block, resamples, rng)
+            ci = np.percentile(means, [2.5, 97.5], axis=1)
+        for j, (name, f) in enumerate(keys):
+            interval = None if ci is None else [_num(ci[0, j]), _num(ci[1, j])]
+            out[name][f] = {"diff": _num(point[j]), "ci95": interval}
+    return out, block_all
+
+
+def _per_market(c: _Checked, rows: _Rows, cost_bp: float) -> dict[str, Any]:
+    assert c.markets is not None
+    ids, inverse, counts = np.unique(c.markets, return_inverse=True, return_counts=True)
+    order = np.argsort(-counts, kind="stable")[:MAX_MARKETS_REPORTED]
+    moving = c.labels != FLAT
+    inv_moving = inverse[moving]
+    pos = _positions(c.probs)
+    ret = _trade_returns(pos, c.fwd_ret, cost_bp)
+    table = []
+    for k in order:
+        sel = inverse == k
+        sel_m = inv_moving == k
+        table.append({"market": str(ids[k]), "samples": int(counts[k]), "accuracy": _mean(rows.correct[sel]),
+                      "directional_accuracy": _mean(rows.direction_correct[sel_m]),
+                      "log_loss": _mean(rows.log_loss[sel]),
+                      "trades": int((pos[sel] != 0).sum()),
+                      "total_bp": _num(ret[sel].sum() / c.horizon * 1e4)})
+    return {"markets": int(ids.shape[0]), "reported": len(table), "table": table}
+
+
+def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Score the model's probabilities and the baselines' on the same rows; a JSON-safe dict.
+
+    ``cost_bp`` round-trip cost per unit traded in basis points; ``bootstrap`` the number of
+    moving-block resamples for the model-minus-baseline intervals (0: no intervals); ``seed``
+    seeds them. Undefined values (no moving labels, no trades…) are None, never NaN.
+
+    Keys: ``samples``, ``class_counts``, ``moving_samples``, ``horizon``, ``cost_bp``,
+    ``base_rates``; ``model`` and ``baselines[name]`` with ``accuracy`` (argmax vs label),
+    ``directional_accuracy`` (moving labels only; sign of P(up) − P(down), ties count half),
+    ``log_loss`` (nats, probabilities clipped at 1e-12), ``direction_log_loss`` (nats, binary,
+    q = P(up) / (P(up) + P(down)) over moving labels), ``brier`` (3-class, in [0, 2]),
+    ``recall`` per class, ``confusion`` (rows true, columns predicted), ``ece`` (top label,
+    10 equal-width bins), ``direction_ece`` (q over moving labels, 10 bins), ``reliability``
+    (the q bins: count, mean_predicted q, observed up frequency) and ``pnl``; the model also
+    has ``confidence_quartiles`` (confidence = 1 − H(p)/ln 3) and ``always_long`` (P&L of a
+    long position at every tick). ``vs_baselines[name][metric]`` = ``{"diff", "ci95"}``
+    (model minus baseline, 95% moving-block bootstrap interval) for ``log_loss``,
+    ``direction_log_loss``, ``accuracy``, ``directional_accuracy``; ``bootstrap`` describes
+    the resampling; ``per_market`` (when markets are given) the model per market.
+
+    P&L: at every tick the position sign(P(up) − P(down)) ∈ {−1, 0, 1} is held for the
+    horizon; a trade's return is position × fwd_ret − cost_bp·1e-4·|position| (log-return
+    units). ``trades`` counts nonzero positions, ``hit_rate`` the fraction of trades with a
+    positive return, ``mean_trade_bp`` their mean (bp), ``total_bp`` their sum / horizon (bp;
+    each trade sized 1/horizon so the overlapping positions never exceed 1 in all) and
+    ``sharpe_per_trade`` mean / sd (ddof 1) of trade returns (None with < 2 trades or sd 0).
+    """
+    if bootstrap < 0:
+        raise ValueError("bootstrap must be >= 0")
+    if not math.isfinite(cost_bp) or cost_bp < 0:
+        raise ValueError("cost_bp must be a finite number >= 0")
+    c = _check(inp)
+    n = c.labels.shape[0]
+    counts = np.bincount(c.labels, minlength=3)
+    model, model_rows = _evaluate(c.probs, c, cost_bp)
+    model["confidence_quartiles"] = _confidence_quartiles(c.probs, model_rows, c.labels)
+    model["always_long"] = _pnl(np.ones(n), c.fwd_ret, c.horizon, cost_bp)
+    probs = baseline_probs(c.base_rates, c.past_ret)
+    if c.lr_probs is not None:
+        probs["logistic"] = c.lr_probs
+    baselines: dict[str, Any] = {}
+    baseline_rows: dict[str, _Rows] = {}
+    for name, p in probs.items():
+        baselines[name], baseline_rows[name] = _evaluate(p, c, cost_bp)
+    vs, block = _diff_table(model_rows, baseline_rows, c.horizon, int(bootstrap), np.random.default_rng(seed))
+    moving = int(n - counts[FLAT])
+    summary: dict[str, Any] = {
+        "samples": int(n),
+        "class_counts": {name: int(counts[k]) for k, name in enumerate(CLASS_NAMES)},
+        "moving_samples": moving,
+        "horizon": c.horizon,
+        "cost_bp": float(cost_bp),
+        "base_rates": {name: float(c.base_rates[k]) for k, name in enumerate(CLASS_NAMES)},
+        "model": model,
+        "baselines": baselines,
+        "vs_baselines": vs,
+        "bootstrap": {"method": "moving-block bootstrap of per-row model-minus-baseline contributions, "
+                                "the same blocks for every baseline; directional metrics over moving rows only",
+                      "resamples": int(bootstrap), "seed": int(seed), "block_length": block, "rows_used": int(n),
+                      "moving_rows_used": moving, "subsampled": False,
+                      "note": "all rows used (block sums from prefix sums, no subsampling)"},
+    }
+    if c.markets is not None:
+        summary["per_market"] = _per_market(c, model_rows, cost_bp)
+    return summary
+
+
+def cumulative_pnl(inp: ScoreInputs, cost_bp: float = 0.0) -> dict[str, np.ndarray]:
+    """Cumulative P&L in bp over the rows in order (float64 (n,) each), for plotting.
+
+    ``model`` trades sign(P(up) − P(down)) and ``always_long`` is long at every tick; each
+    row adds (position × fwd_ret − cost_bp·1e-4·|position|) / horizon · 1e4 bp, as in
+    ``score``'s ``total_bp`` (the last value equals it).
+    """
+    c = _check(inp)
+    scale = 1e4 / c.horizon
+    model = _trade_returns(_positions(c.probs), c.fwd_ret, cost_bp) * scale
+    long = _trade_returns(np.ones_like(c.fwd_ret), c.fwd_ret, cost_bp) * scale
+    return {"model": np.cumsum(model), "always_long": np.cumsum(long)}

@@ -1,0 +1,306 @@
+"""Reports of an evaluation summary (``evaluation.score``): a terminal table and one HTML file.
+
+``render_html`` writes a single self-contained page: inline CSS, no scripts, no links,
+plots as inline base64 PNGs drawn with matplotlib's non-interactive Agg backend
+(imported inside the function, so importing this module stays cheap). Every string
+taken from the summary (market ids, predictor names, the title) is HTML-escaped.
+Metrics are printed with 4 decimals, P&L in bp with 2, counts as integers; undefined
+values (None) as "—" ("-" in the terminal table).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .data import CLASS_NAMES
+
+METRICS = (("accuracy", "accuracy"), ("directional_accuracy", "dir. accuracy"), ("log_loss", "log loss"),
+           ("direction_log_loss", "dir. log loss"), ("brier", "Brier"), ("ece", "ECE"), ("direction_ece", "dir. ECE"))
+DIFF_METRICS = (("log_loss", "log loss"), ("direction_log_loss", "dir. log loss"), ("accuracy", "accuracy"),
+                ("directional_accuracy", "dir. accuracy"))
+PNL_FIELDS = (("trades", "trades"), ("hit_rate", "hit rate"), ("mean_trade_bp", "mean/trade bp"),
+              ("total_bp", "total bp"), ("sharpe_per_trade", "Sharpe/trade"))
+MAX_PLOT_POINTS = 2000
+
+
+def _fmt(value: Any, digits: int = 4, none: str = "—", signed: bool = False) -> str:
+    if value is None:
+        return none
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        if not np.isfinite(value):
+            return none
+        return f"{float(value):+.{digits}f}" if signed else f"{float(value):.{digits}f}"
+    return str(value)
+
+
+def _pnl_fmt(key: str, value: Any, none: str) -> str:
+    if key == "trades":
+        return _fmt(value, none=none)
+    return _fmt(value, 2 if key.endswith("_bp") else 4, none=none)
+
+
+def _predictors(summary: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    if isinstance(summary.get("model"), Mapping):
+        out.append(("model", summary["model"]))
+    out.extend((str(name), m) for name, m in (summary.get("baselines") or {}).items() if isinstance(m, Mapping))
+    return out
+
+
+def _pnl_rows(summary: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    rows = [(name, m["pnl"]) for name, m in _predictors(summary) if isinstance(m.get("pnl"), Mapping)]
+    model = summary.get("model") or {}
+    if isinstance(model.get("always_long"), Mapping):
+        rows.insert(1 if rows else 0, ("always_long", model["always_long"]))
+    return rows
+
+
+def _ci_text(cell: Mapping[str, Any] | None, none: str) -> str:
+    if not cell or cell.get("diff") is None:
+        return none
+    text = _fmt(cell["diff"], signed=True)
+    ci = cell.get("ci95")
+    if ci and ci[0] is not None and ci[1] is not None:
+        text += f" [{_fmt(ci[0], signed=True)}, {_fmt(ci[1], signed=True)}]"
+    return text
+
+
+def _overview(summary: Mapping[str, Any]) -> str:
+    counts = summary.get("class_counts") or {}
+    parts = [f"{name} {_fmt(counts.get(name), none='-')}" for name in CLASS_NAMES]
+    return (f"samples {_fmt(summary.get('samples'), none='-')} ({', '.join(parts)}), "
+            f"moving {_fmt(summary.get('moving_samples'), none='-')}, horizon {_fmt(summary.get('horizon'), none='-')} "
+            f"ticks, cost {_fmt(summary.get('cost_bp'), 2, none='-')} bp")
+
+
+def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    return lines
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A compact plain-text report of ``evaluation.score``'s summary for the terminal."""
+    none = "-"
+    lines = [_overview(summary), ""]
+    preds = _predictors(summary)
+    lines += _text_table(["predictor", *[label for _, label in METRICS]],
+                         [[name, *[_fmt(m.get(key), none=none) for key, _ in METRICS]] for name, m in preds])
+    lines.append("")
+    lines += _text_table(["recall", *CLASS_NAMES],
+                         [[name, *[_fmt((m.get("recall") or {}).get(c), none=none) for c in CLASS_NAMES]]
+                          for name, m in preds])
+    lines.append("")
+    lines += _text_table(["P&L", *[label for _, label in PNL_FIELDS]],
+                         [[name, *[_pnl_fmt(key, p.get(key), none) for key, _ in PNL_FIELDS]]
+                          for name, p in _pnl_rows(summary)])
+    vs = summary.get("vs_baselines") or {}
+    if vs:
+        lines.append("")
+        lines.append("model − baseline (95% block-bootstrap CI; log losses: lower is better)")
+        lines += _text_table(["baseline", *[label for _, label in DIFF_METRICS]],
+                             [[str(name), *[_ci_text(cells.get(key), none) for key, _ in DIFF_METRICS]]
+                              for name, cells in vs.items()])
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- HTML
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; }
+td { text-align: right; font-variant-numeric: tabular-nums; }
+td:first-child, th:first-child { text-align: left; }
+th { background: #f2f2f2; }
+img { max-width: 100%; margin: 0.5em 1em 1em 0; border: 1px solid #eee; }
+.plots { display: flex; flex-wrap: wrap; }
+.note { color: #555; font-size: 0.9em; }
+"""
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _section(title: str, content: str) -> str:
+    return f"<h2>{html.escape(title)}</h2>\n{content}\n"
+
+
+def _downsample(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = y.shape[0]
+    if n <= MAX_PLOT_POINTS:
+        return np.arange(n), y
+    idx = np.unique(np.linspace(0, n - 1, MAX_PLOT_POINTS).astype(np.int64))
+    return idx, y[idx]
+
+
+def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | None = None,
+                learning_curve: list[dict[str, Any]] | None = None,
+                title: str = "cerebellar-norse evaluation") -> str:
+    """One self-contained HTML page of ``evaluation.score``'s summary.
+
+    Plots (inline PNG): the model's direction reliability diagram (mean predicted
+    q = P(up)/(P(up)+P(down)) vs observed up frequency per bin, with the diagonal and the
+    bin counts), its confusion matrix with counts, the cumulative P&L in bp of the model vs
+    always-long (when ``cumulative`` from ``evaluation.cumulative_pnl`` is given) and the
+    learning curve (``learning_curve`` = ``[{"epoch", "train_loss", "validation": {"loss",
+    ...}}]``, skipped when None or empty). Tables: every metric of ``summary``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    def png(draw: Callable[[Any], None], size: tuple[float, float] = (5.0, 4.0)) -> str:
+        fig = Figure(figsize=size, dpi=90, layout="constrained")
+        ax = fig.add_subplot()
+        draw(ax)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        data = base64.b64encode(buf.getvalue()).decode("ascii")
+        return f'<img src="data:image/png;base64,{data}" alt="">'
+
+    model: Mapping[str, Any] = summary.get("model") or {}
+    plots: list[str] = []
+
+    reliability = [b for b in model.get("reliability") or [] if b.get("count")]
+
+    def draw_reliability(ax: Any) -> None:
+        ax.plot([0, 1], [0, 1], "--", color="grey", lw=1, label="perfect calibration")
+        xs = [b["mean_predicted"] for b in reliability]
+        ys = [b["observed"] for b in reliability]
+        ax.plot(xs, ys, "o-", color="C0", label="model")
+        for b in reliability:
+            ax.annotate(str(b["count"]), (b["mean_predicted"], b["observed"]), textcoords="offset points",
+                        xytext=(4, -10), fontsize=7, color="C0")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("predicted q = P(up) / (P(up) + P(down))")
+        ax.set_ylabel("observed up frequency (moving labels)")
+        ax.set_title("Direction reliability (labels: bin counts)")
+        ax.legend(loc="upper left", fontsize=8)
+
+    plots.append(png(draw_reliability))
+
+    confusion = np.asarray(model.get("confusion") or np.zeros((3, 3)), dtype=np.float64)
+
+    def draw_confusion(ax: Any) -> None:
+        top = float(confusion.max()) if confusion.size else 0.0
+        ax.imshow(confusion, cmap="Blues", vmin=0.0, vmax=max(top, 1.0))
+        for i in range(3):
+            for j in range(3):
+                ax.text(j, i, str(int(confusion[i, j])), ha="center", va="center",
+                        color="white" if top and confusion[i, j] > top / 2 else "black")
+        ax.set_xticks(range(3), CLASS_NAMES)
+        ax.set_yticks(range(3), CLASS_NAMES)
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("true")
+        ax.set_title("Confusion matrix (model)")
+
+    plots.append(png(draw_confusion, (4.2, 4.0)))
+
+    if cumulative:
+        def draw_pnl(ax: Any) -> None:
+            for key, label in (("model", "model (sign of P(up) − P(down))"), ("always_long", "always long")):
+                if key in cumulative and len(cumulative[key]):
+                    x, y = _downsample(np.asarray(cumulative[key], dtype=np.float64))
+                    ax.plot(x, y, label=label)
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xlabel("row (tick, in order)")
+            ax.set_ylabel("cumulative P&L (bp)")
+            ax.set_title("Cumulative P&L after costs")
+            ax.legend(fontsize=8)
+
+        plots.append(png(draw_pnl, (6.0, 4.0)))
+
+    curve = [e for e in learning_curve or [] if isinstance(e, Mapping)]
+    if curve:
+        def draw_curve(ax: Any) -> None:
+            epochs = [e.get("epoch") for e in curve]
+            train = [e.get("train_loss") for e in curve]
+            val = [(e.get("validation") or {}).get("loss") for e in curve]
+            ax.plot(epochs, [np.nan if v is None else v for v in train], "o-", label="train loss")
+            ax.plot(epochs, [np.nan if v is None else v for v in val], "s-", label="validation loss")
+            ax.set_xlabel("epoch")
+            ax.set_ylabel("loss (nats)")
+            ax.set_title("Learning curve")
+            ax.legend(fontsize=8)
+
+        plots.append(png(draw_curve))
+
+    preds = _predictors(summary)
+    parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(_overview(summary))}</p>"]
+    base_rates = summary.get("base_rates") or {}
+    if base_rates:
+        parts.append(_table(["training base rates", *CLASS_NAMES],
+                            [["frequency", *[_fmt(base_rates.get(c)) for c in CLASS_NAMES]]]))
+    parts.append('<div class="plots">' + "".join(plots) + "</div>")
+    parts.append(_section("Metrics", _table(["predictor", *[label for _, label in METRICS]],
+                                            [[name, *[_fmt(m.get(k)) for k, _ in METRICS]] for name, m in preds])))
+    parts.append(_section("Recall per class", _table(["predictor", *CLASS_NAMES],
+                                                     [[name, *[_fmt((m.get("recall") or {}).get(c))
+                                                               for c in CLASS_NAMES]] for name, m in preds])))
+    parts.append(_section("P&L (sign strategy, after costs)",
+                          _table(["strategy", *[label for _, label in PNL_FIELDS]],
+                                 [[name, *[_pnl_fmt(k, p.get(k), "—") for k, _ in PNL_FIELDS]]
+                                  for name, p in _pnl_rows(summary)])))
+    vs = summary.get("vs_baselines") or {}
+    if vs:
+        note = summary.get("bootstrap") or {}
+        parts.append(_section("Model minus baseline (95% CI)", _table(
+            ["baseline", *[label for _, label in DIFF_METRICS]],
+            [[name, *[_ci_text(cells.get(k), "—") for k, _ in DIFF_METRICS]] for name, cells in vs.items()])))
+        if note:
+            parts.append('<p class="note">' + html.escape(
+                f"{note.get('method', '')}; {note.get('resamples')} resamples, block length "
+                f"{note.get('block_length')} rows, seed {note.get('seed')}; {note.get('note', '')}") + "</p>")
+    quartiles = (model.get("confidence_quartiles") or {}).get("quartiles") or []
+    if quartiles:
+        parts.append(_section("Model by confidence quartile (confidence = 1 − H(p)/ln 3)", _table(
+            ["quartile", "confidence from", "to", "rows", "accuracy", "moving rows", "dir. accuracy"],
+            [[f"Q{k + 1}", _fmt(q.get("lo")), _fmt(q.get("hi")), _fmt(q.get("count")), _fmt(q.get("accuracy")),
+              _fmt(q.get("moving")), _fmt(q.get("directional_accuracy"))] for k, q in enumerate(quartiles)])))
+    if model.get("reliability"):
+        parts.append(_section("Direction reliability (model)", _table(
+            ["q bin", "rows", "mean predicted q", "observed up frequency"],
+            [[f"{_fmt(b.get('lo'), 1)}–{_fmt(b.get('hi'), 1)}", _fmt(b.get("count")), _fmt(b.get("mean_predicted")),
+              _fmt(b.get("observed"))] for b in model["reliability"]])))
+    confusions = [(name, m["confusion"]) for name, m in preds if m.get("confusion")]
+    if confusions:
+        parts.append(_section("Confusion matrices (rows true, columns predicted)", "".join(
+            f"<h3>{html.escape(name)}</h3>" + _table(["true \\ predicted", *CLASS_NAMES],
+                                                     [[CLASS_NAMES[i], *[_fmt(v) for v in row]]
+                                                      for i, row in enumerate(matrix)])
+            for name, matrix in confusions)))
+    per_market = summary.get("per_market") or {}
+    if per_market.get("table"):
+        caption = f"{per_market.get('reported')} of {per_market.get('markets')} markets, most samples first"
+        parts.append(_section("Model per market", f'<p class="note">{html.escape(caption)}</p>' + _table(
+            ["market", "samples", "accuracy", "dir. accuracy", "log loss", "trades", "total bp"],
+            [[r.get("market"), _fmt(r.get("samples")), _fmt(r.get("accuracy")), _fmt(r.get("directional_accuracy")),
+              _fmt(r.get("log_loss")), _fmt(r.get("trades")), _fmt(r.get("total_bp"), 2)]
+             for r in per_market["table"]])))
+    if curve:
+        parts.append(_section("Learning curve", _table(
+            ["epoch", "train loss", "validation loss"],
+            [[_fmt(e.get("epoch")), _fmt(e.get("train_loss")), _fmt((e.get("validation") or {}).get("loss"))]
+             for e in curve])))
+    body = "\n".join(parts)
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+            f"<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")

@@ -1,0 +1,343 @@
+"""Scoring against baselines: the logistic baseline fit, the metrics, the P&L, the block bootstrap."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from cerebellar_norse.training import evaluation
+from cerebellar_norse.training.evaluation import (
+    ScoreInputs,
+    baseline_probs,
+    block_length,
+    cumulative_pnl,
+    fit_logistic,
+    score,
+)
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def sample_classes(rng: np.random.Generator, p: np.ndarray) -> np.ndarray:
+    return (rng.random(p.shape[0])[:, None] > p.cumsum(axis=1)).sum(axis=1).clip(0, 2)
+
+
+def log_loss(p: np.ndarray, y: np.ndarray) -> float:
+    return float(-np.mean(np.log(p[np.arange(y.shape[0]), y])))
+
+
+def planted(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    w = np.array([[1.5, 0.0, -1.5], [-0.8, 0.4, 0.4], [0.0, 0.0, 0.0]])
+    b = np.array([0.0, 0.3, -0.2])
+    X = rng.standard_normal((n, 3)) * np.array([1.0, 3.0, 0.5]) + np.array([0.0, 10.0, -2.0])
+    true_p = softmax(((X - np.array([0.0, 10.0, -2.0])) / np.array([1.0, 3.0, 0.5])) @ w + b)
+    return X, sample_classes(rng, true_p), true_p
+
+
+def inputs(probs: np.ndarray, labels: np.ndarray, rng: np.random.Generator | None = None, **kw: object) -> ScoreInputs:
+    n = labels.shape[0]
+    rng = rng or np.random.default_rng(5)
+    fwd = np.where(labels == 2, 1e-3, np.where(labels == 0, -1e-3, 0.0)) + rng.normal(0, 1e-5, n)
+    args: dict[str, object] = {"probs": probs, "labels": labels, "fwd_ret": fwd, "past_ret": rng.normal(0, 1e-3, n),
+                               "base_rates": np.array([0.3, 0.4, 0.3]), "horizon": 1}
+    args.update(kw)
+    return ScoreInputs(**args)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- logistic
+
+
+def test_logistic_recovers_a_planted_signal() -> None:
+    rng = np.random.default_rng(0)
+    X, y, _ = planted(rng, 20_000)
+    model = fit_logistic(X, y)
+    assert model.converged
+    X_test, y_test, p_true = planted(rng, 20_000)
+    p_fit = model.predict_proba(X_test)
+    assert p_fit.shape == (20_000, 3)
+    np.testing.assert_allclose(p_fit.sum(axis=1), 1.0)
+    acc_true = float(np.mean(p_true.argmax(axis=1) == y_test))
+    acc_fit = float(np.mean(p_fit.argmax(axis=1) == y_test))
+    assert acc_true > 0.55
+    assert abs(acc_fit - acc_true) < 0.01
+    assert log_loss(p_fit, y_test) < log_loss(p_true, y_test) + 0.005
+    # the irrelevant third feature gets (almost) no weight, the first the planted contrast
+    assert np.abs(model.coef[2]).max() < 0.05
+    assert model.coef[0, 0] - model.coef[0, 2] == pytest.approx(3.0, abs=0.2)
+
+
+def test_logistic_on_noise_gives_the_class_frequencies() -> None:
+    rng = np.random.default_rng(1)
+    n = 20_000
+    X = rng.standard_normal((n, 5))
+    y = rng.choice(3, size=n, p=[0.2, 0.5, 0.3])
+    freq = np.bincount(y, minlength=3) / n
+    p = fit_logistic(X, y).predict_proba(X)
+    base_loss = float(-(freq * np.log(freq)).sum())
+    assert abs(log_loss(p, y) - base_loss) < 0.01
+    np.testing.assert_allclose(p.mean(axis=0), freq, atol=0.01)
+
+
+def test_logistic_constant_columns_and_absent_classes_stay_finite() -> None:
+    rng = np.random.default_rng(2)
+    n = 500
+    X = np.column_stack([rng.standard_normal(n), np.full(n, 7.0), rng.standard_normal(n)])
+    y = (X[:, 0] > 0).astype(np.int64)  # only down and flat, separable by the first feature
+    model = fit_logistic(X, y)
+    p = model.predict_proba(X)
+    assert np.isfinite(p).all()
+    assert (p[:, 2] > 0).all() and p[:, 2].max() < 0.01
+    assert model.coef[1].tolist() == [0.0, 0.0, 0.0]
+    assert float(np.mean(p.argmax(axis=1) == y)) > 0.97
+    single = fit_logistic(X[:1], y[:1])
+    assert np.isfinite(single.predict_proba(X)).all()
+
+
+def test_logistic_two_stage_fit_matches_exact_newton(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    X, y, _ = planted(rng, 6_000)
+    exact = fit_logistic(X, y)
+    monkeypatch.setattr(evaluation, "HESSIAN_ROWS", 1_000)
+    staged = fit_logistic(X, y)
+    again = fit_logistic(X, y)
+    assert staged.converged
+    np.testing.assert_allclose(staged.coef, exact.coef, atol=1e-4)
+    np.testing.assert_allclose(staged.predict_proba(X), exact.predict_proba(X), atol=1e-5)
+    assert staged.loss == pytest.approx(exact.loss, abs=1e-9)
+    np.testing.assert_array_equal(staged.coef, again.coef)
+
+
+def test_logistic_rejects_bad_input() -> None:
+    X = np.zeros((4, 2))
+    with pytest.raises(ValueError):
+        fit_logistic(X, np.array([0, 1, 3, 0]))
+    with pytest.raises(ValueError):
+        fit_logistic(np.array([[0.0, np.nan]] * 4), np.zeros(4, dtype=int))
+    with pytest.raises(ValueError):
+        fit_logistic(X, np.zeros(3, dtype=int))
+    with pytest.raises(ValueError):
+        fit_logistic(X, np.zeros(4, dtype=int)).predict_proba(np.zeros((2, 3)))
+
+
+# --------------------------------------------------------------------------- score
+
+
+def test_perfect_predictor() -> None:
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 3, 3_000)
+    s = score(inputs(np.eye(3)[labels], labels), bootstrap=50)
+    m = s["model"]
+    assert m["accuracy"] == 1.0 and m["directional_accuracy"] == 1.0
+    assert m["log_loss"] == pytest.approx(0.0, abs=1e-12)
+    assert m["direction_log_loss"] == pytest.approx(0.0, abs=1e-12)
+    assert m["brier"] == 0.0 and m["ece"] == 0.0 and m["direction_ece"] == 0.0
+    assert m["recall"] == {"down": 1.0, "flat": 1.0, "up": 1.0}
+    assert m["pnl"]["hit_rate"] == 1.0
+    assert s["vs_baselines"]["base_rates"]["log_loss"]["diff"] < -1.0
+
+
+def test_constant_base_rates_predictor_scores_the_entropy() -> None:
+    rng = np.random.default_rng(5)
+    labels = rng.choice(3, size=10_000, p=[0.25, 0.45, 0.30])
+    freq = np.bincount(labels, minlength=3) / labels.shape[0]
+    probs = np.tile(freq, (labels.shape[0], 1))
+    s = score(inputs(probs, labels, base_rates=freq), bootstrap=20)
+    m = s["model"]
+    assert m["log_loss"] == pytest.approx(float(-(freq * np.log(freq)).sum()), rel=1e-12)
+    assert m["ece"] == pytest.approx(0.0, abs=1e-12)
+    assert m["direction_ece"] == pytest.approx(0.0, abs=1e-12)
+    assert m["accuracy"] == pytest.approx(freq.max())
+    # the model is the base-rates baseline: every difference is 0 with a degenerate interval
+    for cell in s["vs_baselines"]["base_rates"].values():
+        assert cell["diff"] == pytest.approx(0.0, abs=1e-12)
+        assert cell["ci95"] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert s["class_counts"] == {"down": int((labels == 0).sum()), "flat": int((labels == 1).sum()),
+                                 "up": int((labels == 2).sum())}
+    assert s["moving_samples"] == int((labels != 1).sum())
+
+
+def test_random_predictor_is_worse_than_base_rates() -> None:
+    rng = np.random.default_rng(6)
+    n = 30_000
+    labels = rng.integers(0, 3, n)
+    probs = rng.dirichlet([1.0, 1.0, 1.0], n)
+    s = score(inputs(probs, labels, base_rates=np.full(3, 1 / 3)), bootstrap=200)
+    m = s["model"]
+    assert abs(m["accuracy"] - 1 / 3) < 0.02
+    assert abs(m["directional_accuracy"] - 0.5) < 0.02
+    assert m["log_loss"] > math.log(3) + 0.1
+    diff = s["vs_baselines"]["base_rates"]["log_loss"]
+    assert diff["ci95"][0] > 0
+    acc = s["vs_baselines"]["base_rates"]["accuracy"]
+    assert acc["ci95"][0] < acc["diff"] < acc["ci95"][1]
+
+
+def test_hand_computed_small_case() -> None:
+    labels = np.array([2, 0, 1, 2, 0])
+    probs = np.array([[.1, .2, .7], [.6, .3, .1], [.2, .5, .3], [.5, .3, .2], [.3, .4, .3]])
+    fwd = np.array([0.002, -0.001, 0.0005, 0.001, -0.003])
+    inp = ScoreInputs(probs=probs, labels=labels, fwd_ret=fwd, past_ret=np.full(5, np.nan),
+                      base_rates=np.array([0.3, 0.4, 0.3]), horizon=2)
+    s = score(inp, cost_bp=2.0, bootstrap=0)
+    m = s["model"]
+    assert m["confusion"] == [[1, 1, 0], [0, 1, 0], [1, 0, 1]]
+    assert m["recall"] == {"down": 0.5, "flat": 1.0, "up": 0.5}
+    assert m["accuracy"] == pytest.approx(0.6)
+    assert m["directional_accuracy"] == pytest.approx(2.5 / 4)  # the tie on the last row counts half
+    assert m["log_loss"] == pytest.approx(-np.log([.7, .6, .5, .2, .3]).mean())
+    assert m["direction_log_loss"] == pytest.approx(-np.log([7 / 8, 6 / 7, 2 / 7, 0.5]).mean())
+    assert m["brier"] == pytest.approx(0.5)
+    assert m["ece"] == pytest.approx(0.22)
+    pnl = m["pnl"]
+    assert pnl["trades"] == 4
+    assert pnl["hit_rate"] == pytest.approx(0.75)
+    assert pnl["mean_trade_bp"] == pytest.approx(4.25)
+    assert pnl["total_bp"] == pytest.approx(8.5)
+    assert pnl["sharpe_per_trade"] == pytest.approx(4.25 / 12.5)
+    long = m["always_long"]
+    assert long["trades"] == 5 and long["hit_rate"] == pytest.approx(0.6)
+    assert long["total_bp"] == pytest.approx(-7.5)
+    cum = cumulative_pnl(inp, cost_bp=2.0)
+    np.testing.assert_allclose(cum["model"], [9.0, 13.0, 14.5, 8.5, 8.5])
+    assert cum["always_long"][-1] == pytest.approx(-7.5)
+    assert s["vs_baselines"]["base_rates"]["accuracy"]["ci95"] is None
+    bins = {b["lo"]: b for b in m["reliability"] if b["count"]}
+    assert bins[0.8]["count"] == 1 and bins[0.8]["mean_predicted"] == pytest.approx(7 / 8)
+    assert bins[0.8]["observed"] == 1.0
+    assert sum(b["count"] for b in m["reliability"]) == 4
+
+
+def test_baseline_probabilities_are_label_free_and_documented() -> None:
+    p = baseline_probs(np.array([0.25, 0.5, 0.25]), np.array([0.01, -0.01, np.nan, 0.0]))
+    np.testing.assert_allclose(p["persistence"], [[.2, .5, .3], [.3, .5, .2], [.25, .5, .25], [.25, .5, .25]])
+    np.testing.assert_allclose(p["mean_reversion"], [[.3, .5, .2], [.2, .5, .3], [.25, .5, .25], [.25, .5, .25]])
+    np.testing.assert_allclose(p["majority"][0], np.array([1e-4, 1.0, 1e-4]) / (1 + 2e-4))
+    np.testing.assert_allclose(p["base_rates"], np.tile([0.25, 0.5, 0.25], (4, 1)))
+
+
+def test_persistence_baseline_trades_the_past_direction() -> None:
+    labels = np.array([2, 2, 0, 0])
+    past = np.array([0.01, -0.01, -0.01, np.nan])
+    fwd = np.array([0.001, 0.002, -0.001, -0.004])
+    inp = ScoreInputs(probs=np.full((4, 3), 1 / 3), labels=labels, fwd_ret=fwd, past_ret=past,
+                      base_rates=np.array([0.25, 0.5, 0.25]), horizon=1)
+    s = score(inp, bootstrap=0)
+    pers, rev = s["baselines"]["persistence"], s["baselines"]["mean_reversion"]
+    assert pers["pnl"]["trades"] == 3 and rev["pnl"]["trades"] == 3
+    assert pers["pnl"]["total_bp"] == pytest.approx(10.0 - 20.0 + 10.0)
+    assert rev["pnl"]["total_bp"] == pytest.approx(-pers["pnl"]["total_bp"])
+    assert pers["directional_accuracy"] == pytest.approx((1 + 0 + 1 + 0.5) / 4)
+    assert s["model"]["pnl"]["trades"] == 0 and s["model"]["pnl"]["sharpe_per_trade"] is None
+    assert s["baselines"]["majority"]["log_loss"] == pytest.approx(-math.log(1e-4 / (1 + 2e-4)))
+    assert "logistic" not in s["baselines"]
+
+
+def informative(rng: np.random.Generator, n: int) -> ScoreInputs:
+    labels = rng.integers(0, 3, n)
+    probs = np.where(np.eye(3)[labels] > 0, 0.45, 0.275)
+    probs = np.where(rng.random(n)[:, None] < 0.5, probs, rng.dirichlet([5, 5, 5], n))
+    return inputs(probs, labels, rng, base_rates=np.full(3, 1 / 3), horizon=5,
+                  lr_probs=rng.dirichlet([20, 20, 20], n))
+
+
+def test_bootstrap_interval_contains_the_difference_and_narrows_with_n() -> None:
+    rng = np.random.default_rng(7)
+    small = score(informative(rng, 2_000), bootstrap=300, seed=1)
+    large = score(informative(rng, 50_000), bootstrap=300, seed=1)
+    for s in (small, large):
+        for name in ("base_rates", "persistence", "logistic"):
+            for cell in s["vs_baselines"][name].values():
+                lo, hi = cell["ci95"]
+                assert lo <= cell["diff"] <= hi
+    width_small = np.diff(small["vs_baselines"]["base_rates"]["log_loss"]["ci95"])[0]
+    width_large = np.diff(large["vs_baselines"]["base_rates"]["log_loss"]["ci95"])[0]
+    assert 0 < width_large < width_small / 2.5
+    assert large["vs_baselines"]["base_rates"]["accuracy"]["ci95"][0] > 0
+    assert large["bootstrap"]["block_length"] == block_length(50_000, 5) == 37
+    again = score(informative(np.random.default_rng(7), 2_000), bootstrap=300, seed=1)
+    assert again["vs_baselines"] == small["vs_baselines"]
+
+
+def test_block_length() -> None:
+    assert block_length(1_000, 1) == 10
+    assert block_length(1_001, 1) == 11
+    assert block_length(200_000, 100) == 100
+    assert block_length(3, 10) == 3
+    assert block_length(1, 1) == 1
+
+
+def test_confidence_quartiles_split_rows_by_confidence() -> None:
+    rng = np.random.default_rng(8)
+    n = 4_000
+    labels = rng.integers(0, 3, n)
+    sure = np.arange(n) % 2 == 0
+    probs = np.where(sure[:, None], np.eye(3)[labels] * 0.9 + 0.1 / 3, rng.dirichlet([50, 50, 50], n))
+    quart = score(inputs(probs, labels), bootstrap=0)["model"]["confidence_quartiles"]
+    q = quart["quartiles"]
+    assert sum(x["count"] for x in q) == n
+    assert quart["edges"] == sorted(quart["edges"])
+    assert q[3]["accuracy"] == 1.0 and q[3]["directional_accuracy"] == 1.0
+    assert abs(q[0]["accuracy"] - 1 / 3) < 0.06
+
+
+@pytest.mark.parametrize("case", ["no_moving", "one_class", "single_row", "ties"])
+def test_degenerate_inputs_are_json_safe(case: str) -> None:
+    rng = np.random.default_rng(9)
+    n = 1 if case == "single_row" else 50
+    labels = {"no_moving": np.ones(n, int), "one_class": np.full(n, 2), "single_row": np.array([0]),
+              "ties": rng.integers(0, 3, n)}[case]
+    probs = np.full((n, 3), 1 / 3) if case == "ties" else rng.dirichlet([1, 1, 1], n)
+    inp = ScoreInputs(probs=probs, labels=labels, fwd_ret=np.zeros(n), past_ret=np.full(n, np.nan),
+                      base_rates=np.array([0.0, 1.0, 0.0]), lr_probs=probs, horizon=3,
+                      markets=np.array(["m"] * n))
+    s = score(inp, cost_bp=1.0, bootstrap=20)
+    json.dumps(s, allow_nan=False)
+    assert s["samples"] == n
+    if case == "no_moving":
+        assert s["model"]["directional_accuracy"] is None and s["model"]["direction_log_loss"] is None
+        assert s["model"]["direction_ece"] is None
+        assert s["vs_baselines"]["persistence"]["directional_accuracy"] == {"diff": None, "ci95": None}
+    if case == "single_row":
+        assert s["model"]["pnl"]["sharpe_per_trade"] is None
+        assert s["vs_baselines"]["base_rates"]["log_loss"]["ci95"][0] == s["vs_baselines"]["base_rates"][
+            "log_loss"]["diff"]
+    if case == "ties":
+        assert s["model"]["pnl"]["trades"] == 0 and s["model"]["pnl"]["hit_rate"] is None
+        assert s["model"]["directional_accuracy"] == 0.5
+    assert len(cumulative_pnl(inp)["model"]) == n
+
+
+def test_per_market_table_and_json() -> None:
+    rng = np.random.default_rng(10)
+    n = 300
+    labels = rng.integers(0, 3, n)
+    markets = np.array(["BTC-USD"] * 200 + ["<x>&y"] * 100)
+    s = score(inputs(np.eye(3)[labels] * 0.7 + 0.1, labels, markets=markets), bootstrap=10)
+    table = s["per_market"]["table"]
+    assert [r["market"] for r in table] == ["BTC-USD", "<x>&y"]
+    assert [r["samples"] for r in table] == [200, 100]
+    assert all(r["accuracy"] == 1.0 for r in table)
+    json.dumps(s, allow_nan=False)
+
+
+def test_score_rejects_bad_input() -> None:
+    labels = np.array([0, 1, 2])
+    good = inputs(np.full((3, 3), 1 / 3), labels)
+    with pytest.raises(ValueError):
+        score(ScoreInputs(**{**good.__dict__, "labels": np.array([0, 1, 3])}))
+    with pytest.raises(ValueError):
+        score(ScoreInputs(**{**good.__dict__, "probs": np.full((3, 2), 0.5)}))
+    with pytest.raises(ValueError):
+        score(ScoreInputs(**{**good.__dict__, "fwd_ret": np.array([0.0, np.nan, 0.0])}))
+    with pytest.raises(ValueError):
+        score(ScoreInputs(**{**good.__dict__, "horizon": 0}))
+    with pytest.raises(ValueError):
+        score(ScoreInputs(**{**good.__dict__, "labels": np.zeros(0, int), "probs": np.zeros((0, 3))}))
+    with pytest.raises(ValueError):
+        score(good, cost_bp=-1.0)

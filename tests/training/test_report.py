@@ -1,0 +1,115 @@
+"""Reports of an evaluation: the terminal table and the self-contained HTML page."""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cerebellar_norse.training.evaluation import ScoreInputs, cumulative_pnl, score
+from cerebellar_norse.training.report import format_summary, render_html
+
+IMG = '<img src="data:image/png;base64,'
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def evaluated() -> tuple[dict, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    n = 3_000
+    labels = rng.integers(0, 3, n)
+    probs = np.where(rng.random(n)[:, None] < 0.4, np.eye(3)[labels] * 0.6 + 0.4 / 3, rng.dirichlet([4, 4, 4], n))
+    fwd = np.where(labels == 2, 1e-3, np.where(labels == 0, -1e-3, 0.0)) + rng.normal(0, 2e-4, n)
+    markets = np.array(["BTC-USD", "<b>evil</b>&co"])[np.arange(n) % 2]
+    inp = ScoreInputs(probs=probs, labels=labels, fwd_ret=fwd, past_ret=rng.normal(0, 1e-3, n),
+                      base_rates=np.array([0.3, 0.4, 0.3]), lr_probs=rng.dirichlet([30, 30, 30], n), horizon=4,
+                      markets=markets)
+    return score(inp, cost_bp=0.5, bootstrap=100), cumulative_pnl(inp, cost_bp=0.5)
+
+
+CURVE = [{"epoch": 1, "train_loss": 1.0912, "validation": {"loss": 1.0871, "accuracy": 0.4}},
+         {"epoch": 2, "train_loss": 1.0533, "validation": {"loss": 1.0702, "accuracy": 0.42}}]
+
+
+def images(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+
+
+def test_html_is_self_contained_with_every_plot(evaluated: tuple[dict, dict[str, np.ndarray]]) -> None:
+    summary, cum = evaluated
+    page = render_html(summary, cum, CURVE)
+    assert page.count(IMG) == 4
+    pngs = images(page)
+    assert len(pngs) == 4 and all(p.startswith(PNG_MAGIC) for p in pngs)
+    lowered = page.lower()
+    for forbidden in ("http://", "https://", "<script", "<link", "@import", "url("):
+        assert forbidden not in lowered
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+
+
+def test_html_shows_the_metric_values(evaluated: tuple[dict, dict[str, np.ndarray]]) -> None:
+    summary, cum = evaluated
+    page = render_html(summary, cum, CURVE)
+    model = summary["model"]
+    for key in ("accuracy", "directional_accuracy", "log_loss", "direction_log_loss", "brier", "ece"):
+        assert f"<td>{model[key]:.4f}</td>" in page
+    for name, metrics in summary["baselines"].items():
+        assert f"<td>{name}</td>" in page
+        assert f"<td>{metrics['log_loss']:.4f}</td>" in page
+    assert f"<td>{model['pnl']['total_bp']:.2f}</td>" in page
+    assert f"<td>{model['always_long']['total_bp']:.2f}</td>" in page
+    cell = summary["vs_baselines"]["logistic"]["log_loss"]
+    assert f"{cell['diff']:+.4f} [{cell['ci95'][0]:+.4f}, {cell['ci95'][1]:+.4f}]" in page
+    assert "<td>1.0871</td>" in page  # learning-curve validation loss
+    assert f"<td>{model['confusion'][0][0]}</td>" in page
+
+
+def test_html_escapes_strings(evaluated: tuple[dict, dict[str, np.ndarray]]) -> None:
+    summary, _ = evaluated
+    page = render_html(summary, title="report <i>x</i> & more")
+    assert "&lt;b&gt;evil&lt;/b&gt;&amp;co" in page
+    assert "<b>evil" not in page
+    assert "<title>report &lt;i&gt;x&lt;/i&gt; &amp; more</title>" in page
+    assert "<i>x</i>" not in page
+
+
+def test_html_skips_absent_plots(evaluated: tuple[dict, dict[str, np.ndarray]]) -> None:
+    summary, _ = evaluated
+    page = render_html(summary, None, [])
+    assert page.count(IMG) == 2  # reliability and confusion only
+    assert "Learning curve" not in page
+
+
+def test_html_of_a_degenerate_summary() -> None:
+    inp = ScoreInputs(probs=np.array([[0.2, 0.5, 0.3]]), labels=np.array([1]), fwd_ret=np.zeros(1),
+                      past_ret=np.full(1, np.nan), base_rates=np.array([0.2, 0.6, 0.2]), horizon=1)
+    summary = score(inp, bootstrap=10)
+    page = render_html(summary, cumulative_pnl(inp), CURVE[:1])
+    assert page.count(IMG) == 4
+    assert "<td>—</td>" in page  # undefined directional metrics
+
+
+def test_format_summary_table(evaluated: tuple[dict, dict[str, np.ndarray]]) -> None:
+    summary, _ = evaluated
+    text = format_summary(summary)
+    model = summary["model"]
+    for name in ("model", "base_rates", "majority", "persistence", "mean_reversion", "logistic", "always_long"):
+        assert name in text
+    model_line = next(line for line in text.splitlines() if line.startswith("model "))  # the metrics table
+    for key in ("accuracy", "directional_accuracy", "log_loss", "direction_log_loss", "brier", "ece"):
+        assert f"{model[key]:.4f}" in model_line
+    assert f"{model['recall']['down']:.4f}" in text
+    assert f"{model['pnl']['total_bp']:.2f}" in text
+    cell = summary["vs_baselines"]["base_rates"]["accuracy"]
+    assert f"{cell['diff']:+.4f} [{cell['ci95'][0]:+.4f}, {cell['ci95'][1]:+.4f}]" in text
+    assert "samples 3000" in text
+
+
+def test_importing_the_report_does_not_import_matplotlib() -> None:
+    code = "import sys, cerebellar_norse.training.report; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
