@@ -1,12 +1,30 @@
 """Training data: CSV files of ticks and the labels computed from them.
 
-Format: a header line naming the columns ``timestamp,market_id,price,volume`` (any
-order, no other columns), then one tick per line: timestamp in ms since the epoch
-(integer), market id (1–64 printable characters), price (> 0) and volume (>= 0).
+Format: a header line naming the columns, then one tick per line. Columns are found
+by header name (case and surrounding blanks ignored, as is a UTF-8 byte-order mark);
+the first name present of each list is used and every other column is ignored:
 
-Bad rows (missing fields, non-numbers, non-finite or out-of-range values, time
-going backwards within a market) are skipped and reported as ``file:line: reason``;
-a load with more than ``max_bad_row_fraction`` bad rows fails with that report.
+* time (required): ``timestamp``, ``time``, ``date``, ``datetime``, ``date_time``.
+  A value is an integer (or an integral number such as ``1.6e12``) of ms since the
+  epoch, or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
+  ``2020-01-02T15:30:00.123Z``, ``…+01:00``; without an offset it is UTC), from
+  1970-01-01 up to 2100-01-01; digits below 1 ms are dropped.
+* price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``adj close``,
+  ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both).
+* volume (optional, >= 0): ``volume``, ``vol``, ``size``, ``qty``; without one every
+  tick has volume 0.
+* market (optional): ``market_id``, ``market``, ``symbol``, ``ticker``, ``instrument``
+  (1–64 printable ASCII characters); without one the market is the file's name
+  without its suffix (``EURUSD.csv`` → ``EURUSD``), other characters replaced by ``_``.
+
+A missing optional column, or integer times that look like seconds, is recorded in
+``TickData.notes`` as ``file: …``. A header without a time or a price column, or
+naming a used column twice, fails at once with ``file:1: …``.
+
+Bad rows (a field count other than the header's, non-numbers, non-finite or
+out-of-range values, time going backwards within a market) are skipped and reported
+as ``file:line: reason``, the reason naming the column as the header spells it; a
+load with more than ``max_bad_row_fraction`` bad rows fails with that report.
 
 Labels: for tick t of a market, the log return to tick t + ``horizon`` of the same
 market is ``down`` (< -flat_band), ``flat`` (|r| <= flat_band) or ``up`` (> flat_band).
@@ -18,14 +36,21 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
 from ..errors import DataError, InputError
-from ..ticks import MARKET_ID_MAX, TS_MAX_MS, TS_MIN_MS
+from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 
-COLUMNS = ("timestamp", "market_id", "price", "volume")
+COLUMNS = ("timestamp", "market_id", "price", "volume")  # the header write_csv writes
+# Header names per column, in order of preference (compared in lower case).
+TIME_COLUMNS = ("timestamp", "time", "date", "datetime", "date_time")
+PRICE_COLUMNS = ("price", "close", "last", "mid", "adj close", "adj_close")
+VOLUME_COLUMNS = ("volume", "vol", "size", "qty")
+MARKET_COLUMNS = ("market_id", "market", "symbol", "ticker", "instrument")
+SECONDS_HINT_MS = 10_000_000_000  # integer times below this (1970-04-26) are noted as likely seconds
 CLASS_NAMES = ("down", "flat", "up")
 MIN_SAMPLES_PER_CLASS = 10_000
 MAX_REPORTED = 50
@@ -46,12 +71,14 @@ class MarketSeries:
 
 @dataclass
 class TickData:
-    """Ticks loaded from CSV files, per market, with the bad-row report."""
+    """Ticks loaded from CSV files, per market, with the bad-row report and notes on the files."""
 
     markets: list[MarketSeries]
     rows: int
     bad_rows: int
     report: list[str] = field(default_factory=list)
+    # "file: …" where a default stood in for a missing column (volume, market); times that look like seconds
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ticks(self) -> int:
@@ -75,51 +102,226 @@ def resolve_data_file(data_dir: Path, name: str) -> Path:
     return path
 
 
-def _parse_row(row: list[str], idx: dict[str, int]) -> tuple[int, str, float, float]:
-    if len(row) != len(COLUMNS):
-        raise ValueError(f"expected {len(COLUMNS)} fields, got {len(row)}")
-    ts_text = row[idx["timestamp"]].strip()
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_ONE_MS = timedelta(milliseconds=1)
+_INF = math.inf
+
+
+@dataclass(slots=True)
+class _Columns:
+    """Where one file's columns are (indexes into a row) and how its header spells them."""
+
+    fields: int
+    time: int
+    time_name: str
+    price: int
+    price_name: str
+    volume: int | None
+    volume_name: str
+    market: int | None
+    market_name: str
+    default_market: str
+    iso: bool | None = None  # time format, from the first time value: ISO 8601 (True) or ms numbers (False)
+    known_markets: dict[str, str] = field(default_factory=dict)  # raw field -> validated market id
+
+    def used_fields(self, row: list[str]) -> list[str]:
+        """The fields of a row that are read (none when the row has the wrong field count)."""
+        if len(row) != self.fields:
+            return []
+        return [row[i] for i in (self.time, self.price, self.volume, self.market) if i is not None]
+
+
+def _not_utf8(fields: list[str]) -> str:
+    """``"not UTF-8 text (byte 0x..)"`` when a field holds a byte that did not decode, else ``""``."""
+    for text in fields:
+        for ch in text:
+            if "\udc80" <= ch <= "\udcff":
+                return f"not UTF-8 text (byte 0x{ord(ch) - 0xDC00:02x})"
+    return ""
+
+
+def _header_name(name: str) -> str:
+    return " ".join(name.replace("\ufeff", "").split())
+
+
+def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[str, ...], what: str,
+                 required: bool) -> int | None:
+    """Index of the first alias present in the header; DataError when required and absent, or named twice."""
+    for alias in aliases:
+        where = [i for i, n in enumerate(names) if n == alias]
+        if len(where) > 1:
+            cols = ", ".join(str(i + 1) for i in where)
+            msg = (f"{path}:1: {what} column {alias!r} appears {len(where)} times in the header"
+                   f" (columns {cols}); keep one")
+            raise DataError(msg, [msg])
+        if where:
+            return where[0]
+    if required:
+        msg = f"{path}:1: no {what} column (expected one of {', '.join(aliases)}); header is {','.join(shown)}"
+        raise DataError(msg, [msg])
+    return None
+
+
+def _market_from_file_name(path: Path) -> str:
+    """The file's stem as a market id: printable ASCII (others become ``_``), 1–64 characters."""
+    text = "".join(ch if " " <= ch <= "~" else "_" for ch in Path(path).stem).strip()
+    return text[:MARKET_ID_MAX].rstrip() or "_"
+
+
+def _columns(path: Path, header: list[str], notes: list[str]) -> _Columns:
+    """The columns of a file from its header line; notes for the optional columns it lacks."""
+    shown = [_header_name(h) for h in header]
+    names = [s.lower() for s in shown]
+    t = _find_column(path, names, shown, TIME_COLUMNS, "time", True)
+    p = _find_column(path, names, shown, PRICE_COLUMNS, "price", True)
+    v = _find_column(path, names, shown, VOLUME_COLUMNS, "volume", False)
+    m = _find_column(path, names, shown, MARKET_COLUMNS, "market", False)
+    assert t is not None and p is not None
+    default_market = ""
+    if v is None:
+        notes.append(f"{path}: no volume column; volume 0 used")
+    if m is None:
+        default_market = _market_from_file_name(path)
+        notes.append(f"{path}: no market column; market id {default_market!r} (from the file name) used")
+    return _Columns(len(header), t, shown[t], p, shown[p], v, "" if v is None else shown[v],
+                    m, "" if m is None else shown[m], default_market)
+
+
+def _datetime_ms(dt: datetime) -> int:
+    """ms since the epoch (sub-ms digits dropped); a time without an offset is UTC."""
+    if dt.tzinfo is None:
+        return (dt - _EPOCH_NAIVE) // _ONE_MS
+    return (dt - _EPOCH) // _ONE_MS
+
+
+def _time_any(text: str, name: str) -> int:
+    """A time field of any accepted form as ms since the epoch, or ValueError naming the column and value."""
+    s = text.strip()
+    iso = False
     try:
-        ts = int(ts_text)
+        ms = int(s)
     except ValueError:
-        raise ValueError(f"timestamp {ts_text!r} is not an integer (ms since epoch)") from None
-    if not TS_MIN_MS <= ts < TS_MAX_MS:
-        raise ValueError(f"timestamp {ts} is not a plausible time in ms since epoch")
-    market = row[idx["market_id"]].strip()
-    if not 1 <= len(market) <= MARKET_ID_MAX or not all(" " <= ch <= "~" for ch in market):
-        raise ValueError(f"market_id {market!r} is not 1-{MARKET_ID_MAX} printable characters")
-    vals = []
-    for name in ("price", "volume"):
-        text = row[idx[name]].strip()
         try:
-            v = float(text)
+            x = float(s)
         except ValueError:
-            raise ValueError(f"{name} {text!r} is not a number") from None
-        if not math.isfinite(v):
-            raise ValueError(f"{name} {text!r} is not finite")
-        vals.append(v)
-    price, volume = vals
-    if price <= 0:
-        raise ValueError(f"price {price} is not > 0")
-    if volume < 0:
-        raise ValueError(f"volume {volume} is negative")
+            try:
+                ms = _datetime_ms(datetime.fromisoformat(s))
+            except (ValueError, OverflowError):
+                raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
+            iso = True
+        else:
+            if not math.isfinite(x):
+                raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
+            if not x.is_integer():
+                raise ValueError(f"{name} {s!r} is not a whole number of ms since epoch") from None
+            ms = int(x)
+    if ms < 0:
+        raise ValueError(f"{name} {s!r} is before 1970-01-01" + ("" if iso else " (negative ms since epoch)"))
+    if ms >= TS_MAX_MS:
+        if iso:
+            raise ValueError(f"{name} {s!r} is not before 2100-01-01")
+        raise ValueError(f"{name} {s!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01)")
+    return ms
+
+
+def _iso_time(text: str, cols: _Columns) -> int:
+    """The fast path for a column of ISO 8601 times; anything else goes to ``_time_any``."""
+    s = text.strip()
+    if not s.isdigit():  # an integer is ms, even in a column of dates
+        try:
+            dt = datetime.fromisoformat(s)
+        except ValueError:
+            pass
+        else:
+            ms = (dt - _EPOCH_NAIVE) // _ONE_MS if dt.tzinfo is None else (dt - _EPOCH) // _ONE_MS
+            if 0 <= ms < TS_MAX_MS:
+                return ms
+    return _time_any(text, cols.time_name)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
+    """One data row as (ms, market, price, volume); ValueError with the reason (column named as in the header)."""
+    if len(row) != cols.fields:
+        raise ValueError(f"expected {cols.fields} fields, got {len(row)}")
+    text = row[cols.time]
+    iso = cols.iso
+    if iso is None and text.strip():  # the first time value decides the fast path of the file
+        iso = cols.iso = not _is_number(text)
+    if iso:
+        ts = _iso_time(text, cols)
+    else:
+        try:
+            ts = int(text)
+        except ValueError:
+            ts = _time_any(text, cols.time_name)
+        else:
+            if not 0 <= ts < TS_MAX_MS:
+                ts = _time_any(text, cols.time_name)
+    if cols.market is None:
+        market = cols.default_market
+    else:
+        raw = row[cols.market]
+        known = cols.known_markets.get(raw)
+        if known is None:
+            market = raw.strip()
+            if not 1 <= len(market) <= MARKET_ID_MAX or not all(" " <= ch <= "~" for ch in market):
+                raise ValueError(f"{cols.market_name} {market!r} is not 1-{MARKET_ID_MAX} printable characters")
+            cols.known_markets[raw] = market
+        else:
+            market = known
+    text = row[cols.price]
+    try:
+        price = float(text)
+    except ValueError:
+        raise ValueError(f"{cols.price_name} {text.strip()!r} is not a number") from None
+    if not 0.0 < price < _INF:
+        if not math.isfinite(price):
+            raise ValueError(f"{cols.price_name} {text.strip()!r} is not finite")
+        raise ValueError(f"{cols.price_name} {price} is not > 0")
+    if cols.volume is None:
+        return ts, market, price, 0.0
+    text = row[cols.volume]
+    try:
+        volume = float(text)
+    except ValueError:
+        raise ValueError(f"{cols.volume_name} {text.strip()!r} is not a number") from None
+    if not 0.0 <= volume < _INF:
+        if not math.isfinite(volume):
+            raise ValueError(f"{cols.volume_name} {text.strip()!r} is not finite")
+        raise ValueError(f"{cols.volume_name} {volume} is negative")
     return ts, market, price, volume
 
 
 def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickData:
-    """Read tick CSV files (in the given order) into per-market series.
+    """Read tick CSV files (in the given order) into per-market series (format in the module docstring).
 
     Raises:
-        DataError: a file has no valid header, no good rows, or too many bad rows
+        DataError: a file cannot be opened, is empty, has no time or price column, or
+            names a used column twice (``file:1: …``); no good rows; or too many bad rows
             (the report lists ``file:line: reason`` for each, the first 50 in the message).
     """
-    per_market: dict[str, list[tuple[int, float, float]]] = {}
-    last_ts: dict[str, int] = {}
+    code_of: dict[str, int] = {}  # market -> index into last_ts
+    last_ts: list[int] = []
+    ts_all: list[int] = []
+    price_all: list[float] = []
+    volume_all: list[float] = []
+    code_all: list[int] = []
     report: list[str] = []
+    notes: list[str] = []
     rows = bad = 0
     for path in paths:
         try:
-            fh = open(path, newline="", encoding="utf-8")  # noqa: SIM115 (closed by the with below)
+            # bytes that are not UTF-8 become lone surrogates, so a bad byte costs its own row only
+            fh = open(path, newline="", encoding="utf-8-sig", errors="surrogateescape")  # noqa: SIM115 (closed below)
         except OSError as exc:
             raise DataError(f"{path}: cannot open: {exc.strerror}", [f"{path}: cannot open"]) from None
         with fh:
@@ -127,52 +329,75 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             try:
                 header = next(reader)
             except StopIteration:
-                raise DataError(f"{path}: empty file (a header {','.join(COLUMNS)} is required)", [f"{path}:1: empty file"]) from None
-            except (csv.Error, UnicodeDecodeError) as exc:
+                raise DataError(f"{path}: empty file (a header naming at least a time and a price column is required)",
+                                [f"{path}:1: empty file"]) from None
+            except csv.Error as exc:
                 raise DataError(f"{path}:1: unreadable header: {exc}", [f"{path}:1: unreadable header"]) from None
-            names = [h.strip().lower() for h in header]
-            if sorted(names) != sorted(COLUMNS):
-                msg = f"{path}:1: header must name the columns {','.join(COLUMNS)}, got {','.join(names)}"
-                raise DataError(msg, [msg])
-            idx = {n: names.index(n) for n in COLUMNS}
-            line = 1
+            bad_bytes = _not_utf8(header)
+            if bad_bytes:
+                raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
+                                [f"{path}:1: unreadable header"])
+            cols = _columns(path, header, notes)
+            seconds_noted = False
             while True:
                 try:
-                    row = next(reader)
-                except StopIteration:
+                    for row in reader:
+                        if not row:
+                            continue
+                        rows += 1
+                        try:
+                            ts, market, price, volume = _parse_row(row, cols)
+                            code = code_of.get(market)
+                            if code is None:
+                                code = code_of[market] = len(last_ts)
+                                last_ts.append(ts)
+                            else:
+                                prev = last_ts[code]
+                                if ts < prev:
+                                    raise ValueError(f"time goes backwards for market {market!r} ({ts} < {prev})")
+                                last_ts[code] = ts
+                        except ValueError as exc:
+                            if all(not c.strip() for c in row):  # a blank line (of separators only)
+                                rows -= 1
+                                continue
+                            bad += 1
+                            bad_bytes = _not_utf8(cols.used_fields(row))
+                            reason = f"unreadable row: {bad_bytes}" if bad_bytes else str(exc)
+                            report.append(f"{path}:{reader.line_num}: {reason}")
+                            continue
+                        ts_all.append(ts)
+                        price_all.append(price)
+                        volume_all.append(volume)
+                        code_all.append(code)
+                        if ts < SECONDS_HINT_MS and not seconds_noted and not cols.iso:
+                            seconds_noted = True
+                            day = datetime.fromtimestamp(ts / 1000, UTC).date()
+                            notes.append(f"{path}:{reader.line_num}: {cols.time_name} {ts} read as ms since epoch is"
+                                         f" {day}; if the file's times are seconds, multiply them by 1000")
                     break
-                except (csv.Error, UnicodeDecodeError) as exc:
-                    line += 1
+                except csv.Error as exc:  # e.g. a field over the csv module's size limit
                     rows += 1
                     bad += 1
-                    report.append(f"{path}:{line}: unreadable row: {exc}")
-                    continue
-                line = reader.line_num
-                if not row or all(not c.strip() for c in row):
-                    continue
-                rows += 1
-                try:
-                    ts, market, price, volume = _parse_row(row, idx)
-                    prev = last_ts.get(market)
-                    if prev is not None and ts < prev:
-                        raise ValueError(f"time goes backwards for market {market!r} ({ts} < {prev})")
-                except ValueError as exc:
-                    bad += 1
-                    report.append(f"{path}:{line}: {exc}")
-                    continue
-                last_ts[market] = ts
-                per_market.setdefault(market, []).append((ts, price, volume))
-    if rows == 0 or not per_market:
+                    report.append(f"{path}:{reader.line_num}: unreadable row: {exc}")
+    if rows == 0 or not code_of:
         raise DataError("no valid tick rows in " + ", ".join(str(p) for p in paths), report[:MAX_REPORTED])
     if bad > max_bad_fraction * rows:
         shown = "\n".join(report[:MAX_REPORTED])
         more = f"\n… and {len(report) - MAX_REPORTED} more" if len(report) > MAX_REPORTED else ""
         raise DataError(f"{bad} of {rows} rows are bad ({bad / rows:.2%} > max_bad_row_fraction {max_bad_fraction:.2%}):\n{shown}{more}", report)
+    codes = np.array(code_all, dtype=np.int64)
+    ts_arr = np.array(ts_all, dtype=np.float64)
+    price_arr = np.array(price_all, dtype=np.float64)
+    volume_arr = np.array(volume_all, dtype=np.float64)
+    del ts_all, price_all, volume_all, code_all
+    order = np.argsort(codes, kind="stable")  # file order within each market
+    ends = np.cumsum(np.bincount(codes, minlength=len(last_ts)))
     markets = []
-    for market in sorted(per_market):
-        arr = np.array(per_market[market], dtype=np.float64)
-        markets.append(MarketSeries(market, arr[:, 0], arr[:, 1], arr[:, 2]))
-    return TickData(markets, rows, bad, report)
+    for market in sorted(code_of):
+        c = code_of[market]
+        sel = order[(ends[c - 1] if c else 0):ends[c]]
+        markets.append(MarketSeries(market, ts_arr[sel], price_arr[sel], volume_arr[sel]))
+    return TickData(markets, rows, bad, report, notes)
 
 
 def horizon_labels(price: np.ndarray, horizon: int, flat_band: float) -> np.ndarray:
