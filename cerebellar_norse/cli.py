@@ -56,7 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
     tr.add_argument("--epochs", type=int, help="epochs (default training.epochs)")
     tr.add_argument("--activate", action="store_true", help="make the new model the active one")
+    tr.add_argument("--from-scratch", action="store_true", help="start from the config's seed instead of the active model")
     tr.add_argument("--json", action="store_true", help="print one JSON object")
+
+    ev = sub.add_parser("evaluate", help="score a model on CSV ticks in time order against baselines")
+    ev.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
+    ev.add_argument("--model", metavar="VERSION", help="stored model version (default: the active model)")
+    ev.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with plots")
+    ev.add_argument("--cost-bp", type=float, default=0.0, help="cost per trade in basis points for the P&L (default 0)")
+    ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the 95%% intervals (default 1000)")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
 
     md = sub.add_parser("make-data", help="write synthetic ticks with a learnable structure as CSV")
     md.add_argument("--output", required=True, help="CSV file to write")
@@ -166,7 +175,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.epochs is not None and args.epochs < 1:
         _err("--epochs must be at least 1")
         return EXIT_USAGE
-    return cmd_train(_load(args), args.files, args.epochs, args.activate, args.json)
+    return cmd_train(_load(args), args.files, args.epochs, args.activate, args.json, args.from_scratch)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from .training.commands import cmd_evaluate
+
+    if args.cost_bp < 0 or not 0 <= args.bootstrap <= 100_000:
+        _err("--cost-bp must be >= 0 and --bootstrap between 0 and 100000")
+        return EXIT_USAGE
+    return cmd_evaluate(_load(args), args.files, args.model, args.report, args.cost_bp, args.bootstrap, args.json)
 
 
 def _cmd_make_data(args: argparse.Namespace) -> int:
@@ -224,7 +242,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.validate_model:
         return _cmd_validate_model
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "make-data": _cmd_make_data,
+        "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "evaluate": _cmd_evaluate, "make-data": _cmd_make_data,
         "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle}
     if args.command in commands:
         return commands[args.command]

@@ -87,12 +87,13 @@ class NeuralConfig(_Section):
     seed: int = Field(42, ge=0, le=2**63 - 1, description="Seed fixing topology and initial weights.")
     horizon_ticks: int = Field(10, ge=1, le=100_000, description="Prediction horizon (ticks ahead of the same market) of the down/flat/up classes.")
     horizon_ms: int | None = Field(None, ge=1, le=10 * 365 * 86_400_000, description="When set, the horizon is this much market time (ms) instead of horizon_ticks: a tick is judged at the first tick of its market at least horizon_ms later.")
-    warmup_ticks: int = Field(300, ge=0, le=10_000_000, description="Ticks a market must have seen before its results stop carrying warming_up (the state has then forgotten where it started).")
+    warmup_ticks: int = Field(400, ge=0, le=10_000_000, description="Ticks a market must have seen before its results stop carrying warming_up (the state has then forgotten where it started).")
     target_sparsity: float = Field(0.05, gt=0, lt=1, description="Target fraction of granule cells spiking per step (Golgi inhibition).")
     golgi_rate: float = Field(2.0, ge=0, le=1000, description="Gain of the Golgi homeostatic inhibition (current per unit activity error per step).")
+    golgi_leak: float = Field(0.05, ge=0, lt=1, description="Fraction of the Golgi inhibition that decays each step; above 0 the network forgets its starting state (0 = a pure integrator that never does).")
     mossy_gain: float = Field(1.0, gt=0, le=1000, description="Peak mossy-fibre current (per step, dimensionless).")
     feature_clip: float = Field(4.0, gt=0, le=100, description="Z-scored features are clipped to +/- this (standard deviations).")
-    norm_window: int = Field(50, ge=2, le=10_000_000, description="Ticks of memory of the per-market running normaliser.")
+    norm_window: int = Field(12, ge=2, le=10_000_000, description="Ticks of memory of the per-market running normaliser.")
     readout_scale: float = Field(2.0, gt=0, le=1000, description="Multiplier from readout potential to class logits.")
     precision: Literal["float32", "float64"] = Field("float32", description="Floating point type of the network state and weights.")
     learning_rate: float = Field(5e-3, gt=0, le=1, description="Adam learning rate for gradient training.")
@@ -152,6 +153,8 @@ class TrainingConfig(_Section):
     online_learning: bool = Field(False, description="Climbing-fibre online adaptation while serving.")
     climbing_fibre_rate: float = Field(1e-4, ge=0, le=1, description="Step size of the climbing-fibre LTD/LTP rule.")
     bootstrap_on_first_run: bool = Field(True, description="Train a default model on generated data when the state dir has none.")
+    live_evaluation: bool = Field(True, description="Score every served prediction against its label once its horizon has passed (per market and overall, against the causal base rate); exported in /metrics and /neural/metrics.")
+    live_evaluation_window: int = Field(1000, ge=10, le=1_000_000, description="Judged ticks in the rolling window of live evaluation (per market and overall); each tracked market keeps about 21 bytes per window tick.")
 
 
 class ServerConfig(_Section):

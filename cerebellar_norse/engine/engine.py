@@ -47,6 +47,7 @@ from ..training.climbing_fibre import OnlineLearner
 from .persistence import STATE_FILE, load_pool, save_pool
 from .pool import StatePool
 from .recorder import TickRecorder
+from .selfeval import LiveScorer
 
 log = logging.getLogger("cerebellar_norse.engine")
 
@@ -112,6 +113,7 @@ class Engine:
         self.delay_s = perf.max_batch_delay_us / 1e6
         self.queue_size = perf.queue_size
         self.learner = self._make_learner()
+        self.scorer = LiveScorer.from_config(cfg, self.pool.capacity) if cfg.training.live_evaluation else None
         self.recorder: TickRecorder | None = None
         self._scratch = False  # stepping warm-up ticks: not learned from, not recorded
         self.stats = EngineStats()
@@ -252,6 +254,8 @@ class Engine:
         self._last_gc = now
         if self.learner is not None:
             self.learner.retain(set(self.pool.table.markets()))
+        if self.scorer is not None:  # markets evicted from the pool are no longer scored
+            self.scorer.retain(self.pool.table)
         threshold = self.cfg.performance.garbage_collection_threshold
         keep = int(threshold * self.pool.capacity)
         if self.pool.used <= keep:
@@ -319,6 +323,8 @@ class Engine:
         if not self._scratch:  # warm-up ticks are neither learned from nor recorded
             if self.learner is not None:
                 self._learn(ticks, probs)
+            if self.scorer is not None:
+                self.scorer.observe_batch(ticks, probs)
             self._record(ticks)
         out = result_dicts(ticks, probs, spikes, elapsed, self._buf.seen[:b], self.cfg.neural.warmup_ticks)
         version = self.model_version

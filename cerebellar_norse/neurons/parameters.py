@@ -26,6 +26,7 @@ POPULATIONS = ("granule", "purkinje", "dcn", "readout")
 # Layout of the coefficient array of the fused kernel (one float per entry).
 # For population k (0 granule, 1 purkinje, 2 dcn, 3 readout), at 5*k:
 #   +0 c_mem = dt * tau_mem_inv, +1 nc_syn = -dt * tau_syn_inv, +2 v_leak, +3 v_th, +4 v_reset
+C_GOLGI_DECAY = 18
 C_GOLGI_RATE = 20
 C_TARGET = 21
 C_N_GRANULE = 22
@@ -58,6 +59,7 @@ class NetworkParameters(NamedTuple):
         granule, purkinje, dcn: Norse LIF parameters (inverse time constants in 1/s).
         readout: Norse leaky-integrator parameters of the class readout (1/s).
         golgi_rate: Golgi homeostatic gain (current per unit activity error, per step).
+        golgi_decay: fraction of the Golgi inhibition kept per step (1 - ``golgi_leak``).
         target_sparsity: target fraction of granule cells spiking per step.
         readout_scale: readout potential -> logit multiplier.
     """
@@ -70,6 +72,7 @@ class NetworkParameters(NamedTuple):
     dcn: LIFParameters
     readout: LIParameters
     golgi_rate: float
+    golgi_decay: float
     target_sparsity: float
     readout_scale: float
     dtype: torch.dtype
@@ -121,6 +124,7 @@ def network_parameters(cfg: Config) -> NetworkParameters:
         dcn=_lif(n.dcn, dt),
         readout=_li(n.readout, dt),
         golgi_rate=n.golgi_rate,
+        golgi_decay=1.0 - n.golgi_leak,
         target_sparsity=n.target_sparsity,
         readout_scale=n.readout_scale,
         dtype=dt,
@@ -141,6 +145,7 @@ def kernel_coefficients(p: NetworkParameters) -> np.ndarray:
     coef[15] = (p.dt * p.readout.tau_mem_inv).item()
     coef[16] = (-p.dt * p.readout.tau_syn_inv).item()
     coef[17] = float(p.readout.v_leak)
+    coef[C_GOLGI_DECAY] = p.golgi_decay
     coef[C_GOLGI_RATE] = p.golgi_rate
     coef[C_TARGET] = p.target_sparsity
     coef[C_N_GRANULE] = p.shape.granule

@@ -179,8 +179,49 @@ def engine_families(engine: Any, device: str, cuda_memory: Callable[[], tuple[in
         info = GaugeMetricFamily("cerebellar_norse_model_info", "Active model (value 1).", labels=["model_version", "device"])
         info.add_metric([engine.model_version, device], 1.0)
         yield info
+        scorer = getattr(engine, "scorer", None)
+        if scorer is not None:
+            yield from live_evaluation_families(scorer)
 
     return collect
+
+
+LIVE_GAUGES = (  # (name, HELP, side, figure) of the rolling-window figures of all markets together
+    ("cerebellar_norse_live_directional_accuracy_ratio",
+     "Live directional accuracy of the served signal over the rolling window (ticks labelled up or down; a tie counts 0.5).",
+     "model", "directional_accuracy"),
+    ("cerebellar_norse_live_base_rate_directional_accuracy_ratio",
+     "Directional accuracy of the causal base rate (always the more frequent of up/down so far) over the same window.",
+     "base_rate", "directional_accuracy"),
+    ("cerebellar_norse_live_direction_log_loss",
+     "Live direction log loss (binary, nats) of P(up)/(P(up)+P(down)) over the rolling window's up/down ticks.",
+     "model", "direction_log_loss"),
+    ("cerebellar_norse_live_base_rate_direction_log_loss",
+     "Direction log loss (binary, nats) of the causal base rate over the same window.",
+     "base_rate", "direction_log_loss"),
+    ("cerebellar_norse_live_log_loss", "Live 3-class log loss (nats) of the served probabilities over the rolling window.",
+     "model", "log_loss"),
+    ("cerebellar_norse_live_base_rate_log_loss", "3-class log loss (nats) of the causal base rate over the same window.",
+     "base_rate", "log_loss"),
+)
+
+
+def live_evaluation_families(scorer: Any) -> Iterable[Metric]:
+    """Live self-evaluation of all markets together (per market only in /neural/metrics: label cardinality).
+
+    A gauge without a defined value (empty window) has no sample rather than NaN.
+    """
+    window, total = scorer.overall()
+    for name, doc, side, figure in LIVE_GAUGES:
+        fam = GaugeMetricFamily(name, doc)
+        value = window[side][figure]
+        if value is not None:
+            fam.add_metric([], value)
+        yield fam
+    yield GaugeMetricFamily("cerebellar_norse_live_window_ticks", "Judged ticks in the live evaluation's rolling window.",
+                            value=window["judged"])
+    yield CounterMetricFamily("cerebellar_norse_live_judged_ticks", "Served predictions judged after their horizon (all markets).",
+                              value=total["judged"])
 
 
 def finite_or_nan(x: float) -> float:

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InputError
 from ..neurons.topology import generate_weights
-from .checkpoints import MANIFEST, ModelStore, load_model_dir, verify_tree, weights_to_bytes
+from .checkpoints import MANIFEST, ModelStore, load_model_dir, shape_mismatch, verify_tree, weights_to_bytes
 
 LAYERS = {
     "mossy_granule": "mg_w",
@@ -53,26 +53,92 @@ def _progress_printer(enabled: bool) -> Any:
     return show
 
 
-def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool, as_json: bool) -> int:
-    """``cerebellar-norse train``: train offline on CSV files and store the model."""
+def _resolve(cfg: Config, files: list[str]) -> list[Path]:
     from .data import resolve_data_file
-    from .jobs import run_training
 
     paths = []
     for f in files:
         p = Path(f)
         paths.append(p.resolve() if p.is_absolute() or p.exists() else resolve_data_file(Path(cfg.paths.data_dir), f))
-    res = run_training(cfg, paths, epochs, _progress_printer(sys.stderr.isatty() and not as_json), None)
+    return paths
+
+
+def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool, as_json: bool,
+              from_scratch: bool = False) -> int:
+    """``cerebellar-norse train``: train offline on CSV files, score the test split, store the model."""
+    from .jobs import run_training
+    from .report import format_summary
+
+    res = run_training(cfg, _resolve(cfg, files), epochs, _progress_printer(sys.stderr.isatty() and not as_json), None,
+                       from_scratch=from_scratch)
     if activate:
         ModelStore(Path(cfg.paths.state_dir)).set_active(res["model_version"])
     res["activated"] = activate
+    for w in res["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
     if as_json:
         print(json.dumps(res, default=float))
+        return 0
+    v = res["validation"]
+    print(f"model {res['model_version']} stored in {Path(cfg.paths.state_dir) / 'models'}{' and activated' if activate else ''}")
+    print(f"trained {res['started']}; edge on validation: {res['edge']}"
+          + (" (no edge found: the model serves the base rates)" if res["edge"] == "none" else ""))
+    print(f"validation (chose the epoch and the calibration): loss {v['loss']:.4f}, accuracy {v['accuracy']:.3f}, "
+          f"directional accuracy {v['directional_accuracy']:.3f}")
+    test = res.get("test") or {}
+    if test.get("samples"):
+        print("\ntest split (unseen, used for nothing):")
+        print(format_summary(test))
+    return 0
+
+
+def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,
+                 as_json: bool) -> int:
+    """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
+    from ..storage import atomic_write_bytes
+    from .data import load_csv_files
+    from .report import format_summary, render_html
+    from .scoring import summarise
+    from .trainer import prepare_for_scoring
+
+    store = ModelStore(Path(cfg.paths.state_dir))
+    version = version or store.active_version()
+    if version is None:
+        raise InputError(f"no active model in {store.root}: name one with --model (see GET /models)", "--model")
+    if version not in store.versions():
+        raise InputError(f"no model {version!r} in {store.root}", "--model")
+    model = store.load(version)
+    bad = shape_mismatch(model.neural, cfg.neural)
+    if bad:
+        raise InputError(f"model {version} does not fit this config ({', '.join(bad)} differ)", "--model")
+    data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction)
+    for note in data.notes:
+        print(f"note: {note}", file=sys.stderr)
+    prep = prepare_for_scoring(cfg, data)
+    counts = model.metrics.get("data", {}).get("train_class_counts")
+    base_source = "the model's training data"
+    if not (isinstance(counts, list) and len(counts) == 3):
+        counts = np.bincount(prep.rows(2)[1], minlength=3).tolist()
+        base_source = "the evaluated data (the model has no recorded training counts)"
+    base = (np.asarray(counts, dtype=np.float64) + 1.0) / (float(np.sum(counts)) + 3.0)
+    summary, cumulative = summarise(cfg, model.weights, prep, 2, base, logistic="crossfit", cost_bp=cost_bp,
+                                    bootstrap=bootstrap)
+    if not summary.get("samples"):
+        raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
+                         "ticks plus one horizon", "files")
+    summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
+                    "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files]})
+    if report:
+        html = render_html(summary, cumulative, model.metrics.get("history"), title=f"cerebellar-norse evaluation of {version}")
+        atomic_write_bytes(Path(report), html.encode("utf-8"))
+    if as_json:
+        print(json.dumps(summary, allow_nan=False))
     else:
-        v = res["validation"]
-        print(f"model {res['model_version']} stored in {Path(cfg.paths.state_dir) / 'models'}{' and activated' if activate else ''}")
-        print(f"held-out: loss {v['loss']:.4f}, accuracy {v['accuracy']:.3f} vs majority baseline {v['majority_baseline_accuracy']:.3f}, "
-              f"directional accuracy {v['directional_accuracy']:.3f} vs {v['directional_baseline_accuracy']:.3f}")
+        print(f"model {version} on {summary['samples']} ticks ({summary['labels']}; first {cfg.neural.warmup_ticks} "
+              f"ticks of each market excluded; base rates from {base_source})")
+        print(format_summary(summary))
+        if report:
+            print(f"report written to {report}")
     return 0
 
 

@@ -96,6 +96,8 @@ class JobStatus:
     validation: dict[str, Any] | None = None
     validation_history: list[dict[str, Any]] = field(default_factory=list)
     active_model_validation: dict[str, Any] | None = None
+    edge: str | None = None
+    test: dict[str, Any] | None = None
     ticks_per_second: float | None = None
     eta_s: float | None = None
     model_version: str | None = None
@@ -113,6 +115,16 @@ class JobStatus:
         d["loss"] = _finite(d["loss"])
         d["loss_history"] = [_finite(x) for x in d["loss_history"]]
         return d
+
+
+def compact_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of an evaluation summary (model and baselines), for job status."""
+    keys = ("accuracy", "directional_accuracy", "log_loss", "direction_log_loss", "brier", "ece", "direction_ece", "recall")
+    out: dict[str, Any] = {k: summary.get(k) for k in ("samples", "labels", "class_counts") if k in summary}
+    if "model" in summary:
+        out["model"] = {k: summary["model"].get(k) for k in keys}
+        out["baselines"] = {name: {k: b.get(k) for k in keys if k != "recall"} for name, b in summary.get("baselines", {}).items()}
+    return out
 
 
 def _finite(x: Any) -> Any:
@@ -136,34 +148,62 @@ def limit_threads(n: int) -> None:
 
 
 def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: Any, should_stop: Any,
-                 time_budget_s: float | None = None) -> dict[str, Any]:
-    """Load, train, compare with the active model, save. Returns the job's result summary."""
+                 time_budget_s: float | None = None, from_scratch: bool = False) -> dict[str, Any]:
+    """Load, train, score on the test split, compare with the active model, save. Returns the job's summary.
+
+    Training starts from the *active* model's weights (``ACTIVE``), or from the
+    config's seed when there is none, it does not fit this config, or ``from_scratch``;
+    never from another stored model.
+    """
     from ..neurons.topology import generate_weights
-    from .checkpoints import ModelStore
+    from .checkpoints import ModelStore, shape_mismatch
     from .data import load_csv_files
+    from .scoring import summarise
     from .trainer import evaluate, prepare, train
 
     store = ModelStore(Path(cfg.paths.state_dir))
     data = load_csv_files(files, cfg.training.max_bad_row_fraction)
     prep = prepare(cfg, data)
-    for w in prep.warnings:
+    for w in [*data.notes, *prep.warnings]:
         progress({"warning": w})
-    active = store.load_for_service(cfg)
-    initial = active.weights if active is not None else generate_weights(cfg)
+    active = None
+    start_note = "from scratch (--from-scratch)" if from_scratch else "from scratch (no active model)"
+    active_version = store.active_version()
+    if active_version is not None:
+        try:
+            model = store.load(active_version)
+            if shape_mismatch(model.neural, cfg.neural):
+                start_note = f"from scratch (active model {active_version} does not fit this config)"
+            else:
+                active = model
+        except CerebellarNorseError as exc:
+            start_note = f"from scratch (active model {active_version} is unreadable: {exc})"
+    initial = active.weights if active is not None and not from_scratch else generate_weights(cfg)
+    if active is not None and not from_scratch:
+        start_note = f"from the active model {active.version}"
     active_val = evaluate(cfg, active.weights, prep) if active is not None else None
     result = train(cfg, prep, initial, epochs, progress, should_stop, time_budget_s=time_budget_s)
     if should_stop is not None and should_stop():  # cancelled during the last evaluation: write no model
         raise InterruptedError("training cancelled")
-    metrics = {"validation": result.validation, "history": result.history, "best_epoch": result.best_epoch,
-               "ticks_per_second": result.ticks_per_second, "stopped_early": result.stopped_early,
+    base_rates = (prep.train_counts + 1.0) / (prep.train_counts.sum() + 3.0)
+    test, _ = summarise(cfg, result.weights, prep, 2, base_rates, bootstrap=300) if prep.test_counts.sum() else ({"samples": 0}, {})
+    warnings = list(result.warnings)
+    if result.edge == "none":
+        warnings.append("no edge found: on validation the network does not beat the base rates, so the model serves "
+                        "the base rates (it is stored, not auto-activated)")
+    metrics = {"validation": result.validation, "test": test, "edge": result.edge, "history": result.history,
+               "best_epoch": result.best_epoch, "ticks_per_second": result.ticks_per_second,
+               "stopped_early": result.stopped_early, "started": start_note, "labels": prep.spec.to_dict(),
+               "base_rates": base_rates.tolist(),
                "data": {"files": [str(f) for f in files], "rows": data.rows, "bad_rows": data.bad_rows, "ticks": data.ticks,
-                        "markets": len(data.markets), "train_class_counts": prep.train_counts.tolist(),
-                        "validation_class_counts": prep.val_counts.tolist()},
-               "warnings": result.warnings, "parent_version": active.version if active is not None else None,
+                        "markets": len(data.markets), "notes": data.notes, "train_class_counts": prep.train_counts.tolist(),
+                        "validation_class_counts": prep.val_counts.tolist(), "test_class_counts": prep.test_counts.tolist()},
+               "warnings": warnings, "parent_version": active.version if active is not None else None,
                "parent_validation": active_val}
     version = store.save(result.weights, cfg, metrics)
-    return {"model_version": version, "validation": result.validation, "active_model_validation": active_val,
-            "active_version": active.version if active is not None else None, "warnings": result.warnings}
+    return {"model_version": version, "validation": result.validation, "test": test, "edge": result.edge,
+            "started": start_note, "active_model_validation": active_val,
+            "active_version": active.version if active is not None else None, "warnings": warnings}
 
 
 def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any) -> None:
@@ -215,7 +255,7 @@ class JobManager:
                 d = json.loads(p.read_text(encoding="utf-8"))
                 st = JobStatus(job_id=d["job_id"], state=d["state"], files=d.get("files", []))
                 for k in ("progress", "epoch", "epochs", "loss", "loss_history", "validation", "model_version", "activated",
-                          "warnings", "error", "report", "validation_history", "active_model_validation", "ticks_per_second"):
+                          "warnings", "error", "report", "validation_history", "active_model_validation", "ticks_per_second", "edge", "test"):
                     if k in d:
                         setattr(st, k, d[k])
                 if d.get("created"):
@@ -329,19 +369,24 @@ class JobManager:
         job.model_version = res["model_version"]
         job.validation = res["validation"]
         job.active_model_validation = res.get("active_model_validation")
+        job.edge = res.get("edge")
+        job.test = compact_summary(res.get("test") or {})
         job.progress = 1.0
         job.eta_s = 0.0
         new_loss = (res["validation"] or {}).get("loss")
         old = res.get("active_model_validation")
         old_loss = old.get("loss") if old else None
         better = old_loss is None or (new_loss is not None and new_loss < old_loss)
-        want = activate == "always" or (activate == "auto" and self.cfg.training.auto_activate and better)
+        edge = res.get("edge") == "direction"
+        want = activate == "always" or (activate == "auto" and self.cfg.training.auto_activate and better and edge)
         if want:
             try:
                 self._activate(job.model_version)
                 job.activated = True
             except CerebellarNorseError as exc:
                 job.warnings.append(f"model not activated: {exc}")
+        elif activate == "auto" and not edge:
+            job.warnings.append(f"model kept inactive: no directional edge found on validation (edge: {res.get('edge')})")
         elif activate == "auto":
             job.warnings.append(f"model kept inactive: validation loss {new_loss} does not beat the active model's {old_loss}")
         self._finish(job, "succeeded", None)

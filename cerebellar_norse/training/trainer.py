@@ -43,7 +43,9 @@ from ..neurons.parameters import encoder_parameters, network_parameters, numpy_d
 from ..neurons.reference import CerebellarReference
 from ..neurons.topology import Weights
 from ..ticks import Tick
-from .data import CLASS_NAMES, TickData, class_counts, class_warnings, horizon_labels
+from .calibration import apply_head, choose_head, cv_score, row_losses
+from .data import CLASS_NAMES, TickData, class_counts, class_warnings
+from .labels import LabelSpec, label_series, past_returns
 
 BURN_IN = 16
 
@@ -58,13 +60,24 @@ def _encode_series(price: np.ndarray, volume: np.ndarray, ts: np.ndarray, enc_pa
 
 @dataclass
 class PreparedMarket:
-    """One market ready for training: mossy currents, labels, and the split point."""
+    """One market ready for training and scoring (arrays of the market's length T).
+
+    ``labels`` are the training labels (-1 outside the training split, where the
+    horizon reaches past it, or without an end tick); ``truth`` the labels of every
+    tick; ``split`` 0 train, 1 validation, 2 test; ``scored`` marks validation and test
+    ticks that count (past the warm-up, horizon inside their split).
+    """
 
     market_id: str
     mossy: np.ndarray  # (T, M) network float type
-    labels: np.ndarray  # (T,) int64, -1 = no label
+    labels: np.ndarray  # (T,) int64
     n_train: int
     ticks: list[Tick]
+    truth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    split: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
+    scored: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    fwd_ret: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    past_ret: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 @dataclass
@@ -75,31 +88,61 @@ class Prepared:
     train_counts: np.ndarray
     val_counts: np.ndarray
     warnings: list[str] = field(default_factory=list)
+    test_counts: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.int64))
+    spec: LabelSpec = field(default_factory=LabelSpec)
+    block: int = 1  # ticks per horizon (median), for block statistics
+
+    def rows(self, split: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Per market, the scored tick indices of ``split`` (1 validation, 2 test), and their labels."""
+        idx = [np.nonzero(pm.scored & (pm.split == split))[0] for pm in self.markets]
+        labels = np.concatenate([pm.truth[i] for pm, i in zip(self.markets, idx, strict=True)]) if idx else np.zeros(0, np.int64)
+        return idx, labels
+
+
+def split_points(n: int, validation_fraction: float, test_fraction: float) -> tuple[int, int]:
+    """Ends of the training and validation parts of a series of ``n`` ticks (by time)."""
+    n_val_end = n - round(n * test_fraction)
+    n_train = round(n * (1.0 - validation_fraction - test_fraction))
+    return n_train, n_val_end
 
 
 def prepare(cfg: Config, data: TickData) -> Prepared:
     """Encode, label and split ``data`` for ``cfg`` (see the module docstring)."""
     n, t = cfg.neural, cfg.training
+    spec = LabelSpec.from_config(cfg)
     enc_par = encoder_parameters(n)
     dtype = numpy_dtype(n.precision)
     h = n.horizon_ticks
     out: list[PreparedMarket] = []
+    spans: list[np.ndarray] = []
     for m in data.markets:
         if len(m) < 2 * h + BURN_IN + 2:
             continue
         mossy = np.zeros((len(m), n.mossy_size), dtype=dtype)
         _encode_series(m.price, m.volume, m.timestamp, enc_par, mossy)
-        labels = horizon_labels(m.price, h, t.flat_band)
-        n_train = round(len(m) * (1.0 - t.validation_fraction))
-        labels_train_cut = labels.copy()
-        labels_train_cut[max(n_train - h, 0):n_train] = -1
+        lab = label_series(m.timestamp, m.price, spec)
+        n_train, n_val_end = split_points(len(m), t.validation_fraction, t.test_fraction)
+        idx = np.arange(len(m))
+        split = np.where(idx < n_train, 0, np.where(idx < n_val_end, 1, 2)).astype(np.int8)
+        split_end = np.where(split == 0, n_train, np.where(split == 1, n_val_end, len(m)))
+        inside = (lab.end >= 0) & (lab.end < split_end)  # the embargo: no label reaches into the next split
+        labels = np.where(inside & (split == 0), lab.labels, -1)
+        scored = inside & (split > 0) & (idx >= n.warmup_ticks)
         ticks = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp, strict=True)]
-        out.append(PreparedMarket(m.market_id, mossy, labels_train_cut, n_train, ticks))
+        out.append(PreparedMarket(m.market_id, mossy, labels, n_train, ticks, lab.labels, split, scored, lab.fwd_ret,
+                                  past_returns(m.price, lab.end)))
+        spans.append((lab.end - idx)[lab.end >= 0])
     if not out:
         raise DataError(f"no market has enough ticks (need more than {2 * h + BURN_IN + 2} per market)")
-    train_counts = class_counts([pm.labels[:pm.n_train] for pm in out])
-    val_counts = class_counts([pm.labels[pm.n_train:] for pm in out])
-    return Prepared(out, train_counts, val_counts, class_warnings(train_counts + val_counts))
+    prep = Prepared(out, class_counts([pm.labels for pm in out]), np.zeros(3, dtype=np.int64), [], spec=spec)
+    prep.val_counts = np.bincount(prep.rows(1)[1], minlength=3)
+    prep.test_counts = np.bincount(prep.rows(2)[1], minlength=3)
+    prep.block = max(1, int(np.median(np.concatenate(spans)))) if spans else 1
+    prep.warnings = class_warnings(prep.train_counts + prep.val_counts)
+    if prep.val_counts.sum() == 0:
+        raise DataError(f"no validation ticks past the warm-up of {n.warmup_ticks} ticks: the series are too short "
+                        "for this neural.warmup_ticks and training.validation_fraction")
+    return prep
 
 
 @dataclass
@@ -140,20 +183,51 @@ def make_lanes(prep: Prepared, n_lanes: int) -> Lanes:
     return Lanes(mossy, labels)
 
 
-def evaluate(cfg: Config, weights: Weights, prep: Prepared) -> dict[str, Any]:
-    """Held-out metrics of ``weights`` (fused kernel over each market's full series)."""
-    probs_all: list[np.ndarray] = []
-    labels_all: list[np.ndarray] = []
-    net = CerebellarNetwork(cfg, backend="fused", weights=weights, max_markets=max(len(prep.markets), 1))
+def network_logp(cfg: Config, weights: Weights, prep: Prepared) -> list[np.ndarray]:
+    """Per market, the log-probabilities (T, 3) of the network without its head, cold start, fused kernel."""
+    raw = weights.with_head(np.ones(3), np.zeros(3))
+    net = CerebellarNetwork(cfg, backend="fused", weights=raw, max_markets=max(len(prep.markets), 1))
+    out = []
     for pm in prep.markets:
         res = net.process_ticks(pm.ticks)
-        p = np.array([[r["probabilities"][c] for c in CLASS_NAMES] for r in res[pm.n_train:]])
-        lab = pm.labels[pm.n_train:]
-        keep = lab >= 0
-        probs_all.append(p[keep])
-        labels_all.append(lab[keep])
-    probs = np.concatenate(probs_all) if probs_all else np.zeros((0, 3))
-    labels = np.concatenate(labels_all) if labels_all else np.zeros(0, dtype=np.int64)
+        out.append(np.log(np.clip(np.array([[r["probabilities"][c] for c in CLASS_NAMES] for r in res]), 1e-300, 1.0)))
+    return out
+
+
+def prepare_for_scoring(cfg: Config, data: TickData) -> Prepared:
+    """Every tick of ``data`` as the scored split 2 (past the warm-up, with an end tick); no training part."""
+    spec = LabelSpec.from_config(cfg)
+    enc_par = encoder_parameters(cfg.neural)
+    dtype = numpy_dtype(cfg.neural.precision)
+    out: list[PreparedMarket] = []
+    spans: list[np.ndarray] = []
+    for m in data.markets:
+        mossy = np.zeros((len(m), cfg.neural.mossy_size), dtype=dtype)
+        _encode_series(m.price, m.volume, m.timestamp, enc_par, mossy)
+        lab = label_series(m.timestamp, m.price, spec)
+        idx = np.arange(len(m))
+        ticks = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp, strict=True)]
+        out.append(PreparedMarket(m.market_id, mossy, np.full(len(m), -1, dtype=np.int64), 0, ticks, lab.labels,
+                                  np.full(len(m), 2, dtype=np.int8), (lab.end >= 0) & (idx >= cfg.neural.warmup_ticks),
+                                  lab.fwd_ret, past_returns(m.price, lab.end)))
+        spans.append((lab.end - idx)[lab.end >= 0])
+    prep = Prepared(out, np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64), [], spec=spec)
+    prep.test_counts = np.bincount(prep.rows(2)[1], minlength=3)
+    both = np.concatenate(spans) if spans else np.zeros(0)
+    prep.block = max(1, int(np.median(both))) if both.size else 1
+    return prep
+
+
+def _gather(arrays: list[np.ndarray], idx: list[np.ndarray]) -> np.ndarray:
+    parts = [a[i] for a, i in zip(arrays, idx, strict=True)]
+    return np.concatenate(parts) if parts else np.zeros((0,))
+
+
+def evaluate(cfg: Config, weights: Weights, prep: Prepared, split: int = 1) -> dict[str, Any]:
+    """Metrics of ``weights`` as served (with its head) on the scored ticks of ``split`` (1 validation, 2 test)."""
+    logp = network_logp(cfg, weights, prep)
+    idx, labels = prep.rows(split)
+    probs = apply_head(_gather(logp, idx).reshape(-1, 3), weights.head_gain, weights.head_bias)
     return classification_metrics(probs, labels, int(np.argmax(prep.train_counts)))
 
 
@@ -162,21 +236,34 @@ def classification_metrics(probs: np.ndarray, labels: np.ndarray, majority_class
     n = labels.shape[0]
     if n == 0:
         return {"samples": 0}
-    eps = 1e-12
-    loss = float(-np.mean(np.log(np.clip(probs[np.arange(n), labels], eps, 1.0))))
+    ll, dl = row_losses(probs, labels)
     pred = probs.argmax(axis=1)
     acc = float(np.mean(pred == labels))
     moving = labels != 1
     signal = probs[:, 2] - probs[:, 0]
     direction = np.where(labels == 2, 1.0, -1.0)
-    dir_acc = float(np.mean(np.sign(signal[moving]) == direction[moving])) if moving.any() else math.nan
+    hits = np.where(signal[moving] == 0.0, 0.5, (np.sign(signal[moving]) == direction[moving]).astype(float))
+    dir_acc = float(np.mean(hits)) if moving.any() else math.nan
     recall = {CLASS_NAMES[c]: (float(np.mean(pred[labels == c] == c)) if (labels == c).any() else None) for c in range(3)}
     baseline = float(np.mean(labels == majority_class))
     counts = np.bincount(labels, minlength=3)
-    return {"samples": int(n), "loss": loss, "accuracy": acc, "directional_accuracy": dir_acc, "recall": recall,
+    return {"samples": int(n), "loss": float(ll.mean()), "direction_log_loss": float(np.nanmean(dl)) if moving.any() else None,
+            "accuracy": acc, "directional_accuracy": dir_acc, "recall": recall,
             "majority_class": CLASS_NAMES[majority_class], "majority_baseline_accuracy": baseline,
             "directional_baseline_accuracy": float(max(counts[0], counts[2]) / max(counts[0] + counts[2], 1)),
             "class_counts": {CLASS_NAMES[c]: int(counts[c]) for c in range(3)}}
+
+
+def validate_epoch(cfg: Config, weights: Weights, prep: Prepared) -> tuple[Weights, dict[str, Any], float]:
+    """Choose the head on the validation split (cross-validated); the served weights, metrics and score."""
+    logp = network_logp(cfg, weights, prep)
+    idx, labels = prep.rows(1)
+    lv = _gather(logp, idx).reshape(-1, 3)
+    choice = choose_head(lv, labels, prep.train_counts, prep.block)
+    served = weights.with_head(choice.head.gain, choice.head.bias)
+    val = classification_metrics(apply_head(lv, served.head_gain, served.head_bias), labels, int(np.argmax(prep.train_counts)))
+    val.update({"edge": choice.edge, "head": choice.head.kind, "cv": choice.cv})
+    return served, val, cv_score(choice)
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -193,6 +280,11 @@ class TrainResult:
     ticks_per_second: float
     stopped_early: bool
     warnings: list[str]
+
+    @property
+    def edge(self) -> str:
+        """``direction``, ``flat`` or ``none`` (no edge found on validation)."""
+        return str(self.validation.get("edge", "none"))
 
 
 def train(cfg: Config, prep: Prepared, initial: Weights, epochs: int | None = None, progress: ProgressFn | None = None,
@@ -214,6 +306,9 @@ def train(cfg: Config, prep: Prepared, initial: Weights, epochs: int | None = No
     n_epochs = epochs or t.epochs
     history: list[dict[str, Any]] = []
     best: tuple[float, int, Weights, dict[str, Any]] = (math.inf, 0, initial, {})
+    prior = torch.nn.Parameter(torch.as_tensor(np.log((prep.train_counts + 1.0) / (prep.train_counts.sum() + 3.0)),
+                                               dtype=params.dtype))
+    opt.add_param_group({"params": [prior]})
     ticks_done = 0
     t_start = time.perf_counter()
     bad_epochs = 0
@@ -231,23 +326,23 @@ def train(cfg: Config, prep: Prepared, initial: Weights, epochs: int | None = No
             if should_stop is not None and should_stop():
                 raise InterruptedError("training cancelled")
             window = slice(step * seq, (step + 1) * seq)
-            loss, state = _step(model, opt, lanes.mossy[:, window], lanes.labels[:, window], state, t.gradient_checkpointing)
+            loss, state = _step(model, opt, lanes.mossy[:, window], lanes.labels[:, window], state, t.gradient_checkpointing,
+                                prior)
             if not math.isnan(loss):
                 losses.append(loss)
             ticks_done += lanes.mossy.shape[0] * lanes.mossy[:, window].shape[1]
             if progress is not None:
                 progress({"epoch": epoch, "epochs": n_epochs, "step": step + 1, "steps": steps_per_epoch, "loss": loss,
                           "ticks_per_second": ticks_done / (time.perf_counter() - t_start)})
-        weights = model.export_weights()
-        val = evaluate(cfg, weights, prep)
-        entry = {"epoch": epoch, "train_loss": float(np.mean(losses)), "validation": val}
+        weights, val, score = validate_epoch(cfg, model.export_weights(), prep)
+        entry = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else None, "validation": val, "score": score}
         history.append(entry)
         if progress is not None:
             progress({"epoch": epoch, "epochs": n_epochs, "step": steps_per_epoch, "steps": steps_per_epoch,
                       "loss": entry["train_loss"], "validation": val, "epoch_done": True,
                       "ticks_per_second": ticks_done / (time.perf_counter() - t_start)})
-        if val.get("loss", math.inf) < best[0]:
-            best = (val["loss"], epoch, weights, val)
+        if score < best[0]:
+            best = (score, epoch, weights, val)
             bad_epochs = 0
         else:
             bad_epochs += 1
@@ -259,8 +354,12 @@ def train(cfg: Config, prep: Prepared, initial: Weights, epochs: int | None = No
 
 
 def _step(model: CerebellarReference, opt: torch.optim.Optimizer, mossy_np: np.ndarray, labels_np: np.ndarray,
-          state: Any, use_checkpointing: bool) -> tuple[float, Any]:
-    """One truncated-BPTT window: forward from ``state`` (detached), backward, Adam step."""
+          state: Any, use_checkpointing: bool, prior: torch.Tensor) -> tuple[float, Any]:
+    """One truncated-BPTT window: forward from ``state`` (detached), backward, Adam step.
+
+    ``prior`` (K,) is a trainable logit bias (the class priors), so the network's
+    weights learn the signal rather than the base rates.
+    """
     mossy = torch.from_numpy(np.ascontiguousarray(mossy_np))  # (L, W, M)
     labels = torch.from_numpy(np.ascontiguousarray(labels_np))  # (L, W)
     state = _detach(state)
@@ -273,7 +372,7 @@ def _step(model: CerebellarReference, opt: torch.optim.Optimizer, mossy_np: np.n
         else:
             out, state = model(mossy[:, i], state, weights)
         logits_all.append(out.logits)
-    logits = torch.stack(logits_all, dim=1).reshape(-1, 3)
+    logits = torch.stack(logits_all, dim=1).reshape(-1, 3) + prior
     target = labels.reshape(-1)
     keep = target >= 0
     if not bool(keep.any()):

@@ -137,7 +137,7 @@ class GoldenMarket:
         v_out = self.out.v
         for _ in range(self.n.steps_per_tick):
             z_gr = self.gr.step(mf_gr - self.golgi)
-            self.golgi = max(0.0, self.golgi + self.n.golgi_rate * (z_gr.mean() - self.n.target_sparsity))
+            self.golgi = max(0.0, self.golgi * (1.0 - self.n.golgi_leak) + self.n.golgi_rate * (z_gr.mean() - self.n.target_sparsity))
             z_pc = self.pc.step(z_gr @ self.w_pf + self.pc_bias)
             z_dcn = self.dcn.step(drive - self.w_pd @ z_pc)
             v_out = self.out.step(self.w_out @ z_dcn)

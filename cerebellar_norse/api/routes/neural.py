@@ -83,7 +83,7 @@ async def process_batch(batch: BatchIn, request: Request) -> dict[str, Any]:
 
 @router.get("/metrics")
 async def neural_metrics(request: Request) -> dict[str, Any]:
-    """Spike counts per population, granule sparsity and live markets."""
+    """Spike counts per population, granule sparsity, live markets and the live evaluation (None when disabled)."""
     svc = service(request)
     eng = svc.engine
     st = eng.stats
@@ -101,6 +101,7 @@ async def neural_metrics(request: Request) -> dict[str, Any]:
         "batches": st.batches,
         "mean_batch_size": st.ticks / st.batches if st.batches else None,
         "model_version": eng.model_version,
+        "live_evaluation": eng.scorer.snapshot() if eng.scorer is not None else None,
     }}
 
 

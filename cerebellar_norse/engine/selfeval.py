@@ -1,0 +1,389 @@
+"""Live self-evaluation: every served prediction is scored once its horizon has passed.
+
+The true class (0 down, 1 flat, 2 up) of a tick is known once its horizon has passed;
+:class:`~cerebellar_norse.training.labels.StreamLabeler` (one per market, the payload
+being the probability row served for the tick) gives it, with the same labels as
+training and ``evaluate``. Each judged tick is scored in two scopes, its market and
+all markets together:
+
+* the model: directional accuracy over ticks labelled up or down (the sign of
+  P(up) - P(down) against the label, a tie counting 0.5), direction log loss (binary,
+  q = P(up) / (P(up) + P(down)) clipped to [1e-12, 1 - 1e-12]), 3-class log loss and
+  accuracy (the most probable class; k tied classes get 1/k each);
+* the base rate: the class frequencies of the ticks judged before this one in the
+  same scope, with one pseudo-count per class, so it never uses the label it is scored
+  on (the first judged tick's base rate is uniform); its directional accuracy is that
+  of always predicting the more frequent of up and down so far (a tie counts 0.5);
+* counts of judged ticks and of each class.
+
+Figures cover a rolling window of the last ``window`` judged ticks of the scope and
+every tick since the scope was first seen. Log losses are in nats.
+
+Cost: the window is a ring of per-tick contributions with running sums, O(1) per
+judged tick; integer parts (counts, hits in halves or sixths) are exact, the float
+sums are recomputed from the ring every ``window`` updates of a scope so rounding
+never accumulates. The ring holds 21 bytes per tick per scope (losses as float32, so
+window losses carry a relative rounding of about 1e-7; totals are float64), so
+per-market state is ``window * 21`` bytes: at most ``max_markets`` markets are
+tracked (least recently observed ones are dropped, and ``max_bytes`` bounds the
+total), and the engine forgets markets evicted from its pool. A row with a non-finite
+probability is not scored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Container, Sequence
+from typing import Any
+
+import numba as nb
+import numpy as np
+
+from ..config import Config
+from ..ticks import Tick
+from ..training.labels import LabelSpec, Resolved, StreamLabeler
+
+EPS = 1e-12
+CLASSES = ("down", "flat", "up")
+RING_BYTES_PER_TICK = 4 * 4 + 5  # four float32 losses, five int8 fields
+DEFAULT_MAX_BYTES = 256 * 2**20
+TOP_MARKETS = 100
+
+# Integer sums of a scope (window and total): judged ticks, directional ticks, model
+# directional hits (halves), model 3-class hits (sixths), the same two for the base
+# rate, then the count of each class.
+I_N, I_DIR, I_M_DIR, I_M_ACC, I_B_DIR, I_B_ACC, I_CLASS = 0, 1, 2, 3, 4, 5, 6
+N_INT = 9
+# Float sums: model direction log loss, model 3-class log loss, the same for the base rate.
+F_M_DLL, F_M_LL, F_B_DLL, F_B_LL = 0, 1, 2, 3
+N_FLOAT = 4
+# Ring int fields: label, model dir hits, model acc hits, base dir hits, base acc hits.
+N_RING_INT = 5
+
+
+@nb.njit(cache=True, nogil=True)
+def _hits6(a: float, b: float, c: float, y: int) -> int:
+    """3-class hit in sixths: 6/k when class y is among the k most probable, else 0."""
+    mx = max(max(a, b), c)
+    k = (a == mx) + (b == mx) + (c == mx)
+    v = a if y == 0 else (b if y == 1 else c)
+    return 6 // k if v == mx else 0
+
+
+@nb.njit(cache=True, nogil=True)
+def _dir_hits2(up: float, down: float, y: int) -> int:
+    """Directional hit in halves: 2 when the larger of up/down is the label's direction, 1 on a tie."""
+    if up == down:
+        return 1
+    return 2 if (up > down) == (y == 2) else 0
+
+
+@nb.njit(cache=True, nogil=True)
+def _dir_loss(up: float, down: float, y: int) -> float:
+    """Binary log loss (nats) of q = up / (up + down) for an up (y=2) or down (y=0) label."""
+    s = up + down
+    q = up / s if s > 0.0 else 0.5
+    q = min(max(q, EPS), 1.0 - EPS)
+    return -math.log(q) if y == 2 else -math.log(1.0 - q)
+
+
+@nb.njit(cache=True, nogil=True)
+def _class_loss(p: float) -> float:
+    return -math.log(min(max(p, EPS), 1.0 - EPS))
+
+
+@nb.njit(cache=True, nogil=True)
+def _push(s: int, y: int, m_dir: int, m_acc: int, m_dll: float, m_ll: float,
+          tot_i: np.ndarray, tot_f: np.ndarray, win_i: np.ndarray, win_f: np.ndarray,
+          ring_i: np.ndarray, ring_f: np.ndarray, pos: np.ndarray, since: np.ndarray) -> None:
+    """Score one judged tick in scope ``s``: its base rate from the scope's counts so far, then the sums and the ring."""
+    n = tot_i[s, I_N]
+    c0, c1, c2 = tot_i[s, I_CLASS], tot_i[s, I_CLASS + 1], tot_i[s, I_CLASS + 2]
+    cy = c0 if y == 0 else (c1 if y == 1 else c2)
+    b_ll = -math.log((cy + 1.0) / (n + 3.0))
+    b_acc = _hits6(float(c0), float(c1), float(c2), y)
+    b_dir = 0
+    b_dll = 0.0
+    directional = y != 1
+    if directional:
+        b_dir = _dir_hits2(float(c2), float(c0), y)
+        b_dll = _dir_loss(c2 + 1.0, c0 + 1.0, y)
+    # totals (float64 contributions)
+    tot_i[s, I_N] += 1
+    tot_i[s, I_CLASS + y] += 1
+    tot_i[s, I_M_ACC] += m_acc
+    tot_i[s, I_B_ACC] += b_acc
+    tot_f[s, F_M_LL] += m_ll
+    tot_f[s, F_B_LL] += b_ll
+    if directional:
+        tot_i[s, I_DIR] += 1
+        tot_i[s, I_M_DIR] += m_dir
+        tot_i[s, I_B_DIR] += b_dir
+        tot_f[s, F_M_DLL] += m_dll
+        tot_f[s, F_B_DLL] += b_dll
+    # window: drop the oldest entry when full, then write this one in its place
+    w = ring_f.shape[1]
+    p = pos[s]
+    if win_i[s, I_N] == w:
+        oy = ring_i[s, p, 0]
+        win_i[s, I_N] -= 1
+        win_i[s, I_CLASS + oy] -= 1
+        if oy != 1:
+            win_i[s, I_DIR] -= 1
+        win_i[s, I_M_DIR] -= ring_i[s, p, 1]
+        win_i[s, I_M_ACC] -= ring_i[s, p, 2]
+        win_i[s, I_B_DIR] -= ring_i[s, p, 3]
+        win_i[s, I_B_ACC] -= ring_i[s, p, 4]
+        for f in range(N_FLOAT):
+            win_f[s, f] -= ring_f[s, p, f]
+    ring_i[s, p, 0] = y
+    ring_i[s, p, 1] = m_dir
+    ring_i[s, p, 2] = m_acc
+    ring_i[s, p, 3] = b_dir
+    ring_i[s, p, 4] = b_acc
+    ring_f[s, p, F_M_DLL] = m_dll
+    ring_f[s, p, F_M_LL] = m_ll
+    ring_f[s, p, F_B_DLL] = b_dll
+    ring_f[s, p, F_B_LL] = b_ll
+    win_i[s, I_N] += 1
+    win_i[s, I_CLASS + y] += 1
+    if directional:
+        win_i[s, I_DIR] += 1
+    win_i[s, I_M_DIR] += m_dir
+    win_i[s, I_M_ACC] += m_acc
+    win_i[s, I_B_DIR] += b_dir
+    win_i[s, I_B_ACC] += b_acc
+    for f in range(N_FLOAT):
+        win_f[s, f] += ring_f[s, p, f]  # the stored (float32) value, so what is added is what is later removed
+    pos[s] = p + 1 if p + 1 < w else 0
+    since[s] += 1
+    if since[s] >= w:  # recompute the float sums from the ring: no rounding drift
+        since[s] = 0
+        k = win_i[s, I_N]
+        for f in range(N_FLOAT):
+            acc = 0.0
+            for j in range(k):
+                acc += ring_f[s, j, f]
+            win_f[s, f] = acc
+
+
+@nb.njit(cache=True, nogil=True)
+def _score(rows: np.ndarray, label: np.ndarray, tot_i: np.ndarray, tot_f: np.ndarray,
+           win_i: np.ndarray, win_f: np.ndarray, ring_i: np.ndarray, ring_f: np.ndarray, pos: np.ndarray,
+           since: np.ndarray) -> None:
+    """Score judged ticks in order: each in scope 0 (all markets) and in its market's scope.
+
+    ``rows`` (n, 4): the probabilities served (down, flat, up) and the market's scope.
+    """
+    for k in range(label.shape[0]):
+        y = label[k]
+        down, flat, up = rows[k, 0], rows[k, 1], rows[k, 2]
+        if not (math.isfinite(down) and math.isfinite(flat) and math.isfinite(up)):
+            continue
+        py = down if y == 0 else (flat if y == 1 else up)
+        m_ll = _class_loss(py)
+        m_acc = _hits6(down, flat, up, y)
+        m_dir = 0
+        m_dll = 0.0
+        if y != 1:
+            m_dir = _dir_hits2(up, down, y)
+            m_dll = _dir_loss(up, down, y)
+        _push(0, y, m_dir, m_acc, m_dll, m_ll, tot_i, tot_f, win_i, win_f, ring_i, ring_f, pos, since)
+        _push(int(rows[k, 3]), y, m_dir, m_acc, m_dll, m_ll, tot_i, tot_f, win_i, win_f, ring_i, ring_f, pos, since)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def _figures(ints: np.ndarray, floats: np.ndarray) -> dict[str, Any]:
+    """JSON figures of one scope's sums (window or total); None where undefined."""
+    n, nd = int(ints[I_N]), int(ints[I_DIR])
+
+    def side(i_dir: int, i_acc: int, f_dll: int, f_ll: int) -> dict[str, float | None]:
+        return {"directional_accuracy": _ratio(float(ints[i_dir]), 2.0 * nd),
+                "direction_log_loss": _ratio(float(floats[f_dll]), nd),
+                "accuracy": _ratio(float(ints[i_acc]), 6.0 * n),
+                "log_loss": _ratio(float(floats[f_ll]), n)}
+
+    return {"judged": n, "directional": nd,
+            "class_counts": {c: int(ints[I_CLASS + k]) for k, c in enumerate(CLASSES)},
+            "model": side(I_M_DIR, I_M_ACC, F_M_DLL, F_M_LL),
+            "base_rate": side(I_B_DIR, I_B_ACC, F_B_DLL, F_B_LL)}
+
+
+class LiveScorer:
+    """Scores served predictions against their labels, per market and overall, over a rolling window.
+
+    Args:
+        spec: how ticks are labelled (``LabelSpec.from_config``).
+        window: judged ticks in the rolling window of each scope.
+        max_markets: markets tracked at most; the least recently observed is dropped beyond it.
+        max_bytes: bound on the rings' memory; lowers ``max_markets`` when needed.
+    """
+
+    def __init__(self, spec: LabelSpec, window: int = 1000, max_markets: int = 1024,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        if max_markets < 1:
+            raise ValueError("max_markets must be at least 1")
+        self.spec = spec
+        self.window = window
+        by_memory = max_bytes // (window * RING_BYTES_PER_TICK) - 1
+        self.max_markets = max(1, min(max_markets, by_memory))
+        self.dropped_markets = 0
+        self._markets: OrderedDict[str, tuple[StreamLabeler[list[float]], int]] = OrderedDict()
+        self._free: list[int] = []
+        self._arrays: tuple[np.ndarray, ...] = ()
+        self._rows = 0
+        self._alloc(1 + min(self.max_markets, 4))  # grows by doubling
+        self._scopes = 1  # scopes in use; scope 0 is all markets together
+        self._judged: list[Resolved[list[float]]] = []
+        # load (or compile) the numba kernels now rather than on the first served ticks
+        self._flush()
+        warm: StreamLabeler[None] = StreamLabeler(spec)
+        for ts in range(2):
+            warm.observe(float(ts), 1.0, None)
+
+    @classmethod
+    def from_config(cls, cfg: Config, max_markets: int) -> LiveScorer:
+        """A scorer with the service's labels (``[neural]`` horizon, ``[training]`` band) and ``live_evaluation_window``."""
+        return cls(LabelSpec.from_config(cfg), cfg.training.live_evaluation_window, max_markets)
+
+    # -- state arrays -------------------------------------------------------------
+
+    def _alloc(self, rows: int) -> None:
+        """(Re)allocate the state of ``rows`` scopes, keeping the current ones.
+
+        Per scope: total and window sums (ints, floats), the window's ring (ints,
+        float32 losses), the ring's next position and the updates since its float
+        sums were last recomputed.
+        """
+        w = self.window
+        arrays: tuple[np.ndarray, ...] = (
+            np.zeros((rows, N_INT), np.int64), np.zeros((rows, N_FLOAT)),  # totals
+            np.zeros((rows, N_INT), np.int64), np.zeros((rows, N_FLOAT)),  # window sums
+            np.zeros((rows, w, N_RING_INT), np.int8), np.zeros((rows, w, N_FLOAT), np.float32),  # window ring
+            np.zeros(rows, np.int64), np.zeros(rows, np.int64))  # ring position, updates since recompute
+        for new, old in zip(arrays, self._arrays, strict=False):
+            new[:self._rows] = old
+        self._arrays = arrays
+        self._rows = rows
+
+    def _new_slot(self) -> int:
+        if self._free:
+            s = self._free.pop()
+        else:
+            if self._scopes == self._rows:
+                self._alloc(min(2 * self._rows, self.max_markets + 1))
+            s = self._scopes
+            self._scopes += 1
+        for a in self._arrays:
+            a[s] = 0
+        return s
+
+    def _flush(self) -> None:
+        """Score the judged ticks collected so far, in order."""
+        judged = self._judged
+        flat: list[float] = []
+        for r in judged:
+            flat += r[0]
+        try:
+            rows = np.array(flat, dtype=np.float64).reshape(-1, 4)
+            labels = np.fromiter([r[1] for r in judged], dtype=np.int64, count=len(judged))
+            _score(rows, labels, *self._arrays)
+        finally:
+            judged.clear()
+
+    def _track(self, market: str) -> tuple[StreamLabeler[list[float]], int]:
+        if len(self._markets) >= self.max_markets:
+            if self._judged:  # judged ticks of the market about to go still hold its slot
+                self._flush()
+            _, (_, slot) = self._markets.popitem(last=False)
+            self._free.append(slot)
+            self.dropped_markets += 1
+        labeler: StreamLabeler[list[float]] = StreamLabeler(self.spec)
+        entry = (labeler, self._new_slot())
+        self._markets[market] = entry
+        return entry
+
+    # -- updates ------------------------------------------------------------------
+
+    def observe_batch(self, ticks: Sequence[Tick], probs: np.ndarray) -> None:
+        """Record the probability rows (down, flat, up) served for ``ticks`` and score the ticks they judge."""
+        rows = probs.tolist()  # a copy: the caller reuses the array
+        markets = self._markets
+        judged = self._judged
+        for t, row in zip(ticks, rows, strict=True):
+            market = t.market_id
+            entry = markets.get(market)
+            if entry is None:
+                entry = self._track(market)
+            else:
+                markets.move_to_end(market)
+            row.append(entry[1])  # payload: [P(down), P(flat), P(up), slot]
+            out = entry[0].observe(t.timestamp, t.price, row)
+            if out:
+                judged += out
+        if judged:
+            self._flush()
+
+    def forget(self, market_id: str) -> bool:
+        """Drop a market's pending ticks and figures (it was reset or evicted); True when it was tracked."""
+        entry = self._markets.pop(market_id, None)
+        if entry is None:
+            return False
+        self._free.append(entry[1])
+        return True
+
+    def retain(self, markets: Container[str]) -> int:
+        """Forget every tracked market not in ``markets`` (e.g. the pool's); returns how many were dropped."""
+        gone = [m for m in self._markets if m not in markets]
+        for m in gone:
+            self.forget(m)
+        return len(gone)
+
+    # -- reading ------------------------------------------------------------------
+
+    @property
+    def markets(self) -> int:
+        """Markets tracked."""
+        return len(self._markets)
+
+    def scope(self, market_id: str | None = None) -> dict[str, Any] | None:
+        """Figures of one market (None: all markets), or None for an untracked market."""
+        if market_id is None:
+            return self._scope(0)
+        entry = self._markets.get(market_id)
+        return None if entry is None else self._scope(entry[1])
+
+    def _scope(self, s: int) -> dict[str, Any]:
+        tot_i, tot_f, win_i, win_f = self._arrays[:4]
+        counts = tot_i[s, I_CLASS:I_CLASS + 3]
+        n = int(tot_i[s, I_N])
+        return {"window": _figures(win_i[s], win_f[s]), "total": _figures(tot_i[s], tot_f[s]),
+                "base_rate": {c: (int(counts[k]) + 1) / (n + 3) for k, c in enumerate(CLASSES)}}
+
+    @property
+    def judged(self) -> int:
+        """Ticks judged since start (all markets)."""
+        return int(self._arrays[0][0, I_N])
+
+    def overall(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The all-markets (window, total) figures."""
+        s = self._scope(0)
+        return s["window"], s["total"]
+
+    def snapshot(self, top: int = TOP_MARKETS) -> dict[str, Any]:
+        """JSON-serialisable figures: all markets together and the ``top`` markets by judged ticks (no NaN: None)."""
+        names = list(self._markets)
+        slots = np.fromiter((self._markets[m][1] for m in names), dtype=np.int64, count=len(names))
+        judged = self._arrays[0][slots, I_N]
+        order = np.argsort(-judged, kind="stable")[:top]
+        return {"window_ticks": self.window, "labels": self.spec.describe(),
+                "markets_tracked": len(names), "max_markets": self.max_markets,
+                "markets_dropped": self.dropped_markets,
+                "overall": self._scope(0),
+                "markets": {names[k]: self._scope(int(slots[k])) for k in order}}
