@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -242,6 +244,29 @@ def test_warm_up_is_not_counted_in_the_metrics(tmp_path: Path) -> None:
         assert "cerebellar_norse_batch_size_ticks_count 0.0" in text
         c.post("/neural/process", json=TICK)
         assert "processing_duration_seconds_count 1.0" in c.get("/metrics").text
+
+
+def test_live_evaluation_in_metrics_and_neural_metrics(tmp_path: Path) -> None:
+    """Ticks past the horizon are judged: overall figures in /metrics (promtool-clean), per market in /neural/metrics."""
+    state = _state(tmp_path, CEREBELLAR_NORSE_NEURAL__HORIZON_TICKS="3")
+    ticks = [{**TICK, "timestamp": TICK["timestamp"] + 1000 * i, "price": 100.0 * (1.0 + 0.002 * ((i * 7) % 5 - 2))}
+             for i in range(12)]
+    with TestClient(make_app(state, restore=False, save_on_shutdown=False)) as c:
+        assert c.post("/neural/process/batch", json={"ticks": ticks}).status_code == 200
+        text = c.get("/metrics").text
+        live = c.get("/neural/metrics").json()["neural_metrics"]["live_evaluation"]
+    assert "cerebellar_norse_live_judged_ticks_total 9.0" in text
+    assert "cerebellar_norse_live_window_ticks 9.0" in text
+    for name in ("log_loss", "base_rate_log_loss", "direction_log_loss", "base_rate_direction_log_loss",
+                 "directional_accuracy_ratio", "base_rate_directional_accuracy_ratio"):
+        assert f"# TYPE cerebellar_norse_live_{name} gauge" in text
+    assert not [line for line in text.splitlines() if "_live_" in line and "NaN" in line]
+    assert live["overall"]["total"]["judged"] == 9 and live["markets"]["TEST"]["window"]["judged"] == 9
+    assert set(live["overall"]["window"]["model"]) == {"directional_accuracy", "direction_log_loss", "accuracy", "log_loss"}
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60, check=False)
+        assert "_live_" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_shutdown_without_save_leaves_no_state_file(tmp_path: Path) -> None:
