@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
     ev.add_argument("--model", metavar="VERSION", help="stored model version (default: the active model)")
     ev.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with plots")
+    ev.add_argument("--since", metavar="TIME", help="score only ticks at or after TIME (ms or ISO 8601); earlier ones warm the network up")
     ev.add_argument("--cost-bp", type=float, default=0.0, help="cost per trade in basis points for the P&L (default 0)")
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the 95%% intervals (default 1000)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
@@ -184,7 +185,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.cost_bp < 0 or not 0 <= args.bootstrap <= 100_000:
         _err("--cost-bp must be >= 0 and --bootstrap between 0 and 100000")
         return EXIT_USAGE
-    return cmd_evaluate(_load(args), args.files, args.model, args.report, args.cost_bp, args.bootstrap, args.json)
+    return cmd_evaluate(_load(args), args.files, args.model, args.report, args.cost_bp, args.bootstrap, args.json, args.since)
 
 
 def _cmd_make_data(args: argparse.Namespace) -> int:

@@ -93,10 +93,10 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
 
 
 def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,
-                 as_json: bool) -> int:
+                 as_json: bool, since: str | None = None) -> int:
     """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
     from ..storage import atomic_write_bytes
-    from .data import load_csv_files
+    from .data import load_csv_files, parse_time_ms
     from .report import format_summary, render_html
     from .scoring import summarise
     from .trainer import prepare_for_scoring
@@ -114,7 +114,11 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction)
     for note in data.notes:
         print(f"note: {note}", file=sys.stderr)
-    prep = prepare_for_scoring(cfg, data)
+    try:
+        since_ms = parse_time_ms(since, "--since") if since else None
+    except ValueError as exc:
+        raise InputError(str(exc), "--since") from None
+    prep = prepare_for_scoring(cfg, data, since_ms)
     counts = model.metrics.get("data", {}).get("train_class_counts")
     base_source = "the model's training data"
     if not (isinstance(counts, list) and len(counts) == 3):
@@ -127,7 +131,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
-                    "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files]})
+                    "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since})
     if report:
         html = render_html(summary, cumulative, model.metrics.get("history"), title=f"cerebellar-norse evaluation of {version}")
         atomic_write_bytes(Path(report), html.encode("utf-8"))

@@ -163,6 +163,11 @@ def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[
     return None
 
 
+def _unnamed_index(names: list[str]) -> bool:
+    """True when the first header name is empty or pandas' ``Unnamed: 0`` (an index written by ``to_csv``)."""
+    return bool(names) and (names[0] == "" or names[0] == "unnamed: 0")
+
+
 def _market_from_file_name(path: Path) -> str:
     """The file's stem as a market id: printable ASCII (others become ``_``), 1–64 characters."""
     text = "".join(ch if " " <= ch <= "~" else "_" for ch in Path(path).stem).strip()
@@ -173,7 +178,10 @@ def _columns(path: Path, header: list[str], notes: list[str]) -> _Columns:
     """The columns of a file from its header line; notes for the optional columns it lacks."""
     shown = [_header_name(h) for h in header]
     names = [s.lower() for s in shown]
-    t = _find_column(path, names, shown, TIME_COLUMNS, "time", True)
+    t = _find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
+    if t is None:  # pandas' to_csv writes a date index as an unnamed first column
+        t = 0
+        notes.append(f"{path}: unnamed first column used as the time (a pandas index)")
     p = _find_column(path, names, shown, PRICE_COLUMNS, "price", True)
     v = _find_column(path, names, shown, VOLUME_COLUMNS, "volume", False)
     m = _find_column(path, names, shown, MARKET_COLUMNS, "market", False)
@@ -222,6 +230,14 @@ def _time_any(text: str, name: str) -> int:
         if iso:
             raise ValueError(f"{name} {s!r} is not before 2100-01-01")
         raise ValueError(f"{name} {s!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01)")
+    return ms
+
+
+def parse_time_ms(text: str, name: str = "time") -> int:
+    """A time given as ms since the epoch or ISO 8601 (as in the CSV time column); ValueError otherwise."""
+    ms = _time_any(text, name)
+    if not 0 <= ms < TS_MAX_MS:
+        raise ValueError(f"{name} {text!r} is outside 1970-01-01 .. 2100-01-01")
     return ms
 
 

@@ -100,21 +100,25 @@ class Labels(NamedTuple):
     sigma: np.ndarray
 
 
-@nb.njit(cache=True, nogil=True)
-def _volatility_update(var: float, count: float, r: float, window: float) -> tuple[float, float]:
+def _volatility_update_py(var: float, count: float, r: float, window: float) -> tuple[float, float]:
     """Running mean of squared returns: plain mean for the first ``window`` returns, then EWMA."""
     count += 1.0
     alpha = max(1.0 / count, 1.0 / window)
     return var + alpha * (r * r - var), count
 
 
-@nb.njit(cache=True, nogil=True)
-def _classify(r: float, band: float) -> int:
+def _classify_py(r: float, band: float) -> int:
     if r > band:
         return 2
     if r < -band:
         return 0
     return 1
+
+
+# The same IEEE operations compiled for the series kernel; the streaming path stays in
+# Python, where a call into numba per tick would cost more than the arithmetic.
+_volatility_update = nb.njit(cache=True, nogil=True)(_volatility_update_py)
+_classify = nb.njit(cache=True, nogil=True)(_classify_py)
 
 
 @nb.njit(cache=True)
@@ -206,8 +210,8 @@ class StreamLabeler(Generic[T]):
         """Add a tick (ms since epoch, price > 0); returns the ticks it judges, oldest first."""
         s = self.spec
         if self._n > 0:
-            self._var, self._count = _volatility_update(self._var, self._count, math.log(price) - math.log(self._last_price),
-                                                        float(s.volatility_window))
+            self._var, self._count = _volatility_update_py(self._var, self._count,
+                                                           math.log(price) - math.log(self._last_price), float(s.volatility_window))
         out: list[Resolved[T]] = []
         q = self._pending
         logp = math.log(price)
@@ -221,7 +225,7 @@ class StreamLabeler(Generic[T]):
             q.popleft()
             r = logp - logp0
             b = s.band_multiple * sig0 * math.sqrt(self._n - idx) if s.volatility_band else s.flat_band
-            out.append(Resolved(pay, int(_classify(r, b)), r, b))
+            out.append(Resolved(pay, _classify_py(r, b), r, b))
         q.append((self._n, float(ts_ms), logp, math.sqrt(self._var), payload))
         if len(q) > MAX_PENDING:
             q.popleft()

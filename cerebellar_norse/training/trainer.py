@@ -194,8 +194,9 @@ def network_logp(cfg: Config, weights: Weights, prep: Prepared) -> list[np.ndarr
     return out
 
 
-def prepare_for_scoring(cfg: Config, data: TickData) -> Prepared:
-    """Every tick of ``data`` as the scored split 2 (past the warm-up, with an end tick); no training part."""
+def prepare_for_scoring(cfg: Config, data: TickData, since_ms: int | None = None) -> Prepared:
+    """Every tick of ``data`` as the scored split 2 (past the warm-up, with an end tick; at or after
+    ``since_ms`` when given: earlier ticks only drive the network); no training part."""
     spec = LabelSpec.from_config(cfg)
     enc_par = encoder_parameters(cfg.neural)
     dtype = numpy_dtype(cfg.neural.precision)
@@ -208,7 +209,8 @@ def prepare_for_scoring(cfg: Config, data: TickData) -> Prepared:
         idx = np.arange(len(m))
         ticks = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp, strict=True)]
         out.append(PreparedMarket(m.market_id, mossy, np.full(len(m), -1, dtype=np.int64), 0, ticks, lab.labels,
-                                  np.full(len(m), 2, dtype=np.int8), (lab.end >= 0) & (idx >= cfg.neural.warmup_ticks),
+                                  np.full(len(m), 2, dtype=np.int8),
+                                  (lab.end >= 0) & (idx >= cfg.neural.warmup_ticks) & (m.timestamp >= (since_ms or 0)),
                                   lab.fwd_ret, past_returns(m.price, lab.end)))
         spans.append((lab.end - idx)[lab.end >= 0])
     prep = Prepared(out, np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64), [], spec=spec)

@@ -497,3 +497,18 @@ def test_resolve_refuses_missing_files_and_directories(data_dir: Path) -> None:
         assert exc.value.field == "files"
     with pytest.raises(InputError, match="does not exist"):
         resolve_data_file(data_dir, "missing.csv")
+
+
+def test_unnamed_pandas_index_is_the_time_column(tmp_path: Path) -> None:
+    f = tmp_path / "GOOG.csv"
+    f.write_text(",Open,High,Low,Close,Volume\n2004-08-19,100,104.06,95.96,100.34,22351900\n"
+                 "2004-08-20,101.01,109.08,100.5,108.31,11428600\n", encoding="utf-8")
+    data = load_csv_files([f])
+    m = data.markets[0]
+    assert m.market_id == "GOOG" and m.price.tolist() == [100.34, 108.31]
+    assert m.timestamp.tolist() == [1092873600000, 1092960000000]
+    assert any("unnamed first column" in n for n in data.notes)
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,Close\n1,2\n", encoding="utf-8")
+    with pytest.raises(DataError, match="no time column"):
+        load_csv_files([bad])
