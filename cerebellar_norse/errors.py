@@ -112,3 +112,31 @@ class EngineFatalError(CerebellarNorseError):
 
 class DeviceUnavailableError(EngineFatalError):
     """The configured device (e.g. ``cuda``) is not present on this host."""
+
+
+class StorageError(EngineFatalError):
+    """A file of the state dir cannot be written or locked (read-only or full disk, permissions, in use).
+
+    The service does not go on without durable state: at start-up it exits 1 with this
+    one line; while serving, it stops (exit code 1) after saving what it can.
+
+    Attributes:
+        path: the file or directory concerned.
+        errno: the operating system's error number (e.g. 28 ENOSPC, 30 EROFS), or None.
+    """
+
+    def __init__(self, message: str, path: str = "", errno: int | None = None) -> None:
+        self.path = path
+        self.errno = errno
+        super().__init__(message)
+
+    @classmethod
+    def from_os_error(cls, what: str, path: object, exc: OSError) -> StorageError:
+        """``"<what> <path>: <strerror> (errno N ENAME)"`` from an OSError raised while writing ``path``."""
+        import errno as errno_names
+
+        code = exc.errno
+        name = errno_names.errorcode.get(code, "") if code is not None else ""
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        detail = f" (errno {code} {name})".replace(" )", ")") if code is not None else ""
+        return cls(f"{what} {path}: {reason}{detail}", str(path), code)

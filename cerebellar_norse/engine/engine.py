@@ -98,8 +98,8 @@ class Engine:
     def __init__(self, cfg: Config, weights: Weights | None = None, model_version: str = "", backend: Backend | str | None = None) -> None:
         self.cfg = cfg
         perf = cfg.performance
-        self.params = network_parameters(cfg)
         self.weights = weights if weights is not None else generate_weights(cfg)
+        self.params = network_parameters(cfg, float(self.weights.golgi_init))
         self.model_version = model_version or f"seed-{cfg.neural.seed}"
         self.arrays = StateArrays.allocate(pool_capacity(cfg), self.params, cfg.neural.precision,
                                            touch=perf.memory_pool_enabled)
@@ -304,14 +304,18 @@ class Engine:
         out.extend(self._step(ticks[start:]))
         return out
 
-    def _record(self, ticks: Sequence[Tick]) -> None:
-        """Append applied ticks to the recording while ``debug.record_requests`` is on (it can change on reload)."""
+    def _record(self, ticks: Sequence[Tick], probs: np.ndarray | None = None) -> None:
+        """Hand applied ticks to the recorder while ``debug.record_requests`` is on (it can change on reload).
+
+        ``probs`` (B, 3), the probabilities served, are recorded with them when given. The
+        recorder writes on its own thread; when it falls behind it drops ticks and counts them.
+        """
         if self.cfg.debug.record_requests:
             if self.recorder is None:
                 self.recorder = TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
-            self.recorder.write(ticks)
+            self.recorder.record(ticks, probs, self.model_version)
         elif self.recorder is not None:
-            self.recorder.close()
+            self.recorder.close(wait=False)
             self.recorder = None
 
     def _step(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:

@@ -2,42 +2,76 @@
 
 The file ``<state_dir>/market_state.bin`` holds an ``.npz`` payload behind a SHA-256
 header (see :mod:`cerebellar_norse.storage`): the market ids, their states (one
-array per state variable, rows in least-recently-used order) and a fingerprint of
-the network (shape, seed, precision, model version). A file whose fingerprint does
-not match the running network is not loaded: those states belong to another model.
+array per state variable, rows in least-recently-used order), a fingerprint of
+the network (shape, seed, precision, model version) and ``journal_seq``, the number
+of the last journal record the states include (see :mod:`.journal`; 0 without a
+journal). A file whose fingerprint does not match the running network is not
+loaded: those states belong to another model.
+
+A file that cannot be restored is never overwritten: :func:`quarantine` moves it
+aside to ``<name>.corrupt-<UTC time>`` (unreadable) or ``<name>.foreign-<UTC time>``
+(of another network or model), where it stays until an operator deletes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, StorageError
 from ..neurons.state import STATE_FIELDS
-from ..storage import read_checksummed, write_checksummed
+from ..storage import fsync_dir, read_checksummed, write_checksummed
 from .pool import StatePool
 
 STATE_FILE = "market_state.bin"
 
 
-def save_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any]) -> int:
-    """Write every live market's state to ``path``; returns the number of markets saved."""
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """A copy of every live market's state (taken between batches, written later)."""
+
+    markets: list[str]
+    arrays: dict[str, np.ndarray]
+
+
+def snapshot_pool(pool: StatePool) -> PoolSnapshot:
+    """Copy the live markets' states, least recently used first."""
     items = pool.table.items()
     slots = np.array([s for _, s in items], dtype=np.int64)
     arrays = {name: np.ascontiguousarray(getattr(pool.arrays, name)[slots]) for name in STATE_FIELDS}
+    return PoolSnapshot([m for m, _ in items], arrays)
+
+
+def write_snapshot(snap: PoolSnapshot, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0) -> int:
+    """Atomically write a snapshot to ``path``; returns the number of markets.
+
+    Raises:
+        OSError: the file could not be written (the previous file is left as it was).
+    """
     buf = io.BytesIO()
-    np.savez(buf, markets=np.array([m for m, _ in items], dtype=np.str_),
-             fingerprint=np.array(json.dumps(fingerprint, sort_keys=True)), **arrays)  # type: ignore[arg-type]
+    np.savez(buf, markets=np.array(snap.markets, dtype=np.str_), fingerprint=np.array(json.dumps(fingerprint, sort_keys=True)),
+             journal_seq=np.array(journal_seq, dtype=np.int64), **snap.arrays)  # type: ignore[arg-type]
     write_checksummed(path, buf.getvalue())
-    return len(items)
+    return len(snap.markets)
 
 
-def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any]) -> int:
+def save_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0) -> int:
+    """Write every live market's state to ``path``; returns the number of markets saved."""
+    return write_snapshot(snapshot_pool(pool), path, fingerprint, journal_seq)
+
+
+def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: dict[str, Any] | None = None) -> int:
     """Restore markets saved by :func:`save_pool` into an empty pool; returns how many.
+
+    ``meta``, when given, receives ``journal_seq`` (0 for files written before journals).
 
     Raises:
         CheckpointError: the file is corrupt, of another network, or of the wrong shape.
@@ -52,6 +86,7 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any]) -> int:
     try:
         saved_fp = json.loads(str(data["fingerprint"]))
         markets = [str(m) for m in data["markets"]]
+        seq = int(data["journal_seq"]) if "journal_seq" in data else 0
     except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
         raise CheckpointError(f"state file lacks or garbles {exc}", str(path)) from None
     if saved_fp != json.loads(json.dumps(fingerprint, sort_keys=True)):
@@ -69,4 +104,51 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any]) -> int:
         row = n - keep + j
         slot = pool.table.acquire(market)
         pool.arrays.write_slot(slot, {name: data[name][row] for name in STATE_FIELDS})
+    if meta is not None:
+        meta["journal_seq"] = seq
     return keep
+
+
+def quarantine(path: Path, reason: str = "corrupt") -> Path:
+    """Move ``path`` aside to ``<name>.<reason>-<UTC time>`` (never over an existing file); returns the new path.
+
+    Raises:
+        StorageError: the file could not be renamed (read-only state dir).
+    """
+    path = Path(path)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.{reason}-{stamp}")
+    k = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}.{reason}-{stamp}-{k}")
+        k += 1
+    try:
+        os.rename(path, target)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise StorageError.from_os_error("cannot move aside", path, exc) from None
+    return target
+
+
+def check_writable(state_dir: Path) -> None:
+    """Create ``state_dir`` if needed and prove a file can be written, fsynced and removed in it.
+
+    Raises:
+        StorageError: naming the directory and the operating system's reason (read-only,
+            full, not a directory, permissions).
+    """
+    state_dir = Path(state_dir)
+    probe = state_dir / f".write-test-{os.getpid()}"
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"cerebellar-norse write test\n" * 148)  # 4 KiB: a full disk shows here
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+        raise StorageError.from_os_error("state dir is not writable:", state_dir, exc) from None

@@ -11,7 +11,9 @@ The first tick of a market has no return and no gap: those features are 0 and do
 enter the statistics. A feature is z-scored against the statistics *before* the tick
 (an exponentially weighted mean and variance whose memory is ``norm_window`` ticks,
 with a plain running mean while fewer ticks have been seen), 0 while fewer than two
-observations exist, and clipped to ``±feature_clip``.
+observations exist, and clipped to ``±feature_clip``. The log return is not demeaned: it
+is divided by its running root mean square (``sqrt(var + mean**2)``, the exponentially
+weighted second moment), so its sign survives a short window in a trending market.
 
 Population coding: feature f drives ``K = mossy_size / 3`` fibres with Gaussian
 tuning curves centred evenly on ``[-clip, clip]``, width one centre spacing, peak
@@ -81,7 +83,9 @@ def encode_tick(state: np.ndarray, price: float, volume: float, ts_ms: float, wi
         mean = state[S_MEAN + f]
         var = state[S_VAR + f]
         if cnt >= 2.0:
-            z = (x - mean) / math.sqrt(var + VAR_FLOOR)
+            # returns are scaled by their root mean square, not demeaned: over a short
+            # window the mean return is the trend itself, which the network must see
+            z = x / math.sqrt(var + mean * mean + VAR_FLOOR) if f == 0 else (x - mean) / math.sqrt(var + VAR_FLOOR)
             z_out[f] = min(max(z, -clip), clip)
         else:
             z_out[f] = 0.0

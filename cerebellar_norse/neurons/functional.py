@@ -7,7 +7,7 @@ the tick (units: dimensionless current jumps per step, threshold 1):
     \\begin{align*}
     I_{gr} &= W_{mg} m - g \\\\
     z_{gr}, s_{gr} &= \\mathrm{LIF}_{gr}(I_{gr}, s_{gr}) \\\\
-    g &\\leftarrow \\max(0,\\; \\lambda g + \\eta (\\bar z_{gr} - \\rho)) \\quad \\text{(Golgi, } \\lambda = 1 - \\text{golgi\\_leak)} \\\\
+    g &\\leftarrow \\max(0,\\; (1 - \\lambda) g + \\lambda g_0 + \\eta (\\bar z_{gr} - \\rho)) \\quad \\text{(Golgi; } \\lambda = \\text{golgi\\_leak},\\ g_0 = \\text{golgi\\_init)} \\\\
     z_{pc}, s_{pc} &= \\mathrm{LIF}_{pc}(W_{pf}^\\top z_{gr} + b_{pc}, s_{pc}) \\\\
     z_{dcn}, s_{dcn} &= \\mathrm{LIF}_{dcn}(W_{md} m + b_{dcn} - W_{pd} z_{pc}, s_{dcn}) \\\\
     v_{out}, s_{out} &= \\mathrm{LI}_{out}(W_{out} z_{dcn}, s_{out})
@@ -117,7 +117,7 @@ def cerebellum_step(mf_gr: torch.Tensor, drive_dcn: torch.Tensor, state: Cerebel
     """
     z_gr, gr = lif_feed_forward_step(mf_gr - state.golgi, state.granule, p.granule, p.dt)
     activity = z_gr.mean(dim=1, keepdim=True)
-    golgi = torch.relu(state.golgi * p.golgi_decay + p.golgi_rate * (activity - p.target_sparsity))
+    golgi = torch.relu(state.golgi * p.golgi_decay + p.golgi_base + p.golgi_rate * (activity - p.target_sparsity))
     z_pc, pc = lif_feed_forward_step(z_gr @ w.w_pf + w.pc_bias, state.purkinje, p.purkinje, p.dt)
     z_dcn, dcn = lif_feed_forward_step(drive_dcn - z_pc @ w.w_pd.T, state.dcn, p.dcn, p.dt)
     v_out, ro = li_feed_forward_step(z_dcn @ w.w_out.T, state.readout, p.readout, p.dt)

@@ -28,7 +28,7 @@ import numba as nb
 import numpy as np
 
 from .encoder import encode_tick_to_mossy
-from .parameters import C_GOLGI_DECAY, C_GOLGI_RATE, C_N_GRANULE, C_READOUT_SCALE, C_TARGET, NetworkShape
+from .parameters import C_GOLGI_BASE, C_GOLGI_DECAY, C_GOLGI_RATE, C_N_GRANULE, C_READOUT_SCALE, C_TARGET, NetworkShape
 from .state import state_views
 from .topology import Weights
 
@@ -197,7 +197,7 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     c_dn, n_dn, l_dn, t_dn, r_dn = coef[10], coef[11], coef[12], coef[13], coef[14]
     c_ro, n_ro, l_ro = coef[15], coef[16], coef[17]
     rate, target, n_granule, scale = coef[C_GOLGI_RATE], coef[C_TARGET], coef[C_N_GRANULE], coef[C_READOUT_SCALE]
-    decay = coef[C_GOLGI_DECAY]
+    decay, base = coef[C_GOLGI_DECAY], coef[C_GOLGI_BASE]
 
     for j in range(lo, hi):
         b = order[j] if use_order else j
@@ -245,9 +245,9 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                 cnt += gr_flag[g]
             for k in range(cnt):
                 act[gr_spk[k]] = 1
-            # Golgi homeostasis: relu(decay * g + rate * (activity - target)).
+            # Golgi homeostasis: relu(decay * g + base + rate * (activity - target)).
             tmp[0] = cnt
-            g_new = g_inh * decay + rate * (tmp[0] / n_granule - target)
+            g_new = g_inh * decay + base + rate * (tmp[0] / n_granule - target)
             g_inh = g_new if g_new > zero else zero
 
             # Purkinje cells: parallel-fibre input from the granule cells that spiked only.

@@ -162,8 +162,8 @@ class CerebellarNetwork:
                  max_markets: int | None = None, max_batch: int | None = None) -> None:
         self.config = config if isinstance(config, Config) else load_checked_config(config)
         cfg = self.config
-        self.params = network_parameters(cfg)
         self.weights = generate_weights(cfg) if weights is None else weights
+        self.params = network_parameters(cfg, float(self.weights.golgi_init))
         if self.weights.shape != self.params.shape:
             raise InputError(f"weights of shape {self.weights.shape} do not match the config's network {self.params.shape}", "weights")
         self.max_batch = max_batch or cfg.performance.batch_size

@@ -27,6 +27,7 @@ POPULATIONS = ("granule", "purkinje", "dcn", "readout")
 # For population k (0 granule, 1 purkinje, 2 dcn, 3 readout), at 5*k:
 #   +0 c_mem = dt * tau_mem_inv, +1 nc_syn = -dt * tau_syn_inv, +2 v_leak, +3 v_th, +4 v_reset
 C_GOLGI_DECAY = 18
+C_GOLGI_BASE = 19
 C_GOLGI_RATE = 20
 C_TARGET = 21
 C_N_GRANULE = 22
@@ -60,6 +61,8 @@ class NetworkParameters(NamedTuple):
         readout: Norse leaky-integrator parameters of the class readout (1/s).
         golgi_rate: Golgi homeostatic gain (current per unit activity error, per step).
         golgi_decay: fraction of the Golgi inhibition kept per step (1 - ``golgi_leak``).
+        golgi_base: ``golgi_leak * golgi_init``: the leak pulls the inhibition toward its
+            calibrated start, so the homeostatic fixed point stays at ``target_sparsity``.
         target_sparsity: target fraction of granule cells spiking per step.
         readout_scale: readout potential -> logit multiplier.
     """
@@ -73,6 +76,7 @@ class NetworkParameters(NamedTuple):
     readout: LIParameters
     golgi_rate: float
     golgi_decay: float
+    golgi_base: float
     target_sparsity: float
     readout_scale: float
     dtype: torch.dtype
@@ -111,8 +115,12 @@ def network_shape(n: NeuralConfig) -> NetworkShape:
     return NetworkShape(n.mossy_size, n.granule_size, n.purkinje_size, n.dcn_size, N_CLASSES, n.granule_dendrites, n.connections_per_neuron)
 
 
-def network_parameters(cfg: Config) -> NetworkParameters:
-    """Build the network parameters (Norse objects in the configured precision)."""
+def network_parameters(cfg: Config, golgi_init: float = 0.0) -> NetworkParameters:
+    """Build the network parameters (Norse objects in the configured precision).
+
+    ``golgi_init`` is the network's calibrated initial Golgi inhibition
+    (``Weights.golgi_init``), toward which the Golgi leak relaxes.
+    """
     n = cfg.neural
     dt = torch_dtype(n.precision)
     return NetworkParameters(
@@ -125,6 +133,7 @@ def network_parameters(cfg: Config) -> NetworkParameters:
         readout=_li(n.readout, dt),
         golgi_rate=n.golgi_rate,
         golgi_decay=1.0 - n.golgi_leak,
+        golgi_base=n.golgi_leak * golgi_init,
         target_sparsity=n.target_sparsity,
         readout_scale=n.readout_scale,
         dtype=dt,
@@ -146,6 +155,7 @@ def kernel_coefficients(p: NetworkParameters) -> np.ndarray:
     coef[16] = (-p.dt * p.readout.tau_syn_inv).item()
     coef[17] = float(p.readout.v_leak)
     coef[C_GOLGI_DECAY] = p.golgi_decay
+    coef[C_GOLGI_BASE] = p.golgi_base
     coef[C_GOLGI_RATE] = p.golgi_rate
     coef[C_TARGET] = p.target_sparsity
     coef[C_N_GRANULE] = p.shape.granule

@@ -198,14 +198,25 @@ def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
 
 
 def cmd_verify_data(root: str) -> int:
-    """``--verify-data DIR``: SHA-256 manifests of every model and every market state file under DIR."""
+    """``--verify-data DIR``: SHA-256 manifests of every model and market state file, and every recording, under DIR.
+
+    Problems (exit 1) and warnings (e.g. the last line of an open recording cut by a
+    crash) go to stderr, one line each naming the file.
+    """
+    from ..engine.recorder import verify_recordings
+
     ok, problems = verify_tree(Path(root))
+    recordings = verify_recordings(Path(root))
+    ok += recordings.ok
+    problems += recordings.problems
     for line in ok:
         print(line)
+    for line in recordings.warnings:
+        print(f"cerebellar-norse: warning: {line}", file=sys.stderr)
     for line in problems:
         print(f"cerebellar-norse: {line}", file=sys.stderr)
     if not ok and not problems:
-        print(f"cerebellar-norse: {root}: no models or state files found", file=sys.stderr)
+        print(f"cerebellar-norse: {root}: no models, state files or recordings found", file=sys.stderr)
         return 1
     return 1 if problems else 0
 
@@ -230,18 +241,40 @@ def cmd_validate_model(path: str) -> int:
 
 
 def cmd_replay(cfg: Config, path: Path, as_json: bool) -> int:
-    """``cerebellar-norse replay FILE``: feed a tick CSV through the served model, in file order per market."""
+    """``cerebellar-norse replay FILE``: feed a recording or a tick CSV through the served model.
+
+    A recording (``<state_dir>/recordings/ticks-<date>-<n>.csv``) is checked first (its
+    checksum file when present, every line) and refused with ``file:line: reason`` when
+    malformed; its ticks are replayed in file order, the order they were applied. A
+    plain tick CSV is replayed in time order.
+    """
+    from ..engine.recorder import is_recording, read_recording
     from ..neurons.network import CerebellarNetwork
     from ..ticks import Tick
     from .data import load_csv_files
 
-    data = load_csv_files([path], max_bad_fraction=cfg.training.max_bad_row_fraction)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    recorded_versions: list[str] = []
+    if is_recording(path):
+        scan = read_recording(path)
+        for line in scan.warnings:
+            print(f"cerebellar-norse: warning: {line}", file=sys.stderr)
+        if not scan.records:
+            raise InputError(f"{path}: recording holds no ticks")
+        ticks = scan.ticks
+        markets = len({t.market_id for t in ticks})
+        recorded_versions = sorted({r.model_version for r in scan.records if r.model_version})
+        skipped = "none (recording)"
+    else:
+        data = load_csv_files([path], max_bad_fraction=cfg.training.max_bad_row_fraction)
+        markets = len(data.markets)
+        rows = sorted((int(ts), m.market_id, float(p), float(v)) for m in data.markets
+                      for ts, p, v in zip(m.timestamp, m.price, m.volume, strict=True))
+        ticks = [Tick(p, v, ts, mid) for ts, mid, p, v in rows]
+        skipped = str(data.bad_rows)
     weights, version = _served_weights(cfg)
-    markets = len(data.markets)
     net = CerebellarNetwork(cfg, weights=weights, max_markets=max(markets, 1))
-    rows = sorted((int(ts), m.market_id, float(p), float(v)) for m in data.markets
-                  for ts, p, v in zip(m.timestamp, m.price, m.volume, strict=True))
-    ticks = [Tick(p, v, ts, mid) for ts, mid, p, v in rows]
     results = net.process_ticks(ticks)
     if as_json:
         for r in results:
@@ -250,5 +283,7 @@ def cmd_replay(cfg: Config, path: Path, as_json: bool) -> int:
         return 0
     preds = np.array([r["prediction"] for r in results])
     print(f"replayed {len(results)} ticks of {markets} markets from {path} through model {version}")
-    print(f"prediction mean {preds.mean():+.4f}, std {preds.std():.4f}; bad rows skipped: {data.bad_rows}")
+    if recorded_versions:
+        print(f"recorded while serving model {', '.join(recorded_versions)}")
+    print(f"prediction mean {preds.mean():+.4f}, std {preds.std():.4f}; bad rows skipped: {skipped}")
     return 0

