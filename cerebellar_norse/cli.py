@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--seed", type=int, default=0, help="seed (default 0)")
 
     rp = sub.add_parser("replay", help="run recorded or CSV ticks through the served model")
-    rp.add_argument("file", help="tick CSV (e.g. a recording from <state_dir>/recordings/)")
+    rp.add_argument("file", help="a recording (<state_dir>/recordings/ticks-<date>-<n>.csv: checked, replayed in the "
+                                 "order applied; malformed: exit 1 naming file:line) or a tick CSV (time order)")
     rp.add_argument("--json", action="store_true", help="print one JSON result per line")
 
     db = sub.add_parser("debug-bundle", help="write a .tar.gz with config, versions, models and service state for support")

@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -130,9 +130,8 @@ def _write_checksum(path: Path) -> str:
     return digest
 
 
-@dataclass
-class _Batch:
-    ticks: list[Tick]
+class _Batch(NamedTuple):
+    ticks: Sequence[Tick]
     probs: np.ndarray | None
     model_version: str
     request_ids: Sequence[str | None] | None
@@ -198,25 +197,28 @@ class TickRecorder:
         ``request_ids`` the callers' request ids; either may be None (empty fields).
         """
         n = len(ticks)
-        if n == 0:
-            return 0
         with self._lock:
             room = 0 if self._closing else self.capacity - self._pending_n
-            if room <= 0:
-                self.dropped += n
+            if n > room:
+                self.dropped += n - max(room, 0)
+                if room <= 0:
+                    return 0
+                n = room
+                ticks, probs = ticks[:n], None if probs is None else probs[:n]
+                request_ids = None if request_ids is None else request_ids[:n]
+            if n == 0:
                 return 0
-            k = min(n, room)
-            self.dropped += n - k
-            self._pending.append(_Batch(list(ticks[:k]), None if probs is None else np.array(probs[:k], dtype=np.float64),
-                                        model_version, None if request_ids is None else list(request_ids[:k])))
-            self._pending_n += k
+            # copies: the caller may reuse its buffers once this returns
+            self._pending.append(_Batch(tuple(ticks), None if probs is None else probs.copy(), model_version,
+                                        None if request_ids is None else tuple(request_ids)))
+            self._pending_n += n
             self._submitted += 1
             if self._thread is None:
                 self._start()
             wake = self._pending_n * 4 >= self.capacity
         if wake:
             self._wake.set()
-        return k
+        return n
 
     def write(self, ticks: Sequence[Tick]) -> None:
         """Hand over ticks without results (see :meth:`record`)."""
@@ -279,6 +281,8 @@ class TickRecorder:
                 self._log_drops()
                 if done:
                     break
+                if not batches and self._fh is not None and self._today() != self._day:
+                    self._seal()  # yesterday's file gets its checksum without waiting for the next tick
         finally:
             self._seal()
             self._log_drops(final=True)
@@ -307,8 +311,11 @@ class TickRecorder:
                                      "" if rid is None else _printable(rid))))
         return out
 
+    def _today(self) -> str:
+        return time.strftime("%Y%m%d", time.gmtime(self._clock()))
+
     def _write_batches(self, batches: list[_Batch]) -> None:
-        day = time.strftime("%Y%m%d", time.gmtime(self._clock()))
+        day = self._today()
         lines = [line for b in batches for line in self._lines(b)]
         emitted = 0
         try:

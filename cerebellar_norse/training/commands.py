@@ -246,7 +246,8 @@ def cmd_replay(cfg: Config, path: Path, as_json: bool) -> int:
     A recording (``<state_dir>/recordings/ticks-<date>-<n>.csv``) is checked first (its
     checksum file when present, every line) and refused with ``file:line: reason`` when
     malformed; its ticks are replayed in file order, the order they were applied. A
-    plain tick CSV is replayed in time order.
+    plain tick CSV is replayed in time order; its bad rows are skipped (up to
+    ``training.max_bad_row_fraction``) and each is named on stderr.
     """
     from ..engine.recorder import is_recording, read_recording
     from ..neurons.network import CerebellarNetwork
@@ -273,6 +274,10 @@ def cmd_replay(cfg: Config, path: Path, as_json: bool) -> int:
                       for ts, p, v in zip(m.timestamp, m.price, m.volume, strict=True))
         ticks = [Tick(p, v, ts, mid) for ts, mid, p, v in rows]
         skipped = str(data.bad_rows)
+        for line in data.report[:50]:  # skipped, never silently
+            print(f"cerebellar-norse: warning: row skipped: {line}", file=sys.stderr)
+        if len(data.report) > 50:
+            print(f"cerebellar-norse: warning: … and {len(data.report) - 50} more rows skipped", file=sys.stderr)
     weights, version = _served_weights(cfg)
     net = CerebellarNetwork(cfg, weights=weights, max_markets=max(markets, 1))
     results = net.process_ticks(ticks)

@@ -354,8 +354,8 @@ async def test_warm_up_ticks_are_neither_learned_from_nor_recorded(engine_config
     await engine.submit(tick("A", T0))  # real ticks still are
     assert list(engine.learner.pending) == ["A"]
     await engine.drain(save=False)
-    (rec,) = (tmp_path / "state" / "recordings").iterdir()
-    assert rec.read_text().splitlines()[1:] == [f"{T0},A,100.0,1000.0"]
+    (rec,) = (tmp_path / "state" / "recordings").glob("*.csv")
+    assert rec.read_text().splitlines()[1:] == [f"{T0},A,100.0,1000.0,,,,{engine.model_version},"]
 
 
 # -- persistence across restarts -------------------------------------------------------------
