@@ -225,29 +225,32 @@ class TickRecorder:
         self.record(ticks)
 
     def flush(self, timeout: float | None = 10.0) -> bool:
-        """Wait until every tick handed over so far is written (flushed to the OS); False on timeout."""
+        """Wait until every tick handed over so far is written (flushed to the OS); False on timeout.
+
+        On a closing recorder, wait until its last file is closed and checksummed.
+        """
         with self._lock:
             target = self._submitted
             if self._thread is None:
                 return True
             self._wake.set()
-            return self._done.wait_for(lambda: self._handled >= target or self._stopped, timeout)
+            return self._done.wait_for(lambda: self._stopped or (self._handled >= target and not self._closing), timeout)
 
     def close(self, wait: bool = True) -> None:
         """Write what is buffered, close and checksum the current file; later ticks are dropped.
 
-        With ``wait=False`` the writer thread finishes on its own.
+        With ``wait=False`` the writer thread finishes on its own (at the latest when the
+        interpreter exits, which waits for it).
         """
         with self._lock:
             self._closing = True
             thread = self._thread
-        with contextlib.suppress(ValueError):
-            atexit.unregister(self._close_at_exit)
-        if thread is None:
-            return
-        self._wake.set()
-        if wait:
+        if thread is not None:
+            self._wake.set()
+            if not wait:
+                return
             thread.join()
+        atexit.unregister(self._close_at_exit)
 
     def _close_at_exit(self) -> None:
         self.close()
@@ -284,8 +287,11 @@ class TickRecorder:
                 if not batches and self._fh is not None and self._today() != self._day:
                     self._seal()  # yesterday's file gets its checksum without waiting for the next tick
         finally:
-            self._seal()
-            self._log_drops(final=True)
+            try:
+                self._seal()
+                self._log_drops(final=True)
+            except Exception:
+                log.exception("recording not closed cleanly")
             with self._lock:
                 self._stopped = True
                 self._done.notify_all()

@@ -377,6 +377,24 @@ def test_rotation_by_utc_date(tmp_path: Path) -> None:
     assert [r.tick.timestamp for p in recording_files(tmp_path) for r in read_recording(p).records] == [T0, T0 + 1]
 
 
+def test_file_is_closed_at_midnight_without_traffic(tmp_path: Path) -> None:
+    now = [datetime(2024, 1, 1, 23, 59, 59, tzinfo=UTC).timestamp()]
+    rec = TickRecorder(tmp_path, clock=lambda: now[0], flush_interval_s=0.01)
+    try:
+        rec.record([Tick(100.0, 1.0, T0, "A")])
+        assert rec.flush()
+        path = tmp_path / "ticks-20240101-0001.csv"
+        assert path.exists() and not checksum_path(path).exists()
+        now[0] += 2.0
+        deadline = time.monotonic() + 10
+        while not checksum_path(path).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _sha256sum_ok(path)
+    finally:
+        rec.close()
+    assert recording_files(tmp_path) == [path]
+
+
 # -- off the hot path -----------------------------------------------------------------------
 
 
@@ -427,3 +445,24 @@ async def test_engine_hands_ticks_to_the_recorder_without_writing(config_file: P
     await engine.drain(save=False)
     (path,) = recording_files(tmp_path / "state" / "recordings")
     assert [t.timestamp for t in read_recording(path).ticks] == [T0 + i for i in range(50)]
+
+
+def test_close_without_waiting_still_closes_the_file(tmp_path: Path) -> None:
+    rec = TickRecorder(tmp_path)
+    rec.record([Tick(100.0, 1.0, T0, "A")])
+    rec.close(wait=False)
+    assert rec.flush()  # returns once the writer has stopped
+    (path,) = recording_files(tmp_path)
+    assert _sha256sum_ok(path) and read_recording(path).ticks == [Tick(100.0, 1.0, T0, "A")]
+
+
+def test_failed_writes_are_logged_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    rec = TickRecorder(blocked)
+    assert rec.record([Tick(100.0, 1.0, T0, "A"), Tick(100.0, 1.0, T0 + 1, "A")]) == 2
+    assert rec.flush()
+    rec.close()
+    assert (rec.written, rec.dropped, rec.write_errors) == (0, 2, 1)
+    assert any(r.levelname == "ERROR" and "recording write failed" in r.getMessage() for r in caplog.records)
+    assert any(r.levelname == "WARNING" and "recording dropped 2 ticks" in r.getMessage() for r in caplog.records)
