@@ -215,8 +215,8 @@ def cmd_verify_data(root: str) -> int:
         print(f"cerebellar-norse: warning: {line}", file=sys.stderr)
     for line in problems:
         print(f"cerebellar-norse: {line}", file=sys.stderr)
-    if not ok and not problems:
-        print(f"cerebellar-norse: {root}: no models, state files or recordings found", file=sys.stderr)
+    if not ok and not problems and not recordings.warnings:
+        print(f"cerebellar-norse: {root}: no models or state files found, and no recordings", file=sys.stderr)
         return 1
     return 1 if problems else 0
 

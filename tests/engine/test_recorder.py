@@ -293,6 +293,12 @@ def test_old_unescaped_recordings_are_flagged(tmp_path: Path, capsys: pytest.Cap
     code, _, err = run(capsys, "--verify-data", tmp_path)
     assert code == 0
     assert "ticks-20220101.csv: recording in the old format" in err
+    for p in recording_files(rdir):
+        if p.name != "ticks-20220101.csv":
+            p.unlink()
+            checksum_path(p).unlink()
+    code, _, err = run(capsys, "--verify-data", tmp_path)
+    assert code == 0 and "no models or state files found" not in err
 
 
 # -- open files, crashes ----------------------------------------------------------------------
