@@ -87,7 +87,7 @@ class NeuralConfig(_Section):
     seed: int = Field(42, ge=0, le=2**63 - 1, description="Seed fixing topology and initial weights.")
     horizon_ticks: int = Field(10, ge=1, le=100_000, description="Prediction horizon (ticks ahead of the same market) of the down/flat/up classes.")
     horizon_ms: int | None = Field(None, ge=1, le=10 * 365 * 86_400_000, description="When set, the horizon is this much market time (ms) instead of horizon_ticks: a tick is judged at the first tick of its market at least horizon_ms later.")
-    warmup_ticks: int = Field(400, ge=0, le=10_000_000, description="Ticks a market must have seen before its results stop carrying warming_up (the state has then forgotten where it started).")
+    warmup_ticks: int = Field(500, ge=0, le=10_000_000, description="Ticks a market must have seen before its results stop carrying warming_up (the state has then forgotten where it started).")
     target_sparsity: float = Field(0.05, gt=0, lt=1, description="Target fraction of granule cells spiking per step (Golgi inhibition).")
     golgi_rate: float = Field(2.0, ge=0, le=1000, description="Gain of the Golgi homeostatic inhibition (current per unit activity error per step).")
     golgi_leak: float = Field(0.05, ge=0, lt=1, description="Fraction of the Golgi inhibition that decays each step; above 0 the network forgets its starting state (0 = a pure integrator that never does).")
@@ -130,6 +130,10 @@ class PerformanceConfig(_Section):
     memory_pool_size: ByteSize = Field(ByteSize(64_000_000), description='Memory reserved for market states, e.g. "20GB".')
     memory_limit: ByteSize = Field(ByteSize(2_000_000_000), description='Hard cap on the estimated memory, e.g. "28GB".')
     garbage_collection_threshold: float = Field(0.8, gt=0, le=1, description="Pool usage fraction above which idle markets are evicted early.")
+    journal: bool = Field(True, description="Append every applied batch of ticks to a journal in the state dir before its results are returned, and replay it over the last checkpoint at start: a crash (kill -9) loses no acknowledged tick.")
+    journal_fsync: bool = Field(False, description="fsync the journal after every batch, so acknowledged ticks also survive power loss (costs one disk flush per batch); without it they survive a process crash.")
+    journal_segment_size: ByteSize = Field(ByteSize(64_000_000), ge=1_000_000, description='Size of one journal file, reserved on disk when it is created (a full disk is found then, not mid-batch), e.g. "64MB"; a full file starts a checkpoint.')
+    checkpoint_interval_s: float = Field(60.0, gt=0, le=86_400, description="Seconds between checkpoints of the market states (s); each removes the journal it covers, so it bounds the replay at start.")
 
 
 class TrainingConfig(_Section):
@@ -162,12 +166,24 @@ class ServerConfig(_Section):
 
     host: str = Field("127.0.0.1", min_length=1, description="Listen address.")
     port: int = Field(8080, ge=1, le=65_535, description="Listen port.")
-    api_token: SecretStr | None = Field(None, description="Bearer token for state-changing routes; required off loopback.")
+    api_token: SecretStr | None = Field(None, description="Bearer token for state-changing routes; required off loopback. Empty or blank means no token; surrounding whitespace is ignored.")
     worker_threads: int = Field(4, ge=1, le=1024, description="Threads of the pool for blocking work off the hot path (job monitoring, file I/O).")
     connection_timeout: float = Field(30.0, gt=0, le=3600, description="Seconds open connections get to finish their requests at shutdown (s).")
     keep_alive_timeout: float = Field(75.0, gt=0, le=3600, description="Idle keep-alive connection lifetime (s).")
     max_connections: int = Field(10_000, ge=1, le=1_000_000, description="Concurrent connections before new ones get 503.")
     max_body_size: ByteSize = Field(ByteSize(1_000_000), description='Largest request body, e.g. "1MB".')
+    request_timeout: float = Field(10.0, gt=0, le=3600, description="Seconds a client gets to send a whole request (headers and body) once it has started one; slower requests are answered 408 and their connection closed.")
+    max_clock_skew_ms: int = Field(300_000, ge=0, le=3_155_760_000_000, description="Ticks whose timestamp is more than this far ahead of the server clock (ms) are refused (409 future_timestamp).")
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _blank_token_is_none(cls, v: Any) -> Any:
+        """An empty or whitespace-only token is no token (it must never authenticate); a real one loses surrounding blanks."""
+        if isinstance(v, SecretStr):
+            v = v.get_secret_value()
+        if isinstance(v, str):
+            return v.strip() or None
+        return v
 
 
 class LoggingConfig(_Section):

@@ -265,7 +265,8 @@ def validate_epoch(cfg: Config, weights: Weights, prep: Prepared) -> tuple[Weigh
     served = weights.with_head(choice.head.gain, choice.head.bias)
     val = classification_metrics(apply_head(lv, served.head_gain, served.head_bias), labels, int(np.argmax(prep.train_counts)))
     val.update({"edge": choice.edge, "head": choice.head.kind, "cv": choice.cv})
-    return served, val, cv_score(choice)
+    score = cv_score(choice)
+    return served, val, score if math.isfinite(score) else float(val.get("loss", math.inf))
 
 
 ProgressFn = Callable[[dict[str, Any]], None]

@@ -144,13 +144,22 @@ def test_run_training_stores_a_model_and_a_late_cancel_writes_none(make_config: 
     res = run_training(cfg, [path], 1, lambda d: warnings.append(d["warning"]) if "warning" in d else None, lambda: False)
     assert store.versions() == [res["model_version"]]
     assert res["active_version"] is None and res["active_model_validation"] is None
-    assert len(warnings) == 3 and res["warnings"] == warnings  # under 10,000 samples per class
+    assert len(warnings) == 3 and res["warnings"][:3] == warnings  # under 10,000 samples per class
+    assert res["edge"] in ("none", "flat", "direction") and res["started"] == "from scratch (no active model)"
+    if res["edge"] == "none":  # 800 ticks of a tiny network: usually no edge, and then it says so
+        assert res["warnings"][3].startswith("no edge found")
     stored = store.load(res["model_version"])
     assert stored.metrics["data"]["rows"] == 800 and stored.metrics["validation"]["loss"] == pytest.approx(res["validation"]["loss"])
-    # the next job starts from the stored model and compares with it on the same split
+    # a stored but inactive model is never the starting point
+    res1 = run_training(cfg, [path], 1, lambda d: None, lambda: False)
+    assert res1["active_version"] is None and res1["started"] == "from scratch (no active model)"
+    # the next job starts from the active model and compares with it on the same split
+    store.set_active(res["model_version"])
     res2 = run_training(cfg, [path], 1, lambda d: None, lambda: False)
-    assert res2["active_version"] == res["model_version"]
+    assert res2["active_version"] == res["model_version"] and res2["started"] == f"from the active model {res['model_version']}"
     assert res2["active_model_validation"]["loss"] == pytest.approx(res["validation"]["loss"])
+    res3 = run_training(cfg, [path], 1, lambda d: None, lambda: False, from_scratch=True)
+    assert res3["started"] == "from scratch (--from-scratch)"
 
 
 # --------------------------------------------------------------------------------------
@@ -248,7 +257,7 @@ def test_second_job_conflicts_and_cancel_leaves_no_model(js: JobServer) -> None:
 
 def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
     c = js.client
-    r = c.post("/training", json={"files": ["small.csv"], "epochs": 1}, headers=AUTH)
+    r = c.post("/training", json={"files": ["small.csv"], "epochs": 1, "activate": "always"}, headers=AUTH)
     assert r.status_code == 202, r.text
     job_id = r.json()["job_id"]
     assert r.json()["status_url"] == f"/training/status/{job_id}"
@@ -262,7 +271,9 @@ def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
     assert val["samples"] > 500
     assert st["validation_history"] and st["validation_history"][-1]["loss"] == pytest.approx(val["loss"])
     old = st["active_model_validation"]
-    assert old is not None and val["loss"] < old["loss"]  # trained beats the untrained network on the same split
+    assert old is not None and old["samples"] == val["samples"]  # the active model scored on the same split
+    assert st["edge"] in ("none", "flat", "direction") and val["edge"] == st["edge"]
+    assert st["test"]["samples"] > 0 and {"base_rates", "logistic"} <= set(st["test"]["baselines"])
     new = st["model_version"]
     assert new and new not in (VA, VB, VC)
     assert new in model_dirs(js.store)
@@ -346,3 +357,22 @@ def test_hot_swap_under_load_loses_no_request(js: JobServer) -> None:
         first_new = versions.index(VB)
         assert all(v == VB for v in versions[first_new:])  # never back to the old model
     assert served_version(js.client) == VB and js.store.active_version() == VB
+
+
+def test_auto_activation_needs_a_directional_edge(make_config: ConfigFactory) -> None:
+    from cerebellar_norse.training.jobs import JobManager, JobStatus
+
+    activated: list[str] = []
+    mgr = JobManager(make_config(), activated.append, lambda loss: None)
+    for edge, expect in (("none", False), ("flat", False), ("direction", True)):
+        job = JobStatus(job_id=f"j{edge}", state="running")
+        res = {"model_version": f"v-{edge}", "validation": {"loss": 1.0}, "active_model_validation": {"loss": 1.1},
+               "edge": edge, "test": {}}
+        mgr._on_success(job, res, "auto")
+        assert job.activated is expect and job.state == "succeeded"
+        assert (f"v-{edge}" in activated) is expect
+        if not expect:
+            assert any("no directional edge" in w for w in job.warnings)
+    job = JobStatus(job_id="jalways", state="running")
+    mgr._on_success(job, {"model_version": "v-always", "validation": {"loss": 2.0}, "edge": "none"}, "always")
+    assert job.activated and "v-always" in activated

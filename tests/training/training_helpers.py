@@ -29,6 +29,7 @@ TINY_NEURAL: dict[str, Any] = {
     "dcn_size": 6,
     "target_sparsity": 0.1,
     "horizon_ticks": 5,
+    "warmup_ticks": 50,  # short series: the default warm-up would leave nothing to score
 }
 
 
