@@ -51,7 +51,7 @@ def test_training_finds_the_signal_and_beats_the_base_rates_on_the_test_split(tm
     assert result.edge == "direction", val["cv"]
     assert val["cv"][val["head"]]["log_loss"] < val["cv"]["priors"]["log_loss"]
     base = (prep.train_counts + 1.0) / (prep.train_counts.sum() + 3.0)
-    idx, labels = prep.rows(2)
+    _, labels = prep.rows(2)
     base_loss = float(-np.mean(np.log(base[labels])))
     test = evaluate(cfg, result.weights, prep, split=2)
     assert test["samples"] > 4000
