@@ -42,6 +42,7 @@ from ..neurons.network import StepBuffers, result_dicts, step_ticks
 from ..neurons.parameters import encoder_parameters, network_parameters
 from ..neurons.state import StateArrays
 from ..neurons.topology import Weights, generate_weights
+from ..observability.ratelimit import SummaryLog
 from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
 from .persistence import STATE_FILE, load_pool, save_pool
@@ -56,6 +57,7 @@ MIN_TIMER_DELAY_S = 0.0005
 
 
 IDLE_EVICTION_S = 300.0  # markets idle this long may be evicted above the pool threshold
+EVICTION_LOG_INTERVAL_S = 60.0  # evictions are logged at most once per this interval, with their count
 
 
 def pool_capacity(cfg: Config) -> int:
@@ -117,6 +119,9 @@ class Engine:
         self.recorder: TickRecorder | None = None
         self._scratch = False  # stepping warm-up ticks: not learned from, not recorded
         self.stats = EngineStats()
+        self.eviction_log = SummaryLog(log, "evicted least recently used markets", EVICTION_LOG_INTERVAL_S, "evicted")
+        self.idle_eviction_log = SummaryLog(log, "evicted idle markets above the pool threshold", EVICTION_LOG_INTERVAL_S,
+                                            "evicted")
         self.observers: list[BatchObserver] = []
         self._pending: list[tuple[Tick, asyncio.Future[dict[str, Any]]]] = []
         self._pending_ts: dict[str, int] = {}
@@ -188,6 +193,20 @@ class Engine:
         if reset_states:
             for market in self.pool.table.markets():
                 self.pool.table.release(market)
+
+    def reset_market(self, market_id: str) -> bool:
+        """Forget one market's state (its next tick starts from rest); False when it holds no state.
+
+        Ticks of the market already queued are applied after the reset, in order.
+        """
+        if not self.pool.table.release(market_id):
+            return False
+        if self.learner is not None:
+            self.learner.pending.pop(market_id, None)
+        if self.scorer is not None:
+            self.scorer.forget(market_id)
+        log.info("market reset", extra={"fields": {"market_id": market_id}})
+        return True
 
     # -- submission ---------------------------------------------------------------
 
@@ -262,8 +281,7 @@ class Engine:
             return 0
         gone = self.pool.table.evict_idle(keep, IDLE_EVICTION_S, now)
         if gone:
-            log.info("evicted idle markets above the pool threshold", extra={"fields": {
-                "evicted": len(gone), "threshold": threshold, "markets": self.pool.used, "capacity": self.pool.capacity}})
+            self.idle_eviction_log.add(len(gone), threshold=threshold, markets=self.pool.used, capacity=self.pool.capacity)
         return len(gone)
 
     def _run_batch(self, batch: list[tuple[Tick, asyncio.Future[dict[str, Any]]]]) -> None:
@@ -323,7 +341,7 @@ class Engine:
         evictions = self.pool.table.evictions
         probs, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, ticks, self._buf)
         if self.pool.table.evictions != evictions:
-            log.info("evicted least recently used markets", extra={"fields": {"evicted": self.pool.table.evictions - evictions, "last": self.pool.table.last_evicted}})
+            self.eviction_log.add(self.pool.table.evictions - evictions, last=self.pool.table.last_evicted)
         if not self._scratch:  # warm-up ticks are neither learned from nor recorded
             if self.learner is not None:
                 self._learn(ticks, probs)
@@ -384,6 +402,8 @@ class Engine:
         if self.recorder is not None:
             self.recorder.close()
             self.recorder = None
+        self.eviction_log.flush()
+        self.idle_eviction_log.flush()
         if save:
             self.save_state()
 
