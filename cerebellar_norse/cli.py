@@ -111,9 +111,10 @@ def _cmd_validate(args: argparse.Namespace, host_checks: bool) -> int:
     if not host_checks:
         print(f"{source}: schema OK")
         return EXIT_OK
+    from .api.exposure import exposure_problems
     from .hostcheck import gather_host_facts, host_problems
 
-    problems = cfgmod.consistency_problems(cfg) + host_problems(cfg, gather_host_facts())
+    problems = cfgmod.consistency_problems(cfg) + exposure_problems(cfg) + host_problems(cfg, gather_host_facts())
     if problems:
         _print_problems(problems, source)
         _err(f"{source}: {len(problems)} problem(s) found")

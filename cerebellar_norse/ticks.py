@@ -21,6 +21,8 @@ from .errors import InputError, TickOrderError
 TS_MIN_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
 TS_MAX_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
 MARKET_ID_MAX = 64
+# check_market_id as a regular expression (for schemas): printable ASCII, no space at either end.
+MARKET_ID_PATTERN = r"^[!-~]([ -~]{0,62}[!-~])?$"
 TICK_FIELDS = ("price", "volume", "timestamp", "market_id")
 
 
@@ -135,3 +137,29 @@ def check_order(ticks: Sequence[Tick], last_timestamp: Callable[[str], int | Non
             field = f"ticks.{j}.timestamp" if batch else "timestamp"
             raise TickOrderError(f"tick at {t.timestamp} is older than the market's last tick at {prev}", field)
         seen[t.market_id] = t.timestamp
+
+
+class FutureTickError(InputError):
+    """A tick's timestamp is further ahead of the server clock than the allowed clock skew.
+
+    Such a tick is well formed, and would be accepted a little later: it conflicts with
+    the server's clock, as an out-of-order tick conflicts with its market's last tick
+    (HTTP 409). Accepting it would move the market's clock far ahead, and every real
+    tick after it would then be refused as out of order.
+    """
+
+    status_code = 409
+
+
+def check_not_future(ticks: Sequence[Tick], now_ms: int, max_skew_ms: int, batch: bool) -> None:
+    """Raise FutureTickError for the first tick more than ``max_skew_ms`` ahead of ``now_ms``.
+
+    The field is ``ticks.N.timestamp`` for a batch, ``timestamp`` for a single tick.
+    """
+    bound = now_ms + max_skew_ms
+    for j, t in enumerate(ticks):
+        if t.timestamp <= bound:
+            continue
+        field = f"ticks.{j}.timestamp" if batch else "timestamp"
+        raise FutureTickError(f"tick at {t.timestamp} is {t.timestamp - now_ms} ms ahead of the server clock ({now_ms}); "
+                              f"at most server.max_clock_skew_ms = {max_skew_ms} ms is allowed", field)

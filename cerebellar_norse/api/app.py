@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -9,38 +10,61 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
-from ..observability.context import accept_request_id, request_id_var
-from .deps import ServiceState
+from ..observability.context import accept_request_id, new_request_id, request_id_var
+from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, ServiceState
 from .errors import install_error_handlers
-from .fastpath import PATH, TickFastPath
+from .fastpath import TickFastPath
+from .openapi import install_openapi
 from .routes import health, neural
 from .schemas import error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
 
 
+class BodyTooLarge(StarletteHTTPException):
+    """A chunked request body passed ``server.max_body_size`` while it was read (HTTP 413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds server.max_body_size ({limit} bytes)")
+
+
 class RequestContextMiddleware:
     """Pure ASGI middleware: request id in and out (``X-Request-ID``), request count and latency by route.
 
     It also enforces ``server.max_body_size`` (413 with the JSON error shape: at once when
-    ``Content-Length`` is too large, while reading for bodies without one) and turns an
-    unexpected exception into the JSON 500 with the request id, so that every response,
-    errors included, carries ``X-Request-ID`` and a body whose ``request_id`` matches it.
+    ``Content-Length`` is too large, while reading for bodies without one) and
+    ``server.max_connections`` (503 with ``Retry-After``), and turns an unexpected
+    exception into the JSON 500 with the request id, so that every response, errors
+    included, carries ``X-Request-ID`` and a body whose ``request_id`` matches it.
     """
 
     def __init__(self, app: ASGIApp, state: ServiceState) -> None:
         self.app = app
         self.state = state
         self.max_body = int(state.cfg.server.max_body_size)
+        self.max_connections = state.cfg.server.max_connections
 
     def _too_large(self) -> str:
         return f"request body exceeds server.max_body_size ({self.max_body} bytes)"
 
+    def _over_connection_limit(self) -> bool:
+        """More open connections (or running requests) than ``server.max_connections``, this one included."""
+        server = self.state.extra.get("server")
+        server_state = getattr(server, "server_state", None)
+        if server_state is None:
+            return False
+        limit = self.max_connections
+        return len(server_state.connections) > limit or len(server_state.tasks) > limit
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "websocket" and self._over_connection_limit():
+                await self._refuse_websocket(scope, send)
+                return
             await self.app(scope, receive, send)
             return
         rid = None
@@ -52,12 +76,15 @@ class RequestContextMiddleware:
                 length = v
         rid = accept_request_id(rid)
         token = request_id_var.set(rid)
+        scope[SCOPE_REQUEST_ID] = rid
         status = 500
         started = False
         t0 = time.perf_counter()
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status, started
+            if scope.get(SCOPE_TIMED_OUT):
+                return  # the protocol answered 408 already (server.request_timeout)
             if message["type"] == "http.response.start":
                 status = message["status"]
                 started = True
@@ -74,18 +101,32 @@ class RequestContextMiddleware:
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
                     if received > self.max_body:
-                        raise StarletteHTTPException(413, self._too_large())
+                        raise BodyTooLarge(self.max_body)
                 return message
 
             app_receive = limited_receive
 
         m = self.state.metrics
         try:
+            if self._over_connection_limit():
+                m.errors.labels("capacity").inc()
+                msg = f"too many open connections (server.max_connections = {self.max_connections}); retry later"
+                await JSONResponse(error_payload("capacity", msg, rid), status_code=503,
+                                   headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send_wrapper)
+                return
             if length is not None and (not length.isdigit() or int(length) > self.max_body):
                 m.errors.labels("body_too_large").inc()
                 await JSONResponse(error_payload("body_too_large", self._too_large(), rid), status_code=413)(scope, receive, send_wrapper)
                 return
             await self.app(scope, app_receive, send_wrapper)
+        except BodyTooLarge:
+            if started:
+                raise
+            m.errors.labels("body_too_large").inc()
+            await JSONResponse(error_payload("body_too_large", self._too_large(), rid), status_code=413,
+                               headers={"Connection": "close"})(scope, receive, send_wrapper)
+        except ClientDisconnect:
+            pass  # the client went away (or was cut off by the request timeout): nothing to answer
         except Exception:
             if started:
                 raise
@@ -94,11 +135,28 @@ class RequestContextMiddleware:
             await JSONResponse(error_payload("internal", "internal error (logged with this request id)", rid),
                                status_code=500)(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            label = getattr(route, "path", None) or "other"
+            if scope.get(SCOPE_TIMED_OUT):
+                status = 408
+            elif not started and status == 500:
+                status = 499  # closed by the client before an answer (nginx's convention)
+            label = scope.get(SCOPE_ROUTE) or getattr(scope.get("route"), "path", None) or "other"
             m.requests.labels(label, scope["method"], str(status)).inc()
             m.request_seconds.labels(label).observe(time.perf_counter() - t0)
             request_id_var.reset(token)
+
+    async def _refuse_websocket(self, scope: Scope, send: Send) -> None:
+        """Refuse a WebSocket handshake over the connection limit: a JSON 503 where the server can send one."""
+        self.state.metrics.errors.labels("capacity").inc()
+        rid = new_request_id()
+        msg = f"too many open connections (server.max_connections = {self.max_connections}); retry later"
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1013, "reason": "too many open connections"})
+            return
+        body = json.dumps(error_payload("capacity", msg, rid)).encode()
+        await send({"type": "websocket.http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"retry-after", b"1"), (b"x-request-id", rid.encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
 
 
 def create_app(state: ServiceState, extra_routers: list[Any] | None = None, lifespan: Any = None) -> FastAPI:
@@ -112,10 +170,11 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     app.state.service = state
     app.include_router(health.router)
     app.include_router(neural.router)
+    app.include_router(neural.markets_router)
     for r in extra_routers or []:
         app.include_router(r)
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc())
-    hot_route = next((r for r in app.routes if getattr(r, "path", None) == PATH), None)
-    app.add_middleware(TickFastPath, state=state, route=hot_route)  # inner: runs inside the request context
+    install_openapi(app, state)
+    app.add_middleware(TickFastPath, state=state)  # inner: runs inside the request context
     app.add_middleware(RequestContextMiddleware, state=state)
     return app

@@ -1,18 +1,28 @@
-"""Shared pieces of the routes: the service state and the bearer-token check."""
+"""Shared pieces of the routes: the service state, the bearer-token check, JSON-only routes, tick checks."""
 
 from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Request
+from fastapi import Request, Response, Security
+from fastapi.exceptions import HTTPException
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..config import Config
 from ..engine.engine import Engine
-from ..errors import CerebellarNorseError
+from ..errors import CerebellarNorseError, InputError
 from ..observability.metrics import ServiceMetrics
+from ..ticks import Tick, check_not_future
+
+# Keys this service adds to the ASGI scope of an HTTP request.
+SCOPE_ROUTE = "cerebellar_norse.route"  # route label of the request metrics (set by the hot path)
+SCOPE_REQUEST_ID = "cerebellar_norse.request_id"  # the request id, for answers written below the app (408)
+SCOPE_TIMED_OUT = "cerebellar_norse.timed_out"  # set when the protocol answered the request 408
 
 
 class AuthError(CerebellarNorseError):
@@ -33,23 +43,93 @@ class ServiceState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def check_ticks(svc: ServiceState, ticks: Sequence[Tick], batch: bool) -> None:
+    """The service's checks of client ticks before the engine (HTTP and stream alike).
+
+    A tick more than ``server.max_clock_skew_ms`` ahead of the server clock is refused
+    (FutureTickError, 409); a batch larger than the engine queue could never be
+    admitted, so it is refused as invalid (422 naming ``ticks``) instead of 503.
+    """
+    if batch and len(ticks) > svc.engine.queue_size:
+        raise InputError(f"a batch of {len(ticks)} ticks can never fit the engine queue (performance.queue_size = "
+                         f"{svc.engine.queue_size} ticks): send at most {svc.engine.queue_size} ticks per batch", "ticks")
+    check_not_future(ticks, time.time_ns() // 1_000_000, svc.cfg.server.max_clock_skew_ms, batch)
+
+
 def service(request: Request) -> ServiceState:
     """The service state of the app serving ``request``."""
     svc: ServiceState = request.app.state.service
     return svc
 
 
-def check_token(cfg: Config, authorization: str | None) -> None:
-    """Raise AuthError unless ``Authorization: Bearer <token>`` matches (when a token is configured)."""
+def configured_token(cfg: Config) -> bytes | None:
+    """The configured bearer token, or None when there is none (an empty or blank token is none)."""
     token = cfg.server.api_token
     if token is None:
+        return None
+    value = token.get_secret_value().strip()
+    return value.encode() if value else None
+
+
+def check_token(cfg: Config, authorization: str | None) -> None:
+    """Raise AuthError unless ``Authorization: Bearer <token>`` matches (when a token is configured).
+
+    The comparison takes constant time (``hmac.compare_digest``); an empty credential
+    never matches.
+    """
+    expected = configured_token(cfg)
+    if expected is None:
         return
-    expected = token.get_secret_value().encode()
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    credential = given.strip().encode("latin-1", "replace")  # header values arrive latin-1 decoded: these are the raw bytes
+    ok = hmac.compare_digest(credential, expected)  # always run, so timing does not tell which test failed
+    if not (scheme.lower() == "bearer" and credential and ok):
         raise AuthError("missing or invalid bearer token (send Authorization: Bearer <token>)")
 
 
-def require_token(request: Request) -> None:
+# Declares the bearer scheme in OpenAPI; the check itself is check_token (constant time, blank never matches).
+bearer_scheme = HTTPBearer(auto_error=False, scheme_name="bearerAuth",
+                           description="Authorization: Bearer <server.api_token> (when a token is configured).")
+
+
+def require_token(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]) -> None:
     """FastAPI dependency for routes that change state or expose internals."""
     check_token(service(request).cfg, request.headers.get("authorization"))
+
+
+def require_json(request: Request) -> None:
+    """Raise 415 unless the request's body is ``application/json``."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";", 1)[0].strip().lower() != "application/json":
+        raise HTTPException(415, f"content type must be application/json, got {ctype or 'none'!r}")
+
+
+class JsonBodyRoute(APIRoute):
+    """A route whose POST requests must be ``application/json``: checked before FastAPI reads and validates the body.
+
+    (In the endpoint the check would come too late: a text/plain body fails validation
+    first, with 422. A route wrapper costs less per request than a FastAPI dependency.)
+    """
+
+    guarded = False
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if "POST" not in (self.methods or ()) or self.body_field is None:
+            return handler
+
+        guarded = self.guarded
+
+        async def json_only(request: Request) -> Response:
+            if guarded:  # the token first: an unauthenticated caller learns nothing about the body
+                check_token(service(request).cfg, request.headers.get("authorization"))
+            require_json(request)
+            return await handler(request)
+
+        return json_only
+
+
+class GuardedJsonBodyRoute(JsonBodyRoute):
+    """A token-guarded JsonBodyRoute: the token is checked before the content type and the body."""
+
+    guarded = True

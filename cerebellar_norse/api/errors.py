@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError, TickOrderError
 from ..observability.context import request_id_var
+from ..ticks import FutureTickError
 from .deps import AuthError
 from .schemas import error_payload
 
@@ -31,6 +32,8 @@ def input_error_kind(exc: InputError) -> str:
     """``error.type`` of an InputError: by its class and status, not by the status alone (409 is not always order)."""
     if isinstance(exc, TickOrderError):
         return "out_of_order"
+    if isinstance(exc, FutureTickError):
+        return "future_timestamp"
     return {404: "not_found", 409: "conflict"}.get(exc.status_code, "validation")
 
 
@@ -83,13 +86,18 @@ def service_error(exc: CerebellarNorseError) -> ServiceErrorResponse:
     return ServiceErrorResponse(500, "internal", str(exc))
 
 
+# error.type of the HTTP-level errors raised by the framework (an unlisted status would be "http").
+HTTP_ERROR_KINDS = {400: "malformed_json", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+                    413: "body_too_large", 415: "unsupported_media_type"}
+
+
 def install_error_handlers(app: FastAPI, count_error: Any) -> None:
     """Register handlers turning every error into the JSON error shape."""
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         status, body = validation_response(list(exc.errors()))
-        count_error("validation")
+        count_error(body["error"]["type"])  # malformed_json (400) or validation (422), as on the hot path
         return JSONResponse(body, status_code=status)
 
     @app.exception_handler(CerebellarNorseError)
@@ -100,10 +108,12 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kinds = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
-        kind = kinds.get(exc.status_code, "http")
+        kind = HTTP_ERROR_KINDS.get(exc.status_code, "http")
+        message = str(exc.detail)
+        if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (e.g. not UTF-8)
+            message = "request body is not valid JSON (it must be UTF-8 encoded JSON)"
         count_error(kind)
-        return JSONResponse(error_payload(kind, str(exc.detail), request_id_var.get()), status_code=exc.status_code,
+        return JSONResponse(error_payload(kind, message, request_id_var.get()), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import CerebellarNorseError
 from ..observability.context import request_id_var
-from .deps import ServiceState
+from .deps import SCOPE_ROUTE, ServiceState, check_ticks
 from .errors import service_error, validation_response
 from .schemas import ResultOut, TickIn, error_payload
 
@@ -35,15 +34,13 @@ PATH = "/neural/process"
 class TickFastPath:
     """ASGI middleware answering ``POST /neural/process``; everything else goes to ``app``."""
 
-    def __init__(self, app: ASGIApp, state: ServiceState, route: Any = None) -> None:
+    def __init__(self, app: ASGIApp, state: ServiceState) -> None:
         self.app = app
         self.state = state
-        self.route = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
-            if self.route is not None:
-                scope["route"] = self.route  # request metrics label it like the FastAPI route
+            scope[SCOPE_ROUTE] = PATH  # request metrics label it like the FastAPI route
             await self._handle(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -89,7 +86,9 @@ class TickFastPath:
             await self._reply(send, status, json.dumps(payload).encode())
             return
         try:
-            result = await self.state.engine.submit(tick.to_tick())
+            t = tick.to_tick()
+            check_ticks(self.state, (t,), batch=False)
+            result = await self.state.engine.submit(t)
         except CerebellarNorseError as exc:
             err = service_error(exc)
             extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]

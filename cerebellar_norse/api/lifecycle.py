@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..observability import systemd
 from ..observability.logging import effective_level
 from .deps import ServiceState
+from .exposure import reload_auth_refusal
 
 log = logging.getLogger("cerebellar_norse.lifecycle")
 
@@ -91,6 +92,11 @@ def reload_config(state: ServiceState, path: str | None) -> None:
     except ConfigError as exc:
         log.error("config reload refused, keeping the running config: %s", exc)
         systemd.ready("reload refused: config invalid")
+        return
+    refusal = reload_auth_refusal(state.cfg, new)
+    if refusal is not None:
+        log.error("config reload refused, keeping the running config: %s", refusal)
+        systemd.ready("reload refused: auth would change")
         return
     applied, restart = apply_reload(state, new)
     log.info("config reloaded", extra={"fields": {"applied": applied, "need_restart": restart}})

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..errors import InputError
-from ..ticks import MARKET_ID_MAX, TS_MAX_MS, TS_MIN_MS, Tick, check_market_id
+from ..ticks import MARKET_ID_MAX, MARKET_ID_PATTERN, TS_MAX_MS, TS_MIN_MS, Tick, check_market_id
 
 
 class TickIn(BaseModel):
@@ -19,8 +19,16 @@ class TickIn(BaseModel):
 
     price: float = Field(gt=0, allow_inf_nan=False, description="Price (quote currency), finite and > 0.")
     volume: float = Field(ge=0, allow_inf_nan=False, description="Traded volume (units), finite and >= 0.")
-    timestamp: int = Field(ge=TS_MIN_MS, lt=TS_MAX_MS, description="Tick time, ms since the Unix epoch (2000..2100).")
-    market_id: str = Field(min_length=1, max_length=MARKET_ID_MAX, description="Market identifier, 1-64 printable ASCII characters.")
+    timestamp: int = Field(ge=TS_MIN_MS, lt=TS_MAX_MS, description=(
+        "Tick time, ms since the Unix epoch (2000..2100); an integral number (1640995200000 or 1640995200000.0). "
+        "A tick more than server.max_clock_skew_ms ahead of the server clock is refused with 409 future_timestamp."))
+    market_id: str = Field(min_length=1, max_length=MARKET_ID_MAX, json_schema_extra={"pattern": MARKET_ID_PATTERN},
+                           description="Market identifier, 1-64 printable ASCII characters, no space at either end.")
+
+    @field_validator("timestamp", mode="before")
+    @classmethod
+    def _integral(cls, v: Any) -> Any:
+        return integral_number(v)
 
     @field_validator("market_id")
     @classmethod
@@ -33,6 +41,17 @@ class TickIn(BaseModel):
     def to_tick(self) -> Tick:
         """The engine's tick type."""
         return Tick(float(self.price), float(self.volume), int(self.timestamp), self.market_id)
+
+
+def integral_number(v: Any) -> Any:
+    """An integral JSON number written with a fraction (``5.0``) as the int it is; anything else unchanged.
+
+    JSON Schema counts ``5.0`` as an integer, so strict integer fields accept it;
+    ``5.5``, ``"5"`` and ``true`` stay refused.
+    """
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
 
 
 class BatchIn(BaseModel):
@@ -91,3 +110,36 @@ class ErrorOut(BaseModel):
 def error_payload(kind: str, message: str, request_id: str, field: str | None = None) -> dict[str, Any]:
     """The JSON body of an error response."""
     return {"error": {"type": kind, "message": message, "field": field or None, "request_id": request_id}}
+
+
+class PoolOut(BaseModel):
+    """The market state pool."""
+
+    markets: int = Field(description="Markets holding a state slot.")
+    capacity: int = Field(description="State slots.")
+    usage: float = Field(description="markets / capacity.")
+    evictions: int = Field(description="Markets evicted since start (least recently used or idle).")
+    bytes: int = Field(description="Memory of the pool (bytes).")
+
+
+class HealthOut(BaseModel):
+    """Readiness of the service (``GET /health``); more fields may be added."""
+
+    status: str = Field(description='"ok" when ready; "degraded" (200, with reason) when serving a fallback because the active model is unusable; "unavailable" (with reason) when not ready.')
+    version: str = Field(description="Version of cerebellar-norse.")
+    model_version: str = Field(description="The model answering ticks.")
+    device: str = Field(description='"cpu" or "cuda".')
+    uptime_s: float = Field(description="Seconds since the service started.")
+    pool: PoolOut
+    queue_depth: int = Field(description="Ticks waiting for a batch.")
+    queue_capacity: int = Field(description="performance.queue_size.")
+    accepting: bool = Field(description="False once shutdown has begun.")
+    reason: str | None = Field(None, description="Why the service is not ready (503), or why it is degraded (200).")
+
+
+class MarketResetOut(BaseModel):
+    """Answer of ``DELETE /neural/markets/{market_id}``."""
+
+    market_id: str
+    reset: bool = Field(description="Always true: the market's state is forgotten; its next tick starts from rest.")
+    request_id: str

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,41 +21,23 @@ from fastapi import FastAPI
 
 from ..config import Config
 from ..engine.engine import Engine
-from ..errors import ConfigError, ConfigProblem
 from ..neurons.topology import Weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.metrics import ServiceMetrics, engine_families
+from ..observability.ratelimit import SummaryLog
 from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import ModelStore
 from ..training.jobs import JobManager
 from .app import create_app
 from .deps import ServiceState
+from .exposure import check_exposure
 from .lifecycle import announce_when_listening, install_sighup, periodic_summary
 from .modelswap import activate_version
+from .protocol import guarded_protocol
 from .routes import training as training_routes
 
 log = logging.getLogger("cerebellar_norse.server")
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(cfg: Config) -> None:
-    """Refuse to listen beyond loopback without an API token."""
-    if not is_loopback(cfg.server.host) and cfg.server.api_token is None:
-        raise ConfigError([ConfigProblem(
-            "server.api_token",
-            f"listening on {cfg.server.host} (not loopback) requires an API token",
-            "set server.api_token (or CEREBELLAR_NORSE_SERVER__API_TOKEN), or listen on 127.0.0.1",
-        )])
 
 
 def select_device(cfg: Config) -> str:
@@ -159,22 +140,40 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
     return create_app(state, extra_routers=[training_routes.router], lifespan=lifespan)
 
 
-def uvicorn_config(app: FastAPI, cfg: Config) -> uvicorn.Config:
-    """uvicorn settings from ``[server]`` (uvloop, httptools, no access log on the hot path)."""
+def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] | None = None) -> uvicorn.Config:
+    """uvicorn settings from ``[server]`` (uvloop, httptools, no access log on the hot path).
+
+    The protocol is httptools with request deadlines (``server.request_timeout``, see
+    :mod:`.protocol`); ``server.max_connections`` is enforced by the app's request
+    middleware, which answers with the JSON error shape, ``Retry-After`` and a request id
+    (uvicorn's own limit answers plain text).
+    """
     return uvicorn.Config(
         app,
         host=cfg.server.host,
         port=cfg.server.port,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(cfg.server.request_timeout, on_timeout),
         ws="websockets-sansio",
         lifespan="on",
         log_config=None,
         access_log=False,
-        timeout_keep_alive=int(cfg.server.keep_alive_timeout),
-        limit_concurrency=cfg.server.max_connections,
+        timeout_keep_alive=max(1, round(cfg.server.keep_alive_timeout)),
         timeout_graceful_shutdown=int(cfg.server.connection_timeout),
     )
+
+
+def timeout_counter(state: ServiceState) -> Callable[[str], None]:
+    """What the protocol calls per request cut off by ``server.request_timeout``: metrics and an aggregated log line."""
+    m = state.metrics
+    summary = SummaryLog(log, "requests cut off by server.request_timeout (408)", 60.0, "requests")
+
+    def count(phase: str) -> None:
+        m.request_timeouts.labels(phase).inc()
+        m.errors.labels("request_timeout").inc()
+        summary.add(1, phase=phase)
+
+    return count
 
 
 class GracefulServer(uvicorn.Server):
@@ -197,7 +196,7 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
     setup_logging(cfg.logging)
     check_exposure(cfg)
     state = build_service(cfg)
-    server = GracefulServer(uvicorn_config(make_app(state), cfg))
+    server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state)))
     state.extra["server"] = server
     state.extra["config_path"] = config_path
     server.run()

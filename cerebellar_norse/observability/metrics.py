@@ -102,8 +102,12 @@ class ServiceMetrics:
                                 ["route", "method", "status"], registry=r)
         self.request_seconds = Histogram("cerebellar_norse_http_request_duration_seconds", "HTTP request latency (handling time) by route.",
                                          ["route"], buckets=REQUEST_BUCKETS, registry=r)
-        self.errors = Counter("cerebellar_norse_errors_total", "Errors by kind (validation, order, capacity, auth, engine, internal).",
+        self.errors = Counter("cerebellar_norse_errors_total", "Errors by kind (the error.type of the answer: validation, "
+                              "malformed_json, out_of_order, future_timestamp, capacity, unauthorized, request_timeout, ...).",
                               ["kind"], registry=r)
+        self.request_timeouts = Counter("cerebellar_norse_http_request_timeouts_total",
+                                        "Requests cut off by server.request_timeout (408), by the part still missing "
+                                        "(headers or body).", ["phase"], registry=r)
         self.training_loss = Gauge("training_loss", "Latest training loss (cross-entropy) of the running or last job.", registry=r)
         self.stream_connections = Gauge("cerebellar_norse_stream_connections", "Open /neural/stream websockets.", registry=r)
         self._sources: list[Callable[[], Iterable[Metric]]] = []

@@ -17,7 +17,8 @@ from live_helpers import NO_BOOTSTRAP
 from cerebellar_norse.api.app import create_app
 from cerebellar_norse.api.deps import ServiceState, check_token, require_token
 from cerebellar_norse.api.errors import validation_response
-from cerebellar_norse.api.server import build_service, check_exposure, is_loopback, make_app
+from cerebellar_norse.api.exposure import check_exposure, is_loopback
+from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.config import load_checked_config
 from cerebellar_norse.errors import (
     CapacityError,

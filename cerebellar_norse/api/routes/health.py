@@ -1,4 +1,4 @@
-"""/health and /metrics."""
+"""/health and /metrics (GET, and HEAD for probes that only look at the status)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,30 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ... import __version__
 from ..deps import service
+from ..openapi import error_responses
+from ..schemas import ErrorOut, HealthOut
 
 router = APIRouter(tags=["operations"])
 
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **error_responses(),
+    200: {"model": HealthOut, "description": "Ready."},
+    503: {"model": HealthOut | ErrorOut, "description": (
+        "Not ready (starting, shutting down, engine unusable): the health body with status \"unavailable\" and its "
+        "reason; or the error shape when server.max_connections is reached (capacity, with Retry-After).")},
+}
+METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **error_responses(),
+    200: {"description": "Prometheus text exposition.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+}
 
-@router.get("/health")
-async def health(request: Request) -> Any:
-    """200 with model, device, uptime, pool and queue when ready; 503 with the reason when not."""
+
+def _health(request: Request) -> JSONResponse:
     svc = service(request)
     body: dict[str, Any] = {
         "status": "ok" if svc.ready else "unavailable",
@@ -30,10 +42,36 @@ async def health(request: Request) -> Any:
     if not svc.ready:
         body["reason"] = svc.not_ready_reason
         return JSONResponse(body, status_code=503)
-    return body
+    degraded = svc.extra.get("degraded")  # serving a fallback model (the active one is unusable): 200, "degraded"
+    if degraded is not None and degraded["model_version"] == svc.engine.model_version:
+        body["status"] = "degraded"
+        body["reason"] = degraded["reason"]
+    return JSONResponse(body)
 
 
-@router.get("/metrics")
+@router.get("/health", response_class=JSONResponse, responses=HEALTH_RESPONSES)
+async def health(request: Request) -> JSONResponse:
+    """200 with model, device, uptime, pool and queue when ready; 503 with the reason when not."""
+    return _health(request)
+
+
+@router.head("/health", response_class=JSONResponse, responses=HEALTH_RESPONSES)
+async def health_head(request: Request) -> JSONResponse:
+    """The status of ``GET /health`` (200 ready, 503 not), with its headers and no body."""
+    return _health(request)
+
+
+def _metrics(request: Request) -> Response:
+    return Response(service(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/metrics", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
-    return Response(service(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return _metrics(request)
+
+
+@router.head("/metrics", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
+async def metrics_head(request: Request) -> Response:
+    """The headers of ``GET /metrics``, no body."""
+    return _metrics(request)

@@ -4,84 +4,72 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
-from fastapi.exceptions import HTTPException
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, Depends, Path, Request, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from ...errors import CerebellarNorseError
+from ...errors import CerebellarNorseError, InputError
 from ...observability.context import new_request_id, request_id_var
-from ..deps import service
+from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN, check_market_id
+from ..deps import JsonBodyRoute, check_ticks, require_token, service
 from ..errors import service_error, validation_response
-from ..schemas import BatchIn, BatchOut, ErrorOut, ResultOut, TickIn
+from ..openapi import error_responses
+from ..schemas import BatchIn, BatchOut, MarketResetOut, ResultOut, TickIn
 
 log = logging.getLogger("cerebellar_norse.api")
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorOut, "description": "Malformed JSON."},
-    409: {"model": ErrorOut, "description": "Tick older than the market's last tick (state unchanged)."},
-    413: {"model": ErrorOut, "description": "Body too large."},
-    415: {"model": ErrorOut, "description": "Content type is not application/json."},
-    422: {"model": ErrorOut, "description": "Invalid field (named in error.field)."},
-    503: {"model": ErrorOut, "description": "Queue full or engine unavailable (Retry-After)."},
-}
+TICK_ERRORS = error_responses(
+    400, 409, 415, 422,
+    s409="The tick conflicts with the service's state, which is left unchanged: older than its market's last tick "
+         "(out_of_order), or more than server.max_clock_skew_ms ahead of the server clock (future_timestamp).",
+    s422="Invalid field, named in error.field (validation); for a batch also more ticks than performance.queue_size.",
+)
 
 
-def require_json(request: Request) -> None:
-    """Raise 415 unless the request's body is ``application/json``."""
-    ctype = request.headers.get("content-type", "")
-    if ctype.split(";", 1)[0].strip().lower() != "application/json":
-        raise HTTPException(415, f"content type must be application/json, got {ctype or 'none'!r}")
+# The path parameter's schema states check_market_id's rule; the check itself names the problem (422).
+MarketIdPath = Annotated[str, Path(description="The market, as in its ticks (URL-encoded, e.g. BTC%2FUSD).",
+                                   json_schema_extra={"minLength": 1, "maxLength": MARKET_ID_MAX,
+                                                      "pattern": MARKET_ID_PATTERN})]
 
 
-class JsonBodyRoute(APIRoute):
-    """A route whose POST requests must be ``application/json``: checked before FastAPI reads and validates the body.
+class MarketNotFoundError(InputError):
+    """The market holds no state (never seen, evicted or reset) (HTTP 404)."""
 
-    (In the endpoint the check would come too late: a text/plain body fails validation
-    first, with 422. A route wrapper costs less per request than a FastAPI dependency.)
-    """
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-        if "POST" not in (self.methods or ()):
-            return handler
-
-        async def json_only(request: Request) -> Response:
-            require_json(request)
-            return await handler(request)
-
-        return json_only
+    status_code = 404
 
 
 router = APIRouter(prefix="/neural", tags=["neural"], route_class=JsonBodyRoute)
+markets_router = APIRouter(prefix="/neural", tags=["neural"], dependencies=[Depends(require_token)])
 
 
-@router.post("/process", response_model=ResultOut, responses=ERRORS)
+@router.post("/process", response_model=ResultOut, responses=TICK_ERRORS)
 async def process(tick: TickIn, request: Request) -> dict[str, Any]:
     """Process one tick of a market and return the network's signal."""
     svc = service(request)
-    result = await svc.engine.submit(tick.to_tick())
+    t = tick.to_tick()
+    check_ticks(svc, (t,), batch=False)
+    result = await svc.engine.submit(t)
     result["request_id"] = request_id_var.get()
     if log.isEnabledFor(logging.DEBUG):
         log.debug("tick processed", extra={"fields": {"market_id": tick.market_id, "processing_time_ns": result["processing_time_ns"]}})
     return result
 
 
-@router.post("/process/batch", response_model=BatchOut, responses=ERRORS)
+@router.post("/process/batch", response_model=BatchOut, responses=TICK_ERRORS)
 async def process_batch(batch: BatchIn, request: Request) -> dict[str, Any]:
     """Process many ticks in order; one bad tick fails the whole batch before any state changes."""
     svc = service(request)
     rid = request_id_var.get()
-    results = await svc.engine.submit_many([t.to_tick() for t in batch.ticks])
+    ticks = [t.to_tick() for t in batch.ticks]
+    check_ticks(svc, ticks, batch=True)
+    results = await svc.engine.submit_many(ticks)
     for r in results:
         r["request_id"] = rid
     return {"results": results, "request_id": rid}
 
 
-@router.get("/metrics")
+@router.get("/metrics", responses=error_responses())
 async def neural_metrics(request: Request) -> dict[str, Any]:
     """Spike counts per population, granule sparsity, live markets and the live evaluation (None when disabled)."""
     svc = service(request)
@@ -105,6 +93,21 @@ async def neural_metrics(request: Request) -> dict[str, Any]:
     }}
 
 
+@markets_router.delete("/markets/{market_id:path}", response_model=MarketResetOut,
+                       responses=error_responses(401, 404, 422, s404="The market holds no state (never seen, evicted "
+                                                                      "or reset already)."))
+async def reset_market(request: Request, market_id: MarketIdPath) -> dict[str, Any]:
+    """Forget one market's state: its next tick starts from rest, with any timestamp (token).
+
+    The way out for a market whose clock a wrong tick moved ahead. Ticks of the market
+    already queued are applied after the reset.
+    """
+    check_market_id(market_id)
+    if not service(request).engine.reset_market(market_id):
+        raise MarketNotFoundError(f"market {market_id!r} holds no state", "market_id")
+    return {"market_id": market_id, "reset": True, "request_id": request_id_var.get()}
+
+
 @router.websocket("/stream")
 async def stream(ws: WebSocket) -> None:
     """One JSON tick in, one JSON result out; a bad message gets an error object, the socket stays open.
@@ -125,13 +128,14 @@ async def stream(ws: WebSocket) -> None:
             rid = new_request_id()
             request_id_var.set(rid)
             try:
-                tick = TickIn.model_validate_json(text)
-                result = await svc.engine.submit(tick.to_tick())
+                t = TickIn.model_validate_json(text).to_tick()
+                check_ticks(svc, (t,), batch=False)
+                result = await svc.engine.submit(t)
                 result["request_id"] = rid
                 await ws.send_text(ResultOut.model_validate(result).model_dump_json())
             except ValidationError as exc:
                 _, body = validation_response([dict(e) for e in exc.errors(include_url=False)])
-                svc.metrics.errors.labels("validation").inc()
+                svc.metrics.errors.labels(body["error"]["type"]).inc()
                 await ws.send_text(json.dumps(body))
             except CerebellarNorseError as exc:
                 err = service_error(exc)

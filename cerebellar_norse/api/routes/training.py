@@ -8,20 +8,18 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from ...training.jobs import TrainingRequest
-from ..deps import require_token, service
+from ..deps import GuardedJsonBodyRoute, require_token, service
 from ..modelswap import activate_version
-from ..schemas import ErrorOut
+from ..openapi import error_responses
 
-router = APIRouter(tags=["training"], dependencies=[Depends(require_token)])
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorOut, "description": "Missing or wrong bearer token."},
-    404: {"model": ErrorOut, "description": "No such job or model."},
-    409: {"model": ErrorOut, "description": "A job is already running."},
-    422: {"model": ErrorOut, "description": "Invalid parameters (named in error.field)."},
-}
+router = APIRouter(tags=["training"], dependencies=[Depends(require_token)], route_class=GuardedJsonBodyRoute)
+
+JOB_NOT_FOUND = "No such training job (or none yet, for latest)."
 
 
-@router.post("/training", status_code=202, responses=ERRORS)
+@router.post("/training", status_code=202, responses=error_responses(
+    400, 401, 404, 409, 415, 422, s404="A file of the request is not in the data dir.",
+    s409="A job is already running (conflict)."))
 async def start_training(req: TrainingRequest, request: Request) -> JSONResponse:
     """Start a training job on CSV files of the data dir; 202 with its job_id."""
     job = service(request).extra["jobs"].start(req)
@@ -29,14 +27,14 @@ async def start_training(req: TrainingRequest, request: Request) -> JSONResponse
                         status_code=202)
 
 
-@router.get("/training/status/{job_id}", responses=ERRORS)
+@router.get("/training/status/{job_id}", responses=error_responses(401, 404, s404=JOB_NOT_FOUND))
 async def training_status(job_id: str, request: Request) -> dict[str, Any]:
     """State, progress, epoch, loss history, validation metrics, ETA and error of a job (``latest`` works)."""
     result: dict[str, Any] = service(request).extra["jobs"].get(job_id).as_dict()
     return result
 
 
-@router.delete("/training/{job_id}", responses=ERRORS)
+@router.delete("/training/{job_id}", responses=error_responses(401, 404, s404=JOB_NOT_FOUND))
 async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
     """Cancel a running job; no model is written."""
     job = await service(request).extra["jobs"].cancel(job_id)
@@ -44,7 +42,7 @@ async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
     return result
 
 
-@router.get("/models", responses=ERRORS)
+@router.get("/models", responses=error_responses(401))
 async def list_models(request: Request) -> dict[str, Any]:
     """Stored model versions with their validation metrics, and the active one."""
     svc = service(request)
@@ -59,7 +57,9 @@ async def list_models(request: Request) -> dict[str, Any]:
     return {"active": svc.engine.model_version, "models": models}
 
 
-@router.post("/models/{version}/activate", responses=ERRORS)
+@router.post("/models/{version}/activate", responses=error_responses(
+    401, 404, 422, s404="No stored model of that version.",
+    s422="The stored model is corrupt or does not fit the running network (validation)."))
 async def activate(version: str, request: Request) -> dict[str, Any]:
     """Serve a stored model (verified first); swapped in between batches."""
     svc = service(request)

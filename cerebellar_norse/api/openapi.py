@@ -1,0 +1,111 @@
+"""The OpenAPI document, exact: every status each operation can return, media types, security, limits.
+
+Statuses every HTTP request can get, whatever its route, come from the layers below the
+routes: 408 (``server.request_timeout``), 413 (``server.max_body_size``), 503
+(``server.max_connections``) and 500 (an unexpected error). Operations list them with
+their own.
+
+Parts of the document follow the running configuration, so :func:`install_openapi`
+rebuilds them per request (cheaply, from one cached base document): the bearer security
+requirement appears only while a token is configured (without one, the guarded routes
+are open), and the most ticks of a batch is ``performance.queue_size`` (it can change on
+reload).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from .deps import ServiceState
+from .exposure import has_token
+from .schemas import ErrorOut
+
+BATCH_MAX_TICKS = 65_536
+
+DESCRIPTIONS: dict[int, str] = {
+    400: "Malformed JSON, or a body that is not UTF-8 (error.type malformed_json).",
+    401: "Missing or wrong bearer token (unauthorized; the answer has WWW-Authenticate: Bearer).",
+    404: "No such resource (not_found).",
+    408: "The request did not arrive completely within server.request_timeout (request_timeout); the connection is "
+         "closed.",
+    409: "Conflict with the service's state (error.type says which).",
+    413: "Body over server.max_body_size (body_too_large).",
+    415: "Body not sent as application/json (unsupported_media_type).",
+    422: "Invalid input; error.field names it (validation).",
+    500: "Unexpected error (internal); the details are in the log under the request id.",
+    503: "Try again later (capacity: server.max_connections reached, queue full or shutting down, with Retry-After; "
+         "engine: the engine failed).",
+}
+HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    503: {"Retry-After": {"description": "Seconds to wait before retrying (capacity errors).",
+                          "schema": {"type": "integer", "minimum": 1}}},
+}
+COMMON = (408, 413, 500, 503)  # every HTTP request can get these (see the module docstring)
+
+
+def error_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` for error statuses (plus the common ones), each with the JSON error shape.
+
+    ``descriptions`` overrides the text of a status, keyed ``s404`` etc.
+    """
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in sorted({*codes, *COMMON}):
+        entry: dict[str, Any] = {"model": ErrorOut, "description": descriptions.get(f"s{code}", DESCRIPTIONS[code])}
+        if code in HEADERS:
+            entry["headers"] = HEADERS[code]
+        out[code] = entry
+    return out
+
+
+def _drop_framework_422(doc: dict[str, Any]) -> None:
+    """Remove FastAPI's generic 422 (``HTTPValidationError``) where an operation cannot answer 422 in that shape."""
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            r422 = op.get("responses", {}).get("422")
+            if r422 and "HTTPValidationError" in str(r422):
+                del op["responses"]["422"]
+    schemas = doc.get("components", {}).get("schemas", {})
+    if "#/components/schemas/HTTPValidationError" not in str(doc.get("paths", {})):
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
+
+
+def live_document(base: dict[str, Any], token: bool, queue_size: int) -> dict[str, Any]:
+    """The document for the running configuration: security only with a token, batch size up to the queue."""
+    doc = copy.deepcopy(base)
+    if not token:
+        for item in doc.get("paths", {}).values():
+            for op in item.values():
+                op.pop("security", None)
+                op.get("responses", {}).pop("401", None)
+        doc.get("components", {}).pop("securitySchemes", None)
+    ticks = doc.get("components", {}).get("schemas", {}).get("BatchIn", {}).get("properties", {}).get("ticks")
+    if ticks is not None:
+        ticks["maxItems"] = min(BATCH_MAX_TICKS, queue_size)
+        ticks["description"] = (f"Ticks in arrival order: at most performance.queue_size ({queue_size}) and "
+                                f"{BATCH_MAX_TICKS}, within server.max_body_size.")
+    return doc
+
+
+def install_openapi(app: FastAPI, state: ServiceState) -> None:
+    """Serve the exact, configuration-dependent document at ``/openapi.json``."""
+    base: dict[str, Any] = {}
+    cache: dict[tuple[bool, int], dict[str, Any]] = {}
+
+    def openapi() -> dict[str, Any]:
+        if not base:
+            base.update(get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
+                                    description=app.description, routes=app.routes))
+            _drop_framework_422(base)
+        key = (has_token(state.cfg), state.engine.queue_size)
+        doc = cache.get(key)
+        if doc is None:
+            doc = cache[key] = live_document(base, *key)
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
