@@ -36,6 +36,18 @@ class Tick:
     market_id: str
 
 
+def integral_number(v: Any) -> Any:
+    """An integral JSON number written with a fraction (``5.0``) as the int it is; anything else unchanged.
+
+    JSON Schema counts ``5.0`` as an integer, so strict integer fields of the HTTP API
+    accept it (as a pydantic ``mode="before"`` validator); ``5.5``, ``"5"`` and ``true``
+    stay refused.
+    """
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
 def check_market_id(value: Any, field: str = "market_id") -> str:
     """A market id of 1–64 printable ASCII characters (no spaces at the ends)."""
     if not isinstance(value, str):

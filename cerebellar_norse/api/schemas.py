@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..errors import InputError
-from ..ticks import MARKET_ID_MAX, MARKET_ID_PATTERN, TS_MAX_MS, TS_MIN_MS, Tick, check_market_id
+from ..ticks import MARKET_ID_MAX, MARKET_ID_PATTERN, TS_MAX_MS, TS_MIN_MS, Tick, check_market_id, integral_number
 
 
 class TickIn(BaseModel):
@@ -41,17 +41,6 @@ class TickIn(BaseModel):
     def to_tick(self) -> Tick:
         """The engine's tick type."""
         return Tick(float(self.price), float(self.volume), int(self.timestamp), self.market_id)
-
-
-def integral_number(v: Any) -> Any:
-    """An integral JSON number written with a fraction (``5.0``) as the int it is; anything else unchanged.
-
-    JSON Schema counts ``5.0`` as an integer, so strict integer fields accept it;
-    ``5.5``, ``"5"`` and ``true`` stay refused.
-    """
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
 
 
 class BatchIn(BaseModel):

@@ -86,8 +86,20 @@ class TickData:
         return sum(len(m) for m in self.markets)
 
 
+# resolve_data_file's rule for names as a regular expression (for schemas): relative (no leading / or \\),
+# no NUL, no ".." component.
+_COMPONENT = r"(?:[^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+|\.)"
+DATA_FILE_PATTERN = r"^(?:[^/\x00.\\][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+|\.)(?:/" + _COMPONENT + "?)*$"
+
+
+class DataFileNotFoundError(InputError):
+    """A well-formed data file name that names no file in the data dir (HTTP 404)."""
+
+    status_code = 404
+
+
 def resolve_data_file(data_dir: Path, name: str) -> Path:
-    """A file name relative to the data dir; absolute paths and ``..`` are refused."""
+    """A file name relative to the data dir; absolute paths and ``..`` are refused, a missing file is not found."""
     if not name or "\x00" in name:
         raise InputError("file name is empty or contains NUL", "files")
     pure = PurePosixPath(name)
@@ -98,7 +110,7 @@ def resolve_data_file(data_dir: Path, name: str) -> Path:
     if base not in path.parents and path != base:
         raise InputError(f"{name!r} resolves outside the data dir", "files")
     if not path.is_file():
-        raise InputError(f"{name!r} does not exist in the data dir {base}", "files")
+        raise DataFileNotFoundError(f"{name!r} does not exist in the data dir {base}", "files")
     return path
 
 

@@ -26,13 +26,15 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config import Config
 from ..errors import CerebellarNorseError, InputError
 from ..storage import atomic_write_bytes
+from ..ticks import integral_number
+from .data import DATA_FILE_PATTERN
 
 log = logging.getLogger("cerebellar_norse.training")
 
@@ -52,12 +54,16 @@ class JobNotFoundError(InputError):
     status_code = 404
 
 
+# The schema states resolve_data_file's rule for names; resolve_data_file checks it, naming the problem.
+DataFileName = Annotated[str, Field(json_schema_extra={"minLength": 1, "pattern": DATA_FILE_PATTERN})]
+
+
 class TrainingRequest(BaseModel):
     """Parameters of a training job; unset fields take the ``[training]``/``[neural]`` config values."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    files: list[str] = Field(min_length=1, max_length=1000, description="CSV files, relative to paths.data_dir.")
+    files: list[DataFileName] = Field(min_length=1, max_length=1000, description="CSV files, relative to paths.data_dir.")
     epochs: int | None = Field(None, ge=1, le=10_000)
     learning_rate: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     sequence_length: int | None = Field(None, ge=1, le=100_000)
@@ -67,6 +73,11 @@ class TrainingRequest(BaseModel):
     flat_band: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     max_bad_row_fraction: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     activate: Literal["auto", "always", "never"] = Field("auto", description="auto: when it beats the active model on validation.")
+
+    @field_validator("epochs", "sequence_length", "batch_markets", "early_stopping_patience", mode="before")
+    @classmethod
+    def _integral(cls, v: Any) -> Any:
+        return integral_number(v)  # 5.0 is an integer in JSON
 
 
 def job_config(cfg: Config, req: TrainingRequest) -> Config:

@@ -186,7 +186,6 @@ def test_token_is_required(js: JobServer) -> None:
     ({"files": [str(Path("/tmp") / "small.csv")]}, "files"),
     ({"files": ["../state/models/ACTIVE"]}, "files"),
     ({"files": ["sub/../../small.csv"]}, "files"),
-    ({"files": ["missing.csv"]}, "files"),
     ({"files": []}, "files"),
     ({"files": "small.csv"}, "files"),
     ({"files": ["small.csv"], "gpus": 8}, "gpus"),
@@ -201,6 +200,14 @@ def test_invalid_requests_are_422_naming_the_field(js: JobServer, body: dict[str
     err = r.json()["error"]
     assert err["field"] == field, err
     assert err["type"] == "validation"
+
+
+def test_missing_data_file_is_404(js: JobServer) -> None:
+    r = js.client.post("/training", json={"files": ["missing.csv"]}, headers=AUTH)
+    assert r.status_code == 404, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["field"]) == ("not_found", "files")
+    assert "missing.csv" in err["message"]
 
 
 def test_unknown_job_is_404(js: JobServer) -> None:
