@@ -20,7 +20,16 @@ two alternate ``--repeats`` times and the medians are reported.
     .venv/bin/python benchmarks/engine_bench.py
     CEREBELLAR_NORSE_PERFORMANCE__CPU_THREADS=2 .venv/bin/python benchmarks/engine_bench.py
 
-Prints one JSON object and a Markdown table; results are recorded in docs/engine.md.
+``--journal-compare`` runs each scenario twice per repeat, without and with the tick
+journal (``[performance] journal``: every backend step appended to a memory-mapped
+journal file in a temporary state dir before its results are returned, checkpoints
+running as in the service), alternating, and reports the journal's cost as the ratio of
+the two medians of the same run:
+
+    .venv/bin/python benchmarks/engine_bench.py --journal-compare --repeats 5
+
+Prints one JSON object and a Markdown table; results are recorded in docs/engine.md
+(the journal comparison in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -42,12 +52,14 @@ import numpy as np
 
 from cerebellar_norse.config import Config, load_config
 from cerebellar_norse.engine.engine import Engine
+from cerebellar_norse.engine.journal import Durability
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.ticks import Tick, validate_ticks
 
 SUBMITTERS = 64
 TARGET_THROUGHPUT_RATIO = 5.0  # concurrent / single, at least
 TARGET_P99_RATIO = 2.0  # concurrent p99 / single p99, at most
+JOURNAL_COST_MAX = 0.10  # the journal may add at most this fraction to a tick's wall time
 
 
 def market_ticks(market: str, n: int, seed: int) -> list[Tick]:
@@ -86,16 +98,31 @@ def summary(wall_s: float, lat: list[int], engine: Engine) -> dict[str, Any]:
     }
 
 
-async def measure(cfg: Config, n_submitters: int, ticks_each: int, seed: int) -> dict[str, Any]:
-    engine = Engine(cfg)
-    engine.warm_up()
-    warm = [market_ticks(f"W{k:02d}", 200, seed + 1000 + k) for k in range(n_submitters)]
-    streams = [market_ticks(f"B{k:02d}", ticks_each, seed + k) for k in range(n_submitters)]
-    await scenario(engine, warm)
-    engine.stats = type(engine.stats)()
-    gc.collect()
-    wall, lat = await scenario(engine, streams)
-    return summary(wall, lat, engine)
+async def measure(cfg: Config, n_submitters: int, ticks_each: int, seed: int, journal: bool = False) -> dict[str, Any]:
+    """One scenario on a fresh engine; with ``journal``, the service's tick journal on, in a temporary state dir."""
+    with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
+        if journal:
+            cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"state_dir": tmp})})
+        engine = Engine(cfg)
+        durability = Durability(engine) if journal else None
+        checkpoints = None
+        if durability is not None:
+            durability.recover()
+            checkpoints = asyncio.create_task(durability.run())
+        engine.warm_up()
+        warm = [market_ticks(f"W{k:02d}", 200, seed + 1000 + k) for k in range(n_submitters)]
+        streams = [market_ticks(f"B{k:02d}", ticks_each, seed + k) for k in range(n_submitters)]
+        await scenario(engine, warm)
+        engine.stats = type(engine.stats)()
+        gc.collect()
+        wall, lat = await scenario(engine, streams)
+        out = summary(wall, lat, engine)
+        if durability is not None:
+            out["journal_records"] = durability.seq
+        await engine.drain(save=False)
+        if checkpoints is not None:
+            checkpoints.cancel()
+        return out
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,6 +172,39 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def journal_cost(off: dict[str, dict[str, Any]], on: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per scenario: medians without and with the journal, and the cost as ratios (on / off) and µs per tick."""
+    out: dict[str, Any] = {}
+    for name in ("single", "concurrent"):
+        a, b = off[name], on[name]
+        per_tick_off = 1e6 / a["throughput_ticks_per_s"]
+        per_tick_on = 1e6 / b["throughput_ticks_per_s"]
+        out[name] = {
+            "off": a, "on": b,
+            "wall_per_tick_us": {"off": round(per_tick_off, 3), "on": round(per_tick_on, 3)},
+            "cost_us_per_tick": round(per_tick_on - per_tick_off, 3),
+            "cost_fraction_of_tick": round(per_tick_on / per_tick_off - 1.0, 4),
+            "p50_ratio": round(b["latency_us"]["p50"] / a["latency_us"]["p50"], 4),
+            "p99_ratio": round(b["latency_us"]["p99"] / a["latency_us"]["p99"], 4),
+        }
+    out["target_fraction_max"] = JOURNAL_COST_MAX
+    out["met"] = all(out[n]["cost_fraction_of_tick"] <= JOURNAL_COST_MAX for n in ("single", "concurrent"))
+    return out
+
+
+def journal_markdown(j: dict[str, Any]) -> str:
+    rows = [
+        "| scenario | µs/tick, journal off | µs/tick, journal on | cost (µs/tick) | cost (% of a tick) | p50 on/off | p99 on/off |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, label in (("single", "1 submitter, sequential"), ("concurrent", f"{SUBMITTERS} submitters, concurrent")):
+        d = j[name]
+        rows.append(f"| {label} | {d['wall_per_tick_us']['off']:.2f} | {d['wall_per_tick_us']['on']:.2f} | {d['cost_us_per_tick']:.2f} "
+                    f"| {100 * d['cost_fraction_of_tick']:.1f}% | {d['p50_ratio']:.3f} | {d['p99_ratio']:.3f} |")
+    rows.append(f"\nTarget: journal cost ≤ {100 * j['target_fraction_max']:.0f}% of a tick: {'met' if j['met'] else 'not met'}")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--config", help="TOML config (default: the built-in one); CEREBELLAR_NORSE_* overrides apply")
@@ -152,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs of both scenarios; medians reported")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop (default: uvloop, as served)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--journal-compare", action="store_true",
+                    help="run each scenario without and with the tick journal and report the journal's cost")
     args = ap.parse_args(argv)
     cfg = load_config(args.config, environ=os.environ)
 
@@ -165,10 +227,19 @@ def main(argv: list[str] | None = None) -> int:
 
     singles: list[dict[str, Any]] = []
     concurrents: list[dict[str, Any]] = []
-    for k in range(args.repeats):
+    on: dict[str, list[dict[str, Any]]] = {"single": [], "concurrent": []}
+    each = max(args.ticks // SUBMITTERS, 1)
+    for k in range(args.repeats):  # with --journal-compare, off and on alternate with the same ticks
         singles.append(runner(measure(cfg, 1, args.ticks, args.seed + 100 * k)))
-        concurrents.append(runner(measure(cfg, SUBMITTERS, max(args.ticks // SUBMITTERS, 1), args.seed + 100 * k)))
+        if args.journal_compare:
+            on["single"].append(runner(measure(cfg, 1, args.ticks, args.seed + 100 * k, journal=True)))
+        concurrents.append(runner(measure(cfg, SUBMITTERS, each, args.seed + 100 * k)))
+        if args.journal_compare:
+            on["concurrent"].append(runner(measure(cfg, SUBMITTERS, each, args.seed + 100 * k, journal=True)))
     single, conc = median_of(singles), median_of(concurrents)
+    journal: dict[str, Any] | None = None
+    if args.journal_compare:
+        journal = journal_cost({"single": single, "concurrent": conc}, {name: median_of(runs) for name, runs in on.items()})
     ratios = {
         "throughput": round(conc["throughput_ticks_per_s"] / single["throughput_ticks_per_s"], 3),
         "p50": round(conc["latency_us"]["p50"] / single["latency_us"]["p50"], 3),
@@ -190,9 +261,14 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"throughput_ratio_min": TARGET_THROUGHPUT_RATIO, "throughput_met": ratios["throughput"] >= TARGET_THROUGHPUT_RATIO,
                     "p99_ratio_max": TARGET_P99_RATIO, "p99_met": ratios["p99"] <= TARGET_P99_RATIO},
     }
+    if journal is not None:
+        res["journal"] = journal
     print(json.dumps(res))
     print()
     print(markdown(res))
+    if journal is not None:
+        print()
+        print(journal_markdown(journal))
     return 0
 
 

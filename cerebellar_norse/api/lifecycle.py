@@ -5,6 +5,9 @@
   accepting); a wedged event loop sends nothing, and systemd restarts the service.
 * SIGHUP re-reads the config file. Keys that are safe to change live are applied;
   any other changed key is logged as needing a restart (and nothing of it applied).
+* Market state: restored (and the tick journal replayed) before the socket opens,
+  checkpointed periodically while serving, saved at shutdown. A state write that
+  fails stops the service with exit code 1 (see :func:`state_write_failed`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, load_checked_config
-from ..errors import ConfigError
+from ..engine.journal import Durability
+from ..engine.persistence import check_writable
+from ..errors import ConfigError, StorageError
 from ..observability import systemd
 from ..observability.logging import effective_level
 from .deps import ServiceState
@@ -149,3 +154,63 @@ async def periodic_summary(state: ServiceState, interval_s: float = 60.0) -> Non
             "queue_depth": state.engine.queue_depth, "markets": state.engine.pool.used,
             "model_version": state.engine.model_version}})
         last_ticks = ticks
+
+
+def check_state_dir(cfg: Config) -> None:
+    """Refuse to start on a state dir that cannot be written (StorageError: one line, exit code 1)."""
+    check_writable(Path(cfg.paths.state_dir))
+
+
+def prepare_state(state: ServiceState) -> None:
+    """Restore the saved market states (replaying the journal after them with ``[performance] journal``); once.
+
+    Runs before the socket opens (from ``serve``) or in the app's lifespan. Raises
+    StorageError when the state dir cannot be written or is in use by another process.
+    """
+    if state.extra.get("state_prepared"):
+        return
+    eng = state.engine
+    if state.cfg.performance.journal:
+        durability = Durability(eng, on_fatal=lambda exc: state_write_failed(state, exc))
+        durability.recover()
+        state.extra["durability"] = durability
+    else:
+        check_state_dir(state.cfg)
+        eng.restore_state()
+    state.extra["state_prepared"] = True
+
+
+def state_write_failed(state: ServiceState, exc: StorageError) -> None:
+    """A journal or checkpoint write failed while serving: not ready (503 with the reason), stop, exit code 1."""
+    state.ready = False
+    state.not_ready_reason = f"state write failed: {exc}"
+    state.extra["exit_code"] = 1
+    server = state.extra.get("server")
+    if server is not None:
+        server.should_exit = True
+
+
+def start_checkpoints(state: ServiceState) -> asyncio.Task[None] | None:
+    """The periodic checkpoint task (``[performance] checkpoint_interval_s``) when the journal is on."""
+    durability: Durability | None = state.extra.get("durability")
+    if durability is None:
+        return None
+    return asyncio.create_task(durability.run())
+
+
+async def stop_engine(state: ServiceState, save: bool) -> None:
+    """Drain the engine and save the market states; a failed save is logged (path, errno) and sets exit code 1.
+
+    The previous state file is never replaced by a failed save (atomic rename), and with
+    the journal on, the journal is kept too: the next start still restores every
+    acknowledged tick.
+    """
+    eng = state.engine
+    try:
+        await eng.drain(save=save)
+    except StorageError:  # logged by the journal with path and errno
+        state.extra["exit_code"] = 1
+    except OSError as exc:
+        err = StorageError.from_os_error("cannot save market state", eng.state_path(), exc)
+        log.error("%s; the previous file is kept", err, extra={"fields": {"path": err.path, "errno": err.errno}})
+        state.extra["exit_code"] = 1

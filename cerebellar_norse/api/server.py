@@ -21,6 +21,7 @@ from fastapi import FastAPI
 
 from ..config import Config
 from ..engine.engine import Engine
+from ..errors import StorageError
 from ..neurons.topology import Weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
@@ -32,7 +33,15 @@ from ..training.jobs import JobManager
 from .app import create_app
 from .deps import ServiceState
 from .exposure import check_exposure
-from .lifecycle import announce_when_listening, install_sighup, periodic_summary
+from .lifecycle import (
+    announce_when_listening,
+    check_state_dir,
+    install_sighup,
+    periodic_summary,
+    prepare_state,
+    start_checkpoints,
+    stop_engine,
+)
 from .modelswap import activate_version
 from .protocol import guarded_protocol
 from .routes import training as training_routes
@@ -89,6 +98,10 @@ def build_service(cfg: Config) -> ServiceState:
     metrics.add_source(engine_families(engine, device, _cuda_memory(device)))
     state = ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device)
     state.extra["store"] = store
+    if store.fallback is not None:  # the active model could not be served: /health says "degraded"
+        reason = f"{store.fallback}; serving model {engine.model_version} instead"
+        state.extra["degraded"] = {"model_version": engine.model_version, "reason": reason}
+        log.error("model fallback: %s", reason)
     state.extra["jobs"] = JobManager(cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
     return state
 
@@ -102,7 +115,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=state.cfg.server.worker_threads, thread_name_prefix="cerebellar-norse-worker"))
         if restore:
-            eng.restore_state()
+            prepare_state(state)  # done by serve() before the socket opens; here for an app run by other means
         observers, eng.observers = eng.observers, []  # warm-up ticks are not client ticks: keep them out of the metrics
         try:
             eng.warm_up()
@@ -116,6 +129,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
         server = state.extra.get("server")
         announcer = None
         summary = asyncio.create_task(periodic_summary(state))
+        checkpoints = start_checkpoints(state)
         if server is not None:
             announcer = asyncio.create_task(announce_when_listening(state, lambda: bool(getattr(server, "started", False))))
             install_sighup(state, state.extra.get("config_path"))
@@ -127,6 +141,8 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             if jobs is not None:
                 await jobs.close()
             summary.cancel()
+            if checkpoints is not None:
+                checkpoints.cancel()
             if announcer is not None:
                 announcer.cancel()
             state.ready = False
@@ -134,7 +150,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             server = state.extra.get("server")
             # An instance that never got its socket (e.g. port taken) must not overwrite the saved states.
             served = server is None or bool(getattr(server, "started", False))
-            await eng.drain(save=save_on_shutdown and served)
+            await stop_engine(state, save=save_on_shutdown and served)
             log.info("service stopped", extra={"fields": {"ticks": eng.stats.ticks}})
 
     return create_app(state, extra_routers=[training_routes.router], lifespan=lifespan)
@@ -195,9 +211,14 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
     """Run the service until SIGTERM/SIGINT (SIGHUP reloads ``config_path``); returns the exit code."""
     setup_logging(cfg.logging)
     check_exposure(cfg)
-    state = build_service(cfg)
+    check_state_dir(cfg)  # an unwritable state dir fails start-up: one line on stderr, exit code 1
+    try:
+        state = build_service(cfg)
+        prepare_state(state)  # restore + journal replay, before the socket opens
+    except OSError as exc:  # e.g. the disk filled up during first-run training: one line, no traceback
+        raise StorageError.from_os_error("cannot start: writing failed at", exc.filename or cfg.paths.state_dir, exc) from None
     server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state)))
     state.extra["server"] = server
     state.extra["config_path"] = config_path
     server.run()
-    return 0 if server.started else 1
+    return int(state.extra.get("exit_code", 0)) if server.started else 1

@@ -85,6 +85,7 @@ from norse.torch.functional.lif import LIFFeedForwardState
 
 from ..config import Config, fmt_bytes
 from ..engine.engine import Engine
+from ..engine.persistence import PoolSnapshot
 from ..errors import CapacityError, DeviceUnavailableError, EngineFatalError
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.functional import CerebellumState, CerebellumWeights, TickOutput, cerebellum_step
@@ -656,6 +657,11 @@ class CudaEngine(Engine):
         """Sync the device state to the host, then save the pool."""
         self.cuda.sync_to_host()
         return super().save_state(path)
+
+    def snapshot_state(self) -> PoolSnapshot:
+        """Sync the device state to the host, then copy it (a checkpoint)."""
+        self.cuda.sync_to_host()
+        return super().snapshot_state()
 
     def restore_state(self, path: Path | None = None) -> int:
         """Restore the pool on the host, then upload it to the device."""

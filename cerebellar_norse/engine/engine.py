@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import Config, estimate_memory
-from ..errors import CapacityError, CheckpointError, EngineFatalError, TickOrderError
+from ..errors import CapacityError, CheckpointError, EngineFatalError, StorageError, TickOrderError
 from ..neurons.backends import Backend, make_backend
 from ..neurons.network import StepBuffers, result_dicts, step_ticks
 from ..neurons.parameters import encoder_parameters, network_parameters
@@ -45,10 +45,13 @@ from ..neurons.topology import Weights, generate_weights
 from ..observability.ratelimit import SummaryLog
 from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
-from .persistence import STATE_FILE, load_pool, save_pool
+from .persistence import STATE_FILE, ForeignStateError, PoolSnapshot, load_pool, quarantine, save_pool, snapshot_pool
 from .pool import StatePool
 from .recorder import TickRecorder
 from .selfeval import LiveScorer
+
+if TYPE_CHECKING:
+    from .journal import Durability
 
 log = logging.getLogger("cerebellar_norse.engine")
 
@@ -118,6 +121,8 @@ class Engine:
         self.scorer = LiveScorer.from_config(cfg, self.pool.capacity) if cfg.training.live_evaluation else None
         self.recorder: TickRecorder | None = None
         self._scratch = False  # stepping warm-up ticks: not learned from, not recorded
+        self.journal: Durability | None = None  # set by Durability.recover: applied ticks are journaled before results return
+        self.restored_journal_seq: int | None = None  # journal position of the checkpoint restore_state loaded
         self.stats = EngineStats()
         self.eviction_log = SummaryLog(log, "evicted least recently used markets", EVICTION_LOG_INTERVAL_S, "evicted")
         self.idle_eviction_log = SummaryLog(log, "evicted idle markets above the pool threshold", EVICTION_LOG_INTERVAL_S,
@@ -148,25 +153,35 @@ class Engine:
 
     def save_state(self, path: Path | None = None) -> int:
         """Atomically save every live market's state; returns the number saved."""
-        n = save_pool(self.pool, path or self.state_path(), self.fingerprint())
+        n = save_pool(self.pool, path or self.state_path(), self.fingerprint(), self.journal.seq if self.journal is not None else 0)
         log.info("saved market state", extra={"fields": {"markets": n, "path": str(path or self.state_path())}})
         return n
 
     def restore_state(self, path: Path | None = None) -> int:
         """Load saved market states if present and of this network; returns how many were restored.
 
-        A missing file restores nothing; a corrupt or foreign one is logged and left alone.
+        A missing file restores nothing; a corrupt or foreign one is logged and moved aside
+        (``<name>.corrupt-<UTC time>``, ``<name>.foreign-<UTC time>``), never overwritten.
         """
         p = path or self.state_path()
+        self.restored_journal_seq = None
         if not p.exists():
             return 0
+        meta: dict[str, Any] = {}
         try:
-            n = load_pool(self.pool, p, self.fingerprint())
+            n = load_pool(self.pool, p, self.fingerprint(), meta)
         except CheckpointError as exc:
-            log.warning("market state not restored: %s", exc)
+            moved = quarantine(p, "foreign" if isinstance(exc, ForeignStateError) else "corrupt")
+            log.error("market state not restored: %s; the file was moved aside to %s", exc, moved,
+                      extra={"fields": {"path": str(p), "moved_to": str(moved)}})
             return 0
+        self.restored_journal_seq = int(meta["journal_seq"])
         log.info("restored market state", extra={"fields": {"markets": n, "path": str(p)}})
         return n
+
+    def snapshot_state(self) -> PoolSnapshot:
+        """A copy of every live market's state (call between batches), for a checkpoint written later."""
+        return snapshot_pool(self.pool)
 
     def _make_learner(self) -> OnlineLearner | None:
         if not self.cfg.training.online_learning:
@@ -193,6 +208,8 @@ class Engine:
         if reset_states:
             for market in self.pool.table.markets():
                 self.pool.table.release(market)
+        if self.journal is not None:  # no journal record is ever replayed under another model
+            self.journal.model_changed()
 
     def reset_market(self, market_id: str) -> bool:
         """Forget one market's state (its next tick starts from rest); False when it holds no state.
@@ -291,8 +308,11 @@ class Engine:
         except Exception as exc:  # one bad batch must not stop the engine
             self.stats.failed_batches += 1
             self.stats.failed_ticks += len(batch)
-            log.exception("batch of %d ticks failed", len(batch))
-            err = EngineFatalError(f"batch failed: {type(exc).__name__}: {exc}")
+            if isinstance(exc, StorageError):  # logged once by the journal, with path and errno
+                err: EngineFatalError = exc
+            else:
+                log.exception("batch of %d ticks failed", len(batch))
+                err = EngineFatalError(f"batch failed: {type(exc).__name__}: {exc}")
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(err)
@@ -343,6 +363,8 @@ class Engine:
         if self.pool.table.evictions != evictions:
             self.eviction_log.add(self.pool.table.evictions - evictions, last=self.pool.table.last_evicted)
         if not self._scratch:  # warm-up ticks are neither learned from nor recorded
+            if self.journal is not None:  # before any result is returned
+                self.journal.ticks(ticks)
             if self.learner is not None:
                 self._learn(ticks, probs)
             if self.scorer is not None:
@@ -387,8 +409,8 @@ class Engine:
             for n in sorted(sizes):
                 self.process_now([Tick(100.0, 1.0, 1_600_000_000_000, name)] * n)
         finally:
-            self._scratch = False
             self.pool.table.release(name)
+            self._scratch = False
             self.stats = stats
 
     async def drain(self, save: bool = True) -> None:
@@ -404,7 +426,9 @@ class Engine:
             self.recorder = None
         self.eviction_log.flush()
         self.idle_eviction_log.flush()
-        if save:
+        if self.journal is not None:  # final checkpoint (if save), then the journal it covers is removed
+            self.journal.close(save)
+        elif save:
             self.save_state()
 
     def health(self) -> dict[str, Any]:

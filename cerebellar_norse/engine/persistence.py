@@ -34,6 +34,10 @@ from .pool import StatePool
 STATE_FILE = "market_state.bin"
 
 
+class ForeignStateError(CheckpointError):
+    """A readable state file saved for another network or model (fingerprint mismatch)."""
+
+
 @dataclass(frozen=True)
 class PoolSnapshot:
     """A copy of every live market's state (taken between batches, written later)."""
@@ -90,7 +94,7 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
     except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
         raise CheckpointError(f"state file lacks or garbles {exc}", str(path)) from None
     if saved_fp != json.loads(json.dumps(fingerprint, sort_keys=True)):
-        raise CheckpointError(f"saved for another network ({saved_fp}), not this one ({fingerprint})", str(path))
+        raise ForeignStateError(f"saved for another network ({saved_fp}), not this one ({fingerprint})", str(path))
     n = len(markets)
     if n > pool.capacity:
         markets = markets[n - pool.capacity:]  # keep the most recently used

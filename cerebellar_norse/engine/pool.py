@@ -34,6 +34,7 @@ class SlotTable:
         self._last_used: dict[str, float] = {}
         self.evictions = 0
         self.last_evicted: str | None = None
+        self.on_release: Callable[[str], None] | None = None  # told of every released market (the journal)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -88,6 +89,8 @@ class SlotTable:
         if slot is None:
             return False
         self._free.append(slot)
+        if self.on_release is not None:
+            self.on_release(market_id)
         return True
 
     def items(self) -> list[tuple[str, int]]:

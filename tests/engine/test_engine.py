@@ -424,6 +424,8 @@ async def test_corrupt_state_file_is_refused(engine_config: ConfigFactory, tmp_p
         assert second.restore_state() == 0
     assert second.pool.used == 0
     assert "market state not restored" in caplog.text and str(path) in caplog.text
+    (moved,) = path.parent.glob(f"{STATE_FILE}.corrupt-*")  # quarantined as it was, never overwritten
+    assert moved.read_bytes() == bytes(data) and not path.exists()
     assert core(await second.submit(tick("M0", T0))) == sequential(cfg, [tick("M0", T0)])[1][0]
 
 
@@ -438,7 +440,11 @@ async def test_state_of_another_network_is_refused(engine_config: ConfigFactory,
         assert other.restore_state() == 0
     assert other.pool.used == 0
     assert "another network" in caplog.text
-    assert Engine(engine_config(state_dir=tmp_path / "state")).restore_state() == 3  # the file itself was left alone
+    # the file was moved aside (never to be overwritten by the next save), whole: renamed back, it restores
+    (moved,) = (tmp_path / "state").glob(f"{STATE_FILE}.foreign-*")
+    assert not (tmp_path / "state" / STATE_FILE).exists() and str(moved) in caplog.text
+    moved.rename(tmp_path / "state" / STATE_FILE)
+    assert Engine(engine_config(state_dir=tmp_path / "state")).restore_state() == 3
 
 
 async def test_missing_state_file_restores_nothing(engine_config: ConfigFactory, tmp_path: Path) -> None:

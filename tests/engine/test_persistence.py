@@ -64,7 +64,8 @@ def test_file_format(engine: Engine, tmp_path: Path) -> None:
     header, payload = raw.split(b"\n", 1)
     assert header[len(MAGIC):].decode() == sha256_bytes(payload)
     with np.load(io.BytesIO(payload), allow_pickle=False) as z:
-        assert set(z.files) == {"markets", "fingerprint", *STATE_FIELDS}
+        assert set(z.files) == {"markets", "fingerprint", "journal_seq", *STATE_FIELDS}
+        assert int(z["journal_seq"]) == 0  # no journal: nothing after the file to replay
         assert z["markets"].tolist() == ["A", "B"]
         assert json.loads(str(z["fingerprint"])) == json.loads(json.dumps(engine.fingerprint()))
         assert z["v_gr"].shape == (2, *engine.arrays.v_gr.shape[1:])

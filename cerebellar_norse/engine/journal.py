@@ -1,0 +1,662 @@
+"""Journal of applied ticks and periodic checkpoints: a crash loses no acknowledged tick.
+
+Promise
+    After a process crash (``kill -9``, OOM kill, watchdog) at any moment, the restarted
+    engine's state of every market equals, bit for bit, its state after the last tick
+    whose result was returned (and possibly after ticks applied but not yet answered).
+    Without ``[performance] journal_fsync`` the journal lives in the operating system's
+    page cache until the kernel writes it back (a power loss can lose the last seconds);
+    with it, every batch is flushed to the disk before its results are returned.
+
+How
+    * Every backend step appends one record (its ticks, in order) to the open journal
+      segment before the step's results go back to the callers. Releases of a market's
+      slot that replay could not reproduce (idle eviction, a reset, a model swap with
+      reset) are journaled too. Warm-up (scratch) ticks are not.
+    * A segment is a file ``<state_dir>/journal/<base seq, 20 digits>.journal`` of
+      ``journal_segment_size`` bytes, reserved on disk when it is created (so a full disk
+      shows when a segment is created, never in the middle of a batch), mapped into
+      memory: appending is a copy into the page cache, no system call. It starts with a
+      header (magic, fingerprint of the network, base sequence number, CRC-32) padded to
+      4 KiB; records follow, each ``<u32 length><u32 CRC-32>`` + body, body
+      ``<u64 seq><u8 kind><u32 count>`` + items (ticks: ``<f64 price><f64 volume>
+      <i64 timestamp><u8 id length>`` + id; releases: ``<u8 id length>`` + id). The body
+      is written before its header, so a crash mid-append leaves a zero header: the
+      journal simply ends there. A record with a bad length or CRC, or bytes after the
+      end, is damage (power loss, disk fault): the records before it are applied and the
+      file is quarantined.
+    * A checkpoint (every ``checkpoint_interval_s``, when a segment is full, when the
+      model changes, and at shutdown) copies the live states between two batches,
+      starts a new segment, and writes ``market_state.bin`` atomically (temporary file,
+      fsync, rename, SHA-256; :mod:`.persistence`) in a worker thread with the sequence
+      number it includes; then the segments it covers are deleted. Replay at start is
+      therefore bounded by one checkpoint interval (or one segment) of ticks.
+    * At start (:meth:`Durability.recover`): lock the state dir, restore the checkpoint,
+      replay every later record through the engine's own step path (so the state is
+      bit-identical), write a fresh checkpoint, open a new segment. Unusable files are
+      moved aside (``<name>.corrupt-<UTC time>``, ``<name>.foreign-<UTC time>``) and
+      logged, never overwritten or deleted.
+
+Failures
+    A journal or checkpoint write that fails (full or read-only disk) is fatal: the
+    batch's callers get an error, nothing more is acknowledged, ``on_fatal`` is called
+    (the service stops with exit code 1, after trying a final save) and the error is
+    logged with the path and errno. The files already written keep every acknowledged
+    tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from zlib import crc32
+
+from ..errors import StorageError
+from ..storage import fsync_dir
+from ..ticks import Tick
+from .persistence import check_writable, quarantine, write_snapshot
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger("cerebellar_norse.journal")
+
+JOURNAL_DIR = "journal"
+SUFFIX = ".journal"
+LOCK_FILE = ".lock"
+MAGIC = b"CNJRNL1\n"
+HEADER_SIZE = 4096
+KIND_TICKS = 1
+KIND_RELEASE = 2
+
+_REC = struct.Struct("<II")  # body length, CRC-32 of the body
+_BODY = struct.Struct("<QBI")  # seq, kind, count
+_TICK = struct.Struct("<ddqB")  # price, volume, timestamp (ms), market id length
+_ONE = struct.Struct("<QBIddqB")  # the body of a one-tick record, up to the market id
+_ID = struct.Struct("<B")
+_PAGE = mmap.PAGESIZE
+
+
+def _fp_json(fingerprint: dict[str, Any]) -> Any:
+    return json.loads(json.dumps(fingerprint, sort_keys=True))
+
+
+def segment_name(base: int) -> str:
+    """File name of the segment whose first record is ``base + 1``."""
+    return f"{base:020d}{SUFFIX}"
+
+
+# --------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    """One journal record: the ticks of one backend step, or markets whose slots were released."""
+
+    seq: int
+    kind: int
+    ticks: list[Tick] = field(default_factory=list)
+    markets: list[str] = field(default_factory=list)
+
+
+class SegmentReader:
+    """Reads one segment: its header on construction, then :meth:`records`; ``damage`` says why reading stopped early.
+
+    Raises:
+        ValueError: the header is unreadable (the whole file is unusable).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = path.read_bytes()
+        self.damage: str | None = None
+        self.last_seq: int | None = None
+        d = self.data
+        if len(d) < HEADER_SIZE or not d.startswith(MAGIC):
+            raise ValueError("not a journal file (bad magic or shorter than its header)")
+        n, crc = _REC.unpack_from(d, len(MAGIC))
+        start = len(MAGIC) + _REC.size
+        meta = d[start:start + n]
+        if start + n > HEADER_SIZE or crc32(meta) != crc:
+            raise ValueError("journal header checksum mismatch")
+        try:
+            head = json.loads(meta)
+            self.base = int(head["base_seq"])
+            self.fingerprint: dict[str, Any] = dict(head["fingerprint"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"unreadable journal header: {exc}") from None
+
+    def records(self) -> Iterator[Record]:
+        """The records in order, stopping at the end of the journal or at the first damaged record."""
+        d, size = self.data, len(self.data)
+        pos, expect = HEADER_SIZE, self.base + 1
+        while pos + _REC.size <= size:
+            n, crc = _REC.unpack_from(d, pos)
+            if n == 0:
+                if d.count(0, pos) != size - pos:
+                    self.damage = f"non-zero bytes after the end of the journal (offset {pos})"
+                return
+            end = pos + _REC.size + n
+            if end > size:
+                self.damage = f"record at offset {pos} runs past the end of the file"
+                return
+            body = d[pos + _REC.size:end]
+            if crc32(body) != crc:
+                self.damage = f"checksum mismatch in the record at offset {pos}"
+                return
+            try:
+                rec = _decode(body)
+            except (struct.error, UnicodeDecodeError, ValueError) as exc:
+                self.damage = f"undecodable record at offset {pos}: {exc}"
+                return
+            if rec.seq != expect:
+                self.damage = f"record {rec.seq} at offset {pos} where {expect} was due"
+                return
+            self.last_seq = rec.seq
+            yield rec
+            expect += 1
+            pos = end
+        if pos != size:
+            self.damage = f"{size - pos} stray bytes at the end of the file"
+
+
+def _decode(body: bytes) -> Record:
+    seq, kind, count = _BODY.unpack_from(body, 0)
+    off = _BODY.size
+    rec = Record(seq, kind)
+    if kind == KIND_TICKS:
+        for _ in range(count):
+            price, volume, ts, n = _TICK.unpack_from(body, off)
+            off += _TICK.size
+            rec.ticks.append(Tick(price, volume, ts, body[off:off + n].decode("utf-8")))
+            off += n
+    elif kind == KIND_RELEASE:
+        for _ in range(count):
+            (n,) = _ID.unpack_from(body, off)
+            off += _ID.size
+            rec.markets.append(body[off:off + n].decode("utf-8"))
+            off += n
+    else:
+        raise ValueError(f"unknown record kind {kind}")
+    if off != len(body):
+        raise ValueError(f"{len(body) - off} bytes left after the record's items")
+    return rec
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    """(base seq, path) of the segment files of a journal directory, oldest first."""
+    if not directory.is_dir():
+        return []
+    out = []
+    for p in directory.iterdir():
+        stem = p.name[:-len(SUFFIX)] if p.name.endswith(SUFFIX) else ""
+        if stem.isdigit() and p.is_file():
+            out.append((int(stem), p))
+    return sorted(out)
+
+
+# --------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------
+
+
+def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size: int) -> tuple[Path, mmap.mmap]:
+    """Create, reserve, fsync and map a new segment (written under a temporary name, then renamed).
+
+    Raises:
+        OSError: the directory is read-only or the disk cannot hold ``size`` bytes.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / segment_name(base)
+    tmp = directory / f".{path.name}.tmp"
+    meta = json.dumps({"base_seq": base, "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "pid": os.getpid()}, sort_keys=True).encode()
+    header = MAGIC + _REC.pack(len(meta), crc32(meta)) + meta
+    if len(header) > HEADER_SIZE:
+        raise ValueError("journal header too long")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)  # reserve the blocks now: appends never hit a full disk
+        os.pwrite(fd, header, 0)
+        os.fsync(fd)
+        os.replace(tmp, path)
+        fsync_dir(directory)
+        mm = mmap.mmap(fd, size)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    finally:
+        os.close(fd)
+    return path, mm
+
+
+@dataclass
+class RecoveryReport:
+    """What :meth:`Durability.recover` found and did."""
+
+    markets: int = 0  # markets restored from the checkpoint
+    checkpoint_seq: int | None = None  # journal position the checkpoint includes (None: no usable checkpoint)
+    records: int = 0  # journal records replayed
+    ticks: int = 0  # ticks replayed
+    seq: int = 0  # journal position after recovery
+    quarantined: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Durability:
+    """The journal and checkpoints of one engine's market states.
+
+    ``recover()`` once at start (it attaches the journal to the engine), ``run()`` as a
+    task for the periodic checkpoints, ``close(save)`` at shutdown (the engine's
+    ``drain`` does it). The engine calls :meth:`ticks` after every backend step,
+    :meth:`release` when a market's slot is released and :meth:`model_changed` after a
+    model swap; all on the event loop's thread.
+
+    Args:
+        engine: the engine whose pool is journaled; ``cfg.paths.state_dir`` and
+            ``[performance] journal_fsync``, ``journal_segment_size``,
+            ``checkpoint_interval_s`` are read from its config.
+        on_fatal: called once with the error when a write fails.
+    """
+
+    def __init__(self, engine: Engine, on_fatal: Callable[[StorageError], None] | None = None) -> None:
+        perf = engine.cfg.performance
+        self.engine = engine
+        self.state_dir = engine.state_path().parent
+        self.dir = self.state_dir / JOURNAL_DIR
+        self.fsync = perf.journal_fsync
+        self.segment_size = int(perf.journal_segment_size)
+        self.interval_s = perf.checkpoint_interval_s
+        self.on_fatal = on_fatal
+        self.seq = 0  # last record written
+        self.failed: StorageError | None = None
+        self.closed = False
+        self.checkpoints = 0
+        self._mm: mmap.mmap | None = None
+        self._pos = HEADER_SIZE
+        self._size = 0
+        self._base = 0
+        self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
+        self._ids: dict[str, bytes] = {}
+        self._lock_fd: int | None = None
+        self._write_lock = threading.Lock()
+        self._written_seq = -1  # journal position of the newest checkpoint on disk
+        self._wake: asyncio.Event | None = None
+
+    # -- the hot path ------------------------------------------------------------------
+
+    def ticks(self, ticks: Sequence[Tick]) -> None:
+        """Append one backend step's ticks (called before their results are returned)."""
+        if self.failed is not None:
+            raise self.failed
+        seq = self.seq + 1
+        ids = self._ids
+        if len(ticks) == 1:
+            t = ticks[0]
+            idb = ids.get(t.market_id) or self._id(t.market_id)
+            body = _ONE.pack(seq, KIND_TICKS, 1, t.price, t.volume, t.timestamp, len(idb)) + idb
+        else:
+            parts = [_BODY.pack(seq, KIND_TICKS, len(ticks))]
+            pack = _TICK.pack
+            for t in ticks:
+                idb = ids.get(t.market_id) or self._id(t.market_id)
+                parts.append(pack(t.price, t.volume, t.timestamp, len(idb)))
+                parts.append(idb)
+            body = b"".join(parts)
+        n = len(body)  # the append, inlined (the hot path): see _append
+        pos = self._pos
+        end = pos + _REC.size + n
+        if end + _REC.size > self._size:
+            self._append(body, seq)
+            return
+        mm = self._mm
+        assert mm is not None
+        mm[pos + _REC.size:end] = body
+        _REC.pack_into(mm, pos, n, crc32(body))
+        self._pos = end
+        self.seq = seq
+        if self.fsync:
+            self._flush(pos, end)
+
+    def release(self, market: str) -> None:
+        """Journal that ``market``'s slot was released (its next tick starts from rest)."""
+        if self.engine._scratch or self.closed:  # the warm-up's scratch market, or replay
+            return
+        if self.failed is not None:
+            raise self.failed
+        idb = self._ids.get(market) or self._id(market)
+        self._append(_BODY.pack(self.seq + 1, KIND_RELEASE, 1) + _ID.pack(len(idb)) + idb, self.seq + 1)
+
+    def _id(self, market: str) -> bytes:
+        if len(self._ids) > 100_000:
+            self._ids.clear()
+        b = self._ids[market] = market.encode("utf-8")
+        if len(b) > 255:
+            raise ValueError(f"market id of {len(b)} bytes cannot be journaled (at most 255)")
+        return b
+
+    def _append(self, body: bytes, seq: int) -> None:
+        pos = self._pos
+        end = pos + _REC.size + len(body)
+        if end + _REC.size > self._size:
+            self._roll(len(body))
+            pos = self._pos
+            end = pos + _REC.size + len(body)
+        mm = self._mm
+        assert mm is not None
+        mm[pos + _REC.size:end] = body  # the body first: a crash before the header leaves the journal ending here
+        _REC.pack_into(mm, pos, len(body), crc32(body))
+        self._pos = end
+        self.seq = seq
+        if self.fsync:
+            self._flush(pos, end)
+
+    def _flush(self, pos: int, end: int) -> None:
+        """msync the pages of ``[pos, end)`` to the disk (``journal_fsync``)."""
+        start = pos - pos % _PAGE
+        assert self._mm is not None
+        try:
+            self._mm.flush(start, end - start)
+        except OSError as exc:
+            raise self._fail(StorageError.from_os_error("cannot flush the journal", self._segments[-1][1], exc)) from None
+
+    def _roll(self, need: int) -> None:
+        """The open segment is full: start the next one (and wake the checkpointer)."""
+        self._open_segment(max(self.segment_size, HEADER_SIZE + 2 * (need + 2 * _REC.size)))
+        if self._wake is not None:
+            self._wake.set()
+
+    def _open_segment(self, size: int | None = None) -> None:
+        size = size or self.segment_size
+        try:
+            path, mm = create_segment(self.dir, self.seq, self.engine.fingerprint(), size)
+        except OSError as exc:
+            raise self._fail(StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)) from None
+        if self._mm is not None:
+            self._mm.close()
+        self._mm, self._pos, self._size, self._base = mm, HEADER_SIZE, size, self.seq
+        self._segments.append((self.seq, path))
+
+    def _fail(self, exc: StorageError) -> StorageError:
+        if self.failed is None:
+            self.failed = exc
+            log.error("%s; no further tick is acknowledged, the service stops (every acknowledged tick is in the journal "
+                      "and the last checkpoint)", exc, extra={"fields": {"path": exc.path, "errno": exc.errno}})
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+        return exc
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def _rotate(self) -> None:
+        """Start a new segment at the current position when the open one holds records."""
+        if self._pos > HEADER_SIZE:
+            self._open_segment()
+
+    def _write(self, snap: Any, fingerprint: dict[str, Any], seq: int) -> bool:
+        """Write a checkpoint at ``seq`` unless a newer one is already on disk (any thread)."""
+        with self._write_lock:
+            if seq <= self._written_seq:
+                return False
+            write_snapshot(snap, self.engine.state_path(), fingerprint, seq)
+            self._written_seq = seq
+            return True
+
+    def _drop_covered(self) -> None:
+        """Delete the segments whose records the newest checkpoint includes (never the open one)."""
+        keep: list[tuple[int, Path]] = []
+        segs = self._segments
+        for i, (base, path) in enumerate(segs):
+            nxt = segs[i + 1][0] if i + 1 < len(segs) else None
+            if nxt is not None and nxt <= self._written_seq:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            else:
+                keep.append((base, path))
+        self._segments = keep
+
+    def checkpoint_now(self) -> int:
+        """Write a checkpoint synchronously (between batches); returns the markets saved."""
+        if self.failed is not None:
+            raise self.failed
+        snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
+        self._rotate()
+        try:
+            self._write(snap, fp, seq)
+        except OSError as exc:
+            raise self._fail(StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc)) from None
+        self.checkpoints += 1
+        self._drop_covered()
+        return len(snap.markets)
+
+    async def checkpoint(self) -> bool:
+        """Snapshot between batches on the loop, write it in a worker thread; True when one was written."""
+        if self.failed is not None or self.closed or self.seq == self._written_seq:
+            return False
+        snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
+        try:
+            self._rotate()
+        except StorageError:
+            return False
+        t0 = time.monotonic()
+        try:
+            wrote = await asyncio.get_running_loop().run_in_executor(None, self._write, snap, fp, seq)
+        except OSError as exc:
+            self._fail(StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc))
+            return False
+        if not wrote:
+            return False
+        self.checkpoints += 1
+        self._drop_covered()
+        log.debug("checkpoint written", extra={"fields": {"seq": seq, "markets": len(snap.markets),
+                                                          "seconds": round(time.monotonic() - t0, 4)}})
+        return True
+
+    def model_changed(self) -> None:
+        """The served model changed: checkpoint now, so no record is ever replayed under another model."""
+        if not self.closed:
+            self.checkpoint_now()
+
+    async def run(self) -> None:
+        """Checkpoint every ``checkpoint_interval_s``, and as soon as a segment fills up (run as a task)."""
+        self._wake = asyncio.Event()
+        while not self.closed and self.failed is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
+            self._wake.clear()
+            if not self.closed:
+                await self.checkpoint()
+
+    # -- start and stop ----------------------------------------------------------------
+
+    def _lock(self) -> None:
+        path = self.state_dir / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StorageError.from_os_error("state dir is not writable:", path, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            other = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise StorageError(f"state dir {self.state_dir} is in use by another cerebellar-norse process (pid {other}); "
+                               "one service per state dir", str(path)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
+            self._lock_fd = None
+
+    def recover(self) -> RecoveryReport:
+        """Restore the checkpoint, replay the journal after it, write a fresh checkpoint and open the journal.
+
+        Raises:
+            StorageError: the state dir cannot be written or locked (nothing was changed on disk then).
+        """
+        t0 = time.monotonic()
+        rep = RecoveryReport()
+        check_writable(self.state_dir)
+        self._lock()
+        try:
+            return self._recover(rep, t0)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _recover(self, rep: RecoveryReport, t0: float) -> RecoveryReport:
+        eng = self.engine
+        for p in self.dir.glob(f".*{SUFFIX}.tmp") if self.dir.is_dir() else ():
+            p.unlink()  # a segment whose creation a crash interrupted: never held a record
+        had_checkpoint = eng.state_path().exists()
+        rep.markets = eng.restore_state()  # an unusable file is moved aside and logged
+        ckpt = eng.restored_journal_seq
+        rep.checkpoint_seq = ckpt
+        fp = _fp_json(eng.fingerprint())
+        segments = list_segments(self.dir)
+        seq: int | None = ckpt
+        if seq is None and segments and segments[0][0] == 0 and not had_checkpoint:
+            seq = 0  # no checkpoint yet: the journal starts from an empty pool
+        replayed: list[Path] = []
+        bad = ""
+        for _base, path in segments:
+            if bad:
+                self._quarantine(path, "corrupt", f"it follows a journal part that cannot be applied ({bad})", rep)
+                continue
+            try:
+                reader = SegmentReader(path)
+            except (OSError, ValueError) as exc:
+                bad = f"{path.name}: {exc}"
+                self._quarantine(path, "corrupt", str(exc), rep)
+                continue
+            if seq is None:
+                bad = "the checkpoint it continues is missing or unusable"
+                self._quarantine(path, "corrupt", bad, rep)
+                continue
+            if reader.base > seq:
+                bad = f"records {seq + 1} to {reader.base} are missing"
+                self._quarantine(path, "corrupt", bad, rep)
+                continue
+            if _fp_json(reader.fingerprint) != fp:
+                if any(r.seq > seq for r in reader.records()):
+                    bad = f"written for another network or model ({reader.fingerprint})"
+                    self._quarantine(path, "foreign", bad, rep)
+                else:
+                    replayed.append(path)  # every record is in the checkpoint
+                continue
+            seq = self._replay(reader, seq, rep)
+            if reader.damage is not None:
+                bad = f"{path.name}: {reader.damage}"
+                self._quarantine(path, "corrupt", f"{reader.damage}; the records before it were applied", rep)
+            else:
+                replayed.append(path)
+        self.seq = seq or 0
+        try:  # the start-up checkpoint: proves the state dir writable; the replayed journal is then covered
+            self._write(eng.snapshot_state(), eng.fingerprint(), self.seq)
+        except OSError as exc:
+            raise StorageError.from_os_error("cannot write checkpoint", eng.state_path(), exc) from None
+        for path in replayed:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        try:
+            path, self._mm = create_segment(self.dir, self.seq, eng.fingerprint(), self.segment_size)
+        except OSError as exc:
+            raise StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc) from None
+        self._pos, self._size, self._base = HEADER_SIZE, self.segment_size, self.seq
+        self._segments = [(self.seq, path)]
+        eng.journal = self
+        eng.pool.table.on_release = self.release
+        rep.seq = self.seq
+        rep.seconds = round(time.monotonic() - t0, 3)
+        log.info("market state recovered", extra={"fields": {
+            "markets": eng.pool.used, "from_checkpoint": rep.markets, "checkpoint_seq": rep.checkpoint_seq,
+            "replayed_records": rep.records, "replayed_ticks": rep.ticks, "seq": rep.seq,
+            "quarantined": rep.quarantined, "seconds": rep.seconds}})
+        return rep
+
+    def _quarantine(self, path: Path, reason: str, why: str, rep: RecoveryReport) -> None:
+        moved = quarantine(path, reason)
+        rep.quarantined.append(str(moved))
+        log.error("journal file not applied: %s: %s; moved aside to %s", path, why, moved,
+                  extra={"fields": {"path": str(path), "moved_to": str(moved)}})
+
+    def _replay(self, reader: SegmentReader, seq: int, rep: RecoveryReport) -> int:
+        """Apply a segment's records after ``seq`` through the engine's step path (scratch: not journaled, recorded, learned)."""
+        eng = self.engine
+        observers, stats, eng.observers = eng.observers, eng.stats, []
+        eng.stats = type(stats)()
+        eng._scratch = True
+        try:
+            for rec in reader.records():
+                if rec.seq <= seq:
+                    continue
+                if rec.kind == KIND_TICKS:
+                    for k in range(0, len(rec.ticks), eng.batch_size):
+                        eng.process_now(rec.ticks[k:k + eng.batch_size])
+                    rep.ticks += len(rec.ticks)
+                else:
+                    for m in rec.markets:
+                        eng.pool.table.release(m)
+                rep.records += 1
+                seq = rec.seq
+        finally:
+            eng._scratch = False
+            eng.observers, eng.stats = observers, stats
+        return seq
+
+    def close(self, save: bool) -> None:
+        """At shutdown, after the last batch: write the final checkpoint (``save``), then remove the journal it covers.
+
+        Raises:
+            StorageError: the final checkpoint could not be written; the previous checkpoint
+                and the journal are kept (they still hold every acknowledged tick).
+        """
+        if self.closed:
+            return
+        try:
+            if save:
+                try:
+                    with self._write_lock:  # after a checkpoint still being written by a worker thread
+                        self.engine.save_state()
+                except OSError as exc:
+                    err = StorageError.from_os_error("cannot save market state", self.engine.state_path(), exc)
+                    log.error("%s; the previous checkpoint and the journal are kept and hold every acknowledged tick",
+                              err, extra={"fields": {"path": err.path, "errno": err.errno}})
+                    raise err from None
+                self._written_seq = self.seq
+                if self._mm is not None:
+                    self._mm.close()
+                    self._mm = None
+                for _, path in self._segments:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                self._segments = []
+        finally:
+            self.closed = True
+            if self._mm is not None:
+                self._mm.close()
+                self._mm = None
+            if self.engine.journal is self:
+                self.engine.journal = None
+                self.engine.pool.table.on_release = None
+            self._unlock()
+            if self._wake is not None:
+                self._wake.set()
