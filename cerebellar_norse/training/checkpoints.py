@@ -130,6 +130,7 @@ class ModelStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.root = Path(state_dir) / "models"
+        self.fallback: str | None = None  # set by load_for_service: why the active model is not the one served
 
     def versions(self) -> list[str]:
         """Stored versions (complete directories), oldest first."""
@@ -193,22 +194,34 @@ class ModelStore:
         atomic_write_bytes(self.root / ACTIVE, (version + "\n").encode())
 
     def load_for_service(self, cfg: Config) -> StoredModel | None:
-        """The model to serve: the active one if valid, else the newest valid one; corrupt ones are refused (logged)."""
+        """The model to serve: the active one if valid, else the newest valid one; corrupt ones are refused (logged).
+
+        Sets :attr:`fallback` to the reason when ``ACTIVE`` names a model that is not the
+        one returned (missing, corrupt, or of another network shape), else None. Nothing
+        is deleted or rewritten: a corrupt model directory stays for inspection.
+        """
         self.clean_partial()
+        self.fallback = None
         order = list(reversed(self.versions()))
         active = self.active_version()
         if active in order:
             order.remove(active)
             order.insert(0, active)
+        elif active is not None:
+            self.fallback = f"active model {active} (named in models/ACTIVE) does not exist"
         for version in order:
             try:
                 model = self.load(version)
             except CheckpointError as exc:
                 log.error("refusing corrupt model %s: %s", version, exc)
+                if version == active:
+                    self.fallback = f"active model {active} is corrupt ({exc})"
                 continue
             bad = shape_mismatch(model.neural, cfg.neural)
             if bad:
                 log.warning("model %s does not fit this config (%s differ); skipped", version, ", ".join(bad))
+                if version == active:
+                    self.fallback = f"active model {active} does not fit this config ({', '.join(bad)} differ)"
                 continue
             return model
         return None

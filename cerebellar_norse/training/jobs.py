@@ -5,6 +5,13 @@ so serving keeps its cores. It loads the CSV files, trains from the active model
 weights, evaluates the active model on the same held-out split, and writes the new
 model directory atomically; progress goes to the service through a queue.
 
+The job process dies with the service: on Linux the kernel kills it when the service
+process ends (``PR_SET_PDEATHSIG``), and a watchdog thread in it exits as soon as its
+parent is gone (any platform), so it never writes a model for a service that is no
+longer there. A job record is written when the job starts (``running``); a record
+still ``running`` at the next start belonged to a service that died, and is marked
+``failed``.
+
 The service activates a succeeded job's model when its validation loss beats the
 active model's on the same split (``training.auto_activate``), or as the job asked
 (``activate``: ``auto``, ``always``, ``never``). Activation swaps the weights between
@@ -16,12 +23,16 @@ from __future__ import annotations
 import asyncio
 import calendar
 import contextlib
+import ctypes
 import json
 import logging
 import math
 import multiprocessing as mp
 import os
 import queue
+import signal
+import sys
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -211,22 +222,59 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                         "validation_class_counts": prep.val_counts.tolist(), "test_class_counts": prep.test_counts.tolist()},
                "warnings": warnings, "parent_version": active.version if active is not None else None,
                "parent_validation": active_val}
+    if should_stop is not None and should_stop():  # cancelled, or the service is gone: write no model
+        raise InterruptedError("training cancelled")
     version = store.save(result.weights, cfg, metrics)
     return {"model_version": version, "validation": result.validation, "test": test, "edge": result.edge,
             "started": start_note, "active_model_validation": active_val,
             "active_version": active.version if active is not None else None, "warnings": warnings}
 
 
-def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any) -> None:
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_POLL_S = 0.5
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process end when ``parent_pid`` (the service) does, however it ends (kill -9 included).
+
+    Linux: the kernel sends SIGKILL when the parent dies (``prctl(PR_SET_PDEATHSIG)``).
+    Everywhere: a daemon thread polls the parent pid and exits the process without
+    cleanup (``os._exit``) once the parent is gone. A parent already gone exits now.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def gone() -> bool:
+        return os.getppid() != parent_pid
+
+    if gone():
+        os._exit(1)
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any, parent_pid: int | None = None) -> None:
     """Entry point of the job process (spawned)."""
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     cfg = Config.model_validate_json(cfg_json)
     limit_threads(cfg.training.threads)
 
     def progress(d: dict[str, Any]) -> None:
         out.put(("progress", d))
 
+    def should_stop() -> bool:
+        return bool(stop.is_set()) or (parent_pid is not None and os.getppid() != parent_pid)
+
     try:
-        res = run_training(cfg, [Path(f) for f in files], epochs, progress, stop.is_set)
+        res = run_training(cfg, [Path(f) for f in files], epochs, progress, should_stop)
         out.put(("succeeded", res))
     except InterruptedError:
         out.put(("cancelled", {}))
@@ -271,6 +319,10 @@ class JobManager:
                         setattr(st, k, d[k])
                 if d.get("created"):
                     st.created = calendar.timegm(time.strptime(d["created"], "%Y-%m-%dT%H:%M:%SZ"))
+                if st.state in ("queued", "running"):  # its service died with it: the job process died too
+                    st.state = "failed"
+                    st.error = "the service stopped while the job was running; the job process ended with it and wrote no model"
+                    self._write_record(st)
                 self.jobs[st.job_id] = st
                 self.latest = st.job_id
             except (OSError, ValueError, KeyError):
@@ -296,11 +348,12 @@ class JobManager:
         out = self._ctx.Queue()
         self._stop = self._ctx.Event()
         self._proc = self._ctx.Process(target=_job_main, args=(cfg.model_dump_json(), [str(p) for p in paths],
-                                                               req.epochs, out, self._stop),
+                                                               req.epochs, out, self._stop, os.getpid()),
                                        name=f"cerebellar-norse-train-{job.job_id}", daemon=True)
         self._proc.start()
         job.state = "running"
         job.started = time.time()
+        self._write_record(job)
         self._task = asyncio.get_running_loop().create_task(self._monitor(job, out, req.activate))
         log.info("training job started", extra={"fields": {"job_id": job.job_id, "files": req.files}})
         return job
@@ -411,5 +464,13 @@ class JobManager:
         self._proc = None
         log.info("training job %s", state, extra={"fields": {"job_id": job.job_id, "error": error, "model_version": job.model_version,
                                                                "activated": job.activated}})
-        with contextlib.suppress(OSError):
-            atomic_write_bytes(self.jobs_dir / f"{job.job_id}.json", json.dumps(job.as_dict(), default=str).encode())
+        self._write_record(job)
+
+    def _write_record(self, job: JobStatus) -> None:
+        """Write ``jobs/<job_id>.json`` atomically; a failure is logged (path, errno), never silent."""
+        path = self.jobs_dir / f"{job.job_id}.json"
+        try:
+            atomic_write_bytes(path, json.dumps(job.as_dict(), default=str).encode())
+        except OSError as exc:
+            log.error("cannot write job record %s: %s (errno %s)", path, exc.strerror or exc, exc.errno,
+                      extra={"fields": {"job_id": job.job_id, "path": str(path), "errno": exc.errno}})
