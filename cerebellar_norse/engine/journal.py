@@ -80,6 +80,7 @@ MAGIC = b"CNJRNL1\n"
 HEADER_SIZE = 4096
 KIND_TICKS = 1
 KIND_RELEASE = 2
+MAX_ITEMS = 65_536  # items of one record at most (performance.batch_size at most)
 
 _REC = struct.Struct("<II")  # body length, CRC-32 of the body
 _BODY = struct.Struct("<QBI")  # seq, kind, count
@@ -124,6 +125,7 @@ class SegmentReader:
         self.path = path
         self.data = path.read_bytes()
         self.damage: str | None = None
+        self.unfinished = 0  # bytes of a record whose append a crash cut short (never acknowledged): dropped
         self.last_seq: int | None = None
         d = self.data
         if len(d) < HEADER_SIZE or not d.startswith(MAGIC):
@@ -146,8 +148,11 @@ class SegmentReader:
         pos, expect = HEADER_SIZE, self.base + 1
         while pos + _REC.size <= size:
             n, crc = _REC.unpack_from(d, pos)
-            if n == 0:
-                if d.count(0, pos) != size - pos:
+            if n == 0:  # the end; past it only zeros, or the body of an append a crash cut short
+                tail = _unfinished_body_end(d, pos + _REC.size, expect)
+                if tail is not None and d.count(0, tail) == size - tail:
+                    self.unfinished = tail - pos - _REC.size
+                elif d.count(0, pos) != size - pos:
                     self.damage = f"non-zero bytes after the end of the journal (offset {pos})"
                 return
             end = pos + _REC.size + n
@@ -172,6 +177,26 @@ class SegmentReader:
             pos = end
         if pos != size:
             self.damage = f"{size - pos} stray bytes at the end of the file"
+
+
+def _unfinished_body_end(d: bytes, start: int, seq: int) -> int | None:
+    """End offset of the body of record ``seq`` written at ``start`` without its header, or None if it is not one.
+
+    An append copies the body, then writes the header: a crash in between leaves a zero
+    header followed by (part of) the body. The body's items are walked (zeros past what
+    was written read as empty items) to find where it would end.
+    """
+    if start + _BODY.size > len(d):
+        return None
+    got, kind, count = _BODY.unpack_from(d, start)
+    if got != seq or kind not in (KIND_TICKS, KIND_RELEASE) or count > MAX_ITEMS:
+        return None
+    off, item = start + _BODY.size, _TICK if kind == KIND_TICKS else _ID
+    for _ in range(count):
+        if off + item.size > len(d):
+            return None
+        off += item.size + d[off + item.size - 1]  # the id length is each item's last byte
+    return off if off <= len(d) else None
 
 
 def _decode(body: bytes) -> Record:
@@ -563,6 +588,9 @@ class Durability:
                     replayed.append(path)  # every record is in the checkpoint
                 continue
             seq = self._replay(reader, seq, rep)
+            if reader.unfinished:
+                log.warning("dropped the unfinished last record of the journal (%d bytes, cut short by the crash, never "
+                            "acknowledged)", reader.unfinished, extra={"fields": {"path": str(path)}})
             if reader.damage is not None:
                 bad = f"{path.name}: {reader.damage}"
                 self._quarantine(path, "corrupt", f"{reader.damage}; the records before it were applied", rep)

@@ -1,0 +1,319 @@
+"""The tick journal and checkpoints (engine/journal.py): a crash loses no acknowledged tick.
+
+A "crash" here abandons a running engine without any shutdown step (its journal is
+left as the process would leave it: mapped pages in the page cache, no final
+checkpoint); a new engine then recovers from the state dir, and every market's state
+must equal, bit for bit, that of an engine that never stopped and was fed the same
+ticks. The real kill -9 of a service process is in tests/ops/test_faults_durability.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from engine_helpers import T0, ConfigFactory, StreamFactory, assert_same_state, tick
+
+from cerebellar_norse.config import Config
+from cerebellar_norse.engine import journal as journal_mod
+from cerebellar_norse.engine.engine import Engine
+from cerebellar_norse.engine.journal import HEADER_SIZE, JOURNAL_DIR, Durability, SegmentReader, list_segments
+from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.errors import StorageError
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.ticks import Tick
+
+pytestmark = pytest.mark.asyncio
+
+
+def crash(d: Durability) -> None:
+    """Abandon the engine as kill -9 would: no checkpoint, no cleanup of the journal (the lock goes with the process)."""
+    if d._mm is not None:
+        d._mm.close()  # the written pages stay in the page cache, as after a process death
+        d._mm = None
+    d.closed = True
+    d._unlock()
+
+
+def states(engine: Engine) -> dict[str, dict[str, np.ndarray]]:
+    return {m: engine.arrays.read_slot(s) for m, s in engine.pool.table.items()}
+
+
+def assert_same_pool(got: Engine, want: Engine) -> None:
+    """Same markets in the same least-recently-used order, each state bit for bit equal."""
+    assert got.pool.table.markets() == want.pool.table.markets()
+    w = states(want)
+    for m, st in states(got).items():
+        assert_same_state(st, w[m])
+
+
+def interleaved(by_market: dict[str, list[Tick]]) -> list[Tick]:
+    return sorted((t for ts in by_market.values() for t in ts), key=lambda t: (t.timestamp, t.market_id))
+
+
+async def feed(engines: list[Engine], ticks: list[Tick], chunk: int = 37) -> None:
+    """The same ticks to every engine: single submits and batches of ``chunk`` alternating."""
+    k = 0
+    while k < len(ticks):
+        part = ticks[k:k + chunk]
+        for e in engines:
+            if len(part) % 2:
+                for t in part:
+                    await e.submit(t)
+            else:
+                await e.submit_many(part)
+        k += chunk
+
+
+@pytest.fixture
+def journaled(engine_config: ConfigFactory, tmp_path: Path) -> Iterator[tuple[Config, list[Durability]]]:
+    """(config with a state dir, list to register Durability objects for cleanup)."""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16)
+    opened: list[Durability] = []
+    yield cfg, opened
+    for d in opened:
+        crash(d)
+
+
+def start(cfg: Config, opened: list[Durability], **kw: object) -> tuple[Engine, Durability]:
+    e = Engine(cfg, **kw)  # type: ignore[arg-type]
+    d = Durability(e)
+    opened.append(d)
+    d.recover()
+    return e, d
+
+
+async def test_crash_then_recovery_equals_a_never_stopped_engine(journaled: tuple[Config, list[Durability]], streams: StreamFactory) -> None:
+    cfg, opened = journaled
+    ticks = interleaved(streams(900, 10, seed=3))
+    first, d = start(cfg, opened)
+    first.warm_up()  # scratch ticks: not journaled
+    twin = Engine(cfg)
+    await feed([first, twin], ticks[:300])
+    assert await d.checkpoint()  # a checkpoint in the middle: replay starts after it
+    await feed([first, twin], ticks[300:600])
+    for e in (first, twin):  # slot releases replay cannot reproduce: a reset, idle eviction
+        assert e.reset_market(ticks[0].market_id)
+        e.cfg = e.cfg.model_copy(update={"performance": e.cfg.performance.model_copy(update={"garbage_collection_threshold": 0.5})})
+        assert e.collect_idle(time.monotonic() + 10_000) == 1  # above 8 of 16 slots: one idle market goes
+    await feed([first, twin], ticks[600:])
+    assert d.seq > 0
+    crash(d)
+
+    second, _d2 = start(cfg, opened)
+    assert_same_pool(second, twin)
+    assert second.stats.ticks == 0  # replayed ticks are not counted as served
+    # both go on identically
+    more = [tick(m, T0 + 10_000_000 + k) for k in range(3) for m in twin.pool.table.markets()]
+    await feed([second, twin], more)
+    assert_same_pool(second, twin)
+
+
+async def test_recovery_after_recovery_and_graceful_stop(journaled: tuple[Config, list[Durability]], streams: StreamFactory) -> None:
+    cfg, opened = journaled
+    ticks = interleaved(streams(300, 4, seed=5))
+    twin = Engine(cfg)
+    e, d = start(cfg, opened)
+    await feed([e, twin], ticks[:100])
+    crash(d)
+    e, d = start(cfg, opened)  # recovers, checkpoints, journals on
+    await feed([e, twin], ticks[100:200])
+    crash(d)
+    e, d = start(cfg, opened)
+    await feed([e, twin], ticks[200:])
+    await e.drain(save=True)  # graceful: final checkpoint, journal removed
+    state_dir = cfg.paths.state_dir
+    assert list_segments(Path(state_dir) / JOURNAL_DIR) == []
+    e, d = start(cfg, opened)
+    assert_same_pool(e, twin)
+
+
+async def test_segments_roll_over_and_checkpoints_remove_what_they_cover(engine_config: ConfigFactory, tmp_path: Path,
+                                                                         streams: StreamFactory) -> None:
+    cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=64)
+    ticks = interleaved(streams(40_000, 8, seed=1))
+    opened: list[Durability] = []
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    for k in range(0, 38_016, 64):
+        for x in (e, twin):
+            await x.submit_many(ticks[k:k + 64])
+    jdir = tmp_path / "state" / JOURNAL_DIR
+    assert len(list_segments(jdir)) >= 2  # 38k ticks of 29 bytes (+ 17 per record) do not fit one MB
+    assert await d.checkpoint()
+    assert [p for _, p in list_segments(jdir)] == [d._segments[-1][1]]  # only the open, empty one is left
+    for k in range(38_016, 39_000, 64):
+        for x in (e, twin):
+            await x.submit_many(ticks[k:min(k + 64, 39_000)])
+    crash(d)
+    e2, d2 = start(cfg, opened)
+    assert_same_pool(e2, twin)
+    crash(d2)
+
+
+async def test_a_crash_mid_append_drops_only_that_record(journaled: tuple[Config, list[Durability]],
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A kill between the body copy and the header write: the record was never acknowledged; it is dropped, nothing else."""
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick("A", T0 + k) for k in range(5)])
+    assert d._mm is not None
+    pos, seq = d._pos, d.seq
+    body = journal_mod._ONE.pack(seq + 1, journal_mod.KIND_TICKS, 1, 101.0, 5.0, T0 + 99, 1) + b"A"
+    d._mm[pos + 8:pos + 8 + len(body)] = body  # the body of the next record, its header never written
+    crash(d)
+    with caplog.at_level(logging.WARNING):
+        e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)
+    assert "unfinished last record" in caplog.text
+    assert not list((Path(cfg.paths.state_dir) / JOURNAL_DIR).glob("*.corrupt-*"))
+
+
+async def test_a_damaged_record_applies_the_records_before_it_and_quarantines_the_file(
+        journaled: tuple[Config, list[Durability]], caplog: pytest.LogCaptureFixture) -> None:
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick("A", T0 + k) for k in range(4)], chunk=1)
+    third_record = d._pos
+    await feed([e], [tick("A", T0 + 10 + k) for k in range(3)], chunk=1)
+    (_, path), = list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)
+    crash(d)
+    raw = bytearray(path.read_bytes())
+    raw[third_record + 20] ^= 0x40  # a flipped bit in the 5th record's body: it and all after are unusable
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.ERROR):
+        e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)  # the 4 records before the damage, nothing after
+    (moved,) = path.parent.glob(f"{path.name}.corrupt-*")
+    assert moved.read_bytes() == bytes(raw)  # kept as found
+    assert "checksum mismatch" in caplog.text and str(moved) in caplog.text
+
+
+async def test_corrupt_checkpoint_is_quarantined_with_the_journal_that_continues_it(
+        journaled: tuple[Config, list[Durability]], caplog: pytest.LogCaptureFixture) -> None:
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    await feed([e], [tick(f"M{k}", T0) for k in range(3)])
+    assert await d.checkpoint()
+    await feed([e], [tick("M0", T0 + 5)])
+    crash(d)
+    state_dir = Path(cfg.paths.state_dir)
+    ckpt = state_dir / STATE_FILE
+    ckpt.write_bytes(ckpt.read_bytes()[:-10])
+    with caplog.at_level(logging.ERROR):
+        e2, _ = start(cfg, opened)
+    assert e2.pool.used == 0  # nothing it could trust
+    assert len(list(state_dir.glob(f"{STATE_FILE}.corrupt-*"))) == 1
+    assert len(list((state_dir / JOURNAL_DIR).glob("*.journal.corrupt-*"))) == 1
+    assert "checkpoint it continues is missing or unusable" in caplog.text
+
+
+async def test_model_swap_checkpoints_so_replay_never_mixes_models(journaled: tuple[Config, list[Durability]]) -> None:
+    cfg, opened = journaled
+    w2 = generate_weights(cfg)
+    w2.w_out = w2.w_out[::-1].copy()
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(5) for m in "AB"])
+    for x in (e, twin):
+        x.set_weights(w2.copy(), "v2")
+    await feed([e, twin], [tick(m, T0 + 100 + k) for k in range(5) for m in "AB"])
+    crash(d)
+    e2, _ = start(cfg, opened, weights=w2.copy(), model_version="v2")
+    assert_same_pool(e2, twin)
+
+
+async def test_warm_up_ticks_are_not_journaled(journaled: tuple[Config, list[Durability]]) -> None:
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    e.warm_up()
+    assert d.seq == 0 and d._pos == HEADER_SIZE
+    await e.submit(tick("A", T0))
+    assert d.seq == 1
+    crash(d)
+    (_, path), = list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)
+    recs = list(SegmentReader(path).records())
+    assert [(r.seq, [t.market_id for t in r.ticks], r.markets) for r in recs] == [(1, ["A"], [])]
+
+
+async def test_a_journal_that_cannot_grow_stops_acknowledging(engine_config: ConfigFactory, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Disk full when a new segment is needed: the batch fails, on_fatal is told once, nothing more is acknowledged."""
+    cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=256)
+    e = Engine(cfg)
+    fatal: list[StorageError] = []
+    d = Durability(e, on_fatal=fatal.append)
+    d.recover()
+    twin = Engine(cfg)
+    acked = [tick("A", T0 + k) for k in range(10)]
+    await feed([e, twin], acked, chunk=1)
+
+    def full(*_a: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    d._size = d._pos + 40  # the open segment is full: the next append needs a new one
+    with caplog.at_level(logging.ERROR), pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
+        await e.submit(tick("A", T0 + 100))
+    with pytest.raises(StorageError):
+        await e.submit(tick("A", T0 + 101))
+    assert len(fatal) == 1 and "cannot create journal file" in str(fatal[0]) and fatal[0].errno == errno.ENOSPC
+    assert caplog.text.count("no further tick is acknowledged") == 1
+    assert "Traceback" not in caplog.text
+    monkeypatch.undo()
+    crash(d)
+    e2 = Engine(cfg)
+    d2 = Durability(e2)
+    d2.recover()
+    assert_same_pool(e2, twin)  # every acknowledged tick, none of the failed ones
+    crash(d2)
+
+
+async def test_a_failed_final_save_keeps_the_previous_checkpoint_and_the_journal(
+        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg, opened = journaled
+    e, _d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(6) for m in "AB"])
+    ckpt = Path(cfg.paths.state_dir) / STATE_FILE
+    before = ckpt.read_bytes()
+
+    def fail(*_a: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(StorageError, match=rf"cannot save market state {ckpt}: Read-only file system \(errno 30 EROFS\)"):
+        await e.drain(save=True)
+    monkeypatch.undo()
+    assert ckpt.read_bytes() == before
+    assert [p.name for p in ckpt.parent.iterdir() if p.name.endswith(".tmp")] == []
+    e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)
+
+
+async def test_one_service_per_state_dir(journaled: tuple[Config, list[Durability]]) -> None:
+    cfg, opened = journaled
+    start(cfg, opened)
+    with pytest.raises(StorageError, match=rf"in use by another cerebellar-norse process \(pid {os.getpid()}\)"):
+        Durability(Engine(cfg)).recover()
+
+
+async def test_fsync_mode_journals_the_same(engine_config: ConfigFactory, tmp_path: Path) -> None:
+    cfg = engine_config(state_dir=tmp_path / "state", journal_fsync=True)
+    opened: list[Durability] = []
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(4) for m in "ABC"])
+    crash(d)
+    e2, d2 = start(cfg, opened)
+    assert_same_pool(e2, twin)
+    crash(d2)
