@@ -108,6 +108,20 @@ def _lif_cell(v_arr, i_arr, k, inp, c_mem, nc_syn, v_leak, v_th, v_reset):
     return False
 
 
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def softmax_row(row):
+    """``row`` (float64 logits) replaced by its softmax, in place (max subtracted first)."""
+    mx = -np.inf
+    for c in range(row.shape[0]):
+        mx = max(mx, row[c])
+    tot = 0.0
+    for c in range(row.shape[0]):
+        row[c] = np.exp(row[c] - mx)
+        tot += row[c]
+    for c in range(row.shape[0]):
+        row[c] /= tot
+
+
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
                work_f, work_i, work_z, probs, spikes, active):
@@ -295,17 +309,10 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
             tot_dn += dcnt
         golgi[s] = g_inh
         # Softmax of the logits (scale * v_out, rounded to the network's float type) in float64.
-        mx = -np.inf
         for c in range(K):
             tmp[1] = scale * vo[c]
             probs[b, c] = tmp[1]
-            mx = max(mx, probs[b, c])
-        tot = 0.0
-        for c in range(K):
-            probs[b, c] = np.exp(probs[b, c] - mx)
-            tot += probs[b, c]
-        for c in range(K):
-            probs[b, c] /= tot
+        softmax_row(probs[b])
         spikes[b, 0] = tot_gr
         spikes[b, 1] = tot_pc
         spikes[b, 2] = tot_dn

@@ -34,6 +34,7 @@ from ..errors import InputError
 from ..ticks import Tick, check_order, validate_tick, validate_ticks
 from .backends import Backend, make_backend
 from .encoder import S_N_TICKS
+from .fused import softmax_row
 from .parameters import encoder_parameters, network_parameters
 from .state import StateArrays
 from .topology import Weights, generate_weights
@@ -95,19 +96,10 @@ def _finish_batch(slots: np.ndarray, enc: np.ndarray, scratch: np.ndarray, seen:
         scratch[s] -= 1.0
     if not apply_head:
         return
-    k = probs.shape[1]
     for j in range(b):
-        mx = -np.inf
-        for c in range(k):
-            x = gain[c] * math.log(max(probs[j, c], 1e-300)) + bias[c]
-            probs[j, c] = x
-            mx = max(mx, x)
-        tot = 0.0
-        for c in range(k):
-            probs[j, c] = math.exp(probs[j, c] - mx)
-            tot += probs[j, c]
-        for c in range(k):
-            probs[j, c] /= tot
+        for c in range(probs.shape[1]):
+            probs[j, c] = gain[c] * math.log(max(probs[j, c], 1e-300)) + bias[c]
+        softmax_row(probs[j])
 
 
 @dataclass
