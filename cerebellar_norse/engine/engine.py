@@ -368,8 +368,8 @@ class Engine:
             if self.learner is not None:
                 self._learn(ticks, probs)
             if self.scorer is not None:
-                self.scorer.observe_batch(ticks, probs)
-            self._record(ticks)
+                self.scorer.observe_batch(ticks, probs, (self._buf.seen[:b] <= self.cfg.neural.warmup_ticks).tolist())
+            self._record(ticks, probs)
         out = result_dicts(ticks, probs, spikes, elapsed, self._buf.seen[:b], self.cfg.neural.warmup_ticks)
         version = self.model_version
         for r in out:

@@ -311,22 +311,27 @@ class LiveScorer:
 
     # -- updates ------------------------------------------------------------------
 
-    def observe_batch(self, ticks: Sequence[Tick], probs: np.ndarray) -> None:
-        """Record the probability rows (down, flat, up) served for ``ticks`` and score the ticks they judge."""
+    def observe_batch(self, ticks: Sequence[Tick], probs: np.ndarray, warming: Sequence[bool] | None = None) -> None:
+        """Record the probability rows (down, flat, up) served for ``ticks`` and score the ticks they judge.
+
+        Ticks flagged in ``warming`` (served with ``warming_up``) still drive the labels
+        (volatility, horizons) but are not scored, as ``evaluate`` does not score them.
+        """
         rows = probs.tolist()  # a copy: the caller reuses the array
         markets = self._markets
         judged = self._judged
-        for t, row in zip(ticks, rows, strict=True):
+        skip = [False] * len(rows) if warming is None else list(warming)
+        for t, row, warm in zip(ticks, rows, skip, strict=True):
             market = t.market_id
             entry = markets.get(market)
             if entry is None:
                 entry = self._track(market)
             else:
                 markets.move_to_end(market)
-            row.append(entry[1])  # payload: [P(down), P(flat), P(up), slot]
+            row.append(-1.0 if warm else entry[1])  # payload: [P(down), P(flat), P(up), slot or -1: not scored]
             out = entry[0].observe(t.timestamp, t.price, row)
             if out:
-                judged += out
+                judged += [r for r in out if r.payload[3] >= 0.0]
         if judged:
             self._flush()
 

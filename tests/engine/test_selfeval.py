@@ -76,6 +76,17 @@ def test_hand_computed_figures_and_causal_base_rate() -> None:
     assert sc.judged == 4
 
 
+def test_ticks_served_warming_up_drive_the_labels_but_are_not_scored() -> None:
+    sc = LiveScorer(FIXED_1, window=100)
+    ticks = series("A", PRICES)
+    sc.observe_batch(ticks[:2], np.array(PROBS[:2]), [True, True])
+    sc.observe_batch(ticks[2:], np.array(PROBS[2:]), [False, False, False])
+    s = sc.scope("A")
+    assert s is not None and s["total"]["judged"] == 2  # ticks 2 and 3; ticks 0 and 1 were warming up
+    assert s["total"]["model"]["log_loss"] == pytest.approx((-ln(0.5) - ln(0.3)) / 2)
+    assert s["total"]["class_counts"] == {"down": 0, "flat": 1, "up": 1}
+
+
 def test_rolling_window_drops_old_ticks() -> None:
     sc = LiveScorer(FIXED_1, window=2)
     feed(sc, series("A", PRICES), PROBS)
@@ -257,20 +268,20 @@ def test_top_markets_by_judged_ticks() -> None:
 
 
 def test_engine_scores_served_ticks_and_exports_them(engine_config: ConfigFactory) -> None:
-    cfg = engine_config(neural={"horizon_ticks": 5}, training={"live_evaluation_window": 10})
+    cfg = engine_config(neural={"horizon_ticks": 5, "warmup_ticks": 5}, training={"live_evaluation_window": 10})
     engine = Engine(cfg)
     engine.warm_up()
     assert engine.scorer is not None and engine.scorer.judged == 0 and engine.scorer.markets == 0  # warm-up not scored
     ticks = [tick("LIVE", T0 + 1000 * i, 100.0 * math.exp(0.002 * math.sin(i))) for i in range(30)]
     for k in range(0, 30, 7):
         engine.process_now(ticks[k:k + 7])
-    assert engine.scorer.judged == 25
+    assert engine.scorer.judged == 20  # 25 ticks reached their horizon; the first 5 were served warming up
     snap = engine.scorer.snapshot()
-    assert snap["overall"]["window"]["judged"] == 10 and snap["markets"]["LIVE"]["total"]["judged"] == 25
+    assert snap["overall"]["window"]["judged"] == 10 and snap["markets"]["LIVE"]["total"]["judged"] == 20
     metrics = ServiceMetrics()
     metrics.add_source(engine_families(engine, "cpu", lambda: (0, 0)))
     text = metrics.render().decode()
-    assert "cerebellar_norse_live_judged_ticks_total 25.0" in text
+    assert "cerebellar_norse_live_judged_ticks_total 20.0" in text
     assert "cerebellar_norse_live_window_ticks 10.0" in text
     assert "cerebellar_norse_live_log_loss " in text and "cerebellar_norse_live_base_rate_log_loss " in text
     assert not [line for line in text.splitlines() if "_live_" in line and "NaN" in line]
