@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError, TickOrderError
 from ..observability.context import request_id_var
@@ -108,6 +109,8 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's 400 for a body that never came: nobody to answer
+            raise exc.__cause__
         kind = HTTP_ERROR_KINDS.get(exc.status_code, "http")
         message = str(exc.detail)
         if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (e.g. not UTF-8)

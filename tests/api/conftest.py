@@ -7,7 +7,7 @@ is stopped with SIGTERM and must exit 0 (graceful shutdown).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -36,11 +36,11 @@ def client(live: LiveServer) -> Iterator[httpx.Client]:
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
-    """Start extra servers in a test: ``start_server(state_dir, env={...})``; all are stopped at the end."""
+    """Start extra servers in a test: ``start_server(state_dir, env={...}, args=[...])``; all are stopped at the end."""
     started: list[LiveServer] = []
 
-    def _start(state_dir: Path, env: Mapping[str, str] | None = None) -> LiveServer:
-        srv = start(state_dir, tmp_path / f"server-{len(started)}.log", env)
+    def _start(state_dir: Path, env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> LiveServer:
+        srv = start(state_dir, tmp_path / f"server-{len(started)}.log", env, args)
         started.append(srv)
         return srv
 

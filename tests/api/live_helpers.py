@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,20 +89,21 @@ class LiveServer:
         return self.returncode
 
 
-def launch(state_dir: Path, log_path: Path, port: int, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``python -m cerebellar_norse.cli --port PORT`` with stdout+stderr to ``log_path``."""
+def launch(state_dir: Path, log_path: Path, port: int, env: Mapping[str, str] | None = None,
+           args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """Start ``python -m cerebellar_norse.cli --port PORT [args]`` with stdout+stderr to ``log_path``."""
     state_dir.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)],
+            [sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port), *args],
             cwd=REPO_ROOT, env=server_environ(state_dir, env), stdout=out, stderr=subprocess.STDOUT,
         )
 
 
-def start(state_dir: Path, log_path: Path, env: Mapping[str, str] | None = None) -> LiveServer:
+def start(state_dir: Path, log_path: Path, env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> LiveServer:
     """A started server whose /health answered 200 (fails the test with the server log otherwise)."""
     port = free_port()
-    srv = LiveServer(launch(state_dir, log_path, port, env), port, state_dir, log_path)
+    srv = LiveServer(launch(state_dir, log_path, port, env, args), port, state_dir, log_path)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if srv.proc.poll() is not None:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from ...errors import CerebellarNorseError, InputError
 from ...observability.context import new_request_id, request_id_var
-from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN, check_market_id
+from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN
 from ..deps import JsonBodyRoute, check_ticks, require_token, service
 from ..errors import service_error, validation_response
 from ..openapi import error_responses
@@ -27,7 +27,7 @@ TICK_ERRORS = error_responses(
 )
 
 
-# The path parameter's schema states check_market_id's rule; the check itself names the problem (422).
+# The path parameter's schema states the market id rule; an id breaking it names no market (404).
 MarketIdPath = Annotated[str, Path(description="The market, as in its ticks (URL-encoded, e.g. BTC%2FUSD).",
                                    json_schema_extra={"minLength": 1, "maxLength": MARKET_ID_MAX,
                                                       "pattern": MARKET_ID_PATTERN})]
@@ -43,7 +43,10 @@ router = APIRouter(prefix="/neural", tags=["neural"], route_class=JsonBodyRoute)
 markets_router = APIRouter(prefix="/neural", tags=["neural"], dependencies=[Depends(require_token)])
 
 
-@router.post("/process", response_model=ResultOut, responses=TICK_ERRORS)
+@router.post("/process", response_model=ResultOut, responses={
+    **TICK_ERRORS, 200: {"description": "The network's answer.", "links": {"ResetMarket": {
+        "operationId": "reset_market", "parameters": {"market_id": "$response.body#/market_id"},
+        "description": "Forget the state of the tick's market."}}}})
 async def process(tick: TickIn, request: Request) -> dict[str, Any]:
     """Process one tick of a market and return the network's signal."""
     svc = service(request)
@@ -93,16 +96,15 @@ async def neural_metrics(request: Request) -> dict[str, Any]:
     }}
 
 
-@markets_router.delete("/markets/{market_id:path}", response_model=MarketResetOut,
-                       responses=error_responses(401, 404, 422, s404="The market holds no state (never seen, evicted "
-                                                                      "or reset already)."))
+@markets_router.delete("/markets/{market_id:path}", response_model=MarketResetOut, operation_id="reset_market",
+                       responses=error_responses(401, 404, s404="The market holds no state: never seen, evicted, "
+                                                                 "reset already, or not a valid market id."))
 async def reset_market(request: Request, market_id: MarketIdPath) -> dict[str, Any]:
     """Forget one market's state: its next tick starts from rest, with any timestamp (token).
 
     The way out for a market whose clock a wrong tick moved ahead. Ticks of the market
     already queued are applied after the reset.
     """
-    check_market_id(market_id)
     if not service(request).engine.reset_market(market_id):
         raise MarketNotFoundError(f"market {market_id!r} holds no state", "market_id")
     return {"market_id": market_id, "reset": True, "request_id": request_id_var.get()}

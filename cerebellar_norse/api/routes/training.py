@@ -17,9 +17,14 @@ router = APIRouter(tags=["training"], dependencies=[Depends(require_token)], rou
 JOB_NOT_FOUND = "No such training job (or none yet, for latest)."
 
 
-@router.post("/training", status_code=202, responses=error_responses(
+JOB_LINK = {"job_id": "$response.body#/job_id"}
+
+
+@router.post("/training", status_code=202, responses={**error_responses(
     400, 401, 404, 409, 415, 422, s404="A file of the request is not in the data dir.",
-    s409="A job is already running (conflict)."))
+    s409="A job is already running (conflict)."), 202: {"description": "The job started.", "links": {
+        "JobStatus": {"operationId": "training_status", "parameters": JOB_LINK},
+        "CancelJob": {"operationId": "cancel_training", "parameters": JOB_LINK}}}})
 async def start_training(req: TrainingRequest, request: Request) -> JSONResponse:
     """Start a training job on CSV files of the data dir; 202 with its job_id."""
     job = service(request).extra["jobs"].start(req)
@@ -27,14 +32,14 @@ async def start_training(req: TrainingRequest, request: Request) -> JSONResponse
                         status_code=202)
 
 
-@router.get("/training/status/{job_id}", responses=error_responses(401, 404, s404=JOB_NOT_FOUND))
+@router.get("/training/status/{job_id}", operation_id="training_status", responses=error_responses(401, 404, s404=JOB_NOT_FOUND))
 async def training_status(job_id: str, request: Request) -> dict[str, Any]:
     """State, progress, epoch, loss history, validation metrics, ETA and error of a job (``latest`` works)."""
     result: dict[str, Any] = service(request).extra["jobs"].get(job_id).as_dict()
     return result
 
 
-@router.delete("/training/{job_id}", responses=error_responses(401, 404, s404=JOB_NOT_FOUND))
+@router.delete("/training/{job_id}", operation_id="cancel_training", responses=error_responses(401, 404, s404=JOB_NOT_FOUND))
 async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
     """Cancel a running job; no model is written."""
     job = await service(request).extra["jobs"].cancel(job_id)

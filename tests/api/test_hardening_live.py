@@ -1,0 +1,424 @@
+"""Operator fault probes against the real server over loopback.
+
+Auth that cannot be weakened (empty token, empty bearer, SIGHUP), slow and oversized
+requests (stalled headers and bodies, the connection limit, a batch larger than the
+queue, a chunked body over the limit), HEAD probes, far-future ticks and the reset of
+one market, one error taxonomy on every route, and the log volume of evictions.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from live_helpers import REPO_ROOT, LiveServer, free_port, market, server_environ, signal_of, start
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import connect
+
+TOKEN = "probe-token-7f3a"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+QUEUE = 300  # performance.queue_size of the module's server (batch_size 256 fits it)
+REQUEST_TIMEOUT_S = 1.0
+KEEP_ALIVE_S = 2
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server with a token, short request and keep-alive deadlines, and a small queue."""
+    root = tmp_path_factory.mktemp("hardening")
+    (root / "data").mkdir()
+    server = start(root / "state", root / "server.log", {
+        "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN,
+        "CEREBELLAR_NORSE_SERVER__REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_S),
+        "CEREBELLAR_NORSE_SERVER__KEEP_ALIVE_TIMEOUT": str(KEEP_ALIVE_S),
+        "CEREBELLAR_NORSE_PERFORMANCE__QUEUE_SIZE": str(QUEUE),
+        "CEREBELLAR_NORSE_PATHS__DATA_DIR": str(root / "data"),
+    })
+    try:
+        yield server
+    finally:
+        rc = server.stop()
+    assert rc == 0, server.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def client(srv: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, timeout=60.0) as c:  # the first multi-tick batch compiles a kernel variant
+        yield c
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def live_tick(market_id: str, ts: int, price: float = 100.0) -> dict[str, Any]:
+    return {"price": price, "volume": 10.0, "timestamp": ts, "market_id": market_id}
+
+
+def error_of(r: httpx.Response, status: int, kind: str, field: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    err: dict[str, Any] = r.json()["error"]
+    assert (err["type"], err["field"]) == (kind, field), err
+    assert err["request_id"] == r.headers["x-request-id"]
+    return err
+
+
+def samples(client: httpx.Client, name: str) -> list[Any]:
+    return [s for fam in text_string_to_metric_families(client.get("/metrics").text) for s in fam.samples if s.name == name]
+
+
+def sample_value(client: httpx.Client, name: str, **labels: str) -> float:
+    return sum(s.value for s in samples(client, name) if all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def neural_ticks(client: httpx.Client) -> int:
+    return int(client.get("/neural/metrics").json()["neural_metrics"]["ticks"])
+
+
+def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and when it closed (s after the call)."""
+    t0 = time.monotonic()
+    sock.settimeout(limit_s)
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data, time.monotonic() - t0
+        data += chunk
+
+
+def parse_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+def raw_request(port: int, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """One request over a raw socket, headers sent verbatim (httpx refuses values such as "Bearer ")."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: x", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        raw, _ = read_until_closed(s, 10)
+    return parse_response(raw)
+
+
+def assert_no_error_logs(server: LiveServer) -> None:
+    for line in server.log().splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            assert rec["level"] not in ("ERROR", "CRITICAL"), line
+        assert "Traceback" not in line, line
+
+
+# -- auth ----------------------------------------------------------------------------------------
+
+
+def test_empty_or_blank_token_is_no_token_off_loopback(tmp_path: Path) -> None:
+    procs = {}
+    for name, token in {"empty": "", "blank": "   \t"}.items():
+        env = server_environ(tmp_path / "state", {"CEREBELLAR_NORSE_SERVER__HOST": "0.0.0.0",
+                                                  "CEREBELLAR_NORSE_SERVER__API_TOKEN": token})
+        procs[name] = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(free_port())],
+                                       cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs[name + " --validate-config"] = subprocess.Popen(
+            [sys.executable, "-m", "cerebellar_norse.cli", "--validate-config"],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, (name, out, err)
+        assert "server.api_token" in err and "not loopback" in err, (name, err)
+        assert "Traceback" not in out + err
+        assert "Started server process" not in out + err, name
+
+
+@pytest.mark.parametrize("header", ["Bearer ", "Bearer", "Bearer    ", "bearer", "Basic " + TOKEN, f"Token {TOKEN}",
+                                    "Bearer wrong", f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", f"{TOKEN}", None])
+def test_bad_bearer_never_authenticates(srv: LiveServer, header: str | None) -> None:
+    headers = {"Authorization": header} if header is not None else {}
+    for method, path in (("GET", "/models"), ("DELETE", "/neural/markets/X"), ("GET", "/training/status/latest")):
+        status, got, body = raw_request(srv.port, method, path, headers)
+        assert status == 401, (method, path, body)
+        assert got["www-authenticate"] == "Bearer"
+        assert json.loads(body)["error"]["type"] == "unauthorized"
+    assert raw_request(srv.port, "GET", "/models", AUTH)[0] == 200
+    assert raw_request(srv.port, "GET", "/models", {"Authorization": f"bearer  {TOKEN} "})[0] == 200
+
+
+CONFIG = """
+[server]
+host = "127.0.0.1"
+{token}
+[logging]
+level = "{level}"
+"""
+
+
+def _wait_for_log(server: LiveServer, needle: str, count: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.log().count(needle) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} not logged {count} times\n{server.log()[-3000:]}")
+
+
+def test_sighup_cannot_remove_or_change_the_token(tmp_path: Path, start_server: Callable[..., LiveServer]) -> None:
+    cfg = tmp_path / "service.toml"
+    cfg.write_text(CONFIG.format(token='api_token = "first-token"', level="INFO"))
+    server = start_server(tmp_path / "state", args=["--config", str(cfg)])
+    first, second = {"Authorization": "Bearer first-token"}, {"Authorization": "Bearer second-token"}
+    with httpx.Client(base_url=server.url, timeout=10.0) as c:
+        assert c.get("/models").status_code == 401
+        assert c.get("/models", headers=first).status_code == 200
+        for refusals, token_line in enumerate(("", 'api_token = ""', 'api_token = "   "', 'api_token = "second-token"'), 1):
+            cfg.write_text(CONFIG.format(token=token_line, level="DEBUG"))
+            server.proc.send_signal(signal.SIGHUP)
+            _wait_for_log(server, "config reload refused", refusals)
+            # the running config is kept whole: auth unchanged, and the level change of the same file not applied
+            assert c.get("/models").status_code == 401, token_line
+            assert raw_request(server.port, "GET", "/models", {"Authorization": "Bearer "})[0] == 401
+            assert c.get("/models", headers=second).status_code == 401
+            assert c.get("/models", headers=first).status_code == 200
+            assert c.post("/neural/process", json=live_tick(market("HUP"), now_ms())).status_code == 200
+        assert '"level": "DEBUG"' not in server.log()
+        cfg.write_text(CONFIG.format(token='api_token = "first-token"', level="DEBUG"))  # same token: applies
+        server.proc.send_signal(signal.SIGHUP)
+        _wait_for_log(server, '"message": "config reloaded"', 1)
+        assert c.get("/models", headers=first).status_code == 200
+        assert c.post("/neural/process", json=live_tick(market("HUP"), now_ms())).status_code == 200
+        _wait_for_log(server, '"level": "DEBUG"', 1)  # logging.level of the same file did apply this time
+    refused = [json.loads(line) for line in server.log().splitlines()
+               if line.startswith("{") and "config reload refused" in line]
+    assert len(refused) == 4 and all("server.api_token" in r["message"] for r in refused)
+    assert not any("first-token" in r["message"] or "second-token" in r["message"] for r in refused)  # no secrets
+
+
+# -- load edge cases -----------------------------------------------------------------------------
+
+
+def test_batch_larger_than_the_queue_is_422_not_503(client: httpx.Client) -> None:
+    m = market("BIG")
+    t0 = now_ms() - 10 * 60_000
+    ticks = [live_tick(m, t0 + k) for k in range(QUEUE + 1)]
+    before = neural_ticks(client)
+    err = error_of(client.post("/neural/process/batch", json={"ticks": ticks}), 422, "validation", "ticks")
+    assert "can never fit" in err["message"] and "performance.queue_size" in err["message"], err
+    assert neural_ticks(client) == before
+    r = client.post("/neural/process/batch", json={"ticks": ticks[:QUEUE]})  # exactly the queue fits
+    assert r.status_code == 200, r.text
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["BatchIn"]["properties"]["ticks"]
+    assert schema["maxItems"] == QUEUE
+
+
+def test_chunked_body_over_the_limit_on_the_hot_path_is_413(srv: LiveServer, client: httpx.Client) -> None:
+    body = json.dumps({"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "X" * 1_100_000}).encode()
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(body), 64 * 1024):
+            yield body[i:i + 64 * 1024]
+
+    r = client.post("/neural/process", content=chunks(), headers={"Content-Type": "application/json",
+                                                                   "X-Request-ID": "chunky-1"})
+    assert "content-length" not in r.request.headers
+    err = error_of(r, 413, "body_too_large")
+    assert err["request_id"] == "chunky-1" and "max_body_size" in err["message"]
+    assert client.get("/health").status_code == 200
+    assert_no_error_logs(srv)
+
+
+@pytest.mark.parametrize(("path", "ctype"), [("/health", "application/json"), ("/metrics", "text/plain")])
+def test_head_probes(client: httpx.Client, path: str, ctype: str) -> None:
+    r = client.head(path)
+    assert r.status_code == 200
+    assert r.content == b""
+    assert r.headers["content-type"].startswith(ctype)
+    assert r.headers["x-request-id"]
+
+
+def test_stalled_headers_are_cut_off_with_408(srv: LiveServer) -> None:
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        raw, waited = read_until_closed(s, 10)
+    status, headers, body = parse_response(raw)
+    assert status == 408, raw
+    assert REQUEST_TIMEOUT_S * 0.8 <= waited < REQUEST_TIMEOUT_S + 3, waited
+    err = json.loads(body)["error"]
+    assert err["type"] == "request_timeout" and "server.request_timeout" in err["message"]
+    assert err["request_id"] == headers["x-request-id"]
+    # the same after a first request on a keep-alive connection
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first
+        s.sendall(b"GET /hea")
+        raw, _ = read_until_closed(s, 10)
+    assert parse_response(raw)[0] == 408
+
+
+@pytest.mark.parametrize("path", ["/neural/process", "/neural/process/batch", "/training"])
+def test_stalled_body_is_cut_off_with_408(srv: LiveServer, client: httpx.Client, path: str) -> None:
+    before = sample_value(client, "cerebellar_norse_http_request_timeouts_total", phase="body")
+    rid = f"slow-body-{path.replace('/', '-')}"
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n"
+                  f"Authorization: Bearer {TOKEN}\r\nX-Request-ID: {rid}\r\n\r\n{{\"ticks\": [".encode())
+        raw, waited = read_until_closed(s, 10)
+    status, headers, body = parse_response(raw)
+    assert status == 408, raw
+    assert REQUEST_TIMEOUT_S * 0.8 <= waited < REQUEST_TIMEOUT_S + 3, waited
+    assert headers["connection"] == "close"
+    err = json.loads(body)["error"]
+    assert (err["type"], err["request_id"]) == ("request_timeout", rid)
+    assert headers["x-request-id"] == rid
+    assert sample_value(client, "cerebellar_norse_http_request_timeouts_total", phase="body") == before + 1
+    assert sample_value(client, "cerebellar_norse_http_requests_total", route=path, status="408") >= 1
+    assert_no_error_logs(srv)
+
+
+def test_idle_connection_is_closed_after_keep_alive_timeout(srv: LiveServer) -> None:
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        raw, waited = read_until_closed(s, 10)
+    assert raw == b""
+    assert KEEP_ALIVE_S * 0.8 <= waited < KEEP_ALIVE_S + 3, waited
+
+
+def test_connection_limit_answers_json_503_and_frees_up(tmp_path: Path, start_server: Callable[..., LiveServer]) -> None:
+    limit = 4
+    server = start_server(tmp_path / "state", env={"CEREBELLAR_NORSE_SERVER__MAX_CONNECTIONS": str(limit),
+                                                   "CEREBELLAR_NORSE_SERVER__KEEP_ALIVE_TIMEOUT": str(KEEP_ALIVE_S),
+                                                   "CEREBELLAR_NORSE_SERVER__REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_S)})
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(limit - 1)]
+    stalled = socket.create_connection(("127.0.0.1", server.port))
+    stalled.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+    try:
+        time.sleep(0.2)
+        for path in ("/health", "/metrics", "/neural/process"):
+            with httpx.Client(base_url=server.url, timeout=10.0) as c:
+                r = c.request("POST" if path == "/neural/process" else "GET", path,
+                              json=live_tick("LIMIT", now_ms()) if path == "/neural/process" else None,
+                              headers={"X-Request-ID": f"limit{path.replace('/', '-')}"})
+            err = error_of(r, 503, "capacity")
+            assert int(r.headers["retry-after"]) >= 1
+            assert err["request_id"] == f"limit{path.replace('/', '-')}"
+            assert "server.max_connections" in err["message"]
+        # the slow sockets are cut off (request_timeout, keep_alive_timeout) and the service answers again
+        deadline = time.monotonic() + KEEP_ALIVE_S + 5
+        while True:
+            r = httpx.get(f"{server.url}/health", timeout=5.0)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200, r.text
+        stalled.settimeout(1)
+        assert parse_response(stalled.recv(65536))[0] == 408
+    finally:
+        for s in [*idle, stalled]:
+            s.close()
+
+
+# -- far-future ticks and the reset of one market --------------------------------------------------
+
+
+def test_far_future_tick_is_refused_and_does_not_lock_the_market(client: httpx.Client) -> None:
+    m = market("FUT")
+    before = neural_ticks(client)
+    err = error_of(client.post("/neural/process", json=live_tick(m, now_ms() + 10 * 60_000)), 409,
+                   "future_timestamp", "timestamp")
+    assert "server.max_clock_skew_ms" in err["message"]
+    far = 4_000_000_000_000  # year 2096: inside the schema's range, far ahead of the clock
+    error_of(client.post("/neural/process", json=live_tick(m, far)), 409, "future_timestamp", "timestamp")
+    r = client.post("/neural/process/batch", json={"ticks": [live_tick(m, now_ms()), live_tick(m, far)]})
+    error_of(r, 409, "future_timestamp", "ticks.1.timestamp")
+    assert neural_ticks(client) == before  # nothing of it was applied
+    assert client.post("/neural/process", json=live_tick(m, now_ms())).status_code == 200  # the market is not locked
+    assert client.post("/neural/process", json=live_tick(m, now_ms() + 60_000)).status_code == 200  # within the skew
+
+
+def test_far_future_tick_on_the_stream(srv: LiveServer) -> None:
+    m = market("FUTWS")
+    with connect(f"{srv.ws_url}/neural/stream") as ws:
+        ws.send(json.dumps(live_tick(m, 4_000_000_000_000)))
+        err = json.loads(ws.recv(timeout=10))["error"]
+        assert (err["type"], err["field"]) == ("future_timestamp", "timestamp")
+        ws.send(json.dumps(live_tick(m, now_ms())))
+        assert json.loads(ws.recv(timeout=10))["market_id"] == m
+
+
+def test_reset_one_market(client: httpx.Client) -> None:
+    m, fresh = market("RST") + "/USD", market("REF")
+    ahead = now_ms() + 60_000  # accepted (within the skew), and moves the market's clock a minute ahead
+    assert client.post("/neural/process", json=live_tick(m, ahead)).status_code == 200
+    error_of(client.post("/neural/process", json=live_tick(m, now_ms())), 409, "out_of_order", "timestamp")
+    url = f"/neural/markets/{quote(m, safe='')}"
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        error_of(client.delete(url, headers=headers), 401, "unauthorized")
+    assert raw_request(int(client.base_url.port or 0), "DELETE", url, {"Authorization": "Bearer "})[0] == 401
+    r = client.delete(url, headers={**AUTH, "X-Request-ID": "reset-1"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"market_id": m, "reset": True, "request_id": "reset-1"}
+    # the market starts from rest: it answers exactly as a market never seen
+    ts = now_ms()
+    got = client.post("/neural/process", json=live_tick(m, ts)).json()
+    ref = client.post("/neural/process", json=live_tick(fresh, ts)).json()
+    assert signal_of(got) == signal_of(ref)
+    r = client.delete(f"/neural/markets/{quote(market('NEVER'), safe='')}", headers=AUTH)
+    error_of(r, 404, "not_found", "market_id")
+    error_of(client.delete("/neural/markets/%20PAD", headers=AUTH), 404, "not_found", "market_id")  # not a valid id
+
+
+# -- one error taxonomy ----------------------------------------------------------------------------
+
+
+def test_invalid_utf8_is_malformed_json_on_every_route(client: httpx.Client) -> None:
+    before = {k: sample_value(client, "cerebellar_norse_errors_total", kind=k) for k in ("malformed_json", "validation", "http")}
+    raw = b'{"ticks": [{"market_id": "\xff\xfe"}]}'
+    for path, headers in (("/neural/process", {}), ("/neural/process/batch", {}), ("/training", AUTH)):
+        r = client.post(path, content=raw, headers={"Content-Type": "application/json", **headers})
+        error_of(r, 400, "malformed_json")
+        r = client.post(path, content=b'{"ticks": [', headers={"Content-Type": "application/json", **headers})
+        error_of(r, 400, "malformed_json")
+    after = {k: sample_value(client, "cerebellar_norse_errors_total", kind=k) for k in before}
+    assert after["malformed_json"] == before["malformed_json"] + 6  # every 400 counted under its error.type
+    assert after["validation"] == before["validation"] and after["http"] == before["http"] == 0
+
+
+def test_hot_path_is_counted_under_its_route(client: httpx.Client) -> None:
+    labels = {"route": "/neural/process", "method": "POST", "status": "200"}
+    before = sample_value(client, "cerebellar_norse_http_requests_total", **labels)
+    other = sample_value(client, "cerebellar_norse_http_requests_total", route="other", method="POST")
+    for _ in range(3):
+        assert client.post("/neural/process", json=live_tick(market("RT"), now_ms())).status_code == 200
+    assert sample_value(client, "cerebellar_norse_http_requests_total", **labels) == before + 3
+    assert sample_value(client, "cerebellar_norse_http_requests_total", route="other", method="POST") == other
+    assert sum(s.value for s in samples(client, "cerebellar_norse_http_request_duration_seconds_count")
+               if s.labels["route"] == "/neural/process") >= 3
+
+
+# -- log volume ------------------------------------------------------------------------------------
+
+
+def test_evictions_are_logged_as_a_summary(tmp_path: Path, start_server: Callable[..., LiveServer]) -> None:
+    server = start_server(tmp_path / "state", env={"CEREBELLAR_NORSE_PERFORMANCE__MAX_MARKETS": "4"})
+    ts = now_ms()
+    with httpx.Client(base_url=server.url, timeout=10.0) as c:
+        for k in range(150):  # every tick a new market: each one evicts the least recently used
+            assert c.post("/neural/process", json=live_tick(f"EV-{k}", ts)).status_code == 200
+        evictions = c.get("/health").json()["pool"]["evictions"]
+    assert evictions >= 146
+    assert server.stop() == 0
+    lines = [json.loads(line) for line in server.log().splitlines()
+             if line.startswith("{") and "evicted least recently used markets" in line]
+    assert 1 <= len(lines) <= 2, len(lines)  # the first at once, the rest in one summary (at shutdown here)
+    assert sum(rec["fields"]["evicted"] for rec in lines) == evictions
