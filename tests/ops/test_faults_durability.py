@@ -1,0 +1,476 @@
+"""Fault injection against real service processes: durability, loud failures, fallbacks that keep data.
+
+Every test starts ``python -m cerebellar_norse.cli`` on a free loopback port with its
+own state dir (the API tests' launcher, ``tests/api/live_helpers.py``) and then
+breaks something the way an operator's incident would:
+
+* kill -9 under load: the restarted service's state of every market equals, bit for
+  bit, that of a twin service that never crashed and was fed the same ticks, and
+  includes every acknowledged tick;
+* a state dir that is read-only, full or not a directory at start: exit code 1 and one
+  line on stderr naming the path and errno, no traceback;
+* a disk that fills up while serving: the failed save exits non-zero with path and
+  errno in the log, the previous file is kept, and no acknowledged tick is lost;
+* corrupt state and journal files: moved aside (quarantined), never overwritten;
+* a corrupt active model: the newest valid one is served, /health says "degraded"
+  with the reason, and no bootstrap model is trained;
+* kill -9 during a training job: the job process dies with the service and writes no
+  model; its record says so at the next start.
+
+Read-only and full disks are small tmpfs mounts; where the test cannot mount one (not
+root, no CAP_SYS_ADMIN) those cases are skipped, the others still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import io
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
+from live_helpers import BASE_TS, REPO_ROOT, LiveServer, free_port, launch, server_environ, start
+
+from cerebellar_norse.config import load_config
+from cerebellar_norse.engine.journal import JOURNAL_DIR
+from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.neurons.encoder import S_N_TICKS
+from cerebellar_norse.neurons.state import STATE_FIELDS
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.storage import read_checksummed
+from cerebellar_norse.synthetic import generate_ticks
+from cerebellar_norse.training.checkpoints import ModelStore
+from cerebellar_norse.training.data import write_csv
+
+TOKEN = "fault-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def saved_states(state_dir: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every market's saved state in ``market_state.bin``: {market: {field: array}}."""
+    with np.load(io.BytesIO(read_checksummed(state_dir / STATE_FILE)), allow_pickle=False) as z:
+        markets = [str(m) for m in z["markets"]]
+        return {m: {f: np.array(z[f][j]) for f in STATE_FIELDS} for j, m in enumerate(markets)}
+
+
+def ticks_applied(st: Mapping[str, np.ndarray]) -> int:
+    return int(st["enc"][S_N_TICKS])
+
+
+def assert_bitwise_equal(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], market: str) -> None:
+    for f in STATE_FIELDS:
+        assert a[f].dtype == b[f].dtype and a[f].shape == b[f].shape, (market, f)
+        assert a[f].tobytes() == b[f].tobytes(), f"{market}: state field {f} differs"
+
+
+def tick_of(market: str, k: int) -> dict[str, Any]:
+    """The k-th tick of a market: 250 ms apart, a deterministic wandering price."""
+    return {"price": 100.0 + 0.37 * ((k * 13) % 11) - 0.05 * (k % 7), "volume": 10.0 + (k * 17) % 90,
+            "timestamp": BASE_TS + 250 * k, "market_id": market}
+
+
+def start_together(specs: list[tuple[Path, Path, Mapping[str, str]]]) -> list[LiveServer]:
+    """Start several servers at once (startup time paid once); each healthy or the test fails with its log."""
+    servers = []
+    for state_dir, log_path, env in specs:
+        port = free_port()
+        servers.append(LiveServer(launch(state_dir, log_path, port, env), port, state_dir, log_path))
+    deadline = time.monotonic() + 90
+    pending = list(servers)
+    while pending and time.monotonic() < deadline:
+        for srv in list(pending):
+            if srv.proc.poll() is not None:
+                raise AssertionError(f"server exited with {srv.proc.returncode} during startup\n{srv.log()[-4000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{srv.url}/health", timeout=1.0).status_code == 200:
+                    pending.remove(srv)
+        time.sleep(0.05)
+    assert not pending, "servers not healthy in time"
+    return servers
+
+
+def kill9(srv: LiveServer) -> None:
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.returncode = srv.proc.wait(timeout=10)
+    assert srv.returncode == -signal.SIGKILL
+
+
+def run_cli(state_dir: Path, extra: Mapping[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(free_port())], cwd=REPO_ROOT,
+                          env=server_environ(state_dir, extra), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture
+def servers() -> Iterator[list[LiveServer]]:
+    """Servers a test started; killed at the end if still running."""
+    started: list[LiveServer] = []
+    yield started
+    for srv in started:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+
+
+Mount = Callable[..., Path]
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Mount]:
+    """``tmpfs("64k", ro=False)``: a fresh tmpfs mounted under tmp_path; the test is skipped where mounting is not allowed."""
+    mounted: list[Path] = []
+
+    def mount(size: str, ro: bool = False) -> Path:
+        point = tmp_path / f"mnt{len(mounted)}"
+        point.mkdir()
+        opts = f"size={size}" + (",ro" if ro else "")
+        try:
+            res = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)], capture_output=True, text=True,
+                                 timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            pytest.skip(f"cannot mount a tmpfs here: {exc}")
+        if res.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in reversed(mounted):
+        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write a file in ``directory`` until the file system is full; returns it."""
+    path = directory / "filler"
+    block = b"\xa5" * 4096
+    with open(path, "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(block)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    with contextlib.suppress(OSError), open(path, "ab", buffering=0) as fh:  # the last partial block
+        while True:
+            fh.write(b"\xa5")
+    return path
+
+
+def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a refused start (exit code 1, no traceback)."""
+    assert res.returncode == 1, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+    assert "Traceback" not in res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "Uvicorn running" not in res.stdout + res.stderr
+    return lines[0]
+
+
+# -- kill -9 under load ----------------------------------------------------------------------
+
+
+async def drive(url: str, markets: list[str], acked: dict[str, int], inflight: dict[str, int], stop: asyncio.Event,
+                batch_markets: set[str]) -> None:
+    """One sequential client per market (each awaits its answer before sending the next) until the server dies or ``stop``."""
+    async with httpx.AsyncClient(base_url=url, timeout=10.0, limits=httpx.Limits(max_connections=len(markets))) as c:
+
+        async def client(m: str) -> None:
+            k = 0
+            while not stop.is_set():
+                try:
+                    if m in batch_markets:  # three ticks per request: all acknowledged together
+                        inflight[m] = 3
+                        r = await c.post("/neural/process/batch", json={"ticks": [tick_of(m, k + j) for j in range(3)]})
+                        n = 3
+                    else:
+                        inflight[m] = 1
+                        r = await c.post("/neural/process", json=tick_of(m, k))
+                        n = 1
+                except httpx.TransportError:
+                    return  # the server is gone: the request in flight was not acknowledged
+                assert r.status_code == 200, r.text
+                k += n
+                acked[m] = k
+                inflight[m] = 0
+
+        await asyncio.gather(*(client(m) for m in markets))
+
+
+def feed_sequential(url: str, market: str, n: int) -> None:
+    with httpx.Client(base_url=url, timeout=30.0) as c:
+        for k0 in range(0, n, 50):
+            ks = range(k0, min(k0 + 50, n))
+            r = c.post("/neural/process/batch", json={"ticks": [tick_of(market, k) for k in ks]})
+            assert r.status_code == 200, r.text
+
+
+@pytest.mark.slow
+def test_kill9_under_load_loses_no_acknowledged_tick(tmp_path: Path, servers: list[LiveServer]) -> None:
+    """Crash mid-load with checkpoints and journal roll-overs going on; compare with a twin that never crashed."""
+    crashy, twin_dir = tmp_path / "crashy", tmp_path / "twin"
+    fast = {"CEREBELLAR_NORSE_PERFORMANCE__CHECKPOINT_INTERVAL_S": "0.3",
+            "CEREBELLAR_NORSE_PERFORMANCE__JOURNAL_SEGMENT_SIZE": "1MB"}
+    a, twin = start_together([(crashy, tmp_path / "a.log", fast), (twin_dir, tmp_path / "twin.log", {})])
+    servers += [a, twin]
+    markets = [f"K{j:02d}" for j in range(12)]
+    acked = dict.fromkeys(markets, 0)
+    inflight = dict.fromkeys(markets, 0)
+
+    async def load_then_kill() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(drive(a.url, markets, acked, inflight, stop, set(markets[:3])))
+        await asyncio.sleep(2.5)  # several checkpoints happen meanwhile
+        assert not task.done()
+        kill9(a)  # mid-request for most markets
+        await asyncio.wait_for(task, timeout=20)
+
+    asyncio.run(load_then_kill())
+    assert sum(acked.values()) > 100, acked
+    assert "Traceback" not in a.log()
+
+    restarted = start(crashy, tmp_path / "a2.log")
+    servers.append(restarted)
+    with httpx.Client(base_url=restarted.url, timeout=10) as c:
+        assert c.get("/health").json()["pool"]["markets"] == len(markets)
+    assert restarted.stop() == 0, restarted.log()[-3000:]
+    recovered = saved_states(crashy)
+    assert sorted(recovered) == markets
+
+    for m in markets:  # every acknowledged tick is in, and at most the one request in flight beyond it
+        n = ticks_applied(recovered[m])
+        assert acked[m] <= n <= acked[m] + inflight[m], (m, acked[m], inflight[m], n)
+        feed_sequential(twin.url, m, n)
+    assert twin.stop() == 0, twin.log()[-3000:]
+    twin_states = saved_states(twin_dir)
+    for m in markets:
+        assert_bitwise_equal(recovered[m], twin_states[m], m)
+    assert "market state recovered" in restarted.log()
+
+
+# -- unwritable state dir at start -------------------------------------------------------------
+
+
+def test_state_dir_under_a_file_fails_start_up_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    state = tmp_path / "a-file" / "state"
+    line = one_line_error(run_cli(state))
+    assert line == f"cerebellar-norse: state dir is not writable: {state}: Not a directory (errno 20 ENOTDIR)"
+
+
+def test_read_only_state_dir_fails_start_up_with_one_line(tmpfs: Mount) -> None:
+    ro = tmpfs("64k", ro=True)
+    line = one_line_error(run_cli(ro))
+    assert line == f"cerebellar-norse: state dir is not writable: {ro}: Read-only file system (errno 30 EROFS)"
+
+
+def test_full_state_dir_fails_start_up_with_one_line(tmpfs: Mount) -> None:
+    full = tmpfs("64k")
+    fill(full)
+    line = one_line_error(run_cli(full))
+    assert line == f"cerebellar-norse: state dir is not writable: {full}: No space left on device (errno 28 ENOSPC)"
+
+
+# -- a disk that fills up while serving ---------------------------------------------------------
+
+
+def send_ticks(url: str, markets: list[str], start_k: int, n: int) -> None:
+    with httpx.Client(base_url=url, timeout=10) as c:
+        for k in range(start_k, start_k + n):
+            for m in markets:
+                r = c.post("/neural/process", json=tick_of(m, k))
+                assert r.status_code == 200, r.text
+
+
+def test_failed_save_at_shutdown_exits_nonzero_keeps_the_previous_file_and_every_tick(tmp_path: Path, tmpfs: Mount,
+                                                                                      servers: list[LiveServer]) -> None:
+    state = tmpfs("8m") / "state"
+    env = {"CEREBELLAR_NORSE_PERFORMANCE__JOURNAL_SEGMENT_SIZE": "1MB"}
+    srv = start(state, tmp_path / "a.log", env)
+    servers.append(srv)
+    send_ticks(srv.url, ["F1", "F2"], 0, 20)
+    previous = (state / STATE_FILE).read_bytes()  # the start-up checkpoint
+    filler = fill(state.parent)
+    send_ticks(srv.url, ["F1", "F2"], 20, 5)  # still acknowledged: the journal's space was reserved
+    rc = srv.stop()
+    log = srv.log()
+    assert rc == 1, log[-3000:]
+    assert f"cannot save market state {state / STATE_FILE}: No space left on device (errno 28 ENOSPC)" in log
+    assert "Traceback" not in log
+    assert (state / STATE_FILE).read_bytes() == previous
+    assert not [p for p in state.iterdir() if p.name.endswith(".tmp")]
+    filler.unlink()
+    again = start(state, tmp_path / "b.log", env)
+    servers.append(again)
+    assert again.stop() == 0, again.log()[-3000:]
+    assert {m: ticks_applied(s) for m, s in saved_states(state).items()} == {"F1": 25, "F2": 25}
+
+
+def test_disk_full_while_serving_stops_the_service_loudly_without_losing_ticks(tmp_path: Path, tmpfs: Mount,
+                                                                              servers: list[LiveServer]) -> None:
+    """A periodic checkpoint that fails: /health turns 503 with the reason, the service exits 1, every ack survives."""
+    state = tmpfs("8m") / "state"
+    env = {"CEREBELLAR_NORSE_PERFORMANCE__JOURNAL_SEGMENT_SIZE": "1MB",
+           "CEREBELLAR_NORSE_PERFORMANCE__CHECKPOINT_INTERVAL_S": "0.5"}
+    srv = start(state, tmp_path / "a.log", env)
+    servers.append(srv)
+    send_ticks(srv.url, ["G1"], 0, 10)
+    time.sleep(1.0)  # a checkpoint covers them
+    filler = fill(state.parent)
+    send_ticks(srv.url, ["G1"], 10, 5)  # acknowledged (journal space is reserved); the next checkpoint fails
+    try:
+        rc = srv.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"service kept running on a full disk\n{srv.log()[-3000:]}") from None
+    log = srv.log()
+    assert rc == 1, log[-3000:]
+    # the checkpoint (or the journal file it starts) could not be written: path and errno in the log
+    assert re.search(rf"cannot (write checkpoint|create journal file) {re.escape(str(state))}/\S+: No space left on device "
+                     r"\(errno 28 ENOSPC\)", log), log[-3000:]
+    assert "Traceback" not in log
+    filler.unlink()
+    again = start(state, tmp_path / "b.log", env)
+    servers.append(again)
+    assert again.stop() == 0, again.log()[-3000:]
+    assert ticks_applied(saved_states(state)["G1"]) == 15
+
+
+# -- corrupt files are moved aside --------------------------------------------------------------
+
+
+def test_corrupt_state_and_journal_files_are_quarantined_not_overwritten(tmp_path: Path, servers: list[LiveServer]) -> None:
+    state = tmp_path / "state"
+    (state / JOURNAL_DIR).mkdir(parents=True)
+    garbage = b"CNSUM1 this is not a checksummed state file" * 10
+    (state / STATE_FILE).write_bytes(garbage)
+    bad_journal = b"\x00garbage journal\x00" * 300
+    (state / JOURNAL_DIR / "00000000000000000007.journal").write_bytes(bad_journal)
+    srv = start(state, tmp_path / "a.log")
+    servers.append(srv)
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        assert c.get("/health").json()["pool"]["markets"] == 0
+        assert c.post("/neural/process", json=tick_of("Q1", 0)).status_code == 200
+    assert srv.stop() == 0, srv.log()[-3000:]
+    (moved,) = state.glob(f"{STATE_FILE}.corrupt-*")
+    assert moved.read_bytes() == garbage  # kept as found
+    (jmoved,) = (state / JOURNAL_DIR).glob("00000000000000000007.journal.corrupt-*")
+    assert jmoved.read_bytes() == bad_journal
+    assert list(saved_states(state)) == ["Q1"]  # the new state went to a new file
+    log = srv.log()
+    assert "market state not restored" in log and str(moved) in log and str(jmoved) in log
+    assert "Traceback" not in log
+
+
+# -- a corrupt active model ------------------------------------------------------------------------
+
+
+def test_corrupt_active_model_serves_the_newest_valid_one_degraded(tmp_path: Path, servers: list[LiveServer]) -> None:
+    state = tmp_path / "state"
+    cfg = load_config(None, environ={})
+    store = ModelStore(state)
+    w = generate_weights(cfg)
+    old, newer, active = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb", "20240103T000000Z-cccccc"
+    for v in (old, newer, active):
+        store.save(w, cfg, {"validation": {"loss": 1.0}}, version=v)
+    npz = store.root / active / "weights.npz"
+    raw = bytearray(npz.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    npz.write_bytes(bytes(raw))
+    store.set_active(active)
+    bad_newer = store.root / newer / "metrics.json"
+    bad_newer.write_text("{}")  # also corrupt (checksum): the newest *valid* one is the oldest
+    srv = start(state, tmp_path / "a.log", {"CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "true"})
+    servers.append(srv)
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        r = c.get("/health")
+        assert r.status_code == 200
+        body = r.json()
+        assert body["status"] == "degraded" and body["model_version"] == old, body
+        assert f"active model {active} is corrupt" in body["reason"] and "weights.npz" in body["reason"]
+        assert f"serving model {old} instead" in body["reason"]
+        assert c.post("/neural/process", json=tick_of("D1", 0)).json()["model_version"] == old
+    assert srv.stop() == 0
+    assert store.versions() == [old, newer, active]  # no bootstrap model: a valid one existed
+    assert store.active_version() == active  # ACTIVE is left for the operator
+    assert npz.read_bytes() == bytes(raw)  # the corrupt model is kept as found
+    assert "training the default model" not in srv.log()
+
+
+# -- training jobs die with the service -------------------------------------------------------------
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids of every live descendant of ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (p / "stat").read_text()
+                parents[int(p.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        cur = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == cur]
+        out += kids
+        frontier += kids
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+def test_training_job_dies_with_a_killed_service_and_writes_no_model(tmp_path: Path, servers: list[LiveServer]) -> None:
+    state, data = tmp_path / "state", tmp_path / "data"
+    write_csv(data / "small.csv", generate_ticks(6000, 2, seed=1))
+    env = {"CEREBELLAR_NORSE_PATHS__DATA_DIR": str(data), "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN}
+    srv = start(state, tmp_path / "a.log", env)
+    servers.append(srv)
+    with httpx.Client(base_url=srv.url, timeout=30, headers=AUTH) as c:
+        r = c.post("/training", json={"files": ["small.csv"], "epochs": 1000, "activate": "never"})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the job process is training (it imports torch first)
+            st = c.get(f"/training/status/{job_id}").json()
+            if st["state"] != "running" or st["progress"] > 0:
+                break
+            time.sleep(0.2)
+        assert st["state"] == "running" and st["progress"] > 0, st
+    kids = children_of(srv.proc.pid)
+    assert kids, "no job process found"
+    kill9(srv)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(k) for k in kids):
+        time.sleep(0.05)
+    assert not [k for k in kids if alive(k)], "job processes outlived the service"
+    time.sleep(2.0)  # nothing of the job may still write
+    models = state / "models"
+    assert not models.exists() or list(models.iterdir()) == [], list(models.iterdir())
+
+    again = start(state, tmp_path / "b.log", env)
+    servers.append(again)
+    with httpx.Client(base_url=again.url, timeout=10, headers=AUTH) as c:
+        st = c.get(f"/training/status/{job_id}").json()
+    assert st["state"] == "failed" and "service stopped while the job was running" in st["error"], st
+    assert again.stop() == 0
+    record = json.loads((state / "jobs" / f"{job_id}.json").read_text())
+    assert record["state"] == "failed"
