@@ -74,10 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--markets", type=int, default=4, help="markets (default 4)")
     md.add_argument("--seed", type=int, default=0, help="seed (default 0)")
 
-    rp = sub.add_parser("replay", help="run recorded or CSV ticks through the served model")
+    rp = sub.add_parser("replay", help="run recorded ticks through their recorded model (or CSV ticks through the served one)")
     rp.add_argument("file", help="a recording (<state_dir>/recordings/ticks-<date>-<n>.csv: checked, replayed in the "
                                  "order applied; malformed: exit 1 naming file:line) or a tick CSV (time order)")
-    rp.add_argument("--json", action="store_true", help="print one JSON result per line")
+    rp.add_argument("--market", metavar="M", help="replay only this market's ticks")
+    rp.add_argument("--detect-divergence", action="store_true",
+                    help="compare each result with the probabilities recorded for it; exit 1 when a market diverges")
+    rp.add_argument("--tolerance", type=float, default=None, metavar="T",
+                    help="largest |difference| of a probability that is not a divergence (default 1e-9)")
+    rp.add_argument("--json", action="store_true", help="print one JSON result per line (with --detect-divergence: one JSON report)")
 
     db = sub.add_parser("debug-bundle", help="write a .tar.gz with config, versions, models and service state for support")
     db.add_argument("--output", dest="bundle_output", metavar="PATH", help="archive to write (default: <state_dir>/debug-bundle-<time>.tar.gz)")
@@ -220,7 +225,7 @@ def _cmd_validate_model(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .training.commands import cmd_replay
 
-    return cmd_replay(_load(args), Path(args.file), args.json)
+    return cmd_replay(_load(args), Path(args.file), args.json, args.market, args.detect_divergence, args.tolerance)
 
 
 def _cmd_debug_bundle(args: argparse.Namespace) -> int:

@@ -240,55 +240,13 @@ def cmd_validate_model(path: str) -> int:
     return 1 if bad else 0
 
 
-def cmd_replay(cfg: Config, path: Path, as_json: bool) -> int:
-    """``cerebellar-norse replay FILE``: feed a recording or a tick CSV through the served model.
+def cmd_replay(cfg: Config, path: Path, as_json: bool, market: str | None = None, detect_divergence: bool = False,
+               tolerance: float | None = None) -> int:
+    """``cerebellar-norse replay FILE``: feed a recording (with its recorded model versions) or a tick CSV through a fresh network.
 
-    A recording (``<state_dir>/recordings/ticks-<date>-<n>.csv``) is checked first (its
-    checksum file when present, every line) and refused with ``file:line: reason`` when
-    malformed; its ticks are replayed in file order, the order they were applied. A
-    plain tick CSV is replayed in time order; its bad rows are skipped (up to
-    ``training.max_bad_row_fraction``) and each is named on stderr.
+    See :mod:`cerebellar_norse.training.replay`; ``detect_divergence`` compares every
+    result with what was served (exit 1 when a market diverges beyond ``tolerance``).
     """
-    from ..engine.recorder import is_recording, read_recording
-    from ..neurons.network import CerebellarNetwork
-    from ..ticks import Tick
-    from .data import load_csv_files
+    from .replay import DEFAULT_TOLERANCE, run_replay
 
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    recorded_versions: list[str] = []
-    if is_recording(path):
-        scan = read_recording(path)
-        for line in scan.warnings:
-            print(f"cerebellar-norse: warning: {line}", file=sys.stderr)
-        if not scan.records:
-            raise InputError(f"{path}: recording holds no ticks")
-        ticks = scan.ticks
-        markets = len({t.market_id for t in ticks})
-        recorded_versions = sorted({r.model_version for r in scan.records if r.model_version})
-        skipped = "none (recording)"
-    else:
-        data = load_csv_files([path], max_bad_fraction=cfg.training.max_bad_row_fraction)
-        markets = len(data.markets)
-        rows = sorted((int(ts), m.market_id, float(p), float(v)) for m in data.markets
-                      for ts, p, v in zip(m.timestamp, m.price, m.volume, strict=True))
-        ticks = [Tick(p, v, ts, mid) for ts, mid, p, v in rows]
-        skipped = str(data.bad_rows)
-        for line in data.report[:50]:  # skipped, never silently
-            print(f"cerebellar-norse: warning: row skipped: {line}", file=sys.stderr)
-        if len(data.report) > 50:
-            print(f"cerebellar-norse: warning: … and {len(data.report) - 50} more rows skipped", file=sys.stderr)
-    weights, version = _served_weights(cfg)
-    net = CerebellarNetwork(cfg, weights=weights, max_markets=max(markets, 1))
-    results = net.process_ticks(ticks)
-    if as_json:
-        for r in results:
-            r["model_version"] = version
-            print(json.dumps(r))
-        return 0
-    preds = np.array([r["prediction"] for r in results])
-    print(f"replayed {len(results)} ticks of {markets} markets from {path} through model {version}")
-    if recorded_versions:
-        print(f"recorded while serving model {', '.join(recorded_versions)}")
-    print(f"prediction mean {preds.mean():+.4f}, std {preds.std():.4f}; bad rows skipped: {skipped}")
-    return 0
+    return run_replay(cfg, path, as_json, market, detect_divergence, DEFAULT_TOLERANCE if tolerance is None else tolerance)
