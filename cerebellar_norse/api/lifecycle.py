@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, load_checked_config
-from ..engine.journal import Durability
+from ..engine.journal import Durability, StateDirLock
 from ..engine.persistence import check_writable
 from ..errors import ConfigError, StorageError
 from ..observability import systemd
@@ -156,9 +156,14 @@ async def periodic_summary(state: ServiceState, interval_s: float = 60.0) -> Non
         last_ticks = ticks
 
 
-def check_state_dir(cfg: Config) -> None:
-    """Refuse to start on a state dir that cannot be written (StorageError: one line, exit code 1)."""
+def check_state_dir(cfg: Config) -> StateDirLock:
+    """Refuse to start on a state dir that cannot be written or that another service uses; returns its lock.
+
+    Raises StorageError (one line, exit code 1). The lock is held for the life of the
+    process (the kernel drops it when the process ends).
+    """
     check_writable(Path(cfg.paths.state_dir))
+    return StateDirLock(Path(cfg.paths.state_dir)).acquire()
 
 
 def prepare_state(state: ServiceState) -> None:
@@ -170,12 +175,14 @@ def prepare_state(state: ServiceState) -> None:
     if state.extra.get("state_prepared"):
         return
     eng = state.engine
+    lock = state.extra.get("state_lock")
     if state.cfg.performance.journal:
-        durability = Durability(eng, on_fatal=lambda exc: state_write_failed(state, exc))
+        durability = Durability(eng, on_fatal=lambda exc: state_write_failed(state, exc), lock=lock)
         durability.recover()
         state.extra["durability"] = durability
     else:
-        check_state_dir(state.cfg)
+        if lock is None:
+            state.extra["state_lock"] = check_state_dir(state.cfg)
         eng.restore_state()
     state.extra["state_prepared"] = True
 

@@ -211,9 +211,10 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
     """Run the service until SIGTERM/SIGINT (SIGHUP reloads ``config_path``); returns the exit code."""
     setup_logging(cfg.logging)
     check_exposure(cfg)
-    check_state_dir(cfg)  # an unwritable state dir fails start-up: one line on stderr, exit code 1
+    lock = check_state_dir(cfg)  # unwritable or in use: start-up fails with one line on stderr, exit code 1
     try:
         state = build_service(cfg)
+        state.extra["state_lock"] = lock
         prepare_state(state)  # restore + journal replay, before the socket opens
     except OSError as exc:  # e.g. the disk filled up during first-run training: one line, no traceback
         raise StorageError.from_os_error("cannot start: writing failed at", exc.filename or cfg.paths.state_dir, exc) from None

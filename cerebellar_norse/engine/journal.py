@@ -270,6 +270,41 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     return path, mm
 
 
+class StateDirLock:
+    """An exclusive ``flock`` on ``<state_dir>/.lock`` (holding this process's pid): one service per state dir.
+
+    The kernel releases it when the process ends, however it ends.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = Path(state_dir) / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> StateDirLock:
+        """Take the lock, or raise StorageError naming the process that holds it."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StorageError.from_os_error("state dir is not writable:", self.path, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            other = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise StorageError(f"state dir {self.path.parent} is in use by another cerebellar-norse process (pid {other}); "
+                               "one service per state dir", str(self.path)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        """Release the lock (closing the descriptor releases it)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 @dataclass
 class RecoveryReport:
     """What :meth:`Durability.recover` found and did."""
@@ -297,9 +332,12 @@ class Durability:
             ``[performance] journal_fsync``, ``journal_segment_size``,
             ``checkpoint_interval_s`` are read from its config.
         on_fatal: called once with the error when a write fails.
+        lock: the state dir's lock when the caller already holds it (the service takes
+            it before loading models); otherwise :meth:`recover` takes it.
     """
 
-    def __init__(self, engine: Engine, on_fatal: Callable[[StorageError], None] | None = None) -> None:
+    def __init__(self, engine: Engine, on_fatal: Callable[[StorageError], None] | None = None,
+                 lock: StateDirLock | None = None) -> None:
         perf = engine.cfg.performance
         self.engine = engine
         self.state_dir = engine.state_path().parent
@@ -318,7 +356,8 @@ class Durability:
         self._base = 0
         self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
         self._ids: dict[str, bytes] = {}
-        self._lock_fd: int | None = None
+        self._lock = lock  # the state dir's lock: taken by recover() unless the caller holds it
+        self._owns_lock = False
         self._write_lock = threading.Lock()
         self._written_seq = -1  # journal position of the newest checkpoint on disk
         self._wake: asyncio.Event | None = None
@@ -509,27 +548,15 @@ class Durability:
 
     # -- start and stop ----------------------------------------------------------------
 
-    def _lock(self) -> None:
-        path = self.state_dir / LOCK_FILE
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StorageError.from_os_error("state dir is not writable:", path, exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            other = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            raise StorageError(f"state dir {self.state_dir} is in use by another cerebellar-norse process (pid {other}); "
-                               "one service per state dir", str(path)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+    def _lock_state_dir(self) -> None:
+        if self._lock is None:
+            self._lock = StateDirLock(self.state_dir).acquire()
+            self._owns_lock = True
 
     def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the lock
-            self._lock_fd = None
+        if self._lock is not None and self._owns_lock:
+            self._lock.release()
+            self._lock = None
 
     def recover(self) -> RecoveryReport:
         """Restore the checkpoint, replay the journal after it, write a fresh checkpoint and open the journal.
@@ -540,7 +567,7 @@ class Durability:
         t0 = time.monotonic()
         rep = RecoveryReport()
         check_writable(self.state_dir)
-        self._lock()
+        self._lock_state_dir()
         try:
             return self._recover(rep, t0)
         except BaseException:

@@ -363,6 +363,10 @@ def test_corrupt_state_and_journal_files_are_quarantined_not_overwritten(tmp_pat
     with httpx.Client(base_url=srv.url, timeout=10) as c:
         assert c.get("/health").json()["pool"]["markets"] == 0
         assert c.post("/neural/process", json=tick_of("Q1", 0)).status_code == 200
+    # a second service on the same state dir is refused before it touches anything
+    line = one_line_error(run_cli(state))
+    assert line == (f"cerebellar-norse: state dir {state} is in use by another cerebellar-norse process "
+                    f"(pid {srv.proc.pid}); one service per state dir")
     assert srv.stop() == 0, srv.log()[-3000:]
     (moved,) = state.glob(f"{STATE_FILE}.corrupt-*")
     assert moved.read_bytes() == garbage  # kept as found
