@@ -88,6 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--output", dest="bundle_output", metavar="PATH", help="archive to write (default: <state_dir>/debug-bundle-<time>.tar.gz)")
     db.add_argument("--url", default=None, help="running service to snapshot (default: http://<server.host>:<server.port>; 'none' to skip)")
 
+    st = sub.add_parser("state", help="one market's state from the running service (dump), or compare two dumps (diff)")
+    st_sub = st.add_subparsers(dest="state_command", metavar="{dump,diff}", parser_class=_Parser, required=True)
+    sd = st_sub.add_parser("dump", help="print one market's state (GET /debug/markets/{id}/state) as JSON")
+    sd.add_argument("--market", required=True, metavar="M", help="the market id")
+    sd.add_argument("--url", default=None, help="running service (default: http://<server.host>:<server.port>)")
+    sd.add_argument("--token", default=None, metavar="T", help="bearer token (default: server.api_token of the config)")
+    sf = st_sub.add_parser("diff", help="compare two state dumps field by field; exit 1 when they differ")
+    sf.add_argument("a", metavar="A.json", help="first dump")
+    sf.add_argument("b", metavar="B.json", help="second dump")
+    sf.add_argument("--tolerance", type=float, default=0.0, metavar="T",
+                    help="largest |difference| of two numbers that is not a difference (default 0: exact)")
+
     bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
     bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
     bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
@@ -236,6 +248,14 @@ def _cmd_debug_bundle(args: argparse.Namespace) -> int:
     return cmd_debug_bundle(cfg, Path(args.bundle_output) if args.bundle_output else None, None if url == "none" else url)
 
 
+def _cmd_state(args: argparse.Namespace) -> int:
+    from .observability.debugtools import cmd_state_diff, cmd_state_dump
+
+    if args.state_command == "diff":
+        return cmd_state_diff(args.a, args.b, args.tolerance)
+    return cmd_state_dump(_load(args), args.market, args.url, args.token)
+
+
 def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.validate_only:
         return lambda a: _cmd_validate(a, host_checks=False)
@@ -251,7 +271,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _cmd_validate_model
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "evaluate": _cmd_evaluate, "make-data": _cmd_make_data,
-        "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle}
+        "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle, "state": _cmd_state}
     if args.command in commands:
         return commands[args.command]
     return _cmd_serve

@@ -19,7 +19,7 @@ from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, ServiceState
 from .errors import install_error_handlers
 from .fastpath import TickFastPath
 from .openapi import install_openapi
-from .routes import health, neural
+from .routes import debug, health, neural
 from .schemas import error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
@@ -171,6 +171,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     app.include_router(health.router)
     app.include_router(neural.router)
     app.include_router(neural.markets_router)
+    app.include_router(debug.router)
     for r in extra_routers or []:
         app.include_router(r)
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc())
