@@ -250,21 +250,27 @@ def format_stacks(stacks: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def redacted_config(cfg: Config, secret_keys: tuple[str, ...] = ("api_token",)) -> dict[str, Any]:
-    """The effective configuration as JSON with every secret replaced by ``***`` (None stays None)."""
+def redacted_config(cfg: Config, secret_keys: frozenset[str] = frozenset({"api_token"})) -> dict[str, Any]:
+    """The effective configuration as JSON with every secret replaced by ``***`` (an unset one stays null).
+
+    Secrets are the fields typed ``SecretStr`` and, whatever their type, the keys in
+    ``secret_keys``.
+    """
+    from pydantic import SecretStr
+
     data: dict[str, Any] = cfg.model_dump(mode="json")
+    raw: dict[str, Any] = cfg.model_dump(mode="python")
 
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k in secret_keys and v is not None:
-                    node[k] = REDACTED
-                else:
-                    walk(v)
+    def walk(node: dict[str, Any], py: Any) -> None:
+        for k, v in node.items():
+            pv = py.get(k) if isinstance(py, dict) else None
+            if (k in secret_keys or isinstance(pv, SecretStr)) and v is not None:
+                node[k] = REDACTED
+            elif isinstance(v, dict):
+                walk(v, pv)
 
-    walk(data)
+    walk(data, raw)
     return data
-
 
 
 # -- commands --------------------------------------------------------------------------------------

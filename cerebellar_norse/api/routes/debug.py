@@ -5,11 +5,13 @@ Read-only: nothing here changes the service's state or runs code sent by a calle
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ...observability.debugtools import SpikeTracker, market_state
+from ...observability.debugtools import SpikeTracker, market_state, redacted_config, thread_stacks, utc_iso
 from ..deps import require_token, service
 from ..openapi import error_responses
 from .neural import MarketIdPath, MarketNotFoundError
@@ -32,3 +34,22 @@ async def get_market_state(request: Request, market_id: MarketIdPath) -> dict[st
     if state is None:
         raise MarketNotFoundError(f"market {market_id!r} holds no state", "market_id")
     return state
+
+
+@router.get("/backtrace", operation_id="backtrace", responses=error_responses(401))
+async def get_backtrace(request: Request) -> dict[str, Any]:
+    """The current stack of every thread of the service process (token), innermost frame last.
+
+    Each thread has its frames (file, line, function, source line) and the same as text
+    in Python's traceback format. The event loop's own thread shows this handler.
+    """
+    stacks = thread_stacks()
+    return {"pid": os.getpid(), "captured_at": utc_iso(time.time()), "threads": stacks}
+
+
+@router.get("/config", operation_id="effective_config", responses=error_responses(401))
+async def get_config(request: Request) -> dict[str, Any]:
+    """The effective configuration (token): file, environment overrides and reloads applied, secrets as ``***``."""
+    svc = service(request)
+    path = svc.extra.get("config_path")
+    return {"config_path": str(path) if path else None, "config": redacted_config(svc.cfg)}
