@@ -7,19 +7,36 @@ The archive (``.tar.gz``, written atomically) holds:
 * ``versions.json`` – package, Python, torch, norse, numba, numpy versions, host facts;
 * ``models.json`` – stored models, the active one, and the result of verifying each
   manifest and the market state file (``--verify-data``);
-* ``service/health.json``, ``service/metrics.txt``, ``service/neural_metrics.json`` –
-  fetched from a running service when ``--url`` answers (skipped otherwise);
-* ``logs/application.log`` – the last lines of ``[logging] file`` when configured.
+* ``models/active_evaluation.json`` – the stored evaluation (validation and test scores,
+  edge) of the active model;
+* from the running service at ``--url`` (``--url none`` leaves it out):
+  ``service/health.json``, ``service/metrics.txt``, ``service/neural_metrics.json``, and
+  with the config's token ``service/config.json`` (its effective config, redacted),
+  ``service/backtrace.json`` and ``.txt`` (every thread's stack),
+  ``service/markets.json`` (the busiest markets) and ``service/markets/NN-<id>.json``
+  (the state of each of them);
+* ``logs/application.log`` – the last lines of ``[logging] file`` when configured;
+* ``summary.json`` – every part with ``ok``, ``failed: why`` or ``skipped: why``.
+
+A part fails when the service cannot be reached (the parts after it are then skipped)
+or answers with an unexpected status (401: the config's token is not the service's);
+the archive is still written, the failures are named on stderr and the exit code is 1.
+No file holds a secret: the config's token is redacted where it belongs and, should it
+appear anywhere else (a log line), replaced by ``***`` in every file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import platform
+import re
+import sys
 import tarfile
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,6 +44,7 @@ from typing import Any
 from .. import __version__
 from ..config import Config, consistency_problems
 from ..storage import atomic_write_bytes
+from .debugtools import REDACTED, config_token, format_stacks, market_state_path, redacted_config
 
 LOG_TAIL_LINES = 2000
 
@@ -45,9 +63,7 @@ def _versions() -> dict[str, Any]:
 def _config_section(cfg: Config) -> dict[str, Any]:
     from ..hostcheck import gather_host_facts, host_problems
 
-    data = cfg.model_dump(mode="json")
-    if data["server"].get("api_token") is not None:
-        data["server"]["api_token"] = "***"
+    data = redacted_config(cfg)
     host = gather_host_facts()
     return {"config": data,
             "problems": [str(p) for p in consistency_problems(cfg) + host_problems(cfg, host)],
@@ -65,18 +81,75 @@ def _models_section(cfg: Config) -> dict[str, Any]:
             "verified": ok, "problems": problems}
 
 
-def _service_files(url: str, timeout_s: float) -> dict[str, bytes]:
+BUSIEST_MARKETS = 5  # state dumps of this many markets (most ticks seen) go into the bundle
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass
+class Parts:
+    """The bundle's files and, per part, what happened: ``ok``, ``failed: why`` or ``skipped: why``."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    status: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Failed parts and why."""
+        return {k: v[len("failed: "):] for k, v in self.status.items() if v.startswith("failed: ")}
+
+
+def _service_parts(url: str, token: str | None, timeout_s: float, parts: Parts) -> None:
+    """Snapshot the running service; a part fails when the service gives no (acceptable) answer.
+
+    After a part finds the service unreachable, the remaining parts are skipped rather
+    than each waiting for its own timeout.
+    """
     import httpx
 
-    files: dict[str, bytes] = {}
-    for path, name in (("/health", "service/health.json"), ("/metrics", "service/metrics.txt"),
-                       ("/neural/metrics", "service/neural_metrics.json")):
+    base = url.rstrip("/")
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    unreachable: str | None = None
+
+    def get(name: str, path: str, guarded: bool = False, ok: tuple[int, ...] = (200,)) -> bytes | None:
+        nonlocal unreachable
+        if unreachable is not None:
+            parts.status[name] = f"skipped: {unreachable}"
+            return None
         try:
-            r = httpx.get(url.rstrip("/") + path, timeout=timeout_s)
-            files[name] = r.content
+            r = httpx.get(base + path, headers=auth if guarded else {}, timeout=timeout_s)
         except httpx.HTTPError as exc:
-            files[name + ".error"] = f"{type(exc).__name__}: {exc}\n".encode()
-    return files
+            unreachable = f"service at {url} unreachable"
+            parts.status[name] = f"failed: cannot reach the service at {url} ({type(exc).__name__}: {exc})"
+            return None
+        if r.status_code not in ok:
+            why = f"GET {path} answered {r.status_code}"
+            if r.status_code == 401:
+                why += " (the config's server.api_token is not the service's token)"
+            parts.status[name] = f"failed: {why}"
+            parts.files[name + ".error"] = r.content
+            return None
+        parts.files[name] = r.content
+        parts.status[name] = "ok"
+        return r.content
+
+    get("service/health.json", "/health", ok=(200, 503))  # a service that is not ready says why: worth having
+    get("service/metrics.txt", "/metrics")
+    get("service/neural_metrics.json", "/neural/metrics")
+    get("service/config.json", "/debug/config", guarded=True)
+    stacks = get("service/backtrace.json", "/debug/backtrace", guarded=True)
+    if stacks is not None:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            parts.files["service/backtrace.txt"] = format_stacks(json.loads(stacks)["threads"]).encode()
+    listing = get("service/markets.json", f"/debug/markets?limit={BUSIEST_MARKETS}", guarded=True)
+    if listing is None:
+        return
+    try:
+        markets = [m["market_id"] for m in json.loads(listing)["markets"]]
+    except (ValueError, KeyError, TypeError):
+        parts.status["service/markets.json"] = "failed: not a market listing"
+        return
+    for rank, market in enumerate(markets, start=1):
+        get(f"service/markets/{rank:02d}-{_SAFE_NAME.sub('_', market)[:48]}.json", market_state_path(market), guarded=True)
 
 
 def _log_tail(cfg: Config) -> bytes | None:
@@ -86,18 +159,72 @@ def _log_tail(cfg: Config) -> bytes | None:
         return b"".join(deque(fh, maxlen=LOG_TAIL_LINES))
 
 
-def build_bundle(cfg: Config, url: str | None, timeout_s: float = 2.0) -> bytes:
-    """The archive's bytes (``.tar.gz``)."""
-    files: dict[str, bytes] = {
-        "config.json": json.dumps(_config_section(cfg), indent=2).encode(),
-        "versions.json": json.dumps(_versions(), indent=2).encode(),
-        "models.json": json.dumps(_models_section(cfg), indent=2).encode(),
-    }
+def _active_model_evaluation(cfg: Config) -> dict[str, Any] | None:
+    """The stored evaluation (validation and test scores, edge) of the active model, if there is one."""
+    from ..training.checkpoints import ModelStore
+
+    store = ModelStore(Path(cfg.paths.state_dir))
+    active = store.active_version()
+    if active is None or active not in store.versions():
+        return None
+    try:
+        metrics = store.load(active).metrics
+    except Exception as exc:  # a corrupt model: say so in the bundle
+        return {"model_version": active, "error": f"{type(exc).__name__}: {exc}"}
+    keep = {k: v for k, v in metrics.items() if k != "history"}
+    return {"model_version": active, **keep}
+
+
+def _scrub(files: dict[str, bytes], secrets: list[str]) -> int:
+    """Replace every secret in every file by ``***``; returns how many files held one."""
+    hits = 0
+    for name, data in files.items():
+        new = data
+        for secret in secrets:
+            for form in {secret.encode(), json.dumps(secret)[1:-1].encode()}:
+                new = new.replace(form, REDACTED.encode())
+        if new != data:
+            files[name] = new
+            hits += 1
+    return hits
+
+
+def collect(cfg: Config, url: str | None, timeout_s: float = 2.0) -> Parts:
+    """Every part of the bundle, with what happened to each."""
+    parts = Parts()
+    for name, make in (("config.json", lambda: _config_section(cfg)), ("versions.json", _versions),
+                       ("models.json", lambda: _models_section(cfg)), ("models/active_evaluation.json",
+                                                                        lambda: _active_model_evaluation(cfg))):
+        try:
+            value = make()
+        except Exception as exc:  # one broken part must not cost the others
+            parts.status[name] = f"failed: {type(exc).__name__}: {exc}"
+            continue
+        if value is None:
+            parts.status[name] = "skipped: no active model"
+            continue
+        parts.files[name] = json.dumps(value, indent=2, default=str).encode()
+        parts.status[name] = "ok"
     if url:
-        files.update(_service_files(url, timeout_s))
+        _service_parts(url, config_token(cfg), timeout_s, parts)
+    else:
+        parts.status["service"] = "skipped: --url none"
     tail = _log_tail(cfg)
     if tail is not None:
-        files["logs/application.log"] = tail
+        parts.files["logs/application.log"] = tail
+        parts.status["logs/application.log"] = "ok"
+    else:
+        parts.status["logs/application.log"] = "skipped: no logging.file"
+    token = config_token(cfg)
+    scrubbed = _scrub(parts.files, [token] if token else [])
+    parts.files["summary.json"] = json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "url": url,
+                                              "parts": parts.status, "failed": sorted(parts.failed),
+                                              "secrets_scrubbed_from_files": scrubbed}, indent=2).encode()
+    return parts
+
+
+def archive(files: dict[str, bytes]) -> bytes:
+    """The files as a ``.tar.gz`` under ``cerebellar-norse-debug/``."""
     buf = io.BytesIO()
     now = int(time.time())
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -110,9 +237,27 @@ def build_bundle(cfg: Config, url: str | None, timeout_s: float = 2.0) -> bytes:
     return buf.getvalue()
 
 
+def build_bundle(cfg: Config, url: str | None, timeout_s: float = 2.0) -> bytes:
+    """The archive's bytes (``.tar.gz``)."""
+    return archive(collect(cfg, url, timeout_s).files)
+
+
 def cmd_debug_bundle(cfg: Config, output: Path | None, url: str | None) -> int:
-    """Write the bundle (default ``<state_dir>/debug-bundle-<UTC time>.tar.gz``) and print its path."""
+    """Write the bundle (default ``<state_dir>/debug-bundle-<UTC time>.tar.gz``) and print its path.
+
+    The archive is written whatever failed; each failed part is named on stderr, and the
+    exit code is 1 when any part failed (the service could not be reached, refused the
+    token, …), 0 when every part is in.
+    """
     path = output or Path(cfg.paths.state_dir) / time.strftime("debug-bundle-%Y%m%dT%H%M%SZ.tar.gz", time.gmtime())
-    atomic_write_bytes(path, build_bundle(cfg, url))
+    parts = collect(cfg, url)
+    atomic_write_bytes(path, archive(parts.files))
     print(path)
+    failed = parts.failed
+    for name, why in failed.items():
+        print(f"cerebellar-norse: debug-bundle: {name}: {why}", file=sys.stderr)
+    if failed:
+        print(f"cerebellar-norse: debug-bundle: {len(failed)} part(s) failed; {path} holds the rest "
+              "(--url none leaves the service out)", file=sys.stderr)
+        return 1
     return 0

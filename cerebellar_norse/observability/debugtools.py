@@ -154,6 +154,25 @@ def market_state(engine: Engine, market_id: str, tracker: SpikeTracker | None = 
     }
 
 
+def busiest_markets(engine: Engine, limit: int) -> list[dict[str, Any]]:
+    """Markets holding state, most ticks seen first (the encoder's count since the market's state began).
+
+    Call on the engine's loop thread (between batches).
+    """
+    items = engine.pool.table.items()
+    if not items:
+        return []
+    cuda = getattr(engine, "cuda", None)
+    if cuda is not None and hasattr(cuda, "sync_to_host"):
+        cuda.sync_to_host()
+    slots = np.array([s for _, s in items], dtype=np.int64)
+    enc = engine.pool.arrays.enc
+    seen = enc[slots, S_N_TICKS]
+    order = np.argsort(-seen, kind="stable")[:limit]
+    return [{"market_id": items[k][0], "ticks_seen": int(seen[k]), "last_timestamp": int(enc[slots[k], S_LAST_TS])}
+            for k in order.tolist()]
+
+
 # -- diff ---------------------------------------------------------------------------------------------
 
 

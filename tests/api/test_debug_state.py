@@ -224,3 +224,21 @@ def test_state_dump_command_against_the_running_service(start_server: Any, tmp_p
     r = cli("--market", ODD, "--url", "http://127.0.0.1:1")
     assert r.returncode == 1 and "cannot reach the service at http://127.0.0.1:1" in r.stderr
     assert TOKEN not in r.stderr
+
+
+def test_busiest_markets_listing(tc: TestClient) -> None:
+    send(tc, "FEW", range(2))
+    send(tc, ODD, range(5))
+    send(tc, "MID", range(3))
+    assert tc.get("/debug/markets").status_code == 401
+    r = tc.get("/debug/markets", headers=AUTH)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["total"] == 3
+    assert [(m["market_id"], m["ticks_seen"]) for m in body["markets"]] == [(ODD, 5), ("MID", 3), ("FEW", 2)]
+    assert body["markets"][0]["last_timestamp"] == tick(ODD, 4)["timestamp"]
+    assert [m["market_id"] for m in tc.get("/debug/markets?limit=2", headers=AUTH).json()["markets"]] == [ODD, "MID"]
+    for bad in ("0", "x", "10001"):
+        r = tc.get(f"/debug/markets?limit={bad}", headers=AUTH)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "limit"
+    assert tc.get("/debug/markets?limit=0").status_code == 401  # the token first

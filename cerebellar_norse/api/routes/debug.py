@@ -7,16 +7,31 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 
-from ...observability.debugtools import SpikeTracker, market_state, redacted_config, thread_stacks, utc_iso
+from ...observability.debugtools import (
+    SpikeTracker,
+    busiest_markets,
+    market_state,
+    redacted_config,
+    thread_stacks,
+    utc_iso,
+)
 from ..deps import require_token, service
 from ..openapi import error_responses
 from .neural import MarketIdPath, MarketNotFoundError
 
 router = APIRouter(prefix="/debug", tags=["debug"], dependencies=[Depends(require_token)])
+
+
+@router.get("/markets", operation_id="busiest_markets", responses=error_responses(401, 422))
+async def get_markets(request: Request, limit: Annotated[int, Query(ge=1, le=10_000, description="Most markets listed.")] = 10
+                      ) -> dict[str, Any]:
+    """Markets holding state, busiest first (token): most ticks seen since each market's state began."""
+    eng = service(request).engine
+    return {"markets": busiest_markets(eng, limit), "total": eng.pool.used}
 
 
 @router.get("/markets/{market_id:path}/state", operation_id="market_state",
