@@ -23,6 +23,7 @@ import httpx
 import pytest
 from live_helpers import REPO_ROOT, LiveServer, free_port, market, server_environ, signal_of, start
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 TOKEN = "probe-token-7f3a"
@@ -313,6 +314,10 @@ def test_connection_limit_answers_json_503_and_frees_up(tmp_path: Path, start_se
             assert int(r.headers["retry-after"]) >= 1
             assert err["request_id"] == f"limit{path.replace('/', '-')}"
             assert "server.max_connections" in err["message"]
+        with pytest.raises(InvalidStatus) as refused:  # a stream handshake gets the same answer
+            connect(f"{server.ws_url}/neural/stream", open_timeout=10)
+        assert refused.value.response.status_code == 503
+        assert json.loads(refused.value.response.body or b"{}")["error"]["type"] == "capacity"
         # the slow sockets are cut off (request_timeout, keep_alive_timeout) and the service answers again
         deadline = time.monotonic() + KEEP_ALIVE_S + 5
         while True:
