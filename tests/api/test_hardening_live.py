@@ -248,7 +248,8 @@ def test_head_probes(client: httpx.Client, path: str, ctype: str) -> None:
     assert r.headers["x-request-id"]
 
 
-def test_stalled_headers_are_cut_off_with_408(srv: LiveServer) -> None:
+def test_stalled_headers_are_cut_off_with_408(srv: LiveServer, client: httpx.Client) -> None:
+    before = sample_value(client, "cerebellar_norse_http_request_timeouts_total", phase="headers")
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
         s.sendall(b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Ty")
         raw, waited = read_until_closed(s, 10)
@@ -266,6 +267,7 @@ def test_stalled_headers_are_cut_off_with_408(srv: LiveServer) -> None:
         s.sendall(b"GET /hea")
         raw, _ = read_until_closed(s, 10)
     assert parse_response(raw)[0] == 408
+    assert sample_value(client, "cerebellar_norse_http_request_timeouts_total", phase="headers") == before + 2
 
 
 @pytest.mark.parametrize("path", ["/neural/process", "/neural/process/batch", "/training"])
