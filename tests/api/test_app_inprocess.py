@@ -249,7 +249,7 @@ def test_warm_up_is_not_counted_in_the_metrics(tmp_path: Path) -> None:
 
 def test_live_evaluation_in_metrics_and_neural_metrics(tmp_path: Path) -> None:
     """Ticks past the horizon are judged: overall figures in /metrics (promtool-clean), per market in /neural/metrics."""
-    state = _state(tmp_path, CEREBELLAR_NORSE_NEURAL__HORIZON_TICKS="3")
+    state = _state(tmp_path, CEREBELLAR_NORSE_NEURAL__HORIZON_TICKS="3", CEREBELLAR_NORSE_NEURAL__WARMUP_TICKS="0")
     ticks = [{**TICK, "timestamp": TICK["timestamp"] + 1000 * i, "price": 100.0 * (1.0 + 0.002 * ((i * 7) % 5 - 2))}
              for i in range(12)]
     with TestClient(make_app(state, restore=False, save_on_shutdown=False)) as c:
