@@ -100,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     sf.add_argument("--tolerance", type=float, default=0.0, metavar="T",
                     help="largest |difference| of two numbers that is not a difference (default 0: exact)")
 
+    aw = sub.add_parser("analyze-weights", help="per-layer weight histograms, saturation, dead units and drift between models")
+    aw.add_argument("source", nargs="?", metavar="INPUT", help="a model directory, a weights .npz, or - for the output of "
+                                                            "--dump-weights on stdin (default: the served model)")
+    aw.add_argument("--model", metavar="VERSION", help="stored model version to analyse (default: the served model)")
+    aw.add_argument("--compare", metavar="VERSION", help="stored model version (or model directory, .npz) to measure drift against")
+    aw.add_argument("--output", dest="analyze_output", metavar="PNG", help="also write the histograms as a PNG")
+    aw.add_argument("--threshold", type=float, default=None, metavar="T", help="also report the fraction of weights with |w| > T")
+    aw.add_argument("--json", action="store_true", help="print one JSON object")
+
     bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
     bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
     bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
@@ -256,6 +265,12 @@ def _cmd_state(args: argparse.Namespace) -> int:
     return cmd_state_dump(_load(args), args.market, args.url, args.token)
 
 
+def _cmd_analyze_weights(args: argparse.Namespace) -> int:
+    from .observability.pictures import cmd_analyze_weights
+
+    return cmd_analyze_weights(_load(args), args.source, args.model, args.compare, args.analyze_output, args.json, args.threshold)
+
+
 def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.validate_only:
         return lambda a: _cmd_validate(a, host_checks=False)
@@ -271,7 +286,8 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _cmd_validate_model
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "evaluate": _cmd_evaluate, "make-data": _cmd_make_data,
-        "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle, "state": _cmd_state}
+        "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle, "state": _cmd_state,
+        "analyze-weights": _cmd_analyze_weights}
     if args.command in commands:
         return commands[args.command]
     return _cmd_serve
