@@ -1,0 +1,178 @@
+"""docs/troubleshooting.md names only commands, routes, metrics and alerts that exist.
+
+Every ``cerebellar-norse …`` command line parses with the real argument parser, every
+``curl`` path is a route of the app, every metric name is in a scrape of the in-process
+app's ``/metrics``, every ``grep`` of that scrape finds something, and every alert name is
+a rule of ``monitoring/alerts.yml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from cerebellar_norse.api.app import create_app
+from cerebellar_norse.api.routes import training as training_routes
+from cerebellar_norse.api.server import build_service
+from cerebellar_norse.cli import build_parser, main
+from cerebellar_norse.config import load_checked_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "troubleshooting.md"
+TEXT = DOC.read_text(encoding="utf-8")
+
+
+def _shell_lines() -> list[str]:
+    """Lines of the fenced code blocks and the inline code spans of the doc."""
+    lines: list[str] = []
+    in_block = False
+    for line in TEXT.splitlines():
+        if line.strip().startswith("```"):
+            in_block = not in_block
+            continue
+        if in_block:
+            lines.append(line.strip())
+        else:
+            lines.extend(re.findall(r"`([^`]+)`", line))
+    return lines
+
+
+def _cli_commands() -> list[str]:
+    """Each shell command segment that runs ``cerebellar-norse`` (its arguments, redirections cut)."""
+    found: list[str] = []
+    for line in _shell_lines():
+        for seg in re.split(r"\|\||&&|\||;", line):
+            seg = re.sub(r"^(sudo(\s+-u\s+\S+)?\s+)", "", seg.strip())
+            seg = re.split(r"\s\d?>", seg)[0]
+            words = seg.split()
+            if words and (words[0] == "cerebellar-norse" or words[0].endswith("/bin/cerebellar-norse")):
+                found.append(seg)
+    return found
+
+
+def _curl_requests() -> list[tuple[str, str]]:
+    """(method, path) of every curl line against the service."""
+    found: list[tuple[str, str]] = []
+    for line in _shell_lines():
+        if not line.startswith("curl") and " curl " not in line:
+            continue
+        for m in re.finditer(r"localhost:8080(/[^\s'\"|)]*)", line):
+            method = re.search(r"-X\s+(\w+)", line)
+            found.append((method.group(1) if method else "GET", unquote(urlsplit(m.group(1)).path)))
+    return found
+
+
+def _metric_greps() -> list[str]:
+    """The patterns of ``curl … /metrics | grep [-E] PATTERN`` lines."""
+    found: list[str] = []
+    for line in _shell_lines():
+        m = re.search(r"localhost:8080/metrics\s*\|\s*grep\s+(.*)$", line)
+        if m:
+            args = shlex.split(m.group(1))
+            found.append(next(a for a in args if not a.startswith("-")))
+    return found
+
+
+METRIC_NAME = re.compile(r"\b(cerebellar_norse_[a-z0-9_]*[a-z0-9]|processing_duration_seconds\w*|cuda_memory_\w+|training_loss)\b")
+ALERT_NAME = re.compile(r"`([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*)`")
+NOT_ALERTS = {"StartLimitBurst", "OutOfMemory"}  # a systemd key; a log message of the native build
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, str]]:
+    """The in-process app (no lifespan: no warm-up, fast) and a scrape of its /metrics after one request."""
+    state_dir = tmp_path_factory.mktemp("state")
+    # no first-run training (tens of seconds): serve the untrained network of the seed
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(state_dir), "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false"}
+    state = build_service(load_checked_config(None, environ=environ))
+    # the routers of make_app (the served app) without its lifespan
+    with TestClient(create_app(state, extra_routers=[training_routes.router])) as client:
+        client.get("/health")  # a request, so that the per-route HTTP series have samples
+        yield client, client.get("/metrics").text
+
+
+def test_every_cli_command_parses() -> None:
+    commands = _cli_commands()
+    for needed in ("--dump-weights", "--validate-config", " evaluate ", "--verify-data", "--validate-model",
+                   " state dump ", " state diff ", "analyze-weights", " debug-bundle", " replay ", " bench", "--validate-only", "--dump-schema"):
+        assert any(needed in c + " " for c in commands), needed
+    parser = build_parser()
+    for cmd in commands:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                parser.parse_args(shlex.split(cmd)[1:])
+            except SystemExit as exc:
+                pytest.fail(f"{cmd!r} does not parse (exit {exc.code}): {err.getvalue().strip()}")
+
+
+def test_validate_only_output_as_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", str(ROOT / "config" / "production.toml"), "--validate-only"]) == 0
+    assert capsys.readouterr().out.strip().endswith("production.toml: schema OK")
+    assert "production.toml: schema OK" in TEXT
+
+
+def test_every_curl_path_is_a_route(served: tuple[TestClient, str]) -> None:
+    client, _ = served
+    paths = client.app.openapi()["paths"]  # type: ignore[attr-defined]
+    routes = [(re.compile("^" + re.sub(r"\\{[^}]+\\}", ".+", re.escape(template)) + "$"), {m.upper() for m in ops})
+              for template, ops in paths.items()]
+    requests = _curl_requests()
+    for needed in ("/health", "/metrics", "/training/status/latest", "/neural/metrics", "/debug/backtrace",
+                   "/debug/config", "/neural/process"):
+        assert ("POST" if needed == "/neural/process" else "GET", needed) in requests, needed
+    for method, path in requests:
+        matching = [rx for rx, methods in routes if rx.match(path) and method in methods]
+        assert matching, f"curl {method} {path}: no such route"
+
+
+def test_every_metric_name_is_scraped(served: tuple[TestClient, str]) -> None:
+    _, scrape = served
+    names = set(METRIC_NAME.findall(TEXT))
+    assert {"processing_duration_seconds", "cerebellar_norse_processing_latency_seconds", "training_loss",
+            "cuda_memory_used_bytes", "cuda_memory_total_bytes"} <= names
+    exported = set(re.findall(r"^(?:# (?:HELP|TYPE) )?([a-zA-Z_:][a-zA-Z0-9_:]*)", scrape, re.MULTILINE))
+    for name in sorted(names):
+        assert name in exported or name.removesuffix("_total") in exported, f"{name} is not in /metrics"
+
+
+def test_every_metrics_grep_finds_something(served: tuple[TestClient, str]) -> None:
+    _, scrape = served
+    patterns = _metric_greps()
+    assert "latency" in patterns
+    for pattern in patterns:
+        assert any(re.search(pattern, line) for line in scrape.splitlines()), f"grep {pattern!r} finds nothing"
+    latency_samples = {line.split("{")[0].split(" ")[0] for line in scrape.splitlines()
+                       if "latency" in line and not line.startswith("#")}
+    assert latency_samples == {"cerebellar_norse_processing_latency_seconds"}  # what the doc says grep latency finds
+
+
+def test_every_alert_name_is_a_rule() -> None:
+    rules = yaml.safe_load((ROOT / "monitoring" / "alerts.yml").read_text(encoding="utf-8"))
+    alerts = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    named = set(ALERT_NAME.findall(TEXT)) - NOT_ALERTS
+    assert {"HighProcessingLatency", "CUDAMemoryHigh", "NeuralConvergenceFailure"} <= named
+    assert named <= set(alerts), named - set(alerts)
+    assert "deriv(training_loss[10m]) > 0" in alerts["NeuralConvergenceFailure"]
+    assert "rate(training_loss" not in alerts["NeuralConvergenceFailure"]
+
+
+def test_log_fields_named_exist() -> None:
+    from cerebellar_norse.observability import logging as cn_logging
+
+    source = Path(cn_logging.__file__).read_text(encoding="utf-8")
+    for key in ("ts", "level", "logger", "message", "request_id", "fields", "exception"):
+        assert f'"{key}"' in source, key
+    lifecycle = (ROOT / "cerebellar_norse" / "api" / "lifecycle.py").read_text(encoding="utf-8")
+    for key in ("processing_time_ns", "processing_time_ns_p99", "ticks_per_second", "queue_depth", "markets", "model_version"):
+        assert f'"{key}"' in lifecycle, key
+    assert '"processing summary"' in lifecycle
