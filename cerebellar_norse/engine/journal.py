@@ -20,11 +20,13 @@ How
       header (magic, fingerprint of the network, base sequence number, CRC-32) padded to
       4 KiB; records follow, each ``<u32 length><u32 CRC-32>`` + body, body
       ``<u64 seq><u8 kind><u32 count>`` + items (ticks: ``<f64 price><f64 volume>
-      <i64 timestamp><u8 id length>`` + id; releases: ``<u8 id length>`` + id). The body
-      is written before its header, so a crash mid-append leaves a zero header: the
-      journal simply ends there. A record with a bad length or CRC, or bytes after the
-      end, is damage (power loss, disk fault): the records before it are applied and the
-      file is quarantined.
+      <i64 timestamp><u8 id length>`` + id; releases: ``<u8 id length>`` + id), the rest
+      zeros. A record is one copy into the mapping; a crash in the middle of it leaves
+      an incomplete last record (zero header, or a failing CRC) followed by zeros only:
+      that record was never acknowledged and is dropped (a torn tail). Any other bad
+      record (bad length or CRC with data after it, a wrong sequence number) is damage
+      (power loss, disk fault): the records before it are applied and the file is
+      quarantined.
     * A checkpoint (every ``checkpoint_interval_s``, when a segment is full, when the
       model changes, and at shutdown) copies the live states between two batches,
       starts a new segment, and writes ``market_state.bin`` atomically (temporary file,
@@ -80,7 +82,6 @@ MAGIC = b"CNJRNL1\n"
 HEADER_SIZE = 4096
 KIND_TICKS = 1
 KIND_RELEASE = 2
-MAX_ITEMS = 65_536  # items of one record at most (performance.batch_size at most)
 
 _REC = struct.Struct("<II")  # body length, CRC-32 of the body
 _BODY = struct.Struct("<QBI")  # seq, kind, count
@@ -117,13 +118,21 @@ class Record:
 class SegmentReader:
     """Reads one segment: its header on construction, then :meth:`records`; ``damage`` says why reading stopped early.
 
+    Args:
+        path: the segment file.
+        max_record: the largest record an append can write (bytes); bounds what a crash
+            in the middle of the last append can leave behind.
+        last: whether this is the newest segment (the only one a crash can cut short).
+
     Raises:
         ValueError: the header is unreadable (the whole file is unusable).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_record: int = 1 << 20, last: bool = True) -> None:
         self.path = path
         self.data = path.read_bytes()
+        self.max_record = max_record
+        self.last = last
         self.damage: str | None = None
         self.unfinished = 0  # bytes of a record whose append a crash cut short (never acknowledged): dropped
         self.last_seq: int | None = None
@@ -142,26 +151,33 @@ class SegmentReader:
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"unreadable journal header: {exc}") from None
 
+    def _zeros_from(self, pos: int) -> bool:
+        return pos >= len(self.data) or self.data.count(0, pos) == len(self.data) - pos
+
     def records(self) -> Iterator[Record]:
-        """The records in order, stopping at the end of the journal or at the first damaged record."""
+        """The records in order, stopping at the end of the journal or at the first damaged record.
+
+        The journal ends at a zero header followed by zeros. A crash during the last
+        append (one copy of header and body into the mapped file) can leave that
+        record incomplete: a zero header with bytes of its body after it, or a record
+        whose checksum fails, followed by zeros only. Such a tail of the newest segment
+        is dropped (``unfinished``); anything else is ``damage``.
+        """
         d, size = self.data, len(self.data)
         pos, expect = HEADER_SIZE, self.base + 1
         while pos + _REC.size <= size:
             n, crc = _REC.unpack_from(d, pos)
-            if n == 0:  # the end; past it only zeros, or the body of an append a crash cut short
-                tail = _unfinished_body_end(d, pos + _REC.size, expect)
-                if tail is not None and d.count(0, tail) == size - tail:
-                    self.unfinished = tail - pos - _REC.size
-                elif d.count(0, pos) != size - pos:
-                    self.damage = f"non-zero bytes after the end of the journal (offset {pos})"
-                return
             end = pos + _REC.size + n
+            if n == 0:
+                if not self._zeros_from(pos):  # an append cut short before its header, or damage
+                    self._tail(pos, min(size, pos + self.max_record), f"non-zero bytes after the end of the journal (offset {pos})")
+                return
             if end > size:
                 self.damage = f"record at offset {pos} runs past the end of the file"
                 return
             body = d[pos + _REC.size:end]
             if crc32(body) != crc:
-                self.damage = f"checksum mismatch in the record at offset {pos}"
+                self._tail(pos, end, f"checksum mismatch in the record at offset {pos}")
                 return
             try:
                 rec = _decode(body)
@@ -178,25 +194,12 @@ class SegmentReader:
         if pos != size:
             self.damage = f"{size - pos} stray bytes at the end of the file"
 
-
-def _unfinished_body_end(d: bytes, start: int, seq: int) -> int | None:
-    """End offset of the body of record ``seq`` written at ``start`` without its header, or None if it is not one.
-
-    An append copies the body, then writes the header: a crash in between leaves a zero
-    header followed by (part of) the body. The body's items are walked (zeros past what
-    was written read as empty items) to find where it would end.
-    """
-    if start + _BODY.size > len(d):
-        return None
-    got, kind, count = _BODY.unpack_from(d, start)
-    if got != seq or kind not in (KIND_TICKS, KIND_RELEASE) or count > MAX_ITEMS:
-        return None
-    off, item = start + _BODY.size, _TICK if kind == KIND_TICKS else _ID
-    for _ in range(count):
-        if off + item.size > len(d):
-            return None
-        off += item.size + d[off + item.size - 1]  # the id length is each item's last byte
-    return off if off <= len(d) else None
+    def _tail(self, pos: int, extent_end: int, problem: str) -> None:
+        """The record at ``pos`` is incomplete: a dropped unfinished append if only zeros follow its extent, else damage."""
+        if self.last and self._zeros_from(extent_end):
+            self.unfinished = len(self.data[pos:extent_end].rstrip(b"\x00"))
+        else:
+            self.damage = problem
 
 
 def _decode(body: bytes) -> Record:
@@ -345,6 +348,7 @@ class Durability:
         self.fsync = perf.journal_fsync
         self.segment_size = int(perf.journal_segment_size)
         self.interval_s = perf.checkpoint_interval_s
+        self.max_record = _REC.size + _BODY.size + max(engine.batch_size, 1) * (_TICK.size + 255)
         self.on_fatal = on_fatal
         self.seq = 0  # last record written
         self.failed: StorageError | None = None
@@ -355,7 +359,7 @@ class Durability:
         self._size = 0
         self._base = 0
         self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
-        self._ids: dict[str, bytes] = {}
+        self._ids: dict[str, tuple[struct.Struct, bytes, int]] = {}
         self._lock = lock  # the state dir's lock: taken by recover() unless the caller holds it
         self._owns_lock = False
         self._write_lock = threading.Lock()
@@ -370,28 +374,27 @@ class Durability:
             raise self.failed
         seq = self.seq + 1
         ids = self._ids
-        if len(ticks) == 1:
+        if len(ticks) == 1:  # one struct call per record: the id is packed by a struct made for its length
             t = ticks[0]
-            idb = ids.get(t.market_id) or self._id(t.market_id)
-            body = _ONE.pack(seq, KIND_TICKS, 1, t.price, t.volume, t.timestamp, len(idb)) + idb
+            one, idb, n = ids.get(t.market_id) or self._id(t.market_id)
+            body = one.pack(seq, KIND_TICKS, 1, t.price, t.volume, t.timestamp, len(idb), idb)
         else:
             parts = [_BODY.pack(seq, KIND_TICKS, len(ticks))]
             pack = _TICK.pack
             for t in ticks:
-                idb = ids.get(t.market_id) or self._id(t.market_id)
+                idb = (ids.get(t.market_id) or self._id(t.market_id))[1]
                 parts.append(pack(t.price, t.volume, t.timestamp, len(idb)))
                 parts.append(idb)
             body = b"".join(parts)
-        n = len(body)  # the append, inlined (the hot path): see _append
-        pos = self._pos
+            n = len(body)
+        pos = self._pos  # the append, inlined (the hot path): see _append
         end = pos + _REC.size + n
         if end + _REC.size > self._size:
             self._append(body, seq)
             return
         mm = self._mm
         assert mm is not None
-        mm[pos + _REC.size:end] = body
-        _REC.pack_into(mm, pos, n, crc32(body))
+        mm[pos:end] = _REC.pack(n, crc32(body)) + body
         self._pos = end
         self.seq = seq
         if self.fsync:
@@ -403,16 +406,19 @@ class Durability:
             return
         if self.failed is not None:
             raise self.failed
-        idb = self._ids.get(market) or self._id(market)
+        idb = (self._ids.get(market) or self._id(market))[1]
         self._append(_BODY.pack(self.seq + 1, KIND_RELEASE, 1) + _ID.pack(len(idb)) + idb, self.seq + 1)
 
-    def _id(self, market: str) -> bytes:
+    def _id(self, market: str) -> tuple[struct.Struct, bytes, int]:
+        """(struct of a one-tick body with this id, the id's bytes, that body's size), cached per market."""
         if len(self._ids) > 100_000:
             self._ids.clear()
-        b = self._ids[market] = market.encode("utf-8")
+        b = market.encode("utf-8")
         if len(b) > 255:
             raise ValueError(f"market id of {len(b)} bytes cannot be journaled (at most 255)")
-        return b
+        one = struct.Struct(f"{_ONE.format}{len(b)}s")
+        entry = self._ids[market] = (one, b, one.size)
+        return entry
 
     def _append(self, body: bytes, seq: int) -> None:
         pos = self._pos
@@ -423,8 +429,7 @@ class Durability:
             end = pos + _REC.size + len(body)
         mm = self._mm
         assert mm is not None
-        mm[pos + _REC.size:end] = body  # the body first: a crash before the header leaves the journal ending here
-        _REC.pack_into(mm, pos, len(body), crc32(body))
+        mm[pos:end] = _REC.pack(len(body), crc32(body)) + body
         self._pos = end
         self.seq = seq
         if self.fsync:
@@ -594,7 +599,7 @@ class Durability:
                 self._quarantine(path, "corrupt", f"it follows a journal part that cannot be applied ({bad})", rep)
                 continue
             try:
-                reader = SegmentReader(path)
+                reader = SegmentReader(path, self.max_record, last=path == segments[-1][1])
             except (OSError, ValueError) as exc:
                 bad = f"{path.name}: {exc}"
                 self._quarantine(path, "corrupt", str(exc), rep)

@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,9 +158,10 @@ async def test_segments_roll_over_and_checkpoints_remove_what_they_cover(engine_
     crash(d2)
 
 
+@pytest.mark.parametrize("written", ["body only", "header and half the body", "all but the last byte"])
 async def test_a_crash_mid_append_drops_only_that_record(journaled: tuple[Config, list[Durability]],
-                                                         caplog: pytest.LogCaptureFixture) -> None:
-    """A kill between the body copy and the header write: the record was never acknowledged; it is dropped, nothing else."""
+                                                         caplog: pytest.LogCaptureFixture, written: str) -> None:
+    """A kill in the middle of the last record's copy: it was never acknowledged; it is dropped, nothing else."""
     cfg, opened = journaled
     e, d = start(cfg, opened)
     twin = Engine(cfg)
@@ -167,7 +169,10 @@ async def test_a_crash_mid_append_drops_only_that_record(journaled: tuple[Config
     assert d._mm is not None
     pos, seq = d._pos, d.seq
     body = journal_mod._ONE.pack(seq + 1, journal_mod.KIND_TICKS, 1, 101.0, 5.0, T0 + 99, 1) + b"A"
-    d._mm[pos + 8:pos + 8 + len(body)] = body  # the body of the next record, its header never written
+    record = journal_mod._REC.pack(len(body), zlib.crc32(body)) + body
+    part = {"body only": (8, len(record)), "header and half the body": (0, 8 + len(body) // 2),
+            "all but the last byte": (0, len(record) - 1)}[written]
+    d._mm[pos + part[0]:pos + part[1]] = record[part[0]:part[1]]
     crash(d)
     with caplog.at_level(logging.WARNING):
         e2, _ = start(cfg, opened)
