@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     aw.add_argument("--threshold", type=float, default=None, metavar="T", help="also report the fraction of weights with |w| > T")
     aw.add_argument("--json", action="store_true", help="print one JSON object")
 
+    pm = sub.add_parser("plot-market", help="write one market's spike raster and membrane traces (GET /debug/markets/{id}/raster.png)")
+    pm.add_argument("--market", required=True, metavar="M", help="the market id")
+    pm.add_argument("--output", dest="plot_output", required=True, metavar="PNG", help="PNG file to write")
+    pm.add_argument("--ticks", type=int, default=200, metavar="N", help="most recent ticks shown (default 200, at most 2000)")
+    pm.add_argument("--url", default=None, help="running service (default: http://<server.host>:<server.port>)")
+    pm.add_argument("--token", default=None, metavar="T", help="bearer token (default: server.api_token of the config)")
+
     bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
     bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
     bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
@@ -271,6 +278,15 @@ def _cmd_analyze_weights(args: argparse.Namespace) -> int:
     return cmd_analyze_weights(_load(args), args.source, args.model, args.compare, args.analyze_output, args.json, args.threshold)
 
 
+def _cmd_plot_market(args: argparse.Namespace) -> int:
+    from .observability.pictures import RING_TICKS, cmd_plot_market
+
+    if not 1 <= args.ticks <= RING_TICKS:
+        _err(f"--ticks must be between 1 and {RING_TICKS}")
+        return EXIT_USAGE
+    return cmd_plot_market(_load(args), args.market, args.url, args.token, args.plot_output, args.ticks)
+
+
 def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     if args.validate_only:
         return lambda a: _cmd_validate(a, host_checks=False)
@@ -287,7 +303,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "evaluate": _cmd_evaluate, "make-data": _cmd_make_data,
         "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle, "state": _cmd_state,
-        "analyze-weights": _cmd_analyze_weights}
+        "analyze-weights": _cmd_analyze_weights, "plot-market": _cmd_plot_market}
     if args.command in commands:
         return commands[args.command]
     return _cmd_serve

@@ -335,3 +335,190 @@ def cmd_analyze_weights(cfg: Config, source: str | None, model: str | None, comp
         if output is not None:
             print(f"histograms written to {output}")
     return 0
+
+
+# -- market raster ------------------------------------------------------------------------------------
+#
+# The engine keeps no history of spikes or potentials. A :class:`MarketTrace`, attached to
+# the engine's batch observers on the first raster request, records from then on, for the
+# markets asked about (at most WATCHED_MAX, the longest unasked dropped first), per tick:
+# the time, the spike count of each population (granule, Purkinje, DCN) and, after the
+# batch, the mean membrane potential of each population and the readout potentials. A
+# market with several ticks in one batch gets the potentials once, at its last tick of the
+# batch (NaN at the others). On CUDA the watched markets' state is copied to the host after
+# each batch that holds one of their ticks (a device synchronisation per such batch).
+
+TRACE_KEY = "market_trace"
+RING_TICKS = 2000
+WATCHED_MAX = 64
+TRACED = (("granule", "v_gr"), ("purkinje", "v_pc"), ("dcn", "v_dcn"))
+
+
+class MarketTrace:
+    """Per-tick spike counts and potentials of the watched markets, in bounded rings."""
+
+    def __init__(self, engine: Any, ring: int = RING_TICKS) -> None:
+        from collections import OrderedDict, deque
+
+        self.engine = engine
+        self.ring = ring
+        self.since: dict[str, float] = {}
+        self.rings: OrderedDict[str, deque[tuple[float, tuple[int, ...], tuple[float, ...], tuple[float, ...]]]] = \
+            OrderedDict()
+        self._deque = deque
+
+    @classmethod
+    def attach(cls, engine: Any, registry: dict[str, Any]) -> MarketTrace:
+        """The trace kept in ``registry`` (the service's extras), attached to ``engine`` on first use."""
+        trace = registry.get(TRACE_KEY)
+        if not isinstance(trace, cls) or trace.engine is not engine:
+            trace = registry[TRACE_KEY] = cls(engine)
+            engine.observers.append(trace.observe)
+        return trace
+
+    def watch(self, market_id: str) -> None:
+        """Record this market's ticks from now on (a no-op when already watched)."""
+        import time
+
+        if market_id in self.rings:
+            self.rings.move_to_end(market_id)
+            return
+        self.rings[market_id] = self._deque(maxlen=self.ring)
+        self.since[market_id] = time.time()
+        while len(self.rings) > WATCHED_MAX:
+            old, _ = self.rings.popitem(last=False)
+            self.since.pop(old, None)
+
+    def observe(self, b: int, elapsed_ns: int, spikes: np.ndarray) -> None:
+        """Append the watched markets' ticks of one batch (engine observer)."""
+        buf = getattr(self.engine, "_buf", None)
+        if buf is None or b == 0 or not self.rings:
+            return
+        table = self.engine.pool.table
+        watched = {}
+        for mid in self.rings:
+            slot = table.get(mid)
+            if slot is not None:
+                watched[int(slot)] = mid
+        if not watched:
+            return
+        slots = np.asarray(buf.slots[:b]).tolist()
+        last = {s: j for j, s in enumerate(slots) if s in watched}
+        if not last:
+            return
+        arrays = self.engine.pool.arrays
+        sync = getattr(getattr(self.engine, "backend", None), "sync_to_host", None)
+        if sync is not None:  # CUDA: bring the watched slots' state to the host
+            sync(list(last))
+        nan_v = (math.nan,) * len(TRACED)
+        for j, s in enumerate(slots):
+            market = watched.get(s)
+            if market is None:
+                continue
+            if last[s] == j:
+                v = tuple(float(np.mean(getattr(arrays, attr)[s])) for _, attr in TRACED)
+                out = tuple(float(x) for x in np.asarray(arrays.v_out[s]).ravel())
+            else:
+                v, out = nan_v, ()
+            self.rings[market].append((float(buf.ticks[2, j]), tuple(int(x) for x in spikes[j]), v, out))
+
+    def series(self, market_id: str, ticks: int) -> dict[str, Any]:
+        """The market's last ``ticks`` recorded ticks as arrays (copies: safe to plot off the loop)."""
+        rows = list(self.rings.get(market_id, ()))[-ticks:]
+        k = max((len(r[3]) for r in rows), default=0)
+        readout = np.full((len(rows), k), np.nan)
+        for i, r in enumerate(rows):
+            if r[3]:
+                readout[i, :len(r[3])] = r[3]
+        return {
+            "market_id": market_id,
+            "since": self.since.get(market_id),
+            "time_ms": np.array([r[0] for r in rows]),
+            "spikes": np.array([r[1] for r in rows], dtype=np.int64).reshape(len(rows), 3),
+            "v": np.array([r[2] for r in rows], dtype=np.float64).reshape(len(rows), len(TRACED)),
+            "readout": readout,
+        }
+
+
+def raster_png(series: dict[str, Any]) -> bytes:
+    """A PNG of one market's recorded ticks: population spike raster, spike counts, membrane and readout traces."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from .debugtools import utc_iso
+
+    spikes, v, readout = series["spikes"], series["v"], series["readout"]
+    n = len(spikes)
+    since = series.get("since")
+    fig = Figure(figsize=(9.0, 8.0), dpi=80, layout="constrained")
+    fig.suptitle(f"market {series['market_id']}: last {n} tick(s) recorded"
+                 + (f" since {utc_iso(since)}" if since else ""), fontsize=10)
+    axes = fig.subplots(4, 1, sharex=True)
+    x = np.arange(n)
+    names = [p for p, _ in TRACED]
+    if n == 0:
+        for ax in axes:
+            ax.text(0.5, 0.5, "no ticks since the first raster request for this market", ha="center", va="center",
+                    transform=ax.transAxes)
+    else:
+        scale = np.maximum(spikes.max(axis=0, keepdims=True), 1)
+        axes[0].imshow((spikes / scale).T, aspect="auto", interpolation="nearest", cmap="Greys",
+                       extent=(-0.5, n - 0.5, 2.5, -0.5))
+        axes[0].set_yticks(range(3), names)
+        axes[0].set_title("spike raster (spikes per tick, scaled per population)", fontsize=9)
+        for k, name in enumerate(names):
+            axes[1].plot(x, spikes[:, k], lw=1, label=name)
+            axes[2].plot(x, v[:, k], ".-", lw=1, ms=2, label=name)
+        axes[1].set_yscale("symlog")
+        axes[1].set_title("spikes per tick", fontsize=9)
+        axes[2].set_title("mean membrane potential after the tick", fontsize=9)
+        for k in range(readout.shape[1]):
+            axes[3].plot(x, readout[:, k], ".-", lw=1, ms=2, label=("down", "flat", "up")[k] if k < 3 else str(k))
+        axes[3].set_title("readout potentials", fontsize=9)
+        axes[3].set_xlabel("tick (oldest first)")
+        for ax in axes[1:]:
+            if ax.lines:
+                ax.legend(fontsize=7, loc="upper right")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def raster_path(market_id: str, ticks: int) -> str:
+    """The URL path of a market's raster (the id percent-encoded)."""
+    from urllib.parse import quote
+
+    return f"/debug/markets/{quote(market_id, safe='')}/raster.png?ticks={ticks}"
+
+
+def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None, output: str, ticks: int) -> int:
+    """``cerebellar-norse plot-market``: fetch a market's raster PNG from the running service and write it."""
+    import httpx
+
+    from .debugtools import config_token, service_url
+
+    url = url or service_url(cfg)
+    bearer = token if token is not None else config_token(cfg)
+    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    target = url.rstrip("/") + raster_path(market, ticks)
+    try:
+        r = httpx.get(target, headers=headers, timeout=30.0)
+    except httpx.HTTPError as exc:
+        print(f"cerebellar-norse: cannot reach the service at {url} ({type(exc).__name__}: {exc}): is it running there? "
+              "(pass --url)", file=sys.stderr)
+        return 1
+    if r.status_code != 200 or r.content[:8] != PNG_MAGIC:
+        if r.status_code == 401:
+            why = "401 unauthorized: pass the service's token (--token, or server.api_token in --config)"
+        else:
+            try:
+                why = f"{r.status_code}: {r.json()['error']['message']}"
+            except (ValueError, KeyError, TypeError):
+                why = f"{r.status_code}: not a PNG"
+        print(f"cerebellar-norse: {url.rstrip('/')}{raster_path(market, ticks).split('?')[0]}: {why}", file=sys.stderr)
+        return 1
+    Path(output).write_bytes(r.content)
+    print(f"raster of {market} written to {output}")
+    return 0

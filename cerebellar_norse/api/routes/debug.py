@@ -10,6 +10,8 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from ...observability.debugtools import (
     SpikeTracker,
@@ -19,6 +21,7 @@ from ...observability.debugtools import (
     thread_stacks,
     utc_iso,
 )
+from ...observability.pictures import RING_TICKS, MarketTrace, raster_png
 from ..deps import require_token, service
 from ..openapi import error_responses
 from .neural import MarketIdPath, MarketNotFoundError
@@ -49,6 +52,27 @@ async def get_market_state(request: Request, market_id: MarketIdPath) -> dict[st
     if state is None:
         raise MarketNotFoundError(f"market {market_id!r} holds no state", "market_id")
     return state
+
+
+@router.get("/markets/{market_id:path}/raster.png", operation_id="market_raster", response_class=Response,
+            responses={200: {"content": {"image/png": {}}, "description": "A PNG of the market's recorded ticks."},
+                       **error_responses(401, 404, 422, s404="The market holds no state: never seen, evicted, reset, "
+                                                             "or not a valid market id.")})
+async def get_market_raster(request: Request, market_id: MarketIdPath,
+                            ticks: Annotated[int, Query(ge=1, le=RING_TICKS, description="Most recent ticks shown.")] = 200
+                            ) -> Response:
+    """Spike raster and membrane traces of one market's last ``ticks`` ticks as a PNG (token).
+
+    Ticks are recorded from the market's first raster request on (see docs/operations.md,
+    Debugging): the first picture of a market is empty.
+    """
+    svc = service(request)
+    trace = MarketTrace.attach(svc.engine, svc.extra)
+    if svc.engine.pool.table.get(market_id) is None:
+        raise MarketNotFoundError(f"market {market_id!r} holds no state", "market_id")
+    trace.watch(market_id)
+    series = trace.series(market_id, ticks)
+    return Response(await run_in_threadpool(raster_png, series), media_type="image/png")
 
 
 @router.get("/backtrace", operation_id="backtrace", responses=error_responses(401))

@@ -1,0 +1,105 @@
+"""``GET /debug/markets/{id}/raster.png`` and ``cerebellar-norse plot-market``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from live_helpers import NO_BOOTSTRAP, tick
+
+from cerebellar_norse.api.deps import ServiceState
+from cerebellar_norse.api.server import build_service, make_app
+from cerebellar_norse.cli import main
+from cerebellar_norse.config import load_checked_config
+from cerebellar_norse.observability.pictures import PNG_MAGIC, TRACE_KEY, MarketTrace
+
+TOKEN = "pic-s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ODD = 'a/b,"c" d'
+
+
+@pytest.fixture
+def svc(tmp_path: Path) -> ServiceState:
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP,
+               "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN}
+    return build_service(load_checked_config(None, environ=environ))
+
+
+@pytest.fixture
+def tc(svc: ServiceState) -> Iterator[TestClient]:
+    with TestClient(make_app(svc, restore=False, save_on_shutdown=False)) as c:
+        yield c
+
+
+def send(tc: TestClient, market: str, ks: range) -> None:
+    for k in ks:
+        r = tc.post("/neural/process", json=tick(market, k))
+        assert r.status_code == 200, r.text
+
+
+def raster(tc: TestClient, market: str, **kw: Any) -> Any:
+    return tc.get(f"/debug/markets/{quote(market, safe='')}/raster.png", **kw)
+
+
+def test_raster_needs_the_token_and_a_known_market(tc: TestClient) -> None:
+    send(tc, ODD, range(2))
+    assert raster(tc, ODD).status_code == 401
+    assert raster(tc, ODD, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    r = raster(tc, "NOPE", headers=AUTH)
+    assert r.status_code == 404 and "holds no state" in r.json()["error"]["message"]
+    assert raster(tc, ODD, headers=AUTH, params={"ticks": 0}).status_code == 422
+
+
+def test_raster_is_a_png_of_the_ticks_since_the_first_request(tc: TestClient, svc: ServiceState) -> None:
+    send(tc, ODD, range(3))
+    first = raster(tc, ODD, headers=AUTH)
+    assert first.status_code == 200 and first.headers["content-type"] == "image/png"
+    assert first.content[:8] == PNG_MAGIC
+    send(tc, ODD, range(3, 13))
+    send(tc, "OTHER", range(5))  # not watched: not recorded
+    trace = svc.extra[TRACE_KEY]
+    assert isinstance(trace, MarketTrace) and set(trace.rings) == {ODD}
+    series = trace.series(ODD, 200)
+    assert len(series["spikes"]) == 10
+    assert series["spikes"].sum() > 0
+    assert np.isfinite(series["v"]).all() and np.isfinite(series["readout"]).all()
+    assert series["readout"].shape == (10, 3)
+    r = raster(tc, ODD, headers=AUTH, params={"ticks": 4})
+    assert r.status_code == 200 and r.content[:8] == PNG_MAGIC and len(r.content) > len(first.content)
+    assert len(trace.series(ODD, 4)["spikes"]) == 4
+
+
+def test_plot_market_writes_the_png(tc: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+
+    base = "http://svc.test"
+    seen: list[str] = []
+
+    def get(url: str, headers: dict[str, str], timeout: float) -> httpx.Response:
+        assert url.startswith(base)
+        seen.append(url)
+        return tc.get(url[len(base):], headers=headers)
+
+    monkeypatch.setattr(httpx, "get", get)
+    send(tc, ODD, range(5))
+    out = tmp_path / "m.png"
+    argv = ["plot-market", "--market", ODD, "--url", base, "--output", str(out), "--ticks", "50"]
+    assert main([*argv, "--token", TOKEN]) == 0
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert seen[-1].endswith(f"/debug/markets/{quote(ODD, safe='')}/raster.png?ticks=50")
+    assert f"written to {out}" in capsys.readouterr().out
+    out.unlink()
+    assert main(argv) == 1  # no token
+    assert "401" in capsys.readouterr().err and not out.exists()
+    assert main(["plot-market", "--market", "NOPE", "--url", base, "--output", str(out), "--token", TOKEN]) == 1
+    err = capsys.readouterr().err
+    assert "404" in err and "holds no state" in err and TOKEN not in err
+    monkeypatch.undo()
+    assert main(["plot-market", "--market", ODD, "--url", "http://127.0.0.1:1", "--output", str(out)]) == 1
+    assert "cannot reach the service" in capsys.readouterr().err
