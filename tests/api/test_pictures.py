@@ -103,3 +103,35 @@ def test_plot_market_writes_the_png(tc: TestClient, tmp_path: Path, monkeypatch:
     monkeypatch.undo()
     assert main(["plot-market", "--market", ODD, "--url", "http://127.0.0.1:1", "--output", str(out)]) == 1
     assert "cannot reach the service" in capsys.readouterr().err
+
+
+def test_trace_of_a_batch_with_repeated_markets_syncs_only_watched_slots() -> None:
+    from types import SimpleNamespace
+
+    from cerebellar_norse.observability import pictures
+
+    synced: list[list[int]] = []
+    arrays = SimpleNamespace(v_gr=np.ones((4, 5)), v_pc=np.full((4, 2), 2.0), v_dcn=np.full((4, 3), 3.0),
+                             v_out=np.arange(12.0).reshape(4, 3))
+    buf = SimpleNamespace(slots=np.array([1, 2, 1, 3]), ticks=np.array([[0.0] * 4, [0.0] * 4, [10.0, 11.0, 12.0, 13.0]]))
+    engine = SimpleNamespace(_buf=buf, pool=SimpleNamespace(table={"A": 1, "B": 2, "C": 3}, arrays=arrays),
+                             backend=SimpleNamespace(sync_to_host=synced.append), observers=[])
+    registry: dict[str, Any] = {}
+    trace = MarketTrace.attach(engine, registry)
+    assert MarketTrace.attach(engine, registry) is trace and len(engine.observers) == 1
+    spikes = np.array([[5, 1, 0], [6, 2, 1], [7, 3, 2], [8, 4, 3]])
+    trace.observe(4, 0, spikes)  # nobody watched: nothing recorded, no sync
+    assert synced == []
+    trace.watch("A")
+    trace.watch("C")
+    trace.observe(4, 0, spikes)
+    assert sorted(synced[0]) == [1, 3]
+    a = trace.series("A", 10)
+    assert a["time_ms"].tolist() == [10.0, 12.0] and a["spikes"].tolist() == [[5, 1, 0], [7, 3, 2]]
+    assert np.isnan(a["v"][0]).all() and a["v"][1].tolist() == [1.0, 2.0, 3.0]  # potentials once, at the last tick
+    assert np.isnan(a["readout"][0]).all() and a["readout"][1].tolist() == [3.0, 4.0, 5.0]
+    assert pictures.raster_png(a)[:8] == PNG_MAGIC
+    assert trace.series("B", 10)["spikes"].shape == (0, 3)
+    for k in range(pictures.WATCHED_MAX):
+        trace.watch(f"M{k}")
+    assert "A" not in trace.rings and "C" not in trace.rings and len(trace.rings) == pictures.WATCHED_MAX
