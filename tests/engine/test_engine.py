@@ -351,11 +351,12 @@ async def test_warm_up_ticks_are_neither_learned_from_nor_recorded(engine_config
     np.testing.assert_array_equal(engine.backend.pf_views()[0], weights)  # type: ignore[attr-defined]
     assert engine.learner.pending == {} and engine.learner.judged == 0
     assert not (tmp_path / "state" / "recordings").exists()
-    await engine.submit(tick("A", T0))  # real ticks still are
+    served = await engine.submit(tick("A", T0))  # real ticks still are, with what was served
     assert list(engine.learner.pending) == ["A"]
     await engine.drain(save=False)
     (rec,) = (tmp_path / "state" / "recordings").glob("*.csv")
-    assert rec.read_text().splitlines()[1:] == [f"{T0},A,100.0,1000.0,,,,{engine.model_version},"]
+    p = served["probabilities"]
+    assert rec.read_text().splitlines()[1:] == [f"{T0},A,100.0,1000.0,{p['down']!r},{p['flat']!r},{p['up']!r},{engine.model_version},"]
 
 
 # -- persistence across restarts -------------------------------------------------------------
