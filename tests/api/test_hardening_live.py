@@ -299,9 +299,11 @@ def test_idle_connection_is_closed_after_keep_alive_timeout(srv: LiveServer) -> 
 
 def test_connection_limit_answers_json_503_and_frees_up(tmp_path: Path, start_server: Callable[..., LiveServer]) -> None:
     limit = 4
+    # long enough that the slow sockets still hold every slot while the probes below run on a loaded host
+    keep_alive_s, request_timeout_s = 6, 5.0
     server = start_server(tmp_path / "state", env={"CEREBELLAR_NORSE_SERVER__MAX_CONNECTIONS": str(limit),
-                                                   "CEREBELLAR_NORSE_SERVER__KEEP_ALIVE_TIMEOUT": str(KEEP_ALIVE_S),
-                                                   "CEREBELLAR_NORSE_SERVER__REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_S)})
+                                                   "CEREBELLAR_NORSE_SERVER__KEEP_ALIVE_TIMEOUT": str(keep_alive_s),
+                                                   "CEREBELLAR_NORSE_SERVER__REQUEST_TIMEOUT": str(request_timeout_s)})
     idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(limit - 1)]
     stalled = socket.create_connection(("127.0.0.1", server.port))
     stalled.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
@@ -321,7 +323,7 @@ def test_connection_limit_answers_json_503_and_frees_up(tmp_path: Path, start_se
         assert refused.value.response.status_code == 503
         assert json.loads(refused.value.response.body or b"{}")["error"]["type"] == "capacity"
         # the slow sockets are cut off (request_timeout, keep_alive_timeout) and the service answers again
-        deadline = time.monotonic() + KEEP_ALIVE_S + 5
+        deadline = time.monotonic() + keep_alive_s + 5
         while True:
             r = httpx.get(f"{server.url}/health", timeout=5.0)
             if r.status_code == 200 or time.monotonic() > deadline:
