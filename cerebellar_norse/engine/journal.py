@@ -359,7 +359,7 @@ class Durability:
         self._size = 0
         self._base = 0
         self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
-        self._ids: dict[str, tuple[struct.Struct, bytes, int]] = {}
+        self._ids: dict[str, tuple[struct.Struct, bytes, int, int]] = {}
         self._lock = lock  # the state dir's lock: taken by recover() unless the caller holds it
         self._owns_lock = False
         self._write_lock = threading.Lock()
@@ -376,8 +376,8 @@ class Durability:
         ids = self._ids
         if len(ticks) == 1:  # one struct call per record: the id is packed by a struct made for its length
             t = ticks[0]
-            one, idb, n = ids.get(t.market_id) or self._id(t.market_id)
-            body = one.pack(seq, KIND_TICKS, 1, t.price, t.volume, t.timestamp, len(idb), idb)
+            one, idb, n, idlen = ids.get(t.market_id) or self._id(t.market_id)
+            body = one.pack(seq, KIND_TICKS, 1, t.price, t.volume, t.timestamp, idlen, idb)
         else:
             parts = [_BODY.pack(seq, KIND_TICKS, len(ticks))]
             pack = _TICK.pack
@@ -409,15 +409,15 @@ class Durability:
         idb = (self._ids.get(market) or self._id(market))[1]
         self._append(_BODY.pack(self.seq + 1, KIND_RELEASE, 1) + _ID.pack(len(idb)) + idb, self.seq + 1)
 
-    def _id(self, market: str) -> tuple[struct.Struct, bytes, int]:
-        """(struct of a one-tick body with this id, the id's bytes, that body's size), cached per market."""
+    def _id(self, market: str) -> tuple[struct.Struct, bytes, int, int]:
+        """(struct of a one-tick body with this id, the id's bytes, that body's size, the id's length), per market."""
         if len(self._ids) > 100_000:
             self._ids.clear()
         b = market.encode("utf-8")
         if len(b) > 255:
             raise ValueError(f"market id of {len(b)} bytes cannot be journaled (at most 255)")
         one = struct.Struct(f"{_ONE.format}{len(b)}s")
-        entry = self._ids[market] = (one, b, one.size)
+        entry = self._ids[market] = (one, b, one.size, len(b))
         return entry
 
     def _append(self, body: bytes, seq: int) -> None:
