@@ -28,12 +28,14 @@ import contextlib
 import errno
 import io
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from live_helpers import BASE_TS, REPO_ROOT, LiveServer, free_port, launch, server_environ, start
 
 from cerebellar_norse.config import load_config
-from cerebellar_norse.engine.journal import JOURNAL_DIR
+from cerebellar_norse.engine.engine import Engine
+from cerebellar_norse.engine.journal import JOURNAL_DIR, Durability, StateDirLock
 from cerebellar_norse.engine.persistence import STATE_FILE
 from cerebellar_norse.neurons.encoder import S_N_TICKS
 from cerebellar_norse.neurons.state import STATE_FIELDS
@@ -54,6 +57,7 @@ from cerebellar_norse.storage import read_checksummed
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.training.checkpoints import ModelStore
 from cerebellar_norse.training.data import write_csv
+from cerebellar_norse.training.jobs import JobManager
 
 TOKEN = "fault-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -111,11 +115,6 @@ def kill9(srv: LiveServer) -> None:
     assert srv.returncode == -signal.SIGKILL
 
 
-def run_cli(state_dir: Path, extra: Mapping[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(free_port())], cwd=REPO_ROOT,
-                          env=server_environ(state_dir, extra), capture_output=True, text=True, timeout=timeout, check=False)
-
-
 @pytest.fixture
 def servers() -> Iterator[list[LiveServer]]:
     """Servers a test started; killed at the end if still running."""
@@ -130,28 +129,38 @@ def servers() -> Iterator[list[LiveServer]]:
 Mount = Callable[..., Path]
 
 
+def mount_tmpfs(point: Path, size: str, ro: bool = False) -> str | None:
+    """Mount a tmpfs of ``size`` on ``point``; None when done, else why it could not be mounted."""
+    point.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if ro else "")
+    try:
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)], capture_output=True, text=True,
+                             timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot mount a tmpfs here: {exc}"
+    return None if res.returncode == 0 else f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}"
+
+
+def unmount(point: Path) -> None:
+    subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+
+
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Mount]:
-    """``tmpfs("64k", ro=False)``: a fresh tmpfs mounted under tmp_path; the test is skipped where mounting is not allowed."""
+    """``tmpfs("8m")``: a fresh tmpfs mounted under tmp_path; the test is skipped where mounting is not allowed."""
     mounted: list[Path] = []
 
     def mount(size: str, ro: bool = False) -> Path:
         point = tmp_path / f"mnt{len(mounted)}"
-        point.mkdir()
-        opts = f"size={size}" + (",ro" if ro else "")
-        try:
-            res = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)], capture_output=True, text=True,
-                                 timeout=10, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"cannot mount a tmpfs here: {exc}")
-        if res.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
+        why = mount_tmpfs(point, size, ro)
+        if why is not None:
+            pytest.skip(why)
         mounted.append(point)
         return point
 
     yield mount
     for point in reversed(mounted):
-        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+        unmount(point)
 
 
 def fill(directory: Path) -> Path:
@@ -264,27 +273,92 @@ def test_kill9_under_load_loses_no_acknowledged_tick(tmp_path: Path, servers: li
 # -- unwritable state dir at start -------------------------------------------------------------
 
 
-def test_state_dir_under_a_file_fails_start_up_with_one_line(tmp_path: Path) -> None:
-    (tmp_path / "a-file").write_text("not a directory")
-    state = tmp_path / "a-file" / "state"
-    line = one_line_error(run_cli(state))
+@dataclass
+class Refusal:
+    state_dir: Path
+    result: subprocess.CompletedProcess[str] | None = None
+    skipped: str | None = None
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Refusal]]:
+    """Start-ups on unusable state dirs, launched together (each costs an interpreter start): name -> outcome."""
+    root = tmp_path_factory.mktemp("refusals")
+    (root / "a-file").write_text("not a directory")
+    cases = {"under a file": Refusal(root / "a-file" / "state"), "read-only": Refusal(root / "ro"),
+             "full": Refusal(root / "full"), "in use": Refusal(root / "in-use")}
+    mounted = []
+    why = mount_tmpfs(cases["read-only"].state_dir, "64k", ro=True)
+    if why is None:
+        mounted.append(cases["read-only"].state_dir)
+    cases["read-only"].skipped = why
+    why = mount_tmpfs(cases["full"].state_dir, "64k")
+    if why is None:
+        mounted.append(cases["full"].state_dir)
+        fill(cases["full"].state_dir)
+    cases["full"].skipped = why
+    lock = StateDirLock(cases["in use"].state_dir)
+    cases["in use"].state_dir.mkdir()
+    lock.acquire()  # this process holds the state dir, as a running service would
+    try:
+        procs = {name: subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(free_port())], cwd=REPO_ROOT,
+                                        env=server_environ(c.state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for name, c in cases.items() if c.skipped is None}
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=120)
+            cases[name].result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        yield cases
+    finally:
+        lock.release()
+        for point in mounted:
+            unmount(point)
+
+
+def refusal_line(refusals: dict[str, Refusal], name: str) -> tuple[Path, str]:
+    case = refusals[name]
+    if case.skipped is not None:
+        pytest.skip(case.skipped)
+    assert case.result is not None
+    return case.state_dir, one_line_error(case.result)
+
+
+def test_state_dir_under_a_file_fails_start_up_with_one_line(refusals: dict[str, Refusal]) -> None:
+    state, line = refusal_line(refusals, "under a file")
     assert line == f"cerebellar-norse: state dir is not writable: {state}: Not a directory (errno 20 ENOTDIR)"
 
 
-def test_read_only_state_dir_fails_start_up_with_one_line(tmpfs: Mount) -> None:
-    ro = tmpfs("64k", ro=True)
-    line = one_line_error(run_cli(ro))
-    assert line == f"cerebellar-norse: state dir is not writable: {ro}: Read-only file system (errno 30 EROFS)"
+def test_read_only_state_dir_fails_start_up_with_one_line(refusals: dict[str, Refusal]) -> None:
+    state, line = refusal_line(refusals, "read-only")
+    assert line == f"cerebellar-norse: state dir is not writable: {state}: Read-only file system (errno 30 EROFS)"
 
 
-def test_full_state_dir_fails_start_up_with_one_line(tmpfs: Mount) -> None:
-    full = tmpfs("64k")
-    fill(full)
-    line = one_line_error(run_cli(full))
-    assert line == f"cerebellar-norse: state dir is not writable: {full}: No space left on device (errno 28 ENOSPC)"
+def test_full_state_dir_fails_start_up_with_one_line(refusals: dict[str, Refusal]) -> None:
+    state, line = refusal_line(refusals, "full")
+    assert line == f"cerebellar-norse: state dir is not writable: {state}: No space left on device (errno 28 ENOSPC)"
+
+
+def test_state_dir_in_use_fails_start_up_with_one_line(refusals: dict[str, Refusal]) -> None:
+    """A second service on a state dir another process holds is refused before it touches models or jobs."""
+    state, line = refusal_line(refusals, "in use")
+    assert line == (f"cerebellar-norse: state dir {state} is in use by another cerebellar-norse process "
+                    f"(pid {os.getpid()}); one service per state dir")
+    assert sorted(p.name for p in state.iterdir()) == [".lock"]
 
 
 # -- a disk that fills up while serving ---------------------------------------------------------
+
+
+def recovered_tick_counts(state_dir: Path, env: Mapping[str, str]) -> dict[str, int]:
+    """What the next start restores: the service's own recovery (checkpoint + journal replay), run here."""
+    cfg = load_config(None, environ={**{k: v for k, v in server_environ(state_dir, env).items()
+                                         if k.startswith("CEREBELLAR_NORSE_")}})
+    engine = Engine(cfg)
+    durability = Durability(engine)
+    durability.recover()
+    try:
+        return {m: int(engine.arrays.enc[s, S_N_TICKS]) for m, s in engine.pool.table.items()}
+    finally:
+        durability.close(save=False)
 
 
 def send_ticks(url: str, markets: list[str], start_k: int, n: int) -> None:
@@ -313,10 +387,7 @@ def test_failed_save_at_shutdown_exits_nonzero_keeps_the_previous_file_and_every
     assert (state / STATE_FILE).read_bytes() == previous
     assert not [p for p in state.iterdir() if p.name.endswith(".tmp")]
     filler.unlink()
-    again = start(state, tmp_path / "b.log", env)
-    servers.append(again)
-    assert again.stop() == 0, again.log()[-3000:]
-    assert {m: ticks_applied(s) for m, s in saved_states(state).items()} == {"F1": 25, "F2": 25}
+    assert recovered_tick_counts(state, env) == {"F1": 25, "F2": 25}  # every acknowledged tick
 
 
 def test_disk_full_while_serving_stops_the_service_loudly_without_losing_ticks(tmp_path: Path, tmpfs: Mount,
@@ -342,10 +413,7 @@ def test_disk_full_while_serving_stops_the_service_loudly_without_losing_ticks(t
                      r"\(errno 28 ENOSPC\)", log), log[-3000:]
     assert "Traceback" not in log
     filler.unlink()
-    again = start(state, tmp_path / "b.log", env)
-    servers.append(again)
-    assert again.stop() == 0, again.log()[-3000:]
-    assert ticks_applied(saved_states(state)["G1"]) == 15
+    assert recovered_tick_counts(state, env) == {"G1": 15}  # every acknowledged tick
 
 
 # -- corrupt files are moved aside --------------------------------------------------------------
@@ -363,10 +431,6 @@ def test_corrupt_state_and_journal_files_are_quarantined_not_overwritten(tmp_pat
     with httpx.Client(base_url=srv.url, timeout=10) as c:
         assert c.get("/health").json()["pool"]["markets"] == 0
         assert c.post("/neural/process", json=tick_of("Q1", 0)).status_code == 200
-    # a second service on the same state dir is refused before it touches anything
-    line = one_line_error(run_cli(state))
-    assert line == (f"cerebellar-norse: state dir {state} is in use by another cerebellar-norse process "
-                    f"(pid {srv.proc.pid}); one service per state dir")
     assert srv.stop() == 0, srv.log()[-3000:]
     (moved,) = state.glob(f"{STATE_FILE}.corrupt-*")
     assert moved.read_bytes() == garbage  # kept as found
@@ -470,11 +534,10 @@ def test_training_job_dies_with_a_killed_service_and_writes_no_model(tmp_path: P
     models = state / "models"
     assert not models.exists() or list(models.iterdir()) == [], list(models.iterdir())
 
-    again = start(state, tmp_path / "b.log", env)
-    servers.append(again)
-    with httpx.Client(base_url=again.url, timeout=10, headers=AUTH) as c:
-        st = c.get(f"/training/status/{job_id}").json()
-    assert st["state"] == "failed" and "service stopped while the job was running" in st["error"], st
-    assert again.stop() == 0
+    # the next start's job history (the service's JobManager, built here): the job is failed, and says why
     record = json.loads((state / "jobs" / f"{job_id}.json").read_text())
-    assert record["state"] == "failed"
+    assert record["state"] == "running"  # written when the job started
+    cfg = load_config(None, environ={k: v for k, v in server_environ(state, env).items() if k.startswith("CEREBELLAR_NORSE_")})
+    st = JobManager(cfg, lambda _v: None, lambda _x: None).get(job_id)
+    assert st.state == "failed" and st.error is not None and "service stopped while the job was running" in st.error, st
+    assert json.loads((state / "jobs" / f"{job_id}.json").read_text())["state"] == "failed"
