@@ -583,6 +583,8 @@ class Durability:
         eng = self.engine
         for p in self.dir.glob(f".*{SUFFIX}.tmp") if self.dir.is_dir() else ():
             p.unlink()  # a segment whose creation a crash interrupted: never held a record
+        for p in self.state_dir.glob(f".{eng.state_path().name}.*.tmp"):
+            p.unlink()  # a checkpoint whose writing a crash interrupted (the previous file is whole)
         had_checkpoint = eng.state_path().exists()
         rep.markets = eng.restore_state()  # an unusable file is moved aside and logged
         ckpt = eng.restored_journal_seq
@@ -605,8 +607,10 @@ class Durability:
                 self._quarantine(path, "corrupt", str(exc), rep)
                 continue
             if seq is None:
-                bad = "the checkpoint it continues is missing or unusable"
-                self._quarantine(path, "corrupt", bad, rep)
+                foreign = _fp_json(reader.fingerprint) != fp
+                bad = ("written for another network or model, after a checkpoint that is missing or unusable" if foreign
+                       else "the checkpoint it continues is missing or unusable")
+                self._quarantine(path, "foreign" if foreign else "corrupt", bad, rep)
                 continue
             if reader.base > seq:
                 bad = f"records {seq + 1} to {reader.base} are missing"

@@ -322,3 +322,21 @@ async def test_fsync_mode_journals_the_same(engine_config: ConfigFactory, tmp_pa
     e2, d2 = start(cfg, opened)
     assert_same_pool(e2, twin)
     crash(d2)
+
+
+async def test_a_restart_under_another_model_moves_state_and_journal_aside(journaled: tuple[Config, list[Durability]],
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """E.g. the active model is unusable and another one is served: nothing of the old model is replayed or lost."""
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    await feed([e], [tick("A", T0 + k) for k in range(3)])
+    crash(d)
+    state_dir = Path(cfg.paths.state_dir)
+    (state_dir / f".{STATE_FILE}.abc123.tmp").write_bytes(b"half a checkpoint")  # a write the crash cut short
+    with caplog.at_level(logging.ERROR):
+        e2, _ = start(cfg, opened, model_version="another")
+    assert e2.pool.used == 0
+    assert len(list(state_dir.glob(f"{STATE_FILE}.foreign-*"))) == 1
+    assert len(list((state_dir / JOURNAL_DIR).glob("*.journal.foreign-*"))) == 1
+    assert not list(state_dir.glob("*.tmp"))
+    assert "written for another network or model" in caplog.text
