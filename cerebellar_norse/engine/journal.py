@@ -402,12 +402,11 @@ class Durability:
 
     def release(self, market: str) -> None:
         """Journal that ``market``'s slot was released (its next tick starts from rest)."""
-        if self.engine._scratch or self.closed:  # the warm-up's scratch market, or replay
+        if self.engine._scratch or self.closed or self.failed is not None:  # warm-up, replay; or stopping
             return
-        if self.failed is not None:
-            raise self.failed
         idb = (self._ids.get(market) or self._id(market))[1]
-        self._append(_BODY.pack(self.seq + 1, KIND_RELEASE, 1) + _ID.pack(len(idb)) + idb, self.seq + 1)
+        with contextlib.suppress(StorageError):  # already logged and fatal: nothing more is acknowledged
+            self._append(_BODY.pack(self.seq + 1, KIND_RELEASE, 1) + _ID.pack(len(idb)) + idb, self.seq + 1)
 
     def _id(self, market: str) -> tuple[struct.Struct, bytes, int, int]:
         """(struct of a one-tick body with this id, the id's bytes, that body's size, the id's length), per market."""
