@@ -48,6 +48,7 @@ EPS = 1e-12
 CLASSES = ("down", "flat", "up")
 RING_BYTES_PER_TICK = 4 * 4 + 5  # four float32 losses, five int8 fields
 DEFAULT_MAX_BYTES = 256 * 2**20
+FLUSH_AT = 256  # judged ticks kept before they are scored (reads score what is pending first)
 TOP_MARKETS = 100
 
 # Integer sums of a scope (window and total): judged ticks, directional ticks, model
@@ -297,6 +298,10 @@ class LiveScorer:
         finally:
             judged.clear()
 
+    def _flush_pending(self) -> None:
+        if self._judged:
+            self._flush()
+
     def _track(self, market: str) -> tuple[StreamLabeler[list[float]], int]:
         if len(self._markets) >= self.max_markets:
             if self._judged:  # judged ticks of the market about to go still hold its slot
@@ -332,7 +337,7 @@ class LiveScorer:
             out = entry[0].observe(t.timestamp, t.price, row)
             if out:
                 judged += [r for r in out if r.payload[3] >= 0.0]
-        if judged:
+        if len(judged) >= FLUSH_AT:  # scored in blocks: one numpy/numba pass per block, not per tick
             self._flush()
 
     def forget(self, market_id: str) -> bool:
@@ -340,6 +345,8 @@ class LiveScorer:
         entry = self._markets.pop(market_id, None)
         if entry is None:
             return False
+        if self._judged:  # its judged ticks still name the slot about to be reused
+            self._flush()
         self._free.append(entry[1])
         return True
 
@@ -359,6 +366,7 @@ class LiveScorer:
 
     def scope(self, market_id: str | None = None) -> dict[str, Any] | None:
         """Figures of one market (None: all markets), or None for an untracked market."""
+        self._flush_pending()
         if market_id is None:
             return self._scope(0)
         entry = self._markets.get(market_id)
@@ -374,15 +382,18 @@ class LiveScorer:
     @property
     def judged(self) -> int:
         """Ticks judged since start (all markets)."""
+        self._flush_pending()
         return int(self._arrays[0][0, I_N])
 
     def overall(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The all-markets (window, total) figures."""
+        self._flush_pending()
         s = self._scope(0)
         return s["window"], s["total"]
 
     def snapshot(self, top: int = TOP_MARKETS) -> dict[str, Any]:
         """JSON-serialisable figures: all markets together and the ``top`` markets by judged ticks (no NaN: None)."""
+        self._flush_pending()
         names = list(self._markets)
         slots = np.fromiter((self._markets[m][1] for m in names), dtype=np.int64, count=len(names))
         judged = self._arrays[0][slots, I_N]

@@ -110,6 +110,8 @@ class StepBuffers:
     ticks: np.ndarray  # (3, B) float64 price, volume, time (ms)
     seen: np.ndarray  # (B,) float64 ticks seen by the tick's market, including it
     scratch: np.ndarray  # (S,) float64, one per state slot
+    head_of: object = None  # the weights whose head ``apply_head`` describes
+    apply_head: bool = False
 
     @classmethod
     def allocate(cls, max_batch: int, n_slots: int) -> StepBuffers:
@@ -131,8 +133,10 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
         arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
     t0 = time.perf_counter_ns()
     probs, spikes = backend.step(slots, arr)
+    if weights is not buf.head_of:  # checked once per weights object, not per batch
+        buf.head_of, buf.apply_head = weights, not weights.head_is_identity
     _finish_batch(slots, pool.arrays.enc, buf.scratch, buf.seen, probs, weights.head_gain, weights.head_bias,
-                  not weights.head_is_identity)
+                  buf.apply_head)
     return probs, spikes, time.perf_counter_ns() - t0
 
 
