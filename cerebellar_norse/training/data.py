@@ -26,9 +26,8 @@ out-of-range values, time going backwards within a market) are skipped and repor
 as ``file:line: reason``, the reason naming the column as the header spells it; a
 load with more than ``max_bad_row_fraction`` bad rows fails with that report.
 
-Labels: for tick t of a market, the log return to tick t + ``horizon`` of the same
-market is ``down`` (< -flat_band), ``flat`` (|r| <= flat_band) or ``up`` (> flat_band).
-The last ``horizon`` ticks of a market have no label (-1).
+Labels are computed by :mod:`cerebellar_norse.training.labels`; this module counts
+them (:func:`class_counts`) and warns about rare classes (:func:`class_warnings`).
 """
 
 from __future__ import annotations
@@ -426,16 +425,6 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
         sel = order[(ends[c - 1] if c else 0):ends[c]]
         markets.append(MarketSeries(market, ts_arr[sel], price_arr[sel], volume_arr[sel]))
     return TickData(markets, rows, bad, report, notes)
-
-
-def horizon_labels(price: np.ndarray, horizon: int, flat_band: float) -> np.ndarray:
-    """Class per tick (0 down, 1 flat, 2 up) of the log return over ``horizon`` ticks; -1 where unknown."""
-    n = price.shape[0]
-    labels = np.full(n, -1, dtype=np.int64)
-    if n > horizon:
-        r = np.log(price[horizon:] / price[:-horizon])
-        labels[:-horizon] = np.where(r > flat_band, 2, np.where(r < -flat_band, 0, 1))
-    return labels
 
 
 def class_counts(labels: list[np.ndarray]) -> np.ndarray:

@@ -17,11 +17,11 @@ from cerebellar_norse.training.data import (
     MIN_SAMPLES_PER_CLASS,
     class_counts,
     class_warnings,
-    horizon_labels,
     load_csv_files,
     resolve_data_file,
 )
 from cerebellar_norse.training.jobs import run_training
+from cerebellar_norse.training.labels import LabelSpec, label_series
 
 T0 = 1_640_995_200_000
 HEADER = "timestamp,market_id,price,volume"
@@ -405,6 +405,12 @@ def test_missing_file_is_a_data_error(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 # Labels
 # --------------------------------------------------------------------------------------
+
+
+def horizon_labels(price: np.ndarray, horizon: int, flat_band: float) -> np.ndarray:
+    """Labels of a fixed band over a tick horizon (the shared labels module)."""
+    spec = LabelSpec(horizon_ticks=horizon, volatility_band=False, flat_band=flat_band)
+    return label_series(np.arange(float(price.shape[0])), price, spec).labels
 
 
 def test_labels_over_the_horizon_with_the_flat_band() -> None:
