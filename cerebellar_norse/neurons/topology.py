@@ -32,6 +32,17 @@ from .encoder import population_code
 from .parameters import NetworkShape, network_shape, numpy_dtype
 
 TRAINABLE = ("pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out")
+# The weight layers by name, for reports (name -> Weights attribute); HEAD_LAYERS are the calibrated head.
+LAYERS = {
+    "mossy_granule": "mg_w",
+    "parallel_fibre_purkinje": "pf_w",
+    "purkinje_bias": "pc_bias",
+    "mossy_dcn": "w_md",
+    "purkinje_dcn": "w_pd",
+    "dcn_bias": "dcn_bias",
+    "dcn_readout": "w_out",
+}
+HEAD_LAYERS = {"head_gain": "head_gain", "head_bias": "head_bias"}
 CALIBRATION_SAMPLES = 256
 CALIBRATION_CELLS = 4096
 

@@ -47,22 +47,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError
+from ..neurons.topology import HEAD_LAYERS
+from ..neurons.topology import LAYERS as WEIGHT_LAYERS
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..neurons.topology import Weights
 
-LAYERS = {
-    "mossy_granule": "mg_w",
-    "parallel_fibre_purkinje": "pf_w",
-    "purkinje_bias": "pc_bias",
-    "mossy_dcn": "w_md",
-    "purkinje_dcn": "w_pd",
-    "dcn_bias": "dcn_bias",
-    "dcn_readout": "w_out",
-    "head_gain": "head_gain",
-    "head_bias": "head_bias",
-}
+LAYERS = {**WEIGHT_LAYERS, **HEAD_LAYERS}
 ZERO_REL = 1e-6  # a weight is ~0 when |w| <= ZERO_REL * max |w| of its layer
 EDGE_REL = 1e-6  # a weight is at an end of its layer when within EDGE_REL * (max - min) of it
 BINS = 50
@@ -213,10 +205,9 @@ def load_weights(cfg: Config, ref: str | None) -> tuple[Weights, str]:
     from ..training.checkpoints import ModelStore, load_model_dir, weights_from_bytes
 
     if ref is None:
-        from ..training.commands import _served_weights
+        from ..training.commands import served_weights_named
 
-        w, version = _served_weights(cfg)
-        return w, version
+        return served_weights_named(cfg)
     p = Path(ref)
     if p.is_dir():
         m = load_model_dir(p)

@@ -31,7 +31,7 @@ import numpy as np
 from ..config import Config, NeuralConfig
 from ..errors import CheckpointError
 from ..neurons.parameters import network_shape
-from ..neurons.topology import Weights
+from ..neurons.topology import Weights, generate_weights
 from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes, sha256_file
 
 log = logging.getLogger("cerebellar_norse.models")
@@ -225,6 +225,15 @@ class ModelStore:
                 continue
             return model
         return None
+
+
+def served_weights(cfg: Config) -> tuple[Weights, str | None]:
+    """The weights a service with ``cfg`` would serve and their version: the active (else newest
+    valid) stored model, or the seed's untrained network with version None."""
+    model = ModelStore(Path(cfg.paths.state_dir)).load_for_service(cfg)
+    if model is None:
+        return generate_weights(cfg), None
+    return model.weights, model.version
 
 
 def _writer_alive(name: str) -> bool:

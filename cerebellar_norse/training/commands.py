@@ -13,18 +13,16 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CheckpointError, InputError
-from ..neurons.topology import generate_weights
-from .checkpoints import MANIFEST, ModelStore, load_model_dir, shape_mismatch, verify_tree, weights_to_bytes
-
-LAYERS = {
-    "mossy_granule": "mg_w",
-    "parallel_fibre_purkinje": "pf_w",
-    "purkinje_bias": "pc_bias",
-    "mossy_dcn": "w_md",
-    "purkinje_dcn": "w_pd",
-    "dcn_bias": "dcn_bias",
-    "dcn_readout": "w_out",
-}
+from ..neurons.topology import LAYERS, Weights
+from .checkpoints import (
+    MANIFEST,
+    ModelStore,
+    load_model_dir,
+    served_weights,
+    shape_mismatch,
+    verify_tree,
+    weights_to_bytes,
+)
 
 
 def _progress_printer(enabled: bool) -> Any:
@@ -156,11 +154,10 @@ def cmd_make_data(output: Path, ticks: int, markets: int, seed: int) -> int:
     return 0
 
 
-def _served_weights(cfg: Config) -> tuple[Any, str]:
-    model = ModelStore(Path(cfg.paths.state_dir)).load_for_service(cfg)
-    if model is None:
-        return generate_weights(cfg), f"untrained (seed {cfg.neural.seed})"
-    return model.weights, model.version
+def served_weights_named(cfg: Config) -> tuple[Weights, str]:
+    """The served weights (:func:`checkpoints.served_weights`) with a name for people."""
+    w, version = served_weights(cfg)
+    return w, version or f"untrained (seed {cfg.neural.seed})"
 
 
 def layer_stats(w: Any) -> dict[str, dict[str, float]]:
@@ -175,7 +172,7 @@ def layer_stats(w: Any) -> dict[str, dict[str, float]]:
 
 def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
     """``--dump-weights``: statistics per layer of the served model (or all weights as npz)."""
-    w, version = _served_weights(cfg)
+    w, version = served_weights_named(cfg)
     if fmt == "npz":
         data = weights_to_bytes(w)
         if output:

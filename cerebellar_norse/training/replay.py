@@ -41,6 +41,7 @@ from ..config import Config
 from ..errors import InputError
 from ..neurons.topology import Weights, generate_weights
 from ..ticks import Tick
+from . import checkpoints
 from .checkpoints import ModelStore, shape_mismatch
 
 DEFAULT_TOLERANCE = 1e-9
@@ -306,11 +307,9 @@ def run_replay(cfg: Config, path: Path, as_json: bool, market: str | None = None
 
 
 def served_weights(cfg: Config) -> tuple[Weights, str]:
-    """The weights this config's service would serve (the active stored model, else the seed's) and their version."""
-    model = ModelStore(Path(cfg.paths.state_dir)).load_for_service(cfg)
-    if model is None:
-        return generate_weights(cfg), f"seed-{cfg.neural.seed}"
-    return model.weights, model.version
+    """The served weights (:func:`checkpoints.served_weights`) and their model version as the engine names it."""
+    w, version = checkpoints.served_weights(cfg)
+    return w, version or f"seed-{cfg.neural.seed}"
 
 
 def _replay_csv(cfg: Config, path: Path, as_json: bool, market: str | None, load_csv_files: Any, served_weights: Any) -> int:
