@@ -169,6 +169,22 @@ def limit_threads(n: int) -> None:
         torch.set_num_interop_threads(1)
 
 
+def _active_model(store: Any, cfg: Config) -> tuple[Any, str]:
+    """The active stored model when it loads and fits ``cfg``; else None and why not."""
+    from .checkpoints import shape_mismatch
+
+    version = store.active_version()
+    if version is None:
+        return None, "no active model"
+    try:
+        model = store.load(version)
+    except CerebellarNorseError as exc:
+        return None, f"active model {version} is unreadable: {exc}"
+    if shape_mismatch(model.neural, cfg.neural):
+        return None, f"active model {version} does not fit this config"
+    return model, ""
+
+
 def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: Any, should_stop: Any,
                  time_budget_s: float | None = None, from_scratch: bool = False) -> dict[str, Any]:
     """Load, train, score on the test split, compare with the active model, save. Returns the job's summary.
@@ -178,7 +194,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     never from another stored model.
     """
     from ..neurons.topology import generate_weights
-    from .checkpoints import ModelStore, shape_mismatch
+    from .checkpoints import ModelStore
     from .data import load_csv_files
     from .scoring import summarise
     from .trainer import evaluate, prepare, train
@@ -188,21 +204,13 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     prep = prepare(cfg, data)
     for w in [*data.notes, *prep.warnings]:
         progress({"warning": w})
-    active = None
-    start_note = "from scratch (--from-scratch)" if from_scratch else "from scratch (no active model)"
-    active_version = store.active_version()
-    if active_version is not None:
-        try:
-            model = store.load(active_version)
-            if shape_mismatch(model.neural, cfg.neural):
-                start_note = f"from scratch (active model {active_version} does not fit this config)"
-            else:
-                active = model
-        except CerebellarNorseError as exc:
-            start_note = f"from scratch (active model {active_version} is unreadable: {exc})"
-    initial = active.weights if active is not None and not from_scratch else generate_weights(cfg)
-    if active is not None and not from_scratch:
-        start_note = f"from the active model {active.version}"
+    active, why_not = _active_model(store, cfg)
+    if from_scratch:
+        initial, start_note = generate_weights(cfg), "from scratch (--from-scratch)"
+    elif active is None:
+        initial, start_note = generate_weights(cfg), f"from scratch ({why_not})"
+    else:
+        initial, start_note = active.weights, f"from the active model {active.version}"
     active_val = evaluate(cfg, active.weights, prep) if active is not None else None
     result = train(cfg, prep, initial, epochs, progress, should_stop, time_budget_s=time_budget_s)
     if should_stop is not None and should_stop():  # cancelled during the last evaluation: write no model

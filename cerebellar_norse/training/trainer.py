@@ -44,8 +44,8 @@ from ..neurons.reference import CerebellarReference
 from ..neurons.topology import Weights
 from ..ticks import Tick
 from .calibration import apply_head, choose_head, cv_score, row_losses
-from .data import CLASS_NAMES, TickData, class_counts, class_warnings
-from .labels import LabelSpec, label_series, past_returns
+from .data import CLASS_NAMES, MarketSeries, TickData, class_counts, class_warnings
+from .labels import Labels, LabelSpec, label_series, past_returns
 
 BURN_IN = 16
 
@@ -106,38 +106,53 @@ def split_points(n: int, validation_fraction: float, test_fraction: float) -> tu
     return n_train, n_val_end
 
 
+def _market(cfg: Config, m: MarketSeries, spec: LabelSpec) -> tuple[PreparedMarket, Labels]:
+    """One market encoded and labelled: every tick scored in split 2, no training labels (callers split)."""
+    n = cfg.neural
+    mossy = np.zeros((len(m), n.mossy_size), dtype=numpy_dtype(n.precision))
+    _encode_series(m.price, m.volume, m.timestamp, encoder_parameters(n), mossy)
+    lab = label_series(m.timestamp, m.price, spec)
+    ticks = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp, strict=True)]
+    scored = (lab.end >= 0) & (np.arange(len(m)) >= n.warmup_ticks)
+    pm = PreparedMarket(m.market_id, mossy, np.full(len(m), -1, dtype=np.int64), 0, ticks, lab.labels,
+                        np.full(len(m), 2, dtype=np.int8), scored, lab.fwd_ret, past_returns(m.price, lab.end))
+    return pm, lab
+
+
+def _prepared(markets: list[PreparedMarket], ends: list[np.ndarray], spec: LabelSpec) -> Prepared:
+    """Markets with their class counts and the median ticks per horizon (``ends``: each market's end ticks)."""
+    spans = np.concatenate([(e - np.arange(e.shape[0]))[e >= 0] for e in ends]) if ends else np.zeros(0)
+    prep = Prepared(markets, class_counts([pm.labels for pm in markets]), np.zeros(3, dtype=np.int64), [], spec=spec)
+    prep.val_counts = np.bincount(prep.rows(1)[1], minlength=3)
+    prep.test_counts = np.bincount(prep.rows(2)[1], minlength=3)
+    prep.block = max(1, int(np.median(spans))) if spans.size else 1
+    return prep
+
+
 def prepare(cfg: Config, data: TickData) -> Prepared:
     """Encode, label and split ``data`` for ``cfg`` (see the module docstring)."""
     n, t = cfg.neural, cfg.training
     spec = LabelSpec.from_config(cfg)
-    enc_par = encoder_parameters(n)
-    dtype = numpy_dtype(n.precision)
     h = n.horizon_ticks
     out: list[PreparedMarket] = []
-    spans: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
     for m in data.markets:
         if len(m) < 2 * h + BURN_IN + 2:
             continue
-        mossy = np.zeros((len(m), n.mossy_size), dtype=dtype)
-        _encode_series(m.price, m.volume, m.timestamp, enc_par, mossy)
-        lab = label_series(m.timestamp, m.price, spec)
+        pm, lab = _market(cfg, m, spec)
         n_train, n_val_end = split_points(len(m), t.validation_fraction, t.test_fraction)
         idx = np.arange(len(m))
-        split = np.where(idx < n_train, 0, np.where(idx < n_val_end, 1, 2)).astype(np.int8)
-        split_end = np.where(split == 0, n_train, np.where(split == 1, n_val_end, len(m)))
+        pm.split = np.where(idx < n_train, 0, np.where(idx < n_val_end, 1, 2)).astype(np.int8)
+        split_end = np.where(pm.split == 0, n_train, np.where(pm.split == 1, n_val_end, len(m)))
         inside = (lab.end >= 0) & (lab.end < split_end)  # the embargo: no label reaches into the next split
-        labels = np.where(inside & (split == 0), lab.labels, -1)
-        scored = inside & (split > 0) & (idx >= n.warmup_ticks)
-        ticks = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp, strict=True)]
-        out.append(PreparedMarket(m.market_id, mossy, labels, n_train, ticks, lab.labels, split, scored, lab.fwd_ret,
-                                  past_returns(m.price, lab.end)))
-        spans.append((lab.end - idx)[lab.end >= 0])
+        pm.labels = np.where(inside & (pm.split == 0), lab.labels, -1)
+        pm.scored &= inside & (pm.split > 0)
+        pm.n_train = n_train
+        out.append(pm)
+        ends.append(lab.end)
     if not out:
         raise DataError(f"no market has enough ticks (need more than {2 * h + BURN_IN + 2} per market)")
-    prep = Prepared(out, class_counts([pm.labels for pm in out]), np.zeros(3, dtype=np.int64), [], spec=spec)
-    prep.val_counts = np.bincount(prep.rows(1)[1], minlength=3)
-    prep.test_counts = np.bincount(prep.rows(2)[1], minlength=3)
-    prep.block = max(1, int(np.median(np.concatenate(spans)))) if spans else 1
+    prep = _prepared(out, ends, spec)
     prep.warnings = class_warnings(prep.train_counts + prep.val_counts)
     if prep.val_counts.sum() == 0:
         raise DataError(f"no validation ticks past the warm-up of {n.warmup_ticks} ticks: the series are too short "
@@ -198,26 +213,14 @@ def prepare_for_scoring(cfg: Config, data: TickData, since_ms: int | None = None
     """Every tick of ``data`` as the scored split 2 (past the warm-up, with an end tick; at or after
     ``since_ms`` when given: earlier ticks only drive the network); no training part."""
     spec = LabelSpec.from_config(cfg)
-    enc_par = encoder_parameters(cfg.neural)
-    dtype = numpy_dtype(cfg.neural.precision)
     out: list[PreparedMarket] = []
-    spans: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
     for m in data.markets:
-        mossy = np.zeros((len(m), cfg.neural.mossy_size), dtype=dtype)
-        _encode_series(m.price, m.volume, m.timestamp, enc_par, mossy)
-        lab = label_series(m.timestamp, m.price, spec)
-        idx = np.arange(len(m))
-        ticks = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp, strict=True)]
-        out.append(PreparedMarket(m.market_id, mossy, np.full(len(m), -1, dtype=np.int64), 0, ticks, lab.labels,
-                                  np.full(len(m), 2, dtype=np.int8),
-                                  (lab.end >= 0) & (idx >= cfg.neural.warmup_ticks) & (m.timestamp >= (since_ms or 0)),
-                                  lab.fwd_ret, past_returns(m.price, lab.end)))
-        spans.append((lab.end - idx)[lab.end >= 0])
-    prep = Prepared(out, np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64), [], spec=spec)
-    prep.test_counts = np.bincount(prep.rows(2)[1], minlength=3)
-    both = np.concatenate(spans) if spans else np.zeros(0)
-    prep.block = max(1, int(np.median(both))) if both.size else 1
-    return prep
+        pm, lab = _market(cfg, m, spec)
+        pm.scored &= m.timestamp >= (since_ms or 0)
+        out.append(pm)
+        ends.append(lab.end)
+    return _prepared(out, ends, spec)
 
 
 def _gather(arrays: list[np.ndarray], idx: list[np.ndarray]) -> np.ndarray:
