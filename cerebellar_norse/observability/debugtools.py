@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -46,6 +46,17 @@ POPULATIONS = {"granule": ("v_gr", "i_gr"), "purkinje": ("v_pc", "i_pc"), "dcn":
 SPIKING = ("granule", "purkinje", "dcn")  # the populations whose spikes a step counts, in its order
 IGNORED = frozenset({"captured_at", "spike_counts.tracking_since"})  # differ between any two captures
 TRACKER_KEY = "spike_tracker"
+A = TypeVar("A")
+
+
+def attach_once(cls: type[A], engine: Any, registry: dict[str, Any], key: str) -> A:
+    """The ``cls(engine)`` kept in ``registry[key]`` (the service's extras), its ``observe`` made an
+    observer of ``engine`` when first created (again after the engine was replaced)."""
+    obj = registry.get(key)
+    if not isinstance(obj, cls) or obj.engine is not engine:  # type: ignore[attr-defined]
+        obj = registry[key] = cls(engine)  # type: ignore[call-arg]
+        engine.observers.append(obj.observe)  # type: ignore[attr-defined]
+    return obj
 REDACTED = "***"
 
 
@@ -80,11 +91,7 @@ class SpikeTracker:
     @classmethod
     def attach(cls, engine: Engine, registry: dict[str, Any]) -> SpikeTracker:
         """The tracker kept in ``registry`` (the service's extras), attached to ``engine`` on first use."""
-        tracker = registry.get(TRACKER_KEY)
-        if not isinstance(tracker, cls) or tracker.engine is not engine:
-            tracker = registry[TRACKER_KEY] = cls(engine)
-            engine.observers.append(tracker.observe)
-        return tracker
+        return attach_once(cls, engine, registry, TRACKER_KEY)
 
     def observe(self, b: int, elapsed_ns: int, spikes: np.ndarray) -> None:
         """Add one step's spikes (B, 3) to the slots of its ticks."""

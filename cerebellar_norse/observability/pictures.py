@@ -361,11 +361,9 @@ class MarketTrace:
     @classmethod
     def attach(cls, engine: Any, registry: dict[str, Any]) -> MarketTrace:
         """The trace kept in ``registry`` (the service's extras), attached to ``engine`` on first use."""
-        trace = registry.get(TRACE_KEY)
-        if not isinstance(trace, cls) or trace.engine is not engine:
-            trace = registry[TRACE_KEY] = cls(engine)
-            engine.observers.append(trace.observe)
-        return trace
+        from .debugtools import attach_once
+
+        return attach_once(cls, engine, registry, TRACE_KEY)
 
     def watch(self, market_id: str) -> None:
         """Record this market's ticks from now on (a no-op when already watched)."""
