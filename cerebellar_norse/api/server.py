@@ -102,7 +102,8 @@ def build_service(cfg: Config) -> ServiceState:
         reason = f"{store.fallback}; serving model {engine.model_version} instead"
         state.extra["degraded"] = {"model_version": engine.model_version, "reason": reason}
         log.error("model fallback: %s", reason)
-    state.extra["jobs"] = JobManager(cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
+    # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
+    state.extra["jobs"] = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
     return state
 
 

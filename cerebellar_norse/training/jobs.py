@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -300,9 +301,14 @@ def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, sto
 class JobManager:
     """Starts, tracks and cancels training jobs of a service (on its event loop)."""
 
-    def __init__(self, cfg: Config, activate: Any, set_loss: Any) -> None:
-        """``activate(version) -> None`` swaps a stored model in; ``set_loss(x)`` feeds the training_loss gauge."""
-        self.cfg = cfg
+    def __init__(self, cfg: Config | Callable[[], Config], activate: Any, set_loss: Any) -> None:
+        """``activate(version) -> None`` swaps a stored model in; ``set_loss(x)`` feeds the training_loss gauge.
+
+        ``cfg`` is the service's config, or a callable returning its current one: the
+        service passes the callable, so keys a reload applies (``training.auto_activate``,
+        the ``[training]`` defaults of a job) hold for every job and decision after it.
+        """
+        self._config: Callable[[], Config] = cfg if callable(cfg) else (lambda: cfg)
         self._activate = activate
         self._set_loss = set_loss
         self.jobs: dict[str, JobStatus] = {}
@@ -311,8 +317,13 @@ class JobManager:
         self._stop: Any = None
         self._task: asyncio.Task[None] | None = None
         self._ctx = mp.get_context("spawn")
-        self.jobs_dir = Path(cfg.paths.state_dir) / "jobs"
+        self.jobs_dir = Path(self.cfg.paths.state_dir) / "jobs"
         self._load_history()
+
+    @property
+    def cfg(self) -> Config:
+        """The service's current config."""
+        return self._config()
 
     def _load_history(self) -> None:
         if not self.jobs_dir.is_dir():
@@ -457,6 +468,9 @@ class JobManager:
                 job.activated = True
             except CerebellarNorseError as exc:
                 job.warnings.append(f"model not activated: {exc}")
+        elif activate == "auto" and not self.cfg.training.auto_activate:
+            job.warnings.append("model kept inactive: training.auto_activate is false (activate it with POST /models/"
+                                f"{job.model_version}/activate, or ask for activate=always)")
         elif activate == "auto" and not edge:
             job.warnings.append(f"model kept inactive: no directional edge found on validation (edge: {res.get('edge')})")
         elif activate == "auto":

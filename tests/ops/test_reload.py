@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -12,9 +13,14 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from cerebellar_norse.api.lifecycle import LIVE_KEYS, changed_keys
-from cerebellar_norse.config import load_config
+from cerebellar_norse.api.lifecycle import LIVE_KEYS, changed_keys, reload_config
+from cerebellar_norse.api.server import build_service
+from cerebellar_norse.config import load_checked_config, load_config
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.training.checkpoints import ModelStore
+from cerebellar_norse.training.jobs import JobStatus
 
 BASE = """
 [server]
@@ -24,6 +30,7 @@ queue_size = 4096
 [logging]
 level = "INFO"
 """
+ACTIVE, TRAINED = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb"
 
 
 def _free_port() -> int:
@@ -86,3 +93,55 @@ def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
     assert set(reloaded[0]["fields"]["applied"]) == {"logging.level", "performance.queue_size"}
     assert reloaded[0]["fields"]["need_restart"] == ["performance.max_markets"]
     assert any(x["message"].startswith("config reload refused") for x in lines)
+
+
+JOB_TOML = """
+[paths]
+state_dir = "{state_dir}"
+[training]
+bootstrap_on_first_run = false
+auto_activate = {auto}
+"""
+
+
+def test_reloaded_auto_activate_governs_the_jobs_that_finish_after_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's job manager follows a reload of ``training.auto_activate`` (the SIGHUP handler, in process)."""
+    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(k)
+    state_dir = tmp_path / "state"
+    cfg_path = tmp_path / "service.toml"
+    cfg_path.write_text(JOB_TOML.format(state_dir=state_dir, auto="true"))
+    cfg = load_checked_config(cfg_path)
+    store = ModelStore(state_dir)
+    weights = generate_weights(cfg)
+    store.save(weights, cfg, {"validation": {"loss": 1.1}}, version=ACTIVE)
+    store.save(weights, cfg, {"validation": {"loss": 1.0}}, version=TRAINED)
+    store.set_active(ACTIVE)
+    root_level = logging.getLogger().level
+    state = build_service(cfg)
+    try:
+        jobs = state.extra["jobs"]
+        assert state.engine.model_version == ACTIVE
+
+        def finish_job(job_id: str) -> JobStatus:
+            """A job whose model beats the active one with a directional edge: the case auto_activate decides."""
+            job = JobStatus(job_id=job_id, state="running")
+            jobs._on_success(job, {"model_version": TRAINED, "validation": {"loss": 1.0},
+                                   "active_model_validation": {"loss": 1.1}, "edge": "direction", "test": {}}, "auto")
+            return job
+
+        cfg_path.write_text(JOB_TOML.format(state_dir=state_dir, auto="false"))
+        reload_config(state, str(cfg_path))
+        assert state.cfg.training.auto_activate is False
+        kept = finish_job("kept")
+        assert kept.state == "succeeded" and not kept.activated
+        assert any("training.auto_activate is false" in w for w in kept.warnings), kept.warnings
+        assert state.engine.model_version == ACTIVE and store.active_version() == ACTIVE
+
+        cfg_path.write_text(JOB_TOML.format(state_dir=state_dir, auto="true"))
+        reload_config(state, str(cfg_path))
+        swapped = finish_job("swapped")
+        assert swapped.activated and not swapped.warnings
+        assert state.engine.model_version == TRAINED and store.active_version() == TRAINED
+    finally:
+        logging.getLogger().setLevel(root_level)
