@@ -11,6 +11,25 @@ finds them.
 The per-tick histogram is kept in plain counters updated once per batch (every tick
 of a batch has the same amortised time), and exposed by a custom collector at scrape
 time, so the hot path pays O(1) per batch instead of one lock per tick.
+
+Bucket edges and the error of ``histogram_quantile``. Prometheus finds the bucket
+(a, b] where the cumulative count first reaches the rank q·N and interpolates
+linearly inside it. The exact quantile (the smallest observation x with at least q·N
+observations ≤ x) lies in the same bucket, so estimate e and exact x both lie in
+[a, b], and with r = b/a:
+
+* over-estimate  (e − x)/x ≤ (b − a)/a = r − 1   (worst: x just above a, e = b),
+* under-estimate (x − e)/x ≤ (b − a)/b = 1 − 1/r (worst: x = b, e just above a).
+
+Both edge ladders use 13 edges per decade whose consecutive ratios are all ≤ 1.2
+(mantissas :data:`LADDER`), so the estimate is within +20 % / −16.7 % of the exact
+quantile for any value from 1 µs to 1 ms (``processing_duration_seconds``; 10 µs, the
+operations guide's alert threshold, is an exact edge) and from 20 µs to 10 ms
+(``cerebellar_norse_http_request_duration_seconds``). 13 edges per decade is the
+fewest that keep r ≤ 1.2 (1.2¹² < 10). Outside those ranges the edges are coarse
+(processing: 2.5, 5 and 10 ms; requests: 25 ms, 100 ms, 1 s); a quantile below the
+first edge is interpolated from 0, one above the last finite edge is reported as that
+edge.
 """
 
 from __future__ import annotations
@@ -28,8 +47,23 @@ from prometheus_client.registry import Collector
 
 disable_created_metrics()  # *_created series only add noise for operators
 
-PROCESSING_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
-REQUEST_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1.0)
+LADDER = ("1", "1.2", "1.42", "1.7", "2.04", "2.44", "2.92", "3.5", "4.2", "5", "6", "7", "8.4")
+"""Mantissas of one decade of bucket edges: consecutive ratios 1.17–1.2, including 8.4 → 10."""
+
+
+def ladder(first_exp: int, last_exp: int) -> tuple[float, ...]:
+    """The :data:`LADDER` edges of the decades 10**first_exp … 10**last_exp (seconds), written as decimals.
+
+    Built from decimal text (``float("1.42e-6")``), so each edge prints as written in
+    its ``le`` label.
+    """
+    return tuple(float(f"{m}e{e}") for e in range(first_exp, last_exp + 1) for m in LADDER)
+
+
+# 1 µs … 1 ms at ratio ≤ 1.2 (40 edges), then 2.5, 5, 10 ms: 43 edges
+PROCESSING_BUCKETS = (*ladder(-6, -4), 1e-3, 2.5e-3, 5e-3, 1e-2)
+# 17 µs (the edge below 20 µs) … 10 ms at ratio ≤ 1.2 (37 edges), then 25 ms, 100 ms, 1 s: 40 edges
+REQUEST_BUCKETS = (*(b for b in ladder(-5, -3) if b >= 1.7e-5), 1e-2, 2.5e-2, 0.1, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 POPULATIONS = ("granule", "purkinje", "dcn")
 
