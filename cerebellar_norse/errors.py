@@ -106,6 +106,21 @@ class CapacityError(CerebellarNorseError):
         super().__init__(message)
 
 
+class MarketMovingError(CapacityError):
+    """A market's state is moving between replicas (scale-out handover): its ticks are refused for now.
+
+    Answered 503 with ``Retry-After``; by then the load balancer routes the market to
+    the replica that holds its state.
+
+    Attributes:
+        market_id: the market that is moving.
+    """
+
+    def __init__(self, market_id: str, message: str, retry_after_s: float = 1.0) -> None:
+        self.market_id = market_id
+        super().__init__(message, retry_after_s)
+
+
 class EngineFatalError(CerebellarNorseError):
     """The engine or its device cannot continue (backend failed, device lost)."""
 

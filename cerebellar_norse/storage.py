@@ -69,12 +69,26 @@ def write_checksummed(path: Path, payload: bytes) -> str:
     return digest
 
 
+def seal(payload: bytes) -> bytes:
+    """``payload`` behind the SHA-256 header of :func:`write_checksummed` (for bytes sent over the network)."""
+    return MAGIC + sha256_bytes(payload).encode("ascii") + b"\n" + payload
+
+
+def unseal(data: bytes, where: str) -> bytes:
+    """The payload of bytes made by :func:`seal`; CheckpointError naming ``where`` if they are corrupt."""
+    return _verified(data, where)
+
+
 def read_checksummed(path: Path) -> bytes:
     """Read a file written by :func:`write_checksummed`; CheckpointError if corrupt."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise CheckpointError(f"cannot read: {exc.strerror}", str(path)) from None
+    return _verified(data, str(path))
+
+
+def _verified(data: bytes, path: str) -> bytes:
     if len(data) < HEADER_LEN or not data.startswith(MAGIC) or data[HEADER_LEN - 1:HEADER_LEN] != b"\n":
         raise CheckpointError("not a checksummed cerebellar-norse file (bad header)", str(path))
     expected = data[len(MAGIC):HEADER_LEN - 1].decode("ascii", "replace")

@@ -15,11 +15,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..observability.context import accept_request_id, new_request_id, request_id_var
+from .bulk import bulk_body_limit
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, ServiceState
 from .errors import install_error_handlers
 from .fastpath import TickFastPath
 from .openapi import install_openapi
-from .routes import debug, health, neural
+from .routes import debug, handover, health, neural
 from .schemas import error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
@@ -114,7 +115,8 @@ class RequestContextMiddleware:
                 await JSONResponse(error_payload("capacity", msg, rid), status_code=503,
                                    headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send_wrapper)
                 return
-            if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            if length is not None and (not length.isdigit() or (int(length) > self.max_body
+                                                                 and int(length) > bulk_body_limit(scope, self.state.cfg))):
                 m.errors.labels("body_too_large").inc()
                 await JSONResponse(error_payload("body_too_large", self._too_large(), rid), status_code=413)(scope, receive, send_wrapper)
                 return
@@ -171,6 +173,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     app.include_router(health.router)
     app.include_router(neural.router)
     app.include_router(neural.markets_router)
+    app.include_router(handover.router)
     app.include_router(debug.router)
     for r in extra_routers or []:
         app.include_router(r)

@@ -15,6 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..config import Config
 from ..engine.engine import Engine
+from ..engine.handover import MarketMoves
 from ..errors import CerebellarNorseError, InputError
 from ..observability.metrics import ServiceMetrics
 from ..ticks import Tick, check_not_future
@@ -41,19 +42,40 @@ class ServiceState:
     not_ready_reason: str = "starting"
     started: float = field(default_factory=time.monotonic)
     extra: dict[str, Any] = field(default_factory=dict)
+    moves: MarketMoves = field(default_factory=MarketMoves)  # markets refused while their state moves (scale-out)
 
 
-def check_ticks(svc: ServiceState, ticks: Sequence[Tick], batch: bool) -> None:
+def check_ticks(svc: ServiceState, ticks: Sequence[Tick], batch: bool, market_header: str | None = None) -> None:
     """The service's checks of client ticks before the engine (HTTP and stream alike).
 
     A tick more than ``server.max_clock_skew_ms`` ahead of the server clock is refused
     (FutureTickError, 409); a batch larger than the engine queue could never be
-    admitted, so it is refused as invalid (422 naming ``ticks``) instead of 503.
+    admitted, so it is refused as invalid (422 naming ``ticks``) instead of 503. With
+    an ``X-Market-ID`` header (``market_header``: the load balancer routed the request
+    by it) every tick must be of that market (422 naming ``market_id``). A tick of a
+    market whose state is moving between replicas gets 503 + Retry-After.
     """
     if batch and len(ticks) > svc.engine.queue_size:
         raise InputError(f"a batch of {len(ticks)} ticks can never fit the engine queue (performance.queue_size = "
                          f"{svc.engine.queue_size} ticks): send at most {svc.engine.queue_size} ticks per batch", "ticks")
+    if market_header is not None:
+        check_market_header(ticks, market_header)
     check_not_future(ticks, time.time_ns() // 1_000_000, svc.cfg.server.max_clock_skew_ms, batch)
+    if svc.moves:
+        svc.moves.check(ticks)
+
+
+def check_market_header(ticks: Sequence[Tick], market_header: str) -> None:
+    """Raise InputError unless every tick is of the market named by the ``X-Market-ID`` header.
+
+    HAProxy routes a request by that header; a tick of another market would reach a
+    replica that may not hold its state (split such batches per market).
+    """
+    for j, t in enumerate(ticks):
+        if t.market_id != market_header:
+            where = f"ticks.{j}.market_id" if len(ticks) > 1 else "market_id"
+            raise InputError(f"market {t.market_id!r} differs from the X-Market-ID header {market_header!r} the request "
+                             f"was routed by (send one market per request, or split the batch per market)", where)
 
 
 def service(request: Request) -> ServiceState:

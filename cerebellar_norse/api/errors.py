@@ -13,7 +13,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError, TickOrderError
+from ..errors import (
+    CapacityError,
+    CerebellarNorseError,
+    EngineFatalError,
+    InputError,
+    MarketMovingError,
+    TickOrderError,
+)
 from ..observability.context import request_id_var
 from ..ticks import FutureTickError
 from .deps import AuthError
@@ -78,6 +85,9 @@ def service_error(exc: CerebellarNorseError) -> ServiceErrorResponse:
         return ServiceErrorResponse(exc.status_code, input_error_kind(exc), exc.message, exc.field or None)
     if isinstance(exc, AuthError):
         return ServiceErrorResponse(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, MarketMovingError):
+        return ServiceErrorResponse(503, "market_moving", str(exc), "market_id",
+                                    headers={"Retry-After": str(max(1, round(exc.retry_after_s)))})
     if isinstance(exc, CapacityError):
         return ServiceErrorResponse(503, "capacity", str(exc), headers={"Retry-After": str(max(1, round(exc.retry_after_s)))})
     if isinstance(exc, EngineFatalError):

@@ -59,10 +59,12 @@ class TickFastPath:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctype = ""
+        market: str | None = None  # X-Market-ID: the ticks' market when the load balancer routed by it
         for k, v in scope["headers"]:
             if k == b"content-type":
                 ctype = v.decode("latin-1")
-                break
+            elif k == b"x-market-id":
+                market = v.decode("latin-1")
         if ctype.split(";", 1)[0].strip().lower() != "application/json":
             await self._error(send, 415, "unsupported_media_type", f"content type must be application/json, got {ctype or 'none'!r}")
             return
@@ -87,7 +89,7 @@ class TickFastPath:
             return
         try:
             t = tick.to_tick()
-            check_ticks(self.state, (t,), batch=False)
+            check_ticks(self.state, (t,), batch=False, market_header=market)
             result = await self.state.engine.submit(t)
         except CerebellarNorseError as exc:
             err = service_error(exc)

@@ -232,6 +232,18 @@ class Engine:
         """Ticks waiting for a batch."""
         return len(self._pending)
 
+    def flush_now(self) -> None:
+        """Step every queued tick now (on the loop thread, between batches): nothing stays admitted but unapplied.
+
+        The handover calls it after freezing a market, so that the state it exports
+        includes every tick of the market that was ever admitted.
+        """
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._pending:
+            self._flush()
+
     def _admit(self, ticks: Sequence[Tick], batch: bool) -> None:
         if not self._accepting:
             raise CapacityError("engine is shutting down", retry_after_s=1.0)

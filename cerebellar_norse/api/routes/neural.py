@@ -51,7 +51,7 @@ async def process(tick: TickIn, request: Request) -> dict[str, Any]:
     """Process one tick of a market and return the network's signal."""
     svc = service(request)
     t = tick.to_tick()
-    check_ticks(svc, (t,), batch=False)
+    check_ticks(svc, (t,), batch=False, market_header=request.headers.get("x-market-id"))
     result = await svc.engine.submit(t)
     result["request_id"] = request_id_var.get()
     if log.isEnabledFor(logging.DEBUG):
@@ -65,7 +65,7 @@ async def process_batch(batch: BatchIn, request: Request) -> dict[str, Any]:
     svc = service(request)
     rid = request_id_var.get()
     ticks = [t.to_tick() for t in batch.ticks]
-    check_ticks(svc, ticks, batch=True)
+    check_ticks(svc, ticks, batch=True, market_header=request.headers.get("x-market-id"))
     results = await svc.engine.submit_many(ticks)
     for r in results:
         r["request_id"] = rid
@@ -117,6 +117,7 @@ async def stream(ws: WebSocket) -> None:
     Ticks may come as text or binary (UTF-8 JSON) frames; answers are text frames.
     """
     svc = ws.app.state.service
+    market = ws.headers.get("x-market-id") or ws.query_params.get("market_id")  # how the load balancer routed it
     await ws.accept()
     svc.metrics.stream_connections.inc()
     try:
@@ -131,7 +132,7 @@ async def stream(ws: WebSocket) -> None:
             request_id_var.set(rid)
             try:
                 t = TickIn.model_validate_json(text).to_tick()
-                check_ticks(svc, (t,), batch=False)
+                check_ticks(svc, (t,), batch=False, market_header=market)
                 result = await svc.engine.submit(t)
                 result["request_id"] = rid
                 await ws.send_text(ResultOut.model_validate(result).model_dump_json())

@@ -1,0 +1,197 @@
+"""Moving one market's state between replicas (scale-out): export, import, and the markets being moved.
+
+A market's network state lives on the one replica that HAProxy routes the market to.
+When the set of replicas changes, a market whose owner changes is moved:
+
+1. the source *freezes* the market (its ticks are refused with 503 + Retry-After,
+   :class:`~cerebellar_norse.errors.MarketMovingError`), steps every tick of it already
+   admitted, and exports its state (:func:`export_market`);
+2. the target imports it (:func:`import_market`): checksum, network fingerprint, model
+   version, market id and array shapes are checked first, and on any error nothing
+   changes;
+3. once the load balancer routes the market to the target, the source *releases* it:
+   its state is forgotten, and the market stays refused there (``held``) until it is
+   imported back, thawed by an operator, or the process restarts, so that a stale
+   connection (a WebSocket stream opened before the switch) can never restart it from
+   rest on the wrong replica.
+
+The exported bytes are a checksummed (SHA-256 header, :func:`~cerebellar_norse.storage.seal`)
+``.npz`` without pickles: one array per state variable of the market's slot, and a JSON
+``meta`` with the format, market id, network fingerprint, model version, last tick
+time (ms since the epoch) and tick count.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import CheckpointError, InputError, MarketMovingError
+from ..neurons.encoder import S_LAST_TS, S_N_TICKS
+from ..neurons.state import STATE_FIELDS
+from ..storage import seal, unseal
+from ..ticks import Tick
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger("cerebellar_norse.handover")
+
+FORMAT = 1
+MEDIA_TYPE = "application/octet-stream"
+RETRY_AFTER_S = 1.0  # what a refused tick of a moving market is told to wait (seconds)
+
+
+class StateMismatchError(CheckpointError):
+    """An exported market state belongs to another network or model version than the one served here (HTTP 409)."""
+
+    status_code = 409
+
+
+class NotMovingError(InputError):
+    """A move step that needs the market frozen here (release) found it serving (HTTP 409)."""
+
+    status_code = 409
+
+
+@dataclass
+class MarketMoves:
+    """The markets whose ticks this replica refuses because they are moving (or moved away).
+
+    ``state`` of a market is ``"moving"`` (frozen for export: this replica still holds
+    its state) or ``"moved"`` (released after the move: another replica holds it).
+    """
+
+    _markets: dict[str, str] = field(default_factory=dict)
+    since: dict[str, float] = field(default_factory=dict)  # wall-clock time (s) each market entered its state
+
+    def __bool__(self) -> bool:
+        return bool(self._markets)
+
+    def __len__(self) -> int:
+        return len(self._markets)
+
+    def state(self, market_id: str) -> str | None:
+        """``"moving"``, ``"moved"`` or None (served here)."""
+        return self._markets.get(market_id)
+
+    def check(self, ticks: Sequence[Tick]) -> None:
+        """Raise MarketMovingError when one of ``ticks`` belongs to a market refused here."""
+        markets = self._markets
+        for t in ticks:
+            st = markets.get(t.market_id)
+            if st is not None:
+                where = ("its state is being moved to another replica" if st == "moving"
+                         else "its state was moved to another replica (reconnect: the load balancer routes it there)")
+                raise MarketMovingError(t.market_id, f"market {t.market_id!r} is not served here right now: {where}; "
+                                                     f"retry in {RETRY_AFTER_S:g} s", RETRY_AFTER_S)
+
+    def freeze(self, market_id: str) -> None:
+        """Refuse the market's ticks from now on (its state is about to be exported)."""
+        if self._markets.get(market_id) != "moving":
+            self._markets[market_id] = "moving"
+            self.since[market_id] = time.time()
+
+    def hold(self, market_id: str) -> None:
+        """The market's state now lives elsewhere: keep refusing its ticks here."""
+        self._markets[market_id] = "moved"
+        self.since[market_id] = time.time()
+
+    def thaw(self, market_id: str) -> str | None:
+        """Serve the market here again; returns the state it was in (None when it was served)."""
+        self.since.pop(market_id, None)
+        return self._markets.pop(market_id, None)
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every refused market with its state and since when (UTC seconds)."""
+        return [{"market_id": m, "state": s, "since": self.since.get(m)} for m, s in sorted(self._markets.items())]
+
+
+def _comparable(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The network part of a fingerprint (the model version is checked on its own, with its own message)."""
+    return {k: v for k, v in json.loads(json.dumps(fingerprint, sort_keys=True)).items() if k != "model_version"}
+
+
+def export_market(engine: Engine, market_id: str) -> bytes | None:
+    """The checksummed state of one market (None when it holds no state here).
+
+    Call between batches (on the loop thread) after freezing the market and
+    :meth:`Engine.flush_now`, so no admitted tick of it is left unapplied.
+    """
+    slot = engine.pool.table.get(market_id)
+    if slot is None:
+        return None
+    state = engine.arrays.read_slot(slot)
+    enc = state["enc"]
+    meta = {"format": FORMAT, "market_id": market_id, "fingerprint": engine.fingerprint(),
+            "model_version": engine.model_version, "last_timestamp": int(enc[S_LAST_TS]), "ticks": int(enc[S_N_TICKS])}
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.array(json.dumps(meta, sort_keys=True)), **state)  # type: ignore[arg-type]
+    return seal(buf.getvalue())
+
+
+def read_export(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Verify and decode exported bytes: (meta, arrays). CheckpointError naming what is wrong."""
+    where = "request body"
+    payload = unseal(data, where)
+    try:
+        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(str(arrays.pop("meta")))
+    except Exception as exc:  # a valid checksum over something else than an export
+        raise CheckpointError(f"not an exported market state ({type(exc).__name__}: {exc})", where) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"unknown export format {meta.get('format') if isinstance(meta, dict) else meta!r} "
+                              f"(this service reads format {FORMAT})", where)
+    return meta, arrays
+
+
+def check_import(engine: Engine, market_id: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Raise unless an export fits this engine and names ``market_id`` (nothing is changed)."""
+    if meta.get("market_id") != market_id:
+        raise InputError(f"the state is of market {meta.get('market_id')!r}, not {market_id!r}", "market_id")
+    fp = meta.get("fingerprint")
+    if not isinstance(fp, dict) or _comparable(fp) != _comparable(engine.fingerprint()):
+        raise StateMismatchError(f"the state was exported by another network ({fp}); this one is {engine.fingerprint()}")
+    if meta.get("model_version") != engine.model_version:
+        raise StateMismatchError(f"the state was exported under model {meta.get('model_version')!r}; this replica serves "
+                                 f"{engine.model_version!r} (activate the same model on every replica first)")
+    for name in STATE_FIELDS:
+        have = getattr(engine.arrays, name)
+        got = arrays.get(name)
+        if got is None or got.shape != have.shape[1:] or got.dtype != have.dtype:
+            raise CheckpointError(f"state field {name!r} is {None if got is None else (got.shape, str(got.dtype))}, "
+                                  f"expected {(have.shape[1:], str(have.dtype))}", "request body")
+        if not np.all(np.isfinite(got)):
+            raise CheckpointError(f"state field {name!r} holds non-finite values", "request body")
+
+
+def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]:
+    """Load an exported state as ``market_id``'s (replacing any state it holds here); returns a summary.
+
+    Every check runs before anything changes. The new state is made durable at once
+    (a checkpoint, when the engine journals): replaying the journal alone could not
+    rebuild a state that came from another replica.
+    """
+    meta, arrays = read_export(data)
+    check_import(engine, market_id, meta, arrays)
+    replaced = engine.pool.table.get(market_id) is not None
+    slot = engine.pool.table.acquire(market_id)
+    engine.arrays.write_slot(slot, {name: arrays[name] for name in STATE_FIELDS})
+    if engine.learner is not None:
+        engine.learner.pending.pop(market_id, None)
+    if engine.scorer is not None:
+        engine.scorer.forget(market_id)
+    if engine.journal is not None:
+        engine.journal.checkpoint_now()
+    log.info("market state imported", extra={"fields": {"market_id": market_id, "ticks": meta.get("ticks"),
+                                                          "replaced": replaced}})
+    return {"market_id": market_id, "ticks": int(meta.get("ticks", 0)), "last_timestamp": int(meta.get("last_timestamp", 0)),
+            "model_version": engine.model_version, "replaced": replaced}

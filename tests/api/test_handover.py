@@ -1,0 +1,174 @@
+"""Handover of one market's state between two services (scale-out): export, import, freeze, release, thaw.
+
+In process (TestClient over the real app of two independent services, source and
+target); a third service fed every tick without a move is the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from live_helpers import NO_BOOTSTRAP, signal_of, tick
+
+from cerebellar_norse.api.deps import ServiceState
+from cerebellar_norse.api.server import build_service, make_app
+from cerebellar_norse.config import load_checked_config
+from cerebellar_norse.engine.handover import MEDIA_TYPE
+
+TOKEN = "handover-token-5d1"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BLOB = {**AUTH, "Content-Type": MEDIA_TYPE}
+ODD = 'a/b,"c" d'  # a legal id with a slash, a comma, a quote and a space
+
+
+def _service(root: Path, **env: str) -> ServiceState:
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(root), "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN,
+               **NO_BOOTSTRAP, **env}
+    return build_service(load_checked_config(None, environ=environ))
+
+
+def _client(svc: ServiceState) -> TestClient:
+    return TestClient(make_app(svc, restore=False, save_on_shutdown=False))
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[tuple[TestClient, TestClient, TestClient]]:
+    """Source, target and reference services."""
+    with _client(_service(tmp_path / "a")) as a, _client(_service(tmp_path / "b")) as b, \
+            _client(_service(tmp_path / "ref")) as ref:
+        yield a, b, ref
+
+
+def m(market: str) -> str:
+    return quote(market, safe="")
+
+
+def send(tc: TestClient, market: str, ks: range, **kw: Any) -> list[dict[str, Any]]:
+    out = []
+    for k in ks:
+        r = tc.post("/neural/process", json=tick(market, k), **kw)
+        assert r.status_code == 200, r.text
+        out.append(signal_of(r.json()))
+    return out
+
+
+def test_moved_market_continues_exactly_where_it_left_off(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    a, b, ref = trio
+    for market in ("BTC-USD", ODD):
+        send(a, market, range(40))
+        expected = send(ref, market, range(60))[40:]
+        exp = a.post(f"/neural/markets/{m(market)}/export", headers=AUTH)
+        assert exp.status_code == 200, exp.text
+        assert exp.headers["content-type"] == MEDIA_TYPE
+        assert a.post(f"/neural/markets/{m(market)}/export", headers=AUTH).content == exp.content  # frozen: same state
+        imp = b.put(f"/neural/markets/{m(market)}/state", content=exp.content, headers=BLOB)
+        assert imp.status_code == 200, imp.text
+        assert imp.json()["ticks"] == 40 and imp.json()["replaced"] is False
+        assert send(b, market, range(40, 60)) == expected
+        rel = a.post(f"/neural/markets/{m(market)}/release", headers=AUTH)
+        assert rel.status_code == 200 and rel.json()["state"] == "moved" and rel.json()["previous"] == "moving"
+        assert a.get(f"/debug/markets/{m(market)}/state", headers=AUTH).status_code == 404  # forgotten at the source
+
+
+def test_frozen_and_moved_markets_get_503_with_retry_after_only(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    a, _, _ = trio
+    send(a, "X", range(5))
+    send(a, "Y", range(5))
+    assert a.post("/neural/markets/X/export", headers=AUTH).status_code == 200
+    for r in (a.post("/neural/process", json=tick("X", 5)),
+              a.post("/neural/process/batch", json={"ticks": [tick("Y", 5), tick("X", 5)]})):
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        err = r.json()["error"]
+        assert err["type"] == "market_moving" and "'X'" in err["message"] and err["field"] == "market_id"
+    assert send(a, "Y", range(5, 6))  # other markets are served; the refused batch changed nothing of Y
+    with a.websocket_connect("/neural/stream") as ws:
+        ws.send_json(tick("X", 5))
+        assert ws.receive_json()["error"]["type"] == "market_moving"
+    assert a.get("/neural/moves", headers=AUTH).json()["markets"][0]["state"] == "moving"
+    assert a.post("/neural/markets/X/release", headers=AUTH).status_code == 200
+    assert a.post("/neural/process", json=tick("X", 5)).status_code == 503  # moved: still refused, never from rest
+    thawed = a.post("/neural/markets/X/thaw", headers=AUTH)
+    assert thawed.status_code == 200 and thawed.json()["previous"] == "moved"
+    assert a.post("/neural/process", json=tick("X", 6)).json()["warming_up"] is True  # served again, from rest
+
+
+def test_abort_by_thaw_keeps_the_state(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    a, _, ref = trio
+    send(a, "Z", range(30))
+    expected = send(ref, "Z", range(35))[30:]
+    assert a.post("/neural/markets/Z/export", headers=AUTH).status_code == 200
+    assert a.post("/neural/markets/Z/thaw", headers=AUTH).json()["previous"] == "moving"
+    assert send(a, "Z", range(30, 35)) == expected
+
+
+def test_bad_imports_change_nothing(trio: tuple[TestClient, TestClient, TestClient], tmp_path: Path) -> None:
+    a, b, _ = trio
+    send(a, "Q", range(10))
+    send(b, "Q", range(3))
+    before = b.get("/debug/markets/Q/state", headers=AUTH).json()
+    blob = a.post("/neural/markets/Q/export", headers=AUTH).content
+    corrupt = bytearray(blob)
+    corrupt[-10] ^= 0xFF
+    cases = [
+        (b.put("/neural/markets/Q/state", content=bytes(corrupt), headers=BLOB), 422, "checksum"),
+        (b.put("/neural/markets/Q/state", content=blob[: len(blob) // 2], headers=BLOB), 422, "checksum"),
+        (b.put("/neural/markets/Q/state", content=b"not a state", headers=BLOB), 422, "bad header"),
+        (b.put("/neural/markets/OTHER/state", content=blob, headers=BLOB), 422, "'Q'"),
+        (b.put("/neural/markets/Q/state", content=blob, headers={**AUTH, "Content-Type": "application/json"}), 415, "octet"),
+        (b.put("/neural/markets/Q/state", content=blob, headers={"Content-Type": MEDIA_TYPE}), 401, "token"),
+    ]
+    for r, status, words in cases:
+        assert r.status_code == status, r.text
+        assert words in r.json()["error"]["message"]
+    with _client(_service(tmp_path / "c", CEREBELLAR_NORSE_NEURAL__SEED="7")) as other:
+        r = other.put("/neural/markets/Q/state", content=blob, headers=BLOB)
+        assert r.status_code == 409 and "another network" in r.json()["error"]["message"]
+    b.app.state.service.engine.model_version = "v-other"  # type: ignore[attr-defined]
+    r = b.put("/neural/markets/Q/state", content=blob, headers=BLOB)
+    assert r.status_code == 409 and "model" in r.json()["error"]["message"]
+    after = b.get("/debug/markets/Q/state", headers=AUTH).json()
+    for key in ("captured_at", "model_version"):
+        before.pop(key), after.pop(key)
+    assert after == before
+
+
+def test_export_and_release_errors(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    a, _, _ = trio
+    assert a.post("/neural/markets/NOPE/export", headers=AUTH).status_code == 404
+    assert a.post("/neural/markets/NOPE/export").status_code == 401
+    r = a.post("/neural/markets/NOPE/release", headers=AUTH)
+    assert r.status_code == 409 and r.json()["error"]["type"] == "conflict"
+    assert a.post("/neural/markets/NOPE/process", headers=AUTH).status_code in (404, 405)
+    assert not a.get("/neural/moves", headers=AUTH).json()["markets"]  # the failed export froze nothing
+
+
+def test_x_market_id_header_must_name_every_tick(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    a, _, _ = trio
+    r = a.post("/neural/process", json=tick("A", 0), headers={"X-Market-ID": "B"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "market_id"
+    r = a.post("/neural/process/batch", json={"ticks": [tick("A", 0), tick("B", 0)]}, headers={"X-Market-ID": "A"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "ticks.1.market_id"
+    assert a.get("/debug/markets/A/state", headers=AUTH).status_code == 404  # refused before any state changed
+    assert a.post("/neural/process", json=tick("A", 0), headers={"X-Market-ID": "A"}).status_code == 200
+
+
+def test_export_bytes_are_a_checksummed_npz(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    import io
+    import json
+
+    from cerebellar_norse.storage import unseal
+
+    a, _, _ = trio
+    send(a, "N", range(12))
+    payload = unseal(a.post("/neural/markets/N/export", headers=AUTH).content, "export")
+    with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        assert {"enc", "v_gr", "v_pc", "v_out"} <= set(z.files)
+    assert meta["market_id"] == "N" and meta["ticks"] == 12 and meta["last_timestamp"] == tick("N", 11)["timestamp"]
+    assert meta["model_version"] == a.app.state.service.engine.model_version  # type: ignore[attr-defined]
