@@ -371,6 +371,9 @@ class Engine:
     def _step(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
         b = len(ticks)
         evictions = self.pool.table.evictions
+        if self.cfg.debug.record_requests and not self._scratch:  # where each market starts, before the step changes it
+            self.recorder = self.recorder or TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
+            self.recorder.before_step(self.pool, ticks)
         probs, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, ticks, self._buf)
         if self.pool.table.evictions != evictions:
             self.eviction_log.add(self.pool.table.evictions - evictions, last=self.pool.table.last_evicted)

@@ -15,22 +15,25 @@ recorded ones; per market the first tick whose largest absolute difference excee
 tolerance is reported with both values, and the command exits 1 when any market
 diverged.
 
-Starting state: every market starts from rest at its first recorded tick. The results
-equal the served ones only when that is how the service saw the market too: the
-recording holds the market from its first tick since the service's state was empty
-(a fresh state dir, a market first seen after recording was switched on, or one reset
-or evicted just before). A market that was already live when recording started (state
-restored at start-up, recording switched on later) diverges at its first recorded
-tick; the report says so.
+Starting state: a recording (format version 2) says, at each market's first tick in
+the file, where the market's state stood just before it: its full state, captured by
+the service before the step (in the companion ``.states`` file), or "from rest" (the
+market had no state). Replay loads that state into the fresh network
+(:meth:`CerebellarNetwork.restore`) or starts the market from rest, and does the same
+where the recording shows a market restarting from rest later (evicted or reset in the
+service). Markets without a recorded start (version 1 files, ticks handed to the
+recorder without a capture) start from rest at their first recorded tick; if the
+service had state for them then, they diverge at that tick and the report says so.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
-from ..errors import InputError
+from ..errors import DataError, InputError
 from ..neurons.topology import Weights, generate_weights
 from ..ticks import Tick
 from . import checkpoints
@@ -61,7 +64,7 @@ class Divergence:
     recorded: list[float]  # p_down, p_flat, p_up as served
     replayed: list[float]
     max_abs_diff: float
-    at_first_tick: bool  # hint: the market was probably not at rest when recording started
+    at_first_tick: bool  # at the market's first tick, which had no recorded start: it was probably not at rest
 
 
 @dataclass
@@ -69,6 +72,7 @@ class MarketReport:
     """What replay found for one market."""
 
     market_id: str
+    start: str = ""  # where the market started: "state" (recorded state), "rest", or "not recorded" (from rest)
     ticks: int = 0
     compared: int = 0  # ticks with recorded probabilities
     max_abs_diff: float = 0.0
@@ -138,11 +142,16 @@ def _runs(versions: Sequence[str]) -> list[tuple[int, int, str]]:
     return out
 
 
-def replay_ticks(cfg: Config, ticks: Sequence[Tick], versions: Sequence[str], weights_of: Any) -> list[dict[str, Any]]:
+def replay_ticks(cfg: Config, ticks: Sequence[Tick], versions: Sequence[str], weights_of: Any,
+                 starts: Mapping[int, Mapping[str, np.ndarray] | None] | None = None,
+                 where: Callable[[int], str] | None = None) -> list[dict[str, Any]]:
     """Results of ``ticks`` through a fresh network, with ``weights_of(version)`` for each run of equal versions.
 
     A version change swaps the weights between two ticks as the service's model swap
-    does (keeping market states unless ``training.reset_state_on_swap``).
+    does (keeping market states unless ``training.reset_state_on_swap``). ``starts``
+    maps a tick's index to the state its market is loaded with just before it, or to
+    None (the market is reset: it starts from rest). A state that does not fit the
+    config's network is an InputError naming ``where(index)`` (e.g. ``file:line``).
     """
     from ..neurons.network import CerebellarNetwork
 
@@ -160,13 +169,34 @@ def replay_ticks(cfg: Config, ticks: Sequence[Tick], versions: Sequence[str], we
             if cfg.training.reset_state_on_swap:
                 for market in net.markets:
                     net.reset(market)
-        for k in range(start, end, CHUNK):
-            chunk = ticks[k:min(k + CHUNK, end)]
-            results = net.process_ticks(chunk)
-            for r in results:
-                r["model_version"] = version
-            out.extend(results)
+        cuts = sorted(i for i in starts if start <= i < end) if starts else []
+        bounds = [start, *(i for i in cuts if i > start), end]
+        for a, b in itertools.pairwise(bounds):
+            if starts and a in starts:
+                _load_start(net, ticks[a].market_id, starts[a], where(a) if where is not None else f"tick {a}")
+            for k in range(a, b, CHUNK):
+                chunk = ticks[k:min(k + CHUNK, b)]
+                results = net.process_ticks(chunk)
+                for r in results:
+                    r["model_version"] = version
+                out.extend(results)
     return out
+
+
+def _load_start(net: Any, market: str, state: Mapping[str, np.ndarray] | None, where: str) -> None:
+    """Put a market where the recording says it started: its recorded state, or rest (None)."""
+    if state is None:
+        net.reset(market)
+        return
+    probe = net.pool.arrays.read_slot(0)
+    for name, want in probe.items():
+        got = state.get(name)
+        if got is None or got.shape != want.shape or got.dtype != want.dtype:
+            have = "missing" if got is None else f"{got.dtype.name} {list(got.shape)}"
+            raise DataError(f"{where}: the recorded starting state of market {market!r} does not fit this config's "
+                            f"network (field {name!r}: {have}, expected {want.dtype.name} {list(want.shape)}): replay "
+                            "with the --config of the service that recorded it")
+    net.restore(market, state)
 
 
 def compare(scan_records: Sequence[Any], results: Sequence[dict[str, Any]], tolerance: float, recording: str,
@@ -177,7 +207,7 @@ def compare(scan_records: Sequence[Any], results: Sequence[dict[str, Any]], tole
         m = rec.tick.market_id
         mr = report.markets.get(m)
         if mr is None:
-            mr = report.markets[m] = MarketReport(m)
+            mr = report.markets[m] = MarketReport(m, getattr(rec, "start", None) or "not recorded")
         index = mr.ticks
         mr.ticks += 1
         if rec.probabilities is None:
@@ -192,7 +222,7 @@ def compare(scan_records: Sequence[Any], results: Sequence[dict[str, Any]], tole
         mr.max_abs_diff = max(mr.max_abs_diff, diff)
         if diff > tolerance and mr.first_divergence is None:
             mr.first_divergence = Divergence(m, index, rec.line, rec.tick.timestamp, rec.model_version, recorded,
-                                             replayed, diff, index == 0)
+                                             replayed, diff, index == 0 and mr.start == "not recorded")
     return report
 
 
@@ -205,8 +235,9 @@ def print_report(report: ReplayReport) -> None:
     versions = ", ".join(report.model_versions) or "the served model"
     print(f"replayed {report.ticks} ticks of {len(report.markets)} markets from {report.recording} through model "
           f"{versions}; tolerance {report.tolerance:g} (largest |difference| of p_down, p_flat, p_up)")
+    starts = {"state": "from its recorded state", "rest": "from rest", "not recorded": "start not recorded: from rest"}
     for m, r in report.markets.items():
-        name = json.dumps(m)
+        name = f"{json.dumps(m)} ({starts.get(r.start, r.start)})" if r.start else json.dumps(m)
         d = r.first_divergence
         if d is None:
             note = "" if r.compared == r.ticks else f" ({r.ticks - r.compared} without recorded probabilities)"
@@ -216,8 +247,8 @@ def print_report(report: ReplayReport) -> None:
               f"model {d.model_version}): recorded {_fmt_probs(d.recorded)}, replayed {_fmt_probs(d.replayed)}, "
               f"max |diff| {d.max_abs_diff:.3g}")
         if d.at_first_tick:
-            print(f"  (at the market's first recorded tick: it was probably not at rest when recording started - "
-                  f"state restored at start-up or recording switched on while {name} was live)")
+            print("  (at the market's first recorded tick, whose starting state the recording does not hold (written "
+                  "without starting states): it was probably not at rest when recording started)")
     n = len(report.diverged)
     print(f"divergence in {n} of {len(report.markets)} markets" if n else "no divergence")
 
@@ -225,7 +256,7 @@ def print_report(report: ReplayReport) -> None:
 def run_replay(cfg: Config, path: Path, as_json: bool, market: str | None = None, detect: bool = False,
                tolerance: float = DEFAULT_TOLERANCE) -> int:
     """``cerebellar-norse replay FILE``: see the module docstring; returns the exit code."""
-    from ..engine.recorder import is_recording, read_recording
+    from ..engine.recorder import START_REST, START_STATE, is_recording, read_recording
     from .data import load_csv_files
 
     if not path.is_file():
@@ -281,7 +312,13 @@ def run_replay(cfg: Config, path: Path, as_json: bool, market: str | None = None
         if len(served) > before:
             fallback.add(v)
     ticks = [r.tick for r in records]
-    results = replay_ticks(cfg, ticks, versions, weights_of)
+    starts: dict[int, Mapping[str, np.ndarray] | None] = {}
+    for i, rec in enumerate(records):
+        if rec.start == START_REST:
+            starts[i] = None
+        elif rec.start == START_STATE:
+            starts[i] = scan.states[rec.line].state
+    results = replay_ticks(cfg, ticks, versions, weights_of, starts, lambda i: f"{path}:{records[i].line}")
     shown = list(dict.fromkeys(served[0] if v in fallback else v for v in names)) if served else names
     if detect:
         report = compare(records, results, tolerance, str(path), shown)

@@ -194,7 +194,7 @@ async def test_another_model_version_is_found_at_the_first_tick_it_served(cfg: C
     await engine.drain(save=False)
     path = the_recording(cfg)
     switch = 50  # records from here on claim to be served by vOther
-    rewrite(path, lambda i, row: [*row[:7], "vOther", row[8]] if i >= switch else row)
+    rewrite(path, lambda i, row: [*row[:7], "vOther", *row[8:]] if i >= switch else row)
 
     code, rep, err = report(capsys, config_file, path)
     assert code == 1, err
@@ -225,9 +225,9 @@ async def test_a_recorded_version_missing_from_the_store_is_a_clear_error(cfg: C
 
 
 @pytest.mark.asyncio
-async def test_markets_start_from_rest_at_their_first_recorded_tick(cfg: Config, config_file: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """A market first seen after recording began replays exactly; one already live diverges at its first recorded tick."""
+async def test_markets_live_when_recording_starts_replay_from_their_recorded_state(cfg: Config, config_file: Path,
+                                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A market already live when recording began replays exactly from its recorded state; a new one from rest."""
     off = cfg.model_copy(update={"debug": cfg.debug.model_copy(update={"record_requests": False})})
     engine = Engine(off)
     await serve(engine, make_ticks(["LIVE"], per_market=20))  # served before recording was switched on
@@ -235,14 +235,13 @@ async def test_markets_start_from_rest_at_their_first_recorded_tick(cfg: Config,
     await serve(engine, make_ticks(["LIVE", "NEW"], per_market=20, start=20))
     await engine.drain(save=False)
 
-    code, rep, err = report(capsys, config_file, the_recording(cfg))
-    assert code == 1, err
-    assert rep["diverged"] == ["LIVE"]
-    d = by_market(rep)["LIVE"]["first_divergence"]
-    assert d["tick_index"] == 0 and d["at_first_tick"]
-    assert by_market(rep)["NEW"]["first_divergence"] is None and by_market(rep)["NEW"]["compared"] == 20
+    code, rep, err = report(capsys, config_file, the_recording(cfg), "--tolerance", "0")
+    assert code == 0, err
+    assert rep["diverged"] == []
+    assert {m: (by_market(rep)[m]["start"], by_market(rep)[m]["compared"]) for m in ("LIVE", "NEW")} == {
+        "LIVE": ("state", 20), "NEW": ("rest", 20)}
     code, out, _ = run(capsys, "--config", config_file, "replay", the_recording(cfg), "--detect-divergence")
-    assert "probably not at rest when recording started" in out
+    assert code == 0 and "no divergence" in out.splitlines()[-1]
 
 
 def test_divergence_needs_a_recording_and_a_sane_tolerance(tmp_path: Path, config_file: Path,
