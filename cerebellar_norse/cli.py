@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError
+from .scaleout.cli import add_parsers as add_scaleout_parsers
+from .scaleout.cli import commands as scaleout_commands
 
 if TYPE_CHECKING:
     from .config import Config
@@ -115,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--ticks", type=int, default=200, metavar="N", help="most recent ticks shown (default 200, at most 2000)")
     pm.add_argument("--url", default=None, help="running service (default: http://<server.host>:<server.port>)")
     pm.add_argument("--token", default=None, metavar="T", help="bearer token (default: server.api_token of the config)")
+
+    add_scaleout_parsers(sub)
 
     bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
     bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
@@ -303,7 +307,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "evaluate": _cmd_evaluate, "make-data": _cmd_make_data,
         "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle, "state": _cmd_state,
-        "analyze-weights": _cmd_analyze_weights, "plot-market": _cmd_plot_market}
+        "analyze-weights": _cmd_analyze_weights, "plot-market": _cmd_plot_market, **scaleout_commands(_load)}
     if args.command in commands:
         return commands[args.command]
     return _cmd_serve

@@ -20,7 +20,7 @@ from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, ServiceState
 from .errors import install_error_handlers
 from .fastpath import TickFastPath
 from .openapi import install_openapi
-from .routes import debug, handover, health, neural
+from .routes import debug, handover, health, model_upload, neural
 from .schemas import error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
@@ -174,6 +174,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     app.include_router(neural.router)
     app.include_router(neural.markets_router)
     app.include_router(handover.router)
+    app.include_router(model_upload.router)
     app.include_router(debug.router)
     for r in extra_routers or []:
         app.include_router(r)

@@ -1,0 +1,52 @@
+"""``PUT /models/{version}``: stage a model archive sent by ``cerebellar-norse rollout`` (token).
+
+The model is stored, verified, and not activated: ``POST /models/{version}/activate``
+does that, on every replica once every replica has staged it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import HTTPException
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from ...observability.context import request_id_var
+from ...training.archive import MEDIA_TYPE, stage_archive
+from ...training.checkpoints import ModelStore
+from ..deps import require_token, service
+from ..openapi import error_responses
+
+router = APIRouter(tags=["training"], dependencies=[Depends(require_token)])
+
+
+class StagedOut(BaseModel):
+    """A staged model: stored and verified, not active."""
+
+    version: str
+    stored: bool = Field(description="False when the same model was stored already (nothing written).")
+    active: str = Field(description="The model answering ticks (unchanged by staging).")
+    request_id: str
+
+
+@router.put("/models/{version}", operation_id="stage_model", response_model=StagedOut,
+            openapi_extra={"requestBody": {"required": True, "content": {
+                MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+                "description": "A model archive (cerebellar-norse rollout)."}},
+            responses=error_responses(401, 409, 415, 422,
+                                      s409="Another model is stored under this version (conflict); nothing changed.",
+                                      s415="Body not sent as application/octet-stream (unsupported_media_type).",
+                                      s422="Corrupt archive, invalid version, or a model that does not fit this "
+                                           "service's network (validation); nothing changed."))
+async def stage_model(version: str, request: Request) -> dict[str, Any]:
+    """Store a model archive as ``version`` after verifying it (token); it is not activated."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";", 1)[0].strip().lower() != MEDIA_TYPE:
+        raise HTTPException(415, f"content type must be {MEDIA_TYPE}, got {ctype or 'none'!r}")
+    svc = service(request)
+    store = svc.extra.get("store") or ModelStore(Path(svc.cfg.paths.state_dir))
+    stored = await run_in_threadpool(stage_archive, store, version, await request.body(), svc.cfg)
+    return {"version": version, "stored": stored, "active": svc.engine.model_version, "request_id": request_id_var.get()}

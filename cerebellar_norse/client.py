@@ -1,0 +1,162 @@
+"""A small HTTP client of the service, for one replica or HAProxy in front of many.
+
+Every request carries ``X-Market-ID``, by which HAProxy routes it to the replica that
+holds the market's state. A batch of several markets is split into one request per
+market (in the order of each market's first tick; each market's ticks keep their
+order), since behind HAProxy a request reaches the replica of one market only; the
+results come back in the order of the input ticks. Each part is atomic for its market;
+when a later part fails, the earlier parts stay applied and the error says which
+markets were (:attr:`BatchPartError.applied`).
+
+Errors are the service's own exception tree (:mod:`cerebellar_norse.errors`):
+:class:`~cerebellar_norse.errors.InputError` for a refused tick or request (4xx; a
+:class:`~cerebellar_norse.errors.TickOrderError` for ``out_of_order``),
+:class:`~cerebellar_norse.errors.MarketMovingError` (503 ``market_moving``: the market's
+state is moving between replicas) and :class:`~cerebellar_norse.errors.CapacityError`
+(other 503s) with the server's ``Retry-After``, and
+:class:`~cerebellar_norse.errors.EngineFatalError` for a 5xx or an unreachable service.
+
+Example::
+
+    from cerebellar_norse.client import Client
+
+    with Client("http://127.0.0.1:8080") as c:
+        r = c.process({"price": 100.0, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "TEST"})
+        print(r["prediction"])
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from .errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError, MarketMovingError, TickOrderError
+
+Tick = Mapping[str, Any]
+
+
+class BatchPartError(CerebellarNorseError):
+    """One part of a split batch failed after others were applied.
+
+    Attributes:
+        cause: the error of the failed part.
+        applied: markets whose part was applied (their results are lost with this error).
+        failed: the market whose part failed.
+    """
+
+    def __init__(self, cause: CerebellarNorseError, applied: list[str], failed: str) -> None:
+        self.cause = cause
+        self.applied = applied
+        self.failed = failed
+        super().__init__(f"batch part of market {failed!r} failed ({cause}); parts applied before it: {applied}")
+
+
+def error_from_response(r: httpx.Response) -> CerebellarNorseError:
+    """The service's error of an unsuccessful response, as an exception of :mod:`cerebellar_norse.errors`."""
+    try:
+        err = r.json().get("error") or {}
+    except ValueError:
+        err = {}
+    kind = str(err.get("type") or "http")
+    message = f"HTTP {r.status_code} {kind}: {err.get('message') or r.text[:200]}"
+    field = str(err.get("field") or "")
+    if r.status_code == 503:
+        try:
+            retry = float(r.headers.get("Retry-After", "1"))
+        except ValueError:
+            retry = 1.0
+        if kind == "market_moving":
+            return MarketMovingError(r.request.headers.get("x-market-id", ""), message, retry)
+        if kind == "capacity":
+            return CapacityError(message, retry)
+        return EngineFatalError(message)
+    if kind == "out_of_order":
+        return TickOrderError(message, field)
+    if 400 <= r.status_code < 500:
+        exc = InputError(message, field)
+        exc.status_code = r.status_code
+        return exc
+    return EngineFatalError(message)
+
+
+class Client:
+    """A synchronous client of ``base_url`` (a replica, or HAProxy in front of the replicas).
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8080``.
+        token: bearer token for the guarded routes (not needed for ticks).
+        timeout_s: per request, seconds.
+        retries: how often a 503 with ``Retry-After`` (queue full, market moving) is retried,
+            after waiting what the server asked (capped at ``max_wait_s``).
+        max_wait_s: longest wait before one retry, seconds.
+        transport: an httpx transport (tests).
+    """
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0, retries: int = 0,
+                 max_wait_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers, transport=transport)
+        self.retries = retries
+        self.max_wait_s = max_wait_s
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.http.close()
+
+    def _post(self, path: str, body: Any, market: str) -> Any:
+        attempt = 0
+        while True:
+            try:
+                r = self.http.post(path, json=body, headers={"X-Market-ID": market})
+            except httpx.HTTPError as exc:
+                raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
+            if r.status_code == 200:
+                return r.json()
+            err = error_from_response(r)
+            if isinstance(err, CapacityError) and attempt < self.retries:
+                attempt += 1
+                time.sleep(min(err.retry_after_s, self.max_wait_s))
+                continue
+            raise err
+
+    def process(self, tick: Tick) -> dict[str, Any]:
+        """One tick (``price``, ``volume``, ``timestamp`` in ms, ``market_id``); its result."""
+        result: dict[str, Any] = self._post("/neural/process", dict(tick), str(tick["market_id"]))
+        return result
+
+    def process_batch(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+        """Many ticks, split into one request per market; results in the order of ``ticks``."""
+        parts: dict[str, list[int]] = {}
+        for j, t in enumerate(ticks):
+            parts.setdefault(str(t["market_id"]), []).append(j)
+        out: list[dict[str, Any] | None] = [None] * len(ticks)
+        applied: list[str] = []
+        for market, idx in parts.items():
+            try:
+                results = self._post("/neural/process/batch", {"ticks": [dict(ticks[j]) for j in idx]}, market)["results"]
+            except CerebellarNorseError as exc:
+                if not applied:
+                    raise
+                raise BatchPartError(exc, applied, market) from exc
+            for j, res in zip(idx, results, strict=True):
+                out[j] = res
+            applied.append(market)
+        return [r for r in out if r is not None]
+
+    def health(self) -> dict[str, Any]:
+        """``GET /health`` (200 or 503) as JSON."""
+        try:
+            r = self.http.get("/health")
+        except httpx.HTTPError as exc:
+            raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
+        body: dict[str, Any] = r.json()
+        return body

@@ -1,0 +1,235 @@
+"""HAProxy in front of the replicas: its configuration (rendered) and its runtime API (server states).
+
+The configuration routes ``/neural/process``, ``/neural/process/batch`` and the
+``/neural/stream`` socket by a consistent hash of ``X-Market-ID`` (see
+:mod:`.ring`); a single tick without the header is routed by its body's
+``market_id``, a stream by its ``market_id`` query parameter; a batch must carry the
+header (a batch may hold one market only behind HAProxy: clients split batches per
+market). Replicas are health-checked on ``/health``; a stats page and HAProxy's own
+Prometheus metrics are served on a separate port; the runtime API socket (admin
+level) lets ``cerebellar-norse rebalance`` take servers in and out of the ring.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError, ConfigProblem, InputError
+
+BACKEND = "replicas"
+MISSING_HEADER = ('{"error":{"type":"validation","message":"a batch needs the X-Market-ID header naming its one '
+                  'market (split batches per market)","field":"X-Market-ID","request_id":null}}')
+MISSING_STREAM_MARKET = ('{"error":{"type":"validation","message":"a stream needs X-Market-ID or ?market_id= naming '
+                         'its one market","field":"X-Market-ID","request_id":null}}')
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica: its HAProxy server id (the ring position), address and weight.
+
+    Attributes:
+        server_id: HAProxy's ``id`` of the server (positive, unique, never reused for
+            another replica: it places the replica's points on the ring).
+        host: address HAProxy connects to.
+        port: its port.
+        weight: HAProxy weight (1–256; points on the ring are 16 × weight).
+        enabled: False to declare it in maintenance (a slot ready for a later scale-out).
+    """
+
+    server_id: int
+    host: str
+    port: int
+    weight: int = 1
+    enabled: bool = True
+
+    @property
+    def name(self) -> str:
+        """HAProxy server name: ``r<id>``."""
+        return f"r{self.server_id}"
+
+    @property
+    def url(self) -> str:
+        """Base URL of the replica itself (not through HAProxy)."""
+        return f"http://{self.host}:{self.port}"
+
+
+def parse_replica(text: str, position: int) -> Replica:
+    """``[ID=]HOST:PORT`` or ``[ID=]http://HOST:PORT`` (id defaults to ``position``, 1-based); a trailing ``~`` disables."""
+    raw = text.strip()
+    enabled = not raw.endswith("~")
+    raw = raw.rstrip("~")
+    sid_text, sep, rest = raw.partition("=")
+    if not sep:
+        sid_text, rest = str(position), raw
+    if not sid_text.isdigit() or int(sid_text) < 1:
+        raise InputError(f"replica {text!r}: the server id before '=' must be a positive integer", "replicas")
+    url = rest if "://" in rest else f"http://{rest}"
+    parts = urlsplit(url)
+    if not parts.hostname or parts.port is None:
+        raise InputError(f"replica {text!r}: expected HOST:PORT or http://HOST:PORT", "replicas")
+    return Replica(int(sid_text), parts.hostname, parts.port, enabled=enabled)
+
+
+def render_config(replicas: list[Replica], bind: str = "127.0.0.1:8080", stats_bind: str = "127.0.0.1:8404",
+                  runtime_socket: str = "/run/haproxy/cerebellar-norse.sock", log_target: str = "/dev/log",
+                  check_interval_ms: int = 1000, maxconn: int = 4096) -> str:
+    """The HAProxy configuration text for ``replicas`` (HAProxy ≥ 2.4: ``json_query``, ``http-request return``).
+
+    Raises:
+        ConfigError: duplicate server ids or addresses, or no replica.
+    """
+    problems = []
+    if not replicas:
+        problems.append(ConfigProblem("replicas", "no replica given", "name at least one HOST:PORT"))
+    ids = [r.server_id for r in replicas]
+    addrs = [(r.host, r.port) for r in replicas]
+    if len(set(ids)) != len(ids):
+        problems.append(ConfigProblem("replicas", f"duplicate server ids {sorted(ids)}", "give each replica its own id"))
+    if len(set(addrs)) != len(addrs):
+        problems.append(ConfigProblem("replicas", "duplicate addresses", "list each replica once"))
+    if problems:
+        raise ConfigError(problems, "haproxy")
+    servers = "\n".join(
+        f"    server {r.name} {r.host}:{r.port} id {r.server_id} weight {r.weight}{'' if r.enabled else ' disabled'}"
+        for r in replicas)
+    return f"""# cerebellar-norse behind HAProxy: replicas sharded by market (consistent hash of X-Market-ID).
+# Rendered by `cerebellar-norse haproxy-config`; see docs/scale-out.md. Needs HAProxy >= 2.4.
+# A server's `id` places it on the hash ring: keep each replica's id for its whole life.
+global
+    log {log_target} local0
+    maxconn {maxconn}
+    stats socket {runtime_socket} mode 660 level admin expose-fd listeners
+    stats timeout 30s
+defaults
+    mode http
+    log global
+    option httplog
+    option dontlognull
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    timeout http-request 10s
+    timeout tunnel 1h
+    timeout client-fin 5s
+
+frontend cerebellar_norse
+    bind {bind}
+    option http-buffer-request
+    acl has_market req.hdr(X-Market-ID) -m found
+    acl tick_path path /neural/process
+    acl batch_path path /neural/process/batch
+    acl stream_path path /neural/stream
+    # A tick without the header is routed by its body's market_id.
+    http-request set-header X-Market-ID %[req.body,json_query('$.market_id')] if tick_path METH_POST !has_market
+    # A stream is routed by ?market_id= when it has no header.
+    http-request set-header X-Market-ID %[url_param(market_id)] if stream_path !has_market {{ url_param(market_id) -m found }}
+    http-request return status 400 content-type application/json string '{MISSING_HEADER}' if batch_path METH_POST !has_market
+    http-request return status 400 content-type application/json string '{MISSING_STREAM_MARKET}' if stream_path !has_market
+    default_backend {BACKEND}
+
+backend {BACKEND}
+    balance hdr(X-Market-ID)
+    hash-type consistent sdbm avalanche
+    option httpchk GET /health
+    http-check expect status 200
+    default-server check inter {check_interval_ms} fall 2 rise 1
+    http-response set-header X-Served-By %[srv_name]
+{servers}
+
+listen stats
+    bind {stats_bind}
+    stats enable
+    stats uri /stats
+    stats refresh 5s
+    http-request use-service prometheus-exporter if {{ path /metrics }}
+"""
+
+
+# -- the runtime API --------------------------------------------------------------
+
+ADMIN_OFF = 0x01 | 0x02 | 0x04 | 0x08 | 0x10 | 0x20  # forced/inherited/config maintenance, forced/inherited drain
+OP_RUNNING = 2
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """One server of ``show servers state``."""
+
+    server_id: int
+    name: str
+    host: str
+    port: int
+    op_state: int
+    admin_state: int
+    weight: int
+
+    @property
+    def in_ring(self) -> bool:
+        """Up, not in maintenance or drain, weight above 0: it holds points on the ring."""
+        return self.op_state == OP_RUNNING and not self.admin_state & ADMIN_OFF and self.weight > 0
+
+
+class RuntimeAPI:
+    """HAProxy's runtime API on a UNIX socket (``stats socket … level admin``)."""
+
+    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
+        self.path = str(path)
+        self.timeout_s = timeout_s
+
+    def command(self, line: str) -> str:
+        """Send one command, return HAProxy's answer (text)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(self.timeout_s)
+            try:
+                s.connect(self.path)
+            except OSError as exc:
+                raise InputError(f"cannot reach HAProxy's runtime API at {self.path}: {exc.strerror or exc}",
+                                 "haproxy-socket") from None
+            s.sendall(line.encode() + b"\n")
+            chunks = []
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                chunks.append(b)
+        return b"".join(chunks).decode(errors="replace")
+
+    def servers(self, backend: str = BACKEND) -> list[ServerState]:
+        """The servers of ``backend`` and their states."""
+        text = self.command(f"show servers state {backend}")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        header = next((ln for ln in lines if ln.startswith("#")), None)
+        if header is None:
+            raise InputError(f"HAProxy has no backend {backend!r} ({text.strip()[:200]})", "backend")
+        cols = header.lstrip("# ").split()
+        out = []
+        for ln in lines:
+            if ln.startswith("#") or len(ln.split()) < len(cols):
+                continue
+            row = dict(zip(cols, ln.split(), strict=False))
+            out.append(ServerState(int(row["srv_id"]), row["srv_name"], row["srv_addr"], int(row["srv_port"]),
+                                   int(row["srv_op_state"]), int(row["srv_admin_state"]), int(row["srv_uweight"])))
+        return out
+
+    def set_state(self, name: str, state: str, backend: str = BACKEND) -> None:
+        """``set server <backend>/<name> state ready|maint|drain``."""
+        answer = self.command(f"set server {backend}/{name} state {state}").strip()
+        if answer:
+            raise InputError(f"HAProxy refused to set {backend}/{name} {state}: {answer}", "haproxy-socket")
+
+    def wait_ring(self, members: set[int], backend: str = BACKEND, timeout_s: float = 30.0) -> list[ServerState]:
+        """Wait until exactly ``members`` (server ids) are in the ring (health checks passed); returns the states."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = self.servers(backend)
+            now = {s.server_id for s in states if s.in_ring}
+            if now == members:
+                return states
+            if time.monotonic() > deadline:
+                raise InputError(f"HAProxy's ring is {sorted(now)} after {timeout_s:g} s, expected {sorted(members)} "
+                                 f"(are the new replicas healthy?)", "haproxy-socket")
+            time.sleep(0.1)

@@ -1,0 +1,271 @@
+"""``cerebellar-norse rebalance``: move the markets whose replica changes when replicas are added or removed.
+
+The plan
+    Each old replica lists the markets it holds state for (``GET /debug/markets``);
+    the new ring (:mod:`.ring`, HAProxy's own consistent hash, with HAProxy's server
+    ids) names each market's new owner. A market whose holder is not its new owner
+    moves from holder to owner. The plan starts from where the states are, not from
+    where the old ring says they should be, so a market left on the wrong replica by an
+    earlier, interrupted run is moved too.
+
+The moves (no market restarts from rest, no tick gets a wrong answer)
+    1. For each moving market: export from the holder (the market is frozen there: its
+       ticks get 503 + Retry-After) and import into the new owner, which gets no
+       traffic for it yet. If any export or import fails, every market already moved
+       is given back (thawed at the holder, reset at the owner) and nothing else
+       changes: exit 1.
+    2. Switch HAProxy to the new replica set: through its runtime API
+       (``--haproxy-socket``: new servers ``ready``, removed ones ``maint``, then wait
+       until exactly the new set is in the ring), or by running ``--switch-command``
+       (e.g. ``systemctl reload haproxy`` after editing the server list).
+    3. Release every moved market at its old holder: the state is forgotten there and
+       the market stays refused there, so a stream opened before the switch cannot
+       restart it from rest.
+    Ticks of a moving market are refused from step 1 until HAProxy routes it to the
+    new owner in step 2: clients retry after ``Retry-After`` (the Python client does
+    with ``retries``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ..errors import CerebellarNorseError, InputError
+from .haproxy import BACKEND, Replica, RuntimeAPI, parse_replica
+from .ring import Ring
+
+LIST_LIMIT = 10_000  # most markets GET /debug/markets lists per replica
+MEDIA_TYPE = "application/octet-stream"
+
+
+class RebalanceError(CerebellarNorseError):
+    """A move failed; what was moved was given back (the message says what failed)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """One market moving from the replica that holds it to its new owner."""
+
+    market_id: str
+    source: str
+    target: str
+
+
+@dataclass
+class Plan:
+    """What a rebalance does: every market's new owner, the moves, markets HAProxy cannot hash."""
+
+    moves: list[Move] = field(default_factory=list)
+    markets: int = 0
+    unhashable: list[str] = field(default_factory=list)  # empty routing key: HAProxy balances them round robin
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"markets": self.markets, "moves": [asdict(m) for m in self.moves], "unhashable": self.unhashable,
+                "added": self.added, "removed": self.removed}
+
+
+def resolve(entries: list[str], api: RuntimeAPI | None, backend: str = BACKEND) -> list[Replica]:
+    """Replicas of ``--old``/``--new``: ``ID=URL`` as given; a plain URL gets its id and weight from HAProxy's server list."""
+    known = {(s.host, s.port): s for s in api.servers(backend)} if api is not None else {}
+    out = []
+    for j, text in enumerate(entries):
+        has_id = "=" in text.split("://", 1)[0]
+        r = parse_replica(text, j + 1)
+        if not has_id:
+            s = known.get((r.host, r.port))
+            if s is None:
+                where = "HAProxy's backend " + backend if api is not None else "no --haproxy-socket given"
+                raise InputError(f"replica {text}: no server id ({where}); write it as ID=URL with the id of its "
+                                 f"HAProxy server line", "replicas")
+            r = Replica(s.server_id, r.host, r.port, s.weight or 1)
+        out.append(r)
+    ids = [r.server_id for r in out]
+    if len(set(ids)) != len(ids):
+        raise InputError(f"two replicas share a server id ({ids})", "replicas")
+    return out
+
+
+class Replicas:
+    """HTTP calls to the replicas (direct, not through HAProxy)."""
+
+    def __init__(self, token: str | None, timeout_s: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(timeout=timeout_s, headers=headers)
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.http.close()
+
+    def _call(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        try:
+            r = self.http.request(method, url, **kw)
+        except httpx.HTTPError as exc:
+            raise RebalanceError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+        if r.status_code >= 400:
+            try:
+                msg = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                msg = r.text[:200]
+            raise RebalanceError(f"{method} {url}: HTTP {r.status_code}: {msg}")
+        return r
+
+    def markets(self, base: str) -> list[str]:
+        """Markets holding state on a replica."""
+        body = self._call("GET", f"{base}/debug/markets", params={"limit": LIST_LIMIT}).json()
+        if body["total"] > LIST_LIMIT:
+            raise RebalanceError(f"{base} holds {body['total']} markets, more than the {LIST_LIMIT} one listing returns")
+        return [m["market_id"] for m in body["markets"]]
+
+    def export(self, base: str, market: str) -> bytes:
+        """Freeze and export one market."""
+        return self._call("POST", f"{base}/neural/markets/{quote(market, safe='')}/export").content
+
+    def import_(self, base: str, market: str, data: bytes) -> None:
+        """Import one market's state."""
+        self._call("PUT", f"{base}/neural/markets/{quote(market, safe='')}/state", content=data,
+                   headers={"Content-Type": MEDIA_TYPE})
+
+    def release(self, base: str, market: str) -> None:
+        """Forget a moved market at its old holder."""
+        self._call("POST", f"{base}/neural/markets/{quote(market, safe='')}/release")
+
+    def thaw(self, base: str, market: str) -> None:
+        """Serve a frozen market again at its holder (a move given back)."""
+        self._call("POST", f"{base}/neural/markets/{quote(market, safe='')}/thaw")
+
+    def reset(self, base: str, market: str) -> None:
+        """Forget an imported copy at the would-be owner (a move given back)."""
+        try:
+            self._call("DELETE", f"{base}/neural/markets/{quote(market, safe='')}")
+        except RebalanceError as exc:
+            if "HTTP 404" not in str(exc):
+                raise
+
+
+def make_plan(old: list[Replica], new: list[Replica], holdings: dict[str, list[str]]) -> Plan:
+    """Moves from where the states are (``holdings``: replica URL → markets) to their owners on the new ring."""
+    ring = Ring({r.server_id: r.weight for r in new})
+    by_id = {r.server_id: r for r in new}
+    old_urls = {r.url for r in old}
+    new_urls = {r.url for r in new}
+    plan = Plan(added=sorted(new_urls - old_urls), removed=sorted(old_urls - new_urls))
+    for url, markets in holdings.items():
+        for market in markets:
+            plan.markets += 1
+            owner = ring.owner(market)
+            if owner is None:
+                plan.unhashable.append(market)
+                continue
+            target = by_id[owner].url
+            if target != url:
+                plan.moves.append(Move(market, url, target))
+    plan.moves.sort(key=lambda m: (m.source, m.market_id))
+    return plan
+
+
+def execute(plan: Plan, calls: Replicas, switch: Callable[[], None], log: Callable[[str], None]) -> None:
+    """Export/import every move, switch the routing, release at the old holders (see the module docstring)."""
+    done: list[Move] = []
+    frozen: Move | None = None
+    try:
+        for mv in plan.moves:
+            frozen = mv
+            data = calls.export(mv.source, mv.market_id)
+            calls.import_(mv.target, mv.market_id, data)
+            done.append(mv)
+            frozen = None
+    except RebalanceError as exc:
+        log(f"move failed: {exc}; giving back {len(done) + (frozen is not None)} market(s)")
+        for mv in done:
+            calls.reset(mv.target, mv.market_id)
+        for mv in [*done, *([frozen] if frozen else [])]:
+            calls.thaw(mv.source, mv.market_id)
+        raise
+    log(f"moved {len(done)} market state(s); switching the routing")
+    switch()
+    for mv in done:
+        calls.release(mv.source, mv.market_id)
+    log(f"released {len(done)} market(s) at their old replicas")
+
+
+def haproxy_switch(api: RuntimeAPI, old: list[Replica], new: list[Replica], backend: str = BACKEND,
+                   timeout_s: float = 30.0) -> Callable[[], None]:
+    """A switch through HAProxy's runtime API: new servers ready, removed ones in maintenance, wait for the ring."""
+
+    def switch() -> None:
+        servers = {s.server_id: s for s in api.servers(backend)}
+        for r in new:
+            if r.server_id not in servers:
+                raise RebalanceError(f"HAProxy's backend {backend} has no server of id {r.server_id} ({r.url}): "
+                                     f"add a server line for it and reload HAProxy first")
+        keep = {r.server_id for r in new}
+        for r in new:
+            api.set_state(servers[r.server_id].name, "ready", backend)
+        for r in old:
+            if r.server_id not in keep and r.server_id in servers:
+                api.set_state(servers[r.server_id].name, "maint", backend)
+        api.wait_ring(keep, backend, timeout_s)
+
+    return switch
+
+
+def command_switch(command: str) -> Callable[[], None]:
+    """A switch by running a shell command (exit 0 means HAProxy now routes by the new server list)."""
+
+    def switch() -> None:
+        proc = subprocess.run(shlex.split(command), capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RebalanceError(f"--switch-command exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:300]}")
+
+    return switch
+
+
+def cmd_rebalance(old_text: str, new_text: str, token: str | None, dry_run: bool, as_json: bool,
+                  socket_path: str | None, backend: str, switch_command: str | None) -> int:
+    """The ``rebalance`` command; exit 0 when every move is done (or planned, with ``dry_run``)."""
+    api = RuntimeAPI(socket_path) if socket_path else None
+    old = resolve([e for e in old_text.split(",") if e.strip()], api, backend)
+    new = resolve([e for e in new_text.split(",") if e.strip()], api, backend)
+    if not new:
+        raise InputError("--new names no replica", "new")
+    if not dry_run and api is None and not switch_command:
+        raise InputError("say how to switch HAProxy: --haproxy-socket PATH or --switch-command CMD (or --dry-run)",
+                         "haproxy-socket")
+    calls = Replicas(token)
+    lines: list[str] = []
+
+    def log(msg: str) -> None:
+        lines.append(msg)
+        if not as_json:
+            print(msg, file=sys.stderr)
+
+    try:
+        holdings = {r.url: calls.markets(r.url) for r in old}
+        plan = make_plan(old, new, holdings)
+        if not as_json:
+            print(f"{plan.markets} market(s) on {len(old)} replica(s); {len(plan.moves)} move(s) to the new ring of "
+                  f"{len(new)} replica(s)")
+            for mv in plan.moves:
+                print(f"  {mv.market_id}: {mv.source} -> {mv.target}")
+            if plan.unhashable:
+                print(f"  not hashable by HAProxy (routed round robin): {plan.unhashable}")
+        if not dry_run:
+            switch = haproxy_switch(api, old, new, backend) if api is not None else command_switch(switch_command or "")
+            execute(plan, calls, switch, log)
+    finally:
+        calls.close()
+    if as_json:
+        print(json.dumps({**plan.as_dict(), "dry_run": dry_run, "log": lines}, indent=2))
+    return 0

@@ -1,0 +1,91 @@
+"""``cerebellar-norse rollout VERSION --replicas URL,…``: one model version on every replica, switched together.
+
+Two phases:
+
+1. *stage*: the model archive (:mod:`cerebellar_norse.training.archive`) is uploaded to
+   every replica (``PUT /models/{version}``), which verifies and stores it without
+   activating it. If any replica refuses it or cannot be reached, nothing is
+   activated anywhere (staged copies stay stored, inactive) and the command exits 1.
+2. *activate*: ``POST /models/{version}/activate`` on every replica, one right after
+   the other. If one fails, the replicas already switched are switched back to the
+   model they served before, and the command exits 1.
+
+Finally every replica's ``/health`` must report the version. Each market lives on
+one replica, so each market switches model exactly once, between two of its ticks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..config import Config
+from ..errors import CerebellarNorseError, InputError
+from ..training.archive import MEDIA_TYPE, check_version, pack_model
+from ..training.checkpoints import ModelStore
+
+
+class RolloutError(CerebellarNorseError):
+    """A replica refused the model or could not be reached; no replica serves a mix (the message says what happened)."""
+
+
+def _call(http: httpx.Client, method: str, url: str, **kw: Any) -> dict[str, Any]:
+    try:
+        r = http.request(method, url, **kw)
+    except httpx.HTTPError as exc:
+        raise RolloutError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+    try:
+        body: dict[str, Any] = r.json()
+    except ValueError:
+        body = {}
+    if r.status_code >= 400:
+        msg = (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else None
+        raise RolloutError(f"{method} {url}: HTTP {r.status_code}: {msg or r.text[:200]}")
+    return body
+
+
+def rollout(version: str, archive: bytes, replicas: list[str], token: str | None, log: Any = None) -> dict[str, Any]:
+    """Stage ``archive`` as ``version`` on every replica, then activate it on all; returns a report."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    say = log or (lambda msg: None)
+    with httpx.Client(headers=headers, timeout=120.0) as http:
+        previous = {url: _call(http, "GET", f"{url}/models")["active"] for url in replicas}
+        for url in replicas:
+            _call(http, "PUT", f"{url}/models/{version}", content=archive, headers={"Content-Type": MEDIA_TYPE})
+            say(f"staged {version} on {url}")
+        switched: list[str] = []
+        try:
+            for url in replicas:
+                _call(http, "POST", f"{url}/models/{version}/activate")
+                switched.append(url)
+        except RolloutError as exc:
+            say(f"activation failed ({exc}); switching {len(switched)} replica(s) back")
+            for url in switched:
+                _call(http, "POST", f"{url}/models/{previous[url]}/activate")
+            raise
+        served = {url: _call(http, "GET", f"{url}/health").get("model_version") for url in replicas}
+    wrong = {u: v for u, v in served.items() if v != version}
+    if wrong:
+        raise RolloutError(f"replicas report another model after activation: {wrong}")
+    say(f"{len(replicas)} replica(s) serve {version}")
+    return {"version": version, "replicas": replicas, "previous": previous, "bytes": len(archive)}
+
+
+def cmd_rollout(cfg: Config, version: str, replicas_text: str, token: str | None, model_dir: str | None,
+                as_json: bool) -> int:
+    """The ``rollout`` command: the model comes from ``model_dir`` or this config's model store."""
+    check_version(version)
+    replicas = [u.strip().rstrip("/") for u in replicas_text.split(",") if u.strip()]
+    if not replicas:
+        raise InputError("--replicas names no replica", "replicas")
+    replicas = [u if "://" in u else f"http://{u}" for u in replicas]
+    path = Path(model_dir) if model_dir else ModelStore(Path(cfg.paths.state_dir)).root / version
+    archive = pack_model(path)
+    report = rollout(version, archive, replicas, token, None if as_json else lambda m: print(m, file=sys.stderr))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,105 @@
+"""Model archives: one stored model as checksummed bytes, to publish it to other replicas.
+
+An archive is a ``.npz`` (no pickles) holding the bytes of each file of a model
+directory (``weights.npz``, ``config.json``, ``metrics.json``, ``manifest.json``) behind
+a SHA-256 header (:func:`~cerebellar_norse.storage.seal`). Staging one into a model
+store writes it like a trained model (``models/.tmp-…`` then an atomic rename), after
+the archive's checksum, every file's manifest checksum, the weights and the network
+shape of the receiving service have been verified: a bad archive leaves the store
+unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..config import Config
+from ..errors import CheckpointError, InputError
+from ..storage import atomic_write_bytes, fsync_dir, seal, unseal
+from .checkpoints import FILES, MANIFEST, ModelStore, load_model_dir, shape_mismatch
+
+MEDIA_TYPE = "application/octet-stream"
+VERSION_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+class ModelConflictError(InputError):
+    """Another model of the same version is stored already (HTTP 409)."""
+
+    status_code = 409
+
+
+def check_version(version: str) -> None:
+    """Raise InputError unless ``version`` is a safe directory name (letters, digits, ``-_.``; not starting with ``.``)."""
+    if not version or len(version) > 128 or version.startswith(".") or not set(version) <= VERSION_CHARS:
+        raise InputError(f"invalid model version {version!r} (letters, digits, '-', '_', '.'; at most 128; not "
+                         f"starting with '.')", "version")
+
+
+def pack_model(path: Path) -> bytes:
+    """The archive of a verified model directory (CheckpointError when it is corrupt)."""
+    load_model_dir(path)
+    files = {name: np.frombuffer((path / name).read_bytes(), dtype=np.uint8) for name in (*FILES, MANIFEST)}
+    buf = io.BytesIO()
+    np.savez(buf, **files)  # type: ignore[arg-type]
+    return seal(buf.getvalue())
+
+
+def unpack(data: bytes) -> dict[str, bytes]:
+    """The files of an archive (CheckpointError when it is corrupt or incomplete)."""
+    payload = unseal(data, "request body")
+    try:
+        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+            files = {k: z[k].tobytes() for k in z.files}
+    except Exception as exc:
+        raise CheckpointError(f"not a model archive ({type(exc).__name__}: {exc})", "request body") from None
+    missing = [n for n in (*FILES, MANIFEST) if n not in files]
+    if missing:
+        raise CheckpointError(f"model archive lacks {missing}", "request body")
+    return files
+
+
+def stage_archive(store: ModelStore, version: str, data: bytes, cfg: Config) -> bool:
+    """Store an archive as model ``version`` (not activated); False when the same model is stored already.
+
+    Raises:
+        CheckpointError: corrupt archive, or a model that does not fit ``cfg``'s network.
+        ModelConflictError: another model is stored under ``version``.
+        InputError: the archive's manifest names another version.
+    """
+    check_version(version)
+    files = unpack(data)
+    try:
+        manifest = json.loads(files[MANIFEST])
+    except ValueError as exc:
+        raise CheckpointError(f"unreadable manifest: {exc}", "request body") from None
+    if manifest.get("version") != version:
+        raise InputError(f"the archive holds model {manifest.get('version')!r}, not {version!r}", "version")
+    final = store.root / version
+    if final.exists():
+        if (final / MANIFEST).is_file() and (final / MANIFEST).read_bytes() == files[MANIFEST]:
+            load_model_dir(final)
+            return False
+        raise ModelConflictError(f"another model is stored as {version!r}", "version")
+    store.root.mkdir(parents=True, exist_ok=True)
+    tmp = store.root / f".tmp-{version}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for name in (*FILES, MANIFEST):
+            atomic_write_bytes(tmp / name, files[name])
+        model = load_model_dir(tmp)  # every file's checksum, the weights' shapes
+        bad = shape_mismatch(model.neural, cfg.neural)
+        if bad:
+            raise CheckpointError(f"model {version} does not fit this service's network ({', '.join(bad)} differ)",
+                                  "request body")
+        os.rename(tmp, final)
+        fsync_dir(store.root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True

@@ -1,0 +1,68 @@
+"""The ring of :mod:`cerebellar_norse.scaleout.ring` assigns markets exactly as a real HAProxy does.
+
+HAProxy runs the rendered configuration in front of small HTTP servers standing in for
+replicas (the assignment does not depend on what the servers answer); its
+``X-Served-By`` header names the server each market went to.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from haproxy_helpers import needs_haproxy, start_haproxy
+
+from cerebellar_norse.scaleout.haproxy import Replica
+from cerebellar_norse.scaleout.ring import Ring, full_hash, routing_key, sdbm
+
+MARKETS = [f"MKT-{k}" for k in range(600)] + ["BTC/USD", "a/b,c d", "x ,y", "p,q,r", "EUR USD", "~!@#$%^&*()", "Z" * 64]
+
+
+class Ok(BaseHTTPRequestHandler):
+    """Answers 200 to everything (health checks included)."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def stand_ins() -> Iterator[list[int]]:
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Ok) for _ in range(4)]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    yield [s.server_address[1] for s in servers]
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_hash_functions_match_haproxy_by_value() -> None:
+    assert sdbm(b"") == 0 and sdbm(b"a") == 97 and sdbm(b"ab") == (98 + 97 * 65599) % 2**32
+    assert full_hash(0) == full_hash(2**32)
+    assert routing_key("a/b,c d") == "a/b" and routing_key(" x ,y") == "x" and routing_key(",x") == ""
+    assert Ring({}).owner("A") is None and Ring({5: 1}).owner("A") == 5
+
+
+@needs_haproxy
+@pytest.mark.parametrize("servers", [{1: 1, 2: 1, 3: 1}, {1: 1, 3: 1}, {2: 1, 7: 2, 40: 1, 3: 3}])
+def test_ring_matches_a_real_haproxy(tmp_path: Path, stand_ins: list[int], servers: dict[int, int]) -> None:
+    replicas = [Replica(sid, "127.0.0.1", port, weight) for (sid, weight), port in zip(servers.items(), stand_ins, strict=False)]
+    hap = start_haproxy(tmp_path, replicas)
+    try:
+        hap.api.wait_ring(set(servers))
+        ring = Ring(servers)
+        with httpx.Client(base_url=hap.url, timeout=5) as c:
+            for market in MARKETS:
+                served = c.get("/health", headers={"X-Market-ID": market}).headers["X-Served-By"]
+                assert served == f"r{ring.owner(market)}", market
+    finally:
+        hap.stop()
