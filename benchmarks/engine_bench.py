@@ -33,8 +33,19 @@ append alone is timed too:
 
     .venv/bin/python benchmarks/engine_bench.py --journal-compare --repeats 5
 
+``--recording-compare`` measures the cost of ``[debug] record_requests`` the same way:
+one engine steps blocks of ticks with recording alternately off and on (order off, on,
+on, off, …), sharing one recorder (one file, so a market's slot is copied once, at its
+first recorded tick, as in service). Reported per mode: the event-loop thread's CPU time
+per tick (the hot path: :meth:`TickRecorder.before_step` and :meth:`TickRecorder.record`),
+the process's CPU time per tick (the writer thread included), wall time per tick, and
+the median and p99 latency, with on/off ratios; and the slot copy a market's first
+recorded tick costs, timed alone:
+
+    .venv/bin/python benchmarks/engine_bench.py --recording-compare --repeats 5
+
 Prints one JSON object and a Markdown table; results are recorded in docs/engine.md
-(the journal comparison in docs/benchmarks.md).
+(the journal and recording comparisons in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +70,7 @@ import numpy as np
 from cerebellar_norse.config import Config, load_config
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.journal import Durability
+from cerebellar_norse.engine.recorder import TickRecorder
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.ticks import Tick, validate_ticks
 
@@ -188,6 +201,106 @@ async def journal_ab(cfg: Config, n_submitters: int, ticks_each: int, block: int
     return out
 
 
+async def recording_ab(cfg: Config, n_submitters: int, ticks_each: int, block: int, seed: int) -> dict[str, Any]:
+    """Recording's cost on one engine: blocks of ticks alternately with ``record_requests`` off and on (ABBA order).
+
+    The "on" blocks share one recorder (temporary directory), kept aside during the
+    "off" blocks, so each market's slot is copied once (its first recorded tick) and
+    the file is not restarted. Per block: the loop thread's CPU time (``thread_time``:
+    the hot path alone), the process's CPU time (the writer thread too) and wall time,
+    per tick; latencies per tick.
+    """
+    with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
+        paths = cfg.paths.model_copy(update={"state_dir": tmp})
+        cfg_off = cfg.model_copy(update={"paths": paths, "debug": cfg.debug.model_copy(update={"record_requests": False})})
+        cfg_on = cfg_off.model_copy(update={"debug": cfg.debug.model_copy(update={"record_requests": True})})
+        engine = Engine(cfg_off)
+        engine.warm_up()
+        warm = [market_ticks(f"W{k:02d}", 200, seed + 1000 + k) for k in range(n_submitters)]
+        await scenario(engine, warm)
+        streams = [market_ticks(f"B{k:02d}", ticks_each, seed + k) for k in range(n_submitters)]
+        per: dict[str, dict[str, list[float]]] = {m: {"loop_cpu": [], "cpu": [], "wall": [], "lat": []} for m in ("off", "on")}
+        recorder = TickRecorder(Path(tmp) / "recordings")
+        gc.collect()
+        for b, start in enumerate(range(0, ticks_each, block)):
+            mode = ("off", "on", "on", "off")[b % 4]
+            engine.cfg, engine.recorder = (cfg_on, recorder) if mode == "on" else (cfg_off, None)
+            part = [st[start:start + block] for st in streams]
+            n = sum(len(p) for p in part)
+            c0, l0 = time.process_time(), time.thread_time()
+            wall, lat = await scenario(engine, part)
+            per[mode]["loop_cpu"].append((time.thread_time() - l0) / n * 1e6)
+            per[mode]["cpu"].append((time.process_time() - c0) / n * 1e6)
+            per[mode]["wall"].append(wall / n * 1e6)
+            per[mode]["lat"].extend(x / 1e3 for x in lat)
+        engine.cfg, engine.recorder = cfg_on, recorder
+        await engine.drain(save=False)
+        written, dropped, captured = recorder.written, recorder.dropped, recorder.states_captured
+    out: dict[str, Any] = {"blocks": {m: len(per[m]["cpu"]) for m in per}, "block_ticks": block * n_submitters,
+                           "recorded_ticks": written, "dropped_ticks": dropped, "slot_copies": captured}
+    for m in ("off", "on"):
+        lat_a = np.asarray(per[m]["lat"])
+        out[m] = {k: round(statistics.median(per[m][k]), 3) for k in ("loop_cpu", "cpu", "wall")}
+        out[m]["latency_us"] = {"p50": round(float(np.percentile(lat_a, 50)), 2),
+                                "p99": round(float(np.percentile(lat_a, 99)), 2)}
+    off, on = out["off"], out["on"]
+    for k in ("loop_cpu", "cpu", "wall"):
+        out[f"ratio_{k}"] = round(on[k] / off[k], 4)
+    out["ratio_p50"] = round(on["latency_us"]["p50"] / off["latency_us"]["p50"], 4)
+    out["ratio_p99"] = round(on["latency_us"]["p99"] / off["latency_us"]["p99"], 4)
+    return out
+
+
+def slot_copy_cost(cfg: Config, n: int = 20_000) -> dict[str, float]:
+    """A market's first recorded tick: ns per slot copy (``read_slot``), best of 3 runs of ``n``, and the slot's bytes."""
+    engine = Engine(cfg)
+    arrays = engine.pool.arrays
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            arrays.read_slot(0)
+        best = min(best, (time.perf_counter_ns() - t0) / n)
+    return {"ns_per_copy": round(best, 1), "slot_bytes": sum(a.nbytes for a in arrays.read_slot(0).values())}
+
+
+def recording_summary(runs: dict[str, list[dict[str, Any]]], copy: dict[str, float]) -> dict[str, Any]:
+    """Medians over repeats of each scenario's recording A/B figures."""
+    out: dict[str, Any] = {"slot_copy": copy}
+    for name, rs in runs.items():
+        med: dict[str, Any] = {k: round(statistics.median(r[k] for r in rs), 4)
+                               for k in ("ratio_loop_cpu", "ratio_cpu", "ratio_wall", "ratio_p50", "ratio_p99")}
+        for m in ("off", "on"):
+            med[m] = {k: round(statistics.median(r[m][k] for r in rs), 3) for k in ("loop_cpu", "cpu", "wall")}
+            med[m]["latency_us"] = {q: round(statistics.median(r[m]["latency_us"][q] for r in rs), 2) for q in ("p50", "p99")}
+        med["blocks_per_run"] = rs[0]["blocks"]
+        med["block_ticks"] = rs[0]["block_ticks"]
+        med["dropped_ticks"] = sum(r["dropped_ticks"] for r in rs)
+        med["runs"] = rs
+        out[name] = med
+    return out
+
+
+def recording_markdown(j: dict[str, Any]) -> str:
+    rows = [
+        "| scenario | loop CPU µs/tick off | on | ratio | process CPU µs/tick off | on | ratio | wall µs/tick ratio "
+        "| p50 µs off | on | ratio | p99 µs off | on | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, label in (("single", "1 submitter, one tick per step"), ("concurrent", f"{SUBMITTERS} submitters, batched")):
+        d = j[name]
+        off, on = d["off"], d["on"]
+        rows.append(f"| {label} | {off['loop_cpu']:.2f} | {on['loop_cpu']:.2f} | {d['ratio_loop_cpu']:.3f} "
+                    f"| {off['cpu']:.2f} | {on['cpu']:.2f} | {d['ratio_cpu']:.3f} | {d['ratio_wall']:.3f} "
+                    f"| {off['latency_us']['p50']:.1f} | {on['latency_us']['p50']:.1f} | {d['ratio_p50']:.3f} "
+                    f"| {off['latency_us']['p99']:.1f} | {on['latency_us']['p99']:.1f} | {d['ratio_p99']:.3f} |")
+    c = j["slot_copy"]
+    rows.append(f"\nSlot copy at a market's first recorded tick in a file: {c['ns_per_copy']:.0f} ns for {c['slot_bytes']:.0f} bytes "
+                "(best of 3 × 20000, this process).")
+    rows.append(f"Ticks dropped by the recorder during the comparison: {j['single']['dropped_ticks'] + j['concurrent']['dropped_ticks']}.")
+    return "\n".join(rows)
+
+
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over repeats of every figure (ticks are equal across runs)."""
     med = dict(runs[0])
@@ -302,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--journal-compare", action="store_true",
                     help="also measure the tick journal's cost (blocks with the journal off and on, alternating)")
+    ap.add_argument("--recording-compare", action="store_true",
+                    help="also measure debug.record_requests' cost (blocks with recording off and on, alternating)")
     args = ap.parse_args(argv)
     cfg = load_config(args.config, environ=os.environ)
 
@@ -316,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     singles: list[dict[str, Any]] = []
     concurrents: list[dict[str, Any]] = []
     ab: dict[str, list[dict[str, Any]]] = {"single": [], "concurrent": []}
+    rec_ab: dict[str, list[dict[str, Any]]] = {"single": [], "concurrent": []}
     each = max(args.ticks // SUBMITTERS, 1)
     for k in range(args.repeats):
         singles.append(runner(measure(cfg, 1, args.ticks, args.seed + 100 * k)))
@@ -323,8 +439,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.journal_compare:
             ab["single"].append(runner(journal_ab(cfg, 1, args.ticks, 500, args.seed + 100 * k)))
             ab["concurrent"].append(runner(journal_ab(cfg, SUBMITTERS, each, 8, args.seed + 100 * k)))
+        if args.recording_compare:
+            rec_ab["single"].append(runner(recording_ab(cfg, 1, args.ticks, 500, args.seed + 100 * k)))
+            rec_ab["concurrent"].append(runner(recording_ab(cfg, SUBMITTERS, each, 8, args.seed + 100 * k)))
     single, conc = median_of(singles), median_of(concurrents)
     journal = journal_summary(ab, append_cost_ns(cfg)) if args.journal_compare else None
+    recording = recording_summary(rec_ab, slot_copy_cost(cfg)) if args.recording_compare else None
     ratios = {
         "throughput": round(conc["throughput_ticks_per_s"] / single["throughput_ticks_per_s"], 3),
         "p50": round(conc["latency_us"]["p50"] / single["latency_us"]["p50"], 3),
@@ -348,12 +468,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     if journal is not None:
         res["journal"] = journal
+    if recording is not None:
+        res["recording"] = recording
     print(json.dumps(res))
     print()
     print(markdown(res))
     if journal is not None:
         print()
         print(journal_markdown(journal))
+    if recording is not None:
+        print()
+        print(recording_markdown(recording))
     return 0
 
 
