@@ -27,12 +27,15 @@ $(STAMP): pyproject.toml requirements/runtime.txt requirements/norse.txt require
 run: venv
 	$(VENV)/bin/cerebellar-norse
 
-# promtool and systemd-analyze are used by the tests when present; `make tools`
-# installs promtool from Debian where apt-get is available (CI runs it).
+# promtool, haproxy and systemd-analyze are used by the tests when present; `make tools`
+# installs promtool and haproxy from Debian where apt-get is available (CI runs it).
 tools:
 	@command -v promtool >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) || \
 	  echo "promtool unavailable: its tests will be skipped"; }
+	@command -v haproxy >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null) || \
+	  echo "haproxy unavailable: the scale-out tests will be skipped"; }
 
 lint: venv
 	$(VENV)/bin/ruff check cerebellar_norse tests benchmarks scripts

@@ -53,10 +53,10 @@ def rollout(version: str, archive: bytes, replicas: list[str], token: str | None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     say = log or (lambda msg: None)
     with httpx.Client(headers=headers, timeout=120.0) as http:
-        previous = {url: _call(http, "GET", f"{url}/models")["active"] for url in replicas}
         for url in replicas:
             _call(http, "PUT", f"{url}/models/{version}", content=archive, headers={"Content-Type": MEDIA_TYPE})
             say(f"staged {version} on {url}")
+        previous = {url: _call(http, "GET", f"{url}/models")["active"] for url in replicas}
         switched: list[str] = []
         try:
             for url in replicas:

@@ -1,0 +1,75 @@
+"""Staging a model archive (``PUT /models/{version}``): verified, stored atomically, not activated; bad ones change nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from live_helpers import NO_BOOTSTRAP
+
+from cerebellar_norse.api.deps import ServiceState
+from cerebellar_norse.api.server import build_service, make_app
+from cerebellar_norse.config import load_checked_config
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.storage import seal
+from cerebellar_norse.training.archive import MEDIA_TYPE, pack_model
+from cerebellar_norse.training.checkpoints import ModelStore
+
+TOKEN = "models-token-77a"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BLOB = {**AUTH, "Content-Type": MEDIA_TYPE}
+
+
+def _service(root: Path, **env: str) -> ServiceState:
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(root), "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN,
+               **NO_BOOTSTRAP, **env}
+    return build_service(load_checked_config(None, environ=environ))
+
+
+@pytest.fixture
+def tc(tmp_path: Path) -> Iterator[TestClient]:
+    with TestClient(make_app(_service(tmp_path / "replica"), restore=False, save_on_shutdown=False)) as c:
+        yield c
+
+
+def model(tmp_path: Path, **env: str) -> tuple[str, bytes]:
+    cfg = load_checked_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "src"), **env})
+    w = generate_weights(cfg)
+    w.head_bias[:] = np.asarray(w.head_bias) + 0.02
+    store = ModelStore(tmp_path / "src")
+    version = store.save(w, cfg, {"validation": {"loss": 0.5}})
+    return version, pack_model(store.root / version)
+
+
+def test_staged_model_is_stored_verified_and_not_active(tc: TestClient, tmp_path: Path) -> None:
+    version, archive = model(tmp_path)
+    r = tc.put(f"/models/{version}", content=archive, headers=BLOB)
+    assert r.status_code == 200, r.text
+    assert r.json()["stored"] is True and r.json()["active"] == "seed-42"
+    again = tc.put(f"/models/{version}", content=archive, headers=BLOB)
+    assert again.status_code == 200 and again.json()["stored"] is False  # idempotent
+    assert tc.post(f"/models/{version}/activate", headers=AUTH).json()["active"] == version
+
+
+def test_bad_archives_change_nothing(tc: TestClient, tmp_path: Path) -> None:
+    version, archive = model(tmp_path)
+    other, other_archive = model(tmp_path / "o", CEREBELLAR_NORSE_NEURAL__GRANULE_SIZE="256")
+    corrupt = bytearray(archive)
+    corrupt[-5] ^= 0xFF
+    cases = [
+        (tc.put(f"/models/{version}", content=bytes(corrupt), headers=BLOB), 422, "checksum"),
+        (tc.put(f"/models/{version}", content=seal(b"junk"), headers=BLOB), 422, "not a model archive"),
+        (tc.put("/models/another-version", content=archive, headers=BLOB), 422, "holds model"),
+        (tc.put("/models/.hidden", content=archive, headers=BLOB), 422, "invalid model version"),
+        (tc.put(f"/models/{other}", content=other_archive, headers=BLOB), 422, "does not fit"),
+        (tc.put(f"/models/{version}", content=archive, headers={**AUTH, "Content-Type": "application/json"}), 415, "octet"),
+        (tc.put(f"/models/{version}", content=archive, headers={"Content-Type": MEDIA_TYPE}), 401, "token"),
+    ]
+    for r, status, words in cases:
+        assert r.status_code == status, r.text
+        assert words in r.json()["error"]["message"], r.text
+    assert tc.get("/models", headers=AUTH).json()["models"] == []  # nothing stored, no temporary directory left
+    assert not list((tmp_path / "replica" / "models").glob(".tmp-*"))
