@@ -64,5 +64,9 @@ def test_ring_matches_a_real_haproxy(tmp_path: Path, stand_ins: list[int], serve
             for market in MARKETS:
                 served = c.get("/health", headers={"X-Market-ID": market}).headers["X-Served-By"]
                 assert served == f"r{ring.owner(market)}", market
+            r = c.post("/neural/process/batch", json={"ticks": []})  # a batch must name its market
+            assert r.status_code == 400 and r.json()["error"]["field"] == "X-Market-ID"
+            r = c.get("/neural/stream")
+            assert r.status_code == 400 and "market_id" in r.json()["error"]["message"]
     finally:
         hap.stop()
