@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     sf.add_argument("--tolerance", type=float, default=0.0, metavar="T",
                     help="largest |difference| of two numbers that is not a difference (default 0: exact)")
 
+    tc = sub.add_parser("trace", help="one request's timeline from the running service (GET /debug/requests/{id}) as text")
+    tc.add_argument("request_id", nargs="?", metavar="REQUEST_ID", help="the request's X-Request-ID (in its answer and logs)")
+    tc.add_argument("--slow", type=int, default=None, metavar="N", help="instead: the N slowest recent requests")
+    tc.add_argument("--url", default=None, help="running service (default: http://<server.host>:<server.port>)")
+    tc.add_argument("--token", default=None, metavar="T", help="bearer token (default: server.api_token of the config)")
+    tc.add_argument("--json", action="store_true", help="print the timeline JSON instead of the drawing")
+
     aw = sub.add_parser("analyze-weights", help="per-layer weight histograms, saturation, dead units and drift between models")
     aw.add_argument("source", nargs="?", metavar="INPUT", help="a model directory, a weights .npz, or - for the output of "
                                                             "--dump-weights on stdin (default: the served model)")
@@ -276,6 +283,18 @@ def _cmd_state(args: argparse.Namespace) -> int:
     return cmd_state_dump(_load(args), args.market, args.url, args.token)
 
 
+def _cmd_trace(args: argparse.Namespace) -> int:
+    from .observability.debugtools import cmd_trace
+
+    if (args.request_id is None) == (args.slow is None):
+        print("cerebellar-norse: trace: give a REQUEST_ID or --slow N (not both)", file=sys.stderr)
+        return 2
+    if args.slow is not None and not 1 <= args.slow <= 1024:
+        print("cerebellar-norse: trace: --slow must be between 1 and 1024", file=sys.stderr)
+        return 2
+    return cmd_trace(_load(args), args.request_id, args.url, args.token, args.slow, args.json)
+
+
 def _cmd_analyze_weights(args: argparse.Namespace) -> int:
     from .observability.pictures import cmd_analyze_weights
 
@@ -306,7 +325,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _cmd_validate_model
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "evaluate": _cmd_evaluate, "make-data": _cmd_make_data,
-        "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle, "state": _cmd_state,
+        "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle, "state": _cmd_state, "trace": _cmd_trace,
         "analyze-weights": _cmd_analyze_weights, "plot-market": _cmd_plot_market, **scaleout_commands(_load)}
     if args.command in commands:
         return commands[args.command]

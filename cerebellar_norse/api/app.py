@@ -15,8 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..observability.context import accept_request_id, new_request_id, request_id_var
+from ..observability.timelines import SENT, Timeline
 from .bulk import bulk_body_limit
-from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, ServiceState
+from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, SCOPE_TIMELINE, ServiceState
 from .errors import install_error_handlers
 from .fastpath import TickFastPath
 from .openapi import install_openapi
@@ -24,6 +25,7 @@ from .routes import debug, handover, health, model_upload, neural
 from .schemas import error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
+TIMED_ROUTES = frozenset({"/neural/process", "/neural/process/batch"})  # POST requests whose timelines are kept
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -54,7 +56,7 @@ class RequestContextMiddleware:
 
     def _over_connection_limit(self) -> bool:
         """More open connections (or running requests) than ``server.max_connections``, this one included."""
-        server = self.state.extra.get("server")
+        server = self.state.server
         server_state = getattr(server, "server_state", None)
         if server_state is None:
             return False
@@ -75,12 +77,15 @@ class RequestContextMiddleware:
                 rid = v.decode("latin-1")
             elif k == b"content-length":
                 length = v
+        t0 = time.perf_counter_ns()
         rid = accept_request_id(rid)
         token = request_id_var.set(rid)
         scope[SCOPE_REQUEST_ID] = rid
         status = 500
         started = False
-        t0 = time.perf_counter()
+        timeline = None
+        if scope["path"] in TIMED_ROUTES and scope["method"] == "POST":
+            timeline = scope[SCOPE_TIMELINE] = Timeline(rid, scope["path"], t0)
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status, started
@@ -91,6 +96,8 @@ class RequestContextMiddleware:
                 started = True
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
             await send(message)
+            if timeline is not None and message["type"] == "http.response.body" and not message.get("more_body"):
+                timeline.marks[SENT] = time.perf_counter_ns()
 
         app_receive = receive
         if length is None:  # chunked: count the bytes as they arrive
@@ -143,7 +150,10 @@ class RequestContextMiddleware:
                 status = 499  # closed by the client before an answer (nginx's convention)
             label = scope.get(SCOPE_ROUTE) or getattr(scope.get("route"), "path", None) or "other"
             m.requests.labels(label, scope["method"], str(status)).inc()
-            m.request_seconds.labels(label).observe(time.perf_counter() - t0)
+            m.request_seconds.labels(label).observe((time.perf_counter_ns() - t0) / 1e9)
+            if timeline is not None:
+                timeline.status = status
+                self.state.timelines.finish(timeline)
             request_id_var.reset(token)
 
     async def _refuse_websocket(self, scope: Scope, send: Send) -> None:
@@ -161,8 +171,13 @@ class RequestContextMiddleware:
         await send({"type": "websocket.http.response.body", "body": body})
 
 
-def create_app(state: ServiceState, extra_routers: list[Any] | None = None, lifespan: Any = None) -> FastAPI:
-    """Build the app around a service state (engine, metrics, config)."""
+def create_app(state: ServiceState, extra_routers: list[Any] | None = None, lifespan: Any = None,
+               fast_path: bool = True) -> FastAPI:
+    """Build the app around a service state (engine, metrics, config).
+
+    ``fast_path=False`` leaves ``POST /neural/process`` to its FastAPI route (same
+    answers, slower: for comparing the two).
+    """
     app = FastAPI(
         lifespan=lifespan,
         title="cerebellar-norse",
@@ -172,14 +187,15 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     app.state.service = state
     app.include_router(health.router)
     app.include_router(neural.router)
+    app.include_router(handover.router)  # before markets_router, whose {market_id:path} also matches …/export
     app.include_router(neural.markets_router)
-    app.include_router(handover.router)
     app.include_router(model_upload.router)
     app.include_router(debug.router)
     for r in extra_routers or []:
         app.include_router(r)
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc())
     install_openapi(app, state)
-    app.add_middleware(TickFastPath, state=state)  # inner: runs inside the request context
+    if fast_path:
+        app.add_middleware(TickFastPath, state=state)  # inner: runs inside the request context
     app.add_middleware(RequestContextMiddleware, state=state)
     return app

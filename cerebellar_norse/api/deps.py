@@ -6,7 +6,7 @@ import hmac
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Request, Response, Security
 from fastapi.exceptions import HTTPException
@@ -16,14 +16,23 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from ..config import Config
 from ..engine.engine import Engine
 from ..engine.handover import MarketMoves
-from ..errors import CerebellarNorseError, InputError
+from ..errors import CerebellarNorseError, EngineFatalError, InputError
 from ..observability.metrics import ServiceMetrics
+from ..observability.timelines import TimelineBook
 from ..ticks import Tick, check_not_future
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from ..engine.journal import Durability, StateDirLock
+    from ..training.checkpoints import ModelStore
+    from ..training.jobs import JobManager
 
 # Keys this service adds to the ASGI scope of an HTTP request.
 SCOPE_ROUTE = "cerebellar_norse.route"  # route label of the request metrics (set by the hot path)
 SCOPE_REQUEST_ID = "cerebellar_norse.request_id"  # the request id, for answers written below the app (408)
 SCOPE_TIMED_OUT = "cerebellar_norse.timed_out"  # set when the protocol answered the request 408
+SCOPE_TIMELINE = "cerebellar_norse.timeline"  # the request's Timeline (tick routes only)
 
 
 class AuthError(CerebellarNorseError):
@@ -32,7 +41,12 @@ class AuthError(CerebellarNorseError):
 
 @dataclass
 class ServiceState:
-    """Everything the routes need, attached to ``app.state.service``."""
+    """Everything the routes need, attached to ``app.state.service``.
+
+    Filled in by :func:`~cerebellar_norse.api.server.build_service` (engine, metrics,
+    store, jobs), :func:`~cerebellar_norse.api.server.serve` (server, config path, state
+    lock) and the lifecycle (durability, exit code).
+    """
 
     cfg: Config
     engine: Engine
@@ -41,7 +55,29 @@ class ServiceState:
     ready: bool = False
     not_ready_reason: str = "starting"
     started: float = field(default_factory=time.monotonic)
-    extra: dict[str, Any] = field(default_factory=dict)
+    store: ModelStore | None = None
+    jobs: JobManager | None = None
+    degraded: dict[str, str] | None = None  # serving a fallback model: its version and why
+    server: uvicorn.Server | None = None
+    config_path: str | None = None  # the TOML file a SIGHUP reloads (None: the built-in default)
+    state_lock: StateDirLock | None = None
+    state_prepared: bool = False
+    durability: Durability | None = None
+    exit_code: int = 0
+    timelines: TimelineBook = field(default_factory=TimelineBook)
+    trackers: dict[str, Any] = field(default_factory=dict)  # debug sinks attached on first use (spike tracker, trace)
+
+    def model_store(self) -> ModelStore:
+        """The service's model store (EngineFatalError, 503, in an app built without one)."""
+        if self.store is None:
+            raise EngineFatalError("this service has no model store")
+        return self.store
+
+    def job_manager(self) -> JobManager:
+        """The service's training jobs (EngineFatalError, 503, in an app built without them)."""
+        if self.jobs is None:
+            raise EngineFatalError("this service runs no training jobs")
+        return self.jobs
     moves: MarketMoves = field(default_factory=MarketMoves)  # markets refused while their state moves (scale-out)
 
 
@@ -119,11 +155,18 @@ def require_token(request: Request, _: Annotated[HTTPAuthorizationCredentials | 
     check_token(service(request).cfg, request.headers.get("authorization"))
 
 
+def content_type_problem(content_type: str) -> str | None:
+    """Why a request body of ``content_type`` is refused (415), or None when it is ``application/json``."""
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        return f"content type must be application/json, got {content_type or 'none'!r}"
+    return None
+
+
 def require_json(request: Request) -> None:
     """Raise 415 unless the request's body is ``application/json``."""
-    ctype = request.headers.get("content-type", "")
-    if ctype.split(";", 1)[0].strip().lower() != "application/json":
-        raise HTTPException(415, f"content type must be application/json, got {ctype or 'none'!r}")
+    problem = content_type_problem(request.headers.get("content-type", ""))
+    if problem is not None:
+        raise HTTPException(415, problem)
 
 
 class JsonBodyRoute(APIRoute):

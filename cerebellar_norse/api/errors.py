@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -45,20 +46,44 @@ def input_error_kind(exc: InputError) -> str:
     return {404: "not_found", 409: "conflict"}.get(exc.status_code, "validation")
 
 
-def validation_response(errors: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-    """Status and body for pydantic errors: the first error, its field, all messages."""
+NOT_UTF8 = "the body is not UTF-8 text"
+OBJECT_EXPECTED = frozenset({"model_type", "model_attributes_type", "dict_type"})
+
+
+def json_problem(body: str | bytes) -> str | None:
+    """What is wrong with a body that is not JSON, with its place (``... at line L column C``); None if it parses.
+
+    Both tick paths word a malformed body this way, whichever parser found it.
+    """
+    try:
+        json.loads(body)
+    except json.JSONDecodeError as exc:
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    except (UnicodeDecodeError, TypeError):
+        return NOT_UTF8
+    return None
+
+
+def validation_response(errors: list[dict[str, Any]], body: str | bytes | None = None) -> tuple[int, dict[str, Any]]:
+    """Status and body for pydantic errors: the first error, its field, all messages.
+
+    ``body``: the request body, which words a JSON syntax error (see :func:`json_problem`).
+    """
     rid = request_id_var.get()
     if not errors:
         return 422, error_payload("validation", "invalid request", rid)
     first = errors[0]
     field = _field_of(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
-        return 400, error_payload("malformed_json", f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", rid)
+        why = json_problem(body) if body is not None else None
+        return 400, error_payload("malformed_json", f"request body is not valid JSON: {why or first.get('ctx', {}).get('error', first.get('msg'))}", rid)
     if first.get("type") == "extra_forbidden":
         return 422, error_payload("validation", "unknown field", rid, field)
     if first.get("type") == "missing" and not field:
         return 422, error_payload("validation", "request body is missing", rid)
     msg = str(first.get("msg", "invalid value"))
+    if first.get("type") in OBJECT_EXPECTED:  # worded differently by pydantic's JSON and Python modes
+        msg = "must be a JSON object"
     if "input" in first and not isinstance(first["input"], (dict, list)):
         msg += f" (got {first['input']!r})"
     return 422, error_payload("validation", msg, rid, field or None)
@@ -107,7 +132,8 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, body = validation_response(list(exc.errors()))
+        raw = exc.body if isinstance(exc.body, (str, bytes)) else None
+        status, body = validation_response(list(exc.errors()), raw)
         count_error(body["error"]["type"])  # malformed_json (400) or validation (422), as on the hot path
         return JSONResponse(body, status_code=status)
 
@@ -124,7 +150,7 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
         kind = HTTP_ERROR_KINDS.get(exc.status_code, "http")
         message = str(exc.detail)
         if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (e.g. not UTF-8)
-            message = "request body is not valid JSON (it must be UTF-8 encoded JSON)"
+            message = f"request body is not valid JSON: {NOT_UTF8}"
         count_error(kind)
         return JSONResponse(error_payload(kind, message, request_id_var.get()), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))

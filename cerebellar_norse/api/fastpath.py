@@ -2,32 +2,31 @@
 
 FastAPI's route matching, dependency solving and response building cost several
 times the network's own few microseconds per tick. This ASGI layer answers the one
-hot route directly, with exactly the same contract as the FastAPI route it shadows
-(which still documents it in OpenAPI at ``/docs``):
-
-* the body is validated by the same pydantic model (:class:`TickIn`, strict);
-* the response is serialised through the same response model (:class:`ResultOut`);
-* errors have the same JSON shape, statuses and ``error.type`` values, and are counted
-  in the same metrics;
-* it sits inside :class:`RequestContextMiddleware`, so request ids, body-size limits
-  and request metrics apply unchanged.
+hot route directly and so shadows the FastAPI route of the same path, which stays
+for OpenAPI (``/docs``) and for apps built without the fast path. Everything after
+parsing is the one implementation both share (:func:`.tickpath.answer_tick`): the
+same checks, engine call, debug log and JSON. Here only what FastAPI would do before
+it: the content-type check (same message), reading the body, and validating it with
+the same strict pydantic model, errors answered in the same JSON shape and counted in
+the same metrics. A test sends the same requests to both and compares the answers.
+It runs inside :class:`RequestContextMiddleware`, so request ids, body-size limits,
+request metrics and the request's timeline apply unchanged.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import CerebellarNorseError
 from ..observability.context import request_id_var
-from .deps import SCOPE_ROUTE, ServiceState, check_ticks
+from .deps import SCOPE_ROUTE, SCOPE_TIMELINE, ServiceState
 from .errors import service_error, validation_response
-from .schemas import ResultOut, TickIn, error_payload
+from .schemas import TickIn, error_payload
+from .tickpath import answer_tick, content_type_problem
 
-log = logging.getLogger("cerebellar_norse.api")
 PATH = "/neural/process"
 
 
@@ -65,8 +64,9 @@ class TickFastPath:
                 ctype = v.decode("latin-1")
             elif k == b"x-market-id":
                 market = v.decode("latin-1")
-        if ctype.split(";", 1)[0].strip().lower() != "application/json":
-            await self._error(send, 415, "unsupported_media_type", f"content type must be application/json, got {ctype or 'none'!r}")
+        problem = content_type_problem(ctype)
+        if problem is not None:
+            await self._error(send, 415, "unsupported_media_type", problem)
             return
         chunks = []
         while True:
@@ -83,20 +83,15 @@ class TickFastPath:
         try:
             tick = TickIn.model_validate_json(body)
         except ValidationError as exc:
-            status, payload = validation_response([dict(e) for e in exc.errors(include_url=False)])
+            status, payload = validation_response([dict(e) for e in exc.errors(include_url=False)], body)
             self.state.metrics.errors.labels(payload["error"]["type"]).inc()
             await self._reply(send, status, json.dumps(payload).encode())
             return
         try:
-            t = tick.to_tick()
-            check_ticks(self.state, (t,), batch=False, market_header=market)
-            result = await self.state.engine.submit(t)
+            answer = await answer_tick(self.state, tick, market, scope.get(SCOPE_TIMELINE))
         except CerebellarNorseError as exc:
             err = service_error(exc)
             extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
             await self._error(send, err.status, err.kind, err.message, err.field, extra)
             return
-        result["request_id"] = request_id_var.get()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("tick processed", extra={"fields": {"market_id": tick.market_id, "processing_time_ns": result["processing_time_ns"]}})
-        await self._reply(send, 200, ResultOut.model_validate(result).model_dump_json().encode())
+        await self._reply(send, 200, answer)

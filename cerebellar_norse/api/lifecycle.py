@@ -35,6 +35,7 @@ LIVE_KEYS = (
     "logging.level",
     "performance.max_batch_delay_us",
     "performance.queue_size",
+    "performance.busy_poll_us",
     "server.api_token",
     "debug.record_requests",
     "training.auto_activate",
@@ -82,6 +83,7 @@ def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]
     eng.cfg = state.cfg
     eng.delay_s = state.cfg.performance.max_batch_delay_us / 1e6
     eng.queue_size = state.cfg.performance.queue_size
+    eng.busy_poll_s = state.cfg.performance.busy_poll_us / 1e6
     logging.getLogger().setLevel(effective_level(state.cfg.logging))
     return live, restart
 
@@ -172,34 +174,34 @@ def prepare_state(state: ServiceState) -> None:
     Runs before the socket opens (from ``serve``) or in the app's lifespan. Raises
     StorageError when the state dir cannot be written or is in use by another process.
     """
-    if state.extra.get("state_prepared"):
+    if state.state_prepared:
         return
     eng = state.engine
-    lock = state.extra.get("state_lock")
+    lock = state.state_lock
     if state.cfg.performance.journal:
         durability = Durability(eng, on_fatal=lambda exc: state_write_failed(state, exc), lock=lock)
         durability.recover()
-        state.extra["durability"] = durability
+        state.durability = durability
     else:
         if lock is None:
-            state.extra["state_lock"] = check_state_dir(state.cfg)
+            state.state_lock = check_state_dir(state.cfg)
         eng.restore_state()
-    state.extra["state_prepared"] = True
+    state.state_prepared = True
 
 
 def state_write_failed(state: ServiceState, exc: StorageError) -> None:
     """A journal or checkpoint write failed while serving: not ready (503 with the reason), stop, exit code 1."""
     state.ready = False
     state.not_ready_reason = f"state write failed: {exc}"
-    state.extra["exit_code"] = 1
-    server = state.extra.get("server")
+    state.exit_code = 1
+    server = state.server
     if server is not None:
         server.should_exit = True
 
 
 def start_checkpoints(state: ServiceState) -> asyncio.Task[None] | None:
     """The periodic checkpoint task (``[performance] checkpoint_interval_s``) when the journal is on."""
-    durability: Durability | None = state.extra.get("durability")
+    durability: Durability | None = state.durability
     if durability is None:
         return None
     return asyncio.create_task(durability.run())
@@ -216,8 +218,8 @@ async def stop_engine(state: ServiceState, save: bool) -> None:
     try:
         await eng.drain(save=save)
     except StorageError:  # logged by the journal with path and errno
-        state.extra["exit_code"] = 1
+        state.exit_code = 1
     except OSError as exc:
         err = StorageError.from_os_error("cannot save market state", eng.state_path(), exc)
         log.error("%s; the previous file is kept", err, extra={"fields": {"path": err.path, "errno": err.errno}})
-        state.extra["exit_code"] = 1
+        state.exit_code = 1

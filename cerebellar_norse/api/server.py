@@ -94,16 +94,16 @@ def build_service(cfg: Config) -> ServiceState:
     weights, version = load_model(cfg, store)
     engine = build_engine(cfg, device, weights, version)
     metrics = ServiceMetrics()
-    engine.observers.append(metrics.on_batch)
+    engine.sinks.append(metrics.on_batch)
     metrics.add_source(engine_families(engine, device, _cuda_memory(device)))
     state = ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device)
-    state.extra["store"] = store
+    state.store = store
     if store.fallback is not None:  # the active model could not be served: /health says "degraded"
         reason = f"{store.fallback}; serving model {engine.model_version} instead"
-        state.extra["degraded"] = {"model_version": engine.model_version, "reason": reason}
+        state.degraded = {"model_version": engine.model_version, "reason": reason}
         log.error("model fallback: %s", reason)
     # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
-    state.extra["jobs"] = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
+    state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
     return state
 
 
@@ -117,28 +117,24 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             ThreadPoolExecutor(max_workers=state.cfg.server.worker_threads, thread_name_prefix="cerebellar-norse-worker"))
         if restore:
             prepare_state(state)  # done by serve() before the socket opens; here for an app run by other means
-        observers, eng.observers = eng.observers, []  # warm-up ticks are not client ticks: keep them out of the metrics
-        try:
-            eng.warm_up()
-        finally:
-            eng.observers = observers
+        eng.warm_up()  # scratch ticks: no records reach the metrics
         state.ready = True
         state.not_ready_reason = ""
         log.info("service ready", extra={"fields": {"model_version": eng.model_version, "device": state.device,
                                                      "markets": eng.pool.used, "host": state.cfg.server.host,
                                                      "port": state.cfg.server.port}})
-        server = state.extra.get("server")
+        server = state.server
         announcer = None
         summary = asyncio.create_task(periodic_summary(state))
         checkpoints = start_checkpoints(state)
         if server is not None:
             announcer = asyncio.create_task(announce_when_listening(state, lambda: bool(getattr(server, "started", False))))
-            install_sighup(state, state.extra.get("config_path"))
+            install_sighup(state, state.config_path)
         try:
             yield
         finally:
             systemd.stopping("draining queued ticks and saving market state")
-            jobs = state.extra.get("jobs")
+            jobs = state.jobs
             if jobs is not None:
                 await jobs.close()
             summary.cancel()
@@ -148,7 +144,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
                 announcer.cancel()
             state.ready = False
             state.not_ready_reason = "shutting down"
-            server = state.extra.get("server")
+            server = state.server
             # An instance that never got its socket (e.g. port taken) must not overwrite the saved states.
             served = server is None or bool(getattr(server, "started", False))
             await stop_engine(state, save=save_on_shutdown and served)
@@ -215,12 +211,12 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
     lock = check_state_dir(cfg)  # unwritable or in use: start-up fails with one line on stderr, exit code 1
     try:
         state = build_service(cfg)
-        state.extra["state_lock"] = lock
+        state.state_lock = lock
         prepare_state(state)  # restore + journal replay, before the socket opens
     except OSError as exc:  # e.g. the disk filled up during first-run training: one line, no traceback
         raise StorageError.from_os_error("cannot start: writing failed at", exc.filename or cfg.paths.state_dir, exc) from None
     server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state)))
-    state.extra["server"] = server
-    state.extra["config_path"] = config_path
+    state.server = server
+    state.config_path = config_path
     server.run()
-    return int(state.extra.get("exit_code", 0)) if server.started else 1
+    return int(state.exit_code) if server.started else 1

@@ -74,9 +74,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -84,18 +84,19 @@ from norse.torch.functional.leaky_integrator import LIState
 from norse.torch.functional.lif import LIFFeedForwardState
 
 from ..config import Config, fmt_bytes
-from ..engine.engine import Engine
-from ..engine.persistence import PoolSnapshot
 from ..errors import CapacityError, DeviceUnavailableError, EngineFatalError
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.functional import CerebellumState, CerebellumWeights, TickOutput, cerebellum_step
-from ..neurons.parameters import NetworkParameters, NetworkShape, encoder_parameters
+from ..neurons.parameters import NetworkParameters, NetworkShape
 from ..neurons.reference import CerebellarReference
 from ..neurons.state import FLOAT_FIELDS, StateArrays
 from ..neurons.topology import Weights
 from .device import cuda_available
 from .memory import DeviceMemory
 from .staging import GraphPolicy, RoundRobin, encode_batch, staging_layout, wave_layout, workspace_bytes
+
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
 
 log = logging.getLogger("cerebellar_norse.cuda")
 
@@ -208,6 +209,19 @@ class CudaBackend:
     """
 
     name = "cuda"
+
+    @property
+    def warmup_rounds(self) -> int:
+        """Warm-up repeats until every stream has captured its single-tick graph (graph warm-up + 1 runs per stream)."""
+        return self.streams * (self.graph_policy.warmup + 1)
+
+    def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
+        """The single-tick batch (whose graph serving reuses most)."""
+        return (1,)
+
+    def learning_views(self) -> None:
+        """None: online learning updates host weights in place, which the device copy would not see."""
+        return None
 
     def __init__(self, weights: Weights, params: NetworkParameters, state: StateArrays, enc_par: np.ndarray,
                  max_batch: int, *, streams: int = 1, memory_limit: int = 2_000_000_000, pool_size: int = 64_000_000,
@@ -390,7 +404,7 @@ class CudaBackend:
             if self.on_cuda:
                 torch.cuda.synchronize(self.device)
 
-    def sync_to_host(self, slots: np.ndarray | list[int] | None = None) -> int:
+    def sync_to_host(self, slots: Sequence[int] | np.ndarray | None = None) -> int:
         """Bring the device state of ``slots`` (default: all) into the host StateArrays.
 
         Waits for batches in flight. Host-owned slots (reset or restored on the host
@@ -625,70 +639,12 @@ class CudaBackend:
         }
 
 
-class _Unbuilt:
-    """Placeholder backend while :class:`CudaEngine` builds the real one around the engine's slot arrays."""
+def make_cuda_engine(cfg: Config, weights: Weights | None = None, model_version: str = "", *, device: str = "cuda",
+                     use_graphs: bool = True) -> Engine:
+    """The service engine with a :class:`CudaBackend` over its slot arrays (``performance.device`` resolved to cuda)."""
+    from ..engine.engine import Engine
 
-    name = "cuda"
-
-    def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        raise EngineFatalError("the cuda backend is not built yet")
-
-    def set_weights(self, weights: Weights) -> None:
-        """Nothing to swap yet."""
+    return Engine(cfg, weights, model_version, backend="cuda", backend_options={"device": device, "use_graphs": use_graphs})
 
 
-class CudaEngine(Engine):
-    """The engine with a :class:`CudaBackend` over its slot arrays.
-
-    Differences from the CPU engine: saving the pool first brings the device state
-    to the host (:meth:`CudaBackend.sync_to_host`), restoring it pushes the restored
-    states to the device, warm-up runs often enough to capture the CUDA graph of a
-    single tick, and ``health()`` adds the device's figures under ``cuda``.
-    """
-
-    def __init__(self, cfg: Config, weights: Weights | None = None, model_version: str = "", *,
-                 use_graphs: bool = True, device: str = "cuda") -> None:
-        super().__init__(cfg, weights, model_version, backend=_Unbuilt())
-        self.cuda = CudaBackend.from_config(cfg, self.weights, self.params, self.arrays, encoder_parameters(cfg.neural),
-                                            device=device, use_graphs=use_graphs)
-        self.backend = self.cuda
-
-    def save_state(self, path: Path | None = None) -> int:
-        """Sync the device state to the host, then save the pool."""
-        self.cuda.sync_to_host()
-        return super().save_state(path)
-
-    def snapshot_state(self) -> PoolSnapshot:
-        """Sync the device state to the host, then copy it (a checkpoint)."""
-        self.cuda.sync_to_host()
-        return super().snapshot_state()
-
-    def restore_state(self, path: Path | None = None) -> int:
-        """Restore the pool on the host, then upload it to the device."""
-        n = super().restore_state(path)
-        if n:
-            self.cuda.sync_from_host()
-        return n
-
-    def warm_up(self) -> None:
-        """Warm up until every stream has captured its single-tick graph ((warm-up + 1) runs per stream)."""
-        for _ in range(self.cuda.streams * (self.cuda.graph_policy.warmup + 1)):
-            super().warm_up()
-
-    def health(self) -> dict[str, Any]:
-        """The engine's health plus device, streams, graphs and memory of the backend."""
-        out = super().health()
-        out["cuda"] = self.cuda.describe()
-        return out
-
-    def close(self) -> None:
-        """Free the device (the state is synced to the host first)."""
-        self.cuda.close()
-
-
-def make_cuda_engine(cfg: Config, weights: Weights | None = None, model_version: str = "") -> CudaEngine:
-    """The service engine on CUDA (``performance.device`` resolved to ``cuda``)."""
-    return CudaEngine(cfg, weights, model_version)
-
-
-__all__ = ["CudaBackend", "CudaEngine", "CudaHandle", "device_tick", "make_cuda_engine", "weight_shapes"]
+__all__ = ["CudaBackend", "CudaHandle", "device_tick", "make_cuda_engine", "weight_shapes"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,16 +38,18 @@ import numpy as np
 from ..config import Config, estimate_memory
 from ..errors import CapacityError, CheckpointError, EngineFatalError, StorageError, TickOrderError
 from ..neurons.backends import Backend, make_backend
-from ..neurons.network import StepBuffers, result_dicts, step_ticks
 from ..neurons.parameters import encoder_parameters, network_parameters
 from ..neurons.state import StateArrays
 from ..neurons.topology import Weights, generate_weights
 from ..observability.ratelimit import SummaryLog
+from ..observability.timelines import Timeline
 from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
 from .persistence import STATE_FILE, ForeignStateError, PoolSnapshot, load_pool, quarantine, save_pool, snapshot_pool
+from .pipeline import StepBuffers, step_ticks, tick_results
 from .pool import StatePool
 from .recorder import TickRecorder
+from .records import BatchRecord, EngineSnapshot, PoolFigures, RecordSink, TickResult
 from .selfeval import LiveScorer
 
 if TYPE_CHECKING:
@@ -87,7 +89,7 @@ class EngineStats:
     busy_ns: int = 0
 
 
-BatchObserver = Callable[[int, int, np.ndarray], None]  # (batch size, elapsed ns, spikes (B, 3))
+Pending = tuple[Tick, "asyncio.Future[TickResult]", Timeline | None]
 
 
 class Engine:
@@ -97,10 +99,13 @@ class Engine:
         cfg: the service configuration.
         weights: model weights (default: generated from the config's seed).
         model_version: reported with every result.
-        backend: backend name (``fused``/``reference``); default from ``performance.device``.
+        backend: a backend name (``fused``, ``reference``, ``cuda``; default ``fused``) built by
+            :func:`~cerebellar_norse.neurons.backends.make_backend` over the engine's slot arrays.
+        backend_options: options of the cuda backend (``device``, ``use_graphs``).
     """
 
-    def __init__(self, cfg: Config, weights: Weights | None = None, model_version: str = "", backend: Backend | str | None = None) -> None:
+    def __init__(self, cfg: Config, weights: Weights | None = None, model_version: str = "", backend: str | None = None,
+                 backend_options: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         perf = cfg.performance
         self.weights = weights if weights is not None else generate_weights(cfg)
@@ -109,14 +114,15 @@ class Engine:
         self.arrays = StateArrays.allocate(pool_capacity(cfg), self.params, cfg.neural.precision,
                                            touch=perf.memory_pool_enabled)
         self.pool = StatePool(self.arrays, self._reset_slot)
-        if isinstance(backend, str) or backend is None:
-            self.backend: Backend = make_backend(backend or "fused", self.weights, self.params, self.arrays,
-                                                 encoder_parameters(cfg.neural), perf.batch_size, perf.cpu_threads)
-        else:
-            self.backend = backend
+        self.backend: Backend = make_backend(backend or "fused", self.weights, self.params, self.arrays,
+                                             encoder_parameters(cfg.neural), perf.batch_size, perf.cpu_threads,
+                                             {"cfg": cfg, **(backend_options or {})})
         self.batch_size = perf.batch_size
         self.delay_s = perf.max_batch_delay_us / 1e6
         self.queue_size = perf.queue_size
+        self.busy_poll_s = perf.busy_poll_us / 1e6
+        self._poll_until = 0.0
+        self._polling = False
         self.learner = self._make_learner()
         self.scorer = LiveScorer.from_config(cfg, self.pool.capacity) if cfg.training.live_evaluation else None
         self.recorder: TickRecorder | None = None
@@ -127,8 +133,8 @@ class Engine:
         self.eviction_log = SummaryLog(log, "evicted least recently used markets", EVICTION_LOG_INTERVAL_S, "evicted")
         self.idle_eviction_log = SummaryLog(log, "evicted idle markets above the pool threshold", EVICTION_LOG_INTERVAL_S,
                                             "evicted")
-        self.observers: list[BatchObserver] = []
-        self._pending: list[tuple[Tick, asyncio.Future[dict[str, Any]]]] = []
+        self.sinks: list[RecordSink] = []  # called with every backend step's record (metrics, timelines, trackers)
+        self._pending: list[Pending] = []
         self._pending_ts: dict[str, int] = {}
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
         self._last_batch_end = 0.0
@@ -136,6 +142,8 @@ class Engine:
         self._accepting = True
         self.started = time.monotonic()
         self._buf = StepBuffers.allocate(self.batch_size, self.arrays.slots)
+        self._batch_started_ns = 0
+        self._last_stepped_ns = 0
 
     # -- state ------------------------------------------------------------------
 
@@ -153,6 +161,7 @@ class Engine:
 
     def save_state(self, path: Path | None = None) -> int:
         """Atomically save every live market's state; returns the number saved."""
+        self.backend.sync_to_host()
         n = save_pool(self.pool, path or self.state_path(), self.fingerprint(), self.journal.seq if self.journal is not None else 0)
         log.info("saved market state", extra={"fields": {"markets": n, "path": str(path or self.state_path())}})
         return n
@@ -176,28 +185,31 @@ class Engine:
                       extra={"fields": {"path": str(p), "moved_to": str(moved)}})
             return 0
         self.restored_journal_seq = int(meta["journal_seq"])
+        if n:
+            self.backend.sync_from_host()
         log.info("restored market state", extra={"fields": {"markets": n, "path": str(p)}})
         return n
 
     def snapshot_state(self) -> PoolSnapshot:
         """A copy of every live market's state (call between batches), for a checkpoint written later."""
+        self.backend.sync_to_host()
         return snapshot_pool(self.pool)
 
     def _make_learner(self) -> OnlineLearner | None:
         if not self.cfg.training.online_learning:
             return None
-        if not hasattr(self.backend, "pf_views"):
-            log.warning("training.online_learning needs the CPU fused backend; disabled on %s", getattr(self.backend, "name", "?"))
+        if self.backend.learning_views() is None:
+            log.warning("training.online_learning needs the CPU fused backend; disabled on %s", self.backend.name)
             return None
         return OnlineLearner(self.weights, self.cfg.neural.horizon_ticks, self.cfg.training.flat_band,
                              self.cfg.training.climbing_fibre_rate)
 
     def _learn(self, ticks: Sequence[Tick], probs: np.ndarray) -> None:
-        assert self.learner is not None
-        pf_w, pf_ptr, pf_post, pf_rows = self.backend.pf_views()  # type: ignore[attr-defined]
+        views = self.backend.learning_views()
+        assert self.learner is not None and views is not None
         for j, t in enumerate(ticks):
-            self.learner.observe(t.market_id, t.price, probs[j], self.backend.active_granules(j),  # type: ignore[attr-defined]
-                                 pf_w, pf_ptr, pf_post, pf_rows)
+            self.learner.observe(t.market_id, t.price, probs[j], views.active[j], views.pf_w, views.pf_ptr, views.pf_post,
+                                 views.pf_rows)
 
     def set_weights(self, weights: Weights, model_version: str, reset_states: bool = False) -> None:
         """Swap the model between batches (callers on the loop thread: no batch is running)."""
@@ -256,24 +268,28 @@ class Engine:
             self.stats.rejected_order += 1
             raise
 
-    async def submit(self, tick: Tick) -> dict[str, Any]:
-        """Process one validated tick; returns its result dict (with model_version)."""
+    async def submit(self, tick: Tick, timeline: Timeline | None = None) -> TickResult:
+        """Process one validated tick; returns its result.
+
+        With a ``timeline``, the engine notes the batch the tick ran in (stages
+        ``batch_started``, ``stepped``, ``completed``).
+        """
         self._admit((tick,), batch=False)
-        fut = self._enqueue(tick)
+        fut = self._enqueue(tick, timeline)
         return await fut
 
-    async def submit_many(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+    async def submit_many(self, ticks: Sequence[Tick], timeline: Timeline | None = None) -> list[TickResult]:
         """Process validated ticks in order; all are admitted (order, capacity) or none is."""
         if not ticks:
             return []
         self._admit(ticks, batch=True)
-        futs = [self._enqueue(t) for t in ticks]
+        futs = [self._enqueue(t, timeline) for t in ticks]
         return list(await asyncio.gather(*futs))
 
-    def _enqueue(self, tick: Tick) -> asyncio.Future[dict[str, Any]]:
+    def _enqueue(self, tick: Tick, timeline: Timeline | None) -> asyncio.Future[TickResult]:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self._pending.append((tick, fut))
+        fut: asyncio.Future[TickResult] = loop.create_future()
+        self._pending.append((tick, fut, timeline))
         self._pending_ts[tick.market_id] = tick.timestamp
         if len(self._pending) >= self.batch_size:
             if self._flush_handle is not None:
@@ -295,6 +311,24 @@ class Engine:
         self._last_batch_end = time.monotonic()
         if self._last_batch_end - self._last_gc >= 1.0:
             self.collect_idle(self._last_batch_end)
+        if self.busy_poll_s > 0.0:
+            self._poll_until = self._last_batch_end + self.busy_poll_s
+            if not self._polling:
+                self._polling = True
+                asyncio.get_running_loop().call_soon(self._poll)
+
+    def _poll(self) -> None:
+        """Busy-poll (``performance.busy_poll_us``): while a callback is ready the loop polls its sockets without sleeping.
+
+        Sleeping in the kernel between ticks lets the CPU idle and other work take the
+        core, so the next tick starts with cold caches: several times the kernel's
+        hot-loop time. Rescheduling this callback until the window ends keeps the
+        loop thread awake; each round is one non-blocking poll (about a microsecond).
+        """
+        if self._accepting and time.monotonic() < self._poll_until:
+            asyncio.get_running_loop().call_soon(self._poll)
+        else:
+            self._polling = False
 
     def collect_idle(self, now: float | None = None) -> int:
         """Above ``garbage_collection_threshold`` pool usage, evict markets idle for over ``IDLE_EVICTION_S``."""
@@ -313,8 +347,9 @@ class Engine:
             self.idle_eviction_log.add(len(gone), threshold=threshold, markets=self.pool.used, capacity=self.pool.capacity)
         return len(gone)
 
-    def _run_batch(self, batch: list[tuple[Tick, asyncio.Future[dict[str, Any]]]]) -> None:
-        ticks = [t for t, _ in batch]
+    def _run_batch(self, batch: list[Pending]) -> None:
+        ticks = [t for t, _, _ in batch]
+        self._batch_started_ns = started = time.perf_counter_ns()
         try:
             results = self.process_now(ticks)
         except Exception as exc:  # one bad batch must not stop the engine
@@ -325,15 +360,19 @@ class Engine:
             else:
                 log.exception("batch of %d ticks failed", len(batch))
                 err = EngineFatalError(f"batch failed: {type(exc).__name__}: {exc}")
-            for _, fut in batch:
+            for _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(err)
             return
-        for (_, fut), res in zip(batch, results, strict=True):
+        completed = time.perf_counter_ns()
+        stepped, seq, size = self._last_stepped_ns, self.stats.batches, len(batch)
+        for (_, fut, tl), res in zip(batch, results, strict=True):
+            if tl is not None:
+                tl.batched(started, stepped, completed, size, seq)
             if not fut.done():
                 fut.set_result(res)
 
-    def process_now(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+    def process_now(self, ticks: Sequence[Tick]) -> list[TickResult]:
         """Step a batch synchronously (at most ``batch_size`` ticks, order already checked).
 
         A batch with more distinct markets than the pool has slots is stepped in parts,
@@ -344,7 +383,7 @@ class Engine:
         cap = self.pool.capacity
         if len(ticks) <= cap:
             return self._step(ticks)
-        out: list[dict[str, Any]] = []
+        out: list[TickResult] = []
         start, seen = 0, set[str]()
         for j, t in enumerate(ticks):
             if t.market_id not in seen and len(seen) == cap:
@@ -368,15 +407,17 @@ class Engine:
             self.recorder.close(wait=False)
             self.recorder = None
 
-    def _step(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+    def _step(self, ticks: Sequence[Tick]) -> list[TickResult]:
         b = len(ticks)
         evictions = self.pool.table.evictions
         if self.cfg.debug.record_requests and not self._scratch:  # where each market starts, before the step changes it
             self.recorder = self.recorder or TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
             self.recorder.before_step(self.pool, ticks)
         probs, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, ticks, self._buf)
-        if self.pool.table.evictions != evictions:
-            self.eviction_log.add(self.pool.table.evictions - evictions, last=self.pool.table.last_evicted)
+        self._last_stepped_ns = stepped = time.perf_counter_ns()
+        evicted = self.pool.table.evictions - evictions
+        if evicted:
+            self.eviction_log.add(evicted, last=self.pool.table.last_evicted)
         if not self._scratch:  # warm-up ticks are neither learned from nor recorded
             if self.journal is not None:  # before any result is returned
                 self.journal.ticks(ticks)
@@ -385,18 +426,18 @@ class Engine:
             if self.scorer is not None:
                 self.scorer.observe_batch(ticks, probs, (self._buf.seen[:b] <= self.cfg.neural.warmup_ticks).tolist())
             self._record(ticks, probs)
-        out = result_dicts(ticks, probs, spikes, elapsed, self._buf.seen[:b], self.cfg.neural.warmup_ticks)
-        version = self.model_version
-        for r in out:
-            r["model_version"] = version
+        out = tick_results(ticks, probs, spikes, elapsed, self._buf.seen[:b], self.cfg.neural.warmup_ticks, self.model_version)
         st = self.stats
         st.ticks += b
         st.batches += 1
         st.last_batch_size = b
         st.busy_ns += elapsed
         st.spikes += spikes.sum(axis=0)
-        for obs in self.observers:
-            obs(b, elapsed, spikes)
+        if self.sinks and not self._scratch:  # scratch ticks (warm-up, journal replay) are not client ticks
+            rec = BatchRecord(st.batches, b, elapsed, self._batch_started_ns or stepped - elapsed, stepped, self._buf.slots[:b],
+                              self._buf.ticks[:, :b], spikes, evicted)
+            for sink in self.sinks:
+                sink(rec)
         return out
 
     # -- lifecycle ------------------------------------------------------------------
@@ -412,17 +453,14 @@ class Engine:
         if self.pool.used >= self.pool.capacity:
             log.info("warm-up skipped: every market slot is taken")
             return
-        sizes = {1}
-        threads = getattr(self.backend, "threads", 1)
-        if threads > 1:
-            sizes.add(min(self.batch_size, max(getattr(self.backend, "parallel_min_batch", 32), 1)))
         name = "\x00warmup"
         stats = self.stats
         self.stats = EngineStats()
         self._scratch = True
         try:
-            for n in sorted(sizes):
-                self.process_now([Tick(100.0, 1.0, 1_600_000_000_000, name)] * n)
+            for _ in range(self.backend.warmup_rounds):
+                for n in self.backend.warmup_batch_sizes(self.batch_size):
+                    self.process_now([Tick(100.0, 1.0, 1_600_000_000_000, name)] * n)
         finally:
             self.pool.table.release(name)
             self._scratch = False
@@ -446,13 +484,24 @@ class Engine:
         elif save:
             self.save_state()
 
+    def close(self) -> None:
+        """Release the backend (device memory); the host state is made current first."""
+        self.backend.close()
+
+    def snapshot(self) -> EngineSnapshot:
+        """Pool, queue, counters and the backend's description, as of now (call between batches)."""
+        st = self.stats
+        learner = self.learner
+        return EngineSnapshot(
+            pool=PoolFigures(self.pool.used, self.pool.capacity, self.pool.table.evictions, self.arrays.nbytes),
+            queue_depth=self.queue_depth, queue_capacity=self.queue_size, accepting=self._accepting,
+            model_version=self.model_version, ticks=st.ticks, batches=st.batches, failed_batches=st.failed_batches,
+            failed_ticks=st.failed_ticks, rejected_full=st.rejected_full, rejected_order=st.rejected_order,
+            spikes=(int(st.spikes[0]), int(st.spikes[1]), int(st.spikes[2])), busy_ns=st.busy_ns,
+            online_judged=learner.judged if learner is not None else None,
+            online_updates=learner.updates if learner is not None else None,
+            backend=self.backend.describe())
+
     def health(self) -> dict[str, Any]:
-        """Pool usage, queue depth and counters for /health."""
-        return {
-            "pool": {"markets": self.pool.used, "capacity": self.pool.capacity,
-                     "usage": self.pool.used / self.pool.capacity, "evictions": self.pool.table.evictions,
-                     "bytes": self.arrays.nbytes},
-            "queue_depth": self.queue_depth,
-            "queue_capacity": self.queue_size,
-            "accepting": self._accepting,
-        }
+        """Pool usage, queue depth and counters for /health (the engine's part)."""
+        return self.snapshot().health()

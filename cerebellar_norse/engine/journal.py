@@ -664,7 +664,7 @@ class Durability:
     def _replay(self, reader: SegmentReader, seq: int, rep: RecoveryReport) -> int:
         """Apply a segment's records after ``seq`` through the engine's step path (scratch: not journaled, recorded, learned)."""
         eng = self.engine
-        observers, stats, eng.observers = eng.observers, eng.stats, []
+        stats = eng.stats
         eng.stats = type(stats)()
         eng._scratch = True
         try:
@@ -682,7 +682,7 @@ class Durability:
                 seq = rec.seq
         finally:
             eng._scratch = False
-            eng.observers, eng.stats = observers, stats
+            eng.stats = stats
         return seq
 
     def close(self, save: bool) -> None:

@@ -1,16 +1,22 @@
-"""Backends: one small interface, ``step(slots, price, volume, ts_ms) -> (probs, spikes)``.
+"""Backends: one interface, :class:`Backend`, whose ``step(slots, ticks) -> (probs, spikes)`` runs the network.
 
-Both backends update the same slot arrays (:class:`StateArrays`) in place, so they
-are interchangeable and directly comparable.
+Every backend updates the same slot arrays (:class:`StateArrays`) in place (the CUDA
+backend mirrors them on the device and syncs on demand), so they are interchangeable
+and directly comparable. What else the engine needs (online-learning views, warm-up
+batch sizes, host/device sync, a description for /health) is part of the Protocol, so
+the engine never probes a backend for attributes.
 
 * ``fused``: the numba kernel of :mod:`.fused` (CPU fast path).
 * ``reference``: the Norse reference module, batched in torch.
+* ``cuda``: :class:`cerebellar_norse.cuda.backend.CudaBackend` (streams, CUDA graphs).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numba as nb
 import numpy as np
@@ -26,13 +32,35 @@ from .reference import CerebellarReference
 from .state import StateArrays
 from .topology import Weights
 
-BACKENDS = ("fused", "reference")
+BACKENDS = ("fused", "reference", "cuda")
+
+
+@dataclass(frozen=True)
+class LearningViews:
+    """Live views of the weights that climbing-fibre learning changes in place, and the last step's granule activity.
+
+    ``pf_w``/``pf_ptr``/``pf_post``: the parallel-fibre weights in CSR order, row
+    pointers and Purkinje cells; ``pf_rows`` the dense rows (G, P) the kernel reads
+    instead when the network is small enough (else (0, P)); ``active`` (max_batch, G)
+    uint8 flags of the granule cells that spiked during each tick of the last step.
+    """
+
+    pf_w: np.ndarray
+    pf_ptr: np.ndarray
+    pf_post: np.ndarray
+    pf_rows: np.ndarray
+    active: np.ndarray
 
 
 class Backend(Protocol):
     """What the engine needs from a backend."""
 
     name: str
+
+    @property
+    def warmup_rounds(self) -> int:
+        """Times the engine's warm-up runs its scratch batches (CUDA graphs are captured on repeats)."""
+        ...
 
     def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Apply ticks (in order) to the given slots.
@@ -48,8 +76,61 @@ class Backend(Protocol):
         """Swap in new weights (same topology) between batches."""
         ...
 
+    def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
+        """Batch sizes whose compiled variants the engine's warm-up should run once (each ≤ ``max_batch``)."""
+        ...
 
-class FusedBackend:
+    def learning_views(self) -> LearningViews | None:
+        """Views for online (climbing-fibre) learning, or None where this backend cannot learn online."""
+        ...
+
+    def sync_to_host(self, slots: Sequence[int] | np.ndarray | None = None) -> int:
+        """Make the host slot arrays of ``slots`` (default: all) current; returns the slots copied (0 where the
+        host arrays are the state itself)."""
+        ...
+
+    def sync_from_host(self) -> None:
+        """Push host slot arrays changed outside the backend (restore, import) to where the backend keeps state."""
+        ...
+
+    def describe(self) -> dict[str, Any] | None:
+        """The backend's figures for /health under its name (device, streams, memory), or None."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (device memory); the host state stays current."""
+        ...
+
+
+class HostBackend:
+    """Defaults of a backend whose state is the host slot arrays themselves."""
+
+    warmup_rounds = 1
+
+    def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
+        """One single-tick batch."""
+        return (1,)
+
+    def learning_views(self) -> LearningViews | None:
+        """None: no online learning."""
+        return None
+
+    def sync_to_host(self, slots: Sequence[int] | np.ndarray | None = None) -> int:
+        """Nothing to sync: the host arrays are the state."""
+        return 0
+
+    def sync_from_host(self) -> None:
+        """Nothing to sync."""
+
+    def describe(self) -> dict[str, Any] | None:
+        """Nothing beyond the engine's figures."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class FusedBackend(HostBackend):
     """The numba kernel over preallocated buffers; batches up to ``max_batch`` ticks.
 
     With ``threads > 1``, batches of at least ``parallel_min_batch`` ticks are split by
@@ -77,22 +158,24 @@ class FusedBackend:
         """Swap weights; a running step keeps the set it started with."""
         self.packed = PackedWeights.pack(weights, self.coef.dtype)
 
+    def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
+        """One tick, and with threads the smallest batch that runs in parallel."""
+        if self.threads > 1:
+            return tuple(sorted({1, min(max_batch, max(self.parallel_min_batch, 1))}))
+        return (1,)
+
+    def learning_views(self) -> LearningViews:
+        """Live views of the parallel-fibre weights in the packed arrays and of the last step's granule flags."""
+        return LearningViews(*self.pf_views(), self.ws.active)
+
     def pf_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Live views of the parallel-fibre weights in the packed arrays.
 
         Returns the CSR weights, row pointers and Purkinje cells, and the dense rows
         (G, P) the kernel reads instead when the network is small enough (else (0, P)).
         """
-        s = self.params.shape
         pw = self.packed
-        dg, nnz = s.dendrites * s.granule, s.purkinje * s.pf_per_purkinje
-        wi = pw.wi
-        if pw.dense:
-            o = pw.dense_offset(s)
-            rows = pw.wf[o:o + s.granule * s.purkinje].reshape(s.granule, s.purkinje)
-        else:
-            rows = pw.wf[:0].reshape(0, s.purkinje)
-        return pw.wf[dg:dg + nnz], wi[dg:dg + s.granule + 1], wi[dg + s.granule + 1:dg + s.granule + 1 + nnz], rows
+        return pw.floats("pf_w"), pw.ints("pf_ptr"), pw.ints("pf_post"), pw.floats("pf_rows")
 
     def active_granules(self, b: int) -> np.ndarray:
         """Granule cells that spiked during the ``b``-th tick of the last step (uint8 flags, a view)."""
@@ -130,7 +213,7 @@ def unique_waves(slots: np.ndarray) -> list[np.ndarray]:
     return [np.nonzero(rank == k)[0] for k in range(int(rank.max()) + 1 if rank.size else 0)]
 
 
-class ReferenceBackend:
+class ReferenceBackend(HostBackend):
     """The Norse reference network, batched in torch (no gradients)."""
 
     name = "reference"
@@ -186,13 +269,27 @@ class ReferenceBackend:
 
 
 def make_backend(name: str, weights: Weights, params: NetworkParameters, state: StateArrays, enc_par: np.ndarray,
-                 max_batch: int, threads: int = 1) -> Backend:
-    """Build a backend by name (``fused`` or ``reference``); ``threads`` applies to fused."""
+                 max_batch: int, threads: int = 1, cuda_options: dict[str, Any] | None = None) -> Backend:
+    """Build a backend by name (``fused``, ``reference`` or ``cuda``) over the slot arrays ``state``.
+
+    ``threads`` applies to fused; ``cuda_options`` are passed to
+    :meth:`CudaBackend.from_config <cerebellar_norse.cuda.backend.CudaBackend.from_config>`
+    (``cfg`` required; ``device``, ``use_graphs``).
+    """
     if name == "fused":
         return FusedBackend(weights, params, state, enc_par, max_batch, threads)
     if name == "reference":
         return ReferenceBackend(weights, params, state, enc_par, max_batch)
+    if name == "cuda":
+        from ..cuda.backend import CudaBackend  # torch.cuda set-up only where CUDA is asked for
+
+        opts = dict(cuda_options or {})
+        cfg = opts.pop("cfg", None)
+        if cfg is None:
+            raise ValueError("the cuda backend needs cuda_options={'cfg': <Config>}")
+        return CudaBackend.from_config(cfg, weights, params, state, enc_par, **opts)
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "Backend", "FusedBackend", "ReferenceBackend", "encoder_parameters", "make_backend", "unique_waves"]
+__all__ = ["BACKENDS", "Backend", "FusedBackend", "HostBackend", "LearningViews", "ReferenceBackend", "encoder_parameters",
+           "make_backend", "unique_waves"]

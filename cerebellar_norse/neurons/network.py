@@ -18,126 +18,21 @@ Probabilities are the network's, passed through the model's calibrated head
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numba as nb
 import numpy as np
 
 from ..config import Config, load_checked_config
+from ..engine.pipeline import StepBuffers, step_ticks, tick_results
 from ..engine.pool import StatePool
 from ..errors import InputError
 from ..ticks import Tick, check_order, validate_tick, validate_ticks
 from .backends import Backend, make_backend
-from .encoder import S_N_TICKS
-from .fused import softmax_row
 from .parameters import encoder_parameters, network_parameters
 from .state import StateArrays
 from .topology import Weights, generate_weights
-
-CLASSES = ("down", "flat", "up")
-_LN3 = math.log(3.0)
-
-
-def _confidence(p: list[float]) -> float:
-    h = -sum(x * math.log(x) for x in p if x > 0.0)
-    return min(max(1.0 - h / _LN3, 0.0), 1.0)
-
-
-def result_dicts(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, elapsed_ns: int,
-                 seen: np.ndarray | None = None, warmup_ticks: int = 0) -> list[dict[str, Any]]:
-    """Result dicts of a batch (shared with the engine so every path answers alike).
-
-    ``seen`` (B,) holds how many ticks each tick's market had seen including it; a
-    result carries ``warming_up`` while that is at most ``warmup_ticks``.
-
-    Plain Python per row: for the small batches of live serving, numpy's per-call
-    overhead would cost more than the kernel, and one code path for every batch size
-    keeps a tick's result bit-identical whether it was batched or not.
-    """
-    per_tick = elapsed_ns // max(len(ticks), 1)
-    rows = probs.tolist()
-    totals = spikes.sum(axis=1).tolist()
-    warm = [False] * len(ticks) if seen is None else (seen[:len(ticks)] <= warmup_ticks).tolist()
-    out = []
-    for j, t in enumerate(ticks):
-        p = rows[j]
-        out.append({
-            "market_id": t.market_id,
-            "prediction": p[2] - p[0],
-            "probabilities": {"down": p[0], "flat": p[1], "up": p[2]},
-            "confidence": _confidence(p),
-            "spike_count": int(totals[j]),
-            "processing_time_ns": per_tick,
-            "warming_up": warm[j],
-        })
-    return out
-
-
-@nb.njit(cache=True, nogil=True, error_model="numpy")
-def _finish_batch(slots: np.ndarray, enc: np.ndarray, scratch: np.ndarray, seen: np.ndarray, probs: np.ndarray,
-                  gain: np.ndarray, bias: np.ndarray, apply_head: bool) -> None:
-    """Ticks seen per market (after a step) and, with ``apply_head``, the calibrated head in place.
-
-    ``seen[j]`` is the market's tick count including tick j (later ticks of the same
-    market in the batch are subtracted from the count after the step). The head maps
-    each row ``p`` to ``softmax(gain * log p + bias)``.
-    """
-    b = slots.shape[0]
-    for j in range(b):
-        scratch[slots[j]] = enc[slots[j], S_N_TICKS]
-    for j in range(b - 1, -1, -1):
-        s = slots[j]
-        seen[j] = scratch[s]
-        scratch[s] -= 1.0
-    if not apply_head:
-        return
-    for j in range(b):
-        for c in range(probs.shape[1]):
-            probs[j, c] = gain[c] * math.log(max(probs[j, c], 1e-300)) + bias[c]
-        softmax_row(probs[j])
-
-
-@dataclass
-class StepBuffers:
-    """Preallocated inputs and outputs of :func:`step_ticks` for batches up to ``max_batch`` ticks."""
-
-    slots: np.ndarray  # (B,) int64 slot of each tick
-    ticks: np.ndarray  # (3, B) float64 price, volume, time (ms)
-    seen: np.ndarray  # (B,) float64 ticks seen by the tick's market, including it
-    scratch: np.ndarray  # (S,) float64, one per state slot
-    head_of: object = None  # the weights whose head ``apply_head`` describes
-    apply_head: bool = False
-
-    @classmethod
-    def allocate(cls, max_batch: int, n_slots: int) -> StepBuffers:
-        """Buffers for ``max_batch`` ticks over ``n_slots`` state slots."""
-        return cls(np.zeros(max_batch, dtype=np.int64), np.zeros((3, max_batch)), np.zeros(max_batch), np.zeros(n_slots))
-
-
-def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Sequence[Tick],
-               buf: StepBuffers) -> tuple[np.ndarray, np.ndarray, int]:
-    """Give each tick its market's slot, step the backend, apply the model's calibrated head.
-
-    Fills ``buf.seen[:len(ticks)]`` (see :func:`_finish_batch`). Returns probabilities,
-    spikes and the time in ns (backend step and head).
-    """
-    b = len(ticks)
-    slots, arr = buf.slots[:b], buf.ticks[:, :b]
-    for j, t in enumerate(ticks):
-        slots[j] = pool.table.acquire(t.market_id)
-        arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
-    t0 = time.perf_counter_ns()
-    probs, spikes = backend.step(slots, arr)
-    if weights is not buf.head_of:  # checked once per weights object, not per batch
-        buf.head_of, buf.apply_head = weights, not weights.head_is_identity
-    _finish_batch(slots, pool.arrays.enc, buf.scratch, buf.seen, probs, weights.head_gain, weights.head_bias,
-                  buf.apply_head)
-    return probs, spikes, time.perf_counter_ns() - t0
 
 
 class CerebellarNetwork:
@@ -228,7 +123,8 @@ class CerebellarNetwork:
             chunk = ticks[start:start + self.max_batch]
             b = len(chunk)
             probs, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, chunk, self._buf)
-            out.extend(result_dicts(chunk, probs, spikes, elapsed, self._buf.seen[:b], self.config.neural.warmup_ticks))
+            out.extend(r.as_dict() for r in tick_results(chunk, probs, spikes, elapsed, self._buf.seen[:b],
+                                                         self.config.neural.warmup_ticks))
             spike_parts.append(spikes.copy())
         self.last_spikes = np.concatenate(spike_parts)
         return out

@@ -45,6 +45,7 @@ from .. import __version__
 from ..config import Config, consistency_problems
 from ..storage import atomic_write_bytes
 from .debugtools import REDACTED, config_token, format_stacks, market_state_path, redacted_config
+from .timelines import ascii_timeline
 
 LOG_TAIL_LINES = 2000
 
@@ -82,6 +83,7 @@ def _models_section(cfg: Config) -> dict[str, Any]:
 
 
 BUSIEST_MARKETS = 5  # state dumps of this many markets (most ticks seen) go into the bundle
+SLOW_REQUESTS = 20  # timelines of this many of the slowest recent requests go into the bundle
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -140,6 +142,11 @@ def _service_parts(url: str, token: str | None, timeout_s: float, parts: Parts) 
     if stacks is not None:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             parts.files["service/backtrace.txt"] = format_stacks(json.loads(stacks)["threads"]).encode()
+    slow = get("service/slow_requests.json", f"/debug/requests?slow=1&limit={SLOW_REQUESTS}", guarded=True)
+    if slow is not None:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            parts.files["service/slow_requests.txt"] = "\n\n".join(
+                ascii_timeline(tl) for tl in json.loads(slow)["requests"]).encode()
     listing = get("service/markets.json", f"/debug/markets?limit={BUSIEST_MARKETS}", guarded=True)
     if listing is None:
         return

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICK
 if TYPE_CHECKING:
     from ..config import Config
     from ..engine.engine import Engine
+    from ..engine.records import BatchRecord
 
 FEATURES = ("log_return", "log_volume", "log_gap")
 POPULATIONS = {"granule": ("v_gr", "i_gr"), "purkinje": ("v_pc", "i_pc"), "dcn": ("v_dcn", "i_dcn"),
@@ -46,16 +47,28 @@ POPULATIONS = {"granule": ("v_gr", "i_gr"), "purkinje": ("v_pc", "i_pc"), "dcn":
 SPIKING = ("granule", "purkinje", "dcn")  # the populations whose spikes a step counts, in its order
 IGNORED = frozenset({"captured_at", "spike_counts.tracking_since"})  # differ between any two captures
 TRACKER_KEY = "spike_tracker"
-A = TypeVar("A")
 
 
-def attach_once(cls: type[A], engine: Any, registry: dict[str, Any], key: str) -> A:
-    """The ``cls(engine)`` kept in ``registry[key]`` (the service's extras), its ``observe`` made an
-    observer of ``engine`` when first created (again after the engine was replaced)."""
+class EngineSink(Protocol):
+    """A debug tracker fed by an engine's batch records."""
+
+    engine: Engine
+
+    def __init__(self, engine: Engine) -> None: ...
+
+    def observe(self, rec: BatchRecord) -> None: ...
+
+
+A = TypeVar("A", bound=EngineSink)
+
+
+def attach_once(cls: type[A], engine: Engine, registry: dict[str, Any], key: str) -> A:
+    """The ``cls(engine)`` kept in ``registry[key]``, its ``observe`` made a sink of
+    ``engine`` when first created (again after the engine was replaced)."""
     obj = registry.get(key)
-    if not isinstance(obj, cls) or obj.engine is not engine:  # type: ignore[attr-defined]
-        obj = registry[key] = cls(engine)  # type: ignore[call-arg]
-        engine.observers.append(obj.observe)  # type: ignore[attr-defined]
+    if not isinstance(obj, cls) or obj.engine is not engine:
+        obj = registry[key] = cls(engine)
+        engine.sinks.append(obj.observe)
     return obj
 REDACTED = "***"
 
@@ -93,12 +106,12 @@ class SpikeTracker:
         """The tracker kept in ``registry`` (the service's extras), attached to ``engine`` on first use."""
         return attach_once(cls, engine, registry, TRACKER_KEY)
 
-    def observe(self, b: int, elapsed_ns: int, spikes: np.ndarray) -> None:
-        """Add one step's spikes (B, 3) to the slots of its ticks."""
-        buf = getattr(self.engine, "_buf", None)
-        if buf is None or b == 0:
+    def observe(self, rec: BatchRecord) -> None:
+        """Add one step's spikes (B, 3) to the slots of its ticks (engine sink)."""
+        b, spikes = rec.size, rec.spikes
+        if b == 0:
             return
-        slots = np.asarray(buf.slots[:b])
+        slots = np.asarray(rec.slots)
         enc = self.engine.pool.arrays.enc
         uniq, counts = np.unique(slots, return_counts=True)
         now = enc[uniq, S_N_TICKS]
@@ -346,6 +359,29 @@ def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) 
         return r.json()
     except ValueError:
         raise ServiceCallError(f"{target}: answer is not JSON") from None
+
+
+def cmd_trace(cfg: Config, request_id: str | None, url: str | None, token: str | None, slow: int | None,
+              as_json: bool) -> int:
+    """``cerebellar-norse trace REQUEST_ID`` (or ``--slow N``): a request's timeline from the running service, drawn as text."""
+    import json
+    from urllib.parse import quote
+
+    from .timelines import ascii_timeline
+
+    url = url or service_url(cfg)
+    path = f"/debug/requests?slow=1&limit={slow}" if slow else f"/debug/requests/{quote(request_id or '', safe='')}"
+    try:
+        doc = fetch_json(url, path, token if token is not None else config_token(cfg))
+    except ServiceCallError as exc:
+        print(f"cerebellar-norse: {exc}", file=sys.stderr)
+        return 1
+    timelines = doc["requests"] if slow else [doc]
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print("\n\n".join(ascii_timeline(tl) for tl in timelines) if timelines else "no request timelines kept yet")
+    return 0
 
 
 def market_state_path(market_id: str) -> str:

@@ -38,12 +38,17 @@ import bisect
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
+    from ..engine.records import BatchRecord
+    from ..engine.selfeval import LiveScorer
 
 disable_created_metrics()  # *_created series only add noise for operators
 
@@ -147,12 +152,12 @@ class ServiceMetrics:
         self._sources: list[Callable[[], Iterable[Metric]]] = []
         r.register(_CallbackCollector(self))
 
-    def on_batch(self, size: int, elapsed_ns: int, spikes: Any) -> None:
-        """Engine observer: one batch of ``size`` ticks took ``elapsed_ns``."""
-        per_tick = elapsed_ns / 1e9 / max(size, 1)
-        self.processing.observe_many(per_tick, size)
-        self.batch_sizes.observe_many(float(size), 1)
-        self.recent.add(per_tick, size)
+    def on_batch(self, rec: BatchRecord) -> None:
+        """Engine sink: one backend step of ``rec.size`` ticks took ``rec.step_ns``."""
+        per_tick = rec.per_tick_s
+        self.processing.observe_many(per_tick, rec.size)
+        self.batch_sizes.observe_many(float(rec.size), 1)
+        self.recent.add(per_tick, rec.size)
 
     def add_source(self, source: Callable[[], Iterable[Metric]]) -> None:
         """Register a callable yielding metric families at scrape time."""
@@ -179,47 +184,46 @@ class _CallbackCollector(Collector):
             yield from source()
 
 
-def engine_families(engine: Any, device: str, cuda_memory: Callable[[], tuple[int, int]]) -> Callable[[], Iterable[Metric]]:
-    """Scrape-time metric families of an engine (pool, queue, counters, CUDA memory)."""
+def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple[int, int]]) -> Callable[[], Iterable[Metric]]:
+    """Scrape-time metric families of an engine, read from its snapshot (pool, queue, counters, model) and CUDA memory."""
     started = time.monotonic()
 
     def collect() -> Iterable[Metric]:
-        st = engine.stats
-        h = engine.health()
+        snap = engine.snapshot()
         used, total = cuda_memory()
         yield GaugeMetricFamily("cuda_memory_used_bytes", "CUDA memory used by the service (bytes; 0 on CPU).", value=used)
         yield GaugeMetricFamily("cuda_memory_total_bytes", "CUDA memory of the device (bytes; 0 on CPU).", value=total)
-        yield CounterMetricFamily("cerebellar_norse_ticks", "Ticks processed.", value=st.ticks)
-        yield CounterMetricFamily("cerebellar_norse_batches", "Engine batches run.", value=st.batches)
-        yield CounterMetricFamily("cerebellar_norse_failed_batches", "Engine batches that failed.", value=st.failed_batches)
+        yield CounterMetricFamily("cerebellar_norse_ticks", "Ticks processed.", value=snap.ticks)
+        yield CounterMetricFamily("cerebellar_norse_batches", "Engine batches run.", value=snap.batches)
+        yield CounterMetricFamily("cerebellar_norse_failed_batches", "Engine batches that failed.", value=snap.failed_batches)
         rej = CounterMetricFamily("cerebellar_norse_rejected_ticks", "Ticks refused before processing, by reason.", labels=["reason"])
-        rej.add_metric(["queue_full"], st.rejected_full)
-        rej.add_metric(["out_of_order"], st.rejected_order)
+        rej.add_metric(["queue_full"], snap.rejected_full)
+        rej.add_metric(["out_of_order"], snap.rejected_order)
         yield rej
         spk = CounterMetricFamily("cerebellar_norse_spikes", "Spikes emitted, by population.", labels=["population"])
-        for k, pop in enumerate(POPULATIONS):
-            spk.add_metric([pop], float(st.spikes[k]))
+        for pop, n in zip(POPULATIONS, snap.spikes, strict=True):
+            spk.add_metric([pop], float(n))
         yield spk
-        yield GaugeMetricFamily("cerebellar_norse_queue_depth_ticks", "Ticks waiting for a batch.", value=h["queue_depth"])
-        yield GaugeMetricFamily("cerebellar_norse_queue_capacity_ticks", "Queue capacity (ticks).", value=h["queue_capacity"])
-        pool = h["pool"]
-        yield GaugeMetricFamily("cerebellar_norse_pool_markets", "Markets holding a state slot.", value=pool["markets"])
-        yield GaugeMetricFamily("cerebellar_norse_pool_capacity_markets", "State slots.", value=pool["capacity"])
-        yield GaugeMetricFamily("cerebellar_norse_pool_usage_ratio", "Fraction of state slots in use.", value=pool["usage"])
-        yield GaugeMetricFamily("cerebellar_norse_pool_bytes", "Memory of the state pool (bytes).", value=pool["bytes"])
-        yield CounterMetricFamily("cerebellar_norse_pool_evictions", "Markets evicted (least recently used).", value=pool["evictions"])
-        yield CounterMetricFamily("cerebellar_norse_engine_busy_seconds", "Time spent stepping batches (s).", value=st.busy_ns / 1e9)
+        yield GaugeMetricFamily("cerebellar_norse_queue_depth_ticks", "Ticks waiting for a batch.", value=snap.queue_depth)
+        yield GaugeMetricFamily("cerebellar_norse_queue_capacity_ticks", "Queue capacity (ticks).", value=snap.queue_capacity)
+        pool = snap.pool
+        yield GaugeMetricFamily("cerebellar_norse_pool_markets", "Markets holding a state slot.", value=pool.markets)
+        yield GaugeMetricFamily("cerebellar_norse_pool_capacity_markets", "State slots.", value=pool.capacity)
+        yield GaugeMetricFamily("cerebellar_norse_pool_usage_ratio", "Fraction of state slots in use.", value=pool.usage)
+        yield GaugeMetricFamily("cerebellar_norse_pool_bytes", "Memory of the state pool (bytes).", value=pool.bytes)
+        yield CounterMetricFamily("cerebellar_norse_pool_evictions", "Markets evicted (least recently used).", value=pool.evictions)
+        yield CounterMetricFamily("cerebellar_norse_engine_busy_seconds", "Time spent stepping batches (s).", value=snap.busy_ns / 1e9)
         yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", "Seconds since the service started.", value=time.monotonic() - started)
-        learner = getattr(engine, "learner", None)
-        if learner is not None:
-            yield CounterMetricFamily("cerebellar_norse_online_judged_ticks", "Ticks judged after their horizon by climbing-fibre learning.", value=learner.judged)
-            yield CounterMetricFamily("cerebellar_norse_online_updates", "Climbing-fibre weight updates (wrong predictions).", value=learner.updates)
+        if snap.online_judged is not None and snap.online_updates is not None:
+            yield CounterMetricFamily("cerebellar_norse_online_judged_ticks", "Ticks judged after their horizon by climbing-fibre learning.",
+                                      value=snap.online_judged)
+            yield CounterMetricFamily("cerebellar_norse_online_updates", "Climbing-fibre weight updates (wrong predictions).",
+                                      value=snap.online_updates)
         info = GaugeMetricFamily("cerebellar_norse_model_info", "Active model (value 1).", labels=["model_version", "device"])
-        info.add_metric([engine.model_version, device], 1.0)
+        info.add_metric([snap.model_version, device], 1.0)
         yield info
-        scorer = getattr(engine, "scorer", None)
-        if scorer is not None:
-            yield from live_evaluation_families(scorer)
+        if engine.scorer is not None:
+            yield from live_evaluation_families(engine.scorer)
 
     return collect
 
@@ -244,7 +248,7 @@ LIVE_GAUGES = (  # (name, HELP, side, figure) of the rolling-window figures of a
 )
 
 
-def live_evaluation_families(scorer: Any) -> Iterable[Metric]:
+def live_evaluation_families(scorer: LiveScorer) -> Iterable[Metric]:
     """Live self-evaluation of all markets together (per market only in /neural/metrics: label cardinality).
 
     A gauge without a defined value (empty window) has no sample rather than NaN.

@@ -52,6 +52,7 @@ from ..neurons.topology import LAYERS as WEIGHT_LAYERS
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..engine.records import BatchRecord
     from ..neurons.topology import Weights
 
 LAYERS = {**WEIGHT_LAYERS, **HEAD_LAYERS}
@@ -378,10 +379,10 @@ class MarketTrace:
             old, _ = self.rings.popitem(last=False)
             self.since.pop(old, None)
 
-    def observe(self, b: int, elapsed_ns: int, spikes: np.ndarray) -> None:
-        """Append the watched markets' ticks of one batch (engine observer)."""
-        buf = getattr(self.engine, "_buf", None)
-        if buf is None or b == 0 or not self.rings:
+    def observe(self, rec: BatchRecord) -> None:
+        """Append the watched markets' ticks of one batch (engine sink)."""
+        b, spikes = rec.size, rec.spikes
+        if b == 0 or not self.rings:
             return
         table = self.engine.pool.table
         watched = {}
@@ -391,14 +392,12 @@ class MarketTrace:
                 watched[int(slot)] = mid
         if not watched:
             return
-        slots = np.asarray(buf.slots[:b]).tolist()
+        slots = np.asarray(rec.slots).tolist()
         last = {s: j for j, s in enumerate(slots) if s in watched}
         if not last:
             return
         arrays = self.engine.pool.arrays
-        sync = getattr(getattr(self.engine, "backend", None), "sync_to_host", None)
-        if sync is not None:  # CUDA: bring the watched slots' state to the host
-            sync(list(last))
+        self.engine.backend.sync_to_host(list(last))  # CUDA: bring the watched slots' state to the host
         nan_v = (math.nan,) * len(TRACED)
         for j, s in enumerate(slots):
             market = watched.get(s)
@@ -409,7 +408,7 @@ class MarketTrace:
                 out = tuple(float(x) for x in np.asarray(arrays.v_out[s]).ravel())
             else:
                 v, out = nan_v, ()
-            self.rings[market].append((float(buf.ticks[2, j]), tuple(int(x) for x in spikes[j]), v, out))
+            self.rings[market].append((float(rec.ticks[2, j]), tuple(int(x) for x in spikes[j]), v, out))
 
     def series(self, market_id: str, ticks: int) -> dict[str, Any]:
         """The market's last ``ticks`` recorded ticks as arrays (copies: safe to plot off the loop)."""

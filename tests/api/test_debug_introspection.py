@@ -95,7 +95,8 @@ def test_no_debug_route_takes_a_body_or_runs_code(tc: TestClient) -> None:
     doc = tc.get("/openapi.json").json()
     debug_ops = {(path, method) for path, item in doc["paths"].items() if path.startswith("/debug/") for method in item}
     assert debug_ops == {("/debug/backtrace", "get"), ("/debug/config", "get"), ("/debug/markets", "get"),
-                         ("/debug/markets/{market_id}/state", "get"), ("/debug/markets/{market_id}/raster.png", "get")}
+                         ("/debug/markets/{market_id}/state", "get"), ("/debug/markets/{market_id}/raster.png", "get"),
+                         ("/debug/requests", "get"), ("/debug/requests/{request_id}", "get")}
     for path, item in doc["paths"].items():
         for op in item.values():
             assert not any(word in (path + op.get("operationId", "")).lower() for word in ("eval", "exec", "shell", "console"))

@@ -62,7 +62,7 @@ def test_raster_is_a_png_of_the_ticks_since_the_first_request(tc: TestClient, sv
     assert first.content[:8] == PNG_MAGIC
     send(tc, ODD, range(3, 13))
     send(tc, "OTHER", range(5))  # not watched: not recorded
-    trace = svc.extra[TRACE_KEY]
+    trace = svc.trackers[TRACE_KEY]
     assert isinstance(trace, MarketTrace) and set(trace.rings) == {ODD}
     series = trace.series(ODD, 200)
     assert len(series["spikes"]) == 10
@@ -108,23 +108,25 @@ def test_plot_market_writes_the_png(tc: TestClient, tmp_path: Path, monkeypatch:
 def test_trace_of_a_batch_with_repeated_markets_syncs_only_watched_slots() -> None:
     from types import SimpleNamespace
 
+    from cerebellar_norse.engine.records import BatchRecord
     from cerebellar_norse.observability import pictures
 
     synced: list[list[int]] = []
     arrays = SimpleNamespace(v_gr=np.ones((4, 5)), v_pc=np.full((4, 2), 2.0), v_dcn=np.full((4, 3), 3.0),
                              v_out=np.arange(12.0).reshape(4, 3))
-    buf = SimpleNamespace(slots=np.array([1, 2, 1, 3]), ticks=np.array([[0.0] * 4, [0.0] * 4, [10.0, 11.0, 12.0, 13.0]]))
-    engine = SimpleNamespace(_buf=buf, pool=SimpleNamespace(table={"A": 1, "B": 2, "C": 3}, arrays=arrays),
-                             backend=SimpleNamespace(sync_to_host=synced.append), observers=[])
+    engine = SimpleNamespace(pool=SimpleNamespace(table={"A": 1, "B": 2, "C": 3}, arrays=arrays),
+                             backend=SimpleNamespace(sync_to_host=synced.append), sinks=[])
     registry: dict[str, Any] = {}
-    trace = MarketTrace.attach(engine, registry)
-    assert MarketTrace.attach(engine, registry) is trace and len(engine.observers) == 1
+    trace = MarketTrace.attach(engine, registry)  # type: ignore[arg-type]
+    assert MarketTrace.attach(engine, registry) is trace and len(engine.sinks) == 1  # type: ignore[arg-type]
     spikes = np.array([[5, 1, 0], [6, 2, 1], [7, 3, 2], [8, 4, 3]])
-    trace.observe(4, 0, spikes)  # nobody watched: nothing recorded, no sync
+    rec = BatchRecord(seq=1, size=4, step_ns=0, started_ns=0, stepped_ns=0, slots=np.array([1, 2, 1, 3]),
+                      ticks=np.array([[0.0] * 4, [0.0] * 4, [10.0, 11.0, 12.0, 13.0]]), spikes=spikes, evicted=0)
+    trace.observe(rec)  # nobody watched: nothing recorded, no sync
     assert synced == []
     trace.watch("A")
     trace.watch("C")
-    trace.observe(4, 0, spikes)
+    trace.observe(rec)
     assert sorted(synced[0]) == [1, 3]
     a = trace.series("A", 10)
     assert a["time_ms"].tolist() == [10.0, 12.0] and a["spikes"].tolist() == [[5, 1, 0], [7, 3, 2]]

@@ -19,7 +19,7 @@ import torch
 
 from cerebellar_norse.config import Config, PerformanceConfig
 from cerebellar_norse.cuda import device as cuda_device
-from cerebellar_norse.cuda.backend import CudaBackend, CudaEngine, device_tick, weight_shapes
+from cerebellar_norse.cuda.backend import CudaBackend, device_tick, make_cuda_engine, weight_shapes
 from cerebellar_norse.cuda.device import cuda_memory, resolve_device
 from cerebellar_norse.cuda.memory import ALIGN, DeviceMemory, MemoryBudget, align_up
 from cerebellar_norse.cuda.staging import GraphPolicy, RoundRobin, staging_layout, wave_layout, workspace_bytes
@@ -469,21 +469,21 @@ def test_cuda_engine_on_cpu_saves_what_the_fused_engine_saves(cuda_cfg: CfgFacto
     cfg = cuda_cfg("float64", performance={"batch_size": 16, "max_markets": 8})
     cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"state_dir": tmp_path})})
     ticks = validate_ticks(generate_ticks(120, 5, 9))
-    ref, eng = Engine(cfg), CudaEngine(cfg, device="cpu")
+    ref, eng = Engine(cfg), make_cuda_engine(cfg, device="cpu")
     for i in range(0, len(ticks), 16):
         a, b = ref.process_now(ticks[i:i + 16]), eng.process_now(ticks[i:i + 16])
-        assert [r["spike_count"] for r in a] == [r["spike_count"] for r in b]
-        assert max(abs(x["prediction"] - y["prediction"]) for x, y in zip(a, b, strict=True)) <= 1e-12
+        assert [r.spike_count for r in a] == [r.spike_count for r in b]
+        assert max(abs(x.prediction - y.prediction) for x, y in zip(a, b, strict=True)) <= 1e-12
     assert eng.save_state(tmp_path / "cuda.npz") == 5
     # The host arrays now hold the device state: equal to the fused engine's.
     for name in FLOAT_FIELDS:
         assert np.abs(getattr(ref.arrays, name) - getattr(eng.arrays, name)).max() <= 1e-12
-    restored = CudaEngine(cfg, device="cpu")
+    restored = make_cuda_engine(cfg, device="cpu")
     assert restored.restore_state(tmp_path / "cuda.npz") == 5
     more = validate_ticks(generate_ticks(140, 5, 9))[120:]
     for i in range(0, len(more), 16):
         a, b = ref.process_now(more[i:i + 16]), restored.process_now(more[i:i + 16])
-        assert max(abs(x["prediction"] - y["prediction"]) for x, y in zip(a, b, strict=True)) <= 1e-12
+        assert max(abs(x.prediction - y.prediction) for x, y in zip(a, b, strict=True)) <= 1e-12
     assert eng.health()["cuda"]["backend"] == "cuda"
     eng.close()
     restored.close()

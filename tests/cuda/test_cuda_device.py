@@ -84,11 +84,11 @@ def test_engine_on_cuda(cuda_cfg: CfgFactory, tmp_path: Any) -> None:
     cfg = cuda_cfg("float32", small=False, performance={"batch_size": 32, "max_markets": 16})
     eng = make_cuda_engine(cfg)
     eng.warm_up()
-    assert eng.cuda.graph_policy.captured, "warm-up captures the single-tick graph"
+    assert eng.backend.graph_policy.captured, "warm-up captures the single-tick graph"
     ticks = validate_ticks(generate_ticks(96, 8, 2))
     for i in range(0, len(ticks), 32):
         out = eng.process_now(ticks[i:i + 32])
-        assert all(np.isfinite(r["prediction"]) for r in out)
+        assert all(np.isfinite(r.prediction) for r in out)
     assert eng.save_state(tmp_path / "state.npz") == 8
     assert eng.health()["cuda"]["device"].startswith("cuda")
     eng.close()

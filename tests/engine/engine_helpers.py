@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from cerebellar_norse.config import Config
+from cerebellar_norse.engine.records import TickResult
 from cerebellar_norse.neurons.network import CerebellarNetwork
 from cerebellar_norse.ticks import Tick
 
@@ -20,9 +21,10 @@ T0 = 1_640_995_200_000  # 2022-01-01T00:00:00Z in ms
 CORE_KEYS = ("market_id", "prediction", "probabilities", "confidence", "spike_count")
 
 
-def core(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The network's part of a result dict."""
-    return {k: result[k] for k in CORE_KEYS}
+def core(result: Mapping[str, Any] | TickResult) -> dict[str, Any]:
+    """The network's part of a result (the engine's TickResult or the Python API's dict)."""
+    d = result.as_dict() if isinstance(result, TickResult) else result
+    return {k: d[k] for k in CORE_KEYS}
 
 
 def tick(market: str, ts: int, price: float = 100.0, volume: float = 1000.0) -> Tick:

@@ -31,6 +31,7 @@ from engine_helpers import (
 
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.engine.records import TickResult
 from cerebellar_norse.errors import CapacityError, EngineFatalError, TickOrderError
 from cerebellar_norse.storage import read_checksummed
 from cerebellar_norse.ticks import Tick
@@ -46,7 +47,7 @@ def market_state(engine: Engine, market: str) -> dict[str, np.ndarray]:
 
 def record_batches(engine: Engine) -> list[int]:
     sizes: list[int] = []
-    engine.observers.append(lambda b, _ns, _spikes: sizes.append(b))
+    engine.sinks.append(lambda rec: sizes.append(rec.size))
     return sizes
 
 
@@ -210,7 +211,7 @@ async def test_full_queue_refuses_ticks_without_changing_state(engine_config: Co
     fill = [tick(f"F{k}", T0) for k in range(4)]
     tasks = [asyncio.create_task(engine.submit(t)) for t in [*fill, x2, tick("Y", T0)]]
     out = await asyncio.gather(*tasks, return_exceptions=True)
-    assert all(isinstance(r, dict) for r in out[:4])
+    assert all(isinstance(r, TickResult) for r in out[:4])
     assert all(isinstance(r, CapacityError) and r.retry_after_s > 0 for r in out[4:])
     assert engine.stats.rejected_full == 2
     assert_same_state(market_state(engine, "X"), before)
@@ -280,7 +281,7 @@ async def test_failing_batch_fails_only_its_own_ticks(engine_config: ConfigFacto
         out = await asyncio.gather(*(asyncio.create_task(engine.submit(t)) for t in ticks), return_exceptions=True)
     assert calls["n"] == 2  # two batches in one flush
     assert all(isinstance(r, EngineFatalError) and "kernel exploded" in str(r) for r in out[:2])
-    assert all(isinstance(r, dict) for r in out[2:])
+    assert all(isinstance(r, TickResult) for r in out[2:])
     assert engine.stats.failed_batches == 1 and engine.stats.failed_ticks == 2 and engine.stats.ticks == 2
     assert "batch of 2 ticks failed" in caplog.text
 
@@ -355,7 +356,7 @@ async def test_warm_up_ticks_are_neither_learned_from_nor_recorded(engine_config
     assert list(engine.learner.pending) == ["A"]
     await engine.drain(save=False)
     (rec,) = (tmp_path / "state" / "recordings").glob("*.csv")
-    p = served["probabilities"]
+    p = served.as_dict()["probabilities"]
     assert rec.read_text().splitlines()[1:] == [f"{T0},A,100.0,1000.0,{p['down']!r},{p['flat']!r},{p['up']!r},{engine.model_version},"]
 
 
@@ -482,7 +483,7 @@ async def test_drain_finishes_queued_ticks_before_saving(engine_config: ConfigFa
     await asyncio.sleep(0)
     assert engine.queue_depth == 1  # waiting for the (long) batch delay
     await engine.drain(save=True)
-    assert queued.done() and isinstance(queued.result(), dict)
+    assert queued.done() and isinstance(queued.result(), TickResult)
     fresh = Engine(cfg)
     assert fresh.restore_state() == 1
     assert_same_state(market_state(fresh, "A"), market_state(engine, "A"))

@@ -120,7 +120,7 @@ def test_reloaded_auto_activate_governs_the_jobs_that_finish_after_it(tmp_path: 
     root_level = logging.getLogger().level
     state = build_service(cfg)
     try:
-        jobs = state.extra["jobs"]
+        jobs = state.jobs
         assert state.engine.model_version == ACTIVE
 
         def finish_job(job_id: str) -> JobStatus:

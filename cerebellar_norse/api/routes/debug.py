@@ -10,9 +10,11 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Path as FPath
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from ...errors import InputError
 from ...observability.debugtools import (
     SpikeTracker,
     busiest_markets,
@@ -22,6 +24,7 @@ from ...observability.debugtools import (
     utc_iso,
 )
 from ...observability.pictures import RING_TICKS, MarketTrace, raster_png
+from ...observability.timelines import RECENT
 from ..deps import require_token, service
 from ..openapi import error_responses
 from .neural import MarketIdPath, MarketNotFoundError
@@ -47,7 +50,7 @@ async def get_market_state(request: Request, market_id: MarketIdPath) -> dict[st
     first state request on (see docs/operations.md, Debugging).
     """
     svc = service(request)
-    tracker = SpikeTracker.attach(svc.engine, svc.extra)
+    tracker = SpikeTracker.attach(svc.engine, svc.trackers)
     state = market_state(svc.engine, market_id, tracker)
     if state is None:
         raise MarketNotFoundError(f"market {market_id!r} holds no state", "market_id")
@@ -67,12 +70,45 @@ async def get_market_raster(request: Request, market_id: MarketIdPath,
     Debugging): the first picture of a market is empty.
     """
     svc = service(request)
-    trace = MarketTrace.attach(svc.engine, svc.extra)
+    trace = MarketTrace.attach(svc.engine, svc.trackers)
     if svc.engine.pool.table.get(market_id) is None:
         raise MarketNotFoundError(f"market {market_id!r} holds no state", "market_id")
     trace.watch(market_id)
     series = trace.series(market_id, ticks)
     return Response(await run_in_threadpool(raster_png, series), media_type="image/png")
+
+
+class RequestNotFoundError(InputError):
+    """No timeline kept for that request id (HTTP 404)."""
+
+    status_code = 404
+
+
+@router.get("/requests", operation_id="request_timelines", responses=error_responses(401, 422))
+async def get_requests(request: Request,
+                       slow: Annotated[bool, Query(description="Slowest first (of the last hour or two) instead of newest first.")] = False,
+                       limit: Annotated[int, Query(ge=1, le=RECENT, description="Most timelines listed.")] = 10
+                       ) -> dict[str, Any]:
+    """Timelines of recent tick requests (token): when each stage happened (µs from arrival), newest or slowest first.
+
+    Stages: received, validated, batch_started, stepped, completed, serialised, sent;
+    with the engine batch (size and step number) the request's tick ran in.
+    """
+    book = service(request).timelines
+    picked = book.slowest_first(limit) if slow else book.newest_first(limit)
+    return {"order": "slowest" if slow else "newest", "requests": [tl.as_dict() for tl in picked]}
+
+
+@router.get("/requests/{request_id}", operation_id="request_timeline",
+            responses=error_responses(401, 404, s404="No timeline kept for that request id (too old, or never seen)."))
+async def get_request(request: Request, request_id: Annotated[str, FPath(description="The request's X-Request-ID.")]
+                      ) -> dict[str, Any]:
+    """One request's timeline (token), found among the recent and the slowest kept."""
+    tl = service(request).timelines.get(request_id)
+    if tl is None:
+        raise RequestNotFoundError(f"no timeline kept for request {request_id!r} (the last {RECENT} requests and the "
+                                   "slowest of the last hour or two are kept)", "request_id")
+    return tl.as_dict()
 
 
 @router.get("/backtrace", operation_id="backtrace", responses=error_responses(401))
@@ -90,5 +126,5 @@ async def get_backtrace(request: Request) -> dict[str, Any]:
 async def get_config(request: Request) -> dict[str, Any]:
     """The effective configuration (token): file, environment overrides and reloads applied, secrets as ``***``."""
     svc = service(request)
-    path = svc.extra.get("config_path")
+    path = svc.config_path
     return {"config_path": str(path) if path else None, "config": redacted_config(svc.cfg)}

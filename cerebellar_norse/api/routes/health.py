@@ -42,7 +42,7 @@ def _health(request: Request) -> JSONResponse:
     if not svc.ready:
         body["reason"] = svc.not_ready_reason
         return JSONResponse(body, status_code=503)
-    degraded = svc.extra.get("degraded")  # serving a fallback model (the active one is unusable): 200, "degraded"
+    degraded = svc.degraded  # serving a fallback model (the active one is unusable): 200, "degraded"
     if degraded is not None and degraded["model_version"] == svc.engine.model_version:
         body["status"] = "degraded"
         body["reason"] = degraded["reason"]

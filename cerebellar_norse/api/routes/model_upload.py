@@ -47,6 +47,6 @@ async def stage_model(version: str, request: Request) -> dict[str, Any]:
     if ctype.split(";", 1)[0].strip().lower() != MEDIA_TYPE:
         raise HTTPException(415, f"content type must be {MEDIA_TYPE}, got {ctype or 'none'!r}")
     svc = service(request)
-    store = svc.extra.get("store") or ModelStore(Path(svc.cfg.paths.state_dir))
+    store = svc.store or ModelStore(Path(svc.cfg.paths.state_dir))
     stored = await run_in_threadpool(stage_archive, store, version, await request.body(), svc.cfg)
     return {"version": version, "stored": stored, "active": svc.engine.model_version, "request_id": request_id_var.get()}

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import json
-import logging
+import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Depends, Path, Request, Response, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from ...errors import CerebellarNorseError, InputError
 from ...observability.context import new_request_id, request_id_var
+from ...observability.timelines import SENT, Timeline
 from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN
-from ..deps import JsonBodyRoute, check_ticks, require_token, service
+from ..deps import SCOPE_TIMELINE, JsonBodyRoute, require_token, service
 from ..errors import service_error, validation_response
 from ..openapi import error_responses
 from ..schemas import BatchIn, BatchOut, MarketResetOut, ResultOut, TickIn
+from ..tickpath import JSON_TYPE, answer_batch, answer_tick
 
-log = logging.getLogger("cerebellar_norse.api")
+STREAM_PATH = "/neural/stream"
 
 TICK_ERRORS = error_responses(
     400, 409, 415, 422,
@@ -47,29 +49,21 @@ markets_router = APIRouter(prefix="/neural", tags=["neural"], dependencies=[Depe
     **TICK_ERRORS, 200: {"description": "The network's answer.", "links": {"ResetMarket": {
         "operationId": "reset_market", "parameters": {"market_id": "$response.body#/market_id"},
         "description": "Forget the state of the tick's market."}}}})
-async def process(tick: TickIn, request: Request) -> dict[str, Any]:
-    """Process one tick of a market and return the network's signal."""
-    svc = service(request)
-    t = tick.to_tick()
-    check_ticks(svc, (t,), batch=False, market_header=request.headers.get("x-market-id"))
-    result = await svc.engine.submit(t)
-    result["request_id"] = request_id_var.get()
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug("tick processed", extra={"fields": {"market_id": tick.market_id, "processing_time_ns": result["processing_time_ns"]}})
-    return result
+async def process(tick: TickIn, request: Request) -> Response:
+    """Process one tick of a market and return the network's signal.
+
+    (Served by the ASGI fast path, which shares this route's implementation:
+    :func:`~cerebellar_norse.api.tickpath.answer_tick`.)
+    """
+    body = await answer_tick(service(request), tick, request.headers.get("x-market-id"), request.scope.get(SCOPE_TIMELINE))
+    return Response(body, media_type=JSON_TYPE)
 
 
 @router.post("/process/batch", response_model=BatchOut, responses=TICK_ERRORS)
-async def process_batch(batch: BatchIn, request: Request) -> dict[str, Any]:
+async def process_batch(batch: BatchIn, request: Request) -> Response:
     """Process many ticks in order; one bad tick fails the whole batch before any state changes."""
-    svc = service(request)
-    rid = request_id_var.get()
-    ticks = [t.to_tick() for t in batch.ticks]
-    check_ticks(svc, ticks, batch=True, market_header=request.headers.get("x-market-id"))
-    results = await svc.engine.submit_many(ticks)
-    for r in results:
-        r["request_id"] = rid
-    return {"results": results, "request_id": rid}
+    body = await answer_batch(service(request), batch, request.headers.get("x-market-id"), request.scope.get(SCOPE_TIMELINE))
+    return Response(body, media_type=JSON_TYPE)
 
 
 @router.get("/metrics", responses=error_responses())
@@ -130,12 +124,13 @@ async def stream(ws: WebSocket) -> None:
                 text = message.get("bytes") or b""
             rid = new_request_id()
             request_id_var.set(rid)
+            timeline = Timeline(rid, STREAM_PATH, time.perf_counter_ns())
             try:
-                t = TickIn.model_validate_json(text).to_tick()
-                check_ticks(svc, (t,), batch=False, market_header=market)
-                result = await svc.engine.submit(t)
-                result["request_id"] = rid
-                await ws.send_text(ResultOut.model_validate(result).model_dump_json())
+                answer = await answer_tick(svc, TickIn.model_validate_json(text), market, timeline)
+                await ws.send_text(answer.decode())
+                timeline.marks[SENT] = time.perf_counter_ns()
+                timeline.status = 200
+                svc.timelines.finish(timeline)
             except ValidationError as exc:
                 _, body = validation_response([dict(e) for e in exc.errors(include_url=False)])
                 svc.metrics.errors.labels(body["error"]["type"]).inc()

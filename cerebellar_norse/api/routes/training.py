@@ -27,7 +27,7 @@ JOB_LINK = {"job_id": "$response.body#/job_id"}
         "CancelJob": {"operationId": "cancel_training", "parameters": JOB_LINK}}}})
 async def start_training(req: TrainingRequest, request: Request) -> JSONResponse:
     """Start a training job on CSV files of the data dir; 202 with its job_id."""
-    job = service(request).extra["jobs"].start(req)
+    job = service(request).job_manager().start(req)
     return JSONResponse({"job_id": job.job_id, "state": job.state, "status_url": f"/training/status/{job.job_id}"},
                         status_code=202)
 
@@ -35,14 +35,14 @@ async def start_training(req: TrainingRequest, request: Request) -> JSONResponse
 @router.get("/training/status/{job_id}", operation_id="training_status", responses=error_responses(401, 404, s404=JOB_NOT_FOUND))
 async def training_status(job_id: str, request: Request) -> dict[str, Any]:
     """State, progress, epoch, loss history, validation metrics, ETA and error of a job (``latest`` works)."""
-    result: dict[str, Any] = service(request).extra["jobs"].get(job_id).as_dict()
+    result: dict[str, Any] = service(request).job_manager().get(job_id).as_dict()
     return result
 
 
 @router.delete("/training/{job_id}", operation_id="cancel_training", responses=error_responses(401, 404, s404=JOB_NOT_FOUND))
 async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
     """Cancel a running job; no model is written."""
-    job = await service(request).extra["jobs"].cancel(job_id)
+    job = await service(request).job_manager().cancel(job_id)
     result: dict[str, Any] = job.as_dict()
     return result
 
@@ -51,7 +51,7 @@ async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
 async def list_models(request: Request) -> dict[str, Any]:
     """Stored model versions with their validation metrics, and the active one."""
     svc = service(request)
-    store = svc.extra["store"]
+    store = svc.model_store()
     models = []
     for v in store.versions():
         try:
@@ -68,5 +68,5 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def activate(version: str, request: Request) -> dict[str, Any]:
     """Serve a stored model (verified first); swapped in between batches."""
     svc = service(request)
-    activate_version(svc, svc.extra["store"], version)
+    activate_version(svc, svc.model_store(), version)
     return {"active": svc.engine.model_version}

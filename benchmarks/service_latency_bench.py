@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""In-service processing time against the kernel's hot loop, in one run.
+
+The operations guide alerts on ``processing_duration_seconds`` (the network's time per
+tick inside the service). This benchmark compares that time, as the service reports it
+(``processing_time_ns`` of each answer), with the same kernel called back to back in a
+hot loop in this process, on the same host and in the same run, so the figure that
+matters is the ratio, not the absolute time of a noisy machine.
+
+Scenarios (each on a fresh service process on a free loopback port, built-in default
+config, untrained network of the seed, with ``CEREBELLAR_NORSE_*`` overrides given by
+``--set``):
+
+* ``sequential``: one keep-alive connection, one tick after another, 20 markets in turn;
+* ``paced``: the same at ``--rate`` ticks/s (default 300) over 20 markets, the load under
+  which the guide's alert was seen firing;
+* ``batch256``: ``POST /neural/process/batch`` of 256 ticks (one per market), the
+  per-tick cost reported by the service.
+
+Every scenario runs with ``performance.busy_poll_us = 0`` (the service sleeps between
+ticks) and with ``--busy-poll-us`` (default 20000), alternating, and reports p50/p95/p99
+of ``processing_time_ns`` and their ratio to the hot-loop p50 of the kernel.
+
+    .venv/bin/python benchmarks/service_latency_bench.py [--ticks 3000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MARKETS = 20
+STARTUP_S = 90.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    """A service process on a free port with a temporary state dir."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = _free_port()
+        self.tmp = tempfile.TemporaryDirectory(prefix="cn-latency-")
+        full = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
+        full.update({"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(Path(self.tmp.name) / "state"),
+                     "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false",
+                     "CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING", **env})
+        self.proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(self.port)],
+                                     env=full, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.sock = self._wait()
+        self.t0 = int(time.time() * 1000) - 3_600_000  # tick times: an hour ago on, 10 ms apart, never repeating
+        self.k = 0
+
+    def next_k(self) -> int:
+        """A fresh tick index (times keep increasing across scenarios)."""
+        self.k += 1
+        return self.k
+
+    def _wait(self) -> socket.socket:
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"service exited with {self.proc.returncode} at start")
+            try:
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=60.0)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                status, _ = _request(s, "GET", "/health", b"")
+                if status == 200:
+                    return s
+                s.close()
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("service not ready in time")
+
+    def close(self) -> None:
+        self.sock.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.tmp.cleanup()
+
+
+def _request(s: socket.socket, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+    head = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    s.sendall(head + body)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise OSError("connection closed")
+        buf += chunk
+    header, rest = buf.split(b"\r\n\r\n", 1)
+    length = 0
+    for line in header.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    while len(rest) < length:
+        rest += s.recv(65536)
+    return int(header.split(b" ", 2)[1]), rest[:length]
+
+
+def _tick(market: int, k: int, t0: int) -> bytes:
+    price = 100.0 * (1.0 + 0.001 * np.sin(k / 7.0 + market))
+    return json.dumps({"price": price, "volume": 1000.0 + k % 17, "timestamp": t0 + 10 * k,
+                       "market_id": f"M{market:02d}"}).encode()
+
+
+def _quantiles(ns: list[int]) -> dict[str, float]:
+    a = np.asarray(ns, dtype=np.float64) / 1e3
+    return {"p50_us": float(np.percentile(a, 50)), "p95_us": float(np.percentile(a, 95)),
+            "p99_us": float(np.percentile(a, 99)), "n": int(a.size)}
+
+
+def run_ticks(svc: Service, ticks: int, rate: float | None) -> dict[str, float]:
+    """Send ``ticks`` single ticks round-robin over the markets (paced at ``rate``/s if given)."""
+    out = []
+    gap = 1.0 / rate if rate else 0.0
+    nxt = time.perf_counter()
+    for k in range(ticks + 200):
+        if gap:
+            nxt += gap
+            pause = nxt - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+        status, body = _request(svc.sock, "POST", "/neural/process", _tick(k % MARKETS, svc.next_k(), svc.t0))
+        if status != 200:
+            raise SystemExit(f"tick answered {status}: {body[:200]!r}")
+        if k >= 200:  # the first ticks load pages and warm the markets
+            out.append(int(json.loads(body)["processing_time_ns"]))
+    return _quantiles(out)
+
+
+def run_batches(svc: Service, batches: int) -> dict[str, float]:
+    """Batches of 256 ticks (one per market); the per-tick time the service reports."""
+    out = []
+    for k in range(batches + 5):
+        kk = svc.next_k()
+        body = b'{"ticks": [' + b",".join(_tick(m, kk, svc.t0).replace(b'"M', b'"B') for m in range(256)) + b"]}"
+        status, answer = _request(svc.sock, "POST", "/neural/process/batch", body)
+        if status != 200:
+            raise SystemExit(f"batch answered {status}: {answer[:200]!r}")
+        if k >= 5:
+            out.append(int(json.loads(answer)["results"][0]["processing_time_ns"]))
+    return _quantiles(out)
+
+
+def hot_loop(ticks: int) -> dict[str, float]:
+    """The fused kernel of the default network called back to back (batch 1), as ``cerebellar-norse bench`` does."""
+    from cerebellar_norse.config import load_checked_config
+    from cerebellar_norse.neurons.bench import _prepared_batches, time_backend
+    from cerebellar_norse.neurons.network import CerebellarNetwork
+
+    net = CerebellarNetwork(load_checked_config(None), max_markets=MARKETS, max_batch=1)
+    batches = _prepared_batches(net, 1, ticks + 200, 7)
+    r = time_backend(net.backend, batches, 200)
+    return {"p50_us": r["p50_us"], "p99_us": r["p99_us"], "n": r["calls"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ticks", type=int, default=3000, help="ticks per single-tick scenario (default 3000)")
+    ap.add_argument("--rate", type=float, default=300.0, help="ticks/s of the paced scenario (default 300)")
+    ap.add_argument("--batches", type=int, default=60, help="batch requests of 256 ticks (default 60)")
+    ap.add_argument("--busy-poll-us", type=int, default=20_000, help="performance.busy_poll_us of the polling runs")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    args = ap.parse_args()
+
+    results: dict[str, Any] = {"host": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()}}
+    results["hot_loop"] = hot_loop(args.ticks)
+    for mode, poll in (("sleep", 0), ("busy_poll", args.busy_poll_us)):
+        svc = Service({"CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US": str(poll)})
+        try:
+            results[mode] = {"busy_poll_us": poll, "sequential": run_ticks(svc, args.ticks, None),
+                             "paced": run_ticks(svc, args.ticks, args.rate), "batch256": run_batches(svc, args.batches)}
+        finally:
+            svc.close()
+    results["hot_loop_after"] = hot_loop(args.ticks)
+    base = (results["hot_loop"]["p50_us"] + results["hot_loop_after"]["p50_us"]) / 2
+    results["hot_loop_p50_us"] = base
+    print(f"hot loop (kernel, batch 1): p50 {base:.2f} µs (before {results['hot_loop']['p50_us']:.2f}, "
+          f"after {results['hot_loop_after']['p50_us']:.2f})")
+    print(f"{'mode':<10} {'scenario':<11} {'p50 µs':>8} {'p95 µs':>8} {'p99 µs':>8} {'p50/hot':>8} {'p95/hot':>8}")
+    for mode in ("sleep", "busy_poll"):
+        for scen in ("sequential", "paced", "batch256"):
+            q = results[mode][scen]
+            q["p50_ratio"] = q["p50_us"] / base
+            q["p95_ratio"] = q["p95_us"] / base
+            print(f"{mode:<10} {scen:<11} {q['p50_us']:>8.2f} {q['p95_us']:>8.2f} {q['p99_us']:>8.2f} "
+                  f"{q['p50_ratio']:>8.2f} {q['p95_ratio']:>8.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

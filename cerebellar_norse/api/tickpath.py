@@ -1,0 +1,80 @@
+"""The tick routes' one implementation: checked ticks in, JSON answers out.
+
+``POST /neural/process`` is answered by the ASGI fast path (:mod:`.fastpath`), which
+parses the body itself; the FastAPI route of the same path documents it in OpenAPI
+and answers only where the fast path is not installed. Both call
+:func:`answer_tick` once the body is a :class:`TickIn`, and every check, the engine
+call, the debug log and the JSON of the answer are here, so the two cannot drift.
+``POST /neural/process/batch`` and the stream use the same functions.
+
+A request's timeline (:mod:`~cerebellar_norse.observability.timelines`) is filled in on
+the way: ``validated`` when the ticks are handed to the engine, the batch stages by
+the engine, ``serialised`` when the answer's JSON is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from ..engine.records import TickResult
+from ..observability.context import request_id_var
+from ..observability.timelines import SERIALISED, VALIDATED, Timeline
+from .deps import ServiceState, check_ticks, content_type_problem
+
+__all__ = ["JSON_TYPE", "answer_batch", "answer_tick", "batch_json", "content_type_problem", "result_json"]
+from .schemas import BatchIn, BatchOut, ResultOut, TickIn
+
+log = logging.getLogger("cerebellar_norse.api")
+
+JSON_TYPE = "application/json"
+
+
+def result_json(result: TickResult, request_id: str) -> bytes:
+    """The JSON answer to one tick (``ResultOut``)."""
+    return ResultOut.model_validate(result.as_json_object(request_id)).model_dump_json().encode()
+
+
+def batch_json(results: Iterable[TickResult], request_id: str) -> bytes:
+    """The JSON answer to a batch (``BatchOut``)."""
+    body = {"results": [r.as_json_object(request_id) for r in results], "request_id": request_id}
+    return BatchOut.model_validate(body).model_dump_json().encode()
+
+
+async def answer_tick(svc: ServiceState, tick: TickIn, market_header: str | None = None,
+                      timeline: Timeline | None = None) -> bytes:
+    """Check one tick, step it through the engine and return the JSON answer.
+
+    ``market_header`` is the request's ``X-Market-ID`` (the tick must be of that
+    market). Raises a :class:`~cerebellar_norse.errors.CerebellarNorseError` (mapped to
+    its HTTP answer by the caller) and changes no state when the tick is refused.
+    """
+    t = tick.to_tick()
+    check_ticks(svc, (t,), batch=False, market_header=market_header)
+    if timeline is not None:
+        timeline.market_id, timeline.ticks = t.market_id, 1
+        timeline.marks[VALIDATED] = time.perf_counter_ns()
+    result = await svc.engine.submit(t, timeline)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("tick processed", extra={"fields": {"market_id": t.market_id, "processing_time_ns": result.processing_time_ns}})
+    body = result_json(result, request_id_var.get())
+    if timeline is not None:
+        timeline.marks[SERIALISED] = time.perf_counter_ns()
+    return body
+
+
+async def answer_batch(svc: ServiceState, batch: BatchIn, market_header: str | None = None,
+                       timeline: Timeline | None = None) -> bytes:
+    """Check a batch (all ticks or none), step it through the engine in order and return the JSON answer."""
+    ticks = [t.to_tick() for t in batch.ticks]
+    check_ticks(svc, ticks, batch=True, market_header=market_header)
+    if timeline is not None:
+        timeline.market_id = ticks[0].market_id if len({t.market_id for t in ticks}) == 1 else ""
+        timeline.ticks = len(ticks)
+        timeline.marks[VALIDATED] = time.perf_counter_ns()
+    results = await svc.engine.submit_many(ticks, timeline)
+    body = batch_json(results, request_id_var.get())
+    if timeline is not None:
+        timeline.marks[SERIALISED] = time.perf_counter_ns()
+    return body

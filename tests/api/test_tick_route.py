@@ -1,0 +1,182 @@
+"""One implementation of the tick route, and request timelines.
+
+The ASGI fast path and the FastAPI route of ``POST /neural/process`` must answer every
+request alike (they share :func:`cerebellar_norse.api.tickpath.answer_tick`); each tick
+request leaves a timeline whose stages are present and in order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from live_helpers import NO_BOOTSTRAP, LiveServer
+
+from cerebellar_norse.api.app import create_app
+from cerebellar_norse.api.server import build_service
+from cerebellar_norse.cli import main
+from cerebellar_norse.config import load_checked_config
+from cerebellar_norse.observability.timelines import STAGES, Timeline, TimelineBook, ascii_timeline
+
+TOKEN = "timeline-token"
+NOW_MS = int(time.time() * 1000)
+VOLATILE = ("request_id", "processing_time_ns")
+
+
+def _client(tmp_path: Path, fast_path: bool) -> TestClient:
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / ("fast" if fast_path else "route")), **NO_BOOTSTRAP,
+               "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN}
+    return TestClient(create_app(build_service(load_checked_config(None, environ=environ)), fast_path=fast_path),
+                      raise_server_exceptions=False)
+
+
+def _tick(market: str, k: int, price: float = 100.0) -> dict[str, Any]:
+    return {"price": price + 0.01 * k, "volume": 1000.0 + k, "timestamp": NOW_MS - 100_000 + 10 * k, "market_id": market}
+
+
+# (body bytes or JSON, headers) in order; later requests depend on the state earlier ones left.
+REQUESTS: list[tuple[Any, dict[str, str]]] = [
+    *[(_tick("A" if k % 2 else "B/C", k), {}) for k in range(12)],
+    (_tick("A", 3), {}),  # older than A's last tick: 409 out_of_order
+    ({**_tick("A", 40), "timestamp": NOW_MS + 3_600_000}, {}),  # an hour ahead of the clock: 409 future_timestamp
+    ({**_tick("A", 41), "extra": 1}, {}),
+    ({**_tick("A", 42), "price": -1.0}, {}),
+    ({**_tick("A", 43), "market_id": " A"}, {}),
+    ({**_tick("A", 44), "timestamp": 1.5e12 + 0.5}, {}),
+    (b"{not json", {}),
+    (b'{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A",}', {}),
+    (b'{"price": NaN, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"}', {}),
+    ('{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "\u00e9"}'.encode(), {}),
+    (b'{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "\xff"}', {}),
+    (b"", {}),
+    (b"[]", {}),
+    (_tick("A", 45), {"content-type": "text/plain"}),
+    (_tick("A", 46), {"x-market-id": "B/C"}),  # routed by another market's header: 422
+    (_tick("A", 47), {"x-market-id": "A"}),
+    *[(_tick("D", k, 50.0), {}) for k in range(5)],
+]
+
+
+def _send(c: TestClient, body: Any, headers: dict[str, str]) -> Any:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return c.post("/neural/process", content=data, headers={"content-type": "application/json", **headers})
+
+
+def _comparable(r: Any) -> tuple[int, Any]:
+    body = r.json()
+    if "error" in body:
+        body["error"].pop("request_id")
+        if body["error"]["type"] == "future_timestamp":  # names the server clock, read a few ms apart
+            body["error"]["message"] = re.sub(r"\d+ ms ahead|clock \(\d+\)", "#", body["error"]["message"])
+    for k in VOLATILE:
+        body.pop(k, None)
+    return r.status_code, body
+
+
+def test_fast_path_and_fastapi_route_answer_alike(tmp_path: Path) -> None:
+    with _client(tmp_path, fast_path=True) as fast, _client(tmp_path, fast_path=False) as route:
+        answers = []
+        for body, headers in REQUESTS:
+            a, b = _send(fast, body, headers), _send(route, body, headers)
+            assert _comparable(a) == _comparable(b), (body, headers, a.text, b.text)
+            assert a.headers["content-type"].startswith("application/json")
+            answers.append(a.status_code)
+    statuses = set(answers)
+    assert {200, 409, 415, 422} <= statuses  # the list reaches answers, refusals of state and of input
+    assert answers[:12] == [200] * 12 and answers[12] == 409 and answers[-6] == 200
+
+
+def test_batch_route_answers_a_body_that_is_not_utf8_with_400(tmp_path: Path) -> None:
+    with _client(tmp_path, fast_path=True) as c:
+        r = c.post("/neural/process/batch", content=b'{"ticks": [{"market_id": "\xff"}]}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "malformed_json"
+    assert "not UTF-8" in r.json()["error"]["message"]
+
+
+def test_timelines_have_every_stage_in_order(tmp_path: Path) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with _client(tmp_path, fast_path=True) as c:
+        ok = _send(c, _tick("T", 1), {"x-request-id": "req-one"})
+        assert ok.status_code == 200 and ok.json()["request_id"] == "req-one"
+        bad = _send(c, {**_tick("T", 2), "price": 0.0}, {"x-request-id": "req-bad"})
+        assert bad.status_code == 422
+        batch = c.post("/neural/process/batch", json={"ticks": [_tick("T", 3), _tick("U", 3), _tick("T", 4)]},
+                       headers={"x-request-id": "req-batch"})
+        assert batch.status_code == 200
+
+        assert c.get("/debug/requests/req-one").status_code == 401  # token-guarded like every debug route
+        one = c.get("/debug/requests/req-one", headers=auth).json()
+        assert [s["stage"] for s in one["stages"]] == list(STAGES)
+        at = [s["at_us"] for s in one["stages"]]
+        assert None not in at and at == sorted(at) and at[0] == 0.0
+        assert one["total_us"] == pytest.approx(at[-1]) and one["status"] == 200
+        assert one["market_id"] == "T" and one["ticks"] == 1 and one["batch_size"] >= 1 and one["batch_seq"] >= 1
+        assert all(s["took_us"] >= 0 for s in one["stages"])
+
+        refused = c.get("/debug/requests/req-bad", headers=auth).json()  # refused by validation: no engine stages
+        assert refused["status"] == 422
+        reached = {s["stage"] for s in refused["stages"] if s["at_us"] is not None}
+        assert reached == {"received", "sent"}
+
+        many = c.get("/debug/requests/req-batch", headers=auth).json()
+        assert many["route"] == "/neural/process/batch" and many["ticks"] == 3 and many["market_id"] is None
+        assert many["batch_size"] == 3
+        bat = [s["at_us"] for s in many["stages"]]
+        assert None not in bat and bat == sorted(bat)
+
+        missing = c.get("/debug/requests/nope", headers=auth)
+        assert missing.status_code == 404 and missing.json()["error"]["field"] == "request_id"
+
+        newest = c.get("/debug/requests?limit=2", headers=auth).json()
+        assert newest["order"] == "newest" and [r["request_id"] for r in newest["requests"]] == ["req-batch", "req-bad"]
+        slow = c.get("/debug/requests?slow=1&limit=10", headers=auth).json()["requests"]
+        totals = [r["total_us"] for r in slow]
+        assert len(slow) == 3 and totals == sorted(totals, reverse=True)
+        assert c.get("/debug/requests?limit=0", headers=auth).status_code == 422
+
+
+def _timeline(rid: str, total_ns: int, t0: int = 1_000) -> Timeline:
+    tl = Timeline(rid, "/neural/process", t0)
+    tl.marks[-1] = t0 + total_ns
+    return tl
+
+
+def test_book_keeps_the_slowest_and_the_most_recent_bounded() -> None:
+    book = TimelineBook(recent=8, slowest=3)
+    for k in range(100):
+        book.finish(_timeline(f"r{k}", 1_000 + k * 7 % 50 + {5: 30_000, 17: 20_000, 60: 10_000}.get(k, 0)))
+    assert len(book.recent) == 8 and [t.request_id for t in book.newest_first(3)] == ["r99", "r98", "r97"]
+    assert [t.request_id for t in book.slowest_first(3)] == ["r5", "r17", "r60"]  # outside the recent ring, still kept
+    assert book.get("r17") is not None and book.get("r50") is None and book.get("r93") is not None
+    text = ascii_timeline(book.slowest_first(1)[0].as_dict())
+    assert "r5" in text and "(not reached)" in text and text.splitlines()[-1].startswith("total")
+
+
+@pytest.fixture
+def live_token(start_server: Any, tmp_path: Path) -> Iterator[LiveServer]:
+    yield start_server(tmp_path / "state", env={"CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN})
+
+
+def test_trace_command_draws_a_live_request(live_token: LiveServer, capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+
+    r = httpx.post(live_token.url + "/neural/process", json=_tick("LIVE", 1), headers={"x-request-id": "trace-me"})
+    assert r.status_code == 200
+    assert main(["trace", "trace-me", "--url", live_token.url, "--token", TOKEN]) == 0
+    out = capsys.readouterr().out
+    assert "trace-me" in out and all(stage in out for stage in STAGES) and "(not reached)" not in out
+    assert main(["trace", "--slow", "5", "--url", live_token.url, "--token", TOKEN, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["order"] == "slowest" and doc["requests"][0]["request_id"] == "trace-me"
+    assert main(["trace", "unknown-id", "--url", live_token.url, "--token", TOKEN]) == 1
+    assert "404" in capsys.readouterr().err
+    assert main(["trace", "trace-me", "--url", live_token.url]) == 1  # no token: 401, said so, exit 1
+    assert "401" in capsys.readouterr().err
+    assert main(["trace", "--url", live_token.url]) == 2
