@@ -189,7 +189,6 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     app.include_router(neural.router)
     app.include_router(handover.router)  # before markets_router, whose {market_id:path} also matches …/export
     app.include_router(neural.markets_router)
-    app.include_router(handover.router)
     app.include_router(model_upload.router)
     app.include_router(debug.router)
     for r in extra_routers or []:
