@@ -350,8 +350,9 @@ class Engine:
     def _run_batch(self, batch: list[Pending]) -> None:
         ticks = [t for t, _, _ in batch]
         self._batch_started_ns = started = time.perf_counter_ns()
+        ids = [tl.request_id if tl is not None else None for _, _, tl in batch] if self.cfg.debug.record_requests else None
         try:
-            results = self.process_now(ticks)
+            results = self.process_now(ticks, ids)
         except Exception as exc:  # one bad batch must not stop the engine
             self.stats.failed_batches += 1
             self.stats.failed_ticks += len(batch)
@@ -372,8 +373,10 @@ class Engine:
             if not fut.done():
                 fut.set_result(res)
 
-    def process_now(self, ticks: Sequence[Tick]) -> list[TickResult]:
+    def process_now(self, ticks: Sequence[Tick], request_ids: Sequence[str | None] | None = None) -> list[TickResult]:
         """Step a batch synchronously (at most ``batch_size`` ticks, order already checked).
+
+        ``request_ids`` (one per tick, or None) go into recordings with their ticks.
 
         A batch with more distinct markets than the pool has slots is stepped in parts,
         each with at most ``capacity`` markets: acquiring a slot for a new market may
@@ -382,18 +385,19 @@ class Engine:
         """
         cap = self.pool.capacity
         if len(ticks) <= cap:
-            return self._step(ticks)
+            return self._step(ticks, request_ids)
         out: list[TickResult] = []
         start, seen = 0, set[str]()
         for j, t in enumerate(ticks):
             if t.market_id not in seen and len(seen) == cap:
-                out.extend(self._step(ticks[start:j]))
+                out.extend(self._step(ticks[start:j], request_ids[start:j] if request_ids is not None else None))
                 start, seen = j, set()
             seen.add(t.market_id)
-        out.extend(self._step(ticks[start:]))
+        out.extend(self._step(ticks[start:], request_ids[start:] if request_ids is not None else None))
         return out
 
-    def _record(self, ticks: Sequence[Tick], probs: np.ndarray | None = None) -> None:
+    def _record(self, ticks: Sequence[Tick], probs: np.ndarray | None = None,
+                request_ids: Sequence[str | None] | None = None) -> None:
         """Hand applied ticks to the recorder while ``debug.record_requests`` is on (it can change on reload).
 
         ``probs`` (B, 3), the probabilities served, are recorded with them when given. The
@@ -402,12 +406,12 @@ class Engine:
         if self.cfg.debug.record_requests:
             if self.recorder is None:
                 self.recorder = TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
-            self.recorder.record(ticks, probs, self.model_version)
+            self.recorder.record(ticks, probs, self.model_version, request_ids)
         elif self.recorder is not None:
             self.recorder.close(wait=False)
             self.recorder = None
 
-    def _step(self, ticks: Sequence[Tick]) -> list[TickResult]:
+    def _step(self, ticks: Sequence[Tick], request_ids: Sequence[str | None] | None = None) -> list[TickResult]:
         b = len(ticks)
         evictions = self.pool.table.evictions
         if self.cfg.debug.record_requests and not self._scratch:  # where each market starts, before the step changes it
@@ -425,7 +429,7 @@ class Engine:
                 self._learn(ticks, probs)
             if self.scorer is not None:
                 self.scorer.observe_batch(ticks, probs, (self._buf.seen[:b] <= self.cfg.neural.warmup_ticks).tolist())
-            self._record(ticks, probs)
+            self._record(ticks, probs, request_ids)
         out = tick_results(ticks, probs, spikes, elapsed, self._buf.seen[:b], self.cfg.neural.warmup_ticks, self.model_version)
         st = self.stats
         st.ticks += b

@@ -180,3 +180,21 @@ def test_trace_command_draws_a_live_request(live_token: LiveServer, capsys: pyte
     assert main(["trace", "trace-me", "--url", live_token.url]) == 1  # no token: 401, said so, exit 1
     assert "401" in capsys.readouterr().err
     assert main(["trace", "--url", live_token.url]) == 2
+
+
+def test_recordings_carry_each_ticks_request_id(tmp_path: Path) -> None:
+    from cerebellar_norse.api.server import make_app
+    from cerebellar_norse.engine.recorder import read_recording
+
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP,
+               "CEREBELLAR_NORSE_DEBUG__RECORD_REQUESTS": "true"}
+    app = make_app(build_service(load_checked_config(None, environ=environ)), restore=False, save_on_shutdown=False)
+    with TestClient(app) as c:
+        for k in range(3):
+            assert _send(c, _tick("R", k), {"x-request-id": f"single-{k}"}).status_code == 200
+        batch = c.post("/neural/process/batch", json={"ticks": [_tick("R", 3), _tick("S", 3)]}, headers={"x-request-id": "many"})
+        assert batch.status_code == 200
+    (path,) = sorted((tmp_path / "state" / "recordings").glob("ticks-*.csv"))
+    scan = read_recording(path)
+    assert [(r.request_id, t.market_id) for r, t in zip(scan.records, scan.ticks, strict=True)] == [
+        ("single-0", "R"), ("single-1", "R"), ("single-2", "R"), ("many", "R"), ("many", "S")]

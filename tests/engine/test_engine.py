@@ -357,7 +357,8 @@ async def test_warm_up_ticks_are_neither_learned_from_nor_recorded(engine_config
     await engine.drain(save=False)
     (rec,) = (tmp_path / "state" / "recordings").glob("*.csv")
     p = served.as_dict()["probabilities"]
-    assert rec.read_text().splitlines()[1:] == [f"{T0},A,100.0,1000.0,{p['down']!r},{p['flat']!r},{p['up']!r},{engine.model_version},"]
+    (line,) = rec.read_text().splitlines()[1:]  # the real tick only, starting from rest (batch, seq, start at the end)
+    assert line == f"{T0},A,100.0,1000.0,{p['down']!r},{p['flat']!r},{p['up']!r},{engine.model_version},,0,0,rest"
 
 
 # -- persistence across restarts -------------------------------------------------------------
