@@ -34,7 +34,7 @@ SLOW_WINDOW_S = 3600.0
 class Timeline:
     """The stage times (ns, perf_counter) of one request; 0 marks a stage not reached."""
 
-    __slots__ = ("batch_seq", "batch_size", "market_id", "marks", "request_id", "route", "status", "ticks", "wall_s")
+    __slots__ = ("batch_seq", "batch_size", "market_id", "marks", "request_id", "route", "status", "ticks")
 
     def __init__(self, request_id: str, route: str, received_ns: int) -> None:
         self.request_id = request_id
@@ -45,7 +45,6 @@ class Timeline:
         self.batch_size = 0  # ticks in the engine batch with the request's last tick
         self.batch_seq = 0  # that batch's engine step number
         self.status = 0
-        self.wall_s = time.time()
 
     def batched(self, started_ns: int, stepped_ns: int, completed_ns: int, size: int, seq: int) -> None:
         """Record the engine batch of one of the request's ticks (a batch request may span several)."""
@@ -58,8 +57,8 @@ class Timeline:
     @property
     def total_ns(self) -> int:
         """Received to the last stage reached (ns)."""
-        last = max(self.marks)
-        return last - self.marks[RECEIVED]
+        m = self.marks
+        return (m[SENT] or max(m)) - m[RECEIVED]
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /debug/requests/{id}``: offsets from ``received`` in µs, and each stage's duration."""
@@ -74,8 +73,12 @@ class Timeline:
             prev = t
         return {"request_id": self.request_id, "route": self.route, "market_id": self.market_id or None,
                 "ticks": self.ticks, "status": self.status, "batch_size": self.batch_size or None,
-                "batch_seq": self.batch_seq or None, "received_at": _iso(self.wall_s), "total_us": self.total_ns / 1e3,
+                "batch_seq": self.batch_seq or None, "received_at": _iso(_WALL_MINUS_PERF_S + t0 / 1e9),
+                "total_us": self.total_ns / 1e3,
                 "stages": stages}
+
+
+_WALL_MINUS_PERF_S = time.time() - time.perf_counter_ns() / 1e9  # wall time of a perf_counter reading (s)
 
 
 def _iso(seconds: float) -> str:
@@ -97,14 +100,15 @@ class TimelineBook:
     def finish(self, tl: Timeline) -> None:
         """Keep a finished request's timeline."""
         self.recent.append(tl)
-        self._n += 1
-        total = tl.total_ns
+        self._n = n = self._n + 1
+        m = tl.marks
+        total = (m[SENT] or max(m)) - m[RECEIVED]
         slow = self._slow
         if len(slow) < self.slowest:
-            heapq.heappush(slow, (total, self._n, tl))
+            heapq.heappush(slow, (total, n, tl))
         elif total > slow[0][0]:
-            heapq.heapreplace(slow, (total, self._n, tl))
-        if self._n % 256 == 0 and time.monotonic() >= self._window_end:
+            heapq.heapreplace(slow, (total, n, tl))
+        if not n & 255 and time.monotonic() >= self._window_end:
             self._slow_prev, self._slow = self._slow, []
             self._window_end = time.monotonic() + self.window_s
 
