@@ -14,7 +14,8 @@ floating point operations where it matters:
 
 Arguments are packed into a few flat arrays (:class:`PackedWeights`, the state
 buffer of :class:`~cerebellar_norse.neurons.state.StateArrays`) because numba's
-per-argument dispatch cost (~40 ns each) is a large part of a single-tick call.
+per-argument dispatch cost (~40 ns each) is a large part of a single-tick call; where
+each value lies in them is defined once, in :mod:`.layout`.
 
 Batch entries are processed in order, so several ticks of one market in the same
 batch are applied in arrival order.
@@ -28,65 +29,108 @@ import numba as nb
 import numpy as np
 
 from .encoder import encode_tick_to_mossy
-from .parameters import C_GOLGI_BASE, C_GOLGI_DECAY, C_GOLGI_RATE, C_N_GRANULE, C_READOUT_SCALE, C_TARGET, NetworkShape
+from .layout import (
+    C_DN,
+    C_GOLGI_BASE,
+    C_GOLGI_DECAY,
+    C_GOLGI_RATE,
+    C_GR,
+    C_LEAK,
+    C_MEM,
+    C_N_GRANULE,
+    C_PC,
+    C_READOUT_SCALE,
+    C_RESET,
+    C_RO,
+    C_SYN,
+    C_TARGET,
+    C_TH,
+    D_DCN_BIAS,
+    D_DEN,
+    D_DENSE,
+    D_G,
+    D_K,
+    D_M,
+    D_MG_IDX,
+    D_MG_W,
+    D_N,
+    D_NNZ,
+    D_P,
+    D_PC_BIAS,
+    D_PF_POST,
+    D_PF_PTR,
+    D_PF_ROWS,
+    D_PF_W,
+    D_SLOTS,
+    D_W_MD_T,
+    D_W_OUT,
+    D_W_PD,
+    WF_SEGMENTS,
+    WI_SEGMENTS,
+    PackedLayout,
+)
+from .parameters import NetworkShape
 from .state import state_views
 from .topology import Weights
-
-# dims layout (int64): sizes of the network and the slot count
-D_M, D_G, D_DEN, D_P, D_N, D_K, D_NNZ, D_SLOTS, D_DENSE = range(9)
-N_DIMS = 9
-# Networks with at most this many granule x Purkinje pairs also get the parallel-fibre
-# weights as dense rows (zeros where no synapse): adding a spiking cell's whole row is
-# vectorised and avoids the store-forwarding stalls of scattered adds, with the same
-# sum per Purkinje cell in the same order (x + 0 = x).
-DENSE_PF_MAX = 4_000_000
 
 
 @dataclass(frozen=True)
 class PackedWeights:
-    """Weights flattened for the kernel.
+    """Weights flattened for the kernel: ``wf`` (float) and ``wi`` (int32) laid out as ``layout`` says.
 
-    ``wf`` (float): mg_w (D, G) | pf_w in CSR order (nnz) | pc_bias (P) | w_md transposed (M, N) |
-    w_pd (N, P) | dcn_bias (N) | w_out (K, N).
-    ``wi`` (int32): mg_idx (D, G) | pf_ptr (G + 1) | pf_post (nnz).
-    With ``dense``, ``wf`` ends with the parallel-fibre weights as dense rows (G, P).
+    With ``layout.dense``, ``wf`` also holds the parallel-fibre weights as dense rows (G, P).
     """
 
     wf: np.ndarray
     wi: np.ndarray
-    dense: bool
+    layout: PackedLayout
+
+    @property
+    def dense(self) -> bool:
+        """True when ``wf`` holds the dense parallel-fibre rows."""
+        return self.layout.dense
 
     @classmethod
-    def pack(cls, w: Weights, dtype: np.dtype) -> PackedWeights:
-        """Pack ``w`` (any float type) into the kernel layout in ``dtype``."""
+    def pack(cls, w: Weights, dtype: np.dtype, dense: bool | None = None) -> PackedWeights:
+        """Pack ``w`` (any float type) into the kernel layout in ``dtype``.
+
+        ``dense`` overrides the layout's choice of dense parallel-fibre rows (by default
+        :func:`~cerebellar_norse.neurons.layout.uses_dense_rows`); the kernel's ``dims``
+        must come from the same layout.
+        """
         if w.pf_ptr[-1] >= 2**31:
             raise ValueError("more than 2^31 parallel-fibre synapses are not supported by the CPU kernel")
-        s = w.shape
-        parts = [np.asarray(a, dtype=dtype).reshape(-1) for a in (w.mg_w.T, w.pf_w_csr(), w.pc_bias, w.w_md.T, w.w_pd,
-                                                                   w.dcn_bias, w.w_out)]
-        dense = s.granule * s.purkinje <= DENSE_PF_MAX
-        if dense:
-            rows = np.zeros((s.granule, s.purkinje), dtype=dtype)
+        lay = PackedLayout.of(w.shape, dense)
+        wf = np.empty(lay.wf_size, dtype=dtype)
+        for name, a in (("mg_w", w.mg_w.T), ("pf_w", w.pf_w_csr()), ("pc_bias", w.pc_bias), ("w_md_t", w.w_md.T),
+                        ("w_pd", w.w_pd), ("dcn_bias", w.dcn_bias), ("w_out", w.w_out)):
+            wf[lay.slice_of(name)] = np.asarray(a, dtype=dtype).reshape(-1)
+        rows = wf[lay.pf_rows].reshape(lay.shape_of("pf_rows"))
+        rows[:] = 0
+        if lay.dense:
+            s = lay.shape
             rows[w.pf_pre.reshape(-1), np.repeat(np.arange(s.purkinje), s.pf_per_purkinje)] = w.pf_w.reshape(-1)
-            parts.append(rows.reshape(-1))
-        wi = np.concatenate([w.mg_idx.T.reshape(-1), w.pf_ptr, w.pf_post]).astype(np.int32)
-        return cls(np.concatenate(parts), wi, dense)
+        wi = np.empty(lay.wi_size, dtype=np.int32)
+        for name, a in (("mg_idx", w.mg_idx.T), ("pf_ptr", w.pf_ptr), ("pf_post", w.pf_post)):
+            wi[lay.slice_of(name)] = np.asarray(a).reshape(-1)
+        return cls(wf, wi, lay)
 
-    def dense_offset(self, shape: NetworkShape) -> int:
-        """Start of the dense parallel-fibre rows in ``wf``."""
-        s = shape
-        nnz = s.purkinje * s.pf_per_purkinje
-        return s.dendrites * s.granule + nnz + s.purkinje + s.mossy * s.dcn + s.dcn * s.purkinje + s.dcn + s.classes * s.dcn
+    def floats(self, name: str) -> np.ndarray:
+        """Live view of float segment ``name`` (one of ``WF_SEGMENTS``) of ``wf``, in its array shape."""
+        if name not in WF_SEGMENTS:
+            raise KeyError(f"{name!r} is not a segment of wf")
+        return self.wf[self.layout.slice_of(name)].reshape(self.layout.shape_of(name))
+
+    def ints(self, name: str) -> np.ndarray:
+        """Live view of int32 segment ``name`` (one of ``WI_SEGMENTS``) of ``wi``, in its array shape."""
+        if name not in WI_SEGMENTS:
+            raise KeyError(f"{name!r} is not a segment of wi")
+        return self.wi[self.layout.slice_of(name)].reshape(self.layout.shape_of(name))
 
 
-def make_dims(shape: NetworkShape, slots: int) -> np.ndarray:
-    """The int64 dims array of the kernel."""
-    d = np.zeros(N_DIMS, dtype=np.int64)
-    d[D_M], d[D_G], d[D_DEN], d[D_P], d[D_N], d[D_K] = shape.mossy, shape.granule, shape.dendrites, shape.purkinje, shape.dcn, shape.classes
-    d[D_NNZ] = shape.purkinje * shape.pf_per_purkinje
-    d[D_SLOTS] = slots
-    d[D_DENSE] = int(shape.granule * shape.purkinje <= DENSE_PF_MAX)
-    return d
+def make_dims(shape: NetworkShape, slots: int, dense: bool | None = None) -> np.ndarray:
+    """The int64 dims array of the kernel (:meth:`PackedLayout.dims`; ``dense`` as in :meth:`PackedWeights.pack`)."""
+    return PackedLayout.of(shape, dense).dims(slots)
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -132,9 +176,9 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
         ticks: (3, B) float64 rows price, volume, time (ms since epoch).
         state_f: flat float state buffer of the slot arrays (see neurons.state).
         enc: (S, 12) float64 encoder states.
-        wf, wi: packed weights (see PackedWeights).
-        dims: int64 sizes (see make_dims).
-        coef: kernel coefficients (see neurons.parameters.kernel_coefficients).
+        wf, wi: packed weights (see PackedWeights; layout in neurons.layout).
+        dims: int64 sizes and segment starts (``D_*`` slots of neurons.layout).
+        coef: kernel coefficients (``C_*`` slots of neurons.layout).
         enc_par: float64 encoder parameters.
         steps: integration steps per tick.
         work_f, work_i, work_z: scratch buffers of one thread (see FusedWorkspace).
@@ -165,28 +209,32 @@ def tick_batch_parallel(order, starts, slots, ticks, state_f, enc, wf, wi, dims,
 def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
          work_f, work_i, work_z, probs, spikes, active):
     """Process batch positions ``order[lo:hi]`` (or ``lo:hi`` when not ``use_order``)."""
-    M, G, D, P, N, K, NNZ, S = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
+    M, G, D, P, N, K, NNZ, S = dims[D_M], dims[D_G], dims[D_DEN], dims[D_P], dims[D_N], dims[D_K], dims[D_NNZ], dims[D_SLOTS]
     v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out = state_views(state_f, S, G, P, N, K)
-    o = 0
+    # Segments where PackedLayout put them (their starts are in dims).
+    o = dims[D_MG_W]
     mg_w = wf[o:o + D * G].reshape((D, G))
-    o += D * G
+    o = dims[D_PF_W]
     pf_w = wf[o:o + NNZ]
-    o += NNZ
+    o = dims[D_PC_BIAS]
     pc_bias = wf[o:o + P]
-    o += P
+    o = dims[D_W_MD_T]
     w_md_t = wf[o:o + M * N].reshape((M, N))
-    o += N * M
+    o = dims[D_W_PD]
     w_pd = wf[o:o + N * P].reshape((N, P))
-    o += N * P
+    o = dims[D_DCN_BIAS]
     dcn_bias = wf[o:o + N]
-    o += N
+    o = dims[D_W_OUT]
     w_out = wf[o:o + K * N].reshape((K, N))
-    o += K * N
-    dense = dims[8] != 0
-    pf_rows = wf[o:o + G * P].reshape((G, P)) if dense else wf[0:0].reshape((0, P))
-    mg_idx = wi[0:D * G].reshape((D, G))
-    pf_ptr = wi[D * G:D * G + G + 1]
-    pf_post = wi[D * G + G + 1:D * G + G + 1 + NNZ]
+    dense = dims[D_DENSE] != 0
+    o = dims[D_PF_ROWS]
+    pf_rows = wf[o:o + G * P].reshape((G, P)) if dense else wf[o:o].reshape((0, P))
+    o = dims[D_MG_IDX]
+    mg_idx = wi[o:o + D * G].reshape((D, G))
+    o = dims[D_PF_PTR]
+    pf_ptr = wi[o:o + G + 1]
+    o = dims[D_PF_POST]
+    pf_post = wi[o:o + NNZ]
 
     o = 0
     mossy = work_f[o:o + M]
@@ -206,10 +254,13 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     dcn_spk = work_i[2 * G + P:2 * G + P + N]
 
     zero = coef[C_N_GRANULE] - coef[C_N_GRANULE]
-    c_gr, n_gr, l_gr, t_gr, r_gr = coef[0], coef[1], coef[2], coef[3], coef[4]
-    c_pc, n_pc, l_pc, t_pc, r_pc = coef[5], coef[6], coef[7], coef[8], coef[9]
-    c_dn, n_dn, l_dn, t_dn, r_dn = coef[10], coef[11], coef[12], coef[13], coef[14]
-    c_ro, n_ro, l_ro = coef[15], coef[16], coef[17]
+    c_gr, n_gr, l_gr = coef[C_GR + C_MEM], coef[C_GR + C_SYN], coef[C_GR + C_LEAK]
+    t_gr, r_gr = coef[C_GR + C_TH], coef[C_GR + C_RESET]
+    c_pc, n_pc, l_pc = coef[C_PC + C_MEM], coef[C_PC + C_SYN], coef[C_PC + C_LEAK]
+    t_pc, r_pc = coef[C_PC + C_TH], coef[C_PC + C_RESET]
+    c_dn, n_dn, l_dn = coef[C_DN + C_MEM], coef[C_DN + C_SYN], coef[C_DN + C_LEAK]
+    t_dn, r_dn = coef[C_DN + C_TH], coef[C_DN + C_RESET]
+    c_ro, n_ro, l_ro = coef[C_RO + C_MEM], coef[C_RO + C_SYN], coef[C_RO + C_LEAK]
     rate, target, n_granule, scale = coef[C_GOLGI_RATE], coef[C_TARGET], coef[C_N_GRANULE], coef[C_READOUT_SCALE]
     decay, base = coef[C_GOLGI_DECAY], coef[C_GOLGI_BASE]
 

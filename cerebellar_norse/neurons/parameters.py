@@ -20,19 +20,24 @@ from norse.torch.functional.leaky_integrator import LIParameters
 from norse.torch.functional.lif import LIFParameters
 
 from ..config import N_CLASSES, N_FEATURES, Config, LIFConfig, NeuralConfig
+from .layout import (
+    C_GOLGI_BASE,
+    C_GOLGI_DECAY,
+    C_GOLGI_RATE,
+    C_LEAK,
+    C_LIF_POPULATIONS,
+    C_MEM,
+    C_N_GRANULE,
+    C_READOUT_SCALE,
+    C_RESET,
+    C_RO,
+    C_SYN,
+    C_TARGET,
+    C_TH,
+    N_COEF,
+)
 
 POPULATIONS = ("granule", "purkinje", "dcn", "readout")
-
-# Layout of the coefficient array of the fused kernel (one float per entry).
-# For population k (0 granule, 1 purkinje, 2 dcn, 3 readout), at 5*k:
-#   +0 c_mem = dt * tau_mem_inv, +1 nc_syn = -dt * tau_syn_inv, +2 v_leak, +3 v_th, +4 v_reset
-C_GOLGI_DECAY = 18
-C_GOLGI_BASE = 19
-C_GOLGI_RATE = 20
-C_TARGET = 21
-C_N_GRANULE = 22
-C_READOUT_SCALE = 23
-N_COEF = 24
 
 # Layout of the float64 encoder parameter array.
 E_WINDOW, E_CLIP, E_GAIN, E_PER_FEATURE = 0, 1, 2, 3
@@ -141,19 +146,19 @@ def network_parameters(cfg: Config, golgi_init: float = 0.0) -> NetworkParameter
 
 
 def kernel_coefficients(p: NetworkParameters) -> np.ndarray:
-    """The coefficient array of the fused kernel (see the layout constants above)."""
+    """The coefficient array of the fused kernel (layout: the ``C_*`` names of :mod:`.layout`)."""
     npdt = np.float32 if p.dtype == torch.float32 else np.float64
     coef = np.zeros(N_COEF, dtype=npdt)
     # The products are taken in torch, exactly as Norse's step functions form them.
-    for k, pop in enumerate((p.granule, p.purkinje, p.dcn)):
-        coef[5 * k + 0] = (p.dt * pop.tau_mem_inv).item()
-        coef[5 * k + 1] = (-p.dt * pop.tau_syn_inv).item()
-        coef[5 * k + 2] = float(pop.v_leak)
-        coef[5 * k + 3] = float(pop.v_th)
-        coef[5 * k + 4] = float(pop.v_reset)
-    coef[15] = (p.dt * p.readout.tau_mem_inv).item()
-    coef[16] = (-p.dt * p.readout.tau_syn_inv).item()
-    coef[17] = float(p.readout.v_leak)
+    for base, pop in zip(C_LIF_POPULATIONS, (p.granule, p.purkinje, p.dcn), strict=True):
+        coef[base + C_MEM] = (p.dt * pop.tau_mem_inv).item()
+        coef[base + C_SYN] = (-p.dt * pop.tau_syn_inv).item()
+        coef[base + C_LEAK] = float(pop.v_leak)
+        coef[base + C_TH] = float(pop.v_th)
+        coef[base + C_RESET] = float(pop.v_reset)
+    coef[C_RO + C_MEM] = (p.dt * p.readout.tau_mem_inv).item()
+    coef[C_RO + C_SYN] = (-p.dt * p.readout.tau_syn_inv).item()
+    coef[C_RO + C_LEAK] = float(p.readout.v_leak)
     coef[C_GOLGI_DECAY] = p.golgi_decay
     coef[C_GOLGI_BASE] = p.golgi_base
     coef[C_GOLGI_RATE] = p.golgi_rate
