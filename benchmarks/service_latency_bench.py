@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""In-service processing time against the kernel's hot loop, in one run.
+"""In-service processing time against the kernel's hot loop, and what idle gaps alone do, in one run.
 
 The operations guide alerts on ``processing_duration_seconds`` (the network's time per
 tick inside the service). This benchmark compares that time, as the service reports it
@@ -7,9 +7,8 @@ tick inside the service). This benchmark compares that time, as the service repo
 hot loop in this process, on the same host and in the same run, so the figure that
 matters is the ratio, not the absolute time of a noisy machine.
 
-Scenarios (each on a fresh service process on a free loopback port, built-in default
-config, untrained network of the seed, with ``CEREBELLAR_NORSE_*`` overrides given by
-``--set``):
+Service scenarios (a fresh service process on a free loopback port, built-in default
+config, untrained network of the seed):
 
 * ``sequential``: one keep-alive connection, one tick after another, 20 markets in turn;
 * ``paced``: the same at ``--rate`` ticks/s (default 300) over 20 markets, the load under
@@ -17,9 +16,15 @@ config, untrained network of the seed, with ``CEREBELLAR_NORSE_*`` overrides giv
 * ``batch256``: ``POST /neural/process/batch`` of 256 ticks (one per market), the
   per-tick cost reported by the service.
 
-Every scenario runs with ``performance.busy_poll_us = 0`` (the service sleeps between
-ticks) and with ``--busy-poll-us`` (default 20000), alternating, and reports p50/p95/p99
-of ``processing_time_ns`` and their ratio to the hot-loop p50 of the kernel.
+Engine scenarios (this process, no HTTP, no I/O: ``Engine.process_now`` of one tick at a
+time over 20 markets), to tell the service's own overhead from the host's:
+
+* ``gap_none``: back to back;
+* ``gap_spin_1ms`` / ``gap_spin_3ms``: the thread spins (no system call, no sleep) for 1 or
+  3 ms between ticks, as a service idles between ticks at a few hundred ticks/s.
+
+If the gaps alone inflate the engine's time as much as the paced service's, the caches are
+being emptied by other work on the host between ticks, not by the service.
 
     .venv/bin/python benchmarks/service_latency_bench.py [--ticks 3000] [--json out.json]
 """
@@ -177,40 +182,79 @@ def hot_loop(ticks: int) -> dict[str, float]:
     return {"p50_us": r["p50_us"], "p99_us": r["p99_us"], "n": r["calls"]}
 
 
+def engine_gaps(ticks: int) -> dict[str, dict[str, float]]:
+    """The engine alone, one tick at a time over 20 markets, back to back and with idle gaps (spinning)."""
+    from cerebellar_norse.config import load_checked_config
+    from cerebellar_norse.engine.engine import Engine
+    from cerebellar_norse.ticks import Tick
+
+    eng = Engine(load_checked_config(None))
+    eng.warm_up()
+    k = 0
+
+    def spin(s: float) -> None:
+        end = time.perf_counter() + s
+        while time.perf_counter() < end:
+            pass
+
+    out = {}
+    for label, gap_s, n in (("gap_none", 0.0, ticks), ("gap_spin_1ms", 0.001, ticks // 3), ("gap_spin_3ms", 0.003, ticks // 6)):
+        ns = []
+        for i in range(n + 50):
+            k += 1
+            if gap_s:
+                spin(gap_s)
+            t = Tick(100.0 * (1.0 + 0.001 * np.sin(k / 7.0)), 1000.0, 1_700_000_000_000 + 10 * k, f"M{k % MARKETS:02d}")
+            r = eng.process_now([t])[0]
+            if i >= 50:
+                ns.append(r.processing_time_ns)
+        out[label] = _quantiles(ns)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ticks", type=int, default=3000, help="ticks per single-tick scenario (default 3000)")
     ap.add_argument("--rate", type=float, default=300.0, help="ticks/s of the paced scenario (default 300)")
     ap.add_argument("--batches", type=int, default=60, help="batch requests of 256 ticks (default 60)")
-    ap.add_argument("--busy-poll-us", type=int, default=20_000, help="performance.busy_poll_us of the polling runs")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
 
-    results: dict[str, Any] = {"host": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()}}
-    results["hot_loop"] = hot_loop(args.ticks)
-    for mode, poll in (("sleep", 0), ("busy_poll", args.busy_poll_us)):
-        svc = Service({"CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US": str(poll)})
-        try:
-            results[mode] = {"busy_poll_us": poll, "sequential": run_ticks(svc, args.ticks, None),
-                             "paced": run_ticks(svc, args.ticks, args.rate), "batch256": run_batches(svc, args.batches)}
-        finally:
-            svc.close()
-    results["hot_loop_after"] = hot_loop(args.ticks)
-    base = (results["hot_loop"]["p50_us"] + results["hot_loop_after"]["p50_us"]) / 2
-    results["hot_loop_p50_us"] = base
-    print(f"hot loop (kernel, batch 1): p50 {base:.2f} µs (before {results['hot_loop']['p50_us']:.2f}, "
-          f"after {results['hot_loop_after']['p50_us']:.2f})")
-    print(f"{'mode':<10} {'scenario':<11} {'p50 µs':>8} {'p95 µs':>8} {'p99 µs':>8} {'p50/hot':>8} {'p95/hot':>8}")
-    for mode in ("sleep", "busy_poll"):
-        for scen in ("sequential", "paced", "batch256"):
-            q = results[mode][scen]
+    results: dict[str, Any] = {"host": {"cpu": _cpu_model(), "cpus": os.cpu_count()}}
+    before = hot_loop(args.ticks)
+    svc = Service({})
+    try:
+        results["service"] = {"sequential": run_ticks(svc, args.ticks, None), "paced": run_ticks(svc, args.ticks, args.rate),
+                              "batch256": run_batches(svc, args.batches)}
+    finally:
+        svc.close()
+    results["engine"] = engine_gaps(args.ticks)
+    after = hot_loop(args.ticks)
+    base = (before["p50_us"] + after["p50_us"]) / 2
+    results["hot_loop"] = {"before": before, "after": after, "p50_us": base}
+    print(f"host: {results['host']['cpu']} ({results['host']['cpus']} cpus)")
+    print(f"hot loop (kernel, batch 1, back to back): p50 {base:.2f} µs (before {before['p50_us']:.2f}, after {after['p50_us']:.2f})")
+    print(f"{'where':<8} {'scenario':<13} {'p50 µs':>8} {'p95 µs':>8} {'p99 µs':>8} {'p50/hot':>8} {'p95/hot':>8}")
+    for where in ("service", "engine"):
+        for scen, q in results[where].items():
             q["p50_ratio"] = q["p50_us"] / base
             q["p95_ratio"] = q["p95_us"] / base
-            print(f"{mode:<10} {scen:<11} {q['p50_us']:>8.2f} {q['p95_us']:>8.2f} {q['p99_us']:>8.2f} "
+            print(f"{where:<8} {scen:<13} {q['p50_us']:>8.2f} {q['p95_us']:>8.2f} {q['p99_us']:>8.2f} "
                   f"{q['p50_ratio']:>8.2f} {q['p95_ratio']:>8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -120,9 +120,6 @@ class Engine:
         self.batch_size = perf.batch_size
         self.delay_s = perf.max_batch_delay_us / 1e6
         self.queue_size = perf.queue_size
-        self.busy_poll_s = perf.busy_poll_us / 1e6
-        self._poll_until = 0.0
-        self._polling = False
         self.learner = self._make_learner()
         self.scorer = LiveScorer.from_config(cfg, self.pool.capacity) if cfg.training.live_evaluation else None
         self.recorder: TickRecorder | None = None
@@ -311,24 +308,7 @@ class Engine:
         self._last_batch_end = time.monotonic()
         if self._last_batch_end - self._last_gc >= 1.0:
             self.collect_idle(self._last_batch_end)
-        if self.busy_poll_s > 0.0:
-            self._poll_until = self._last_batch_end + self.busy_poll_s
-            if not self._polling:
-                self._polling = True
-                asyncio.get_running_loop().call_soon(self._poll)
 
-    def _poll(self) -> None:
-        """Busy-poll (``performance.busy_poll_us``): while a callback is ready the loop polls its sockets without sleeping.
-
-        Sleeping in the kernel between ticks lets the CPU idle and other work take the
-        core, so the next tick starts with cold caches: several times the kernel's
-        hot-loop time. Rescheduling this callback until the window ends keeps the
-        loop thread awake; each round is one non-blocking poll (about a microsecond).
-        """
-        if self._accepting and time.monotonic() < self._poll_until:
-            asyncio.get_running_loop().call_soon(self._poll)
-        else:
-            self._polling = False
 
     def collect_idle(self, now: float | None = None) -> int:
         """Above ``garbage_collection_threshold`` pool usage, evict markets idle for over ``IDLE_EVICTION_S``."""
