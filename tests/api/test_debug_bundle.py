@@ -49,6 +49,11 @@ def test_bundle_snapshots_the_running_service(live: LiveServer, tmp_path: Path) 
     dumps = {json.loads(v)["market_id"]: json.loads(v) for k, v in files.items() if k.startswith("service/markets/")}
     assert {"BUNDLE", "BUNDLE/2"} <= set(dumps) and "service/markets/01-BUNDLE.json" in files
     assert dumps["BUNDLE"]["warmup"]["ticks_seen"] == 3
+    slow = json.loads(files["service/slow_requests.json"])
+    assert slow["order"] == "slowest" and len(slow["requests"]) >= 4
+    totals = [t["total_us"] for t in slow["requests"]]
+    assert totals == sorted(totals, reverse=True) and {t["route"] for t in slow["requests"]} == {"/neural/process"}
+    assert files["service/slow_requests.txt"].decode().count("received") == len(slow["requests"])
     summary = json.loads(files["summary.json"])
     assert summary["failed"] == [] and summary["parts"]["service/backtrace.json"] == "ok"
 
