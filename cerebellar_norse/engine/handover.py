@@ -128,6 +128,7 @@ def export_market(engine: Engine, market_id: str) -> bytes | None:
     slot = engine.pool.table.get(market_id)
     if slot is None:
         return None
+    engine.backend.sync_to_host([slot])  # CUDA keeps neuron state on the device
     state = engine.arrays.read_slot(slot)
     enc = state["enc"]
     meta = {"format": FORMAT, "market_id": market_id, "fingerprint": engine.fingerprint(),

@@ -144,9 +144,7 @@ def market_state(engine: Engine, market_id: str, tracker: SpikeTracker | None = 
     slot = engine.pool.table.get(market_id)
     if slot is None:
         return None
-    cuda = getattr(engine, "cuda", None)
-    if cuda is not None and hasattr(cuda, "sync_to_host"):
-        cuda.sync_to_host()
+    engine.backend.sync_to_host([slot])  # CUDA keeps neuron state on the device: bring this slot's to the host
     arrays = engine.pool.arrays
     enc = np.asarray(arrays.enc[slot], dtype=np.float64)
     seen = int(enc[S_N_TICKS])
@@ -182,10 +180,7 @@ def busiest_markets(engine: Engine, limit: int) -> list[dict[str, Any]]:
     items = engine.pool.table.items()
     if not items:
         return []
-    cuda = getattr(engine, "cuda", None)
-    if cuda is not None and hasattr(cuda, "sync_to_host"):
-        cuda.sync_to_host()
-    slots = np.array([s for _, s in items], dtype=np.int64)
+    slots = np.array([s for _, s in items], dtype=np.int64)  # encoder state (ticks seen) is always on the host
     enc = engine.pool.arrays.enc
     seen = enc[slots, S_N_TICKS]
     order = np.argsort(-seen, kind="stable")[:limit]

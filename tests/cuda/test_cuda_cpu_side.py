@@ -487,3 +487,27 @@ def test_cuda_engine_on_cpu_saves_what_the_fused_engine_saves(cuda_cfg: CfgFacto
     assert eng.health()["cuda"]["backend"] == "cuda"
     eng.close()
     restored.close()
+
+
+def test_debug_state_and_handover_export_read_the_device_state(cuda_cfg: CfgFactory, tmp_path: Path) -> None:
+    from cerebellar_norse.engine.handover import export_market, read_export
+    from cerebellar_norse.observability.debugtools import market_state
+
+    cfg = cuda_cfg("float64", performance={"batch_size": 16, "max_markets": 8})
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"state_dir": tmp_path})})
+    ticks = validate_ticks(generate_ticks(60, 3, 4))
+    ref, eng = Engine(cfg), make_cuda_engine(cfg, device="cpu")
+    for i in range(0, len(ticks), 16):
+        ref.process_now(ticks[i:i + 16])
+        eng.process_now(ticks[i:i + 16])
+    market = ticks[-1].market_id
+    a, b = market_state(ref, market), market_state(eng, market)
+    assert a is not None and b is not None
+    for pop in ("granule", "purkinje", "dcn"):  # the device's potentials, not the host's stale copy
+        assert abs(a["populations"][pop]["v"]["mean"] - b["populations"][pop]["v"]["mean"]) <= 1e-12
+    data_ref, data_dev = export_market(ref, market), export_market(eng, market)
+    assert data_ref is not None and data_dev is not None
+    (_, s_ref), (_, s_dev) = read_export(data_ref), read_export(data_dev)
+    for name in FLOAT_FIELDS:
+        assert np.abs(s_ref[name] - s_dev[name]).max() <= 1e-12
+    eng.close()
