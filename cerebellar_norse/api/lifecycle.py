@@ -124,7 +124,7 @@ async def announce_when_listening(state: ServiceState, is_listening: Callable[[]
     if interval is None:
         return
     while True:
-        if state.ready and state.engine.health()["accepting"]:
+        if state.ready and state.engine.snapshot().accepting:
             systemd.watchdog_ping()
         await asyncio.sleep(interval)
 

@@ -85,7 +85,7 @@ def summary(a: np.ndarray) -> dict[str, float]:
 
 
 class SpikeTracker:
-    """Per-slot spike counts of an engine, kept by one of its batch observers.
+    """Per-slot spike counts of an engine, kept by one of its batch-record sinks.
 
     ``observe`` runs after every backend step on the loop thread and reads the slots of
     the step from the engine's step buffers. A slot whose market changed (eviction,

@@ -332,7 +332,7 @@ def cmd_analyze_weights(cfg: Config, source: str | None, model: str | None, comp
 # -- market raster ------------------------------------------------------------------------------------
 #
 # The engine keeps no history of spikes or potentials. A :class:`MarketTrace`, attached to
-# the engine's batch observers on the first raster request, records from then on, for the
+# the engine's record sinks on the first raster request, records from then on, for the
 # markets asked about (at most WATCHED_MAX, the longest unasked dropped first), per tick:
 # the time, the spike count of each population (granule, Purkinje, DCN) and, after the
 # batch, the mean membrane potential of each population and the readout potentials. A
