@@ -37,6 +37,20 @@ def engine_config(tmp_path: Path) -> ConfigFactory:
 
 
 @pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    """A TOML config with the state dir under tmp_path and ``debug.record_requests`` on."""
+    path = tmp_path / "config.toml"
+    path.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n\n[debug]\nrecord_requests = true\n', encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def cfg(config_file: Path) -> Config:
+    """The config of ``config_file`` (the caller's environment is never read)."""
+    return load_config(config_file, environ={})
+
+
+@pytest.fixture
 def streams() -> StreamFactory:
     """``streams(n_ticks, n_markets, seed)``: synthetic ticks grouped by market, each list in time order."""
 

@@ -1,13 +1,17 @@
-"""Helpers of the engine tests: the ground truth (a sequential network) and result comparison."""
+"""Helpers of the engine tests: the ground truth (a sequential network), result comparison, tick streams, the CLI."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
+from cerebellar_norse.cli import main
 from cerebellar_norse.config import Config
+from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.records import TickResult
 from cerebellar_norse.neurons.network import CerebellarNetwork
 from cerebellar_norse.ticks import Tick
@@ -49,3 +53,31 @@ def assert_same_state(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) 
     assert set(a) == set(b)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def moving_ticks(markets: Sequence[str], per_market: int, start: int = 0, t0: int = T0) -> list[Tick]:
+    """Interleaved ticks of ``markets`` with moving prices and volumes (times rising), the k-th round from ``start``."""
+    out = []
+    for k in range(start, start + per_market):
+        for j, m in enumerate(markets):
+            price = 100.0 + 3 * j + 0.4 * ((k * 7 + j) % 11) - 0.02 * k
+            out.append(Tick(price, 50.0 + (k * 13 + j) % 40, t0 + 250 * k + j, m))
+    return out
+
+
+async def serve(engine: Engine, ticks: Sequence[Tick], batch: int = 5) -> None:
+    """Ticks through the engine's submit paths: some batched, some one at a time."""
+    for k in range(0, len(ticks), batch):
+        part = ticks[k:k + batch]
+        if (k // batch) % 2:
+            await engine.submit_many(part)
+        else:
+            for t in part:
+                await engine.submit(t)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    """The real command line, in process: (exit code, stdout, stderr)."""
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_helpers import T0, core
+from engine_helpers import T0, core, run
 
-from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_config
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.recorder import (
@@ -59,20 +58,6 @@ def record_and_close(directory: Path, ticks: list[Tick], **kw: Any) -> TickRecor
     rec.record(ticks, np.tile([0.25, 0.5, 0.25], (len(ticks), 1)), "v1")
     rec.close()
     return rec
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
-    """The real command line, in process: (exit code, stdout, stderr)."""
-    code = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-@pytest.fixture
-def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "config.toml"
-    path.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n\n[debug]\nrecord_requests = true\n', encoding="utf-8")
-    return path
 
 
 # -- the format --------------------------------------------------------------------------

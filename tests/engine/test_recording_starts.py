@@ -20,10 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_helpers import T0
+from engine_helpers import T0, moving_ticks, run, serve
 
-from cerebellar_norse.cli import main
-from cerebellar_norse.config import Config, load_config
+from cerebellar_norse.config import Config
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.recorder import (
     HEADER_V1,
@@ -45,51 +44,12 @@ ODD_IDS = ["ES", "a,b", 'q"x', "x/y", "../up", "\\", "'", "#c", "sp ace", "{}", 
 WARM = 25  # ticks each market sees before recording starts
 
 
-def make_ticks(markets: list[str], per_market: int, start: int = 0) -> list[Tick]:
-    """Interleaved ticks with moving prices and volumes (times rising)."""
-    out = []
-    for k in range(start, start + per_market):
-        for j, m in enumerate(markets):
-            price = 100.0 + 3 * j + 0.4 * ((k * 7 + j) % 11) - 0.02 * k
-            out.append(Tick(price, 50.0 + (k * 13 + j) % 40, T0 + 250 * k + j, m))
-    return out
-
-
-async def serve(engine: Engine, ticks: list[Tick], batch: int = 5) -> None:
-    """Ticks through the engine's submit paths: some batched, some one at a time."""
-    for k in range(0, len(ticks), batch):
-        part = ticks[k:k + batch]
-        if (k // batch) % 2:
-            await engine.submit_many(part)
-        else:
-            for t in part:
-                await engine.submit(t)
-
-
 def with_recording(cfg: Config, on: bool) -> Config:
     return cfg.model_copy(update={"debug": cfg.debug.model_copy(update={"record_requests": on})})
 
 
-@pytest.fixture
-def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "config.toml"
-    path.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n\n[debug]\nrecord_requests = true\n', encoding="utf-8")
-    return path
-
-
-@pytest.fixture
-def cfg(config_file: Path) -> Config:
-    return load_config(config_file, environ={})
-
-
 def recordings(cfg: Config) -> list[Path]:
     return sorted((Path(cfg.paths.state_dir) / "recordings").glob("ticks-*.csv"))
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def report(capsys: pytest.CaptureFixture[str], config_file: Path, path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
@@ -105,9 +65,9 @@ def by_market(rep: dict[str, Any]) -> dict[str, dict[str, Any]]:
 async def warm_then_record(cfg: Config, markets: list[str], new: list[str], per_market: int = 20) -> tuple[Engine, list[Tick]]:
     """Serve ``markets`` WARM ticks with recording off, then ``markets + new`` with it on; returns the recorded ticks."""
     engine = Engine(with_recording(cfg, False))
-    await serve(engine, make_ticks(markets, WARM))
+    await serve(engine, moving_ticks(markets, WARM))
     engine.cfg = cfg  # recording switched on (a config reload)
-    recorded = make_ticks(markets + new, per_market, start=WARM)
+    recorded = moving_ticks(markets + new, per_market, start=WARM)
     await serve(engine, recorded)
     await engine.drain(save=False)
     return engine, recorded
@@ -167,10 +127,10 @@ async def test_every_file_of_a_stream_rotated_midway_replays_on_its_own(cfg: Con
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     markets = ["A", "B/1", 'c"d']
     engine = Engine(with_recording(cfg, False))
-    await serve(engine, make_ticks(markets, WARM))
+    await serve(engine, moving_ticks(markets, WARM))
     engine.cfg = cfg
     engine.recorder = TickRecorder(Path(cfg.paths.state_dir) / "recordings", max_bytes=6000)
-    ticks = make_ticks(markets, 60, start=WARM)
+    ticks = moving_ticks(markets, 60, start=WARM)
     for k in range(0, len(ticks), 15):  # the writer catches up now and then, as it does every 0.1 s
         await serve(engine, ticks[k:k + 15])
         assert engine.recorder.flush()
@@ -195,9 +155,9 @@ async def test_markets_evicted_or_reset_mid_recording_restart_from_rest_in_repla
     small = cfg.model_copy(update={"performance": cfg.performance.model_copy(
         update={"max_markets": 2, "memory_pool_enabled": False})})
     engine = Engine(with_recording(small, False))
-    await serve(engine, make_ticks(["A", "B"], WARM))
+    await serve(engine, moving_ticks(["A", "B"], WARM))
     engine.cfg = small
-    ticks = make_ticks(["A", "B", "C"], 12, start=WARM)  # three markets in two slots: evictions all along
+    ticks = moving_ticks(["A", "B", "C"], 12, start=WARM)  # three markets in two slots: evictions all along
     await serve(engine, ticks[:18], batch=1)
     assert engine.reset_market("A") or engine.reset_market("B") or engine.reset_market("C")
     await serve(engine, ticks[18:], batch=1)
@@ -246,7 +206,7 @@ def test_companion_records_hold_any_market_id(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_request_ids_batches_and_positions_are_recorded(cfg: Config) -> None:
     engine = Engine(cfg)
-    ticks = make_ticks(["A", "B"], 5)
+    ticks = moving_ticks(["A", "B"], 5)
     await engine.submit(ticks[0])
     await engine.submit_many(ticks[1:6])
     await engine.drain(save=False)
@@ -295,9 +255,9 @@ async def test_an_edited_tick_and_another_model_are_found_at_their_ticks(cfg: Co
         seeded = cfg.model_copy(update={"neural": cfg.neural.model_copy(update={"seed": seed})})
         store.save(generate_weights(seeded), cfg, {}, version)
     engine = Engine(with_recording(cfg, False), store.load("vA").weights, "vA")
-    await serve(engine, make_ticks(["A", "B"], WARM))
+    await serve(engine, moving_ticks(["A", "B"], WARM))
     engine.cfg = cfg
-    ticks = make_ticks(["A", "B"], 20, start=WARM)
+    ticks = moving_ticks(["A", "B"], 20, start=WARM)
     await serve(engine, ticks)
     await engine.drain(save=False)
     (path,) = recordings(cfg)

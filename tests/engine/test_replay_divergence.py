@@ -18,63 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import T0
+from engine_helpers import T0, moving_ticks, run, serve
 
-from cerebellar_norse.cli import main
-from cerebellar_norse.config import Config, load_config
+from cerebellar_norse.config import Config
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.recorder import checksum_path, read_recording
 from cerebellar_norse.neurons.topology import generate_weights
-from cerebellar_norse.ticks import Tick
 from cerebellar_norse.training.checkpoints import ModelStore
 
 MARKETS = ["ES", "a,b", 'q"x']
 PER_MARKET = 30
 
 
-def make_ticks(markets: list[str] = MARKETS, per_market: int = PER_MARKET, t0: int = T0, start: int = 0) -> list[Tick]:
-    """Interleaved ticks of ``markets`` with moving prices and volumes (times rising)."""
-    out = []
-    for k in range(start, start + per_market):
-        for j, m in enumerate(markets):
-            price = 100.0 + 3 * j + 0.4 * ((k * 7 + j) % 11) - 0.02 * k
-            out.append(Tick(price, 50.0 + (k * 13 + j) % 40, t0 + 250 * k + j, m))
-    return out
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-@pytest.fixture
-def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "config.toml"
-    path.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n\n[debug]\nrecord_requests = true\n', encoding="utf-8")
-    return path
-
-
-@pytest.fixture
-def cfg(config_file: Path) -> Config:
-    return load_config(config_file, environ={})
-
-
 def store_model(cfg: Config, version: str, seed: int) -> None:
     """Store the untrained network of ``seed`` as model ``version`` (same shape, other weights)."""
     seeded = cfg.model_copy(update={"neural": cfg.neural.model_copy(update={"seed": seed})})
     ModelStore(Path(cfg.paths.state_dir)).save(generate_weights(seeded), cfg, {}, version)
-
-
-async def serve(engine: Engine, ticks: list[Tick], batch: int = 5) -> None:
-    """Ticks through the engine's submit paths: some batched, some one at a time."""
-    for k in range(0, len(ticks), batch):
-        part = ticks[k:k + batch]
-        if (k // batch) % 2:
-            await engine.submit_many(part)
-        else:
-            for t in part:
-                await engine.submit(t)
 
 
 def the_recording(cfg: Config) -> Path:
@@ -108,7 +67,7 @@ async def test_engine_recording_replays_with_zero_divergence(cfg: Config, config
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     store_model(cfg, "vA", seed=8)
     engine = Engine(cfg, ModelStore(Path(cfg.paths.state_dir)).load("vA").weights, "vA")
-    ticks = make_ticks()
+    ticks = moving_ticks(MARKETS, PER_MARKET)
     await serve(engine, ticks)
     await engine.drain(save=False)
     path = the_recording(cfg)
@@ -133,7 +92,7 @@ async def test_untrained_seed_network_and_a_model_swap_mid_recording_replay_exac
                                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     store_model(cfg, "vB", seed=9)
     engine = Engine(cfg)  # no stored model: serves seed-<seed>
-    ticks = make_ticks()
+    ticks = moving_ticks(MARKETS, PER_MARKET)
     await serve(engine, ticks[:40])
     engine.set_weights(ModelStore(Path(cfg.paths.state_dir)).load("vB").weights, "vB")  # market states kept
     await serve(engine, ticks[40:])
@@ -149,7 +108,7 @@ async def test_untrained_seed_network_and_a_model_swap_mid_recording_replay_exac
 async def test_an_edited_price_is_found_at_its_tick_and_only_in_its_market(cfg: Config, config_file: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     engine = Engine(cfg)
-    ticks = make_ticks()
+    ticks = moving_ticks(MARKETS, PER_MARKET)
     await serve(engine, ticks)
     await engine.drain(save=False)
     path = the_recording(cfg)
@@ -189,7 +148,7 @@ async def test_another_model_version_is_found_at_the_first_tick_it_served(cfg: C
     store_model(cfg, "vA", seed=8)
     store_model(cfg, "vOther", seed=11)
     engine = Engine(cfg, ModelStore(Path(cfg.paths.state_dir)).load("vA").weights, "vA")
-    ticks = make_ticks()
+    ticks = moving_ticks(MARKETS, PER_MARKET)
     await serve(engine, ticks)
     await engine.drain(save=False)
     path = the_recording(cfg)
@@ -211,7 +170,7 @@ async def test_another_model_version_is_found_at_the_first_tick_it_served(cfg: C
 async def test_a_recorded_version_missing_from_the_store_is_a_clear_error(cfg: Config, config_file: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     engine = Engine(cfg, generate_weights(cfg), "gone-model")
-    await serve(engine, make_ticks(per_market=3))
+    await serve(engine, moving_ticks(MARKETS, 3))
     await engine.drain(save=False)
     code, out, err = run(capsys, "--config", config_file, "replay", the_recording(cfg), "--detect-divergence")
     assert code == 1 and out == ""
@@ -230,9 +189,9 @@ async def test_markets_live_when_recording_starts_replay_from_their_recorded_sta
     """A market already live when recording began replays exactly from its recorded state; a new one from rest."""
     off = cfg.model_copy(update={"debug": cfg.debug.model_copy(update={"record_requests": False})})
     engine = Engine(off)
-    await serve(engine, make_ticks(["LIVE"], per_market=20))  # served before recording was switched on
+    await serve(engine, moving_ticks(["LIVE"], 20))  # served before recording was switched on
     engine.cfg = cfg
-    await serve(engine, make_ticks(["LIVE", "NEW"], per_market=20, start=20))
+    await serve(engine, moving_ticks(["LIVE", "NEW"], 20, start=20))
     await engine.drain(save=False)
 
     code, rep, err = report(capsys, config_file, the_recording(cfg), "--tolerance", "0")
