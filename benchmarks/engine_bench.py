@@ -71,6 +71,7 @@ from cerebellar_norse.config import Config, load_config
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.journal import Durability
 from cerebellar_norse.engine.recorder import TickRecorder
+from cerebellar_norse.neurons.bench import cpu_model
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.ticks import Tick, validate_ticks
 
@@ -312,16 +313,7 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def host_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
             "loadavg_1m_before": round(os.getloadavg()[0], 2), "python": platform.python_version(),
             "platform": platform.platform()}
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from cerebellar_norse.neurons.bench import cpu_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MARKETS = 20
@@ -220,7 +221,7 @@ def main() -> int:
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
 
-    results: dict[str, Any] = {"host": {"cpu": _cpu_model(), "cpus": os.cpu_count()}}
+    results: dict[str, Any] = {"host": {"cpu": cpu_model(), "cpus": os.cpu_count()}}
     before = hot_loop(args.ticks)
     svc = Service({})
     try:
@@ -244,17 +245,6 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

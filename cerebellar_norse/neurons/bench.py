@@ -85,11 +85,12 @@ def run_bench(cfg: Config, ticks: int = 2000, reference_ticks: int = 200, seed: 
             "neuron_updates_per_s": neurons * steps * 1e6 / us,
             "synaptic_events_per_s": syn_per_tick * 1e6 / us,
         }
-    result["host"] = {"machine": platform.machine(), "processor": _cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    result["host"] = {"machine": platform.machine(), "processor": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}
     return result
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` knows."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
@@ -97,7 +98,7 @@ def _cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return platform.processor() or platform.machine()
 
 
 def run_bench_command(cfg: Config, ticks: int, reference_ticks: int, as_json: bool) -> int:
