@@ -139,8 +139,7 @@ class Engine:
         self._accepting = True
         self.started = time.monotonic()
         self._buf = StepBuffers.allocate(self.batch_size, self.arrays.slots)
-        self._batch_started_ns = 0
-        self._last_stepped_ns = 0
+        self._last_stepped_ns = 0  # when the last backend step ended (perf_counter ns), for request timelines
 
     # -- state ------------------------------------------------------------------
 
@@ -329,7 +328,7 @@ class Engine:
 
     def _run_batch(self, batch: list[Pending]) -> None:
         ticks = [t for t, _, _ in batch]
-        self._batch_started_ns = started = time.perf_counter_ns()
+        started = time.perf_counter_ns()
         ids = [tl.request_id if tl is not None else None for _, _, tl in batch] if self.cfg.debug.record_requests else None
         try:
             results = self.process_now(ticks, ids)
@@ -384,21 +383,24 @@ class Engine:
         recorder writes on its own thread; when it falls behind it drops ticks and counts them.
         """
         if self.cfg.debug.record_requests:
-            if self.recorder is None:
-                self.recorder = TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
-            self.recorder.record(ticks, probs, self.model_version, request_ids)
+            self._open_recorder().record(ticks, probs, self.model_version, request_ids)
         elif self.recorder is not None:
             self.recorder.close(wait=False)
             self.recorder = None
+
+    def _open_recorder(self) -> TickRecorder:
+        """The recorder, started on first use (``debug.record_requests`` can be switched on by a reload)."""
+        if self.recorder is None:
+            self.recorder = TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
+        return self.recorder
 
     def _step(self, ticks: Sequence[Tick], request_ids: Sequence[str | None] | None = None) -> list[TickResult]:
         b = len(ticks)
         evictions = self.pool.table.evictions
         if self.cfg.debug.record_requests and not self._scratch:  # where each market starts, before the step changes it
-            self.recorder = self.recorder or TickRecorder(Path(self.cfg.paths.state_dir) / "recordings")
-            self.recorder.before_step(self.pool, ticks)
+            self._open_recorder().before_step(self.pool, ticks)
         probs, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, ticks, self._buf)
-        self._last_stepped_ns = stepped = time.perf_counter_ns()
+        self._last_stepped_ns = time.perf_counter_ns()
         evicted = self.pool.table.evictions - evictions
         if evicted:
             self.eviction_log.add(evicted, last=self.pool.table.last_evicted)
@@ -418,8 +420,7 @@ class Engine:
         st.busy_ns += elapsed
         st.spikes += spikes.sum(axis=0)
         if self.sinks and not self._scratch:  # scratch ticks (warm-up, journal replay) are not client ticks
-            rec = BatchRecord(st.batches, b, elapsed, self._batch_started_ns or stepped - elapsed, stepped, self._buf.slots[:b],
-                              self._buf.ticks[:, :b], spikes, evicted)
+            rec = BatchRecord(b, elapsed, self._buf.slots[:b], self._buf.ticks[:, :b], spikes)
             for sink in self.sinks:
                 sink(rec)
         return out

@@ -68,18 +68,14 @@ class BatchRecord:
 
     ``slots`` (B,), ``ticks`` (3, B) and ``spikes`` (B, 3) (granule, Purkinje, DCN per
     tick) are views of the engine's buffers, valid only during the sink call: a sink that keeps them
-    copies them. Times are ``time.perf_counter_ns()`` readings (ns).
+    copies them.
     """
 
-    seq: int  # backend steps since the engine started, this one included
     size: int  # ticks in the step
     step_ns: int  # backend step and calibrated head (ns)
-    started_ns: int  # when the engine batch holding this step began (ns, perf_counter)
-    stepped_ns: int  # when the backend step ended (ns, perf_counter)
     slots: np.ndarray
     ticks: np.ndarray  # (3, B) price, volume, time (ms since the epoch)
     spikes: np.ndarray
-    evicted: int  # markets evicted (least recently used) to make room for this step's ticks
 
     @property
     def per_tick_s(self) -> float:

@@ -101,8 +101,7 @@ class TimelineBook:
         """Keep a finished request's timeline."""
         self.recent.append(tl)
         self._n = n = self._n + 1
-        m = tl.marks
-        total = (m[SENT] or max(m)) - m[RECEIVED]
+        total = tl.total_ns
         slow = self._slow
         if len(slow) < self.slowest:
             heapq.heappush(slow, (total, n, tl))

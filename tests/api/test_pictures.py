@@ -120,8 +120,8 @@ def test_trace_of_a_batch_with_repeated_markets_syncs_only_watched_slots() -> No
     trace = MarketTrace.attach(engine, registry)  # type: ignore[arg-type]
     assert MarketTrace.attach(engine, registry) is trace and len(engine.sinks) == 1  # type: ignore[arg-type]
     spikes = np.array([[5, 1, 0], [6, 2, 1], [7, 3, 2], [8, 4, 3]])
-    rec = BatchRecord(seq=1, size=4, step_ns=0, started_ns=0, stepped_ns=0, slots=np.array([1, 2, 1, 3]),
-                      ticks=np.array([[0.0] * 4, [0.0] * 4, [10.0, 11.0, 12.0, 13.0]]), spikes=spikes, evicted=0)
+    rec = BatchRecord(size=4, step_ns=0, slots=np.array([1, 2, 1, 3]),
+                      ticks=np.array([[0.0] * 4, [0.0] * 4, [10.0, 11.0, 12.0, 13.0]]), spikes=spikes)
     trace.observe(rec)  # nobody watched: nothing recorded, no sync
     assert synced == []
     trace.watch("A")
