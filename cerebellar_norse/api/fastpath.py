@@ -22,10 +22,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import CerebellarNorseError
 from ..observability.context import request_id_var
-from .deps import SCOPE_ROUTE, SCOPE_TIMELINE, ServiceState
+from .deps import SCOPE_ROUTE, SCOPE_TIMELINE, ServiceState, content_type_problem
 from .errors import service_error, validation_response
 from .schemas import TickIn, error_payload
-from .tickpath import answer_tick, content_type_problem
+from .tickpath import answer_tick
 
 PATH = "/neural/process"
 

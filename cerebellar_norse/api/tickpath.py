@@ -21,9 +21,7 @@ from collections.abc import Iterable
 from ..engine.records import TickResult
 from ..observability.context import request_id_var
 from ..observability.timelines import SERIALISED, VALIDATED, Timeline
-from .deps import ServiceState, check_ticks, content_type_problem
-
-__all__ = ["JSON_TYPE", "answer_batch", "answer_tick", "batch_json", "content_type_problem", "result_json"]
+from .deps import ServiceState, check_ticks
 from .schemas import BatchIn, BatchOut, ResultOut, TickIn
 
 log = logging.getLogger("cerebellar_norse.api")
