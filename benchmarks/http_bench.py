@@ -154,6 +154,23 @@ class Stats:
 # -- 1. sequential, raw keep-alive connection ------------------------------------------------------------------
 
 
+def content_length(head: bytes) -> int:
+    """The Content-Length of a response head (status line and headers, without the blank line); 0 when absent."""
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return length
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One response from an asyncio stream (Content-Length bodies only): status code and body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    body = await reader.readexactly(content_length(head[:-4]))
+    return int(head[9:12]), body
+
+
 class RawConnection:
     """A minimal HTTP/1.1 keep-alive client (Content-Length responses only)."""
 
@@ -177,11 +194,7 @@ class RawConnection:
             buf += chunk
         head = buf[:end]
         status = int(head[9:12])
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
+        length = content_length(head)
         rest = buf[end + 4:]
         while len(rest) < length:
             chunk = sock.recv(65536)
@@ -292,14 +305,8 @@ async def raw_concurrent(port: int, path: str, conc: int, total: int, max_s: flo
         reader, writer = conns[w]
         body = ticks.body(markets[w])
         writer.write(head + b"%d\r\n\r\n" % len(body) + body)
-        raw = await reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in raw.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        await reader.readexactly(length)
-        return int(raw[9:12])
+        status, _ = await read_answer(reader)
+        return status
 
     try:
         for _ in range(3):

@@ -64,6 +64,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from http_bench import read_answer  # benchmarks/ is the script's directory, first on sys.path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RULES = REPO_ROOT / "monitoring" / "alerts.yml"
@@ -275,15 +276,8 @@ class Load:
 async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> int:
     """Send one request; read its answer (Content-Length bodies); the status code."""
     writer.write(raw)
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    if length:
-        await reader.readexactly(length)
-    return int(head[9:12])
+    status, _ = await read_answer(reader)
+    return status
 
 
 async def drive(url: str, rate: float, markets: int, concurrency: int, duration_s: float, on_tick: Any = None) -> Load:

@@ -34,42 +34,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from http_bench import RawConnection, start  # benchmarks/ is the script's directory, first on sys.path
 
 from cerebellar_norse.neurons.bench import cpu_model
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 MARKETS = 20
 STARTUP_S = 90.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Service:
-    """A service process on a free port with a temporary state dir."""
+    """A service process on a free port with a temporary state dir, and a keep-alive raw connection to it."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.port = _free_port()
+    def __init__(self) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="cn-latency-")
-        full = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
-        full.update({"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(Path(self.tmp.name) / "state"),
-                     "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false",
-                     "CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING", **env})
-        self.proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(self.port)],
-                                     env=full, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.sock = self._wait()
+        work = Path(self.tmp.name)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
+        env.update({"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(work / "state"),
+                    "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false", "CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING"})
+        self.server = start("service", ["-m", "cerebellar_norse.cli"], work, env)
+        self.server.wait_ready("/health", STARTUP_S)
+        self.conn = RawConnection(self.server.port)
         self.t0 = int(time.time() * 1000) - 3_600_000  # tick times: an hour ago on, 10 ms apart, never repeating
         self.k = 0
 
@@ -78,52 +68,14 @@ class Service:
         self.k += 1
         return self.k
 
-    def _wait(self) -> socket.socket:
-        deadline = time.monotonic() + STARTUP_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"service exited with {self.proc.returncode} at start")
-            try:
-                s = socket.create_connection(("127.0.0.1", self.port), timeout=60.0)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                status, _ = _request(s, "GET", "/health", b"")
-                if status == 200:
-                    return s
-                s.close()
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit("service not ready in time")
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST ``body`` to ``path``; the status and the answer's body."""
+        return self.conn.roundtrip(self.conn.request(path, body))
 
     def close(self) -> None:
-        self.sock.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        self.conn.close()
+        self.server.stop()
         self.tmp.cleanup()
-
-
-def _request(s: socket.socket, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-    head = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
-    s.sendall(head + body)
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = s.recv(65536)
-        if not chunk:
-            raise OSError("connection closed")
-        buf += chunk
-    header, rest = buf.split(b"\r\n\r\n", 1)
-    length = 0
-    for line in header.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length":
-            length = int(v)
-    while len(rest) < length:
-        rest += s.recv(65536)
-    return int(header.split(b" ", 2)[1]), rest[:length]
 
 
 def _tick(market: int, k: int, t0: int) -> bytes:
@@ -149,7 +101,7 @@ def run_ticks(svc: Service, ticks: int, rate: float | None) -> dict[str, float]:
             pause = nxt - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
-        status, body = _request(svc.sock, "POST", "/neural/process", _tick(k % MARKETS, svc.next_k(), svc.t0))
+        status, body = svc.post("/neural/process", _tick(k % MARKETS, svc.next_k(), svc.t0))
         if status != 200:
             raise SystemExit(f"tick answered {status}: {body[:200]!r}")
         if k >= 200:  # the first ticks load pages and warm the markets
@@ -163,7 +115,7 @@ def run_batches(svc: Service, batches: int) -> dict[str, float]:
     for k in range(batches + 5):
         kk = svc.next_k()
         body = b'{"ticks": [' + b",".join(_tick(m, kk, svc.t0).replace(b'"M', b'"B') for m in range(256)) + b"]}"
-        status, answer = _request(svc.sock, "POST", "/neural/process/batch", body)
+        status, answer = svc.post("/neural/process/batch", body)
         if status != 200:
             raise SystemExit(f"batch answered {status}: {answer[:200]!r}")
         if k >= 5:
@@ -223,7 +175,7 @@ def main() -> int:
 
     results: dict[str, Any] = {"host": {"cpu": cpu_model(), "cpus": os.cpu_count()}}
     before = hot_loop(args.ticks)
-    svc = Service({})
+    svc = Service()
     try:
         results["service"] = {"sequential": run_ticks(svc, args.ticks, None), "paced": run_ticks(svc, args.ticks, args.rate),
                               "batch256": run_batches(svc, args.batches)}
