@@ -465,11 +465,16 @@ def test_sync_to_host_leaves_host_owned_slots_alone(cuda_cfg: CfgFactory) -> Non
     be.close()
 
 
-def test_cuda_engine_on_cpu_saves_what_the_fused_engine_saves(cuda_cfg: CfgFactory, tmp_path: Path) -> None:
+def fused_and_cuda_on_cpu(cuda_cfg: CfgFactory, state_dir: Path) -> tuple[Config, Engine, Engine]:
+    """A float64 config (batches of 16, 8 markets, state under ``state_dir``), a fused engine and a CUDA-backend engine on CPU."""
     cfg = cuda_cfg("float64", performance={"batch_size": 16, "max_markets": 8})
-    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"state_dir": tmp_path})})
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"state_dir": state_dir})})
+    return cfg, Engine(cfg), make_cuda_engine(cfg, device="cpu")
+
+
+def test_cuda_engine_on_cpu_saves_what_the_fused_engine_saves(cuda_cfg: CfgFactory, tmp_path: Path) -> None:
+    cfg, ref, eng = fused_and_cuda_on_cpu(cuda_cfg, tmp_path)
     ticks = validate_ticks(generate_ticks(120, 5, 9))
-    ref, eng = Engine(cfg), make_cuda_engine(cfg, device="cpu")
     for i in range(0, len(ticks), 16):
         a, b = ref.process_now(ticks[i:i + 16]), eng.process_now(ticks[i:i + 16])
         assert [r.spike_count for r in a] == [r.spike_count for r in b]
@@ -493,10 +498,8 @@ def test_debug_state_and_handover_export_read_the_device_state(cuda_cfg: CfgFact
     from cerebellar_norse.engine.handover import export_market, read_export
     from cerebellar_norse.observability.debugtools import market_state
 
-    cfg = cuda_cfg("float64", performance={"batch_size": 16, "max_markets": 8})
-    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"state_dir": tmp_path})})
+    _, ref, eng = fused_and_cuda_on_cpu(cuda_cfg, tmp_path)
     ticks = validate_ticks(generate_ticks(60, 3, 4))
-    ref, eng = Engine(cfg), make_cuda_engine(cfg, device="cpu")
     for i in range(0, len(ticks), 16):
         ref.process_now(ticks[i:i + 16])
         eng.process_now(ticks[i:i + 16])
