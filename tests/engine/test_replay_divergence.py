@@ -24,6 +24,7 @@ from cerebellar_norse.config import Config
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.recorder import checksum_path, read_recording
 from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.ticks import Tick
 from cerebellar_norse.training.checkpoints import ModelStore
 
 MARKETS = ["ES", "a,b", 'q"x']
@@ -39,6 +40,16 @@ def store_model(cfg: Config, version: str, seed: int) -> None:
 def the_recording(cfg: Config) -> Path:
     (path,) = sorted((Path(cfg.paths.state_dir) / "recordings").glob("ticks-*.csv"))
     return path
+
+
+async def record_served_by(cfg: Config, version: str, seed: int) -> tuple[list[Tick], Path]:
+    """Store the seed network as model ``version``, serve the test's ticks with it and return them and the recording."""
+    store_model(cfg, version, seed)
+    engine = Engine(cfg, ModelStore(Path(cfg.paths.state_dir)).load(version).weights, version)
+    ticks = moving_ticks(MARKETS, PER_MARKET)
+    await serve(engine, ticks)
+    await engine.drain(save=False)
+    return ticks, the_recording(cfg)
 
 
 def rewrite(path: Path, edit: Callable[[int, list[str]], list[str]]) -> None:
@@ -65,12 +76,7 @@ def by_market(rep: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.mark.asyncio
 async def test_engine_recording_replays_with_zero_divergence(cfg: Config, config_file: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    store_model(cfg, "vA", seed=8)
-    engine = Engine(cfg, ModelStore(Path(cfg.paths.state_dir)).load("vA").weights, "vA")
-    ticks = moving_ticks(MARKETS, PER_MARKET)
-    await serve(engine, ticks)
-    await engine.drain(save=False)
-    path = the_recording(cfg)
+    ticks, path = await record_served_by(cfg, "vA", seed=8)
     assert all(r.probabilities is not None and r.model_version == "vA" for r in read_recording(path).records)
 
     code, rep, err = report(capsys, config_file, path)
@@ -145,13 +151,8 @@ async def test_an_edited_price_is_found_at_its_tick_and_only_in_its_market(cfg: 
 @pytest.mark.asyncio
 async def test_another_model_version_is_found_at_the_first_tick_it_served(cfg: Config, config_file: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    store_model(cfg, "vA", seed=8)
     store_model(cfg, "vOther", seed=11)
-    engine = Engine(cfg, ModelStore(Path(cfg.paths.state_dir)).load("vA").weights, "vA")
-    ticks = moving_ticks(MARKETS, PER_MARKET)
-    await serve(engine, ticks)
-    await engine.drain(save=False)
-    path = the_recording(cfg)
+    ticks, path = await record_served_by(cfg, "vA", seed=8)
     switch = 50  # records from here on claim to be served by vOther
     rewrite(path, lambda i, row: [*row[:7], "vOther", *row[8:]] if i >= switch else row)
 
