@@ -251,6 +251,7 @@ class CudaBackend:
         self._lock = threading.RLock()
         self._z = np.zeros(3, dtype=np.float64)
         self._arange = np.arange(self.max_batch, dtype=np.int64)
+        self._inputs = np.zeros(self.max_batch, dtype=np.int64), np.zeros((3, self.max_batch), dtype=np.float64)
         self._seq = 0
         self._closed = False
         self.graph_policy = GraphPolicy(use_graphs and self.on_cuda, graph_warmup, max_graphs)
@@ -585,6 +586,15 @@ class CudaBackend:
     def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Apply ticks (in order) to the given slots: :meth:`submit` then :meth:`wait`."""
         return self.wait(self.submit(slots, ticks))
+
+    def input_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host input buffers: slots (max_batch,) int64, ticks (3, max_batch) float64."""
+        return self._inputs
+
+    def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`step` of the first ``b`` entries of :meth:`input_buffers` (submit copies them)."""
+        slots, ticks = self._inputs
+        return self.step(slots[:b], ticks[:, :b])
 
     # -- lifecycle ----------------------------------------------------------------------
 

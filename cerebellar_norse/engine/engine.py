@@ -138,7 +138,7 @@ class Engine:
         self._last_gc = 0.0
         self._accepting = True
         self.started = time.monotonic()
-        self._buf = StepBuffers.allocate(self.batch_size, self.arrays.slots)
+        self._buf = StepBuffers.allocate(self.backend, self.batch_size, self.arrays.slots)
         self._last_stepped_ns = 0  # when the last backend step ended (perf_counter ns), for request timelines
 
     # -- state ------------------------------------------------------------------

@@ -80,7 +80,10 @@ def _finish_batch(slots: np.ndarray, enc: np.ndarray, scratch: np.ndarray, seen:
 
 @dataclass
 class StepBuffers:
-    """Preallocated inputs and outputs of :func:`step_ticks` for batches up to ``max_batch`` ticks."""
+    """Preallocated inputs and outputs of :func:`step_ticks` for batches up to ``max_batch`` ticks.
+
+    ``slots`` and ``ticks`` are the backend's own input buffers (``Backend.input_buffers``).
+    """
 
     slots: np.ndarray  # (B,) int64 slot of each tick
     ticks: np.ndarray  # (3, B) float64 price, volume, time (ms)
@@ -90,9 +93,12 @@ class StepBuffers:
     apply_head: bool = False
 
     @classmethod
-    def allocate(cls, max_batch: int, n_slots: int) -> StepBuffers:
-        """Buffers for ``max_batch`` ticks over ``n_slots`` state slots."""
-        return cls(np.zeros(max_batch, dtype=np.int64), np.zeros((3, max_batch)), np.zeros(max_batch), np.zeros(n_slots))
+    def allocate(cls, backend: Backend, max_batch: int, n_slots: int) -> StepBuffers:
+        """Buffers for ``max_batch`` ticks (at most the backend's) over ``n_slots`` state slots."""
+        slots, ticks = backend.input_buffers()
+        if slots.shape[0] < max_batch:
+            raise ValueError(f"the backend stages {slots.shape[0]} ticks, fewer than a batch of {max_batch}")
+        return cls(slots, ticks, np.zeros(max_batch), np.zeros(n_slots))
 
 
 def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Sequence[Tick],
@@ -103,12 +109,13 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
     spikes and the time in ns (backend step and head).
     """
     b = len(ticks)
-    slots, arr = buf.slots[:b], buf.ticks[:, :b]
+    slots, arr = buf.slots, buf.ticks
     for j, t in enumerate(ticks):
         slots[j] = pool.table.acquire(t.market_id)
         arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
+    slots = slots[:b]
     t0 = time.perf_counter_ns()
-    probs, spikes = backend.step(slots, arr)
+    probs, spikes = backend.step_buffered(b)
     if weights is not buf.head_of:  # checked once per weights object, not per batch
         buf.head_of, buf.apply_head = weights, not weights.head_is_identity
     _finish_batch(slots, pool.arrays.enc, buf.scratch, buf.seen, probs, weights.head_gain, weights.head_bias,

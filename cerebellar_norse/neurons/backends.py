@@ -26,7 +26,16 @@ from norse.torch.functional.lif import LIFFeedForwardState
 
 from .encoder import encode_tick_to_mossy
 from .functional import CerebellumState
-from .fused import FusedWorkspace, PackedWeights, chunk_by_slot, make_dims, tick_batch, tick_batch_parallel
+from .fused import (
+    FusedWorkspace,
+    PackedWeights,
+    chunk_by_slot,
+    make_dims,
+    tick_batch,
+    tick_batch_parallel,
+    tick_batch_table,
+)
+from .native import ArgTable
 from .parameters import NetworkParameters, encoder_parameters, kernel_coefficients, numpy_dtype
 from .reference import CerebellarReference
 from .state import StateArrays
@@ -72,6 +81,18 @@ class Backend(Protocol):
         """
         ...
 
+    def input_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The backend's own input buffers: slots (max_batch,) int64 and ticks (3, max_batch) float64.
+
+        Filling their first B entries and calling :meth:`step_buffered` (B) is
+        :meth:`step` of those entries, without handing arrays over on every call.
+        """
+        ...
+
+    def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`step` of the first ``b`` entries of :meth:`input_buffers`."""
+        ...
+
     def set_weights(self, weights: Weights) -> None:
         """Swap in new weights (same topology) between batches."""
         ...
@@ -106,6 +127,24 @@ class HostBackend:
     """Defaults of a backend whose state is the host slot arrays themselves."""
 
     warmup_rounds = 1
+    max_batch: int
+    _inputs: tuple[np.ndarray, np.ndarray]
+
+    def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Apply ticks (in order) to the given slots (see :class:`Backend`)."""
+        raise NotImplementedError
+
+    def _allocate_inputs(self, max_batch: int) -> None:
+        self._inputs = np.zeros(max_batch, dtype=np.int64), np.zeros((3, max_batch), dtype=np.float64)
+
+    def input_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The staged input buffers (see :class:`Backend`)."""
+        return self._inputs
+
+    def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`step` of the first ``b`` staged ticks."""
+        slots, ticks = self._inputs
+        return self.step(slots[:b], ticks[:, :b])
 
     def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
         """One single-tick batch."""
@@ -152,11 +191,24 @@ class FusedBackend(HostBackend):
         self.parallel_min_batch = parallel_min_batch
         self.ws = FusedWorkspace.allocate(params.shape, self.coef.dtype, max_batch, self.threads)
         self.dims = make_dims(params.shape, state.slots)
+        self._allocate_inputs(max_batch)
+        self._fzero = self.coef.dtype.type(0)
+        self._steps = params.steps_per_tick
+        self._outputs = [(self.ws.probs[:b], self.ws.spikes[:b]) for b in range(max_batch + 1)]
         self.set_weights(weights)
 
     def set_weights(self, weights: Weights) -> None:
         """Swap weights; a running step keeps the set it started with."""
-        self.packed = PackedWeights.pack(weights, self.coef.dtype)
+        packed = PackedWeights.pack(weights, self.coef.dtype)
+        table = self._arg_table(packed)
+        self.packed, self._table = packed, table
+
+    def _arg_table(self, pw: PackedWeights) -> ArgTable:
+        """The kernel's arguments for staged steps with weights ``pw`` (order of ``layout.TABLE_ARGS``)."""
+        ws, st = self.ws, self.state
+        slots, ticks = self._inputs
+        return ArgTable((slots, ticks, st.flat, st.enc, pw.wf, pw.wi, self.dims, self.coef, self.enc_par,
+                         ws.work_f[0], ws.work_i[0], ws.work_z[0], ws.probs, ws.spikes, ws.active))
 
     def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
         """One tick, and with threads the smallest batch that runs in parallel."""
@@ -198,6 +250,16 @@ class FusedBackend(HostBackend):
                        self.params.steps_per_tick, ws.work_f[0], ws.work_i[0], ws.work_z[0], ws.probs, ws.spikes, ws.active)
         return ws.probs[:b], ws.spikes[:b]
 
+    def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`step` of the first ``b`` staged ticks; one integer hands the kernel all its arrays."""
+        if not 0 <= b <= self.max_batch:
+            raise ValueError(f"batch of {b} is outside the workspace of {self.max_batch}")
+        if b >= self.parallel_min_batch and self.threads > 1:
+            return super().step_buffered(b)
+        table = self._table  # one read: a concurrent set_weights swaps whole tables, and this keeps ours alive
+        tick_batch_table(table.address, table.size, b, self._steps, self._fzero)
+        return self._outputs[b]
+
 
 def unique_waves(slots: np.ndarray) -> list[np.ndarray]:
     """Split batch positions into consecutive waves in which each slot occurs at most once.
@@ -225,6 +287,7 @@ class ReferenceBackend(HostBackend):
         self.enc_par = enc_par
         self.dtype = numpy_dtype("float32" if params.dtype == torch.float32 else "float64")
         self.max_batch = max_batch
+        self._allocate_inputs(max_batch)
         self._z = np.zeros(3, dtype=np.float64)
         self._lock = threading.Lock()
         self.set_weights(weights)

@@ -30,6 +30,21 @@ import numpy as np
 
 from .encoder import encode_tick_to_mossy
 from .layout import (
+    A_ACTIVE,
+    A_COEF,
+    A_DIMS,
+    A_ENC,
+    A_ENC_PAR,
+    A_PROBS,
+    A_SLOTS,
+    A_SPIKES,
+    A_STATE_F,
+    A_TICKS,
+    A_WF,
+    A_WI,
+    A_WORK_F,
+    A_WORK_I,
+    A_WORK_Z,
     C_DN,
     C_GOLGI_BASE,
     C_GOLGI_DECAY,
@@ -69,6 +84,7 @@ from .layout import (
     WI_SEGMENTS,
     PackedLayout,
 )
+from .native import rows_of, table_at, view1, view2
 from .parameters import NetworkShape
 from .state import state_views
 from .topology import Weights
@@ -191,6 +207,24 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
          work_f, work_i, work_z, probs, spikes, active)
 
 
+@nb.njit(cache=True, nogil=True, error_model="numpy")
+def tick_batch_table(address, n_args, b, steps, fzero):
+    """:func:`tick_batch` of the first ``b`` staged ticks, its arrays read from an argument table.
+
+    ``address`` is an :class:`~cerebellar_norse.neurons.native.ArgTable`'s table of
+    ``n_args`` arrays in the order of ``layout.TABLE_ARGS``; ``fzero`` is a zero of the
+    network's float type (it selects the compiled variant). Same arithmetic as
+    :func:`tick_batch`, without the cost of handing sixteen arrays over.
+    """
+    t = table_at(address, n_args)
+    slots = view1(t, A_SLOTS, nb.int64)
+    _run(slots, slots, 0, b, False, view2(t, A_TICKS, nb.float64), view1(t, A_STATE_F, fzero),
+         view2(t, A_ENC, nb.float64), view1(t, A_WF, fzero), view1(t, A_WI, nb.int32), view1(t, A_DIMS, nb.int64),
+         view1(t, A_COEF, fzero), view1(t, A_ENC_PAR, nb.float64), steps, view1(t, A_WORK_F, fzero),
+         view1(t, A_WORK_I, nb.int32), view1(t, A_WORK_Z, nb.float64), view2(t, A_PROBS, nb.float64),
+         view2(t, A_SPIKES, nb.int64), view2(t, A_ACTIVE, nb.uint8))
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def tick_batch_parallel(order, starts, slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par,
                         steps, work_f, work_i, work_z, probs, spikes, active):
@@ -210,27 +244,27 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
          work_f, work_i, work_z, probs, spikes, active):
     """Process batch positions ``order[lo:hi]`` (or ``lo:hi`` when not ``use_order``)."""
     M, G, D, P, N, K, NNZ, S = dims[D_M], dims[D_G], dims[D_DEN], dims[D_P], dims[D_N], dims[D_K], dims[D_NNZ], dims[D_SLOTS]
-    v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out = state_views(state_f, S, G, P, N, K)
+    v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out = state_views(state_f, S, G, P, N, K, rows_of)
     # Segments where PackedLayout put them (their starts are in dims).
     o = dims[D_MG_W]
-    mg_w = wf[o:o + D * G].reshape((D, G))
+    mg_w = rows_of(wf, o, D, G)
     o = dims[D_PF_W]
     pf_w = wf[o:o + NNZ]
     o = dims[D_PC_BIAS]
     pc_bias = wf[o:o + P]
     o = dims[D_W_MD_T]
-    w_md_t = wf[o:o + M * N].reshape((M, N))
+    w_md_t = rows_of(wf, o, M, N)
     o = dims[D_W_PD]
-    w_pd = wf[o:o + N * P].reshape((N, P))
+    w_pd = rows_of(wf, o, N, P)
     o = dims[D_DCN_BIAS]
     dcn_bias = wf[o:o + N]
     o = dims[D_W_OUT]
-    w_out = wf[o:o + K * N].reshape((K, N))
+    w_out = rows_of(wf, o, K, N)
     dense = dims[D_DENSE] != 0
     o = dims[D_PF_ROWS]
-    pf_rows = wf[o:o + G * P].reshape((G, P)) if dense else wf[o:o].reshape((0, P))
+    pf_rows = rows_of(wf, o, G if dense else 0, P)
     o = dims[D_MG_IDX]
-    mg_idx = wi[o:o + D * G].reshape((D, G))
+    mg_idx = rows_of(wi, o, D, G)
     o = dims[D_PF_PTR]
     pf_ptr = wi[o:o + G + 1]
     o = dims[D_PF_POST]

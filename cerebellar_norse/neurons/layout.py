@@ -23,6 +23,9 @@ only place that says where each value lies in them:
 segments in the order of :data:`WF_SEGMENTS` and :data:`WI_SEGMENTS`; see
 :class:`PackedLayout`.
 
+The argument table of a staged step (:mod:`.native`) holds the kernel's arrays in the
+order of :data:`TABLE_ARGS` (``A_*`` entries).
+
 The numba kernels read the ``C_*`` and ``D_*`` integers as compile-time constants, and
 numba's on-disk cache of a kernel is keyed on its own source file only: after
 changing a constant here, delete the cached kernels (``__pycache__/*.nbi``, ``*.nbc``)
@@ -71,6 +74,16 @@ WI_SEGMENTS = ("mg_idx", "pf_ptr", "pf_post")
 # vectorised and avoids the store-forwarding stalls of scattered adds, with the same
 # sum per Purkinje cell in the same order (x + 0 = x).
 DENSE_PF_MAX = 4_000_000
+
+# -- argument table ----------------------------------------------------------------
+# Arrays of the kernel's argument table (neurons.native.ArgTable), in table order, as
+# tick_batch takes them: staged slots (B,) and ticks (3, B); the slot state buffer and
+# encoder states; wf, wi, dims, coef, encoder parameters; one thread's scratch rows;
+# the output buffers probs (B, K), spikes (B, 3) and active (B, G).
+TABLE_ARGS = ("slots", "ticks", "state_f", "enc", "wf", "wi", "dims", "coef", "enc_par",
+              "work_f", "work_i", "work_z", "probs", "spikes", "active")
+(A_SLOTS, A_TICKS, A_STATE_F, A_ENC, A_WF, A_WI, A_DIMS, A_COEF, A_ENC_PAR,
+ A_WORK_F, A_WORK_I, A_WORK_Z, A_PROBS, A_SPIKES, A_ACTIVE) = range(len(TABLE_ARGS))
 
 # -- dims --------------------------------------------------------------------------
 # Sizes: mossy fibres, granule cells, dendrites per granule cell, Purkinje cells, DCN

@@ -61,9 +61,9 @@ class CerebellarNetwork:
         arrays = StateArrays.allocate(max_markets or cfg.performance.max_markets, self.params, cfg.neural.precision)
         self.pool = StatePool(arrays, self._reset_slot)
         self.last_spikes = np.zeros((0, 3), dtype=np.int64)  # spikes (granule, Purkinje, DCN) per tick of the last call
-        self._buf = StepBuffers.allocate(self.max_batch, arrays.slots)
         self.backend: Backend = make_backend(backend, self.weights, self.params, arrays, encoder_parameters(cfg.neural), self.max_batch,
                                               cfg.performance.cpu_threads)
+        self._buf = StepBuffers.allocate(self.backend, self.max_batch, arrays.slots)
 
     # -- state -----------------------------------------------------------------
 

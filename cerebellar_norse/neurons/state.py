@@ -12,6 +12,7 @@ import numba as nb
 import numpy as np
 
 from .encoder import N_ENC_STATE
+from .native import reshaped
 from .parameters import NetworkParameters, numpy_dtype
 
 STATE_FIELDS = ("enc", "v_gr", "i_gr", "golgi", "v_pc", "i_pc", "v_dcn", "i_dcn", "v_out", "i_out")
@@ -24,36 +25,38 @@ def floats_per_slot(G: int, P: int, N: int, K: int) -> int:
 
 
 @nb.njit(cache=True, nogil=True)
-def state_views(state_f, S, G, P, N, K):
+def state_views(state_f, S, G, P, N, K, as_rows):
     """The per-variable slot arrays as views of one flat buffer (one contiguous block each).
 
     Order: v_gr (S, G), i_gr (S, G), golgi (S,), v_pc, i_pc (S, P), v_dcn, i_dcn (S, N),
-    v_out, i_out (S, K).
+    v_out, i_out (S, K). ``as_rows(a, start, rows, cols)`` makes the 2-D views
+    (:func:`~cerebellar_norse.neurons.native.reshaped` outside kernels).
     """
     o = 0
-    v_gr = state_f[o:o + S * G].reshape((S, G))
+    v_gr = as_rows(state_f, o, S, G)
     o += S * G
-    i_gr = state_f[o:o + S * G].reshape((S, G))
+    i_gr = as_rows(state_f, o, S, G)
     o += S * G
     golgi = state_f[o:o + S]
     o += S
-    v_pc = state_f[o:o + S * P].reshape((S, P))
+    v_pc = as_rows(state_f, o, S, P)
     o += S * P
-    i_pc = state_f[o:o + S * P].reshape((S, P))
+    i_pc = as_rows(state_f, o, S, P)
     o += S * P
-    v_dcn = state_f[o:o + S * N].reshape((S, N))
+    v_dcn = as_rows(state_f, o, S, N)
     o += S * N
-    i_dcn = state_f[o:o + S * N].reshape((S, N))
+    i_dcn = as_rows(state_f, o, S, N)
     o += S * N
-    v_out = state_f[o:o + S * K].reshape((S, K))
+    v_out = as_rows(state_f, o, S, K)
     o += S * K
-    i_out = state_f[o:o + S * K].reshape((S, K))
+    i_out = as_rows(state_f, o, S, K)
     return v_gr, i_gr, golgi, v_pc, i_pc, v_dcn, i_dcn, v_out, i_out
 
 
-@dataclass
+@dataclass(frozen=True)
 class StateArrays:
-    """Per-slot network and encoder state.
+    """Per-slot network and encoder state (the arrays are changed in place, never rebound:
+    kernels hold their addresses).
 
     Attributes:
         enc: (S, 12) float64 encoder normaliser state (see neurons.encoder).
@@ -90,7 +93,7 @@ class StateArrays:
         if touch:
             flat.fill(0)
             enc.fill(0)
-        views = state_views(flat, slots, s.granule, s.purkinje, s.dcn, s.classes)
+        views = state_views(flat, slots, s.granule, s.purkinje, s.dcn, s.classes, reshaped)
         return cls(enc, flat, *views)
 
     @property

@@ -266,16 +266,16 @@ async def test_failing_batch_fails_only_its_own_ticks(engine_config: ConfigFacto
                                                       caplog: pytest.LogCaptureFixture) -> None:
     cfg = engine_config(batch_size=2)
     engine = Engine(cfg)
-    real_step = engine.backend.step
+    real_step = engine.backend.step_buffered
     calls = {"n": 0}
 
-    def flaky(slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def flaky(b: int) -> tuple[np.ndarray, np.ndarray]:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("kernel exploded")
-        return real_step(slots, ticks)
+        return real_step(b)
 
-    monkeypatch.setattr(engine.backend, "step", flaky)
+    monkeypatch.setattr(engine.backend, "step_buffered", flaky)
     ticks = [tick(m, T0) for m in "ABCD"]
     with caplog.at_level(logging.ERROR, logger="cerebellar_norse.engine"):
         out = await asyncio.gather(*(asyncio.create_task(engine.submit(t)) for t in ticks), return_exceptions=True)
