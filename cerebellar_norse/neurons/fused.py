@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from .encoder import encode_tick_to_mossy
 from .layout import (
@@ -282,10 +283,14 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     out_in = work_f[o:o + K]
     o += K
     tmp = work_f[o:o + 2]
-    gr_flag = work_i[0:G]
-    gr_spk = work_i[G:2 * G]
-    pc_spk = work_i[2 * G:2 * G + P]
-    dcn_spk = work_i[2 * G + P:2 * G + P + N]
+    W = flag_words(G)
+    words = work_i[0:2 * W].view(np.uint64)  # granule spike flags, one byte per cell, 8 cells a word
+    gr_flag = words.view(np.uint8)
+    o = 2 * W
+    gr_spk = work_i[o:o + G]
+    pc_spk = work_i[o + G:o + G + P]
+    dcn_spk = work_i[o + G + P:o + G + P + N]
+    one = np.uint64(1)
 
     zero = coef[C_N_GRANULE] - coef[C_N_GRANULE]
     c_gr, n_gr, l_gr = coef[C_GR + C_MEM], coef[C_GR + C_SYN], coef[C_GR + C_LEAK]
@@ -338,10 +343,15 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                 fired = v_dec > t_gr
                 gr_flag[g] = fired
                 vg[g] = r_gr if fired else v_dec
+            # Compaction, ascending: one test per 8 cells, then one pass per spike (a set byte's
+            # lowest bit); the flag bytes past G stay 0.
             cnt = 0
-            for g in range(G):  # branch-free compaction: spikes are too sparse and random to predict
-                gr_spk[cnt] = g
-                cnt += gr_flag[g]
+            for k in range(W):
+                w = words[k]
+                while w != 0:
+                    gr_spk[cnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
+                    cnt += 1
+                    w &= w - one
             for k in range(cnt):
                 act[gr_spk[k]] = 1
             # Golgi homeostasis: relu(decay * g + base + rate * (activity - target)).
@@ -403,9 +413,28 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
         spikes[b, 2] = tot_dn
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def flag_words(granule):
+    """64-bit words holding one flag byte per granule cell."""
+    return (granule + 7) >> 3
+
+
+def work_i_size(shape: NetworkShape) -> int:
+    """Int32 entries of one thread's ``work_i`` row: the flag words, then the spike lists of the granule,
+    Purkinje and DCN cells, padded to an even count so every row starts 8-byte aligned."""
+    n = 2 * flag_words(shape.granule) + shape.granule + shape.purkinje + shape.dcn
+    return n + n % 2
+
+
 @dataclass
 class FusedWorkspace:
-    """Preallocated scratch (one row per thread) and output buffers for batches up to ``max_batch``."""
+    """Preallocated scratch (one row per thread) and output buffers for batches up to ``max_batch``.
+
+    ``work_f`` (network float type): mossy currents, granule input, Purkinje input, DCN
+    drive, readout input, two temporaries. ``work_i`` (int32, :func:`work_i_size`): the
+    granule spike flags as bytes in 64-bit words, then the spike lists. ``work_z``
+    (float64): the encoder's three features.
+    """
 
     work_f: np.ndarray
     work_i: np.ndarray
@@ -420,7 +449,7 @@ class FusedWorkspace:
         nf = shape.mossy + shape.granule + shape.purkinje + shape.dcn + shape.classes + 2
         return cls(
             work_f=np.zeros((threads, nf), dtype=dtype),
-            work_i=np.zeros((threads, 2 * shape.granule + shape.purkinje + shape.dcn), dtype=np.int32),
+            work_i=np.zeros((threads, work_i_size(shape)), dtype=np.int32),
             work_z=np.zeros((threads, 3), dtype=np.float64),
             probs=np.zeros((max_batch, shape.classes), dtype=np.float64),
             spikes=np.zeros((max_batch, 3), dtype=np.int64),
