@@ -183,6 +183,54 @@ def softmax_row(row):
         row[c] /= tot
 
 
+# Ticks whose granule inputs are computed side by side (one SIMD register of float32), and
+# the fewest ticks for which that beats one tick at a time.
+LANES = 8
+LANES_MIN = 4
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _granule_input(mossy, mg_w, mg_idx, out):
+    """Granule input ``out`` (G,) of one tick's mossy currents (M,): dendrite weight x mossy current, summed.
+
+    Dendrite-major; the sum order per cell is d = 0..D-1, i.e. ascending mossy index, as in
+    the reference's dense product.
+    """
+    D, G = mg_w.shape
+    for g in range(G):
+        out[g] = mg_w[0, g] * mossy[mg_idx[0, g]]
+    for d in range(1, D):
+        for g in range(G):
+            out[g] += mg_w[d, g] * mossy[mg_idx[d, g]]
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _granule_input_lanes(mossy_blk, mossy_t, mg_w, mg_idx, out):
+    """:func:`_granule_input` of LANES ticks at once: ``mossy_blk`` (LANES, M) in, ``out`` (G, LANES).
+
+    Each synapse's weight multiplies one contiguous row of the transposed currents, so
+    the LANES sums of a cell run in one vector with no gathers; every sum keeps the
+    order of :func:`_granule_input`. Rows of ``mossy_blk`` past the batch hold stale
+    (finite) currents whose columns nobody reads.
+    """
+    D, G = mg_w.shape
+    M = mossy_blk.shape[1]
+    for m in range(M):
+        for q in range(LANES):
+            mossy_t[m, q] = mossy_blk[q, m]
+    for g in range(G):
+        w = mg_w[0, g]
+        row = mossy_t[mg_idx[0, g]]
+        for q in range(LANES):
+            out[g, q] = w * row[q]
+    for d in range(1, D):
+        for g in range(G):
+            w = mg_w[d, g]
+            row = mossy_t[mg_idx[d, g]]
+            for q in range(LANES):
+                out[g, q] += w * row[q]
+
+
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
                work_f, work_i, work_z, probs, spikes, active):
@@ -272,8 +320,12 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     pf_post = wi[o:o + NNZ]
 
     o = 0
-    mossy = work_f[o:o + M]
-    o += M
+    mossy_blk = rows_of(work_f, o, LANES, M)  # mossy currents of up to LANES ticks, one row each
+    o += LANES * M
+    mossy_t = rows_of(work_f, o, M, LANES)  # the same, transposed
+    o += M * LANES
+    mf_blk = rows_of(work_f, o, G, LANES)  # granule input of those ticks, one column each
+    o += G * LANES
     mf_gr = work_f[o:o + G]
     o += G
     pc_acc = work_f[o:o + P]
@@ -303,114 +355,123 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     rate, target, n_granule, scale = coef[C_GOLGI_RATE], coef[C_TARGET], coef[C_N_GRANULE], coef[C_READOUT_SCALE]
     decay, base = coef[C_GOLGI_DECAY], coef[C_GOLGI_BASE]
 
-    for j in range(lo, hi):
-        b = order[j] if use_order else j
-        s = slots[b]
-        encode_tick_to_mossy(enc[s], ticks[0, b], ticks[1, b], ticks[2, b], enc_par, work_z, mossy)
-        # Dendrite-major loops vectorise (gathers); the sum order per cell is d = 0..D-1,
-        # i.e. ascending mossy index, as in the reference's dense product.
-        for g in range(G):
-            mf_gr[g] = mg_w[0, g] * mossy[mg_idx[0, g]]
-        for d in range(1, D):
-            for g in range(G):
-                mf_gr[g] += mg_w[d, g] * mossy[mg_idx[d, g]]
-        # Mossy-major so the N sums run side by side; each still adds m = 0..M-1 in order.
-        for n in range(N):
-            drive[n] = zero
-        for m in range(M):
-            for n in range(N):
-                drive[n] += w_md_t[m, n] * mossy[m]
-        for n in range(N):
-            drive[n] += dcn_bias[n]
-        g_inh = golgi[s]
-        vg, ig = v_gr[s], i_gr[s]
-        vp, ip = v_pc[s], i_pc[s]
-        vd, idn = v_dcn[s], i_dcn[s]
-        vo, io = v_out[s], i_out[s]
-        act = active[b]
-        for g in range(G):
-            act[g] = 0
-        tot_gr = 0
-        tot_pc = 0
-        tot_dn = 0
-        for _ in range(steps):
-            # Granule cells: dense, branch-free LIF update (vectorises); spikes flagged.
-            for g in range(G):
-                i_new = ig[g] + (mf_gr[g] - g_inh)
-                v = vg[g]
-                v_dec = v + c_gr * ((l_gr - v) + i_new)
-                ig[g] = i_new + n_gr * i_new
-                fired = v_dec > t_gr
-                gr_flag[g] = fired
-                vg[g] = r_gr if fired else v_dec
-            # Compaction, ascending: one test per 8 cells, then one pass per spike (a set byte's
-            # lowest bit); the flag bytes past G stay 0.
-            cnt = 0
-            for k in range(W):
-                w = words[k]
-                while w != 0:
-                    gr_spk[cnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
-                    cnt += 1
-                    w &= w - one
-            for k in range(cnt):
-                act[gr_spk[k]] = 1
-            # Golgi homeostasis: relu(decay * g + base + rate * (activity - target)).
-            tmp[0] = cnt
-            g_new = g_inh * decay + base + rate * (tmp[0] / n_granule - target)
-            g_inh = g_new if g_new > zero else zero
-
-            # Purkinje cells: parallel-fibre input from the granule cells that spiked only.
-            for p in range(P):
-                pc_acc[p] = zero
-            if dense:
-                for k in range(cnt):
-                    row = pf_rows[gr_spk[k]]
-                    for p in range(P):
-                        pc_acc[p] += row[p]
+    for j0 in range(lo, hi, LANES):
+        # Ticks are taken LANES at a time: all of them encoded first (encoder state does not
+        # depend on neuron state, and a market's ticks are still encoded in order), then their
+        # granule inputs computed side by side, then each stepped through the network in order.
+        nt = min(LANES, hi - j0)
+        for q in range(nt):
+            b = order[j0 + q] if use_order else j0 + q
+            encode_tick_to_mossy(enc[slots[b]], ticks[0, b], ticks[1, b], ticks[2, b], enc_par, work_z, mossy_blk[q])
+        lanes = nt >= LANES_MIN
+        if lanes:
+            _granule_input_lanes(mossy_blk, mossy_t, mg_w, mg_idx, mf_blk)
+        for q in range(nt):
+            b = order[j0 + q] if use_order else j0 + q
+            s = slots[b]
+            mossy = mossy_blk[q]
+            if lanes:
+                for g in range(G):
+                    mf_gr[g] = mf_blk[g, q]
             else:
-                for k in range(cnt):
-                    g = gr_spk[k]
-                    for e in range(pf_ptr[g], pf_ptr[g + 1]):
-                        pc_acc[pf_post[e]] += pf_w[e]
-            pcnt = 0
-            for p in range(P):
-                if _lif_cell(vp, ip, p, pc_acc[p] + pc_bias[p], c_pc, n_pc, l_pc, t_pc, r_pc):
-                    pc_spk[pcnt] = p
-                    pcnt += 1
-
-            # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked.
-            dcnt = 0
+                _granule_input(mossy, mg_w, mg_idx, mf_gr)
+            # Mossy-major so the N sums run side by side; each still adds m = 0..M-1 in order.
             for n in range(N):
-                acc = zero
-                for k in range(pcnt):
-                    acc += w_pd[n, pc_spk[k]]
-                if _lif_cell(vd, idn, n, drive[n] - acc, c_dn, n_dn, l_dn, t_dn, r_dn):
-                    dcn_spk[dcnt] = n
-                    dcnt += 1
+                drive[n] = zero
+            for m in range(M):
+                for n in range(N):
+                    drive[n] += w_md_t[m, n] * mossy[m]
+            for n in range(N):
+                drive[n] += dcn_bias[n]
+            g_inh = golgi[s]
+            vg, ig = v_gr[s], i_gr[s]
+            vp, ip = v_pc[s], i_pc[s]
+            vd, idn = v_dcn[s], i_dcn[s]
+            vo, io = v_out[s], i_out[s]
+            act = active[b]
+            for g in range(G):
+                act[g] = 0
+            tot_gr = 0
+            tot_pc = 0
+            tot_dn = 0
+            for _ in range(steps):
+                # Granule cells: dense, branch-free LIF update (vectorises); spikes flagged.
+                for g in range(G):
+                    i_new = ig[g] + (mf_gr[g] - g_inh)
+                    v = vg[g]
+                    v_dec = v + c_gr * ((l_gr - v) + i_new)
+                    ig[g] = i_new + n_gr * i_new
+                    fired = v_dec > t_gr
+                    gr_flag[g] = fired
+                    vg[g] = r_gr if fired else v_dec
+                # Compaction, ascending: one test per 8 cells, then one pass per spike (a set byte's
+                # lowest bit); the flag bytes past G stay 0.
+                cnt = 0
+                for k in range(W):
+                    w = words[k]
+                    while w != 0:
+                        gr_spk[cnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
+                        cnt += 1
+                        w &= w - one
+                for k in range(cnt):
+                    act[gr_spk[k]] = 1
+                # Golgi homeostasis: relu(decay * g + base + rate * (activity - target)).
+                tmp[0] = cnt
+                g_new = g_inh * decay + base + rate * (tmp[0] / n_granule - target)
+                g_inh = g_new if g_new > zero else zero
 
-            # Readout: leaky integrators of the class groups' DCN spikes.
+                # Purkinje cells: parallel-fibre input from the granule cells that spiked only.
+                for p in range(P):
+                    pc_acc[p] = zero
+                if dense:
+                    for k in range(cnt):
+                        row = pf_rows[gr_spk[k]]
+                        for p in range(P):
+                            pc_acc[p] += row[p]
+                else:
+                    for k in range(cnt):
+                        g = gr_spk[k]
+                        for e in range(pf_ptr[g], pf_ptr[g + 1]):
+                            pc_acc[pf_post[e]] += pf_w[e]
+                pcnt = 0
+                for p in range(P):
+                    if _lif_cell(vp, ip, p, pc_acc[p] + pc_bias[p], c_pc, n_pc, l_pc, t_pc, r_pc):
+                        pc_spk[pcnt] = p
+                        pcnt += 1
+
+                # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked.
+                dcnt = 0
+                for n in range(N):
+                    acc = zero
+                    for k in range(pcnt):
+                        acc += w_pd[n, pc_spk[k]]
+                    if _lif_cell(vd, idn, n, drive[n] - acc, c_dn, n_dn, l_dn, t_dn, r_dn):
+                        dcn_spk[dcnt] = n
+                        dcnt += 1
+
+                # Readout: leaky integrators of the class groups' DCN spikes.
+                for c in range(K):
+                    acc = zero
+                    for k in range(dcnt):
+                        acc += w_out[c, dcn_spk[k]]
+                    out_in[c] = acc
+                for c in range(K):
+                    i_jump = io[c] + out_in[c]
+                    v = vo[c]
+                    vo[c] = v + c_ro * ((l_ro - v) + i_jump)
+                    io[c] = i_jump + n_ro * i_jump
+                tot_gr += cnt
+                tot_pc += pcnt
+                tot_dn += dcnt
+            golgi[s] = g_inh
+            # Softmax of the logits (scale * v_out, rounded to the network's float type) in float64.
             for c in range(K):
-                acc = zero
-                for k in range(dcnt):
-                    acc += w_out[c, dcn_spk[k]]
-                out_in[c] = acc
-            for c in range(K):
-                i_jump = io[c] + out_in[c]
-                v = vo[c]
-                vo[c] = v + c_ro * ((l_ro - v) + i_jump)
-                io[c] = i_jump + n_ro * i_jump
-            tot_gr += cnt
-            tot_pc += pcnt
-            tot_dn += dcnt
-        golgi[s] = g_inh
-        # Softmax of the logits (scale * v_out, rounded to the network's float type) in float64.
-        for c in range(K):
-            tmp[1] = scale * vo[c]
-            probs[b, c] = tmp[1]
-        softmax_row(probs[b])
-        spikes[b, 0] = tot_gr
-        spikes[b, 1] = tot_pc
-        spikes[b, 2] = tot_dn
+                tmp[1] = scale * vo[c]
+                probs[b, c] = tmp[1]
+            softmax_row(probs[b])
+            spikes[b, 0] = tot_gr
+            spikes[b, 1] = tot_pc
+            spikes[b, 2] = tot_dn
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -430,8 +491,9 @@ def work_i_size(shape: NetworkShape) -> int:
 class FusedWorkspace:
     """Preallocated scratch (one row per thread) and output buffers for batches up to ``max_batch``.
 
-    ``work_f`` (network float type): mossy currents, granule input, Purkinje input, DCN
-    drive, readout input, two temporaries. ``work_i`` (int32, :func:`work_i_size`): the
+    ``work_f`` (network float type): mossy currents of LANES ticks and their transpose,
+    their granule inputs, one tick's granule input, Purkinje input, DCN drive, readout
+    input, two temporaries. ``work_i`` (int32, :func:`work_i_size`): the
     granule spike flags as bytes in 64-bit words, then the spike lists. ``work_z``
     (float64): the encoder's three features.
     """
@@ -446,7 +508,7 @@ class FusedWorkspace:
     @classmethod
     def allocate(cls, shape: NetworkShape, dtype: np.dtype, max_batch: int, threads: int = 1) -> FusedWorkspace:
         """Buffers sized for ``shape`` in float type ``dtype``."""
-        nf = shape.mossy + shape.granule + shape.purkinje + shape.dcn + shape.classes + 2
+        nf = 2 * LANES * shape.mossy + (LANES + 1) * shape.granule + shape.purkinje + shape.dcn + shape.classes + 2
         return cls(
             work_f=np.zeros((threads, nf), dtype=dtype),
             work_i=np.zeros((threads, work_i_size(shape)), dtype=np.int32),
