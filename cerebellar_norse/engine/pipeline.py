@@ -20,6 +20,7 @@ import numpy as np
 from ..neurons.backends import Backend
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.fused import softmax_row
+from ..neurons.native import ArgTable, table_at, view1, view2
 from ..neurons.topology import Weights
 from ..ticks import Tick
 from .pool import StatePool
@@ -78,27 +79,55 @@ def _finish_batch(slots: np.ndarray, enc: np.ndarray, scratch: np.ndarray, seen:
         softmax_row(probs[j])
 
 
+# Arrays of the finishing pass's argument table, in order.
+(F_SLOTS, F_ENC, F_SCRATCH, F_SEEN, F_PROBS, F_GAIN, F_BIAS) = range(7)
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy")
+def _finish_batch_table(address: int, n_args: int, b: int, apply_head: bool) -> None:
+    """:func:`_finish_batch` of the first ``b`` ticks, its arrays read from an argument table (order ``F_*``)."""
+    t = table_at(address, n_args)
+    _finish_batch(view1(t, F_SLOTS, nb.int64)[:b], view2(t, F_ENC, nb.float64), view1(t, F_SCRATCH, nb.float64),
+                  view1(t, F_SEEN, nb.float64), view2(t, F_PROBS, nb.float64), view1(t, F_GAIN, nb.float64),
+                  view1(t, F_BIAS, nb.float64), apply_head)
+
+
 @dataclass
 class StepBuffers:
     """Preallocated inputs and outputs of :func:`step_ticks` for batches up to ``max_batch`` ticks.
 
-    ``slots`` and ``ticks`` are the backend's own input buffers (``Backend.input_buffers``).
+    ``slots``, ``ticks`` and ``probs`` are the backend's own buffers
+    (``Backend.input_buffers``, ``Backend.output_buffers``).
     """
 
     slots: np.ndarray  # (B,) int64 slot of each tick
     ticks: np.ndarray  # (3, B) float64 price, volume, time (ms)
+    probs: np.ndarray  # (B, K) float64 the backend's probabilities, then the served ones
     seen: np.ndarray  # (B,) float64 ticks seen by the tick's market, including it
     scratch: np.ndarray  # (S,) float64, one per state slot
-    head_of: object = None  # the weights whose head ``apply_head`` describes
+    head_of: object = None  # the weights whose head ``table`` holds
     apply_head: bool = False
+    table: ArgTable | None = None  # the finishing pass's arrays (order F_*)
 
     @classmethod
     def allocate(cls, backend: Backend, max_batch: int, n_slots: int) -> StepBuffers:
         """Buffers for ``max_batch`` ticks (at most the backend's) over ``n_slots`` state slots."""
         slots, ticks = backend.input_buffers()
+        probs, _ = backend.output_buffers()
         if slots.shape[0] < max_batch:
             raise ValueError(f"the backend stages {slots.shape[0]} ticks, fewer than a batch of {max_batch}")
-        return cls(slots, ticks, np.zeros(max_batch), np.zeros(n_slots))
+        return cls(slots, ticks, probs, np.zeros(max_batch), np.zeros(n_slots))
+
+    def finish_table(self, weights: Weights, enc: np.ndarray) -> ArgTable:
+        """The finishing pass's argument table for ``weights``' head over the encoder states ``enc``."""
+        t = self.table
+        if weights is not self.head_of or t is None or t.arrays[F_ENC] is not enc:
+            self.apply_head = not weights.head_is_identity
+            t = self.table = ArgTable((self.slots, enc, self.scratch, self.seen, self.probs,
+                                       np.ascontiguousarray(weights.head_gain, dtype=np.float64),
+                                       np.ascontiguousarray(weights.head_bias, dtype=np.float64)))
+            self.head_of = weights
+        return t
 
 
 def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Sequence[Tick],
@@ -113,13 +142,10 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
     for j, t in enumerate(ticks):
         slots[j] = pool.table.acquire(t.market_id)
         arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
-    slots = slots[:b]
+    table = buf.finish_table(weights, pool.arrays.enc)
     t0 = time.perf_counter_ns()
     probs, spikes = backend.step_buffered(b)
-    if weights is not buf.head_of:  # checked once per weights object, not per batch
-        buf.head_of, buf.apply_head = weights, not weights.head_is_identity
-    _finish_batch(slots, pool.arrays.enc, buf.scratch, buf.seen, probs, weights.head_gain, weights.head_bias,
-                  buf.apply_head)
+    _finish_batch_table(table.address, table.size, b, buf.apply_head)
     return probs, spikes, time.perf_counter_ns() - t0
 
 

@@ -89,8 +89,15 @@ class Backend(Protocol):
         """
         ...
 
+    def output_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The backend's own output buffers: probabilities (max_batch, K) float64 and spikes (max_batch, 3) int64.
+
+        :meth:`step_buffered` (B) returns their first B rows.
+        """
+        ...
+
     def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`step` of the first ``b`` entries of :meth:`input_buffers`."""
+        """:meth:`step` of the first ``b`` entries of :meth:`input_buffers`, into :meth:`output_buffers`."""
         ...
 
     def set_weights(self, weights: Weights) -> None:
@@ -129,22 +136,27 @@ class HostBackend:
     warmup_rounds = 1
     max_batch: int
     _inputs: tuple[np.ndarray, np.ndarray]
+    _outputs: tuple[np.ndarray, np.ndarray]
 
     def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Apply ticks (in order) to the given slots (see :class:`Backend`)."""
         raise NotImplementedError
 
-    def _allocate_inputs(self, max_batch: int) -> None:
+    def _allocate_buffers(self, max_batch: int, outputs: tuple[np.ndarray, np.ndarray]) -> None:
         self._inputs = np.zeros(max_batch, dtype=np.int64), np.zeros((3, max_batch), dtype=np.float64)
+        self._outputs = outputs
 
     def input_buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """The staged input buffers (see :class:`Backend`)."""
         return self._inputs
 
+    def output_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The output buffers (see :class:`Backend`)."""
+        return self._outputs
+
     def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`step` of the first ``b`` staged ticks."""
-        slots, ticks = self._inputs
-        return self.step(slots[:b], ticks[:, :b])
+        """:meth:`step` of the first ``b`` staged ticks, its results in the output buffers."""
+        return stage_outputs(self.step(self._inputs[0][:b], self._inputs[1][:, :b]), self._outputs)
 
     def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
         """One single-tick batch."""
@@ -191,10 +203,10 @@ class FusedBackend(HostBackend):
         self.parallel_min_batch = parallel_min_batch
         self.ws = FusedWorkspace.allocate(params.shape, self.coef.dtype, max_batch, self.threads)
         self.dims = make_dims(params.shape, state.slots)
-        self._allocate_inputs(max_batch)
+        self._allocate_buffers(max_batch, (self.ws.probs, self.ws.spikes))
         self._fzero = self.coef.dtype.type(0)
         self._steps = params.steps_per_tick
-        self._outputs = [(self.ws.probs[:b], self.ws.spikes[:b]) for b in range(max_batch + 1)]
+        self._views = [(self.ws.probs[:b], self.ws.spikes[:b]) for b in range(max_batch + 1)]
         self.set_weights(weights)
 
     def set_weights(self, weights: Weights) -> None:
@@ -258,7 +270,19 @@ class FusedBackend(HostBackend):
             return super().step_buffered(b)
         table = self._table  # one read: a concurrent set_weights swaps whole tables, and this keeps ours alive
         tick_batch_table(table.address, table.size, b, self._steps, self._fzero)
-        return self._outputs[b]
+        return self._views[b]
+
+
+def stage_outputs(results: tuple[np.ndarray, np.ndarray], buffers: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``results`` (probs, spikes) of a step as the first rows of ``buffers`` (copied unless already there)."""
+    probs, spikes = results
+    b = probs.shape[0]
+    out_p, out_s = buffers
+    if probs.base is not out_p:
+        out_p[:b] = probs
+    if spikes.base is not out_s:
+        out_s[:b] = spikes
+    return out_p[:b], out_s[:b]
 
 
 def unique_waves(slots: np.ndarray) -> list[np.ndarray]:
@@ -287,7 +311,7 @@ class ReferenceBackend(HostBackend):
         self.enc_par = enc_par
         self.dtype = numpy_dtype("float32" if params.dtype == torch.float32 else "float64")
         self.max_batch = max_batch
-        self._allocate_inputs(max_batch)
+        self._allocate_buffers(max_batch, (np.zeros((max_batch, params.shape.classes)), np.zeros((max_batch, 3), dtype=np.int64)))
         self._z = np.zeros(3, dtype=np.float64)
         self._lock = threading.Lock()
         self.set_weights(weights)

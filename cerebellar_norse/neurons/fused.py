@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
-from numba.cpython.unsafe.numbers import trailing_zeros
 
 from .encoder import encode_tick_to_mossy
 from .layout import (
@@ -85,7 +84,7 @@ from .layout import (
     WI_SEGMENTS,
     PackedLayout,
 )
-from .native import rows_of, table_at, view1, view2
+from .native import rows_of, table_at, trailing_zeros, view1, view2
 from .parameters import NetworkShape
 from .state import state_views
 from .topology import Weights

@@ -54,6 +54,10 @@ def test_staged_steps_equal_plain_steps(make_config: ConfigFactory, small_config
         p1, s1 = _staged(staged, slots2, arr2)
         np.testing.assert_array_equal(p0, p1)
         np.testing.assert_array_equal(s0, s1)
+        out_p, out_s = staged.backend.output_buffers()  # the results are the first rows of the output buffers
+        np.testing.assert_array_equal(out_p[:len(slots)], p0)
+        np.testing.assert_array_equal(out_s[:len(slots)], s0)
+        assert np.shares_memory(p1, out_p) and np.shares_memory(s1, out_s)
     np.testing.assert_array_equal(plain.pool.arrays.flat, staged.pool.arrays.flat)
     np.testing.assert_array_equal(plain.pool.arrays.enc, staged.pool.arrays.enc)
 
