@@ -404,21 +404,21 @@ class Engine:
         evicted = self.pool.table.evictions - evictions
         if evicted:
             self.eviction_log.add(evicted, last=self.pool.table.last_evicted)
+        out = tick_results(ticks, self._buf, elapsed, self.cfg.neural.warmup_ticks, self.model_version)
         if not self._scratch:  # warm-up ticks are neither learned from nor recorded
             if self.journal is not None:  # before any result is returned
                 self.journal.ticks(ticks)
             if self.learner is not None:
                 self._learn(ticks, probs)
             if self.scorer is not None:
-                self.scorer.observe_batch(ticks, probs, (self._buf.seen[:b] <= self.cfg.neural.warmup_ticks).tolist())
+                self.scorer.observe_batch(ticks, probs, [r.warming_up for r in out])
             self._record(ticks, probs, request_ids)
-        out = tick_results(ticks, probs, spikes, elapsed, self._buf.seen[:b], self.cfg.neural.warmup_ticks, self.model_version)
         st = self.stats
         st.ticks += b
         st.batches += 1
         st.last_batch_size = b
         st.busy_ns += elapsed
-        st.spikes += spikes.sum(axis=0)
+        st.spikes += self._buf.populations
         if self.sinks and not self._scratch:  # scratch ticks (warm-up, journal replay) are not client ticks
             rec = BatchRecord(b, elapsed, self._buf.slots[:b], self._buf.ticks[:, :b], spikes)
             for sink in self.sinks:

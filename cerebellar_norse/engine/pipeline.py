@@ -29,40 +29,36 @@ from .records import TickResult
 _LN3 = math.log(3.0)
 
 
-def _confidence(p: list[float]) -> float:
-    h = -sum(x * math.log(x) for x in p if x > 0.0)
-    return min(max(1.0 - h / _LN3, 0.0), 1.0)
+def tick_results(ticks: Sequence[Tick], buf: StepBuffers, elapsed_ns: int, warmup_ticks: int = 0,
+                 model_version: str = "") -> list[TickResult]:
+    """The results of the step :func:`step_ticks` just made of ``ticks`` with ``buf``.
 
-
-def tick_results(ticks: Sequence[Tick], probs: np.ndarray, spikes: np.ndarray, elapsed_ns: int,
-                 seen: np.ndarray | None = None, warmup_ticks: int = 0, model_version: str = "") -> list[TickResult]:
-    """The results of one step's ticks.
-
-    ``probs`` (B, 3) and ``spikes`` (B, 3) are the step's outputs; ``elapsed_ns`` its
-    time, divided evenly among the ticks; ``seen`` (B,) holds how many ticks each tick's
-    market had seen including it, and a result is ``warming_up`` while that is at most
-    ``warmup_ticks``.
+    Reads the finishing pass's rows: probabilities, confidence, spikes per tick and the
+    ticks each market has seen (a result is ``warming_up`` while that is at most
+    ``warmup_ticks``); ``elapsed_ns``, the step's time, is divided evenly among the ticks.
 
     Plain Python per row: for the small batches of live serving, numpy's per-call
     overhead would cost more than the kernel, and one code path for every batch size
     keeps a tick's result bit-identical whether it was batched or not.
     """
-    per_tick = elapsed_ns // max(len(ticks), 1)
-    rows = probs.tolist()
-    totals = spikes.sum(axis=1).tolist()
-    warm = [False] * len(ticks) if seen is None else (seen[:len(ticks)] <= warmup_ticks).tolist()
-    return [TickResult(t.market_id, p[0], p[1], p[2], _confidence(p), int(n), per_tick, w, model_version)
-            for t, p, n, w in zip(ticks, rows, totals, warm, strict=True)]
+    b = len(ticks)
+    per_tick = elapsed_ns // max(b, 1)
+    return [TickResult(t.market_id, p[0], p[1], p[2], c, n, per_tick, s <= warmup_ticks, model_version)
+            for t, p, c, n, s in zip(ticks, buf.probs[:b].tolist(), buf.confidence[:b].tolist(),
+                                     buf.totals[:b].tolist(), buf.seen[:b].tolist(), strict=True)]
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def _finish_batch(slots: np.ndarray, enc: np.ndarray, scratch: np.ndarray, seen: np.ndarray, probs: np.ndarray,
-                  gain: np.ndarray, bias: np.ndarray, apply_head: bool) -> None:
-    """Ticks seen per market (after a step) and, with ``apply_head``, the calibrated head in place.
+                  gain: np.ndarray, bias: np.ndarray, apply_head: bool, spikes: np.ndarray, confidence: np.ndarray,
+                  totals: np.ndarray, populations: np.ndarray) -> None:
+    """Ticks seen per market (after a step), the calibrated head (with ``apply_head``), confidence, spike sums.
 
     ``seen[j]`` is the market's tick count including tick j (later ticks of the same
     market in the batch are subtracted from the count after the step). The head maps
-    each row ``p`` to ``softmax(gain * log p + bias)``.
+    each row ``p`` to ``softmax(gain * log p + bias)``, in place. ``confidence[j]`` is
+    ``1 - H(p)/ln 3`` of the served row, clipped to [0, 1]; ``totals[j]`` the tick's
+    spikes over all populations; ``populations`` (3,) the batch's spikes per population.
     """
     b = slots.shape[0]
     for j in range(b):
@@ -71,16 +67,31 @@ def _finish_batch(slots: np.ndarray, enc: np.ndarray, scratch: np.ndarray, seen:
         s = slots[j]
         seen[j] = scratch[s]
         scratch[s] -= 1.0
-    if not apply_head:
-        return
+    if apply_head:
+        for j in range(b):
+            for c in range(probs.shape[1]):
+                probs[j, c] = gain[c] * math.log(max(probs[j, c], 1e-300)) + bias[c]
+            softmax_row(probs[j])
+    for k in range(populations.shape[0]):
+        populations[k] = 0
     for j in range(b):
+        acc = 0.0
         for c in range(probs.shape[1]):
-            probs[j, c] = gain[c] * math.log(max(probs[j, c], 1e-300)) + bias[c]
-        softmax_row(probs[j])
+            x = probs[j, c]
+            if x > 0.0:
+                acc += x * math.log(x)
+        h = -acc
+        confidence[j] = min(max(1.0 - h / _LN3, 0.0), 1.0)
+        n = 0
+        for k in range(spikes.shape[1]):
+            n += spikes[j, k]
+            populations[k] += spikes[j, k]
+        totals[j] = n
 
 
 # Arrays of the finishing pass's argument table, in order.
-(F_SLOTS, F_ENC, F_SCRATCH, F_SEEN, F_PROBS, F_GAIN, F_BIAS) = range(7)
+(F_SLOTS, F_ENC, F_SCRATCH, F_SEEN, F_PROBS, F_GAIN, F_BIAS, F_SPIKES, F_CONFIDENCE, F_TOTALS,
+ F_POPULATIONS) = range(11)
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
@@ -89,7 +100,8 @@ def _finish_batch_table(address: int, n_args: int, b: int, apply_head: bool) -> 
     t = table_at(address, n_args)
     _finish_batch(view1(t, F_SLOTS, nb.int64)[:b], view2(t, F_ENC, nb.float64), view1(t, F_SCRATCH, nb.float64),
                   view1(t, F_SEEN, nb.float64), view2(t, F_PROBS, nb.float64), view1(t, F_GAIN, nb.float64),
-                  view1(t, F_BIAS, nb.float64), apply_head)
+                  view1(t, F_BIAS, nb.float64), apply_head, view2(t, F_SPIKES, nb.int64),
+                  view1(t, F_CONFIDENCE, nb.float64), view1(t, F_TOTALS, nb.int64), view1(t, F_POPULATIONS, nb.int64))
 
 
 @dataclass
@@ -103,7 +115,11 @@ class StepBuffers:
     slots: np.ndarray  # (B,) int64 slot of each tick
     ticks: np.ndarray  # (3, B) float64 price, volume, time (ms)
     probs: np.ndarray  # (B, K) float64 the backend's probabilities, then the served ones
+    spikes: np.ndarray  # (B, 3) int64 the backend's spikes per population
     seen: np.ndarray  # (B,) float64 ticks seen by the tick's market, including it
+    confidence: np.ndarray  # (B,) float64 confidence of each served row
+    totals: np.ndarray  # (B,) int64 spikes of each tick, all populations
+    populations: np.ndarray  # (3,) int64 spikes of the step per population
     scratch: np.ndarray  # (S,) float64, one per state slot
     head_of: object = None  # the weights whose head ``table`` holds
     apply_head: bool = False
@@ -113,10 +129,11 @@ class StepBuffers:
     def allocate(cls, backend: Backend, max_batch: int, n_slots: int) -> StepBuffers:
         """Buffers for ``max_batch`` ticks (at most the backend's) over ``n_slots`` state slots."""
         slots, ticks = backend.input_buffers()
-        probs, _ = backend.output_buffers()
+        probs, spikes = backend.output_buffers()
         if slots.shape[0] < max_batch:
             raise ValueError(f"the backend stages {slots.shape[0]} ticks, fewer than a batch of {max_batch}")
-        return cls(slots, ticks, probs, np.zeros(max_batch), np.zeros(n_slots))
+        return cls(slots, ticks, probs, spikes, np.zeros(max_batch), np.zeros(max_batch), np.zeros(max_batch, dtype=np.int64),
+                   np.zeros(spikes.shape[1], dtype=np.int64), np.zeros(n_slots))
 
     def finish_table(self, weights: Weights, enc: np.ndarray) -> ArgTable:
         """The finishing pass's argument table for ``weights``' head over the encoder states ``enc``."""
@@ -125,7 +142,8 @@ class StepBuffers:
             self.apply_head = not weights.head_is_identity
             t = self.table = ArgTable((self.slots, enc, self.scratch, self.seen, self.probs,
                                        np.ascontiguousarray(weights.head_gain, dtype=np.float64),
-                                       np.ascontiguousarray(weights.head_bias, dtype=np.float64)))
+                                       np.ascontiguousarray(weights.head_bias, dtype=np.float64),
+                                       self.spikes, self.confidence, self.totals, self.populations))
             self.head_of = weights
         return t
 

@@ -121,10 +121,8 @@ class CerebellarNetwork:
         spike_parts: list[np.ndarray] = []
         for start in range(0, len(ticks), self.max_batch):
             chunk = ticks[start:start + self.max_batch]
-            b = len(chunk)
-            probs, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, chunk, self._buf)
-            out.extend(r.as_dict() for r in tick_results(chunk, probs, spikes, elapsed, self._buf.seen[:b],
-                                                         self.config.neural.warmup_ticks))
+            _, spikes, elapsed = step_ticks(self.pool, self.backend, self.weights, chunk, self._buf)
+            out.extend(r.as_dict() for r in tick_results(chunk, self._buf, elapsed, self.config.neural.warmup_ticks))
             spike_parts.append(spikes.copy())
         self.last_spikes = np.concatenate(spike_parts)
         return out
