@@ -39,8 +39,8 @@ TARGET_BATCH_256_US = 2.0  # per tick, amortised over a batch of 256 (p50 of cal
 INTRO = """\
 The fused numba kernel against the Norse reference network: same weights, same synthetic
 ticks, same process (the ratio is taken within one run). Latency is the wall time of one
-backend `step` call (encoder and network; no validation, no HTTP) divided by the ticks in
-the batch: p50/p99 over repeated calls, each batch one tick of each of `batch` distinct
+staged backend step (`step_buffered`, the call the engine makes: encoder and network; no
+validation, no HTTP) divided by the ticks in the batch: p50/p99 over repeated calls, each batch one tick of each of `batch` distinct
 markets. `crossval` compares every state variable and output of both backends after every
 batch of a 4-market interleaved stream (float64 gates with tolerance 1e-4; float32 is
 reported beside it). Produced by `benchmarks/network_bench.py`; each block below is one
