@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Instructions per tick of the engine's backend call, counted by valgrind's callgrind.
+
+Timings on a shared host move by 50% within minutes; instruction counts do not. This
+script runs itself under ``valgrind --tool=callgrind`` with instrumentation off until the
+network is warm, then counts only the instructions executed inside each backend call
+(collection toggled on and off around it through callgrind's client requests, from a
+tiny C helper compiled on the fly), and prints instructions per tick for each batch
+size. Cache misses and branch mispredictions are not in the count: it measures the work,
+not the wait.
+
+    .venv/bin/python benchmarks/kernel_instructions.py [--batches 1,256] [--calls 2000,40]
+
+Needs ``valgrind`` (with its headers, ``valgrind/callgrind.h``) and a C compiler. To
+compare two revisions, run the script with ``PYTHONPATH`` set to the other checkout: on
+revisions older than the staged step (``Backend.step_buffered``) it times ``step``, the
+call the engine made then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HELPER_C = """
+#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void cg_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
+"""
+WARM_CALLS = 60
+
+
+def _measure(helper: str, batch: int, calls: int) -> None:
+    """Inside valgrind: warm the network, then step ``calls`` batches with collection on only inside each call."""
+    from cerebellar_norse.config import load_config
+    from cerebellar_norse.neurons.bench import _prepared_batches
+    from cerebellar_norse.neurons.network import CerebellarNetwork
+
+    cg = ctypes.CDLL(helper)
+    net = CerebellarNetwork(load_config(None), backend="fused", max_markets=max(batch, 1), max_batch=max(batch, 1))
+    backend = net.backend
+    staged = hasattr(backend, "step_buffered")  # older revisions: the engine called step
+    if staged:
+        in_slots, in_ticks = backend.input_buffers()
+    for k, (slots, arr) in enumerate(_prepared_batches(net, batch, WARM_CALLS + calls, 7)):
+        if k == WARM_CALLS:
+            cg.cg_start()
+        if staged:
+            in_slots[:batch], in_ticks[:, :batch] = slots, arr
+            cg.cg_toggle()
+            backend.step_buffered(batch)
+            cg.cg_toggle()
+        else:
+            cg.cg_toggle()
+            backend.step(slots, arr)
+            cg.cg_toggle()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,256", help="batch sizes (default 1,256)")
+    ap.add_argument("--calls", default="2000,40", help="counted calls per batch size (default 2000,40)")
+    ap.add_argument("--inner", nargs=3, metavar=("HELPER", "BATCH", "CALLS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        _measure(args.inner[0], int(args.inner[1]), int(args.inner[2]))
+        return 0
+    for tool in ("valgrind", "cc"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} not found (apt-get install valgrind gcc)")
+    batches = [int(b) for b in args.batches.split(",")]
+    calls = [int(c) for c in args.calls.split(",")]
+    if len(calls) != len(batches):
+        raise SystemExit("--calls needs one count per batch size")
+    with tempfile.TemporaryDirectory(prefix="cn-icount-") as tmp:
+        src, lib = Path(tmp) / "cg.c", Path(tmp) / "libcg.so"
+        src.write_text(HELPER_C)
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+        print(f"{'batch':>6} {'calls':>6} {'instructions/tick':>18}")
+        for b, n in zip(batches, calls, strict=True):
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
+                   f"--callgrind-out-file={tmp}/out.{b}", sys.executable, __file__, "--inner", str(lib), str(b), str(n)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
+            m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
+            if proc.returncode != 0 or m is None:
+                raise SystemExit(f"callgrind run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+            print(f"{b:>6} {n:>6} {int(m.group(1)) / (b * n):>18,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
