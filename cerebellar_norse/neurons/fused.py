@@ -79,7 +79,7 @@ from .layout import (
     D_SLOTS,
     D_W_MD_T,
     D_W_OUT,
-    D_W_PD,
+    D_W_PD_T,
     WF_SEGMENTS,
     WI_SEGMENTS,
     PackedLayout,
@@ -119,7 +119,7 @@ class PackedWeights:
         lay = PackedLayout.of(w.shape, dense)
         wf = np.empty(lay.wf_size, dtype=dtype)
         for name, a in (("mg_w", w.mg_w.T), ("pf_w", w.pf_w_csr()), ("pc_bias", w.pc_bias), ("w_md_t", w.w_md.T),
-                        ("w_pd", w.w_pd), ("dcn_bias", w.dcn_bias), ("w_out", w.w_out)):
+                        ("w_pd_t", w.w_pd.T), ("dcn_bias", w.dcn_bias), ("w_out", w.w_out)):
             wf[lay.slice_of(name)] = np.asarray(a, dtype=dtype).reshape(-1)
         rows = wf[lay.pf_rows].reshape(lay.shape_of("pf_rows"))
         rows[:] = 0
@@ -302,8 +302,8 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     pc_bias = wf[o:o + P]
     o = dims[D_W_MD_T]
     w_md_t = rows_of(wf, o, M, N)
-    o = dims[D_W_PD]
-    w_pd = rows_of(wf, o, N, P)
+    o = dims[D_W_PD_T]
+    w_pd_t = rows_of(wf, o, P, N)
     o = dims[D_DCN_BIAS]
     dcn_bias = wf[o:o + N]
     o = dims[D_W_OUT]
@@ -330,6 +330,8 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     pc_acc = work_f[o:o + P]
     o += P
     drive = work_f[o:o + N]
+    o += N
+    inh = work_f[o:o + N]
     o += N
     out_in = work_f[o:o + K]
     o += K
@@ -438,13 +440,17 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                         pc_spk[pcnt] = p
                         pcnt += 1
 
-                # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked.
+                # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked,
+                # one weight row per spike (the N sums side by side, each in spike order).
+                for n in range(N):
+                    inh[n] = zero
+                for k in range(pcnt):
+                    row_pd = w_pd_t[pc_spk[k]]
+                    for n in range(N):
+                        inh[n] += row_pd[n]
                 dcnt = 0
                 for n in range(N):
-                    acc = zero
-                    for k in range(pcnt):
-                        acc += w_pd[n, pc_spk[k]]
-                    if _lif_cell(vd, idn, n, drive[n] - acc, c_dn, n_dn, l_dn, t_dn, r_dn):
+                    if _lif_cell(vd, idn, n, drive[n] - inh[n], c_dn, n_dn, l_dn, t_dn, r_dn):
                         dcn_spk[dcnt] = n
                         dcnt += 1
 
@@ -491,8 +497,8 @@ class FusedWorkspace:
     """Preallocated scratch (one row per thread) and output buffers for batches up to ``max_batch``.
 
     ``work_f`` (network float type): mossy currents of LANES ticks and their transpose,
-    their granule inputs, one tick's granule input, Purkinje input, DCN drive, readout
-    input, two temporaries. ``work_i`` (int32, :func:`work_i_size`): the
+    their granule inputs, one tick's granule input, Purkinje input, DCN drive and
+    inhibition, readout input, two temporaries. ``work_i`` (int32, :func:`work_i_size`): the
     granule spike flags as bytes in 64-bit words, then the spike lists. ``work_z``
     (float64): the encoder's three features.
     """
@@ -507,7 +513,7 @@ class FusedWorkspace:
     @classmethod
     def allocate(cls, shape: NetworkShape, dtype: np.dtype, max_batch: int, threads: int = 1) -> FusedWorkspace:
         """Buffers sized for ``shape`` in float type ``dtype``."""
-        nf = 2 * LANES * shape.mossy + (LANES + 1) * shape.granule + shape.purkinje + shape.dcn + shape.classes + 2
+        nf = 2 * LANES * shape.mossy + (LANES + 1) * shape.granule + shape.purkinje + 2 * shape.dcn + shape.classes + 2
         return cls(
             work_f=np.zeros((threads, nf), dtype=dtype),
             work_i=np.zeros((threads, work_i_size(shape)), dtype=np.int32),

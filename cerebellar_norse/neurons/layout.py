@@ -63,9 +63,9 @@ C_LIF_POPULATIONS = (C_GR, C_PC, C_DN)
 # -- wf / wi -----------------------------------------------------------------------
 # Segments in storage order. Float: dendrite weights (D, G) dendrite-major; parallel-fibre
 # weights in CSR order (nnz); Purkinje bias (P); mossy -> DCN transposed (M, N);
-# Purkinje -> DCN (N, P); DCN bias (N); DCN -> readout (K, N); the parallel-fibre weights
+# Purkinje -> DCN transposed (P, N); DCN bias (N); DCN -> readout (K, N); the parallel-fibre weights
 # again as dense rows (G, P), present only in dense layouts.
-WF_SEGMENTS = ("mg_w", "pf_w", "pc_bias", "w_md_t", "w_pd", "dcn_bias", "w_out", "pf_rows")
+WF_SEGMENTS = ("mg_w", "pf_w", "pc_bias", "w_md_t", "w_pd_t", "dcn_bias", "w_out", "pf_rows")
 # Int32: mossy fibre of each dendrite (D, G); CSR row pointers (G + 1); Purkinje cell of each CSR entry (nnz).
 WI_SEGMENTS = ("mg_idx", "pf_ptr", "pf_post")
 
@@ -90,7 +90,7 @@ TABLE_ARGS = ("slots", "ticks", "state_f", "enc", "wf", "wi", "dims", "coef", "e
 # cells, classes, parallel-fibre synapses, state slots, 1 when wf holds the dense rows.
 D_M, D_G, D_DEN, D_P, D_N, D_K, D_NNZ, D_SLOTS, D_DENSE = range(9)
 # Segment starts (elements) in wf, then in wi.
-(D_MG_W, D_PF_W, D_PC_BIAS, D_W_MD_T, D_W_PD, D_DCN_BIAS, D_W_OUT, D_PF_ROWS,
+(D_MG_W, D_PF_W, D_PC_BIAS, D_W_MD_T, D_W_PD_T, D_DCN_BIAS, D_W_OUT, D_PF_ROWS,
  D_MG_IDX, D_PF_PTR, D_PF_POST) = range(D_DENSE + 1, D_DENSE + 1 + len(WF_SEGMENTS) + len(WI_SEGMENTS))
 N_DIMS = D_PF_POST + 1
 
@@ -109,7 +109,7 @@ def segment_shapes(shape: NetworkShape, dense: bool) -> dict[str, tuple[int, ...
         "pf_w": (nnz,),
         "pc_bias": (s.purkinje,),
         "w_md_t": (s.mossy, s.dcn),
-        "w_pd": (s.dcn, s.purkinje),
+        "w_pd_t": (s.purkinje, s.dcn),
         "dcn_bias": (s.dcn,),
         "w_out": (s.classes, s.dcn),
         "pf_rows": (s.granule if dense else 0, s.purkinje),
@@ -146,7 +146,7 @@ class PackedLayout:
     pf_w: slice
     pc_bias: slice
     w_md_t: slice
-    w_pd: slice
+    w_pd_t: slice
     dcn_bias: slice
     w_out: slice
     pf_rows: slice
@@ -190,4 +190,4 @@ class PackedLayout:
 
 
 # dims slot of each segment's start, in the order of WF_SEGMENTS + WI_SEGMENTS.
-DIMS_STARTS = (D_MG_W, D_PF_W, D_PC_BIAS, D_W_MD_T, D_W_PD, D_DCN_BIAS, D_W_OUT, D_PF_ROWS, D_MG_IDX, D_PF_PTR, D_PF_POST)
+DIMS_STARTS = (D_MG_W, D_PF_W, D_PC_BIAS, D_W_MD_T, D_W_PD_T, D_DCN_BIAS, D_W_OUT, D_PF_ROWS, D_MG_IDX, D_PF_PTR, D_PF_POST)

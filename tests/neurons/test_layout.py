@@ -110,7 +110,7 @@ def test_pack_puts_each_weight_where_the_layout_says(make_config: ConfigFactory,
     np.testing.assert_array_equal(f("mg_w").T, cast(w.mg_w))
     np.testing.assert_array_equal(f("pc_bias"), cast(w.pc_bias))
     np.testing.assert_array_equal(f("w_md_t").T, cast(w.w_md))
-    np.testing.assert_array_equal(f("w_pd"), cast(w.w_pd))
+    np.testing.assert_array_equal(f("w_pd_t").T, cast(w.w_pd))
     np.testing.assert_array_equal(f("dcn_bias"), cast(w.dcn_bias))
     np.testing.assert_array_equal(f("w_out"), cast(w.w_out))
     np.testing.assert_array_equal(i("mg_idx").T, w.mg_idx)
@@ -131,7 +131,7 @@ def test_pack_puts_each_weight_where_the_layout_says(make_config: ConfigFactory,
     else:
         assert rows.shape == (0, s.purkinje)
     # The accessors are live views of the same segments.
-    for name in ("mg_w", "pf_w", "pc_bias", "w_md_t", "w_pd", "dcn_bias", "w_out", "pf_rows"):
+    for name in WF_SEGMENTS:
         assert np.shares_memory(pw.floats(name), pw.wf) or pw.floats(name).size == 0
         np.testing.assert_array_equal(pw.floats(name), f(name))
     for name in WI_SEGMENTS:
