@@ -127,9 +127,9 @@ class PerformanceConfig(_Section):
     cuda_streams: int = Field(1, ge=1, le=64, description="CUDA streams (device cuda).")
     cpu_threads: int = Field(1, ge=1, le=1024, description=(
         "Threads of the CPU kernel (numba). Batches of at least 32 ticks are split by market over this many "
-        "threads (smaller ones run on the event loop's thread); on the 2-vCPU development host 2 threads took a "
-        "batch of 256 from about 5.2 to 3.0 µs per tick (docs/benchmarks.md). Leave it at 1 where single ticks "
-        "dominate and the service shares its cores."))
+        "threads (smaller ones run on the event loop's thread); on the 2-vCPU development host 2 threads cut a "
+        "batch of 256 by 10-40% per tick, depending on what else runs (docs/benchmarks.md). Leave it at 1 where "
+        "single ticks dominate and the service shares its cores."))
     memory_pool_enabled: bool = Field(True, description="Reserve the state pool at start.")
     memory_pool_size: ByteSize = Field(ByteSize(64_000_000), description='Memory reserved for market states, e.g. "20GB".')
     memory_limit: ByteSize = Field(ByteSize(2_000_000_000), description='Hard cap on the estimated memory, e.g. "28GB".')
