@@ -85,7 +85,7 @@ from norse.torch.functional.lif import LIFFeedForwardState
 
 from ..config import Config, fmt_bytes
 from ..errors import CapacityError, DeviceUnavailableError, EngineFatalError
-from ..neurons.backends import stage_outputs
+from ..neurons.backends import StagedBuffers
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.functional import CerebellumState, CerebellumWeights, TickOutput, cerebellum_step
 from ..neurons.parameters import NetworkParameters, NetworkShape
@@ -186,7 +186,7 @@ class _Lane:
     graphs: dict[int, Any] = field(default_factory=dict)
 
 
-class CudaBackend:
+class CudaBackend(StagedBuffers):
     """The network on a CUDA device (see the module docstring for the design).
 
     Args:
@@ -252,8 +252,7 @@ class CudaBackend:
         self._lock = threading.RLock()
         self._z = np.zeros(3, dtype=np.float64)
         self._arange = np.arange(self.max_batch, dtype=np.int64)
-        self._inputs = np.zeros(self.max_batch, dtype=np.int64), np.zeros((3, self.max_batch), dtype=np.float64)
-        self._outputs = (np.zeros((self.max_batch, params.shape.classes)), np.zeros((self.max_batch, 3), dtype=np.int64))
+        self._allocate_buffers(self.max_batch, params.shape.classes)
         self._seq = 0
         self._closed = False
         self.graph_policy = GraphPolicy(use_graphs and self.on_cuda, graph_warmup, max_graphs)
@@ -588,20 +587,6 @@ class CudaBackend:
     def step(self, slots: np.ndarray, ticks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Apply ticks (in order) to the given slots: :meth:`submit` then :meth:`wait`."""
         return self.wait(self.submit(slots, ticks))
-
-    def input_buffers(self) -> tuple[np.ndarray, np.ndarray]:
-        """Host input buffers: slots (max_batch,) int64, ticks (3, max_batch) float64."""
-        return self._inputs
-
-    def output_buffers(self) -> tuple[np.ndarray, np.ndarray]:
-        """Host output buffers: probabilities (max_batch, K) float64, spikes (max_batch, 3) int64."""
-        return self._outputs
-
-    def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`step` of the first ``b`` entries of :meth:`input_buffers` (submit copies them), its results
-        copied into :meth:`output_buffers`."""
-        slots, ticks = self._inputs
-        return stage_outputs(self.step(slots[:b], ticks[:, :b]), self._outputs)
 
     # -- lifecycle ----------------------------------------------------------------------
 

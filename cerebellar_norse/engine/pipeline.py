@@ -152,8 +152,9 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
                buf: StepBuffers) -> tuple[np.ndarray, np.ndarray, int]:
     """Give each tick its market's slot, step the backend, apply the model's calibrated head.
 
-    Fills ``buf.seen[:len(ticks)]`` (see :func:`_finish_batch`). Returns probabilities,
-    spikes and the time in ns (backend step and head).
+    Fills the first ``len(ticks)`` rows of ``buf`` (seen, confidence, totals) and its
+    ``populations`` (see :func:`_finish_batch`). Returns probabilities, spikes and the
+    time in ns (backend step and finishing pass).
     """
     b = len(ticks)
     slots, arr = buf.slots, buf.ticks

@@ -130,11 +130,9 @@ class Backend(Protocol):
         ...
 
 
-class HostBackend:
-    """Defaults of a backend whose state is the host slot arrays themselves."""
+class StagedBuffers:
+    """The input and output buffers a backend owns, and :meth:`step_buffered` through its :meth:`step`."""
 
-    warmup_rounds = 1
-    max_batch: int
     _inputs: tuple[np.ndarray, np.ndarray]
     _outputs: tuple[np.ndarray, np.ndarray]
 
@@ -142,9 +140,12 @@ class HostBackend:
         """Apply ticks (in order) to the given slots (see :class:`Backend`)."""
         raise NotImplementedError
 
-    def _allocate_buffers(self, max_batch: int, outputs: tuple[np.ndarray, np.ndarray]) -> None:
+    def _allocate_buffers(self, max_batch: int, classes: int,
+                          outputs: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Input buffers for ``max_batch`` ticks; ``outputs`` (probs, spikes), or new ones of ``classes`` classes."""
         self._inputs = np.zeros(max_batch, dtype=np.int64), np.zeros((3, max_batch), dtype=np.float64)
-        self._outputs = outputs
+        self._outputs = outputs if outputs is not None else (np.zeros((max_batch, classes)),
+                                                             np.zeros((max_batch, 3), dtype=np.int64))
 
     def input_buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """The staged input buffers (see :class:`Backend`)."""
@@ -155,8 +156,22 @@ class HostBackend:
         return self._outputs
 
     def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`step` of the first ``b`` staged ticks, its results in the output buffers."""
-        return stage_outputs(self.step(self._inputs[0][:b], self._inputs[1][:, :b]), self._outputs)
+        """:meth:`step` of the first ``b`` staged ticks, its results copied into the output buffers unless
+        :meth:`step` already wrote them there."""
+        probs, spikes = self.step(self._inputs[0][:b], self._inputs[1][:, :b])
+        out_p, out_s = self._outputs
+        if probs.base is not out_p:
+            out_p[:b] = probs
+        if spikes.base is not out_s:
+            out_s[:b] = spikes
+        return out_p[:b], out_s[:b]
+
+
+class HostBackend(StagedBuffers):
+    """Defaults of a backend whose state is the host slot arrays themselves."""
+
+    warmup_rounds = 1
+    max_batch: int
 
     def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
         """One single-tick batch."""
@@ -203,7 +218,7 @@ class FusedBackend(HostBackend):
         self.parallel_min_batch = parallel_min_batch
         self.ws = FusedWorkspace.allocate(params.shape, self.coef.dtype, max_batch, self.threads)
         self.dims = make_dims(params.shape, state.slots)
-        self._allocate_buffers(max_batch, (self.ws.probs, self.ws.spikes))
+        self._allocate_buffers(max_batch, params.shape.classes, (self.ws.probs, self.ws.spikes))
         self._fzero = self.coef.dtype.type(0)
         self._steps = params.steps_per_tick
         self._views = [(self.ws.probs[:b], self.ws.spikes[:b]) for b in range(max_batch + 1)]
@@ -260,7 +275,7 @@ class FusedBackend(HostBackend):
         else:
             tick_batch(slots, ticks, self.state.flat, self.state.enc, pw.wf, pw.wi, self.dims, self.coef, self.enc_par,
                        self.params.steps_per_tick, ws.work_f[0], ws.work_i[0], ws.work_z[0], ws.probs, ws.spikes, ws.active)
-        return ws.probs[:b], ws.spikes[:b]
+        return self._views[b]
 
     def step_buffered(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`step` of the first ``b`` staged ticks; one integer hands the kernel all its arrays."""
@@ -271,18 +286,6 @@ class FusedBackend(HostBackend):
         table = self._table  # one read: a concurrent set_weights swaps whole tables, and this keeps ours alive
         tick_batch_table(table.address, table.size, b, self._steps, self._fzero)
         return self._views[b]
-
-
-def stage_outputs(results: tuple[np.ndarray, np.ndarray], buffers: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """``results`` (probs, spikes) of a step as the first rows of ``buffers`` (copied unless already there)."""
-    probs, spikes = results
-    b = probs.shape[0]
-    out_p, out_s = buffers
-    if probs.base is not out_p:
-        out_p[:b] = probs
-    if spikes.base is not out_s:
-        out_s[:b] = spikes
-    return out_p[:b], out_s[:b]
 
 
 def unique_waves(slots: np.ndarray) -> list[np.ndarray]:
@@ -311,7 +314,7 @@ class ReferenceBackend(HostBackend):
         self.enc_par = enc_par
         self.dtype = numpy_dtype("float32" if params.dtype == torch.float32 else "float64")
         self.max_batch = max_batch
-        self._allocate_buffers(max_batch, (np.zeros((max_batch, params.shape.classes)), np.zeros((max_batch, 3), dtype=np.int64)))
+        self._allocate_buffers(max_batch, params.shape.classes)
         self._z = np.zeros(3, dtype=np.float64)
         self._lock = threading.Lock()
         self.set_weights(weights)
@@ -378,5 +381,5 @@ def make_backend(name: str, weights: Weights, params: NetworkParameters, state: 
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "Backend", "FusedBackend", "HostBackend", "LearningViews", "ReferenceBackend", "encoder_parameters",
-           "make_backend", "unique_waves"]
+__all__ = ["BACKENDS", "Backend", "FusedBackend", "HostBackend", "LearningViews", "ReferenceBackend", "StagedBuffers",
+           "encoder_parameters", "make_backend", "unique_waves"]
