@@ -19,7 +19,7 @@ from ..observability.timelines import SENT, Timeline
 from .bulk import bulk_body_limit
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, SCOPE_TIMELINE, ServiceState
 from .errors import install_error_handlers
-from .fastpath import TickFastPath
+from .fastpath import TickFastPath, is_hot
 from .openapi import install_openapi
 from .routes import debug, handover, health, model_upload, neural
 from .schemas import error_payload
@@ -149,8 +149,7 @@ class RequestContextMiddleware:
             elif not started and status == 500:
                 status = 499  # closed by the client before an answer (nginx's convention)
             label = scope.get(SCOPE_ROUTE) or getattr(scope.get("route"), "path", None) or "other"
-            m.requests.labels(label, scope["method"], str(status)).inc()
-            m.request_seconds.labels(label).observe((time.perf_counter_ns() - t0) / 1e9)
+            m.count_request(label, scope["method"], status, (time.perf_counter_ns() - t0) / 1e9)
             if timeline is not None:
                 timeline.status = status
                 self.state.timelines.finish(timeline)
@@ -171,14 +170,34 @@ class RequestContextMiddleware:
         await send({"type": "websocket.http.response.body", "body": body})
 
 
+class ServiceApp(FastAPI):
+    """The FastAPI app, with ``POST /neural/process`` answered before FastAPI's own layers.
+
+    ``hot`` (when set) receives the hot route's requests directly: the request context
+    (:class:`RequestContextMiddleware`) around :class:`~.fastpath.TickFastPath`. Every
+    other request goes through FastAPI as usual, its middleware stack included.
+    FastAPI's error, body-limit and telemetry middlewares cost more per request than
+    the whole engine step; what they would do for the hot route,
+    :class:`RequestContextMiddleware` does itself (JSON 500 and 413, request ids).
+    """
+
+    hot: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hot is not None and is_hot(scope):
+            await self.hot(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(state: ServiceState, extra_routers: list[Any] | None = None, lifespan: Any = None,
-               fast_path: bool = True) -> FastAPI:
+               fast_path: bool = True) -> ServiceApp:
     """Build the app around a service state (engine, metrics, config).
 
     ``fast_path=False`` leaves ``POST /neural/process`` to its FastAPI route (same
     answers, slower: for comparing the two).
     """
-    app = FastAPI(
+    app = ServiceApp(
         lifespan=lifespan,
         title="cerebellar-norse",
         version=__version__,
@@ -196,6 +215,6 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc())
     install_openapi(app, state)
     if fast_path:
-        app.add_middleware(TickFastPath, state=state)  # inner: runs inside the request context
+        app.hot = RequestContextMiddleware(TickFastPath(state), state)
     app.add_middleware(RequestContextMiddleware, state=state)
     return app
