@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,9 +25,12 @@ MARKET_ID_PATTERN = r"^[!-~]([ -~]{0,62}[!-~])?$"
 TICK_FIELDS = ("price", "volume", "timestamp", "market_id")
 
 
-@dataclass(frozen=True)
-class Tick:
-    """One validated market tick (units in the module docstring)."""
+class Tick(NamedTuple):
+    """One validated market tick (units in the module docstring).
+
+    Immutable; a named tuple rather than a frozen dataclass because the hot path builds
+    one per request and a frozen dataclass costs four times as much to build.
+    """
 
     price: float
     volume: float

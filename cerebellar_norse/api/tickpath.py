@@ -14,7 +14,9 @@ the engine, ``serialised`` when the answer's JSON is ready.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from collections.abc import Iterable
 
@@ -29,9 +31,30 @@ log = logging.getLogger("cerebellar_norse.api")
 JSON_TYPE = "application/json"
 
 
+def _json_str(s: str) -> str:
+    """``s`` as a JSON string."""
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
+    return json.dumps(s, ensure_ascii=False)
+
+
 def result_json(result: TickResult, request_id: str) -> bytes:
-    """The JSON answer to one tick (``ResultOut``)."""
-    return ResultOut.model_validate(result.as_json_object(request_id)).model_dump_json().encode()
+    """The JSON answer to one tick (``ResultOut``), written directly.
+
+    Building and validating the pydantic model per answer cost more than the network's
+    step; the fields here are already of their declared types. The same JSON values as
+    ``ResultOut.model_validate(...).model_dump_json()`` (a test compares the two over
+    many results); a non-finite number takes that path, which writes it as ``null``.
+    """
+    down, flat, up, conf = float(result.down), float(result.flat), float(result.up), float(result.confidence)
+    pred = up - down
+    if not (math.isfinite(pred) and math.isfinite(flat) and math.isfinite(conf)):
+        return ResultOut.model_validate(result.as_json_object(request_id)).model_dump_json().encode()
+    return (f'{{"market_id":{_json_str(result.market_id)},"prediction":{pred!r},'
+            f'"probabilities":{{"down":{down!r},"flat":{flat!r},"up":{up!r}}},"confidence":{conf!r},'
+            f'"spike_count":{int(result.spike_count)},"processing_time_ns":{int(result.processing_time_ns)},'
+            f'"warming_up":{"true" if result.warming_up else "false"},"model_version":{_json_str(result.model_version)},'
+            f'"request_id":{_json_str(request_id)}}}').encode()
 
 
 def batch_json(results: Iterable[TickResult], request_id: str) -> bytes:

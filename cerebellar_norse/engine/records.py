@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True, slots=True)
-class TickResult:
+class TickResult(NamedTuple):
     """The network's answer to one tick.
 
     Probabilities are over the horizon's classes (down, flat, up), after the model's
@@ -25,6 +24,9 @@ class TickResult:
     spikes of all populations during the tick; ``processing_time_ns`` the backend
     step's time (ns) divided evenly among the ticks of its batch; ``warming_up`` True
     until the market has seen ``neural.warmup_ticks`` ticks.
+
+    Immutable; a named tuple because one is built per tick on the hot path, where a
+    frozen dataclass costs four times as much.
     """
 
     market_id: str

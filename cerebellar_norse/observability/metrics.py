@@ -150,7 +150,22 @@ class ServiceMetrics:
         self.training_loss = Gauge("training_loss", "Latest training loss (cross-entropy) of the running or last job.", registry=r)
         self.stream_connections = Gauge("cerebellar_norse_stream_connections", "Open /neural/stream websockets.", registry=r)
         self._sources: list[Callable[[], Iterable[Metric]]] = []
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         r.register(_CallbackCollector(self))
+
+    def count_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """One answered HTTP request: counted by route, method and status, its latency (s) by route.
+
+        The labelled children are looked up once per (route, method, status): prometheus_client's
+        ``labels()`` costs several µs per call, a large share of a tick's request.
+        """
+        key = (route, method, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (self.requests.labels(route, method, str(status)),
+                                                      self.request_seconds.labels(route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def on_batch(self, rec: BatchRecord) -> None:
         """Engine sink: one backend step of ``rec.size`` ticks took ``rec.step_ns``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,16 @@ def test_accept_request_id() -> None:
     assert accept_request_id("abc") == "abc"
     assert HEX32.match(accept_request_id(None))
     assert HEX32.match(accept_request_id("bad id"))
+
+
+def test_fresh_request_ids_differ_within_and_across_processes() -> None:
+    code = "from cerebellar_norse.observability.context import new_request_id as n; print(' '.join(n() for _ in range(1000)))"
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+            for _ in range(2)]
+    here = [accept_request_id(None) for _ in range(1000)]
+    ids = [*runs[0], *runs[1], *here]
+    assert all(HEX32.match(i) for i in ids)
+    assert len(set(ids)) == len(ids) == 3000
 
 
 def test_request_id_on_every_error(tc: TestClient) -> None:

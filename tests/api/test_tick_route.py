@@ -14,14 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from live_helpers import NO_BOOTSTRAP, LiveServer
 
 from cerebellar_norse.api.app import create_app
+from cerebellar_norse.api.schemas import ResultOut
 from cerebellar_norse.api.server import build_service
+from cerebellar_norse.api.tickpath import result_json
 from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_checked_config
+from cerebellar_norse.engine.records import TickResult
 from cerebellar_norse.observability.timelines import STAGES, Timeline, TimelineBook, ascii_timeline
 
 TOKEN = "timeline-token"
@@ -58,6 +62,7 @@ REQUESTS: list[tuple[Any, dict[str, str]]] = [
     (b"[]", {}),
     (_tick("A", 45), {"content-type": "text/plain"}),
     (_tick("A", 46), {"x-market-id": "B/C"}),  # routed by another market's header: 422
+    (_tick('q"u\\o\'te', 1), {}),  # a market id that JSON must escape
     (_tick("A", 47), {"x-market-id": "A"}),
     *[(_tick("D", k, 50.0), {}) for k in range(5)],
 ]
@@ -198,3 +203,26 @@ def test_recordings_carry_each_ticks_request_id(tmp_path: Path) -> None:
     scan = read_recording(path)
     assert [(r.request_id, t.market_id) for r, t in zip(scan.records, scan.ticks, strict=True)] == [
         ("single-0", "R"), ("single-1", "R"), ("single-2", "R"), ("many", "R"), ("many", "S")]
+
+
+def _pydantic_json(r: TickResult, rid: str) -> bytes:
+    return ResultOut.model_validate(r.as_json_object(rid)).model_dump_json().encode()
+
+
+@pytest.mark.parametrize("market", ["BTC-USD", 'q"u\\o', "tab\there", "caf\u00e9", "~!@#$%^&*()_+{}|:<>?"])
+def test_result_json_writes_what_the_response_model_writes(market: str) -> None:
+    rng = np.random.default_rng(7)
+    for k in range(300):
+        p = rng.dirichlet(np.ones(3)) ** float(rng.choice([1.0, 30.0]))  # includes tiny numbers (exponent notation)
+        r = TickResult(market, np.float64(p[0]), float(p[1]), float(p[2]), float(rng.random()), np.int64(k * 37),
+                       int(rng.integers(0, 10**12)), bool(k % 2), model_version=f"v{k}\"x")
+        fast, slow = result_json(r, f"rid-{k}"), _pydantic_json(r, f"rid-{k}")
+        assert json.loads(fast) == json.loads(slow), (fast, slow)
+        assert list(json.loads(fast)) == list(json.loads(slow))  # same field order
+
+
+def test_result_json_writes_non_finite_numbers_as_the_response_model_does() -> None:
+    for bad in (float("nan"), float("inf")):
+        r = TickResult("M", bad, 0.5, 0.5, bad, 1, 2, False, "v")
+        assert result_json(r, "x") == _pydantic_json(r, "x")
+        assert json.loads(result_json(r, "x"))["prediction"] is None
