@@ -59,6 +59,7 @@ TARGET_RATIO = 1.25
 TARGET_P99_MS = 2.0
 BASE_TS = 1_640_995_200_000
 PROCESS, EMPTY = "/neural/process", "/empty"
+WARM_ROUNDS = 3  # requests per worker before a raw-client measurement
 
 
 # -- servers --------------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ async def raw_concurrent(port: int, path: str, conc: int, total: int, max_s: flo
         return status
 
     try:
-        for _ in range(3):
+        for _ in range(WARM_ROUNDS):
             await asyncio.gather(*(send(w) for w in range(conc)))
         st = Stats()
         await run_workers(conc, total, max_s, send, st)
@@ -317,6 +318,12 @@ async def raw_concurrent(port: int, path: str, conc: int, total: int, max_s: flo
         for _, writer in conns:
             writer.close()
     return st.summary()
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system, s) a process has used so far, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_async(coro: Any) -> Any:
@@ -348,13 +355,21 @@ def verdict(ok: bool) -> str:
 
 
 def _concurrency_table(title: str, per_level: dict[Any, Any], ratios: dict[Any, Any], client: str) -> list[str]:
-    """Markdown lines of one concurrency table and its throughput ratios."""
-    lines = [title, "", "| endpoint | concurrency | requests | errors | req/s | p50 µs | p99 µs |", "|---|---:|---:|---:|---:|---:|---:|"]
+    """Markdown lines of one concurrency table and its throughput ratios (with server CPU per request where measured)."""
+    cpu = all("server_cpu_us_per_request" in s for per in per_level.values() for s in per.values())
+    head = "| endpoint | concurrency | requests | errors | req/s | p50 µs | p99 µs |" + (" server CPU µs/request |" if cpu else "")
+    lines = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if cpu else "")]
     for c, per in per_level.items():
         for name in (PROCESS, EMPTY):
             s = per[name]
-            lines.append(f"| `{name}` | {c} | {s['requests']} | {s['errors']} | {s['throughput_rps']} | {s['p50_us']} | {s['p99_us']} |")
+            lines.append(f"| `{name}` | {c} | {s['requests']} | {s['errors']} | {s['throughput_rps']} | {s['p50_us']} | {s['p99_us']} |"
+                         + (f" {s['server_cpu_us_per_request']} |" if cpu else ""))
     lines += ["", f"Throughput ratio `/neural/process` ÷ empty ({client}): " + ", ".join(f"c={c}: {ratios[c]}" for c in per_level)]
+    if cpu:
+        lines += ["", "Server CPU per request, empty ÷ `/neural/process` (requests per CPU-second the service serves, relative "
+                  "to the empty endpoint; what throughput becomes once the server, not the client, is the limit): "
+                  + ", ".join(f"c={c}: {per[EMPTY]['server_cpu_us_per_request'] / per[PROCESS]['server_cpu_us_per_request']:.3f}"
+                              for c, per in per_level.items())]
     return lines
 
 
@@ -438,7 +453,10 @@ def main(argv: list[str] | None = None) -> int:
                 raw: dict[str, Any] = {}
                 for path, srv in servers.items():
                     per[path] = run_async(httpx_concurrent(srv.url, path, c, args.requests, args.max_seconds, ticks))
+                    cpu0 = process_cpu_s(srv.proc.pid)
                     raw[path] = run_async(raw_concurrent(srv.port, path, c, args.requests, args.max_seconds, ticks))
+                    served = raw[path]["requests"] + WARM_ROUNDS * c
+                    raw[path]["server_cpu_us_per_request"] = round(1e6 * (process_cpu_s(srv.proc.pid) - cpu0) / served, 1)
                 res["concurrency"][c] = per
                 res["concurrency_raw"][c] = raw
             metrics = httpx.get(f"{service.url}/metrics", timeout=5).text

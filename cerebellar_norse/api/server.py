@@ -171,6 +171,7 @@ def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] 
         lifespan="on",
         log_config=None,
         access_log=False,
+        proxy_headers=False,  # nothing reads the client address; the rewrite cost µs per request
         timeout_keep_alive=max(1, round(cfg.server.keep_alive_timeout)),
         timeout_graceful_shutdown=int(cfg.server.connection_timeout),
     )
