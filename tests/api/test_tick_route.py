@@ -20,9 +20,9 @@ from fastapi.testclient import TestClient
 from live_helpers import NO_BOOTSTRAP, LiveServer
 
 from cerebellar_norse.api.app import create_app
-from cerebellar_norse.api.schemas import ResultOut
+from cerebellar_norse.api.schemas import BatchOut, ResultOut
 from cerebellar_norse.api.server import build_service
-from cerebellar_norse.api.tickpath import result_json
+from cerebellar_norse.api.tickpath import batch_json, result_json
 from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_checked_config
 from cerebellar_norse.engine.records import TickResult
@@ -226,3 +226,12 @@ def test_result_json_writes_non_finite_numbers_as_the_response_model_does() -> N
         r = TickResult("M", bad, 0.5, 0.5, bad, 1, 2, False, "v")
         assert result_json(r, "x") == _pydantic_json(r, "x")
         assert json.loads(result_json(r, "x"))["prediction"] is None
+
+
+def test_batch_json_writes_what_the_batch_model_writes() -> None:
+    results = [TickResult(m, 0.2, 0.3, 0.5, 0.1, k, 7 * k, k == 0, "v1") for k, m in enumerate(["A", 'q"x', "B/C"])]
+    results.append(TickResult("N", float("nan"), 0.5, 0.5, 0.0, 1, 2, False, "v1"))  # non-finite: written as null
+    for rows in (results, []):
+        slow = BatchOut.model_validate({"results": [r.as_json_object("rid-1") for r in rows],
+                                        "request_id": "rid-1"}).model_dump_json()
+        assert json.loads(batch_json(rows, "rid-1")) == json.loads(slow)
