@@ -415,6 +415,66 @@ def test_hot_path_is_counted_under_its_route(client: httpx.Client) -> None:
                if s.labels["route"] == "/neural/process") >= 3
 
 
+def _read_responses(sock: socket.socket, count: int, data: bytes = b"", limit_s: float = 10.0) -> list[tuple[int, dict[str, str], bytes]]:
+    """``count`` responses read off one connection (``data``: bytes of it already read), each cut by its Content-Length."""
+    sock.settimeout(limit_s)
+    out = []
+    while len(out) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            status, headers, _ = parse_response(data[:head_end + 4])
+            end = head_end + 4 + int(headers.get("content-length", "0"))
+            if len(data) >= end:
+                out.append((status, headers, data[head_end + 4:end]))
+                data = data[end:]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {len(out)} of {count} responses"
+        data += chunk
+    return out
+
+
+def test_pipelined_requests_are_answered_whole_and_in_order(srv: LiveServer) -> None:
+    """Requests written back to back on one connection get one whole answer each, in request order
+    (each answer's head and body leave together; none may be held back or interleaved)."""
+    m = market("PIPE")
+    ts = now_ms()
+    bodies = [json.dumps(live_tick(m, ts + k, 100.0 + k)).encode() for k in range(3)]
+    raw = b""
+    for k, body in enumerate(bodies):
+        raw += (b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"X-Request-ID: pipe-%d\r\nContent-Length: %d\r\n\r\n" % (k, len(body))) + body
+        raw += b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-ID: pipe-health-%d\r\n\r\n" % k
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(raw)
+        answers = _read_responses(s, 6)
+    for k in range(3):
+        (st_tick, h_tick, b_tick), (st_health, h_health, b_health) = answers[2 * k], answers[2 * k + 1]
+        assert st_tick == 200 and h_tick["x-request-id"] == f"pipe-{k}"
+        got = json.loads(b_tick)
+        assert got["market_id"] == m and got["request_id"] == f"pipe-{k}"
+        assert st_health == 200 and h_health["x-request-id"] == f"pipe-health-{k}"
+        assert "status" in json.loads(b_health)
+
+
+def test_expect_100_continue_gets_its_interim_answer_before_the_body(srv: LiveServer) -> None:
+    body = json.dumps(live_tick(market("EXP"), now_ms())).encode()
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        s.settimeout(10)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = s.recv(4096)
+            assert chunk, "closed before the interim answer"
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        rest = interim.partition(b"\r\n\r\n")[2]
+        s.sendall(body)
+        (status, headers, answer), = _read_responses(s, 1, rest)
+    assert status == 200 and json.loads(answer)["request_id"] == headers["x-request-id"]
+
+
 # -- log volume ------------------------------------------------------------------------------------
 
 
