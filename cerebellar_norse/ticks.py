@@ -56,7 +56,8 @@ def check_market_id(value: Any, field: str = "market_id") -> str:
         raise InputError(f"must be a string, got {type(value).__name__}", field)
     if not 1 <= len(value) <= MARKET_ID_MAX:
         raise InputError(f"must be 1 to {MARKET_ID_MAX} characters, got {len(value)}", field)
-    if not all(" " <= ch <= "~" for ch in value) or value != value.strip():
+    # ASCII and printable: exactly " " .. "~" (ASCII's control characters and DEL are not printable)
+    if not (value.isascii() and value.isprintable()) or value[0] == " " or value[-1] == " ":
         raise InputError("must be printable ASCII without leading or trailing spaces", field)
     return value
 

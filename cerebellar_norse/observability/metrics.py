@@ -35,13 +35,14 @@ edge.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -74,11 +75,15 @@ POPULATIONS = ("granule", "purkinje", "dcn")
 
 
 class TickHistogram:
-    """A histogram whose observations come in groups of equal values (a batch)."""
+    """A histogram whose observations come in groups of equal values (a batch), in plain counters.
+
+    Updated from the event loop only; read at scrape time (a scrape on another thread may
+    see one observation's bucket before its sum, never a torn count).
+    """
 
     def __init__(self, buckets: Iterable[float]) -> None:
         self.bounds = list(buckets)
-        self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)
+        self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
 
     def observe_many(self, value: float, n: int) -> None:
@@ -86,12 +91,52 @@ class TickHistogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += n
         self.sum += value * n
 
-    def family(self, name: str, doc: str) -> HistogramMetricFamily:
-        """Cumulative buckets as a Prometheus histogram family."""
-        cum = np.cumsum(self.counts)
+    def cumulative(self) -> list[tuple[str, float]]:
+        """The cumulative ``(le, count)`` buckets, ``+Inf`` last."""
+        cum = list(itertools.accumulate(self.counts))
         buckets = [(_fmt(b), float(c)) for b, c in zip(self.bounds, cum[:-1], strict=True)]
         buckets.append(("+Inf", float(cum[-1])))
-        return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=self.sum)
+        return buckets
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        """Cumulative buckets as a Prometheus histogram family."""
+        return HistogramMetricFamily(name, doc, buckets=self.cumulative(), sum_value=self.sum)
+
+
+class RequestCounts:
+    """Answered HTTP requests by (route, method, status), and their latency (s) by route, in plain counters.
+
+    prometheus_client's ``Counter`` and ``Histogram`` take a lock per update and the
+    histogram scans its edges one by one: several µs of every tick's request. These are
+    updated from the event loop only and turned into metric families at scrape time.
+    """
+
+    def __init__(self, buckets: Iterable[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts: dict[tuple[str, str, int], int] = {}
+        self.latency: dict[str, TickHistogram] = {}
+
+    def add(self, route: str, method: str, status: int, seconds: float) -> None:
+        """One answered request."""
+        key = (route, method, status)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        hist = self.latency.get(route)
+        if hist is None:
+            hist = self.latency[route] = TickHistogram(self.buckets)
+        hist.observe_many(seconds, 1)
+
+    def families(self) -> Iterable[Metric]:
+        """``cerebellar_norse_http_requests_total`` and ``cerebellar_norse_http_request_duration_seconds``."""
+        total = CounterMetricFamily("cerebellar_norse_http_requests", "HTTP requests by route, method and status.",
+                                    labels=["route", "method", "status"])
+        for (route, method, status), n in list(self.counts.items()):
+            total.add_metric([route, method, str(status)], float(n))
+        yield total
+        latency = HistogramMetricFamily("cerebellar_norse_http_request_duration_seconds",
+                                        "HTTP request latency (handling time) by route.", labels=["route"])
+        for route, hist in list(self.latency.items()):
+            latency.add_metric([route], hist.cumulative(), hist.sum)
+        yield latency
 
 
 def _fmt(b: float) -> str:
@@ -137,10 +182,7 @@ class ServiceMetrics:
         self.processing = TickHistogram(PROCESSING_BUCKETS)
         self.recent = RecentLatency()
         self.batch_sizes = TickHistogram(BATCH_BUCKETS)
-        self.requests = Counter("cerebellar_norse_http_requests_total", "HTTP requests by route, method and status.",
-                                ["route", "method", "status"], registry=r)
-        self.request_seconds = Histogram("cerebellar_norse_http_request_duration_seconds", "HTTP request latency (handling time) by route.",
-                                         ["route"], buckets=REQUEST_BUCKETS, registry=r)
+        self.requests = RequestCounts(REQUEST_BUCKETS)
         self.errors = Counter("cerebellar_norse_errors_total", "Errors by kind (the error.type of the answer: validation, "
                               "malformed_json, out_of_order, future_timestamp, capacity, unauthorized, request_timeout, ...).",
                               ["kind"], registry=r)
@@ -150,22 +192,11 @@ class ServiceMetrics:
         self.training_loss = Gauge("training_loss", "Latest training loss (cross-entropy) of the running or last job.", registry=r)
         self.stream_connections = Gauge("cerebellar_norse_stream_connections", "Open /neural/stream websockets.", registry=r)
         self._sources: list[Callable[[], Iterable[Metric]]] = []
-        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         r.register(_CallbackCollector(self))
 
     def count_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        """One answered HTTP request: counted by route, method and status, its latency (s) by route.
-
-        The labelled children are looked up once per (route, method, status): prometheus_client's
-        ``labels()`` costs several µs per call, a large share of a tick's request.
-        """
-        key = (route, method, status)
-        children = self._request_children.get(key)
-        if children is None:
-            children = self._request_children[key] = (self.requests.labels(route, method, str(status)),
-                                                      self.request_seconds.labels(route))
-        children[0].inc()
-        children[1].observe(seconds)
+        """One answered HTTP request: counted by route, method and status, its latency (s) by route."""
+        self.requests.add(route, method, status, seconds)
 
     def on_batch(self, rec: BatchRecord) -> None:
         """Engine sink: one backend step of ``rec.size`` ticks took ``rec.step_ns``."""
@@ -190,6 +221,7 @@ class _CallbackCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         yield self.m.processing.family("processing_duration_seconds", "Neural processing latency per tick (s), batch time amortised over its ticks.")
         yield self.m.batch_sizes.family("cerebellar_norse_batch_size_ticks", "Ticks per engine batch.")
+        yield from self.m.requests.families()
         lat = GaugeMetricFamily("cerebellar_norse_processing_latency_seconds",
                                 "Neural processing latency per tick over the last 4096 batches (s), by quantile.", labels=["quantile"])
         for q, v in self.m.recent.quantiles(LATENCY_QUANTILES).items():

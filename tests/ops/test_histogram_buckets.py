@@ -137,3 +137,37 @@ def test_promql_histogram_quantile_agrees_and_is_within_20_percent(tmp_path: Pat
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     r = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+def test_request_metrics_expose_what_prometheus_client_would() -> None:
+    """The request counters kept in plain counters give the exposition prometheus_client's Counter and Histogram give."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cerebellar_norse.observability.metrics import ServiceMetrics
+
+    rng = np.random.default_rng(3)
+    reference = CollectorRegistry()
+    ref_total = Counter("cerebellar_norse_http_requests_total", "x", ["route", "method", "status"], registry=reference)
+    ref_seconds = Histogram("cerebellar_norse_http_request_duration_seconds", "x", ["route"], buckets=REQUEST_BUCKETS,
+                            registry=reference)
+    ours = ServiceMetrics()
+    calls = [("/neural/process", "POST", 200), ("/neural/process", "POST", 422), ("/health", "GET", 200), ("other", "GET", 404)]
+    # values on the edges themselves included: an edge's own value belongs to its bucket (le is inclusive)
+    values = [*rng.lognormal(math.log(80e-6), 1.2, 3000), *REQUEST_BUCKETS, 0.0, 5.0]
+    for k, v in enumerate(values):
+        route, method, status = calls[k % len(calls)]
+        ours.count_request(route, method, status, float(v))
+        ref_total.labels(route, method, str(status)).inc()
+        ref_seconds.labels(route).observe(float(v))
+
+    def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text.decode())
+                if fam.name.startswith("cerebellar_norse_http_request")
+                for s in fam.samples if not s.name.endswith("_created")}
+
+    got, want = samples(ours.render()), samples(generate_latest(reference))
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-12), key
