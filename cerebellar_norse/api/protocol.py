@@ -10,8 +10,6 @@ adds two deadlines:
 * once a request's first byte arrives, its headers and body must be complete within
   ``server.request_timeout``; otherwise it is answered ``408`` with the JSON error
   shape (``request_timeout``, with ``X-Request-ID``) and the connection is closed.
-
-It also sends each response's head and body in one write (:class:`CoalescingWriter`).
 """
 
 from __future__ import annotations
@@ -38,65 +36,6 @@ def timeout_response(request_id: str, timeout_s: float) -> tuple[list[tuple[byte
     return headers, body
 
 
-class CoalescingWriter:
-    """The transport as uvicorn's response cycles see it: a response's head goes out with its body.
-
-    uvicorn writes the head at ``http.response.start`` and the body at the first
-    ``http.response.body``: two ``send(2)`` calls and, with ``TCP_NODELAY``, two segments
-    that can wake the client twice. Here a write finding nothing held is held until the
-    next write (sent with it, as one) or the loop's next pass, whichever comes first, so a
-    head is never held back longer than one pass (a 100 Continue, a streamed chunk or a
-    ``HEAD`` answer still leaves at once). Everything else is the transport's.
-    """
-
-    __slots__ = ("_handle", "_held", "_loop", "transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self.transport = transport
-        self._loop = loop
-        self._held: bytes | None = None
-        self._handle: asyncio.Handle | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._held is None:
-            if data:
-                self._held = bytes(data)
-                self._handle = self._loop.call_soon(self.flush)
-            return
-        held, self._held = self._held, None
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        self.transport.write(b"".join((held, data)))
-
-    def flush(self) -> None:
-        """Send what is held now."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if self._held is not None:
-            held, self._held = self._held, None
-            if not self.transport.is_closing():
-                self.transport.write(held)
-
-    def discard(self) -> None:
-        """Drop what is held (the connection is gone)."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        self._held = None
-
-    def close(self) -> None:
-        self.flush()
-        self.transport.close()
-
-    def is_closing(self) -> bool:
-        return self.transport.is_closing()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
-
-
 def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None) -> type[HttpToolsProtocol]:
     """The protocol class for ``uvicorn.Config(http=...)``; ``on_timeout(phase)`` is called per cut-off request
     (``phase`` is ``"headers"`` or ``"body"``)."""
@@ -105,32 +44,18 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._deadline: asyncio.TimerHandle | None = None
-            self._writer: CoalescingWriter | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._writer = CoalescingWriter(transport, self.loop)
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            if self._writer is not None:
-                self._writer.discard()
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._arm()
-
-        def on_headers_complete(self) -> None:
-            super().on_headers_complete()
-            if self.cycle is not None and self._writer is not None:
-                self.cycle.transport = self._writer  # type: ignore[assignment]
-
-        def on_response_complete(self) -> None:
-            if self._writer is not None:
-                self._writer.flush()
-            super().on_response_complete()
 
         def on_message_complete(self) -> None:
             super().on_message_complete()

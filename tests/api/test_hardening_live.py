@@ -435,8 +435,7 @@ def _read_responses(sock: socket.socket, count: int, data: bytes = b"", limit_s:
 
 
 def test_pipelined_requests_are_answered_whole_and_in_order(srv: LiveServer) -> None:
-    """Requests written back to back on one connection get one whole answer each, in request order
-    (each answer's head and body leave together; none may be held back or interleaved)."""
+    """Requests written back to back on one connection get one whole answer each, in request order."""
     m = market("PIPE")
     ts = now_ms()
     bodies = [json.dumps(live_tick(m, ts + k, 100.0 + k)).encode() for k in range(3)]
