@@ -186,6 +186,7 @@ def softmax_row(row):
 # the fewest ticks for which that beats one tick at a time.
 LANES = 8
 LANES_MIN = 4
+assert LANES == 8, "_granule_input_lanes writes its eight lanes out one by one"
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -211,6 +212,11 @@ def _granule_input_lanes(mossy_blk, mossy_t, mg_w, mg_idx, out):
     the LANES sums of a cell run in one vector with no gathers; every sum keeps the
     order of :func:`_granule_input`. Rows of ``mossy_blk`` past the batch hold stale
     (finite) currents whose columns nobody reads.
+
+    The lanes are written out one by one, every load before any store: ``out`` and
+    ``mossy_t`` are slices of one scratch buffer, so a loop over the lanes would be kept
+    scalar for fear that a store changes a later load; written this way the compiler
+    packs them into one vector multiply and add (same operations, same rounding).
     """
     D, G = mg_w.shape
     M = mossy_blk.shape[1]
@@ -219,15 +225,20 @@ def _granule_input_lanes(mossy_blk, mossy_t, mg_w, mg_idx, out):
             mossy_t[m, q] = mossy_blk[q, m]
     for g in range(G):
         w = mg_w[0, g]
-        row = mossy_t[mg_idx[0, g]]
-        for q in range(LANES):
-            out[g, q] = w * row[q]
+        r = mossy_t[mg_idx[0, g]]
+        r0, r1, r2, r3, r4, r5, r6, r7 = r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]
+        o = out[g]
+        o[0], o[1], o[2], o[3] = w * r0, w * r1, w * r2, w * r3
+        o[4], o[5], o[6], o[7] = w * r4, w * r5, w * r6, w * r7
     for d in range(1, D):
         for g in range(G):
             w = mg_w[d, g]
-            row = mossy_t[mg_idx[d, g]]
-            for q in range(LANES):
-                out[g, q] += w * row[q]
+            r = mossy_t[mg_idx[d, g]]
+            o = out[g]
+            r0, r1, r2, r3, r4, r5, r6, r7 = r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]
+            o0, o1, o2, o3, o4, o5, o6, o7 = o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]
+            o[0], o[1], o[2], o[3] = o0 + w * r0, o1 + w * r1, o2 + w * r2, o3 + w * r3
+            o[4], o[5], o[6], o[7] = o4 + w * r4, o5 + w * r5, o6 + w * r6, o7 + w * r7
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
@@ -339,7 +350,10 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     W = flag_words(G)
     words = work_i[0:2 * W].view(np.uint64)  # granule spike flags, one byte per cell, 8 cells a word
     gr_flag = words.view(np.uint8)
-    o = 2 * W
+    WP = flag_words(P)
+    pc_words = work_i[2 * W:2 * W + 2 * WP].view(np.uint64)  # the same for the Purkinje cells
+    pc_flag = pc_words.view(np.uint8)
+    o = 2 * W + 2 * WP
     gr_spk = work_i[o:o + G]
     pc_spk = work_i[o + G:o + G + P]
     dcn_spk = work_i[o + G + P:o + G + P + N]
@@ -380,8 +394,10 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
             for n in range(N):
                 drive[n] = zero
             for m in range(M):
+                x = mossy[m]  # a local: a load the compiler cannot move past stores into drive
+                w_row = w_md_t[m]
                 for n in range(N):
-                    drive[n] += w_md_t[m, n] * mossy[m]
+                    drive[n] += w_row[n] * x
             for n in range(N):
                 drive[n] += dcn_bias[n]
             g_inh = golgi[s]
@@ -425,20 +441,41 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                 for p in range(P):
                     pc_acc[p] = zero
                 if dense:
-                    for k in range(cnt):
+                    # Four spikes' rows per pass over pc_acc (added in spike order, as one at a time would):
+                    # a quarter of the per-row loop overhead and of pc_acc's loads and stores.
+                    k = 0
+                    while k + 4 <= cnt:
+                        r0, r1 = pf_rows[gr_spk[k]], pf_rows[gr_spk[k + 1]]
+                        r2, r3 = pf_rows[gr_spk[k + 2]], pf_rows[gr_spk[k + 3]]
+                        for p in range(P):
+                            pc_acc[p] = (((pc_acc[p] + r0[p]) + r1[p]) + r2[p]) + r3[p]
+                        k += 4
+                    while k < cnt:
                         row = pf_rows[gr_spk[k]]
                         for p in range(P):
                             pc_acc[p] += row[p]
+                        k += 1
                 else:
                     for k in range(cnt):
                         g = gr_spk[k]
                         for e in range(pf_ptr[g], pf_ptr[g + 1]):
                             pc_acc[pf_post[e]] += pf_w[e]
-                pcnt = 0
+                # Branch-free like the granule cells (same operations as _lif_cell), then listed ascending.
                 for p in range(P):
-                    if _lif_cell(vp, ip, p, pc_acc[p] + pc_bias[p], c_pc, n_pc, l_pc, t_pc, r_pc):
-                        pc_spk[pcnt] = p
+                    i_new = ip[p] + (pc_acc[p] + pc_bias[p])
+                    v = vp[p]
+                    v_dec = v + c_pc * ((l_pc - v) + i_new)
+                    ip[p] = i_new + n_pc * i_new
+                    fired = v_dec > t_pc
+                    pc_flag[p] = fired
+                    vp[p] = r_pc if fired else v_dec
+                pcnt = 0
+                for k in range(WP):
+                    w = pc_words[k]
+                    while w != 0:
+                        pc_spk[pcnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
                         pcnt += 1
+                        w &= w - one
 
                 # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked,
                 # one weight row per spike (the N sums side by side, each in spike order).
@@ -486,9 +523,9 @@ def flag_words(granule):
 
 
 def work_i_size(shape: NetworkShape) -> int:
-    """Int32 entries of one thread's ``work_i`` row: the flag words, then the spike lists of the granule,
-    Purkinje and DCN cells, padded to an even count so every row starts 8-byte aligned."""
-    n = 2 * flag_words(shape.granule) + shape.granule + shape.purkinje + shape.dcn
+    """Int32 entries of one thread's ``work_i`` row: the granule and Purkinje flag words, then the spike lists of
+    the granule, Purkinje and DCN cells, padded to an even count so every row starts 8-byte aligned."""
+    n = 2 * flag_words(shape.granule) + 2 * flag_words(shape.purkinje) + shape.granule + shape.purkinje + shape.dcn
     return n + n % 2
 
 
@@ -499,7 +536,7 @@ class FusedWorkspace:
     ``work_f`` (network float type): mossy currents of LANES ticks and their transpose,
     their granule inputs, one tick's granule input, Purkinje input, DCN drive and
     inhibition, readout input, two temporaries. ``work_i`` (int32, :func:`work_i_size`): the
-    granule spike flags as bytes in 64-bit words, then the spike lists. ``work_z``
+    granule and Purkinje spike flags as bytes in 64-bit words, then the spike lists. ``work_z``
     (float64): the encoder's three features.
     """
 
