@@ -16,21 +16,31 @@ other work on a shared host holds the core):
 * ``engine``: parsing with the route's model and ``Engine.submit`` alone (queue, batch,
   backend step, results, journal, live scoring, sinks).
 
+Request bodies are made before the timed part. With ``--instructions``, each scenario
+runs once under valgrind's callgrind instead, and the instructions executed per request
+are reported: they do not move with the host's load (cache misses are not in them), so
+two revisions compare exactly (run the script with ``PYTHONPATH`` set to the other
+checkout). Needs valgrind and a C compiler, and takes minutes per scenario.
+
     .venv/bin/python benchmarks/hot_route_cpu.py [--requests 8000] [--rounds 3] [--concurrency 8]
+    .venv/bin/python benchmarks/hot_route_cpu.py --instructions route,context,engine --requests 800
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import uvloop
+from kernel_instructions import callgrind_count, helper_library
 
 from cerebellar_norse.api.app import RequestContextMiddleware
 from cerebellar_norse.api.schemas import TickIn
@@ -89,14 +99,25 @@ async def _answer_at_once(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-async def _cpu_per_request(one: Callable[[int], Awaitable[None]], requests: int, workers: int) -> float:
-    async def worker(w: int) -> None:
-        for _ in range(requests // workers):
-            await one(w)
+async def _cpu_per_request(one: Callable[[bytes], Awaitable[None]], bodies: Bodies, requests: int, workers: int,
+                           cg: Any = None) -> float:
+    """CPU µs per request of ``requests`` calls of ``one`` by ``workers`` workers; with ``cg`` (the callgrind
+    helper), instructions are collected during the calls only."""
+    per_worker = requests // workers
+    todo = [[bodies.next(w) for _ in range(per_worker)] for w in range(workers)]
 
+    async def worker(w: int) -> None:
+        for body in todo[w]:
+            await one(body)
+
+    if cg is not None:
+        cg.cg_toggle()
     t0 = time.process_time()
     await asyncio.gather(*(worker(w) for w in range(workers)))
-    return 1e6 * (time.process_time() - t0) / (requests // workers * workers)
+    t1 = time.process_time()
+    if cg is not None:
+        cg.cg_toggle()
+    return 1e6 * (t1 - t0) / (per_worker * workers)
 
 
 async def _run(args: argparse.Namespace) -> dict[str, list[float]]:
@@ -116,24 +137,47 @@ async def _run(args: argparse.Namespace) -> dict[str, list[float]]:
             raise SystemExit(f"service did not start: {started}")
         bodies = Bodies()
 
-        async def route(w: int) -> None:
-            await _call(app, bodies.next(w))
+        async def route(body: bytes) -> None:
+            await _call(app, body)
 
-        async def context(w: int) -> None:
-            await _call(context_only, bodies.next(w))
+        async def context(body: bytes) -> None:
+            await _call(context_only, body)
 
-        async def engine(w: int) -> None:
-            await state.engine.submit(TickIn.model_validate_json(bodies.next(w)).to_tick())
+        async def engine(body: bytes) -> None:
+            await state.engine.submit(TickIn.model_validate_json(body).to_tick())
 
         scenarios = {"route": route, "context": context, "engine": engine}
-        await _cpu_per_request(route, args.requests // 4, args.concurrency)  # warm: markets, caches, lazy imports
+        await _cpu_per_request(route, bodies, args.requests // 4, args.concurrency)  # warm: markets, caches, lazy imports
         out: dict[str, list[float]] = {name: [] for name in scenarios}
-        for _ in range(args.rounds):
-            for name, fn in scenarios.items():
-                out[name].append(await _cpu_per_request(fn, args.requests, args.concurrency))
+        if args.callgrind_inner:
+            cg = ctypes.CDLL(args.callgrind_inner[0])
+            cg.cg_start()
+            name = args.callgrind_inner[1]
+            out[name].append(await _cpu_per_request(scenarios[name], bodies, args.requests, args.concurrency, cg))
+        else:
+            for _ in range(args.rounds):
+                for name, fn in scenarios.items():
+                    out[name].append(await _cpu_per_request(fn, bodies, args.requests, args.concurrency))
         await inbox.put({"type": "lifespan.shutdown"})
         await life
         return out
+
+
+def instructions(args: argparse.Namespace) -> int:
+    """Instructions per request of each scenario of ``args.instructions``, one callgrind run each."""
+    names = args.instructions.split(",")
+    unknown = set(names) - {"route", "context", "engine"}
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {sorted(unknown)}: choose from route, context, engine")
+    counted = args.requests // args.concurrency * args.concurrency
+    print(f"Instructions per request (callgrind), {args.concurrency} workers, {counted} requests per scenario")
+    with tempfile.TemporaryDirectory(prefix="cn-route-icount-") as tmp:
+        lib = helper_library(Path(tmp))
+        for name in names:
+            argv = [__file__, "--callgrind-inner", str(lib), name, "--requests", str(args.requests),
+                    "--concurrency", str(args.concurrency)]
+            print(f"{name:<8} {callgrind_count(argv, Path(tmp) / f'out.{name}') / counted:12,.0f}", flush=True)
+    return 0
 
 
 def main() -> int:
@@ -141,8 +185,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=8000, help="requests per scenario and round (default 8000)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, scenarios interleaved (default 3)")
     ap.add_argument("--concurrency", type=int, default=8, help="workers, one market each (default 8)")
+    ap.add_argument("--instructions", metavar="SCENARIOS",
+                    help="count instructions per request of these scenarios (comma-separated) under callgrind")
+    ap.add_argument("--callgrind-inner", nargs=2, metavar=("HELPER", "SCENARIO"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.instructions:
+        return instructions(args)
     res = uvloop.run(_run(args))
+    if args.callgrind_inner:
+        return 0
     print(f"CPU µs per request, {args.concurrency} workers, median of {args.rounds} rounds (each round's figures in brackets)")
     for name, xs in res.items():
         print(f"{name:<8} {statistics.median(xs):8.1f}   [{', '.join(f'{x:.1f}' for x in xs)}]")

@@ -72,27 +72,39 @@ def main() -> int:
     if args.inner:
         _measure(args.inner[0], int(args.inner[1]), int(args.inner[2]))
         return 0
-    for tool in ("valgrind", "cc"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} not found (apt-get install valgrind gcc)")
     batches = [int(b) for b in args.batches.split(",")]
     calls = [int(c) for c in args.calls.split(",")]
     if len(calls) != len(batches):
         raise SystemExit("--calls needs one count per batch size")
     with tempfile.TemporaryDirectory(prefix="cn-icount-") as tmp:
-        src, lib = Path(tmp) / "cg.c", Path(tmp) / "libcg.so"
-        src.write_text(HELPER_C)
-        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+        lib = helper_library(Path(tmp))
         print(f"{'batch':>6} {'calls':>6} {'instructions/tick':>18}")
         for b, n in zip(batches, calls, strict=True):
-            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
-                   f"--callgrind-out-file={tmp}/out.{b}", sys.executable, __file__, "--inner", str(lib), str(b), str(n)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
-            m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
-            if proc.returncode != 0 or m is None:
-                raise SystemExit(f"callgrind run failed ({proc.returncode}): {proc.stderr[-2000:]}")
-            print(f"{b:>6} {n:>6} {int(m.group(1)) / (b * n):>18,.0f}")
+            collected = callgrind_count([__file__, "--inner", str(lib), str(b), str(n)], Path(tmp) / f"out.{b}")
+            print(f"{b:>6} {n:>6} {collected / (b * n):>18,.0f}")
     return 0
+
+
+def helper_library(tmp: Path) -> Path:
+    """Compile the callgrind client-request helper (``cg_start``, ``cg_toggle``) into ``tmp``; returns the .so."""
+    for tool in ("valgrind", "cc"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} not found (apt-get install valgrind gcc)")
+    src, lib = tmp / "cg.c", tmp / "libcg.so"
+    src.write_text(HELPER_C)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+def callgrind_count(argv: list[str], out_file: Path) -> int:
+    """Run ``python argv…`` under callgrind with instrumentation off until the script turns it on; the instructions collected."""
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
+           f"--callgrind-out-file={out_file}", sys.executable, *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
+    m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
+    if proc.returncode != 0 or m is None:
+        raise SystemExit(f"callgrind run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return int(m.group(1))
 
 
 if __name__ == "__main__":
