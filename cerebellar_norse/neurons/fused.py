@@ -154,8 +154,8 @@ def _lif_cell(v_arr, i_arr, k, inp, c_mem, nc_syn, v_leak, v_th, v_reset):
     """One Norse LIF feed-forward step of cell ``k`` in place; True when it spiked.
 
     ``i += inp; v += c_mem * ((v_leak - v) + i); i += nc_syn * i; spike and reset at v > v_th``
-    with ``c_mem = dt * tau_mem_inv`` and ``nc_syn = -dt * tau_syn_inv`` (the granule layer
-    inlines the same update in a branch-free loop).
+    with ``c_mem = dt * tau_mem_inv`` and ``nc_syn = -dt * tau_syn_inv`` (the granule and
+    Purkinje layers inline the same update in branch-free loops).
     """
     i_new = i_arr[k] + inp
     v = v_arr[k]
@@ -166,6 +166,24 @@ def _lif_cell(v_arr, i_arr, k, inp, c_mem, nc_syn, v_leak, v_th, v_reset):
         return True
     v_arr[k] = v_dec
     return False
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _list_flagged(words, out):
+    """Write the indices of the cells flagged in ``words`` (one flag byte per cell, 0 or 1, eight cells a
+    64-bit word; bytes past the last cell 0) to ``out`` in ascending order; returns how many.
+
+    One test per eight cells, then one pass per spike (a set byte's lowest bit).
+    """
+    one = np.uint64(1)
+    cnt = 0
+    for k in range(words.shape[0]):
+        w = words[k]
+        while w != 0:
+            out[cnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
+            cnt += 1
+            w &= w - one
+    return cnt
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -357,7 +375,6 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     gr_spk = work_i[o:o + G]
     pc_spk = work_i[o + G:o + G + P]
     dcn_spk = work_i[o + G + P:o + G + P + N]
-    one = np.uint64(1)
 
     zero = coef[C_N_GRANULE] - coef[C_N_GRANULE]
     c_gr, n_gr, l_gr = coef[C_GR + C_MEM], coef[C_GR + C_SYN], coef[C_GR + C_LEAK]
@@ -421,15 +438,7 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                     fired = v_dec > t_gr
                     gr_flag[g] = fired
                     vg[g] = r_gr if fired else v_dec
-                # Compaction, ascending: one test per 8 cells, then one pass per spike (a set byte's
-                # lowest bit); the flag bytes past G stay 0.
-                cnt = 0
-                for k in range(W):
-                    w = words[k]
-                    while w != 0:
-                        gr_spk[cnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
-                        cnt += 1
-                        w &= w - one
+                cnt = _list_flagged(words, gr_spk)
                 for k in range(cnt):
                     act[gr_spk[k]] = 1
                 # Golgi homeostasis: relu(decay * g + base + rate * (activity - target)).
@@ -469,13 +478,7 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                     fired = v_dec > t_pc
                     pc_flag[p] = fired
                     vp[p] = r_pc if fired else v_dec
-                pcnt = 0
-                for k in range(WP):
-                    w = pc_words[k]
-                    while w != 0:
-                        pc_spk[pcnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
-                        pcnt += 1
-                        w &= w - one
+                pcnt = _list_flagged(pc_words, pc_spk)
 
                 # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked,
                 # one weight row per spike (the N sums side by side, each in spike order).
