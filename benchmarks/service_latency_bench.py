@@ -16,17 +16,26 @@ config, untrained network of the seed):
 * ``batch256``: ``POST /neural/process/batch`` of 256 ticks (one per market), the
   per-tick cost reported by the service.
 
+They run on a service sleeping between requests (``service``, the default) and then on
+one with ``performance.busy_poll_us = --busy-poll-us`` (``service+poll``: the event loop
+polls instead of sleeping after each batch).
+
 Engine scenarios (this process, no HTTP, no I/O: ``Engine.process_now`` of one tick at a
 time over 20 markets), to tell the service's own overhead from the host's:
 
 * ``gap_none``: back to back;
 * ``gap_spin_1ms`` / ``gap_spin_3ms``: the thread spins (no system call, no sleep) for 1 or
-  3 ms between ticks, as a service idles between ticks at a few hundred ticks/s.
+  3 ms between ticks, as a service idles between ticks at a few hundred ticks/s;
+* ``gap_regs_3ms``: 3 ms of a compiled loop that touches no memory at all (registers
+  only), so nothing of this process can evict the kernel's data or code meanwhile;
+* ``gap_sleep_3ms``: the thread sleeps 3 ms (the CPU is idle, as the service's event loop
+  is while it waits for the next request).
 
 If the gaps alone inflate the engine's time as much as the paced service's, the caches are
-being emptied by other work on the host between ticks, not by the service.
+being emptied by other work on the host between ticks, not by the service; if
+``gap_regs_3ms`` does too, not by anything this process does.
 
-    .venv/bin/python benchmarks/service_latency_bench.py [--ticks 3000] [--json out.json]
+    .venv/bin/python benchmarks/service_latency_bench.py [--ticks 3000] [--busy-poll-us 20000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -36,9 +45,11 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numba as nb
 import numpy as np
 from http_bench import RawConnection, start  # benchmarks/ is the script's directory, first on sys.path
 
@@ -51,12 +62,13 @@ STARTUP_S = 90.0
 class Service:
     """A service process on a free port with a temporary state dir, and a keep-alive raw connection to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy_poll_us: int = 0) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="cn-latency-")
         work = Path(self.tmp.name)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
         env.update({"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(work / "state"),
-                    "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false", "CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING"})
+                    "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false", "CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING",
+                    "CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US": str(busy_poll_us)})
         self.server = start("service", ["-m", "cerebellar_norse.cli"], work, env)
         self.server.wait_ready("/health", STARTUP_S)
         self.conn = RawConnection(self.server.port)
@@ -135,6 +147,24 @@ def hot_loop(ticks: int) -> dict[str, float]:
     return {"p50_us": r["p50_us"], "p99_us": r["p99_us"], "n": r["calls"]}
 
 
+@nb.njit(cache=False, nogil=True)
+def _registers_loop(n: int) -> int:
+    """``n`` rounds of a linear congruential step: registers only, no memory access."""
+    x = 1
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+    return x
+
+
+def _calibrate_registers_loop() -> int:
+    """Rounds of :func:`_registers_loop` per ms on this host (compiled first)."""
+    _registers_loop(10)
+    n = 5_000_000
+    t0 = time.perf_counter()
+    _registers_loop(n)
+    return max(1, int(n / ((time.perf_counter() - t0) * 1000)))
+
+
 def engine_gaps(ticks: int) -> dict[str, dict[str, float]]:
     """The engine alone, one tick at a time over 20 markets, back to back and with idle gaps (spinning)."""
     from cerebellar_norse.config import load_checked_config
@@ -150,13 +180,21 @@ def engine_gaps(ticks: int) -> dict[str, dict[str, float]]:
         while time.perf_counter() < end:
             pass
 
+    regs_per_ms = _calibrate_registers_loop()
+
+    def no_gap() -> None:
+        pass
+
+    gaps: list[tuple[str, Callable[[], None], int]] = [
+        ("gap_none", no_gap, ticks), ("gap_spin_1ms", lambda: spin(0.001), ticks // 3),
+        ("gap_spin_3ms", lambda: spin(0.003), ticks // 6), ("gap_regs_3ms", lambda: _registers_loop(3 * regs_per_ms), ticks // 6),
+        ("gap_sleep_3ms", lambda: time.sleep(0.003), ticks // 6)]
     out = {}
-    for label, gap_s, n in (("gap_none", 0.0, ticks), ("gap_spin_1ms", 0.001, ticks // 3), ("gap_spin_3ms", 0.003, ticks // 6)):
+    for label, gap, n in gaps:
         ns = []
         for i in range(n + 50):
             k += 1
-            if gap_s:
-                spin(gap_s)
+            gap()
             t = Tick(100.0 * (1.0 + 0.001 * np.sin(k / 7.0)), 1000.0, 1_700_000_000_000 + 10 * k, f"M{k % MARKETS:02d}")
             r = eng.process_now([t])[0]
             if i >= 50:
@@ -170,29 +208,33 @@ def main() -> int:
     ap.add_argument("--ticks", type=int, default=3000, help="ticks per single-tick scenario (default 3000)")
     ap.add_argument("--rate", type=float, default=300.0, help="ticks/s of the paced scenario (default 300)")
     ap.add_argument("--batches", type=int, default=60, help="batch requests of 256 ticks (default 60)")
+    ap.add_argument("--busy-poll-us", type=int, default=20_000, metavar="US",
+                    help="also run the service scenarios with performance.busy_poll_us = US (default 20000; 0: not)")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
 
     results: dict[str, Any] = {"host": {"cpu": cpu_model(), "cpus": os.cpu_count()}}
     before = hot_loop(args.ticks)
-    svc = Service()
-    try:
-        results["service"] = {"sequential": run_ticks(svc, args.ticks, None), "paced": run_ticks(svc, args.ticks, args.rate),
+    services = [("service", 0)] + ([("service+poll", args.busy_poll_us)] if args.busy_poll_us else [])
+    for where, poll in services:
+        svc = Service(poll)
+        try:
+            results[where] = {"sequential": run_ticks(svc, args.ticks, None), "paced": run_ticks(svc, args.ticks, args.rate),
                               "batch256": run_batches(svc, args.batches)}
-    finally:
-        svc.close()
+        finally:
+            svc.close()
     results["engine"] = engine_gaps(args.ticks)
     after = hot_loop(args.ticks)
     base = (before["p50_us"] + after["p50_us"]) / 2
     results["hot_loop"] = {"before": before, "after": after, "p50_us": base}
     print(f"host: {results['host']['cpu']} ({results['host']['cpus']} cpus)")
     print(f"hot loop (kernel, batch 1, back to back): p50 {base:.2f} µs (before {before['p50_us']:.2f}, after {after['p50_us']:.2f})")
-    print(f"{'where':<8} {'scenario':<13} {'p50 µs':>8} {'p95 µs':>8} {'p99 µs':>8} {'p50/hot':>8} {'p95/hot':>8}")
-    for where in ("service", "engine"):
+    print(f"{'where':<12} {'scenario':<13} {'p50 µs':>8} {'p95 µs':>8} {'p99 µs':>8} {'p50/hot':>8} {'p95/hot':>8}")
+    for where in [w for w, _ in services] + ["engine"]:
         for scen, q in results[where].items():
             q["p50_ratio"] = q["p50_us"] / base
             q["p95_ratio"] = q["p95_us"] / base
-            print(f"{where:<8} {scen:<13} {q['p50_us']:>8.2f} {q['p95_us']:>8.2f} {q['p99_us']:>8.2f} "
+            print(f"{where:<12} {scen:<13} {q['p50_us']:>8.2f} {q['p95_us']:>8.2f} {q['p99_us']:>8.2f} "
                   f"{q['p50_ratio']:>8.2f} {q['p95_ratio']:>8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

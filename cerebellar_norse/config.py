@@ -123,6 +123,10 @@ class PerformanceConfig(_Section):
     batch_size: int = Field(256, ge=1, le=65_536, description="Most ticks stepped as one batch.")
     max_batch_delay_us: int = Field(50, ge=0, le=1_000_000, description="Longest wait to fill a batch (us).")
     queue_size: int = Field(4096, ge=1, le=10_000_000, description="Ticks waiting for the engine before callers get 503.")
+    busy_poll_us: int = Field(0, ge=0, le=10_000_000, description=(
+        "After each batch, keep the event loop polling its sockets instead of sleeping for this long (us): the next "
+        "tick finds the CPU awake and the network's data in cache (lower, steadier latency at a few hundred ticks/s), "
+        "at the cost of one busy core while ticks keep coming; 0 sleeps at once."))
     max_markets: int = Field(1024, ge=1, le=10_000_000, description="Market state slots; least recently used markets are evicted beyond it.")
     cuda_streams: int = Field(1, ge=1, le=64, description="CUDA streams (device cuda).")
     cpu_threads: int = Field(1, ge=1, le=1024, description=(

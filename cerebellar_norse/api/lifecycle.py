@@ -35,6 +35,7 @@ LIVE_KEYS = (
     "logging.level",
     "performance.max_batch_delay_us",
     "performance.queue_size",
+    "performance.busy_poll_us",
     "server.api_token",
     "debug.record_requests",
     "training.auto_activate",
@@ -82,6 +83,7 @@ def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]
     eng.cfg = state.cfg
     eng.delay_s = state.cfg.performance.max_batch_delay_us / 1e6
     eng.queue_size = state.cfg.performance.queue_size
+    eng.busy_poll_s = state.cfg.performance.busy_poll_us / 1e6
     logging.getLogger().setLevel(effective_level(state.cfg.logging))
     return live, restart
 

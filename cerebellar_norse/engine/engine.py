@@ -17,7 +17,10 @@ queued, and stepped in batches by the backend on the event loop's thread:
   batch in order, and the parallel kernel keeps a market on one thread); a batch with
   more markets than the pool has slots is stepped in parts, so that a market evicted
   to make room is never one whose tick is still in the same backend step;
-* a failing batch fails only its own ticks; the engine keeps serving.
+* a failing batch fails only its own ticks; the engine keeps serving;
+* with ``busy_poll_us`` set, the loop keeps polling its sockets instead of sleeping for
+  that long after each batch (:meth:`Engine._poll`), so the next tick finds the CPU
+  awake and its caches warm.
 
 Running the kernel on the loop thread avoids a thread hand-off per tick (tens of µs),
 which for single ticks costs more than the kernel (a few µs).
@@ -120,6 +123,9 @@ class Engine:
         self.batch_size = perf.batch_size
         self.delay_s = perf.max_batch_delay_us / 1e6
         self.queue_size = perf.queue_size
+        self.busy_poll_s = perf.busy_poll_us / 1e6
+        self._poll_until = 0.0
+        self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
         self.learner = self._make_learner()
         self.scorer = LiveScorer.from_config(cfg, self.pool.capacity) if cfg.training.live_evaluation else None
         self.recorder: TickRecorder | None = None
@@ -307,7 +313,25 @@ class Engine:
         self._last_batch_end = time.monotonic()
         if self._last_batch_end - self._last_gc >= 1.0:
             self.collect_idle(self._last_batch_end)
+        if self.busy_poll_s > 0.0 and self._accepting:
+            self._poll_until = self._last_batch_end + self.busy_poll_s
+            if not self.polling:
+                self.polling = True
+                asyncio.get_running_loop().call_soon(self._poll)
 
+    def _poll(self) -> None:
+        """Keep the event loop awake until ``busy_poll_us`` after the last batch (``performance.busy_poll_us``).
+
+        While a callback is ready the loop polls its sockets without blocking, so the
+        thread never sleeps: a CPU left idle between ticks is given to other work or put
+        into a power state that empties its caches, and the next tick's network step
+        then takes several times its back-to-back time (docs/benchmarks.md, "In-service
+        processing time"). Each round is one non-blocking poll of the sockets.
+        """
+        if self._accepting and self.busy_poll_s > 0.0 and time.monotonic() < self._poll_until:
+            asyncio.get_running_loop().call_soon(self._poll)
+        else:
+            self.polling = False
 
     def collect_idle(self, now: float | None = None) -> int:
         """Above ``garbage_collection_threshold`` pool usage, evict markets idle for over ``IDLE_EVICTION_S``."""

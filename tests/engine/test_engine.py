@@ -198,6 +198,44 @@ async def test_sub_millisecond_batch_delay_never_costs_a_millisecond(engine_conf
     assert time.perf_counter() - t0 < n * 0.5e-3
 
 
+async def test_busy_polling_keeps_the_loop_awake_for_its_window_after_each_batch(engine_config: ConfigFactory) -> None:
+    """``busy_poll_us``: after a batch the loop runs poll rounds (it never blocks) until the window ends."""
+    engine = Engine(engine_config(busy_poll_us=150_000))
+    engine.warm_up()
+    rounds = 0
+
+    def counted() -> None:
+        nonlocal rounds
+        rounds += 1
+        Engine._poll(engine)
+
+    engine._poll = counted  # type: ignore[method-assign]
+    assert not engine.polling
+    await engine.submit(tick("A", T0))
+    assert engine.polling
+    await asyncio.sleep(0.03)
+    assert engine.polling and rounds > 10  # one round per loop iteration: the loop did not sleep
+    await asyncio.sleep(0.6)
+    assert not engine.polling
+    stopped_at = rounds
+    await asyncio.sleep(0.02)
+    assert rounds == stopped_at
+
+
+async def test_busy_polling_is_off_by_default_and_stops_on_drain(engine_config: ConfigFactory) -> None:
+    idle = Engine(engine_config())
+    idle.warm_up()
+    await idle.submit(tick("A", T0))
+    assert not idle.polling
+    engine = Engine(engine_config(busy_poll_us=5_000_000))
+    engine.warm_up()
+    await engine.submit(tick("A", T0))
+    assert engine.polling
+    await engine.drain(save=False)
+    await asyncio.sleep(0.01)
+    assert not engine.polling
+
+
 # -- back-pressure and bad input -------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from cerebellar_norse.api.lifecycle import LIVE_KEYS, changed_keys, reload_confi
 from cerebellar_norse.api.server import build_service
 from cerebellar_norse.config import load_checked_config, load_config
 from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.ticks import Tick
 from cerebellar_norse.training.checkpoints import ModelStore
 from cerebellar_norse.training.jobs import JobStatus
 
@@ -65,7 +67,7 @@ def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
                 time.sleep(0.1)
         else:
             raise AssertionError("service did not become ready")
-        cfg.write_text(BASE.format(port=port).replace("queue_size = 4096", "queue_size = 1000\nmax_markets = 8")
+        cfg.write_text(BASE.format(port=port).replace("queue_size = 4096", "queue_size = 1000\nmax_markets = 8\nbusy_poll_us = 2000")
                        .replace('level = "INFO"', 'level = "DEBUG"'))
         proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 10
@@ -90,7 +92,7 @@ def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     reloaded = [x for x in lines if x["message"] == "config reloaded"]
     assert reloaded, out
-    assert set(reloaded[0]["fields"]["applied"]) == {"logging.level", "performance.queue_size"}
+    assert set(reloaded[0]["fields"]["applied"]) == {"logging.level", "performance.queue_size", "performance.busy_poll_us"}
     assert reloaded[0]["fields"]["need_restart"] == ["performance.max_markets"]
     assert any(x["message"].startswith("config reload refused") for x in lines)
 
@@ -143,5 +145,41 @@ def test_reloaded_auto_activate_governs_the_jobs_that_finish_after_it(tmp_path: 
         swapped = finish_job("swapped")
         assert swapped.activated and not swapped.warnings
         assert state.engine.model_version == TRAINED and store.active_version() == TRAINED
+    finally:
+        logging.getLogger().setLevel(root_level)
+
+
+POLL_TOML = """
+[paths]
+state_dir = "{state_dir}"
+[training]
+bootstrap_on_first_run = false
+[performance]
+busy_poll_us = {poll}
+"""
+
+
+@pytest.mark.asyncio
+async def test_reloaded_busy_poll_us_governs_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``performance.busy_poll_us`` applies on reload: the next batch polls (or not) by the new value."""
+    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(k)
+    cfg_path = tmp_path / "service.toml"
+    cfg_path.write_text(POLL_TOML.format(state_dir=tmp_path / "state", poll=0))
+    root_level = logging.getLogger().level
+    state = build_service(load_checked_config(cfg_path))
+    try:
+        eng = state.engine
+        await eng.submit(Tick(100.0, 1.0, 1_700_000_000_000, "A"))
+        assert not eng.polling
+        cfg_path.write_text(POLL_TOML.format(state_dir=tmp_path / "state", poll=5_000_000))
+        reload_config(state, str(cfg_path))
+        assert state.cfg.performance.busy_poll_us == 5_000_000
+        await eng.submit(Tick(100.0, 1.0, 1_700_000_000_001, "A"))
+        assert eng.polling
+        cfg_path.write_text(POLL_TOML.format(state_dir=tmp_path / "state", poll=0))
+        reload_config(state, str(cfg_path))
+        await asyncio.sleep(0.01)
+        assert not eng.polling  # a window already running ends at the next round
     finally:
         logging.getLogger().setLevel(root_level)
