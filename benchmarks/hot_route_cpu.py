@@ -16,6 +16,11 @@ other work on a shared host holds the core):
 * ``engine``: parsing with the route's model and ``Engine.submit`` alone (queue, batch,
   backend step, results, journal, live scoring, sinks).
 
+``CEREBELLAR_NORSE_*`` variables of the environment override the default config as they
+do for the service (e.g. ``CEREBELLAR_NORSE_TRAINING__LIVE_EVALUATION=false`` measures the
+route without live self-evaluation); the state dir is always a temporary one, first-run
+training is off and the log level is WARNING.
+
 Request bodies are made before the timed part. With ``--instructions``, each scenario
 runs once under valgrind's callgrind instead, and the instructions executed per request
 are reported: they do not move with the host's load (cache misses are not in them), so
@@ -32,6 +37,7 @@ import argparse
 import asyncio
 import ctypes
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -122,7 +128,8 @@ async def _cpu_per_request(one: Callable[[bytes], Awaitable[None]], bodies: Bodi
 
 async def _run(args: argparse.Namespace) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="cn-hot-route-") as tmp:
-        cfg = load_checked_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": tmp,
+        overrides = {k: v for k, v in os.environ.items() if k.startswith("CEREBELLAR_NORSE_")}
+        cfg = load_checked_config(None, environ={**overrides, "CEREBELLAR_NORSE_PATHS__STATE_DIR": tmp,
                                                  "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false",
                                                  "CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING"})
         state = build_service(cfg)
