@@ -154,18 +154,16 @@ def _lif_cell(v_arr, i_arr, k, inp, c_mem, nc_syn, v_leak, v_th, v_reset):
     """One Norse LIF feed-forward step of cell ``k`` in place; True when it spiked.
 
     ``i += inp; v += c_mem * ((v_leak - v) + i); i += nc_syn * i; spike and reset at v > v_th``
-    with ``c_mem = dt * tau_mem_inv`` and ``nc_syn = -dt * tau_syn_inv`` (the granule and
-    Purkinje layers inline the same update in branch-free loops).
+    with ``c_mem = dt * tau_mem_inv`` and ``nc_syn = -dt * tau_syn_inv``. Branch-free (the reset
+    is a select), so a loop over a layer's cells that stores the result as a flag vectorises.
     """
     i_new = i_arr[k] + inp
     v = v_arr[k]
     v_dec = v + c_mem * ((v_leak - v) + i_new)
     i_arr[k] = i_new + nc_syn * i_new
-    if v_dec > v_th:
-        v_arr[k] = v_reset
-        return True
-    v_arr[k] = v_dec
-    return False
+    fired = v_dec > v_th
+    v_arr[k] = v_reset if fired else v_dec
+    return fired
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -431,13 +429,7 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
             for _ in range(steps):
                 # Granule cells: dense, branch-free LIF update (vectorises); spikes flagged.
                 for g in range(G):
-                    i_new = ig[g] + (mf_gr[g] - g_inh)
-                    v = vg[g]
-                    v_dec = v + c_gr * ((l_gr - v) + i_new)
-                    ig[g] = i_new + n_gr * i_new
-                    fired = v_dec > t_gr
-                    gr_flag[g] = fired
-                    vg[g] = r_gr if fired else v_dec
+                    gr_flag[g] = _lif_cell(vg, ig, g, mf_gr[g] - g_inh, c_gr, n_gr, l_gr, t_gr, r_gr)
                 cnt = _list_flagged(words, gr_spk)
                 for k in range(cnt):
                     act[gr_spk[k]] = 1
@@ -469,15 +461,9 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
                         g = gr_spk[k]
                         for e in range(pf_ptr[g], pf_ptr[g + 1]):
                             pc_acc[pf_post[e]] += pf_w[e]
-                # Branch-free like the granule cells (same operations as _lif_cell), then listed ascending.
+                # Flagged like the granule cells, then listed ascending.
                 for p in range(P):
-                    i_new = ip[p] + (pc_acc[p] + pc_bias[p])
-                    v = vp[p]
-                    v_dec = v + c_pc * ((l_pc - v) + i_new)
-                    ip[p] = i_new + n_pc * i_new
-                    fired = v_dec > t_pc
-                    pc_flag[p] = fired
-                    vp[p] = r_pc if fired else v_dec
+                    pc_flag[p] = _lif_cell(vp, ip, p, pc_acc[p] + pc_bias[p], c_pc, n_pc, l_pc, t_pc, r_pc)
                 pcnt = _list_flagged(pc_words, pc_spk)
 
                 # Deep nuclei: mossy drive minus Purkinje inhibition from the cells that spiked,
