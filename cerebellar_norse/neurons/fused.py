@@ -222,12 +222,15 @@ def _granule_input(mossy, mg_w, mg_idx, out):
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _granule_input_lanes(mossy_blk, mossy_t, mg_w, mg_idx, out):
-    """:func:`_granule_input` of LANES ticks at once: ``mossy_blk`` (LANES, M) in, ``out`` (G, LANES).
+    """:func:`_granule_input` of LANES ticks at once: ``mossy_blk`` (LANES, M) in, ``out`` (G * LANES,) out.
 
-    Each synapse's weight multiplies one contiguous row of the transposed currents, so
-    the LANES sums of a cell run in one vector with no gathers; every sum keeps the
+    ``mossy_t`` (M * LANES,) and ``out`` are flat, row-major (M, LANES) and (G, LANES): the
+    currents transposed, and the granule inputs with the LANES ticks of a cell side by
+    side. Each synapse's weight multiplies one contiguous row of the transposed currents,
+    so the LANES sums of a cell run in one vector with no gathers; every sum keeps the
     order of :func:`_granule_input`. Rows of ``mossy_blk`` past the batch hold stale
-    (finite) currents whose columns nobody reads.
+    (finite) currents whose columns nobody reads. ``mg_idx`` is unsigned, so a row's
+    offset is one shift (no negative-index wraparound, no multiply by a run-time stride).
 
     The lanes are written out one by one, every load before any store: ``out`` and
     ``mossy_t`` are slices of one scratch buffer, so a loop over the lanes would be kept
@@ -238,23 +241,26 @@ def _granule_input_lanes(mossy_blk, mossy_t, mg_w, mg_idx, out):
     M = mossy_blk.shape[1]
     for m in range(M):
         for q in range(LANES):
-            mossy_t[m, q] = mossy_blk[q, m]
+            mossy_t[m * LANES + q] = mossy_blk[q, m]
     for g in range(G):
         w = mg_w[0, g]
-        r = mossy_t[mg_idx[0, g]]
-        r0, r1, r2, r3, r4, r5, r6, r7 = r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]
-        o = out[g]
-        o[0], o[1], o[2], o[3] = w * r0, w * r1, w * r2, w * r3
-        o[4], o[5], o[6], o[7] = w * r4, w * r5, w * r6, w * r7
+        r = mg_idx[0, g] * LANES
+        r0, r1, r2, r3 = mossy_t[r], mossy_t[r + 1], mossy_t[r + 2], mossy_t[r + 3]
+        r4, r5, r6, r7 = mossy_t[r + 4], mossy_t[r + 5], mossy_t[r + 6], mossy_t[r + 7]
+        o = g * LANES
+        out[o], out[o + 1], out[o + 2], out[o + 3] = w * r0, w * r1, w * r2, w * r3
+        out[o + 4], out[o + 5], out[o + 6], out[o + 7] = w * r4, w * r5, w * r6, w * r7
     for d in range(1, D):
         for g in range(G):
             w = mg_w[d, g]
-            r = mossy_t[mg_idx[d, g]]
-            o = out[g]
-            r0, r1, r2, r3, r4, r5, r6, r7 = r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]
-            o0, o1, o2, o3, o4, o5, o6, o7 = o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]
-            o[0], o[1], o[2], o[3] = o0 + w * r0, o1 + w * r1, o2 + w * r2, o3 + w * r3
-            o[4], o[5], o[6], o[7] = o4 + w * r4, o5 + w * r5, o6 + w * r6, o7 + w * r7
+            r = mg_idx[d, g] * LANES
+            o = g * LANES
+            r0, r1, r2, r3 = mossy_t[r], mossy_t[r + 1], mossy_t[r + 2], mossy_t[r + 3]
+            r4, r5, r6, r7 = mossy_t[r + 4], mossy_t[r + 5], mossy_t[r + 6], mossy_t[r + 7]
+            o0, o1, o2, o3 = out[o], out[o + 1], out[o + 2], out[o + 3]
+            o4, o5, o6, o7 = out[o + 4], out[o + 5], out[o + 6], out[o + 7]
+            out[o], out[o + 1], out[o + 2], out[o + 3] = o0 + w * r0, o1 + w * r1, o2 + w * r2, o3 + w * r3
+            out[o + 4], out[o + 5], out[o + 6], out[o + 7] = o4 + w * r4, o5 + w * r5, o6 + w * r6, o7 + w * r7
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
@@ -338,19 +344,21 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     dense = dims[D_DENSE] != 0
     o = dims[D_PF_ROWS]
     pf_rows = rows_of(wf, o, G if dense else 0, P)
+    # Indices are read unsigned: numba then skips its negative-index wraparound on every use.
+    wiu = wi.view(np.uint32)
     o = dims[D_MG_IDX]
-    mg_idx = rows_of(wi, o, D, G)
+    mg_idx = rows_of(wiu, o, D, G)
     o = dims[D_PF_PTR]
-    pf_ptr = wi[o:o + G + 1]
+    pf_ptr = wiu[o:o + G + 1]
     o = dims[D_PF_POST]
-    pf_post = wi[o:o + NNZ]
+    pf_post = wiu[o:o + NNZ]
 
     o = 0
     mossy_blk = rows_of(work_f, o, LANES, M)  # mossy currents of up to LANES ticks, one row each
     o += LANES * M
-    mossy_t = rows_of(work_f, o, M, LANES)  # the same, transposed
+    mossy_t = work_f[o:o + M * LANES]  # the same, transposed (M, LANES), flat
     o += M * LANES
-    mf_blk = rows_of(work_f, o, G, LANES)  # granule input of those ticks, one column each
+    mf_blk = work_f[o:o + G * LANES]  # granule input of those ticks (G, LANES), flat
     o += G * LANES
     mf_gr = work_f[o:o + G]
     o += G
@@ -370,9 +378,10 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     pc_words = work_i[2 * W:2 * W + 2 * WP].view(np.uint64)  # the same for the Purkinje cells
     pc_flag = pc_words.view(np.uint8)
     o = 2 * W + 2 * WP
-    gr_spk = work_i[o:o + G]
-    pc_spk = work_i[o + G:o + G + P]
-    dcn_spk = work_i[o + G + P:o + G + P + N]
+    spk = work_i.view(np.uint32)  # spike lists, unsigned as the indices above
+    gr_spk = spk[o:o + G]
+    pc_spk = spk[o + G:o + G + P]
+    dcn_spk = spk[o + G + P:o + G + P + N]
 
     zero = coef[C_N_GRANULE] - coef[C_N_GRANULE]
     c_gr, n_gr, l_gr = coef[C_GR + C_MEM], coef[C_GR + C_SYN], coef[C_GR + C_LEAK]
@@ -402,7 +411,7 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
             mossy = mossy_blk[q]
             if lanes:
                 for g in range(G):
-                    mf_gr[g] = mf_blk[g, q]
+                    mf_gr[g] = mf_blk[g * LANES + q]
             else:
                 _granule_input(mossy, mg_w, mg_idx, mf_gr)
             # Mossy-major so the N sums run side by side; each still adds m = 0..M-1 in order.
