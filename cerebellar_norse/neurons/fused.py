@@ -174,14 +174,14 @@ def _list_flagged(words, out):
     One test per eight cells, then one pass per spike (a set byte's lowest bit).
     """
     one = np.uint64(1)
-    cnt = 0
+    cnt = np.uint64(0)  # unsigned: no negative-index wraparound on the store
     for k in range(words.shape[0]):
         w = words[k]
         while w != 0:
             out[cnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
-            cnt += 1
+            cnt += one
             w &= w - one
-    return cnt
+    return int(cnt)
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
