@@ -181,7 +181,7 @@ def _list_flagged(words, out):
             out[cnt] = (k << 3) + (int(trailing_zeros(w)) >> 3)
             cnt += one
             w &= w - one
-    return int(cnt)
+    return np.int64(cnt)
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -261,6 +261,33 @@ def _granule_input_lanes(mossy_blk, mossy_t, mg_w, mg_idx, out):
             o4, o5, o6, o7 = out[o + 4], out[o + 5], out[o + 6], out[o + 7]
             out[o], out[o + 1], out[o + 2], out[o + 3] = o0 + w * r0, o1 + w * r1, o2 + w * r2, o3 + w * r3
             out[o + 4], out[o + 5], out[o + 6], out[o + 7] = o4 + w * r4, o5 + w * r5, o6 + w * r6, o7 + w * r7
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _dcn_drive_lanes(mossy_t, w_md_t, zero, out):
+    """The DCN's mossy drive of LANES ticks at once: ``mossy_t`` (M * LANES,) in, ``out`` (N * LANES,) out.
+
+    Both flat, row-major (M, LANES) and (N, LANES). Each weight multiplies one row of the
+    transposed currents, so the LANES sums of a DCN cell run in one vector; every sum
+    starts at ``zero`` and adds m = 0..M-1 in order, as the one-tick loop does (the bias
+    is added after, by the caller). Written lane by lane for the reason given in
+    :func:`_granule_input_lanes`.
+    """
+    M, N = w_md_t.shape
+    for k in range(N * LANES):
+        out[k] = zero
+    for m in range(M):
+        r = m * LANES
+        x0, x1, x2, x3 = mossy_t[r], mossy_t[r + 1], mossy_t[r + 2], mossy_t[r + 3]
+        x4, x5, x6, x7 = mossy_t[r + 4], mossy_t[r + 5], mossy_t[r + 6], mossy_t[r + 7]
+        w_row = w_md_t[m]
+        for n in range(N):
+            w = w_row[n]
+            o = n * LANES
+            o0, o1, o2, o3 = out[o], out[o + 1], out[o + 2], out[o + 3]
+            o4, o5, o6, o7 = out[o + 4], out[o + 5], out[o + 6], out[o + 7]
+            out[o], out[o + 1], out[o + 2], out[o + 3] = o0 + w * x0, o1 + w * x1, o2 + w * x2, o3 + w * x3
+            out[o + 4], out[o + 5], out[o + 6], out[o + 7] = o4 + w * x4, o5 + w * x5, o6 + w * x6, o7 + w * x7
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
@@ -360,6 +387,8 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
     o += M * LANES
     mf_blk = work_f[o:o + G * LANES]  # granule input of those ticks (G, LANES), flat
     o += G * LANES
+    drive_blk = work_f[o:o + N * LANES]  # DCN mossy drive of those ticks (N, LANES), flat
+    o += N * LANES
     mf_gr = work_f[o:o + G]
     o += G
     pc_acc = work_f[o:o + P]
@@ -405,6 +434,7 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
         lanes = nt >= LANES_MIN
         if lanes:
             _granule_input_lanes(mossy_blk, mossy_t, mg_w, mg_idx, mf_blk)
+            _dcn_drive_lanes(mossy_t, w_md_t, zero, drive_blk)
         for q in range(nt):
             b = order[j0 + q] if use_order else j0 + q
             s = slots[b]
@@ -412,16 +442,18 @@ def _run(order, slots, lo, hi, use_order, ticks, state_f, enc, wf, wi, dims, coe
             if lanes:
                 for g in range(G):
                     mf_gr[g] = mf_blk[g * LANES + q]
+                for n in range(N):
+                    drive[n] = drive_blk[n * LANES + q]
             else:
                 _granule_input(mossy, mg_w, mg_idx, mf_gr)
-            # Mossy-major so the N sums run side by side; each still adds m = 0..M-1 in order.
-            for n in range(N):
-                drive[n] = zero
-            for m in range(M):
-                x = mossy[m]  # a local: a load the compiler cannot move past stores into drive
-                w_row = w_md_t[m]
+                # Mossy-major so the N sums run side by side; each still adds m = 0..M-1 in order.
                 for n in range(N):
-                    drive[n] += w_row[n] * x
+                    drive[n] = zero
+                for m in range(M):
+                    x = mossy[m]  # a local: a load the compiler cannot move past stores into drive
+                    w_row = w_md_t[m]
+                    for n in range(N):
+                        drive[n] += w_row[n] * x
             for n in range(N):
                 drive[n] += dcn_bias[n]
             g_inh = golgi[s]
@@ -532,9 +564,9 @@ class FusedWorkspace:
     """Preallocated scratch (one row per thread) and output buffers for batches up to ``max_batch``.
 
     ``work_f`` (network float type): mossy currents of LANES ticks and their transpose,
-    their granule inputs, one tick's granule input, Purkinje input, DCN drive and
-    inhibition, readout input, two temporaries. ``work_i`` (int32, :func:`work_i_size`): the
-    granule and Purkinje spike flags as bytes in 64-bit words, then the spike lists. ``work_z``
+    their granule inputs and DCN drives, one tick's granule input, Purkinje input, DCN drive
+    and inhibition, readout input, two temporaries. ``work_i`` (int32, :func:`work_i_size`):
+    the granule and Purkinje spike flags as bytes in 64-bit words, then the spike lists. ``work_z``
     (float64): the encoder's three features.
     """
 
@@ -548,7 +580,8 @@ class FusedWorkspace:
     @classmethod
     def allocate(cls, shape: NetworkShape, dtype: np.dtype, max_batch: int, threads: int = 1) -> FusedWorkspace:
         """Buffers sized for ``shape`` in float type ``dtype``."""
-        nf = 2 * LANES * shape.mossy + (LANES + 1) * shape.granule + shape.purkinje + 2 * shape.dcn + shape.classes + 2
+        nf = (2 * LANES * shape.mossy + (LANES + 1) * shape.granule + shape.purkinje + (LANES + 2) * shape.dcn
+              + shape.classes + 2)
         return cls(
             work_f=np.zeros((threads, nf), dtype=dtype),
             work_i=np.zeros((threads, work_i_size(shape)), dtype=np.int32),
