@@ -213,6 +213,11 @@ def _granule_input(mossy, mg_w, mg_idx, out):
     the reference's dense product.
     """
     D, G = mg_w.shape
+    if D == 4:  # the default: each cell's sum kept in a register, one store per cell
+        for g in range(G):
+            out[g] = (((mg_w[0, g] * mossy[mg_idx[0, g]]) + mg_w[1, g] * mossy[mg_idx[1, g]])
+                      + mg_w[2, g] * mossy[mg_idx[2, g]]) + mg_w[3, g] * mossy[mg_idx[3, g]]
+        return
     for g in range(G):
         out[g] = mg_w[0, g] * mossy[mg_idx[0, g]]
     for d in range(1, D):
