@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 from ..neurons.backends import Backend
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.fused import softmax_row
-from ..neurons.native import ArgTable, table_at, view1, view2
+from ..neurons.native import ArgTable, compiled_entry, table_at, view1, view2
 from ..neurons.topology import Weights
 from ..ticks import Tick
 from .pool import StatePool
@@ -124,6 +125,7 @@ class StepBuffers:
     head_of: object = None  # the weights whose head ``table`` holds
     apply_head: bool = False
     table: ArgTable | None = None  # the finishing pass's arrays (order F_*)
+    finish: Any = None  # _finish_batch_table's compiled variant, resolved on the first step
 
     @classmethod
     def allocate(cls, backend: Backend, max_batch: int, n_slots: int) -> StepBuffers:
@@ -162,9 +164,12 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
         slots[j] = pool.table.acquire(t.market_id)
         arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
     table = buf.finish_table(weights, pool.arrays.enc)
+    finish = buf.finish
+    if finish is None:
+        finish = buf.finish = compiled_entry(_finish_batch_table, table.address, table.size, b, buf.apply_head)
     t0 = time.perf_counter_ns()
     probs, spikes = backend.step_buffered(b)
-    _finish_batch_table(table.address, table.size, b, buf.apply_head)
+    finish(table.address, table.size, b, buf.apply_head)
     return probs, spikes, time.perf_counter_ns() - t0
 
 

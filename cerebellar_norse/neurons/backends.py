@@ -35,7 +35,7 @@ from .fused import (
     tick_batch_parallel,
     tick_batch_table,
 )
-from .native import ArgTable
+from .native import ArgTable, compiled_entry
 from .parameters import NetworkParameters, encoder_parameters, kernel_coefficients, numpy_dtype
 from .reference import CerebellarReference
 from .state import StateArrays
@@ -221,6 +221,7 @@ class FusedBackend(HostBackend):
         self._allocate_buffers(max_batch, params.shape.classes, (self.ws.probs, self.ws.spikes))
         self._fzero = self.coef.dtype.type(0)
         self._steps = params.steps_per_tick
+        self._entry: Any = None  # tick_batch_table's compiled variant, resolved on the first staged step
         self._views = [(self.ws.probs[:b], self.ws.spikes[:b]) for b in range(max_batch + 1)]
         self.set_weights(weights)
 
@@ -284,7 +285,10 @@ class FusedBackend(HostBackend):
         if b >= self.parallel_min_batch and self.threads > 1:
             return super().step_buffered(b)
         table = self._table  # one read: a concurrent set_weights swaps whole tables, and this keeps ours alive
-        tick_batch_table(table.address, table.size, b, self._steps, self._fzero)
+        entry = self._entry
+        if entry is None:
+            entry = self._entry = compiled_entry(tick_batch_table, table.address, table.size, b, self._steps, self._fzero)
+        entry(table.address, table.size, b, self._steps, self._fzero)
         return self._views[b]
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba as nb
 import numpy as np
 import pytest
 
 from cerebellar_norse.config import Config
-from cerebellar_norse.neurons.native import ArgTable
+from cerebellar_norse.neurons.native import ArgTable, compiled_entry
 from cerebellar_norse.neurons.network import CerebellarNetwork
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.ticks import validate_ticks
@@ -104,3 +105,20 @@ def test_arg_table_holds_addresses_and_shapes() -> None:
 def test_arg_table_refuses_arrays_a_kernel_cannot_view(bad: np.ndarray) -> None:
     with pytest.raises(ValueError, match="argument 1 must be a C-contiguous 1-D or 2-D array"):
         ArgTable([np.zeros(3), bad])
+
+
+@nb.njit(cache=False)
+def _scaled_sum(a, b, scale):
+    return (a + b) * scale
+
+
+def test_compiled_entry_is_the_variant_of_the_example_types() -> None:
+    as_ints = compiled_entry(_scaled_sum, 1, 2, 3)
+    as_f32 = compiled_entry(_scaled_sum, 1, 2, np.float32(0.5))
+    assert as_ints is _scaled_sum.overloads[(nb.int64, nb.int64, nb.int64)].entry_point
+    assert as_f32 is _scaled_sum.overloads[(nb.int64, nb.int64, nb.float32)].entry_point
+    assert as_ints(4, 5, 2) == _scaled_sum(4, 5, 2) == 18
+    assert as_f32(1, 2, np.float32(0.1)) == _scaled_sum(1, 2, np.float32(0.1))
+    # the float32 variant rounds the scale to float32: not the float64 answer
+    assert as_f32(1, 2, np.float32(0.1)) != (1 + 2) * 0.1
+    assert compiled_entry(_scaled_sum, 7, 8, 9) is as_ints  # resolved once, then found
