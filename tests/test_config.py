@@ -129,6 +129,19 @@ def test_lif_reset_must_be_below_threshold() -> None:
     assert problem_keys(info.value) == ["neural.dcn"]
 
 
+@pytest.mark.parametrize("interval", [1, 250, 999])
+def test_warm_step_interval_below_a_millisecond_is_refused(interval: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg_with({"performance": {"warm_step_interval_us": interval}})
+    assert problem_keys(info.value) == ["performance.warm_step_interval_us"]
+    assert "at least 1000" in info.value.problems[0].message
+
+
+@pytest.mark.parametrize("interval", [0, 1000, 250_000])
+def test_warm_step_interval_is_off_or_a_timer(interval: int) -> None:
+    assert cfg_with({"performance": {"warm_step_interval_us": interval}}).performance.warm_step_interval_us == interval
+
+
 def test_partial_lif_table_keeps_population_defaults() -> None:
     """[neural.purkinje] with one key keeps the Purkinje defaults of the others (not generic LIF ones)."""
     cfg = cfg_with({"neural": {"purkinje": {"tau_syn_ms": 1.5}}})

@@ -36,6 +36,8 @@ LIVE_KEYS = (
     "performance.max_batch_delay_us",
     "performance.queue_size",
     "performance.busy_poll_us",
+    "performance.warm_step_interval_us",
+    "performance.warm_window_ms",
     "server.api_token",
     "debug.record_requests",
     "training.auto_activate",
@@ -84,6 +86,8 @@ def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]
     eng.delay_s = state.cfg.performance.max_batch_delay_us / 1e6
     eng.queue_size = state.cfg.performance.queue_size
     eng.busy_poll_s = state.cfg.performance.busy_poll_us / 1e6
+    eng.warm_interval_s = state.cfg.performance.warm_step_interval_us / 1e6
+    eng.warm_window_s = state.cfg.performance.warm_window_ms / 1e3
     logging.getLogger().setLevel(effective_level(state.cfg.logging))
     return live, restart
 

@@ -20,7 +20,13 @@ queued, and stepped in batches by the backend on the event loop's thread:
 * a failing batch fails only its own ticks; the engine keeps serving;
 * with ``busy_poll_us`` set, the loop keeps polling its sockets instead of sleeping for
   that long after each batch (:meth:`Engine._poll`), so the next tick finds the CPU
-  awake and its caches warm.
+  awake and its caches warm;
+* with ``warm_step_interval_us`` set (the default), while ticks keep coming (for
+  ``warm_window_ms`` after each batch) a timer steps the last batch's first tick again,
+  on a state slot no market holds, every ``warm_step_interval_us``
+  (:meth:`Engine.warm_step`): with milliseconds between ticks the next tick then finds
+  the network's code, branch history and weights in the CPU's caches instead of
+  starting cold.
 
 Running the kernel on the loop thread avoids a thread hand-off per tick (tens of µs),
 which for single ticks costs more than the kernel (a few µs).
@@ -49,7 +55,7 @@ from ..observability.timelines import Timeline
 from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
 from .persistence import STATE_FILE, ForeignStateError, PoolSnapshot, load_pool, quarantine, save_pool, snapshot_pool
-from .pipeline import StepBuffers, step_ticks, tick_results
+from .pipeline import StepBuffers, step_ticks, tick_results, warm_step
 from .pool import StatePool
 from .recorder import TickRecorder
 from .records import BatchRecord, EngineSnapshot, PoolFigures, RecordSink, TickResult
@@ -90,6 +96,7 @@ class EngineStats:
     spikes: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.int64))
     last_batch_size: int = 0
     busy_ns: int = 0
+    warm_steps: int = 0
 
 
 Pending = tuple[Tick, "asyncio.Future[TickResult]", Timeline | None]
@@ -126,6 +133,10 @@ class Engine:
         self.busy_poll_s = perf.busy_poll_us / 1e6
         self._poll_until = 0.0
         self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
+        self.warm_interval_s = perf.warm_step_interval_us / 1e6
+        self.warm_window_s = perf.warm_window_ms / 1e3
+        self._warm_until = 0.0
+        self._warm_handle: asyncio.TimerHandle | None = None
         self.learner = self._make_learner()
         self.scorer = LiveScorer.from_config(cfg, self.pool.capacity) if cfg.training.live_evaluation else None
         self.recorder: TickRecorder | None = None
@@ -313,6 +324,10 @@ class Engine:
         self._last_batch_end = time.monotonic()
         if self._last_batch_end - self._last_gc >= 1.0:
             self.collect_idle(self._last_batch_end)
+        if self.warm_interval_s > 0.0 and self._accepting:
+            self._warm_until = self._last_batch_end + self.warm_window_s
+            if self._warm_handle is None:
+                self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
         if self.busy_poll_s > 0.0 and self._accepting:
             self._poll_until = self._last_batch_end + self.busy_poll_s
             if not self.polling:
@@ -332,6 +347,32 @@ class Engine:
             asyncio.get_running_loop().call_soon(self._poll)
         else:
             self.polling = False
+
+    def _warm_timer(self) -> None:
+        """One round of ``warm_step_interval_us``: a warm step unless ticks wait, then the next round while the window lasts."""
+        self._warm_handle = None
+        if not self._accepting or self.warm_interval_s <= 0.0 or time.monotonic() >= self._warm_until:
+            return
+        if not self._pending:  # a queued tick goes first; its flush is already scheduled
+            self.warm_step()
+        self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
+
+    def warm_step(self) -> bool:
+        """Step the last batch's first tick again on a state slot no market holds (call between batches).
+
+        What the CPU's caches hold between ticks milliseconds apart is otherwise lost to
+        other work on the host, and the next tick's network step takes about twice its
+        back-to-back time (docs/benchmarks.md, "Warm steps"). Nothing a client sees
+        changes: the slot is reset before any market is given it, and the step is not
+        journaled, learned from, recorded, scored or counted as a tick (only in
+        ``stats.warm_steps``). Returns False, stepping nothing, when every slot holds a
+        market or no batch has run yet.
+        """
+        slot = self.pool.table.spare()
+        if slot is None or not warm_step(self.backend, self.weights, self.arrays.enc, self._buf, slot):
+            return False
+        self.stats.warm_steps += 1
+        return True
 
     def collect_idle(self, now: float | None = None) -> int:
         """Above ``garbage_collection_threshold`` pool usage, evict markets idle for over ``IDLE_EVICTION_S``."""
@@ -481,6 +522,9 @@ class Engine:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        if self._warm_handle is not None:
+            self._warm_handle.cancel()
+            self._warm_handle = None
         self._flush()
         await asyncio.sleep(0)
         if self.recorder is not None:
@@ -506,7 +550,7 @@ class Engine:
             queue_depth=self.queue_depth, queue_capacity=self.queue_size, accepting=self._accepting,
             model_version=self.model_version, ticks=st.ticks, batches=st.batches, failed_batches=st.failed_batches,
             failed_ticks=st.failed_ticks, rejected_full=st.rejected_full, rejected_order=st.rejected_order,
-            spikes=(int(st.spikes[0]), int(st.spikes[1]), int(st.spikes[2])), busy_ns=st.busy_ns,
+            spikes=(int(st.spikes[0]), int(st.spikes[1]), int(st.spikes[2])), busy_ns=st.busy_ns, warm_steps=st.warm_steps,
             online_judged=learner.judged if learner is not None else None,
             online_updates=learner.updates if learner is not None else None,
             backend=self.backend.describe())

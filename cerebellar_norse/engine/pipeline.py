@@ -173,3 +173,21 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
     return probs, spikes, time.perf_counter_ns() - t0
 
 
+
+
+def warm_step(backend: Backend, weights: Weights, enc: np.ndarray, buf: StepBuffers, slot: int) -> bool:
+    """Step the last batch's first tick again, on ``slot``, through the backend and the finishing pass.
+
+    Keeps the network's code, branch history and weights in the CPU's caches between
+    ticks milliseconds apart. ``slot`` must hold no market (:meth:`.SlotTable.spare`):
+    its state changes, and nothing else a client can see does (row 0 of ``buf``'s
+    outputs is overwritten, as the next batch overwrites it). Returns False, stepping
+    nothing, before the first batch (``buf`` holds no tick yet).
+    """
+    if buf.finish is None:
+        return False
+    buf.slots[0] = slot
+    table = buf.finish_table(weights, enc)
+    backend.step_buffered(1)
+    buf.finish(table.address, table.size, 1, buf.apply_head)
+    return True

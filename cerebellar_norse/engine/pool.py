@@ -68,6 +68,13 @@ class SlotTable:
         self._slots[market_id] = slot
         return slot
 
+    def spare(self) -> int | None:
+        """A slot no market holds (the free one :meth:`acquire` hands out last), or None when every slot is taken.
+
+        Whatever is written to it is discarded: a slot is reset whenever a market is given it.
+        """
+        return self._free[0] if self._free else None
+
     def evict_idle(self, keep: int, idle_s: float, now: float | None = None) -> list[str]:
         """Evict least recently used markets idle for more than ``idle_s`` until at most ``keep`` remain."""
         now = time.monotonic() if now is None else now

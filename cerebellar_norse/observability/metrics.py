@@ -260,6 +260,8 @@ def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple
         yield GaugeMetricFamily("cerebellar_norse_pool_bytes", "Memory of the state pool (bytes).", value=pool.bytes)
         yield CounterMetricFamily("cerebellar_norse_pool_evictions", "Markets evicted (least recently used).", value=pool.evictions)
         yield CounterMetricFamily("cerebellar_norse_engine_busy_seconds", "Time spent stepping batches (s).", value=snap.busy_ns / 1e9)
+        yield CounterMetricFamily("cerebellar_norse_warm_steps", "Scratch steps between batches keeping the network in cache "
+                                  "(performance.warm_step_interval_us); not ticks.", value=snap.warm_steps)
         yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", "Seconds since the service started.", value=time.monotonic() - started)
         if snap.online_judged is not None and snap.online_updates is not None:
             yield CounterMetricFamily("cerebellar_norse_online_judged_ticks", "Ticks judged after their horizon by climbing-fibre learning.",

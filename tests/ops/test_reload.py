@@ -183,3 +183,45 @@ async def test_reloaded_busy_poll_us_governs_the_engine(tmp_path: Path, monkeypa
         assert not eng.polling  # a window already running ends at the next round
     finally:
         logging.getLogger().setLevel(root_level)
+
+
+WARM_TOML = """
+[paths]
+state_dir = "{state_dir}"
+[training]
+bootstrap_on_first_run = false
+[performance]
+warm_step_interval_us = {interval}
+warm_window_ms = 3600000
+"""
+
+
+@pytest.mark.asyncio
+async def test_reloaded_warm_step_interval_governs_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``performance.warm_step_interval_us`` applies on reload: 0 stops the warm steps, a new interval starts them."""
+    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(k)
+    cfg_path = tmp_path / "service.toml"
+    cfg_path.write_text(WARM_TOML.format(state_dir=tmp_path / "state", interval=1000))
+    root_level = logging.getLogger().level
+    state = build_service(load_checked_config(cfg_path))
+    try:
+        eng = state.engine
+        await eng.submit(Tick(100.0, 1.0, 1_700_000_000_000, "A"))
+        await asyncio.sleep(0.02)
+        assert eng.stats.warm_steps > 0
+        cfg_path.write_text(WARM_TOML.format(state_dir=tmp_path / "state", interval=0))
+        reload_config(state, str(cfg_path))
+        assert state.cfg.performance.warm_step_interval_us == 0
+        await asyncio.sleep(0.01)  # a round already scheduled ends the timer
+        stopped = eng.stats.warm_steps
+        await asyncio.sleep(0.02)
+        assert eng.stats.warm_steps == stopped and eng._warm_handle is None
+        cfg_path.write_text(WARM_TOML.format(state_dir=tmp_path / "state", interval=2000))
+        reload_config(state, str(cfg_path))
+        await eng.submit(Tick(100.0, 1.0, 1_700_000_000_001, "A"))
+        await asyncio.sleep(0.02)
+        assert eng.stats.warm_steps > stopped
+        await eng.drain(save=False)
+    finally:
+        logging.getLogger().setLevel(root_level)

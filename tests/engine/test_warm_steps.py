@@ -1,0 +1,129 @@
+"""Warm steps (``performance.warm_step_interval_us``): the network stepped on a free slot between batches.
+
+They exist to keep the CPU's caches warm and must change nothing a client can see: no
+market's state, no answer, no tick counter. The ground truth is the same engine fed the
+same ticks without them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from engine_helpers import T0, ConfigFactory, assert_same_state, core, moving_ticks, sequential, tick
+
+from cerebellar_norse.engine.engine import Engine
+
+pytestmark = pytest.mark.asyncio
+
+MARKETS = ("A", "B", "C")
+
+
+async def test_warm_steps_change_no_market_and_no_answer(engine_config: ConfigFactory) -> None:
+    cfg = engine_config(warm_step_interval_us=0)
+    plain, warmed = Engine(cfg), Engine(cfg)
+    ticks = moving_ticks(MARKETS, 12)
+    steps = 0
+    for k, t in enumerate(ticks):
+        want = plain.process_now([t])[0]
+        got = warmed.process_now([t])[0]
+        assert core(got) == core(want), f"tick {k}"
+        for _ in range(k % 3):
+            assert warmed.warm_step()
+            steps += 1
+    for m in MARKETS:
+        slot_a, slot_b = plain.pool.table.get(m), warmed.pool.table.get(m)
+        assert slot_a is not None and slot_a == slot_b
+        assert_same_state(plain.arrays.read_slot(slot_a), warmed.arrays.read_slot(slot_b))
+    assert warmed.stats.warm_steps == steps > 0
+    assert plain.stats.warm_steps == 0
+    assert (warmed.stats.ticks, warmed.stats.batches) == (plain.stats.ticks, plain.stats.batches)
+    assert (warmed.stats.spikes == plain.stats.spikes).all()
+    assert warmed.pool.used == len(MARKETS) and warmed.pool.table.evictions == 0
+    assert warmed.snapshot().warm_steps == steps
+
+
+async def test_the_warmed_slot_starts_from_rest_when_a_market_is_given_it(engine_config: ConfigFactory) -> None:
+    cfg = engine_config(max_markets=2, memory_pool_enabled=False, warm_step_interval_us=0)
+    engine = Engine(cfg)
+    engine.process_now([tick("A", T0, 100.0)])
+    spare = engine.pool.table.spare()
+    assert spare is not None and spare != engine.pool.table.get("A")
+    before = engine.arrays.read_slot(spare)
+    for _ in range(5):
+        assert engine.warm_step()
+    after = engine.arrays.read_slot(spare)
+    assert any((before[k] != after[k]).any() for k in before), "a warm step changes the spare slot's state"
+    b_ticks = [tick("B", T0 + 10 * k, 100.0 + 0.3 * k) for k in range(6)]
+    got = [core(engine.process_now([t])[0]) for t in b_ticks]
+    assert engine.pool.table.get("B") == spare
+    _, want = sequential(cfg, b_ticks)
+    assert got == want
+
+
+async def test_no_warm_step_without_a_free_slot_or_before_the_first_batch(engine_config: ConfigFactory) -> None:
+    engine = Engine(engine_config(max_markets=2, memory_pool_enabled=False))
+    assert not engine.warm_step()  # nothing stepped yet: no tick to step again
+    engine.process_now([tick("A", T0)])
+    engine.process_now([tick("B", T0)])
+    assert engine.pool.table.spare() is None
+    states = {m: engine.arrays.read_slot(s) for m, s in engine.pool.table.items()}
+    assert not engine.warm_step()
+    for m, s in engine.pool.table.items():
+        assert_same_state(states[m], engine.arrays.read_slot(s))
+    assert engine.stats.warm_steps == 0
+
+
+async def test_warm_steps_run_while_ticks_keep_coming_then_stop(engine_config: ConfigFactory) -> None:
+    engine = Engine(engine_config(warm_step_interval_us=1000, warm_window_ms=150))
+    engine.warm_up()
+    assert engine.stats.warm_steps == 0
+    await engine.submit(tick("A", T0))
+    await asyncio.sleep(0.05)
+    during = engine.stats.warm_steps
+    assert during >= 3  # one per millisecond timer, however slow the host
+    deadline = time.monotonic() + 5.0
+    while engine._warm_handle is not None and time.monotonic() < deadline:  # the window ends
+        await asyncio.sleep(0.02)
+    assert engine._warm_handle is None
+    stopped = engine.stats.warm_steps
+    await asyncio.sleep(0.03)
+    assert engine.stats.warm_steps == stopped
+    assert engine.stats.ticks == 1
+    await engine.submit(tick("A", T0 + 10))  # the next batch opens a new window
+    await asyncio.sleep(0.03)
+    assert engine.stats.warm_steps > stopped
+
+
+async def test_warm_steps_off_when_the_interval_is_zero_and_stopped_by_drain(engine_config: ConfigFactory) -> None:
+    off = Engine(engine_config(warm_step_interval_us=0))
+    off.warm_up()
+    await off.submit(tick("A", T0))
+    await asyncio.sleep(0.02)
+    assert off.stats.warm_steps == 0 and off._warm_handle is None
+    engine = Engine(engine_config(warm_window_ms=3_600_000))
+    engine.warm_up()
+    await engine.submit(tick("A", T0))
+    await asyncio.sleep(0.01)
+    await engine.drain(save=False)
+    stopped = engine.stats.warm_steps
+    await asyncio.sleep(0.02)
+    assert engine._warm_handle is None and engine.stats.warm_steps == stopped
+
+
+async def test_a_queued_tick_goes_before_the_warm_step(engine_config: ConfigFactory) -> None:
+    engine = Engine(engine_config(warm_window_ms=3_600_000))
+    engine.warm_up()
+    await engine.submit(tick("A", T0))
+    assert engine._warm_handle is not None
+    engine._warm_handle.cancel()
+    pending = asyncio.ensure_future(engine.submit(tick("A", T0 + 10)))
+    await asyncio.sleep(0)  # queued; its flush is scheduled for the next iteration
+    assert engine.queue_depth == 1
+    steps = engine.stats.warm_steps
+    engine._warm_timer()
+    assert engine.stats.warm_steps == steps and engine._warm_handle is not None
+    await pending
+    assert engine.stats.ticks == 2
+    await engine.drain(save=False)
