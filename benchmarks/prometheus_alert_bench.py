@@ -32,7 +32,7 @@ keep-alive connections, each market's ticks in time order, for 180 s; ``--quick`
 
 All child processes are stopped on exit, Ctrl-C and SIGTERM included.
 
-    .venv/bin/python benchmarks/prometheus_alert_bench.py [--quick] [--duration S] [--url URL] [--json PATH]
+    .venv/bin/python benchmarks/prometheus_alert_bench.py [--quick] [--duration S] [--set SECTION.KEY=VALUE] [--url URL] [--json PATH]
 """
 
 from __future__ import annotations
@@ -151,14 +151,27 @@ def wait_http(child: Child | None, url: str, timeout_s: float) -> None:
     raise SystemExit(f"{url} not ready within {timeout_s:.0f} s" + (f":\n{child.tail()}" if child else ""))
 
 
-def start_service(children: Children, work: Path, bootstrap: bool) -> str:
-    """The service on the default config and a free loopback port; its base URL once /health is 200."""
+def override_env(settings: list[str]) -> dict[str, str]:
+    """``section.key=value`` settings as the service's ``CEREBELLAR_NORSE_SECTION__KEY`` variables."""
+    env = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not (sep and dot and section and name):
+            raise SystemExit(f"--set {item!r}: expected section.key=value, e.g. performance.busy_poll_us=20000")
+        env[f"CEREBELLAR_NORSE_{section.upper()}__{name.upper()}"] = value.strip()
+    return env
+
+
+def start_service(children: Children, work: Path, bootstrap: bool, overrides: dict[str, str] | None = None) -> str:
+    """The service on the default config (plus ``overrides``, config variables) and a free loopback port; its base URL once /health is 200."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
     env["CEREBELLAR_NORSE_PATHS__STATE_DIR"] = str(work / "state")
     env["CEREBELLAR_NORSE_LOG"] = "WARNING"
     if not bootstrap:
         env["CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN"] = "false"
+    env.update(overrides or {})
     child = children.start("service", [sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)], work / "service.log", env)
     url = f"http://127.0.0.1:{port}"
     wait_http(child, url + "/health", 600.0 if bootstrap else 120.0)
@@ -454,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markets", type=int, default=20, help="markets (default 20)")
     ap.add_argument("--concurrency", type=int, default=4, help="keep-alive connections (default 4)")
     ap.add_argument("--scrape-interval", type=float, default=1.0, help="Prometheus scrape and rule evaluation interval, s (default 1)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="a config key of the started service, e.g. performance.warm_step_interval_us=0 (repeatable)")
     ap.add_argument("--url", help="measure this running service (e.g. http://127.0.0.1:8080) instead of starting one")
     ap.add_argument("--bootstrap", action="store_true", help="let the started service train its default model first (minutes)")
     ap.add_argument("--prometheus", default=shutil.which("prometheus"), help="Prometheus binary (default: prometheus on PATH)")
@@ -467,14 +482,15 @@ def main(argv: list[str] | None = None) -> int:
         print("--duration, --rate, --scrape-interval must be > 0; --markets, --concurrency ≥ 1", file=sys.stderr)
         return 2
 
+    overrides = override_env(args.set)
     command = shlex.join([".venv/bin/python", "benchmarks/prometheus_alert_bench.py", *(argv if argv is not None else sys.argv[1:])])
-    res: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command, "host": host_info()}
+    res: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command, "host": host_info(), "settings": args.set}
     children = Children()
     changes: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="prometheus-alert-bench-") as tmp, sigterm_as_interrupt():
         work = Path(tmp)
         try:
-            url = args.url.rstrip("/") if args.url else start_service(children, work, args.bootstrap)
+            url = args.url.rstrip("/") if args.url else start_service(children, work, args.bootstrap, overrides)
             if args.url:
                 wait_http(None, url + "/health", 30.0)
             res["service"] = {"url": url, "started_here": not args.url,

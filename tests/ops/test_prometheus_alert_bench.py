@@ -46,3 +46,31 @@ def test_a_short_run_reports_prometheus_figures(tmp_path: Path) -> None:
     assert alert["state"] in ("inactive", "pending")  # `for: 2m`: a 2 s run cannot fire it
     assert (alert["state"] == "pending") == (alert["active_at"] is not None)
     assert "| quantile | histogram_quantile [5m]" in r.stdout and "HighProcessingLatency:" in r.stdout
+
+
+def _script_module() -> object:
+    import importlib.util
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("prometheus_alert_bench", SCRIPT)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # its dataclasses look their module up
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return mod
+
+
+def test_set_gives_the_started_service_config_variables() -> None:
+    mod = _script_module()
+    env = mod.override_env(["performance.warm_step_interval_us=0", " server.max_connections = 50 "])  # type: ignore[attr-defined]
+    assert env == {"CEREBELLAR_NORSE_PERFORMANCE__WARM_STEP_INTERVAL_US": "0", "CEREBELLAR_NORSE_SERVER__MAX_CONNECTIONS": "50"}
+
+
+@pytest.mark.parametrize("item", ["performance.busy_poll_us", "busy_poll_us=1", ".x=1", "performance.=1"])
+def test_a_malformed_set_is_refused_before_anything_starts(item: str) -> None:
+    r = subprocess.run([sys.executable, str(SCRIPT), "--duration", "1", "--prometheus", sys.executable, "--set", item],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode != 0
+    assert f"--set {item!r}: expected section.key=value" in r.stderr
