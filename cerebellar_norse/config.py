@@ -130,8 +130,8 @@ class PerformanceConfig(_Section):
     warm_step_interval_us: int = Field(1000, ge=0, le=1_000_000, description=(
         "While ticks keep coming (for warm_window_ms after each batch), step the last tick again on a state slot no "
         "market holds this often (us), so that the next tick finds the network's code and weights in the CPU's caches "
-        "(on the development VM at 300 ticks/s it cut the per-tick network time by about 40% at the median and half at "
-        "p95, for about 0.5% of a core); nothing a client sees changes. 0: never; otherwise at least 1000 (event-loop "
+        "(on the development VM at 300 ticks/s it halved the per-tick network time at the median and cut p95 by more than half, "
+        "for about 1% of a core); nothing a client sees changes. 0: never; otherwise at least 1000 (event-loop "
         "timers have millisecond resolution). Needs a free state slot."))
     warm_window_ms: int = Field(1000, ge=1, le=3_600_000, description=(
         "How long after each batch the warm steps of warm_step_interval_us go on (ms): an idle service stops them."))
