@@ -19,7 +19,10 @@ other work on a shared host holds the core):
 ``CEREBELLAR_NORSE_*`` variables of the environment override the default config as they
 do for the service (e.g. ``CEREBELLAR_NORSE_TRAINING__LIVE_EVALUATION=false`` measures the
 route without live self-evaluation); the state dir is always a temporary one, first-run
-training is off and the log level is WARNING.
+training is off and the log level is WARNING. Warm steps are off
+(``performance.warm_step_interval_us = 0`` unless the environment sets it): their timer
+runs by wall time, so under callgrind, tens of times slower, it would fire tens of times
+more often per request than in service, and back to back they have no gap to warm.
 
 Request bodies are made before the timed part. With ``--instructions``, each scenario
 runs once under valgrind's callgrind instead, and the instructions executed per request
@@ -129,7 +132,8 @@ async def _cpu_per_request(one: Callable[[bytes], Awaitable[None]], bodies: Bodi
 async def _run(args: argparse.Namespace) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="cn-hot-route-") as tmp:
         overrides = {k: v for k, v in os.environ.items() if k.startswith("CEREBELLAR_NORSE_")}
-        cfg = load_checked_config(None, environ={**overrides, "CEREBELLAR_NORSE_PATHS__STATE_DIR": tmp,
+        cfg = load_checked_config(None, environ={"CEREBELLAR_NORSE_PERFORMANCE__WARM_STEP_INTERVAL_US": "0", **overrides,
+                                                 "CEREBELLAR_NORSE_PATHS__STATE_DIR": tmp,
                                                  "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false",
                                                  "CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING"})
         state = build_service(cfg)

@@ -76,7 +76,7 @@ async def test_no_warm_step_without_a_free_slot_or_before_the_first_batch(engine
 
 
 async def test_warm_steps_run_while_ticks_keep_coming_then_stop(engine_config: ConfigFactory) -> None:
-    engine = Engine(engine_config(warm_step_interval_us=1000, warm_window_ms=150))
+    engine = Engine(engine_config(warm_step_interval_us=1000, warm_window_ms=400))
     engine.warm_up()
     assert engine.stats.warm_steps == 0
     await engine.submit(tick("A", T0))
