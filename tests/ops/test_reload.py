@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -11,11 +12,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from cerebellar_norse.api.deps import ServiceState
 from cerebellar_norse.api.lifecycle import LIVE_KEYS, changed_keys, reload_config
 from cerebellar_norse.api.server import build_service
 from cerebellar_norse.config import load_checked_config, load_config
@@ -149,79 +152,72 @@ def test_reloaded_auto_activate_governs_the_jobs_that_finish_after_it(tmp_path: 
         logging.getLogger().setLevel(root_level)
 
 
-POLL_TOML = """
+PERFORMANCE_TOML = """
 [paths]
 state_dir = "{state_dir}"
 [training]
 bootstrap_on_first_run = false
 [performance]
-busy_poll_us = {poll}
+{settings}
 """
+
+
+@contextlib.contextmanager
+def reloadable_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: str) -> Iterator[tuple[ServiceState, Callable[[str], None]]]:
+    """A service built from a config file with these ``[performance]`` lines, and a function that rewrites them and reloads."""
+    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(k)
+    cfg_path = tmp_path / "service.toml"
+
+    def write(lines: str) -> None:
+        cfg_path.write_text(PERFORMANCE_TOML.format(state_dir=tmp_path / "state", settings=lines))
+
+    def reload(lines: str) -> None:
+        write(lines)
+        reload_config(state, str(cfg_path))
+
+    write(settings)
+    root_level = logging.getLogger().level
+    state = build_service(load_checked_config(cfg_path))
+    try:
+        yield state, reload
+    finally:
+        logging.getLogger().setLevel(root_level)
 
 
 @pytest.mark.asyncio
 async def test_reloaded_busy_poll_us_governs_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``performance.busy_poll_us`` applies on reload: the next batch polls (or not) by the new value."""
-    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
-        monkeypatch.delenv(k)
-    cfg_path = tmp_path / "service.toml"
-    cfg_path.write_text(POLL_TOML.format(state_dir=tmp_path / "state", poll=0))
-    root_level = logging.getLogger().level
-    state = build_service(load_checked_config(cfg_path))
-    try:
+    with reloadable_service(tmp_path, monkeypatch, "busy_poll_us = 0") as (state, reload):
         eng = state.engine
         await eng.submit(Tick(100.0, 1.0, 1_700_000_000_000, "A"))
         assert not eng.polling
-        cfg_path.write_text(POLL_TOML.format(state_dir=tmp_path / "state", poll=5_000_000))
-        reload_config(state, str(cfg_path))
+        reload("busy_poll_us = 5000000")
         assert state.cfg.performance.busy_poll_us == 5_000_000
         await eng.submit(Tick(100.0, 1.0, 1_700_000_000_001, "A"))
         assert eng.polling
-        cfg_path.write_text(POLL_TOML.format(state_dir=tmp_path / "state", poll=0))
-        reload_config(state, str(cfg_path))
+        reload("busy_poll_us = 0")
         await asyncio.sleep(0.01)
         assert not eng.polling  # a window already running ends at the next round
-    finally:
-        logging.getLogger().setLevel(root_level)
-
-
-WARM_TOML = """
-[paths]
-state_dir = "{state_dir}"
-[training]
-bootstrap_on_first_run = false
-[performance]
-warm_step_interval_us = {interval}
-warm_window_ms = 3600000
-"""
 
 
 @pytest.mark.asyncio
 async def test_reloaded_warm_step_interval_governs_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``performance.warm_step_interval_us`` applies on reload: 0 stops the warm steps, a new interval starts them."""
-    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
-        monkeypatch.delenv(k)
-    cfg_path = tmp_path / "service.toml"
-    cfg_path.write_text(WARM_TOML.format(state_dir=tmp_path / "state", interval=1000))
-    root_level = logging.getLogger().level
-    state = build_service(load_checked_config(cfg_path))
-    try:
+    window = "\nwarm_window_ms = 3600000"
+    with reloadable_service(tmp_path, monkeypatch, "warm_step_interval_us = 1000" + window) as (state, reload):
         eng = state.engine
         await eng.submit(Tick(100.0, 1.0, 1_700_000_000_000, "A"))
         await asyncio.sleep(0.02)
         assert eng.stats.warm_steps > 0
-        cfg_path.write_text(WARM_TOML.format(state_dir=tmp_path / "state", interval=0))
-        reload_config(state, str(cfg_path))
+        reload("warm_step_interval_us = 0" + window)
         assert state.cfg.performance.warm_step_interval_us == 0
         await asyncio.sleep(0.01)  # a round already scheduled ends the timer
         stopped = eng.stats.warm_steps
         await asyncio.sleep(0.02)
         assert eng.stats.warm_steps == stopped and eng._warm_handle is None
-        cfg_path.write_text(WARM_TOML.format(state_dir=tmp_path / "state", interval=2000))
-        reload_config(state, str(cfg_path))
+        reload("warm_step_interval_us = 2000" + window)
         await eng.submit(Tick(100.0, 1.0, 1_700_000_000_001, "A"))
         await asyncio.sleep(0.02)
         assert eng.stats.warm_steps > stopped
         await eng.drain(save=False)
-    finally:
-        logging.getLogger().setLevel(root_level)
