@@ -137,6 +137,7 @@ class Engine:
         self.warm_window_s = perf.warm_window_ms / 1e3
         self._warm_until = 0.0
         self._warm_handle: asyncio.TimerHandle | None = None
+        self._warm_paused = False  # the last round found every state slot taken (logged once per pause)
         self.learner = self._make_learner()
         self.scorer = LiveScorer.from_config(cfg, self.pool.capacity) if cfg.training.live_evaluation else None
         self.recorder: TickRecorder | None = None
@@ -354,7 +355,12 @@ class Engine:
         if not self._accepting or self.warm_interval_s <= 0.0 or time.monotonic() >= self._warm_until:
             return
         if not self._pending:  # a queued tick goes first; its flush is already scheduled
-            self.warm_step()
+            stepped = self.warm_step()
+            if stepped == self._warm_paused:
+                self._warm_paused = not stepped
+                log.info("warm steps resumed: a state slot is free" if stepped else
+                         "warm steps paused: every state slot holds a market (raise performance.max_markets by one to keep them)",
+                         extra={"fields": {"markets": self.pool.used, "capacity": self.pool.capacity}})
         self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
 
     def warm_step(self) -> bool:

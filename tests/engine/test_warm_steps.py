@@ -127,3 +127,22 @@ async def test_a_queued_tick_goes_before_the_warm_step(engine_config: ConfigFact
     await pending
     assert engine.stats.ticks == 2
     await engine.drain(save=False)
+
+
+async def test_a_full_pool_pauses_the_warm_steps_and_says_so_once(engine_config: ConfigFactory,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    engine = Engine(engine_config(max_markets=2, memory_pool_enabled=False, warm_window_ms=3_600_000))
+    await engine.submit(tick("A", T0))
+    await engine.submit(tick("B", T0))
+    caplog.set_level("INFO", logger="cerebellar_norse.engine")
+    steps = engine.stats.warm_steps
+    await asyncio.sleep(0.03)
+    assert engine.stats.warm_steps == steps  # no slot to step on
+    paused = [r for r in caplog.records if r.getMessage().startswith("warm steps paused")]
+    assert len(paused) == 1 and "max_markets" in paused[0].getMessage()
+    assert engine.reset_market("B")
+    await asyncio.sleep(0.03)
+    assert engine.stats.warm_steps > steps
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("warm steps resumed")] == [
+        "warm steps resumed: a state slot is free"]
+    await engine.drain(save=False)
