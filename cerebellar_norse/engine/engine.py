@@ -355,7 +355,12 @@ class Engine:
         if not self._accepting or self.warm_interval_s <= 0.0 or time.monotonic() >= self._warm_until:
             return
         if not self._pending:  # a queued tick goes first; its flush is already scheduled
-            stepped = self.warm_step()
+            try:
+                stepped = self.warm_step()
+            except Exception:  # never worth more than the ticks: stop warming, keep serving
+                self.warm_interval_s = 0.0
+                log.exception("warm step failed: warm steps are off until the next restart or applied reload")
+                return
             if stepped == self._warm_paused:
                 self._warm_paused = not stepped
                 log.info("warm steps resumed: a state slot is free" if stepped else

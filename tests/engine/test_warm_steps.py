@@ -146,3 +146,29 @@ async def test_a_full_pool_pauses_the_warm_steps_and_says_so_once(engine_config:
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("warm steps resumed")] == [
         "warm steps resumed: a state slot is free"]
     await engine.drain(save=False)
+
+
+async def test_a_failing_warm_step_turns_them_off_and_the_engine_keeps_serving(
+        engine_config: ConfigFactory, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(engine_config(warm_window_ms=3_600_000))
+    await engine.submit(tick("A", T0))
+    caplog.set_level("INFO", logger="cerebellar_norse.engine")
+    before = engine.stats.warm_steps
+    real = engine.backend.step_buffered
+    calls = 0
+
+    def broken(b: int) -> object:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.backend, "step_buffered", broken)
+    await asyncio.sleep(0.03)
+    assert calls == 1 and engine.warm_interval_s == 0.0 and engine._warm_handle is None
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "warm step failed: warm steps are off until the next restart or applied reload"]
+    monkeypatch.setattr(engine.backend, "step_buffered", real)
+    result = await engine.submit(tick("A", T0 + 10))
+    assert result.market_id == "A" and engine.stats.ticks == 2
+    await asyncio.sleep(0.01)
+    assert engine.stats.warm_steps == before
