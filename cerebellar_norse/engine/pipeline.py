@@ -158,12 +158,17 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
     ``populations`` (see :func:`_finish_batch`). Returns probabilities, spikes and the
     time in ns (backend step and finishing pass).
     """
-    b = len(ticks)
     slots, arr = buf.slots, buf.ticks
     for j, t in enumerate(ticks):
         slots[j] = pool.table.acquire(t.market_id)
         arr[0, j], arr[1, j], arr[2, j] = t.price, t.volume, t.timestamp
-    table = buf.finish_table(weights, pool.arrays.enc)
+    return _step_rows(backend, weights, pool.arrays.enc, buf, len(ticks))
+
+
+def _step_rows(backend: Backend, weights: Weights, enc: np.ndarray, buf: StepBuffers,
+               b: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Step the first ``b`` staged rows of ``buf`` through the backend and the finishing pass; time in ns."""
+    table = buf.finish_table(weights, enc)
     finish = buf.finish
     if finish is None:
         finish = buf.finish = compiled_entry(_finish_batch_table, table.address, table.size, b, buf.apply_head)
@@ -171,8 +176,6 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
     probs, spikes = backend.step_buffered(b)
     finish(table.address, table.size, b, buf.apply_head)
     return probs, spikes, time.perf_counter_ns() - t0
-
-
 
 
 def warm_step(backend: Backend, weights: Weights, enc: np.ndarray, buf: StepBuffers, slot: int) -> bool:
@@ -187,7 +190,5 @@ def warm_step(backend: Backend, weights: Weights, enc: np.ndarray, buf: StepBuff
     if buf.finish is None:
         return False
     buf.slots[0] = slot
-    table = buf.finish_table(weights, enc)
-    backend.step_buffered(1)
-    buf.finish(table.address, table.size, 1, buf.apply_head)
+    _step_rows(backend, weights, enc, buf, 1)
     return True
