@@ -320,10 +320,11 @@ async def raw_concurrent(port: int, path: str, conc: int, total: int, max_s: flo
     return st.summary()
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU time (user + system, s) a process has used so far, from ``/proc/<pid>/stat``."""
+def process_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU time (user, system; s) a process has used so far, from ``/proc/<pid>/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def run_async(coro: Any) -> Any:
@@ -357,13 +358,14 @@ def verdict(ok: bool) -> str:
 def _concurrency_table(title: str, per_level: dict[Any, Any], ratios: dict[Any, Any], client: str) -> list[str]:
     """Markdown lines of one concurrency table and its throughput ratios (with server CPU per request where measured)."""
     cpu = all("server_cpu_us_per_request" in s for per in per_level.values() for s in per.values())
-    head = "| endpoint | concurrency | requests | errors | req/s | p50 µs | p99 µs |" + (" server CPU µs/request |" if cpu else "")
-    lines = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if cpu else "")]
+    head = ("| endpoint | concurrency | requests | errors | req/s | p50 µs | p99 µs |"
+            + (" server CPU µs/request | of it in the kernel (system) |" if cpu else ""))
+    lines = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cpu else "")]
     for c, per in per_level.items():
         for name in (PROCESS, EMPTY):
             s = per[name]
             lines.append(f"| `{name}` | {c} | {s['requests']} | {s['errors']} | {s['throughput_rps']} | {s['p50_us']} | {s['p99_us']} |"
-                         + (f" {s['server_cpu_us_per_request']} |" if cpu else ""))
+                         + (f" {s['server_cpu_us_per_request']} | {s.get('server_system_cpu_us_per_request', '')} |" if cpu else ""))
     lines += ["", f"Throughput ratio `/neural/process` ÷ empty ({client}): " + ", ".join(f"c={c}: {ratios[c]}" for c in per_level)]
     if cpu:
         lines += ["", "Server CPU per request, empty ÷ `/neural/process` (requests per CPU-second the service serves, relative "
@@ -453,10 +455,12 @@ def main(argv: list[str] | None = None) -> int:
                 raw: dict[str, Any] = {}
                 for path, srv in servers.items():
                     per[path] = run_async(httpx_concurrent(srv.url, path, c, args.requests, args.max_seconds, ticks))
-                    cpu0 = process_cpu_s(srv.proc.pid)
+                    user0, sys0 = process_cpu_s(srv.proc.pid)
                     raw[path] = run_async(raw_concurrent(srv.port, path, c, args.requests, args.max_seconds, ticks))
                     served = raw[path]["requests"] + WARM_ROUNDS * c
-                    raw[path]["server_cpu_us_per_request"] = round(1e6 * (process_cpu_s(srv.proc.pid) - cpu0) / served, 1)
+                    user1, sys1 = process_cpu_s(srv.proc.pid)
+                    raw[path]["server_cpu_us_per_request"] = round(1e6 * (user1 - user0 + sys1 - sys0) / served, 1)
+                    raw[path]["server_system_cpu_us_per_request"] = round(1e6 * (sys1 - sys0) / served, 1)
                 res["concurrency"][c] = per
                 res["concurrency_raw"][c] = raw
             metrics = httpx.get(f"{service.url}/metrics", timeout=5).text
