@@ -52,6 +52,7 @@ from ..neurons.topology import LAYERS as WEIGHT_LAYERS
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..engine.engine import Engine
     from ..engine.records import BatchRecord
     from ..neurons.topology import Weights
 
@@ -349,7 +350,7 @@ TRACED = (("granule", "v_gr"), ("purkinje", "v_pc"), ("dcn", "v_dcn"))
 class MarketTrace:
     """Per-tick spike counts and potentials of the watched markets, in bounded rings."""
 
-    def __init__(self, engine: Any, ring: int = RING_TICKS) -> None:
+    def __init__(self, engine: Engine, ring: int = RING_TICKS) -> None:
         from collections import OrderedDict, deque
 
         self.engine = engine
@@ -360,7 +361,7 @@ class MarketTrace:
         self._deque = deque
 
     @classmethod
-    def attach(cls, engine: Any, registry: dict[str, Any]) -> MarketTrace:
+    def attach(cls, engine: Engine, registry: dict[str, Any]) -> MarketTrace:
         """The trace kept in ``registry`` (the service's extras), attached to ``engine`` on first use."""
         from .debugtools import attach_once
 
