@@ -36,6 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 from http_bench import (  # benchmarks/ is first on sys.path
     Server,
     Ticks,
@@ -97,8 +98,19 @@ def serve(variant: str, port: int) -> int:
     return main(["--port", str(port)])
 
 
-def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
-    """Per variant, one row per round: req/s and the server's user and system CPU µs per request."""
+def mean_batch(metrics: str) -> float:
+    """Mean engine batch (ticks) from a ``/metrics`` exposition: the batch-size histogram's sum over its count."""
+    found = {}
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("cerebellar_norse_batch_size_ticks_sum", "cerebellar_norse_batch_size_ticks_count"):
+            found[name.rsplit("_", 1)[1]] = float(value)
+    return found["sum"] / found["count"] if found.get("count") else float("nan")
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, list[dict[str, float]]], float]:
+    """Per variant, one row per round: req/s and the server's user and system CPU µs per request; and the
+    ``full`` service's mean batch over the run (ticks)."""
     out: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="route-ablation-") as tmp:
         work = Path(tmp)
@@ -124,15 +136,16 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
                         raise SystemExit(f"{v}: {res['errors']} requests were not answered 200")
                     n = res["requests"]
                     out[v].append({"rps": res["throughput_rps"], "user_us": 1e6 * (u1 - u0) / n, "system_us": 1e6 * (s1 - s0) / n})
+            batch = mean_batch(httpx.get(servers["full"].url + "/metrics", timeout=10).text)
         finally:
             for srv in servers.values():
                 srv.stop()
-    return out
+    return out, batch
 
 
-def report(res: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> str:
+def report(res: dict[str, list[dict[str, float]]], batch: float, args: argparse.Namespace) -> str:
     lines = [f"Server CPU per request (µs), concurrency {args.concurrency}, {args.requests} requests per variant and round",
-             "", f"{'variant':<10} {'req/s':>9} {'CPU':>7} {'user':>7} {'system':>7}   rounds (CPU)"]
+             f"(full: the engine's batches held {batch:.2f} ticks on average)", "", f"{'variant':<10} {'req/s':>9} {'CPU':>7} {'user':>7} {'system':>7}   rounds (CPU)"]
     med: dict[str, float] = {}
     for v, rows in res.items():
         cpu = [r["user_us"] + r["system_us"] for r in rows]
@@ -160,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.serve:
         return serve(args.serve, args.port)
-    print(report(measure(args), args))
+    print(report(*measure(args), args))
     return 0
 
 

@@ -22,6 +22,8 @@ def test_every_variant_answers_and_is_reported() -> None:
     parts = re.findall(r"^  (engine, checks and answer JSON|content-type check and validation|request context|uvicorn and the socket)\s",
                        proc.stdout, re.M)
     assert len(parts) == 4, proc.stdout
+    batch = re.search(r"batches held ([\d.]+) ticks on average", proc.stdout)
+    assert batch is not None and 1.0 <= float(batch.group(1)) <= 4.0, proc.stdout  # 4 connections: at most 4 ticks a batch
 
 
 def test_an_unknown_variant_is_refused_by_name() -> None:
