@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 from http_bench import (  # benchmarks/ is first on sys.path
+    WARM_ROUNDS,
     Server,
     Ticks,
     process_cpu_s,
@@ -134,7 +135,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[dict[str, float]]]
                     u1, s1 = process_cpu_s(srv.proc.pid)
                     if res["errors"]:
                         raise SystemExit(f"{v}: {res['errors']} requests were not answered 200")
-                    n = res["requests"]
+                    n = res["requests"] + WARM_ROUNDS * args.concurrency  # the client's warm-up requests are served too
                     out[v].append({"rps": res["throughput_rps"], "user_us": 1e6 * (u1 - u0) / n, "system_us": 1e6 * (s1 - s0) / n})
             batch = mean_batch(httpx.get(servers["full"].url + "/metrics", timeout=10).text)
         finally:
