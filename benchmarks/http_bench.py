@@ -103,6 +103,18 @@ class Server:
         return self.proc.wait()
 
 
+def service_env(state_dir: Path, bootstrap: bool = False, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a benchmarked service: this one without config overrides, the state dir, log level WARNING,
+    no first-run training unless ``bootstrap``, then ``extra`` (config variables)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
+    env["CEREBELLAR_NORSE_PATHS__STATE_DIR"] = str(state_dir)
+    env["CEREBELLAR_NORSE_LOG"] = "WARNING"
+    if not bootstrap:
+        env["CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN"] = "false"
+    env.update(extra or {})
+    return env
+
+
 def start(name: str, argv: list[str], workdir: Path, env: dict[str, str]) -> Server:
     port = free_port()
     log = workdir / f"{name}.log"
@@ -432,11 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command, "host": host_info()}
     with tempfile.TemporaryDirectory(prefix="http-bench-") as tmp:
         work = Path(tmp)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
-        env["CEREBELLAR_NORSE_PATHS__STATE_DIR"] = str(work / "state")
-        env["CEREBELLAR_NORSE_LOG"] = "WARNING"
-        if args.untrained:
-            env["CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN"] = "false"
+        env = service_env(work / "state", bootstrap=not args.untrained)
         service = start("service", ["-m", "cerebellar_norse.cli"], work, env)
         empty = start("empty", [str(REPO_ROOT / "benchmarks" / "empty_app.py")], work, env)
         try:

@@ -64,7 +64,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from http_bench import read_answer  # benchmarks/ is the script's directory, first on sys.path
+from http_bench import read_answer, service_env  # benchmarks/ is the script's directory, first on sys.path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RULES = REPO_ROOT / "monitoring" / "alerts.yml"
@@ -166,12 +166,7 @@ def override_env(settings: list[str]) -> dict[str, str]:
 def start_service(children: Children, work: Path, bootstrap: bool, overrides: dict[str, str] | None = None) -> str:
     """The service on the default config (plus ``overrides``, config variables) and a free loopback port; its base URL once /health is 200."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
-    env["CEREBELLAR_NORSE_PATHS__STATE_DIR"] = str(work / "state")
-    env["CEREBELLAR_NORSE_LOG"] = "WARNING"
-    if not bootstrap:
-        env["CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN"] = "false"
-    env.update(overrides or {})
+    env = service_env(work / "state", bootstrap, overrides)
     child = children.start("service", [sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)], work / "service.log", env)
     url = f"http://127.0.0.1:{port}"
     wait_http(child, url + "/health", 600.0 if bootstrap else 120.0)

@@ -29,7 +29,6 @@ a figure from N requests is good to about 10 ms / N: 20,000 requests, 0.5 µs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from http_bench import (  # benchmarks/ is first on sys.path
     process_cpu_s,
     raw_concurrent,
     run_async,
+    service_env,
     start,
 )
 
@@ -118,10 +118,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[dict[str, float]]]
         servers: dict[str, Server] = {}
         try:
             for v in VARIANTS:
-                env = {k: val for k, val in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
-                env.update({"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(work / f"state-{v}"), "CEREBELLAR_NORSE_LOG": "WARNING",
-                            "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false"})
-                servers[v] = start(v, [__file__, "--serve", v], work, env)
+                servers[v] = start(v, [__file__, "--serve", v], work, service_env(work / f"state-{v}"))
             for srv in servers.values():
                 srv.wait_ready("/health")
             ticks = Ticks()

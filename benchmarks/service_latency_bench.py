@@ -53,7 +53,7 @@ from typing import Any
 
 import numba as nb
 import numpy as np
-from http_bench import RawConnection, start  # benchmarks/ is the script's directory, first on sys.path
+from http_bench import RawConnection, service_env, start  # benchmarks/ is the script's directory, first on sys.path
 
 from cerebellar_norse.neurons.bench import cpu_model
 
@@ -67,10 +67,8 @@ class Service:
     def __init__(self, busy_poll_us: int = 0, warm_step_interval_us: int | None = None) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="cn-latency-")
         work = Path(self.tmp.name)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
-        env.update({"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(work / "state"),
-                    "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false", "CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING",
-                    "CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US": str(busy_poll_us)})
+        env = service_env(work / "state", extra={"CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING",
+                                                 "CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US": str(busy_poll_us)})
         if warm_step_interval_us is not None:
             env["CEREBELLAR_NORSE_PERFORMANCE__WARM_STEP_INTERVAL_US"] = str(warm_step_interval_us)
         self.server = start("service", ["-m", "cerebellar_norse.cli"], work, env)

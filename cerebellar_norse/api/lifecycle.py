@@ -83,11 +83,7 @@ def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]
     state.cfg = cfg.model_copy(update=update)
     eng = state.engine
     eng.cfg = state.cfg
-    eng.delay_s = state.cfg.performance.max_batch_delay_us / 1e6
-    eng.queue_size = state.cfg.performance.queue_size
-    eng.busy_poll_s = state.cfg.performance.busy_poll_us / 1e6
-    eng.warm_interval_s = state.cfg.performance.warm_step_interval_us / 1e6
-    eng.warm_window_s = state.cfg.performance.warm_window_ms / 1e3
+    eng.apply_live_settings(state.cfg.performance)
     logging.getLogger().setLevel(effective_level(state.cfg.logging))
     return live, restart
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import Config, estimate_memory
+from ..config import Config, PerformanceConfig, estimate_memory
 from ..errors import CapacityError, CheckpointError, EngineFatalError, StorageError, TickOrderError
 from ..neurons.backends import Backend, make_backend
 from ..neurons.parameters import encoder_parameters, network_parameters
@@ -128,13 +128,9 @@ class Engine:
                                              encoder_parameters(cfg.neural), perf.batch_size, perf.cpu_threads,
                                              {"cfg": cfg, **(backend_options or {})})
         self.batch_size = perf.batch_size
-        self.delay_s = perf.max_batch_delay_us / 1e6
-        self.queue_size = perf.queue_size
-        self.busy_poll_s = perf.busy_poll_us / 1e6
+        self.apply_live_settings(perf)
         self._poll_until = 0.0
         self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
-        self.warm_interval_s = perf.warm_step_interval_us / 1e6
-        self.warm_window_s = perf.warm_window_ms / 1e3
         self._warm_until = 0.0
         self._warm_handle: asyncio.TimerHandle | None = None
         self._warm_paused = False  # the last round found every state slot taken (logged once per pause)
@@ -160,6 +156,14 @@ class Engine:
         self._last_stepped_ns = 0  # when the last backend step ended (perf_counter ns), for request timelines
 
     # -- state ------------------------------------------------------------------
+
+    def apply_live_settings(self, perf: PerformanceConfig) -> None:
+        """Take the ``[performance]`` keys a reload may change: batch delay, queue size, busy polling and warm steps."""
+        self.delay_s = perf.max_batch_delay_us / 1e6
+        self.queue_size = perf.queue_size
+        self.busy_poll_s = perf.busy_poll_us / 1e6
+        self.warm_interval_s = perf.warm_step_interval_us / 1e6
+        self.warm_window_s = perf.warm_window_ms / 1e3
 
     def _reset_slot(self, slot: int) -> None:
         self.arrays.reset_slot(slot, self.params, float(self.weights.golgi_init))
