@@ -22,6 +22,7 @@ from .errors import install_error_handlers
 from .fastpath import TickFastPath, is_hot
 from .openapi import install_openapi
 from .routes import debug, handover, health, model_upload, neural
+from .routing import exact_route_paths, install_exact_paths
 from .schemas import error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
@@ -197,6 +198,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     ``fast_path=False`` leaves ``POST /neural/process`` to its FastAPI route (same
     answers, slower: for comparing the two).
     """
+    install_exact_paths()  # before any route of the app is compiled
     app = ServiceApp(
         lifespan=lifespan,
         title="cerebellar-norse",
@@ -214,6 +216,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
         app.include_router(r)
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc())
     install_openapi(app, state)
+    exact_route_paths(app.router.routes)
     if fast_path:
         app.hot = RequestContextMiddleware(TickFastPath(state), state)
     app.add_middleware(RequestContextMiddleware, state=state)

@@ -1,0 +1,66 @@
+"""Route paths match the whole request path, whatever characters it holds.
+
+Starlette compiles each route's path into a regular expression ending in ``$``, which
+also matches just before a final newline, and its ``path`` parameters (``.*``) stop at a
+newline. Left so, ``DELETE /neural/markets/ABC%0A`` would reset the market ``ABC`` (the
+newline dropped from the id), ``POST /training%0A`` would start a job, and a market id
+with a newline inside it would match no route (a bare "Not Found" instead of the
+route's own answer naming the market).
+
+FastAPI compiles the paths of included routers when the first request is matched, with
+the ``compile_path`` of its own module, and offers no hook for it. So
+:func:`install_exact_paths` replaces that function, in FastAPI's module and in
+Starlette's, by one whose expressions end only at the end of the path (``\\Z``) and whose
+parameters match any character; the routes' own checks then answer for ids that are not
+valid market ids. :func:`exact_route_paths` does the same to routes compiled before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import fastapi.routing
+import starlette.routing
+
+Compiled = tuple[re.Pattern[str], str, dict[str, Any]]
+
+
+def exact_pattern(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    """``pattern`` (from Starlette's ``compile_path``: ``^…$``) anchored at the very end, ``.`` matching newlines."""
+    source = pattern.pattern
+    if source.endswith(r"\Z"):
+        return pattern
+    if not source.endswith("$"):
+        raise ValueError(f"not a compiled route path (no final $): {source!r}")
+    return re.compile(source[:-1] + r"\Z", pattern.flags | re.DOTALL)
+
+
+def exact_compiler(compile_path: Callable[[str], Compiled]) -> Callable[[str], Compiled]:
+    """``compile_path`` with :func:`exact_pattern` applied to the expression it returns."""
+    def compile_exact(path: str) -> Compiled:
+        regex, path_format, convertors = compile_path(path)
+        return exact_pattern(regex), path_format, convertors
+
+    compile_exact.exact = True  # type: ignore[attr-defined]
+    return compile_exact
+
+
+def install_exact_paths() -> None:
+    """Make every route compiled from now on in this process match only whole paths (idempotent)."""
+    for module in (starlette.routing, fastapi.routing):
+        current = module.compile_path
+        if not getattr(current, "exact", False):
+            module.compile_path = exact_compiler(current)  # type: ignore[attr-defined]
+
+
+def exact_route_paths(routes: Iterable[Any]) -> int:
+    """Make the compiled routes among ``routes`` match only whole paths; returns how many changed."""
+    changed = 0
+    for route in routes:
+        rx = getattr(route, "path_regex", None)
+        if isinstance(rx, re.Pattern) and not rx.pattern.endswith(r"\Z"):
+            route.path_regex = exact_pattern(rx)
+            changed += 1
+    return changed

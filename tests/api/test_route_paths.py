@@ -1,0 +1,88 @@
+"""Routes match the whole request path: a newline in a market id neither drops out nor hides the route."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from live_helpers import NO_BOOTSTRAP
+from starlette.routing import Route, compile_path
+
+from cerebellar_norse.api.app import create_app
+from cerebellar_norse.api.deps import ServiceState
+from cerebellar_norse.api.routing import exact_pattern, exact_route_paths
+from cerebellar_norse.api.server import build_service
+from cerebellar_norse.config import load_checked_config
+from cerebellar_norse.ticks import Tick
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> ServiceState:
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP}
+    svc = build_service(load_checked_config(None, environ=environ))
+    svc.engine.process_now([Tick(100.0, 10.0, 1_640_995_200_000, "ABC")])
+    return svc
+
+
+@pytest.fixture
+def tc(state: ServiceState) -> Iterator[TestClient]:
+    with TestClient(create_app(state), raise_server_exceptions=False) as c:
+        yield c
+
+
+def _error(r: object) -> dict[str, str]:
+    err: dict[str, str] = r.json()["error"]  # type: ignore[attr-defined]
+    return err
+
+
+def test_trailing_newline_does_not_name_another_market(tc: TestClient, state: ServiceState) -> None:
+    r = tc.delete("/neural/markets/ABC%0A")
+    assert r.status_code == 404, r.text
+    assert _error(r)["field"] == "market_id" and "'ABC\\n'" in _error(r)["message"]
+    assert state.engine.pool.table.get("ABC") is not None  # ABC's state is untouched
+    r = tc.get("/debug/markets/ABC%0A/state")
+    assert r.status_code == 404 and _error(r)["field"] == "market_id", r.text
+    assert tc.delete("/neural/markets/ABC").json()["reset"] is True
+
+
+def test_newline_inside_a_market_id_reaches_the_route(tc: TestClient) -> None:
+    r = tc.post("/neural/markets/%0A%01/release")
+    assert r.status_code == 409, r.text  # the route's own answer, not the router's bare 404
+    assert _error(r)["field"] == "market_id" and "'\\n\\x01'" in _error(r)["message"]
+    r = tc.post("/neural/markets/A%0AB/export")
+    assert r.status_code == 404 and _error(r)["field"] == "market_id", r.text
+
+
+@pytest.mark.parametrize("path", ["/health%0A", "/metrics%0A", "/neural/metrics%0A"])
+def test_fixed_paths_do_not_match_with_a_trailing_newline(tc: TestClient, path: str) -> None:
+    assert tc.get(path.removesuffix("%0A")).status_code in (200, 503)  # /health: 503 until the service is ready
+    r = tc.get(path)
+    assert r.status_code == 404 and _error(r)["type"] == "not_found", r.text
+
+
+def test_exact_pattern() -> None:
+    rx = re.compile(r"^/neural/markets/(?P<market_id>.*)/release$")  # as Starlette compiles the route
+    assert rx.match("/neural/markets/AB/release\n") and not rx.match("/neural/markets/A\nB/release")
+    exact = exact_pattern(rx)
+    m = exact.match("/neural/markets/A\nB/release")
+    assert m is not None and m["market_id"] == "A\nB"
+    assert exact.match("/neural/markets/AB/release\n") is None
+    assert exact.match("/neural/markets/A/B/release")["market_id"] == "A/B"  # type: ignore[index]
+    assert exact_pattern(exact) is exact
+    literal = exact_pattern(compile_path("/debug/markets/{market_id:path}/raster.png")[0])
+    assert literal.match("/debug/markets/A/raster.png") and not literal.match("/debug/markets/A/rasterXpng")
+    with pytest.raises(ValueError, match="final"):
+        exact_pattern(re.compile("^/a"))
+
+
+def test_exact_route_paths_changes_each_route_once() -> None:
+    routes = [Route("/a/{x:path}", lambda request: None), Route("/b", lambda request: None)]
+    for r in routes:  # as compiled before install_exact_paths
+        r.path_regex = re.compile(r.path_regex.pattern.removesuffix(r"\Z") + "$")
+    assert exact_route_paths(routes) == 2
+    assert exact_route_paths(routes) == 0
+    assert routes[0].path_regex.match("/a/x\n")["x"] == "x\n"  # type: ignore[index]
+    assert routes[1].path_regex.match("/b\n") is None
