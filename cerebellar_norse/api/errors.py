@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
@@ -47,7 +48,17 @@ def input_error_kind(exc: InputError) -> str:
 
 
 NOT_UTF8 = "the body is not UTF-8 text"
+TOO_DEEP = "arrays or objects are nested too deeply"
 OBJECT_EXPECTED = frozenset({"model_type", "model_attributes_type", "dict_type"})
+
+
+def undecodable(exc: BaseException | None) -> str:
+    """Why a body that is not JSON could not be decoded, when no JSON syntax error says it (see :func:`json_problem`)."""
+    if isinstance(exc, RecursionError):
+        return TOO_DEEP
+    if isinstance(exc, ValueError) and not isinstance(exc, UnicodeDecodeError):  # int()'s limit on digits
+        return f"a number has more than {sys.get_int_max_str_digits()} digits"
+    return NOT_UTF8
 
 
 def json_problem(body: str | bytes) -> str | None:
@@ -59,8 +70,8 @@ def json_problem(body: str | bytes) -> str | None:
         json.loads(body)
     except json.JSONDecodeError as exc:
         return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-    except (UnicodeDecodeError, TypeError):
-        return NOT_UTF8
+    except (ValueError, TypeError, RecursionError) as exc:
+        return undecodable(exc)
     return None
 
 
@@ -149,8 +160,8 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
             raise exc.__cause__
         kind = HTTP_ERROR_KINDS.get(exc.status_code, "http")
         message = str(exc.detail)
-        if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (e.g. not UTF-8)
-            message = f"request body is not valid JSON: {NOT_UTF8}"
+        if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (not UTF-8, too deep, too long a number)
+            message = f"request body is not valid JSON: {undecodable(exc.__cause__)}"
         count_error(kind)
         return JSONResponse(error_payload(kind, message, request_id_var.get()), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))

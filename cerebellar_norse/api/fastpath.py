@@ -27,7 +27,7 @@ from ..errors import CerebellarNorseError
 from ..observability.context import request_id_var
 from .deps import SCOPE_ROUTE, SCOPE_TIMELINE, ServiceState, content_type_problem
 from .errors import service_error, validation_response
-from .schemas import TickIn, error_payload
+from .schemas import error_payload, parse_tick
 from .tickpath import answer_tick
 
 PATH = "/neural/process"
@@ -85,7 +85,7 @@ class TickFastPath:
             await self._error(send, 422, "validation", "request body is missing")
             return
         try:
-            tick = TickIn.model_validate_json(body)
+            tick = parse_tick(body)
         except ValidationError as exc:
             status, payload = validation_response([dict(e) for e in exc.errors(include_url=False)], body)
             self.state.metrics.errors.labels(payload["error"]["type"]).inc()

@@ -53,6 +53,9 @@ BAD_MESSAGES: list[tuple[str, str | bytes, str, str | None]] = [
     ("extra field", '{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "X", "y": 1}', "validation", "y"),
     ("bad market", '{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "X\\u0001"}', "validation", "market_id"),
     ("binary garbage", b"\x00\xff", "malformed_json", None),
+    ("nested too deeply", "[" * 50_000 + "]" * 50_000, "malformed_json", None),
+    ("thousands of digits", '{"price": 1' + "0" * 5000 + '.5, "volume": 1.0, "timestamp": 1640995200000, "market_id": "X"}',
+     "validation", "price"),
 ]
 
 

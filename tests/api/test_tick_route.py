@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from live_helpers import NO_BOOTSTRAP, LiveServer
 
 from cerebellar_norse.api.app import create_app
+from cerebellar_norse.api.routes import training
 from cerebellar_norse.api.schemas import BatchOut, ResultOut
 from cerebellar_norse.api.server import build_service
 from cerebellar_norse.api.tickpath import batch_json, result_json
@@ -60,6 +61,9 @@ REQUESTS: list[tuple[Any, dict[str, str]]] = [
     (b'{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "\xff"}', {}),
     (b"", {}),
     (b"[]", {}),
+    (b"[" * 100_000 + b"]" * 100_000, {}),  # deeper than either JSON parser goes: 400, not a 500
+    (b'{"price": 1.0, "volume": 1.0, "timestamp": 1' + b"0" * 5000 + b', "market_id": "A"}', {}),  # past int()'s digits
+    (b'{"price": 1' + b"0" * 5000 + b'.5, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"}', {}),
     (_tick("A", 45), {"content-type": "text/plain"}),
     (_tick("A", 46), {"x-market-id": "B/C"}),  # routed by another market's header: 422
     (_tick('q"u\\o\'te', 1), {}),  # a market id that JSON must escape
@@ -103,6 +107,21 @@ def test_batch_route_answers_a_body_that_is_not_utf8_with_400(tmp_path: Path) ->
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "malformed_json"
     assert "not UTF-8" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    (b'{"ticks": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    (b'{"ticks": [{"price": 1.0, "volume": 1.0, "timestamp": 1' + b"0" * 5000 + b', "market_id": "A"}]}',
+     "more than 4300 digits"),
+])
+@pytest.mark.parametrize("path", ["/neural/process/batch", "/training"])
+def test_routes_with_bodies_say_why_a_body_is_not_json(tmp_path: Path, path: str, body: bytes, why: str) -> None:
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP}
+    app = create_app(build_service(load_checked_config(None, environ=environ)), extra_routers=[training.router])
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "malformed_json", r.text
+    assert why in r.json()["error"]["message"]
 
 
 def test_timelines_have_every_stage_in_order(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN
 from ..deps import SCOPE_TIMELINE, JsonBodyRoute, require_token, service
 from ..errors import service_error, validation_response
 from ..openapi import error_responses
-from ..schemas import BatchIn, BatchOut, MarketResetOut, ResultOut, TickIn
+from ..schemas import BatchIn, BatchOut, MarketResetOut, ResultOut, TickIn, parse_tick
 from ..tickpath import JSON_TYPE, answer_batch, answer_tick
 
 STREAM_PATH = "/neural/stream"
@@ -126,7 +126,7 @@ async def stream(ws: WebSocket) -> None:
             request_id_var.set(rid)
             timeline = Timeline(rid, STREAM_PATH, time.perf_counter_ns())
             try:
-                answer = await answer_tick(svc, TickIn.model_validate_json(text), market, timeline)
+                answer = await answer_tick(svc, parse_tick(text), market, timeline)
                 await ws.send_text(answer.decode())
                 timeline.marks[SENT] = time.perf_counter_ns()
                 timeline.status = 200
