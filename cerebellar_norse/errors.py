@@ -87,10 +87,12 @@ class CheckpointError(InputError):
 
     Attributes:
         path: the file that is corrupt (or the directory when no file is named).
+        reason: what is wrong with it (the message without the path).
     """
 
     def __init__(self, message: str, path: str = "") -> None:
         self.path = path
+        self.reason = message
         super().__init__(f"{path}: {message}" if path else message)
 
 

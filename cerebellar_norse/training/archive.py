@@ -12,7 +12,6 @@ unchanged.
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 from ..config import Config
 from ..errors import CheckpointError, InputError
 from ..storage import atomic_write_bytes, fsync_dir, seal, unseal
-from .checkpoints import FILES, MANIFEST, ModelStore, load_model_dir, shape_mismatch
+from .checkpoints import FILES, MANIFEST, ModelStore, load_model_dir, parse_manifest, shape_mismatch
 
 MEDIA_TYPE = "application/octet-stream"
 VERSION_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -74,10 +73,7 @@ def stage_archive(store: ModelStore, version: str, data: bytes, cfg: Config) -> 
     """
     check_version(version)
     files = unpack(data)
-    try:
-        manifest = json.loads(files[MANIFEST])
-    except ValueError as exc:
-        raise CheckpointError(f"unreadable manifest: {exc}", "request body") from None
+    manifest = parse_manifest(files[MANIFEST], f"request body: {MANIFEST}")
     if manifest.get("version") != version:
         raise InputError(f"the archive holds model {manifest.get('version')!r}, not {version!r}", "version")
     final = store.root / version
@@ -93,7 +89,11 @@ def stage_archive(store: ModelStore, version: str, data: bytes, cfg: Config) -> 
     try:
         for name in (*FILES, MANIFEST):
             atomic_write_bytes(tmp / name, files[name])
-        model = load_model_dir(tmp)  # every file's checksum, the weights' shapes
+        try:
+            model = load_model_dir(tmp)  # every file's checksum, the weights' shapes
+        except CheckpointError as exc:  # named as the archive's file, not as the staging directory's
+            name = Path(exc.path).name if Path(exc.path).parent == tmp else ""
+            raise CheckpointError(exc.reason, f"request body: {name}" if name else "request body") from None
         bad = shape_mismatch(model.neural, cfg.neural)
         if bad:
             raise CheckpointError(f"model {version} does not fit this service's network ({', '.join(bad)} differ)",

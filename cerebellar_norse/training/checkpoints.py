@@ -259,6 +259,37 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def parse_manifest(text: str | bytes, where: str) -> dict[str, Any]:
+    """A model manifest: a JSON object whose ``files`` maps each file's name to ``{"bytes", "sha256"}``.
+
+    Raises CheckpointError naming ``where`` when the text is not that (not JSON, nested
+    too deeply, or of other types): a manifest is read from disk at every start and from
+    uploaded archives, and a wrong one must never get further than this.
+    """
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CheckpointError(f"unreadable manifest ({type(exc).__name__}: {exc})", where) from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
+        raise CheckpointError('not a manifest: expected a JSON object with "files": {name: {"bytes": …, "sha256": …}}',
+                              where)
+    if not isinstance(manifest.get("version", ""), str):
+        raise CheckpointError(f"the manifest's version is not a string: {manifest['version']!r}", where)
+    return manifest
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A model file holding one JSON object (CheckpointError naming the file otherwise)."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"unreadable JSON ({type(exc).__name__}: {exc})", str(path)) from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"expected a JSON object, found {type(value).__name__}", str(path))
+    return value
+
+
 def load_model_dir(path: Path) -> StoredModel:
     """Verify the manifest (every file's SHA-256 and size) and load a model directory."""
     path = Path(path)
@@ -266,10 +297,11 @@ def load_model_dir(path: Path) -> StoredModel:
     if not path.is_dir():
         raise CheckpointError("not a model directory", str(path))
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        text = mpath.read_bytes()
+    except OSError as exc:
         raise CheckpointError(f"missing or unreadable manifest ({exc})", str(mpath)) from None
+    manifest = parse_manifest(text, str(mpath))
+    files = manifest["files"]
     for name in FILES:
         entry = files.get(name)
         fpath = path / name
@@ -280,11 +312,7 @@ def load_model_dir(path: Path) -> StoredModel:
         if fpath.stat().st_size != entry.get("bytes") or sha256_file(fpath) != entry.get("sha256"):
             raise CheckpointError("checksum mismatch: the file is corrupt or was changed", str(fpath))
     weights = weights_from_bytes((path / "weights.npz").read_bytes(), str(path / "weights.npz"))
-    try:
-        neural = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise CheckpointError(f"unreadable JSON: {exc}", str(path)) from None
+    neural, metrics = (_json_object(path / name) for name in ("config.json", "metrics.json"))
     try:
         shape = network_shape(NeuralConfig.model_validate(neural))
     except Exception as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from cerebellar_norse.config import load_checked_config
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.storage import seal
 from cerebellar_norse.training.archive import MEDIA_TYPE, pack_model
-from cerebellar_norse.training.checkpoints import ModelStore
+from cerebellar_norse.training.checkpoints import FILES, MANIFEST, ModelStore
 
 TOKEN = "models-token-77a"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -72,4 +73,31 @@ def test_bad_archives_change_nothing(tc: TestClient, tmp_path: Path) -> None:
         assert r.status_code == status, r.text
         assert words in r.json()["error"]["message"], r.text
     assert tc.get("/models", headers=AUTH).json()["models"] == []  # nothing stored, no temporary directory left
+    assert not list((tmp_path / "replica" / "models").glob(".tmp-*"))
+
+
+def _archive(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.frombuffer(v, dtype=np.uint8) for k, v in files.items()})  # type: ignore[arg-type]
+    return seal(buf.getvalue())
+
+
+@pytest.mark.parametrize("manifest", [b"[]", b'"v"', b"null", b'{"version": "m1", "files": 3}', b"[" * 50_000 + b"]" * 50_000])
+def test_archive_with_a_manifest_of_the_wrong_shape_is_422_naming_it(tc: TestClient, manifest: bytes) -> None:
+    """The archive's checksum holds (anyone can seal bytes): what is inside is checked like a stored model's files."""
+    files = {name: b"x" for name in FILES}
+    r = tc.put("/models/m1", content=_archive({**files, MANIFEST: manifest}), headers=BLOB)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"].startswith("request body: manifest.json: "), r.text
+    assert tc.get("/models", headers=AUTH).json()["models"] == []
+
+
+def test_archive_files_are_named_as_in_the_archive(tc: TestClient, tmp_path: Path) -> None:
+    """A file whose manifest checksum fails is named by its name in the archive, not by a staging directory."""
+    version, _ = model(tmp_path)
+    files = {name: (tmp_path / "src" / "models" / version / name).read_bytes() for name in (*FILES, MANIFEST)}
+    files["metrics.json"] = b'{"validation": {"loss": 0.4}}'
+    r = tc.put(f"/models/{version}", content=_archive(files), headers=BLOB)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"] == "request body: metrics.json: checksum mismatch: the file is corrupt or was changed"
     assert not list((tmp_path / "replica" / "models").glob(".tmp-*"))

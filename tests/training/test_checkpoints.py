@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from cerebellar_norse.training.checkpoints import (
     WEIGHT_FIELDS,
     ModelStore,
     load_model_dir,
+    parse_manifest,
     verify_tree,
 )
 from cerebellar_norse.training.commands import cmd_validate_model, cmd_verify_data
@@ -127,6 +129,47 @@ def test_truncated_manifest_is_named(cfg: Config, store: ModelStore) -> None:
     with pytest.raises(CheckpointError) as exc:
         load_model_dir(store.root / version)
     assert exc.value.path == str(mpath)
+
+
+WRONG_MANIFESTS = {
+    "a list": b"[]",
+    "a string": b'"v1"',
+    "null": b"null",
+    "files not an object": b'{"files": 3}',
+    "an entry not an object": b'{"files": {"weights.npz": 7}}',
+    "version not a string": b'{"version": 5, "files": {}}',
+    "nested too deeply": b'{"files": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+    "not UTF-8": b'{"files": "\xff"}',
+}
+
+
+@pytest.mark.parametrize("text", WRONG_MANIFESTS.values(), ids=WRONG_MANIFESTS.keys())
+def test_manifest_of_the_wrong_shape_is_named(cfg: Config, store: ModelStore, text: bytes) -> None:
+    """Valid JSON or not, a manifest that is not one is a CheckpointError naming it, at start as on upload."""
+    version = store.save(generate_weights(cfg), cfg, METRICS)
+    mpath = store.root / version / MANIFEST
+    mpath.write_bytes(text)
+    with pytest.raises(CheckpointError, match="manifest") as exc:
+        load_model_dir(store.root / version)
+    assert exc.value.path == str(mpath)
+    assert store.load_for_service(cfg) is None  # refused, not a crash: the caller serves the untrained network
+    with pytest.raises(CheckpointError, match="manifest") as exc:
+        parse_manifest(text, "request body: manifest.json")
+    assert exc.value.path == "request body: manifest.json"
+
+
+@pytest.mark.parametrize("name", ["config.json", "metrics.json"])
+@pytest.mark.parametrize("text", [b"[1, 2]", b"[" * 50_000 + b"]" * 50_000], ids=["a list", "nested too deeply"])
+def test_model_json_files_must_hold_an_object(cfg: Config, store: ModelStore, name: str, text: bytes) -> None:
+    version = store.save(generate_weights(cfg), cfg, METRICS)
+    path = store.root / version / name
+    path.write_bytes(text)
+    manifest = json.loads((store.root / version / MANIFEST).read_text())
+    manifest["files"][name] = {"bytes": len(text), "sha256": hashlib.sha256(text).hexdigest()}  # consistent, still wrong
+    (store.root / version / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError) as exc:
+        load_model_dir(store.root / version)
+    assert exc.value.path == str(path)
 
 
 def test_weights_not_matching_their_own_config_are_refused(cfg: Config, store: ModelStore, make_config: ConfigFactory) -> None:
