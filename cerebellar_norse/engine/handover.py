@@ -37,7 +37,7 @@ from ..errors import CheckpointError, InputError, MarketMovingError
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import seal, unseal
-from ..ticks import Tick
+from ..ticks import TS_MAX_MS, Tick
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -172,6 +172,14 @@ def check_import(engine: Engine, market_id: str, meta: dict[str, Any], arrays: d
                                   f"expected {(have.shape[1:], str(have.dtype))}", "request body")
         if not np.all(np.isfinite(got)):
             raise CheckpointError(f"state field {name!r} holds non-finite values", "request body")
+    ticks, last_ts = float(arrays["enc"][S_N_TICKS]), float(arrays["enc"][S_LAST_TS])
+    if not (ticks >= 0 and ticks.is_integer() and 0 <= last_ts < TS_MAX_MS and last_ts.is_integer()):
+        raise CheckpointError(f"the state's tick count {ticks!r} or last timestamp {last_ts!r} is out of range "
+                              f"(a count >= 0; ms since the epoch before {TS_MAX_MS})", "request body")
+    if meta.get("ticks") != int(ticks) or meta.get("last_timestamp") != int(last_ts):
+        raise CheckpointError(f"the export's summary (ticks {meta.get('ticks')!r}, last_timestamp "
+                              f"{meta.get('last_timestamp')!r}) disagrees with its state ({int(ticks)}, {int(last_ts)})",
+                              "request body")
 
 
 def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]:
@@ -194,5 +202,5 @@ def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]
         engine.journal.checkpoint_now()
     log.info("market state imported", extra={"fields": {"market_id": market_id, "ticks": meta.get("ticks"),
                                                           "replaced": replaced}})
-    return {"market_id": market_id, "ticks": int(meta.get("ticks", 0)), "last_timestamp": int(meta.get("last_timestamp", 0)),
+    return {"market_id": market_id, "ticks": int(meta["ticks"]), "last_timestamp": int(meta["last_timestamp"]),
             "model_version": engine.model_version, "replaced": replaced}

@@ -172,3 +172,46 @@ def test_export_bytes_are_a_checksummed_npz(trio: tuple[TestClient, TestClient, 
         assert {"enc", "v_gr", "v_pc", "v_out"} <= set(z.files)
     assert meta["market_id"] == "N" and meta["ticks"] == 12 and meta["last_timestamp"] == tick("N", 11)["timestamp"]
     assert meta["model_version"] == a.app.state.service.engine.model_version  # type: ignore[attr-defined]
+
+
+def _resealed(blob: bytes, meta_changes: dict[str, Any] | None = None, enc_changes: dict[int, float] | None = None) -> bytes:
+    """An export whose content was changed and whose checksum was made again (as anyone can)."""
+    import io
+    import json
+
+    from cerebellar_norse.storage import seal, unseal
+
+    with np.load(io.BytesIO(unseal(blob, "export")), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = {**json.loads(str(arrays["meta"])), **(meta_changes or {})}
+    arrays["meta"] = np.array(json.dumps(meta))
+    arrays["enc"] = arrays["enc"].copy()
+    for index, value in (enc_changes or {}).items():
+        arrays["enc"][index] = value
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return seal(buf.getvalue())
+
+
+def test_an_export_resealed_with_bad_values_is_refused(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    from cerebellar_norse.neurons.encoder import S_LAST_TS, S_N_TICKS
+
+    a, b, _ = trio
+    send(a, "R", range(6))
+    blob = a.post("/neural/markets/R/export", headers=AUTH).content
+    ts = tick("R", 5)["timestamp"]
+    cases = [
+        (_resealed(blob, {"last_timestamp": "x"}), "disagrees"),
+        (_resealed(blob, {"ticks": -5}), "disagrees"),
+        (_resealed(blob, {"last_timestamp": 10**30}), "disagrees"),
+        (_resealed(blob, {"ticks": 6.5}), "disagrees"),
+        (_resealed(blob, {"last_timestamp": 1e30}, {S_LAST_TS: 1e30}), "out of range"),
+        (_resealed(blob, {"ticks": -1}, {S_N_TICKS: -1.0}), "out of range"),
+        (_resealed(blob, None, {S_N_TICKS: 6.5}), "out of range"),
+    ]
+    for body, words in cases:
+        r = b.put("/neural/markets/R/state", content=body, headers=BLOB)
+        assert r.status_code == 422 and words in r.json()["error"]["message"], r.text
+    assert b.get("/debug/markets/R/state", headers=AUTH).status_code == 404  # nothing was imported
+    r = b.put("/neural/markets/R/state", content=_resealed(blob), headers=BLOB)  # resealed unchanged: accepted
+    assert r.status_code == 200 and (r.json()["ticks"], r.json()["last_timestamp"]) == (6, ts), r.text
