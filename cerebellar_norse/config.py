@@ -42,6 +42,13 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
 
 
+def no_nul(path: Path | None) -> Path | None:
+    """A path a system call can take: refused here, naming its key, rather than at first use."""
+    if path is not None and "\x00" in str(path):
+        raise ValueError("a path cannot contain a NUL character (\\u0000)")
+    return path
+
+
 class LIFConfig(_Section):
     """LIF parameters of one population (Norse ``LIFParameters``), in physical units."""
 
@@ -223,6 +230,8 @@ class LoggingConfig(_Section):
     def _upper(cls, v: Any) -> Any:
         return v.upper() if isinstance(v, str) else v
 
+    _file = field_validator("file")(no_nul)
+
 
 class PathsConfig(_Section):
     """Where state and data live (section ``[paths]``)."""
@@ -232,6 +241,8 @@ class PathsConfig(_Section):
         description="Models, market state, recordings ($STATE_DIRECTORY under systemd, else ./var).",
     )
     data_dir: Path = Field(Path("/data/training"), description="Training CSV files.")
+
+    _paths = field_validator("state_dir", "data_dir")(no_nul)
 
 
 class DebugConfig(_Section):
@@ -387,6 +398,9 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([ConfigProblem("", f"TOML syntax error: {exc}", "fix the syntax at that line")], source) from None
+    except RecursionError:
+        raise ConfigError([ConfigProblem("", "TOML arrays or inline tables are nested too deeply",
+                                         "remove the nesting: no configuration key takes nested arrays")], source) from None
 
 
 def read_toml_file(path: Path) -> dict[str, Any]:
@@ -404,7 +418,7 @@ def _parse_env_value(raw: str) -> Any:
     """An env value is read as a TOML value when it is one (8080, true, 1.5, "x"), else as a string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return raw
 
 

@@ -110,6 +110,24 @@ def test_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
     assert "line 3" in str(info.value)
 
 
+def test_toml_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert "nested too deeply" in str(info.value) and str(path) in str(info.value)
+    deep = "[" * 5000 + "]" * 5000  # an environment value that is not TOML is taken as text, as any other
+    assert str(load_config(None, environ={"CEREBELLAR_NORSE_PATHS__DATA_DIR": deep}).paths.data_dir) == deep
+
+
+@pytest.mark.parametrize(("section", "key"), [("paths", "state_dir"), ("paths", "data_dir"), ("logging", "file")])
+def test_a_path_with_a_nul_character_names_the_key(section: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg_with({section: {key: "/tmp/a\x00b"}})
+    assert problem_keys(info.value) == [f"{section}.{key}"]
+    assert "NUL" in info.value.problems[0].message
+
+
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         cfg_with({"server": {"port": 0, "colour": "red"}, "performance": {"device": "tpu"}})
