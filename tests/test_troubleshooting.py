@@ -153,7 +153,8 @@ def test_every_metrics_grep_finds_something(served: tuple[TestClient, str]) -> N
         assert any(re.search(pattern, line) for line in scrape.splitlines()), f"grep {pattern!r} finds nothing"
     latency_samples = {line.split("{")[0].split(" ")[0] for line in scrape.splitlines()
                        if "latency" in line and not line.startswith("#")}
-    assert latency_samples == {"cerebellar_norse_processing_latency_seconds"}  # what the doc says grep latency finds
+    summary = "cerebellar_norse_processing_latency_seconds"
+    assert latency_samples == {summary, f"{summary}_sum", f"{summary}_count"}  # what the doc says grep latency finds
 
 
 def test_every_alert_name_is_a_rule() -> None:

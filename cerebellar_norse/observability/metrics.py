@@ -43,7 +43,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -222,10 +228,15 @@ class _CallbackCollector(Collector):
         yield self.m.processing.family("processing_duration_seconds", "Neural processing latency per tick (s), batch time amortised over its ticks.")
         yield self.m.batch_sizes.family("cerebellar_norse_batch_size_ticks", "Ticks per engine batch.")
         yield from self.m.requests.families()
-        lat = GaugeMetricFamily("cerebellar_norse_processing_latency_seconds",
-                                "Neural processing latency per tick over the last 4096 batches (s), by quantile.", labels=["quantile"])
+        # A summary: quantiles over a recent window, _sum and _count since start (those of the histogram above);
+        # a gauge with a quantile label is what promtool's lint refuses.
+        name = "cerebellar_norse_processing_latency_seconds"
+        lat = SummaryMetricFamily(name, "Neural processing latency per tick (s): quantiles over the last 4096 batches, "
+                                        "sum and count over all ticks since start.")
         for q, v in self.m.recent.quantiles(LATENCY_QUANTILES).items():
-            lat.add_metric([repr(q)], v)
+            lat.add_sample(name, {"quantile": repr(q)}, v)
+        hist = self.m.processing
+        lat.add_metric([], count_value=sum(hist.counts), sum_value=hist.sum)
         yield lat
         for source in self.m._sources:
             yield from source()

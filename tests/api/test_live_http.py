@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -369,6 +371,29 @@ def test_processing_histogram_counts_only_client_ticks(client: httpx.Client) -> 
     samples = _samples(client.get("/metrics").text)
     assert samples["processing_duration_seconds_count"][0].value == samples["cerebellar_norse_ticks_total"][0].value
     assert samples["processing_duration_seconds_count"][0].value == neural_ticks(client)
+
+
+def test_latency_quantiles_are_a_summary_with_the_histograms_sum_and_count(client: httpx.Client) -> None:
+    post_tick(client, tick(market("LQ")))
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    lat = families["cerebellar_norse_processing_latency_seconds"]
+    assert lat.type == "summary"
+    by_name: dict[str, list[Any]] = {}
+    for s in lat.samples:
+        by_name.setdefault(s.name, []).append(s)
+    quantiles = {s.labels["quantile"]: s.value for s in by_name["cerebellar_norse_processing_latency_seconds"]}
+    assert set(quantiles) == {"0.5", "0.95", "0.99"} and 0 < quantiles["0.5"] <= quantiles["0.95"] <= quantiles["0.99"]
+    hist = {s.name: s.value for s in families["processing_duration_seconds"].samples if not s.labels}
+    assert by_name["cerebellar_norse_processing_latency_seconds_count"][0].value == hist["processing_duration_seconds_count"]
+    assert by_name["cerebellar_norse_processing_latency_seconds_sum"][0].value == hist["processing_duration_seconds_sum"]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (make tools installs it)")
+def test_metrics_pass_promtools_lint(client: httpx.Client) -> None:
+    post_tick(client, tick(market("PL")))
+    scrape = client.get("/metrics").content
+    proc = subprocess.run(["promtool", "check", "metrics"], input=scrape, capture_output=True, timeout=60)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
 
 
 def test_openapi_documents_the_routes(client: httpx.Client) -> None:
