@@ -69,6 +69,16 @@ def test_stream_bad_message_keeps_socket_open(live: LiveServer, message: str | b
         assert set(good) == RESULT_KEYS and good["market_id"] == m
 
 
+@pytest.mark.parametrize("body", [b"\xff\xfe\xfd", b"\x00\xff", b'{"price": 1.0,', b"[" * 50_000 + b"]" * 50_000],
+                         ids=["not UTF-8", "binary garbage", "truncated", "nested too deeply"])
+def test_stream_words_a_malformed_message_as_http_does(live: LiveServer, client: httpx.Client, body: bytes) -> None:
+    http = client.post("/neural/process", content=body, headers={"content-type": "application/json"}).json()["error"]
+    with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:
+        reply = exchange(ws, body)
+    assert_ws_error(reply, "malformed_json", None)
+    assert reply["error"]["message"] == http["message"]
+
+
 def test_stream_out_of_order_and_binary_frames(live: LiveServer, client: httpx.Client) -> None:
     m, ref = market("WSO"), market("WSOREF")
     with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:

@@ -132,7 +132,7 @@ async def stream(ws: WebSocket) -> None:
                 timeline.status = 200
                 svc.timelines.finish(timeline)
             except ValidationError as exc:
-                _, body = validation_response([dict(e) for e in exc.errors(include_url=False)])
+                _, body = validation_response([dict(e) for e in exc.errors(include_url=False)], text)
                 svc.metrics.errors.labels(body["error"]["type"]).inc()
                 await ws.send_text(json.dumps(body))
             except CerebellarNorseError as exc:
