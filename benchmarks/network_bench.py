@@ -184,11 +184,15 @@ def update_document(text: str, threads: int, block: str) -> str:
     head, rest = text.split(SECTION, 1)
     nxt = re.search(r"^## ", rest, flags=re.MULTILINE)
     body, tail = (rest[:nxt.start()], rest[nxt.start():]) if nxt else (rest, "")
-    blocks = {int(m.group(1)): m.group(0) for m in re.finditer(
-        r"<!-- network-kernel:cpu_threads=(\d+):start -->.*?<!-- network-kernel:cpu_threads=\1:end -->", body, flags=re.DOTALL)}
+    found = list(re.finditer(
+        r"<!-- network-kernel:cpu_threads=(\d+):start -->.*?<!-- network-kernel:cpu_threads=\1:end -->", body, flags=re.DOTALL))
+    blocks = {int(m.group(1)): m.group(0) for m in found}
+    notes = body[found[-1].end():].strip() if found else ""  # written by hand after the blocks: kept
     start, end = _markers(threads)
     blocks[threads] = f"{start}\n{block.rstrip()}\n{end}"
     section = f"{SECTION}\n\n{INTRO}\n" + "\n\n".join(blocks[k] for k in sorted(blocks)) + "\n"
+    if notes:
+        section += f"\n{notes}\n"
     return head + section + (f"\n{tail}" if tail else "")
 
 

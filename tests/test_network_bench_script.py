@@ -48,3 +48,12 @@ def test_update_keeps_other_runs_and_sections(script: ModuleType) -> None:
     assert again.index("run one, again") < again.index("run two")
     assert again.count("## Network kernel") == 1
     assert script.update_document("", 2, "### only\n").startswith("# Benchmarks")
+
+
+def test_update_keeps_notes_written_after_the_blocks(script: ModuleType) -> None:
+    doc = script.update_document("# Benchmarks\n\n## Network kernel\n\n## HTTP\n\nhttp figures\n", 1, "### run one\n")
+    end = "<!-- network-kernel:cpu_threads=1:end -->"
+    doc = doc.replace(end, f"{end}\n\nNotes on the spread of these runs.")
+    again = script.update_document(script.update_document(doc, 2, "### run two\n"), 1, "### run one, again\n")
+    assert again.count("Notes on the spread of these runs.") == 1
+    assert again.index("run two") < again.index("Notes on the spread") < again.index("## HTTP")
