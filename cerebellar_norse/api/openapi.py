@@ -1,8 +1,9 @@
 """The OpenAPI document, exact: every status each operation can return, media types, security, limits.
 
 Statuses every HTTP request can get, whatever its route, come from the layers below the
-routes: 408 (``server.request_timeout``), 413 (``server.max_body_size``), 503
-(``server.max_connections``) and 500 (an unexpected error). Operations list them with
+routes: 408 (``server.request_timeout``), 413 (``server.max_body_size``), 431 (headers
+over 64 KiB, :mod:`.protocol`), 503 (``server.max_connections``) and 500 (an unexpected
+error). Operations list them with
 their own.
 
 Parts of the document follow the running configuration, so :func:`install_openapi`
@@ -36,6 +37,7 @@ DESCRIPTIONS: dict[int, str] = {
     413: "Body over server.max_body_size (body_too_large).",
     415: "Body not sent as application/json (unsupported_media_type).",
     422: "Invalid input; error.field names it (validation).",
+    431: "The request line and headers exceed 64 KiB (headers_too_large); the connection is closed.",
     500: "Unexpected error (internal); the details are in the log under the request id.",
     503: "Try again later (capacity: server.max_connections reached, queue full or shutting down, with Retry-After; "
          "engine: the engine failed).",
@@ -45,7 +47,7 @@ HEADERS: dict[int, dict[str, Any]] = {
     503: {"Retry-After": {"description": "Seconds to wait before retrying (capacity errors).",
                           "schema": {"type": "integer", "minimum": 1}}},
 }
-COMMON = (408, 413, 500, 503)  # every HTTP request can get these (see the module docstring)
+COMMON = (408, 413, 431, 500, 503)  # every HTTP request can get these (see the module docstring)
 
 
 def error_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:

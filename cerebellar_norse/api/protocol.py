@@ -10,6 +10,12 @@ adds two deadlines:
 * once a request's first byte arrives, its headers and body must be complete within
   ``server.request_timeout``; otherwise it is answered ``408`` with the JSON error
   shape (``request_timeout``, with ``X-Request-ID``) and the connection is closed.
+
+It also answers what uvicorn would answer in plain text, or not at all, with the JSON
+error shape: a request httptools cannot parse gets ``400 bad_request`` (uvicorn: plain
+text), and a request line and headers over :data:`MAX_HEADER_BYTES` get
+``431 headers_too_large`` (httptools has no limit: it would buffer them all), each with
+``X-Request-ID`` and the connection closed.
 """
 
 from __future__ import annotations
@@ -25,25 +31,80 @@ from ..observability.context import new_request_id
 from .deps import SCOPE_REQUEST_ID, SCOPE_TIMED_OUT
 from .schemas import error_payload
 
+MAX_HEADER_BYTES = 65_536  # request line and headers of one request (nginx allows 32 KiB, uvicorn's h11 16 KiB)
+LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
-def timeout_response(request_id: str, timeout_s: float) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """Headers and body of the 408 answer."""
-    body = json.dumps(error_payload(
-        "request_timeout", f"the request did not arrive completely within server.request_timeout ({timeout_s:g} s)",
-        request_id)).encode()
+
+def error_answer(kind: str, message: str, request_id: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """Headers and body of an answer in the JSON error shape that closes the connection."""
+    body = json.dumps(error_payload(kind, message, request_id)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close"), (b"x-request-id", request_id.encode("latin-1"))]
     return headers, body
 
 
-def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None) -> type[HttpToolsProtocol]:
+def timeout_response(request_id: str, timeout_s: float) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """Headers and body of the 408 answer."""
+    return error_answer("request_timeout",
+                        f"the request did not arrive completely within server.request_timeout ({timeout_s:g} s)", request_id)
+
+
+def raw_answer(status_line: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    """An HTTP/1.1 answer written straight to the socket (no request cycle to answer through)."""
+    return status_line + b"\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in headers) + b"\r\n" + body
+
+
+def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None,
+                     on_refused: Callable[[str], None] | None = None) -> type[HttpToolsProtocol]:
     """The protocol class for ``uvicorn.Config(http=...)``; ``on_timeout(phase)`` is called per cut-off request
-    (``phase`` is ``"headers"`` or ``"body"``)."""
+    (``phase`` is ``"headers"`` or ``"body"``), ``on_refused(kind)`` per request refused here (``"bad_request"``,
+    ``"headers_too_large"``)."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._deadline: asyncio.TimerHandle | None = None
+            self._header_bytes = 0  # bytes of the request line and headers read so far
+            self._headers_seen = 0  # requests whose headers were complete
+            self._in_headers = True
+            self._refused = False
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # the answer is out; what the client still sends is dropped
+            in_headers, seen = self._in_headers, self._headers_seen
+            super().data_received(data)
+            if self._headers_seen != seen:
+                self._header_bytes = 0
+            elif in_headers and not self.transport.is_closing():  # every byte of it was request line or headers
+                self._header_bytes += len(data)
+                if self._header_bytes > MAX_HEADER_BYTES:
+                    self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
+                                 f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+
+        def on_headers_complete(self) -> None:
+            self._in_headers = False
+            self._headers_seen += 1
+            super().on_headers_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", "malformed HTTP request: the server could not parse it")
+
+        def _refuse(self, status_line: bytes, kind: str, message: str) -> None:
+            """Answer a request refused before it has a request cycle, then close the connection."""
+            if on_refused is not None:
+                on_refused(kind)
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:  # nothing else is being written on this connection
+                headers, body = error_answer(kind, message, new_request_id())
+                self.transport.write(raw_answer(status_line, headers, body))
+            # Closing now, with the client's bytes unread, would reset the connection and could lose the answer:
+            # end our side, drop what still comes, and close when the client does (or after LINGER_S).
+            self._refused = True
+            self._disarm()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -60,6 +121,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def on_message_complete(self) -> None:
             super().on_message_complete()
             self._disarm()
+            self._in_headers = True
 
         def handle_websocket_upgrade(self) -> None:
             self._disarm()
@@ -87,8 +149,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 on_timeout("body" if headers_done else "headers")
             if not headers_done:
                 headers, body = timeout_response(new_request_id(), request_timeout)
-                head = b"HTTP/1.1 408 Request Timeout\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in headers)
-                self.transport.write(head + b"\r\n" + body)
+                self.transport.write(raw_answer(b"HTTP/1.1 408 Request Timeout", headers, body))
                 self.transport.close()
                 return
             assert cycle is not None

@@ -153,7 +153,8 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
     return create_app(state, extra_routers=[training_routes.router], lifespan=lifespan)
 
 
-def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] | None = None) -> uvicorn.Config:
+def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] | None = None,
+                   on_refused: Callable[[str], None] | None = None) -> uvicorn.Config:
     """uvicorn settings from ``[server]`` (uvloop, httptools, no access log on the hot path).
 
     The protocol is httptools with request deadlines (``server.request_timeout``, see
@@ -166,7 +167,7 @@ def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] 
         host=cfg.server.host,
         port=cfg.server.port,
         loop="uvloop",
-        http=guarded_protocol(cfg.server.request_timeout, on_timeout),
+        http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused),
         ws="websockets-sansio",
         lifespan="on",
         log_config=None,
@@ -188,6 +189,12 @@ def timeout_counter(state: ServiceState) -> Callable[[str], None]:
         summary.add(1, phase=phase)
 
     return count
+
+
+def refusal_counter(state: ServiceState) -> Callable[[str], None]:
+    """What the protocol calls per request it refuses itself (malformed, headers too large): the errors metric."""
+    errors = state.metrics.errors
+    return lambda kind: errors.labels(kind).inc()
 
 
 class GracefulServer(uvicorn.Server):
@@ -216,7 +223,7 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
         prepare_state(state)  # restore + journal replay, before the socket opens
     except OSError as exc:  # e.g. the disk filled up during first-run training: one line, no traceback
         raise StorageError.from_os_error("cannot start: writing failed at", exc.filename or cfg.paths.state_dir, exc) from None
-    server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state)))
+    server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state)))
     state.server = server
     state.config_path = config_path
     server.run()

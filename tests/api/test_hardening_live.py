@@ -474,6 +474,55 @@ def test_expect_100_continue_gets_its_interim_answer_before_the_body(srv: LiveSe
     assert status == 200 and json.loads(answer)["request_id"] == headers["x-request-id"]
 
 
+@pytest.mark.parametrize("raw", [
+    b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n",
+    b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 100,  # TLS spoken to a plain HTTP port
+], ids=["bad version", "length and chunked", "TLS"])
+def test_malformed_request_is_a_json_400_and_the_connection_closes(srv: LiveServer, client: httpx.Client, raw: bytes) -> None:
+    before = sample_value(client, "cerebellar_norse_errors_total", kind="bad_request")
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(raw)
+        answer, _ = read_until_closed(s, 10)
+    status, headers, body = parse_response(answer)
+    assert status == 400 and headers["connection"] == "close" and headers["content-type"] == "application/json", answer
+    err = json.loads(body)["error"]
+    assert err["type"] == "bad_request" and err["request_id"] == headers["x-request-id"]
+    assert sample_value(client, "cerebellar_norse_errors_total", kind="bad_request") == before + 1
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("shape", ["one long header", "many headers", "slowly"])
+def test_headers_over_the_limit_are_a_json_431(srv: LiveServer, client: httpx.Client, shape: str) -> None:
+    before = sample_value(client, "cerebellar_norse_errors_total", kind="headers_too_large")
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        try:
+            if shape == "one long header":
+                s.sendall(b"X-Big: " + b"b" * 1_000_000 + b"\r\n\r\n")
+            elif shape == "many headers":
+                s.sendall(b"".join(b"X-H%d: v\r\n" % k for k in range(20_000)) + b"\r\n")
+            else:
+                for k in range(100):  # in small writes, as a slow client sends them
+                    s.sendall(b"X-Slow-%d: " % k + b"s" * 1000 + b"\r\n")
+                    time.sleep(0.001)
+        except OSError:
+            pass  # the server may close before the client has written it all
+        answer, _ = read_until_closed(s, 10)
+    status, headers, body = parse_response(answer)
+    assert status == 431 and headers["connection"] == "close", answer[:300]
+    err = json.loads(body)["error"]
+    assert err["type"] == "headers_too_large" and "65536" in err["message"]
+    assert sample_value(client, "cerebellar_norse_errors_total", kind="headers_too_large") == before + 1
+
+
+def test_headers_under_the_limit_are_served(client: httpx.Client) -> None:
+    r = client.get("/health", headers={"X-Big": "b" * 60_000})
+    assert r.status_code == 200
+    many = {f"X-H{k}": "v" for k in range(2000)}
+    assert client.get("/health", headers=many).status_code == 200
+
+
 # -- log volume ------------------------------------------------------------------------------------
 
 
