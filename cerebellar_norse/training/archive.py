@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..storage import atomic_write_bytes, fsync_dir, seal, unseal
 from .checkpoints import FILES, MANIFEST, ModelStore, load_model_dir, parse_manifest, shape_mismatch
 
 MEDIA_TYPE = "application/octet-stream"
+_STAGING = threading.Lock()
 VERSION_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -76,6 +78,11 @@ def stage_archive(store: ModelStore, version: str, data: bytes, cfg: Config) -> 
     manifest = parse_manifest(files[MANIFEST], f"request body: {MANIFEST}")
     if manifest.get("version") != version:
         raise InputError(f"the archive holds model {manifest.get('version')!r}, not {version!r}", "version")
+    with _STAGING:  # one upload at a time: they share the staging directory's name and the check for the final one
+        return _store_files(store, version, files, cfg)
+
+
+def _store_files(store: ModelStore, version: str, files: dict[str, bytes], cfg: Config) -> bool:
     final = store.root / version
     if final.exists():
         if (final / MANIFEST).is_file() and (final / MANIFEST).read_bytes() == files[MANIFEST]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.config import load_checked_config
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.storage import seal
-from cerebellar_norse.training.archive import MEDIA_TYPE, pack_model
+from cerebellar_norse.training.archive import MEDIA_TYPE, pack_model, stage_archive
 from cerebellar_norse.training.checkpoints import FILES, MANIFEST, ModelStore
 
 TOKEN = "models-token-77a"
@@ -101,3 +102,15 @@ def test_archive_files_are_named_as_in_the_archive(tc: TestClient, tmp_path: Pat
     assert r.status_code == 422, r.text
     assert r.json()["error"]["message"] == "request body: metrics.json: checksum mismatch: the file is corrupt or was changed"
     assert not list((tmp_path / "replica" / "models").glob(".tmp-*"))
+
+
+def test_concurrent_uploads_of_one_version_store_it_once(tmp_path: Path) -> None:
+    """Uploads run on worker threads: eight at once of the same archive store it once, the rest find it stored."""
+    version, archive = model(tmp_path)
+    svc = _service(tmp_path / "replica")
+    store = ModelStore(tmp_path / "replica")
+    with ThreadPoolExecutor(8) as pool:
+        stored = list(pool.map(lambda _: stage_archive(store, version, archive, svc.cfg), range(8)))
+    assert sorted(stored) == [False] * 7 + [True]
+    assert store.load(version).version == version
+    assert not list(store.root.glob(".tmp-*"))
