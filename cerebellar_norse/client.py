@@ -8,6 +8,12 @@ results come back in the order of the input ticks. Each part is atomic for its m
 when a later part fails, the earlier parts stay applied and the error says which
 markets were (:attr:`BatchPartError.applied`).
 
+Ticks may hold numpy or ``Decimal`` numbers (``np.float32``, ``np.int64`` from a DataFrame):
+they are sent as JSON numbers. A tick that cannot be sent at all (a market id that is not
+1-64 printable ASCII characters, which no header can carry; a non-finite price or volume,
+which JSON cannot) raises :class:`~cerebellar_norse.errors.InputError` naming the field
+before anything is sent.
+
 Errors are the service's own exception tree (:mod:`cerebellar_norse.errors`):
 :class:`~cerebellar_norse.errors.InputError` for a refused tick or request (4xx; a
 :class:`~cerebellar_norse.errors.TickOrderError` for ``out_of_order``),
@@ -27,13 +33,18 @@ Example::
 
 from __future__ import annotations
 
+import json
+import math
+import numbers
 import time
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 import httpx
 
 from .errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError, MarketMovingError, TickOrderError
+from .ticks import check_market_id
 
 Tick = Mapping[str, Any]
 
@@ -52,6 +63,38 @@ class BatchPartError(CerebellarNorseError):
         self.applied = applied
         self.failed = failed
         super().__init__(f"batch part of market {failed!r} failed ({cause}); parts applied before it: {applied}")
+
+
+def _json_number(o: Any) -> Any:
+    """A number json cannot write itself (numpy scalars, ``Decimal``) as a Python int or float."""
+    if isinstance(o, numbers.Integral):
+        return int(o)
+    if isinstance(o, (numbers.Real, Decimal)):
+        return float(o)
+    raise TypeError(f"a {type(o).__name__} cannot be sent as JSON")
+
+
+def checked_market(tick: Tick, where: str = "") -> str:
+    """The market id of ``tick``, after checking that the tick can be sent (InputError naming the field if not).
+
+    ``where`` prefixes the field names (``ticks.3.``).
+    """
+    if not isinstance(tick, Mapping):
+        raise InputError(f"a tick must be a mapping (dict), got {type(tick).__name__}", where.rstrip(".") or "tick")
+    market = check_market_id(tick.get("market_id"), f"{where}market_id")
+    for key in ("price", "volume"):
+        value = tick.get(key)
+        if isinstance(value, (numbers.Real, Decimal)) and not isinstance(value, bool) and not math.isfinite(float(value)):
+            raise InputError(f"must be finite, got {value!r}", f"{where}{key}")
+    return market
+
+
+def encode(body: Any) -> bytes:
+    """The JSON request body (numpy and ``Decimal`` numbers as numbers); InputError when it cannot be written."""
+    try:
+        return json.dumps(body, default=_json_number, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"the request cannot be sent as JSON: {exc}") from None
 
 
 def error_from_response(r: httpx.Response) -> CerebellarNorseError:
@@ -113,10 +156,11 @@ class Client:
         self.http.close()
 
     def _post(self, path: str, body: Any, market: str) -> Any:
+        data = encode(body)
         attempt = 0
         while True:
             try:
-                r = self.http.post(path, json=body, headers={"X-Market-ID": market})
+                r = self.http.post(path, content=data, headers={"X-Market-ID": market, "Content-Type": "application/json"})
             except httpx.HTTPError as exc:
                 raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
             if r.status_code == 200:
@@ -130,14 +174,14 @@ class Client:
 
     def process(self, tick: Tick) -> dict[str, Any]:
         """One tick (``price``, ``volume``, ``timestamp`` in ms, ``market_id``); its result."""
-        result: dict[str, Any] = self._post("/neural/process", dict(tick), str(tick["market_id"]))
+        result: dict[str, Any] = self._post("/neural/process", dict(tick), checked_market(tick))
         return result
 
     def process_batch(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
         """Many ticks, split into one request per market; results in the order of ``ticks``."""
         parts: dict[str, list[int]] = {}
         for j, t in enumerate(ticks):
-            parts.setdefault(str(t["market_id"]), []).append(j)
+            parts.setdefault(checked_market(t, f"ticks.{j}."), []).append(j)
         out: list[dict[str, Any] | None] = [None] * len(ticks)
         applied: list[str] = []
         for market, idx in parts.items():

@@ -1,0 +1,65 @@
+"""The Python client against the real server: what trading code passes it, and what it raises."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+from live_helpers import LiveServer, market, signal_of, tick
+
+from cerebellar_norse.client import Client
+from cerebellar_norse.errors import EngineFatalError, InputError, TickOrderError
+
+
+def test_numpy_and_decimal_numbers_are_sent_as_numbers(live: LiveServer) -> None:
+    """Values from a DataFrame row (np.float32, np.int64) or Decimal prices answer as the same plain numbers do."""
+    plain, typed = market("CLP"), market("CLT")
+    with Client(live.url) as c:
+        for k in range(3):
+            t = tick(plain, k)
+            a = c.process(t)
+            b = c.process({"price": Decimal(str(t["price"])), "volume": np.float32(t["volume"]),
+                           "timestamp": np.int64(t["timestamp"]), "market_id": typed})
+            assert signal_of(a) == signal_of(b)
+        batch = c.process_batch([{**tick(typed, k), "timestamp": np.int64(tick(typed, k)["timestamp"])} for k in (3, 4)])
+        assert [r["market_id"] for r in batch] == [typed, typed]
+
+
+@pytest.mark.parametrize(("bad", "field"), [
+    ({"market_id": "A\nB"}, "market_id"),  # no header can carry it
+    ({"market_id": "Ж"}, "market_id"),
+    ({"market_id": None}, "market_id"),
+    ({"price": float("nan")}, "price"),  # no JSON can carry it
+    ({"volume": np.float64("inf")}, "volume"),
+    ({"price": Decimal("NaN")}, "price"),
+])
+def test_a_tick_that_cannot_be_sent_is_an_input_error_naming_the_field(live: LiveServer, bad: dict[str, Any],
+                                                                        field: str) -> None:
+    m = market("CLB")
+    with Client(live.url) as c:
+        with pytest.raises(InputError) as exc:
+            c.process({**tick(m, 0), **bad})
+        assert exc.value.field == field
+        with pytest.raises(InputError) as exc:  # checked before any part of the batch is sent
+            c.process_batch([tick(m, 0), {**tick(m, 1), **bad}])
+        assert exc.value.field == f"ticks.1.{field}"
+        assert c.process(tick(m, 0))["market_id"] == m  # nothing of the refused batch was applied
+    with Client(live.url) as c, pytest.raises(InputError, match="mapping"):
+        c.process_batch([tick(m, 1), 5])  # type: ignore[list-item]
+
+
+def test_refusals_and_an_unreachable_service_are_the_errors_tree(live: LiveServer) -> None:
+    m = market("CLE")
+    with Client(live.url) as c:
+        c.process(tick(m, 5))
+        with pytest.raises(TickOrderError):
+            c.process(tick(m, 1))
+        with pytest.raises(InputError) as exc:
+            c.process({**tick(m, 6), "price": -1.0})
+        assert exc.value.field == "price" and exc.value.status_code == 422
+        with pytest.raises(InputError, match="cannot be sent as JSON"):
+            c.process({**tick(m, 6), "extra": object()})
+    with Client("http://127.0.0.1:9", timeout_s=2) as c, pytest.raises(EngineFatalError, match="cannot reach"):
+        c.process(tick(m, 7))
