@@ -10,7 +10,8 @@ printable ASCII characters.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -92,7 +93,7 @@ def check_timestamp(value: Any, field: str = "timestamp") -> int:
 
 
 def _number(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating, Decimal)):
         raise InputError(f"must be a number, got {type(value).__name__}", field)
     x = float(value)
     if not math.isfinite(x):
@@ -118,21 +119,29 @@ def validate_tick(data: Mapping[str, Any], prefix: str = "") -> Tick:
     )
 
 
-def validate_ticks(ticks: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[Tick]:
+def validate_ticks(ticks: Iterable[Mapping[str, Any]] | Mapping[str, Any]) -> list[Tick]:
     """Validate a batch: a list of tick mappings, or a mapping of equal-length columns.
 
     Errors name the index, e.g. ``ticks.3.price``. Nothing is returned unless every
     tick is valid.
     """
     if isinstance(ticks, Mapping):
-        cols = {k: list(np.asarray(v).tolist()) if not isinstance(v, list) else v for k, v in ticks.items()}
+        cols: dict[str, list[Any]] = {}
+        for k, v in ticks.items():
+            col = v if isinstance(v, (list, str, bytes)) else np.asarray(v).tolist()
+            if not isinstance(col, list):
+                raise InputError(f"a column must be a list or a 1-d array, got {type(v).__name__} (one tick goes to "
+                                 "process(), several as a list of ticks or as columns)", f"ticks.{k}")
+            cols[k] = col
         lengths = {len(v) for v in cols.values()}
         if len(lengths) > 1:
             raise InputError(f"columns have different lengths {sorted(lengths)}", "ticks")
         n = lengths.pop() if lengths else 0
         rows: Sequence[Mapping[str, Any]] = [{k: cols[k][i] for k in cols} for i in range(n)]
+    elif isinstance(ticks, Iterable) and not isinstance(ticks, (str, bytes)):
+        rows = ticks if isinstance(ticks, Sequence) else list(ticks)
     else:
-        rows = ticks
+        raise InputError(f"ticks must be a list of ticks or a mapping of columns, got {type(ticks).__name__}", "ticks")
     return [validate_tick(row, f"ticks.{i}.") for i, row in enumerate(rows)]
 
 

@@ -18,7 +18,7 @@ Probabilities are the network's, passed through the model's calibrated head
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ class CerebellarNetwork:
         """Process one tick (a mapping with price, volume, timestamp, market_id)."""
         return self.process_ticks([validate_tick(tick)], batch=False)[0]
 
-    def process_batch(self, ticks: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[dict[str, Any]]:
+    def process_batch(self, ticks: Iterable[Mapping[str, Any]] | Mapping[str, Any]) -> list[dict[str, Any]]:
         """Process many ticks in order: a list of tick mappings or a mapping of columns.
 
         Every tick is validated (and checked not to be older than its market's last

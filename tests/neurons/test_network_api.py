@@ -366,3 +366,26 @@ def test_one_tick_batch_names_the_indexed_field(net: CerebellarNetwork) -> None:
     with pytest.raises(TickOrderError) as bad_order:
         net.process_batch([tick("A", T0)])
     assert bad_order.value.field == "ticks.0.timestamp"
+
+
+@pytest.mark.parametrize(("ticks", "fragment"), [
+    (None, "list of ticks or a mapping of columns"),
+    ("ABC", "list of ticks or a mapping of columns"),
+    (7, "list of ticks or a mapping of columns"),
+    ({"price": 100.0, "volume": 1.0, "timestamp": T0, "market_id": "A"}, "one tick goes to process()"),
+])
+def test_a_batch_of_the_wrong_kind_is_an_input_error(net: CerebellarNetwork, ticks: Any, fragment: str) -> None:
+    with pytest.raises(InputError, match=r"one tick goes|list of ticks") as exc:
+        net.process_batch(ticks)
+    assert fragment in str(exc.value) and exc.value.field.startswith("ticks")
+    assert net.markets == []
+
+
+def test_decimal_numbers_and_a_generator_of_ticks_are_taken(net: CerebellarNetwork, small_config: Config) -> None:
+    from decimal import Decimal
+
+    plain = CerebellarNetwork(small_config)
+    a = plain.process_batch([tick("A", T0 + k, price=100.0 + k / 4) for k in range(3)])
+    b = net.process_batch(
+        {**tick("A", T0 + k), "price": Decimal(str(100.0 + k / 4)), "volume": Decimal("1000")} for k in range(3))
+    assert [r["prediction"] for r in a] == [r["prediction"] for r in b]
