@@ -410,8 +410,8 @@ def _load_dump(path: str) -> Any:
             return json.load(fh)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not a JSON state dump ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InputError(f"{path}: not a JSON state dump ({type(exc).__name__}: {exc})") from None
 
 
 def cmd_state_diff(a_path: str, b_path: str, tolerance: float) -> int:

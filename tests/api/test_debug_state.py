@@ -187,6 +187,9 @@ def test_state_diff_command(tc: TestClient, tmp_path: Path, capsys: pytest.Captu
     bad.write_text("{")
     code, _, err = run(capsys, "state", "diff", a, bad)
     assert code == 1 and "not a JSON state dump" in err
+    bad.write_text("[" * 100_000 + "]" * 100_000)  # too deep for the JSON reader: the same one line, no traceback
+    code, _, err = run(capsys, "state", "diff", a, bad)
+    assert code == 1 and "not a JSON state dump (RecursionError" in err
     with pytest.raises(SystemExit) as exc:
         main(["state"])
     assert exc.value.code == 2
