@@ -331,6 +331,8 @@ class JobManager:
         for p in sorted(self.jobs_dir.glob("*.json")):
             try:
                 d = json.loads(p.read_text(encoding="utf-8"))
+                if not isinstance(d, dict):
+                    raise ValueError(f"a job record is a JSON object, not {type(d).__name__}")
                 st = JobStatus(job_id=d["job_id"], state=d["state"], files=d.get("files", []))
                 for k in ("progress", "epoch", "epochs", "loss", "loss_history", "validation", "model_version", "activated",
                           "warnings", "error", "report", "validation_history", "active_model_validation", "ticks_per_second", "edge", "test"):
@@ -344,8 +346,8 @@ class JobManager:
                     self._write_record(st)
                 self.jobs[st.job_id] = st
                 self.latest = st.job_id
-            except (OSError, ValueError, KeyError):
-                log.warning("ignoring unreadable job record %s", p)
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # a damaged record costs its history only
+                log.warning("ignoring unreadable job record %s (%s: %s)", p, type(exc).__name__, exc)
 
     @property
     def busy(self) -> bool:

@@ -10,6 +10,8 @@ a refused activation of C, then a hot swap to B under load.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 import re
 import time
@@ -383,3 +385,21 @@ def test_auto_activation_needs_a_directional_edge(make_config: ConfigFactory) ->
     job = JobStatus(job_id="jalways", state="running")
     mgr._on_success(job, {"model_version": "v-always", "validation": {"loss": 2.0}, "edge": "none"}, "always")
     assert job.activated and "v-always" in activated
+
+
+@pytest.mark.parametrize("text", ["[]", '{"job_id": 5, "state": "done", "created": 7}', "{", "[" * 50_000 + "]" * 50_000,
+                                  '{"job_id": "j1"}'])
+def test_a_damaged_job_record_is_skipped_not_fatal(make_config: ConfigFactory, caplog: pytest.LogCaptureFixture,
+                                                   text: str) -> None:
+    """The service reads every job record at start: a damaged one loses its history only, never the start."""
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    jobs = Path(cfg.paths.state_dir) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    (jobs / "bad.json").write_text(text)
+    (jobs / "good.json").write_text(json.dumps({"job_id": "good", "state": "succeeded", "created": "2026-11-25T10:00:00Z"}))
+    with caplog.at_level(logging.WARNING, logger="cerebellar_norse"):
+        mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    assert set(mgr.jobs) == {"good"}
+    assert any("ignoring unreadable job record" in r.getMessage() and "bad.json" in r.getMessage() for r in caplog.records)
