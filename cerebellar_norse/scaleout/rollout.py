@@ -25,8 +25,8 @@ import httpx
 
 from ..config import Config
 from ..errors import CerebellarNorseError, InputError
-from ..training.archive import MEDIA_TYPE, check_version, pack_model
-from ..training.checkpoints import ModelStore
+from ..training.archive import MEDIA_TYPE, pack_model
+from ..training.checkpoints import ModelStore, check_version
 
 
 class RolloutError(CerebellarNorseError):

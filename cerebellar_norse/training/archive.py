@@ -22,24 +22,16 @@ import numpy as np
 from ..config import Config
 from ..errors import CheckpointError, InputError
 from ..storage import atomic_write_bytes, fsync_dir, seal, unseal
-from .checkpoints import FILES, MANIFEST, ModelStore, load_model_dir, parse_manifest, shape_mismatch
+from .checkpoints import FILES, MANIFEST, ModelStore, check_version, load_model_dir, parse_manifest, shape_mismatch
 
 MEDIA_TYPE = "application/octet-stream"
 _STAGING = threading.Lock()
-VERSION_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
 class ModelConflictError(InputError):
     """Another model of the same version is stored already (HTTP 409)."""
 
     status_code = 409
-
-
-def check_version(version: str) -> None:
-    """Raise InputError unless ``version`` is a safe directory name (letters, digits, ``-_.``; not starting with ``.``)."""
-    if not version or len(version) > 128 or version.startswith(".") or not set(version) <= VERSION_CHARS:
-        raise InputError(f"invalid model version {version!r} (letters, digits, '-', '_', '.'; at most 128; not "
-                         f"starting with '.')", "version")
 
 
 def pack_model(path: Path) -> bytes:

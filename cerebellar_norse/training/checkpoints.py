@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Config, NeuralConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InputError
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
 from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes, sha256_file
@@ -125,6 +125,16 @@ def shape_mismatch(neural: dict[str, Any], cfg: NeuralConfig) -> list[str]:
     return [k for k in SHAPE_KEYS if neural.get(k) != current.get(k)]
 
 
+VERSION_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def check_version(version: str) -> None:
+    """Raise InputError unless ``version`` is a safe directory name (letters, digits, ``-_.``; not starting with ``.``)."""
+    if not version or len(version) > 128 or version.startswith(".") or not set(version) <= VERSION_CHARS:
+        raise InputError(f"invalid model version {version!r} (letters, digits, '-', '_', '.'; at most 128; not "
+                         f"starting with '.')", "version")
+
+
 class ModelStore:
     """The models directory of a state dir."""
 
@@ -182,10 +192,15 @@ class ModelStore:
         return load_model_dir(self.root / version)
 
     def active_version(self) -> str | None:
-        """The version named in ``ACTIVE``, if any."""
+        """The version named in ``ACTIVE``, if any (None, logged, when the file does not name one)."""
         try:
             v = (self.root / ACTIVE).read_text(encoding="utf-8").strip()
+            if v:
+                check_version(v)
         except OSError:
+            return None
+        except (ValueError, InputError) as exc:  # damaged: the newest valid model is served instead
+            log.error("ignoring %s: it does not name a model version (%s)", self.root / ACTIVE, exc)
             return None
         return v or None
 

@@ -172,6 +172,18 @@ def test_model_json_files_must_hold_an_object(cfg: Config, store: ModelStore, na
     assert exc.value.path == str(path)
 
 
+@pytest.mark.parametrize("content", [b"\xff\xfe garbage", b"../../etc", b"v1\x00x", b".hidden", b"a/b"],
+                         ids=["not UTF-8", "a path out of the store", "NUL", "hidden", "slash"])
+def test_an_active_file_that_names_no_version_falls_back_to_the_newest(cfg: Config, store: ModelStore, content: bytes,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    store.save(generate_weights(cfg), cfg, METRICS, version=V1)
+    (store.root / "ACTIVE").write_bytes(content)
+    with caplog.at_level(logging.ERROR, logger="cerebellar_norse.models"):
+        assert store.active_version() is None
+        assert store.load_for_service(cfg).version == V1  # type: ignore[union-attr]
+    assert any("does not name a model version" in r.getMessage() for r in caplog.records)
+
+
 def test_weights_not_matching_their_own_config_are_refused(cfg: Config, store: ModelStore, make_config: ConfigFactory) -> None:
     other = make_config(neural={**TINY_NEURAL, "granule_size": 96})
     version = store.save(generate_weights(other), cfg, METRICS)  # manifest fine, shapes not
