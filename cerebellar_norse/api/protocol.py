@@ -73,7 +73,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if self._refused:
                 return  # the answer is out; what the client still sends is dropped
             in_headers, seen = self._in_headers, self._headers_seen
-            super().data_received(data)
+            HttpToolsProtocol.data_received(self, data)  # (no super(): this runs per request)
             if self._headers_seen != seen:
                 self._header_bytes = 0
             elif in_headers and not self.transport.is_closing():  # every byte of it was request line or headers
@@ -85,7 +85,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def on_headers_complete(self) -> None:
             self._in_headers = False
             self._headers_seen += 1
-            super().on_headers_complete()
+            HttpToolsProtocol.on_headers_complete(self)
 
         def send_400_response(self, msg: str) -> None:
             self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", "malformed HTTP request: the server could not parse it")

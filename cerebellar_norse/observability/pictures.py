@@ -227,6 +227,11 @@ def load_weights(cfg: Config, ref: str | None) -> tuple[Weights, str]:
 # -- output -------------------------------------------------------------------------------------------
 
 
+def literal(text: str) -> str:
+    """``text`` as matplotlib draws it literally: a ``$`` would start math text (a market id "$$" failed the plot)."""
+    return text.replace("$", r"\$")
+
+
 def histogram_png(w: Weights, version: str, other: tuple[Weights, str] | None = None) -> bytes:
     """A PNG of one histogram per layer (with the compared model's outline when given)."""
     import matplotlib
@@ -239,7 +244,7 @@ def histogram_png(w: Weights, version: str, other: tuple[Weights, str] | None = 
     cols = 3
     rows = math.ceil(len(arrays) / cols)
     fig = Figure(figsize=(4.2 * cols, 3.0 * rows), dpi=80, layout="constrained")
-    fig.suptitle(f"weights of model {version}" + (f" (outline: {other[1]})" if other is not None else ""))
+    fig.suptitle(literal(f"weights of model {version}" + (f" (outline: {other[1]})" if other is not None else "")))
     for k, (name, a) in enumerate(arrays.items()):
         ax = fig.add_subplot(rows, cols, k + 1)
         ax.set_title(f"{name} ({LAYERS[name]}, n={a.size})", fontsize=9)
@@ -249,9 +254,9 @@ def histogram_png(w: Weights, version: str, other: tuple[Weights, str] | None = 
             if b is not None and b.size:
                 lo, hi = min(lo, float(b.min())), max(hi, float(b.max()))
             rng = (lo - 0.5, hi + 0.5) if lo == hi else (lo, hi)
-            ax.hist(a, bins=BINS, range=rng, color="tab:blue", alpha=0.8, label=version)
+            ax.hist(a, bins=BINS, range=rng, color="tab:blue", alpha=0.8, label=literal(version))
             if b is not None and b.size:
-                ax.hist(b, bins=BINS, range=rng, histtype="step", color="tab:orange", label=other[1] if other else "")
+                ax.hist(b, bins=BINS, range=rng, histtype="step", color="tab:orange", label=literal(other[1]) if other else "")
             ax.set_yscale("log" if a.size > 100 else "linear")
         ax.tick_params(labelsize=7)
     buf = io.BytesIO()
@@ -442,8 +447,8 @@ def raster_png(series: dict[str, Any]) -> bytes:
     n = len(spikes)
     since = series.get("since")
     fig = Figure(figsize=(9.0, 8.0), dpi=80, layout="constrained")
-    fig.suptitle(f"market {series['market_id']}: last {n} tick(s) recorded"
-                 + (f" since {utc_iso(since)}" if since else ""), fontsize=10)
+    fig.suptitle(literal(f"market {series['market_id']}: last {n} tick(s) recorded"
+                         + (f" since {utc_iso(since)}" if since else "")), fontsize=10)
     axes = fig.subplots(4, 1, sharex=True)
     x = np.arange(n)
     names = [p for p, _ in TRACED]

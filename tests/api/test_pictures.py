@@ -74,6 +74,27 @@ def test_raster_is_a_png_of_the_ticks_since_the_first_request(tc: TestClient, sv
     assert len(trace.series(ODD, 4)["spikes"]) == 4
 
 
+@pytest.mark.parametrize("market", ["$$", "$x^$", "$_$", r"$\undefinedcmd$"])
+def test_market_ids_that_look_like_math_text_are_drawn_literally(tc: TestClient, market: str) -> None:
+    """matplotlib reads "$...$" in a title as math text: "$$" was a 500."""
+    send(tc, market, range(3))
+    first = raster(tc, market, headers=AUTH)  # starts watching the market: no ticks drawn yet
+    assert first.status_code == 200 and first.content[:8] == PNG_MAGIC, first.text
+    send(tc, market, range(3, 5))
+    drawn = raster(tc, market, headers=AUTH)
+    assert drawn.status_code == 200 and drawn.content[:8] == PNG_MAGIC, drawn.text
+
+
+def test_weight_histograms_take_any_version_text() -> None:
+    from cerebellar_norse.config import load_config
+    from cerebellar_norse.neurons.topology import generate_weights
+    from cerebellar_norse.observability.pictures import histogram_png, literal
+
+    w = generate_weights(load_config(None, environ={}))
+    assert histogram_png(w, "my$_$model", (w, "/models/$$other")).startswith(PNG_MAGIC)
+    assert literal("$x$ \\$") == "\\$x\\$ \\\\$"
+
+
 def test_plot_market_writes_the_png(tc: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     import httpx
