@@ -94,14 +94,18 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             """Answer a request refused before it has a request cycle, then close the connection."""
             if on_refused is not None:
                 on_refused(kind)
-            cycle = self.cycle
-            if cycle is None or cycle.response_complete:  # nothing else is being written on this connection
-                headers, body = error_answer(kind, message, new_request_id())
-                self.transport.write(raw_answer(status_line, headers, body))
-            # Closing now, with the client's bytes unread, would reset the connection and could lose the answer:
-            # end our side, drop what still comes, and close when the client does (or after LINGER_S).
             self._refused = True
             self._disarm()
+            cycle = self.cycle
+            busy = cycle is not None and not cycle.response_complete  # its app may still write: close now, as uvicorn does
+            if not (busy and cycle is not None and cycle.response_started):  # else an answer is half written already
+                headers, body = error_answer(kind, message, new_request_id())
+                self.transport.write(raw_answer(status_line, headers, body))
+            if busy:
+                self.transport.close()
+                return
+            # Closing now, with the client's bytes unread, would reset the connection and could lose the answer:
+            # end our side, drop what still comes, and close when the client does (or after LINGER_S).
             if self.transport.can_write_eof():
                 self.transport.write_eof()
             self.loop.call_later(LINGER_S, self.transport.close)

@@ -478,7 +478,9 @@ def test_expect_100_continue_gets_its_interim_answer_before_the_body(srv: LiveSe
     b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n",
     b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 100,  # TLS spoken to a plain HTTP port
-], ids=["bad version", "length and chunked", "TLS"])
+    b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"ZZZ\r\n\r\n",  # the headers were read, the body's chunk size is not a number
+], ids=["bad version", "length and chunked", "TLS", "bad chunk"])
 def test_malformed_request_is_a_json_400_and_the_connection_closes(srv: LiveServer, client: httpx.Client, raw: bytes) -> None:
     before = sample_value(client, "cerebellar_norse_errors_total", kind="bad_request")
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
@@ -490,6 +492,7 @@ def test_malformed_request_is_a_json_400_and_the_connection_closes(srv: LiveServ
     assert err["type"] == "bad_request" and err["request_id"] == headers["x-request-id"]
     assert sample_value(client, "cerebellar_norse_errors_total", kind="bad_request") == before + 1
     assert client.get("/health").status_code == 200
+    assert_no_error_logs(srv)
 
 
 @pytest.mark.parametrize("shape", ["one long header", "many headers", "slowly"])
