@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import LoggingConfig
+from ..errors import ConfigError, ConfigProblem
 from .context import request_id_var
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -68,14 +69,19 @@ def file_handler(cfg: LoggingConfig) -> logging.Handler | None:
     if cfg.file is None:
         return None
     path = Path(cfg.file)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        h = logging.handlers.RotatingFileHandler(path, maxBytes=int(cfg.max_size), backupCount=cfg.max_files,
+                                                 encoding="utf-8")
+    except OSError as exc:  # a directory, no permission, a read-only disk: one line at start, not a traceback
+        raise ConfigError([ConfigProblem("logging.file", f"cannot write the log file {path}: {exc.strerror or exc}",
+                                         "point it at a writable file, or leave it unset (stdout only)")]) from None
     if path.name == "application.log":
         # The operations guide reads both application.log and app.log: keep the second as an alias.
         alias = path.with_name("app.log")
         if not alias.exists() and not alias.is_symlink():
             with contextlib.suppress(OSError):
                 alias.symlink_to(path.name)
-    h = logging.handlers.RotatingFileHandler(path, maxBytes=int(cfg.max_size), backupCount=cfg.max_files, encoding="utf-8")
     if cfg.compression == "gzip":
         h.namer = lambda name: name + ".gz"
         h.rotator = _gzip_rotator

@@ -66,3 +66,19 @@ def test_file_rotation_with_gzip(tmp_path: Path) -> None:
     assert first["logger"] == "rot"
     assert log_file.stat().st_size <= 2000 + 200
     setup_logging(LoggingConfig(level="INFO"), stream=io.StringIO())  # detach the file handler
+
+
+def test_a_log_file_that_cannot_be_written_is_a_config_error(tmp_path: Path) -> None:
+    """A directory (or an unwritable path) as logging.file: one line naming the key at start, not a traceback."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[logging]\nfile = "{tmp_path}"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n'
+                   "[training]\nbootstrap_on_first_run = false\n")
+    proc = subprocess.run([sys.executable, "-m", "cerebellar_norse.cli", "--config", str(cfg), "--port", "9"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "logging.file: cannot write the log file" in proc.stderr and "Is a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "state").exists()  # refused before the state dir was touched
