@@ -22,7 +22,7 @@ from .errors import install_error_handlers
 from .fastpath import TickFastPath, is_hot
 from .openapi import install_openapi
 from .routes import debug, handover, health, model_upload, neural
-from .routing import exact_route_paths, install_exact_paths
+from .routing import install_exact_paths
 from .schemas import error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
@@ -216,7 +216,6 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
         app.include_router(r)
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc())
     install_openapi(app, state)
-    exact_route_paths(app.router.routes)
     if fast_path:
         app.hot = RequestContextMiddleware(TickFastPath(state), state)
     app.add_middleware(RequestContextMiddleware, state=state)

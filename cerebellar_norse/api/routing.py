@@ -12,13 +12,13 @@ the ``compile_path`` of its own module, and offers no hook for it. So
 :func:`install_exact_paths` replaces that function, in FastAPI's module and in
 Starlette's, by one whose expressions end only at the end of the path (``\\Z``) and whose
 parameters match any character; the routes' own checks then answer for ids that are not
-valid market ids. :func:`exact_route_paths` does the same to routes compiled before.
+valid market ids. It must run before the app's routes are compiled.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import fastapi.routing
@@ -53,14 +53,3 @@ def install_exact_paths() -> None:
         current = module.compile_path
         if not getattr(current, "exact", False):
             module.compile_path = exact_compiler(current)  # type: ignore[attr-defined]
-
-
-def exact_route_paths(routes: Iterable[Any]) -> int:
-    """Make the compiled routes among ``routes`` match only whole paths; returns how many changed."""
-    changed = 0
-    for route in routes:
-        rx = getattr(route, "path_regex", None)
-        if isinstance(rx, re.Pattern) and not rx.pattern.endswith(r"\Z"):
-            route.path_regex = exact_pattern(rx)
-            changed += 1
-    return changed
