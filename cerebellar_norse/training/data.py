@@ -8,7 +8,10 @@ the first name present of each list is used and every other column is ignored:
   A value is an integer (or an integral number such as ``1.6e12``) of ms since the
   epoch, or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
   ``2020-01-02T15:30:00.123Z``, ``…+01:00``; without an offset it is UTC), from
-  1970-01-01 up to 2100-01-01; digits below 1 ms are dropped.
+  1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates written with
+  slashes (``1/4/1999``, ``04/01/1999 15:30``) are read month first or day first as the
+  whole column shows (a day above 12 in one place, never in the other); a column that
+  does not show it, or shows both, fails with ``file: …``.
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both).
 * volume (optional, >= 0): ``volume``, ``vol``, ``size``, ``qty``; without one every
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
@@ -53,6 +57,7 @@ SECONDS_HINT_MS = 10_000_000_000  # integer times below this (1970-04-26) are no
 CLASS_NAMES = ("down", "flat", "up")
 MIN_SAMPLES_PER_CLASS = 10_000
 MAX_REPORTED = 50
+_SLASH_DATE = re.compile(r"(\d{1,2})/(\d{1,2})/(\d{4})(?:([ T])(.*))?$")  # M/D/YYYY or D/M/YYYY, then a time
 
 
 @dataclass
@@ -134,6 +139,7 @@ class _Columns:
     market_name: str
     default_market: str
     iso: bool | None = None  # time format, from the first time value: ISO 8601 (True) or ms numbers (False)
+    day_first: bool | None = None  # dates written with slashes: D/M/YYYY (True), M/D/YYYY (False); None: no slashes
     known_markets: dict[str, str] = field(default_factory=dict)  # raw field -> validated market id
 
     def used_fields(self, row: list[str]) -> list[str]:
@@ -150,6 +156,57 @@ def _not_utf8(fields: list[str]) -> str:
             if "\udc80" <= ch <= "\udcff":
                 return f"not UTF-8 text (byte 0x{ord(ch) - 0xDC00:02x})"
     return ""
+
+
+def _slash_order(path: Path, cols: _Columns) -> bool | None:
+    """Whether a file's slash-written dates are day first (True) or month first (False), decided over its whole
+    time column; None when its first time is not a slash date. DataError when the column does not tell, or mixes both."""
+    day_first = month_first = False
+    example = {True: "", False: ""}
+    try:
+        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+            reader = csv.reader(fh)
+            next(reader, None)
+            seen = False
+            for row in reader:
+                text = row[cols.time].strip() if len(row) == cols.fields else ""
+                if not text:
+                    continue
+                m = _SLASH_DATE.match(text)
+                if not seen:
+                    if m is None:
+                        return None
+                    seen = True
+                if m is None:
+                    continue  # reported as a bad row by the reading pass
+                if int(m[1]) > 12 and not day_first:
+                    day_first, example[True] = True, text
+                if int(m[2]) > 12 and not month_first:
+                    month_first, example[False] = True, text
+            if not seen:
+                return None
+    except (OSError, csv.Error):
+        return None  # the reading pass reports it
+    name = cols.time_name
+    if day_first and month_first:
+        msg = (f"{path}: {name} mixes day-first ({example[True]!r}) and month-first ({example[False]!r}) dates;"
+               " write them as ISO 8601 (YYYY-MM-DD)")
+        raise DataError(msg, [msg])
+    if not (day_first or month_first):
+        msg = (f"{path}: {name} dates such as {text!r} could be month/day or day/month (no day above 12 in the file);"
+               " write them as ISO 8601 (YYYY-MM-DD)")
+        raise DataError(msg, [msg])
+    return day_first
+
+
+def _from_slash(text: str, day_first: bool) -> str:
+    """A slash date (``M/D/YYYY`` or ``D/M/YYYY``, maybe with a time) as ISO 8601; unchanged when not one."""
+    m = _SLASH_DATE.match(text)
+    if m is None:
+        return text
+    a, b = int(m[1]), int(m[2])
+    month, day = (b, a) if day_first else (a, b)
+    return f"{m[3]}-{month:02d}-{day:02d}" + (f"{m[4]}{m[5]}" if m[4] else "")
 
 
 def _header_name(name: str) -> str:
@@ -214,8 +271,11 @@ def _datetime_ms(dt: datetime) -> int:
     return (dt - _EPOCH) // _ONE_MS
 
 
-def _time_any(text: str, name: str) -> int:
-    """A time field of any accepted form as ms since the epoch, or ValueError naming the column and value."""
+def _time_any(text: str, name: str, day_first: bool | None = None) -> int:
+    """A time field of any accepted form as ms since the epoch, or ValueError naming the column and value.
+
+    ``day_first`` is the file's slash-date order (see :func:`_slash_order`); None: slash dates are not accepted.
+    """
     s = text.strip()
     iso = False
     try:
@@ -225,8 +285,11 @@ def _time_any(text: str, name: str) -> int:
             x = float(s)
         except ValueError:
             try:
-                ms = _datetime_ms(datetime.fromisoformat(s))
+                ms = _datetime_ms(datetime.fromisoformat(s if day_first is None else _from_slash(s, day_first)))
             except (ValueError, OverflowError):
+                if day_first is not None and _SLASH_DATE.match(s):
+                    order = "D/M/YYYY" if day_first else "M/D/YYYY"
+                    raise ValueError(f"{name} {s!r} is not a valid date read as {order}") from None
                 raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
             iso = True
         else:
@@ -257,14 +320,14 @@ def _iso_time(text: str, cols: _Columns) -> int:
     s = text.strip()
     if not s.isdigit():  # an integer is ms, even in a column of dates
         try:
-            dt = datetime.fromisoformat(s)
+            dt = datetime.fromisoformat(s if cols.day_first is None else _from_slash(s, cols.day_first))
         except ValueError:
             pass
         else:
             ms = (dt - _EPOCH_NAIVE) // _ONE_MS if dt.tzinfo is None else (dt - _EPOCH) // _ONE_MS
             if 0 <= ms < TS_MAX_MS:
                 return ms
-    return _time_any(text, cols.time_name)
+    return _time_any(text, cols.time_name, cols.day_first)
 
 
 def _is_number(text: str) -> bool:
@@ -365,6 +428,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
             cols = _columns(path, header, notes)
+            cols.day_first = _slash_order(path, cols)
+            if cols.day_first is not None:
+                notes.append(f"{path}: {cols.time_name}: slash dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
             seconds_noted = False
             while True:
                 try:
@@ -406,11 +472,14 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                     rows += 1
                     bad += 1
                     report.append(f"{path}:{reader.line_num}: unreadable row: {exc}")
+    shown = "\n".join(report[:MAX_REPORTED])
+    more = f"\n… and {len(report) - MAX_REPORTED} more" if len(report) > MAX_REPORTED else ""
     if rows == 0 or not code_of:
-        raise DataError("no valid tick rows in " + ", ".join(str(p) for p in paths), report[:MAX_REPORTED])
+        files = ", ".join(str(p) for p in paths)
+        if rows == 0:
+            raise DataError(f"no valid tick rows in {files}: no data rows after the header", report[:MAX_REPORTED])
+        raise DataError(f"no valid tick rows in {files}: all {rows} rows are bad:\n{shown}{more}", report[:MAX_REPORTED])
     if bad > max_bad_fraction * rows:
-        shown = "\n".join(report[:MAX_REPORTED])
-        more = f"\n… and {len(report) - MAX_REPORTED} more" if len(report) > MAX_REPORTED else ""
         raise DataError(f"{bad} of {rows} rows are bad ({bad / rows:.2%} > max_bad_row_fraction {max_bad_fraction:.2%}):\n{shown}{more}", report)
     codes = np.array(code_all, dtype=np.int64)
     ts_arr = np.array(ts_all, dtype=np.float64)

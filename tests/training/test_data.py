@@ -393,8 +393,58 @@ def test_default_fraction_is_one_percent(tmp_path: Path) -> None:
 
 def test_file_without_good_rows_fails(tmp_path: Path) -> None:
     path = write(tmp_path, HEADER + "\n")
-    with pytest.raises(DataError, match="no valid tick rows"):
+    with pytest.raises(DataError, match="no valid tick rows") as exc:
         load_csv_files([path])
+    assert str(exc.value).endswith("no data rows after the header")
+
+
+def test_file_of_bad_rows_only_fails_saying_why(tmp_path: Path) -> None:
+    rows = [f"2020-01-{d:02d},A,x{d},1" for d in range(1, 31)]
+    path = write(tmp_path, HEADER + "\n" + "\n".join(rows) + "\n")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    lines = str(exc.value).splitlines()
+    assert lines[0] == f"no valid tick rows in {path}: all 30 rows are bad:"
+    assert lines[1] == f"{path}:2: price 'x1' is not a number" and len(lines) == 31
+
+
+# --------------------------------------------------------------------------------------
+# Dates written with slashes
+# --------------------------------------------------------------------------------------
+
+
+def test_month_first_slash_dates_are_read_when_the_column_shows_the_order(tmp_path: Path) -> None:
+    """arch's S&P 500 file writes its dates M/D/YYYY."""
+    path = write(tmp_path, "Date,Open,High,Low,Close,Adj Close,Volume\n"
+                           "1/12/1999,1,1,1,10,10,5\n1/13/1999,1,1,1,11,11,5\n2/1/1999,1,1,1,12,12,5\n", "SP500.csv")
+    data = load_csv_files([path])
+    assert data.report == [] and data.markets[0].timestamp.tolist() == [utc_ms(1999, 1, 12), utc_ms(1999, 1, 13),
+                                                                        utc_ms(1999, 2, 1)]
+    assert f"{path}: Date: slash dates read as month/day/year" in data.notes
+
+
+def test_day_first_slash_dates_with_times_are_read_when_the_column_shows_the_order(tmp_path: Path) -> None:
+    path = write(tmp_path, "time,price\n02/03/2021 15:30,1\n25/03/2021T09:00:00.250,2\n01/04/2021,3\n")
+    (m,) = load_csv_files([path]).markets
+    assert m.timestamp.tolist() == [utc_ms(2021, 3, 2) + 55_800_000, utc_ms(2021, 3, 25) + 32_400_250, utc_ms(2021, 4, 1)]
+
+
+@pytest.mark.parametrize(("dates", "problem"), [
+    (["1/2/2020", "3/4/2020"], "could be month/day or day/month"),
+    (["1/13/2020", "13/1/2020"], "mixes day-first ('13/1/2020') and month-first ('1/13/2020') dates"),
+])
+def test_slash_dates_of_unknown_order_are_refused_naming_the_file(tmp_path: Path, dates: list[str], problem: str) -> None:
+    path = write(tmp_path, "date,price\n" + "".join(f"{d},1\n" for d in dates))
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert str(exc.value).startswith(f"{path}: date ") and problem in str(exc.value)
+
+
+def test_a_slash_date_that_is_no_date_costs_its_row(tmp_path: Path) -> None:
+    rows = [f"1/{d}/2020,{d}" for d in range(1, 31)] + ["2/30/2020,1", "3/1/2020,1"]
+    path = write(tmp_path, "date,price\n" + "\n".join(rows) + "\n")
+    data = load_csv_files([path], max_bad_fraction=0.1)
+    assert data.report == [f"{path}:32: date '2/30/2020' is not a valid date read as M/D/YYYY"] and data.ticks == 31
 
 
 def test_missing_file_is_a_data_error(tmp_path: Path) -> None:
