@@ -63,10 +63,14 @@ def apply_head(logp: np.ndarray, gain: np.ndarray, bias: np.ndarray) -> np.ndarr
     return np.asarray(e / e.sum(axis=1, keepdims=True))
 
 
+def base_rates(counts: np.ndarray) -> np.ndarray:
+    """Class frequencies of ``counts`` (down, flat, up), +1 each (so none is 0)."""
+    return np.asarray((np.asarray(counts, dtype=np.float64) + 1.0) / (float(np.sum(counts)) + 3.0))
+
+
 def prior_head(counts: np.ndarray) -> Head:
     """The base-rate head of class ``counts`` (+1 each)."""
-    p = (np.asarray(counts, dtype=np.float64) + 1.0) / (float(np.sum(counts)) + 3.0)
-    return Head(np.zeros(3), np.log(p), "priors")
+    return Head(np.zeros(3), np.log(base_rates(counts)), "priors")
 
 
 def fit_head(logp: np.ndarray, labels: np.ndarray, kind: str, max_iter: int = 100) -> Head:

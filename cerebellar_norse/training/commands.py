@@ -90,10 +90,30 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
     return 0
 
 
+def _recorded_counts(metrics: dict[str, Any]) -> tuple[np.ndarray | None, str]:
+    """The class counts a stored model's base rates come from, and where from: its training and validation
+    splits (what a model without an edge serves); the training split for a model that recorded only that."""
+    data = metrics.get("data")
+    data = data if isinstance(data, dict) else {}
+
+    def counts(key: str) -> np.ndarray | None:
+        c = data.get(key)
+        ok = isinstance(c, list) and len(c) == 3 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in c)
+        return np.asarray(c, dtype=np.int64) if ok else None
+
+    train, val = counts("train_class_counts"), counts("validation_class_counts")
+    if train is None:
+        return None, ""
+    if val is None:
+        return train, "the model's training data"
+    return train + val, "the model's training and validation data"
+
+
 def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,
                  as_json: bool, since: str | None = None) -> int:
     """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
     from ..storage import atomic_write_bytes
+    from .calibration import base_rates
     from .data import load_csv_files, parse_time_ms
     from .report import format_summary, render_html
     from .scoring import summarise
@@ -117,12 +137,11 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     except ValueError as exc:
         raise InputError(str(exc), "--since") from None
     prep = prepare_for_scoring(cfg, data, since_ms)
-    counts = model.metrics.get("data", {}).get("train_class_counts")
-    base_source = "the model's training data"
-    if not (isinstance(counts, list) and len(counts) == 3):
-        counts = np.bincount(prep.rows(2)[1], minlength=3).tolist()
+    counts, base_source = _recorded_counts(model.metrics)
+    if counts is None:
+        counts = np.bincount(prep.rows(2)[1], minlength=3)
         base_source = "the evaluated data (the model has no recorded training counts)"
-    base = (np.asarray(counts, dtype=np.float64) + 1.0) / (float(np.sum(counts)) + 3.0)
+    base = base_rates(counts)
     summary, cumulative = summarise(cfg, model.weights, prep, 2, base, logistic="crossfit", cost_bp=cost_bp,
                                     bootstrap=bootstrap)
     if not summary.get("samples"):

@@ -13,8 +13,9 @@ of size 1 in basis points.
 
 Baselines (none of them looks at the evaluation labels):
 
-* ``base_rates`` — the class frequencies of the model's training data, for every row;
-* ``majority`` — the most frequent training class with probability ≈ 1 (the one-hot
+* ``base_rates`` — the class frequencies of the data the model was trained and calibrated
+  on (its training and validation splits: what a model without an edge serves), for every row;
+* ``majority`` — the most frequent class of those with probability ≈ 1 (the one-hot
   vector clipped to [1e-4, 1] and renormalised, so that its log loss is finite);
 * ``persistence`` — the direction of ``past_ret`` continues: P(flat) is the base rate
   of flat and the moving mass M = P(down) + P(up) of the base rates is split

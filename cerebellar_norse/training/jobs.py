@@ -195,6 +195,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     never from another stored model.
     """
     from ..neurons.topology import generate_weights
+    from .calibration import base_rates
     from .checkpoints import ModelStore
     from .data import load_csv_files
     from .scoring import summarise
@@ -216,8 +217,9 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     result = train(cfg, prep, initial, epochs, progress, should_stop, time_budget_s=time_budget_s)
     if should_stop is not None and should_stop():  # cancelled during the last evaluation: write no model
         raise InterruptedError("training cancelled")
-    base_rates = (prep.train_counts + 1.0) / (prep.train_counts.sum() + 3.0)
-    test, _ = summarise(cfg, result.weights, prep, 2, base_rates, bootstrap=300) if prep.test_counts.sum() else ({"samples": 0}, {})
+    # the frequencies a model without an edge serves (its priors head): what knowing nothing before the test split is
+    base = base_rates(prep.train_counts + prep.val_counts)
+    test, _ = summarise(cfg, result.weights, prep, 2, base, bootstrap=300) if prep.test_counts.sum() else ({"samples": 0}, {})
     warnings = list(result.warnings)
     if result.edge == "none":
         warnings.append("no edge found: on validation the network does not beat the base rates, so the model serves "
@@ -225,7 +227,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     metrics = {"validation": result.validation, "test": test, "edge": result.edge, "history": result.history,
                "best_epoch": result.best_epoch, "ticks_per_second": result.ticks_per_second,
                "stopped_early": result.stopped_early, "started": start_note, "labels": prep.spec.to_dict(),
-               "base_rates": base_rates.tolist(),
+               "base_rates": base.tolist(),
                "data": {"files": [str(f) for f in files], "rows": data.rows, "bad_rows": data.bad_rows, "ticks": data.ticks,
                         "markets": len(data.markets), "notes": data.notes, "train_class_counts": prep.train_counts.tolist(),
                         "validation_class_counts": prep.val_counts.tolist(), "test_class_counts": prep.test_counts.tolist()},

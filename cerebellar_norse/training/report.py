@@ -248,7 +248,7 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
     parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(_overview(summary))}</p>"]
     base_rates = summary.get("base_rates") or {}
     if base_rates:
-        parts.append(_table(["training base rates", *CLASS_NAMES],
+        parts.append(_table(["base rates", *CLASS_NAMES],
                             [["frequency", *[_fmt(base_rates.get(c)) for c in CLASS_NAMES]]]))
     parts.append('<div class="plots">' + "".join(plots) + "</div>")
     parts.append(_section("Metrics", _table(["predictor", *[label for _, label in METRICS]],

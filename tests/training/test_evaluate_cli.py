@@ -6,11 +6,14 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 from training_helpers import TINY_NEURAL, config_environ
 
 from cerebellar_norse.cli import main
+from cerebellar_norse.config import load_config
 from cerebellar_norse.synthetic import generate_ticks
+from cerebellar_norse.training.checkpoints import ModelStore
 from cerebellar_norse.training.data import write_csv
 
 
@@ -44,7 +47,7 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
     for row in full["vs_baselines"].values():
         lo, hi = row["log_loss"]["ci95"]
         assert lo <= row["log_loss"]["diff"] <= hi
-    assert full["base_rates_from"] == "the model's training data"
+    assert full["base_rates_from"] == "the model's training and validation data"
     assert sum(full["model"]["confusion"][0]) + sum(full["model"]["confusion"][1]) + sum(full["model"]["confusion"][2]) == full["samples"]
 
     mid = datetime.fromtimestamp(generate_ticks(4000, 2, seed=4)[2000]["timestamp"] / 1000, tz=UTC).isoformat()
@@ -71,3 +74,55 @@ def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFix
     assert main(["evaluate", "missing.csv"]) == 1
     assert "missing.csv" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--cost-bp", "-1"]) == 2
+
+
+def _drifting_walk(path: Path, n: int = 1300) -> None:
+    """One market, daily closes: a t(4) random walk, rising slightly in the first 70 %, falling in the next 15 %,
+    rising after: the validation split's class mix differs from the training split's, and the test split's from both."""
+    rng = np.random.default_rng(3)
+    drift = np.where(np.arange(n) < 0.7 * n, 0.001, np.where(np.arange(n) < 0.85 * n, -0.002, 0.002))
+    price = 75.0 * np.exp(np.cumsum(rng.standard_t(4, n) * 0.012 + drift))
+    write_csv(path, [{"timestamp": 1_546_387_200_000 + 86_400_000 * k, "market_id": "AAPL", "price": float(p),
+                      "volume": float(v)} for k, (p, v) in enumerate(zip(price, rng.lognormal(18, 0.4, n), strict=True))])
+
+
+def test_a_model_without_an_edge_scores_exactly_as_the_base_rates(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The base-rate baseline is what a model without an edge serves (training + validation frequencies): on the
+    test split and under ``evaluate`` the two agree on every figure, whatever the splits' class mixes."""
+    _drifting_walk(env / "walk.csv")
+    assert main(["train", "walk.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    trained = _json(capsys)
+    assert trained["edge"] == "none"
+    model = ModelStore(env / "state").load(trained["model_version"])
+    data = model.metrics["data"]
+    train = np.asarray(data["train_class_counts"])
+    seen = train + np.asarray(data["validation_class_counts"])
+    assert np.argmax(train) != np.argmax(seen)  # the splits' mixes differ enough to change the likeliest class
+    served = np.exp(model.weights.head_bias) / np.exp(model.weights.head_bias).sum()
+    assert (model.weights.head_gain == 0).all()
+    np.testing.assert_allclose(served, (seen + 1.0) / (seen.sum() + 3.0), rtol=1e-12)
+    np.testing.assert_allclose(model.metrics["base_rates"], served, rtol=1e-12)
+    for summary in (trained["test"], None):
+        if summary is None:
+            assert main(["evaluate", "walk.csv", "--json", "--bootstrap", "50"]) == 0
+            summary = _json(capsys)
+            assert summary["base_rates_from"] == "the model's training and validation data"
+        assert summary["samples"] > 100
+        for figure in ("log_loss", "direction_log_loss", "accuracy", "directional_accuracy"):
+            row = summary["vs_baselines"]["base_rates"][figure]
+            assert row["diff"] == pytest.approx(0.0, abs=1e-12) and row["ci95"] == pytest.approx([0.0, 0.0], abs=1e-12), figure
+
+
+def test_evaluate_takes_the_training_base_rates_of_a_model_that_recorded_no_validation_counts(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    version = _json(capsys)["model_version"]
+    store = ModelStore(env / "state")
+    model = store.load(version)
+    del model.metrics["data"]["validation_class_counts"]
+    older = store.save(model.weights, load_config(None), model.metrics)
+    assert main(["evaluate", "ticks.csv", "--model", older, "--json", "--bootstrap", "0"]) == 0
+    summary = _json(capsys)
+    assert summary["base_rates_from"] == "the model's training data"
+    train = np.asarray(model.metrics["data"]["train_class_counts"], dtype=np.float64)
+    assert [summary["base_rates"][c] for c in ("down", "flat", "up")] == pytest.approx(list((train + 1) / (train.sum() + 3)))
