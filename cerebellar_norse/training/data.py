@@ -296,14 +296,16 @@ def _time_any(text: str, name: str, day_first: bool | None = None) -> int:
             if not math.isfinite(x):
                 raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
             if not x.is_integer():
-                raise ValueError(f"{name} {s!r} is not a whole number of ms since epoch") from None
+                hint = "; if the file's times are seconds, multiply them by 1000" if 0 < x < SECONDS_HINT_MS else ""
+                raise ValueError(f"{name} {s!r} is not a whole number of ms since epoch{hint}") from None
             ms = int(x)
     if ms < 0:
         raise ValueError(f"{name} {s!r} is before 1970-01-01" + ("" if iso else " (negative ms since epoch)"))
     if ms >= TS_MAX_MS:
         if iso:
             raise ValueError(f"{name} {s!r} is not before 2100-01-01")
-        raise ValueError(f"{name} {s!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01)")
+        hint = "; if the file's times are µs or ns, divide them by 1000 or 1000000" if ms < 1000 * TS_MAX_MS * 1000 else ""
+        raise ValueError(f"{name} {s!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
     return ms
 
 

@@ -302,7 +302,11 @@ BAD_ROWS = {
     "negative price": (f"{T0 + 500},A,-3,10", "price -3.0 is not > 0"),
     "negative timestamp": ("-1,A,100,10", "timestamp '-1' is before 1970-01-01 (negative ms since epoch)"),
     "date before 1970": ("1969-12-31T23:59:59Z,A,100,10", "timestamp '1969-12-31T23:59:59Z' is before 1970-01-01"),
-    "timestamp in microseconds": (f"{T0 * 1000},A,100,10", "is not a plausible time in ms since epoch"),
+    "timestamp in microseconds": (f"{T0 * 1000},A,100,10", "is not a plausible time in ms since epoch (1970-01-01 .. "
+                                  "2100-01-01); if the file's times are µs or ns, divide them by 1000 or 1000000"),
+    "timestamp in nanoseconds": (f"{T0 * 1000_000 + 7},A,100,10", "if the file's times are µs or ns, divide them"),
+    "timestamp in seconds with a fraction": ("1640995200.25,A,100,10", "timestamp '1640995200.25' is not a whole number "
+                                             "of ms since epoch; if the file's times are seconds, multiply them by 1000"),
     "date from 2100": ("2100-01-01,A,100,10", "timestamp '2100-01-01' is not before 2100-01-01"),
     "time going backwards": (f"{T0 - 1},A,100,10", "time goes backwards for market 'A'"),
 }
