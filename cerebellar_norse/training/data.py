@@ -24,6 +24,11 @@ A missing optional column, or integer times that look like seconds, is recorded 
 ``TickData.notes`` as ``file: …``. A header without a time or a price column, or
 naming a used column twice, fails at once with ``file:1: …``.
 
+A file's rows may run oldest first or newest first (as some downloads write them): a
+file whose first row's market goes back in time both right after that row and at the
+file's end is read as newest first (a note says so), and every market's series is kept
+oldest first. Within a file, a row out of the file's direction is a bad row.
+
 Bad rows (a field count other than the header's, non-numbers, non-finite or
 out-of-range values, time going backwards within a market) are skipped and reported
 as ``file:line: reason``, the reason naming the column as the header spells it; a
@@ -41,6 +46,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 
@@ -393,6 +399,48 @@ def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
     return ts, market, price, volume
 
 
+def _runs_newest_first(path: Path, cols: _Columns, head_rows: int = 1000, tail_bytes: int = 65_536) -> bool:
+    """True when a file's rows run newest first: its first row's market goes back in time at the file's start
+    (its next differing time, within ``head_rows`` rows, is older) and at its end (its last row, within the last
+    ``tail_bytes``, is older than its first). False when the two ends disagree or cannot be read (the reading
+    pass reports what it cannot read), so that a glitch at either end is one bad row, not a reversed file."""
+
+    def usable(r: list[str]) -> bool:
+        return len(r) == cols.fields and bool(r[cols.time].strip())
+
+    def market(r: list[str]) -> str:
+        return "" if cols.market is None else r[cols.market].strip()
+
+    def time_of(r: list[str]) -> int:
+        return _time_any(r[cols.time], cols.time_name, cols.day_first)
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+            reader = csv.reader(fh)
+            next(reader, None)
+            first = next((r for r in reader if usable(r)), None)
+            if first is None:
+                return False
+            t0, m0 = time_of(first), market(first)
+            nxt = next((t for _, r in zip(range(head_rows), reader, strict=False)
+                        if usable(r) and market(r) == m0 and (t := time_of(r)) != t0), None)
+        if nxt is None or nxt > t0:
+            return False
+        with open(path, "rb") as raw:
+            cut = raw.seek(0, 2) > tail_bytes
+            raw.seek(max(0, raw.seek(0, 2) - tail_bytes))
+            tail = raw.read().decode("utf-8", errors="surrogateescape").splitlines()[1 if cut else 0:]  # no cut line
+        last = next((r for r in csv.reader(reversed(tail)) if usable(r) and market(r) == m0), None)
+        return last is not None and time_of(last) < t0
+    except (OSError, ValueError, csv.Error):
+        return False
+
+
+def _reverse_from(column: list[Any], start: int) -> None:
+    """Reverse ``column[start:]`` in place."""
+    column[start:] = column[start:][::-1]
+
+
 def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickData:
     """Read tick CSV files (in the given order) into per-market series (format in the module docstring).
 
@@ -434,6 +482,10 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             if cols.day_first is not None:
                 notes.append(f"{path}: {cols.time_name}: slash dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
             seconds_noted = False
+            file_start = len(ts_all)
+            newest_first = _runs_newest_first(path, cols)
+            here: dict[int, int] = {}  # market code -> its time in the file's latest good row
+            before: dict[int, int] = {}  # market code -> its last time in earlier files
             while True:
                 try:
                     for row in reader:
@@ -446,11 +498,26 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                             if code is None:
                                 code = code_of[market] = len(last_ts)
                                 last_ts.append(ts)
+                                here[code] = ts
                             else:
-                                prev = last_ts[code]
-                                if ts < prev:
-                                    raise ValueError(f"time goes backwards for market {market!r} ({ts} < {prev})")
-                                last_ts[code] = ts
+                                prev = here.get(code)
+                                if prev is None:  # the market's first row in this file: not before earlier files
+                                    prev = before[code] = last_ts[code]
+                                    if ts < prev:
+                                        raise ValueError(f"time goes backwards for market {market!r} ({ts} < {prev})")
+                                    last_ts[code] = ts
+                                else:
+                                    if not newest_first:
+                                        if ts < prev:
+                                            raise ValueError(f"time goes backwards for market {market!r} ({ts} < {prev})")
+                                        last_ts[code] = ts
+                                    elif ts > prev:
+                                        raise ValueError(f"time goes forwards for market {market!r} in rows that run newest"
+                                                         f" first ({ts} > {prev})")
+                                    elif ts < before.get(code, 0):
+                                        raise ValueError(f"time goes backwards for market {market!r} ({ts} < its last time"
+                                                         f" {before[code]} in an earlier file)")
+                                here[code] = ts
                         except ValueError as exc:
                             if all(not c.strip() for c in row):  # a blank line (of separators only)
                                 rows -= 1
@@ -474,6 +541,10 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                     rows += 1
                     bad += 1
                     report.append(f"{path}:{reader.line_num}: unreadable row: {exc}")
+            if newest_first:  # oldest first, as every market's series is kept (last_ts already holds the newest)
+                for column in (ts_all, price_all, volume_all, code_all):
+                    _reverse_from(column, file_start)
+                notes.append(f"{path}: rows run newest first; read in reverse")
     shown = "\n".join(report[:MAX_REPORTED])
     more = f"\n… and {len(report) - MAX_REPORTED} more" if len(report) > MAX_REPORTED else ""
     if rows == 0 or not code_of:

@@ -413,6 +413,53 @@ def test_file_of_bad_rows_only_fails_saying_why(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# Files whose rows run newest first
+# --------------------------------------------------------------------------------------
+
+
+def test_a_file_whose_rows_run_newest_first_is_read_oldest_first(tmp_path: Path) -> None:
+    rows = [f"2020-01-{d:02d},{100 + d},{d}" for d in range(1, 31)]
+    forward = write(tmp_path, "Date,Close,Volume\n" + "\n".join(rows) + "\n", "fwd.csv")
+    newest = write(tmp_path, "Date,Close,Volume\n" + "\n".join(rows[::-1]) + "\n", "new.csv")
+    a, b = load_csv_files([forward]), load_csv_files([newest])
+    assert b.report == [] and f"{newest}: rows run newest first; read in reverse" in b.notes
+    assert not any("newest first" in n for n in a.notes)
+    for field in ("timestamp", "price", "volume"):
+        np.testing.assert_array_equal(getattr(a.markets[0], field), getattr(b.markets[0], field))
+
+
+def test_interleaved_markets_newest_first_and_a_row_out_of_direction(tmp_path: Path) -> None:
+    rows = [f"{T0 + 1000 * k},{m},{100 + k},1" for k in range(40) for m in ("A", "B")][::-1]
+    rows.insert(10, f"{T0 + 1000 * 39 + 5},A,1,1")  # newer than the A row above it: against the file's direction
+    path = write(tmp_path, "\n".join([HEADER, *rows]) + "\n")
+    data = load_csv_files([path], max_bad_fraction=0.1)
+    assert data.report == [f"{path}:12: time goes forwards for market 'A' in rows that run newest first "
+                           f"({T0 + 39_005} > {T0 + 35_000})"]
+    for m in data.markets:
+        assert m.timestamp.tolist() == [T0 + 1000 * k for k in range(40)] and m.price.tolist() == [100 + k for k in range(40)]
+
+
+def test_a_forward_file_with_an_older_row_at_either_end_stays_forward(tmp_path: Path) -> None:
+    for glitch_at in (1, 30):
+        rows = [f"{T0 + 1000 * k},A,{100 + k},1" for k in range(30)]
+        rows.insert(glitch_at, f"{T0 - 5000},A,1,1")
+        path = write(tmp_path, "\n".join([HEADER, *rows]) + "\n")
+        data = load_csv_files([path], max_bad_fraction=0.1)
+        assert len(data.report) == 1 and "time goes backwards" in data.report[0] and data.ticks == 30, glitch_at
+
+
+def test_a_newest_first_file_continues_an_earlier_file_only_after_it(tmp_path: Path) -> None:
+    old = write(tmp_path, "\n".join([HEADER, *good_rows(20)]) + "\n", "old.csv")
+    later = write(tmp_path, "\n".join([HEADER, *good_rows(20, start=20)[::-1]]) + "\n", "later.csv")
+    data = load_csv_files([old, later])
+    assert data.report == [] and data.markets[0].timestamp.tolist() == [T0 + 1000 * k for k in range(40)]
+    overlap = write(tmp_path, "\n".join([HEADER, *good_rows(20, start=15)[::-1]]) + "\n", "overlap.csv")
+    data = load_csv_files([old, overlap], max_bad_fraction=0.5)
+    assert len(data.report) == 4 and all("in an earlier file" in r for r in data.report)
+    assert data.markets[0].timestamp.tolist() == [T0 + 1000 * k for k in range(20)] + [T0 + 1000 * k for k in range(19, 35)]
+
+
+# --------------------------------------------------------------------------------------
 # Dates written with slashes
 # --------------------------------------------------------------------------------------
 
