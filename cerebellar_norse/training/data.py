@@ -4,12 +4,13 @@ Format: a header line naming the columns, then one tick per line. Columns are fo
 by header name (case and surrounding blanks ignored, as is a UTF-8 byte-order mark);
 the first name present of each list is used and every other column is ignored:
 
-* time (required): ``timestamp``, ``time``, ``date``, ``datetime``, ``date_time``.
+* time (required): ``timestamp``, ``time``, ``date``, ``datetime``, ``date_time``, ``gmt time``,
+  ``utc time``.
   A value is an integer (or an integral number such as ``1.6e12``) of ms since the
   epoch, or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
   ``2020-01-02T15:30:00.123Z``, ``…+01:00``; without an offset it is UTC), from
   1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates written with
-  slashes (``1/4/1999``, ``04/01/1999 15:30``) are read month first or day first as the
+  slashes or dots (``1/4/1999``, ``04.01.1999 15:30``) are read month first or day first as the
   whole column shows (a day above 12 in one place, never in the other); a column that
   does not show it, or shows both, fails with ``file: …``.
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``adj close``,
@@ -55,7 +56,7 @@ from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 
 COLUMNS = ("timestamp", "market_id", "price", "volume")  # the header write_csv writes
 # Header names per column, in order of preference (compared in lower case).
-TIME_COLUMNS = ("timestamp", "time", "date", "datetime", "date_time")
+TIME_COLUMNS = ("timestamp", "time", "date", "datetime", "date_time", "gmt time", "utc time")
 PRICE_COLUMNS = ("price", "close", "last", "mid", "adj close", "adj_close")
 VOLUME_COLUMNS = ("volume", "vol", "size", "qty")
 MARKET_COLUMNS = ("market_id", "market", "symbol", "ticker", "instrument")
@@ -63,7 +64,8 @@ SECONDS_HINT_MS = 10_000_000_000  # integer times below this (1970-04-26) are no
 CLASS_NAMES = ("down", "flat", "up")
 MIN_SAMPLES_PER_CLASS = 10_000
 MAX_REPORTED = 50
-_SLASH_DATE = re.compile(r"(\d{1,2})/(\d{1,2})/(\d{4})(?:([ T])(.*))?$")  # M/D/YYYY or D/M/YYYY, then a time
+# M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
+_SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
 
 
 @dataclass
@@ -145,7 +147,7 @@ class _Columns:
     market_name: str
     default_market: str
     iso: bool | None = None  # time format, from the first time value: ISO 8601 (True) or ms numbers (False)
-    day_first: bool | None = None  # dates written with slashes: D/M/YYYY (True), M/D/YYYY (False); None: no slashes
+    day_first: bool | None = None  # dates with slashes or dots: D/M/YYYY (True), M/D/YYYY (False); None: neither
     known_markets: dict[str, str] = field(default_factory=dict)  # raw field -> validated market id
 
     def used_fields(self, row: list[str]) -> list[str]:
@@ -165,8 +167,8 @@ def _not_utf8(fields: list[str]) -> str:
 
 
 def _slash_order(path: Path, cols: _Columns) -> bool | None:
-    """Whether a file's slash-written dates are day first (True) or month first (False), decided over its whole
-    time column; None when its first time is not a slash date. DataError when the column does not tell, or mixes both."""
+    """Whether a file's dates written with slashes or dots are day first (True) or month first (False), decided
+    over its whole time column; None when its first time is not such a date. DataError when the column does not tell, or mixes both."""
     day_first = month_first = False
     example = {True: "", False: ""}
     try:
@@ -187,7 +189,7 @@ def _slash_order(path: Path, cols: _Columns) -> bool | None:
                     continue  # reported as a bad row by the reading pass
                 if int(m[1]) > 12 and not day_first:
                     day_first, example[True] = True, text
-                if int(m[2]) > 12 and not month_first:
+                if int(m[3]) > 12 and not month_first:
                     month_first, example[False] = True, text
             if not seen:
                 return None
@@ -206,13 +208,13 @@ def _slash_order(path: Path, cols: _Columns) -> bool | None:
 
 
 def _from_slash(text: str, day_first: bool) -> str:
-    """A slash date (``M/D/YYYY`` or ``D/M/YYYY``, maybe with a time) as ISO 8601; unchanged when not one."""
+    """A date ``M/D/YYYY`` or ``D/M/YYYY`` (slashes or dots, maybe with a time) as ISO 8601; unchanged when not one."""
     m = _SLASH_DATE.match(text)
     if m is None:
         return text
-    a, b = int(m[1]), int(m[2])
+    a, b = int(m[1]), int(m[3])
     month, day = (b, a) if day_first else (a, b)
-    return f"{m[3]}-{month:02d}-{day:02d}" + (f"{m[4]}{m[5]}" if m[4] else "")
+    return f"{m[4]}-{month:02d}-{day:02d}" + (f"{m[5]}{m[6]}" if m[5] else "")
 
 
 def _header_name(name: str) -> str:
@@ -480,7 +482,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             cols = _columns(path, header, notes)
             cols.day_first = _slash_order(path, cols)
             if cols.day_first is not None:
-                notes.append(f"{path}: {cols.time_name}: slash dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
+                notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
             seconds_noted = False
             file_start = len(ts_all)
             newest_first = _runs_newest_first(path, cols)

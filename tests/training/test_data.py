@@ -73,7 +73,7 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
     path = write(tmp_path, "Symbol,Close\nA,1\n")
     with pytest.raises(DataError) as exc:
         load_csv_files([path])
-    assert str(exc.value) == (f"{path}:1: no time column (expected one of timestamp, time, date, datetime, date_time);"
+    assert str(exc.value) == (f"{path}:1: no time column (expected one of timestamp, time, date, datetime, date_time, gmt time, utc time);"
                               " header is Symbol,Close")
 
 
@@ -471,7 +471,15 @@ def test_month_first_slash_dates_are_read_when_the_column_shows_the_order(tmp_pa
     data = load_csv_files([path])
     assert data.report == [] and data.markets[0].timestamp.tolist() == [utc_ms(1999, 1, 12), utc_ms(1999, 1, 13),
                                                                         utc_ms(1999, 2, 1)]
-    assert f"{path}: Date: slash dates read as month/day/year" in data.notes
+    assert f"{path}: Date: dates read as month/day/year" in data.notes
+
+
+def test_dukascopy_export_with_day_first_dotted_dates(tmp_path: Path) -> None:
+    path = write(tmp_path, "Gmt time,Open,High,Low,Close,Volume\n01.01.2020 22:00:00.000,1.1,1.2,1.0,1.12,5.5\n"
+                           "13.01.2020 22:00:00.000,1.1,1.2,1.0,1.13,6\n", "EURUSD_Candlestick_1_D_BID.csv")
+    data = load_csv_files([path])
+    assert data.report == [] and data.markets[0].timestamp.tolist() == [utc_ms(2020, 1, 1, 22), utc_ms(2020, 1, 13, 22)]
+    assert f"{path}: Gmt time: dates read as day/month/year" in data.notes
 
 
 def test_day_first_slash_dates_with_times_are_read_when_the_column_shows_the_order(tmp_path: Path) -> None:
