@@ -20,7 +20,6 @@ from typing import Any
 import numba as nb
 import numpy as np
 from numba.core import types
-from numba.cpython.unsafe.numbers import trailing_zeros as _trailing_zeros
 from numba.extending import intrinsic
 
 ENTRY = 3  # int64 per array: address, first and second dimension (1 for 1-D)
@@ -38,7 +37,6 @@ def _pointer_typing(typingctx: Any, address: Any, like: Any) -> Any:
 
 
 _pointer: Any = intrinsic(_pointer_typing)
-trailing_zeros: Any = _trailing_zeros  # in kernels: trailing zero bits of an unsigned integer (x86 tzcnt)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
