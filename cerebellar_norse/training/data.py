@@ -348,6 +348,15 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _not_a_number(name: str, text: str) -> str:
+    """Why a price or volume field is refused; says so when only digit-group separators (``1,234.50``) stop it."""
+    s = text.strip()
+    hint = ""
+    if "," in s and _is_number(s.replace(",", "")):
+        hint = " (digit-group separators are not read: write 1234.5, not 1,234.5)"
+    return f"{name} {s!r} is not a number{hint}"
+
+
 def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
     """One data row as (ms, market, price, volume); ValueError with the reason (column named as in the header)."""
     if len(row) != cols.fields:
@@ -382,7 +391,7 @@ def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
     try:
         price = float(text)
     except ValueError:
-        raise ValueError(f"{cols.price_name} {text.strip()!r} is not a number") from None
+        raise ValueError(_not_a_number(cols.price_name, text)) from None
     if not 0.0 < price < _INF:
         if not math.isfinite(price):
             raise ValueError(f"{cols.price_name} {text.strip()!r} is not finite")
@@ -393,7 +402,7 @@ def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
     try:
         volume = float(text)
     except ValueError:
-        raise ValueError(f"{cols.volume_name} {text.strip()!r} is not a number") from None
+        raise ValueError(_not_a_number(cols.volume_name, text)) from None
     if not 0.0 <= volume < _INF:
         if not math.isfinite(volume):
             raise ValueError(f"{cols.volume_name} {text.strip()!r} is not finite")

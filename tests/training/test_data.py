@@ -290,6 +290,8 @@ BAD_ROWS = {
     "missing field": (f"{T0 + 500},A,100.5", "expected 4 fields, got 3"),
     "price not a number": (f"{T0 + 500},A,abc,10", "price 'abc' is not a number"),
     "volume not a number": (f"{T0 + 500},A,100,ten", "volume 'ten' is not a number"),
+    "price with digit-group separators": (f'{T0 + 500},A,"1,234.50",10', "price '1,234.50' is not a number (digit-group "
+                                          "separators are not read: write 1234.5, not 1,234.5)"),
     "extra field": (f"{T0 + 500},A,100.5,10,x", "expected 4 fields, got 5"),
     "timestamp not a whole number of ms": (f"{T0 + 0.5},A,100,10", f"timestamp '{T0 + 0.5}' is not a whole number of ms"),
     "timestamp not a time": ("yesterday,A,100,10", "timestamp 'yesterday' is not a time (ms since epoch or ISO 8601)"),
