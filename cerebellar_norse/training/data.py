@@ -15,8 +15,12 @@ the first name present of each list is used and every other column is ignored:
   does not show it, or shows both, fails with ``file: …``.
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both).
-* volume (optional, >= 0): ``volume``, ``vol``, ``size``, ``qty``; without one every
-  tick has volume 0.
+* volume (optional, >= 0): ``volume``, ``vol``, ``vol.``, ``size``, ``qty``; without one
+  every tick has volume 0, and an empty or ``-`` field is 0 (noted). A volume may end in
+  K, M or B (``1.23M``).
+
+Prices and volumes may be written with digit groups (``"3,289.29"``); a comma anywhere
+else (a decimal comma) makes a bad row.
 * market (optional): ``market_id``, ``market``, ``symbol``, ``ticker``, ``instrument``
   (1–64 printable ASCII characters); without one the market is the file's name
   without its suffix (``EURUSD.csv`` → ``EURUSD``), other characters replaced by ``_``.
@@ -58,13 +62,15 @@ COLUMNS = ("timestamp", "market_id", "price", "volume")  # the header write_csv 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "time", "date", "datetime", "date_time", "gmt time", "utc time")
 PRICE_COLUMNS = ("price", "close", "last", "mid", "adj close", "adj_close")
-VOLUME_COLUMNS = ("volume", "vol", "size", "qty")
+VOLUME_COLUMNS = ("volume", "vol", "vol.", "size", "qty")
 MARKET_COLUMNS = ("market_id", "market", "symbol", "ticker", "instrument")
 SECONDS_HINT_MS = 10_000_000_000  # integer times below this (1970-04-26) are noted as likely seconds
 CLASS_NAMES = ("down", "flat", "up")
 MIN_SAMPLES_PER_CLASS = 10_000
 MAX_REPORTED = 50
 # M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
+_GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")  # 1,234.50: digits in groups of three
+_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
 
 
@@ -149,6 +155,7 @@ class _Columns:
     iso: bool | None = None  # time format, from the first time value: ISO 8601 (True) or ms numbers (False)
     day_first: bool | None = None  # dates with slashes or dots: D/M/YYYY (True), M/D/YYYY (False); None: neither
     known_markets: dict[str, str] = field(default_factory=dict)  # raw field -> validated market id
+    blank_volumes: int = 0  # rows whose volume field is empty or "-" (read as 0)
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
@@ -348,12 +355,29 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _quoted_number(text: str, name: str, volume: bool) -> float:
+    """A number as quote sites and spreadsheets write it, for a field ``float`` refused: digit groups
+    (``1,234.50``), and for a volume a K, M or B suffix (``1.23M``); ValueError naming the column otherwise."""
+    s = text.strip()
+    scale = 1.0
+    if volume and s[-1:].upper() in _SUFFIX:
+        s, scale = s[:-1], _SUFFIX[s[-1].upper()]
+    if _GROUPED.match(s):
+        s = s.replace(",", "")
+    elif scale == 1.0:
+        raise ValueError(_not_a_number(name, text))
+    try:
+        return float(s) * scale
+    except ValueError:
+        raise ValueError(_not_a_number(name, text)) from None
+
+
 def _not_a_number(name: str, text: str) -> str:
-    """Why a price or volume field is refused; says so when only digit-group separators (``1,234.50``) stop it."""
+    """Why a price or volume field is refused; says so when a comma other than a digit-group separator stops it."""
     s = text.strip()
     hint = ""
-    if "," in s and _is_number(s.replace(",", "")):
-        hint = " (digit-group separators are not read: write 1234.5, not 1,234.5)"
+    if "," in s and _is_number(s.replace(",", ".", 1)):
+        hint = " (a comma is read only between groups of three digits, as in 1,234.5: write decimals with a point)"
     return f"{name} {s!r} is not a number{hint}"
 
 
@@ -391,7 +415,7 @@ def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
     try:
         price = float(text)
     except ValueError:
-        raise ValueError(_not_a_number(cols.price_name, text)) from None
+        price = _quoted_number(text, cols.price_name, False)
     if not 0.0 < price < _INF:
         if not math.isfinite(price):
             raise ValueError(f"{cols.price_name} {text.strip()!r} is not finite")
@@ -402,7 +426,10 @@ def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
     try:
         volume = float(text)
     except ValueError:
-        raise ValueError(_not_a_number(cols.volume_name, text)) from None
+        if text.strip() in ("", "-"):  # a quote site's "no volume"
+            cols.blank_volumes += 1
+            return ts, market, price, 0.0
+        volume = _quoted_number(text, cols.volume_name, True)
     if not 0.0 <= volume < _INF:
         if not math.isfinite(volume):
             raise ValueError(f"{cols.volume_name} {text.strip()!r} is not finite")
@@ -552,6 +579,10 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                     rows += 1
                     bad += 1
                     report.append(f"{path}:{reader.line_num}: unreadable row: {exc}")
+            if cols.blank_volumes:
+                rows_word = "row" if cols.blank_volumes == 1 else "rows"
+                notes.append(f"{path}: {cols.blank_volumes} {rows_word} without a volume ({cols.volume_name} empty or '-');"
+                             " volume 0 used")
             if newest_first:  # oldest first, as every market's series is kept (last_ts already holds the newest)
                 for column in (ts_all, price_all, volume_all, code_all):
                     _reverse_from(column, file_start)

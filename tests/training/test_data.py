@@ -290,8 +290,10 @@ BAD_ROWS = {
     "missing field": (f"{T0 + 500},A,100.5", "expected 4 fields, got 3"),
     "price not a number": (f"{T0 + 500},A,abc,10", "price 'abc' is not a number"),
     "volume not a number": (f"{T0 + 500},A,100,ten", "volume 'ten' is not a number"),
-    "price with digit-group separators": (f'{T0 + 500},A,"1,234.50",10', "price '1,234.50' is not a number (digit-group "
-                                          "separators are not read: write 1234.5, not 1,234.5)"),
+    "price with a decimal comma": (f'{T0 + 500},A,"1,5",10', "price '1,5' is not a number (a comma is read only between "
+                                   "groups of three digits, as in 1,234.5: write decimals with a point)"),
+    "price with misplaced digit groups": (f'{T0 + 500},A,"12,34,567.5",10', "price '12,34,567.5' is not a number"),
+    "volume with an unknown suffix": (f"{T0 + 500},A,100,1.5X", "volume '1.5X' is not a number"),
     "extra field": (f"{T0 + 500},A,100.5,10,x", "expected 4 fields, got 5"),
     "timestamp not a whole number of ms": (f"{T0 + 0.5},A,100,10", f"timestamp '{T0 + 0.5}' is not a whole number of ms"),
     "timestamp not a time": ("yesterday,A,100,10", "timestamp 'yesterday' is not a time (ms since epoch or ISO 8601)"),
@@ -412,6 +414,24 @@ def test_file_of_bad_rows_only_fails_saying_why(tmp_path: Path) -> None:
     lines = str(exc.value).splitlines()
     assert lines[0] == f"no valid tick rows in {path}: all 30 rows are bad:"
     assert lines[1] == f"{path}:2: price 'x1' is not a number" and len(lines) == 31
+
+
+def test_quote_site_export_with_grouped_prices_suffixed_volumes_and_no_volume(tmp_path: Path) -> None:
+    """As investing.com writes it: newest first, M/D/YYYY, quoted digit groups, volumes as 1.23M, '-' for none."""
+    text = ('"Date","Price","Open","High","Low","Vol.","Change %"\n'
+            '"01/15/2020","3,289.29","3,282.27","3,298.66","3,280.69","1.23M","0.19%"\n'
+            '"01/14/2020","3,283.15","3,285.35","3,294.25","3,277.19","456.5K","-0.15%"\n'
+            '"01/13/2020","3,288.13","3,271.13","3,288.13","3,268.43","-","0.70%"\n'
+            '"01/10/2020","3,265.35","3,281.81","3,282.99","3,260.86","2B","-0.29%"\n')
+    path = write(tmp_path, text, "SPX.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert data.report == [] and m.market_id == "SPX"
+    assert m.timestamp.tolist() == [utc_ms(2020, 1, 10), utc_ms(2020, 1, 13), utc_ms(2020, 1, 14), utc_ms(2020, 1, 15)]
+    assert m.price.tolist() == [3265.35, 3288.13, 3283.15, 3289.29]
+    assert m.volume.tolist() == [2e9, 0.0, 456.5e3, 1.23e6]
+    assert f"{path}: 1 row without a volume (Vol. empty or '-'); volume 0 used" in data.notes
+    assert f"{path}: rows run newest first; read in reverse" in data.notes
 
 
 # --------------------------------------------------------------------------------------
