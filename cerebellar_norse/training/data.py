@@ -242,6 +242,8 @@ def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[
             return where[0]
     if required:
         msg = f"{path}:1: no {what} column (expected one of {', '.join(aliases)}); header is {','.join(shown)}"
+        if shown and sum(_is_number(n) for n in shown) * 2 > len(shown):
+            msg += " (the first line looks like data: add a header line naming the columns)"
         raise DataError(msg, [msg])
     return None
 

@@ -77,6 +77,15 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
                               " header is Symbol,Close")
 
 
+def test_a_file_without_a_header_line_is_told_to_add_one(tmp_path: Path) -> None:
+    """As Binance's kline files are written: data from the first line."""
+    path = write(tmp_path, "1502942400000,4261.48,4485.39,4200.74,4285.08,795.150377,1503028799999\n", "BTCUSDT-1d.csv")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert str(exc.value).startswith(f"{path}:1: no time column (expected one of ")
+    assert str(exc.value).endswith("(the first line looks like data: add a header line naming the columns)")
+
+
 def test_a_used_column_named_twice_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, "Date,Close,Open,close\n2020-01-02,1,2,3\n")
     with pytest.raises(DataError, match=r":1: price column 'close' appears 2 times in the header \(columns 2, 4\)"):
