@@ -68,9 +68,9 @@ SECONDS_HINT_MS = 10_000_000_000  # integer times below this (1970-04-26) are no
 CLASS_NAMES = ("down", "flat", "up")
 MIN_SAMPLES_PER_CLASS = 10_000
 MAX_REPORTED = 50
-# M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
 _GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")  # 1,234.50: digits in groups of three
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
+# M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
 
 
@@ -191,7 +191,7 @@ def _slash_order(path: Path, cols: _Columns) -> bool | None:
                 if not seen:
                     if m is None:
                         return None
-                    seen = True
+                    seen, first = True, text
                 if m is None:
                     continue  # reported as a bad row by the reading pass
                 if int(m[1]) > 12 and not day_first:
@@ -208,7 +208,7 @@ def _slash_order(path: Path, cols: _Columns) -> bool | None:
                " write them as ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
     if not (day_first or month_first):
-        msg = (f"{path}: {name} dates such as {text!r} could be month/day or day/month (no day above 12 in the file);"
+        msg = (f"{path}: {name} dates such as {first!r} could be month/day or day/month (no day above 12 in the file);"
                " write them as ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
     return day_first
