@@ -25,6 +25,10 @@ else (a decimal comma) makes a bad row.
   (1–64 printable ASCII characters); without one the market is the file's name
   without its suffix (``EURUSD.csv`` → ``EURUSD``), other characters replaced by ``_``.
 
+A file written by yfinance (``yf.download(ticker).to_csv()``: header lines ``Price,…``,
+``Ticker,…`` and ``Date,,…``) is read with its first column as the time and the Ticker
+line's ticker as the market.
+
 A missing optional column, or integer times that look like seconds, is recorded in
 ``TickData.notes`` as ``file: …``. A header without a time or a price column, or
 naming a used column twice, fails at once with ``file:1: …``.
@@ -156,6 +160,7 @@ class _Columns:
     day_first: bool | None = None  # dates with slashes or dots: D/M/YYYY (True), M/D/YYYY (False); None: neither
     known_markets: dict[str, str] = field(default_factory=dict)  # raw field -> validated market id
     blank_volumes: int = 0  # rows whose volume field is empty or "-" (read as 0)
+    header_rows: int = 1  # lines before the first data row (3 in yfinance's Price/Ticker/Date header)
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
@@ -181,7 +186,8 @@ def _slash_order(path: Path, cols: _Columns) -> bool | None:
     try:
         with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
             reader = csv.reader(fh)
-            next(reader, None)
+            for _ in range(cols.header_rows):
+                next(reader, None)
             seen = False
             for row in reader:
                 text = row[cols.time].strip() if len(row) == cols.fields else ""
@@ -253,14 +259,42 @@ def _unnamed_index(names: list[str]) -> bool:
     return bool(names) and (names[0] == "" or names[0] == "unnamed: 0")
 
 
+def _yfinance_header(path: Path, header: list[str]) -> tuple[str, str] | None:
+    """The time column's name and the ticker of a file written by ``yf.download(...).to_csv()`` (header lines
+    ``Price,Close,…``, ``Ticker,AAPL,…`` and ``Date,,…``; the ticker "" when it is not a valid market id), or
+    None for any other file. DataError for a download of several tickers (each column named once per ticker)."""
+    if not header or _header_name(header[0]).lower() != "price":
+        return None
+    try:
+        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+            reader = csv.reader(fh)
+            next(reader, None)
+            second, third = next(reader, None), next(reader, None)
+    except (OSError, csv.Error):
+        return None
+    if (second is None or third is None or len(second) != len(header) or len(third) != len(header)
+            or _header_name(second[0]).lower() != "ticker" or any(c.strip() for c in third[1:])
+            or _header_name(third[0]).lower() not in TIME_COLUMNS):
+        return None
+    tickers = {t.strip() for t in second[1:] if t.strip()}
+    if len(tickers) > 1:
+        msg = (f"{path}:2: a download of {len(tickers)} tickers ({', '.join(sorted(tickers)[:5])}); "
+               "save one ticker per file (yf.download(ticker).to_csv(...))")
+        raise DataError(msg, [msg])
+    (ticker,) = tickers or {""}
+    valid = 1 <= len(ticker) <= MARKET_ID_MAX and all(" " <= ch <= "~" for ch in ticker)
+    return _header_name(third[0]), ticker if valid else ""
+
+
 def _market_from_file_name(path: Path) -> str:
     """The file's stem as a market id: printable ASCII (others become ``_``), 1–64 characters."""
     text = "".join(ch if " " <= ch <= "~" else "_" for ch in Path(path).stem).strip()
     return text[:MARKET_ID_MAX].rstrip() or "_"
 
 
-def _columns(path: Path, header: list[str], notes: list[str]) -> _Columns:
-    """The columns of a file from its header line; notes for the optional columns it lacks."""
+def _columns(path: Path, header: list[str], notes: list[str], ticker: str = "") -> _Columns:
+    """The columns of a file from its header line; notes for the optional columns it lacks. ``ticker`` is the
+    market of a file without a market column when its header says it (yfinance's Ticker row)."""
     shown = [_header_name(h) for h in header]
     names = [s.lower() for s in shown]
     t = _find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
@@ -274,7 +308,10 @@ def _columns(path: Path, header: list[str], notes: list[str]) -> _Columns:
     default_market = ""
     if v is None:
         notes.append(f"{path}: no volume column; volume 0 used")
-    if m is None:
+    if m is None and ticker:
+        default_market = ticker
+        notes.append(f"{path}: market id {ticker!r} from the header's Ticker row")
+    elif m is None:
         default_market = _market_from_file_name(path)
         notes.append(f"{path}: no market column; market id {default_market!r} (from the file name) used")
     return _Columns(len(header), t, shown[t], p, shown[p], v, "" if v is None else shown[v],
@@ -457,7 +494,8 @@ def _runs_newest_first(path: Path, cols: _Columns, head_rows: int = 1000, tail_b
     try:
         with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
             reader = csv.reader(fh)
-            next(reader, None)
+            for _ in range(cols.header_rows):
+                next(reader, None)
             first = next((r for r in reader if usable(r)), None)
             if first is None:
                 return False
@@ -517,7 +555,15 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            cols = _columns(path, header, notes)
+            levels = _yfinance_header(path, header)
+            ticker = ""
+            if levels is not None:
+                time_name, ticker = levels
+                header = [time_name, *header[1:]]
+                next(reader)  # the Ticker line
+                next(reader)  # the Date line
+            cols = _columns(path, header, notes, ticker)
+            cols.header_rows = 1 if levels is None else 3
             cols.day_first = _slash_order(path, cols)
             if cols.day_first is not None:
                 notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")

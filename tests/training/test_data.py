@@ -425,6 +425,44 @@ def test_file_of_bad_rows_only_fails_saying_why(tmp_path: Path) -> None:
     assert lines[1] == f"{path}:2: price 'x1' is not a number" and len(lines) == 31
 
 
+YF_MULTI_LEVEL = """Price,Close,High,Low,Open,Volume
+Ticker,AAPL,AAPL,AAPL,AAPL,AAPL
+Date,,,,,
+2020-01-02,72.71,72.77,71.46,71.72,135480400
+2020-01-03,72.01,72.99,71.84,71.94,146322800
+2020-01-06,72.58,72.62,70.88,71.13,118387200
+"""
+
+
+def test_a_yfinance_download_with_its_three_header_lines(tmp_path: Path) -> None:
+    """``yf.download("AAPL").to_csv(...)`` (yfinance 0.2.51 on): Price, Ticker and Date lines before the data."""
+    path = write(tmp_path, YF_MULTI_LEVEL, "download.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert data.report == [] and data.rows == 3 and m.market_id == "AAPL"
+    assert m.price.tolist() == [72.71, 72.01, 72.58] and m.volume.tolist() == [135480400, 146322800, 118387200]
+    assert m.timestamp.tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 3), utc_ms(2020, 1, 6)]
+    assert data.notes == [f"{path}: market id 'AAPL' from the header's Ticker row"]
+    lines = YF_MULTI_LEVEL.splitlines(keepends=True)
+    newest = write(tmp_path, "".join(lines[:3] + lines[3:][::-1]), "newest.csv")
+    assert load_csv_files([newest]).markets[0].timestamp.tolist() == m.timestamp.tolist()  # same header, rows reversed
+
+
+def test_a_yfinance_download_of_several_tickers_is_refused_saying_what_to_do(tmp_path: Path) -> None:
+    path = write(tmp_path, "Price,Close,Close,Volume,Volume\nTicker,AAPL,MSFT,AAPL,MSFT\nDate,,,,\n"
+                           "2020-01-02,72.71,160.62,135480400,22622100\n")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert str(exc.value) == (f"{path}:2: a download of 2 tickers (AAPL, MSFT); save one ticker per file "
+                              "(yf.download(ticker).to_csv(...))")
+
+
+def test_a_price_column_named_price_is_still_the_price(tmp_path: Path) -> None:
+    path = write(tmp_path, "Price,Date,Volume\n10.5,2020-01-02,3\nTicker,2020-01-03,4\n")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.markets[0].price.tolist() == [10.5] and len(data.report) == 1
+
+
 def test_quote_site_export_with_grouped_prices_suffixed_volumes_and_no_volume(tmp_path: Path) -> None:
     """As investing.com writes it: newest first, M/D/YYYY, quoted digit groups, volumes as 1.23M, '-' for none."""
     text = ('"Date","Price","Open","High","Low","Vol.","Change %"\n'
