@@ -20,7 +20,9 @@ the first name present of each list is used and every other column is ignored:
   K, M or B (``1.23M``).
 
 Prices and volumes may be written with digit groups (``"3,289.29"``); a comma anywhere
-else (a decimal comma) makes a bad row.
+else (a decimal comma) makes a bad row. Fields are separated by commas, or, in a file
+whose header line has none, by ``;``, tabs or ``|``; in a ``;`` file whose price or
+volume column holds a comma, numbers have decimal commas (``1.234,50``).
 * market (optional): ``market_id``, ``market``, ``symbol``, ``ticker``, ``instrument``
   (1–64 printable ASCII characters); without one the market is the file's name
   without its suffix (``EURUSD.csv`` → ``EURUSD``), other characters replaced by ``_``.
@@ -73,6 +75,9 @@ CLASS_NAMES = ("down", "flat", "up")
 MIN_SAMPLES_PER_CLASS = 10_000
 MAX_REPORTED = 50
 _GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")  # 1,234.50: digits in groups of three
+_EU_GROUPED = re.compile(r"[+-]?\d{1,3}(?:\.\d{3})+(?:,\d*)?$")  # 1.234,50 (a file separated by ';')
+_EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,50, 1,5, 7 (decimal commas)
+DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
 # M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
@@ -161,6 +166,8 @@ class _Columns:
     known_markets: dict[str, str] = field(default_factory=dict)  # raw field -> validated market id
     blank_volumes: int = 0  # rows whose volume field is empty or "-" (read as 0)
     header_rows: int = 1  # lines before the first data row (3 in yfinance's Price/Ticker/Date header)
+    delimiter: str = ","  # field separator (see DELIMITERS)
+    decimal_comma: bool = False  # a file separated by ';' whose numbers have decimal commas ('.' groups digits)
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
@@ -185,7 +192,7 @@ def _slash_order(path: Path, cols: _Columns) -> bool | None:
     example = {True: "", False: ""}
     try:
         with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh)
+            reader = csv.reader(fh, delimiter=cols.delimiter)
             for _ in range(cols.header_rows):
                 next(reader, None)
             seen = False
@@ -259,7 +266,29 @@ def _unnamed_index(names: list[str]) -> bool:
     return bool(names) and (names[0] == "" or names[0] == "unnamed: 0")
 
 
-def _yfinance_header(path: Path, header: list[str]) -> tuple[str, str] | None:
+def _delimiter(first_line: str) -> str:
+    """A file's field separator from its first line: a comma when the line has one, else the most frequent of
+    ``;``, tab and ``|`` (a comma when it has none of them either)."""
+    if "," in first_line:
+        return ","
+    best = max(DELIMITERS[1:], key=first_line.count)
+    return best if first_line.count(best) else ","
+
+
+def _has_decimal_commas(path: Path, cols: _Columns) -> bool:
+    """Whether a file's price or volume column holds a comma anywhere (then its numbers have decimal commas)."""
+    used = [i for i in (cols.price, cols.volume) if i is not None]
+    try:
+        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+            reader = csv.reader(fh, delimiter=cols.delimiter)
+            for _ in range(cols.header_rows):
+                next(reader, None)
+            return any(len(r) == cols.fields and any("," in r[i] for i in used) for r in reader)
+    except (OSError, csv.Error):
+        return False
+
+
+def _yfinance_header(path: Path, header: list[str], delimiter: str = ",") -> tuple[str, str] | None:
     """The time column's name and the ticker of a file written by ``yf.download(...).to_csv()`` (header lines
     ``Price,Close,…``, ``Ticker,AAPL,…`` and ``Date,,…``; the ticker "" when it is not a valid market id), or
     None for any other file. DataError for a download of several tickers (each column named once per ticker)."""
@@ -267,7 +296,7 @@ def _yfinance_header(path: Path, header: list[str]) -> tuple[str, str] | None:
         return None
     try:
         with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh)
+            reader = csv.reader(fh, delimiter=delimiter)
             next(reader, None)
             second, third = next(reader, None), next(reader, None)
     except (OSError, csv.Error):
@@ -394,28 +423,32 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _quoted_number(text: str, name: str, volume: bool) -> float:
+def _quoted_number(text: str, name: str, volume: bool, decimal_comma: bool = False) -> float:
     """A number as quote sites and spreadsheets write it, for a field ``float`` refused: digit groups
-    (``1,234.50``), and for a volume a K, M or B suffix (``1.23M``); ValueError naming the column otherwise."""
+    (``1,234.50``; with ``decimal_comma``, a file separated by ';', ``1.234,50`` and ``1,5``), and for a volume a
+    K, M or B suffix (``1.23M``); ValueError naming the column otherwise."""
     s = text.strip()
     scale = 1.0
     if volume and s[-1:].upper() in _SUFFIX:
         s, scale = s[:-1], _SUFFIX[s[-1].upper()]
-    if _GROUPED.match(s):
+    if decimal_comma and _EU_NUMBER.match(s) and any(ch.isdigit() for ch in s):
+        s = s.replace(".", "").replace(",", ".")
+    elif not decimal_comma and _GROUPED.match(s):
         s = s.replace(",", "")
     elif scale == 1.0:
-        raise ValueError(_not_a_number(name, text))
+        raise ValueError(_not_a_number(name, text, not decimal_comma))
     try:
         return float(s) * scale
     except ValueError:
-        raise ValueError(_not_a_number(name, text)) from None
+        raise ValueError(_not_a_number(name, text, not decimal_comma)) from None
 
 
-def _not_a_number(name: str, text: str) -> str:
-    """Why a price or volume field is refused; says so when a comma other than a digit-group separator stops it."""
+def _not_a_number(name: str, text: str, comma_hint: bool = True) -> str:
+    """Why a price or volume field is refused; with ``comma_hint``, says so when a comma other than a digit-group
+    separator stops it."""
     s = text.strip()
     hint = ""
-    if "," in s and _is_number(s.replace(",", ".", 1)):
+    if comma_hint and "," in s and _is_number(s.replace(",", ".", 1)):
         hint = " (a comma is read only between groups of three digits, as in 1,234.5: write decimals with a point)"
     return f"{name} {s!r} is not a number{hint}"
 
@@ -452,9 +485,11 @@ def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
             market = known
     text = row[cols.price]
     try:
+        if cols.decimal_comma:  # "1.000" is a thousand here: float() would read it as one
+            raise ValueError
         price = float(text)
     except ValueError:
-        price = _quoted_number(text, cols.price_name, False)
+        price = _quoted_number(text, cols.price_name, False, cols.decimal_comma)
     if not 0.0 < price < _INF:
         if not math.isfinite(price):
             raise ValueError(f"{cols.price_name} {text.strip()!r} is not finite")
@@ -463,12 +498,14 @@ def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
         return ts, market, price, 0.0
     text = row[cols.volume]
     try:
+        if cols.decimal_comma:
+            raise ValueError
         volume = float(text)
     except ValueError:
         if text.strip() in ("", "-"):  # a quote site's "no volume"
             cols.blank_volumes += 1
             return ts, market, price, 0.0
-        volume = _quoted_number(text, cols.volume_name, True)
+        volume = _quoted_number(text, cols.volume_name, True, cols.decimal_comma)
     if not 0.0 <= volume < _INF:
         if not math.isfinite(volume):
             raise ValueError(f"{cols.volume_name} {text.strip()!r} is not finite")
@@ -493,7 +530,7 @@ def _runs_newest_first(path: Path, cols: _Columns, head_rows: int = 1000, tail_b
 
     try:
         with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh)
+            reader = csv.reader(fh, delimiter=cols.delimiter)
             for _ in range(cols.header_rows):
                 next(reader, None)
             first = next((r for r in reader if usable(r)), None)
@@ -508,7 +545,8 @@ def _runs_newest_first(path: Path, cols: _Columns, head_rows: int = 1000, tail_b
             cut = raw.seek(0, 2) > tail_bytes
             raw.seek(max(0, raw.seek(0, 2) - tail_bytes))
             tail = raw.read().decode("utf-8", errors="surrogateescape").splitlines()[1 if cut else 0:]  # no cut line
-        last = next((r for r in csv.reader(reversed(tail)) if usable(r) and market(r) == m0), None)
+        last = next((r for r in csv.reader(reversed(tail), delimiter=cols.delimiter) if usable(r) and market(r) == m0),
+                    None)
         return last is not None and time_of(last) < t0
     except (OSError, ValueError, csv.Error):
         return False
@@ -543,7 +581,13 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
         except OSError as exc:
             raise DataError(f"{path}: cannot open: {exc.strerror}", [f"{path}: cannot open"]) from None
         with fh:
-            reader = csv.reader(fh)
+            try:
+                delimiter = _delimiter(fh.readline())
+                fh.seek(0)
+            except (OSError, ValueError):
+                delimiter = ","
+                fh.seek(0)
+            reader = csv.reader(fh, delimiter=delimiter)
             try:
                 header = next(reader)
             except StopIteration:
@@ -555,7 +599,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            levels = _yfinance_header(path, header)
+            levels = _yfinance_header(path, header, delimiter)
             ticker = ""
             if levels is not None:
                 time_name, ticker = levels
@@ -564,6 +608,12 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                 next(reader)  # the Date line
             cols = _columns(path, header, notes, ticker)
             cols.header_rows = 1 if levels is None else 3
+            cols.delimiter = delimiter
+            cols.decimal_comma = delimiter == ";" and _has_decimal_commas(path, cols)
+            if delimiter != ",":
+                named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
+                notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"
+                                                                      if cols.decimal_comma else ""))
             cols.day_first = _slash_order(path, cols)
             if cols.day_first is not None:
                 notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")

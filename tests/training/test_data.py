@@ -425,6 +425,45 @@ def test_file_of_bad_rows_only_fails_saying_why(tmp_path: Path) -> None:
     assert lines[1] == f"{path}:2: price 'x1' is not a number" and len(lines) == 31
 
 
+def test_a_spreadsheet_export_separated_by_semicolons_with_decimal_commas(tmp_path: Path) -> None:
+    """As a spreadsheet with a European locale saves CSV: ';' between fields, decimal commas, day-first dates."""
+    path = write(tmp_path, "\ufeffDatum;Date;Close;Volume\nx;13.01.2020;1.234,50;1.000\ny;14.01.2020;1,5;2,5K\n"
+                           "z;15.01.2020;7;0\n", "DAX.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert data.report == [] and m.price.tolist() == [1234.5, 1.5, 7.0] and m.volume.tolist() == [1000.0, 2500.0, 0.0]
+    assert m.timestamp.tolist() == [utc_ms(2020, 1, 13), utc_ms(2020, 1, 14), utc_ms(2020, 1, 15)]
+    assert f"{path}: fields separated by ';'; decimal commas read, '.' between digit groups" in data.notes
+    points = write(tmp_path, "date;price;volume\n2020-01-02;1.000;5\n2020-01-03;1.5;6\n", "points.csv")
+    data = load_csv_files([points])  # no comma in any number: points are decimal points
+    assert data.report == [] and data.markets[0].price.tolist() == [1.0, 1.5]
+    assert data.notes[-1] == f"{points}: fields separated by ';'"
+    mixed = write(tmp_path, "date;price\n2020-01-02;1,5\n2020-01-03;1.5\n", "mixed.csv")
+    data = load_csv_files([mixed], max_bad_fraction=0.5)
+    assert data.markets[0].price.tolist() == [1.5] and data.report == [f"{mixed}:3: price '1.5' is not a number"]
+
+
+def test_tab_and_pipe_separated_files(tmp_path: Path) -> None:
+    for sep, named in (("\t", "tabs"), ("|", "'|'")):
+        rows = [sep.join(["timestamp", "market_id", "price", "volume"])] + [sep.join(r.split(",")) for r in good_rows(3)]
+        path = write(tmp_path, "\n".join(rows) + "\n", f"t{len(named)}.csv")
+        data = load_csv_files([path])
+        assert data.report == [] and data.markets[0].price.tolist() == [100.0, 101.0, 102.0]
+        assert data.notes == [f"{path}: fields separated by {named}"]
+
+
+def test_a_comma_file_keeps_its_points_and_a_semicolon_file_its_commas(tmp_path: Path) -> None:
+    comma = write(tmp_path, 'date,price\n2020-01-02,"1,5"\n2020-01-03,2.5\n', "c.csv")
+    data = load_csv_files([comma], max_bad_fraction=0.5)
+    assert data.markets[0].price.tolist() == [2.5] and "a comma is read only between groups" in data.report[0]
+    semi = write(tmp_path, "date;price\n2020-01-02;1,2,3\n2020-01-03;2,5\n", "s.csv")
+    data = load_csv_files([semi], max_bad_fraction=0.5)
+    assert data.markets[0].price.tolist() == [2.5] and data.report == [f"{semi}:2: price '1,2,3' is not a number"]
+    tiny = write(tmp_path, "date;price\n2020-01-02;-\n2020-01-03;,\n2020-01-04;2,5\n", "t.csv")
+    data = load_csv_files([tiny], max_bad_fraction=1.0)
+    assert data.markets[0].price.tolist() == [2.5] and len(data.report) == 2
+
+
 YF_MULTI_LEVEL = """Price,Close,High,Low,Open,Volume
 Ticker,AAPL,AAPL,AAPL,AAPL,AAPL
 Date,,,,,
