@@ -5,7 +5,9 @@ by header name (case and surrounding blanks ignored, as is a UTF-8 byte-order ma
 the first name present of each list is used and every other column is ignored:
 
 * time (required): ``timestamp``, ``time``, ``date``, ``datetime``, ``date_time``, ``gmt time``,
-  ``utc time``.
+  ``utc time`` (names in angle brackets, ``<DATE>``, too). A ``time`` column of times of day
+  (``00:00:00``) beside a ``date`` column completes that date. Dates may also be written
+  year first with dots or slashes (``2020.01.02``).
   A value is an integer (or an integral number such as ``1.6e12``) of ms since the
   epoch, or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
   ``2020-01-02T15:30:00.123Z``, ``…+01:00``; without an offset it is UTC), from
@@ -15,7 +17,8 @@ the first name present of each list is used and every other column is ignored:
   does not show it, or shows both, fails with ``file: …``.
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both).
-* volume (optional, >= 0): ``volume``, ``vol``, ``vol.``, ``size``, ``qty``; without one
+* volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``, ``size``,
+  ``qty``; without one
   every tick has volume 0, and an empty or ``-`` field is 0 (noted). A volume may end in
   K, M or B (``1.23M``).
 
@@ -68,7 +71,7 @@ COLUMNS = ("timestamp", "market_id", "price", "volume")  # the header write_csv 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "time", "date", "datetime", "date_time", "gmt time", "utc time")
 PRICE_COLUMNS = ("price", "close", "last", "mid", "adj close", "adj_close")
-VOLUME_COLUMNS = ("volume", "vol", "vol.", "size", "qty")
+VOLUME_COLUMNS = ("volume", "tickvol", "tick_volume", "vol", "vol.", "size", "qty")  # MetaTrader: <TICKVOL> over <VOL>
 MARKET_COLUMNS = ("market_id", "market", "symbol", "ticker", "instrument")
 SECONDS_HINT_MS = 10_000_000_000  # integer times below this (1970-04-26) are noted as likely seconds
 CLASS_NAMES = ("down", "flat", "up")
@@ -80,6 +83,8 @@ _EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
 # M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
+_YMD_DATE = re.compile(r"(\d{4})[./](\d{1,2})[./](\d{1,2})(?:([ T])(.*))?$")  # 2020.01.02 (MetaTrader), 2020/01/02
+_CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$")  # a time of day in a column of its own
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
 
 
@@ -168,6 +173,7 @@ class _Columns:
     header_rows: int = 1  # lines before the first data row (3 in yfinance's Price/Ticker/Date header)
     delimiter: str = ","  # field separator (see DELIMITERS)
     decimal_comma: bool = False  # a file separated by ';' whose numbers have decimal commas ('.' groups digits)
+    clock: int | None = None  # a column of times of day that completes the date column (MetaTrader's <TIME>)
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
@@ -275,6 +281,27 @@ def _delimiter(first_line: str) -> str:
     return best if first_line.count(best) else ","
 
 
+def _clock_column(path: Path, header: list[str], cols: _Columns) -> int | None:
+    """The ``time`` column of a file that also has a ``date`` column, when it holds times of day (``00:00:00``):
+    then the time column is moved to the date, which the clock completes. None otherwise."""
+    names = [_header_name(h).lower().removeprefix("<").removesuffix(">") for h in header]
+    if names[cols.time] != "time" or "date" not in names:
+        return None
+    try:
+        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+            reader = csv.reader(fh, delimiter=cols.delimiter)
+            for _ in range(cols.header_rows):
+                next(reader, None)
+            first = next((r for r in reader if len(r) == cols.fields and r[cols.time].strip()), None)
+    except (OSError, csv.Error):
+        return None
+    if first is None or not _CLOCK.match(first[cols.time].strip()):
+        return None
+    clock, date = cols.time, names.index("date")
+    cols.time, cols.time_name = date, _header_name(header[date])
+    return clock
+
+
 def _has_decimal_commas(path: Path, cols: _Columns) -> bool:
     """Whether a file's price or volume column holds a comma anywhere (then its numbers have decimal commas)."""
     used = [i for i in (cols.price, cols.volume) if i is not None]
@@ -325,7 +352,7 @@ def _columns(path: Path, header: list[str], notes: list[str], ticker: str = "") 
     """The columns of a file from its header line; notes for the optional columns it lacks. ``ticker`` is the
     market of a file without a market column when its header says it (yfinance's Ticker row)."""
     shown = [_header_name(h) for h in header]
-    names = [s.lower() for s in shown]
+    names = [s.lower().removeprefix("<").removesuffix(">") for s in shown]  # MetaTrader writes <DATE>, <CLOSE>
     t = _find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
     if t is None:  # pandas' to_csv writes a date index as an unnamed first column
         t = 0
@@ -368,7 +395,10 @@ def _time_any(text: str, name: str, day_first: bool | None = None) -> int:
             x = float(s)
         except ValueError:
             try:
-                ms = _datetime_ms(datetime.fromisoformat(s if day_first is None else _from_slash(s, day_first)))
+                ymd = _YMD_DATE.match(s)
+                iso_text = s if ymd is None else (f"{ymd[1]}-{int(ymd[2]):02d}-{int(ymd[3]):02d}"
+                                                  + (f"{ymd[4]}{ymd[5]}" if ymd[4] else ""))
+                ms = _datetime_ms(datetime.fromisoformat(iso_text if day_first is None else _from_slash(s, day_first)))
             except (ValueError, OverflowError):
                 if day_first is not None and _SLASH_DATE.match(s):
                     order = "D/M/YYYY" if day_first else "M/D/YYYY"
@@ -457,7 +487,7 @@ def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
     """One data row as (ms, market, price, volume); ValueError with the reason (column named as in the header)."""
     if len(row) != cols.fields:
         raise ValueError(f"expected {cols.fields} fields, got {len(row)}")
-    text = row[cols.time]
+    text = row[cols.time] if cols.clock is None else f"{row[cols.time].strip()} {row[cols.clock].strip()}"
     iso = cols.iso
     if iso is None and text.strip():  # the first time value decides the fast path of the file
         iso = cols.iso = not _is_number(text)
@@ -610,6 +640,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             cols.header_rows = 1 if levels is None else 3
             cols.delimiter = delimiter
             cols.decimal_comma = delimiter == ";" and _has_decimal_commas(path, cols)
+            cols.clock = _clock_column(path, header, cols)
+            if cols.clock is not None:
+                notes.append(f"{path}: time from the {cols.time_name} and {_header_name(header[cols.clock])} columns")
             if delimiter != ",":
                 named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
                 notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"

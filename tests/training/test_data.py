@@ -464,6 +464,31 @@ def test_a_comma_file_keeps_its_points_and_a_semicolon_file_its_commas(tmp_path:
     assert data.markets[0].price.tolist() == [2.5] and len(data.report) == 2
 
 
+def test_a_metatrader_export_with_a_date_and_a_time_column(tmp_path: Path) -> None:
+    """MetaTrader 5's "Export Bars": tab-separated, <NAMES> in angle brackets, 2020.01.02 and 00:00:00 apart."""
+    path = write(tmp_path, "<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\t<VOL>\t<SPREAD>\n"
+                           "2020.01.02\t00:00:00\t1.12122\t1.12257\t1.12003\t1.12125\t3456\t0\t10\n"
+                           "2020.01.02\t01:00:00\t1.12125\t1.12200\t1.12100\t1.12150\t2100\t0\t10\n", "EURUSD_H1.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert data.report == [] and m.market_id == "EURUSD_H1" and m.price.tolist() == [1.12125, 1.1215]
+    assert m.timestamp.tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 2, 1)] and m.volume.tolist() == [3456, 2100]
+    assert f"{path}: time from the <DATE> and <TIME> columns" in data.notes
+
+
+def test_year_first_dates_with_dots_or_slashes(tmp_path: Path) -> None:
+    path = write(tmp_path, "date,price\n2020.01.02,1\n2020/01/03 12:30,2\n2020.02.30,3\n")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 3, 12) + 1_800_000]
+    assert data.report == [f"{path}:4: date '2020.02.30' is not a time (ms since epoch or ISO 8601)"]
+
+
+def test_a_time_column_of_full_times_beside_a_date_column_stays_the_time(tmp_path: Path) -> None:
+    path = write(tmp_path, "date,time,price\n2020-01-02,2020-01-02T10:00:00,1\n2020-01-02,2020-01-02T11:00:00,2\n")
+    (m,) = load_csv_files([path]).markets
+    assert m.timestamp.tolist() == [utc_ms(2020, 1, 2, 10), utc_ms(2020, 1, 2, 11)]
+
+
 YF_MULTI_LEVEL = """Price,Close,High,Low,Open,Volume
 Ticker,AAPL,AAPL,AAPL,AAPL,AAPL
 Date,,,,,
