@@ -1,38 +1,8 @@
 """Training data: CSV files of ticks and the labels computed from them.
 
-Format: a header line naming the columns, then one tick per line. Columns are found
-by header name (case and surrounding blanks ignored, as is a UTF-8 byte-order mark);
-the first name present of each list is used and every other column is ignored:
-
-* time (required): ``timestamp``, ``time``, ``date``, ``datetime``, ``date_time``, ``gmt time``,
-  ``utc time`` (names in angle brackets, ``<DATE>``, too). A ``time`` column of times of day
-  (``00:00:00``) beside a ``date`` column completes that date. Dates may also be written
-  year first with dots or slashes (``2020.01.02``).
-  A value is an integer (or an integral number such as ``1.6e12``) of ms since the
-  epoch, or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
-  ``2020-01-02T15:30:00.123Z``, ``…+01:00``; without an offset it is UTC), from
-  1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates written with
-  slashes or dots (``1/4/1999``, ``04.01.1999 15:30``) are read month first or day first as the
-  whole column shows (a day above 12 in one place, never in the other); a column that
-  does not show it, or shows both, fails with ``file: …``.
-* price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``adj close``,
-  ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both).
-* volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``, ``size``,
-  ``qty``; without one
-  every tick has volume 0, and an empty or ``-`` field is 0 (noted). A volume may end in
-  K, M or B (``1.23M``).
-
-Prices and volumes may be written with digit groups (``"3,289.29"``); a comma anywhere
-else (a decimal comma) makes a bad row. Fields are separated by commas, or, in a file
-whose header line has none, by ``;``, tabs or ``|``; in a ``;`` file whose price or
-volume column holds a comma, numbers have decimal commas (``1.234,50``).
-* market (optional): ``market_id``, ``market``, ``symbol``, ``ticker``, ``instrument``
-  (1–64 printable ASCII characters); without one the market is the file's name
-  without its suffix (``EURUSD.csv`` → ``EURUSD``), other characters replaced by ``_``.
-
-A file written by yfinance (``yf.download(ticker).to_csv()``: header lines ``Price,…``,
-``Ticker,…`` and ``Date,,…``) is read with its first column as the time and the Ticker
-line's ticker as the market.
+A file is a header naming the columns, then one tick per line; how a file may be
+written (separators, column names, time and number formats, yfinance's and
+MetaTrader's layouts) is in :mod:`cerebellar_norse.training.csvformat`.
 
 A missing optional column, or integer times that look like seconds, is recorded in
 ``TickData.notes`` as ``file: …``. A header without a time or a price column, or
@@ -55,37 +25,36 @@ them (:func:`class_counts`) and warns about rare classes (:func:`class_warnings`
 from __future__ import annotations
 
 import csv
-import math
-import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError, InputError
-from ..ticks import MARKET_ID_MAX, TS_MAX_MS
+from .csvformat import (
+    SECONDS_HINT_MS,
+    clock_column,
+    columns_of,
+    delimiter_of,
+    has_decimal_commas,
+    header_name,
+    not_utf8,
+    parse_row,
+    parse_time_ms,
+    runs_newest_first,
+    slash_order,
+    yfinance_header,
+)
+
+__all__ = ["CLASS_NAMES", "COLUMNS", "DATA_FILE_PATTERN", "MIN_SAMPLES_PER_CLASS", "DataFileNotFoundError", "MarketSeries",
+           "TickData", "class_counts", "class_warnings", "load_csv_files", "parse_time_ms", "resolve_data_file", "write_csv"]
 
 COLUMNS = ("timestamp", "market_id", "price", "volume")  # the header write_csv writes
-# Header names per column, in order of preference (compared in lower case).
-TIME_COLUMNS = ("timestamp", "time", "date", "datetime", "date_time", "gmt time", "utc time")
-PRICE_COLUMNS = ("price", "close", "last", "mid", "adj close", "adj_close")
-VOLUME_COLUMNS = ("volume", "tickvol", "tick_volume", "vol", "vol.", "size", "qty")  # MetaTrader: <TICKVOL> over <VOL>
-MARKET_COLUMNS = ("market_id", "market", "symbol", "ticker", "instrument")
-SECONDS_HINT_MS = 10_000_000_000  # integer times below this (1970-04-26) are noted as likely seconds
 CLASS_NAMES = ("down", "flat", "up")
 MIN_SAMPLES_PER_CLASS = 10_000
 MAX_REPORTED = 50
-_GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")  # 1,234.50: digits in groups of three
-_EU_GROUPED = re.compile(r"[+-]?\d{1,3}(?:\.\d{3})+(?:,\d*)?$")  # 1.234,50 (a file separated by ';')
-_EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,50, 1,5, 7 (decimal commas)
-DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
-_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
-# M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
-_YMD_DATE = re.compile(r"(\d{4})[./](\d{1,2})[./](\d{1,2})(?:([ T])(.*))?$")  # 2020.01.02 (MetaTrader), 2020/01/02
-_CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$")  # a time of day in a column of its own
-_SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
 
 
 @dataclass
@@ -146,442 +115,6 @@ def resolve_data_file(data_dir: Path, name: str) -> Path:
     return path
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EPOCH_NAIVE = datetime(1970, 1, 1)
-_ONE_MS = timedelta(milliseconds=1)
-_INF = math.inf
-
-
-@dataclass(slots=True)
-class _Columns:
-    """Where one file's columns are (indexes into a row) and how its header spells them."""
-
-    fields: int
-    time: int
-    time_name: str
-    price: int
-    price_name: str
-    volume: int | None
-    volume_name: str
-    market: int | None
-    market_name: str
-    default_market: str
-    iso: bool | None = None  # time format, from the first time value: ISO 8601 (True) or ms numbers (False)
-    day_first: bool | None = None  # dates with slashes or dots: D/M/YYYY (True), M/D/YYYY (False); None: neither
-    known_markets: dict[str, str] = field(default_factory=dict)  # raw field -> validated market id
-    blank_volumes: int = 0  # rows whose volume field is empty or "-" (read as 0)
-    header_rows: int = 1  # lines before the first data row (3 in yfinance's Price/Ticker/Date header)
-    delimiter: str = ","  # field separator (see DELIMITERS)
-    decimal_comma: bool = False  # a file separated by ';' whose numbers have decimal commas ('.' groups digits)
-    clock: int | None = None  # a column of times of day that completes the date column (MetaTrader's <TIME>)
-
-    def used_fields(self, row: list[str]) -> list[str]:
-        """The fields of a row that are read (none when the row has the wrong field count)."""
-        if len(row) != self.fields:
-            return []
-        return [row[i] for i in (self.time, self.price, self.volume, self.market) if i is not None]
-
-
-def _not_utf8(fields: list[str]) -> str:
-    """``"not UTF-8 text (byte 0x..)"`` when a field holds a byte that did not decode, else ``""``."""
-    for text in fields:
-        for ch in text:
-            if "\udc80" <= ch <= "\udcff":
-                return f"not UTF-8 text (byte 0x{ord(ch) - 0xDC00:02x})"
-    return ""
-
-
-def _slash_order(path: Path, cols: _Columns) -> bool | None:
-    """Whether a file's dates written with slashes or dots are day first (True) or month first (False), decided
-    over its whole time column; None when its first time is not such a date. DataError when the column does not tell, or mixes both."""
-    day_first = month_first = False
-    example = {True: "", False: ""}
-    try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=cols.delimiter)
-            for _ in range(cols.header_rows):
-                next(reader, None)
-            seen = False
-            for row in reader:
-                text = row[cols.time].strip() if len(row) == cols.fields else ""
-                if not text:
-                    continue
-                m = _SLASH_DATE.match(text)
-                if not seen:
-                    if m is None:
-                        return None
-                    seen, first = True, text
-                if m is None:
-                    continue  # reported as a bad row by the reading pass
-                if int(m[1]) > 12 and not day_first:
-                    day_first, example[True] = True, text
-                if int(m[3]) > 12 and not month_first:
-                    month_first, example[False] = True, text
-            if not seen:
-                return None
-    except (OSError, csv.Error):
-        return None  # the reading pass reports it
-    name = cols.time_name
-    if day_first and month_first:
-        msg = (f"{path}: {name} mixes day-first ({example[True]!r}) and month-first ({example[False]!r}) dates;"
-               " write them as ISO 8601 (YYYY-MM-DD)")
-        raise DataError(msg, [msg])
-    if not (day_first or month_first):
-        msg = (f"{path}: {name} dates such as {first!r} could be month/day or day/month (no day above 12 in the file);"
-               " write them as ISO 8601 (YYYY-MM-DD)")
-        raise DataError(msg, [msg])
-    return day_first
-
-
-def _from_slash(text: str, day_first: bool) -> str:
-    """A date ``M/D/YYYY`` or ``D/M/YYYY`` (slashes or dots, maybe with a time) as ISO 8601; unchanged when not one."""
-    m = _SLASH_DATE.match(text)
-    if m is None:
-        return text
-    a, b = int(m[1]), int(m[3])
-    month, day = (b, a) if day_first else (a, b)
-    return f"{m[4]}-{month:02d}-{day:02d}" + (f"{m[5]}{m[6]}" if m[5] else "")
-
-
-def _header_name(name: str) -> str:
-    return " ".join(name.replace("\ufeff", "").split())
-
-
-def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[str, ...], what: str,
-                 required: bool) -> int | None:
-    """Index of the first alias present in the header; DataError when required and absent, or named twice."""
-    for alias in aliases:
-        where = [i for i, n in enumerate(names) if n == alias]
-        if len(where) > 1:
-            cols = ", ".join(str(i + 1) for i in where)
-            msg = (f"{path}:1: {what} column {alias!r} appears {len(where)} times in the header"
-                   f" (columns {cols}); keep one")
-            raise DataError(msg, [msg])
-        if where:
-            return where[0]
-    if required:
-        msg = f"{path}:1: no {what} column (expected one of {', '.join(aliases)}); header is {','.join(shown)}"
-        if shown and sum(_is_number(n) for n in shown) * 2 > len(shown):
-            msg += " (the first line looks like data: add a header line naming the columns)"
-        raise DataError(msg, [msg])
-    return None
-
-
-def _unnamed_index(names: list[str]) -> bool:
-    """True when the first header name is empty or pandas' ``Unnamed: 0`` (an index written by ``to_csv``)."""
-    return bool(names) and (names[0] == "" or names[0] == "unnamed: 0")
-
-
-def _delimiter(first_line: str) -> str:
-    """A file's field separator from its first line: a comma when the line has one, else the most frequent of
-    ``;``, tab and ``|`` (a comma when it has none of them either)."""
-    if "," in first_line:
-        return ","
-    best = max(DELIMITERS[1:], key=first_line.count)
-    return best if first_line.count(best) else ","
-
-
-def _clock_column(path: Path, header: list[str], cols: _Columns) -> int | None:
-    """The ``time`` column of a file that also has a ``date`` column, when it holds times of day (``00:00:00``):
-    then the time column is moved to the date, which the clock completes. None otherwise."""
-    names = [_header_name(h).lower().removeprefix("<").removesuffix(">") for h in header]
-    if names[cols.time] != "time" or "date" not in names:
-        return None
-    try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=cols.delimiter)
-            for _ in range(cols.header_rows):
-                next(reader, None)
-            first = next((r for r in reader if len(r) == cols.fields and r[cols.time].strip()), None)
-    except (OSError, csv.Error):
-        return None
-    if first is None or not _CLOCK.match(first[cols.time].strip()):
-        return None
-    clock, date = cols.time, names.index("date")
-    cols.time, cols.time_name = date, _header_name(header[date])
-    return clock
-
-
-def _has_decimal_commas(path: Path, cols: _Columns) -> bool:
-    """Whether a file's price or volume column holds a comma anywhere (then its numbers have decimal commas)."""
-    used = [i for i in (cols.price, cols.volume) if i is not None]
-    try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=cols.delimiter)
-            for _ in range(cols.header_rows):
-                next(reader, None)
-            return any(len(r) == cols.fields and any("," in r[i] for i in used) for r in reader)
-    except (OSError, csv.Error):
-        return False
-
-
-def _yfinance_header(path: Path, header: list[str], delimiter: str = ",") -> tuple[str, str] | None:
-    """The time column's name and the ticker of a file written by ``yf.download(...).to_csv()`` (header lines
-    ``Price,Close,…``, ``Ticker,AAPL,…`` and ``Date,,…``; the ticker "" when it is not a valid market id), or
-    None for any other file. DataError for a download of several tickers (each column named once per ticker)."""
-    if not header or _header_name(header[0]).lower() != "price":
-        return None
-    try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=delimiter)
-            next(reader, None)
-            second, third = next(reader, None), next(reader, None)
-    except (OSError, csv.Error):
-        return None
-    if (second is None or third is None or len(second) != len(header) or len(third) != len(header)
-            or _header_name(second[0]).lower() != "ticker" or any(c.strip() for c in third[1:])
-            or _header_name(third[0]).lower() not in TIME_COLUMNS):
-        return None
-    tickers = {t.strip() for t in second[1:] if t.strip()}
-    if len(tickers) > 1:
-        msg = (f"{path}:2: a download of {len(tickers)} tickers ({', '.join(sorted(tickers)[:5])}); "
-               "save one ticker per file (yf.download(ticker).to_csv(...))")
-        raise DataError(msg, [msg])
-    (ticker,) = tickers or {""}
-    valid = 1 <= len(ticker) <= MARKET_ID_MAX and all(" " <= ch <= "~" for ch in ticker)
-    return _header_name(third[0]), ticker if valid else ""
-
-
-def _market_from_file_name(path: Path) -> str:
-    """The file's stem as a market id: printable ASCII (others become ``_``), 1–64 characters."""
-    text = "".join(ch if " " <= ch <= "~" else "_" for ch in Path(path).stem).strip()
-    return text[:MARKET_ID_MAX].rstrip() or "_"
-
-
-def _columns(path: Path, header: list[str], notes: list[str], ticker: str = "") -> _Columns:
-    """The columns of a file from its header line; notes for the optional columns it lacks. ``ticker`` is the
-    market of a file without a market column when its header says it (yfinance's Ticker row)."""
-    shown = [_header_name(h) for h in header]
-    names = [s.lower().removeprefix("<").removesuffix(">") for s in shown]  # MetaTrader writes <DATE>, <CLOSE>
-    t = _find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
-    if t is None:  # pandas' to_csv writes a date index as an unnamed first column
-        t = 0
-        notes.append(f"{path}: unnamed first column used as the time (a pandas index)")
-    p = _find_column(path, names, shown, PRICE_COLUMNS, "price", True)
-    v = _find_column(path, names, shown, VOLUME_COLUMNS, "volume", False)
-    m = _find_column(path, names, shown, MARKET_COLUMNS, "market", False)
-    assert t is not None and p is not None
-    default_market = ""
-    if v is None:
-        notes.append(f"{path}: no volume column; volume 0 used")
-    if m is None and ticker:
-        default_market = ticker
-        notes.append(f"{path}: market id {ticker!r} from the header's Ticker row")
-    elif m is None:
-        default_market = _market_from_file_name(path)
-        notes.append(f"{path}: no market column; market id {default_market!r} (from the file name) used")
-    return _Columns(len(header), t, shown[t], p, shown[p], v, "" if v is None else shown[v],
-                    m, "" if m is None else shown[m], default_market)
-
-
-def _datetime_ms(dt: datetime) -> int:
-    """ms since the epoch (sub-ms digits dropped); a time without an offset is UTC."""
-    if dt.tzinfo is None:
-        return (dt - _EPOCH_NAIVE) // _ONE_MS
-    return (dt - _EPOCH) // _ONE_MS
-
-
-def _time_any(text: str, name: str, day_first: bool | None = None) -> int:
-    """A time field of any accepted form as ms since the epoch, or ValueError naming the column and value.
-
-    ``day_first`` is the file's slash-date order (see :func:`_slash_order`); None: slash dates are not accepted.
-    """
-    s = text.strip()
-    iso = False
-    try:
-        ms = int(s)
-    except ValueError:
-        try:
-            x = float(s)
-        except ValueError:
-            try:
-                ymd = _YMD_DATE.match(s)
-                iso_text = s if ymd is None else (f"{ymd[1]}-{int(ymd[2]):02d}-{int(ymd[3]):02d}"
-                                                  + (f"{ymd[4]}{ymd[5]}" if ymd[4] else ""))
-                ms = _datetime_ms(datetime.fromisoformat(iso_text if day_first is None else _from_slash(s, day_first)))
-            except (ValueError, OverflowError):
-                if day_first is not None and _SLASH_DATE.match(s):
-                    order = "D/M/YYYY" if day_first else "M/D/YYYY"
-                    raise ValueError(f"{name} {s!r} is not a valid date read as {order}") from None
-                raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
-            iso = True
-        else:
-            if not math.isfinite(x):
-                raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
-            if not x.is_integer():
-                hint = "; if the file's times are seconds, multiply them by 1000" if 0 < x < SECONDS_HINT_MS else ""
-                raise ValueError(f"{name} {s!r} is not a whole number of ms since epoch{hint}") from None
-            ms = int(x)
-    if ms < 0:
-        raise ValueError(f"{name} {s!r} is before 1970-01-01" + ("" if iso else " (negative ms since epoch)"))
-    if ms >= TS_MAX_MS:
-        if iso:
-            raise ValueError(f"{name} {s!r} is not before 2100-01-01")
-        hint = "; if the file's times are µs or ns, divide them by 1000 or 1000000" if ms < 1000 * TS_MAX_MS * 1000 else ""
-        raise ValueError(f"{name} {s!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
-    return ms
-
-
-def parse_time_ms(text: str, name: str = "time") -> int:
-    """A time given as ms since the epoch or ISO 8601 (as in the CSV time column); ValueError otherwise."""
-    ms = _time_any(text, name)
-    if not 0 <= ms < TS_MAX_MS:
-        raise ValueError(f"{name} {text!r} is outside 1970-01-01 .. 2100-01-01")
-    return ms
-
-
-def _iso_time(text: str, cols: _Columns) -> int:
-    """The fast path for a column of ISO 8601 times; anything else goes to ``_time_any``."""
-    s = text.strip()
-    if not s.isdigit():  # an integer is ms, even in a column of dates
-        try:
-            dt = datetime.fromisoformat(s if cols.day_first is None else _from_slash(s, cols.day_first))
-        except ValueError:
-            pass
-        else:
-            ms = (dt - _EPOCH_NAIVE) // _ONE_MS if dt.tzinfo is None else (dt - _EPOCH) // _ONE_MS
-            if 0 <= ms < TS_MAX_MS:
-                return ms
-    return _time_any(text, cols.time_name, cols.day_first)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _quoted_number(text: str, name: str, volume: bool, decimal_comma: bool = False) -> float:
-    """A number as quote sites and spreadsheets write it, for a field ``float`` refused: digit groups
-    (``1,234.50``; with ``decimal_comma``, a file separated by ';', ``1.234,50`` and ``1,5``), and for a volume a
-    K, M or B suffix (``1.23M``); ValueError naming the column otherwise."""
-    s = text.strip()
-    scale = 1.0
-    if volume and s[-1:].upper() in _SUFFIX:
-        s, scale = s[:-1], _SUFFIX[s[-1].upper()]
-    if decimal_comma and _EU_NUMBER.match(s) and any(ch.isdigit() for ch in s):
-        s = s.replace(".", "").replace(",", ".")
-    elif not decimal_comma and _GROUPED.match(s):
-        s = s.replace(",", "")
-    elif scale == 1.0:
-        raise ValueError(_not_a_number(name, text, not decimal_comma))
-    try:
-        return float(s) * scale
-    except ValueError:
-        raise ValueError(_not_a_number(name, text, not decimal_comma)) from None
-
-
-def _not_a_number(name: str, text: str, comma_hint: bool = True) -> str:
-    """Why a price or volume field is refused; with ``comma_hint``, says so when a comma other than a digit-group
-    separator stops it."""
-    s = text.strip()
-    hint = ""
-    if comma_hint and "," in s and _is_number(s.replace(",", ".", 1)):
-        hint = " (a comma is read only between groups of three digits, as in 1,234.5: write decimals with a point)"
-    return f"{name} {s!r} is not a number{hint}"
-
-
-def _parse_row(row: list[str], cols: _Columns) -> tuple[int, str, float, float]:
-    """One data row as (ms, market, price, volume); ValueError with the reason (column named as in the header)."""
-    if len(row) != cols.fields:
-        raise ValueError(f"expected {cols.fields} fields, got {len(row)}")
-    text = row[cols.time] if cols.clock is None else f"{row[cols.time].strip()} {row[cols.clock].strip()}"
-    iso = cols.iso
-    if iso is None and text.strip():  # the first time value decides the fast path of the file
-        iso = cols.iso = not _is_number(text)
-    if iso:
-        ts = _iso_time(text, cols)
-    else:
-        try:
-            ts = int(text)
-        except ValueError:
-            ts = _time_any(text, cols.time_name)
-        else:
-            if not 0 <= ts < TS_MAX_MS:
-                ts = _time_any(text, cols.time_name)
-    if cols.market is None:
-        market = cols.default_market
-    else:
-        raw = row[cols.market]
-        known = cols.known_markets.get(raw)
-        if known is None:
-            market = raw.strip()
-            if not 1 <= len(market) <= MARKET_ID_MAX or not all(" " <= ch <= "~" for ch in market):
-                raise ValueError(f"{cols.market_name} {market!r} is not 1-{MARKET_ID_MAX} printable characters")
-            cols.known_markets[raw] = market
-        else:
-            market = known
-    text = row[cols.price]
-    try:
-        if cols.decimal_comma:  # "1.000" is a thousand here: float() would read it as one
-            raise ValueError
-        price = float(text)
-    except ValueError:
-        price = _quoted_number(text, cols.price_name, False, cols.decimal_comma)
-    if not 0.0 < price < _INF:
-        if not math.isfinite(price):
-            raise ValueError(f"{cols.price_name} {text.strip()!r} is not finite")
-        raise ValueError(f"{cols.price_name} {price} is not > 0")
-    if cols.volume is None:
-        return ts, market, price, 0.0
-    text = row[cols.volume]
-    try:
-        if cols.decimal_comma:
-            raise ValueError
-        volume = float(text)
-    except ValueError:
-        if text.strip() in ("", "-"):  # a quote site's "no volume"
-            cols.blank_volumes += 1
-            return ts, market, price, 0.0
-        volume = _quoted_number(text, cols.volume_name, True, cols.decimal_comma)
-    if not 0.0 <= volume < _INF:
-        if not math.isfinite(volume):
-            raise ValueError(f"{cols.volume_name} {text.strip()!r} is not finite")
-        raise ValueError(f"{cols.volume_name} {volume} is negative")
-    return ts, market, price, volume
-
-
-def _runs_newest_first(path: Path, cols: _Columns, head_rows: int = 1000, tail_bytes: int = 65_536) -> bool:
-    """True when a file's rows run newest first: its first row's market goes back in time at the file's start
-    (its next differing time, within ``head_rows`` rows, is older) and at its end (its last row, within the last
-    ``tail_bytes``, is older than its first). False when the two ends disagree or cannot be read (the reading
-    pass reports what it cannot read), so that a glitch at either end is one bad row, not a reversed file."""
-
-    def usable(r: list[str]) -> bool:
-        return len(r) == cols.fields and bool(r[cols.time].strip())
-
-    def market(r: list[str]) -> str:
-        return "" if cols.market is None else r[cols.market].strip()
-
-    def time_of(r: list[str]) -> int:
-        return _time_any(r[cols.time], cols.time_name, cols.day_first)
-
-    try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=cols.delimiter)
-            for _ in range(cols.header_rows):
-                next(reader, None)
-            first = next((r for r in reader if usable(r)), None)
-            if first is None:
-                return False
-            t0, m0 = time_of(first), market(first)
-            nxt = next((t for _, r in zip(range(head_rows), reader, strict=False)
-                        if usable(r) and market(r) == m0 and (t := time_of(r)) != t0), None)
-        if nxt is None or nxt > t0:
-            return False
-        with open(path, "rb") as raw:
-            cut = raw.seek(0, 2) > tail_bytes
-            raw.seek(max(0, raw.seek(0, 2) - tail_bytes))
-            tail = raw.read().decode("utf-8", errors="surrogateescape").splitlines()[1 if cut else 0:]  # no cut line
-        last = next((r for r in csv.reader(reversed(tail), delimiter=cols.delimiter) if usable(r) and market(r) == m0),
-                    None)
-        return last is not None and time_of(last) < t0
-    except (OSError, ValueError, csv.Error):
-        return False
-
-
 def _reverse_from(column: list[Any], start: int) -> None:
     """Reverse ``column[start:]`` in place."""
     column[start:] = column[start:][::-1]
@@ -612,7 +145,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             raise DataError(f"{path}: cannot open: {exc.strerror}", [f"{path}: cannot open"]) from None
         with fh:
             try:
-                delimiter = _delimiter(fh.readline())
+                delimiter = delimiter_of(fh.readline())
                 fh.seek(0)
             except (OSError, ValueError):
                 delimiter = ","
@@ -625,34 +158,34 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                                 [f"{path}:1: empty file"]) from None
             except csv.Error as exc:
                 raise DataError(f"{path}:1: unreadable header: {exc}", [f"{path}:1: unreadable header"]) from None
-            bad_bytes = _not_utf8(header)
+            bad_bytes = not_utf8(header)
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            levels = _yfinance_header(path, header, delimiter)
+            levels = yfinance_header(path, header, delimiter)
             ticker = ""
             if levels is not None:
                 time_name, ticker = levels
                 header = [time_name, *header[1:]]
                 next(reader)  # the Ticker line
                 next(reader)  # the Date line
-            cols = _columns(path, header, notes, ticker)
+            cols = columns_of(path, header, notes, ticker)
             cols.header_rows = 1 if levels is None else 3
             cols.delimiter = delimiter
-            cols.decimal_comma = delimiter == ";" and _has_decimal_commas(path, cols)
-            cols.clock = _clock_column(path, header, cols)
+            cols.decimal_comma = delimiter == ";" and has_decimal_commas(path, cols)
+            cols.clock = clock_column(path, header, cols)
             if cols.clock is not None:
-                notes.append(f"{path}: time from the {cols.time_name} and {_header_name(header[cols.clock])} columns")
+                notes.append(f"{path}: time from the {cols.time_name} and {header_name(header[cols.clock])} columns")
             if delimiter != ",":
                 named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
                 notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"
                                                                       if cols.decimal_comma else ""))
-            cols.day_first = _slash_order(path, cols)
+            cols.day_first = slash_order(path, cols)
             if cols.day_first is not None:
                 notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
             seconds_noted = False
             file_start = len(ts_all)
-            newest_first = _runs_newest_first(path, cols)
+            newest_first = runs_newest_first(path, cols)
             here: dict[int, int] = {}  # market code -> its time in the file's latest good row
             before: dict[int, int] = {}  # market code -> its last time in earlier files
             while True:
@@ -662,7 +195,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                             continue
                         rows += 1
                         try:
-                            ts, market, price, volume = _parse_row(row, cols)
+                            ts, market, price, volume = parse_row(row, cols)
                             code = code_of.get(market)
                             if code is None:
                                 code = code_of[market] = len(last_ts)
@@ -692,7 +225,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                                 rows -= 1
                                 continue
                             bad += 1
-                            bad_bytes = _not_utf8(cols.used_fields(row))
+                            bad_bytes = not_utf8(cols.used_fields(row))
                             reason = f"unreadable row: {bad_bytes}" if bad_bytes else str(exc)
                             report.append(f"{path}:{reader.line_num}: {reason}")
                             continue
