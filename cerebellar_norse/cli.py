@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the 95%% intervals (default 1000)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
 
+    ix = sub.add_parser("inspect-data", help="how tick CSV files are read: columns, formats, bad rows, markets")
+    ix.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
+    ix.add_argument("--json", action="store_true", help="print one JSON object")
+
     md = sub.add_parser("make-data", help="write synthetic ticks with a learnable structure as CSV")
     md.add_argument("--output", required=True, help="CSV file to write")
     md.add_argument("--ticks", type=int, default=100_000, help="ticks (default 100000)")
@@ -234,6 +238,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return cmd_evaluate(_load(args), args.files, args.model, args.report, args.cost_bp, args.bootstrap, args.json, args.since)
 
 
+def _cmd_inspect_data(args: argparse.Namespace) -> int:
+    from .training.commands import cmd_inspect_data
+
+    return cmd_inspect_data(_load(args), args.files, args.json)
+
+
 def _cmd_make_data(args: argparse.Namespace) -> int:
     from .training.commands import cmd_make_data
 
@@ -325,6 +335,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _cmd_validate_model
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "evaluate": _cmd_evaluate, "make-data": _cmd_make_data,
+        "inspect-data": _cmd_inspect_data,
         "replay": _cmd_replay, "debug-bundle": _cmd_debug_bundle, "state": _cmd_state, "trace": _cmd_trace,
         "analyze-weights": _cmd_analyze_weights, "plot-market": _cmd_plot_market, **scaleout_commands(_load)}
     if args.command in commands:

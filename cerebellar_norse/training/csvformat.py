@@ -96,12 +96,47 @@ class Columns:
     delimiter: str = ","  # field separator (see DELIMITERS)
     decimal_comma: bool = False  # a file separated by ';' whose numbers have decimal commas ('.' groups digits)
     clock: int | None = None  # a column of times of day that completes the date column (MetaTrader's <TIME>)
+    clock_name: str = ""
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
         if len(row) != self.fields:
             return []
-        return [row[i] for i in (self.time, self.price, self.volume, self.market) if i is not None]
+        return [row[i] for i in (self.time, self.clock, self.price, self.volume, self.market) if i is not None]
+
+    def describe(self, path: Path, newest_first: bool) -> FileFormat:
+        """How the file at ``path`` was read, for people (``cerebellar-norse inspect-data``)."""
+        return FileFormat(
+            path=str(path), separator={",": ",", ";": ";", "\t": "tab", "|": "|"}[self.delimiter],
+            header_lines=self.header_rows,
+            time=self.time_name + (f" + {self.clock_name}" if self.clock is not None else ""),
+            dates=None if self.day_first is None else ("day/month/year" if self.day_first else "month/day/year"),
+            price=self.price_name, volume=self.volume_name if self.volume is not None else None,
+            market=self.market_name if self.market is not None else None,
+            default_market=self.default_market or None, newest_first=newest_first, decimal_comma=self.decimal_comma)
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """How one file was read: its separator, header lines and the header names of the columns used.
+
+    ``time`` is the time column's name (``"<DATE> + <TIME>"`` when a time-of-day column
+    completes it); ``dates`` the order of dates written with slashes or dots, if any;
+    ``volume`` None when the file has no volume column (volume 0); ``market`` None when the
+    market is ``default_market`` (the file's name, or yfinance's Ticker line).
+    """
+
+    path: str
+    separator: str
+    header_lines: int
+    time: str
+    dates: str | None
+    price: str
+    volume: str | None
+    market: str | None
+    default_market: str | None
+    newest_first: bool
+    decimal_comma: bool
 
 
 def not_utf8(fields: list[str]) -> str:

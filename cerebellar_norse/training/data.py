@@ -35,6 +35,7 @@ import numpy as np
 from ..errors import DataError, InputError
 from .csvformat import (
     SECONDS_HINT_MS,
+    FileFormat,
     clock_column,
     columns_of,
     delimiter_of,
@@ -80,6 +81,7 @@ class TickData:
     report: list[str] = field(default_factory=list)
     # "file: …" where a default stood in for a missing column (volume, market); times that look like seconds
     notes: list[str] = field(default_factory=list)
+    formats: list[FileFormat] = field(default_factory=list)  # how each file was read, in the order given
 
     @property
     def ticks(self) -> int:
@@ -136,6 +138,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
     code_all: list[int] = []
     report: list[str] = []
     notes: list[str] = []
+    formats: list[FileFormat] = []
     rows = bad = 0
     for path in paths:
         try:
@@ -175,7 +178,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             cols.decimal_comma = delimiter == ";" and has_decimal_commas(path, cols)
             cols.clock = clock_column(path, header, cols)
             if cols.clock is not None:
-                notes.append(f"{path}: time from the {cols.time_name} and {header_name(header[cols.clock])} columns")
+                cols.clock_name = header_name(header[cols.clock])
+                notes.append(f"{path}: time from the {cols.time_name} and {cols.clock_name} columns")
             if delimiter != ",":
                 named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
                 notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"
@@ -186,6 +190,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             seconds_noted = False
             file_start = len(ts_all)
             newest_first = runs_newest_first(path, cols)
+            formats.append(cols.describe(path, newest_first))
             here: dict[int, int] = {}  # market code -> its time in the file's latest good row
             before: dict[int, int] = {}  # market code -> its last time in earlier files
             while True:
@@ -272,7 +277,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
         c = code_of[market]
         sel = order[(ends[c - 1] if c else 0):ends[c]]
         markets.append(MarketSeries(market, ts_arr[sel], price_arr[sel], volume_arr[sel]))
-    return TickData(markets, rows, bad, report, notes)
+    return TickData(markets, rows, bad, report, notes, formats)
 
 
 def class_counts(labels: list[np.ndarray]) -> np.ndarray:

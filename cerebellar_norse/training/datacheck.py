@@ -1,0 +1,97 @@
+"""``cerebellar-norse inspect-data``: how tick files are read, before anything is trained on them.
+
+Loads the files as ``train`` and ``evaluate`` do (same rules, same ``max_bad_row_fraction``)
+and says, per file, which separator, header lines and columns were used and how dates and
+row order were understood; then the bad rows, the notes, and per market its ticks, time
+span and median gap between ticks. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .csvformat import FileFormat
+from .data import MarketSeries, TickData
+
+SHOWN_BAD_ROWS = 10
+
+
+def iso_ms(ms: float) -> str:
+    """ms since the epoch as ISO 8601 UTC (``2020-01-02T15:30:00Z``; milliseconds only when not whole seconds)."""
+    dt = datetime.fromtimestamp(ms / 1000.0, UTC)
+    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{int(ms) % 1000:03d}Z" if int(ms) % 1000 else "Z")
+
+
+def span(ms: float) -> str:
+    """A duration in ms as ``1d 02:03:04`` (days only when there are some; ``.250`` for ms)."""
+    total_s, rest_ms = divmod(round(ms), 1000)
+    days, s = divmod(total_s, 86_400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    text = f"{h:02d}:{m:02d}:{s:02d}" + (f".{rest_ms:03d}" if rest_ms else "")
+    return f"{days}d {text}" if days else text
+
+
+def market_summary(m: MarketSeries) -> dict[str, Any]:
+    """Ticks, first and last time, and the median gap between ticks (ms; None for one tick) of a market."""
+    gaps = np.diff(m.timestamp)
+    return {"market_id": m.market_id, "ticks": len(m), "first": iso_ms(float(m.timestamp[0])),
+            "last": iso_ms(float(m.timestamp[-1])), "median_gap_ms": float(np.median(gaps)) if gaps.size else None}
+
+
+def summary(data: TickData) -> dict[str, Any]:
+    """The JSON object ``inspect-data --json`` prints."""
+    return {"files": [asdict(f) for f in data.formats], "rows": data.rows, "bad_rows": data.bad_rows,
+            "ticks": data.ticks, "report": data.report, "notes": data.notes,
+            "markets": [market_summary(m) for m in data.markets]}
+
+
+def describe_format(f: FileFormat) -> list[str]:
+    """Two lines on how one file was read."""
+    order = "newest first (read in reverse)" if f.newest_first else "oldest first"
+    numbers = "; decimal commas" if f.decimal_comma else ""
+    lines = f"{f.header_lines} header line" + ("s" if f.header_lines != 1 else "")
+    first = f"{f.path}: separator '{f.separator}', {lines}, rows {order}{numbers}"
+    market = f"'{f.market}'" if f.market is not None else f"{f.default_market!r} for every row"
+    volume = f"'{f.volume}'" if f.volume is not None else "none (0)"
+    dates = f" ({f.dates})" if f.dates else ""
+    time = f"'{f.time}'" if f.time else "the unnamed first column"
+    return [first, f"  time {time}{dates}, price '{f.price}', volume {volume}, market {market}"]
+
+
+def format_text(data: TickData) -> str:
+    """The text ``inspect-data`` prints."""
+    out = [line for f in data.formats for line in describe_format(f)]
+    out.append(f"rows {data.rows}, bad {data.bad_rows}, ticks {data.ticks} in {len(data.markets)} "
+               f"market{'s' if len(data.markets) != 1 else ''}")
+    if data.report:
+        out.append("bad rows:")
+        out += [f"  {r}" for r in data.report[:SHOWN_BAD_ROWS]]
+        if len(data.report) > SHOWN_BAD_ROWS:
+            out.append(f"  … and {len(data.report) - SHOWN_BAD_ROWS} more")
+    if data.notes:
+        out.append("notes:")
+        out += [f"  {n}" for n in data.notes]
+    rows = [market_summary(m) for m in data.markets]
+    width = max([len("market"), *(len(r["market_id"]) for r in rows)])
+    out.append(f"{'market':<{width}}  {'ticks':>8}  {'first':<24}  {'last':<24}  median gap")
+    for r in rows:
+        gap = span(r["median_gap_ms"]) if r["median_gap_ms"] is not None else "-"
+        out.append(f"{r['market_id']:<{width}}  {r['ticks']:>8}  {r['first']:<24}  {r['last']:<24}  {gap}")
+    return "\n".join(out)
+
+
+def print_inspection(files: list[Path], max_bad_fraction: float, as_json: bool) -> int:
+    """Load ``files`` and print how they were read; a load that fails raises its ``DataError`` (exit 1)."""
+    from .data import load_csv_files
+
+    data = load_csv_files(files, max_bad_fraction)
+    print(json.dumps(summary(data), allow_nan=False) if as_json else format_text(data))
+    return 0

@@ -1,0 +1,67 @@
+"""`cerebellar-norse inspect-data`: how tick files are read, in text and JSON, and a refused load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cerebellar_norse.cli import main
+
+QUOTE_SITE = ('"Date","Price","Open","High","Low","Vol.","Change %"\n'
+              '"01/15/2020","3,289.29","3,282.27","3,298.66","3,280.69","1.23M","0.19%"\n'
+              '"01/14/2020","3,283.15","3,285.35","3,294.25","3,277.19","-","-0.15%"\n'
+              '"01/10/2020","3,265.35","3,281.81","3,282.99","3,260.86","2B","-0.29%"\n')
+TICKS = ("timestamp,symbol,price,size\n1700000000000,S0,25.01,29\n1700000000500,S0,25.02,3\n"
+         "1700000000600,S1,180.02,9\nnot-a-time,S1,180.03,9\n1700000001600,S1,180.04,1\n")
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CEREBELLAR_NORSE_TRAINING__MAX_BAD_ROW_FRACTION", "0.5")
+    (tmp_path / "SPX.csv").write_text(QUOTE_SITE)
+    (tmp_path / "ticks.csv").write_text(TICKS)
+    return tmp_path
+
+
+def test_text_says_how_each_file_was_read(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect-data", "SPX.csv", "ticks.csv"]) == 0  # names relative to paths.data_dir
+    out = capsys.readouterr().out.splitlines()
+    spx, ticks = data_dir / "SPX.csv", data_dir / "ticks.csv"
+    assert out[:4] == [
+        f"{spx}: separator ',', 1 header line, rows newest first (read in reverse)",
+        "  time 'Date' (month/day/year), price 'Price', volume 'Vol.', market 'SPX' for every row",
+        f"{ticks}: separator ',', 1 header line, rows oldest first",
+        "  time 'timestamp', price 'price', volume 'size', market 'symbol'",
+    ]
+    assert out[4] == "rows 8, bad 1, ticks 7 in 3 markets"
+    assert out[5:7] == ["bad rows:", f"  {ticks}:5: timestamp 'not-a-time' is not a time (ms since epoch or ISO 8601)"]
+    assert f"  {spx}: 1 row without a volume (Vol. empty or '-'); volume 0 used" in out
+    table = out[out.index(next(line for line in out if line.startswith("market "))):]
+    assert table[1].split() == ["S0", "2", "2023-11-14T22:13:20Z", "2023-11-14T22:13:20.500Z", "00:00:00.500"]
+    assert table[2].split() == ["S1", "2", "2023-11-14T22:13:20.600Z", "2023-11-14T22:13:21.600Z", "00:00:01"]
+    assert table[3].split() == ["SPX", "3", "2020-01-10T00:00:00Z", "2020-01-15T00:00:00Z", "2d", "12:00:00"]
+
+
+def test_json_holds_the_formats_markets_and_report(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect-data", "SPX.csv", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    (f,) = d["files"]
+    assert f == {"path": str(data_dir / "SPX.csv"), "separator": ",", "header_lines": 1, "time": "Date",
+                 "dates": "month/day/year", "price": "Price", "volume": "Vol.", "market": None, "default_market": "SPX",
+                 "newest_first": True, "decimal_comma": False}
+    assert (d["rows"], d["bad_rows"], d["ticks"], d["report"]) == (3, 0, 3, [])
+    assert d["markets"] == [{"market_id": "SPX", "ticks": 3, "first": "2020-01-10T00:00:00Z", "last": "2020-01-15T00:00:00Z",
+                             "median_gap_ms": 216_000_000.0}]
+
+
+def test_a_load_that_fails_exits_1_naming_the_problem(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (data_dir / "bad.csv").write_text("Symbol,Close\nA,1\n")
+    assert main(["inspect-data", "bad.csv"]) == 1
+    err = capsys.readouterr().err
+    assert "bad.csv:1: no time column (expected one of timestamp" in err and "header is Symbol,Close" in err
+    assert main(["inspect-data", "missing.csv"]) == 1
+    assert "'missing.csv' does not exist in the data dir" in capsys.readouterr().err
