@@ -167,7 +167,7 @@ def cmd_inspect_data(cfg: Config, files: list[str], as_json: bool) -> int:
     """``cerebellar-norse inspect-data``: how tick CSV files are read (columns, formats, bad rows, markets)."""
     from .datacheck import print_inspection
 
-    return print_inspection(_resolve(cfg, files), cfg.training.max_bad_row_fraction, as_json)
+    return print_inspection(cfg, _resolve(cfg, files), as_json)
 
 
 def cmd_make_data(output: Path, ticks: int, markets: int, seed: int) -> int:

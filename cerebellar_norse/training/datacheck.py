@@ -2,8 +2,10 @@
 
 Loads the files as ``train`` and ``evaluate`` do (same rules, same ``max_bad_row_fraction``)
 and says, per file, which separator, header lines and columns were used and how dates and
-row order were understood; then the bad rows, the notes, and per market its ticks, time
-span and median gap between ticks. Nothing is written.
+row order were understood; then the bad rows, the notes, per market its ticks, time
+span and median gap between ticks, and the labels training would see (the config's
+horizon and flat band): the classes of each split, or why training would refuse the
+files. Nothing is written.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..config import Config
+from ..errors import CerebellarNorseError
 from .csvformat import FileFormat
-from .data import MarketSeries, TickData
+from .data import CLASS_NAMES, MarketSeries, TickData
 
 SHOWN_BAD_ROWS = 10
 
@@ -46,11 +50,25 @@ def market_summary(m: MarketSeries) -> dict[str, Any]:
             "last": iso_ms(float(m.timestamp[-1])), "median_gap_ms": float(np.median(gaps)) if gaps.size else None}
 
 
-def summary(data: TickData) -> dict[str, Any]:
+def labels_summary(cfg: Config, data: TickData) -> dict[str, Any]:
+    """The labels training on ``data`` would see: per split the classes (down, flat, up) and the warnings; or,
+    when training would refuse the data, ``refused`` with the reason."""
+    from .trainer import prepare
+
+    try:
+        prep = prepare(cfg, data)
+    except CerebellarNorseError as exc:
+        return {"refused": str(exc)}
+    splits = {"train": prep.train_counts, "validation": prep.val_counts, "test": prep.test_counts}
+    return {"labels": prep.spec.describe(), "warnings": prep.warnings,
+            **{name: {c: int(n[k]) for k, c in enumerate(CLASS_NAMES)} for name, n in splits.items()}}
+
+
+def summary(data: TickData, labels: dict[str, Any]) -> dict[str, Any]:
     """The JSON object ``inspect-data --json`` prints."""
     return {"files": [asdict(f) for f in data.formats], "rows": data.rows, "bad_rows": data.bad_rows,
             "ticks": data.ticks, "report": data.report, "notes": data.notes,
-            "markets": [market_summary(m) for m in data.markets]}
+            "markets": [market_summary(m) for m in data.markets], "training": labels}
 
 
 def describe_format(f: FileFormat) -> list[str]:
@@ -66,7 +84,7 @@ def describe_format(f: FileFormat) -> list[str]:
     return [first, f"  time {time}{dates}, price '{f.price}', volume {volume}, market {market}"]
 
 
-def format_text(data: TickData) -> str:
+def format_text(data: TickData, labels: dict[str, Any]) -> str:
     """The text ``inspect-data`` prints."""
     out = [line for f in data.formats for line in describe_format(f)]
     out.append(f"rows {data.rows}, bad {data.bad_rows}, ticks {data.ticks} in {len(data.markets)} "
@@ -85,13 +103,22 @@ def format_text(data: TickData) -> str:
     for r in rows:
         gap = span(r["median_gap_ms"]) if r["median_gap_ms"] is not None else "-"
         out.append(f"{r['market_id']:<{width}}  {r['ticks']:>8}  {r['first']:<24}  {r['last']:<24}  {gap}")
+    if "refused" in labels:
+        out.append(f"training would refuse these files: {labels['refused']}")
+    else:
+        out.append(f"labels for training ({labels['labels']}; down / flat / up):")
+        out += [f"  {name:<10} {' / '.join(str(labels[name][c]) for c in CLASS_NAMES)}"
+                for name in ("train", "validation", "test")]
+        out += [f"  warning: {w}" for w in labels["warnings"]]
     return "\n".join(out)
 
 
-def print_inspection(files: list[Path], max_bad_fraction: float, as_json: bool) -> int:
-    """Load ``files`` and print how they were read; a load that fails raises its ``DataError`` (exit 1)."""
+def print_inspection(cfg: Config, files: list[Path], as_json: bool) -> int:
+    """Load ``files`` as training would with ``cfg`` and print how they were read and labelled; a load that
+    fails raises its ``DataError`` (exit 1)."""
     from .data import load_csv_files
 
-    data = load_csv_files(files, max_bad_fraction)
-    print(json.dumps(summary(data), allow_nan=False) if as_json else format_text(data))
+    data = load_csv_files(files, cfg.training.max_bad_row_fraction)
+    labels = labels_summary(cfg, data)
+    print(json.dumps(summary(data, labels), allow_nan=False) if as_json else format_text(data, labels))
     return 0

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from cerebellar_norse.cli import main
+from cerebellar_norse.synthetic import generate_ticks
+from cerebellar_norse.training.data import write_csv
 
 QUOTE_SITE = ('"Date","Price","Open","High","Low","Vol.","Change %"\n'
               '"01/15/2020","3,289.29","3,282.27","3,298.66","3,280.69","1.23M","0.19%"\n'
@@ -56,6 +58,22 @@ def test_json_holds_the_formats_markets_and_report(data_dir: Path, capsys: pytes
     assert (d["rows"], d["bad_rows"], d["ticks"], d["report"]) == (3, 0, 3, [])
     assert d["markets"] == [{"market_id": "SPX", "ticks": 3, "first": "2020-01-10T00:00:00Z", "last": "2020-01-15T00:00:00Z",
                              "median_gap_ms": 216_000_000.0}]
+    assert d["training"] == {"refused": "no market has enough ticks (need more than 38 per market)"}
+
+
+def test_the_labels_training_would_see(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_csv(data_dir / "gen.csv", generate_ticks(6000, 2, seed=4))
+    assert main(["inspect-data", "gen.csv", "--json"]) == 0
+    t = json.loads(capsys.readouterr().out)["training"]
+    assert t["labels"] == "horizon 10 ticks, flat band 0.43 x volatility"
+    counts = [sum(t[split][c] for c in ("down", "flat", "up")) for split in ("train", "validation", "test")]
+    assert counts[0] > counts[1] > 0 and counts[2] > 0 and sum(counts) < 6000  # warm-up, embargo and horizon take some
+    assert t["warnings"] == [f"class {c} has {t['train'][c] + t['validation'][c]} samples, fewer than the recommended 10000"
+                             for c in ("down", "flat", "up")]
+    assert main(["inspect-data", "gen.csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    i = out.index("labels for training (horizon 10 ticks, flat band 0.43 x volatility; down / flat / up):")
+    assert out[i + 1].split() == ["train", str(t["train"]["down"]), "/", str(t["train"]["flat"]), "/", str(t["train"]["up"])]
 
 
 def test_a_load_that_fails_exits_1_naming_the_problem(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
