@@ -30,7 +30,7 @@ def _progress_printer(enabled: bool) -> Any:
 
     def show(d: dict[str, Any]) -> None:
         if "warning" in d:
-            print(f"warning: {d['warning']}", file=sys.stderr)
+            print(f"{'note' if d.get('note') else 'warning'}: {d['warning']}", file=sys.stderr)
             return
         if d.get("epoch_done"):
             v = d.get("validation") or {}

@@ -204,7 +204,9 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     store = ModelStore(Path(cfg.paths.state_dir))
     data = load_csv_files(files, cfg.training.max_bad_row_fraction)
     prep = prepare(cfg, data)
-    for w in [*data.notes, *prep.warnings]:
+    for w in data.notes:  # how the files were read: listed with the warnings, marked as notes
+        progress({"warning": w, "note": True})
+    for w in prep.warnings:
         progress({"warning": w})
     active, why_not = _active_model(store, cfg)
     if from_scratch:

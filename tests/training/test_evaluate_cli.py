@@ -113,6 +113,18 @@ def test_a_model_without_an_edge_scores_exactly_as_the_base_rates(env: Path, cap
             assert row["diff"] == pytest.approx(0.0, abs=1e-12) and row["ci95"] == pytest.approx([0.0, 0.0], abs=1e-12), figure
 
 
+def test_train_prints_how_the_files_were_read_as_notes_and_rare_classes_as_warnings(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _drifting_walk(env / "walk.csv")
+    text = (env / "walk.csv").read_text().replace("market_id,", "").replace(",AAPL,", ",")  # no market column
+    (env / "AAPL.csv").write_text(text)
+    assert main(["train", "AAPL.csv", "--epochs", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"note: {env / 'AAPL.csv'}: no market column; market id 'AAPL' (from the file name) used" in err
+    assert any(line.startswith("warning: class ") and "fewer than the recommended 10000" in line for line in err)
+    assert not any(line.startswith("warning: ") and "market id" in line for line in err)
+
+
 def test_evaluate_takes_the_training_base_rates_of_a_model_that_recorded_no_validation_counts(
         env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
