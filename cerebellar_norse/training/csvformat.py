@@ -500,40 +500,31 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
     return ts, market, price, volume
 
 
-def runs_newest_first(path: Path, cols: Columns, head_rows: int = 1000, tail_bytes: int = 65_536) -> bool:
-    """True when a file's rows run newest first: its first row's market goes back in time at the file's start
-    (its next differing time, within ``head_rows`` rows, is older) and at its end (its last row, within the last
-    ``tail_bytes``, is older than its first). False when the two ends disagree or cannot be read (the reading
-    pass reports what it cannot read), so that a glitch at either end is one bad row, not a reversed file."""
-
-    def usable(r: list[str]) -> bool:
-        return len(r) == cols.fields and bool(r[cols.time].strip())
-
-    def market(r: list[str]) -> str:
-        return "" if cols.market is None else r[cols.market].strip()
-
-    def time_of(r: list[str]) -> int:
-        return _time_any(r[cols.time], cols.time_name, cols.day_first)
-
+def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> bool:
+    """True when a file's rows run newest first: of the times that change from one row of a market to its next
+    row, within the first ``sample_rows`` rows, more go back than forward. A few out-of-order rows in an
+    oldest-first file do not turn it (they are bad rows of the reading pass); False when nothing can be read."""
+    last: dict[str, int] = {}
+    back = forward = 0
     try:
         with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
             reader = csv.reader(fh, delimiter=cols.delimiter)
             for _ in range(cols.header_rows):
                 next(reader, None)
-            first = next((r for r in reader if usable(r)), None)
-            if first is None:
-                return False
-            t0, m0 = time_of(first), market(first)
-            nxt = next((t for _, r in zip(range(head_rows), reader, strict=False)
-                        if usable(r) and market(r) == m0 and (t := time_of(r)) != t0), None)
-        if nxt is None or nxt > t0:
-            return False
-        with open(path, "rb") as raw:
-            cut = raw.seek(0, 2) > tail_bytes
-            raw.seek(max(0, raw.seek(0, 2) - tail_bytes))
-            tail = raw.read().decode("utf-8", errors="surrogateescape").splitlines()[1 if cut else 0:]  # no cut line
-        last = next((r for r in csv.reader(reversed(tail), delimiter=cols.delimiter) if usable(r) and market(r) == m0),
-                    None)
-        return last is not None and time_of(last) < t0
-    except (OSError, ValueError, csv.Error):
+            for _, r in zip(range(sample_rows), reader, strict=False):
+                if len(r) != cols.fields:
+                    continue
+                text = r[cols.time] if cols.clock is None else f"{r[cols.time].strip()} {r[cols.clock].strip()}"
+                try:
+                    t = _time_any(text, cols.time_name, cols.day_first)
+                except ValueError:
+                    continue  # a bad row: the reading pass reports it
+                m = "" if cols.market is None else r[cols.market].strip()
+                prev = last.get(m)
+                if prev is not None:
+                    back += t < prev
+                    forward += t > prev
+                last[m] = t
+    except (OSError, csv.Error):
         return False
+    return back > forward

@@ -9,9 +9,10 @@ A missing optional column, or integer times that look like seconds, is recorded 
 naming a used column twice, fails at once with ``file:1: …``.
 
 A file's rows may run oldest first or newest first (as some downloads write them): a
-file whose first row's market goes back in time both right after that row and at the
-file's end is read as newest first (a note says so), and every market's series is kept
-oldest first. Within a file, a row out of the file's direction is a bad row.
+file is read as newest first (a note says so) when, in its first 10,000 rows, more of
+the times that change from one row of a market to its next go back than forward; every
+market's series is kept oldest first. Within a file, a row out of the file's direction
+is a bad row.
 
 Bad rows (a field count other than the header's, non-numbers, non-finite or
 out-of-range values, time going backwards within a market) are skipped and reported

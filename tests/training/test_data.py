@@ -572,6 +572,15 @@ def test_interleaved_markets_newest_first_and_a_row_out_of_direction(tmp_path: P
         assert m.timestamp.tolist() == [T0 + 1000 * k for k in range(40)] and m.price.tolist() == [100 + k for k in range(40)]
 
 
+def test_markets_in_blocks_newest_first(tmp_path: Path) -> None:
+    """All of A, then all of B, each block newest first (as per-symbol downloads concatenated)."""
+    rows = [f"{T0 + 1000 * k},{m},{100 + k},1" for m in ("A", "B") for k in reversed(range(30))]
+    path = write(tmp_path, "\n".join([HEADER, *rows]) + "\n")
+    data = load_csv_files([path])
+    assert data.report == [] and f"{path}: rows run newest first; read in reverse" in data.notes
+    assert [m.timestamp.tolist() for m in data.markets] == [[T0 + 1000 * k for k in range(30)]] * 2
+
+
 def test_a_forward_file_with_an_older_row_at_either_end_stays_forward(tmp_path: Path) -> None:
     for glitch_at in (1, 30):
         rows = [f"{T0 + 1000 * k},A,{100 + k},1" for k in range(30)]
