@@ -41,9 +41,11 @@ Each probe of a file's format (:func:`delimiter_of`, :func:`yfinance_header`,
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -148,16 +150,23 @@ def not_utf8(fields: list[str]) -> str:
     return ""
 
 
+@contextlib.contextmanager
+def _data_rows(path: Path, cols: Columns) -> Iterator[Iterator[list[str]]]:
+    """A file's rows after its header lines, read as ``cols`` reads them: each format probe's own pass."""
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+        reader = csv.reader(fh, delimiter=cols.delimiter)
+        for _ in range(cols.header_rows):
+            next(reader, None)
+        yield reader
+
+
 def slash_order(path: Path, cols: Columns) -> bool | None:
     """Whether a file's dates written with slashes or dots are day first (True) or month first (False), decided
     over its whole time column; None when its first time is not such a date. DataError when the column does not tell, or mixes both."""
     day_first = month_first = False
     example = {True: "", False: ""}
     try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=cols.delimiter)
-            for _ in range(cols.header_rows):
-                next(reader, None)
+        with _data_rows(path, cols) as reader:
             seen = False
             for row in reader:
                 text = row[cols.time].strip() if len(row) == cols.fields else ""
@@ -204,6 +213,11 @@ def header_name(name: str) -> str:
     return " ".join(name.replace("\ufeff", "").split())
 
 
+def _match_name(shown: str) -> str:
+    """A header name as the column lists hold it: lower case, without angle brackets (MetaTrader writes ``<DATE>``)."""
+    return shown.lower().removeprefix("<").removesuffix(">")
+
+
 def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[str, ...], what: str,
                  required: bool) -> int | None:
     """Index of the first alias present in the header; DataError when required and absent, or named twice."""
@@ -241,14 +255,11 @@ def delimiter_of(first_line: str) -> str:
 def clock_column(path: Path, header: list[str], cols: Columns) -> int | None:
     """The ``time`` column of a file that also has a ``date`` column, when it holds times of day (``00:00:00``):
     then the time column is moved to the date, which the clock completes. None otherwise."""
-    names = [header_name(h).lower().removeprefix("<").removesuffix(">") for h in header]
+    names = [_match_name(header_name(h)) for h in header]
     if names[cols.time] != "time" or "date" not in names:
         return None
     try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=cols.delimiter)
-            for _ in range(cols.header_rows):
-                next(reader, None)
+        with _data_rows(path, cols) as reader:
             first = next((r for r in reader if len(r) == cols.fields and r[cols.time].strip()), None)
     except (OSError, csv.Error):
         return None
@@ -263,10 +274,7 @@ def has_decimal_commas(path: Path, cols: Columns) -> bool:
     """Whether a file's price or volume column holds a comma anywhere (then its numbers have decimal commas)."""
     used = [i for i in (cols.price, cols.volume) if i is not None]
     try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=cols.delimiter)
-            for _ in range(cols.header_rows):
-                next(reader, None)
+        with _data_rows(path, cols) as reader:
             return any(len(r) == cols.fields and any("," in r[i] for i in used) for r in reader)
     except (OSError, csv.Error):
         return False
@@ -309,7 +317,7 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     """The columns of a file from its header line; notes for the optional columns it lacks. ``ticker`` is the
     market of a file without a market column when its header says it (yfinance's Ticker row)."""
     shown = [header_name(h) for h in header]
-    names = [s.lower().removeprefix("<").removesuffix(">") for s in shown]  # MetaTrader writes <DATE>, <CLOSE>
+    names = [_match_name(s) for s in shown]
     t = _find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
     if t is None:  # pandas' to_csv writes a date index as an unnamed first column
         t = 0
@@ -507,10 +515,7 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
     last: dict[str, int] = {}
     back = forward = 0
     try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
-            reader = csv.reader(fh, delimiter=cols.delimiter)
-            for _ in range(cols.header_rows):
-                next(reader, None)
+        with _data_rows(path, cols) as reader:
             for _, r in zip(range(sample_rows), reader, strict=False):
                 if len(r) != cols.fields:
                     continue
