@@ -33,10 +33,11 @@ A file written by yfinance (``yf.download(ticker).to_csv()``: header lines ``Pri
 line's ticker as the market. A pandas index written without a name (an empty first
 header name) is the time column.
 
-Each probe of a file's format (:func:`delimiter_of`, :func:`yfinance_header`,
+:func:`file_format` works out how a file is written from its header line and, where the
+header cannot tell, from the file itself (each probe, :func:`yfinance_header`,
 :func:`clock_column`, :func:`has_decimal_commas`, :func:`slash_order`,
-:func:`runs_newest_first`) reads what it needs of the file itself;
-:mod:`cerebellar_norse.training.data` reads the rows.
+:func:`runs_newest_first`, reads what it needs); :mod:`cerebellar_norse.training.data`
+reads the rows.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Columns:
     decimal_comma: bool = False  # a file separated by ';' whose numbers have decimal commas ('.' groups digits)
     clock: int | None = None  # a column of times of day that completes the date column (MetaTrader's <TIME>)
     clock_name: str = ""
+    newest_first: bool = False  # rows run newest first (see runs_newest_first)
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
@@ -106,7 +108,7 @@ class Columns:
             return []
         return [row[i] for i in (self.time, self.clock, self.price, self.volume, self.market) if i is not None]
 
-    def describe(self, path: Path, newest_first: bool) -> FileFormat:
+    def describe(self, path: Path) -> FileFormat:
         """How the file at ``path`` was read, for people (``cerebellar-norse inspect-data``)."""
         return FileFormat(
             path=str(path), separator={",": ",", ";": ";", "\t": "tab", "|": "|"}[self.delimiter],
@@ -115,7 +117,7 @@ class Columns:
             dates=None if self.day_first is None else ("day/month/year" if self.day_first else "month/day/year"),
             price=self.price_name, volume=self.volume_name if self.volume is not None else None,
             market=self.market_name if self.market is not None else None,
-            default_market=self.default_market or None, newest_first=newest_first, decimal_comma=self.decimal_comma)
+            default_market=self.default_market or None, newest_first=self.newest_first, decimal_comma=self.decimal_comma)
 
 
 @dataclass(frozen=True)
@@ -533,3 +535,32 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
     except (OSError, csv.Error):
         return False
     return back > forward
+
+
+def file_format(path: Path, header: list[str], delimiter: str, notes: list[str]) -> Columns:
+    """How the file at ``path`` is written: the columns used, its header lines, date and number formats and row
+    order, from its header line (split at ``delimiter``, see :func:`delimiter_of`) and, where that cannot tell,
+    from the file itself; a note in ``notes`` for each thing inferred. DataError for a header, or a date column,
+    that cannot be read. The rows start after ``header_rows`` lines."""
+    levels = yfinance_header(path, header, delimiter)
+    ticker = ""
+    if levels is not None:
+        time_name, ticker = levels
+        header = [time_name, *header[1:]]
+    cols = columns_of(path, header, notes, ticker)
+    cols.header_rows = 1 if levels is None else 3
+    cols.delimiter = delimiter
+    cols.decimal_comma = delimiter == ";" and has_decimal_commas(path, cols)
+    cols.clock = clock_column(path, header, cols)
+    if cols.clock is not None:
+        cols.clock_name = header_name(header[cols.clock])
+        notes.append(f"{path}: time from the {cols.time_name} and {cols.clock_name} columns")
+    if delimiter != ",":
+        named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
+        notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"
+                                                              if cols.decimal_comma else ""))
+    cols.day_first = slash_order(path, cols)
+    if cols.day_first is not None:
+        notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
+    cols.newest_first = runs_newest_first(path, cols)
+    return cols

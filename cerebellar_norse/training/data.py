@@ -37,17 +37,11 @@ from ..errors import DataError, InputError
 from .csvformat import (
     SECONDS_HINT_MS,
     FileFormat,
-    clock_column,
-    columns_of,
     delimiter_of,
-    has_decimal_commas,
-    header_name,
+    file_format,
     not_utf8,
     parse_row,
     parse_time_ms,
-    runs_newest_first,
-    slash_order,
-    yfinance_header,
 )
 
 __all__ = ["CLASS_NAMES", "COLUMNS", "DATA_FILE_PATTERN", "MIN_SAMPLES_PER_CLASS", "DataFileNotFoundError", "MarketSeries",
@@ -150,10 +144,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
         with fh:
             try:
                 delimiter = delimiter_of(fh.readline())
-                fh.seek(0)
             except (OSError, ValueError):
                 delimiter = ","
-                fh.seek(0)
+            fh.seek(0)
             reader = csv.reader(fh, delimiter=delimiter)
             try:
                 header = next(reader)
@@ -166,32 +159,12 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            levels = yfinance_header(path, header, delimiter)
-            ticker = ""
-            if levels is not None:
-                time_name, ticker = levels
-                header = [time_name, *header[1:]]
-                next(reader)  # the Ticker line
-                next(reader)  # the Date line
-            cols = columns_of(path, header, notes, ticker)
-            cols.header_rows = 1 if levels is None else 3
-            cols.delimiter = delimiter
-            cols.decimal_comma = delimiter == ";" and has_decimal_commas(path, cols)
-            cols.clock = clock_column(path, header, cols)
-            if cols.clock is not None:
-                cols.clock_name = header_name(header[cols.clock])
-                notes.append(f"{path}: time from the {cols.time_name} and {cols.clock_name} columns")
-            if delimiter != ",":
-                named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
-                notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"
-                                                                      if cols.decimal_comma else ""))
-            cols.day_first = slash_order(path, cols)
-            if cols.day_first is not None:
-                notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
+            cols = file_format(path, header, delimiter, notes)
+            for _ in range(cols.header_rows - 1):
+                next(reader, None)  # yfinance's Ticker and Date lines
+            formats.append(cols.describe(path))
             seconds_noted = False
             file_start = len(ts_all)
-            newest_first = runs_newest_first(path, cols)
-            formats.append(cols.describe(path, newest_first))
             here: dict[int, int] = {}  # market code -> its time in the file's latest good row
             before: dict[int, int] = {}  # market code -> its last time in earlier files
             while True:
@@ -209,22 +182,19 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                                 here[code] = ts
                             else:
                                 prev = here.get(code)
-                                if prev is None:  # the market's first row in this file: not before earlier files
+                                first_here = prev is None
+                                if prev is None:  # the market's first row in this file: compared with earlier files
                                     prev = before[code] = last_ts[code]
+                                if first_here or not cols.newest_first:  # not before its previous row (or file)
                                     if ts < prev:
                                         raise ValueError(f"time goes backwards for market {market!r} ({ts} < {prev})")
                                     last_ts[code] = ts
-                                else:
-                                    if not newest_first:
-                                        if ts < prev:
-                                            raise ValueError(f"time goes backwards for market {market!r} ({ts} < {prev})")
-                                        last_ts[code] = ts
-                                    elif ts > prev:
-                                        raise ValueError(f"time goes forwards for market {market!r} in rows that run newest"
-                                                         f" first ({ts} > {prev})")
-                                    elif ts < before.get(code, 0):
-                                        raise ValueError(f"time goes backwards for market {market!r} ({ts} < its last time"
-                                                         f" {before[code]} in an earlier file)")
+                                elif ts > prev:
+                                    raise ValueError(f"time goes forwards for market {market!r} in rows that run newest"
+                                                     f" first ({ts} > {prev})")
+                                elif ts < before.get(code, 0):
+                                    raise ValueError(f"time goes backwards for market {market!r} ({ts} < its last time"
+                                                     f" {before[code]} in an earlier file)")
                                 here[code] = ts
                         except ValueError as exc:
                             if all(not c.strip() for c in row):  # a blank line (of separators only)
@@ -253,7 +223,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                 rows_word = "row" if cols.blank_volumes == 1 else "rows"
                 notes.append(f"{path}: {cols.blank_volumes} {rows_word} without a volume ({cols.volume_name} empty or '-');"
                              " volume 0 used")
-            if newest_first:  # oldest first, as every market's series is kept (last_ts already holds the newest)
+            if cols.newest_first:  # oldest first, as every market's series is kept (last_ts already holds the newest)
                 for column in (ts_all, price_all, volume_all, code_all):
                     _reverse_from(column, file_start)
                 notes.append(f"{path}: rows run newest first; read in reverse")
