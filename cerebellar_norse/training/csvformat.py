@@ -4,22 +4,29 @@ Columns are found by header name (case, blanks around a name, angle brackets and
 UTF-8 byte-order mark ignored); the first name present of each list is used and every
 other column is ignored:
 
-* time (required): ``timestamp``, ``time``, ``date``, ``datetime``, ``date_time``,
-  ``gmt time``, ``utc time``. A value is an integer (or an integral number such as
-  ``1.6e12``) of ms since the epoch, or an ISO 8601 date or date-time (``2020-01-02``,
-  ``2020-01-02 15:30``, ``2020-01-02T15:30:00.123Z``, ``…+01:00``; without an offset it
-  is UTC), from 1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates may
+* time (required): ``timestamp``, ``unix``, ``time``, ``date``, ``datetime``, ``date_time``,
+  ``gmt time``, ``utc time``, ``local time``, ``open time``, ``open_time``. A value is a
+  number since the epoch, in ms (an integer, or an integral number such as ``1.6e12``) or
+  in the unit of ``TIME_UNITS`` (seconds, µs, ns) whose span holds the file's first time,
+  or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
+  ``2020-01-02T15:30:00.123Z``, ``…+01:00``, ``… GMT+0100``; without an offset it is UTC),
+  from 1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates may
   also be written year first with dots or slashes (``2020.01.02``), or day and month
   with slashes or dots (``1/4/1999``, ``04.01.1999 15:30``), read month first or day
   first as the whole column shows (a day above 12 in one place, never in the other; a
-  column that does not show it, or shows both, fails with ``file: …``). A ``time``
+  column that shows both, or dates with slashes that show neither, fails with ``file:
+  …``; dates with dots that show neither are day first). A ``time``
   column of times of day (``00:00:00``) beside a ``date`` column completes that date.
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``adj close``,
-  ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both).
+  ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
+  any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``).
 * volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``,
-  ``size``, ``qty``; without one every tick has volume 0, and an empty or ``-`` field
-  is 0 (noted). A volume may end in K, M or B (``1.23M``).
-* market (optional): ``market_id``, ``market``, ``symbol``, ``ticker``, ``instrument``
+  ``size``, ``qty``; for quotes without one, the sum of a bid and an ask volume column;
+  then the first column whose name starts with ``volume``; without one every tick has
+  volume 0, and an empty or ``-`` field is 0 (noted). A volume may end in K, M or B
+  (``1.23M``).
+* market (optional): ``market_id``, ``market``, ``symbol``, ``sym``, ``ticker``,
+  ``instrument``, ``pair``
   (1–64 printable ASCII characters); without one the market is the file's name
   without its suffix (``EURUSD.csv`` → ``EURUSD``), other characters replaced by ``_``.
 
@@ -28,7 +35,8 @@ else (a decimal comma) makes a bad row. Fields are separated by commas, or, in a
 whose header line has none, by ``;``, tabs or ``|``; in a ``;`` file whose price or
 volume column holds a comma, numbers have decimal commas (``1.234,50``).
 
-A file written by yfinance (``yf.download(ticker).to_csv()``: header lines ``Price,…``,
+Up to ``TITLE_LINES_MAX`` lines without a separator before the header (a download
+site's name) are skipped. A file written by yfinance (``yf.download(ticker).to_csv()``: header lines ``Price,…``,
 ``Ticker,…`` and ``Date,,…``) is read with its first column as the time and the Ticker
 line's ticker as the market. A pandas index written without a name (an empty first
 header name) is the time column.
@@ -49,17 +57,34 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
+from typing import TextIO
 
 from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 
 # Header names per column, in order of preference (compared in lower case).
-TIME_COLUMNS = ("timestamp", "time", "date", "datetime", "date_time", "gmt time", "utc time")
+TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
+                "open time", "open_time")
 PRICE_COLUMNS = ("price", "close", "last", "mid", "adj close", "adj_close")
+# Quotes without a price column: the price is the mid of bid and ask, the volume the sum of both sides' volumes.
+BID_COLUMNS = ("bid", "bid price", "bid_price", "bidprice", "best bid", "best_bid")
+ASK_COLUMNS = ("ask", "ask price", "ask_price", "askprice", "offer", "offer price", "best ask", "best_ask")
+BID_VOLUME_COLUMNS = ("bidvolume", "bid volume", "bid_volume", "bid size", "bid_size", "bidsize", "bid vol", "bid_vol")
+ASK_VOLUME_COLUMNS = ("askvolume", "ask volume", "ask_volume", "ask size", "ask_size", "asksize", "ask vol", "ask_vol",
+                      "offer size", "offer_size")
 VOLUME_COLUMNS = ("volume", "tickvol", "tick_volume", "vol", "vol.", "size", "qty")  # MetaTrader: <TICKVOL> over <VOL>
-MARKET_COLUMNS = ("market_id", "market", "symbol", "ticker", "instrument")
-SECONDS_HINT_MS = 10_000_000_000  # integer times below this (1970-04-26) are noted as likely seconds
+VOLUME_PREFIX = "volume"  # without any of VOLUME_COLUMNS, the first column named so (Volume BTC, Volume_(BTC))
+MARKET_COLUMNS = ("market_id", "market", "symbol", "sym", "ticker", "instrument", "pair")
+SECONDS_HINT_MS = 100_000_000  # ms times below this (1970-01-02) are noted as possibly seconds
+# Numeric times are in the unit whose span 1973-03-03 .. 2100-01-01 holds the file's first time (ms otherwise):
+# as ms, those ranges are 1970-01-02 .. 1970-02-17, after 2100, or later still.
+TIME_UNITS = {"s": (100_000_000, TS_MAX_MS // 1000), "µs": (10**14, TS_MAX_MS * 1000), "ns": (10**17, TS_MAX_MS * 10**6)}
+UNIT_WORDS = {"s": "seconds", "ms": "ms", "µs": "µs", "ns": "ns"}
+_TO_MS = {"s": Decimal(1000), "µs": Decimal("0.001"), "ns": Decimal("0.000001")}
+_GMT_OFFSET = re.compile(r"\s*(?:GMT|UTC)\s*(?:([+-])(\d{2}):?(\d{2}))?$")  # Dukascopy's "… GMT+0100"
+TITLE_LINES_MAX = 5  # lines without a separator skipped before the header (a download site's name or URL)
 
 _GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")  # 1,234.50: digits in groups of three
 _EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,50, 1,5, 7 (decimal commas)
@@ -101,12 +126,18 @@ class Columns:
     clock: int | None = None  # a column of times of day that completes the date column (MetaTrader's <TIME>)
     clock_name: str = ""
     newest_first: bool = False  # rows run newest first (see runs_newest_first)
+    time_unit: str = "ms"  # unit of numeric times (a key of UNIT_WORDS), from the first time (see time_unit_of)
+    ask: int | None = None  # with ``price`` the bid: the price is their mid
+    ask_name: str = ""
+    ask_volume: int | None = None  # with ``volume`` the bid side's: the volume is their sum
+    ask_volume_name: str = ""
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
         if len(row) != self.fields:
             return []
-        return [row[i] for i in (self.time, self.clock, self.price, self.volume, self.market) if i is not None]
+        return [row[i] for i in (self.time, self.clock, self.price, self.ask, self.volume, self.ask_volume, self.market)
+                if i is not None]
 
     def describe(self, path: Path) -> FileFormat:
         """How the file at ``path`` was read, for people (``cerebellar-norse inspect-data``)."""
@@ -114,8 +145,10 @@ class Columns:
             path=str(path), separator={",": ",", ";": ";", "\t": "tab", "|": "|"}[self.delimiter],
             header_lines=self.header_rows,
             time=self.time_name + (f" + {self.clock_name}" if self.clock is not None else ""),
+            time_unit=None if self.iso else self.time_unit,
             dates=None if self.day_first is None else ("day/month/year" if self.day_first else "month/day/year"),
-            price=self.price_name, volume=self.volume_name if self.volume is not None else None,
+            price=self.price_name, ask=self.ask_name or None, volume=self.volume_name if self.volume is not None else None,
+            ask_volume=self.ask_volume_name or None,
             market=self.market_name if self.market is not None else None,
             default_market=self.default_market or None, newest_first=self.newest_first, decimal_comma=self.decimal_comma)
 
@@ -125,18 +158,24 @@ class FileFormat:
     """How one file was read: its separator, header lines and the header names of the columns used.
 
     ``time`` is the time column's name (``"<DATE> + <TIME>"`` when a time-of-day column
-    completes it); ``dates`` the order of dates written with slashes or dots, if any;
-    ``volume`` None when the file has no volume column (volume 0); ``market`` None when the
-    market is ``default_market`` (the file's name, or yfinance's Ticker line).
+    completes it); ``time_unit`` the unit of its numbers (``s``, ``ms``, ``µs``, ``ns``; None
+    for dates); ``dates`` the order of dates written with slashes or dots, if any; ``price``
+    the price column, or with ``ask`` the bid column (the price is their mid); ``volume``
+    None when the file has no volume column (volume 0), with ``ask_volume`` the bid side's
+    (the volume is their sum); ``market`` None when the market is ``default_market`` (the
+    file's name, or yfinance's Ticker line).
     """
 
     path: str
     separator: str
     header_lines: int
     time: str
+    time_unit: str | None
     dates: str | None
     price: str
+    ask: str | None
     volume: str | None
+    ask_volume: str | None
     market: str | None
     default_market: str | None
     newest_first: bool
@@ -164,7 +203,9 @@ def _data_rows(path: Path, cols: Columns) -> Iterator[Iterator[list[str]]]:
 
 def slash_order(path: Path, cols: Columns) -> bool | None:
     """Whether a file's dates written with slashes or dots are day first (True) or month first (False), decided
-    over its whole time column; None when its first time is not such a date. DataError when the column does not tell, or mixes both."""
+    over its whole time column; None when its first time is not such a date. Dates with dots that do not tell are
+    day first (as dates with dots are written); DataError when dates with slashes do not tell, or the column mixes
+    both orders."""
     day_first = month_first = False
     example = {True: "", False: ""}
     try:
@@ -178,7 +219,7 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
                 if not seen:
                     if m is None:
                         return None
-                    seen, first = True, text
+                    seen, first, dots = True, text, m[2] == "."
                 if m is None:
                     continue  # reported as a bad row by the reading pass
                 if int(m[1]) > 12 and not day_first:
@@ -195,6 +236,8 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
                " write them as ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
     if not (day_first or month_first):
+        if dots:
+            return True  # dates with dots are written day first (Dukascopy's 02.01.2020)
         msg = (f"{path}: {name} dates such as {first!r} could be month/day or day/month (no day above 12 in the file);"
                " write them as ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
@@ -221,8 +264,9 @@ def _match_name(shown: str) -> str:
 
 
 def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[str, ...], what: str,
-                 required: bool) -> int | None:
-    """Index of the first alias present in the header; DataError when required and absent, or named twice."""
+                 required: bool, otherwise: str = "") -> int | None:
+    """Index of the first alias present in the header; DataError when required and absent (the message ends the
+    list of aliases with ``otherwise``), or named twice."""
     for alias in aliases:
         where = [i for i, n in enumerate(names) if n == alias]
         if len(where) > 1:
@@ -233,7 +277,7 @@ def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[
         if where:
             return where[0]
     if required:
-        msg = f"{path}:1: no {what} column (expected one of {', '.join(aliases)}); header is {','.join(shown)}"
+        msg = f"{path}:1: no {what} column (expected one of {', '.join(aliases)}{otherwise}); header is {','.join(shown)}"
         if shown and sum(_is_number(n) for n in shown) * 2 > len(shown):
             msg += " (the first line looks like data: add a header line naming the columns)"
         raise DataError(msg, [msg])
@@ -243,6 +287,24 @@ def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[
 def _unnamed_index(names: list[str]) -> bool:
     """True when the first header name is empty or pandas' ``Unnamed: 0`` (an index written by ``to_csv``)."""
     return bool(names) and (names[0] == "" or names[0] == "unnamed: 0")
+
+
+def leading_lines(fh: TextIO) -> tuple[int, str]:
+    """Lines before a file's header, and its field separator (see :func:`delimiter_of`), reading from ``fh``'s start.
+
+    A download site may write its name or address on a line of its own above the header (CryptoDataDownload's
+    ``https://www.CryptoDataDownload.com``): up to ``TITLE_LINES_MAX`` lines without any separator (or blank) are
+    skipped when a line after them has one.
+    """
+    lines: list[str] = []
+    for _ in range(TITLE_LINES_MAX + 1):
+        line = fh.readline()
+        if not line:
+            break
+        if any(d in line for d in DELIMITERS):
+            return len(lines), delimiter_of(line)
+        lines.append(line)
+    return 0, delimiter_of(lines[0] if lines else "")
 
 
 def delimiter_of(first_line: str) -> str:
@@ -282,16 +344,18 @@ def has_decimal_commas(path: Path, cols: Columns) -> bool:
         return False
 
 
-def yfinance_header(path: Path, header: list[str], delimiter: str = ",") -> tuple[str, str] | None:
+def yfinance_header(path: Path, header: list[str], delimiter: str = ",", skip: int = 0) -> tuple[str, str] | None:
     """The time column's name and the ticker of a file written by ``yf.download(...).to_csv()`` (header lines
     ``Price,Close,…``, ``Ticker,AAPL,…`` and ``Date,,…``; the ticker "" when it is not a valid market id), or
-    None for any other file. DataError for a download of several tickers (each column named once per ticker)."""
+    None for any other file (the header is the line after ``skip`` lines). DataError for a download of several
+    tickers (each column named once per ticker)."""
     if not header or header_name(header[0]).lower() != "price":
         return None
     try:
         with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
             reader = csv.reader(fh, delimiter=delimiter)
-            next(reader, None)
+            for _ in range(skip + 1):
+                next(reader, None)
             second, third = next(reader, None), next(reader, None)
     except (OSError, csv.Error):
         return None
@@ -324,8 +388,29 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     if t is None:  # pandas' to_csv writes a date index as an unnamed first column
         t = 0
         notes.append(f"{path}: unnamed first column used as the time (a pandas index)")
-    p = _find_column(path, names, shown, PRICE_COLUMNS, "price", True)
+    p = _find_column(path, names, shown, PRICE_COLUMNS, "price", False)
+    bid = ask = bid_v = ask_v = None
+    if p is None:  # quotes: the mid of bid and ask
+        bid = _find_column(path, names, shown, BID_COLUMNS, "bid", False)
+        ask = _find_column(path, names, shown, ASK_COLUMNS, "ask", False)
+        if bid is None or ask is None:
+            _find_column(path, names, shown, PRICE_COLUMNS, "price", True, ", or a bid and an ask column")
+        else:
+            p = bid
+            notes.append(f"{path}: price is the mid of {shown[bid]!r} and {shown[ask]!r}")
     v = _find_column(path, names, shown, VOLUME_COLUMNS, "volume", False)
+    if v is None and bid is not None:
+        bid_v = _find_column(path, names, shown, BID_VOLUME_COLUMNS, "bid volume", False)
+        ask_v = _find_column(path, names, shown, ASK_VOLUME_COLUMNS, "ask volume", False)
+        if bid_v is not None and ask_v is not None:
+            v = bid_v
+            notes.append(f"{path}: volume is {shown[bid_v]!r} + {shown[ask_v]!r}")
+        else:
+            ask_v = None
+    if v is None:
+        v = next((i for i, n in enumerate(names) if n.startswith(VOLUME_PREFIX)), None)
+        if v is not None:
+            notes.append(f"{path}: volume from {shown[v]!r}")
     m = _find_column(path, names, shown, MARKET_COLUMNS, "market", False)
     assert t is not None and p is not None
     default_market = ""
@@ -338,7 +423,8 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
         default_market = _market_from_file_name(path)
         notes.append(f"{path}: no market column; market id {default_market!r} (from the file name) used")
     return Columns(len(header), t, shown[t], p, shown[p], v, "" if v is None else shown[v],
-                    m, "" if m is None else shown[m], default_market)
+                   m, "" if m is None else shown[m], default_market, ask=ask, ask_name="" if ask is None else shown[ask],
+                   ask_volume=ask_v, ask_volume_name="" if ask_v is None else shown[ask_v])
 
 
 def _datetime_ms(dt: datetime) -> int:
@@ -348,12 +434,44 @@ def _datetime_ms(dt: datetime) -> int:
     return (dt - _EPOCH) // _ONE_MS
 
 
-def _time_any(text: str, name: str, day_first: bool | None = None) -> int:
+def _unit_time(s: str, name: str, unit: str) -> int:
+    """A number of ``unit`` (a key of ``TIME_UNITS``) since the epoch as ms (digits below 1 ms dropped); ValueError
+    naming the column and value when it is not a number or not in 1970-01-01 .. 2100-01-01."""
+    try:
+        ms = int(s) * 1000 if unit == "s" else int(s) // (1000 if unit == "µs" else 1_000_000)
+    except ValueError:
+        try:
+            d = Decimal(s)
+        except InvalidOperation:
+            raise ValueError(f"{name} {s!r} is not a number of {UNIT_WORDS[unit]} since epoch (the file's unit)") from None
+        if not d.is_finite():
+            raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
+        ms = int((d * _TO_MS[unit]).to_integral_value(rounding=ROUND_FLOOR))
+    if not 0 <= ms < TS_MAX_MS:
+        raise ValueError(f"{name} {s!r} read as {UNIT_WORDS[unit]} since epoch (the file's unit) is not in 1970-01-01 .."
+                         " 2100-01-01")
+    return ms
+
+
+def _with_offset(s: str) -> str:
+    """A date-time ending in ``GMT+0100``, ``UTC`` and the like (as Dukascopy writes it) with an ISO 8601 offset."""
+    m = _GMT_OFFSET.search(s)
+    if m is None or m.start() == 0:
+        return s
+    return s[:m.start()] + (f"{m[1]}{m[2]}:{m[3]}" if m[1] else "+00:00")
+
+
+def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "ms") -> int:
     """A time field of any accepted form as ms since the epoch, or ValueError naming the column and value.
 
     ``day_first`` is the file's slash-date order (see :func:`slash_order`); None: slash dates are not accepted.
+    ``unit`` is the file's unit of numeric times (see :func:`time_unit_of`).
     """
-    s = text.strip()
+    s = raw = text.strip()
+    if unit != "ms" and _is_number(s):
+        return _unit_time(s, name, unit)
+    if "GMT" in s or "UTC" in s:
+        s = _with_offset(s)
     iso = False
     try:
         ms = int(s)
@@ -369,23 +487,23 @@ def _time_any(text: str, name: str, day_first: bool | None = None) -> int:
             except (ValueError, OverflowError):
                 if day_first is not None and _SLASH_DATE.match(s):
                     order = "D/M/YYYY" if day_first else "M/D/YYYY"
-                    raise ValueError(f"{name} {s!r} is not a valid date read as {order}") from None
-                raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
+                    raise ValueError(f"{name} {raw!r} is not a valid date read as {order}") from None
+                raise ValueError(f"{name} {raw!r} is not a time (ms since epoch or ISO 8601)") from None
             iso = True
         else:
             if not math.isfinite(x):
-                raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
+                raise ValueError(f"{name} {raw!r} is not a time (ms since epoch or ISO 8601)") from None
             if not x.is_integer():
-                hint = "; if the file's times are seconds, multiply them by 1000" if 0 < x < SECONDS_HINT_MS else ""
-                raise ValueError(f"{name} {s!r} is not a whole number of ms since epoch{hint}") from None
+                hint = "; if the file's times are seconds, multiply them by 1000" if 0 < x < TS_MAX_MS // 1000 else ""
+                raise ValueError(f"{name} {raw!r} is not a whole number of ms since epoch{hint}") from None
             ms = int(x)
     if ms < 0:
-        raise ValueError(f"{name} {s!r} is before 1970-01-01" + ("" if iso else " (negative ms since epoch)"))
+        raise ValueError(f"{name} {raw!r} is before 1970-01-01" + ("" if iso else " (negative ms since epoch)"))
     if ms >= TS_MAX_MS:
         if iso:
-            raise ValueError(f"{name} {s!r} is not before 2100-01-01")
+            raise ValueError(f"{name} {raw!r} is not before 2100-01-01")
         hint = "; if the file's times are µs or ns, divide them by 1000 or 1000000" if ms < 1000 * TS_MAX_MS * 1000 else ""
-        raise ValueError(f"{name} {s!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
+        raise ValueError(f"{name} {raw!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
     return ms
 
 
@@ -409,7 +527,7 @@ def _iso_time(text: str, cols: Columns) -> int:
             ms = (dt - _EPOCH_NAIVE) // _ONE_MS if dt.tzinfo is None else (dt - _EPOCH) // _ONE_MS
             if 0 <= ms < TS_MAX_MS:
                 return ms
-    return _time_any(text, cols.time_name, cols.day_first)
+    return _time_any(text, cols.time_name, cols.day_first, cols.time_unit)
 
 
 def _is_number(text: str) -> bool:
@@ -460,6 +578,8 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
         iso = cols.iso = not _is_number(text)
     if iso:
         ts = _iso_time(text, cols)
+    elif cols.time_unit != "ms":
+        ts = _unit_time(text.strip(), cols.time_name, cols.time_unit)
     else:
         try:
             ts = int(text)
@@ -480,20 +600,37 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
             cols.known_markets[raw] = market
         else:
             market = known
-    text = row[cols.price]
+    price = _price(row[cols.price], cols.price_name, cols.decimal_comma)
+    if cols.ask is not None:
+        price = 0.5 * (price + _price(row[cols.ask], cols.ask_name, cols.decimal_comma))
+    if cols.volume is None:
+        return ts, market, price, 0.0
+    volume = _volume(row[cols.volume], cols.volume_name, cols)
+    if cols.ask_volume is not None:
+        blanks = cols.blank_volumes
+        volume += _volume(row[cols.ask_volume], cols.ask_volume_name, cols)
+        cols.blank_volumes = min(cols.blank_volumes, blanks + 1)  # a row counts once
+    return ts, market, price, volume
+
+
+def _price(text: str, name: str, decimal_comma: bool) -> float:
+    """A price field (> 0, finite); ValueError naming the column otherwise."""
     try:
-        if cols.decimal_comma:  # "1.000" is a thousand here: float() would read it as one
+        if decimal_comma:  # "1.000" is a thousand here: float() would read it as one
             raise ValueError
         price = float(text)
     except ValueError:
-        price = _quoted_number(text, cols.price_name, False, cols.decimal_comma)
+        price = _quoted_number(text, name, False, decimal_comma)
     if not 0.0 < price < _INF:
         if not math.isfinite(price):
-            raise ValueError(f"{cols.price_name} {text.strip()!r} is not finite")
-        raise ValueError(f"{cols.price_name} {price} is not > 0")
-    if cols.volume is None:
-        return ts, market, price, 0.0
-    text = row[cols.volume]
+            raise ValueError(f"{name} {text.strip()!r} is not finite")
+        raise ValueError(f"{name} {price} is not > 0")
+    return price
+
+
+def _volume(text: str, name: str, cols: Columns) -> float:
+    """A volume field (>= 0, finite; empty or ``-`` is 0, counted in ``cols.blank_volumes``); ValueError naming the
+    column otherwise."""
     try:
         if cols.decimal_comma:
             raise ValueError
@@ -501,13 +638,13 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
     except ValueError:
         if text.strip() in ("", "-"):  # a quote site's "no volume"
             cols.blank_volumes += 1
-            return ts, market, price, 0.0
-        volume = _quoted_number(text, cols.volume_name, True, cols.decimal_comma)
+            return 0.0
+        volume = _quoted_number(text, name, True, cols.decimal_comma)
     if not 0.0 <= volume < _INF:
         if not math.isfinite(volume):
-            raise ValueError(f"{cols.volume_name} {text.strip()!r} is not finite")
-        raise ValueError(f"{cols.volume_name} {volume} is negative")
-    return ts, market, price, volume
+            raise ValueError(f"{name} {text.strip()!r} is not finite")
+        raise ValueError(f"{name} {volume} is negative")
+    return volume
 
 
 def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> bool:
@@ -523,7 +660,7 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
                     continue
                 text = r[cols.time] if cols.clock is None else f"{r[cols.time].strip()} {r[cols.clock].strip()}"
                 try:
-                    t = _time_any(text, cols.time_name, cols.day_first)
+                    t = _time_any(text, cols.time_name, cols.day_first, cols.time_unit)
                 except ValueError:
                     continue  # a bad row: the reading pass reports it
                 m = "" if cols.market is None else r[cols.market].strip()
@@ -537,18 +674,44 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
     return back > forward
 
 
-def file_format(path: Path, header: list[str], delimiter: str, notes: list[str]) -> Columns:
+def time_unit_of(path: Path, cols: Columns) -> str | None:
+    """Sets ``cols.iso`` and ``cols.time_unit`` from the file's first time: dates (ISO 8601 or another accepted
+    form) or numbers, in the unit of ``TIME_UNITS`` whose span holds it, ms otherwise. A note for a unit other
+    than ms, None otherwise."""
+    try:
+        with _data_rows(path, cols) as reader:
+            first = next((r[cols.time].strip() for r in reader if len(r) == cols.fields and r[cols.time].strip()), None)
+    except (OSError, csv.Error):
+        return None  # the reading pass reports it
+    if first is None:
+        return None
+    cols.iso = cols.clock is not None or not _is_number(first)
+    if cols.iso:
+        return None
+    x = float(first)
+    cols.time_unit = next((unit for unit, (low, high) in TIME_UNITS.items() if low <= x < high), "ms")
+    if cols.time_unit == "ms":
+        return None
+    when = datetime.fromtimestamp(_unit_time(first, cols.time_name, cols.time_unit) // 1000, UTC)
+    return (f"{path}: {cols.time_name} read as {UNIT_WORDS[cols.time_unit]} since the epoch (the first, {first}, is"
+            f" {when:%Y-%m-%d %H:%M:%S} UTC)")
+
+
+def file_format(path: Path, header: list[str], delimiter: str, notes: list[str], skipped: int = 0) -> Columns:
     """How the file at ``path`` is written: the columns used, its header lines, date and number formats and row
     order, from its header line (split at ``delimiter``, see :func:`delimiter_of`) and, where that cannot tell,
     from the file itself; a note in ``notes`` for each thing inferred. DataError for a header, or a date column,
-    that cannot be read. The rows start after ``header_rows`` lines."""
-    levels = yfinance_header(path, header, delimiter)
+    that cannot be read. The header is the line after ``skipped`` lines (see :func:`leading_lines`); the rows
+    start after ``header_rows`` lines."""
+    levels = yfinance_header(path, header, delimiter, skipped)
     ticker = ""
     if levels is not None:
         time_name, ticker = levels
         header = [time_name, *header[1:]]
     cols = columns_of(path, header, notes, ticker)
-    cols.header_rows = 1 if levels is None else 3
+    cols.header_rows = skipped + (1 if levels is None else 3)
+    if skipped:
+        notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")
     cols.delimiter = delimiter
     cols.decimal_comma = delimiter == ";" and has_decimal_commas(path, cols)
     cols.clock = clock_column(path, header, cols)
@@ -562,5 +725,8 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str])
     cols.day_first = slash_order(path, cols)
     if cols.day_first is not None:
         notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
+    unit_note = time_unit_of(path, cols)
+    if unit_note:
+        notes.append(unit_note)
     cols.newest_first = runs_newest_first(path, cols)
     return cols

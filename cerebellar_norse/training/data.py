@@ -4,8 +4,9 @@ A file is a header naming the columns, then one tick per line; how a file may be
 written (separators, column names, time and number formats, yfinance's and
 MetaTrader's layouts) is in :mod:`cerebellar_norse.training.csvformat`.
 
-A missing optional column, or integer times that look like seconds, is recorded in
-``TickData.notes`` as ``file: …``. A header without a time or a price column, or
+A missing optional column, a time unit other than ms, quotes read as their mid, or ms
+times within 1970-01-01 that might be seconds, is recorded in ``TickData.notes`` as
+``file: …``. A header without a time or a price column, or
 naming a used column twice, fails at once with ``file:1: …``.
 
 A file's rows may run oldest first or newest first (as some downloads write them): a
@@ -37,8 +38,8 @@ from ..errors import DataError, InputError
 from .csvformat import (
     SECONDS_HINT_MS,
     FileFormat,
-    delimiter_of,
     file_format,
+    leading_lines,
     not_utf8,
     parse_row,
     parse_time_ms,
@@ -143,12 +144,14 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             raise DataError(f"{path}: cannot open: {exc.strerror}", [f"{path}: cannot open"]) from None
         with fh:
             try:
-                delimiter = delimiter_of(fh.readline())
+                skipped, delimiter = leading_lines(fh)
             except (OSError, ValueError):
-                delimiter = ","
+                skipped, delimiter = 0, ","
             fh.seek(0)
             reader = csv.reader(fh, delimiter=delimiter)
             try:
+                for _ in range(skipped):
+                    next(reader)
                 header = next(reader)
             except StopIteration:
                 raise DataError(f"{path}: empty file (a header naming at least a time and a price column is required)",
@@ -159,8 +162,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            cols = file_format(path, header, delimiter, notes)
-            for _ in range(cols.header_rows - 1):
+            cols = file_format(path, header, delimiter, notes, skipped)
+            for _ in range(cols.header_rows - skipped - 1):
                 next(reader, None)  # yfinance's Ticker and Date lines
             formats.append(cols.describe(path))
             seconds_noted = False
@@ -209,7 +212,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                         price_all.append(price)
                         volume_all.append(volume)
                         code_all.append(code)
-                        if ts < SECONDS_HINT_MS and not seconds_noted and not cols.iso:
+                        if ts < SECONDS_HINT_MS and not seconds_noted and not cols.iso and cols.time_unit == "ms":
                             seconds_noted = True
                             day = datetime.fromtimestamp(ts / 1000, UTC).date()
                             notes.append(f"{path}:{reader.line_num}: {cols.time_name} {ts} read as ms since epoch is"
@@ -221,7 +224,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                     report.append(f"{path}:{reader.line_num}: unreadable row: {exc}")
             if cols.blank_volumes:
                 rows_word = "row" if cols.blank_volumes == 1 else "rows"
-                notes.append(f"{path}: {cols.blank_volumes} {rows_word} without a volume ({cols.volume_name} empty or '-');"
+                named = cols.volume_name + (f" or {cols.ask_volume_name}" if cols.ask_volume is not None else "")
+                notes.append(f"{path}: {cols.blank_volumes} {rows_word} without a volume ({named} empty or '-');"
                              " volume 0 used")
             if cols.newest_first:  # oldest first, as every market's series is kept (last_ts already holds the newest)
                 for column in (ts_all, price_all, volume_all, code_all):

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CerebellarNorseError
-from .csvformat import FileFormat
+from .csvformat import UNIT_WORDS, FileFormat
 from .data import CLASS_NAMES, MarketSeries, TickData
 
 SHOWN_BAD_ROWS = 10
@@ -79,9 +79,13 @@ def describe_format(f: FileFormat) -> list[str]:
     first = f"{f.path}: separator '{f.separator}', {lines}, rows {order}{numbers}"
     market = f"'{f.market}'" if f.market is not None else f"{f.default_market!r} for every row"
     volume = f"'{f.volume}'" if f.volume is not None else "none (0)"
+    if f.ask_volume is not None:
+        volume += f" + '{f.ask_volume}'"
+    price = f"'{f.price}'" + (f" and '{f.ask}' (mid)" if f.ask is not None else "")
     dates = f" ({f.dates})" if f.dates else ""
+    unit = f" ({UNIT_WORDS[f.time_unit]})" if f.time_unit not in (None, "ms") else ""
     time = f"'{f.time}'" if f.time else "the unnamed first column"
-    return [first, f"  time {time}{dates}, price '{f.price}', volume {volume}, market {market}"]
+    return [first, f"  time {time}{dates}{unit}, price {price}, volume {volume}, market {market}"]
 
 
 def format_text(data: TickData, labels: dict[str, Any]) -> str:

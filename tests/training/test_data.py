@@ -68,12 +68,13 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
     path = write(tmp_path, "Date,Open,Volume\n2020-01-02,1,2\n")
     with pytest.raises(DataError) as exc:
         load_csv_files([path])
-    msg = f"{path}:1: no price column (expected one of price, close, last, mid, adj close, adj_close); header is Date,Open,Volume"
+    msg = f"{path}:1: no price column (expected one of price, close, last, mid, adj close, adj_close, or a bid and an ask column); header is Date,Open,Volume"
     assert str(exc.value) == msg and exc.value.report == [msg]
     path = write(tmp_path, "Symbol,Close\nA,1\n")
     with pytest.raises(DataError) as exc:
         load_csv_files([path])
-    assert str(exc.value) == (f"{path}:1: no time column (expected one of timestamp, time, date, datetime, date_time, gmt time, utc time);"
+    assert str(exc.value) == (f"{path}:1: no time column (expected one of timestamp, unix, time, date, datetime, date_time, gmt time, utc time,"
+                              " local time, open time, open_time);"
                               " header is Symbol,Close")
 
 
@@ -252,12 +253,39 @@ def test_bom_before_the_header_is_ignored(tmp_path: Path) -> None:
         assert data.report == [] and data.markets[0].timestamp.tolist() == [T0]
 
 
-def test_times_that_look_like_seconds_get_a_note(tmp_path: Path) -> None:
-    path = write(tmp_path, "Timestamp,Symbol,Price,Vol\n1640995200,A,1,0\n1640995201,A,2,0\n")
+def test_times_early_on_1970_01_01_as_ms_get_a_note(tmp_path: Path) -> None:
+    path = write(tmp_path, "Timestamp,Symbol,Price,Vol\n99999000,A,1,0\n99999001,A,2,0\n")
     data = load_csv_files([path])
-    assert data.markets[0].timestamp.tolist() == [1640995200, 1640995201]  # read as ms, as documented
-    assert data.notes == [f"{path}:2: Timestamp 1640995200 read as ms since epoch is 1970-01-19;"
+    assert data.markets[0].timestamp.tolist() == [99999000, 99999001]  # below 1e8: ms, as documented
+    assert data.notes == [f"{path}:2: Timestamp 99999000 read as ms since epoch is 1970-01-02;"
                           " if the file's times are seconds, multiply them by 1000"]
+
+
+UNIT_FILES = {  # the unit of numeric times, from the file's first time: (first two times, unit word)
+    "seconds": (("1640995200", "1640995201.25"), "seconds"),
+    "seconds as floats": (("1640995200.0", "1.640995201e9"), "seconds"),
+    "µs": (("1640995200000000", "1640995201250999"), "µs"),
+    "ns": (("1640995200000000000", "1640995201250999999"), "ns"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNIT_FILES))
+def test_numeric_times_are_read_in_the_unit_their_first_value_shows(tmp_path: Path, kind: str) -> None:
+    (first, second), word = UNIT_FILES[kind]
+    path = write(tmp_path, f"unix,Symbol,Price,Vol\n{first},A,1,0\n{second},A,2,0\n")
+    data = load_csv_files([path])
+    assert data.markets[0].timestamp.tolist() == [T0, T0 + (1000 if kind == "seconds as floats" else 1250)]
+    assert data.notes == [f"{path}: unix read as {word} since the epoch (the first, {first}, is 2022-01-01 00:00:00 UTC)"]
+    assert data.formats[0].time_unit == {"seconds": "s", "seconds as floats": "s"}.get(kind, kind)
+
+
+def test_a_time_of_another_unit_in_a_seconds_file_is_a_bad_row(tmp_path: Path) -> None:
+    rows = "".join(f"{1640995200 + k},A,{100 + k % 3},1\n" for k in range(300))
+    path = write(tmp_path, f"timestamp,market_id,price,volume\n{rows}{T0 + 400_000},A,1,1\n1640995600,A,1,x1\n")
+    data = load_csv_files([path])
+    assert data.report == [f"{path}:302: timestamp '{T0 + 400_000}' read as seconds since epoch (the file's unit) is not"
+                           " in 1970-01-01 .. 2100-01-01", f"{path}:303: volume 'x1' is not a number"]
+    assert data.ticks == 300 and data.markets[0].timestamp[-1] == T0 + 299_000
 
 
 def test_bytes_that_are_not_utf8_cost_only_their_row(tmp_path: Path) -> None:
@@ -622,6 +650,62 @@ def test_dukascopy_export_with_day_first_dotted_dates(tmp_path: Path) -> None:
     data = load_csv_files([path])
     assert data.report == [] and data.markets[0].timestamp.tolist() == [utc_ms(2020, 1, 1, 22), utc_ms(2020, 1, 13, 22)]
     assert f"{path}: Gmt time: dates read as day/month/year" in data.notes
+
+
+def test_dotted_dates_that_do_not_show_the_order_are_day_first(tmp_path: Path) -> None:
+    path = write(tmp_path, "Gmt time,Close\n02.01.2020 00:00:00.000,1\n03.01.2020 00:00:01.500,2\n")
+    data = load_csv_files([path])
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 3) + 1500]
+    assert f"{path}: Gmt time: dates read as day/month/year" in data.notes
+
+
+def test_dukascopy_local_times_with_a_gmt_offset(tmp_path: Path) -> None:
+    path = write(tmp_path, "Local time,Open,High,Low,Close,Volume\n02.01.2020 00:00:00.000 GMT+0100,1,1,1,1.5,2\n"
+                           "02.01.2020 01:00:00.000 GMT-0530,1,1,1,1.6,3\n03.01.2020 00:00:00.000 UTC,1,1,1,1.7,3\n")
+    data = load_csv_files([path])
+    assert data.report == []
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 1, 1, 23), utc_ms(2020, 1, 2, 6) + 1_800_000,
+                                                  utc_ms(2020, 1, 3)]
+
+
+def test_quotes_are_read_as_the_mid_of_bid_and_ask_with_both_sides_volumes(tmp_path: Path) -> None:
+    path = write(tmp_path, "Gmt time,Ask,Bid,AskVolume,BidVolume\n02.01.2020 00:00:00.123,1.12110,1.12100,1.5,2.25\n"
+                           "02.01.2020 00:00:00.500,1.12120,1.12100,,0.75\n02.01.2020 00:00:01.000,1.1213,0,1,1\n"
+                           "02.01.2020 00:00:02.000,1.1213,1.1212,1,-1\n", "EURUSD_Ticks.csv")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    (m,) = data.markets
+    assert m.market_id == "EURUSD_Ticks" and m.timestamp.tolist() == [utc_ms(2020, 1, 2) + 123, utc_ms(2020, 1, 2) + 500]
+    assert m.price.tolist() == [0.5 * (1.12110 + 1.12100), 0.5 * (1.12120 + 1.12100)] and m.volume.tolist() == [3.75, 0.75]
+    assert data.report == [f"{path}:4: Bid 0.0 is not > 0", f"{path}:5: BidVolume -1.0 is negative"]
+    assert f"{path}: price is the mid of 'Bid' and 'Ask'" in data.notes
+    assert f"{path}: volume is 'BidVolume' + 'AskVolume'" in data.notes
+    assert f"{path}: 1 row without a volume (BidVolume or AskVolume empty or '-'); volume 0 used" in data.notes
+    f = data.formats[0]
+    assert (f.price, f.ask, f.volume, f.ask_volume) == ("Bid", "Ask", "BidVolume", "AskVolume")
+
+
+def test_a_price_column_is_used_before_bid_and_ask_and_one_side_is_not_enough(tmp_path: Path) -> None:
+    path = write(tmp_path, "time,bid,ask,price,volume\n2022-01-01,1,3,7,1\n")
+    data = load_csv_files([path])
+    assert data.markets[0].price.tolist() == [7.0] and data.formats[0].ask is None
+    path = write(tmp_path, "time,bid,bid size\n2022-01-01,1,3\n")
+    with pytest.raises(DataError, match=r"no price column \(expected one of .*, or a bid and an ask column\)"):
+        load_csv_files([path])
+
+
+def test_a_site_name_above_the_header_is_skipped(tmp_path: Path) -> None:
+    path = write(tmp_path, "https://www.CryptoDataDownload.com\nunix,date,symbol,open,high,low,close,Volume BTC,Volume USDT\n"
+                           "1577923200000,2020-01-02 00:00:00,BTC/USDT,1,1,1,7200.5,10.5,75600\n"
+                           "1577836800000,2020-01-01 00:00:00,BTC/USDT,1,1,1,7100.25,11,78100\n", "Binance_BTCUSDT_d.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert m.market_id == "BTC/USDT" and m.timestamp.tolist() == [utc_ms(2020, 1, 1), utc_ms(2020, 1, 2)]
+    assert m.price.tolist() == [7100.25, 7200.5] and m.volume.tolist() == [11.0, 10.5]
+    assert data.notes == [f"{path}: volume from 'Volume BTC'", f"{path}: 1 line before the header skipped",
+                          f"{path}: rows run newest first; read in reverse"]
+    assert data.formats[0].header_lines == 2 and data.formats[0].time == "unix"
+    bad = write(tmp_path, "title\n\nDate,Close\n2020-01-02,x\n2020-01-03,1\n", "bad.csv")
+    assert load_csv_files([bad], max_bad_fraction=0.5).report == [f"{bad}:4: Close 'x' is not a number"]
 
 
 def test_day_first_slash_dates_with_times_are_read_when_the_column_shows_the_order(tmp_path: Path) -> None:

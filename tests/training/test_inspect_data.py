@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,13 +55,27 @@ def test_json_holds_the_formats_markets_and_report(data_dir: Path, capsys: pytes
     assert main(["inspect-data", "SPX.csv", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     (f,) = d["files"]
-    assert f == {"path": str(data_dir / "SPX.csv"), "separator": ",", "header_lines": 1, "time": "Date",
-                 "dates": "month/day/year", "price": "Price", "volume": "Vol.", "market": None, "default_market": "SPX",
-                 "newest_first": True, "decimal_comma": False}
+    assert f == {"path": str(data_dir / "SPX.csv"), "separator": ",", "header_lines": 1, "time": "Date", "time_unit": None,
+                 "dates": "month/day/year", "price": "Price", "ask": None, "volume": "Vol.", "ask_volume": None,
+                 "market": None, "default_market": "SPX", "newest_first": True, "decimal_comma": False}
     assert (d["rows"], d["bad_rows"], d["ticks"], d["report"]) == (3, 0, 3, [])
     assert d["markets"] == [{"market_id": "SPX", "ticks": 3, "first": "2020-01-10T00:00:00Z", "last": "2020-01-15T00:00:00Z",
                              "median_gap_ms": 216_000_000.0}]
     assert d["training"] == {"refused": "no market has enough ticks (need more than 38 per market)"}
+
+
+def test_quotes_with_times_in_seconds(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (data_dir / "quotes.csv").write_text("time,sym,bid,ask,bid size,ask size\n1700000000.5,X,1,2,3,4\n1700000001,X,2,3,1,0\n")
+    assert main(["inspect-data", "quotes.csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "  time 'time' (seconds), price 'bid' and 'ask' (mid), volume 'bid size' + 'ask size', market 'sym'"
+    assert out[out.index("notes:") + 1:out.index("notes:") + 4] == [
+        f"  {data_dir / 'quotes.csv'}: price is the mid of 'bid' and 'ask'",
+        f"  {data_dir / 'quotes.csv'}: volume is 'bid size' + 'ask size'",
+        f"  {data_dir / 'quotes.csv'}: time read as seconds since the epoch (the first, 1700000000.5, is 2023-11-14 22:13:20 UTC)"]
+    assert main(["inspect-data", "quotes.csv", "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)["files"][0]
+    assert (f["time_unit"], f["price"], f["ask"], f["volume"], f["ask_volume"]) == ("s", "bid", "ask", "bid size", "ask size")
 
 
 def test_the_labels_training_would_see(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,3 +100,17 @@ def test_a_load_that_fails_exits_1_naming_the_problem(data_dir: Path, capsys: py
     assert "bad.csv:1: no time column (expected one of timestamp" in err and "header is Symbol,Close" in err
     assert main(["inspect-data", "missing.csv"]) == 1
     assert "'missing.csv' does not exist in the data dir" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(data_dir: Path) -> None:
+    """``inspect-data … | head``: the command stops with 141 (as a shell reports SIGPIPE), without a traceback."""
+    rows = "".join(f"{1_700_000_000_000 + k},M{k:05d},{1 + k % 7},1\n" for k in range(4000))
+    (data_dir / "many.csv").write_text("timestamp,market_id,price,volume\n" + rows)
+    proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "inspect-data", "many.csv"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().decode().startswith(f"{data_dir / 'many.csv'}: separator ','")
+    proc.stdout.close()  # the reader goes away with 4,000 market lines (over 64 KiB) still to come
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
