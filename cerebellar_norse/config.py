@@ -39,7 +39,9 @@ N_CLASSES = 3  # down, flat, up
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+    # strict: a TOML value of the wrong type ("512" for an integer, "no" or 0 for a boolean) is refused, never
+    # converted (an integer is still a float); paths are read from strings.
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True, strict=True)
 
 
 def no_nul(path: Path | None) -> Path | None:
@@ -220,7 +222,7 @@ class LoggingConfig(_Section):
     """Logs (section ``[logging]``)."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="Lowest level logged.")
-    file: Path | None = Field(None, description="Also write JSON lines here (e.g. /var/log/cerebellar-norse/application.log).")
+    file: Path | None = Field(None, strict=False, description="Also write JSON lines here (e.g. /var/log/cerebellar-norse/application.log).")
     max_files: int = Field(30, ge=1, le=10_000, description="Rotated log files kept.")
     max_size: ByteSize = Field(ByteSize(100_000_000), description='Size at which the log file rotates, e.g. "100MB".')
     compression: Literal["gzip", "none"] = Field("gzip", description="Compression of rotated files.")
@@ -237,10 +239,10 @@ class PathsConfig(_Section):
     """Where state and data live (section ``[paths]``)."""
 
     state_dir: Path = Field(
-        default_factory=lambda: Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0] or "./var"),
+        default_factory=lambda: Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0] or "./var"), strict=False,
         description="Models, market state, recordings ($STATE_DIRECTORY under systemd, else ./var).",
     )
-    data_dir: Path = Field(Path("/data/training"), description="Training CSV files.")
+    data_dir: Path = Field(Path("/data/training"), strict=False, description="Training CSV files.")
 
     _paths = field_validator("state_dir", "data_dir")(no_nul)
 
@@ -368,6 +370,16 @@ def consistency_problems(cfg: Config) -> list[ConfigProblem]:
 # ---------------------------------------------------------------------------
 
 
+# The fix named for a value of the wrong type (pydantic's error type -> what to write).
+_TYPE_FIXES = {
+    "int_type": "write a whole number without quotes (e.g. 512)",
+    "int_from_float": "write a whole number without quotes or a decimal point (e.g. 512)",
+    "float_type": "write a number without quotes (e.g. 2.5)",
+    "bool_type": "write true or false, without quotes",
+    "string_type": "write it in quotes",
+}
+
+
 def _pydantic_problems(err: ValidationError, prefix: str = "") -> list[ConfigProblem]:
     out = []
     for e in err.errors():
@@ -383,7 +395,7 @@ def _pydantic_problems(err: ValidationError, prefix: str = "") -> list[ConfigPro
             got = e.get("input")
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
             msg = e["msg"].removeprefix("Value error, ")
-            out.append(ConfigProblem(key, f"{msg}{shown}", "see the configuration reference in README.md"))
+            out.append(ConfigProblem(key, f"{msg}{shown}", _TYPE_FIXES.get(etype, "see the configuration reference in README.md")))
     return out
 
 

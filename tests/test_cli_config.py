@@ -47,6 +47,8 @@ SCHEMA_CASES = [
     ("bad-byte-size", '[performance]\nmemory_pool_size = "20 parsecs"\n', "performance.memory_pool_size", "20 parsecs"),
     ("section-not-a-table", "neural = 5\n[server]\nport = 8080\n", "neural", "must be a table"),
     ("lif-reset-above-threshold", "[neural.purkinje]\nv_reset = 1.5\n", "neural.purkinje", "v_reset"),
+    ("batch-size-in-quotes", '[performance]\nbatch_size = "512"\n', "performance.batch_size", "without quotes"),
+    ("switch-in-quotes", '[debug]\nrecord_requests = "off"\n', "debug.record_requests", "write true or false"),
 ]
 
 
@@ -60,6 +62,7 @@ def test_validate_only_rejects_schema_problem(run_cli: CliRunner, write_toml: Ca
     assert any(fragment in line for line in problem_lines), proc.stderr
     assert str(path) in proc.stderr
     assert "schema OK" not in proc.stdout
+    assert proc.stderr.splitlines()[-1].startswith(f"cerebellar-norse: {path}: 1 problem(s) found"), proc.stderr
 
 
 def test_toml_syntax_error_names_the_line(run_cli: CliRunner, write_toml: Callable[[str], Path]) -> None:

@@ -134,6 +134,32 @@ def test_every_problem_is_reported_at_once() -> None:
     assert sorted(problem_keys(info.value)) == ["performance.device", "server.colour", "server.port"]
 
 
+WRONG_TYPES = {  # a TOML value of the wrong type is refused, never converted: (section, key, value, fix)
+    "integer in quotes": ("performance", "batch_size", "512", "write a whole number without quotes (e.g. 512)"),
+    "integer as a float": ("server", "port", 8080.0, "write a whole number without quotes (e.g. 512)"),
+    "boolean in quotes": ("performance", "memory_pool_enabled", "yes", "write true or false, without quotes"),
+    "'false' in quotes": ("debug", "record_requests", "false", "write true or false, without quotes"),
+    "boolean as a number": ("performance", "memory_pool_enabled", 0, "write true or false, without quotes"),
+    "number in quotes": ("neural", "readout_scale", "2.5", "write a number without quotes (e.g. 2.5)"),
+    "text as a number": ("server", "host", 127, "write it in quotes"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WRONG_TYPES))
+def test_a_value_of_the_wrong_type_is_refused_with_what_to_write(kind: str) -> None:
+    section, key, value, fix = WRONG_TYPES[kind]
+    with pytest.raises(ConfigError) as info:
+        cfg_with({section: {key: value}})
+    (problem,) = info.value.problems
+    assert problem.key == f"{section}.{key}" and f"(got {value!r})" in problem.message and problem.fix == fix
+
+
+def test_an_integer_is_a_float_and_paths_are_text() -> None:
+    cfg = cfg_with({"neural": {"readout_scale": 3}, "paths": {"data_dir": "/tmp/d", "state_dir": "/tmp/s"},
+                    "logging": {"file": "/tmp/a.log"}})
+    assert cfg.neural.readout_scale == 3.0 and cfg.paths.data_dir == Path("/tmp/d") and cfg.logging.file == Path("/tmp/a.log")
+
+
 def test_top_level_key_that_should_be_a_table() -> None:
     with pytest.raises(ConfigError) as info:
         cfg_with({"server": 8080})
