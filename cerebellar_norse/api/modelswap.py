@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import CheckpointError, InputError
-from ..training.checkpoints import ModelStore, shape_mismatch
+from ..errors import CheckpointError, InputError, StorageError
+from ..training.checkpoints import ACTIVE, ModelStore, shape_mismatch
 from .deps import ServiceState
 
 log = logging.getLogger("cerebellar_norse.models")
@@ -22,6 +22,8 @@ def activate_version(state: ServiceState, store: ModelStore, version: str) -> No
 
     Runs on the event loop thread, where batches run, so the swap falls between two
     batches: every response is computed entirely with the old or the new weights.
+    ``models/ACTIVE`` is written before the swap: when it cannot be written
+    (:class:`~cerebellar_norse.errors.StorageError`, HTTP 503) the served model is unchanged.
     """
     if version not in store.versions():
         raise ModelNotFoundError(f"no stored model {version!r}", "version")
@@ -31,7 +33,16 @@ def activate_version(state: ServiceState, store: ModelStore, version: str) -> No
         raise CheckpointError(f"model {version} does not fit the running network ({', '.join(bad)} differ)", str(model.path))
     eng = state.engine
     old = eng.model_version
-    eng.set_weights(model.weights, model.version, reset_states=state.cfg.training.reset_state_on_swap)
-    store.set_active(model.version)
+    before = store.active_version()
+    try:  # first, so that a model served is always the one a restart serves
+        store.set_active(model.version)
+    except OSError as exc:
+        raise StorageError.from_os_error("cannot write", store.root / ACTIVE, exc) from None
+    try:
+        eng.set_weights(model.weights, model.version, reset_states=state.cfg.training.reset_state_on_swap)
+    except BaseException:
+        if before is not None:
+            store.set_active(before)
+        raise
     log.info("model activated", extra={"fields": {"model_version": model.version, "previous": old,
                                                    "reset_states": state.cfg.training.reset_state_on_swap}})

@@ -321,6 +321,25 @@ def test_activating_a_corrupt_or_unknown_model_is_refused(js: JobServer) -> None
     assert served_version(c) == current and js.store.active_version() == current
 
 
+def test_activation_that_cannot_write_active_changes_nothing(js: JobServer) -> None:
+    c = js.client
+    current = served_version(c)
+    assert current != VB
+    active = js.store.root / "ACTIVE"
+    saved = active.read_bytes()
+    active.unlink()
+    active.mkdir()  # models/ACTIVE cannot be replaced by a file
+    try:
+        r = c.post(f"/models/{VB}/activate", headers=AUTH)
+        assert r.status_code == 503, r.text
+        assert f"cannot write {active}" in r.json()["error"]["message"]
+        assert served_version(c) == current
+    finally:
+        active.rmdir()
+        active.write_bytes(saved)
+    assert js.store.active_version() == current
+
+
 def test_hot_swap_under_load_loses_no_request(js: JobServer) -> None:
     old = served_version(js.client)
     lanes, per_lane, swap_after = 3, 150, 60
