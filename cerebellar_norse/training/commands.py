@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, InputError, StorageError
 from ..neurons.topology import LAYERS, Weights
 from .checkpoints import (
     MANIFEST,
@@ -61,16 +61,47 @@ def _resolve(cfg: Config, files: list[str]) -> list[Path]:
     return paths
 
 
+def _activate_offline(cfg: Config, version: str | None) -> None:
+    """Name ``version`` the active model, holding the state dir's lock (None: only check that it is free).
+
+    A service running on the state dir would keep serving its model, and at its next start drop the market
+    state it saved for that model: InputError, naming how to activate the model through the service instead.
+    """
+    from ..engine.journal import StateDirLock
+
+    state_dir = Path(cfg.paths.state_dir)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        lock = StateDirLock(state_dir).acquire()
+    except OSError as exc:
+        raise StorageError.from_os_error("cannot create the state dir", state_dir, exc) from None
+    except StorageError as exc:
+        if exc.errno is not None:  # not writable: not a service's lock
+            raise
+        stored = f"model {version} is stored but not active" if version else "nothing was trained"
+        how = f"/models/{version or '<version>'}/activate"
+        raise InputError(f"--activate refused: {exc}; a running service keeps its market state only when it swaps the"
+                         f" model itself: {stored}; activate it through the service (curl -X POST -H \"Authorization:"
+                         f" Bearer $TOKEN\" http://{cfg.server.host}:{cfg.server.port}{how})") from None
+    try:
+        if version is not None:
+            ModelStore(Path(cfg.paths.state_dir)).set_active(version)
+    finally:
+        lock.release()
+
+
 def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool, as_json: bool,
               from_scratch: bool = False) -> int:
     """``cerebellar-norse train``: train offline on CSV files, score the test split, store the model."""
     from .jobs import run_training
     from .report import format_summary
 
+    if activate:
+        _activate_offline(cfg, None)  # refused before hours of training rather than after
     res = run_training(cfg, _resolve(cfg, files), epochs, _progress_printer(sys.stderr.isatty() and not as_json), None,
                        from_scratch=from_scratch)
     if activate:
-        ModelStore(Path(cfg.paths.state_dir)).set_active(res["model_version"])
+        _activate_offline(cfg, res["model_version"])
     res["activated"] = activate
     for w in res["warnings"]:
         print(f"warning: {w}", file=sys.stderr)

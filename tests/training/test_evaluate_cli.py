@@ -138,3 +138,21 @@ def test_evaluate_takes_the_training_base_rates_of_a_model_that_recorded_no_vali
     assert summary["base_rates_from"] == "the model's training data"
     train = np.asarray(model.metrics["data"]["train_class_counts"], dtype=np.float64)
     assert [summary["base_rates"][c] for c in ("down", "flat", "up")] == pytest.approx(list((train + 1) / (train.sum() + 3)))
+
+
+def test_activate_is_refused_while_a_service_holds_the_state_dir(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cerebellar_norse.engine.journal import StateDirLock
+
+    state = env / "state"
+    state.mkdir()
+    lock = StateDirLock(state).acquire()
+    try:
+        assert main(["train", "ticks.csv", "--epochs", "1", "--activate"]) == 1
+        err = capsys.readouterr().err
+        assert f"--activate refused: state dir {state} is in use by another cerebellar-norse process" in err
+        assert "nothing was trained" in err and "/models/<version>/activate" in err
+        assert ModelStore(state).versions() == [] and ModelStore(state).active_version() is None
+        assert main(["train", "ticks.csv", "--epochs", "1", "--json"]) == 0  # storing only is fine beside a service
+        assert ModelStore(state).active_version() is None
+    finally:
+        lock.release()
