@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from ..config import Config
 from ..errors import CerebellarNorseError, InputError
@@ -138,6 +138,13 @@ class JobStatus:
         d["loss"] = _finite(d["loss"])
         d["loss_history"] = [_finite(x) for x in d["loss_history"]]
         return d
+
+
+# Fields of a job record read back at start (besides job_id, state, files and created), and their types.
+_RECORD_FIELDS = ("progress", "epoch", "epochs", "loss", "loss_history", "validation", "model_version", "activated",
+                  "warnings", "error", "report", "validation_history", "active_model_validation", "ticks_per_second",
+                  "edge", "test")
+_JOB_RECORD = TypeAdapter(JobStatus)
 
 
 def compact_summary(summary: dict[str, Any]) -> dict[str, Any]:
@@ -337,11 +344,9 @@ class JobManager:
                 d = json.loads(p.read_text(encoding="utf-8"))
                 if not isinstance(d, dict):
                     raise ValueError(f"a job record is a JSON object, not {type(d).__name__}")
-                st = JobStatus(job_id=d["job_id"], state=d["state"], files=d.get("files", []))
-                for k in ("progress", "epoch", "epochs", "loss", "loss_history", "validation", "model_version", "activated",
-                          "warnings", "error", "report", "validation_history", "active_model_validation", "ticks_per_second", "edge", "test"):
-                    if k in d:
-                        setattr(st, k, d[k])
+                kept = {k: d[k] for k in _RECORD_FIELDS if k in d}
+                st = _JOB_RECORD.validate_python({"job_id": d["job_id"], "state": d["state"], "files": d.get("files", []),
+                                                  **kept})  # each field of its type: a record is read back as written
                 if d.get("created"):
                     st.created = calendar.timegm(time.strptime(d["created"], "%Y-%m-%dT%H:%M:%SZ"))
                 if st.state in ("queued", "running"):  # its service died with it: the job process died too
@@ -386,6 +391,8 @@ class JobManager:
     def get(self, job_id: str) -> JobStatus:
         """A job by id (``latest`` for the most recent)."""
         jid = self.latest if job_id == "latest" else job_id
+        if jid is None and job_id == "latest":
+            raise JobNotFoundError("no training job has run yet (start one with POST /training)", "job_id")
         if jid is None or jid not in self.jobs:
             raise JobNotFoundError(f"no training job {job_id!r}", "job_id")
         return self.jobs[jid]

@@ -215,7 +215,8 @@ def test_missing_data_file_is_404(js: JobServer) -> None:
 def test_unknown_job_is_404(js: JobServer) -> None:
     r = js.client.get("/training/status/nope", headers=AUTH)
     assert r.status_code == 404 and r.json()["error"]["field"] == "job_id"
-    assert js.client.get("/training/status/latest", headers=AUTH).status_code == 404  # no job yet
+    r = js.client.get("/training/status/latest", headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith("no training job has run yet")  # no job yet
     assert js.client.delete("/training/nope", headers=AUTH).status_code == 404
 
 
@@ -407,7 +408,9 @@ def test_auto_activation_needs_a_directional_edge(make_config: ConfigFactory) ->
 
 
 @pytest.mark.parametrize("text", ["[]", '{"job_id": 5, "state": "done", "created": 7}', "{", "[" * 50_000 + "]" * 50_000,
-                                  '{"job_id": "j1"}'])
+                                  '{"job_id": "j1"}', '{"job_id": "j2", "state": "succeeded", "loss_history": 5}',
+                                  '{"job_id": "j3", "state": "succeeded", "validation": [1]}',
+                                  '{"job_id": "j4", "state": "finished"}', '{"job_id": "j5", "state": "failed", "report": "x"}'])
 def test_a_damaged_job_record_is_skipped_not_fatal(make_config: ConfigFactory, caplog: pytest.LogCaptureFixture,
                                                    text: str) -> None:
     """The service reads every job record at start: a damaged one loses its history only, never the start."""
@@ -422,3 +425,4 @@ def test_a_damaged_job_record_is_skipped_not_fatal(make_config: ConfigFactory, c
         mgr = JobManager(cfg, lambda version: None, lambda loss: None)
     assert set(mgr.jobs) == {"good"}
     assert any("ignoring unreadable job record" in r.getMessage() and "bad.json" in r.getMessage() for r in caplog.records)
+    assert mgr.jobs["good"].as_dict()["state"] == "succeeded"  # what the status route answers
