@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -28,7 +29,7 @@ from ..observability.logging import setup_logging
 from ..observability.metrics import ServiceMetrics, engine_families
 from ..observability.ratelimit import SummaryLog
 from ..training.bootstrap import bootstrap_model
-from ..training.checkpoints import ModelStore
+from ..training.checkpoints import ModelStore, StoredModel
 from ..training.jobs import JobManager
 from .app import create_app
 from .deps import ServiceState
@@ -75,24 +76,35 @@ def build_engine(cfg: Config, device: str, weights: Weights | None, model_versio
     return Engine(cfg, weights, model_version)
 
 
-def load_model(cfg: Config, store: ModelStore) -> tuple[Weights | None, str]:
-    """The stored model to serve (training one first on a fresh state dir when enabled)."""
+def served_model(cfg: Config, store: ModelStore) -> StoredModel | None:
+    """The stored model to serve, or None for the untrained network (training one first on a fresh state dir when
+    enabled)."""
     model = store.load_for_service(cfg)
     if model is None and cfg.training.bootstrap_on_first_run:
         model = bootstrap_model(cfg, store)
     if model is None:
         log.warning("no trained model in the state dir: serving the untrained network of seed %d", cfg.neural.seed)
-        return None, ""
+        return None
     log.info("serving stored model", extra={"fields": {"model_version": model.version, "path": str(model.path)}})
-    return model.weights, model.version
+    return model
+
+
+def last_training_loss(jobs: JobManager, model: StoredModel | None) -> float | None:
+    """The training loss known at start: the latest job's, else that of the served model's last epoch (nats)."""
+    job = jobs.jobs.get(jobs.latest) if jobs.latest is not None else None
+    if job is not None and job.loss is not None and math.isfinite(job.loss):
+        return job.loss
+    history = model.metrics.get("history") if model is not None else None
+    last = history[-1].get("train_loss") if isinstance(history, list) and history and isinstance(history[-1], dict) else None
+    return float(last) if isinstance(last, (int, float)) and math.isfinite(last) else None
 
 
 def build_service(cfg: Config) -> ServiceState:
     """Engine, metrics, model store and jobs of a service (not yet ready: see :func:`make_app`)."""
     device = select_device(cfg)
     store = ModelStore(Path(cfg.paths.state_dir))
-    weights, version = load_model(cfg, store)
-    engine = build_engine(cfg, device, weights, version)
+    model = served_model(cfg, store)
+    engine = build_engine(cfg, device, model.weights if model else None, model.version if model else "")
     metrics = ServiceMetrics()
     engine.sinks.append(metrics.on_batch)
     metrics.add_source(engine_families(engine, device, _cuda_memory(device)))
@@ -104,6 +116,9 @@ def build_service(cfg: Config) -> ServiceState:
         log.error("model fallback: %s", reason)
     # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
     state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
+    loss = last_training_loss(state.jobs, model)
+    if loss is not None:
+        metrics.training_loss.set(loss)
     return state
 
 

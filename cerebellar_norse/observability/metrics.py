@@ -179,6 +179,24 @@ class RecentLatency:
         return {q: float(v[order][min(int(np.searchsorted(cum, q * total)), self.n - 1)]) for q in qs}
 
 
+class LatestValue:
+    """A gauge's value that is unknown until first set: exposed without a sample until then, never as 0."""
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+
+    def set(self, value: float) -> None:
+        """The latest value."""
+        self.value = float(value)
+
+    def family(self, name: str, documentation: str) -> GaugeMetricFamily:
+        """The gauge, with its one sample when a value is known."""
+        fam = GaugeMetricFamily(name, documentation)
+        if self.value is not None:
+            fam.add_metric([], self.value)
+        return fam
+
+
 class ServiceMetrics:
     """All metrics of one service instance, in its own registry."""
 
@@ -195,7 +213,7 @@ class ServiceMetrics:
         self.request_timeouts = Counter("cerebellar_norse_http_request_timeouts_total",
                                         "Requests cut off by server.request_timeout (408), by the part still missing "
                                         "(headers or body).", ["phase"], registry=r)
-        self.training_loss = Gauge("training_loss", "Latest training loss (cross-entropy) of the running or last job.", registry=r)
+        self.training_loss = LatestValue()
         self.stream_connections = Gauge("cerebellar_norse_stream_connections", "Open /neural/stream websockets.", registry=r)
         self._sources: list[Callable[[], Iterable[Metric]]] = []
         r.register(_CallbackCollector(self))
@@ -238,6 +256,8 @@ class _CallbackCollector(Collector):
         hist = self.m.processing
         lat.add_metric([], count_value=sum(hist.counts), sum_value=hist.sum)
         yield lat
+        yield self.m.training_loss.family("training_loss", "Latest training loss (cross-entropy, nats) of the running or "
+                                          "last job, or of the served model's training; no sample before any is known.")
         for source in self.m._sources:
             yield from source()
 

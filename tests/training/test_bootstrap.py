@@ -82,8 +82,8 @@ def test_a_stored_model_is_served_without_training_again(tmp_path: Path, monkeyp
         raise AssertionError("trained although a model is stored")
 
     monkeypatch.setattr(server_mod, "bootstrap_model", no_training)
-    weights, served = server_mod.load_model(cfg, store)
-    assert served == version and weights is not None
+    model = server_mod.served_model(cfg, store)
+    assert model is not None and model.version == version
 
     off = cfg.model_copy(update={"training": cfg.training.model_copy(update={"bootstrap_on_first_run": False})})
-    assert server_mod.load_model(off, ModelStore(tmp_path / "empty")) == (None, "")  # the untrained network
+    assert server_mod.served_model(off, ModelStore(tmp_path / "empty")) is None  # the untrained network

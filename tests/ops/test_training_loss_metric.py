@@ -1,0 +1,54 @@
+"""``training_loss``: no sample until a loss is known, then the latest; at start, the last job's or the served model's.
+
+A gauge at 0 before any training would read as a perfect loss, and its jump to the first
+real loss as a rising one (the shipped alert is ``deriv(training_loss[10m]) > 0``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from cerebellar_norse.api.server import build_service
+from cerebellar_norse.config import Config, load_config
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.observability.metrics import ServiceMetrics
+from cerebellar_norse.training.checkpoints import ModelStore
+
+SAMPLE = re.compile(r"^training_loss ([0-9.eE+-]+)$", re.M)
+
+
+def scraped(metrics: ServiceMetrics) -> str:
+    return generate_latest(metrics.registry).decode()
+
+
+def test_no_sample_until_a_loss_is_set() -> None:
+    m = ServiceMetrics()
+    text = scraped(m)
+    assert "# TYPE training_loss gauge" in text and SAMPLE.search(text) is None
+    m.training_loss.set(1.25)
+    assert SAMPLE.findall(scraped(m)) == ["1.25"]
+
+
+def _config(state: Path) -> Config:
+    return load_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(state),
+                                      "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false"})
+
+
+def test_at_start_the_served_model_s_last_epoch_loss_then_the_latest_job_s(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "state")
+    assert SAMPLE.search(scraped(build_service(cfg).metrics)) is None  # untrained network, no job: unknown
+
+    store = ModelStore(tmp_path / "state")
+    history = [{"epoch": 1, "train_loss": 1.09}, {"epoch": 2, "train_loss": 1.07}]
+    store.set_active(store.save(generate_weights(cfg), cfg, {"validation": {"loss": 1.0}, "history": history}))
+    assert SAMPLE.findall(scraped(build_service(cfg).metrics)) == ["1.07"]
+
+    jobs = tmp_path / "state" / "jobs"
+    jobs.mkdir()
+    (jobs / "j1.json").write_text(json.dumps({"job_id": "j1", "state": "succeeded", "loss": 0.98,
+                                              "created": "2026-11-25T10:00:00Z"}))
+    assert SAMPLE.findall(scraped(build_service(cfg).metrics)) == ["0.98"]
