@@ -76,10 +76,10 @@ def build_engine(cfg: Config, device: str, weights: Weights | None, model_versio
     return Engine(cfg, weights, model_version)
 
 
-def served_model(cfg: Config, store: ModelStore) -> StoredModel | None:
+def served_model(cfg: Config, store: ModelStore, usable: Callable[[StoredModel], object] | None = None) -> StoredModel | None:
     """The stored model to serve, or None for the untrained network (training one first on a fresh state dir when
-    enabled)."""
-    model = store.load_for_service(cfg)
+    enabled); a stored model for which ``usable`` raises is passed over (see :meth:`ModelStore.load_for_service`)."""
+    model = store.load_for_service(cfg, usable)
     if model is None and cfg.training.bootstrap_on_first_run:
         model = bootstrap_model(cfg, store)
     if model is None:
@@ -103,8 +103,15 @@ def build_service(cfg: Config) -> ServiceState:
     """Engine, metrics, model store and jobs of a service (not yet ready: see :func:`make_app`)."""
     device = select_device(cfg)
     store = ModelStore(Path(cfg.paths.state_dir))
-    model = served_model(cfg, store)
-    engine = build_engine(cfg, device, model.weights if model else None, model.version if model else "")
+    built: dict[str, Engine] = {}
+
+    def engine_of(m: StoredModel) -> None:  # a model whose engine cannot be built is not served
+        built[m.version] = build_engine(cfg, device, m.weights, m.version)
+
+    model = served_model(cfg, store, engine_of)
+    engine = built.get(model.version) if model is not None else None
+    if engine is None:  # the untrained network, or a model just trained on first run
+        engine = build_engine(cfg, device, model.weights if model else None, model.version if model else "")
     metrics = ServiceMetrics()
     engine.sinks.append(metrics.on_batch)
     metrics.add_source(engine_families(engine, device, _cuda_memory(device)))

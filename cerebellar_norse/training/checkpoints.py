@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def weights_to_bytes(w: Weights) -> bytes:
 
 
 def weights_from_bytes(data: bytes, where: str) -> Weights:
-    """Deserialise and shape-check weights written by :func:`weights_to_bytes`."""
+    """Deserialise and verify weights written by :func:`weights_to_bytes` (CheckpointError naming ``where``)."""
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -70,19 +71,60 @@ def weights_from_bytes(data: bytes, where: str) -> Weights:
     missing = [k for k in (*WEIGHT_FIELDS, "golgi_init") if k not in arrays]
     if missing:
         raise CheckpointError(f"weights lack {', '.join(missing)}", where)
+    for k in (*HEAD_FIELDS, "golgi_init"):
+        if k in arrays and not _is_real_float(arrays[k]):
+            raise CheckpointError(f"{k} has dtype {arrays[k].dtype}, expected a floating-point type", where)
+    if arrays["golgi_init"].size != 1:
+        raise CheckpointError(f"golgi_init has shape {arrays['golgi_init'].shape}, expected one number", where)
     head = {k: np.asarray(arrays[k], dtype=np.float64) for k in HEAD_FIELDS if k in arrays}  # absent in older models: identity
-    w = Weights(**{k: arrays[k] for k in WEIGHT_FIELDS}, golgi_init=float(arrays["golgi_init"]), **head)
+    w = Weights(**{k: arrays[k] for k in WEIGHT_FIELDS}, golgi_init=float(arrays["golgi_init"].reshape(())), **head)
     check_weights(w, where)
     return w
 
 
+INDEX_FIELDS = ("mg_idx", "pf_pre", "pf_ptr", "pf_post", "pf_src")
+FLOAT_FIELDS = ("mg_w", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out", *HEAD_FIELDS)
+
+
 def check_weights(w: Weights, where: str) -> None:
-    """Shape, dtype and value checks of a weights object (CheckpointError naming the file)."""
+    """Shape, dtype, value and index checks of a weights object (CheckpointError naming ``where``).
+
+    The kernels index without bounds checks, so every index array is verified against
+    the arrays it indexes (G granule cells, M mossy fibres, P Purkinje cells, C inputs
+    per Purkinje cell, N DCN cells, K classes; all counts of cells or synapses):
+
+    * ``mg_idx`` (G, D): mossy fibres, ``0 <= mg_idx < M``, distinct within a granule cell;
+    * ``pf_pre`` (P, C): granule cells, ``0 <= pf_pre < G``, distinct within a Purkinje cell;
+    * ``pf_ptr`` (G + 1,): CSR row pointers, ``pf_ptr[0] == 0``, non-decreasing, ``pf_ptr[G] == P * C``;
+    * ``pf_src`` (P * C,): a permutation of ``0 … P*C - 1`` (flat positions in ``pf_w``), each
+      entry in the row of its own granule cell: ``pf_pre.flat[pf_src[e]] == g`` for
+      ``pf_ptr[g] <= e < pf_ptr[g + 1]``;
+    * ``pf_post`` (P * C,): ``0 <= pf_post < P`` and ``pf_post == pf_src // C`` (the Purkinje
+      cell of that synapse).
+
+    Messages name the array and its first bad position and value. Numpy only (vectorised):
+    a model of millions of synapses takes a fraction of a second.
+    """
+    for k in (*INDEX_FIELDS, *FLOAT_FIELDS):
+        a = getattr(w, k)
+        if not isinstance(a, np.ndarray):
+            raise CheckpointError(f"{k} is a {type(a).__name__}, expected an array", where)
+    for k in INDEX_FIELDS:
+        a = getattr(w, k)
+        if not np.issubdtype(a.dtype, np.integer):
+            raise CheckpointError(f"{k} has dtype {a.dtype}, expected an integer type (it holds indices)", where)
+    for k in FLOAT_FIELDS:
+        if not _is_real_float(getattr(w, k)):
+            raise CheckpointError(f"{k} has dtype {getattr(w, k).dtype}, expected a floating-point type", where)
+    for k in ("mg_idx", "pf_pre", "w_md", "w_out"):
+        if getattr(w, k).ndim != 2:
+            raise CheckpointError(f"{k} has shape {getattr(w, k).shape}, expected two dimensions", where)
     g, d = w.mg_idx.shape
     p, c = w.pf_pre.shape
     n, m = w.w_md.shape
+    nnz = p * c
     expect = {"mg_w": (g, d), "pf_w": (p, c), "pc_bias": (p,), "w_pd": (n, p), "dcn_bias": (n,), "pf_ptr": (g + 1,),
-              "pf_post": (p * c,), "pf_src": (p * c,)}
+              "pf_post": (nnz,), "pf_src": (nnz,)}
     for k, shape in expect.items():
         if getattr(w, k).shape != shape:
             raise CheckpointError(f"{k} has shape {getattr(w, k).shape}, expected {shape}", where)
@@ -91,15 +133,82 @@ def check_weights(w: Weights, where: str) -> None:
     for k in HEAD_FIELDS:
         if getattr(w, k).shape != (w.w_out.shape[0],):
             raise CheckpointError(f"{k} has shape {getattr(w, k).shape}, expected ({w.w_out.shape[0]},)", where)
-    for k in ("mg_w", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out", *HEAD_FIELDS):
-        if not np.all(np.isfinite(getattr(w, k))):
-            raise CheckpointError(f"{k} contains non-finite values", where)
-    if w.mg_idx.size and (w.mg_idx.min() < 0 or w.mg_idx.max() >= m):
-        raise CheckpointError("mg_idx out of range", where)
-    if w.pf_pre.size and (w.pf_pre.min() < 0 or w.pf_pre.max() >= g):
-        raise CheckpointError("pf_pre out of range", where)
-    if w.pf_ptr[0] != 0 or w.pf_ptr[-1] != p * c or np.any(np.diff(w.pf_ptr) < 0):
-        raise CheckpointError("pf_ptr is not a valid CSR row pointer", where)
+    for k in FLOAT_FIELDS:
+        bad = np.flatnonzero(~np.isfinite(getattr(w, k)))
+        if bad.size:
+            raise CheckpointError(f"{k} contains non-finite values (first {_at(k, getattr(w, k), int(bad[0]))})", where)
+    if not np.isfinite(w.golgi_init):
+        raise CheckpointError(f"golgi_init is {w.golgi_init}, expected a finite number", where)
+
+    mg_idx = _in_range("mg_idx", w.mg_idx, m, "mossy fibres (M, the columns of w_md)", where)
+    _distinct_rows("mg_idx", mg_idx, "granule cell", "mossy fibre", where)
+    pf_pre = _in_range("pf_pre", w.pf_pre, g, "granule cells (G, the rows of mg_idx)", where)
+    _distinct_rows("pf_pre", pf_pre, "Purkinje cell", "granule cell", where)
+
+    ptr = w.pf_ptr
+    if ptr[0] != 0:
+        raise CheckpointError(f"pf_ptr[0] = {ptr[0]}, expected 0 (CSR row pointers start at 0)", where)
+    if ptr[-1] != nnz:
+        raise CheckpointError(f"pf_ptr[{g}] = {ptr[-1]}, expected {nnz} (P * C parallel-fibre synapses)", where)
+    down = np.flatnonzero(ptr[1:] < ptr[:-1])
+    if down.size:
+        i = int(down[0]) + 1
+        raise CheckpointError(f"pf_ptr[{i}] = {ptr[i]} is less than pf_ptr[{i - 1}] = {ptr[i - 1]} "
+                              "(CSR row pointers never decrease)", where)
+    ptr = ptr.astype(np.int64)  # in [0, nnz] now
+
+    src = _in_range("pf_src", w.pf_src, nnz, "parallel-fibre synapses (P * C, the entries of pf_w)", where)
+    counts = np.bincount(src, minlength=nnz)
+    twice = np.flatnonzero(counts > 1)
+    if twice.size:
+        v = int(twice[0])
+        at = np.flatnonzero(src == v)
+        raise CheckpointError(f"pf_src names synapse {v} more than once (pf_src[{at[0]}] and pf_src[{at[1]}]); "
+                              "it must be a permutation of the parallel-fibre synapses", where)
+    post = _in_range("pf_post", w.pf_post, p, "Purkinje cells (P, the rows of pf_pre)", where)
+    bad = np.flatnonzero(post != src // c) if c else np.array([], dtype=np.int64)
+    if bad.size:
+        e = int(bad[0])
+        raise CheckpointError(f"pf_post[{e}] = {post[e]} but pf_src[{e}] = {src[e]} is a synapse of Purkinje cell "
+                              f"{src[e] // c}", where)
+    row = np.repeat(np.arange(g, dtype=np.int64), np.diff(ptr))
+    bad = np.flatnonzero(pf_pre.reshape(-1)[src] != row)
+    if bad.size:
+        e = int(bad[0])
+        raise CheckpointError(f"pf_src[{e}] = {src[e]} is a synapse of granule cell {pf_pre.reshape(-1)[src[e]]} "
+                              f"(pf_pre), but entry {e} lies in the CSR row of granule cell {row[e]} (pf_ptr)", where)
+
+
+def _is_real_float(a: np.ndarray) -> bool:
+    return isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.floating)
+
+
+def _at(name: str, a: np.ndarray, flat: int) -> str:
+    """``name[i, j] = value`` of the element at flat position ``flat``."""
+    pos = ", ".join(str(int(i)) for i in np.unravel_index(flat, a.shape))
+    return f"{name}[{pos}] = {a.reshape(-1)[flat]}"
+
+
+def _in_range(name: str, a: np.ndarray, hi: int, what: str, where: str) -> np.ndarray:
+    """``a`` as int64 after checking ``0 <= a < hi`` (CheckpointError naming the first index out of range)."""
+    bad = np.flatnonzero((a < 0) | (a >= hi))
+    if bad.size:
+        raise CheckpointError(f"{_at(name, a, int(bad[0]))} is out of range: there are {hi} {what}, "
+                              f"so 0 <= {name} < {hi}", where)
+    return a.astype(np.int64, copy=False)
+
+
+def _distinct_rows(name: str, a: np.ndarray, row_of: str, entry: str, where: str) -> None:
+    """Refuse a (rows, k) index array with a row that names the same ``entry`` twice."""
+    if a.shape[1] < 2:
+        return
+    s = np.sort(a, axis=1)
+    dup = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1))
+    if dup.size:
+        r = int(dup[0])
+        v = int(s[r, 1:][s[r, 1:] == s[r, :-1]][0])
+        raise CheckpointError(f"{name}[{r}] names {entry} {v} twice ({row_of} {r}); the entries of a row must differ",
+                              where)
 
 
 @dataclass(frozen=True)
@@ -208,12 +317,16 @@ class ModelStore:
         """Name ``version`` the active model (atomic)."""
         atomic_write_bytes(self.root / ACTIVE, (version + "\n").encode())
 
-    def load_for_service(self, cfg: Config) -> StoredModel | None:
+    def load_for_service(self, cfg: Config, usable: Callable[[StoredModel], object] | None = None) -> StoredModel | None:
         """The model to serve: the active one if valid, else the newest valid one; corrupt ones are refused (logged).
 
+        ``usable``, when given, is called with each verified candidate that fits ``cfg``
+        (e.g. to build the engine of it): when it raises, the model counts as unusable like
+        a corrupt one (logged with the reason) and the next one is tried.
+
         Sets :attr:`fallback` to the reason when ``ACTIVE`` names a model that is not the
-        one returned (missing, corrupt, or of another network shape), else None. Nothing
-        is deleted or rewritten: a corrupt model directory stays for inspection.
+        one returned (missing, corrupt, unusable, or of another network shape), else None.
+        Nothing is deleted or rewritten: a refused model directory stays for inspection.
         """
         self.clean_partial()
         self.fallback = None
@@ -238,6 +351,15 @@ class ModelStore:
                 if version == active:
                     self.fallback = f"active model {active} does not fit this config ({', '.join(bad)} differ)"
                 continue
+            if usable is not None:
+                try:
+                    usable(model)
+                except Exception as exc:  # whatever stops it being served: the next model is tried
+                    reason = f"{type(exc).__name__}: {exc}"
+                    log.error("refusing model %s: it cannot be served (%s)", version, reason)
+                    if version == active:
+                        self.fallback = f"active model {active} cannot be served ({reason})"
+                    continue
             return model
         return None
 

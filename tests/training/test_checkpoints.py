@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +26,12 @@ from cerebellar_norse.training.checkpoints import (
     MANIFEST,
     WEIGHT_FIELDS,
     ModelStore,
+    StoredModel,
+    check_weights,
     load_model_dir,
     parse_manifest,
     verify_tree,
+    weights_from_bytes,
 )
 from cerebellar_norse.training.commands import cmd_validate_model, cmd_verify_data
 
@@ -287,6 +292,125 @@ def test_verify_tree_reports_every_problem(cfg: Config, store: ModelStore) -> No
     assert ok == [f"{store.root / V1}: model {V1} OK"]
     assert len(problems) == 1 and str(store.root / V2 / "metrics.json") in problems[0]
     assert verify_tree(store.root / "nothing-here")[1]
+
+
+# --------------------------------------------------------------------------------------
+# Index arrays: the kernels read them without bounds checks, so a model must name real cells
+# --------------------------------------------------------------------------------------
+
+
+def _swap_rows(w: Weights) -> None:
+    """The first and last CSR entries (of different granule cells) trade places in pf_src and pf_post.
+
+    Every index stays in range and pf_src stays a permutation; only the rows no longer match pf_pre.
+    """
+    w.pf_src[[0, -1]] = w.pf_src[[-1, 0]]
+    w.pf_post[[0, -1]] = w.pf_post[[-1, 0]]
+
+
+def _set(name: str, value: object, at: object = slice(None)) -> Callable[[Weights], None]:
+    def apply(w: Weights) -> None:
+        getattr(w, name)[at] = value
+    return apply
+
+
+def _retype(name: str, dtype: type) -> Callable[[Weights], None]:
+    def apply(w: Weights) -> None:
+        setattr(w, name, getattr(w, name).astype(dtype))
+    return apply
+
+
+# (array named in the message, words of the message, change): one case per invariant the kernels rely on
+BAD_INDICES: dict[str, tuple[str, str, Callable[[Weights], None]]] = {
+    "mg_idx past the mossy fibres": ("mg_idx[3, 1] = 12 ", "0 <= mg_idx < 12", _set("mg_idx", 12, (3, 1))),
+    "mg_idx negative": ("mg_idx[0, 0] = -1 ", "out of range", _set("mg_idx", -1, (0, 0))),
+    "mg_idx repeated in a row": ("mg_idx[5]", "twice", lambda w: w.mg_idx.__setitem__((5, 1), w.mg_idx[5, 0])),
+    "mg_idx of floats": ("mg_idx", "integer type", _retype("mg_idx", np.float64)),
+    "pf_pre past the granule cells": ("pf_pre[2, 4] = 64 ", "0 <= pf_pre < 64", _set("pf_pre", 64, (2, 4))),
+    "pf_pre repeated in a row": ("pf_pre[1]", "twice", lambda w: w.pf_pre.__setitem__((1, 3), w.pf_pre[1, 2])),
+    "pf_ptr not from 0": ("pf_ptr[0] = 1", "expected 0", _set("pf_ptr", 1, 0)),
+    "pf_ptr not to P*C": ("pf_ptr[64] = 95", "expected 96", _set("pf_ptr", 95, -1)),
+    "pf_ptr decreasing": ("pf_ptr[", "never decrease", _set("pf_ptr", 10**9, 7)),
+    "pf_ptr of floats": ("pf_ptr", "integer type", _retype("pf_ptr", np.float32)),
+    "pf_post far out": ("pf_post[0] = 1073741824 ", "0 <= pf_post < 6", _set("pf_post", 2**30)),
+    "pf_post negative": ("pf_post[9] = -1 ", "out of range", _set("pf_post", -1, 9)),
+    "pf_post not the synapse's cell": ("pf_post[4] = ", "is a synapse of Purkinje cell",
+                                       lambda w: w.pf_post.__setitem__(4, (w.pf_post[4] + 1) % 6)),
+    "pf_src far out": ("pf_src[0] = 1000000000 ", "0 <= pf_src < 96", _set("pf_src", 10**9)),
+    "pf_src negative": ("pf_src[3] = -2 ", "out of range", _set("pf_src", -2, 3)),
+    "pf_src repeated": ("pf_src", "more than once", lambda w: w.pf_src.__setitem__(1, w.pf_src[0])),
+    "pf_src in another granule cell's row": ("pf_src[0]", "CSR row of granule cell", _swap_rows),
+    "pf_src of unsigned 64-bit": ("pf_src[0] = 18446744073709551615", "out of range",
+                                  lambda w: setattr(w, "pf_src", np.full(w.pf_src.shape, 2**64 - 1, dtype=np.uint64))),
+    "mg_idx of one dimension": ("mg_idx", "two dimensions", lambda w: setattr(w, "mg_idx", w.mg_idx.reshape(-1))),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INDICES.values(), ids=BAD_INDICES.keys())
+def test_index_arrays_are_range_and_consistency_checked(cfg: Config, case: tuple[str, str, Callable[[Weights], None]]) -> None:
+    named, words, change = case
+    w = generate_weights(cfg)
+    check_weights(w, "generated")  # the generated network is valid
+    change(w)
+    with pytest.raises(CheckpointError) as exc:
+        check_weights(w, "crafted")
+    message = str(exc.value)
+    assert message.startswith("crafted: ") and named in message and words in message, message
+
+
+def test_a_model_with_bad_indices_is_refused_on_load_and_the_previous_served(cfg: Config, store: ModelStore,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Saved with correct checksums (anyone can write a manifest): the load still refuses it, naming the array."""
+    store.save(generate_weights(cfg), cfg, METRICS, version=V1)
+    crafted = generate_weights(cfg)
+    crafted.pf_src[:] = 10**9
+    store.save(crafted, cfg, METRICS, version=V2)
+    with pytest.raises(CheckpointError, match=r"pf_src\[0\] = 1000000000 is out of range") as exc:
+        store.load(V2)
+    assert exc.value.path == str(store.root / V2 / "weights.npz")
+    store.set_active(V2)
+    with caplog.at_level(logging.ERROR, logger="cerebellar_norse.models"):
+        model = store.load_for_service(cfg)
+    assert model is not None and model.version == V1
+    assert store.fallback is not None and "pf_src" in store.fallback
+    assert cmd_validate_model(str(store.root / V2)) == 1
+
+
+@pytest.mark.parametrize("arrays", [{"golgi_init": np.zeros(3)}, {"golgi_init": np.array("x")},
+                                    {"head_gain": np.array(["1", "1", "1"])}, {"golgi_init": np.array(np.inf)}],
+                         ids=["golgi_init of three", "golgi_init text", "head_gain text", "golgi_init infinite"])
+def test_scalars_and_heads_of_the_wrong_type_are_refused(cfg: Config, arrays: dict[str, np.ndarray]) -> None:
+    w = generate_weights(cfg)
+    good = {k: getattr(w, k) for k in (*WEIGHT_FIELDS, "head_gain", "head_bias")}
+    buf = io.BytesIO()
+    np.savez(buf, **{**good, "golgi_init": np.array(w.golgi_init), **arrays})
+    with pytest.raises(CheckpointError) as exc:
+        weights_from_bytes(buf.getvalue(), "weights.npz")
+    assert next(iter(arrays)) in str(exc.value)
+
+
+def test_a_model_that_cannot_be_served_falls_back_to_the_next(cfg: Config, store: ModelStore,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """``usable`` (the caller building its engine) raising makes that model unusable, like a corrupt one."""
+    w = generate_weights(cfg)
+    for k, v in enumerate((V1, V2, V3)):
+        store.save(perturbed(w, 0.1 * k), cfg, METRICS, version=v)
+    store.set_active(V2)
+    tried: list[str] = []
+
+    def build(model: StoredModel) -> None:
+        tried.append(model.version)
+        if model.version != V1:
+            raise IndexError(f"index 1000000000 is out of bounds ({model.version})")
+
+    with caplog.at_level(logging.ERROR, logger="cerebellar_norse.models"):
+        model = store.load_for_service(cfg, usable=build)
+    assert model is not None and model.version == V1 and tried == [V2, V3, V1]
+    assert store.fallback == f"active model {V2} cannot be served (IndexError: index 1000000000 is out of bounds ({V2}))"
+    assert [r.getMessage() for r in caplog.records if "cannot be served" in r.getMessage()] == [
+        f"refusing model {v}: it cannot be served (IndexError: index 1000000000 is out of bounds ({v}))" for v in (V2, V3)]
+    assert store.load_for_service(cfg, usable=lambda m: None).version == V2  # type: ignore[union-attr]
+    assert store.fallback is None
 
 
 # --------------------------------------------------------------------------------------
