@@ -82,6 +82,7 @@ def test_production_config_loads_with_operations_guide_values() -> None:
     assert cfg.neural.granule_size == 4_000_000
     assert cfg.neural.learning_rate == 0.0001
     assert cfg.training.gradient_checkpointing is True
+    assert cfg.training.bootstrap_on_first_run is False  # never a model trained on generated data in production
     assert (cfg.server.worker_threads, cfg.server.connection_timeout, cfg.server.keep_alive_timeout) == (16, 30, 75)
     assert cfg.server.max_connections == 10_000
     assert (cfg.logging.max_files, int(cfg.logging.max_size), cfg.logging.compression) == (30, 100 * 10**6, "gzip")
