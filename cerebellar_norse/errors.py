@@ -123,6 +123,10 @@ class MarketMovingError(CapacityError):
         super().__init__(message, retry_after_s)
 
 
+class StartupError(CerebellarNorseError):
+    """The service cannot start serving (its port cannot be bound); start-up exits 1 with this one line."""
+
+
 class EngineFatalError(CerebellarNorseError):
     """The engine or its device cannot continue (backend failed, device lost)."""
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..engine.journal import Durability, StateDirLock
     from ..training.checkpoints import ModelStore
     from ..training.jobs import JobManager
+    from .starting import StartingResponder
 
 # Keys this service adds to the ASGI scope of an HTTP request.
 SCOPE_ROUTE = "cerebellar_norse.route"  # route label of the request metrics (set by the hot path)
@@ -59,6 +60,7 @@ class ServiceState:
     jobs: JobManager | None = None
     degraded: dict[str, str] | None = None  # serving a fallback model: its version and why
     server: uvicorn.Server | None = None
+    starting: StartingResponder | None = None  # answers 503 on the port until uvicorn serves it (serve() only)
     config_path: str | None = None  # the TOML file a SIGHUP reloads (None: the built-in default)
     state_lock: StateDirLock | None = None
     state_prepared: bool = False

@@ -46,6 +46,7 @@ from .lifecycle import (
 from .modelswap import activate_version
 from .protocol import guarded_protocol
 from .routes import training as training_routes
+from .starting import StartingResponder, bind_listener
 
 log = logging.getLogger("cerebellar_norse.server")
 
@@ -139,9 +140,13 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             ThreadPoolExecutor(max_workers=state.cfg.server.worker_threads, thread_name_prefix="cerebellar-norse-worker"))
         if restore:
             prepare_state(state)  # done by serve() before the socket opens; here for an app run by other means
+        if state.starting is not None:
+            state.starting.reason = "warming up the kernels"
         eng.warm_up()  # scratch ticks: no records reach the metrics
         state.ready = True
         state.not_ready_reason = ""
+        if state.starting is not None:  # uvicorn serves the socket right after this startup
+            state.starting.stop()
         log.info("service ready", extra={"fields": {"model_version": eng.model_version, "device": state.device,
                                                      "markets": eng.pool.used, "host": state.cfg.server.host,
                                                      "port": state.cfg.server.port}})
@@ -239,14 +244,28 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
     setup_logging(cfg.logging)
     check_exposure(cfg)
     lock = check_state_dir(cfg)  # unwritable or in use: start-up fails with one line on stderr, exit code 1
+    sock = bind_listener(cfg.server.host, cfg.server.port)  # port taken: the same, before anything else starts
+    starting = StartingResponder(sock).start()  # 503 on the port until the app serves it
     try:
+        starting.reason = "loading the model" + (" (or training one on first run)" if cfg.training.bootstrap_on_first_run else "")
         state = build_service(cfg)
         state.state_lock = lock
-        prepare_state(state)  # restore + journal replay, before the socket opens
-    except OSError as exc:  # e.g. the disk filled up during first-run training: one line, no traceback
-        raise StorageError.from_os_error("cannot start: writing failed at", exc.filename or cfg.paths.state_dir, exc) from None
+        starting.reason = "restoring market state"
+        prepare_state(state)  # restore + journal replay, before the app serves the socket
+    except BaseException as exc:
+        starting.stop()
+        sock.close()
+        if isinstance(exc, OSError):  # e.g. the disk filled up during first-run training: one line, no traceback
+            raise StorageError.from_os_error("cannot start: writing failed at", exc.filename or cfg.paths.state_dir,
+                                             exc) from None
+        raise
+    state.starting = starting
     server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state)))
     state.server = server
     state.config_path = config_path
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        starting.stop()
+        sock.close()
     return int(state.exit_code) if server.started else 1

@@ -1,0 +1,157 @@
+"""The service's port while it starts: bound at once, every request answered ``503`` until the app serves it.
+
+Starting can take a while (loading and verifying the model, training one on generated data
+on a fresh state dir, restoring market states and replaying the journal, warming the
+kernels up). The port is bound first, and until uvicorn serves it, :class:`StartingResponder`
+answers on it, from a thread of its own: ``GET``/``HEAD /health`` with the health body's
+``"status": "unavailable"`` and a ``reason`` naming the stage (``starting: …``), every other
+request with the ``capacity`` error shape and ``Retry-After``, each on a connection it then
+closes. So a probe, a load balancer or ``curl -f`` sees ``503`` rather than a refused
+connection, and a second service on the same port fails at once naming the port.
+
+:meth:`StartingResponder.stop` hands the socket over: connections that arrive between its
+stop and uvicorn's first accept wait in the socket's backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+import threading
+import time
+
+from .. import __version__
+from ..errors import StartupError
+from ..observability.context import new_request_id
+from .schemas import error_payload
+
+MAX_HEAD = 65_536  # request line and headers (bytes) read before answering anyway
+MAX_BODY = 1 << 20  # a body up to this is read before the answer, so that closing does not reset the connection
+LINGER_S = 2.0  # a connection is closed this long after its answer, when the client has not closed it first
+RETRY_AFTER_S = 2
+
+
+def bind_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A TCP socket listening on ``host``:``port`` (IPv6 when ``host`` has a colon); StartupError naming the address
+    when it cannot be bound (in use, not an address of this host, a privileged port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        why = exc.strerror or str(exc)
+        hint = {errno.EADDRINUSE: f" (another process listens on it: `ss -ltnp | grep :{port}`)",
+                errno.EACCES: " (ports below 1024 need privileges)",
+                errno.EADDRNOTAVAIL: " (not an address of this host: check server.host)"}.get(exc.errno or 0, "")
+        raise StartupError(f"cannot listen on {host}:{port}: {why}{hint}") from None
+    return sock
+
+
+class StartingResponder:
+    """Answers ``503`` on ``sock`` from its own thread until :meth:`stop`; :attr:`reason` names the stage."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reason = "starting"
+        self.started = time.monotonic()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="starting-503", daemon=True)
+
+    def start(self) -> StartingResponder:
+        """Start answering (returns once the socket is served)."""
+        self._thread.start()
+        self._ready.wait(10.0)
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def serve() -> None:
+            # a duplicate descriptor: closing this server leaves the socket itself listening for uvicorn
+            self._server = await self._loop.create_server(lambda: _Answer(self), sock=self.sock.dup())
+            self._ready.set()
+
+        self._loop.run_until_complete(serve())
+        self._loop.run_forever()
+        self._loop.close()
+
+    def stop(self) -> None:
+        """Stop answering (idempotent); the socket stays open and listening."""
+        if not self._thread.is_alive():
+            return
+
+        def close() -> None:
+            if self._server is not None:
+                self._server.close()
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(close)
+        self._thread.join(10.0)
+
+    def answer(self, method: bytes, path: bytes) -> bytes:
+        """The whole HTTP response to a request line's ``method`` and ``path``."""
+        rid = new_request_id()
+        reason = f"starting: {self.reason}" if self.reason != "starting" else "starting"
+        if path.split(b"?", 1)[0] == b"/health" and method in (b"GET", b"HEAD"):
+            body = {"status": "unavailable", "reason": reason, "version": __version__,
+                    "uptime_s": round(time.monotonic() - self.started, 3)}
+            extra = b""
+        else:
+            body = error_payload("capacity", f"the service is {reason}; retry later", rid)
+            extra = b"retry-after: %d\r\n" % RETRY_AFTER_S
+        data = json.dumps(body).encode()
+        head = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"x-request-id: %s\r\n%sconnection: close\r\n\r\n" % (len(data), rid.encode(), extra))
+        return head if method == b"HEAD" else head + data
+
+
+class _Answer(asyncio.Protocol):
+    """One connection: read the request's head (and a small body), answer 503, close."""
+
+    def __init__(self, responder: StartingResponder) -> None:
+        self.responder = responder
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+        self.answered = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.answered or self.transport is None:
+            return
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buf) > MAX_HEAD:
+                self._reply()
+            return
+        length = 0
+        for line in self.buf[:end].split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length" and value.strip().isdigit():
+                length = int(value.strip())
+        if len(self.buf) - end - 4 >= min(length, MAX_BODY):
+            self._reply()
+
+    def _reply(self) -> None:
+        assert self.transport is not None
+        self.answered = True
+        parts = self.buf.split(b"\r\n", 1)[0].split(b" ")
+        self.transport.write(self.responder.answer(parts[0], parts[1] if len(parts) > 1 else b""))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the client reads the answer, then closes
+        asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+
+    def eof_received(self) -> bool | None:
+        if not self.answered:
+            self._reply()
+        return None

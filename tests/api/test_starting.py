@@ -1,0 +1,144 @@
+"""The port while the service starts: bound first, answered 503 (never refused) until the app serves it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from live_helpers import REPO_ROOT, free_port, launch, server_environ
+
+from cerebellar_norse.api.starting import StartingResponder, bind_listener
+from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.errors import StartupError
+
+
+def _request(port: int, raw: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(raw)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_every_request_is_answered_503_naming_the_stage() -> None:
+    sock = bind_listener("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    responder = StartingResponder(sock).start()
+    try:
+        responder.reason = "restoring market state"
+        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        assert r.status_code == 503 and r.headers["connection"] == "close" and r.headers["x-request-id"]
+        body = r.json()
+        assert body["status"] == "unavailable" and body["reason"] == "starting: restoring market state"
+        head = httpx.head(f"http://127.0.0.1:{port}/health", timeout=5)
+        assert head.status_code == 503 and head.content == b""
+        tick = {"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"}
+        r = httpx.post(f"http://127.0.0.1:{port}/neural/process", json=tick, timeout=5)
+        assert r.status_code == 503 and r.headers["retry-after"] == "2"
+        err = r.json()["error"]
+        assert err["type"] == "capacity" and err["message"] == "the service is starting: restoring market state; retry later"
+        assert err["request_id"] == r.headers["x-request-id"]
+        big = b"x" * 300_000  # a body is read before the answer: the client gets it, not a reset connection
+        raw = _request(port, b"POST /neural/process HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(big), big))
+        assert raw.startswith(b"HTTP/1.1 503 ")
+        assert json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "capacity"
+    finally:
+        responder.stop()
+        sock.close()
+
+
+def test_after_stop_the_socket_still_listens_for_the_app() -> None:
+    sock = bind_listener("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    responder = StartingResponder(sock).start()
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 503
+    responder.stop()
+    responder.stop()  # idempotent
+    waiting = socket.create_connection(("127.0.0.1", port), timeout=5)  # queued in the backlog: no one serves it yet
+    waiting.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+
+    async def app_server(served: threading.Event, done: threading.Event) -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, sock=sock)
+        served.set()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+        server.close()
+
+    served, done = threading.Event(), threading.Event()
+    t = threading.Thread(target=asyncio.run, args=(app_server(served, done),))
+    t.start()
+    try:
+        assert served.wait(10)
+        raw = b""
+        while chunk := waiting.recv(65536):
+            raw += chunk
+        assert raw.startswith(b"HTTP/1.1 200 OK") and raw.endswith(b"ok")  # the connection that waited is served
+    finally:
+        waiting.close()
+        done.set()
+        t.join(10)
+
+
+def test_a_port_in_use_is_refused_naming_it() -> None:
+    sock = bind_listener("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    try:
+        with pytest.raises(StartupError, match=rf"cannot listen on 127\.0\.0\.1:{port}: Address already in use"):
+            bind_listener("127.0.0.1", port)
+    finally:
+        sock.close()
+
+
+def test_the_service_answers_503_from_its_first_answer_to_ready(tmp_path: Path) -> None:
+    port = free_port()
+    proc = launch(tmp_path / "state", tmp_path / "server.log", port)
+    seen: list[int] = []  # statuses of /health, from the first answer on (refused connections before it)
+    reasons = set()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not seen or seen[-1] != 200):
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+            except httpx.TransportError:
+                assert not seen, f"refused after answering {seen[-5:]}"
+                time.sleep(0.01)
+                continue
+            seen.append(r.status_code)
+            if r.status_code == 503:
+                reasons.add(r.json()["reason"])
+            time.sleep(0.01)
+        assert seen[-1] == 200 and set(seen[:-1]) == {503}, seen
+        assert all(reason.startswith("starting") for reason in reasons), reasons
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
+
+
+def test_a_second_service_on_a_port_in_use_exits_1_before_touching_state(tmp_path: Path) -> None:
+    taken = bind_listener("127.0.0.1", 0)
+    port = taken.getsockname()[1]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)], cwd=REPO_ROOT,
+                              env=server_environ(tmp_path / "state", None), capture_output=True, text=True, timeout=120)
+    finally:
+        taken.close()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "state" / STATE_FILE).exists() and not (tmp_path / "state" / "models").exists()
