@@ -37,7 +37,8 @@ from ..errors import CheckpointError, InputError, MarketMovingError
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import seal, unseal
-from ..ticks import TS_MAX_MS, Tick
+from ..ticks import Tick
+from .persistence import check_states
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -170,12 +171,8 @@ def check_import(engine: Engine, market_id: str, meta: dict[str, Any], arrays: d
         if got is None or got.shape != have.shape[1:] or got.dtype != have.dtype:
             raise CheckpointError(f"state field {name!r} is {None if got is None else (got.shape, str(got.dtype))}, "
                                   f"expected {(have.shape[1:], str(have.dtype))}", "request body")
-        if not np.all(np.isfinite(got)):
-            raise CheckpointError(f"state field {name!r} holds non-finite values", "request body")
+    check_states(arrays, "request body")
     ticks, last_ts = float(arrays["enc"][S_N_TICKS]), float(arrays["enc"][S_LAST_TS])
-    if not (ticks >= 0 and ticks.is_integer() and 0 <= last_ts < TS_MAX_MS and last_ts.is_integer()):
-        raise CheckpointError(f"the state's tick count {ticks!r} or last timestamp {last_ts!r} is out of range "
-                              f"(a count >= 0; ms since the epoch before {TS_MAX_MS})", "request body")
     if meta.get("ticks") != int(ticks) or meta.get("last_timestamp") != int(last_ts):
         raise CheckpointError(f"the export's summary (ticks {meta.get('ticks')!r}, last_timestamp "
                               f"{meta.get('last_timestamp')!r}) disagrees with its state ({int(ticks)}, {int(last_ts)})",

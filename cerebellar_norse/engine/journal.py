@@ -17,22 +17,26 @@ How
       ``journal_segment_size`` bytes, reserved on disk when it is created (so a full disk
       shows when a segment is created, never in the middle of a batch), mapped into
       memory: appending is a copy into the page cache, no system call. It starts with a
-      header (magic, fingerprint of the network, base sequence number, CRC-32) padded to
-      4 KiB; records follow, each ``<u32 length><u32 CRC-32>`` + body, body
-      ``<u64 seq><u8 kind><u32 count>`` + items (ticks: ``<f64 price><f64 volume>
+      header (magic, fingerprint of the network, base sequence number, size reserved in
+      bytes, CRC-32) padded to 4 KiB; records follow, each ``<u32 length><u32 CRC-32>``
+      + body, body ``<u64 seq><u8 kind><u32 count>`` + items (ticks: ``<f64 price><f64 volume>
       <i64 timestamp><u8 id length>`` + id; releases: ``<u8 id length>`` + id), the rest
       zeros. A record is one copy into the mapping; a crash in the middle of it leaves
       an incomplete last record (zero header, or a failing CRC) followed by zeros only:
       that record was never acknowledged and is dropped (a torn tail). Any other bad
       record (bad length or CRC with data after it, a wrong sequence number) is damage
-      (power loss, disk fault): the records before it are applied and the file is
-      quarantined.
+      (power loss, disk fault), and so is a file shorter than the size its header
+      records (truncated: its last records are gone, even when the cut falls between two
+      records): the records before it are applied and the file is quarantined.
     * A checkpoint (every ``checkpoint_interval_s``, when a segment is full, when the
-      model changes, and at shutdown) copies the live states between two batches,
-      starts a new segment, and writes ``market_state.bin`` atomically (temporary file,
-      fsync, rename, SHA-256; :mod:`.persistence`) in a worker thread with the sequence
-      number it includes; then the segments it covers are deleted. Replay at start is
-      therefore bounded by one checkpoint interval (or one segment) of ticks.
+      model changes, when a market's state is imported, and at shutdown) copies the live
+      states between two batches, starts a new segment, and writes ``market_state.bin``
+      atomically (temporary file, fsync, rename, SHA-256; :mod:`.persistence`) in a
+      worker thread with the sequence number it includes; then the segments it covers
+      are deleted. Replay at start is therefore bounded by one checkpoint interval (or
+      one segment) of ticks. A checkpoint for a change that replay cannot reproduce (a
+      model swap, an imported state) is written even when no record was appended since
+      the previous one, and its segment carries the new model's fingerprint.
     * At start (:meth:`Durability.recover`): lock the state dir, restore the checkpoint,
       replay every later record through the engine's own step path (so the state is
       bit-identical), write a fresh checkpoint, open a new segment. Unusable files are
@@ -126,6 +130,9 @@ class SegmentReader:
 
     Raises:
         ValueError: the header is unreadable (the whole file is unusable).
+
+    ``size`` is the file's size in bytes as reserved when it was created (None for
+    segments written before headers recorded it: their length is not checked).
     """
 
     def __init__(self, path: Path, max_record: int = 1 << 20, last: bool = True) -> None:
@@ -148,6 +155,7 @@ class SegmentReader:
             head = json.loads(meta)
             self.base = int(head["base_seq"])
             self.fingerprint: dict[str, Any] = dict(head["fingerprint"])
+            self.size: int | None = None if head.get("size") is None else int(head["size"])
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"unreadable journal header: {exc}") from None
 
@@ -161,8 +169,18 @@ class SegmentReader:
         append (one copy of header and body into the mapped file) can leave that
         record incomplete: a zero header with bytes of its body after it, or a record
         whose checksum fails, followed by zeros only. Such a tail of the newest segment
-        is dropped (``unfinished``); anything else is ``damage``.
+        is dropped (``unfinished``); anything else is ``damage``. A file shorter than
+        its reserved ``size`` is damage too, wherever the cut falls: appends never
+        change a segment's length, so the records after the cut are lost.
         """
+        yield from self._records()
+        if self.size is not None and len(self.data) < self.size:
+            cut = (f"the file is {len(self.data)} bytes, shorter than the {self.size} bytes reserved when it was created "
+                   f"(truncated): the records after offset {len(self.data)}")
+            cut += f" (from record {self.last_seq + 1 if self.last_seq is not None else self.base + 1} on) are lost"
+            self.damage = cut if self.damage is None else f"{cut}; {self.damage}"
+
+    def _records(self) -> Iterator[Record]:
         d, size = self.data, len(self.data)
         pos, expect = HEADER_SIZE, self.base + 1
         while pos + _REC.size <= size:
@@ -243,7 +261,9 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
 
 
 def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size: int) -> tuple[Path, mmap.mmap]:
-    """Create, reserve, fsync and map a new segment (written under a temporary name, then renamed).
+    """Create, reserve, fsync and map a new segment of ``size`` bytes (written under a temporary name, then renamed).
+
+    The header records ``size``: a segment found shorter than that at start was truncated.
 
     Raises:
         OSError: the directory is read-only or the disk cannot hold ``size`` bytes.
@@ -252,7 +272,7 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     path = directory / segment_name(base)
     tmp = directory / f".{path.name}.tmp"
     meta = json.dumps({"base_seq": base, "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "pid": os.getpid()}, sort_keys=True).encode()
+                       "pid": os.getpid(), "size": size}, sort_keys=True).encode()
     header = MAGIC + _REC.pack(len(meta), crc32(meta)) + meta
     if len(header) > HEADER_SIZE:
         raise ValueError("journal header too long")
@@ -358,6 +378,7 @@ class Durability:
         self._pos = HEADER_SIZE
         self._size = 0
         self._base = 0
+        self._seg_fp: dict[str, Any] = {}  # the fingerprint in the open segment's header
         self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
         self._ids: dict[str, tuple[struct.Struct, bytes, int, int]] = {}
         self._lock = lock  # the state dir's lock: taken by recover() unless the caller holds it
@@ -451,13 +472,16 @@ class Durability:
 
     def _open_segment(self, size: int | None = None) -> None:
         size = size or self.segment_size
+        fp = self.engine.fingerprint()
         try:
-            path, mm = create_segment(self.dir, self.seq, self.engine.fingerprint(), size)
+            path, mm = create_segment(self.dir, self.seq, fp, size)
         except OSError as exc:
             raise self._fail(StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)) from None
         if self._mm is not None:
             self._mm.close()
-        self._mm, self._pos, self._size, self._base = mm, HEADER_SIZE, size, self.seq
+        if self._segments and self._segments[-1][0] == self.seq:
+            self._segments.pop()  # the open segment held no record: the new one, of the same name, replaced it
+        self._mm, self._pos, self._size, self._base, self._seg_fp = mm, HEADER_SIZE, size, self.seq, fp
         self._segments.append((self.seq, path))
 
     def _fail(self, exc: StorageError) -> StorageError:
@@ -471,15 +495,19 @@ class Durability:
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def _rotate(self) -> None:
-        """Start a new segment at the current position when the open one holds records."""
-        if self._pos > HEADER_SIZE:
+    def _rotate(self, fingerprint: dict[str, Any]) -> None:
+        """Start a new segment at the current position when the open one holds records or is of another model."""
+        if self._pos > HEADER_SIZE or self._seg_fp != fingerprint:
             self._open_segment()
 
-    def _write(self, snap: Any, fingerprint: dict[str, Any], seq: int) -> bool:
-        """Write a checkpoint at ``seq`` unless a newer one is already on disk (any thread)."""
+    def _write(self, snap: Any, fingerprint: dict[str, Any], seq: int, force: bool = False) -> bool:
+        """Write a checkpoint at ``seq`` unless one as new is already on disk (any thread).
+
+        ``force``: the state changed outside the journal (model swap, import), so a
+        checkpoint at the same ``seq`` as the one on disk is not the same state: write it.
+        """
         with self._write_lock:
-            if seq <= self._written_seq:
+            if seq < self._written_seq or (seq == self._written_seq and not force):
                 return False
             write_snapshot(snap, self.engine.state_path(), fingerprint, seq)
             self._written_seq = seq
@@ -499,13 +527,18 @@ class Durability:
         self._segments = keep
 
     def checkpoint_now(self) -> int:
-        """Write a checkpoint synchronously (between batches); returns the markets saved."""
+        """Write a checkpoint synchronously (between batches), always; returns the markets saved.
+
+        For changes of the states or the model that replaying the journal cannot
+        reproduce (a model swap, an imported state): written even when no record was
+        appended since the last checkpoint.
+        """
         if self.failed is not None:
             raise self.failed
         snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
-        self._rotate()
+        self._rotate(fp)
         try:
-            self._write(snap, fp, seq)
+            self._write(snap, fp, seq, force=True)
         except OSError as exc:
             raise self._fail(StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc)) from None
         self.checkpoints += 1
@@ -518,7 +551,7 @@ class Durability:
             return False
         snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
         try:
-            self._rotate()
+            self._rotate(fp)
         except StorageError:
             return False
         t0 = time.monotonic()
@@ -619,6 +652,8 @@ class Durability:
                 if any(r.seq > seq for r in reader.records()):
                     bad = f"written for another network or model ({reader.fingerprint})"
                     self._quarantine(path, "foreign", bad, rep)
+                elif reader.damage is not None:  # a gap it leaves shows in the next segment's base
+                    self._quarantine(path, "corrupt", f"{reader.damage}; every record it still holds is in the checkpoint", rep)
                 else:
                     replayed.append(path)  # every record is in the checkpoint
                 continue
@@ -639,8 +674,9 @@ class Durability:
         for path in replayed:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        self._seg_fp = eng.fingerprint()
         try:
-            path, self._mm = create_segment(self.dir, self.seq, eng.fingerprint(), self.segment_size)
+            path, self._mm = create_segment(self.dir, self.seq, self._seg_fp, self.segment_size)
         except OSError as exc:
             raise StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc) from None
         self._pos, self._size, self._base = HEADER_SIZE, self.segment_size, self.seq

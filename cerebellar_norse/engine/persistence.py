@@ -6,7 +6,10 @@ array per state variable, rows in least-recently-used order), a fingerprint of
 the network (shape, seed, precision, model version) and ``journal_seq``, the number
 of the last journal record the states include (see :mod:`.journal`; 0 without a
 journal). A file whose fingerprint does not match the running network is not
-loaded: those states belong to another model.
+loaded: those states belong to another model. Nor is one whose states hold values no
+market can reach (non-finite numbers, a negative or fractional tick count, a last tick
+time out of range): a checksum proves the file is as written, not that what was written
+was sound.
 
 A file that cannot be restored is never overwritten: :func:`quarantine` moves it
 aside to ``<name>.corrupt-<UTC time>`` (unreadable) or ``<name>.foreign-<UTC time>``
@@ -20,6 +23,7 @@ import io
 import json
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, StorageError
+from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import fsync_dir, read_checksummed, write_checksummed
+from ..ticks import TS_MAX_MS
 from .pool import StatePool
 
 STATE_FILE = "market_state.bin"
@@ -52,6 +58,41 @@ def snapshot_pool(pool: StatePool) -> PoolSnapshot:
     slots = np.array([s for _, s in items], dtype=np.int64)
     arrays = {name: np.ascontiguousarray(getattr(pool.arrays, name)[slots]) for name in STATE_FIELDS}
     return PoolSnapshot([m for m, _ in items], arrays)
+
+
+def check_states(arrays: Mapping[str, np.ndarray], where: str, markets: Sequence[str] | None = None) -> None:
+    """Raise unless market states hold only values a market can reach (nothing is changed).
+
+    Every state field must be finite; the encoder's tick count a whole number >= 0, its
+    last tick time whole milliseconds since the epoch, >= 0 and before ``TS_MAX_MS``.
+
+    Args:
+        arrays: one array per state field (:data:`STATE_FIELDS`): one market's state, or
+            with ``markets`` one row per market.
+        where: the file or request the states come from (the error's path).
+        markets: the market of each row, named in the error.
+
+    Raises:
+        CheckpointError: naming the field (and the market) that is out of range.
+    """
+    def whose(ok: np.ndarray) -> str:
+        """``"market '<id>': "`` for the first row with a False in ``ok`` (an array of the rows' shape)."""
+        return "" if markets is None else f"market {markets[int(np.argmin(ok.reshape(len(markets), -1).all(axis=1)))]!r}: "
+
+    for name in STATE_FIELDS:
+        arr = arrays[name]
+        if arr.dtype.kind not in "fiu":
+            raise CheckpointError(f"state field {name!r} holds {arr.dtype} values, not numbers", where)
+        finite = np.isfinite(arr)
+        if not finite.all():
+            raise CheckpointError(f"{whose(finite)}state field {name!r} holds non-finite values", where)
+    enc = arrays["enc"].astype(np.float64)
+    ticks, last_ts = enc[..., S_N_TICKS], enc[..., S_LAST_TS]
+    ok = (ticks >= 0) & (ticks == np.floor(ticks)) & (last_ts >= 0) & (last_ts < TS_MAX_MS) & (last_ts == np.floor(last_ts))
+    if not ok.all():
+        k = np.unravel_index(int(np.argmin(ok)), ok.shape)
+        raise CheckpointError(f"{whose(ok)}the state's tick count {float(ticks[k])!r} or last timestamp {float(last_ts[k])!r} "
+                              f"is out of range (a count >= 0; ms since the epoch before {TS_MAX_MS})", where)
 
 
 def write_snapshot(snap: PoolSnapshot, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0) -> int:
@@ -78,8 +119,9 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
     ``meta``, when given, receives ``journal_seq`` (0 for files written before journals).
 
     Raises:
-        CheckpointError: the file is corrupt, of another network, or of the wrong shape.
-            Nothing is loaded in that case.
+        CheckpointError: the file is corrupt, of another network, of the wrong shape, or
+            holds states no market can reach (:func:`check_states`). Nothing is loaded in
+            that case.
     """
     payload = read_checksummed(path)
     try:
@@ -96,14 +138,17 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
     if saved_fp != json.loads(json.dumps(fingerprint, sort_keys=True)):
         raise ForeignStateError(f"saved for another network ({saved_fp}), not this one ({fingerprint})", str(path))
     n = len(markets)
-    if n > pool.capacity:
-        markets = markets[n - pool.capacity:]  # keep the most recently used
-    keep = len(markets)
     for name in STATE_FIELDS:
         arr = data.get(name)
         want = (n, *getattr(pool.arrays, name).shape[1:])
         if arr is None or arr.shape != want:
             raise CheckpointError(f"field {name!r} has shape {None if arr is None else arr.shape}, expected {want}", str(path))
+    if len(set(markets)) != n:
+        raise CheckpointError("a market id appears more than once", str(path))
+    check_states(data, str(path), markets)
+    if n > pool.capacity:
+        markets = markets[n - pool.capacity:]  # keep the most recently used
+    keep = len(markets)
     for j, market in enumerate(markets):
         row = n - keep + j
         slot = pool.table.acquire(market)

@@ -10,6 +10,7 @@ ticks. The real kill -9 of a service process is in tests/ops/test_faults_durabil
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import time
@@ -24,9 +25,11 @@ from engine_helpers import T0, ConfigFactory, StreamFactory, assert_same_state, 
 from cerebellar_norse.config import Config
 from cerebellar_norse.engine import journal as journal_mod
 from cerebellar_norse.engine.engine import Engine
-from cerebellar_norse.engine.journal import HEADER_SIZE, JOURNAL_DIR, Durability, SegmentReader, list_segments
+from cerebellar_norse.engine.handover import export_market, import_market
+from cerebellar_norse.engine.journal import HEADER_SIZE, JOURNAL_DIR, MAGIC, Durability, SegmentReader, list_segments
 from cerebellar_norse.engine.persistence import STATE_FILE
 from cerebellar_norse.errors import StorageError
+from cerebellar_norse.neurons.encoder import S_N_TICKS
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.ticks import Tick
 
@@ -234,6 +237,124 @@ async def test_model_swap_checkpoints_so_replay_never_mixes_models(journaled: tu
     crash(d)
     e2, _ = start(cfg, opened, weights=w2.copy(), model_version="v2")
     assert_same_pool(e2, twin)
+
+
+@pytest.mark.parametrize("after", [0, 5])
+async def test_a_model_swap_with_no_tick_since_the_last_checkpoint_survives_a_crash(
+        journaled: tuple[Config, list[Durability]], after: int) -> None:
+    """The swap's checkpoint is written although the journal did not move: the old one is of the old model."""
+    cfg, opened = journaled
+    w2 = generate_weights(cfg)
+    w2.w_out = w2.w_out[::-1].copy()
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(5) for m in "AB"])
+    assert await d.checkpoint()
+    seq = d.seq
+    for x in (e, twin):
+        x.set_weights(w2.copy(), "v2")
+    assert d.seq == seq  # nothing journaled since the checkpoint
+    await feed([e, twin], [tick(m, T0 + 100 + k) for k in range(after) for m in "AB"])
+    crash(d)
+    e2, _ = start(cfg, opened, weights=w2.copy(), model_version="v2")
+    assert_same_pool(e2, twin)
+    state_dir = Path(cfg.paths.state_dir)
+    assert not list(state_dir.glob("**/*.foreign-*")) and not list(state_dir.glob("**/*.corrupt-*"))
+
+
+@pytest.mark.parametrize("before", ["just started", "after a checkpoint"])
+async def test_an_import_with_no_tick_since_the_last_checkpoint_survives_a_crash(
+        journaled: tuple[Config, list[Durability]], before: str) -> None:
+    """Replay cannot rebuild a state that came from another replica: the import's checkpoint must hold it."""
+    cfg, opened = journaled
+    source = Engine(cfg)
+    await feed([source], [tick("X", T0 + k) for k in range(30)])
+    blob = export_market(source, "X")
+    assert blob is not None
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    if before == "after a checkpoint":
+        await feed([e, twin], [tick("A", T0 + k) for k in range(5)])
+        assert await d.checkpoint()
+    seq = d.seq
+    for x in (e, twin):
+        import_market(x, "X", blob)
+    assert d.seq == seq  # an import appends no record
+    await feed([e, twin], [tick(m, T0 + 100 + k) for k in range(3) for m in ("A", "X")])
+    crash(d)
+    e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)
+    slot = e2.pool.table.get("X")
+    assert slot is not None and e2.arrays.read_slot(slot)["enc"][S_N_TICKS] == 33  # 30 imported, 3 replayed
+
+
+@pytest.mark.parametrize("kept", [0, 2])
+async def test_a_segment_truncated_between_records_is_reported_and_moved_aside(
+        journaled: tuple[Config, list[Durability]], caplog: pytest.LogCaptureFixture, kept: int) -> None:
+    """Cut exactly after a record (or to its header): what is left is applied, the loss is an ERROR, the file kept aside."""
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    acked = [tick("A", T0 + k) for k in range(4)]
+    await feed([e, twin], acked[:kept], chunk=1)
+    cut = d._pos
+    await feed([e], acked[kept:], chunk=1)
+    (_, path), = list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)
+    crash(d)
+    size = path.stat().st_size
+    os.truncate(path, cut)
+    with caplog.at_level(logging.ERROR):
+        e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)  # the records before the cut, nothing after
+    (moved,) = path.parent.glob(f"{path.name}.corrupt-*")
+    assert moved.stat().st_size == cut
+    assert str(path) in caplog.text and str(moved) in caplog.text
+    assert f"shorter than the {size} bytes reserved" in caplog.text and f"from record {kept + 1} on" in caplog.text
+
+
+async def test_a_truncated_segment_of_the_previous_model_is_moved_aside(
+        journaled: tuple[Config, list[Durability]], caplog: pytest.LogCaptureFixture) -> None:
+    """A crash after a swap's checkpoint, before the old model's journal file was deleted; that file was then cut."""
+    cfg, opened = journaled
+    w2 = generate_weights(cfg)
+    w2.w_out = w2.w_out[::-1].copy()
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick("A", T0 + k) for k in range(4)], chunk=1)
+    (_, old), = list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)
+    cut = HEADER_SIZE + (d._pos - HEADER_SIZE) // 2
+    kept = old.read_bytes()[:cut]
+    for x in (e, twin):
+        x.set_weights(w2.copy(), "v2")
+    assert not old.exists()  # covered by the swap's checkpoint
+    await feed([e, twin], [tick("A", T0 + 10 + k) for k in range(3)], chunk=1)
+    crash(d)
+    old.write_bytes(kept)
+    with caplog.at_level(logging.ERROR):
+        e2, _ = start(cfg, opened, weights=w2.copy(), model_version="v2")
+    assert_same_pool(e2, twin)  # the newer journal file still applies: no record is missing before it
+    (moved,) = old.parent.glob(f"{old.name}.corrupt-*")
+    assert str(moved) in caplog.text and "shorter than the" in caplog.text
+
+
+async def test_a_segment_whose_header_has_no_size_is_still_replayed(journaled: tuple[Config, list[Durability]]) -> None:
+    """Segments written before headers recorded their size are read as before (their length is not checked)."""
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(4) for m in "AB"])
+    (_, path), = list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)
+    crash(d)
+    raw = bytearray(path.read_bytes())
+    head = SegmentReader(path)
+    meta = json.dumps({"base_seq": head.base, "fingerprint": head.fingerprint}, sort_keys=True).encode()
+    old = MAGIC + journal_mod._REC.pack(len(meta), zlib.crc32(meta)) + meta
+    raw[:HEADER_SIZE] = old.ljust(HEADER_SIZE, b"\0")
+    path.write_bytes(bytes(raw[:len(raw.rstrip(b"\0"))]))  # and shorter than it was reserved
+    assert SegmentReader(path).size is None
+    e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)
+    assert not list(path.parent.glob("*.corrupt-*"))
 
 
 async def test_warm_up_ticks_are_not_journaled(journaled: tuple[Config, list[Durability]]) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ from engine_helpers import ConfigFactory, assert_same_state
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.persistence import STATE_FILE, load_pool, save_pool
 from cerebellar_norse.errors import CheckpointError
+from cerebellar_norse.neurons.encoder import S_LAST_TS, S_N_TICKS
 from cerebellar_norse.neurons.state import STATE_FIELDS
 from cerebellar_norse.storage import MAGIC, read_checksummed, sha256_bytes, write_checksummed
 
@@ -21,13 +24,18 @@ T0 = 1_640_995_200_000
 
 
 def filled(engine: Engine, markets: list[str], seed: int = 0) -> Engine:
-    """Give each market a slot with distinct random state (LRU order = list order)."""
+    """Give each market a slot with distinct random state (LRU order = list order).
+
+    The encoder's tick count and last tick time are whole numbers in range, as after real ticks.
+    """
     rng = np.random.default_rng(seed)
     for m in markets:
         slot = engine.pool.table.acquire(m)
         for name in STATE_FIELDS:
             arr = getattr(engine.arrays, name)
             arr[slot] = rng.standard_normal(arr.shape[1:]).astype(arr.dtype)
+        engine.arrays.enc[slot, S_N_TICKS] = rng.integers(1, 1000)
+        engine.arrays.enc[slot, S_LAST_TS] = T0 + rng.integers(0, 10**9)
     return engine
 
 
@@ -180,3 +188,63 @@ def test_save_is_atomic(engine: Engine, tmp_path: Path, monkeypatch: pytest.Monk
     assert os.listdir(tmp_path) == [STATE_FILE]
     assert save_pool(engine.pool, path, engine.fingerprint()) == 3
     assert os.listdir(tmp_path) == [STATE_FILE]
+
+
+def _rewritten(path: Path, change: Callable[[dict[str, np.ndarray]], None]) -> None:
+    """Rewrite a state file's payload through ``change``, with a valid checksum (damage the checksum cannot see)."""
+    with np.load(io.BytesIO(read_checksummed(path)), allow_pickle=False) as z:
+        data = {k: z[k].copy() for k in z.files}
+    change(data)
+    write_checksummed(path, npz(**data))
+
+
+def _set(name: str, index: tuple[int | slice, ...], value: float) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(data: dict[str, np.ndarray]) -> None:
+        data[name][index] = value
+    return change
+
+
+def _duplicate(data: dict[str, np.ndarray]) -> None:
+    data["markets"] = np.array(["A", "A"])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (_set("v_gr", (0, slice(None)), np.nan), "market 'A': state field 'v_gr' holds non-finite values"),
+    (_set("i_out", (1, 0), np.inf), "market 'B': state field 'i_out' holds non-finite values"),
+    (_set("enc", (1, S_N_TICKS), -1.0), "market 'B': the state's tick count -1.0 .* out of range"),
+    (_set("enc", (0, S_N_TICKS), 6.5), "market 'A': the state's tick count 6.5 .* out of range"),
+    (_set("enc", (0, S_LAST_TS), 1e30), "market 'A': .* last timestamp 1e\\+30 is out of range"),
+    (_duplicate, "a market id appears more than once"),
+], ids=["nan", "inf", "negative count", "fractional count", "time out of range", "duplicate id"])
+def test_states_no_market_can_reach_are_refused_naming_the_market(
+        engine: Engine, engine_config: ConfigFactory, tmp_path: Path,
+        change: Callable[[dict[str, np.ndarray]], None], message: str) -> None:
+    filled(engine, ["A", "B"])
+    path = tmp_path / STATE_FILE
+    save_pool(engine.pool, path, engine.fingerprint())
+    _rewritten(path, change)
+    fresh = Engine(engine_config(max_markets=8))
+    with pytest.raises(CheckpointError, match=message) as exc:
+        load_pool(fresh.pool, path, fresh.fingerprint())
+    assert exc.value.path == str(path)
+    assert fresh.pool.used == 0
+
+
+def test_restore_moves_a_file_with_non_finite_states_aside(engine_config: ConfigFactory, tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A checksum-valid file whose states hold inf is corrupt: not loaded, moved aside, one ERROR naming it."""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=8)
+    saver = filled(Engine(cfg), ["A", "B"])
+    saver.save_state()
+    path = saver.state_path()
+    _rewritten(path, _set("i_out", (1, 0), np.inf))
+    written = path.read_bytes()
+    fresh = Engine(cfg)
+    with caplog.at_level(logging.ERROR):
+        assert fresh.restore_state() == 0
+    assert fresh.pool.used == 0 and not path.exists()
+    (moved,) = path.parent.glob(f"{STATE_FILE}.corrupt-*")
+    assert moved.read_bytes() == written
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and str(path) in errors[0].getMessage() and str(moved) in errors[0].getMessage()
+    assert "market 'B': state field 'i_out' holds non-finite values" in errors[0].getMessage()
