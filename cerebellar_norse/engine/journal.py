@@ -294,30 +294,44 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
 
 
 class StateDirLock:
-    """An exclusive ``flock`` on ``<state_dir>/.lock`` (holding this process's pid): one service per state dir.
+    """An exclusive ``flock`` on the state dir itself, with this process's pid in ``<state_dir>/.lock``: one service
+    per state dir.
 
-    The kernel releases it when the process ends, however it ends.
+    The lock is on the directory, not on the pid file, so deleting or replacing ``.lock``
+    does not let a second process in. The kernel releases it when the process ends,
+    however it ends.
     """
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = Path(state_dir) / LOCK_FILE
+        self.dir = Path(state_dir)
+        self.path = self.dir / LOCK_FILE
         self.fd: int | None = None
 
     def acquire(self) -> StateDirLock:
         """Take the lock, or raise StorageError naming the process that holds it."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
-            raise StorageError.from_os_error("state dir is not writable:", self.path, exc) from None
+            raise StorageError.from_os_error("state dir cannot be opened:", self.dir, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            other = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
             os.close(fd)
-            raise StorageError(f"state dir {self.path.parent} is in use by another cerebellar-norse process (pid {other}); "
+            try:
+                other = self.path.read_text(encoding="ascii", errors="replace").strip()[:32] or "?"
+            except OSError:
+                other = "?"
+            raise StorageError(f"state dir {self.dir} is in use by another cerebellar-norse process (pid {other}); "
                                "one service per state dir", str(self.path)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            pid_fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(pid_fd, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(pid_fd)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError.from_os_error("state dir is not writable:", self.path, exc) from None
         self.fd = fd
         return self
 

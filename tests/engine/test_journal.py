@@ -433,6 +433,25 @@ async def test_one_service_per_state_dir(journaled: tuple[Config, list[Durabilit
         Durability(Engine(cfg)).recover()
 
 
+def test_deleting_or_replacing_the_pid_file_does_not_free_the_state_dir(tmp_path: Path) -> None:
+    from cerebellar_norse.engine.journal import StateDirLock
+
+    held = StateDirLock(tmp_path).acquire()
+    try:
+        assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
+        (tmp_path / ".lock").unlink()
+        with pytest.raises(StorageError, match=r"in use by another cerebellar-norse process \(pid \?\)"):
+            StateDirLock(tmp_path).acquire()
+        (tmp_path / ".lock").write_text("999999\n")  # a stale file of another process
+        with pytest.raises(StorageError, match=r"\(pid 999999\)"):
+            StateDirLock(tmp_path).acquire()
+    finally:
+        held.release()
+    again = StateDirLock(tmp_path).acquire()  # released: free again, and the pid file names the new holder
+    assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
+    again.release()
+
+
 async def test_fsync_mode_journals_the_same(engine_config: ConfigFactory, tmp_path: Path) -> None:
     cfg = engine_config(state_dir=tmp_path / "state", journal_fsync=True)
     opened: list[Durability] = []
