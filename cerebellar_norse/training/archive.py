@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Config
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, InputError, StorageError
 from ..storage import atomic_write_bytes, fsync_dir, seal, unseal
 from .checkpoints import FILES, MANIFEST, ModelStore, check_version, load_model_dir, parse_manifest, shape_mismatch
 
@@ -99,6 +99,8 @@ def _store_files(store: ModelStore, version: str, files: dict[str, bytes], cfg: 
                                   "request body")
         os.rename(tmp, final)
         fsync_dir(store.root)
+    except OSError as exc:  # full disk, permissions: named, 503, nothing stored
+        raise StorageError.from_os_error("cannot store the model: writing failed at", exc.filename or tmp, exc) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return True

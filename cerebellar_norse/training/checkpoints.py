@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Config, NeuralConfig
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, InputError, StorageError
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
 from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes, sha256_file
@@ -274,10 +274,26 @@ class ModelStore:
         return gone
 
     def save(self, weights: Weights, cfg: Config, metrics: dict[str, Any], version: str | None = None) -> str:
-        """Write a model directory atomically; returns its version."""
+        """Write a model directory atomically; returns its version.
+
+        Raises:
+            StorageError: a file cannot be written (full disk, permissions), naming it;
+                the partial directory is removed.
+        """
         version = version or new_version()
-        self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{version}-{os.getpid()}"
+        try:
+            self._save(tmp, weights, cfg, metrics, version)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StorageError.from_os_error("cannot store the model: writing failed at", exc.filename or tmp, exc) from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return version
+
+    def _save(self, tmp: Path, weights: Weights, cfg: Config, metrics: dict[str, Any], version: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
@@ -291,10 +307,8 @@ class ModelStore:
         manifest = {"version": version, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in payloads.items()}}
         atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-        final = self.root / version
-        os.rename(tmp, final)
+        os.rename(tmp, self.root / version)
         fsync_dir(self.root)
-        return version
 
     def load(self, version: str) -> StoredModel:
         """Verify and load one model (CheckpointError naming the corrupt file)."""

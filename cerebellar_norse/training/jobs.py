@@ -497,8 +497,9 @@ class JobManager:
         job.error = error
         job.finished = time.time()
         self._proc = None
-        log.info("training job %s", state, extra={"fields": {"job_id": job.job_id, "error": error, "model_version": job.model_version,
-                                                               "activated": job.activated}})
+        log.log(logging.ERROR if state == "failed" else logging.INFO, "training job %s", state,
+                extra={"fields": {"job_id": job.job_id, "error": error, "model_version": job.model_version,
+                                  "activated": job.activated}})
         self._write_record(job)
 
     def _write_record(self, job: JobStatus) -> None:

@@ -499,3 +499,29 @@ def test_dump_weights_text_and_json(default_models: tuple[Path, Path, Weights], 
     assert pf["count"] == w.pf_w.size
     assert pf["mean"] == pytest.approx(float(np.mean(w.pf_w.astype(np.float64))))
     assert pf["max"] == pytest.approx(float(w.pf_w.max()))
+
+
+def test_a_model_that_cannot_be_written_is_a_storage_error_naming_the_file(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while a model is saved: the file is named, and no partial directory stays behind."""
+    import errno
+
+    import cerebellar_norse.training.checkpoints as ckpt
+    from cerebellar_norse.config import load_config
+    from cerebellar_norse.errors import StorageError
+
+    cfg = load_config(None, environ={})
+    store = ModelStore(tmp_path / "state")
+    real = ckpt.atomic_write_bytes
+
+    def full(path: Path, data: bytes) -> None:
+        if path.name == "metrics.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(ckpt, "atomic_write_bytes", full)
+    with pytest.raises(StorageError) as info:
+        store.save(generate_weights(cfg), cfg, {"validation": {"loss": 1.0}}, version="20250101T000000Z-full00")
+    assert str(info.value).startswith("cannot store the model: writing failed at ")
+    assert "metrics.json: No space left on device (errno 28 ENOSPC)" in str(info.value)
+    assert sorted(p.name for p in store.root.iterdir()) == [] and store.versions() == []
