@@ -108,8 +108,11 @@ def resolve_data_file(data_dir: Path, name: str) -> Path:
     base = Path(data_dir).resolve()
     if base not in path.parents and path != base:
         raise InputError(f"{name!r} resolves outside the data dir", "files")
-    if not path.is_file():
+    if not path.exists():
         raise DataFileNotFoundError(f"{name!r} does not exist in the data dir {base}", "files")
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
+        raise InputError(f"{name!r} in the data dir {base} is {kind}: training reads regular files", "files")
     return path
 
 

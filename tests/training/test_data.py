@@ -838,6 +838,11 @@ def test_resolve_refuses_missing_files_and_directories(data_dir: Path) -> None:
         assert exc.value.field == "files"
     with pytest.raises(InputError, match="does not exist"):
         resolve_data_file(data_dir, "missing.csv")
+    with pytest.raises(InputError, match=r"'sub' in the data dir .* is a directory: training reads regular files"):
+        resolve_data_file(data_dir, "sub")
+    os.mkfifo(data_dir / "pipe.csv")
+    with pytest.raises(InputError, match=r"'pipe.csv' in the data dir .* is not a regular file \(a FIFO"):
+        resolve_data_file(data_dir, "pipe.csv")
 
 
 def test_unnamed_pandas_index_is_the_time_column(tmp_path: Path) -> None:
