@@ -30,7 +30,7 @@ from cerebellar_norse.engine.journal import HEADER_SIZE, JOURNAL_DIR, MAGIC, Dur
 from cerebellar_norse.engine.persistence import STATE_FILE
 from cerebellar_norse.errors import StorageError
 from cerebellar_norse.neurons.encoder import S_N_TICKS
-from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.neurons.topology import Weights, generate_weights
 from cerebellar_norse.ticks import Tick
 
 pytestmark = pytest.mark.asyncio
@@ -224,13 +224,19 @@ async def test_corrupt_checkpoint_is_quarantined_with_the_journal_that_continues
     assert "checkpoint it continues is missing or unusable" in caplog.text
 
 
-async def test_model_swap_checkpoints_so_replay_never_mixes_models(journaled: tuple[Config, list[Durability]]) -> None:
-    cfg, opened = journaled
+async def fed_with_another_model(cfg: Config, opened: list[Durability]) -> tuple[Weights, Engine, Durability, Engine]:
+    """A second model's weights, a journaling engine and its twin without a journal, both after 5 ticks of A and B."""
     w2 = generate_weights(cfg)
     w2.w_out = w2.w_out[::-1].copy()
     e, d = start(cfg, opened)
     twin = Engine(cfg)
     await feed([e, twin], [tick(m, T0 + k) for k in range(5) for m in "AB"])
+    return w2, e, d, twin
+
+
+async def test_model_swap_checkpoints_so_replay_never_mixes_models(journaled: tuple[Config, list[Durability]]) -> None:
+    cfg, opened = journaled
+    w2, e, d, twin = await fed_with_another_model(cfg, opened)
     for x in (e, twin):
         x.set_weights(w2.copy(), "v2")
     await feed([e, twin], [tick(m, T0 + 100 + k) for k in range(5) for m in "AB"])
@@ -244,11 +250,7 @@ async def test_a_model_swap_with_no_tick_since_the_last_checkpoint_survives_a_cr
         journaled: tuple[Config, list[Durability]], after: int) -> None:
     """The swap's checkpoint is written although the journal did not move: the old one is of the old model."""
     cfg, opened = journaled
-    w2 = generate_weights(cfg)
-    w2.w_out = w2.w_out[::-1].copy()
-    e, d = start(cfg, opened)
-    twin = Engine(cfg)
-    await feed([e, twin], [tick(m, T0 + k) for k in range(5) for m in "AB"])
+    w2, e, d, twin = await fed_with_another_model(cfg, opened)
     assert await d.checkpoint()
     seq = d.seq
     for x in (e, twin):
