@@ -185,7 +185,7 @@ def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
     assert "Traceback" not in res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
-    assert "Uvicorn running" not in res.stdout + res.stderr
+    assert "Started server process" not in res.stdout + res.stderr  # refused before uvicorn ran
     return lines[0]
 
 
