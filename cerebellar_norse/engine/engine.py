@@ -244,8 +244,12 @@ class Engine:
     def reset_market(self, market_id: str) -> bool:
         """Forget one market's state (its next tick starts from rest); False when it holds no state.
 
-        Ticks of the market already queued are applied after the reset, in order.
+        Ticks of the market already queued are applied after the reset, in order. Raises
+        the journal's StorageError (nothing changes) once a journal write has failed: the
+        reset could not be made durable.
         """
+        if self.journal is not None and self.journal.failed is not None:
+            raise self.journal.failed
         if not self.pool.table.release(market_id):
             return False
         if self.learner is not None:

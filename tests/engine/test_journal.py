@@ -454,6 +454,18 @@ def test_deleting_or_replacing_the_pid_file_does_not_free_the_state_dir(tmp_path
     again.release()
 
 
+async def test_a_reset_after_a_failed_journal_write_is_refused_and_changes_nothing(
+        journaled: tuple[Config, list[Durability]]) -> None:
+    """Once the journal cannot be written, a reset could not be made durable: refused, the market keeps its state."""
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    await feed([e], [tick("A", T0 + k) for k in range(3)])
+    d._fail(StorageError("cannot write journal file x: No space left on device (errno 28 ENOSPC)", "x", 28))
+    with pytest.raises(StorageError, match="No space left on device"):
+        e.reset_market("A")
+    assert e.pool.table.get("A") is not None and e.pool.last_timestamp("A") == T0 + 2
+
+
 async def test_fsync_mode_journals_the_same(engine_config: ConfigFactory, tmp_path: Path) -> None:
     cfg = engine_config(state_dir=tmp_path / "state", journal_fsync=True)
     opened: list[Durability] = []
