@@ -186,6 +186,7 @@ def prepare_state(state: ServiceState) -> None:
         if lock is None:
             state.state_lock = check_state_dir(state.cfg)
         eng.restore_state()
+    eng.finish_restore(state.cfg.training.reset_state_on_swap)  # states saved with another model: swap it in now
     state.state_prepared = True
 
 

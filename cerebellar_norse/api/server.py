@@ -22,14 +22,14 @@ from fastapi import FastAPI
 
 from ..config import Config
 from ..engine.engine import Engine
-from ..errors import StorageError
+from ..errors import CheckpointError, StorageError
 from ..neurons.topology import Weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.metrics import ServiceMetrics, engine_families
 from ..observability.ratelimit import SummaryLog
 from ..training.bootstrap import bootstrap_model
-from ..training.checkpoints import ModelStore, StoredModel
+from ..training.checkpoints import ModelStore, StoredModel, shape_mismatch
 from ..training.jobs import JobManager
 from .app import create_app
 from .deps import ServiceState
@@ -90,6 +90,21 @@ def served_model(cfg: Config, store: ModelStore, usable: Callable[[StoredModel],
     return model
 
 
+def stored_weights(cfg: Config, store: ModelStore) -> Callable[[str], Weights | None]:
+    """The weights of a stored, valid model of ``cfg``'s network by version (None otherwise; a refusal is logged)."""
+    def weights_of(version: str) -> Weights | None:
+        if version not in store.versions():
+            return None
+        try:
+            model = store.load(version)
+        except CheckpointError as exc:
+            log.error("model %s cannot be loaded: %s", version, exc)
+            return None
+        return None if shape_mismatch(model.neural, cfg.neural) else model.weights
+
+    return weights_of
+
+
 def last_training_loss(jobs: JobManager, model: StoredModel | None) -> float | None:
     """The training loss known at start: the latest job's, else that of the served model's last epoch (nats)."""
     job = jobs.jobs.get(jobs.latest) if jobs.latest is not None else None
@@ -113,6 +128,7 @@ def build_service(cfg: Config) -> ServiceState:
     engine = built.get(model.version) if model is not None else None
     if engine is None:  # the untrained network, or a model just trained on first run
         engine = build_engine(cfg, device, model.weights if model else None, model.version if model else "")
+    engine.model_for = stored_weights(cfg, store)
     metrics = ServiceMetrics()
     engine.sinks.append(metrics.on_batch)
     metrics.add_source(engine_families(engine, device, _cuda_memory(device)))

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,6 +140,10 @@ class Engine:
         self._scratch = False  # stepping warm-up ticks: not learned from, not recorded
         self.journal: Durability | None = None  # set by Durability.recover: applied ticks are journaled before results return
         self.restored_journal_seq: int | None = None  # journal position of the checkpoint restore_state loaded
+        # the stored model of a version (None when not stored or unusable), so that states saved with another model
+        # of this network can be restored with it (restore_state); and the model to swap in after that
+        self.model_for: Callable[[str], Weights | None] | None = None
+        self.swap_after_restore: tuple[Weights, str] | None = None
         self.stats = EngineStats()
         self.eviction_log = SummaryLog(log, "evicted least recently used markets", EVICTION_LOG_INTERVAL_S, "evicted")
         self.idle_eviction_log = SummaryLog(log, "evicted idle markets above the pool threshold", EVICTION_LOG_INTERVAL_S,
@@ -196,7 +200,12 @@ class Engine:
             return 0
         meta: dict[str, Any] = {}
         try:
-            n = load_pool(self.pool, p, self.fingerprint(), meta)
+            try:
+                n = load_pool(self.pool, p, self.fingerprint(), meta)
+            except ForeignStateError as exc:
+                if not self._use_saved_model(exc):
+                    raise
+                n = load_pool(self.pool, p, self.fingerprint(), meta)
         except CheckpointError as exc:
             moved = quarantine(p, "foreign" if isinstance(exc, ForeignStateError) else "corrupt")
             log.error("market state not restored: %s; the file was moved aside to %s", exc, moved,
@@ -207,6 +216,32 @@ class Engine:
             self.backend.sync_from_host()
         log.info("restored market state", extra={"fields": {"markets": n, "path": str(p)}})
         return n
+
+    def _use_saved_model(self, exc: ForeignStateError) -> bool:
+        """Serve, for now, the model a state file was saved with, when only the model differs and ``model_for`` has
+        it; the model meant to be served goes to ``swap_after_restore``. False (nothing changed) otherwise.
+
+        The states, and the journal after them, were computed with that model: restored and replayed with it, they
+        are what they were; the model meant to be served is then swapped in as a live swap would be (see
+        :meth:`finish_restore`). So a model activated while the service was stopped keeps every market.
+        """
+        version = exc.other_model(self.fingerprint())
+        weights = self.model_for(version) if version is not None and self.model_for is not None else None
+        if weights is None or version is None:
+            return False
+        log.info("market state was saved with model %s: restored with it, then model %s is swapped in", version,
+                 self.model_version, extra={"fields": {"saved_with": version, "serving": self.model_version}})
+        self.swap_after_restore = (self.weights, self.model_version)
+        self._use_model(weights, version)
+        return True
+
+    def finish_restore(self, reset_states: bool) -> None:
+        """After :meth:`restore_state` (and the journal's replay): swap in the model meant to be served, if the states
+        were restored with the model they were saved with (``reset_states`` as for a live swap)."""
+        if self.swap_after_restore is not None:
+            weights, version = self.swap_after_restore
+            self.swap_after_restore = None
+            self.set_weights(weights, version, reset_states)
 
     def snapshot_state(self) -> PoolSnapshot:
         """A copy of every live market's state (call between batches), for a checkpoint written later."""
@@ -229,12 +264,15 @@ class Engine:
             self.learner.observe(t.market_id, t.price, probs[j], views.active[j], views.pf_w, views.pf_ptr, views.pf_post,
                                  views.pf_rows)
 
-    def set_weights(self, weights: Weights, model_version: str, reset_states: bool = False) -> None:
-        """Swap the model between batches (callers on the loop thread: no batch is running)."""
+    def _use_model(self, weights: Weights, model_version: str) -> None:
         self.backend.set_weights(weights)
         self.weights = weights
         self.model_version = model_version
         self.learner = self._make_learner()
+
+    def set_weights(self, weights: Weights, model_version: str, reset_states: bool = False) -> None:
+        """Swap the model between batches (callers on the loop thread: no batch is running)."""
+        self._use_model(weights, model_version)
         if reset_states:
             for market in self.pool.table.markets():
                 self.pool.table.release(market)

@@ -41,7 +41,20 @@ STATE_FILE = "market_state.bin"
 
 
 class ForeignStateError(CheckpointError):
-    """A readable state file saved for another network or model (fingerprint mismatch)."""
+    """A readable state file saved for another network or model (fingerprint mismatch); ``saved`` is its fingerprint."""
+
+    def __init__(self, reason: str, path: str, saved: dict[str, Any]) -> None:
+        super().__init__(reason, path)
+        self.saved = saved
+
+    def other_model(self, fingerprint: dict[str, Any]) -> str | None:
+        """The model version the file was saved with, when only that differs from ``fingerprint`` (the same
+        network), else None."""
+        mine = json.loads(json.dumps(fingerprint, sort_keys=True))
+        same = {k: v for k, v in self.saved.items() if k != "model_version"} == {k: v for k, v in mine.items()
+                                                                                 if k != "model_version"}
+        version = self.saved.get("model_version")
+        return version if same and isinstance(version, str) and version else None
 
 
 @dataclass(frozen=True)
@@ -136,7 +149,8 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
     except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
         raise CheckpointError(f"state file lacks or garbles {exc}", str(path)) from None
     if saved_fp != json.loads(json.dumps(fingerprint, sort_keys=True)):
-        raise ForeignStateError(f"saved for another network ({saved_fp}), not this one ({fingerprint})", str(path))
+        raise ForeignStateError(f"saved for another network ({saved_fp}), not this one ({fingerprint})", str(path),
+                                saved_fp if isinstance(saved_fp, dict) else {})
     n = len(markets)
     for name in STATE_FIELDS:
         arr = data.get(name)

@@ -64,8 +64,8 @@ def _resolve(cfg: Config, files: list[str]) -> list[Path]:
 def _activate_offline(cfg: Config, version: str | None) -> None:
     """Name ``version`` the active model, holding the state dir's lock (None: only check that it is free).
 
-    A service running on the state dir would keep serving its model, and at its next start drop the market
-    state it saved for that model: InputError, naming how to activate the model through the service instead.
+    A service running on the state dir would keep serving its model and switch to this one, unannounced, at its
+    next restart: InputError, naming how to activate the model through the service instead.
     """
     from ..engine.journal import StateDirLock
 
@@ -80,8 +80,8 @@ def _activate_offline(cfg: Config, version: str | None) -> None:
             raise
         stored = f"model {version} is stored but not active" if version else "nothing was trained"
         how = f"/models/{version or '<version>'}/activate"
-        raise InputError(f"--activate refused: {exc}; a running service keeps its market state only when it swaps the"
-                         f" model itself: {stored}; activate it through the service (curl -X POST -H \"Authorization:"
+        raise InputError(f"--activate refused: {exc}; the service would keep serving its model and switch to this one"
+                         f" at its next restart: {stored}; activate it through the service (curl -X POST -H \"Authorization:"
                          f" Bearer $TOKEN\" http://{cfg.server.host}:{cfg.server.port}{how})") from None
     try:
         if version is not None:

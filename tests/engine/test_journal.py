@@ -466,6 +466,48 @@ async def test_a_reset_after_a_failed_journal_write_is_refused_and_changes_nothi
     assert e.pool.table.get("A") is not None and e.pool.last_timestamp("A") == T0 + 2
 
 
+@pytest.mark.parametrize("how", ["crash", "graceful"])
+async def test_a_model_activated_while_stopped_keeps_every_market(journaled: tuple[Config, list[Durability]],
+                                                                   how: str) -> None:
+    """States saved with model v1, a start serving v2: restored and replayed with v1, then v2 swapped in, as live."""
+    cfg, opened = journaled
+    w2, e, d, twin = await fed_with_another_model(cfg, opened)
+    await feed([e, twin], [tick(m, T0 + 50 + k) for k in range(3) for m in "AB"])
+    if how == "crash":
+        crash(d)
+    else:
+        await e.drain()
+    twin.set_weights(w2.copy(), "v2")  # what a live swap would have made of the states
+    v1 = e.weights
+    e2 = Engine(cfg, weights=w2.copy(), model_version="v2")
+    e2.model_for = lambda version: v1 if version == e.model_version else None
+    d2 = Durability(e2)
+    opened.append(d2)
+    d2.recover()
+    e2.finish_restore(reset_states=False)
+    assert e2.model_version == "v2" and e2.swap_after_restore is None
+    assert_same_pool(e2, twin)
+    await feed([e2, twin], [tick(m, T0 + 100 + k) for k in range(3) for m in "AB"])
+    assert_same_pool(e2, twin)
+    crash(d2)
+    e3, _ = start(cfg, opened, weights=w2.copy(), model_version="v2")  # the swap was checkpointed: v1 is not needed
+    assert_same_pool(e3, twin)
+
+
+async def test_states_of_a_model_no_longer_stored_are_moved_aside(journaled: tuple[Config, list[Durability]]) -> None:
+    cfg, opened = journaled
+    w2, e, _, _ = await fed_with_another_model(cfg, opened)
+    await e.drain()
+    e2 = Engine(cfg, weights=w2.copy(), model_version="v2")
+    e2.model_for = lambda version: None
+    d2 = Durability(e2)
+    opened.append(d2)
+    d2.recover()
+    e2.finish_restore(reset_states=False)
+    assert e2.model_version == "v2" and e2.pool.used == 0
+    assert len(list(Path(cfg.paths.state_dir).glob(f"{STATE_FILE}.foreign-*"))) == 1
+
+
 async def test_fsync_mode_journals_the_same(engine_config: ConfigFactory, tmp_path: Path) -> None:
     cfg = engine_config(state_dir=tmp_path / "state", journal_fsync=True)
     opened: list[Durability] = []

@@ -150,7 +150,7 @@ def test_activate_is_refused_while_a_service_holds_the_state_dir(env: Path, caps
         assert main(["train", "ticks.csv", "--epochs", "1", "--activate"]) == 1
         err = capsys.readouterr().err
         assert f"--activate refused: state dir {state} is in use by another cerebellar-norse process" in err
-        assert "nothing was trained" in err and "/models/<version>/activate" in err
+        assert "nothing was trained" in err and "/models/<version>/activate" in err and "next restart" in err
         assert ModelStore(state).versions() == [] and ModelStore(state).active_version() is None
         assert main(["train", "ticks.csv", "--epochs", "1", "--json"]) == 0  # storing only is fine beside a service
         assert ModelStore(state).active_version() is None
