@@ -479,6 +479,9 @@ def _sectionless_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     return out
 
 
+# Values of an environment variable read as a switch (the file takes only true and false).
+_SWITCH_WORDS = {"1": True, "yes": True, "on": True, "true": True, "0": False, "no": False, "off": False, "false": False}
+
 # Errors of a text-typed key (str, SecretStr, Path) given a number or a bool.
 _TEXT_ERROR_TYPES = frozenset({"string_type", "path_type"})
 
@@ -508,10 +511,17 @@ def build_config(data: Mapping[str, Any], source: str = "", environ: Mapping[str
                 key for key in (".".join(str(p) for p in e["loc"]) for e in exc.errors() if e["type"] in _TEXT_ERROR_TYPES)
                 if key in env_names and key not in verbatim
             }
-            if retry:
+            # A switch set by a variable in the words shells and unit files use (1, yes, on, ...) is meant as one.
+            switches = {
+                key for key in (".".join(str(p) for p in e["loc"]) for e in exc.errors() if e["type"] == "bool_type")
+                if key in env_names and key not in verbatim and env[env_names[key]].strip().lower() in _SWITCH_WORDS
+            }
+            if retry or switches:
                 for key in retry:
                     _set_dotted(env_tree, key, env[env_names[key]])
-                verbatim |= retry
+                for key in switches:
+                    _set_dotted(env_tree, key, _SWITCH_WORDS[env[env_names[key]].strip().lower()])
+                verbatim |= retry | switches
                 continue
             problems = [_with_env_source(p, env_names) for p in _pydantic_problems(exc)]
             raise ConfigError(problems, source) from None

@@ -155,6 +155,16 @@ def test_a_value_of_the_wrong_type_is_refused_with_what_to_write(kind: str) -> N
     assert problem.key == f"{section}.{key}" and f"(got {value!r})" in problem.message and problem.fix == fix
 
 
+@pytest.mark.parametrize(("raw", "value"), [("1", True), ("yes", True), ("ON", True), ("true", True), ("0", False),
+                                            ("no", False), ("off", False), ("False", False)])
+def test_a_switch_from_the_environment_takes_the_usual_words(raw: str, value: bool) -> None:
+    cfg = cfg_with({}, {"CEREBELLAR_NORSE_DEBUG__RECORD_REQUESTS": raw})
+    assert cfg.debug.record_requests is value
+    with pytest.raises(ConfigError) as info:  # the file takes true and false only
+        cfg_with({"debug": {"record_requests": raw}})
+    assert problem_keys(info.value) == ["debug.record_requests"]
+
+
 def test_an_integer_is_a_float_and_paths_are_text() -> None:
     cfg = cfg_with({"neural": {"readout_scale": 3}, "paths": {"data_dir": "/tmp/d", "state_dir": "/tmp/s"},
                     "logging": {"file": "/tmp/a.log"}})
