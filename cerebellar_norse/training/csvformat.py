@@ -6,8 +6,10 @@ other column is ignored:
 
 * time (required): ``timestamp``, ``unix``, ``time``, ``date``, ``datetime``, ``date_time``,
   ``gmt time``, ``utc time``, ``local time``, ``open time``, ``open_time``. A value is a
-  number since the epoch, in ms (an integer, or an integral number such as ``1.6e12``) or
-  in the unit of ``TIME_UNITS`` (seconds, µs, ns) whose span holds the file's first time,
+  number since the epoch, in ms (an integer, or an integral number with all its digits such
+  as ``1.577836800123e12``) or in the unit of ``TIME_UNITS`` (seconds, µs, ns) whose span
+  holds the file's first time (a later row before 1973-03-03 is of another unit: bad), or
+  a date written ``YYYYMMDD`` when the first time is one,
   or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
   ``2020-01-02T15:30:00.123Z``, ``…+01:00``, ``… GMT+0100``; without an offset it is UTC),
   from 1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates may
@@ -81,7 +83,8 @@ SECONDS_HINT_MS = 100_000_000  # ms times below this (1970-01-02) are noted as p
 # Numeric times are in the unit whose span 1973-03-03 .. 2100-01-01 holds the file's first time (ms otherwise):
 # as ms, those ranges are 1970-01-02 .. 1970-02-17, after 2100, or later still.
 TIME_UNITS = {"s": (100_000_000, TS_MAX_MS // 1000), "µs": (10**14, TS_MAX_MS * 1000), "ns": (10**17, TS_MAX_MS * 10**6)}
-UNIT_WORDS = {"s": "seconds", "ms": "ms", "µs": "µs", "ns": "ns"}
+UNIT_WORDS = {"s": "seconds", "ms": "ms", "µs": "µs", "ns": "ns", "date": "YYYYMMDD dates"}
+PLAUSIBLE_MS = 100_000_000_000  # 1973-03-03: in a file whose first time is later, an earlier one is of another unit
 _TO_MS = {"s": Decimal(1000), "µs": Decimal("0.001"), "ns": Decimal("0.000001")}
 _GMT_OFFSET = re.compile(r"\s*(?:GMT|UTC)\s*(?:([+-])(\d{2}):?(\d{2}))?$")  # Dukascopy's "… GMT+0100"
 TITLE_LINES_MAX = 5  # lines without a separator skipped before the header (a download site's name or URL)
@@ -91,7 +94,11 @@ _EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
 _YMD_DATE = re.compile(r"(\d{4})[./](\d{1,2})[./](\d{1,2})(?:([ T])(.*))?$")  # 2020.01.02 (MetaTrader), 2020/01/02
-_CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$")  # a time of day in a column of its own
+# a time of day in a column of its own: 9:30, 09:30:00.250, or digits only (stooq's 153500, 0930)
+_CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$|\d{6}$|\d{4}$")
+# the time after a date written with slashes, as spreadsheets write it: 0:15, 1:00:00 AM, 13:05:09.5
+_SHEET_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*([AaPp][Mm])?$")
+_EXPONENT = re.compile(r"[+-]?(\d*)\.?(\d*)[eE]")  # a number in scientific notation: its mantissa's digits
 # M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
 
@@ -127,6 +134,7 @@ class Columns:
     clock_name: str = ""
     newest_first: bool = False  # rows run newest first (see runs_newest_first)
     time_unit: str = "ms"  # unit of numeric times (a key of UNIT_WORDS), from the first time (see time_unit_of)
+    time_floor: int = 0  # a numeric time before this (ms) is of another unit than the file's (see time_unit_of)
     ask: int | None = None  # with ``price`` the bid: the price is their mid
     ask_name: str = ""
     ask_volume: int | None = None  # with ``volume`` the bid side's: the volume is their sum
@@ -145,7 +153,7 @@ class Columns:
             path=str(path), separator={",": ",", ";": ";", "\t": "tab", "|": "|"}[self.delimiter],
             header_lines=self.header_rows,
             time=self.time_name + (f" + {self.clock_name}" if self.clock is not None else ""),
-            time_unit=None if self.iso else self.time_unit,
+            time_unit=None if self.iso and self.time_unit == "ms" else self.time_unit,
             dates=None if self.day_first is None else ("day/month/year" if self.day_first else "month/day/year"),
             price=self.price_name, ask=self.ask_name or None, volume=self.volume_name if self.volume is not None else None,
             ask_volume=self.ask_volume_name or None,
@@ -251,7 +259,19 @@ def _from_slash(text: str, day_first: bool) -> str:
         return text
     a, b = int(m[1]), int(m[3])
     month, day = (b, a) if day_first else (a, b)
-    return f"{m[4]}-{month:02d}-{day:02d}" + (f"{m[5]}{m[6]}" if m[5] else "")
+    return f"{m[4]}-{month:02d}-{day:02d}" + (f"{m[5]}{_sheet_clock(m[6])}" if m[5] else "")
+
+
+def _sheet_clock(text: str) -> str:
+    """A time of day as spreadsheets write it (``0:15``, ``1:00:00 PM``) as ISO 8601's ``HH:MM[:SS[.f]]``; other
+    text unchanged."""
+    m = _SHEET_CLOCK.match(text.strip())
+    if m is None:
+        return text
+    hour = int(m[1])
+    if m[5]:  # 12 AM is midnight, 12 PM noon
+        hour = hour % 12 + (12 if m[5].lower() == "pm" else 0)
+    return f"{hour:02d}:{m[2]}" + (f":{m[3]}{m[4] or ''}" if m[3] else "")
 
 
 def header_name(name: str) -> str:
@@ -468,7 +488,16 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
     ``unit`` is the file's unit of numeric times (see :func:`time_unit_of`).
     """
     s = raw = text.strip()
-    if unit != "ms" and _is_number(s):
+    if unit == "date" and s.isdigit():
+        ms = _yyyymmdd(s)
+        if ms is None:
+            raise ValueError(f"{name} {raw!r} is not a date written YYYYMMDD (as the file's first time is)")
+        return ms
+    rounded = _rounded_digits(s) if "e" in s or "E" in s else None
+    if rounded is not None:
+        raise ValueError(f"{name} {raw!r} keeps {rounded} significant digits (scientific notation, as spreadsheets save"
+                         " long numbers): save the column as a number with all its digits")
+    if unit not in ("ms", "date") and _is_number(s):
         return _unit_time(s, name, unit)
     if "GMT" in s or "UTC" in s:
         s = _with_offset(s)
@@ -572,22 +601,26 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
     """One data row as (ms, market, price, volume); ValueError with the reason (column named as in the header)."""
     if len(row) != cols.fields:
         raise ValueError(f"expected {cols.fields} fields, got {len(row)}")
-    text = row[cols.time] if cols.clock is None else f"{row[cols.time].strip()} {row[cols.clock].strip()}"
+    text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
     iso = cols.iso
     if iso is None and text.strip():  # the first time value decides the fast path of the file
         iso = cols.iso = not _is_number(text)
     if iso:
         ts = _iso_time(text, cols)
-    elif cols.time_unit != "ms":
-        ts = _unit_time(text.strip(), cols.time_name, cols.time_unit)
     else:
-        try:
-            ts = int(text)
-        except ValueError:
-            ts = _time_any(text, cols.time_name)
+        if cols.time_unit != "ms":
+            ts = _time_any(text, cols.time_name, None, cols.time_unit)
         else:
-            if not 0 <= ts < TS_MAX_MS:
+            try:
+                ts = int(text)
+            except ValueError:
                 ts = _time_any(text, cols.time_name)
+            else:
+                if not 0 <= ts < TS_MAX_MS:
+                    ts = _time_any(text, cols.time_name)
+        if ts < cols.time_floor:
+            raise ValueError(f"{cols.time_name} {text.strip()!r} read as {UNIT_WORDS[cols.time_unit]} since epoch is before"
+                             " 1973-03-03, unlike the file's first time: a time in another unit?")
     if cols.market is None:
         market = cols.default_market
     else:
@@ -611,6 +644,15 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
         volume += _volume(row[cols.ask_volume], cols.ask_volume_name, cols)
         cols.blank_volumes = min(cols.blank_volumes, blanks + 1)  # a row counts once
     return ts, market, price, volume
+
+
+def _with_clock(row: list[str], cols: Columns) -> str:
+    """The date of a row completed by its time of day (``cols.clock``); ValueError when the time of day is empty."""
+    assert cols.clock is not None
+    clock = row[cols.clock].strip()
+    if not clock:
+        raise ValueError(f"{cols.clock_name} is empty (a time of day is needed beside {cols.time_name})")
+    return f"{row[cols.time].strip()} {clock}"
 
 
 def _price(text: str, name: str, decimal_comma: bool) -> float:
@@ -658,8 +700,8 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
             for _, r in zip(range(sample_rows), reader, strict=False):
                 if len(r) != cols.fields:
                     continue
-                text = r[cols.time] if cols.clock is None else f"{r[cols.time].strip()} {r[cols.clock].strip()}"
                 try:
+                    text = r[cols.time] if cols.clock is None else _with_clock(r, cols)
                     t = _time_any(text, cols.time_name, cols.day_first, cols.time_unit)
                 except ValueError:
                     continue  # a bad row: the reading pass reports it
@@ -688,13 +730,43 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
     cols.iso = cols.clock is not None or not _is_number(first)
     if cols.iso:
         return None
+    if _yyyymmdd(first) is not None:  # 20080102: a date, not ms on 1970-01-01
+        cols.iso, cols.time_unit = True, "date"
+        return f"{path}: {cols.time_name} read as dates written YYYYMMDD (the first, {first})"
     x = float(first)
     cols.time_unit = next((unit for unit, (low, high) in TIME_UNITS.items() if low <= x < high), "ms")
+    if cols.time_unit != "ms" or x >= PLAUSIBLE_MS:
+        cols.time_floor = PLAUSIBLE_MS
     if cols.time_unit == "ms":
         return None
     when = datetime.fromtimestamp(_unit_time(first, cols.time_name, cols.time_unit) // 1000, UTC)
     return (f"{path}: {cols.time_name} read as {UNIT_WORDS[cols.time_unit]} since the epoch (the first, {first}, is"
             f" {when:%Y-%m-%d %H:%M:%S} UTC)")
+
+
+def _yyyymmdd(text: str) -> int | None:
+    """ms since the epoch of a date written as eight digits (``20080102``), 1970 up to 2100; None otherwise."""
+    if len(text) != 8 or not text.isdigit():
+        return None
+    try:
+        ms = _datetime_ms(datetime.fromisoformat(text))
+    except ValueError:
+        return None
+    return ms if 0 <= ms < TS_MAX_MS else None
+
+
+def _rounded_digits(text: str) -> int | None:
+    """The significant digits of a number in scientific notation too short to hold its integer part (a spreadsheet's
+    ``1.57784E+12`` for 1577836800123); None for any other number."""
+    m = _EXPONENT.match(text)
+    if m is None:
+        return None
+    digits = len((m[1] + m[2]).lstrip("0"))
+    try:
+        whole = len(str(int(abs(float(text)))))
+    except (ValueError, OverflowError):
+        return None
+    return digits if digits < whole else None
 
 
 def file_format(path: Path, header: list[str], delimiter: str, notes: list[str], skipped: int = 0) -> Columns:

@@ -191,8 +191,9 @@ def test_files_without_market_column_are_separate_markets(tmp_path: Path) -> Non
 
 def test_timestamps_from_1970_on_are_accepted(tmp_path: Path) -> None:
     t1975 = 157_766_400_000  # 1975-01-01T00:00:00Z
-    path = write(tmp_path, f"timestamp,market_id,price,volume\n{t1975},A,1,1\n{t1975 + 1000},A,2,1\n0,B,1,1\n")
-    data = load_csv_files([path])
+    path = write(tmp_path, f"timestamp,market_id,price,volume\n{t1975},A,1,1\n{t1975 + 1000},A,2,1\n")
+    early = write(tmp_path, "timestamp,market_id,price,volume\n0,B,1,1\n", "early.csv")
+    data = load_csv_files([path, early])
     assert data.report == [] and data.markets[0].timestamp.tolist() == [t1975, t1975 + 1000]
     assert data.markets[1].timestamp.tolist() == [0]
     path = write(tmp_path, "Date,Close\n1975-01-01,1\n1975-06-30T12:00,2\n", "old.csv")
@@ -231,7 +232,9 @@ def test_a_column_may_mix_ms_and_iso_whatever_its_first_row(tmp_path: Path) -> N
         data = load_csv_files([path], max_bad_fraction=0.5)
         # an integer is ms, also in a column of dates: 20220101 ms is in 1970, before the rows above
         assert data.markets[0].timestamp.tolist() == [T0, T0 + 1000]
-        assert data.report == [f"{path}:4: time goes backwards for market 'ticks' (20220101 < {T0 + 1000})"]
+        assert data.report == [f"{path}:4: time '20220101' read as ms since epoch is before 1973-03-03, unlike the file's"
+                               " first time: a time in another unit?" if first == str(T0) else
+                               f"{path}:4: time goes backwards for market 'ticks' (20220101 < {T0 + 1000})"]
 
 
 def test_bad_date_and_price_rows_name_the_header_column(tmp_path: Path) -> None:
@@ -691,6 +694,64 @@ def test_a_price_column_is_used_before_bid_and_ask_and_one_side_is_not_enough(tm
     path = write(tmp_path, "time,bid,bid size\n2022-01-01,1,3\n")
     with pytest.raises(DataError, match=r"no price column \(expected one of .*, or a bid and an ask column\)"):
         load_csv_files([path])
+
+
+def test_stooq_dates_and_times_written_as_digits(tmp_path: Path) -> None:
+    """stooq's bulk files: <DATE> as YYYYMMDD, <TIME> as HHMMSS completing it."""
+    path = write(tmp_path, "<TICKER>,<PER>,<DATE>,<TIME>,<OPEN>,<HIGH>,<LOW>,<CLOSE>,<VOL>,<OPENINT>\n"
+                           "AAPL.US,5,20080102,153500,1,1,1,7.5,100,0\nAAPL.US,5,20080102,154000,1,1,1,7.6,90,0\n"
+                           "AAPL.US,5,20080103,093000,1,1,1,7.7,80,0\n", "aapl.us.txt")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert data.report == [] and m.market_id == "AAPL.US"
+    assert m.timestamp.tolist() == [utc_ms(2008, 1, 2, 15) + 2_100_000, utc_ms(2008, 1, 2, 15) + 2_400_000,
+                                    utc_ms(2008, 1, 3, 9) + 1_800_000]
+    assert f"{path}: time from the <DATE> and <TIME> columns" in data.notes
+
+
+def test_dates_written_as_eight_digits(tmp_path: Path) -> None:
+    path = write(tmp_path, "date,close\n20040817,1\n20040818,2\n20041301,3\n1092700800000,4\n", "002032.csv")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2004, 8, 17), utc_ms(2004, 8, 18)]
+    assert data.report == [f"{path}:4: date '20041301' is not a date written YYYYMMDD (as the file's first time is)",
+                           f"{path}:5: date '1092700800000' is not a date written YYYYMMDD (as the file's first time is)"]
+    assert f"{path}: date read as dates written YYYYMMDD (the first, 20040817)" in data.notes
+    assert data.formats[0].time_unit == "date"
+
+
+def test_spreadsheet_times_after_slash_dates(tmp_path: Path) -> None:
+    path = write(tmp_path, "Date,Close\n1/2/2020 0:15,1\n1/2/2020 1:00:00 PM,2\n1/13/2020 12:00:00 AM,3\n", "ES.csv")
+    data = load_csv_files([path])
+    assert data.report == [] and data.markets[0].timestamp.tolist() == [
+        utc_ms(2020, 1, 2) + 900_000, utc_ms(2020, 1, 2, 13), utc_ms(2020, 1, 13)]
+
+
+def test_an_empty_time_of_day_is_a_bad_row(tmp_path: Path) -> None:
+    rows = "".join(f"2020-01-{d:02d},10:00:00,{d}\n" for d in range(1, 10))
+    path = write(tmp_path, f"Date,Time,Close\n{rows}2020-01-10,,1\n")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.report == [f"{path}:11: Time is empty (a time of day is needed beside Date)"] and data.ticks == 9
+    assert not data.formats[0].newest_first
+
+
+def test_times_rounded_by_scientific_notation_are_bad_rows(tmp_path: Path) -> None:
+    """Spreadsheets save 13-digit ms as 1.57784E+12: the ticks would collapse onto a few times."""
+    path = write(tmp_path, "timestamp,price\n1577836800123,1\n1.57784E+12,2\n1.577836801123e12,3\n")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.report == [f"{path}:3: timestamp '1.57784E+12' keeps 6 significant digits (scientific notation, as"
+                           " spreadsheets save long numbers): save the column as a number with all its digits"]
+    assert data.markets[0].timestamp.tolist() == [1577836800123, 1577836801123]  # every digit kept: read
+
+
+def test_a_time_of_another_unit_in_a_newest_first_file_is_a_bad_row(tmp_path: Path) -> None:
+    """CryptoDataDownload's unix column switched from seconds to ms: read newest first, the seconds are not 1970."""
+    rows = [f"{1593561600000 - 3_600_000 * k},BTC,{9000 + k}" for k in range(40)]
+    rows += [f"{1593561600 - 3600 * k},BTC,{9000 + k}" for k in range(40, 42)]
+    path = write(tmp_path, "unix,symbol,close\n" + "\n".join(rows) + "\n")
+    data = load_csv_files([path], max_bad_fraction=0.1)
+    assert data.formats[0].newest_first and data.ticks == 40
+    assert data.report[0] == (f"{path}:42: unix '{1593561600 - 3600 * 40}' read as ms since epoch is before 1973-03-03,"
+                              " unlike the file's first time: a time in another unit?")
 
 
 def test_a_site_name_above_the_header_is_skipped(tmp_path: Path) -> None:
