@@ -30,6 +30,7 @@ from .schemas import error_payload
 MAX_HEAD = 65_536  # request line and headers (bytes) read before answering anyway
 MAX_BODY = 1 << 20  # a body up to this is read before the answer, so that closing does not reset the connection
 LINGER_S = 2.0  # a connection is closed this long after its answer, when the client has not closed it first
+HEAD_TIMEOUT_S = 10.0  # a request not complete this long after its connection is answered all the same
 RETRY_AFTER_S = 2
 
 
@@ -62,6 +63,7 @@ class StartingResponder:
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
+        self.open: set[_Answer] = set()  # connections accepted and not yet closed (on the responder's loop)
         self._thread = threading.Thread(target=self._run, name="starting-503", daemon=True)
 
     def start(self) -> StartingResponder:
@@ -90,7 +92,9 @@ class StartingResponder:
         def close() -> None:
             if self._server is not None:
                 self._server.close()
-            self._loop.stop()
+            for conn in list(self.open):  # answered now, or closed: none is left open and unanswered
+                conn.finish()
+            self._loop.call_later(0.05, self._loop.stop)  # the closed connections' sockets are closed first
 
         self._loop.call_soon_threadsafe(close)
         self._thread.join(10.0)
@@ -124,6 +128,23 @@ class _Answer(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.responder.open.add(self)
+        asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.responder.open.discard(self)
+
+    def _deadline(self) -> None:
+        if not self.answered and self.transport is not None and not self.transport.is_closing():
+            self._reply()
+
+    def finish(self) -> None:
+        """Answer (when not yet answered) and close now: the responder stops."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self.answered:
+            self._reply()
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self.answered or self.transport is None:

@@ -94,6 +94,33 @@ def test_after_stop_the_socket_still_listens_for_the_app() -> None:
         t.join(10)
 
 
+def test_a_request_left_unfinished_is_answered_when_the_responder_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cerebellar_norse.api.starting as starting
+
+    monkeypatch.setattr(starting, "HEAD_TIMEOUT_S", 0.5)
+    sock = bind_listener("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    responder = StartingResponder(sock).start()
+    try:
+        late = socket.create_connection(("127.0.0.1", port), timeout=5)
+        late.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n")  # the headers never end
+        assert late.recv(65536).startswith(b"HTTP/1.1 503 ")  # answered at its deadline
+        late.close()
+        stuck = socket.create_connection(("127.0.0.1", port), timeout=5)
+        stuck.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.1)
+        assert len(responder.open) == 1
+        responder.stop()  # before the deadline: answered and closed now, nothing left open
+        out = b""
+        while chunk := stuck.recv(65536):
+            out += chunk
+        assert out.startswith(b"HTTP/1.1 503 ") and not responder.open
+        stuck.close()
+    finally:
+        responder.stop()
+        sock.close()
+
+
 def test_a_port_in_use_is_refused_naming_it() -> None:
     sock = bind_listener("127.0.0.1", 0)
     port = sock.getsockname()[1]
