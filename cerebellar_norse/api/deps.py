@@ -20,6 +20,7 @@ from ..errors import CerebellarNorseError, EngineFatalError, InputError
 from ..observability.metrics import ServiceMetrics
 from ..observability.timelines import TimelineBook
 from ..ticks import Tick, check_not_future
+from .schemas import loads_utf8
 
 if TYPE_CHECKING:
     import uvicorn
@@ -171,6 +172,15 @@ def require_json(request: Request) -> None:
         raise HTTPException(415, problem)
 
 
+class Utf8JsonRequest(Request):
+    """A request whose JSON body must be UTF-8 (Starlette's ``json()`` also takes UTF-16 and UTF-32)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads_utf8(await self.body())
+        return self._json
+
+
 class JsonBodyRoute(APIRoute):
     """A route whose POST requests must be ``application/json``: checked before FastAPI reads and validates the body.
 
@@ -191,7 +201,7 @@ class JsonBodyRoute(APIRoute):
             if guarded:  # the token first: an unauthenticated caller learns nothing about the body
                 check_token(service(request).cfg, request.headers.get("authorization"))
             require_json(request)
-            return await handler(request)
+            return await handler(Utf8JsonRequest(request.scope, request.receive))
 
         return json_only
 

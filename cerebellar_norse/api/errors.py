@@ -26,7 +26,7 @@ from ..errors import (
 from ..observability.context import request_id_var
 from ..ticks import FutureTickError
 from .deps import AuthError
-from .schemas import error_payload
+from .schemas import NotUtf8Error, error_payload, loads_utf8
 
 log = logging.getLogger("cerebellar_norse.api")
 
@@ -67,7 +67,9 @@ def json_problem(body: str | bytes) -> str | None:
     Both tick paths word a malformed body this way, whichever parser found it.
     """
     try:
-        json.loads(body)
+        loads_utf8(body)
+    except NotUtf8Error:
+        return NOT_UTF8
     except json.JSONDecodeError as exc:
         return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
     except (ValueError, TypeError, RecursionError) as exc:

@@ -58,10 +58,33 @@ def parse_tick(body: str | bytes) -> TickIn:
         if exc.errors(include_url=False)[0]["type"] != "json_invalid":
             raise
         try:
-            value = json.loads(body)
+            value = loads_utf8(body)
         except (ValueError, TypeError, RecursionError):
             raise exc from None
         return TickIn.model_validate(value)
+
+
+def loads_utf8(body: str | bytes) -> Any:
+    """JSON of a request body, which must be UTF-8 without a byte-order mark; ``json.JSONDecodeError`` otherwise.
+
+    (``json.loads`` of bytes would also take UTF-16 and UTF-32, guessing the encoding.)
+    """
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise NotUtf8Error(exc.object, exc.start) from None
+    return json.loads(body)
+
+
+class NotUtf8Error(json.JSONDecodeError):
+    """A body that is not UTF-8 text; ``doc`` is the body's bytes, ``pos`` the first byte that is not."""
+
+    def __init__(self, body: bytes, pos: int) -> None:
+        ValueError.__init__(self, f"not UTF-8 text (byte 0x{body[pos]:02x} at {pos})")
+        self.msg = f"not UTF-8 text (byte 0x{body[pos]:02x})"
+        self.doc = body  # type: ignore[assignment]  # bytes: the text it is not
+        self.pos, self.lineno, self.colno = pos, 1, pos + 1
 
 
 class BatchIn(BaseModel):

@@ -109,6 +109,18 @@ def test_batch_route_answers_a_body_that_is_not_utf8_with_400(tmp_path: Path) ->
     assert "not UTF-8" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-8-sig"])
+def test_a_json_body_in_another_encoding_is_400_on_every_tick_route(tmp_path: Path, encoding: str) -> None:
+    """JSON parsers that guess the encoding would read these; the service takes UTF-8 only, and applies nothing."""
+    tick = {"price": 1.0, "volume": 1.0, "timestamp": 1_640_995_200_000, "market_id": "ENC"}
+    bodies = {"/neural/process": tick, "/neural/process/batch": {"ticks": [tick]}}
+    with _client(tmp_path, fast_path=True) as c:
+        for path, body in bodies.items():
+            r = c.post(path, content=json.dumps(body).encode(encoding), headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["type"] == "malformed_json", (path, r.text)
+        assert c.post("/neural/process", json=tick).status_code == 200  # ENC had no tick applied before
+
+
 @pytest.mark.parametrize(("body", "why"), [
     (b'{"ticks": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
     (b'{"ticks": [{"price": 1.0, "volume": 1.0, "timestamp": 1' + b"0" * 5000 + b', "market_id": "A"}]}',
