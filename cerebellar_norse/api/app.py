@@ -77,7 +77,7 @@ class RequestContextMiddleware:
             if k == b"x-request-id":
                 rid = v.decode("latin-1")
             elif k == b"content-length":
-                length = v
+                length = v.strip(b" \t")  # optional whitespace around a field value (RFC 9110)
         t0 = time.perf_counter_ns()
         rid = accept_request_id(rid)
         token = request_id_var.set(rid)

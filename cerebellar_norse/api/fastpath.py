@@ -63,10 +63,11 @@ class TickFastPath:
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctype = ""
         market: str | None = None  # X-Market-ID: the ticks' market when the load balancer routed by it
-        for k, v in scope["headers"]:
-            if k == b"content-type":
-                ctype = v.decode("latin-1")
-            elif k == b"x-market-id":
+        seen_ctype = False
+        for k, v in scope["headers"]:  # the first of a repeated header, as every other route reads it
+            if k == b"content-type" and not seen_ctype:
+                ctype, seen_ctype = v.decode("latin-1"), True
+            elif k == b"x-market-id" and market is None:
                 market = v.decode("latin-1")
         problem = content_type_problem(ctype)
         if problem is not None:

@@ -64,16 +64,21 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._deadline: asyncio.TimerHandle | None = None
-            self._header_bytes = 0  # bytes of the request line and headers read so far
+            self._header_bytes = 0  # bytes of the request line and headers read so far (headers not yet complete)
+            self._parsed_head = 0  # bytes of the request line and headers the parser has handed over (this request)
+            self._head_too_large = False
             self._headers_seen = 0  # requests whose headers were complete
             self._in_headers = True
             self._refused = False
+            self._pending_refusal: tuple[bytes, str, str] | None = None  # written once the answers before it are
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return  # the answer is out; what the client still sends is dropped
             in_headers, seen = self._in_headers, self._headers_seen
             HttpToolsProtocol.data_received(self, data)  # (no super(): this runs per request)
+            if self._refused:
+                return  # refused by the parser's callbacks (431, 400) in this read
             if self._headers_seen != seen:
                 self._header_bytes = 0
             elif in_headers and not self.transport.is_closing():  # every byte of it was request line or headers
@@ -82,12 +87,32 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                     self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
                                  f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
 
+        def on_url(self, url: bytes) -> None:
+            self._count_head(len(url))
+            HttpToolsProtocol.on_url(self, url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_head(len(name) + len(value) + 4)
+            HttpToolsProtocol.on_header(self, name, value)
+
+        def _count_head(self, n: int) -> None:
+            """Count the request line and headers as the parser hands them over: headers complete within one read
+            never reach the count of :meth:`data_received`. Over the limit, stop the parser (answered 431)."""
+            self._parsed_head += n
+            if self._parsed_head > MAX_HEADER_BYTES:
+                self._head_too_large = True
+                raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
+
         def on_headers_complete(self) -> None:
             self._in_headers = False
             self._headers_seen += 1
             HttpToolsProtocol.on_headers_complete(self)
 
         def send_400_response(self, msg: str) -> None:
+            if self._head_too_large:
+                self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
+                             f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+                return
             self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", "malformed HTTP request: the server could not parse it")
 
         def _refuse(self, status_line: bytes, kind: str, message: str) -> None:
@@ -97,18 +122,37 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._refused = True
             self._disarm()
             cycle = self.cycle
-            busy = cycle is not None and not cycle.response_complete  # its app may still write: close now, as uvicorn does
-            if not (busy and cycle is not None and cycle.response_started):  # else an answer is half written already
-                headers, body = error_answer(kind, message, new_request_id())
-                self.transport.write(raw_answer(status_line, headers, body))
-            if busy:
+            in_flight = cycle is not None and not cycle.response_complete
+            if self.pipeline or (in_flight and cycle is not None and not cycle.more_body):
+                # whole requests before it are still being answered: answer them first, in order, then this one
+                self._pending_refusal = (status_line, kind, message)
+                return
+            if in_flight and cycle is not None:  # the bad bytes are this request's own body: its app may still write
+                if not cycle.response_started:
+                    headers, body = error_answer(kind, message, new_request_id())
+                    self.transport.write(raw_answer(status_line, headers, body))
                 self.transport.close()
                 return
+            self._write_refusal(status_line, kind, message)
+
+        def _write_refusal(self, status_line: bytes, kind: str, message: str) -> None:
+            headers, body = error_answer(kind, message, new_request_id())
+            self.transport.write(raw_answer(status_line, headers, body))
             # Closing now, with the client's bytes unread, would reset the connection and could lose the answer:
             # end our side, drop what still comes, and close when the client does (or after LINGER_S).
             if self.transport.can_write_eof():
                 self.transport.write_eof()
             self.loop.call_later(LINGER_S, self.transport.close)
+
+        def on_response_complete(self) -> None:
+            pending = self._pending_refusal
+            if pending is None or self.pipeline:
+                super().on_response_complete()
+                return
+            self._pending_refusal = None
+            self.server_state.total_requests += 1
+            if not self.transport.is_closing():
+                self._write_refusal(*pending)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -119,6 +163,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
+            self._parsed_head = 0
             super().on_message_begin()
             self._arm()
 

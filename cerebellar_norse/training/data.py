@@ -104,11 +104,16 @@ def resolve_data_file(data_dir: Path, name: str) -> Path:
     pure = PurePosixPath(name)
     if pure.is_absolute() or name.startswith(("/", "\\")) or any(p == ".." for p in pure.parts):
         raise InputError(f"{name!r}: file names must be relative to the data dir, without '..'", "files")
-    path = (Path(data_dir) / pure).resolve()
-    base = Path(data_dir).resolve()
-    if base not in path.parents and path != base:
-        raise InputError(f"{name!r} resolves outside the data dir", "files")
-    if not path.exists():
+    try:
+        path = (Path(data_dir) / pure).resolve()
+        base = Path(data_dir).resolve()
+        if base not in path.parents and path != base:
+            raise InputError(f"{name!r} resolves outside the data dir", "files")
+        exists = path.exists()
+    except OSError as exc:  # a name or path too long, a loop of links
+        raise InputError(f"{name[:80]!r}{'…' if len(name) > 80 else ''}: not a usable file name"
+                         f" ({exc.strerror or exc})", "files") from None
+    if not exists:
         raise DataFileNotFoundError(f"{name!r} does not exist in the data dir {base}", "files")
     if not path.is_file():
         kind = "a directory" if path.is_dir() else "not a regular file (a FIFO, socket or device)"

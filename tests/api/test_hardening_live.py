@@ -495,6 +495,41 @@ def test_malformed_request_is_a_json_400_and_the_connection_closes(srv: LiveServ
     assert_no_error_logs(srv)
 
 
+@pytest.mark.parametrize("after", [b"GARBAGE\r\n\r\n", b"X"])
+def test_a_malformed_request_after_a_good_one_is_answered_after_it(srv: LiveServer, after: bytes) -> None:
+    """The good request's answer comes first, then the refusal: a client matches answers to requests in order."""
+    m = market("PIPE400")
+    body = json.dumps(live_tick(m, now_ms())).encode()
+    good = (b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(good + after + (b"" if after.endswith(b"\r\n\r\n") else b" / HTTP/1.1\r\n\r\n"))
+        (st1, _, b1), (st2, h2, b2) = _read_responses(s, 2)
+    assert st1 == 200 and json.loads(b1)["market_id"] == m
+    assert st2 == 400 and h2["connection"] == "close" and json.loads(b2)["error"]["type"] == "bad_request"
+
+
+def test_a_content_length_with_whitespace_after_it_is_read(srv: LiveServer) -> None:
+    body = json.dumps(live_tick(market("OWS"), now_ms())).encode()
+    for ows in (b" ", b"\t", b"  "):
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            s.sendall(b"POST /neural/process HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d%s\r\n\r\n" % (len(body), ows) + body)
+            answer, _ = read_until_closed(s, 10)
+        status, _, got = parse_response(answer)
+        assert status == 200, answer[:300]
+        body = json.dumps(live_tick(json.loads(got)["market_id"], now_ms() + 1)).encode()
+
+
+def test_headers_over_the_limit_in_one_write_are_a_json_431(srv: LiveServer) -> None:
+    for size in (70_000, 122_552):
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * size + b"\r\n\r\n")
+            answer, _ = read_until_closed(s, 10)
+        status, _, body = parse_response(answer)
+        assert status == 431 and json.loads(body)["error"]["type"] == "headers_too_large", answer[:300]
+
+
 @pytest.mark.parametrize("shape", ["one long header", "many headers", "slowly"])
 def test_headers_over_the_limit_are_a_json_431(srv: LiveServer, client: httpx.Client, shape: str) -> None:
     before = sample_value(client, "cerebellar_norse_errors_total", kind="headers_too_large")

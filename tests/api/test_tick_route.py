@@ -109,6 +109,19 @@ def test_batch_route_answers_a_body_that_is_not_utf8_with_400(tmp_path: Path) ->
     assert "not UTF-8" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("first", ["text/plain", "application/json"])
+def test_a_repeated_header_is_read_as_its_first_copy_on_both_tick_routes(tmp_path: Path, first: str) -> None:
+    other = "application/json" if first == "text/plain" else "text/plain"
+    tick = _tick("DUP", 0)
+    with _client(tmp_path, fast_path=True) as c:
+        for path, body in (("/neural/process", tick), ("/neural/process/batch", {"ticks": [_tick("DUP2", 0)]})):
+            r = c.post(path, content=json.dumps(body).encode(), headers=[("content-type", first), ("content-type", other)])
+            assert r.status_code == (200 if first == "application/json" else 415), (path, r.text)
+        r = c.post("/neural/process", content=json.dumps(_tick("DUP", 1)).encode(),
+                   headers=[("content-type", "application/json"), ("x-market-id", "DUP"), ("x-market-id", "OTHER")])
+        assert r.status_code == 200, r.text  # the first X-Market-ID, DUP, is the tick's market
+
+
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-8-sig"])
 def test_a_json_body_in_another_encoding_is_400_on_every_tick_route(tmp_path: Path, encoding: str) -> None:
     """JSON parsers that guess the encoding would read these; the service takes UTF-8 only, and applies nothing."""

@@ -901,6 +901,8 @@ def test_resolve_refuses_missing_files_and_directories(data_dir: Path) -> None:
         resolve_data_file(data_dir, "missing.csv")
     with pytest.raises(InputError, match=r"'sub' in the data dir .* is a directory: training reads regular files"):
         resolve_data_file(data_dir, "sub")
+    with pytest.raises(InputError, match=r"not a usable file name \(File name too long\)"):
+        resolve_data_file(data_dir, "a" * 300 + ".csv")
     os.mkfifo(data_dir / "pipe.csv")
     with pytest.raises(InputError, match=r"'pipe.csv' in the data dir .* is not a regular file \(a FIFO"):
         resolve_data_file(data_dir, "pipe.csv")
