@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from ..observability.context import new_request_id
 from .deps import SCOPE_REQUEST_ID, SCOPE_TIMED_OUT
@@ -218,3 +219,14 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             await cycle.send({"type": "http.response.body", "body": body, "more_body": False})
 
     return GuardedHttpToolsProtocol
+
+
+class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, knowing that a handshake answered with an HTTP response (a denial, such as the
+    JSON 503 at ``server.max_connections``) is complete: uvicorn would log every denial as an ERROR ("returned
+    without completing handshake"), so anyone could fill the error log by opening sockets."""
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+            self.handshake_complete = True

@@ -44,7 +44,7 @@ from .lifecycle import (
     stop_engine,
 )
 from .modelswap import activate_version
-from .protocol import guarded_protocol
+from .protocol import DenialAwareWebSocketProtocol, guarded_protocol
 from .routes import training as training_routes
 from .starting import StartingResponder, bind_listener
 
@@ -211,7 +211,7 @@ def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] 
         port=cfg.server.port,
         loop="uvloop",
         http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused),
-        ws="websockets-sansio",
+        ws=DenialAwareWebSocketProtocol,
         lifespan="on",
         log_config=None,
         access_log=False,
