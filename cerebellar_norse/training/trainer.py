@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import numba as nb
@@ -129,6 +130,26 @@ def _prepared(markets: list[PreparedMarket], ends: list[np.ndarray], spec: Label
     return prep
 
 
+def look_ahead_warnings(spans: list[tuple[str, float, float]]) -> list[str]:
+    """A warning when a market's series (its validation and test splits) ends before another market's training split
+    does: each market is split on its own time line, so markets that follow each other in time (a file per month
+    read as a market per file) would be tested on a past the model was trained after. ``spans`` holds per market
+    its id, the time (ms) its training split ends and the time its series ends."""
+    if len(spans) < 2:
+        return []
+    early = min(spans, key=lambda s: s[2])
+    late = max(spans, key=lambda s: s[1])
+    if early[2] >= late[1]:
+        return []
+
+    def day(ms: float) -> str:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+
+    return [f"markets do not share a time line: {early[0]!r} ends ({day(early[2])} UTC) before the training split of "
+            f"{late[0]!r} does ({day(late[1])} UTC), so its validation and test ticks are older than ticks trained on: "
+            "give files of one instrument the same market id (a market column) so that they form one series"]
+
+
 def prepare(cfg: Config, data: TickData) -> Prepared:
     """Encode, label and split ``data`` for ``cfg`` (see the module docstring)."""
     n, t = cfg.neural, cfg.training
@@ -136,6 +157,7 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
     h = n.horizon_ticks
     out: list[PreparedMarket] = []
     ends: list[np.ndarray] = []
+    spans: list[tuple[str, float, float]] = []  # market, end of its training split, end of its series (ms)
     for m in data.markets:
         if len(m) < 2 * h + BURN_IN + 2:
             continue
@@ -150,10 +172,11 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
         pm.n_train = n_train
         out.append(pm)
         ends.append(lab.end)
+        spans.append((m.market_id, float(m.timestamp[max(n_train - 1, 0)]), float(m.timestamp[-1])))
     if not out:
         raise DataError(f"no market has enough ticks (need more than {2 * h + BURN_IN + 2} per market)")
     prep = _prepared(out, ends, spec)
-    prep.warnings = class_warnings(prep.train_counts + prep.val_counts)
+    prep.warnings = class_warnings(prep.train_counts + prep.val_counts) + look_ahead_warnings(spans)
     if prep.val_counts.sum() == 0:
         raise DataError(f"no validation ticks past the warm-up of {n.warmup_ticks} ticks: the series are too short "
                         "for this neural.warmup_ticks and training.validation_fraction")

@@ -223,3 +223,19 @@ def test_cancellation_is_polled_between_steps(tiny_prep: tuple[Config, Prepared]
     with pytest.raises(InterruptedError):
         train(cfg, prep, generate_weights(cfg), should_stop=should_stop)
     assert calls[0] == 4
+
+
+def test_markets_that_follow_each_other_in_time_are_warned_about(tmp_path: Path, make_config: ConfigFactory) -> None:
+    """A file per month read as a market per file: each is split on its own, so January is tested after training on
+    March. Markets that share a time line are not warned about."""
+    from dataclasses import replace
+
+    cfg = tiny(make_config)
+    data = tick_data(tmp_path, 2400, 2, seed=3)
+    assert not any("time line" in w for w in prepare(cfg, data).warnings)
+    a, b = data.markets
+    month = 31 * 86_400_000
+    moved = replace(data, markets=[a, replace(b, timestamp=b.timestamp + (a.timestamp[-1] - b.timestamp[0]) + month)])
+    (warning,) = [w for w in prepare(cfg, moved).warnings if "time line" in w]
+    assert warning.startswith(f"markets do not share a time line: {a.market_id!r} ends (") and f"of {b.market_id!r}" in warning
+    assert warning.endswith("give files of one instrument the same market id (a market column) so that they form one series")
