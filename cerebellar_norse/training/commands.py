@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .checkpoints import (
     verify_tree,
     weights_to_bytes,
 )
+
+if TYPE_CHECKING:
+    from .data import TickData
 
 
 def _progress_printer(enabled: bool) -> Any:
@@ -140,6 +143,22 @@ def _recorded_counts(metrics: dict[str, Any]) -> tuple[np.ndarray | None, str]:
     return train + val, "the model's training and validation data"
 
 
+def _check_since(text: str | None, since_ms: int, data: TickData) -> None:
+    """``--since`` after the files' last tick is an InputError; before their first tick it selects nothing, noted
+    (a number is ms since the epoch, whatever unit the files' times are in)."""
+    from .datacheck import iso_ms
+
+    first = min(float(m.timestamp[0]) for m in data.markets)
+    last = max(float(m.timestamp[-1]) for m in data.markets)
+    when = iso_ms(since_ms)
+    if since_ms > last:
+        raise InputError(f"--since {text} ({when}) is after the last tick of the files ({iso_ms(last)}): nothing to score",
+                         "--since")
+    if since_ms <= first:
+        print(f"note: --since {text} ({when}) is not after the files' first tick ({iso_ms(first)}): every tick is scored"
+              " (a number is ms since the epoch; an ISO time such as 2020-01-02T00:00:00Z needs no unit)", file=sys.stderr)
+
+
 def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,
                  as_json: bool, since: str | None = None) -> int:
     """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
@@ -167,6 +186,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         since_ms = parse_time_ms(since, "--since") if since else None
     except ValueError as exc:
         raise InputError(str(exc), "--since") from None
+    if since_ms is not None:
+        _check_since(since, since_ms, data)
     prep = prepare_for_scoring(cfg, data, since_ms)
     counts, base_source = _recorded_counts(model.metrics)
     if counts is None:

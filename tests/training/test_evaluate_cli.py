@@ -71,6 +71,11 @@ def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFix
     assert "no model 'nope'" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--since", "yesterday"]) == 1
     assert "--since" in capsys.readouterr().err
+    assert main(["evaluate", "ticks.csv", "--since", "2099-01-01"]) == 1  # after every tick: nothing to score
+    assert "--since 2099-01-01 (2099-01-01T00:00:00Z) is after the last tick of the files (" in capsys.readouterr().err
+    assert main(["evaluate", "ticks.csv", "--since", "1325500000", "--json", "--bootstrap", "0"]) == 0  # seconds, as ms
+    err = capsys.readouterr().err
+    assert "note: --since 1325500000 (1970-01-16T08:11:40Z) is not after the files' first tick" in err
     assert main(["evaluate", "missing.csv"]) == 1
     assert "missing.csv" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--cost-bp", "-1"]) == 2
