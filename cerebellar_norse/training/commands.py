@@ -106,6 +106,9 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
     if activate:
         _activate_offline(cfg, res["model_version"])
     res["activated"] = activate
+    if not activate and ModelStore(Path(cfg.paths.state_dir)).active_version() is None:
+        res["warnings"].append(f"models/ACTIVE names no model, so a service on this state dir serves the newest stored"
+                               f" model: this one ({res['model_version']}); activate the one to serve")
     for w in res["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     if as_json:

@@ -128,6 +128,8 @@ def test_train_prints_how_the_files_were_read_as_notes_and_rare_classes_as_warni
     assert f"note: {env / 'AAPL.csv'}: no market column; market id 'AAPL' (from the file name) used" in err
     assert any(line.startswith("warning: class ") and "fewer than the recommended 10000" in line for line in err)
     assert not any(line.startswith("warning: ") and "market id" in line for line in err)
+    assert any(line.startswith("warning: models/ACTIVE names no model, so a service on this state dir serves the newest")
+               for line in err)  # stored without --activate, and still what a service would serve
 
 
 def test_evaluate_takes_the_training_base_rates_of_a_model_that_recorded_no_validation_counts(
