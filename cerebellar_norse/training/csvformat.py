@@ -139,6 +139,7 @@ class Columns:
     ask_name: str = ""
     ask_volume: int | None = None  # with ``volume`` the bid side's: the volume is their sum
     ask_volume_name: str = ""
+    quotes: dict[str, list[float]] = field(default_factory=dict)  # market -> its latest bid and ask (empty: unchanged)
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
@@ -633,9 +634,10 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
             cols.known_markets[raw] = market
         else:
             market = known
-    price = _price(row[cols.price], cols.price_name, cols.decimal_comma)
-    if cols.ask is not None:
-        price = 0.5 * (price + _price(row[cols.ask], cols.ask_name, cols.decimal_comma))
+    if cols.ask is None:
+        price = _price(row[cols.price], cols.price_name, cols.decimal_comma)
+    else:
+        price = _mid(row, market, cols)
     if cols.volume is None:
         return ts, market, price, 0.0
     volume = _volume(row[cols.volume], cols.volume_name, cols)
@@ -653,6 +655,24 @@ def _with_clock(row: list[str], cols: Columns) -> str:
     if not clock:
         raise ValueError(f"{cols.clock_name} is empty (a time of day is needed beside {cols.time_name})")
     return f"{row[cols.time].strip()} {clock}"
+
+
+def _mid(row: list[str], market: str, cols: Columns) -> float:
+    """The mid of a quote row's bid and ask; an empty side is the market's previous one (MetaTrader writes only the
+    side that changed)."""
+    assert cols.ask is not None
+    last = cols.quotes.get(market)
+    sides = []
+    for k, (i, name) in enumerate(((cols.price, cols.price_name), (cols.ask, cols.ask_name))):
+        text = row[i]
+        if text.strip():
+            sides.append(_price(text, name, cols.decimal_comma))
+        elif last is not None:
+            sides.append(last[k])
+        else:
+            raise ValueError(f"{name} is empty and market {market!r} has no earlier {name} to keep")
+    cols.quotes[market] = sides
+    return 0.5 * (sides[0] + sides[1])
 
 
 def _price(text: str, name: str, decimal_comma: bool) -> float:
@@ -714,6 +734,29 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
     except (OSError, csv.Error):
         return False
     return back > forward
+
+
+def quotes_for_empty_prices(path: Path, header: list[str], cols: Columns, notes: list[str], sample_rows: int = 1000) -> None:
+    """Price from the bid and ask columns instead of a price column left empty in the file's first ``sample_rows``
+    rows (MetaTrader's tick export: ``<LAST>`` is empty for currencies), noted."""
+    if cols.ask is not None:
+        return
+    shown = [header_name(h) for h in header]
+    names = [_match_name(n) for n in shown]
+    bid = next((names.index(a) for a in BID_COLUMNS if a in names), None)
+    ask = next((names.index(a) for a in ASK_COLUMNS if a in names), None)
+    if bid is None or ask is None:
+        return
+    try:
+        with _data_rows(path, cols) as reader:
+            rows = [r for _, r in zip(range(sample_rows), reader, strict=False) if len(r) == cols.fields]
+    except (OSError, csv.Error):
+        return
+    if not rows or any(r[cols.price].strip() for r in rows):
+        return
+    notes.append(f"{path}: {cols.price_name} is empty; price is the mid of {shown[bid]!r} and {shown[ask]!r}"
+                 " (an empty side keeps its previous value)")
+    cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
 
 
 def time_unit_of(path: Path, cols: Columns) -> str | None:
@@ -785,6 +828,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")
     cols.delimiter = delimiter
+    quotes_for_empty_prices(path, header, cols, notes)
     cols.decimal_comma = delimiter == ";" and has_decimal_commas(path, cols)
     cols.clock = clock_column(path, header, cols)
     if cols.clock is not None:

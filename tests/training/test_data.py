@@ -687,6 +687,24 @@ def test_quotes_are_read_as_the_mid_of_bid_and_ask_with_both_sides_volumes(tmp_p
     assert (f.price, f.ask, f.volume, f.ask_volume) == ("Bid", "Ask", "BidVolume", "AskVolume")
 
 
+def test_a_metatrader_tick_export_is_read_as_quotes(tmp_path: Path) -> None:
+    """MetaTrader 5's tick export: <LAST> and <VOLUME> empty for currencies, and only the side that changed written."""
+    path = write(tmp_path, "<DATE>\t<TIME>\t<BID>\t<ASK>\t<LAST>\t<VOLUME>\t<FLAGS>\n"
+                           "2020.01.02\t00:00:00.123\t1.12100\t1.12110\t\t\t6\n"
+                           "2020.01.02\t00:00:00.500\t1.12102\t\t\t\t2\n"
+                           "2020.01.02\t00:00:01.000\t\t1.12120\t\t\t4\n", "EURUSD_ticks.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert data.report == [] and m.timestamp.tolist() == [utc_ms(2020, 1, 2) + 123, utc_ms(2020, 1, 2) + 500,
+                                                          utc_ms(2020, 1, 2) + 1000]
+    assert m.price.tolist() == [0.5 * (1.12100 + 1.12110), 0.5 * (1.12102 + 1.12110), 0.5 * (1.12102 + 1.12120)]
+    assert f"{path}: <LAST> is empty; price is the mid of '<BID>' and '<ASK>' (an empty side keeps its previous value)" \
+        in data.notes
+    first_empty = write(tmp_path, "time,bid,ask\n2022-01-01,1,\n2022-01-02,1,2\n", "q.csv")
+    assert load_csv_files([first_empty], max_bad_fraction=0.5).report == [
+        f"{first_empty}:2: ask is empty and market 'q' has no earlier ask to keep"]
+
+
 def test_a_price_column_is_used_before_bid_and_ask_and_one_side_is_not_enough(tmp_path: Path) -> None:
     path = write(tmp_path, "time,bid,ask,price,volume\n2022-01-01,1,3,7,1\n")
     data = load_csv_files([path])
