@@ -111,13 +111,13 @@ def resolve_data_file(data_dir: Path, name: str) -> Path:
             raise InputError(f"{name!r} resolves outside the data dir", "files")
         exists = path.exists()
     except OSError as exc:  # a name or path too long, a loop of links
-        raise InputError(f"{name[:80]!r}{'…' if len(name) > 80 else ''}: not a usable file name"
-                         f" ({exc.strerror or exc})", "files") from None
+        raise DataFileNotFoundError(f"{name[:80]!r}{'…' if len(name) > 80 else ''}: no such file can exist in the data"
+                                    f" dir ({exc.strerror or exc})", "files") from None
     if not exists:
         raise DataFileNotFoundError(f"{name!r} does not exist in the data dir {base}", "files")
     if not path.is_file():
         kind = "a directory" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
-        raise InputError(f"{name!r} in the data dir {base} is {kind}: training reads regular files", "files")
+        raise DataFileNotFoundError(f"{name!r} in the data dir {base} is {kind}: training reads regular files", "files")
     return path
 
 

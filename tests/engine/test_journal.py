@@ -435,7 +435,7 @@ async def test_one_service_per_state_dir(journaled: tuple[Config, list[Durabilit
         Durability(Engine(cfg)).recover()
 
 
-def test_deleting_or_replacing_the_pid_file_does_not_free_the_state_dir(tmp_path: Path) -> None:
+async def test_deleting_or_replacing_the_pid_file_does_not_free_the_state_dir(tmp_path: Path) -> None:
     from cerebellar_norse.engine.journal import StateDirLock
 
     held = StateDirLock(tmp_path).acquire()

@@ -15,6 +15,7 @@ from training_helpers import ConfigFactory
 from cerebellar_norse.errors import DataError, InputError
 from cerebellar_norse.training.data import (
     MIN_SAMPLES_PER_CLASS,
+    DataFileNotFoundError,
     class_counts,
     class_warnings,
     load_csv_files,
@@ -917,12 +918,12 @@ def test_resolve_refuses_missing_files_and_directories(data_dir: Path) -> None:
         assert exc.value.field == "files"
     with pytest.raises(InputError, match="does not exist"):
         resolve_data_file(data_dir, "missing.csv")
-    with pytest.raises(InputError, match=r"'sub' in the data dir .* is a directory: training reads regular files"):
+    with pytest.raises(DataFileNotFoundError, match=r"'sub' in the data dir .* is a directory: training reads regular files"):
         resolve_data_file(data_dir, "sub")
-    with pytest.raises(InputError, match=r"not a usable file name \(File name too long\)"):
+    with pytest.raises(DataFileNotFoundError, match=r"no such file can exist in the data dir \(File name too long\)"):
         resolve_data_file(data_dir, "a" * 300 + ".csv")
     os.mkfifo(data_dir / "pipe.csv")
-    with pytest.raises(InputError, match=r"'pipe.csv' in the data dir .* is not a regular file \(a FIFO"):
+    with pytest.raises(DataFileNotFoundError, match=r"'pipe.csv' in the data dir .* is not a regular file \(a FIFO"):
         resolve_data_file(data_dir, "pipe.csv")
 
 
