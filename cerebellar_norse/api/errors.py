@@ -48,6 +48,7 @@ def input_error_kind(exc: InputError) -> str:
 
 
 NOT_UTF8 = "the body is not UTF-8 text"
+SHOWN_INPUT = 200  # characters of a refused value shown in a validation message
 TOO_DEEP = "arrays or objects are nested too deeply"
 OBJECT_EXPECTED = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
@@ -98,7 +99,10 @@ def validation_response(errors: list[dict[str, Any]], body: str | bytes | None =
     if first.get("type") in OBJECT_EXPECTED:  # worded differently by pydantic's JSON and Python modes
         msg = "must be a JSON object"
     if "input" in first and not isinstance(first["input"], (dict, list)):
-        msg += f" (got {first['input']!r})"
+        got = repr(first["input"])
+        if len(got) > SHOWN_INPUT:  # a 1 MB field is not echoed back whole
+            got = f"{got[:SHOWN_INPUT]}… ({len(got)} characters)"
+        msg += f" (got {got})"
     return 422, error_payload("validation", msg, rid, field or None)
 
 

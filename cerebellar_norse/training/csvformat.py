@@ -19,7 +19,7 @@ other column is ignored:
   column that shows both, or dates with slashes that show neither, fails with ``file:
   …``; dates with dots that show neither are day first). A ``time``
   column of times of day (``00:00:00``) beside a ``date`` column completes that date.
-* price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``adj close``,
+* price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``close/last``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
   any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``).
 * volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``,
@@ -69,7 +69,7 @@ from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
                 "open time", "open_time")
-PRICE_COLUMNS = ("price", "close", "last", "mid", "adj close", "adj_close")
+PRICE_COLUMNS = ("price", "close", "last", "mid", "close/last", "adj close", "adj_close")  # close/last: Nasdaq.com
 # Quotes without a price column: the price is the mid of bid and ask, the volume the sum of both sides' volumes.
 BID_COLUMNS = ("bid", "bid price", "bid_price", "bidprice", "best bid", "best_bid")
 ASK_COLUMNS = ("ask", "ask price", "ask_price", "askprice", "offer", "offer price", "best ask", "best_ask")
@@ -93,6 +93,7 @@ _GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")  # 1,234.50: digits
 _EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,50, 1,5, 7 (decimal commas)
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
+_CURRENCY = frozenset("$€£¥")  # a currency sign before a price
 _YMD_DATE = re.compile(r"(\d{4})[./](\d{1,2})[./](\d{1,2})(?:([ T])(.*))?$")  # 2020.01.02 (MetaTrader), 2020/01/02
 # a time of day in a column of its own: 9:30, 09:30:00.250, or digits only (stooq's 153500, 0930)
 _CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$|\d{6}$|\d{4}$")
@@ -570,9 +571,13 @@ def _is_number(text: str) -> bool:
 
 def _quoted_number(text: str, name: str, volume: bool, decimal_comma: bool = False) -> float:
     """A number as quote sites and spreadsheets write it, for a field ``float`` refused: digit groups
-    (``1,234.50``; with ``decimal_comma``, a file separated by ';', ``1.234,50`` and ``1,5``), and for a volume a
-    K, M or B suffix (``1.23M``); ValueError naming the column otherwise."""
+    (``1,234.50``; with ``decimal_comma``, a file separated by ';', ``1.234,50`` and ``1,5``), for a price a
+    currency sign before it (``$300.35``), and for a volume a K, M or B suffix (``1.23M``); ValueError naming the
+    column otherwise."""
     s = text.strip()
+    signed = not volume and s[:1] in _CURRENCY  # $300.35, as quote sites write prices
+    if signed:
+        s = s[1:].strip()
     scale = 1.0
     if volume and s[-1:].upper() in _SUFFIX:
         s, scale = s[:-1], _SUFFIX[s[-1].upper()]
@@ -580,7 +585,7 @@ def _quoted_number(text: str, name: str, volume: bool, decimal_comma: bool = Fal
         s = s.replace(".", "").replace(",", ".")
     elif not decimal_comma and _GROUPED.match(s):
         s = s.replace(",", "")
-    elif scale == 1.0:
+    elif scale == 1.0 and not signed:
         raise ValueError(_not_a_number(name, text, not decimal_comma))
     try:
         return float(s) * scale

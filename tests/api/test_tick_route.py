@@ -109,6 +109,16 @@ def test_batch_route_answers_a_body_that_is_not_utf8_with_400(tmp_path: Path) ->
     assert "not UTF-8" in r.json()["error"]["message"]
 
 
+def test_a_huge_refused_value_is_not_echoed_back_whole(tmp_path: Path) -> None:
+    tick = {**_tick("X", 0), "market_id": "M" * 900_000}
+    with _client(tmp_path, fast_path=True) as c:
+        for path, body in (("/neural/process", tick), ("/neural/process/batch", {"ticks": [tick]})):
+            r = c.post(path, json=body)
+            err = r.json()["error"]
+            assert r.status_code == 422 and err["field"] and len(r.content) < 2_000, (path, len(r.content))
+            assert err["message"].endswith("… (900002 characters))")
+
+
 @pytest.mark.parametrize("first", ["text/plain", "application/json"])
 def test_a_repeated_header_is_read_as_its_first_copy_on_both_tick_routes(tmp_path: Path, first: str) -> None:
     other = "application/json" if first == "text/plain" else "text/plain"

@@ -69,7 +69,7 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
     path = write(tmp_path, "Date,Open,Volume\n2020-01-02,1,2\n")
     with pytest.raises(DataError) as exc:
         load_csv_files([path])
-    msg = f"{path}:1: no price column (expected one of price, close, last, mid, adj close, adj_close, or a bid and an ask column); header is Date,Open,Volume"
+    msg = f"{path}:1: no price column (expected one of price, close, last, mid, close/last, adj close, adj_close, or a bid and an ask column); header is Date,Open,Volume"
     assert str(exc.value) == msg and exc.value.report == [msg]
     path = write(tmp_path, "Symbol,Close\nA,1\n")
     with pytest.raises(DataError) as exc:
@@ -771,6 +771,14 @@ def test_a_time_of_another_unit_in_a_newest_first_file_is_a_bad_row(tmp_path: Pa
     assert data.formats[0].newest_first and data.ticks == 40
     assert data.report[0] == (f"{path}:42: unix '{1593561600 - 3600 * 40}' read as ms since epoch is before 1973-03-03,"
                               " unlike the file's first time: a time in another unit?")
+
+
+def test_a_nasdaq_download_with_dollar_prices(tmp_path: Path) -> None:
+    path = write(tmp_path, "Date,Close/Last,Volume,Open,High,Low\n01/30/2024,$184.25,58414460,$184.22,$185.88,$183.43\n"
+                           "01/29/2024,\"$1,185.64\",82488670,$187.15,$188.44,$183.885\n", "AAPL.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert data.report == [] and m.price.tolist() == [1185.64, 184.25] and data.formats[0].price == "Close/Last"
 
 
 def test_a_site_name_above_the_header_is_skipped(tmp_path: Path) -> None:
