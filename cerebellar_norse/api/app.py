@@ -66,8 +66,13 @@ class RequestContextMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "websocket" and scope["path"] != neural.STREAM_PATH:
+                await self._refuse_websocket(scope, send, 404, "not_found", f"no WebSocket at {scope['path']!r}: the"
+                                             f" stream is {neural.STREAM_PATH}", close_code=1008)
+                return
             if scope["type"] == "websocket" and self._over_connection_limit():
-                await self._refuse_websocket(scope, send)
+                msg = f"too many open connections (server.max_connections = {self.max_connections}); retry later"
+                await self._refuse_websocket(scope, send, 503, "capacity", msg)
                 return
             await self.app(scope, receive, send)
             return
@@ -156,18 +161,21 @@ class RequestContextMiddleware:
                 self.state.timelines.finish(timeline)
             request_id_var.reset(token)
 
-    async def _refuse_websocket(self, scope: Scope, send: Send) -> None:
-        """Refuse a WebSocket handshake over the connection limit: a JSON 503 where the server can send one."""
-        self.state.metrics.errors.labels("capacity").inc()
+    async def _refuse_websocket(self, scope: Scope, send: Send, status: int, kind: str, msg: str,
+                                close_code: int = 1013) -> None:
+        """Refuse a WebSocket handshake with the JSON error shape where the server can send an HTTP answer (503 over
+        the connection limit, with Retry-After; 404 for a path with no WebSocket), else by closing it."""
+        self.state.metrics.errors.labels(kind).inc()
         rid = new_request_id()
-        msg = f"too many open connections (server.max_connections = {self.max_connections}); retry later"
         if "websocket.http.response" not in scope.get("extensions", {}):
-            await send({"type": "websocket.close", "code": 1013, "reason": "too many open connections"})
+            await send({"type": "websocket.close", "code": close_code, "reason": msg[:120]})
             return
-        body = json.dumps(error_payload("capacity", msg, rid)).encode()
-        await send({"type": "websocket.http.response.start", "status": 503,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"retry-after", b"1"), (b"x-request-id", rid.encode())]})
+        body = json.dumps(error_payload(kind, msg, rid)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"x-request-id", rid.encode())]
+        if status == 503:
+            headers.append((b"retry-after", b"1"))
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
 
 

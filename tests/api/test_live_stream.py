@@ -105,3 +105,17 @@ def test_stream_connection_gauge(live: LiveServer, client: httpx.Client) -> None
             break
         time.sleep(0.02)
     assert gauge() == 0
+
+
+@pytest.mark.parametrize("path", ["/health", "/nope", "/neural/stream/"])
+def test_a_websocket_to_a_path_without_one_is_a_json_404(live: LiveServer, client: httpx.Client, path: str) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"{live.ws_url}{path}", open_timeout=10)
+    response = refused.value.response
+    assert response.status_code == 404 and response.headers["content-type"] == "application/json"
+    err = json.loads(response.body or b"{}")["error"]
+    assert err["type"] == "not_found" and err["request_id"] == response.headers["x-request-id"]
+    assert "/neural/stream" in err["message"]
+    assert "without completing handshake" not in live.log()
