@@ -176,6 +176,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             formats.append(cols.describe(path))
             seconds_noted = False
             file_start = len(ts_all)
+            file_rows = rows
+            widths: dict[int, int] = {}  # field count -> rows of that count, other than the header's
             here: dict[int, int] = {}  # market code -> its time in the file's latest good row
             before: dict[int, int] = {}  # market code -> its last time in earlier files
             while True:
@@ -212,6 +214,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                                 rows -= 1
                                 continue
                             bad += 1
+                            if len(row) != cols.fields:
+                                widths[len(row)] = widths.get(len(row), 0) + 1
                             bad_bytes = not_utf8(cols.used_fields(row))
                             reason = f"unreadable row: {bad_bytes}" if bad_bytes else str(exc)
                             report.append(f"{path}:{reader.line_num}: {reason}")
@@ -230,6 +234,11 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                     rows += 1
                     bad += 1
                     report.append(f"{path}:{reader.line_num}: unreadable row: {exc}")
+            if len(widths) == 1 and sum(widths.values()) == rows - file_rows:  # every row: the header is off
+                (width,) = widths
+                msg = (f"{path}:1: the header names {cols.fields} columns but every row has {width} fields: a column"
+                       f" name is {'missing from' if width > cols.fields else 'one too many in'} the header")
+                raise DataError(msg, [msg])
             if cols.blank_volumes:
                 rows_word = "row" if cols.blank_volumes == 1 else "rows"
                 named = cols.volume_name + (f" or {cols.ask_volume_name}" if cols.ask_volume is not None else "")

@@ -773,6 +773,18 @@ def test_a_time_of_another_unit_in_a_newest_first_file_is_a_bad_row(tmp_path: Pa
                               " unlike the file's first time: a time in another unit?")
 
 
+def test_a_header_that_does_not_match_any_row_says_so(tmp_path: Path) -> None:
+    """backtrader's sample minute file: the header lacks its Time column, so every row has one field more."""
+    path = write(tmp_path, "Date,Open,High,Low,Close,Volume,OpenInterest\n"
+                           "2006-01-02,09:01:00,3602.0,3603.0,3597.0,3599.0,79,0\n2006-01-02,09:02:00,3599,3601,3598,3600,62,0\n")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert str(exc.value) == (f"{path}:1: the header names 7 columns but every row has 8 fields: a column name is missing"
+                              " from the header")
+    few = write(tmp_path, "time,price,volume\n2022-01-01,1\n2022-01-02,2,3\n", "few.csv")  # not every row: bad rows
+    assert load_csv_files([few], max_bad_fraction=0.5).report == [f"{few}:2: expected 3 fields, got 2"]
+
+
 def test_a_nasdaq_download_with_dollar_prices(tmp_path: Path) -> None:
     path = write(tmp_path, "Date,Close/Last,Volume,Open,High,Low\n01/30/2024,$184.25,58414460,$184.22,$185.88,$183.43\n"
                            "01/29/2024,\"$1,185.64\",82488670,$187.15,$188.44,$183.885\n", "AAPL.csv")
