@@ -62,6 +62,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
 from typing import TextIO
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
@@ -475,6 +476,29 @@ def _unit_time(s: str, name: str, unit: str) -> int:
     return ms
 
 
+def _vendor_time(s: str) -> datetime | None:
+    """Date-times as trading platforms write them, or None: Interactive Brokers' ``20231002 09:30:00 US/Eastern``
+    (blanks repeated, a time zone name at the end), NinjaTrader's ``20200102 093000 1230000`` (seconds' fraction in
+    100 ns after a blank)."""
+    parts = s.split()
+    if len(parts) < 2:
+        return None
+    zone = None
+    if "/" in parts[-1] and not parts[-1][:1].isdigit():
+        try:
+            zone = ZoneInfo(parts[-1])
+        except (ZoneInfoNotFoundError, ValueError):
+            return None
+        parts = parts[:-1]
+    if len(parts) == 3 and parts[2].isdigit() and len(parts[1]) == 6 and parts[1].isdigit():
+        parts = [parts[0], f"{parts[1]}.{parts[2][:6]}"]
+    try:
+        dt = datetime.fromisoformat(" ".join(parts))
+    except ValueError:
+        return None
+    return dt.replace(tzinfo=zone) if zone is not None and dt.tzinfo is None else dt
+
+
 def _with_offset(s: str) -> str:
     """A date-time ending in ``GMT+0100``, ``UTC`` and the like (as Dukascopy writes it) with an ISO 8601 offset."""
     m = _GMT_OFFSET.search(s)
@@ -514,7 +538,13 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
                 ymd = _YMD_DATE.match(s)
                 iso_text = s if ymd is None else (f"{ymd[1]}-{int(ymd[2]):02d}-{int(ymd[3]):02d}"
                                                   + (f"{ymd[4]}{ymd[5]}" if ymd[4] else ""))
-                ms = _datetime_ms(datetime.fromisoformat(iso_text if day_first is None else _from_slash(s, day_first)))
+                try:
+                    ms = _datetime_ms(datetime.fromisoformat(iso_text if day_first is None else _from_slash(s, day_first)))
+                except ValueError:
+                    vendor = _vendor_time(s)
+                    if vendor is None:
+                        raise
+                    ms = _datetime_ms(vendor)
             except (ValueError, OverflowError):
                 if day_first is not None and _SLASH_DATE.match(s):
                     order = "D/M/YYYY" if day_first else "M/D/YYYY"

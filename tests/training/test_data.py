@@ -773,6 +773,20 @@ def test_a_time_of_another_unit_in_a_newest_first_file_is_a_bad_row(tmp_path: Pa
                               " unlike the file's first time: a time in another unit?")
 
 
+def test_trading_platforms_date_times(tmp_path: Path) -> None:
+    """Interactive Brokers (a zone name after the time, blanks repeated) and NinjaTrader (100 ns after a blank)."""
+    ib = write(tmp_path, "date,close\n20231002 09:30:00 US/Eastern,1\n20231002  09:31:00 US/Eastern,2\n", "SPY.csv")
+    assert load_csv_files([ib]).markets[0].timestamp.tolist() == [utc_ms(2023, 10, 2, 13) + 1_800_000,
+                                                                  utc_ms(2023, 10, 2, 13) + 1_860_000]
+    nt = write(tmp_path, "time;last;volume\n20200102 093000 1230000;3230.25;1\n20200102 093001 0000000;3230.5;2\n",
+               "ES.csv")
+    assert load_csv_files([nt]).markets[0].timestamp.tolist() == [utc_ms(2020, 1, 2, 9) + 1_800_123,
+                                                                  utc_ms(2020, 1, 2, 9) + 1_801_000]
+    bad = write(tmp_path, "date,close\n20231002 09:30:00 Mars/Base,1\n20231002 09:31:00 US/Eastern,2\n", "x.csv")
+    assert load_csv_files([bad], max_bad_fraction=0.5).report == [
+        f"{bad}:2: date '20231002 09:30:00 Mars/Base' is not a time (ms since epoch or ISO 8601)"]
+
+
 def test_a_header_that_does_not_match_any_row_says_so(tmp_path: Path) -> None:
     """backtrader's sample minute file: the header lacks its Time column, so every row has one field more."""
     path = write(tmp_path, "Date,Open,High,Low,Close,Volume,OpenInterest\n"
