@@ -89,14 +89,22 @@ class StartingResponder:
         if not self._thread.is_alive():
             return
 
-        def close() -> None:
+        def stop_accepting() -> None:
+            # Accept no more (uvicorn takes the backlog over), but let the connections accepted already get their
+            # transports: closing the server first would drop those without an answer.
             if self._server is not None:
-                self._server.close()
+                for listener in self._server.sockets:
+                    self._loop.remove_reader(listener.fileno())
+            self._loop.call_later(0.05, finish)
+
+        def finish() -> None:
             for conn in list(self.open):  # answered now, or closed: none is left open and unanswered
                 conn.finish()
+            if self._server is not None:
+                self._server.close()
             self._loop.call_later(0.05, self._loop.stop)  # the closed connections' sockets are closed first
 
-        self._loop.call_soon_threadsafe(close)
+        self._loop.call_soon_threadsafe(stop_accepting)
         self._thread.join(10.0)
 
     def answer(self, method: bytes, path: bytes) -> bytes:

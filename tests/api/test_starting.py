@@ -121,6 +121,58 @@ def test_a_request_left_unfinished_is_answered_when_the_responder_stops(monkeypa
         sock.close()
 
 
+def _hand_over_under_load() -> list[bytes]:
+    """Clients keep connecting while the responder hands the port over to a stand-in server; what each got."""
+    sock = bind_listener("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    responder = StartingResponder(sock).start()
+    outcomes: list[bytes] = []
+    done, serving_done = threading.Event(), threading.Event()
+
+    def client() -> None:
+        while not done.is_set():
+            try:
+                outcomes.append(_request(port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")[:12])
+            except OSError as exc:
+                outcomes.append(repr(exc).encode())
+
+    def next_server() -> None:
+        sock.settimeout(0.2)
+        while not serving_done.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+
+    clients = [threading.Thread(target=client) for _ in range(8)]
+    for t in clients:
+        t.start()
+    time.sleep(0.3)
+    responder.stop()
+    server = threading.Thread(target=next_server)
+    server.start()
+    time.sleep(0.3)
+    done.set()
+    for t in clients:
+        t.join(30)
+    serving_done.set()
+    server.join(10)
+    sock.close()
+    return outcomes
+
+
+def test_no_connection_is_dropped_at_the_hand_over() -> None:
+    """Each client gets the responder's 503 or the next server's answer, none a reset or silence (connections
+    accepted but not yet served must not be lost)."""
+    for _ in range(3):
+        outcomes = _hand_over_under_load()
+        assert set(outcomes) <= {b"HTTP/1.1 503", b"HTTP/1.1 200"}, {o for o in outcomes if not o.startswith(b"HTTP")}
+        assert b"HTTP/1.1 200" in outcomes
+
+
 def test_a_port_in_use_is_refused_naming_it() -> None:
     sock = bind_listener("127.0.0.1", 0)
     port = sock.getsockname()[1]
