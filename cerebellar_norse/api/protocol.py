@@ -21,6 +21,7 @@ text), and a request line and headers over :data:`MAX_HEADER_BYTES` get
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 from collections.abc import Callable
 from typing import Any
@@ -89,6 +90,12 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                                  f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
 
         def on_url(self, url: bytes) -> None:
+            if self._parsed_head == 0:  # the rest of the request line ("GET " and " HTTP/1.1\r\n"), the final CRLF
+                try:
+                    method = len(self.parser.get_method())
+                except Exception:  # the method is not known yet: count the shortest
+                    method = 3
+                self._parsed_head = method + 1 + 11 + 2
             self._count_head(len(url))
             HttpToolsProtocol.on_url(self, url)
 
@@ -123,6 +130,11 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._refused = True
             self._disarm()
             cycle = self.cycle
+            if cycle is not None and cycle.more_body and any(c is cycle for c, _ in self.pipeline):
+                # the refused bytes are the body of a request still queued behind others: it is never run
+                self.pipeline = collections.deque(p for p in self.pipeline if p[0] is not cycle)
+                self._pending_refusal = (status_line, kind, message)
+                return
             in_flight = cycle is not None and not cycle.response_complete
             if self.pipeline or (in_flight and cycle is not None and not cycle.more_body):
                 # whole requests before it are still being answered: answer them first, in order, then this one

@@ -522,6 +522,29 @@ def test_a_content_length_with_whitespace_after_it_is_read(srv: LiveServer) -> N
         body = json.dumps(live_tick(json.loads(got)["market_id"], now_ms() + 1)).encode()
 
 
+def test_a_bad_chunked_body_pipelined_after_a_good_request_is_refused_after_it(srv: LiveServer) -> None:
+    body = json.dumps(live_tick(market("PIPECHUNK"), now_ms())).encode()
+    good = (b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    bad = (b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: chunked\r\n\r\nZZ\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(good + bad)
+        (st1, _, _), (st2, h2, b2) = _read_responses(s, 2, limit_s=5)
+    assert (st1, st2) == (200, 400) and h2["connection"] == "close" and json.loads(b2)["error"]["type"] == "bad_request"
+
+
+def test_the_header_limit_is_exactly_64_kib_of_request_line_and_headers(srv: LiveServer) -> None:
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n"
+    for size, status in ((65_536, 200), (65_537, 431)):
+        request = head % (b"b" * (size - len(head % b"")))
+        assert len(request) == size
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            s.sendall(request)
+            ((got, _, _),) = _read_responses(s, 1)
+        assert got == status, size
+
+
 def test_headers_over_the_limit_in_one_write_are_a_json_431(srv: LiveServer) -> None:
     for size in (70_000, 122_552):
         with socket.create_connection(("127.0.0.1", srv.port)) as s:
