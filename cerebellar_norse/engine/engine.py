@@ -144,6 +144,7 @@ class Engine:
         # of this network can be restored with it (restore_state); and the model to swap in after that
         self.model_for: Callable[[str], Weights | None] | None = None
         self.swap_after_restore: tuple[Weights, str] | None = None
+        self.restore_problem: str | None = None  # why saved market state could not be restored, when it should have
         self.stats = EngineStats()
         self.eviction_log = SummaryLog(log, "evicted least recently used markets", EVICTION_LOG_INTERVAL_S, "evicted")
         self.idle_eviction_log = SummaryLog(log, "evicted idle markets above the pool threshold", EVICTION_LOG_INTERVAL_S,
@@ -208,6 +209,14 @@ class Engine:
                 n = load_pool(self.pool, p, self.fingerprint(), meta)
         except CheckpointError as exc:
             moved = quarantine(p, "foreign" if isinstance(exc, ForeignStateError) else "corrupt")
+            saved_with = exc.other_model(self.fingerprint()) if isinstance(exc, ForeignStateError) else None
+            if saved_with is not None:  # this network, but a model that is gone: say so, and not as "another network"
+                self.restore_problem = (f"market state was saved with model {saved_with}, which is not stored or not "
+                                        f"usable: every market started from rest (the state was moved aside to {moved}; "
+                                        f"restore models/{saved_with} and the file to get it back)")
+                log.error("market state not restored: %s", self.restore_problem,
+                          extra={"fields": {"path": str(p), "moved_to": str(moved), "saved_with": saved_with}})
+                return 0
             log.error("market state not restored: %s; the file was moved aside to %s", exc, moved,
                       extra={"fields": {"path": str(p), "moved_to": str(moved)}})
             return 0

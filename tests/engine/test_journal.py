@@ -506,6 +506,8 @@ async def test_states_of_a_model_no_longer_stored_are_moved_aside(journaled: tup
     e2.finish_restore(reset_states=False)
     assert e2.model_version == "v2" and e2.pool.used == 0
     assert len(list(Path(cfg.paths.state_dir).glob(f"{STATE_FILE}.foreign-*"))) == 1
+    assert e2.restore_problem is not None  # /health says so (degraded), in words that name the model
+    assert e2.restore_problem.startswith(f"market state was saved with model {e.model_version}, which is not stored")
 
 
 async def test_fsync_mode_journals_the_same(engine_config: ConfigFactory, tmp_path: Path) -> None:
