@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -37,12 +37,18 @@ MAX_HEADER_BYTES = 65_536  # request line and headers of one request (nginx allo
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
 
+def json_answer(payload: dict[str, Any], request_id: str,
+                extra: Sequence[tuple[bytes, bytes]] = ()) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """Headers (``extra`` last) and body of a JSON answer that closes the connection."""
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close"), (b"x-request-id", request_id.encode("latin-1")), *extra]
+    return headers, body
+
+
 def error_answer(kind: str, message: str, request_id: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """Headers and body of an answer in the JSON error shape that closes the connection."""
-    body = json.dumps(error_payload(kind, message, request_id)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close"), (b"x-request-id", request_id.encode("latin-1"))]
-    return headers, body
+    return json_answer(error_payload(kind, message, request_id), request_id)
 
 
 def timeout_response(request_id: str, timeout_s: float) -> tuple[list[tuple[bytes, bytes]], bytes]:
@@ -56,6 +62,12 @@ def raw_answer(status_line: bytes, headers: list[tuple[bytes, bytes]], body: byt
     return status_line + b"\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in headers) + b"\r\n" + body
 
 
+def refusal(status_line: bytes, kind: str, message: str) -> bytes:
+    """The whole answer to a request refused below the app: the JSON error shape with a fresh request id."""
+    headers, body = error_answer(kind, message, new_request_id())
+    return raw_answer(status_line, headers, body)
+
+
 def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None,
                      on_refused: Callable[[str], None] | None = None) -> type[HttpToolsProtocol]:
     """The protocol class for ``uvicorn.Config(http=...)``; ``on_timeout(phase)`` is called per cut-off request
@@ -67,7 +79,6 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             super().__init__(*args, **kwargs)
             self._deadline: asyncio.TimerHandle | None = None
             self._header_bytes = 0  # bytes of the request line and headers read so far (headers not yet complete)
-            self._parsed_head = 0  # bytes of the request line and headers the parser has handed over (this request)
             self._head_too_large = False
             self._headers_seen = 0  # requests whose headers were complete
             self._in_headers = True
@@ -89,29 +100,14 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                     self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
                                  f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
 
-        def on_url(self, url: bytes) -> None:
-            if self._parsed_head == 0:  # the rest of the request line ("GET " and " HTTP/1.1\r\n"), the final CRLF
-                try:
-                    method = len(self.parser.get_method())
-                except Exception:  # the method is not known yet: count the shortest
-                    method = 3
-                self._parsed_head = method + 1 + 11 + 2
-            self._count_head(len(url))
-            HttpToolsProtocol.on_url(self, url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count_head(len(name) + len(value) + 4)
-            HttpToolsProtocol.on_header(self, name, value)
-
-        def _count_head(self, n: int) -> None:
-            """Count the request line and headers as the parser hands them over: headers complete within one read
-            never reach the count of :meth:`data_received`. Over the limit, stop the parser (answered 431)."""
-            self._parsed_head += n
-            if self._parsed_head > MAX_HEADER_BYTES:
+        def on_headers_complete(self) -> None:
+            # Headers complete within one read never reach the count of data_received: count them here, exactly
+            # (the request line with "METHOD " and " HTTP/1.1\r\n", each header with ": " and CRLF, the final CRLF).
+            size = (len(self.parser.get_method()) + 14 + len(self.url)
+                    + sum(len(name) + len(value) + 4 for name, value in self.headers))
+            if size > MAX_HEADER_BYTES:
                 self._head_too_large = True
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
-
-        def on_headers_complete(self) -> None:
             self._in_headers = False
             self._headers_seen += 1
             HttpToolsProtocol.on_headers_complete(self)
@@ -142,15 +138,13 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 return
             if in_flight and cycle is not None:  # the bad bytes are this request's own body: its app may still write
                 if not cycle.response_started:
-                    headers, body = error_answer(kind, message, new_request_id())
-                    self.transport.write(raw_answer(status_line, headers, body))
+                    self.transport.write(refusal(status_line, kind, message))
                 self.transport.close()
                 return
             self._write_refusal(status_line, kind, message)
 
         def _write_refusal(self, status_line: bytes, kind: str, message: str) -> None:
-            headers, body = error_answer(kind, message, new_request_id())
-            self.transport.write(raw_answer(status_line, headers, body))
+            self.transport.write(refusal(status_line, kind, message))
             # Closing now, with the client's bytes unread, would reset the connection and could lose the answer:
             # end our side, drop what still comes, and close when the client does (or after LINGER_S).
             if self.transport.can_write_eof():
@@ -176,7 +170,6 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
-            self._parsed_head = 0
             super().on_message_begin()
             self._arm()
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import socket
 import threading
 import time
@@ -25,6 +24,7 @@ import time
 from .. import __version__
 from ..errors import StartupError
 from ..observability.context import new_request_id
+from .protocol import json_answer, raw_answer
 from .schemas import error_payload
 
 MAX_HEAD = 65_536  # request line and headers (bytes) read before answering anyway
@@ -112,16 +112,12 @@ class StartingResponder:
         rid = new_request_id()
         reason = f"starting: {self.reason}" if self.reason != "starting" else "starting"
         if path.split(b"?", 1)[0] == b"/health" and method in (b"GET", b"HEAD"):
-            body = {"status": "unavailable", "reason": reason, "version": __version__,
-                    "uptime_s": round(time.monotonic() - self.started, 3)}
-            extra = b""
+            headers, body = json_answer({"status": "unavailable", "reason": reason, "version": __version__,
+                                         "uptime_s": round(time.monotonic() - self.started, 3)}, rid)
         else:
-            body = error_payload("capacity", f"the service is {reason}; retry later", rid)
-            extra = b"retry-after: %d\r\n" % RETRY_AFTER_S
-        data = json.dumps(body).encode()
-        head = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                b"x-request-id: %s\r\n%sconnection: close\r\n\r\n" % (len(data), rid.encode(), extra))
-        return head if method == b"HEAD" else head + data
+            headers, body = json_answer(error_payload("capacity", f"the service is {reason}; retry later", rid), rid,
+                                        [(b"retry-after", str(RETRY_AFTER_S).encode())])
+        return raw_answer(b"HTTP/1.1 503 Service Unavailable", headers, b"" if method == b"HEAD" else body)
 
 
 class _Answer(asyncio.Protocol):
