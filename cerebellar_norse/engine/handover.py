@@ -38,7 +38,7 @@ from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import seal, unseal
 from ..ticks import Tick
-from .persistence import check_states
+from .persistence import check_states, network_of
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -115,11 +115,6 @@ class MarketMoves:
         return [{"market_id": m, "state": s, "since": self.since.get(m)} for m, s in sorted(self._markets.items())]
 
 
-def _comparable(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """The network part of a fingerprint (the model version is checked on its own, with its own message)."""
-    return {k: v for k, v in json.loads(json.dumps(fingerprint, sort_keys=True)).items() if k != "model_version"}
-
-
 def export_market(engine: Engine, market_id: str) -> bytes | None:
     """The checksummed state of one market (None when it holds no state here).
 
@@ -160,7 +155,7 @@ def check_import(engine: Engine, market_id: str, meta: dict[str, Any], arrays: d
     if meta.get("market_id") != market_id:
         raise InputError(f"the state is of market {meta.get('market_id')!r}, not {market_id!r}", "market_id")
     fp = meta.get("fingerprint")
-    if not isinstance(fp, dict) or _comparable(fp) != _comparable(engine.fingerprint()):
+    if not isinstance(fp, dict) or network_of(fp) != network_of(engine.fingerprint()):  # the model: checked next
         raise StateMismatchError(f"the state was exported by another network ({fp}); this one is {engine.fingerprint()}")
     if meta.get("model_version") != engine.model_version:
         raise StateMismatchError(f"the state was exported under model {meta.get('model_version')!r}; this replica serves "

@@ -72,7 +72,7 @@ from zlib import crc32
 from ..errors import StorageError
 from ..storage import fsync_dir
 from ..ticks import Tick
-from .persistence import check_writable, quarantine, write_snapshot
+from .persistence import check_writable, fingerprint_json, quarantine, write_snapshot
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -93,10 +93,6 @@ _TICK = struct.Struct("<ddqB")  # price, volume, timestamp (ms), market id lengt
 _ONE = struct.Struct("<QBIddqB")  # the body of a one-tick record, up to the market id
 _ID = struct.Struct("<B")
 _PAGE = mmap.PAGESIZE
-
-
-def _fp_json(fingerprint: dict[str, Any]) -> Any:
-    return json.loads(json.dumps(fingerprint, sort_keys=True))
 
 
 def segment_name(base: int) -> str:
@@ -635,7 +631,7 @@ class Durability:
         rep.markets = eng.restore_state()  # an unusable file is moved aside and logged
         ckpt = eng.restored_journal_seq
         rep.checkpoint_seq = ckpt
-        fp = _fp_json(eng.fingerprint())
+        fp = fingerprint_json(eng.fingerprint())
         segments = list_segments(self.dir)
         seq: int | None = ckpt
         if seq is None and segments and segments[0][0] == 0 and not had_checkpoint:
@@ -653,7 +649,7 @@ class Durability:
                 self._quarantine(path, "corrupt", str(exc), rep)
                 continue
             if seq is None:
-                foreign = _fp_json(reader.fingerprint) != fp
+                foreign = fingerprint_json(reader.fingerprint) != fp
                 bad = ("written for another network or model, after a checkpoint that is missing or unusable" if foreign
                        else "the checkpoint it continues is missing or unusable")
                 self._quarantine(path, "foreign" if foreign else "corrupt", bad, rep)
@@ -662,7 +658,7 @@ class Durability:
                 bad = f"records {seq + 1} to {reader.base} are missing"
                 self._quarantine(path, "corrupt", bad, rep)
                 continue
-            if _fp_json(reader.fingerprint) != fp:
+            if fingerprint_json(reader.fingerprint) != fp:
                 if any(r.seq > seq for r in reader.records()):
                     bad = f"written for another network or model ({reader.fingerprint})"
                     self._quarantine(path, "foreign", bad, rep)

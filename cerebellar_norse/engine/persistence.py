@@ -40,6 +40,16 @@ from .pool import StatePool
 STATE_FILE = "market_state.bin"
 
 
+def fingerprint_json(fingerprint: dict[str, Any]) -> Any:
+    """A fingerprint as files hold it (JSON, keys sorted: tuples become lists), for comparing with a saved one."""
+    return json.loads(json.dumps(fingerprint, sort_keys=True))
+
+
+def network_of(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The network part of a fingerprint, in its JSON form: all but the model version."""
+    return {k: v for k, v in fingerprint_json(fingerprint).items() if k != "model_version"}
+
+
 class ForeignStateError(CheckpointError):
     """A readable state file saved for another network or model (fingerprint mismatch); ``saved`` is its fingerprint."""
 
@@ -50,10 +60,8 @@ class ForeignStateError(CheckpointError):
     def other_model(self, fingerprint: dict[str, Any]) -> str | None:
         """The model version the file was saved with, when only that differs from ``fingerprint`` (the same
         network), else None."""
-        mine = json.loads(json.dumps(fingerprint, sort_keys=True))
-        same = {k: v for k, v in self.saved.items() if k != "model_version"} == {k: v for k, v in mine.items()
-                                                                                 if k != "model_version"}
         version = self.saved.get("model_version")
+        same = network_of(self.saved) == network_of(fingerprint)
         return version if same and isinstance(version, str) and version else None
 
 
@@ -148,7 +156,7 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
         seq = int(data["journal_seq"]) if "journal_seq" in data else 0
     except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
         raise CheckpointError(f"state file lacks or garbles {exc}", str(path)) from None
-    if saved_fp != json.loads(json.dumps(fingerprint, sort_keys=True)):
+    if saved_fp != fingerprint_json(fingerprint):
         raise ForeignStateError(f"saved for another network ({saved_fp}), not this one ({fingerprint})", str(path),
                                 saved_fp if isinstance(saved_fp, dict) else {})
     n = len(markets)
