@@ -496,15 +496,29 @@ def test_a_comma_file_keeps_its_points_and_a_semicolon_file_its_commas(tmp_path:
     assert data.markets[0].price.tolist() == [2.5] and len(data.report) == 2
 
 
-def test_a_metatrader_export_with_a_date_and_a_time_column(tmp_path: Path) -> None:
-    """MetaTrader 5's "Export Bars": tab-separated, <NAMES> in angle brackets, 2020.01.02 and 00:00:00 apart."""
-    path = write(tmp_path, "<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\t<VOL>\t<SPREAD>\n"
-                           "2020.01.02\t00:00:00\t1.12122\t1.12257\t1.12003\t1.12125\t3456\t0\t10\n"
-                           "2020.01.02\t01:00:00\t1.12125\t1.12200\t1.12100\t1.12150\t2100\t0\t10\n", "EURUSD_H1.csv")
+DATE_AND_TIME_FILES = {  # a <DATE> column completed by a <TIME> column: (file name, text, market, times, prices, volumes)
+    # MetaTrader 5's "Export Bars": tab-separated, <NAMES> in angle brackets, 2020.01.02 and 00:00:00 apart
+    "metatrader": ("EURUSD_H1.csv", "<DATE>\t<TIME>\t<OPEN>\t<HIGH>\t<LOW>\t<CLOSE>\t<TICKVOL>\t<VOL>\t<SPREAD>\n"
+                   "2020.01.02\t00:00:00\t1.12122\t1.12257\t1.12003\t1.12125\t3456\t0\t10\n"
+                   "2020.01.02\t01:00:00\t1.12125\t1.12200\t1.12100\t1.12150\t2100\t0\t10\n", "EURUSD_H1",
+                   [utc_ms(2020, 1, 2), utc_ms(2020, 1, 2, 1)], [1.12125, 1.1215], [3456, 2100]),
+    # stooq's bulk files: <DATE> as YYYYMMDD, <TIME> as HHMMSS
+    "stooq": ("aapl.us.txt", "<TICKER>,<PER>,<DATE>,<TIME>,<OPEN>,<HIGH>,<LOW>,<CLOSE>,<VOL>,<OPENINT>\n"
+              "AAPL.US,5,20080102,153500,1,1,1,7.5,100,0\nAAPL.US,5,20080102,154000,1,1,1,7.6,90,0\n"
+              "AAPL.US,5,20080103,093000,1,1,1,7.7,80,0\n", "AAPL.US",
+              [utc_ms(2008, 1, 2, 15) + 2_100_000, utc_ms(2008, 1, 2, 15) + 2_400_000, utc_ms(2008, 1, 3, 9) + 1_800_000],
+              [7.5, 7.6, 7.7], [100, 90, 80]),
+}
+
+
+@pytest.mark.parametrize("source", sorted(DATE_AND_TIME_FILES))
+def test_a_date_column_completed_by_a_time_column(tmp_path: Path, source: str) -> None:
+    name, text, market, times, prices, volumes = DATE_AND_TIME_FILES[source]
+    path = write(tmp_path, text, name)
     data = load_csv_files([path])
     (m,) = data.markets
-    assert data.report == [] and m.market_id == "EURUSD_H1" and m.price.tolist() == [1.12125, 1.1215]
-    assert m.timestamp.tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 2, 1)] and m.volume.tolist() == [3456, 2100]
+    assert data.report == [] and m.market_id == market and m.price.tolist() == prices
+    assert m.timestamp.tolist() == times and m.volume.tolist() == volumes
     assert f"{path}: time from the <DATE> and <TIME> columns" in data.notes
 
 
@@ -713,19 +727,6 @@ def test_a_price_column_is_used_before_bid_and_ask_and_one_side_is_not_enough(tm
     path = write(tmp_path, "time,bid,bid size\n2022-01-01,1,3\n")
     with pytest.raises(DataError, match=r"no price column \(expected one of .*, or a bid and an ask column\)"):
         load_csv_files([path])
-
-
-def test_stooq_dates_and_times_written_as_digits(tmp_path: Path) -> None:
-    """stooq's bulk files: <DATE> as YYYYMMDD, <TIME> as HHMMSS completing it."""
-    path = write(tmp_path, "<TICKER>,<PER>,<DATE>,<TIME>,<OPEN>,<HIGH>,<LOW>,<CLOSE>,<VOL>,<OPENINT>\n"
-                           "AAPL.US,5,20080102,153500,1,1,1,7.5,100,0\nAAPL.US,5,20080102,154000,1,1,1,7.6,90,0\n"
-                           "AAPL.US,5,20080103,093000,1,1,1,7.7,80,0\n", "aapl.us.txt")
-    data = load_csv_files([path])
-    (m,) = data.markets
-    assert data.report == [] and m.market_id == "AAPL.US"
-    assert m.timestamp.tolist() == [utc_ms(2008, 1, 2, 15) + 2_100_000, utc_ms(2008, 1, 2, 15) + 2_400_000,
-                                    utc_ms(2008, 1, 3, 9) + 1_800_000]
-    assert f"{path}: time from the <DATE> and <TIME> columns" in data.notes
 
 
 def test_dates_written_as_eight_digits(tmp_path: Path) -> None:
