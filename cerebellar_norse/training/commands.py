@@ -39,7 +39,8 @@ def _progress_printer(enabled: bool) -> Any:
             v = d.get("validation") or {}
             line = (f"epoch {d['epoch']}/{d['epochs']}: train loss {d['loss']:.4f}, validation loss {v.get('loss', float('nan')):.4f}, "
                     f"accuracy {v.get('accuracy', float('nan')):.3f} (majority baseline {v.get('majority_baseline_accuracy', float('nan')):.3f}), "
-                    f"directional {v.get('directional_accuracy', float('nan')):.3f}")
+                    f"directional {v.get('directional_accuracy', float('nan')):.3f} "
+                    f"(more common direction {v.get('directional_baseline_accuracy', float('nan')):.3f})")
             print(("\r" if enabled else "") + line + (" " * 10 if enabled else ""), file=sys.stderr)
             return
         if not enabled or time.monotonic() - last[0] < 0.2:
@@ -118,8 +119,10 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
     print(f"model {res['model_version']} stored in {Path(cfg.paths.state_dir) / 'models'}{' and activated' if activate else ''}")
     print(f"trained {res['started']}; edge on validation: {res['edge']}"
           + (" (no edge found: the model serves the base rates)" if res["edge"] == "none" else ""))
-    print(f"validation (chose the epoch and the calibration): loss {v['loss']:.4f}, accuracy {v['accuracy']:.3f}, "
-          f"directional accuracy {v['directional_accuracy']:.3f}")
+    print(f"validation (chose the epoch and the calibration): loss {v['loss']:.4f}, "
+          f"accuracy {v['accuracy']:.3f} (majority baseline {v['majority_baseline_accuracy']:.3f}), "
+          f"directional accuracy {v['directional_accuracy']:.3f} "
+          f"(more common direction {v['directional_baseline_accuracy']:.3f})")
     test = res.get("test") or {}
     if test.get("samples"):
         print("\ntest split (unseen, used for nothing):")

@@ -124,12 +124,20 @@ def test_train_prints_how_the_files_were_read_as_notes_and_rare_classes_as_warni
     text = (env / "walk.csv").read_text().replace("market_id,", "").replace(",AAPL,", ",")  # no market column
     (env / "AAPL.csv").write_text(text)
     assert main(["train", "AAPL.csv", "--epochs", "1"]) == 0
-    err = capsys.readouterr().err.splitlines()
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
     assert f"note: {env / 'AAPL.csv'}: no market column; market id 'AAPL' (from the file name) used" in err
     assert any(line.startswith("warning: class ") and "fewer than the recommended 10000" in line for line in err)
     assert not any(line.startswith("warning: ") and "market id" in line for line in err)
     assert any(line.startswith("warning: models/ACTIVE names no model, so a service on this state dir serves the newest")
                for line in err)  # stored without --activate, and still what a service would serve
+    # Validation's accuracies come with the baselines they must beat, as the stored model records them.
+    version = captured.out.split()[1]
+    v = ModelStore(env / "state").load(version).metrics["validation"]
+    line = next(x for x in captured.out.splitlines() if x.startswith("validation (chose the epoch"))
+    assert (f"accuracy {v['accuracy']:.3f} (majority baseline {v['majority_baseline_accuracy']:.3f}), "
+            f"directional accuracy {v['directional_accuracy']:.3f} "
+            f"(more common direction {v['directional_baseline_accuracy']:.3f})") in line
 
 
 def test_evaluate_takes_the_training_base_rates_of_a_model_that_recorded_no_validation_counts(
