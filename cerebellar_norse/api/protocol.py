@@ -28,6 +28,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.http11 import Response
+from websockets.server import ServerProtocol
 
 from ..observability.context import new_request_id
 from .deps import SCOPE_REQUEST_ID, SCOPE_TIMED_OUT
@@ -226,10 +228,42 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
     return GuardedHttpToolsProtocol
 
 
+# Error type of a WebSocket handshake refused by the websockets library, by HTTP status.
+HANDSHAKE_REFUSALS = {400: "bad_request", 403: "forbidden", 426: "bad_request", 500: "internal"}
+_WEBSOCKETS_PREFIX = "Failed to open a WebSocket connection: "
+
+
+class JsonRefusingServerProtocol(ServerProtocol):
+    """websockets' server handshake, its refusals (a malformed handshake: 400, 426; a socket the app closed before
+    accepting it: 403; an app error: 500) answered in the service's JSON error shape with ``X-Request-ID``
+    instead of plain text."""
+
+    def reject(self, status: Any, text: str) -> Response:
+        response = super().reject(status, text)
+        reason = text.strip().removeprefix(_WEBSOCKETS_PREFIX).strip().rstrip(".") or response.reason_phrase.lower()
+        request_id = new_request_id()
+        kind = HANDSHAKE_REFUSALS.get(response.status_code, "bad_request")
+        body = json.dumps(error_payload(kind, f"WebSocket handshake refused: {reason}", request_id)).encode()
+        for name in ("Content-Type", "Content-Length"):
+            del response.headers[name]
+        response.headers["Content-Type"] = "application/json"
+        response.headers["Content-Length"] = str(len(body))
+        response.headers["X-Request-ID"] = request_id
+        response.body = body
+        return response
+
+
 class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol, knowing that a handshake answered with an HTTP response (a denial, such as the
     JSON 503 at ``server.max_connections``) is complete: uvicorn would log every denial as an ERROR ("returned
-    without completing handshake"), so anyone could fill the error log by opening sockets."""
+    without completing handshake"), so anyone could fill the error log by opening sockets. Handshakes the
+    websockets library refuses are answered with the JSON error shape (:class:`JsonRefusingServerProtocol`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn built the handshake object from its settings (extensions, message size); the subclass adds no
+        # state, only its refusals, so the object keeps every setting and changes class.
+        self.conn.__class__ = JsonRefusingServerProtocol
 
     async def send(self, message: Any) -> None:
         await super().send(message)

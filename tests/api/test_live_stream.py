@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -119,3 +120,30 @@ def test_a_websocket_to_a_path_without_one_is_a_json_404(live: LiveServer, clien
     assert err["type"] == "not_found" and err["request_id"] == response.headers["x-request-id"]
     assert "/neural/stream" in err["message"]
     assert "without completing handshake" not in live.log()
+
+
+@pytest.mark.parametrize(("headers", "status", "reason"), [
+    ({"Sec-WebSocket-Version": "13"}, 400, "missing Sec-WebSocket-Key header"),
+    ({"Sec-WebSocket-Key": "not base64!", "Sec-WebSocket-Version": "13"}, 400, "Sec-WebSocket-Key"),
+    ({"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "8"}, 400, "Sec-WebSocket-Version"),
+])
+def test_a_malformed_websocket_handshake_is_a_json_error(live: LiveServer, headers: dict[str, str], status: int,
+                                                         reason: str) -> None:
+    """The websockets library refuses these before the app sees them; the answer still has the service's shape."""
+    lines = ["GET /neural/stream HTTP/1.1", "Host: x", "Upgrade: websocket", "Connection: Upgrade"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    with socket.create_connection(("127.0.0.1", live.port), timeout=10) as s:
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    got = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+    assert status_line.split()[1] == str(status), raw
+    assert got["content-type"] == "application/json" and int(got["content-length"]) == len(body)
+    err = json.loads(body)["error"]
+    assert err["type"] == "bad_request" and err["request_id"] == got["x-request-id"]
+    assert err["message"].startswith("WebSocket handshake refused: ") and reason in err["message"], err
+    with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:  # a good handshake still works
+        assert "prediction" in exchange(ws, json.dumps(tick(market("WSH"), 0)))
