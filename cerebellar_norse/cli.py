@@ -236,8 +236,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from .training.commands import cmd_evaluate
 
-    if args.cost_bp < 0 or not 0 <= args.bootstrap <= 100_000:
-        _err("--cost-bp must be >= 0 and --bootstrap between 0 and 100000")
+    if not 0 <= args.cost_bp < float("inf") or not 0 <= args.bootstrap <= 100_000:  # NaN fails the first test too
+        _err(f"--cost-bp must be a finite number >= 0 (got {args.cost_bp}) and --bootstrap between 0 and 100000")
         return EXIT_USAGE
     return cmd_evaluate(_load(args), args.files, args.model, args.report, args.cost_bp, args.bootstrap, args.json, args.since)
 

@@ -125,7 +125,10 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
           f"(more common direction {v['directional_baseline_accuracy']:.3f})")
     test = res.get("test") or {}
     if test.get("samples"):
-        print("\ntest split (unseen, used for nothing):")
+        until = (res.get("splits") or {}).get("validation_until")
+        print("\ntest split (unseen, used for nothing" + (f"; evaluate --since {_unseen_since(until)} scores only ticks "
+                                                         "after the model's training and validation data"
+                                                         if until is not None else "") + "):")
         print(format_summary(test))
     return 0
 
@@ -163,6 +166,41 @@ def _check_since(text: str | None, since_ms: int, data: TickData) -> None:
     if since_ms <= first:
         print(f"note: --since {text} ({when}) is not after the files' first tick ({iso_ms(first)}): every tick is scored"
               " (a number is ms since the epoch; an ISO time such as 2020-01-02T00:00:00Z needs no unit)", file=sys.stderr)
+
+
+def _unseen_since(validation_until: int) -> str:
+    """The ``--since`` that scores only ticks after a model's training and validation data."""
+    from .datacheck import iso_ms
+
+    return iso_ms(validation_until + 1)
+
+
+def _in_sample(metrics: dict[str, Any], prep: Any) -> dict[str, Any] | None:
+    """The scored ticks from the period a model was trained and validated on (up to its ``validation_until``, whatever
+    the market: markets of one period move together), from the split times stored with it; None when there are none
+    or the model did not record them."""
+    from .datacheck import iso_ms
+
+    data = metrics.get("data")
+    times = data.get("splits") if isinstance(data, dict) else None
+    until = times.get("validation_until") if isinstance(times, dict) else None
+    if not isinstance(until, int) or isinstance(until, bool):
+        return None
+    per_market: dict[str, int] = {}
+    total = 0
+    for pm in prep.markets:
+        total += int(pm.scored.sum())
+        ts = np.fromiter((t.timestamp for t in pm.ticks), dtype=np.int64, count=len(pm.ticks))
+        k = int((pm.scored & (ts <= until)).sum())
+        if k:
+            per_market[pm.market_id] = k
+    if not per_market:
+        return None
+    n = sum(per_market.values())
+    return {"ticks": n, "of": total, "markets": per_market, "validation_until": until,
+            "message": f"{n} of the {total} scored ticks are from the period the model was trained and validated on "
+                       f"(up to {iso_ms(until)}): these figures are in sample, not an estimate on unseen data; "
+                       f"score only later ticks with --since {_unseen_since(until)}"}
 
 
 def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,
@@ -205,8 +243,12 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     if not summary.get("samples"):
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")
+    in_sample = _in_sample(model.metrics, prep)
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
-                    "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since})
+                    "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,
+                    "in_sample": in_sample})
+    if in_sample:
+        print(f"warning: {in_sample['message']}", file=sys.stderr)
     if report:
         html = render_html(summary, cumulative, model.metrics.get("history"), title=f"cerebellar-norse evaluation of {version}")
         atomic_write_bytes(Path(report), html.encode("utf-8"))
@@ -215,6 +257,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     else:
         print(f"model {version} on {summary['samples']} ticks ({summary['labels']}; first {cfg.neural.warmup_ticks} "
               f"ticks of each market excluded; base rates from {base_source})")
+        if in_sample:
+            print(f"IN SAMPLE: {in_sample['message']}")
         print(format_summary(summary))
         if report:
             print(f"report written to {report}")

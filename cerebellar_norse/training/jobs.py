@@ -239,13 +239,15 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                "base_rates": base.tolist(),
                "data": {"files": [str(f) for f in files], "rows": data.rows, "bad_rows": data.bad_rows, "ticks": data.ticks,
                         "markets": len(data.markets), "notes": data.notes, "train_class_counts": prep.train_counts.tolist(),
-                        "validation_class_counts": prep.val_counts.tolist(), "test_class_counts": prep.test_counts.tolist()},
+                        "validation_class_counts": prep.val_counts.tolist(), "test_class_counts": prep.test_counts.tolist(),
+                        "splits": prep.times},
                "warnings": warnings, "parent_version": active.version if active is not None else None,
                "parent_validation": active_val}
     if should_stop is not None and should_stop():  # cancelled, or the service is gone: write no model
         raise InterruptedError("training cancelled")
     version = store.save(result.weights, cfg, metrics)
     return {"model_version": version, "validation": result.validation, "test": test, "edge": result.edge,
+            "splits": metrics["data"]["splits"],
             "started": start_note, "active_model_validation": active_val,
             "active_version": active.version if active is not None else None, "warnings": warnings}
 

@@ -2,8 +2,10 @@
 
 Data preparation: each market's ticks are encoded once with the serving encoder (so
 the running normaliser sees the whole history), labelled over ``horizon_ticks`` and
-split by time: the last ``validation_fraction`` of every market is held out (labels
-whose horizon reaches into the held-out part are dropped from training).
+split by time at cuts common to all markets (:func:`common_cuts`): the first part of
+all ticks in time order trains, the next ``validation_fraction`` validates, the last
+``test_fraction`` tests, so no market is tested on a period another was trained on
+(labels whose horizon reaches into the next part are dropped).
 
 Training: the training parts of the markets are cut into about ``batch_markets``
 contiguous lanes that run side by side as one batch, from the resting state, with
@@ -92,6 +94,7 @@ class Prepared:
     test_counts: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.int64))
     spec: LabelSpec = field(default_factory=LabelSpec)
     block: int = 1  # ticks per horizon (median), for block statistics
+    times: dict[str, int | None] = field(default_factory=dict)  # where the common splits lie (split_times)
 
     def rows(self, split: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Per market, the scored tick indices of ``split`` (1 validation, 2 test), and their labels."""
@@ -130,24 +133,46 @@ def _prepared(markets: list[PreparedMarket], ends: list[np.ndarray], spec: Label
     return prep
 
 
-def look_ahead_warnings(spans: list[tuple[str, float, float]]) -> list[str]:
-    """A warning when a market's series (its validation and test splits) ends before another market's training split
-    does: each market is split on its own time line, so markets that follow each other in time (a file per month
-    read as a market per file) would be tested on a past the model was trained after. ``spans`` holds per market
-    its id, the time (ms) its training split ends and the time its series ends."""
-    if len(spans) < 2:
-        return []
-    early = min(spans, key=lambda s: s[2])
-    late = max(spans, key=lambda s: s[1])
-    if early[2] >= late[1]:
-        return []
+def common_cuts(series: list[np.ndarray], validation_fraction: float, test_fraction: float) -> list[tuple[int, int]]:
+    """Per series (ms timestamps, each ascending), the ends of its training and validation parts when all of them are
+    cut at the same times: the training part is the first ``1 - validation_fraction - test_fraction`` of all ticks
+    pooled in time order, the test part the last ``test_fraction``. Ticks of one time keep the series' order, so one
+    series is cut exactly as :func:`split_points` cuts it."""
+    stamps = np.concatenate(series) if series else np.zeros(0, dtype=np.int64)
+    rank = np.empty(stamps.size, dtype=np.int64)
+    rank[np.argsort(stamps, kind="stable")] = np.arange(stamps.size)
+    n_train_all, n_val_end_all = split_points(stamps.size, validation_fraction, test_fraction)
+    out = []
+    o = 0
+    for ts in series:
+        r = rank[o:o + ts.size]
+        o += ts.size
+        out.append((int(np.count_nonzero(r < n_train_all)), int(np.count_nonzero(r < n_val_end_all))))
+    return out
 
-    def day(ms: float) -> str:
-        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
 
-    return [f"markets do not share a time line: {early[0]!r} ends ({day(early[2])} UTC) before the training split of "
-            f"{late[0]!r} does ({day(late[1])} UTC), so its validation and test ticks are older than ticks trained on: "
-            "give files of one instrument the same market id (a market column) so that they form one series"]
+def split_times(markets: list[PreparedMarket]) -> dict[str, int | None]:
+    """When the common splits lie (ms since the epoch): the last tick of the training part (``train_until``) and of the
+    validation part (``validation_until``: no label of training or validation uses a later price), the first tick of
+    the test part (``test_from``; None without one)."""
+    def last(split: int) -> int | None:
+        got = [pm.ticks[int(np.nonzero(pm.split == split)[0][-1])].timestamp for pm in markets if (pm.split == split).any()]
+        return max(got) if got else None
+
+    firsts = [pm.ticks[int(np.argmax(pm.split == 2))].timestamp for pm in markets if (pm.split == 2).any()]
+    validation_until = last(1)
+    return {"train_until": last(0), "validation_until": validation_until if validation_until is not None else last(0),
+            "test_from": min(firsts) if firsts else None}
+
+
+def split_warnings(markets: list[PreparedMarket], times: dict[str, int | None]) -> list[str]:
+    """A warning per market without a tick in the common training period (it is only scored)."""
+    def day(ms: int | None) -> str:
+        return datetime.fromtimestamp((ms or 0) / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+
+    return [f"market {pm.market_id!r} has no tick in the training period (up to {day(times['train_until'])} UTC, the "
+            "markets' common time cut): it is only validated and tested on, a market the model never trained on"
+            for pm in markets if pm.n_train == 0]
 
 
 def prepare(cfg: Config, data: TickData) -> Prepared:
@@ -157,12 +182,10 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
     h = n.horizon_ticks
     out: list[PreparedMarket] = []
     ends: list[np.ndarray] = []
-    spans: list[tuple[str, float, float]] = []  # market, end of its training split, end of its series (ms)
-    for m in data.markets:
-        if len(m) < 2 * h + BURN_IN + 2:
-            continue
+    usable = [m for m in data.markets if len(m) >= 2 * h + BURN_IN + 2]
+    cuts = common_cuts([np.asarray(m.timestamp) for m in usable], t.validation_fraction, t.test_fraction)
+    for m, (n_train, n_val_end) in zip(usable, cuts, strict=True):
         pm, lab = _market(cfg, m, spec)
-        n_train, n_val_end = split_points(len(m), t.validation_fraction, t.test_fraction)
         idx = np.arange(len(m))
         pm.split = np.where(idx < n_train, 0, np.where(idx < n_val_end, 1, 2)).astype(np.int8)
         split_end = np.where(pm.split == 0, n_train, np.where(pm.split == 1, n_val_end, len(m)))
@@ -172,11 +195,11 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
         pm.n_train = n_train
         out.append(pm)
         ends.append(lab.end)
-        spans.append((m.market_id, float(m.timestamp[max(n_train - 1, 0)]), float(m.timestamp[-1])))
     if not out:
         raise DataError(f"no market has enough ticks (need more than {2 * h + BURN_IN + 2} per market)")
     prep = _prepared(out, ends, spec)
-    prep.warnings = class_warnings(prep.train_counts + prep.val_counts) + look_ahead_warnings(spans)
+    prep.times = split_times(out)
+    prep.warnings = class_warnings(prep.train_counts + prep.val_counts) + split_warnings(out, prep.times)
     if prep.val_counts.sum() == 0:
         raise DataError(f"no validation ticks past the warm-up of {n.warmup_ticks} ticks: the series are too short "
                         "for this neural.warmup_ticks and training.validation_fraction")

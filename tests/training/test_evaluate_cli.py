@@ -79,6 +79,10 @@ def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFix
     assert main(["evaluate", "missing.csv"]) == 1
     assert "missing.csv" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--cost-bp", "-1"]) == 2
+    capsys.readouterr()
+    for bad in ("nan", "inf"):  # refused before loading anything, as a usage error, not a traceback from scoring
+        assert main(["evaluate", "ticks.csv", "--cost-bp", bad]) == 2
+        assert f"--cost-bp must be a finite number >= 0 (got {bad})" in capsys.readouterr().err
 
 
 def _drifting_walk(path: Path, n: int = 1300) -> None:
@@ -171,3 +175,33 @@ def test_activate_is_refused_while_a_service_holds_the_state_dir(env: Path, caps
         assert ModelStore(state).active_version() is None
     finally:
         lock.release()
+
+
+def test_evaluate_says_when_it_scores_ticks_the_model_was_trained_on(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`evaluate ticks.csv` on the file the model was trained on scores its training and validation ticks: the
+    figures are in sample, and it says so, with the --since that leaves them out; `train` prints that --since, and
+    scoring from there is not in sample."""
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    trained = _json(capsys)
+    times = trained["splits"]
+    assert times["train_until"] < times["validation_until"] <= times["test_from"]
+    stored = ModelStore(env / "state").load(trained["model_version"]).metrics["data"]["splits"]
+    assert stored == times
+
+    assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "0"]) == 0
+    captured = capsys.readouterr()
+    full = json.loads(captured.out.strip().splitlines()[-1])
+    ticks = generate_ticks(4000, 2, seed=4)
+    assert full["in_sample"]["ticks"] > full["samples"] // 2 and full["in_sample"]["of"] == full["samples"]
+    assert set(full["in_sample"]["markets"]) == {t["market_id"] for t in ticks}
+    since = datetime.fromtimestamp((times["validation_until"] + 1) / 1000, tz=UTC).isoformat(timespec="milliseconds")
+    since = since.replace("+00:00", "Z").replace(".000Z", "Z")
+    assert f"score only later ticks with --since {since}" in captured.err
+
+    assert main(["evaluate", "ticks.csv", "--since", since, "--json", "--bootstrap", "0"]) == 0
+    captured = capsys.readouterr()
+    later = json.loads(captured.out.strip().splitlines()[-1])
+    assert later["in_sample"] is None and "in sample" not in captured.err and later["samples"] > 0
+
+    assert main(["train", "ticks.csv", "--epochs", "1"]) == 0
+    assert f"test split (unseen, used for nothing; evaluate --since {since} scores only ticks after" in capsys.readouterr().out
