@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import numbers
@@ -84,9 +85,29 @@ def checked_market(tick: Tick, where: str = "") -> str:
     market = check_market_id(tick.get("market_id"), f"{where}market_id")
     for key in ("price", "volume"):
         value = tick.get(key)
-        if isinstance(value, (numbers.Real, Decimal)) and not isinstance(value, bool) and not math.isfinite(float(value)):
-            raise InputError(f"must be finite, got {value!r}", f"{where}{key}")
+        if isinstance(value, (numbers.Real, Decimal)) and not isinstance(value, bool):
+            try:
+                finite = math.isfinite(float(value))
+            except (ValueError, OverflowError):  # Decimal("sNaN"); an int beyond a float's range
+                finite = False
+            if not finite:
+                shown = repr(value)
+                raise InputError(f"must be finite, got {shown if len(shown) <= 60 else shown[:57] + '...'}", f"{where}{key}")
     return market
+
+
+def _in_input_order(exc: CerebellarNorseError, idx: list[int]) -> CerebellarNorseError:
+    """``exc`` of one market's part of a split batch, its ``ticks.K.`` field renamed to the tick's place in the caller's list."""
+    if not isinstance(exc, InputError):
+        return exc
+    head, _, rest = exc.field.partition(".")
+    pos, _, tail = rest.partition(".")
+    if head != "ticks" or not pos.isdigit() or int(pos) >= len(idx):
+        return exc
+    renamed = copy.copy(exc)  # same class and attributes (status, retry hints), only the field and text change
+    renamed.field = f"ticks.{idx[int(pos)]}" + (f".{tail}" if tail else "")
+    renamed.args = (f"{renamed.field}: {exc.message}",)
+    return renamed
 
 
 def encode(body: Any) -> bytes:
@@ -188,9 +209,10 @@ class Client:
             try:
                 results = self._post("/neural/process/batch", {"ticks": [dict(ticks[j]) for j in idx]}, market)["results"]
             except CerebellarNorseError as exc:
+                err = _in_input_order(exc, idx)  # the server counts the part's ticks, the caller its own list
                 if not applied:
-                    raise
-                raise BatchPartError(exc, applied, market) from exc
+                    raise err from None
+                raise BatchPartError(err, applied, market) from exc
             for j, res in zip(idx, results, strict=True):
                 out[j] = res
             applied.append(market)
@@ -202,5 +224,10 @@ class Client:
             r = self.http.get("/health")
         except httpx.HTTPError as exc:
             raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
-        body: dict[str, Any] = r.json()
+        try:
+            body = r.json()
+        except ValueError:  # not the service's answer (HAProxy's own 503 page when no replica is up, a proxy's error)
+            raise EngineFatalError(f"{self.http.base_url}/health answered HTTP {r.status_code} that is not JSON: {r.text[:200]!r}") from None
+        if not isinstance(body, dict):
+            raise EngineFatalError(f"{self.http.base_url}/health answered HTTP {r.status_code} with JSON that is not an object")
         return body

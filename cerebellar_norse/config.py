@@ -11,6 +11,7 @@ Unknown keys are errors in every layer.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import tomllib
@@ -175,8 +176,8 @@ class TrainingConfig(_Section):
     epochs: int = Field(5, ge=1, le=10_000, description="Default epochs of a job.")
     sequence_length: int = Field(64, ge=1, le=100_000, description="Truncated BPTT window (ticks).")
     batch_markets: int = Field(8, ge=1, le=65_536, description="Sequences per gradient step.")
-    validation_fraction: float = Field(0.15, gt=0, lt=1, description="Fraction (by time, after the training part) used for early stopping and calibration.")
-    test_fraction: float = Field(0.15, ge=0, lt=1, description="Last fraction (by time) held out as the test split: scored and reported, never used to choose anything.")
+    validation_fraction: float = Field(0.15, gt=0, lt=1, description="Fraction of all markets' ticks (by time, after the training part; the cuts are common to all markets) used for early stopping and calibration.")
+    test_fraction: float = Field(0.15, ge=0, lt=1, description="Last fraction of all markets' ticks (by time) held out as the test split: scored and reported, never used to choose anything.")
     early_stopping_patience: int = Field(3, ge=1, le=1000, description="Epochs without validation improvement before stopping.")
     flat_band_mode: Literal["volatility", "fixed"] = Field("volatility", description='"volatility": the flat band is flat_band_volatility_multiple x the market\'s recent volatility over the horizon; "fixed": the band is flat_band.')
     flat_band_volatility_multiple: float = Field(0.43, ge=0, le=100, description="Flat band in units of the horizon's volatility (sd of per-tick log returns x sqrt(ticks in the horizon)); 0.43 gives about a third of each class for Gaussian returns.")
@@ -558,9 +559,26 @@ def load_checked_config(path: str | Path | None = None, environ: Mapping[str, st
 
 
 def config_json_schema() -> dict[str, Any]:
-    """JSON Schema of the configuration file."""
+    """JSON Schema of the configuration file.
+
+    The four LIF populations share one model whose own defaults are generic; each
+    population's defaults (``LIF_DEFAULTS``) are filled in by the ``[neural]`` section,
+    so each gets a definition of its own carrying the defaults a config really gets.
+    """
     schema = Config.model_json_schema()
     schema["title"] = "cerebellar-norse configuration"
+    defs = schema.get("$defs", {})
+    lif, neural = defs.get("LIFConfig"), defs.get("NeuralConfig")
+    if lif is not None and neural is not None:
+        for name, (tau_syn, tau_mem) in LIF_DEFAULTS.items():
+            title = f"{name.capitalize()}LIFConfig"
+            sub = copy.deepcopy(lif)
+            sub["title"] = title
+            sub["properties"]["tau_syn_ms"]["default"] = tau_syn
+            sub["properties"]["tau_mem_ms"]["default"] = tau_mem
+            defs[title] = sub
+            neural["properties"][name] = {"$ref": f"#/$defs/{title}"}
+        del defs["LIFConfig"]
     return schema
 
 

@@ -454,3 +454,27 @@ def test_load_checked_config_raises_on_a_consistency_problem(write_toml: Any) ->
         load_checked_config(path, environ={})
     assert problem_keys(info.value) == ["neural.mossy_size"]
     assert info.value.source == str(path)
+
+
+def test_json_schema_defaults_are_the_defaults_a_config_gets() -> None:
+    """Every default in --dump-schema is the value an empty file gives (the LIF populations' own ones included)."""
+    schema = config_json_schema()
+    defs = schema["$defs"]
+
+    def node(ref_or_schema: dict[str, Any]) -> dict[str, Any]:
+        ref = ref_or_schema.get("$ref")
+        return defs[ref.rsplit("/", 1)[-1]] if ref else ref_or_schema
+
+    checked = []
+
+    def walk(sub: dict[str, Any], values: dict[str, Any], prefix: str) -> None:
+        for key, prop in node(sub)["properties"].items():
+            value = values[key]
+            if isinstance(value, dict):
+                walk(prop, value, f"{prefix}{key}.")
+            elif "default" in prop:
+                assert prop["default"] == value, f"{prefix}{key}: schema default {prop['default']!r}, effective {value!r}"
+                checked.append(f"{prefix}{key}")
+
+    walk(schema, Config().model_dump(mode="json"), "")
+    assert {"neural.granule.tau_mem_ms", "neural.purkinje.tau_mem_ms", "neural.readout.tau_syn_ms"} <= set(checked)

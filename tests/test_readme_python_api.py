@@ -43,3 +43,20 @@ def test_benchmarks_section_points_to_the_record() -> None:
     assert "docs/benchmarks.md" in section
     for command in ("cerebellar-norse bench", "cerebellar-norse crossval", "benchmarks/network_bench.py"):
         assert command in section
+
+
+def test_construction_example_of_explicit_overrides_builds_a_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `load_config(path, environ={...})` example of "Construction" gives a Config the network accepts."""
+    from cerebellar_norse import CerebellarNetwork, load_config
+    from cerebellar_norse.errors import ConfigError
+
+    for name in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(name)
+    construction = README.read_text(encoding="utf-8").split("### Construction\n", 1)[1].split("\n### ", 1)[0]
+    found = re.search(r"environ=\{\"(CEREBELLAR_NORSE_[A-Z_]+)\": \"([^\"]+)\"\}", construction)
+    assert found, "the Construction section names an explicit override"
+    net = CerebellarNetwork(load_config(None, environ={found.group(1): found.group(2)}))
+    assert net.process({"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"})["market_id"] == "A"
+    # a Config whose network cannot be built is a ConfigError naming the key, not a numpy error
+    with pytest.raises(ConfigError, match=r"neural\.connections_per_neuron"):
+        CerebellarNetwork(load_config(None, environ={"CEREBELLAR_NORSE_NEURAL__GRANULE_SIZE": "64"}))

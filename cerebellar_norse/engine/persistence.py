@@ -19,6 +19,7 @@ aside to ``<name>.corrupt-<UTC time>`` (unreadable) or ``<name>.foreign-<UTC tim
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -211,6 +212,8 @@ def check_writable(state_dir: Path) -> None:
     state_dir = Path(state_dir)
     probe = state_dir / f".write-test-{os.getpid()}"
     try:
+        if state_dir.exists() and not state_dir.is_dir():  # mkdir would say "File exists"
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(state_dir))
         state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

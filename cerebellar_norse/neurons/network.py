@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config, load_checked_config
+from ..config import Config, consistency_problems, load_checked_config
 from ..engine.pipeline import StepBuffers, step_ticks, tick_results
 from ..engine.pool import StatePool
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..ticks import Tick, check_order, validate_tick, validate_ticks
 from .backends import Backend, make_backend
 from .parameters import encoder_parameters, network_parameters
@@ -51,7 +51,15 @@ class CerebellarNetwork:
 
     def __init__(self, config: Config | str | Path | None = None, backend: str = "fused", weights: Weights | None = None,
                  max_markets: int | None = None, max_batch: int | None = None) -> None:
-        self.config = config if isinstance(config, Config) else load_checked_config(config)
+        if isinstance(config, Config):
+            # A Config is used as given (no memory or host checks), but a network shape that
+            # cannot be built is refused here rather than crashing in the topology's sampling.
+            shape = [p for p in consistency_problems(config) if p.key.startswith("neural.")]
+            if shape:
+                raise ConfigError(shape, "<Config object>")
+            self.config = config
+        else:
+            self.config = load_checked_config(config)
         cfg = self.config
         self.weights = generate_weights(cfg) if weights is None else weights
         self.params = network_parameters(cfg, float(self.weights.golgi_init))

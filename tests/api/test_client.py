@@ -5,11 +5,12 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from live_helpers import LiveServer, market, signal_of, tick
 
-from cerebellar_norse.client import Client
+from cerebellar_norse.client import BatchPartError, Client
 from cerebellar_norse.errors import EngineFatalError, InputError, TickOrderError
 
 
@@ -34,6 +35,8 @@ def test_numpy_and_decimal_numbers_are_sent_as_numbers(live: LiveServer) -> None
     ({"price": float("nan")}, "price"),  # no JSON can carry it
     ({"volume": np.float64("inf")}, "volume"),
     ({"price": Decimal("NaN")}, "price"),
+    ({"price": Decimal("sNaN")}, "price"),  # float() of it raises ValueError
+    ({"volume": 10**400}, "volume"),  # float() of it raises OverflowError
 ])
 def test_a_tick_that_cannot_be_sent_is_an_input_error_naming_the_field(live: LiveServer, bad: dict[str, Any],
                                                                         field: str) -> None:
@@ -63,3 +66,32 @@ def test_refusals_and_an_unreachable_service_are_the_errors_tree(live: LiveServe
             c.process({**tick(m, 6), "extra": object()})
     with Client("http://127.0.0.1:9", timeout_s=2) as c, pytest.raises(EngineFatalError, match="cannot reach"):
         c.process(tick(m, 7))
+
+
+def test_a_refused_tick_of_a_split_batch_is_named_by_its_place_in_the_callers_list(live: LiveServer) -> None:
+    """The server numbers the ticks of the one-market part it got; the error names the caller's index."""
+    a, b = market("CLIA"), market("CLIB")
+    ticks = [tick(a, 0), tick(b, 0), {**tick(a, 1), "price": -1.0}]
+    with Client(live.url) as c:
+        with pytest.raises(InputError) as exc:
+            c.process_batch(ticks)
+        assert exc.value.field == "ticks.2.price" and exc.value.status_code == 422
+        assert str(exc.value).startswith("ticks.2.price: ")
+        with pytest.raises(BatchPartError) as part:  # b's part is sent first and applied, a's refused
+            c.process_batch([tick(b, 1), tick(a, 0), tick(a, 1), {**tick(a, 2), "price": -1.0}])
+        assert part.value.applied == [b] and part.value.failed == a
+        assert isinstance(part.value.cause, InputError) and part.value.cause.field == "ticks.3.price"
+        with pytest.raises(TickOrderError) as order:
+            c.process_batch([tick(a, 5), tick(b, 9), tick(a, 4)])
+        assert order.value.field == "ticks.2.timestamp"
+
+
+def test_health_of_something_that_is_not_the_service_is_an_engine_fatal_error() -> None:
+    """HAProxy with no replica up answers its own HTML 503: health() raises the tree's error, not a JSON error."""
+    page = b"<html><body><h1>503 Service Unavailable</h1>\nNo server is available to handle this request.\n</body></html>\n"
+    transport = httpx.MockTransport(lambda request: httpx.Response(503, content=page, headers={"Content-Type": "text/html"}))
+    with Client("http://haproxy.invalid", transport=transport) as c, pytest.raises(EngineFatalError, match="not JSON"):
+        c.health()
+    listing = httpx.MockTransport(lambda request: httpx.Response(200, json=[1, 2]))
+    with Client("http://haproxy.invalid", transport=listing) as c, pytest.raises(EngineFatalError, match="not an object"):
+        c.health()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
@@ -14,8 +15,8 @@ import pytest
 from engine_helpers import ConfigFactory, assert_same_state
 
 from cerebellar_norse.engine.engine import Engine
-from cerebellar_norse.engine.persistence import STATE_FILE, load_pool, save_pool
-from cerebellar_norse.errors import CheckpointError
+from cerebellar_norse.engine.persistence import STATE_FILE, check_writable, load_pool, save_pool
+from cerebellar_norse.errors import CheckpointError, StorageError
 from cerebellar_norse.neurons.encoder import S_LAST_TS, S_N_TICKS
 from cerebellar_norse.neurons.state import STATE_FIELDS
 from cerebellar_norse.storage import MAGIC, read_checksummed, sha256_bytes, write_checksummed
@@ -248,3 +249,14 @@ def test_restore_moves_a_file_with_non_finite_states_aside(engine_config: Config
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and str(path) in errors[0].getMessage() and str(moved) in errors[0].getMessage()
     assert "market 'B': state field 'i_out' holds non-finite values" in errors[0].getMessage()
+
+
+def test_a_state_dir_that_is_a_regular_file_is_named_as_not_a_directory(tmp_path: Path) -> None:
+    """mkdir on a file says "File exists"; the error says what is wrong with the path instead."""
+    state = tmp_path / "state"
+    state.write_text("not a directory")
+    with pytest.raises(StorageError) as exc:
+        check_writable(state)
+    assert str(exc.value) == f"state dir is not writable: {state}: Not a directory (errno 20 ENOTDIR)"
+    assert exc.value.errno == errno.ENOTDIR
+    assert state.read_text() == "not a directory"
