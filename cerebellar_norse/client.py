@@ -19,8 +19,12 @@ Errors are the service's own exception tree (:mod:`cerebellar_norse.errors`):
 :class:`~cerebellar_norse.errors.TickOrderError` for ``out_of_order``),
 :class:`~cerebellar_norse.errors.MarketMovingError` (503 ``market_moving``: the market's
 state is moving between replicas) and :class:`~cerebellar_norse.errors.CapacityError`
-(other 503s) with the server's ``Retry-After``, and
-:class:`~cerebellar_norse.errors.EngineFatalError` for a 5xx or an unreachable service.
+(other 503s, and a proxy's 503 that delivered nothing) with the server's ``Retry-After``, and
+:class:`~cerebellar_norse.errors.EngineFatalError` for a 5xx or an unreachable service; its
+subclass :class:`OutcomeUnknownError` when a request was sent but no answer came (a read
+timeout, a dropped connection): its ticks may have been applied, and ticks of equal
+timestamps are applied again, so do not resend them blindly. Field names of a split
+batch's errors (``ticks.3.price``) count the ticks as the caller passed them.
 
 Example::
 
@@ -48,6 +52,22 @@ from .errors import CapacityError, CerebellarNorseError, EngineFatalError, Input
 from .ticks import check_market_id
 
 Tick = Mapping[str, Any]
+
+
+class OutcomeUnknownError(EngineFatalError):
+    """A request was sent but its answer never came (read timeout, connection dropped): its ticks may have been applied.
+
+    The service applies a tick of a timestamp equal to its market's last one again, so
+    resending such a tick can apply it twice; check the market first (its last tick
+    time: ``GET /debug/markets/{market_id}/state``).
+
+    Attributes:
+        market_id: the market of the request.
+    """
+
+    def __init__(self, market_id: str, message: str) -> None:
+        self.market_id = market_id
+        super().__init__(message)
 
 
 class BatchPartError(CerebellarNorseError):
@@ -132,9 +152,11 @@ def error_from_response(r: httpx.Response) -> CerebellarNorseError:
             retry = float(r.headers.get("Retry-After", "1"))
         except ValueError:
             retry = 1.0
+        if not math.isfinite(retry) or retry < 0:
+            retry = 1.0
         if kind == "market_moving":
             return MarketMovingError(r.request.headers.get("x-market-id", ""), message, retry)
-        if kind == "capacity":
+        if kind in ("capacity", "http"):  # "http": a proxy's own 503 (HAProxy: no replica up); nothing was delivered
             return CapacityError(message, retry)
         return EngineFatalError(message)
     if kind == "out_of_order":
@@ -182,10 +204,18 @@ class Client:
         while True:
             try:
                 r = self.http.post(path, content=data, headers={"X-Market-ID": market, "Content-Type": "application/json"})
-            except httpx.HTTPError as exc:
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
                 raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
+            except httpx.HTTPError as exc:
+                raise OutcomeUnknownError(market, f"POST {path} of market {market!r} to {self.http.base_url}: no answer "
+                                                  f"({type(exc).__name__}: {exc or 'no detail'}); the request was sent, so its "
+                                                  f"tick(s) may have been applied: check the market before resending") from None
             if r.status_code == 200:
-                return r.json()
+                try:
+                    return r.json()
+                except ValueError:
+                    raise OutcomeUnknownError(market, f"POST {path} to {self.http.base_url}: HTTP 200 that is not JSON "
+                                                      f"({r.text[:200]!r}); its tick(s) may have been applied") from None
             err = error_from_response(r)
             if isinstance(err, CapacityError) and attempt < self.retries:
                 attempt += 1
@@ -195,7 +225,8 @@ class Client:
 
     def process(self, tick: Tick) -> dict[str, Any]:
         """One tick (``price``, ``volume``, ``timestamp`` in ms, ``market_id``); its result."""
-        result: dict[str, Any] = self._post("/neural/process", dict(tick), checked_market(tick))
+        market = checked_market(tick)
+        result: dict[str, Any] = self._post("/neural/process", dict(tick), market)
         return result
 
     def process_batch(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
@@ -219,15 +250,21 @@ class Client:
         return [r for r in out if r is not None]
 
     def health(self) -> dict[str, Any]:
-        """``GET /health`` (200 or 503) as JSON."""
+        """``GET /health`` (200 or 503) as JSON: ``status``, and ``reason`` when not ready.
+
+        An answer that is not the service's health (a proxy's error page, the service's
+        refusal at ``server.max_connections``) raises the error it is.
+        """
         try:
             r = self.http.get("/health")
         except httpx.HTTPError as exc:
             raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
         try:
             body = r.json()
-        except ValueError:  # not the service's answer (HAProxy's own 503 page when no replica is up, a proxy's error)
-            raise EngineFatalError(f"{self.http.base_url}/health answered HTTP {r.status_code} that is not JSON: {r.text[:200]!r}") from None
-        if not isinstance(body, dict):
-            raise EngineFatalError(f"{self.http.base_url}/health answered HTTP {r.status_code} with JSON that is not an object")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "status" not in body:
+            raise error_from_response(r) if r.status_code >= 400 else EngineFatalError(
+                f"GET /health: HTTP {r.status_code} that is not the service's health: {r.text[:200]!r}")
         return body
+

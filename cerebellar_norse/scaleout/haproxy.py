@@ -151,7 +151,10 @@ listen stats
 
 # -- the runtime API --------------------------------------------------------------
 
-ADMIN_OFF = 0x01 | 0x02 | 0x04 | 0x08 | 0x10 | 0x20  # forced/inherited/config maintenance, forced/inherited drain
+# Forced/inherited maintenance, forced/inherited drain, DNS maintenance. Not 0x04 (SRV_ADMF_CMAINT): HAProxy
+# keeps that bit on a server declared `disabled` in the configuration after `set server … state ready` has
+# put it in service (its maintenance mask SRV_ADMF_MAINT is 0x23), so it says nothing about the ring.
+ADMIN_OFF = 0x01 | 0x02 | 0x08 | 0x10 | 0x20
 OP_RUNNING = 2
 
 

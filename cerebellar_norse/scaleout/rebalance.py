@@ -6,7 +6,11 @@ The plan
     ids) names each market's new owner. A market whose holder is not its new owner
     moves from holder to owner. The plan starts from where the states are, not from
     where the old ring says they should be, so a market left on the wrong replica by an
-    earlier, interrupted run is moved too.
+    earlier, interrupted run is moved too. A market held by several replicas (a
+    failover served it elsewhere while its replica restarted; a run stopped after the
+    switch left a frozen copy at the source) moves or stays as its newest copy (latest
+    last tick, then most ticks); the older copies are listed as ``stale`` and never
+    moved over it.
 
 The moves (no market restarts from rest, no tick gets a wrong answer)
     1. For each moving market: export from the holder (the market is frozen there: its
@@ -32,7 +36,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -67,13 +71,14 @@ class Plan:
     moves: list[Move] = field(default_factory=list)
     markets: int = 0
     unhashable: list[str] = field(default_factory=list)  # empty routing key: HAProxy balances them round robin
+    stale: list[dict[str, str]] = field(default_factory=list)  # older copies of a market held elsewhere: not moved
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"markets": self.markets, "moves": [asdict(m) for m in self.moves], "unhashable": self.unhashable,
-                "added": self.added, "removed": self.removed}
+                "stale": self.stale, "added": self.added, "removed": self.removed}
 
 
 def resolve(entries: list[str], api: RuntimeAPI | None, backend: str = BACKEND) -> list[Replica]:
@@ -121,12 +126,12 @@ class Replicas:
             raise RebalanceError(f"{method} {url}: HTTP {r.status_code}: {msg}")
         return r
 
-    def markets(self, base: str) -> list[str]:
-        """Markets holding state on a replica."""
+    def markets(self, base: str) -> dict[str, tuple[int, int]]:
+        """Markets holding state on a replica, each with how far its state goes: (last tick time, ticks seen)."""
         body = self._call("GET", f"{base}/debug/markets", params={"limit": LIST_LIMIT}).json()
         if body["total"] > LIST_LIMIT:
             raise RebalanceError(f"{base} holds {body['total']} markets, more than the {LIST_LIMIT} one listing returns")
-        return [m["market_id"] for m in body["markets"]]
+        return {m["market_id"]: (int(m.get("last_timestamp") or 0), int(m.get("ticks_seen") or 0)) for m in body["markets"]}
 
     def export(self, base: str, market: str) -> bytes:
         """Freeze and export one market."""
@@ -154,23 +159,36 @@ class Replicas:
                 raise
 
 
-def make_plan(old: list[Replica], new: list[Replica], holdings: dict[str, list[str]]) -> Plan:
-    """Moves from where the states are (``holdings``: replica URL → markets) to their owners on the new ring."""
+def make_plan(old: list[Replica], new: list[Replica],
+              holdings: Mapping[str, Sequence[str] | Mapping[str, tuple[int, int]]]) -> Plan:
+    """Moves from where the states are (``holdings``: replica URL → markets) to their owners on the new ring.
+
+    With each market's (last tick time, ticks seen) in ``holdings``, a market held by
+    several replicas moves (or stays) as its newest copy; the others are ``stale``.
+    """
     ring = Ring({r.server_id: r.weight for r in new})
     by_id = {r.server_id: r for r in new}
     old_urls = {r.url for r in old}
     new_urls = {r.url for r in new}
     plan = Plan(added=sorted(new_urls - old_urls), removed=sorted(old_urls - new_urls))
+    copies: dict[str, list[tuple[tuple[int, int], str]]] = {}
     for url, markets in holdings.items():
         for market in markets:
-            plan.markets += 1
-            owner = ring.owner(market)
-            if owner is None:
-                plan.unhashable.append(market)
-                continue
-            target = by_id[owner].url
-            if target != url:
-                plan.moves.append(Move(market, url, target))
+            age = markets[market] if isinstance(markets, Mapping) else (0, 0)
+            copies.setdefault(market, []).append((age, url))
+    for market, held in copies.items():
+        plan.markets += 1
+        url = max(held, key=lambda c: c[0])[1]  # the newest copy (the first listed on a tie)
+        for _, other in held:
+            if other != url:
+                plan.stale.append({"market_id": market, "replica": other, "newest_at": url})
+        owner = ring.owner(market)
+        if owner is None:
+            plan.unhashable.append(market)
+            continue
+        target = by_id[owner].url
+        if target != url:
+            plan.moves.append(Move(market, url, target))
     plan.moves.sort(key=lambda m: (m.source, m.market_id))
     return plan
 
@@ -261,6 +279,8 @@ def cmd_rebalance(old_text: str, new_text: str, token: str | None, dry_run: bool
                 print(f"  {mv.market_id}: {mv.source} -> {mv.target}")
             if plan.unhashable:
                 print(f"  not hashable by HAProxy (routed round robin): {plan.unhashable}")
+            for st in plan.stale:
+                print(f"  {st['market_id']}: older copy at {st['replica']} left in place (newest at {st['newest_at']})")
         if not dry_run:
             switch = haproxy_switch(api, old, new, backend) if api is not None else command_switch(switch_command or "")
             execute(plan, calls, switch, log)

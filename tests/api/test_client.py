@@ -11,7 +11,7 @@ import pytest
 from live_helpers import LiveServer, market, signal_of, tick
 
 from cerebellar_norse.client import BatchPartError, Client
-from cerebellar_norse.errors import EngineFatalError, InputError, TickOrderError
+from cerebellar_norse.errors import CapacityError, EngineFatalError, InputError, TickOrderError
 
 
 def test_numpy_and_decimal_numbers_are_sent_as_numbers(live: LiveServer) -> None:
@@ -86,12 +86,13 @@ def test_a_refused_tick_of_a_split_batch_is_named_by_its_place_in_the_callers_li
         assert order.value.field == "ticks.2.timestamp"
 
 
-def test_health_of_something_that_is_not_the_service_is_an_engine_fatal_error() -> None:
-    """HAProxy with no replica up answers its own HTML 503: health() raises the tree's error, not a JSON error."""
+def test_health_of_something_that_is_not_the_service_raises_the_tree() -> None:
+    """HAProxy with no replica up answers its own HTML 503 (nothing delivered: a capacity refusal, retried later); a
+    200 that is not the service's health is an EngineFatalError, not a JSON error or a KeyError."""
     page = b"<html><body><h1>503 Service Unavailable</h1>\nNo server is available to handle this request.\n</body></html>\n"
     transport = httpx.MockTransport(lambda request: httpx.Response(503, content=page, headers={"Content-Type": "text/html"}))
-    with Client("http://haproxy.invalid", transport=transport) as c, pytest.raises(EngineFatalError, match="not JSON"):
+    with Client("http://haproxy.invalid", transport=transport) as c, pytest.raises(CapacityError):
         c.health()
     listing = httpx.MockTransport(lambda request: httpx.Response(200, json=[1, 2]))
-    with Client("http://haproxy.invalid", transport=listing) as c, pytest.raises(EngineFatalError, match="not an object"):
+    with Client("http://haproxy.invalid", transport=listing) as c, pytest.raises(EngineFatalError, match="not the service's health"):
         c.health()

@@ -75,3 +75,26 @@ def test_ring_matches_a_real_haproxy(tmp_path: Path, stand_ins: list[int], serve
             assert r.status_code == 400 and "market_id" in r.json()["error"]["message"]
     finally:
         hap.stop()
+
+
+@needs_haproxy
+def test_a_server_declared_disabled_joins_the_ring_once_set_ready(tmp_path: Path, stand_ins: list[int]) -> None:
+    """docs/scale-out.md's way to add a replica: its server line ends in `disabled`, then `rebalance` sets it ready.
+
+    HAProxy keeps the configuration-maintenance bit (0x04) of such a server in `show servers
+    state` after `set server … state ready` although the server is in service; the ring must
+    count it, or `rebalance` waits for it in vain after the routing has already switched.
+    """
+    replicas = [Replica(1, "127.0.0.1", stand_ins[0]), Replica(2, "127.0.0.1", stand_ins[1], enabled=False)]
+    hap = start_haproxy(tmp_path, replicas, check_interval_ms=200)
+    try:
+        hap.api.wait_ring({1}, timeout_s=10)
+        hap.api.set_state("r2", "ready")
+        hap.api.wait_ring({1, 2}, timeout_s=10)
+        market = next(m for m in MARKETS if Ring({1: 1, 2: 1}).owner(m) == 2)
+        with httpx.Client(base_url=hap.url, timeout=5) as c:
+            assert c.get("/health", headers={"X-Market-ID": market}).headers["X-Served-By"] == "r2"
+        hap.api.set_state("r2", "maint")
+        hap.api.wait_ring({1}, timeout_s=10)
+    finally:
+        hap.stop()

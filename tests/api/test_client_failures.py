@@ -1,0 +1,91 @@
+"""What the client raises when the network or a proxy fails it (no live service: httpx's mock transport)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from cerebellar_norse.client import BatchPartError, Client, OutcomeUnknownError
+from cerebellar_norse.errors import CapacityError, EngineFatalError, InputError, TickOrderError
+
+T0 = 1_700_000_000_000
+HAPROXY_503 = "<html><body><h1>503 Service Unavailable</h1>\nNo server is available to handle this request.\n</body></html>\n"
+
+
+def tick(m: str, k: int, **kw: object) -> dict[str, object]:
+    return {"price": 100.0, "volume": 1.0, "timestamp": T0 + 1000 * k, "market_id": m, **kw}
+
+
+def client(handler: httpx.MockTransport, **kw: object) -> Client:
+    return Client("http://svc", transport=handler, **kw)  # type: ignore[arg-type]
+
+
+def test_no_answer_after_sending_says_the_tick_may_be_applied_not_unreachable() -> None:
+    def read_timeout(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with client(httpx.MockTransport(read_timeout)) as c, pytest.raises(OutcomeUnknownError) as exc:
+        c.process(tick("A", 0))
+    assert exc.value.market_id == "A" and "may have been applied" in str(exc.value) and "cannot reach" not in str(exc.value)
+    assert isinstance(exc.value, EngineFatalError)  # callers catching EngineFatalError still catch it
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    with client(httpx.MockTransport(refused)) as c, pytest.raises(EngineFatalError, match="cannot reach") as exc2:
+        c.process(tick("A", 0))
+    assert not isinstance(exc2.value, OutcomeUnknownError)  # nothing was sent
+
+
+def test_a_proxys_503_page_is_retried_and_health_raises_the_tree() -> None:
+    calls: list[str] = []
+
+    def haproxy_then_ok(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) == 1:
+            return httpx.Response(503, text=HAPROXY_503, headers={"Content-Type": "text/html"})
+        return httpx.Response(200, json={"market_id": "A", "prediction": 0.0})
+
+    with client(httpx.MockTransport(haproxy_then_ok), retries=1, max_wait_s=0.0) as c:
+        assert c.process(tick("A", 0))["market_id"] == "A" and len(calls) == 2
+    with client(httpx.MockTransport(lambda r: httpx.Response(503, text=HAPROXY_503))) as c, pytest.raises(CapacityError):
+        c.health()
+    refusal = {"error": {"type": "capacity", "message": "too many open connections", "field": None, "request_id": "x"}}
+    refused = httpx.MockTransport(lambda r: httpx.Response(503, json=refusal, headers={"Retry-After": "1"}))
+    with client(refused) as c, pytest.raises(CapacityError, match="too many open connections"):
+        c.health()
+    starting = {"status": "unavailable", "reason": "starting: loading the model"}
+    with client(httpx.MockTransport(lambda r: httpx.Response(503, json=starting))) as c:
+        assert c.health()["reason"] == "starting: loading the model"
+
+
+def test_a_split_batchs_errors_name_the_callers_tick() -> None:
+    applied: list[str] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        ticks = json.loads(request.content)["ticks"]
+        for j, t in enumerate(ticks):
+            if t["price"] <= 0:
+                return httpx.Response(422, json={"error": {"type": "validation", "message": "Input should be greater than 0",
+                                                           "field": f"ticks.{j}.price", "request_id": "r"}})
+            if t["timestamp"] < T0 + 2000 and t["market_id"] == "B" and applied:
+                return httpx.Response(409, json={"error": {"type": "out_of_order", "message": "older",
+                                                           "field": f"ticks.{j}.timestamp", "request_id": "r"}})
+        applied.append(ticks[0]["market_id"])
+        return httpx.Response(200, json={"results": [{"market_id": t["market_id"]} for t in ticks], "request_id": "r"})
+
+    with client(httpx.MockTransport(service)) as c:
+        with pytest.raises(InputError) as exc:
+            c.process_batch([tick("A", 1), tick("B", 1), tick("B", 2), tick("A", 2, price=-1.0)])
+        assert exc.value.field == "ticks.3.price" and str(exc.value).startswith("ticks.3.price:")
+        with pytest.raises(BatchPartError) as part:
+            c.process_batch([tick("A", 3), tick("B", 3), tick("B", 1)])
+        assert isinstance(part.value.cause, TickOrderError) and part.value.cause.field == "ticks.2.timestamp"
+        assert part.value.cause.status_code == 409
+
+
+def test_a_tick_that_is_not_a_mapping_is_an_input_error() -> None:
+    with client(httpx.MockTransport(lambda r: httpx.Response(500))) as c, pytest.raises(InputError, match="mapping"):
+        c.process([1, 2])  # type: ignore[arg-type]

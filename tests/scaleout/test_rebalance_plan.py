@@ -1,0 +1,40 @@
+"""The rebalance plan when a market is held by more than one replica: the newest copy wins, never an older one."""
+
+from __future__ import annotations
+
+from cerebellar_norse.scaleout.haproxy import Replica
+from cerebellar_norse.scaleout.rebalance import Move, make_plan
+from cerebellar_norse.scaleout.ring import Ring
+
+R1, R2 = Replica(1, "127.0.0.1", 8081), Replica(2, "127.0.0.1", 8082)
+
+
+def market_of(owner: int) -> str:
+    return next(m for m in (f"M{k}" for k in range(1000)) if Ring({1: 1, 2: 1}).owner(m) == owner)
+
+
+def test_an_older_copy_on_another_replica_is_never_moved_over_the_owners_state() -> None:
+    # A failover served the market on r2 from rest while r1 restarted; r1 has it again since, with newer ticks.
+    m = market_of(1)
+    plan = make_plan([R1, R2], [R1, R2], {R1.url: {m: (1_700_000_012_000, 36)}, R2.url: {m: (1_700_000_006_500, 13)}})
+    assert plan.moves == [] and plan.markets == 1
+    assert plan.stale == [{"market_id": m, "replica": R2.url, "newest_at": R1.url}]
+
+
+def test_a_frozen_copy_left_at_the_source_does_not_replace_the_moved_state() -> None:
+    # A run that stopped after the switch: r2 serves the market, r1 still holds its frozen copy.
+    m = market_of(2)
+    plan = make_plan([R1, R2], [R1, R2], {R1.url: {m: (1_700_000_055_250, 222)}, R2.url: {m: (1_700_000_399_000, 1597)}})
+    assert plan.moves == [] and [s["replica"] for s in plan.stale] == [R1.url]
+
+
+def test_the_newest_copy_moves_to_the_owner() -> None:
+    m = market_of(1)
+    plan = make_plan([R1, R2], [R1], {R1.url: {m: (5, 1)}, R2.url: {m: (9, 4)}})
+    assert plan.moves == [Move(m, R2.url, R1.url)] and plan.stale == [{"market_id": m, "replica": R1.url, "newest_at": R2.url}]
+
+
+def test_markets_as_plain_lists_still_plan_as_before() -> None:
+    m1, m2 = market_of(1), market_of(2)
+    plan = make_plan([R1], [R1, R2], {R1.url: [m1, m2]})
+    assert plan.moves == [Move(m2, R1.url, R2.url)] and plan.stale == [] and plan.markets == 2
