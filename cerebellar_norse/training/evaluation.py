@@ -22,6 +22,8 @@ Baselines (none of them looks at the evaluation labels):
   0.6 M / 0.4 M in favour of the direction of ``past_ret``; where ``past_ret`` is zero
   or unknown (NaN) the split is 0.5 M / 0.5 M (no view, no position);
 * ``mean_reversion`` — as persistence with the opposite direction;
+* ``always_up`` — as persistence with the direction always up (buy and hold: a drifting
+  market's directional accuracy and P&L are not an edge unless the model beats this);
 * ``logistic`` — a multinomial logistic regression's probabilities (``fit_logistic``),
   when the caller supplies them.
 """
@@ -45,7 +47,7 @@ PSEUDO_COUNT = 0.5
 HESSIAN_ROWS = 32_768
 NEWTON_TOL = 1e-10
 MAX_MARKETS_REPORTED = 200
-BASELINE_NAMES = ("base_rates", "majority", "persistence", "mean_reversion", "logistic")
+BASELINE_NAMES = ("base_rates", "majority", "persistence", "mean_reversion", "always_up", "logistic")
 _BOOTSTRAP_CHUNK = 4_000_000
 
 
@@ -386,11 +388,11 @@ def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray) -> dict[str, np
     direction = np.where(np.isfinite(past), np.sign(np.nan_to_num(past)), 0.0)
     moving = br[DOWN] + br[UP]
     out = {"base_rates": np.tile(br, (n, 1)), "majority": np.tile(majority, (n, 1))}
-    for name, sign in (("persistence", 1.0), ("mean_reversion", -1.0)):
+    for name, view in (("persistence", direction), ("mean_reversion", -direction), ("always_up", np.ones(n))):
         p = np.empty((n, 3))
         p[:, FLAT] = br[FLAT]
-        p[:, UP] = moving * (0.5 + DIRECTION_TILT * sign * direction)
-        p[:, DOWN] = moving * (0.5 - DIRECTION_TILT * sign * direction)
+        p[:, UP] = moving * (0.5 + DIRECTION_TILT * view)
+        p[:, DOWN] = moving * (0.5 - DIRECTION_TILT * view)
         out[name] = p
     return out
 

@@ -60,8 +60,8 @@ def _predictors(summary: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]
 def _pnl_rows(summary: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     rows = [(name, m["pnl"]) for name, m in _predictors(summary) if isinstance(m.get("pnl"), Mapping)]
     model = summary.get("model") or {}
-    if isinstance(model.get("always_long"), Mapping):
-        rows.insert(1 if rows else 0, ("always_long", model["always_long"]))
+    if isinstance(model.get("always_long"), Mapping) and "always_up" not in (summary.get("baselines") or {}):
+        rows.insert(1 if rows else 0, ("always_long", model["always_long"]))  # a summary from before that baseline
     return rows
 
 

@@ -43,7 +43,7 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
     full = _json(capsys)
     assert full["model_version"] == trained["model_version"]
     assert full["samples"] > 1000
-    assert set(full["baselines"]) == {"base_rates", "majority", "persistence", "mean_reversion", "logistic"}
+    assert set(full["baselines"]) == {"base_rates", "majority", "persistence", "mean_reversion", "always_up", "logistic"}
     for row in full["vs_baselines"].values():
         lo, hi = row["log_loss"]["ci95"]
         assert lo <= row["log_loss"]["diff"] <= hi

@@ -217,6 +217,7 @@ def test_baseline_probabilities_are_label_free_and_documented() -> None:
     p = baseline_probs(np.array([0.25, 0.5, 0.25]), np.array([0.01, -0.01, np.nan, 0.0]))
     np.testing.assert_allclose(p["persistence"], [[.2, .5, .3], [.3, .5, .2], [.25, .5, .25], [.25, .5, .25]])
     np.testing.assert_allclose(p["mean_reversion"], [[.3, .5, .2], [.2, .5, .3], [.25, .5, .25], [.25, .5, .25]])
+    np.testing.assert_allclose(p["always_up"], np.tile([.2, .5, .3], (4, 1)))  # buy and hold, whatever came before
     np.testing.assert_allclose(p["majority"][0], np.array([1e-4, 1.0, 1e-4]) / (1 + 2e-4))
     np.testing.assert_allclose(p["base_rates"], np.tile([0.25, 0.5, 0.25], (4, 1)))
 

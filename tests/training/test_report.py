@@ -97,8 +97,12 @@ def test_format_summary_table(evaluated: tuple[dict, dict[str, np.ndarray]]) -> 
     summary, _ = evaluated
     text = format_summary(summary)
     model = summary["model"]
-    for name in ("model", "base_rates", "majority", "persistence", "mean_reversion", "logistic", "always_long"):
+    for name in ("model", "base_rates", "majority", "persistence", "mean_reversion", "always_up", "logistic"):
         assert name in text
+    pnl = text.split("\nP&L ", 1)[1].split("\n\n", 1)[0]
+    assert "always_long" not in pnl  # the always_up baseline's row is the same trades
+    up = next(line for line in pnl.splitlines() if line.startswith("always_up "))
+    assert f"{model['always_long']['total_bp']:.2f}" in up
     model_line = next(line for line in text.splitlines() if line.startswith("model "))  # the metrics table
     for key in ("accuracy", "directional_accuracy", "log_loss", "direction_log_loss", "brier", "ece"):
         assert f"{model[key]:.4f}" in model_line
