@@ -244,9 +244,17 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")
     in_sample = _in_sample(model.metrics, prep)
+    unscored = {pm.market_id: len(pm.ticks) for pm in prep.markets if not pm.scored.any()}
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
                     "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,
-                    "in_sample": in_sample})
+                    "in_sample": in_sample, "unscored_markets": unscored})
+    if unscored:
+        shown = ", ".join(f"{m!r} ({n} ticks)" for m, n in list(unscored.items())[:10])
+        more = f" and {len(unscored) - 10} more" if len(unscored) > 10 else ""
+        print(f"note: {len(unscored)} market(s) have no scored tick and are not in the figures: {shown}{more} (a "
+              f"market's first neural.warmup_ticks = {cfg.neural.warmup_ticks} ticks only warm the network up, a scored "
+              "tick needs one horizon after it" + (", and only ticks from --since on are scored" if since else "") + ")",
+              file=sys.stderr)
     if in_sample:
         print(f"warning: {in_sample['message']}", file=sys.stderr)
     if report:

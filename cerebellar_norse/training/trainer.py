@@ -182,7 +182,9 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
     h = n.horizon_ticks
     out: list[PreparedMarket] = []
     ends: list[np.ndarray] = []
-    usable = [m for m in data.markets if len(m) >= 2 * h + BURN_IN + 2]
+    need = 2 * h + BURN_IN + 2
+    usable = [m for m in data.markets if len(m) >= need]
+    short = [m for m in data.markets if len(m) < need]
     cuts = common_cuts([np.asarray(m.timestamp) for m in usable], t.validation_fraction, t.test_fraction)
     for m, (n_train, n_val_end) in zip(usable, cuts, strict=True):
         pm, lab = _market(cfg, m, spec)
@@ -196,10 +198,15 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
         out.append(pm)
         ends.append(lab.end)
     if not out:
-        raise DataError(f"no market has enough ticks (need more than {2 * h + BURN_IN + 2} per market)")
+        raise DataError(f"no market has enough ticks (need at least {need} per market)")
     prep = _prepared(out, ends, spec)
     prep.times = split_times(out)
     prep.warnings = class_warnings(prep.train_counts + prep.val_counts) + split_warnings(out, prep.times)
+    if short:
+        shown = ", ".join(f"{m.market_id!r} ({len(m)} ticks)" for m in short[:10])
+        prep.warnings.append(f"{len(short)} market(s) left out, with fewer than the {need} ticks a market needs (2 x "
+                             f"neural.horizon_ticks + {BURN_IN + 2}): {shown}" + (f" and {len(short) - 10} more"
+                                                                                  if len(short) > 10 else ""))
     if prep.val_counts.sum() == 0:
         raise DataError(f"no validation ticks past the warm-up of {n.warmup_ticks} ticks: the series are too short "
                         "for this neural.warmup_ticks and training.validation_fraction")

@@ -205,3 +205,15 @@ def test_evaluate_says_when_it_scores_ticks_the_model_was_trained_on(env: Path, 
 
     assert main(["train", "ticks.csv", "--epochs", "1"]) == 0
     assert f"test split (unseen, used for nothing; evaluate --since {since} scores only ticks after" in capsys.readouterr().out
+
+
+def test_evaluate_names_the_markets_it_could_not_score(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file too short to get past the warm-up is read but has no scored tick: it is named, not silently absent."""
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    capsys.readouterr()
+    write_csv(env / "short.csv", [{**t, "market_id": "SHORT"} for t in generate_ticks(45, 1, seed=9)])
+    assert main(["evaluate", "ticks.csv", "short.csv", "--json", "--bootstrap", "0"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["unscored_markets"] == {"SHORT": 45}
+    assert "note: 1 market(s) have no scored tick and are not in the figures: 'SHORT' (45 ticks)" in captured.err

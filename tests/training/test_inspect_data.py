@@ -61,7 +61,7 @@ def test_json_holds_the_formats_markets_and_report(data_dir: Path, capsys: pytes
     assert (d["rows"], d["bad_rows"], d["ticks"], d["report"]) == (3, 0, 3, [])
     assert d["markets"] == [{"market_id": "SPX", "ticks": 3, "first": "2020-01-10T00:00:00Z", "last": "2020-01-15T00:00:00Z",
                              "median_gap_ms": 216_000_000.0}]
-    assert d["training"] == {"refused": "no market has enough ticks (need more than 38 per market)"}
+    assert d["training"] == {"refused": "no market has enough ticks (need at least 38 per market)"}
 
 
 def test_quotes_with_times_in_seconds(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -279,3 +279,21 @@ def test_a_market_wholly_after_the_training_period_is_said_to_be_only_scored(
     assert pm.n_train == 0 and (pm.split > 0).all() and (pm.labels == -1).all()
     (warning,) = [w for w in prep.warnings if "training period" in w]
     assert warning.startswith("market 'LATE' has no tick in the training period (up to ")
+
+
+def test_a_market_too_short_to_train_on_is_named_not_dropped_silently(tmp_path: Path, make_config: ConfigFactory) -> None:
+    from dataclasses import replace
+
+    cfg = tiny(make_config)
+    data = tick_data(tmp_path, 2400, 2, seed=3)
+    a, b = data.markets
+    need = 2 * cfg.neural.horizon_ticks + trainer.BURN_IN + 2
+    tiny_market = replace(b, market_id="TINY", timestamp=b.timestamp[:need - 1], price=b.price[:need - 1],
+                          volume=b.volume[:need - 1])
+    prep = prepare(cfg, replace(data, markets=[a, b, tiny_market]))
+    assert [pm.market_id for pm in prep.markets] == [a.market_id, b.market_id]
+    (warning,) = [w for w in prep.warnings if "left out" in w]
+    assert warning == (f"1 market(s) left out, with fewer than the {need} ticks a market needs (2 x neural.horizon_ticks"
+                       f" + {trainer.BURN_IN + 2}): 'TINY' ({need - 1} ticks)")
+    just = replace(tiny_market, timestamp=b.timestamp[:need], price=b.price[:need], volume=b.volume[:need])
+    assert "TINY" in [pm.market_id for pm in prepare(cfg, replace(data, markets=[a, b, just])).markets]
