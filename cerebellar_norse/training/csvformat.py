@@ -9,7 +9,7 @@ other column is ignored:
   number since the epoch, in ms (an integer, or an integral number with all its digits such
   as ``1.577836800123e12``) or in the unit of ``TIME_UNITS`` (seconds, µs, ns) whose span
   holds the file's first time (a later row before 1973-03-03 is of another unit: bad), or
-  a date written ``YYYYMMDD`` when the first time is one,
+  a date written ``YYYYMMDD`` (or ``YYYYMMDD.0``, as a float column is written) when the first time is one,
   or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
   ``2020-01-02T15:30:00.123Z``, ``…+01:00``, ``… GMT+0100``; without an offset it is UTC),
   from 1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates may
@@ -100,6 +100,7 @@ _YMD_DATE = re.compile(r"(\d{4})[./](\d{1,2})[./](\d{1,2})(?:([ T])(.*))?$")  # 
 _CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$|\d{6}$|\d{4}$")
 # the time after a date written with slashes, as spreadsheets write it: 0:15, 1:00:00 AM, 13:05:09.5
 _SHEET_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*([AaPp][Mm])?$")
+_DATE_DIGITS = re.compile(r"(\d{8})(?:\.0*)?")  # 20080102, or 20080102.0 as a float column (pandas with gaps) writes it
 _EXPONENT = re.compile(r"[+-]?(\d*)\.?(\d*)[eE]")  # a number in scientific notation: its mantissa's digits
 # M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
@@ -514,7 +515,7 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
     ``unit`` is the file's unit of numeric times (see :func:`time_unit_of`).
     """
     s = raw = text.strip()
-    if unit == "date" and s.isdigit():
+    if unit == "date" and (s.isdigit() or _DATE_DIGITS.fullmatch(s)):
         ms = _yyyymmdd(s)
         if ms is None:
             raise ValueError(f"{name} {raw!r} is not a date written YYYYMMDD (as the file's first time is)")
@@ -823,11 +824,13 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
 
 
 def _yyyymmdd(text: str) -> int | None:
-    """ms since the epoch of a date written as eight digits (``20080102``), 1970 up to 2100; None otherwise."""
-    if len(text) != 8 or not text.isdigit():
+    """ms since the epoch of a date written as eight digits (``20080102``, or ``20080102.0``), 1970 up to 2100; None
+    otherwise."""
+    m = _DATE_DIGITS.fullmatch(text)
+    if m is None:
         return None
     try:
-        ms = _datetime_ms(datetime.fromisoformat(text))
+        ms = _datetime_ms(datetime.fromisoformat(m[1]))
     except ValueError:
         return None
     return ms if 0 <= ms < TS_MAX_MS else None

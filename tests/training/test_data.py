@@ -737,6 +737,11 @@ def test_dates_written_as_eight_digits(tmp_path: Path) -> None:
                            f"{path}:5: date '1092700800000' is not a date written YYYYMMDD (as the file's first time is)"]
     assert f"{path}: date read as dates written YYYYMMDD (the first, 20040817)" in data.notes
     assert data.formats[0].time_unit == "date"
+    # the same column as a float column writes it (pandas, when the column had a gap): still dates, not 1970 ms
+    path = write(tmp_path, "date,close\n19991110.0,1\n19991111.0,2\n19991112.5,3\n", "987654.csv")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.markets[0].timestamp.tolist() == [utc_ms(1999, 11, 10), utc_ms(1999, 11, 11)]
+    assert data.formats[0].time_unit == "date" and len(data.report) == 1 and "'19991112.5'" in data.report[0]
 
 
 def test_spreadsheet_times_after_slash_dates(tmp_path: Path) -> None:
