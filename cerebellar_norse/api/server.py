@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -115,8 +116,13 @@ def last_training_loss(jobs: JobManager, model: StoredModel | None) -> float | N
     return float(last) if isinstance(last, (int, float)) and math.isfinite(last) else None
 
 
-def build_service(cfg: Config) -> ServiceState:
-    """Engine, metrics, model store and jobs of a service (not yet ready: see :func:`make_app`)."""
+def build_service(cfg: Config, started: float | None = None) -> ServiceState:
+    """Engine, metrics, model store and jobs of a service (not yet ready: see :func:`make_app`).
+
+    ``started`` (``time.monotonic()``, s) is when the service started, for ``uptime_s`` and the uptime metric;
+    default now.
+    """
+    started = time.monotonic() if started is None else started
     device = select_device(cfg)
     store = ModelStore(Path(cfg.paths.state_dir))
     built: dict[str, Engine] = {}
@@ -131,8 +137,8 @@ def build_service(cfg: Config) -> ServiceState:
     engine.model_for = stored_weights(cfg, store)
     metrics = ServiceMetrics()
     engine.sinks.append(metrics.on_batch)
-    metrics.add_source(engine_families(engine, device, _cuda_memory(device)))
-    state = ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device)
+    metrics.add_source(engine_families(engine, device, _cuda_memory(device), started))
+    state = ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device, started=started)
     state.store = store
     if store.fallback is not None:  # the active model could not be served: /health says "degraded"
         reason = f"{store.fallback}; serving model {engine.model_version} instead"
@@ -264,7 +270,7 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
     starting = StartingResponder(sock).start()  # 503 on the port until the app serves it
     try:
         starting.reason = "loading the model" + (" (or training one on first run)" if cfg.training.bootstrap_on_first_run else "")
-        state = build_service(cfg)
+        state = build_service(cfg, starting.started)  # one start time: uptime_s runs on when the app takes over
         state.state_lock = lock
         starting.reason = "restoring market state"
         prepare_state(state)  # restore + journal replay, before the app serves the socket

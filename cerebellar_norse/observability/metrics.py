@@ -262,9 +262,11 @@ class _CallbackCollector(Collector):
             yield from source()
 
 
-def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple[int, int]]) -> Callable[[], Iterable[Metric]]:
-    """Scrape-time metric families of an engine, read from its snapshot (pool, queue, counters, model) and CUDA memory."""
-    started = time.monotonic()
+def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple[int, int]],
+                    started: float | None = None) -> Callable[[], Iterable[Metric]]:
+    """Scrape-time metric families of an engine, read from its snapshot (pool, queue, counters, model) and CUDA memory;
+    uptime counts from ``started`` (``time.monotonic()``, s; default now)."""
+    started = time.monotonic() if started is None else started
 
     def collect() -> Iterable[Metric]:
         snap = engine.snapshot()

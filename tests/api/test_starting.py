@@ -188,6 +188,7 @@ def test_the_service_answers_503_from_its_first_answer_to_ready(tmp_path: Path) 
     proc = launch(tmp_path / "state", tmp_path / "server.log", port)
     seen: list[int] = []  # statuses of /health, from the first answer on (refused connections before it)
     reasons = set()
+    uptimes: list[float] = []  # uptime_s of every answer: one clock from the first answer on, never going back
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and (not seen or seen[-1] != 200):
@@ -199,11 +200,16 @@ def test_the_service_answers_503_from_its_first_answer_to_ready(tmp_path: Path) 
                 time.sleep(0.01)
                 continue
             seen.append(r.status_code)
+            uptimes.append(r.json()["uptime_s"])
             if r.status_code == 503:
                 reasons.add(r.json()["reason"])
             time.sleep(0.01)
         assert seen[-1] == 200 and set(seen[:-1]) == {503}, seen
         assert all(reason.startswith("starting") for reason in reasons), reasons
+        assert uptimes == sorted(uptimes), uptimes
+        metric = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        value = float(next(line.split()[1] for line in metric.splitlines() if line.startswith("cerebellar_norse_uptime_seconds ")))
+        assert value >= uptimes[-1]  # the metric counts from the same start
     finally:
         proc.terminate()
         assert proc.wait(60) == 0
