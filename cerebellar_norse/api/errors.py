@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -144,6 +145,27 @@ HTTP_ERROR_KINDS = {400: "malformed_json", 404: "not_found", 405: "method_not_al
                     413: "body_too_large", 415: "unsupported_media_type"}
 
 
+_HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+
+
+def allowed_methods(request: Request, starlette_allow: str = "") -> str:
+    """Every method of the request's path for a 405's ``Allow`` header (``GET, HEAD``): Starlette names those of the
+    first route of the path only. Read from the OpenAPI document's paths (which list every operation), with
+    Starlette's own list kept."""
+    table: list[tuple[re.Pattern[str], set[str]]] | None = getattr(request.app.state, "allow_table", None)
+    if table is None:
+        table = []
+        for template, ops in request.app.openapi().get("paths", {}).items():
+            regex = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+            table.append((re.compile(regex), {m.upper() for m in ops if m in _HTTP_METHODS}))
+        request.app.state.allow_table = table
+    methods = {m.strip() for m in starlette_allow.split(",") if m.strip()}
+    for compiled, ops in table:
+        if compiled.fullmatch(request.url.path):
+            methods |= ops
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI, count_error: Any) -> None:
     """Register handlers turning every error into the JSON error shape."""
 
@@ -168,9 +190,12 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
         message = str(exc.detail)
         if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (not UTF-8, too deep, too long a number)
             message = f"request body is not valid JSON: {undecodable(exc.__cause__)}"
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Starlette names the methods of the first route of the path only (GET, not HEAD)
+            headers = {**(headers or {}), "Allow": allowed_methods(request, (headers or {}).get("Allow", ""))}
         count_error(kind)
         return JSONResponse(error_payload(kind, message, request_id_var.get()), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

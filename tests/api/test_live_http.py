@@ -280,12 +280,15 @@ def test_unknown_route_404(client: httpx.Client) -> None:
     assert_error(client.post("/v2/process", json=GUIDE_TICK), 404, "not_found", None)
 
 
-@pytest.mark.parametrize(("method", "path"), [("GET", "/neural/process"), ("PUT", "/neural/process/batch"),
-                                              ("POST", "/health"), ("DELETE", "/metrics")])
-def test_wrong_method_405(client: httpx.Client, method: str, path: str) -> None:
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("GET", "/neural/process", "POST"), ("PUT", "/neural/process/batch", "POST"),
+    ("POST", "/health", "GET, HEAD"), ("DELETE", "/metrics", "GET, HEAD")])
+def test_wrong_method_405(client: httpx.Client, method: str, path: str, allow: str) -> None:
     r = client.request(method, path)
     assert_error(r, 405, "method_not_allowed", None)
-    assert r.headers.get("allow")
+    assert r.headers["allow"] == allow  # every method the path answers, HEAD of the probes included
+    for m in allow.split(", "):
+        assert client.request(m, path).status_code != 405
 
 
 def test_errors_are_counted(client: httpx.Client) -> None:
