@@ -218,6 +218,7 @@ def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] 
         loop="uvloop",
         http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused),
         ws=DenialAwareWebSocketProtocol,
+        ws_max_size=int(cfg.server.max_body_size),  # a stream message is bounded as a request body is (close 1009)
         lifespan="on",
         log_config=None,
         access_log=False,

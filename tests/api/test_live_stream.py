@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -147,3 +149,21 @@ def test_a_malformed_websocket_handshake_is_a_json_error(live: LiveServer, heade
     assert err["message"].startswith("WebSocket handshake refused: ") and reason in err["message"], err
     with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:  # a good handshake still works
         assert "prediction" in exchange(ws, json.dumps(tick(market("WSH"), 0)))
+
+
+def test_a_stream_message_over_max_body_size_closes_the_socket_with_1009(
+        tmp_path: Path, start_server: Callable[..., LiveServer]) -> None:
+    """A message is bounded like a request body (server.max_body_size); under it a message is answered as usual."""
+    from websockets.exceptions import ConnectionClosed
+
+    cfg = tmp_path / "service.toml"
+    cfg.write_text('[server]\nmax_body_size = "2KB"\n')
+    server = start_server(tmp_path / "state", args=["--config", str(cfg)])
+    with connect(f"{server.ws_url}/neural/stream", open_timeout=10) as ws:
+        padded = json.dumps({**tick(market("WSB"), 0), "pad": " " * 1500})  # under 2,000 bytes: refused field, not size
+        assert "error" in exchange(ws, padded)
+        ws.send(json.dumps({**tick(market("WSB"), 1), "pad": " " * 3000}))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    assert "Traceback" not in server.log()
