@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError
 from .scaleout.cli import add_parsers as add_scaleout_parsers
@@ -183,17 +183,23 @@ def _cmd_dump_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load(args: argparse.Namespace) -> Config:
-    from .config import load_checked_config
-
-    cfg = load_checked_config(args.config)
-    updates = {}
+def _server_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``server`` keys given on the command line (``--host``, ``--port``): they win over the file, also on reload."""
+    updates: dict[str, Any] = {}
     if args.host is not None:
         updates["host"] = args.host
     if args.port is not None:
         if not 1 <= args.port <= 65535:
             raise ConfigError([ConfigProblem("server.port", f"--port {args.port} is outside 1..65535", "pass a port in 1..65535")])
         updates["port"] = args.port
+    return updates
+
+
+def _load(args: argparse.Namespace) -> Config:
+    from .config import load_checked_config
+
+    cfg = load_checked_config(args.config)
+    updates = _server_overrides(args)
     if updates:
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update=updates)})
     return cfg
@@ -203,7 +209,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
     from .api.server import serve
 
-    return serve(cfg, args.config)
+    return serve(cfg, args.config, _server_overrides(args))
 
 
 def _cmd_crossval(args: argparse.Namespace) -> int:

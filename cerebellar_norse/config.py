@@ -57,9 +57,9 @@ class LIFConfig(_Section):
 
     tau_syn_ms: float = Field(5.0, gt=0, le=1000, description="Synaptic current time constant (ms).")
     tau_mem_ms: float = Field(10.0, gt=0, le=1000, description="Membrane time constant (ms).")
-    v_leak: float = Field(0.0, description="Leak (resting) potential (dimensionless, threshold 1).")
-    v_th: float = Field(1.0, description="Spike threshold potential (dimensionless).")
-    v_reset: float = Field(0.0, description="Potential after a spike (dimensionless).")
+    v_leak: float = Field(0.0, allow_inf_nan=False, description="Leak (resting) potential (dimensionless, threshold 1).")
+    v_th: float = Field(1.0, allow_inf_nan=False, description="Spike threshold potential (dimensionless).")
+    v_reset: float = Field(0.0, allow_inf_nan=False, description="Potential after a spike (dimensionless).")
 
     @model_validator(mode="after")
     def _reset_below_threshold(self) -> LIFConfig:
@@ -494,11 +494,25 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     tree[last] = value
 
 
+def _malformed_env_problems(environ: Mapping[str, str]) -> list[ConfigProblem]:
+    """Variables of the override scheme with an empty part (``…__PORT__``, ``…___PORT``): errors, never ignored."""
+    out = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            parts = name[len(ENV_PREFIX):].split("__")
+            if any(not p for p in parts):
+                key = ".".join(p.lower() for p in parts if p) or name
+                out.append(ConfigProblem(key, f"environment variable {name} has an empty part (a '__' at its start or end, "
+                                              "or doubled)", "name it CEREBELLAR_NORSE_<SECTION>__<KEY>, e.g. "
+                                                             "CEREBELLAR_NORSE_SERVER__PORT"))
+    return out
+
+
 def build_config(data: Mapping[str, Any], source: str = "", environ: Mapping[str, str] | None = None) -> Config:
     """Validate raw TOML data (plus env overrides) into a Config, or raise ConfigError."""
     env = os.environ if environ is None else environ
     env_tree, env_names = env_overrides(env)
-    problems = _sectionless_problems(_deep_merge(dict(data), env_tree))
+    problems = _malformed_env_problems(env) + _sectionless_problems(_deep_merge(dict(data), env_tree))
     if problems:
         raise ConfigError(problems, source)
     verbatim: set[str] = set()

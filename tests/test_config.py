@@ -184,6 +184,20 @@ def test_lif_reset_must_be_below_threshold() -> None:
     assert problem_keys(info.value) == ["neural.dcn"]
 
 
+@pytest.mark.parametrize("population", ["granule", "purkinje", "dcn", "readout"])
+@pytest.mark.parametrize(("key", "value"), [("v_leak", float("inf")), ("v_leak", float("nan")), ("v_th", float("inf")),
+                                            ("v_reset", float("-inf"))])
+def test_lif_potentials_must_be_finite(population: str, key: str, value: float) -> None:
+    """An infinite readout leak passed every check and the service answered null probabilities with confidence 1.0."""
+    with pytest.raises(ConfigError) as info:
+        cfg_with({"neural": {population: {key: value}}})
+    assert problem_keys(info.value) == [f"neural.{population}.{key}"]
+    assert "finite" in info.value.problems[0].message
+    with pytest.raises(ConfigError) as info:
+        cfg_with({}, environ={f"CEREBELLAR_NORSE_NEURAL__{population.upper()}__{key.upper()}": str(value)})
+    assert problem_keys(info.value) == [f"neural.{population}.{key}"]
+
+
 @pytest.mark.parametrize("interval", [1, 250, 999])
 def test_warm_step_interval_below_a_millisecond_is_refused(interval: int) -> None:
     with pytest.raises(ConfigError) as info:
@@ -323,6 +337,15 @@ def test_env_variables_without_double_underscore_are_not_config() -> None:
     environ = {"CEREBELLAR_NORSE_LOG": "debug", "CEREBELLAR_NORSE_PORT": "1", "SERVER__PORT": "1", "OTHER_SERVER__PORT": "1"}
     assert env_overrides(environ) == ({}, {})
     assert load_config(environ=environ) == load_config(environ={})
+
+
+@pytest.mark.parametrize("name", ["CEREBELLAR_NORSE_SERVER__PORT__", "CEREBELLAR_NORSE_SERVER____PORT",
+                                  "CEREBELLAR_NORSE___SERVER__PORT"])
+def test_env_variable_with_an_empty_part_is_an_error_naming_it(name: str) -> None:
+    """``CEREBELLAR_NORSE_SERVER__PORT__=9090`` was silently ignored: the service started on another port."""
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={name: "9090"})
+    assert any(name in p.message for p in info.value.problems), info.value.problems
 
 
 def test_env_overrides_builds_a_nested_tree() -> None:

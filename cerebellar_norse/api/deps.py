@@ -63,6 +63,7 @@ class ServiceState:
     server: uvicorn.Server | None = None
     starting: StartingResponder | None = None  # answers 503 on the port until uvicorn serves it (serve() only)
     config_path: str | None = None  # the TOML file a SIGHUP reloads (None: the built-in default)
+    server_overrides: dict[str, Any] = field(default_factory=dict)  # --host/--port: kept over the file on reload
     state_lock: StateDirLock | None = None
     state_prepared: bool = False
     durability: Durability | None = None

@@ -96,6 +96,8 @@ def reload_config(state: ServiceState, path: str | None) -> None:
     systemd.reloading()
     try:
         new = load_checked_config(Path(path))
+        if state.server_overrides:  # --host/--port win over the file, as they did at start
+            new = new.model_copy(update={"server": new.server.model_copy(update=state.server_overrides)})
     except ConfigError as exc:
         log.error("config reload refused, keeping the running config: %s", exc)
         systemd.ready("reload refused: config invalid")
@@ -129,6 +131,19 @@ async def announce_when_listening(state: ServiceState, is_listening: Callable[[]
         if state.ready and state.engine.snapshot().accepting:
             systemd.watchdog_ping()
         await asyncio.sleep(interval)
+
+
+def ignore_sighup_while_starting() -> None:
+    """Until the app installs its reload handler, a SIGHUP is logged and ignored.
+
+    Its default action ends the process: a ``kill -HUP`` (or a reload sent by a script)
+    while the service loads its model, trains its first one or restores market state
+    would stop it without a word and without saving anything.
+    """
+    def starting(signum: int, frame: Any) -> None:
+        log.warning("reload requested while the service is starting: ignored (send it again once /health answers 200)")
+
+    signal.signal(signal.SIGHUP, starting)
 
 
 def install_sighup(state: ServiceState, config_path: str | None) -> None:

@@ -38,6 +38,7 @@ from .exposure import check_exposure
 from .lifecycle import (
     announce_when_listening,
     check_state_dir,
+    ignore_sighup_while_starting,
     install_sighup,
     periodic_summary,
     prepare_state,
@@ -262,9 +263,14 @@ class GracefulServer(uvicorn.Server):
                 self._captured_signals.clear()
 
 
-def serve(cfg: Config, config_path: str | None = None) -> int:
-    """Run the service until SIGTERM/SIGINT (SIGHUP reloads ``config_path``); returns the exit code."""
+def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[str, Any] | None = None) -> int:
+    """Run the service until SIGTERM/SIGINT (SIGHUP reloads ``config_path``); returns the exit code.
+
+    ``server_overrides`` are the ``[server]`` keys given on the command line (``--host``,
+    ``--port``): a reload keeps them over the file's values, as the start did.
+    """
     setup_logging(cfg.logging)
+    ignore_sighup_while_starting()
     check_exposure(cfg)
     lock = check_state_dir(cfg)  # unwritable or in use: start-up fails with one line on stderr, exit code 1
     sock = bind_listener(cfg.server.host, cfg.server.port)  # port taken: the same, before anything else starts
@@ -286,6 +292,7 @@ def serve(cfg: Config, config_path: str | None = None) -> int:
     server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state)))
     state.server = server
     state.config_path = config_path
+    state.server_overrides = dict(server_overrides or {})
     try:
         server.run(sockets=[sock])
     finally:

@@ -221,3 +221,53 @@ async def test_reloaded_warm_step_interval_governs_the_engine(tmp_path: Path, mo
         await asyncio.sleep(0.02)
         assert eng.stats.warm_steps > stopped
         await eng.drain(save=False)
+
+
+def test_sighup_while_starting_is_logged_and_ignored() -> None:
+    """Before the app installs its reload handler, SIGHUP's default action ended the process without a word."""
+    code = ("import os, signal, logging, sys\n"
+            "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='%(levelname)s %(message)s')\n"
+            "from cerebellar_norse.api.lifecycle import ignore_sighup_while_starting\n"
+            "ignore_sighup_while_starting()\n"
+            "os.kill(os.getpid(), signal.SIGHUP)\n"
+            "print('still here')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert "reload requested while the service is starting: ignored" in r.stdout and "still here" in r.stdout
+
+
+def test_reload_keeps_the_port_given_on_the_command_line(tmp_path: Path) -> None:
+    """--port wins over the file at start; a reload of an unchanged file must not call server.port changed."""
+    port = _free_port()
+    cfg = tmp_path / "service.toml"
+    cfg.write_text(BASE.format(port=_free_port()))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
+    env.update(CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"), CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="false")
+    proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--config", str(cfg), "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("service did not become ready")
+        cfg.write_text(BASE.format(port=_free_port()).replace("queue_size = 4096", "queue_size = 1000"))
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["queue_capacity"] != 1000:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    reloaded = [x for x in lines if x["message"] == "config reloaded"]
+    assert reloaded and reloaded[0]["fields"] == {"applied": ["performance.queue_size"], "need_restart": []}, out
+    assert not any("need a restart" in x["message"] for x in lines), out

@@ -56,3 +56,10 @@ def test_template_keeps_every_setting_of_the_service_unit() -> None:
                     if not ln.startswith(("Description=", "Documentation=", "StateDirectory=", "LogsDirectory=",
                                           "Environment=CEREBELLAR_NORSE_PATHS__STATE_DIR="))}
     assert not only_service, only_service
+
+
+def test_each_instance_logs_to_its_own_logs_directory() -> None:
+    """production.toml's [logging] file is outside an instance's writable LogsDirectory (ProtectSystem=strict)."""
+    text = TEMPLATE.read_text()
+    assert "ProtectSystem=strict" in text and "LogsDirectory=cerebellar-norse/%i" in text
+    assert "Environment=CEREBELLAR_NORSE_LOGGING__FILE=/var/log/cerebellar-norse/%i/application.log" in text
