@@ -1,5 +1,9 @@
 """Structured JSON logs: one object per line on stdout (journald), optionally a rotated file.
 
+When stdout is journald's stream (systemd sets ``JOURNAL_STREAM``), each line starts with its
+syslog priority (``<3>`` for ERROR), which journald takes as the entry's priority and strips:
+``journalctl -p err`` shows the service's errors, and ``-o cat`` still prints the JSON.
+
 Each line: ``{"ts", "level", "logger", "message", "request_id", "fields": {...}}``;
 ``fields`` carries structured values (e.g. ``processing_time_ns``, ``market_id``), so
 ``jq -r 'select(.fields.processing_time_ns) | .fields.processing_time_ns'`` works.
@@ -52,6 +56,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+# syslog priority of each level: journald reads a leading "<N>" as the line's priority (and strips it), so
+# `journalctl -p err` finds the service's errors.
+SYSLOG_PRIORITY = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}
+
+
+class JournalFormatter(JsonFormatter):
+    """:class:`JsonFormatter` with the record's syslog priority as a ``<N>`` prefix, for a stream read by journald."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{SYSLOG_PRIORITY.get(record.levelname, 6)}>" + super().format(record)
+
+
+def is_journal_stream(stream: Any, environ: dict[str, str] | None = None) -> bool:
+    """True when ``stream`` is the journald stream systemd connected (``JOURNAL_STREAM`` = its ``device:inode``)."""
+    value = (environ if environ is not None else os.environ).get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return value == f"{st.st_dev}:{st.st_ino}"
+
+
 def _gzip_rotator(source: str, dest: str) -> None:
     with open(source, "rb") as src, gzip.open(dest, "wb") as dst:
         shutil.copyfileobj(src, dst)
@@ -93,13 +119,15 @@ def setup_logging(cfg: LoggingConfig, stream: Any = None) -> None:
     root = logging.getLogger()
     for h in list(root.handlers):  # including handlers a library's basicConfig left behind
         root.removeHandler(h)
-    fmt = JsonFormatter()
-    handlers: list[logging.Handler] = [logging.StreamHandler(stream or sys.stdout)]
+    out = stream or sys.stdout
+    console = logging.StreamHandler(out)
+    console.setFormatter(JournalFormatter() if is_journal_stream(out) else JsonFormatter())
+    handlers: list[logging.Handler] = [console]
     fh = file_handler(cfg)
     if fh is not None:
+        fh.setFormatter(JsonFormatter())
         handlers.append(fh)
     for h in handlers:
-        h.setFormatter(fmt)
         h._cerebellar_norse = True  # type: ignore[attr-defined]
         root.addHandler(h)
     root.setLevel(effective_level(cfg))

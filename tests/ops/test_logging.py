@@ -6,7 +6,10 @@ import gzip
 import io
 import json
 import logging
+import os
 from pathlib import Path
+
+import pytest
 
 from cerebellar_norse.config import LoggingConfig
 from cerebellar_norse.observability.context import request_id_var
@@ -82,3 +85,27 @@ def test_a_log_file_that_cannot_be_written_is_a_config_error(tmp_path: Path) -> 
     assert "logging.file: cannot write the log file" in proc.stderr and "Is a directory" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "state").exists()  # refused before the state dir was touched
+
+
+def test_lines_to_journald_carry_their_syslog_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On journald's stream (JOURNAL_STREAM names it) each line starts with <N>, which journald takes as the
+    priority and strips (`journalctl -p err`); the file and any other stream get the bare JSON."""
+    log_file = tmp_path / "application.log"
+    with open(tmp_path / "stdout", "w+", encoding="utf-8") as out:
+        st = os.fstat(out.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+        setup_logging(LoggingConfig(level="DEBUG", file=log_file), stream=out)
+        for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL):
+            logging.getLogger("x").log(level, "at %s", logging.getLevelName(level))
+        out.flush()
+        out.seek(0)
+        lines = out.read().splitlines()
+    setup_logging(LoggingConfig(level="INFO"), stream=io.StringIO())  # detach the file handler
+    assert [line[:3] for line in lines] == ["<7>", "<6>", "<4>", "<3>", "<2>"]
+    assert [json.loads(line[3:])["level"] for line in lines] == ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+    assert all(line.startswith("{") for line in log_file.read_text().splitlines())
+    monkeypatch.setenv("JOURNAL_STREAM", "1:2")  # another stream: no prefix
+    buf = io.StringIO()
+    setup_logging(LoggingConfig(level="INFO"), stream=buf)
+    logging.getLogger("x").error("plain")
+    assert buf.getvalue().startswith("{")
