@@ -52,24 +52,29 @@ def test_changed_keys_lists_dotted_keys(tmp_path: Path) -> None:
     assert "logging.level" in LIVE_KEYS and "neural.granule_size" not in LIVE_KEYS
 
 
+def _start_ready(tmp_path: Path, cfg: Path, port: int, *args: str) -> subprocess.Popen[str]:
+    """The service on ``cfg`` (plus ``args``) in a process of its own, once /health on ``port`` answers 200."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
+    env.update(CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"), CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="false")
+    proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--config", str(cfg), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"service did not become ready: {proc.communicate()[0][-3000:]}")
+
+
 def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
     port = _free_port()
     cfg = tmp_path / "service.toml"
     cfg.write_text(BASE.format(port=port))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
-    env.update(CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"), CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="false")
-    proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--config", str(cfg)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _start_ready(tmp_path, cfg, port)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("service did not become ready")
         cfg.write_text(BASE.format(port=port).replace("queue_size = 4096", "queue_size = 1000\nmax_markets = 8\nbusy_poll_us = 2000")
                        .replace('level = "INFO"', 'level = "DEBUG"'))
         proc.send_signal(signal.SIGHUP)
@@ -241,20 +246,8 @@ def test_reload_keeps_the_port_given_on_the_command_line(tmp_path: Path) -> None
     port = _free_port()
     cfg = tmp_path / "service.toml"
     cfg.write_text(BASE.format(port=_free_port()))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
-    env.update(CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"), CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="false")
-    proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--config", str(cfg), "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _start_ready(tmp_path, cfg, port, "--port", str(port))
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("service did not become ready")
         cfg.write_text(BASE.format(port=_free_port()).replace("queue_size = 4096", "queue_size = 1000"))
         proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 10
