@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -69,6 +70,14 @@ def _start_ready(tmp_path: Path, cfg: Path, port: int, *args: str) -> subprocess
     raise AssertionError(f"service did not become ready: {proc.communicate()[0][-3000:]}")
 
 
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, list[dict[str, Any]]]:
+    """SIGTERM, a clean exit, and the service's output: whole and as its JSON log lines."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    return out, [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+
+
 def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
     port = _free_port()
     cfg = tmp_path / "service.toml"
@@ -90,14 +99,11 @@ def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 0, out
+        out, lines = _stop(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     reloaded = [x for x in lines if x["message"] == "config reloaded"]
     assert reloaded, out
     assert set(reloaded[0]["fields"]["applied"]) == {"logging.level", "performance.queue_size", "performance.busy_poll_us"}
@@ -253,14 +259,11 @@ def test_reload_keeps_the_port_given_on_the_command_line(tmp_path: Path) -> None
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["queue_capacity"] != 1000:
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 0, out
+        out, lines = _stop(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     reloaded = [x for x in lines if x["message"] == "config reloaded"]
     assert reloaded and reloaded[0]["fields"] == {"applied": ["performance.queue_size"], "need_restart": []}, out
     assert not any("need a restart" in x["message"] for x in lines), out
