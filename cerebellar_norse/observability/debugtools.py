@@ -288,9 +288,11 @@ def redacted_config(cfg: Config, secret_keys: frozenset[str] = frozenset({"api_t
     """The effective configuration as JSON with every secret replaced by ``***`` (an unset one stays null).
 
     Secrets are the fields typed ``SecretStr`` and, whatever their type, the keys in
-    ``secret_keys``.
+    ``secret_keys``. ``logging.level`` is the level in force: ``CEREBELLAR_NORSE_LOG`` wins over the file's.
     """
     from pydantic import SecretStr
+
+    from .logging import effective_level
 
     data: dict[str, Any] = cfg.model_dump(mode="json")
     raw: dict[str, Any] = cfg.model_dump(mode="python")
@@ -304,6 +306,7 @@ def redacted_config(cfg: Config, secret_keys: frozenset[str] = frozenset({"api_t
                 walk(v, pv)
 
     walk(data, raw)
+    data["logging"]["level"] = effective_level(cfg.logging)
     return data
 
 

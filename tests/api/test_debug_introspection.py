@@ -87,6 +87,14 @@ def test_config_is_the_effective_one_with_the_token_redacted(tc: TestClient) -> 
 def test_without_a_token_the_field_stays_null(tmp_path: Path) -> None:
     cfg = load_checked_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path)})
     assert redacted_config(cfg)["server"]["api_token"] is None
+
+
+def test_the_log_level_shown_is_the_one_in_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_checked_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path)})
+    monkeypatch.setenv("CEREBELLAR_NORSE_LOG", "debug")  # the log switch wins over [logging] level
+    assert cfg.logging.level == "INFO" and redacted_config(cfg)["logging"]["level"] == "DEBUG"
+    monkeypatch.delenv("CEREBELLAR_NORSE_LOG")
+    assert redacted_config(cfg)["logging"]["level"] == "INFO"
     with TestClient(make_app(_state(tmp_path), restore=False, save_on_shutdown=False)) as c:
         assert c.get("/debug/config").json()["config"]["server"]["api_token"] is None  # open on loopback without a token
 
