@@ -141,8 +141,11 @@ def encode(body: Any) -> bytes:
 def error_from_response(r: httpx.Response) -> CerebellarNorseError:
     """The service's error of an unsuccessful response, as an exception of :mod:`cerebellar_norse.errors`."""
     try:
-        err = r.json().get("error") or {}
+        body = r.json()
     except ValueError:
+        body = None
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):  # not the service's error shape (a proxy's JSON or HTML): its status decides
         err = {}
     kind = str(err.get("type") or "http")
     message = f"HTTP {r.status_code} {kind}: {err.get('message') or r.text[:200]}"

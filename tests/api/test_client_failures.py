@@ -89,3 +89,20 @@ def test_a_split_batchs_errors_name_the_callers_tick() -> None:
 def test_a_tick_that_is_not_a_mapping_is_an_input_error() -> None:
     with client(httpx.MockTransport(lambda r: httpx.Response(500))) as c, pytest.raises(InputError, match="mapping"):
         c.process([1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("body", [{"error": "no healthy upstream"}, ["x"], {"error": ["x"]}, "plain"])
+def test_a_proxys_json_that_is_not_the_services_error_is_still_the_tree(body: object) -> None:
+    """A proxy's own JSON (Envoy's 503 {"error": "..."}), a list, a string: the status decides the error."""
+    calls: list[int] = []
+
+    def proxy_then_ok(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(503, json=body) if len(calls) == 1 else httpx.Response(200, json={"market_id": "A"})
+
+    with client(httpx.MockTransport(proxy_then_ok), retries=1, max_wait_s=0.0) as c:
+        assert c.process(tick("A", 0))["market_id"] == "A" and len(calls) == 2  # a 503 delivered nothing: retried
+    with client(httpx.MockTransport(lambda r: httpx.Response(503, json=body))) as c, pytest.raises(CapacityError):
+        c.health()
+    with client(httpx.MockTransport(lambda r: httpx.Response(502, json=body))) as c, pytest.raises(EngineFatalError):
+        c.process(tick("A", 1))
