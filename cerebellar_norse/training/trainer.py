@@ -136,19 +136,17 @@ def _prepared(markets: list[PreparedMarket], ends: list[np.ndarray], spec: Label
 def common_cuts(series: list[np.ndarray], validation_fraction: float, test_fraction: float) -> list[tuple[int, int]]:
     """Per series (ms timestamps, each ascending), the ends of its training and validation parts when all of them are
     cut at the same times: the training part is the first ``1 - validation_fraction - test_fraction`` of all ticks
-    pooled in time order, the test part the last ``test_fraction``. Ticks of one time keep the series' order, so one
-    series is cut exactly as :func:`split_points` cuts it."""
-    stamps = np.concatenate(series) if series else np.zeros(0, dtype=np.int64)
-    rank = np.empty(stamps.size, dtype=np.int64)
-    rank[np.argsort(stamps, kind="stable")] = np.arange(stamps.size)
+    pooled in time order, the test part the last ``test_fraction``. A cut never splits one time: ticks of the time
+    at a cut go to the later part, so no part holds a time an earlier part holds (markets of daily files share
+    every date). One series of distinct times is cut exactly as :func:`split_points` cuts it."""
+    stamps = np.sort(np.concatenate(series)) if series else np.zeros(0, dtype=np.int64)
     n_train_all, n_val_end_all = split_points(stamps.size, validation_fraction, test_fraction)
-    out = []
-    o = 0
-    for ts in series:
-        r = rank[o:o + ts.size]
-        o += ts.size
-        out.append((int(np.count_nonzero(r < n_train_all)), int(np.count_nonzero(r < n_val_end_all))))
-    return out
+
+    def time_at(k: int) -> float:
+        return float(stamps[k]) if k < stamps.size else math.inf
+
+    t_val, t_test = time_at(n_train_all), time_at(n_val_end_all)
+    return [(int(np.searchsorted(ts, t_val, side="left")), int(np.searchsorted(ts, t_test, side="left"))) for ts in series]
 
 
 def split_times(markets: list[PreparedMarket]) -> dict[str, int | None]:
