@@ -495,9 +495,17 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _malformed_env_problems(environ: Mapping[str, str]) -> list[ConfigProblem]:
-    """Variables of the override scheme with an empty part (``…__PORT__``, ``…___PORT``): errors, never ignored."""
+    """Variables of the override scheme with an empty part (``…__PORT__``, ``…___PORT``), or with one underscore
+    after a section's name (``…_SERVER_PORT``): errors, never ignored."""
     out = []
+    sections = {name.upper() for name in Config.model_fields}
     for name in sorted(environ):
+        rest = name[len(ENV_PREFIX):]
+        section, _, key = rest.partition("_")
+        if name.startswith(ENV_PREFIX) and "__" not in rest and section in sections and key:
+            out.append(ConfigProblem(f"{section.lower()}.{key.lower()}", f"environment variable {name} is not an "
+                                     "override: the section and the key are separated by two underscores",
+                                     f"name it {ENV_PREFIX}{section}__{key}"))
         if name.startswith(ENV_PREFIX) and "__" in name:
             parts = name[len(ENV_PREFIX):].split("__")
             if any(not p for p in parts):

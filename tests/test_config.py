@@ -348,6 +348,18 @@ def test_env_variable_with_an_empty_part_is_an_error_naming_it(name: str) -> Non
     assert any(name in p.message for p in info.value.problems), info.value.problems
 
 
+@pytest.mark.parametrize(("name", "fix"), [("CEREBELLAR_NORSE_SERVER_PORT", "CEREBELLAR_NORSE_SERVER__PORT"),
+                                         ("CEREBELLAR_NORSE_PATHS_STATE_DIR", "CEREBELLAR_NORSE_PATHS__STATE_DIR"),
+                                         ("CEREBELLAR_NORSE_LOGGING_LEVEL", "CEREBELLAR_NORSE_LOGGING__LEVEL")])
+def test_a_section_and_key_joined_by_one_underscore_is_an_error_naming_the_fix(name: str, fix: str) -> None:
+    """The likeliest typo of an override: read as no override at all, the service would run on the file's value."""
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={name: "9090"})
+    (problem,) = info.value.problems
+    assert name in problem.message and problem.fix == f"name it {fix}"
+    assert load_config(environ={"CEREBELLAR_NORSE_LOG": "debug", "CEREBELLAR_NORSE_NUMBA_CACHE_BASE": "/x"}) == load_config(environ={})
+
+
 def test_env_overrides_builds_a_nested_tree() -> None:
     tree, names = env_overrides({
         "CEREBELLAR_NORSE_NEURAL__GRANULE__V_TH": "1.5",
