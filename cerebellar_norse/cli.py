@@ -245,7 +245,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if not 0 <= args.cost_bp < float("inf") or not 0 <= args.bootstrap <= 100_000:  # NaN fails the first test too
         _err(f"--cost-bp must be a finite number >= 0 (got {args.cost_bp}) and --bootstrap between 0 and 100000")
         return EXIT_USAGE
-    return cmd_evaluate(_load(args), args.files, args.model, args.report, args.cost_bp, args.bootstrap, args.json, args.since)
+    cost_bp = args.cost_bp + 0.0  # -0 is 0 (not "cost -0.00 bp")
+    return cmd_evaluate(_load(args), args.files, args.model, args.report, cost_bp, args.bootstrap, args.json, args.since)
 
 
 def _cmd_inspect_data(args: argparse.Namespace) -> int:

@@ -83,6 +83,8 @@ def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFix
     for bad in ("nan", "inf"):  # refused before loading anything, as a usage error, not a traceback from scoring
         assert main(["evaluate", "ticks.csv", "--cost-bp", bad]) == 2
         assert f"--cost-bp must be a finite number >= 0 (got {bad})" in capsys.readouterr().err
+    assert main(["evaluate", "ticks.csv", "--cost-bp", "-0", "--bootstrap", "0"]) == 0
+    assert ", cost 0.00 bp" in capsys.readouterr().out
 
 
 def _drifting_walk(path: Path, n: int = 1300) -> None:
