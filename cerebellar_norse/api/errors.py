@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -14,7 +15,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.routing import Match
 
 from ..errors import (
     CapacityError,
@@ -145,18 +145,25 @@ HTTP_ERROR_KINDS = {400: "malformed_json", 404: "not_found", 405: "method_not_al
                     413: "body_too_large", 415: "unsupported_media_type"}
 
 
-_HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE")
+_HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
 def allowed_methods(request: Request, starlette_allow: str = "") -> str:
-    """Every method the request's path answers, for a 405's ``Allow`` header (``GET, HEAD``): Starlette names those
-    of the first route of the path only. Each method is matched against the app's routes as the router would
-    (path convertors included), and Starlette's own list kept."""
+    """Every method of the request's path for a 405's ``Allow`` header (``GET, HEAD``): Starlette names those of the
+    first route of the path only. Read from the OpenAPI document's paths (which list every operation), with
+    Starlette's own list kept: the operations of the path's template, as a client of the document sees the
+    resource (``DELETE /neural/markets/A/export`` resets the market ``A/export``, another resource)."""
+    table: list[tuple[re.Pattern[str], set[str]]] | None = getattr(request.app.state, "allow_table", None)
+    if table is None:
+        table = []
+        for template, ops in request.app.openapi().get("paths", {}).items():
+            regex = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+            table.append((re.compile(regex), {m.upper() for m in ops if m in _HTTP_METHODS}))
+        request.app.state.allow_table = table
     methods = {m.strip() for m in starlette_allow.split(",") if m.strip()}
-    for method in _HTTP_METHODS:
-        scope = {**request.scope, "method": method}
-        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
-            methods.add(method)
+    for compiled, ops in table:
+        if compiled.fullmatch(request.url.path):
+            methods |= ops
     return ", ".join(sorted(methods))
 
 
