@@ -211,7 +211,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     from .data import load_csv_files, parse_time_ms
     from .report import format_summary, render_html
     from .scoring import summarise
-    from .trainer import prepare_for_scoring
+    from .trainer import market_list, prepare_for_scoring
 
     store = ModelStore(Path(cfg.paths.state_dir))
     version = version or store.active_version()
@@ -249,9 +249,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
                     "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,
                     "in_sample": in_sample, "unscored_markets": unscored})
     if unscored:
-        shown = ", ".join(f"{m!r} ({n} ticks)" for m, n in list(unscored.items())[:10])
-        more = f" and {len(unscored) - 10} more" if len(unscored) > 10 else ""
-        print(f"note: {len(unscored)} market(s) have no scored tick and are not in the figures: {shown}{more} (a "
+        print(f"note: {len(unscored)} market(s) have no scored tick and are not in the figures: {market_list(unscored)} (a "
               f"market's first neural.warmup_ticks = {cfg.neural.warmup_ticks} ticks only warm the network up, a scored "
               "tick needs one horizon after it" + (", and only ticks from --since on are scored" if since else "") + ")",
               file=sys.stderr)

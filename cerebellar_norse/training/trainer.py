@@ -27,9 +27,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import numba as nb
@@ -165,12 +164,18 @@ def split_times(markets: list[PreparedMarket]) -> dict[str, int | None]:
 
 def split_warnings(markets: list[PreparedMarket], times: dict[str, int | None]) -> list[str]:
     """A warning per market without a tick in the common training period (it is only scored)."""
-    def day(ms: int | None) -> str:
-        return datetime.fromtimestamp((ms or 0) / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+    from .datacheck import iso_ms
 
-    return [f"market {pm.market_id!r} has no tick in the training period (up to {day(times['train_until'])} UTC, the "
-            "markets' common time cut): it is only validated and tested on, a market the model never trained on"
+    return [f"market {pm.market_id!r} has no tick in the training period (up to {iso_ms(times['train_until'] or 0)}, "
+            "the markets' common time cut): it is only validated and tested on, a market the model never trained on"
             for pm in markets if pm.n_train == 0]
+
+
+def market_list(ticks: Mapping[str, int], limit: int = 10) -> str:
+    """``'A' (12 ticks), 'B' (3 ticks)`` for the first ``limit`` markets of ``ticks`` (market -> ticks), then
+    ``and N more``."""
+    shown = ", ".join(f"{m!r} ({n} ticks)" for m, n in list(ticks.items())[:limit])
+    return shown + (f" and {len(ticks) - limit} more" if len(ticks) > limit else "")
 
 
 def prepare(cfg: Config, data: TickData) -> Prepared:
@@ -201,10 +206,8 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
     prep.times = split_times(out)
     prep.warnings = class_warnings(prep.train_counts + prep.val_counts) + split_warnings(out, prep.times)
     if short:
-        shown = ", ".join(f"{m.market_id!r} ({len(m)} ticks)" for m in short[:10])
         prep.warnings.append(f"{len(short)} market(s) left out, with fewer than the {need} ticks a market needs (2 x "
-                             f"neural.horizon_ticks + {BURN_IN + 2}): {shown}" + (f" and {len(short) - 10} more"
-                                                                                  if len(short) > 10 else ""))
+                             f"neural.horizon_ticks + {BURN_IN + 2}): {market_list({m.market_id: len(m) for m in short})}")
     if prep.val_counts.sum() == 0:
         raise DataError(f"no validation ticks past the warm-up of {n.warmup_ticks} ticks: the series are too short "
                         "for this neural.warmup_ticks and training.validation_fraction")
