@@ -196,13 +196,9 @@ def _server_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _load(args: argparse.Namespace) -> Config:
-    from .config import load_checked_config
+    from .config import load_checked_config, with_server
 
-    cfg = load_checked_config(args.config)
-    updates = _server_overrides(args)
-    if updates:
-        cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update=updates)})
-    return cfg
+    return with_server(load_checked_config(args.config), _server_overrides(args))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -580,6 +580,14 @@ def load_checked_config(path: str | Path | None = None, environ: Mapping[str, st
     return cfg
 
 
+def with_server(cfg: Config, updates: Mapping[str, Any]) -> Config:
+    """``cfg`` with the ``[server]`` keys of ``updates`` replaced (values already checked: ``--host``/``--port``, a
+    reloaded token), everything else shared."""
+    if not updates:
+        return cfg
+    return cfg.model_copy(update={"server": cfg.server.model_copy(update=dict(updates))})
+
+
 def config_json_schema() -> dict[str, Any]:
     """JSON Schema of the configuration file.
 

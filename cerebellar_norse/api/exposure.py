@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from ..config import Config
+from ..config import Config, with_server
 from ..errors import ConfigError, ConfigProblem
 
 
@@ -51,7 +51,7 @@ def reload_auth_refusal(running: Config, new: Config) -> str | None:
     changes the token (adding a token where there was none is allowed). Rotating the
     token takes a restart.
     """
-    live = running.model_copy(update={"server": running.server.model_copy(update={"api_token": new.server.api_token})})
+    live = with_server(running, {"api_token": new.server.api_token})
     for cfg in (live, new):
         problems = exposure_problems(cfg)
         if problems:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, load_checked_config
+from ..config import Config, load_checked_config, with_server
 from ..engine.journal import Durability, StateDirLock
 from ..engine.persistence import check_writable
 from ..errors import ConfigError, StorageError
@@ -95,9 +95,7 @@ def reload_config(state: ServiceState, path: str | None) -> None:
         return
     systemd.reloading()
     try:
-        new = load_checked_config(Path(path))
-        if state.server_overrides:  # --host/--port win over the file, as they did at start
-            new = new.model_copy(update={"server": new.server.model_copy(update=state.server_overrides)})
+        new = with_server(load_checked_config(Path(path)), state.server_overrides)  # --host/--port win, as at start
     except ConfigError as exc:
         log.error("config reload refused, keeping the running config: %s", exc)
         systemd.ready("reload refused: config invalid")
