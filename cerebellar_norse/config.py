@@ -500,19 +500,22 @@ def _malformed_env_problems(environ: Mapping[str, str]) -> list[ConfigProblem]:
     out = []
     sections = {name.upper() for name in Config.model_fields}
     for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
         rest = name[len(ENV_PREFIX):]
-        section, _, key = rest.partition("_")
-        if name.startswith(ENV_PREFIX) and "__" not in rest and section in sections and key:
-            out.append(ConfigProblem(f"{section.lower()}.{key.lower()}", f"environment variable {name} is not an "
-                                     "override: the section and the key are separated by two underscores",
-                                     f"name it {ENV_PREFIX}{section}__{key}"))
-        if name.startswith(ENV_PREFIX) and "__" in name:
-            parts = name[len(ENV_PREFIX):].split("__")
+        if "__" in rest:
+            parts = rest.split("__")
             if any(not p for p in parts):
                 key = ".".join(p.lower() for p in parts if p) or name
                 out.append(ConfigProblem(key, f"environment variable {name} has an empty part (a '__' at its start or end, "
                                               "or doubled)", "name it CEREBELLAR_NORSE_<SECTION>__<KEY>, e.g. "
                                                              "CEREBELLAR_NORSE_SERVER__PORT"))
+            continue
+        section, _, key = rest.partition("_")
+        if section in sections and key:
+            out.append(ConfigProblem(f"{section.lower()}.{key.lower()}", f"environment variable {name} is not an "
+                                     "override: the section and the key are separated by two underscores",
+                                     f"name it {ENV_PREFIX}{section}__{key}"))
     return out
 
 
