@@ -36,7 +36,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -159,13 +159,10 @@ class Replicas:
                 raise
 
 
-def make_plan(old: list[Replica], new: list[Replica],
-              holdings: Mapping[str, Sequence[str] | Mapping[str, tuple[int, int]]]) -> Plan:
-    """Moves from where the states are (``holdings``: replica URL → markets) to their owners on the new ring.
-
-    With each market's (last tick time, ticks seen) in ``holdings``, a market held by
-    several replicas moves (or stays) as its newest copy; the others are ``stale``.
-    """
+def make_plan(old: list[Replica], new: list[Replica], holdings: Mapping[str, Mapping[str, tuple[int, int]]]) -> Plan:
+    """Moves from where the states are (``holdings``: replica URL → market → (last tick time, ticks seen)) to their
+    owners on the new ring; a market held by several replicas moves (or stays) as its newest copy, the others are
+    ``stale``."""
     ring = Ring({r.server_id: r.weight for r in new})
     by_id = {r.server_id: r for r in new}
     old_urls = {r.url for r in old}
@@ -173,8 +170,7 @@ def make_plan(old: list[Replica], new: list[Replica],
     plan = Plan(added=sorted(new_urls - old_urls), removed=sorted(old_urls - new_urls))
     copies: dict[str, list[tuple[tuple[int, int], str]]] = {}
     for url, markets in holdings.items():
-        for market in markets:
-            age = markets[market] if isinstance(markets, Mapping) else (0, 0)
+        for market, age in markets.items():
             copies.setdefault(market, []).append((age, url))
     for market, held in copies.items():
         plan.markets += 1

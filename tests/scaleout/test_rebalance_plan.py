@@ -34,7 +34,7 @@ def test_the_newest_copy_moves_to_the_owner() -> None:
     assert plan.moves == [Move(m, R2.url, R1.url)] and plan.stale == [{"market_id": m, "replica": R1.url, "newest_at": R2.url}]
 
 
-def test_markets_as_plain_lists_still_plan_as_before() -> None:
+def test_markets_held_once_move_to_their_owner() -> None:
     m1, m2 = market_of(1), market_of(2)
-    plan = make_plan([R1], [R1, R2], {R1.url: [m1, m2]})
+    plan = make_plan([R1], [R1, R2], {R1.url: {m1: (5, 1), m2: (7, 2)}})
     assert plan.moves == [Move(m2, R1.url, R2.url)] and plan.stale == [] and plan.markets == 2
