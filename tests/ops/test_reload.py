@@ -53,21 +53,30 @@ def test_changed_keys_lists_dotted_keys(tmp_path: Path) -> None:
     assert "logging.level" in LIVE_KEYS and "neural.granule_size" not in LIVE_KEYS
 
 
-def _start_ready(tmp_path: Path, cfg: Path, port: int, *args: str) -> subprocess.Popen[str]:
-    """The service on ``cfg`` (plus ``args``) in a process of its own, once /health on ``port`` answers 200."""
+@contextlib.contextmanager
+def _service(tmp_path: Path, cfg: Path, port: int, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """The service on ``cfg`` (plus ``args``) in a process of its own, once /health on ``port`` answers 200; killed
+    on the way out if a test left it running."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
     env.update(CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"), CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="false")
     proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--config", str(cfg), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"service did not become ready: {proc.communicate()[0][-3000:]}")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"service did not become ready: {proc.communicate()[0][-3000:]}")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _stop(proc: subprocess.Popen[str]) -> tuple[str, list[dict[str, Any]]]:
@@ -82,8 +91,7 @@ def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
     port = _free_port()
     cfg = tmp_path / "service.toml"
     cfg.write_text(BASE.format(port=port))
-    proc = _start_ready(tmp_path, cfg, port)
-    try:
+    with _service(tmp_path, cfg, port) as proc:
         cfg.write_text(BASE.format(port=port).replace("queue_size = 4096", "queue_size = 1000\nmax_markets = 8\nbusy_poll_us = 2000")
                        .replace('level = "INFO"', 'level = "DEBUG"'))
         proc.send_signal(signal.SIGHUP)
@@ -100,10 +108,6 @@ def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
         time.sleep(0.5)
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
         out, lines = _stop(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     reloaded = [x for x in lines if x["message"] == "config reloaded"]
     assert reloaded, out
     assert set(reloaded[0]["fields"]["applied"]) == {"logging.level", "performance.queue_size", "performance.busy_poll_us"}
@@ -252,18 +256,13 @@ def test_reload_keeps_the_port_given_on_the_command_line(tmp_path: Path) -> None
     port = _free_port()
     cfg = tmp_path / "service.toml"
     cfg.write_text(BASE.format(port=_free_port()))
-    proc = _start_ready(tmp_path, cfg, port, "--port", str(port))
-    try:
+    with _service(tmp_path, cfg, port, "--port", str(port)) as proc:
         cfg.write_text(BASE.format(port=_free_port()).replace("queue_size = 4096", "queue_size = 1000"))
         proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["queue_capacity"] != 1000:
             time.sleep(0.1)
         out, lines = _stop(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     reloaded = [x for x in lines if x["message"] == "config reloaded"]
     assert reloaded and reloaded[0]["fields"] == {"applied": ["performance.queue_size"], "need_restart": []}, out
     assert not any("need a restart" in x["message"] for x in lines), out
