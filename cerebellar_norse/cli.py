@@ -164,15 +164,20 @@ def _cmd_validate(args: argparse.Namespace, host_checks: bool) -> int:
         print(f"{source}: schema OK")
         return EXIT_OK
     from .api.exposure import exposure_problems
-    from .hostcheck import gather_host_facts, host_problems
+    from .hostcheck import gather_host_facts, host_problems, resolve_device
 
-    problems = cfgmod.consistency_problems(cfg) + exposure_problems(cfg) + host_problems(cfg, gather_host_facts())
+    host = gather_host_facts()
+    problems = cfgmod.consistency_problems(cfg) + exposure_problems(cfg) + host_problems(cfg, host)
     if problems:
         _print_problems(problems, source)
         _err(f"{source}: {len(problems)} problem(s) found")
         return EXIT_FAILED
     est = cfgmod.estimate_memory(cfg)
     print(f"{source}: valid (device {cfg.performance.device}, memory estimate {cfgmod.fmt_bytes(est.total)} of limit {cfgmod.fmt_bytes(int(cfg.performance.memory_limit))})")
+    if resolve_device(cfg, host) == "cuda":
+        from .cuda.plan import plan_for_config
+
+        print(f"{source}: cuda plan: {plan_for_config(cfg).summary()}")
     return EXIT_OK
 
 

@@ -313,6 +313,15 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
     return MemoryEstimate(weights=weights, state_per_market=per_market, pool=pool, total=weights + per_market + pool)
 
 
+def pool_capacity(cfg: Config) -> int:
+    """Market slots: ``max_markets``, limited to what ``memory_pool_size`` holds when the pool is enabled."""
+    perf = cfg.performance
+    if not perf.memory_pool_enabled:
+        return perf.max_markets
+    per_market = estimate_memory(cfg).state_per_market
+    return max(1, min(perf.max_markets, int(perf.memory_pool_size) // per_market))
+
+
 def fmt_bytes(n: int) -> str:
     """Human-readable decimal size (matches the GB = 10^9 convention of the config)."""
     for unit, factor in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):

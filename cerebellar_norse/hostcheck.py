@@ -82,6 +82,32 @@ def resolve_device(cfg: Config, host: HostFacts) -> str:
     return cfg.performance.device
 
 
+def cuda_plan_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
+    """Problems of the CUDA backend's memory plan (:mod:`cerebellar_norse.cuda.plan`): no room for one tick, or more than the GPU has."""
+    from .cuda.plan import plan_for_config
+
+    plan = plan_for_config(cfg)
+    out: list[ConfigProblem] = []
+    if plan.state_fits_pool and plan.launch_ticks < 1:
+        out.append(ConfigProblem(
+            "performance.memory_limit",
+            f"the cuda backend has no room for one tick: {plan.summary()}; one tick's step workspace is "
+            f"{fmt_bytes(plan.one_tick_workspace)} per stream",
+            f"raise memory_limit to at least {fmt_bytes(plan.fixed + plan.streams * plan.one_tick_workspace)}, "
+            "or lower memory_pool_size, cuda_streams or the network size",
+        ))
+    planned = plan.fixed + plan.streams * plan.workspace
+    if host.gpu_memory_total_bytes is not None and planned > host.gpu_memory_total_bytes:
+        out.append(ConfigProblem(
+            "performance.memory_limit",
+            f"the cuda backend plans {fmt_bytes(planned)} ({plan.summary()}), more than the GPU memory "
+            f"{fmt_bytes(host.gpu_memory_total_bytes)} of {host.gpu_name or 'device 0'}",
+            f"lower memory_limit (and memory_pool_size) below {fmt_bytes(host.gpu_memory_total_bytes)}, leaving room "
+            "for the driver, or lower the network size",
+        ))
+    return out
+
+
 def host_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
     """Every problem of ``cfg`` on ``host``: device mismatch and memory that does not fit."""
     out: list[ConfigProblem] = []
@@ -105,10 +131,6 @@ def host_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
             f"memory_limit {fmt_bytes(int(cfg.performance.memory_limit))} exceeds host RAM {fmt_bytes(host.ram_total_bytes)}",
             f"set it below {fmt_bytes(host.ram_total_bytes)}, leaving room for the system",
         ))
-    if device == "cuda" and host.gpu_memory_total_bytes is not None and est.total > host.gpu_memory_total_bytes:
-        out.append(ConfigProblem(
-            "performance.memory_pool_size",
-            f"memory estimate {fmt_bytes(est.total)} exceeds GPU memory {fmt_bytes(host.gpu_memory_total_bytes)} of {host.gpu_name or 'device 0'}",
-            "lower performance.memory_pool_size or the network size",
-        ))
+    if device == "cuda":
+        out += cuda_plan_problems(cfg, host)
     return out

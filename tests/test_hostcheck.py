@@ -81,8 +81,8 @@ def test_estimate_above_gpu_memory(device: str) -> None:
     cfg = cfg_with({"performance": {"device": device, "memory_pool_size": "64MB"}})  # estimate > 64MB
     host = HostFacts(64 * GB, 60 * GB, cuda_available=True, gpu_memory_total_bytes=32_000_000, gpu_name="Tiny GPU")
     problems = host_problems(cfg, host)
-    assert keys(problems) == ["performance.memory_pool_size"]
-    assert "GPU memory 32.00MB of Tiny GPU" in problems[0].message
+    assert keys(problems) == ["performance.memory_limit"]
+    assert "the cuda backend plans" in problems[0].message and "GPU memory 32.00MB of Tiny GPU" in problems[0].message
 
 
 def test_gpu_memory_is_not_checked_for_cpu_device() -> None:
@@ -116,3 +116,56 @@ def test_gather_host_facts_reads_this_host() -> None:
         assert facts.gpu_memory_total_bytes and facts.gpu_memory_total_bytes > 0
     else:
         assert facts.gpu_memory_total_bytes is None
+
+
+# -- the CUDA backend's memory plan ------------------------------------------------------------------
+
+
+def test_production_config_plans_small_device_launches_on_an_80gb_gpu() -> None:
+    from cerebellar_norse.cuda.plan import plan_for_config
+
+    cfg = load_config(REPO_ROOT / "config" / "production.toml", environ={})
+    assert host_problems(cfg, GPU_HOST) == []
+    plan = plan_for_config(cfg)
+    assert 1 <= plan.launch_ticks < cfg.performance.batch_size  # runs, in several launches per full batch
+    assert plan.fixed + plan.streams * plan.workspace <= int(cfg.performance.memory_limit)
+
+
+def test_no_room_for_one_tick_is_a_memory_limit_problem_naming_the_minimum() -> None:
+    from cerebellar_norse.cuda.plan import plan_for_config
+
+    cfg = load_config(REPO_ROOT / "config" / "production.toml", environ={"CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": "25.7GB"})
+    plan = plan_for_config(cfg)
+    assert plan.launch_ticks == 0
+    problems = host_problems(cfg, GPU_HOST)
+    assert keys(problems) == ["performance.memory_limit"]
+    assert "no room for one tick" in problems[0].message
+    assert fmt_bytes(plan.fixed + plan.streams * plan.one_tick_workspace) in problems[0].fix
+    # Configured for cuda on a host without one: both are said (the config would not run on a GPU either).
+    assert keys(host_problems(cfg, CPU_HOST)) == ["performance.device", "performance.memory_limit"]
+    auto = load_config(REPO_ROOT / "config" / "production.toml", environ={"CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": "25.7GB",
+                                                                           "CEREBELLAR_NORSE_PERFORMANCE__DEVICE": "auto"})
+    assert host_problems(auto, CPU_HOST) == []  # auto on a CPU host: the cuda plan does not apply
+
+
+def test_a_plan_larger_than_the_gpu_is_a_problem() -> None:
+    cfg = load_config(REPO_ROOT / "config" / "production.toml", environ={})
+    small_gpu = HostFacts(ram_total_bytes=512 * GB, ram_available_bytes=500 * GB, cuda_available=True,
+                          gpu_memory_total_bytes=24 * GB, gpu_name="NVIDIA L4")
+    problems = [p for p in host_problems(cfg, small_gpu) if "plans" in p.message]
+    assert len(problems) == 1 and "NVIDIA L4" in problems[0].message and problems[0].key == "performance.memory_limit"
+
+
+def test_validate_config_prints_the_cuda_plan(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from cerebellar_norse import cli, hostcheck
+
+    monkeypatch.setattr(hostcheck, "gather_host_facts", lambda: GPU_HOST)
+    for name in [k for k in __import__("os").environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(name)
+    assert cli.main(["--validate-config", "--config", str(REPO_ROOT / "config" / "production.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "valid (device cuda" in out
+    assert "cuda plan: pool 20.00GB + weights" in out and "device launches of up to 2 tick(s) (batch_size 1024)" in out
+    monkeypatch.setattr(hostcheck, "gather_host_facts", lambda: CPU_HOST)
+    assert cli.main(["--validate-config", "--config", str(REPO_ROOT / "config" / "default.toml")]) == 0
+    assert "cuda plan" not in capsys.readouterr().out

@@ -50,7 +50,9 @@ batch (its results are kept in its handle).
 Waves. A batch that repeats a market is staged in wave order (wave k = the k-th tick
 of every market in the batch, see :func:`~cerebellar_norse.cuda.staging.wave_layout`);
 each wave gathers its slots' states with ``index_select``, steps, and scatters them
-back with ``index_copy_``, so a market's ticks apply in arrival order.
+back with ``index_copy_``, so a market's ticks apply in arrival order. A wave of more
+ticks than :attr:`CudaBackend.launch_ticks` is stepped in several launches of at most
+that many (:func:`~cerebellar_norse.cuda.staging.split_waves`).
 
 CUDA graphs (``use_graphs=True``). A single-wave batch size seen ``graph_warmup``
 times on a stream is captured once as a graph for that (stream, batch size) and
@@ -63,7 +65,11 @@ stays eager.
 
 Memory. Every allocation (pool, weights, staging, per-stream workspace estimates,
 graph pools) is charged to a :class:`~cerebellar_norse.cuda.memory.MemoryBudget`
-capped by ``performance.memory_limit`` before it is made.
+capped by ``performance.memory_limit`` before it is made. The workspaces come last and
+are sized to what is left: ``launch_ticks`` is the most ticks per device launch whose
+workspace fits every stream (the plan of :mod:`cerebellar_norse.cuda.plan`, which
+``--validate-config`` prints); a limit without room for one tick per stream is a
+:class:`~cerebellar_norse.errors.CapacityError` at start.
 
 ``device="cpu"`` runs the same code without streams, pinned memory or graphs (for
 tests on hosts without a GPU); production on the CPU uses the fused backend.
@@ -88,13 +94,14 @@ from ..errors import CapacityError, DeviceUnavailableError, EngineFatalError
 from ..neurons.backends import StagedBuffers
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.functional import CerebellumState, CerebellumWeights, TickOutput, cerebellum_step
-from ..neurons.parameters import NetworkParameters, NetworkShape
+from ..neurons.parameters import NetworkParameters
 from ..neurons.reference import CerebellarReference
 from ..neurons.state import FLOAT_FIELDS, StateArrays
 from ..neurons.topology import Weights
 from .device import cuda_available
 from .memory import DeviceMemory
-from .staging import GraphPolicy, RoundRobin, encode_batch, staging_layout, wave_layout, workspace_bytes
+from .plan import launch_ticks, weight_shapes
+from .staging import GraphPolicy, RoundRobin, encode_batch, split_waves, staging_layout, wave_layout, workspace_bytes
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -103,12 +110,6 @@ log = logging.getLogger("cerebellar_norse.cuda")
 
 WEIGHT_FIELDS = CerebellumWeights._fields
 _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
-
-
-def weight_shapes(s: NetworkShape) -> list[tuple[int, ...]]:
-    """Shapes of the dense weights, in :class:`CerebellumWeights` order."""
-    return [(s.granule, s.mossy), (s.granule, s.purkinje), (s.purkinje,), (s.dcn, s.mossy), (s.dcn, s.purkinje),
-            (s.dcn,), (s.classes, s.dcn)]
 
 
 def device_tick(mossy: torch.Tensor, state: CerebellumState, w: CerebellumWeights,
@@ -204,6 +205,9 @@ class CudaBackend(StagedBuffers):
         graph_warmup: eager runs of a (stream, batch size) before its capture.
         max_graphs: most graphs kept.
 
+    Attributes:
+        launch_ticks: most ticks stepped in one device launch (see the module docstring).
+
     Raises:
         DeviceUnavailableError: a CUDA device was asked for and there is none.
         CapacityError: the allocations do not fit ``memory_limit`` or the pool.
@@ -295,11 +299,10 @@ class CudaBackend(StagedBuffers):
         # Weights: dense, in the network float type, allocated once (graphs keep their addresses).
         self._w = CerebellumWeights(*(self.mem.empty(f"weights.{n}", shp, self.dtype)
                                       for n, shp in zip(WEIGHT_FIELDS, weight_shapes(s), strict=True)))
-        # Streams with their staging buffers and workspaces.
+        # Streams with their staging buffers; then the workspaces, sized to what is left (see cuda.plan).
         layout = staging_layout(self.max_batch, s, fb)
         self._lanes: list[_Lane] = []
         for i in range(streams):
-            self.mem.charge(f"workspace.{i}", workspace_bytes(s, self.max_batch, fb))
             stream = torch.cuda.Stream(device=self.device, priority=-1) if self.on_cuda else None
             h = [self.mem.empty(f"staging.host.{i}.{nm}", shp, _TORCH_DTYPE[dt], host=True) for nm, shp, dt in layout.buffers()]
             d = [self.mem.empty(f"staging.device.{i}.{nm}", shp, _TORCH_DTYPE[dt]) for nm, shp, dt in layout.buffers()]
@@ -311,9 +314,28 @@ class CudaBackend(StagedBuffers):
                 slots_h=h[0].numpy(), mossy_h=h[1].numpy(), probs_h=h[2].numpy(), spikes_h=h[3].numpy(),
                 slots_ht=h[0], mossy_ht=h[1], probs_ht=h[2], spikes_ht=h[3],
                 slots_d=d[0], mossy_d=d[1], probs_d=d[2], spikes_d=d[3]))
+        self.launch_ticks = launch_ticks(s, fb, self.max_batch, streams, self.mem.budget.available)
+        if self.launch_ticks < 1:
+            one, budget = workspace_bytes(s, 1, fb), self.mem.budget
+            raise CapacityError(
+                f"the step workspace of one tick, {fmt_bytes(one)} per stream x {streams} stream(s), does not fit "
+                f"performance.memory_limit {fmt_bytes(budget.limit)} ({budget.limit} bytes) with {fmt_bytes(budget.used)} "
+                f"in use ({budget.breakdown()}); raise memory_limit or lower memory_pool_size, cuda_streams or the network size",
+                retry_after_s=0.0)
+        for i in range(streams):
+            self.mem.charge(f"workspace.{i}", workspace_bytes(s, self.launch_ticks, fb))
         self._chain: Any = torch.cuda.Event() if self.on_cuda else _HostEvent()
-        log.info("cuda backend ready", extra={"fields": {"device": str(self.device), "streams": streams,
-                                                         "max_batch": self.max_batch, **self.mem.budget.report()}})
+        fields = {"device": str(self.device), "streams": streams, "max_batch": self.max_batch,
+                  "launch_ticks": self.launch_ticks, **self.mem.budget.report()}
+        log.info("cuda backend ready", extra={"fields": fields})
+        if self.launch_ticks < self.max_batch:
+            log.warning("cuda: performance.memory_limit leaves room for device launches of up to %d of batch_size %d ticks "
+                        "per stream, so a full batch takes %d launches; raise memory_limit (%s for one launch) or lower "
+                        "cuda_streams, batch_size or the network size", self.launch_ticks, self.max_batch,
+                        -(-self.max_batch // self.launch_ticks),
+                        fmt_bytes(self.mem.used + streams * (workspace_bytes(s, self.max_batch, fb)
+                                                             - workspace_bytes(s, self.launch_ticks, fb))),
+                        extra={"fields": fields})
 
     def _dense_weights_host(self, weights: Weights) -> CerebellumWeights:
         """Dense weights of the reference module (host, network float type)."""
@@ -514,7 +536,8 @@ class CudaBackend(StagedBuffers):
             lane = self._lanes[self._rr.next()]
             if lane.handle is not None:
                 self._collect(lane.handle, copy=True)  # its buffers are about to be reused
-            perm, bounds = wave_layout(slots)
+            perm, waves = wave_layout(slots)
+            bounds = split_waves(waves, self.launch_ticks)
             order = perm if perm is not None else self._arange[:b]
             stale = self._host_owned(slots)
             enc_before = self.state.enc[slots]
@@ -636,6 +659,7 @@ class CudaBackend(StagedBuffers):
             "device_name": torch.cuda.get_device_name(self.device) if self.on_cuda else "cpu",
             "streams": self.streams,
             "max_batch": self.max_batch,
+            "launch_ticks": self.launch_ticks,
             "graphs": sorted(self.graph_policy.captured, key=str),
             "memory": {k: fmt_bytes(v) for k, v in rep.items()},
         }

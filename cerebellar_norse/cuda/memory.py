@@ -112,7 +112,8 @@ class MemoryBudget:
             "host_pinned_bytes": sum(a.nbytes for a in outside if a.kind == "host"),
         }
 
-    def _breakdown(self) -> str:
+    def breakdown(self) -> str:
+        """What is charged, by group (``pool 20.00GB, weights 5.63GB, …``)."""
         parts = [f"pool {fmt_bytes(self.pool_size)}"] if self.pool_size else []
         groups: dict[str, int] = {}
         for a in self._allocs.values():
@@ -135,7 +136,7 @@ class MemoryBudget:
             raise CapacityError(
                 f"performance.memory_pool_size {fmt_bytes(n)} ({n} bytes) does not fit performance.memory_limit "
                 f"{fmt_bytes(self.limit)} ({self.limit} bytes) with {fmt_bytes(self.used)} already in use "
-                f"({self._breakdown()}); lower memory_pool_size or raise memory_limit",
+                f"({self.breakdown()}); lower memory_pool_size or raise memory_limit",
                 retry_after_s=0.0,
             )
         self.pool_size = n
@@ -168,7 +169,7 @@ class MemoryBudget:
             n = int(nbytes)
             if self.used + n > self.limit:
                 raise CapacityError(
-                    f"{name} needs {fmt_bytes(n)} ({n} bytes): {fmt_bytes(self.used)} in use ({self._breakdown()}) "
+                    f"{name} needs {fmt_bytes(n)} ({n} bytes): {fmt_bytes(self.used)} in use ({self.breakdown()}) "
                     f"+ {fmt_bytes(n)} = {fmt_bytes(self.used + n)} exceeds performance.memory_limit "
                     f"{fmt_bytes(self.limit)} ({self.limit} bytes); raise memory_limit or lower "
                     "performance.batch_size, performance.cuda_streams or the network size",

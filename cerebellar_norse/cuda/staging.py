@@ -10,7 +10,8 @@ Nothing here touches a device, so all of it is tested on any host:
 * :class:`RoundRobin` – which stream takes the next batch;
 * :func:`wave_layout` – batch order that makes every wave (the k-th tick of each
   market) one contiguous block, so a batch that repeats a market is stepped wave
-  by wave in arrival order;
+  by wave in arrival order; :func:`split_waves` cuts waves into device launches of
+  at most the ticks whose workspace fits the memory limit (:mod:`.plan`);
 * :class:`GraphPolicy` – when a (stream, batch size) is captured as a CUDA graph,
   replayed, or run eagerly;
 * :func:`encode_batch` – the shared numba tick encoder over a whole batch, writing
@@ -145,6 +146,17 @@ def wave_layout(slots: np.ndarray) -> tuple[np.ndarray | None, list[tuple[int, i
     return perm, [(int(s), int(e)) for s, e in zip(starts, ends, strict=True)]
 
 
+def split_waves(bounds: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:
+    """``bounds`` (``[start, end)`` row ranges) cut into consecutive ranges of at most ``most`` rows, in order.
+
+    A wave's rows are distinct markets, so any of its pieces can be stepped on its own;
+    the pieces of wave k all run before wave k+1, which keeps each market's ticks in order.
+    """
+    if most < 1:
+        raise ValueError(f"most must be at least 1, got {most}")
+    return [(a, min(a + most, e)) for start, e in bounds for a in range(start, e, most)]
+
+
 Action = Literal["eager", "capture", "replay"]
 
 
@@ -219,4 +231,5 @@ def encode_batch(order, slots, ticks, enc, enc_par, z_buf, slots_out, mossy_out)
         encode_tick_to_mossy(enc[s], ticks[0, b], ticks[1, b], ticks[2, b], enc_par, z_buf, mossy_out[r])
 
 
-__all__ = ["GraphPolicy", "RoundRobin", "StagingLayout", "encode_batch", "staging_layout", "wave_layout", "workspace_bytes"]
+__all__ = ["GraphPolicy", "RoundRobin", "StagingLayout", "encode_batch", "split_waves", "staging_layout", "wave_layout",
+           "workspace_bytes"]

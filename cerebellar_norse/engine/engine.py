@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import Config, PerformanceConfig, estimate_memory
+from ..config import Config, PerformanceConfig, pool_capacity
 from ..errors import CapacityError, CheckpointError, EngineFatalError, StorageError, TickOrderError
 from ..neurons.backends import Backend, make_backend
 from ..neurons.parameters import encoder_parameters, network_parameters
@@ -72,15 +72,6 @@ MIN_TIMER_DELAY_S = 0.0005
 
 IDLE_EVICTION_S = 300.0  # markets idle this long may be evicted above the pool threshold
 EVICTION_LOG_INTERVAL_S = 60.0  # evictions are logged at most once per this interval, with their count
-
-
-def pool_capacity(cfg: Config) -> int:
-    """Market slots: ``max_markets``, limited to what ``memory_pool_size`` holds when the pool is enabled."""
-    perf = cfg.performance
-    if not perf.memory_pool_enabled:
-        return perf.max_markets
-    per_market = estimate_memory(cfg).state_per_market
-    return max(1, min(perf.max_markets, int(perf.memory_pool_size) // per_market))
 
 
 @dataclass

@@ -22,8 +22,10 @@ from network_sizes import SMALL_NEURAL
 
 from cerebellar_norse.config import Config
 from cerebellar_norse.cuda.backend import CudaBackend, CudaHandle
+from cerebellar_norse.cuda.plan import CudaPlan, plan_cuda
+from cerebellar_norse.cuda.staging import workspace_bytes
 from cerebellar_norse.neurons.backends import FusedBackend
-from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters
+from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters, network_shape
 from cerebellar_norse.neurons.state import STATE_FIELDS, StateArrays
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.synthetic import generate_ticks
@@ -184,5 +186,36 @@ def cuda_cfg() -> Callable[..., Config]:
     def make(precision: str, small: bool = True, performance: dict[str, Any] | None = None,
              neural: dict[str, Any] | None = None) -> Config:
         return make_cfg(precision, {**(SMALL_NEURAL if small else {}), **(neural or {})}, performance)
+
+    return make
+
+
+# A granule layer wide enough that one tick's workspace (about 1.25 MB) is more than the
+# whole-MiB rounding of the estimate, so a memory limit can be set to a given launch size.
+WIDE_GRANULE = {"granule_size": 24_000}
+
+
+def tight_limit(cfg: Config, *, slots: int, max_batch: int, streams: int, launch: int) -> tuple[int, CudaPlan]:
+    """A memory_limit at which ``cfg``'s network runs in launches of exactly ``launch`` ticks, and the plan at that limit."""
+    perf, shape, fb = cfg.performance, network_shape(cfg.neural), cfg.dtype_bytes
+
+    def plan(limit: int) -> CudaPlan:
+        return plan_cuda(shape, fb, slots=slots, max_batch=max_batch, streams=streams, limit=limit,
+                         pool_size=int(perf.memory_pool_size), pool_enabled=perf.memory_pool_enabled)
+
+    limit = plan(10**15).fixed + streams * workspace_bytes(shape, launch, fb)
+    return limit, plan(limit)
+
+
+@pytest.fixture
+def tight_cfg() -> Callable[..., tuple[Config, CudaPlan]]:
+    """``tight_cfg(precision, streams, launch, markets=6, max_batch=12) -> (cfg, plan)``: the wide network with a
+    memory_limit that leaves room for launches of ``launch`` ticks (slots as :func:`run_pair` allocates them)."""
+
+    def make(precision: str, streams: int, launch: int, markets: int = 6, max_batch: int = 12) -> tuple[Config, CudaPlan]:
+        base = make_cfg(precision, WIDE_GRANULE)
+        limit, plan = tight_limit(base, slots=markets + 1, max_batch=max_batch, streams=streams, launch=launch)
+        assert plan.launch_ticks == launch
+        return make_cfg(precision, WIDE_GRANULE, {"memory_limit": limit}), plan
 
     return make

@@ -18,15 +18,24 @@ import pytest
 import torch
 
 from cerebellar_norse.config import Config, PerformanceConfig
+from cerebellar_norse.cuda import backend as cuda_backend
 from cerebellar_norse.cuda import device as cuda_device
 from cerebellar_norse.cuda.backend import CudaBackend, device_tick, make_cuda_engine, weight_shapes
 from cerebellar_norse.cuda.device import cuda_memory, resolve_device
 from cerebellar_norse.cuda.memory import ALIGN, DeviceMemory, MemoryBudget, align_up
-from cerebellar_norse.cuda.staging import GraphPolicy, RoundRobin, staging_layout, wave_layout, workspace_bytes
+from cerebellar_norse.cuda.plan import launch_ticks
+from cerebellar_norse.cuda.staging import (
+    GraphPolicy,
+    RoundRobin,
+    split_waves,
+    staging_layout,
+    wave_layout,
+    workspace_bytes,
+)
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.errors import CapacityError, DeviceUnavailableError, EngineFatalError
 from cerebellar_norse.neurons.functional import cerebellum_tick
-from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters
+from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters, network_shape
 from cerebellar_norse.neurons.reference import CerebellarReference
 from cerebellar_norse.neurons.state import FLOAT_FIELDS, StateArrays
 from cerebellar_norse.neurons.topology import generate_weights
@@ -268,6 +277,30 @@ def test_workspace_estimate() -> None:
     assert many >= 1024 * 2 * 2 * (shape.granule + shape.purkinje + shape.dcn) * 4
 
 
+def test_split_waves_cuts_each_wave_in_order() -> None:
+    assert split_waves([(0, 5), (5, 7)], 2) == [(0, 2), (2, 4), (4, 5), (5, 7)]
+    assert split_waves([(0, 3), (3, 4)], 3) == [(0, 3), (3, 4)]
+    assert split_waves([(0, 12)], 12) == [(0, 12)]
+    assert split_waves([], 4) == []
+    with pytest.raises(ValueError, match="at least 1"):
+        split_waves([(0, 1)], 0)
+
+
+def test_launch_ticks_is_the_largest_count_whose_workspaces_fit() -> None:
+    shape = network_shape(Config.model_validate({"neural": {"granule_size": 24_000}}).neural)
+
+    def ws(n: int) -> int:
+        return workspace_bytes(shape, n, 4)
+
+    assert launch_ticks(shape, 4, 64, 2, 2 * ws(64)) == 64
+    assert launch_ticks(shape, 4, 64, 2, 10**15) == 64  # never more than the batch
+    for n in (1, 5, 17):
+        assert launch_ticks(shape, 4, 64, 2, 2 * ws(n)) == n
+        assert launch_ticks(shape, 4, 64, 2, 2 * ws(n + 1) - 1) == n
+    assert launch_ticks(shape, 4, 64, 2, 2 * ws(1) - 1) == 0
+    assert launch_ticks(shape, 4, 64, 3, 2 * ws(1)) == 0  # three streams need three workspaces
+
+
 def test_wave_layout_distinct_batch_keeps_order() -> None:
     assert wave_layout(np.array([], dtype=np.int64)) == (None, [])
     assert wave_layout(np.array([5], dtype=np.int64)) == (None, [(0, 1)])
@@ -368,6 +401,45 @@ def test_cpu_path_matches_fused(backend_pair: RunPair, cuda_cfg: CfgFactory, pre
     assert backend.streams == streams
     assert backend.memory_used_bytes > 0
     backend.close()
+
+
+@pytest.mark.parametrize(("streams", "asynchronous"), [(1, False), (2, True)])
+def test_batches_beyond_the_memory_limit_run_in_several_launches(backend_pair: RunPair, tight_cfg: Callable[..., Any],
+                                                                 monkeypatch: pytest.MonkeyPatch, streams: int,
+                                                                 asynchronous: bool) -> None:
+    cfg, plan = tight_cfg("float32", streams, 3)
+    waves: list[int] = []
+    launches: list[int] = []
+    compute = CudaBackend._compute
+
+    def spy_split(bounds: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:
+        waves.extend(e - a for a, e in bounds)
+        return split_waves(bounds, most)
+
+    def spy_compute(self: CudaBackend, lane: Any, bounds: list[tuple[int, int]]) -> None:
+        launches.extend(e - a for a, e in bounds)
+        compute(self, lane, bounds)
+
+    monkeypatch.setattr(cuda_backend, "split_waves", spy_split)
+    monkeypatch.setattr(CudaBackend, "_compute", spy_compute)
+    rep, backend = backend_pair(cfg, device="cpu", streams=streams, n_ticks=200, asynchronous=asynchronous)
+    rep.check()  # same answers and states as the fused kernel
+    assert backend.launch_ticks == plan.launch_ticks == 3
+    assert backend.describe()["launch_ticks"] == 3
+    assert max(waves) == 6 and max(launches) == 3  # waves of up to six markets went in launches of up to three
+    assert sum(launches) == sum(waves) == 200
+    items = backend.mem.budget.items()
+    assert all(items[f"workspace.{i}"].nbytes == plan.workspace for i in range(streams))
+    assert backend.memory_used_bytes == plan.fixed + streams * plan.workspace <= int(cfg.performance.memory_limit)
+    backend.close()
+
+
+def test_no_room_for_one_tick_is_refused_at_start(tight_cfg: Callable[..., Any]) -> None:
+    cfg, _ = tight_cfg("float32", 2, 1)
+    p = network_parameters(cfg)
+    with pytest.raises(CapacityError, match=r"one tick.*2 stream\(s\).*performance\.memory_limit"):
+        CudaBackend(generate_weights(cfg), p, StateArrays.allocate(7, p, "float32"), encoder_parameters(cfg.neural), 12,
+                    streams=2, device="cpu", memory_limit=int(cfg.performance.memory_limit) - 1)
 
 
 def test_staging_buffers_follow_the_layout(cuda_cfg: CfgFactory) -> None:

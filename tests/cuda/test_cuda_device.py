@@ -17,6 +17,7 @@ import torch
 from cerebellar_norse.config import Config
 from cerebellar_norse.cuda.backend import CudaBackend, make_cuda_engine
 from cerebellar_norse.cuda.device import cuda_memory, resolve_device
+from cerebellar_norse.cuda.staging import workspace_bytes
 from cerebellar_norse.errors import CapacityError
 from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters
 from cerebellar_norse.neurons.state import StateArrays
@@ -92,3 +93,37 @@ def test_engine_on_cuda(cuda_cfg: CfgFactory, tmp_path: Any) -> None:
     assert eng.save_state(tmp_path / "state.npz") == 8
     assert eng.health()["cuda"]["device"].startswith("cuda")
     eng.close()
+
+
+@pytest.mark.parametrize("use_graphs", [False, True])
+def test_batches_beyond_the_memory_limit_run_in_several_launches(backend_pair: RunPair, tight_cfg: Callable[..., Any],
+                                                                 use_graphs: bool) -> None:
+    cfg, plan = tight_cfg("float32", 2, 3)
+    rep, backend = backend_pair(cfg, device="cuda", streams=2, use_graphs=use_graphs, n_ticks=300, asynchronous=True)
+    rep.check()
+    assert backend.launch_ticks == plan.launch_ticks == 3
+    assert backend.memory_used_bytes <= int(cfg.performance.memory_limit)
+    backend.close()
+
+
+@pytest.mark.parametrize(("neural", "ticks"), [({}, 256), ({"granule_size": 24_000}, 12)])
+def test_workspace_estimate_bounds_what_a_step_allocates(cuda_cfg: CfgFactory, neural: dict[str, Any], ticks: int) -> None:
+    cfg = cuda_cfg("float32", small=False, neural=neural)
+    p = network_parameters(cfg)
+    state = StateArrays.allocate(ticks, p, "float32")
+    weights = generate_weights(cfg)
+    for s in range(ticks):
+        state.reset_slot(s, p, float(weights.golgi_init))
+    be = CudaBackend(weights, p, state, encoder_parameters(cfg.neural), ticks, device="cuda", use_graphs=False)
+    slots = np.arange(ticks, dtype=np.int64)
+    stream = validate_ticks(generate_ticks(2 * ticks, ticks, 5))
+    batches = [stream[:ticks], stream[ticks:]]
+    be.step(slots, np.array([[t.price for t in batches[0]], [t.volume for t in batches[0]], [t.timestamp for t in batches[0]]]))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    be.step(slots, np.array([[t.price for t in batches[1]], [t.volume for t in batches[1]], [t.timestamp for t in batches[1]]]))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert 0 < peak <= workspace_bytes(p.shape, ticks, 4), (peak, workspace_bytes(p.shape, ticks, 4))
+    be.close()
