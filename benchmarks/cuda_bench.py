@@ -130,6 +130,7 @@ def run(cfg: Config, batches_list: list[int], calls: int, warmup: int, streams: 
     result["weights"] = {"bytes_per_batch": wb}
     result["memory"] = {"device_used_bytes": used, "device_total_bytes": total, **backend.memory_report()}
     result["captured_graphs"] = sorted(str(k) for k in backend.graph_policy.captured)
+    result["launch_ticks"] = backend.launch_ticks
     backend.close()
     return result
 
