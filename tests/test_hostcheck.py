@@ -165,7 +165,11 @@ def test_validate_config_prints_the_cuda_plan(monkeypatch: pytest.MonkeyPatch, c
     assert cli.main(["--validate-config", "--config", str(REPO_ROOT / "config" / "production.toml")]) == 0
     out = capsys.readouterr().out
     assert "valid (device cuda" in out
-    assert "cuda plan: pool 20.00GB + weights" in out and "device launches of up to 2 tick(s) (batch_size 1024)" in out
+    from cerebellar_norse.cuda.plan import plan_for_config
+
+    plan = plan_for_config(load_config(REPO_ROOT / "config" / "production.toml", environ={}))
+    assert f"cuda plan: {plan.summary()}" in out
+    assert "pool 20.00GB + weights" in out and f"device launches of up to {plan.launch_ticks} tick(s) (batch_size 1024)" in out
     monkeypatch.setattr(hostcheck, "gather_host_facts", lambda: CPU_HOST)
     assert cli.main(["--validate-config", "--config", str(REPO_ROOT / "config" / "default.toml")]) == 0
     assert "cuda plan" not in capsys.readouterr().out

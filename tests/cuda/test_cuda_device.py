@@ -106,7 +106,7 @@ def test_batches_beyond_the_memory_limit_run_in_several_launches(backend_pair: R
     backend.close()
 
 
-@pytest.mark.parametrize(("neural", "ticks"), [({}, 256), ({"granule_size": 24_000}, 12)])
+@pytest.mark.parametrize(("neural", "ticks"), [({}, 256), ({"granule_size": 24_000}, 12), ({"granule_size": 400_000}, 4)])
 def test_workspace_estimate_bounds_what_a_step_allocates(cuda_cfg: CfgFactory, neural: dict[str, Any], ticks: int) -> None:
     cfg = cuda_cfg("float32", small=False, neural=neural)
     p = network_parameters(cfg)
@@ -125,5 +125,6 @@ def test_workspace_estimate_bounds_what_a_step_allocates(cuda_cfg: CfgFactory, n
     be.step(slots, np.array([[t.price for t in batches[1]], [t.volume for t in batches[1]], [t.timestamp for t in batches[1]]]))
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
+    print(f"workspace of {ticks} ticks, granule {p.shape.granule}: peak {peak} bytes, estimate {workspace_bytes(p.shape, ticks, 4)}")
     assert 0 < peak <= workspace_bytes(p.shape, ticks, 4), (peak, workspace_bytes(p.shape, ticks, 4))
     be.close()
