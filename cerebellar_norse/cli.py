@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader went away
+MAX_COST_BP = 10_000.0  # a round-trip cost of 100%: anything larger is a typo, and 1e308 would overflow the P&L
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", metavar="VERSION", help="stored model version (default: the active model)")
     ev.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with plots")
     ev.add_argument("--since", metavar="TIME", help="score only ticks at or after TIME (ms or ISO 8601); earlier ones warm the network up")
-    ev.add_argument("--cost-bp", type=float, default=0.0, help="cost per trade in basis points for the P&L (default 0)")
+    ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost per trade in basis points for the P&L, 0 to 10000 (default 0)")
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the 95%% intervals (default 1000)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -243,8 +244,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from .training.commands import cmd_evaluate
 
-    if not 0 <= args.cost_bp < float("inf") or not 0 <= args.bootstrap <= 100_000:  # NaN fails the first test too
-        _err(f"--cost-bp must be a finite number >= 0 (got {args.cost_bp}) and --bootstrap between 0 and 100000")
+    if not 0 <= args.cost_bp <= MAX_COST_BP or not 0 <= args.bootstrap <= 100_000:  # NaN fails the first test too
+        _err(f"--cost-bp must be a number from 0 to {MAX_COST_BP:g} (100% per round trip; got {args.cost_bp}) "
+             "and --bootstrap between 0 and 100000")
         return EXIT_USAGE
     cost_bp = args.cost_bp + 0.0  # -0 is 0 (not "cost -0.00 bp")
     return cmd_evaluate(_load(args), args.files, args.model, args.report, cost_bp, args.bootstrap, args.json, args.since)

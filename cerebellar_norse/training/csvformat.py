@@ -556,6 +556,10 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
             if not math.isfinite(x):
                 raise ValueError(f"{name} {raw!r} is not a time (ms since epoch or ISO 8601)") from None
             if not x.is_integer():
+                if _yyyymmdd(s.split(".", 1)[0]) is not None:
+                    raise ValueError(f"{name} {raw!r} is a date YYYYMMDD with a fraction, which is no time format read here:"
+                                     " write the time of day in its own column (HHMMSS or HH:MM:SS) or the times as"
+                                     " ISO 8601 (2008-01-02T12:00:00)") from None
                 hint = "; if the file's times are seconds, multiply them by 1000" if 0 < x < TS_MAX_MS // 1000 else ""
                 raise ValueError(f"{name} {raw!r} is not a whole number of ms since epoch{hint}") from None
             ms = int(x)

@@ -980,3 +980,14 @@ def test_unnamed_pandas_index_is_the_time_column(tmp_path: Path) -> None:
     bad.write_text("a,Close\n1,2\n", encoding="utf-8")
     with pytest.raises(DataError, match="no time column"):
         load_csv_files([bad])
+
+
+def test_a_date_with_a_fraction_in_the_first_row_is_named_as_such(tmp_path: Path) -> None:
+    path = write(tmp_path, "date,close\n20080102.5,1\n20080102.75,2\n20080103.25,3\n", "frac.csv")
+    with pytest.raises(DataError, match=r"date '20080102\.5' is a date YYYYMMDD with a fraction, which is no time format"
+                                         r" read here: write the time of day in its own column"):
+        load_csv_files([path])
+    # ms since the epoch with a fraction keep their own message
+    path = write(tmp_path, "time,close\n1577836800000.5,1\n", "ms.csv")
+    with pytest.raises(DataError, match=r"is not a whole number of ms since epoch"):
+        load_csv_files([path])

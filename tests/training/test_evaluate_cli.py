@@ -80,9 +80,9 @@ def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFix
     assert "missing.csv" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--cost-bp", "-1"]) == 2
     capsys.readouterr()
-    for bad in ("nan", "inf"):  # refused before loading anything, as a usage error, not a traceback from scoring
+    for bad in ("nan", "inf", "1e308", "10000.5"):  # refused before loading anything, as a usage error, not a traceback from scoring
         assert main(["evaluate", "ticks.csv", "--cost-bp", bad]) == 2
-        assert f"--cost-bp must be a finite number >= 0 (got {bad})" in capsys.readouterr().err
+        assert f"--cost-bp must be a number from 0 to 10000 (100% per round trip; got {float(bad)})" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--cost-bp", "-0", "--bootstrap", "0"]) == 0
     assert ", cost 0.00 bp" in capsys.readouterr().out
 
