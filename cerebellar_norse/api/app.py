@@ -212,6 +212,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
         title="cerebellar-norse",
         version=__version__,
         description="Low-latency cerebellar spiking network: POST market ticks, get a short-horizon signal.",
+        redirect_slashes=False,  # /health/ is no route (404), not a 307 to a Location built from the Host header
     )  # server.max_body_size is enforced by RequestContextMiddleware (JSON 413, X-Request-ID)
     app.state.service = state
     app.include_router(health.router)

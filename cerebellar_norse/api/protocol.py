@@ -269,3 +269,17 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
         await super().send(message)
         if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
             self.handshake_complete = True
+
+    def send_receive_event_to_app(self) -> None:
+        """A text message that is not UTF-8 closes the socket with 1007, as uvicorn does, without its ERROR line and
+        traceback per message (any client could fill the error log with them)."""
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            try:
+                b"".join(self.frames).decode()
+            except UnicodeDecodeError as exc:
+                self.frames = []
+                self.logger.info("WebSocket text message is not UTF-8 (byte %d): closed with 1007", exc.start)
+                self.conn.send_close(1007, "text message is not UTF-8")
+                self.handle_parser_exception()
+                return
+        super().send_receive_event_to_app()

@@ -37,7 +37,7 @@ from ..errors import CheckpointError, InputError, MarketMovingError
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import seal, unseal
-from ..ticks import Tick
+from ..ticks import Tick, check_market_id
 from .persistence import check_states, network_of
 
 if TYPE_CHECKING:
@@ -152,6 +152,7 @@ def read_export(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 def check_import(engine: Engine, market_id: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """Raise unless an export fits this engine and names ``market_id`` (nothing is changed)."""
+    check_market_id(market_id)  # an id no tick can name would hold a slot (and be checkpointed) for good
     if meta.get("market_id") != market_id:
         raise InputError(f"the state is of market {meta.get('market_id')!r}, not {market_id!r}", "market_id")
     fp = meta.get("fingerprint")

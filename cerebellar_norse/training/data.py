@@ -101,6 +101,11 @@ def resolve_data_file(data_dir: Path, name: str) -> Path:
     """A file name relative to the data dir; absolute paths and ``..`` are refused, a missing file is not found."""
     if not name or "\x00" in name:
         raise InputError("file name is empty or contains NUL", "files")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate (a JSON "\ud800" escape): no file system name can hold it
+        raise InputError(f"{name!r}: file names must be valid Unicode text (unpaired surrogate at character "
+                         f"{exc.start})", "files") from None
     pure = PurePosixPath(name)
     if pure.is_absolute() or name.startswith(("/", "\\")) or any(p == ".." for p in pure.parts):
         raise InputError(f"{name!r}: file names must be relative to the data dir, without '..'", "files")

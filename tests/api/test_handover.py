@@ -215,3 +215,16 @@ def test_an_export_resealed_with_bad_values_is_refused(trio: tuple[TestClient, T
     assert b.get("/debug/markets/R/state", headers=AUTH).status_code == 404  # nothing was imported
     r = b.put("/neural/markets/R/state", content=_resealed(blob), headers=BLOB)  # resealed unchanged: accepted
     assert r.status_code == 200 and (r.json()["ticks"], r.json()["last_timestamp"]) == (6, ts), r.text
+
+
+@pytest.mark.parametrize("bad_id", ["R\n1", " R", "R" * 65, "R\u00e9"])
+def test_an_import_under_an_invalid_market_id_is_refused(trio: tuple[TestClient, TestClient, TestClient],
+                                                         bad_id: str) -> None:
+    """No tick can name such a market: importing it would hold a slot, and be checkpointed, for good."""
+    a, b, _ = trio
+    send(a, "R", range(3))
+    blob = a.post("/neural/markets/R/export", headers=AUTH).content
+    r = b.put(f"/neural/markets/{m(bad_id)}/state", content=_resealed(blob, {"market_id": bad_id}), headers=BLOB)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "market_id"
+    assert b.get("/debug/markets", headers=AUTH).json()["total"] == 0  # nothing was imported

@@ -167,3 +167,34 @@ def test_a_stream_message_over_max_body_size_closes_the_socket_with_1009(
             ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
     assert "Traceback" not in server.log()
+
+
+def test_a_text_frame_that_is_not_utf8_closes_with_1007_without_an_error_log(live: LiveServer) -> None:
+    """Invalid UTF-8 in a text frame is the client's protocol error: close 1007, no ERROR line or traceback."""
+    import os
+    import struct
+    from urllib.parse import urlsplit
+
+    where = urlsplit(live.url)
+    payload = b'{"market_id": "\xc3\x28"}'  # \xc3 starts a 2-byte sequence, "(" cannot continue it
+    for _ in range(2):
+        with socket.create_connection((where.hostname, where.port), timeout=10) as s:
+            s.sendall(b"GET /neural/stream HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += s.recv(4096)
+            assert head.startswith(b"HTTP/1.1 101"), head
+            key = os.urandom(4)
+            masked = bytes(c ^ key[i % 4] for i, c in enumerate(payload))
+            s.sendall(bytes([0x81, 0x80 | len(payload)]) + key + masked)
+            answer = head.split(b"\r\n\r\n", 1)[1]
+            while len(answer) < 4:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer[0] == 0x88 and struct.unpack(">H", answer[2:4])[0] == 1007, answer
+    time.sleep(0.2)
+    log = live.log()
+    assert "Invalid UTF-8 sequence" not in log and "Traceback" not in log, log[-3000:]

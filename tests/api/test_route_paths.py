@@ -83,3 +83,12 @@ def test_every_route_of_the_app_is_exact(state: ServiceState) -> None:
     routes = [r for r in create_app(state).router.routes if hasattr(r, "path_regex")]
     assert routes and all(r.path_regex.pattern.endswith(r"\Z") for r in routes)
     assert all(r.path_regex.match(r.path + "\n") is None for r in routes)
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/health/"), ("POST", "/neural/process/batch/"),
+                                              ("GET", "/models/"), ("POST", "/training/")])
+def test_a_trailing_slash_is_404_not_a_redirect(tc: TestClient, method: str, path: str) -> None:
+    r = tc.request(method, path, headers={"Host": "elsewhere.example"}, follow_redirects=False)
+    assert r.status_code == 404, (r.status_code, r.headers)
+    assert "location" not in r.headers
+    assert _error(r)["type"] == "not_found"

@@ -204,6 +204,15 @@ def test_invalid_requests_are_422_naming_the_field(js: JobServer, body: dict[str
     assert err["type"] == "validation"
 
 
+def test_file_name_with_a_lone_surrogate_is_422_not_500(js: JobServer) -> None:
+    """JSON can escape an unpaired surrogate ("\\ud800"), which no file name can hold: 422 naming files."""
+    for raw in ('{"files": ["\\ud800.csv"]}', '{"files": ["small.csv", "ok\\udfff"]}'):
+        r = js.client.post("/training", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+        assert r.status_code == 422, r.text
+        err = r.json()["error"]
+        assert (err["type"], err["field"]) == ("validation", "files"), err
+
+
 def test_missing_data_file_is_404(js: JobServer) -> None:
     r = js.client.post("/training", json={"files": ["missing.csv"]}, headers=AUTH)
     assert r.status_code == 404, r.text
