@@ -84,7 +84,8 @@ SECONDS_HINT_MS = 100_000_000  # ms times below this (1970-01-02) are noted as p
 # Numeric times are in the unit whose span 1973-03-03 .. 2100-01-01 holds the file's first time (ms otherwise):
 # as ms, those ranges are 1970-01-02 .. 1970-02-17, after 2100, or later still.
 TIME_UNITS = {"s": (100_000_000, TS_MAX_MS // 1000), "µs": (10**14, TS_MAX_MS * 1000), "ns": (10**17, TS_MAX_MS * 10**6)}
-UNIT_WORDS = {"s": "seconds", "ms": "ms", "µs": "µs", "ns": "ns", "date": "YYYYMMDD dates"}
+UNIT_WORDS = {"s": "seconds", "ms": "ms", "µs": "µs", "ns": "ns", "date": "YYYYMMDD dates",
+              "datetime": "YYYYMMDDHHMM[SS] date-times"}
 PLAUSIBLE_MS = 100_000_000_000  # 1973-03-03: in a file whose first time is later, an earlier one is of another unit
 _TO_MS = {"s": Decimal(1000), "µs": Decimal("0.001"), "ns": Decimal("0.000001")}
 _GMT_OFFSET = re.compile(r"\s*(?:GMT|UTC)\s*(?:([+-])(\d{2}):?(\d{2}))?$")  # Dukascopy's "… GMT+0100"
@@ -101,6 +102,8 @@ _CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$|\d{6}$|\d{4}$")
 # the time after a date written with slashes, as spreadsheets write it: 0:15, 1:00:00 AM, 13:05:09.5
 _SHEET_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*([AaPp][Mm])?$")
 _DATE_DIGITS = re.compile(r"(\d{8})(?:\.0*)?")  # 20080102, or 20080102.0 as a float column (pandas with gaps) writes it
+# 202401020930 or 20240102093000 (date and time of day as one number): as ms they would be 1976 or after 2100
+_DATETIME_DIGITS = re.compile(r"(\d{12}|\d{14})(?:\.0*)?")
 _EXPONENT = re.compile(r"[+-]?(\d*)\.?(\d*)[eE]")  # a number in scientific notation: its mantissa's digits
 # M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
@@ -225,7 +228,7 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
             seen = False
             for row in reader:
                 text = row[cols.time].strip() if len(row) == cols.fields else ""
-                if not text:
+                if not text or not _can_be_time(text):  # a placeholder ("null", "N/A") is a bad row, not the form
                     continue
                 m = _SLASH_DATE.match(text)
                 if not seen:
@@ -520,11 +523,17 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
         if ms is None:
             raise ValueError(f"{name} {raw!r} is not a date written YYYYMMDD (as the file's first time is)")
         return ms
+    if unit == "datetime" and (s.isdigit() or _DATETIME_DIGITS.fullmatch(s)):
+        ms = _yyyymmddhhmm(s)
+        if ms is None:
+            raise ValueError(f"{name} {raw!r} is not a date-time written YYYYMMDDHHMM or YYYYMMDDHHMMSS (as the file's"
+                             " first time is)")
+        return ms
     rounded = _rounded_digits(s) if "e" in s or "E" in s else None
     if rounded is not None:
         raise ValueError(f"{name} {raw!r} keeps {rounded} significant digits (scientific notation, as spreadsheets save"
                          " long numbers): save the column as a number with all its digits")
-    if unit not in ("ms", "date") and _is_number(s):
+    if unit not in ("ms", "date", "datetime") and _is_number(s):
         return _unit_time(s, name, unit)
     if "GMT" in s or "UTC" in s:
         s = _with_offset(s)
@@ -805,17 +814,34 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
     than ms, None otherwise."""
     try:
         with _data_rows(path, cols) as reader:
-            first = next((r[cols.time].strip() for r in reader if len(r) == cols.fields and r[cols.time].strip()), None)
+            # the first times that can be times at all: a placeholder ("nan", "N/A", "null", "-") is a bad row of
+            # the reading pass and must not decide the unit (a file of seconds read as ms after a first "nan")
+            usable = (r[cols.time].strip() for r in reader if len(r) == cols.fields and _can_be_time(r[cols.time]))
+            firsts = [v for _, v in zip(range(3), usable, strict=False)]
     except (OSError, csv.Error):
         return None  # the reading pass reports it
-    if first is None:
+    if not firsts:
         return None
+    first = firsts[0]
+    counts_rows = all(v.isdigit() for v in firsts) and [int(v) for v in firsts] == list(
+        range(int(first), int(first) + len(firsts))) and int(first) <= 1
+    if cols.time == 0 and cols.time_name.strip().lower() in ("", "unnamed: 0") and counts_rows:
+        msg = (f"{path}:1: the unnamed first column counts the rows ({', '.join(firsts)}, …: a pandas RangeIndex), it"
+               " holds no times and there is no time column; save the file with its times (a column named e.g."
+               " 'date' or 'timestamp', or the dates as the index)")
+        raise DataError(msg, [msg])
     cols.iso = cols.clock is not None or not _is_number(first)
     if cols.iso:
         return None
     if _yyyymmdd(first) is not None:  # 20080102: a date, not ms on 1970-01-01
         cols.iso, cols.time_unit = True, "date"
         return f"{path}: {cols.time_name} read as dates written YYYYMMDD (the first, {first})"
+    stamp = _yyyymmddhhmm(first)
+    if stamp is not None:  # 202401020930: a date and time of day, not ms in 1976 (or a time after 2100)
+        cols.iso, cols.time_unit = True, "datetime"
+        when = datetime.fromtimestamp(stamp / 1000, UTC)
+        return (f"{path}: {cols.time_name} read as date-times written YYYYMMDDHHMM[SS] (the first, {first}, is"
+                f" {when:%Y-%m-%d %H:%M:%S} UTC)")
     x = float(first)
     cols.time_unit = next((unit for unit, (low, high) in TIME_UNITS.items() if low <= x < high), "ms")
     if cols.time_unit != "ms" or x >= PLAUSIBLE_MS:
@@ -837,6 +863,32 @@ def _yyyymmdd(text: str) -> int | None:
         ms = _datetime_ms(datetime.fromisoformat(m[1]))
     except ValueError:
         return None
+    return ms if 0 <= ms < TS_MAX_MS else None
+
+
+def _can_be_time(text: str) -> bool:
+    """Whether a time field could hold a time: it has a digit, and is not a non-finite number (``nan``, ``inf``)."""
+    s = text.strip()
+    if not any(ch.isdigit() for ch in s):
+        return False
+    try:
+        return math.isfinite(float(s))
+    except ValueError:
+        return True
+
+
+def _yyyymmddhhmm(text: str) -> int | None:
+    """ms since the epoch of a date-time written as twelve or fourteen digits (``202401020930``,
+    ``20240102093000``), 1970 up to 2100; None otherwise."""
+    m = _DATETIME_DIGITS.fullmatch(text)
+    if m is None:
+        return None
+    d = m[1]
+    try:
+        when = datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), int(d[8:10]), int(d[10:12]), int(d[12:14] or 0))
+    except ValueError:
+        return None
+    ms = _datetime_ms(when)
     return ms if 0 <= ms < TS_MAX_MS else None
 
 

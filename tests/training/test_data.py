@@ -132,8 +132,8 @@ YF_DAILY = """Date,Open,High,Low,Close,Adj Close,Volume
 """
 
 
-def utc_ms(year: int, month: int, day: int, hour: int = 0) -> int:
-    return round(datetime(year, month, day, hour, tzinfo=UTC).timestamp() * 1000)
+def utc_ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> int:
+    return round(datetime(year, month, day, hour, minute, second, tzinfo=UTC).timestamp() * 1000)
 
 
 def test_daily_ohlc_file_with_iso_dates_and_no_market_column(tmp_path: Path) -> None:
@@ -729,6 +729,47 @@ def test_a_price_column_is_used_before_bid_and_ask_and_one_side_is_not_enough(tm
         load_csv_files([path])
 
 
+def test_date_times_written_as_twelve_or_fourteen_digits_are_not_ms_of_1976(tmp_path: Path) -> None:
+    # 202401020930 (YYYYMMDDHHMM) is also a plausible ms time (1976-05-31): it must not be read as one
+    path = write(tmp_path, "time,close\n202401020930,1\n202401020931,2\n202401021000,3\n202401023099,4\n", "m1.csv")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2024, 1, 2, 9, 30), utc_ms(2024, 1, 2, 9, 31),
+                                                  utc_ms(2024, 1, 2, 10, 0)]
+    assert data.formats[0].time_unit == "datetime" and len(data.report) == 1 and "'202401023099'" in data.report[0]
+    assert any("read as date-times written YYYYMMDDHHMM[SS]" in n for n in data.notes)
+    path = write(tmp_path, "time,close\n20240102093000,1\n20240102093015,2\n", "s1.csv")
+    data = load_csv_files([path])
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2024, 1, 2, 9, 30), utc_ms(2024, 1, 2, 9, 30, 15)]
+    # 12-digit ms of 1990 are not date-times (year 6311): still ms
+    path = write(tmp_path, "timestamp,close\n631152000000,1\n631152060000,2\n", "ms.csv")
+    data = load_csv_files([path])
+    assert data.markets[0].timestamp.tolist() == [631152000000, 631152060000]
+
+
+def test_an_unnamed_first_column_that_counts_rows_is_not_read_as_times(tmp_path: Path) -> None:
+    # df[["Close", "Volume"]].to_csv(...) writes a RangeIndex 0, 1, 2, ...: not ms times of 1970-01-01
+    for head in ("", "Unnamed: 0"):
+        path = write(tmp_path, f"{head},Close,Volume\n0,100,1\n1,101,1\n2,102,1\n", "x.csv")
+        with pytest.raises(DataError, match=r"x.csv:1: the unnamed first column counts the rows \(0, 1, 2, …"):
+            load_csv_files([path])
+    path = write(tmp_path, ",Close\n2020-01-02,1\n2020-01-03,2\n", "y.csv")
+    assert len(load_csv_files([path]).markets[0]) == 2
+
+
+def test_a_placeholder_first_time_does_not_decide_how_the_column_is_read(tmp_path: Path) -> None:
+    # a first "nan" / "N/A" must not make a file of seconds read as ms (1970-01-20), nor hide its slash dates
+    secs = "".join(f"{1704067200 + 60 * i},{100 + i % 7}\n" for i in range(300))
+    for junk in ("nan", "N/A", "null", "-"):
+        path = write(tmp_path, f"timestamp,price\n{junk},100\n{secs}", "s.csv")
+        data = load_csv_files([path])
+        assert data.markets[0].timestamp[0] == utc_ms(2024, 1, 1) and data.bad_rows == 1
+        assert data.formats[0].time_unit == "s"
+    days = "".join(f"1/{d}/2020,{d}\n" for d in range(1, 29))
+    path = write(tmp_path, f"Date,Close\nnull,1\n{days}", "d.csv")
+    data = load_csv_files([path], max_bad_fraction=0.05)
+    assert data.markets[0].timestamp[-1] == utc_ms(2020, 1, 28) and data.bad_rows == 1
+
+
 def test_dates_written_as_eight_digits(tmp_path: Path) -> None:
     path = write(tmp_path, "date,close\n20040817,1\n20040818,2\n20041301,3\n1092700800000,4\n", "002032.csv")
     data = load_csv_files([path], max_bad_fraction=0.5)
@@ -927,7 +968,7 @@ def test_resolve_accepts_names_inside_the_data_dir(data_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "\\etc\\passwd", "../secret.csv", "sub/../../secret.csv", "..", "",
-                                  "a.csv\x00"])
+                                  "a.csv\x00", "\ud800.csv", "ok\udfff"])
 def test_resolve_refuses_absolute_and_dotdot(data_dir: Path, name: str) -> None:
     with pytest.raises(InputError) as exc:
         resolve_data_file(data_dir, name)
