@@ -73,7 +73,7 @@ def json_problem(body: str | bytes) -> str | None:
     except NotUtf8Error:
         return NOT_UTF8
     except json.JSONDecodeError as exc:
-        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+        return f"{exc.msg.removesuffix(' at')} at line {exc.lineno} column {exc.colno}"  # "…starting at" + " at line"
     except (ValueError, TypeError, RecursionError) as exc:
         return undecodable(exc)
     return None

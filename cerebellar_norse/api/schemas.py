@@ -170,6 +170,15 @@ class HealthOut(BaseModel):
     reason: str | None = Field(None, description="Why the service is not ready (503), or why it is degraded (200).")
 
 
+class StartingOut(BaseModel):
+    """``GET /health`` while the service starts (its port is bound before the model is loaded): 503."""
+
+    status: str = Field(description='"unavailable".')
+    reason: str = Field(description='The stage: "starting: loading the model (or training one on first run)" and the like.')
+    version: str = Field(description="Version of cerebellar-norse.")
+    uptime_s: float = Field(description="Seconds since the service started.")
+
+
 class MarketResetOut(BaseModel):
     """Answer of ``DELETE /neural/markets/{market_id}``."""
 

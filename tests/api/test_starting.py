@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -227,3 +228,32 @@ def test_a_second_service_on_a_port_in_use_exits_1_before_touching_state(tmp_pat
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "state" / STATE_FILE).exists() and not (tmp_path / "state" / "models").exists()
+
+
+def test_the_starting_body_is_one_of_the_documented_503_schemas(tmp_path: Path) -> None:
+    """A spec-driven client checks the 503 of /health against the OpenAPI document, during start-up too."""
+    from live_helpers import NO_BOOTSTRAP
+
+    from cerebellar_norse.api.app import create_app
+    from cerebellar_norse.api.server import build_service
+    from cerebellar_norse.config import load_checked_config
+
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP}
+    doc = create_app(build_service(load_checked_config(None, environ=environ))).openapi()
+    schema = doc["paths"]["/health"]["get"]["responses"]["503"]["content"]["application/json"]["schema"]
+    members = [doc["components"]["schemas"][m["$ref"].rsplit("/", 1)[1]] for m in schema["anyOf"]]
+    sock = bind_listener("127.0.0.1", 0)
+    responder = StartingResponder(sock).start()
+    try:
+        body = httpx.get(f"http://127.0.0.1:{sock.getsockname()[1]}/health", timeout=5).json()
+    finally:
+        responder.stop()
+        sock.close()
+    types = {"string": str, "number": (int, float), "integer": int, "boolean": bool, "object": dict}
+
+    def fits(member: dict[str, Any]) -> bool:
+        props = member.get("properties", {})
+        return set(member.get("required", [])) <= set(body) and all(
+            k in props and isinstance(v, types.get(props[k].get("type"), object)) for k, v in body.items())
+
+    assert any(fits(m) for m in members), (body, [m.get("title") for m in members])

@@ -289,3 +289,11 @@ def test_batch_json_writes_what_the_batch_model_writes() -> None:
         slow = BatchOut.model_validate({"results": [r.as_json_object("rid-1") for r in rows],
                                         "request_id": "rid-1"}).model_dump_json()
         assert json.loads(batch_json(rows, "rid-1")) == json.loads(slow)
+
+
+def test_an_unterminated_string_is_placed_once() -> None:
+    from cerebellar_norse.api.errors import json_problem
+
+    assert json_problem(b'{"market_id": "A') == "Unterminated string starting at line 1 column 15"
+    assert json_problem(b'{"price": }') == "Expecting value at line 1 column 11"
+    assert json_problem(b'{"price": 1}') is None

@@ -12,16 +12,17 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ... import __version__
 from ..deps import service
 from ..openapi import error_responses
-from ..schemas import ErrorOut, HealthOut
+from ..schemas import ErrorOut, HealthOut, StartingOut
 
 router = APIRouter(tags=["operations"])
 
 HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     **error_responses(),
     200: {"model": HealthOut, "description": "Ready."},
-    503: {"model": HealthOut | ErrorOut, "description": (
-        "Not ready (starting, shutting down, engine unusable): the health body with status \"unavailable\" and its "
-        "reason; or the error shape when server.max_connections is reached (capacity, with Retry-After).")},
+    503: {"model": HealthOut | StartingOut | ErrorOut, "description": (
+        "Not ready (shutting down, engine unusable): the health body with status \"unavailable\" and its reason; "
+        "while starting, before the model is loaded, the short body of StartingOut; or the error shape when "
+        "server.max_connections is reached (capacity, with Retry-After).")},
 }
 METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
     **error_responses(),
