@@ -28,12 +28,15 @@ if TYPE_CHECKING:
     from .data import TickData
 
 
-def _progress_printer(enabled: bool) -> Any:
+def _progress_printer(enabled: bool, printed: set[str]) -> Any:
+    """The progress callback of ``train``: warnings and notes always (each added to ``printed``), epoch lines,
+    and a progress bar when ``enabled``."""
     last = [0.0]
 
     def show(d: dict[str, Any]) -> None:
         if "warning" in d:
             print(f"{'note' if d.get('note') else 'warning'}: {d['warning']}", file=sys.stderr)
+            printed.add(d["warning"])
             return
         if d.get("epoch_done"):
             v = d.get("validation") or {}
@@ -102,8 +105,9 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
 
     if activate:
         _activate_offline(cfg, None)  # refused before hours of training rather than after
-    res = run_training(cfg, _resolve(cfg, files), epochs, _progress_printer(sys.stderr.isatty() and not as_json), None,
-                       from_scratch=from_scratch)
+    printed: set[str] = set()
+    res = run_training(cfg, _resolve(cfg, files), epochs, _progress_printer(sys.stderr.isatty() and not as_json, printed),
+                       None, from_scratch=from_scratch)
     if activate:
         _activate_offline(cfg, res["model_version"])
     res["activated"] = activate
@@ -111,7 +115,8 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
         res["warnings"].append(f"models/ACTIVE names no model, so a service on this state dir serves the newest stored"
                                f" model: this one ({res['model_version']}); activate the one to serve")
     for w in res["warnings"]:
-        print(f"warning: {w}", file=sys.stderr)
+        if w not in printed:  # those the progress callback showed during the run are not said twice
+            print(f"warning: {w}", file=sys.stderr)
     if as_json:
         print(json.dumps(res, default=float))
         return 0

@@ -134,6 +134,8 @@ def test_train_prints_how_the_files_were_read_as_notes_and_rare_classes_as_warni
     err = captured.err.splitlines()
     assert f"note: {env / 'AAPL.csv'}: no market column; market id 'AAPL' (from the file name) used" in err
     assert any(line.startswith("warning: class ") and "fewer than the recommended 10000" in line for line in err)
+    said = [line for line in err if line.startswith(("warning: ", "note: "))]
+    assert len(said) == len(set(said)), said  # each said once, not again after the run
     assert not any(line.startswith("warning: ") and "market id" in line for line in err)
     assert any(line.startswith("warning: models/ACTIVE names no model, so a service on this state dir serves the newest")
                for line in err)  # stored without --activate, and still what a service would serve
