@@ -18,7 +18,8 @@ per-tick differences to ``priors`` get a standard error from blocks of
 *direction* log loss beats the priors' by more than ``max(MIN_GAIN, Z * se)``
 (a directional edge); else ``flat`` when its 3-class log loss does; else ``priors``
 (``edge = "none"``: no edge found). On data without signal the served probabilities
-are therefore the base rates.
+are therefore the base rates; so too when every validation label is one class (a price
+that never moves), where a head could only learn to repeat that class.
 """
 
 from __future__ import annotations
@@ -137,6 +138,11 @@ def choose_head(logp: np.ndarray, labels: np.ndarray, train_counts: np.ndarray, 
     all_counts = np.asarray(train_counts) + np.bincount(labels, minlength=3)
     if n < 10 * FOLDS:
         return HeadChoice(prior_head(all_counts), "none", {"reason": f"only {n} validation ticks"})
+    seen = np.flatnonzero(np.bincount(labels, minlength=3))
+    if seen.size < 2:  # a fitted head can put all its mass on the one class: a "gain" that predicts nothing
+        only = ("down", "flat", "up")[int(seen[0])]
+        return HeadChoice(prior_head(all_counts), "none",
+                          {"reason": f"every validation label is {only}: there is nothing to predict"})
     folds = np.array_split(np.arange(n), FOLDS)
     ll = {k: np.empty(n) for k in KINDS}
     dl = {k: np.empty(n) for k in KINDS}

@@ -313,3 +313,18 @@ def test_a_market_too_short_to_train_on_is_named_not_dropped_silently(tmp_path: 
                        f" + {trainer.BURN_IN + 2}): 'TINY' ({need - 1} ticks)")
     just = replace(tiny_market, timestamp=b.timestamp[:need], price=b.price[:need], volume=b.volume[:need])
     assert "TINY" in [pm.market_id for pm in prepare(cfg, replace(data, markets=[a, b, just])).markets]
+
+
+def test_one_class_in_every_validation_label_is_no_edge() -> None:
+    """A price that never moves labels every tick flat: a head fitted to say "flat" scores a log loss near 0 against
+    the smoothed priors, which is no edge (it predicts nothing a trader could use)."""
+    from cerebellar_norse.training.calibration import choose_head
+
+    rng = np.random.Generator(np.random.PCG64(3))
+    logp = np.log(rng.dirichlet(np.ones(3), 600))
+    flat = np.ones(600, dtype=np.int64)
+    choice = choose_head(logp, flat, np.array([0, 2000, 0]), horizon=10)
+    assert choice.edge == "none" and "every validation label is flat" in choice.cv["reason"]
+    assert np.abs(choice.head.gain).max() == 0.0  # the priors head: served probabilities are the base rates
+    mixed = rng.integers(0, 3, 600)  # two or three classes: the cross-validated rule decides, as before
+    assert "reason" not in choose_head(logp, mixed, np.array([700, 600, 700]), horizon=10).cv
