@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError
+from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError, StorageError
 from .scaleout.cli import add_parsers as add_scaleout_parsers
 from .scaleout.cli import commands as scaleout_commands
 
@@ -383,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`… | head`): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         return EXIT_BROKEN_PIPE
+    except OSError as exc:  # an output file that cannot be written (full or read-only disk): one line, no traceback
+        _err(str(StorageError.from_os_error("cannot write", exc.filename or "output", exc)))
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -188,9 +188,16 @@ class Engine:
         """
         p = path or self.state_path()
         self.restored_journal_seq = None
-        if not p.exists():
+        if not p.exists() and not p.is_symlink():  # a dangling link or a loop of links is an unreadable file, not none
             return 0
         meta: dict[str, Any] = {}
+        try:
+            with open(p, "rb"):
+                pass
+        except PermissionError as exc:  # intact but not ours to read (a restore without chown): fix it, lose nothing
+            raise StorageError.from_os_error("cannot read the market state", p, exc) from None
+        except OSError:
+            pass  # a dangling link, a directory, an I/O error: unreadable, moved aside below
         try:
             try:
                 n = load_pool(self.pool, p, self.fingerprint(), meta)

@@ -627,7 +627,7 @@ class Durability:
             p.unlink()  # a segment whose creation a crash interrupted: never held a record
         for p in self.state_dir.glob(f".{eng.state_path().name}.*.tmp"):
             p.unlink()  # a checkpoint whose writing a crash interrupted (the previous file is whole)
-        had_checkpoint = eng.state_path().exists()
+        had_checkpoint = eng.state_path().exists() or eng.state_path().is_symlink()
         rep.markets = eng.restore_state()  # an unusable file is moved aside and logged
         ckpt = eng.restored_journal_seq
         rep.checkpoint_seq = ckpt
@@ -644,6 +644,8 @@ class Durability:
                 continue
             try:
                 reader = SegmentReader(path, self.max_record, last=path == segments[-1][1])
+            except PermissionError as exc:  # intact but not ours to read: moving it aside would drop acknowledged ticks
+                raise StorageError.from_os_error("cannot read journal file", path, exc) from None
             except (OSError, ValueError) as exc:
                 bad = f"{path.name}: {exc}"
                 self._quarantine(path, "corrupt", str(exc), rep)

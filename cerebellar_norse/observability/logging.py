@@ -90,6 +90,32 @@ def effective_level(cfg: LoggingConfig, environ: dict[str, str] | None = None) -
     return env if env in LEVELS else cfg.level
 
 
+class LogFileHandler(logging.handlers.RotatingFileHandler):
+    """The rotating log file; a failing write (a full or read-only disk) is said once on stderr, not as
+    logging's traceback at every line (stdout, journald under systemd, keeps every line)."""
+
+    failing = False  # the last write failed and that was said
+    _failed_now = False  # the write of the record being emitted failed
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        if self.failing and not self._failed_now:
+            self.failing = False
+            sys.stderr.write(f"cerebellar-norse: the log file {self.baseFilename} is written again\n")
+        self._failed_now = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        self._failed_now = True
+        if self.failing:
+            return
+        self.failing = True
+        exc = sys.exc_info()[1]
+        why = f"{exc.strerror} (errno {exc.errno})" if isinstance(exc, OSError) and exc.strerror else repr(exc)
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"cerebellar-norse: cannot write the log file {self.baseFilename}: {why}; "
+                             "log lines go to stdout only until it can be written again\n")
+
+
 def file_handler(cfg: LoggingConfig) -> logging.Handler | None:
     """The rotating file handler of ``[logging] file`` (None when no file is configured)."""
     if cfg.file is None:
@@ -97,8 +123,7 @@ def file_handler(cfg: LoggingConfig) -> logging.Handler | None:
     path = Path(cfg.file)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        h = logging.handlers.RotatingFileHandler(path, maxBytes=int(cfg.max_size), backupCount=cfg.max_files,
-                                                 encoding="utf-8")
+        h = LogFileHandler(path, maxBytes=int(cfg.max_size), backupCount=cfg.max_files, encoding="utf-8")
     except OSError as exc:  # a directory, no permission, a read-only disk: one line at start, not a traceback
         raise ConfigError([ConfigProblem("logging.file", f"cannot write the log file {path}: {exc.strerror or exc}",
                                          "point it at a writable file, or leave it unset (stdout only)")]) from None

@@ -250,12 +250,13 @@ class ModelStore:
     def __init__(self, state_dir: Path) -> None:
         self.root = Path(state_dir) / "models"
         self.fallback: str | None = None  # set by load_for_service: why the active model is not the one served
+        self.active_problem: str | None = None  # set by active_version: why models/ACTIVE names no version
 
     def versions(self) -> list[str]:
         """Stored versions (complete directories), oldest first."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != ACTIVE)
 
     def clean_partial(self) -> list[str]:
         """Remove ``.tmp-*`` directories left by killed writers; returns their names.
@@ -316,14 +317,21 @@ class ModelStore:
 
     def active_version(self) -> str | None:
         """The version named in ``ACTIVE``, if any (None, logged, when the file does not name one)."""
+        self.active_problem = None
+        path = self.root / ACTIVE
         try:
-            v = (self.root / ACTIVE).read_text(encoding="utf-8").strip()
+            v = path.read_text(encoding="utf-8").strip()
             if v:
                 check_version(v)
-        except OSError:
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # a directory, unreadable: which model was activated is unknown
+            self.active_problem = f"{path} cannot be read ({exc.strerror or exc})"
+            log.error("ignoring %s: it cannot be read (%s)", path, exc.strerror or exc)
             return None
         except (ValueError, InputError) as exc:  # damaged: the newest valid model is served instead
-            log.error("ignoring %s: it does not name a model version (%s)", self.root / ACTIVE, exc)
+            self.active_problem = f"{path} does not name a model version"
+            log.error("ignoring %s: it does not name a model version (%s)", path, exc)
             return None
         return v or None
 
@@ -351,6 +359,8 @@ class ModelStore:
             order.insert(0, active)
         elif active is not None:
             self.fallback = f"active model {active} (named in models/ACTIVE) does not exist"
+        elif self.active_problem is not None:  # the activated model is unknown: the newest valid one is no choice
+            self.fallback = f"the active model is unknown: {self.active_problem}"
         for version in order:
             try:
                 model = self.load(version)
@@ -460,9 +470,17 @@ def load_model_dir(path: Path) -> StoredModel:
             raise CheckpointError("not listed in the manifest", str(fpath))
         if not fpath.is_file():
             raise CheckpointError("missing", str(fpath))
-        if fpath.stat().st_size != entry.get("bytes") or sha256_file(fpath) != entry.get("sha256"):
+        try:
+            intact = fpath.stat().st_size == entry.get("bytes") and sha256_file(fpath) == entry.get("sha256")
+        except OSError as exc:  # unreadable (permissions after a restore from backup, I/O error): name it
+            raise CheckpointError(f"cannot read: {exc.strerror or exc}", str(fpath)) from None
+        if not intact:
             raise CheckpointError("checksum mismatch: the file is corrupt or was changed", str(fpath))
-    weights = weights_from_bytes((path / "weights.npz").read_bytes(), str(path / "weights.npz"))
+    try:
+        data = (path / "weights.npz").read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", str(path / "weights.npz")) from None
+    weights = weights_from_bytes(data, str(path / "weights.npz"))
     neural, metrics = (_json_object(path / name) for name in ("config.json", "metrics.json"))
     try:
         shape = network_shape(NeuralConfig.model_validate(neural))

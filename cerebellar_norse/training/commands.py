@@ -64,7 +64,13 @@ def _resolve(cfg: Config, files: list[str]) -> list[Path]:
     paths = []
     for f in files:
         p = Path(f)
-        paths.append(p.resolve() if p.is_absolute() or p.exists() else resolve_data_file(Path(cfg.paths.data_dir), f))
+        if p.is_absolute() or p.exists():
+            try:
+                paths.append(p.resolve())
+            except RuntimeError:  # a loop of symbolic links (Python 3.11/3.12; OSError ELOOP from 3.13)
+                raise InputError(f"{f}: cannot open: a loop of symbolic links", "files") from None
+        else:
+            paths.append(resolve_data_file(Path(cfg.paths.data_dir), f))
     return paths
 
 
@@ -311,11 +317,13 @@ def layer_stats(w: Any) -> dict[str, dict[str, float]]:
 
 def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
     """``--dump-weights``: statistics per layer of the served model (or all weights as npz)."""
+    from ..storage import atomic_write_bytes
+
     w, version = served_weights_named(cfg)
     if fmt == "npz":
         data = weights_to_bytes(w)
         if output:
-            Path(output).write_bytes(data)
+            atomic_write_bytes(Path(output), data)  # never a half-written file on a full disk
             print(f"wrote weights of model {version} to {output}", file=sys.stderr)
         else:
             sys.stdout.buffer.write(data)

@@ -115,9 +115,11 @@ def resolve_data_file(data_dir: Path, name: str) -> Path:
         if base not in path.parents and path != base:
             raise InputError(f"{name!r} resolves outside the data dir", "files")
         exists = path.exists()
-    except OSError as exc:  # a name or path too long, a loop of links
+    except (OSError, RuntimeError) as exc:  # a name or path too long, a loop of links (RuntimeError before Python 3.13)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a loop of symbolic links" \
+            if isinstance(exc, RuntimeError) else str(exc)
         raise DataFileNotFoundError(f"{name[:80]!r}{'…' if len(name) > 80 else ''}: no such file can exist in the data"
-                                    f" dir ({exc.strerror or exc})", "files") from None
+                                    f" dir ({why})", "files") from None
     if not exists:
         raise DataFileNotFoundError(f"{name!r} does not exist in the data dir {base}", "files")
     if not path.is_file():

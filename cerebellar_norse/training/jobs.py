@@ -342,6 +342,7 @@ class JobManager:
     def _load_history(self) -> None:
         if not self.jobs_dir.is_dir():
             return
+        order: dict[str, tuple[float, float]] = {}  # job id -> (created, record's mtime): the latest job is the newest
         for p in sorted(self.jobs_dir.glob("*.json")):
             try:
                 d = json.loads(p.read_text(encoding="utf-8"))
@@ -357,9 +358,12 @@ class JobManager:
                     st.error = "the service stopped while the job was running; the job process ended with it and wrote no model"
                     self._write_record(st)
                 self.jobs[st.job_id] = st
-                self.latest = st.job_id
+                order[st.job_id] = (st.created if d.get("created") else 0.0, p.stat().st_mtime)
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # a damaged record costs its history only
                 log.warning("ignoring unreadable job record %s (%s: %s)", p, type(exc).__name__, exc)
+        # job ids are random: the file names' order says nothing of which job ran last
+        self.jobs = dict(sorted(self.jobs.items(), key=lambda kv: order[kv[0]]))
+        self.latest = next(reversed(self.jobs), None)
 
     @property
     def busy(self) -> bool:

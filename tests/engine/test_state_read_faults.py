@@ -1,0 +1,66 @@
+"""Market state and journal files that are intact but cannot be read, or links to nowhere: never silently dropped."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from engine_helpers import ConfigFactory
+
+from cerebellar_norse.engine import engine as engine_module
+from cerebellar_norse.engine.engine import Engine
+from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.errors import StorageError
+
+
+@pytest.mark.parametrize("target", ["/nonexistent-mount/market_state.bin", STATE_FILE], ids=["dangling", "loop"])
+def test_a_state_file_link_to_nowhere_is_moved_aside_and_logged(engine_config: ConfigFactory, tmp_path: Path,
+                                                                target: str) -> None:
+    eng = Engine(engine_config(state_dir=tmp_path / "state", max_markets=8))
+    path = eng.state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, path)
+    assert eng.restore_state() == 0
+    assert not path.is_symlink()
+    moved = list(path.parent.glob(f"{STATE_FILE}.corrupt-*"))
+    assert len(moved) == 1 and os.readlink(moved[0]) == target
+
+
+def test_an_unreadable_state_file_stops_the_start_and_is_kept(engine_config: ConfigFactory, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = Engine(engine_config(state_dir=tmp_path / "state", max_markets=8))
+    path = eng.state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"intact, but not ours to read")
+
+    def denied(p: object, *a: object, **k: object) -> object:
+        raise PermissionError(13, "Permission denied", str(p))
+
+    monkeypatch.setattr(engine_module, "open", denied, raising=False)
+    with pytest.raises(StorageError, match=r"cannot read the market state .*Permission denied"):
+        eng.restore_state()
+    assert path.exists() and not list(path.parent.glob(f"{STATE_FILE}.corrupt-*"))
+
+
+def test_an_unreadable_journal_file_stops_the_start_and_is_kept(engine_config: ConfigFactory, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from cerebellar_norse.engine import journal
+
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=8)
+    d = journal.Durability(Engine(cfg))
+    seg = d.dir / "00000000000000000000.journal"
+    seg.parent.mkdir(parents=True, exist_ok=True)
+    seg.write_bytes(b"\0" * 4096)
+
+    def denied(path: Path, *a: object, **k: object) -> object:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(journal, "SegmentReader", denied)
+    try:
+        with pytest.raises(StorageError, match=r"cannot read journal file .*Permission denied"):
+            d.recover()
+    finally:
+        d.closed = True
+        d._unlock()
+    assert seg.exists() and not list(seg.parent.glob("*.corrupt-*"))  # every acknowledged tick is still there

@@ -1,0 +1,91 @@
+"""Faults of the model store and data files a service meets after a restore: unreadable files, a damaged ACTIVE,
+a loop of symbolic links, job records read back in the order they ran."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from training_helpers import TINY_NEURAL, ConfigFactory
+
+from cerebellar_norse.config import Config
+from cerebellar_norse.errors import CheckpointError
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.training import checkpoints
+from cerebellar_norse.training.checkpoints import ModelStore, load_model_dir
+from cerebellar_norse.training.data import DataFileNotFoundError, resolve_data_file
+
+V1, V2 = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb"
+METRICS = {"validation": {"loss": 0.95}}
+
+
+@pytest.fixture
+def cfg(make_config: ConfigFactory) -> Config:
+    return make_config(neural=TINY_NEURAL)
+
+
+@pytest.fixture
+def store(cfg: Config) -> ModelStore:
+    s = ModelStore(Path(cfg.paths.state_dir))
+    s.save(generate_weights(cfg), cfg, METRICS, version=V1)
+    s.save(generate_weights(cfg), cfg, METRICS, version=V2)
+    s.set_active(V1)  # a rollback: the older model is the active one
+    return s
+
+
+def test_an_unreadable_model_file_is_a_corrupt_model_not_a_crash(cfg: Config, store: ModelStore,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    real = checkpoints.sha256_file
+
+    def denied(path: Path) -> str:
+        if V1 in str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(checkpoints, "sha256_file", denied)
+    with pytest.raises(CheckpointError, match="cannot read: Permission denied"):
+        load_model_dir(store.root / V1)
+    model = store.load_for_service(cfg)
+    assert model is not None and model.version == V2
+    assert store.fallback is not None and "Permission denied" in store.fallback
+
+
+@pytest.mark.parametrize("damage", ["not UTF-8", "a directory"])
+def test_a_damaged_active_file_is_a_degraded_fallback(cfg: Config, store: ModelStore, damage: str) -> None:
+    active = store.root / "ACTIVE"
+    if damage == "a directory":
+        active.unlink()
+        active.mkdir()
+    else:
+        active.write_bytes(b"\xff\xfe")
+    model = store.load_for_service(cfg)
+    assert model is not None and model.version == V2
+    assert store.fallback is not None and "active model is unknown" in store.fallback  # /health says "degraded"
+    assert "ACTIVE" not in store.versions()
+
+
+def test_a_missing_active_file_is_no_fallback(cfg: Config, store: ModelStore) -> None:
+    (store.root / "ACTIVE").unlink()
+    assert store.load_for_service(cfg).version == V2  # type: ignore[union-attr]
+    assert store.fallback is None
+
+
+def test_a_loop_of_symbolic_links_is_a_clear_not_found(tmp_path: Path) -> None:
+    os.symlink("loop.csv", tmp_path / "loop.csv")
+    with pytest.raises(DataFileNotFoundError, match="a loop of symbolic links"):
+        resolve_data_file(tmp_path, "loop.csv")
+
+
+def test_the_latest_job_after_a_restart_is_the_newest_not_the_last_by_id(make_config: ConfigFactory) -> None:
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    jobs = Path(cfg.paths.state_dir) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    for job_id, created in (("ffff", "2026-11-25T10:00:00Z"), ("0000", "2026-11-25T11:00:00Z"), ("8888", "2026-11-25T10:30:00Z")):
+        (jobs / f"{job_id}.json").write_text(json.dumps({"job_id": job_id, "state": "failed", "created": created}))
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    assert mgr.latest == "0000"
+    assert list(mgr.jobs) == ["ffff", "8888", "0000"]
