@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import math
 import time
@@ -51,6 +52,9 @@ from .routes import training as training_routes
 from .starting import StartingResponder, bind_listener
 
 log = logging.getLogger("cerebellar_norse.server")
+# a start-up OSError with one of these happened while writing (the disk filled during first-run training); any other
+# (an unreadable journal directory) is named without claiming a write
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
 def select_device(cfg: Config) -> str:
@@ -285,8 +289,8 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
         starting.stop()
         sock.close()
         if isinstance(exc, OSError):  # e.g. the disk filled up during first-run training: one line, no traceback
-            raise StorageError.from_os_error("cannot start: writing failed at", exc.filename or cfg.paths.state_dir,
-                                             exc) from None
+            doing = "writing failed at" if exc.errno in _WRITE_ERRNOS else "cannot use"
+            raise StorageError.from_os_error(f"cannot start: {doing}", exc.filename or cfg.paths.state_dir, exc) from None
         raise
     state.starting = starting
     server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state)))

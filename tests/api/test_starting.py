@@ -18,7 +18,7 @@ from live_helpers import REPO_ROOT, free_port, launch, server_environ
 
 from cerebellar_norse.api.starting import StartingResponder, bind_listener
 from cerebellar_norse.engine.persistence import STATE_FILE
-from cerebellar_norse.errors import StartupError
+from cerebellar_norse.errors import StartupError, StorageError
 
 
 def _request(port: int, raw: bytes) -> bytes:
@@ -257,3 +257,25 @@ def test_the_starting_body_is_one_of_the_documented_503_schemas(tmp_path: Path) 
             k in props and isinstance(v, types.get(props[k].get("type"), object)) for k, v in body.items())
 
     assert any(fits(m) for m in members), (body, [m.get("title") for m in members])
+
+
+@pytest.mark.parametrize(("code", "said"), [(13, "cannot start: cannot use /x/journal: Permission denied (errno 13 EACCES)"),
+                                            (28, "cannot start: writing failed at /x/journal: No space left on device")])
+def test_a_start_up_os_error_says_writing_only_when_it_was_a_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  code: int, said: str) -> None:
+    import os
+
+    from live_helpers import NO_BOOTSTRAP
+
+    from cerebellar_norse.api import server
+    from cerebellar_norse.config import load_checked_config
+
+    def fail(state: object) -> None:
+        raise OSError(code, os.strerror(code), "/x/journal")
+
+    monkeypatch.setattr(server, "prepare_state", fail)
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"),
+               "CEREBELLAR_NORSE_SERVER__PORT": str(free_port()), **NO_BOOTSTRAP}
+    with pytest.raises(StorageError) as exc:
+        server.serve(load_checked_config(None, environ=environ))
+    assert str(exc.value).startswith(said), str(exc.value)
