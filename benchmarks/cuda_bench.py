@@ -12,9 +12,9 @@ graphs. Each batch holds one tick of each of ``batch`` distinct markets, fed fro
 per-market synthetic random walks (seeded). ``pipelined`` is the same stream
 submitted ``streams`` batches ahead (``submit``/``wait``), i.e. the throughput the
 streams buy. The fused CPU kernel runs the same batches in the same process, so the
-ratios are taken under the same conditions. ``weights`` gives the dense weight bytes
-a batch reads (each weight matrix once per step) and the rate at which the step
-reads them, to set against the device's memory bandwidth (``--hbm-gbps``).
+ratios are taken under the same conditions. ``weights`` gives the weight bytes
+a batch reads (the mossy projections once per tick, the rest once per step) and the rate at
+which the step reads them, to set against the device's memory bandwidth (``--hbm-gbps``).
 
 Prints one JSON object. Without a CUDA device it prints a message and exits 0.
 """
@@ -76,12 +76,14 @@ def time_pipelined(backend: Any, batches: list[tuple[np.ndarray, np.ndarray]], d
 
 
 def weight_bytes_per_batch(cfg: Config) -> int:
-    """Dense weight bytes one batch reads: mossy projections once per tick, the rest once per step."""
+    """Weight bytes one launch reads: the mossy projections once per tick, the rest once per step (the two sparse
+    projections as int64 indices and values, see cerebellar_norse.cuda.projections)."""
     n = cfg.neural
     b = cfg.dtype_bytes
-    per_tick = (n.granule_size + n.dcn_size) * n.mossy_size
-    per_step = n.granule_size * n.purkinje_size + n.dcn_size * n.purkinje_size + 3 * n.dcn_size + n.purkinje_size
-    return b * (per_tick + n.steps_per_tick * per_step)
+    per_tick = n.granule_size * n.granule_dendrites * (8 + b) + n.dcn_size * n.mossy_size * b
+    per_step = (n.purkinje_size * n.connections_per_neuron * (8 + b)
+                + b * (n.dcn_size * n.purkinje_size + 3 * n.dcn_size + n.purkinje_size))
+    return per_tick + n.steps_per_tick * per_step
 
 
 def run(cfg: Config, batches_list: list[int], calls: int, warmup: int, streams: int | None, graphs: bool,

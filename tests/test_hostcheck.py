@@ -134,16 +134,21 @@ def test_production_config_plans_small_device_launches_on_an_80gb_gpu() -> None:
 def test_no_room_for_one_tick_is_a_memory_limit_problem_naming_the_minimum() -> None:
     from cerebellar_norse.cuda.plan import plan_for_config
 
-    cfg = load_config(REPO_ROOT / "config" / "production.toml", environ={"CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": "25.7GB"})
+    full = plan_for_config(load_config(REPO_ROOT / "config" / "production.toml", environ={}))
+    tight = str(full.fixed + full.streams * full.one_tick_workspace - 1)  # one byte short of one tick per stream
+    cfg = load_config(REPO_ROOT / "config" / "production.toml", environ={"CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": tight})
     plan = plan_for_config(cfg)
     assert plan.launch_ticks == 0
+    just = load_config(REPO_ROOT / "config" / "production.toml",
+                       environ={"CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": str(int(tight) + 1)})
+    assert plan_for_config(just).launch_ticks == 1 and host_problems(just, GPU_HOST) == []
     problems = host_problems(cfg, GPU_HOST)
     assert keys(problems) == ["performance.memory_limit"]
     assert "no room for one tick" in problems[0].message
     assert fmt_bytes(plan.fixed + plan.streams * plan.one_tick_workspace) in problems[0].fix
     # Configured for cuda on a host without one: both are said (the config would not run on a GPU either).
     assert keys(host_problems(cfg, CPU_HOST)) == ["performance.device", "performance.memory_limit"]
-    auto = load_config(REPO_ROOT / "config" / "production.toml", environ={"CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": "25.7GB",
+    auto = load_config(REPO_ROOT / "config" / "production.toml", environ={"CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": tight,
                                                                            "CEREBELLAR_NORSE_PERFORMANCE__DEVICE": "auto"})
     assert host_problems(auto, CPU_HOST) == []  # auto on a CPU host: the cuda plan does not apply
 

@@ -8,8 +8,11 @@ a row).
 Maths. One tick is :func:`cerebellar_norse.neurons.functional.cerebellum_step`
 applied ``steps_per_tick`` times with the tick's mossy currents, exactly the loop of
 :func:`~cerebellar_norse.neurons.functional.cerebellum_tick` (see :func:`device_tick`,
-which only adds the device of the spike accumulator), with the dense weights of
-:meth:`CerebellarReference.dense_weights`. Units are those of
+which only adds the device of the spike accumulator). The small layers' weights are
+dense; the two sparse projections (mossy -> granule, parallel fibres) are held as index
+and value rows and applied as gathers (:mod:`~cerebellar_norse.cuda.projections`): the
+same sums as the dense weights of :meth:`CerebellarReference.dense_weights`, without
+reading their zeros (4 GB of them per step for the production network). Units are those of
 :mod:`~cerebellar_norse.neurons.functional`: dimensionless potentials (threshold 1)
 and per-step current jumps, ``dt`` in s, inverse time constants in 1/s. Class
 probabilities are the float64 softmax of ``readout_scale * v_out``; spikes are counts
@@ -82,7 +85,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -95,12 +98,12 @@ from ..neurons.backends import StagedBuffers
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.functional import CerebellumState, CerebellumWeights, TickOutput, cerebellum_step
 from ..neurons.parameters import NetworkParameters
-from ..neurons.reference import CerebellarReference
 from ..neurons.state import FLOAT_FIELDS, StateArrays
 from ..neurons.topology import Weights
 from .device import cuda_available
 from .memory import DeviceMemory
-from .plan import launch_ticks, weight_shapes
+from .plan import launch_ticks, weight_tensors
+from .projections import SparseRows
 from .staging import GraphPolicy, RoundRobin, encode_batch, split_waves, staging_layout, wave_layout, workspace_bytes
 
 if TYPE_CHECKING:
@@ -108,7 +111,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cerebellar_norse.cuda")
 
-WEIGHT_FIELDS = CerebellumWeights._fields
 _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
 
@@ -296,9 +298,14 @@ class CudaBackend(StagedBuffers):
             self._fields[name] = self._flat[off:off + arr.size].view(arr.shape)
         self._row_sizes = [int(np.prod(getattr(st, n).shape[1:])) for n in FLOAT_FIELDS]
         self._seen = st.enc.copy()  # encoder rows as the backend last left them (device ownership)
-        # Weights: dense, in the network float type, allocated once (graphs keep their addresses).
-        self._w = CerebellumWeights(*(self.mem.empty(f"weights.{n}", shp, self.dtype)
-                                      for n, shp in zip(WEIGHT_FIELDS, weight_shapes(s), strict=True)))
+        # Weights, allocated once (graphs keep their addresses): the sparse projections as gathers, the rest dense.
+        self._wt = {name: self.mem.empty(f"weights.{name}", shp, torch.int64 if index else self.dtype)
+                    for name, shp, index in weight_tensors(s)}
+        wt = self._wt
+        self._w = CerebellumWeights(
+            w_mg=cast(torch.Tensor, SparseRows(wt["w_mg.idx"], wt["w_mg.val"])),  # used as mossy @ w_mg.T
+            w_pf=cast(torch.Tensor, SparseRows(wt["w_pf.idx"], wt["w_pf.val"]).T),  # used as z_gr @ w_pf
+            pc_bias=wt["pc_bias"], w_md=wt["w_md"], w_pd=wt["w_pd"], dcn_bias=wt["dcn_bias"], w_out=wt["w_out"])
         # Streams with their staging buffers; then the workspaces, sized to what is left (see cuda.plan).
         layout = staging_layout(self.max_batch, s, fb)
         self._lanes: list[_Lane] = []
@@ -337,12 +344,12 @@ class CudaBackend(StagedBuffers):
                                                              - workspace_bytes(s, self.launch_ticks, fb))),
                         extra={"fields": fields})
 
-    def _dense_weights_host(self, weights: Weights) -> CerebellumWeights:
-        """Dense weights of the reference module (host, network float type)."""
-        module = CerebellarReference(weights.astype(self.np_dtype), self.params).eval()
-        with torch.no_grad():
-            dense = module.dense_weights()
-        return CerebellumWeights(*(t.detach() for t in dense))
+    def _weights_host(self, weights: Weights) -> dict[str, np.ndarray]:
+        """The host arrays of :func:`~cerebellar_norse.cuda.plan.weight_tensors` (network float type, int64 indices)."""
+        w = weights.astype(self.np_dtype)
+        idx = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+        return {"w_mg.idx": idx(w.mg_idx), "w_mg.val": w.mg_w, "w_pf.idx": idx(w.pf_pre), "w_pf.val": w.pf_w,
+                "pc_bias": w.pc_bias, "w_md": w.w_md, "w_pd": w.w_pd, "dcn_bias": w.dcn_bias, "w_out": w.w_out}
 
     # -- properties ---------------------------------------------------------------
 
@@ -373,15 +380,15 @@ class CudaBackend(StagedBuffers):
         Batches in flight finish with the weights they started with; the new values
         are copied into the same device tensors, so captured graphs stay valid.
         """
-        dense = self._dense_weights_host(weights)
+        host = self._weights_host(weights)
         with self._lock, torch.no_grad():
-            for name in WEIGHT_FIELDS:
-                src, dst = getattr(dense, name), getattr(self._w, name)
-                if tuple(src.shape) != tuple(dst.shape):
-                    raise ValueError(f"weights {name} of shape {tuple(src.shape)} do not match the network's {tuple(dst.shape)}")
+            for name, dst in self._wt.items():
+                if tuple(host[name].shape) != tuple(dst.shape):
+                    raise ValueError(f"weights {name} of shape {tuple(host[name].shape)} do not match the network's "
+                                     f"{tuple(dst.shape)}")
             self._synchronize_locked()
-            for name in WEIGHT_FIELDS:
-                getattr(self._w, name).copy_(getattr(dense, name))
+            for name, dst in self._wt.items():
+                dst.copy_(torch.from_numpy(host[name]))
             if self.on_cuda:
                 torch.cuda.synchronize(self.device)
 
@@ -645,7 +652,7 @@ class CudaBackend(StagedBuffers):
             self.release_graphs()
             self._lanes.clear()
             self._fields.clear()
-            del self._flat, self._w
+            del self._flat, self._w, self._wt
             self._closed = True
             self.mem.close()
             log.info("cuda backend closed", extra={"fields": {"device": str(self.device)}})
@@ -673,4 +680,4 @@ def make_cuda_engine(cfg: Config, weights: Weights | None = None, model_version:
     return Engine(cfg, weights, model_version, backend="cuda", backend_options={"device": device, "use_graphs": use_graphs})
 
 
-__all__ = ["CudaBackend", "CudaHandle", "device_tick", "make_cuda_engine", "weight_shapes"]
+__all__ = ["CudaBackend", "CudaHandle", "device_tick", "make_cuda_engine"]

@@ -2,7 +2,7 @@
 
 The backend charges, in this order: the pool (``memory_pool_size``, in full, when
 ``memory_pool_enabled``), the market state (inside the pool when there is one),
-the dense weights, each stream's staging buffers (pinned host and device), and each
+the weights (the sparse projections as index and value rows), each stream's staging buffers (pinned host and device), and each
 stream's step workspace. The workspace grows with the ticks stepped in one device
 launch (every intermediate holds one row per tick), so it is sized last, from what
 is left: a launch takes at most :attr:`CudaPlan.launch_ticks` ticks, the largest
@@ -26,16 +26,21 @@ from ..neurons.state import floats_per_slot
 from .memory import align_up
 from .staging import staging_layout, workspace_bytes
 
-
-def weight_shapes(s: NetworkShape) -> list[tuple[int, ...]]:
-    """Shapes of the dense device weights, in :class:`~cerebellar_norse.neurons.functional.CerebellumWeights` order."""
-    return [(s.granule, s.mossy), (s.granule, s.purkinje), (s.purkinje,), (s.dcn, s.mossy), (s.dcn, s.purkinje),
-            (s.dcn,), (s.classes, s.dcn)]
+INDEX_BYTES = 8  # int64 gather indices
 
 
-def dense_weight_bytes(s: NetworkShape, float_bytes: int) -> int:
-    """Bytes of the dense device weights (each charged as its own allocation)."""
-    return sum(math.prod(shape) for shape in weight_shapes(s)) * float_bytes
+def weight_tensors(s: NetworkShape) -> list[tuple[str, tuple[int, ...], bool]]:
+    """The device weight tensors: (name, shape, holds indices). The two sparse projections are (index, value) rows
+    (:mod:`~cerebellar_norse.cuda.projections`), the small dense layers are dense."""
+    return [("w_mg.idx", (s.granule, s.dendrites), True), ("w_mg.val", (s.granule, s.dendrites), False),
+            ("w_pf.idx", (s.purkinje, s.pf_per_purkinje), True), ("w_pf.val", (s.purkinje, s.pf_per_purkinje), False),
+            ("pc_bias", (s.purkinje,), False), ("w_md", (s.dcn, s.mossy), False), ("w_pd", (s.dcn, s.purkinje), False),
+            ("dcn_bias", (s.dcn,), False), ("w_out", (s.classes, s.dcn), False)]
+
+
+def device_weight_bytes(s: NetworkShape, float_bytes: int) -> int:
+    """Bytes of the device weights (each tensor charged as its own allocation)."""
+    return sum(math.prod(shape) * (INDEX_BYTES if index else float_bytes) for _, shape, index in weight_tensors(s))
 
 
 def launch_ticks(shape: NetworkShape, float_bytes: int, max_batch: int, streams: int, available: int) -> int:
@@ -59,7 +64,7 @@ class CudaPlan:
         pool: the reserved pool (0 without one).
         state: market state bytes (``slots`` markets), inside the pool when there is one.
         state_in_pool: the state is placed in the pool.
-        weights: dense device weights.
+        weights: device weights.
         staging: staging buffers of all streams (pinned host and device).
         streams: CUDA streams.
         max_batch: ``batch_size``.
@@ -121,7 +126,7 @@ def plan_cuda(shape: NetworkShape, float_bytes: int, *, slots: int, max_batch: i
     """The plan for a network of ``shape`` with ``slots`` market slots (see the module docstring)."""
     pool = align_up(pool_size) if pool_enabled else 0
     state = slots * floats_per_slot(shape.granule, shape.purkinje, shape.dcn, shape.classes) * float_bytes
-    weights = dense_weight_bytes(shape, float_bytes)
+    weights = device_weight_bytes(shape, float_bytes)
     lay = staging_layout(max_batch, shape, float_bytes)
     staging = streams * (lay.host_bytes + lay.device_bytes)
     fixed = pool + (0 if pool_enabled else state) + weights + staging
@@ -140,4 +145,4 @@ def plan_for_config(cfg: Config) -> CudaPlan:
                      pool_enabled=perf.memory_pool_enabled)
 
 
-__all__ = ["CudaPlan", "dense_weight_bytes", "launch_ticks", "plan_cuda", "plan_for_config", "weight_shapes"]
+__all__ = ["CudaPlan", "device_weight_bytes", "launch_ticks", "plan_cuda", "plan_for_config", "weight_tensors"]

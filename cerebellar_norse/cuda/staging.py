@@ -94,14 +94,19 @@ def workspace_bytes(shape: NetworkShape, batch: int, float_bytes: int) -> int:
     """Upper estimate of the transient device bytes of one step of ``batch`` ticks.
 
     Per tick row: the gathered state and the new state (v and i of every cell, twice),
-    the per-tick drives (mossy -> granule, mossy -> DCN) and up to fourteen live
-    temporaries of the LIF update per population, in the network float type; plus
+    the per-tick drives (mossy -> granule, mossy -> DCN), up to fourteen live
+    temporaries of the LIF update per population, and the parallel fibres' gathered
+    inputs and products (two per synapse), in the network float type; plus
     the float64 softmax. Rounded up to whole MiB per stream. Measured on an NVIDIA H200
     (torch's peak allocation over one eager step, ``tests/cuda/test_cuda_device.py``):
-    about 15.2 floats per granule cell, against the 19 counted here.
+    12.8 MB for 256 ticks of the default network, 17.5 MB for 12 ticks of 24,000 granule
+    cells, 96.0 MB for 4 ticks of 400,000 (about 15 floats per granule cell per tick),
+    against 19 floats per granule cell counted here.
     """
     cells = shape.granule + shape.purkinje + shape.dcn + shape.classes
-    per_row = (4 + 14) * cells + shape.granule + shape.dcn + 2 * shape.mossy + 8
+    # the parallel fibres' gather and products live beside the LIF temporaries; the mossy fibres' (G x D, at the
+    # start of a tick) come before them and fit in their room
+    per_row = (4 + 14) * cells + shape.granule + shape.dcn + 2 * shape.mossy + 2 * shape.purkinje * shape.pf_per_purkinje + 8
     total = batch * (per_row * float_bytes + 4 * shape.classes * 8)
     mib = 1 << 20
     return -(-total // mib) * mib

@@ -20,10 +20,11 @@ import torch
 from cerebellar_norse.config import Config, PerformanceConfig
 from cerebellar_norse.cuda import backend as cuda_backend
 from cerebellar_norse.cuda import device as cuda_device
-from cerebellar_norse.cuda.backend import CudaBackend, device_tick, make_cuda_engine, weight_shapes
+from cerebellar_norse.cuda.backend import CudaBackend, device_tick, make_cuda_engine
 from cerebellar_norse.cuda.device import cuda_memory, resolve_device
 from cerebellar_norse.cuda.memory import ALIGN, DeviceMemory, MemoryBudget, align_up
 from cerebellar_norse.cuda.plan import launch_ticks
+from cerebellar_norse.cuda.projections import SparseRows
 from cerebellar_norse.cuda.staging import (
     GraphPolicy,
     RoundRobin,
@@ -378,7 +379,6 @@ def test_device_tick_is_cerebellum_tick(cuda_cfg: CfgFactory, precision: str) ->
     ref = CerebellarReference(generate_weights(cfg), p)
     with torch.no_grad():
         w = ref.dense_weights()
-        assert [tuple(t.shape) for t in w] == weight_shapes(p.shape)
         gen = torch.Generator().manual_seed(1)
         mossy = torch.rand(5, p.shape.mossy, generator=gen, dtype=p.dtype) * 2.0
         state = ref.initial_state(5)
@@ -389,6 +389,31 @@ def test_device_tick_is_cerebellum_tick(cuda_cfg: CfgFactory, precision: str) ->
             for x, y in zip(_leaves(sa), _leaves(sb), strict=True):
                 assert torch.equal(x, y)
             state = sa
+
+
+def test_the_gathered_projections_are_the_dense_products() -> None:
+    cfg = Config.model_validate({"neural": {"precision": "float64"}})
+    p, weights = network_parameters(cfg), generate_weights(cfg)
+    dense = CerebellarReference(weights, p).dense_weights()
+    w_mg = SparseRows(torch.as_tensor(weights.mg_idx, dtype=torch.long), torch.as_tensor(weights.mg_w))
+    w_pf = SparseRows(torch.as_tensor(weights.pf_pre, dtype=torch.long), torch.as_tensor(weights.pf_w)).T
+    gen = torch.Generator().manual_seed(2)
+    mossy = torch.rand(7, p.shape.mossy, generator=gen, dtype=torch.float64)
+    z_gr = (torch.rand(7, p.shape.granule, generator=gen) < 0.1).to(torch.float64)
+    with torch.no_grad():
+        assert torch.allclose(mossy @ w_mg.T, mossy @ dense.w_mg.T, rtol=0, atol=1e-12)
+        assert torch.allclose(z_gr @ w_pf, z_gr @ dense.w_pf, rtol=0, atol=1e-12)
+        gathered = dense._replace(w_mg=w_mg, w_pf=w_pf)  # what the backend steps with
+        state = CerebellarReference(weights, p).initial_state(7)
+        for _ in range(10):
+            a, sa = cerebellum_tick(mossy, state, dense, p)
+            b, sb = device_tick(mossy, state, gathered, p)  # type: ignore[arg-type]
+            assert torch.allclose(a.logits, b.logits, rtol=0, atol=1e-9) and torch.equal(a.spikes, b.spikes)
+            for x, y in zip(_leaves(sa), _leaves(sb), strict=True):
+                assert torch.allclose(x, y, rtol=0, atol=1e-9)
+            state = sa
+    with pytest.raises(ValueError, match="same"):
+        SparseRows(torch.zeros(3, 2, dtype=torch.long), torch.zeros(3, 3))
 
 
 @pytest.mark.parametrize(("precision", "streams", "asynchronous"), [("float64", 1, False), ("float32", 3, True)])
