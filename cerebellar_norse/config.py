@@ -330,6 +330,14 @@ def fmt_bytes(n: int) -> str:
     return f"{n}B"
 
 
+def fmt_bytes_at_least(n: int) -> str:
+    """:func:`fmt_bytes` rounded up, for a size to set: the printed figure is never below ``n``."""
+    for unit, factor in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= factor:
+            return f"{-(-n * 100 // factor) / 100:.2f}{unit}"
+    return f"{n}B"
+
+
 # ---------------------------------------------------------------------------
 # Consistency checks (need no host information)
 # ---------------------------------------------------------------------------

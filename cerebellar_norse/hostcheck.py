@@ -11,7 +11,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from .config import Config, estimate_memory, fmt_bytes
+from .config import Config, estimate_memory, fmt_bytes, fmt_bytes_at_least
 from .errors import ConfigProblem
 
 
@@ -93,7 +93,7 @@ def cuda_plan_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
             "performance.memory_limit",
             f"the cuda backend has no room for one tick: {plan.summary()}; one tick's step workspace is "
             f"{fmt_bytes(plan.one_tick_workspace)} per stream",
-            f"raise memory_limit to at least {fmt_bytes(plan.fixed + plan.streams * plan.one_tick_workspace)}, "
+            f"raise memory_limit to at least {fmt_bytes_at_least(plan.fixed + plan.streams * plan.one_tick_workspace)}, "
             "or lower memory_pool_size, cuda_streams or the network size",
         ))
     planned = plan.fixed + plan.streams * plan.workspace

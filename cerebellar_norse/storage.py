@@ -58,8 +58,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name the target
-            exc.filename = str(path)
+        # a failed write names no file, a failed rename the temporary file (gone by now): name the target
+        if isinstance(exc, OSError) and (exc.filename is None or exc.filename == tmp):
+            exc.filename, exc.filename2 = str(path), None
         raise
     fsync_dir(path.parent)
 

@@ -44,5 +44,6 @@ def activate_version(state: ServiceState, store: ModelStore, version: str) -> No
         if before is not None:
             store.set_active(before)
         raise
+    state.degraded = None  # the operator chose the served model: a fallback or a lost market state is resolved
     log.info("model activated", extra={"fields": {"model_version": model.version, "previous": old,
                                                    "reset_states": state.cfg.training.reset_state_on_swap}})

@@ -92,7 +92,7 @@ import torch
 from norse.torch.functional.leaky_integrator import LIState
 from norse.torch.functional.lif import LIFFeedForwardState
 
-from ..config import Config, fmt_bytes
+from ..config import Config, fmt_bytes, fmt_bytes_at_least
 from ..errors import CapacityError, DeviceUnavailableError, EngineFatalError
 from ..neurons.backends import StagedBuffers
 from ..neurons.encoder import S_N_TICKS
@@ -340,7 +340,7 @@ class CudaBackend(StagedBuffers):
                         "per stream, so a full batch takes %d launches; raise memory_limit (%s for one launch) or lower "
                         "cuda_streams, batch_size or the network size", self.launch_ticks, self.max_batch,
                         -(-self.max_batch // self.launch_ticks),
-                        fmt_bytes(self.mem.used + streams * (workspace_bytes(s, self.max_batch, fb)
+                        fmt_bytes_at_least(self.mem.used + streams * (workspace_bytes(s, self.max_batch, fb)
                                                              - workspace_bytes(s, self.launch_ticks, fb))),
                         extra={"fields": fields})
 
@@ -401,7 +401,14 @@ class CudaBackend(StagedBuffers):
         return np.unique(slots[mask]) if mask.any() else slots[:0]
 
     def _upload_rows(self, slots: np.ndarray) -> None:
-        """Copy the host neuron state of ``slots`` to the device (on the current stream)."""
+        """Copy the host neuron state of ``slots`` to the device (on the current stream), at most ``launch_ticks``
+        slots at a time: the device copy of the rows is transient memory the step workspace covers (the gathered
+        state of a launch), where all of a batch's new markets at once would overrun ``memory_limit``."""
+        step = max(1, getattr(self, "launch_ticks", 0) or int(slots.size))
+        for k in range(0, int(slots.size), step):
+            self._upload_chunk(slots[k:k + step])
+
+    def _upload_chunk(self, slots: np.ndarray) -> None:
         st = self.state
         rows = np.concatenate([getattr(st, n)[slots].reshape(slots.size, -1) for n in FLOAT_FIELDS], axis=1)
         src = torch.from_numpy(rows)
@@ -456,10 +463,13 @@ class CudaBackend(StagedBuffers):
                     off, shape = self._layout[name]
                     view = host[off:off + int(np.prod(shape))].reshape(shape)
                     getattr(st, name)[owned] = view[owned]
-            else:  # a few slots: gather their rows on the device
-                idx = torch.from_numpy(owned).to(self.device)
-                for name in FLOAT_FIELDS:
-                    getattr(st, name)[owned] = self._fields[name].index_select(0, idx).cpu().numpy()
+            else:  # a few slots: gather their rows on the device, at most launch_ticks at a time (the workspace)
+                step = max(1, self.launch_ticks)
+                for k in range(0, int(owned.size), step):
+                    part = owned[k:k + step]
+                    idx = torch.from_numpy(part).to(self.device)
+                    for name in FLOAT_FIELDS:
+                        getattr(st, name)[part] = self._fields[name].index_select(0, idx).cpu().numpy()
             return int(owned.size)
 
     # -- stepping -------------------------------------------------------------------

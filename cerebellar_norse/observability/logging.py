@@ -105,6 +105,9 @@ class LogFileHandler(logging.handlers.RotatingFileHandler):
         self._failed_now = False
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        if not isinstance(sys.exc_info()[1], OSError):  # a log call's own bug (bad % arguments): logging's report
+            super().handleError(record)
+            return
         self._failed_now = True
         if self.failing:
             return

@@ -192,13 +192,17 @@ class RuntimeAPI:
             except OSError as exc:
                 raise InputError(f"cannot reach HAProxy's runtime API at {self.path}: {exc.strerror or exc}",
                                  "haproxy-socket") from None
-            s.sendall(line.encode() + b"\n")
             chunks = []
-            while True:
-                b = s.recv(65536)
-                if not b:
-                    break
-                chunks.append(b)
+            try:
+                s.sendall(line.encode() + b"\n")
+                while True:
+                    b = s.recv(65536)
+                    if not b:
+                        break
+                    chunks.append(b)
+            except OSError as exc:  # no answer in time, or the connection dropped
+                raise InputError(f"HAProxy's runtime API at {self.path} did not answer {line.split()[0]!r}: "
+                                 f"{exc.strerror or exc}", "haproxy-socket") from None
         return b"".join(chunks).decode(errors="replace")
 
     def servers(self, backend: str = BACKEND) -> list[ServerState]:

@@ -28,6 +28,19 @@ if TYPE_CHECKING:
     from .data import TickData
 
 
+def _finite(x: Any) -> Any:
+    """``x`` with every non-finite float (a directional accuracy of no moving labels) as None: JSON has no NaN."""
+    import math
+
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
 def _progress_printer(enabled: bool, printed: set[str]) -> Any:
     """The progress callback of ``train``: warnings and notes always (each added to ``printed``), epoch lines,
     and a progress bar when ``enabled``."""
@@ -124,7 +137,7 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
         if w not in printed:  # those the progress callback showed during the run are not said twice
             print(f"warning: {w}", file=sys.stderr)
     if as_json:
-        print(json.dumps(res, default=float))
+        print(json.dumps(_finite(res), default=float, allow_nan=False))  # NaN (no moving labels) is null, as over HTTP
         return 0
     v = res["validation"]
     print(f"model {res['model_version']} stored in {Path(cfg.paths.state_dir) / 'models'}{' and activated' if activate else ''}")
@@ -315,6 +328,26 @@ def layer_stats(w: Any) -> dict[str, dict[str, float]]:
     return out
 
 
+def _write_output(path: Path, data: bytes, atomic_write_bytes: Any) -> None:
+    """Write an output file: a regular file (or a new one) atomically, never half-written on a full disk, with the
+    mode the umask gives; through a link to its target; a device, FIFO or pipe (/dev/stdout) written into, not
+    replaced by a file."""
+    import os
+
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError):
+        target = path
+    if target.exists() and not target.is_file():
+        with open(target, "wb") as fh:
+            fh.write(data)
+        return
+    atomic_write_bytes(target, data)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(target, 0o666 & ~mask)
+
+
 def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
     """``--dump-weights``: statistics per layer of the served model (or all weights as npz)."""
     from ..storage import atomic_write_bytes
@@ -323,7 +356,7 @@ def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
     if fmt == "npz":
         data = weights_to_bytes(w)
         if output:
-            atomic_write_bytes(Path(output), data)  # never a half-written file on a full disk
+            _write_output(Path(output), data, atomic_write_bytes)
             print(f"wrote weights of model {version} to {output}", file=sys.stderr)
         else:
             sys.stdout.buffer.write(data)

@@ -518,12 +518,13 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
     ``unit`` is the file's unit of numeric times (see :func:`time_unit_of`).
     """
     s = raw = text.strip()
-    if unit == "date" and (s.isdigit() or _DATE_DIGITS.fullmatch(s)):
+    # in a file of YYYYMMDD dates or date-times every number is one (a "0.0" or "1.5" is no ms of 1970)
+    if unit == "date" and (s.isdigit() or _DATE_DIGITS.fullmatch(s) or _is_number(s)):
         ms = _yyyymmdd(s)
         if ms is None:
             raise ValueError(f"{name} {raw!r} is not a date written YYYYMMDD (as the file's first time is)")
         return ms
-    if unit == "datetime" and (s.isdigit() or _DATETIME_DIGITS.fullmatch(s)):
+    if unit == "datetime" and (s.isdigit() or _DATETIME_DIGITS.fullmatch(s) or _is_number(s)):
         ms = _yyyymmddhhmm(s)
         if ms is None:
             raise ValueError(f"{name} {raw!r} is not a date-time written YYYYMMDDHHMM or YYYYMMDDHHMMSS (as the file's"
@@ -816,20 +817,35 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
         with _data_rows(path, cols) as reader:
             # the first times that can be times at all: a placeholder ("nan", "N/A", "null", "-") is a bad row of
             # the reading pass and must not decide the unit (a file of seconds read as ms after a first "nan")
-            usable = (r[cols.time].strip() for r in reader if len(r) == cols.fields and _can_be_time(r[cols.time]))
-            firsts = [v for _, v in zip(range(3), usable, strict=False)]
+            # a zero (pandas' fillna(0), a spreadsheet's empty cell) is a placeholder too: as ms it would make the
+            # YYYYMMDD dates, date-times or seconds after it ms of January 1970
+            firsts: list[str] = []
+            first: str | None = None
+            for r in reader:
+                if len(r) != cols.fields or not _can_be_time(r[cols.time]):
+                    continue
+                v = r[cols.time].strip()
+                if len(firsts) < 3:
+                    firsts.append(v)
+                if first is None and not _is_zero(v):
+                    first = v
+                if first is not None and len(firsts) == 3:
+                    break
     except (OSError, csv.Error):
         return None  # the reading pass reports it
     if not firsts:
         return None
-    first = firsts[0]
-    counts_rows = all(v.isdigit() for v in firsts) and [int(v) for v in firsts] == list(
-        range(int(first), int(first) + len(firsts))) and int(first) <= 1
+    # ASCII digits only: "²".isdigit() is True but int() refuses it. A RangeIndex of a sliced frame starts anywhere
+    # (df.iloc[5:]); consecutive integers below 1970-01-02 in ms are no times
+    counts_rows = all(v.isascii() and v.isdigit() for v in firsts) and [int(v) for v in firsts] == list(
+        range(int(firsts[0]), int(firsts[0]) + len(firsts))) and int(firsts[0]) < SECONDS_HINT_MS
     if cols.time == 0 and cols.time_name.strip().lower() in ("", "unnamed: 0") and counts_rows:
         msg = (f"{path}:1: the unnamed first column counts the rows ({', '.join(firsts)}, …: a pandas RangeIndex), it"
                " holds no times and there is no time column; save the file with its times (a column named e.g."
                " 'date' or 'timestamp', or the dates as the index)")
         raise DataError(msg, [msg])
+    if first is None:  # every time is 0: read as ms (bad or noted rows of the reading pass)
+        first = firsts[0]
     cols.iso = cols.clock is not None or not _is_number(first)
     if cols.iso:
         return None
@@ -864,6 +880,14 @@ def _yyyymmdd(text: str) -> int | None:
     except ValueError:
         return None
     return ms if 0 <= ms < TS_MAX_MS else None
+
+
+def _is_zero(text: str) -> bool:
+    """Whether a time field is a number equal to 0 (``0``, ``0.0``, ``00000000``)."""
+    try:
+        return float(text) == 0.0
+    except ValueError:
+        return False
 
 
 def _can_be_time(text: str) -> bool:

@@ -66,3 +66,29 @@ def test_an_output_file_that_cannot_be_written_is_one_line_not_a_traceback(tmp_p
         with pytest.raises(OSError) as exc:
             storage.atomic_write_bytes(tmp_path / "out.bin", b"x" * 10)
     assert exc.value.filename == str(tmp_path / "out.bin") and not (tmp_path / "out.bin").exists()
+
+
+def test_a_bad_log_call_is_not_called_a_failing_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import logging as _logging
+
+    from cerebellar_norse.observability.logging import LogFileHandler
+
+    h = LogFileHandler(tmp_path / "x.log", maxBytes=10_000, backupCount=1, encoding="utf-8")
+    rec = _logging.LogRecord("t", _logging.INFO, __file__, 1, "bad %d", ("str",), None)
+    h.handle(rec)
+    h.handle(_logging.LogRecord("t", _logging.INFO, __file__, 1, "good", (), None))
+    h.close()
+    err = capsys.readouterr().err
+    assert "cannot write the log file" not in err and "is written again" not in err, err
+    assert "good" in (tmp_path / "x.log").read_text()
+
+
+def test_a_failed_rename_names_the_target_not_the_temporary_file(tmp_path: Path) -> None:
+    from cerebellar_norse import storage
+
+    target = tmp_path / "ACTIVE"
+    target.mkdir()  # a directory where the file should be: the rename fails
+    with pytest.raises(OSError) as exc:
+        storage.atomic_write_bytes(target, b"v\n")
+    assert exc.value.filename == str(target), exc.value
+    assert not list(tmp_path.glob(".ACTIVE.*.tmp"))

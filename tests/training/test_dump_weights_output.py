@@ -1,0 +1,45 @@
+"""--dump-weights --output writes into what the path names: a link's target, a FIFO; a new file gets the umask's mode."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+from cerebellar_norse.cli import main
+
+
+def _config(tmp_path: Path) -> str:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\ndata_dir = "{tmp_path}"\n')
+    return str(cfg)
+
+
+def test_output_through_a_link_and_into_a_fifo(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link.npz"
+    link.symlink_to(tmp_path / "real" / "w.npz")
+    assert main(["--config", cfg, "--dump-weights", "--format", "npz", "--output", str(link)]) == 0
+    assert link.is_symlink() and (tmp_path / "real" / "w.npz").stat().st_size > 0
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["--config", cfg, "--dump-weights", "--format", "npz", "--output", str(fifo)]) == 0
+    reader.join(30)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # not replaced by a regular file
+    assert got and got[0][:2] == b"PK"
+
+
+def test_a_new_output_file_gets_the_umask_mode(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "w.npz"
+        assert main(["--config", _config(tmp_path), "--dump-weights", "--format", "npz", "--output", str(out)]) == 0
+        assert stat.S_IMODE(out.stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
