@@ -69,7 +69,8 @@ from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
-                "open time", "open_time")
+                "open time", "open_time", "time (utc)", "timestamp (utc)", "date (utc)", "datetime (utc)",
+                "transact_time", "window_start", "datum")  # Dukascopy exports, Binance trades, Polygon flat files
 PRICE_COLUMNS = ("price", "close", "last", "mid", "close/last", "adj close", "adj_close")  # close/last: Nasdaq.com
 # Quotes without a price column: the price is the mid of bid and ask, the volume the sum of both sides' volumes.
 BID_COLUMNS = ("bid", "bid price", "bid_price", "bidprice", "best bid", "best_bid")
@@ -213,7 +214,13 @@ def _data_rows(path: Path, cols: Columns) -> Iterator[Iterator[list[str]]]:
         reader = csv.reader(fh, delimiter=cols.delimiter)
         for _ in range(cols.header_rows):
             next(reader, None)
-        yield reader
+        yield (without_trailing_separator(row, cols.fields) for row in reader)
+
+
+def without_trailing_separator(row: list[str], fields: int) -> list[str]:
+    """``row`` without the empty last field of a line that ends with a separator (``1,2,3,`` under a header of three
+    names, as some spreadsheet and broker exports write every line); any other row as it is."""
+    return row[:-1] if len(row) == fields + 1 and not row[-1].strip() else row
 
 
 def slash_order(path: Path, cols: Columns) -> bool | None:

@@ -43,6 +43,7 @@ from .csvformat import (
     not_utf8,
     parse_row,
     parse_time_ms,
+    without_trailing_separator,
 )
 
 __all__ = ["CLASS_NAMES", "COLUMNS", "DATA_FILE_PATTERN", "MIN_SAMPLES_PER_CLASS", "DataFileNotFoundError", "MarketSeries",
@@ -185,6 +186,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             file_start = len(ts_all)
             file_rows = rows
             widths: dict[int, int] = {}  # field count -> rows of that count, other than the header's
+            trailing = 0  # rows that end with a separator (an empty field the header does not name)
             here: dict[int, int] = {}  # market code -> its time in the file's latest good row
             before: dict[int, int] = {}  # market code -> its last time in earlier files
             while True:
@@ -193,6 +195,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                         if not row:
                             continue
                         rows += 1
+                        if len(row) == cols.fields + 1 and not row[-1].strip():
+                            row = without_trailing_separator(row, cols.fields)
+                            trailing += 1
                         try:
                             ts, market, price, volume = parse_row(row, cols)
                             code = code_of.get(market)
@@ -246,6 +251,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                 msg = (f"{path}:1: the header names {cols.fields} columns but every row has {width} fields: a column"
                        f" name is {'missing from' if width > cols.fields else 'one too many in'} the header")
                 raise DataError(msg, [msg])
+            if trailing:
+                notes.append(f"{path}: {trailing} {'row ends' if trailing == 1 else 'rows end'} with a separator; the"
+                             " empty last field is ignored")
             if cols.blank_volumes:
                 rows_word = "row" if cols.blank_volumes == 1 else "rows"
                 named = cols.volume_name + (f" or {cols.ask_volume_name}" if cols.ask_volume is not None else "")

@@ -75,8 +75,8 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
     with pytest.raises(DataError) as exc:
         load_csv_files([path])
     assert str(exc.value) == (f"{path}:1: no time column (expected one of timestamp, unix, time, date, datetime, date_time, gmt time, utc time,"
-                              " local time, open time, open_time);"
-                              " header is Symbol,Close")
+                              " local time, open time, open_time, time (utc), timestamp (utc), date (utc), datetime (utc),"
+                              " transact_time, window_start, datum); header is Symbol,Close")
 
 
 def test_a_file_without_a_header_line_is_told_to_add_one(tmp_path: Path) -> None:
@@ -1032,3 +1032,21 @@ def test_a_date_with_a_fraction_in_the_first_row_is_named_as_such(tmp_path: Path
     path = write(tmp_path, "time,close\n1577836800000.5,1\n", "ms.csv")
     with pytest.raises(DataError, match=r"is not a whole number of ms since epoch"):
         load_csv_files([path])
+
+
+def test_lines_that_end_with_a_separator_are_read_with_a_note(tmp_path: Path) -> None:
+    path = write(tmp_path, "date;close;volume\n2024-01-02;100,5;5;\n2024-01-03;101;6;\n2024-01-04;102;7\n", "eu.csv")
+    data = load_csv_files([path])
+    assert data.markets[0].price.tolist() == [100.5, 101.0, 102.0] and data.bad_rows == 0
+    assert f"{path}: 2 rows end with a separator; the empty last field is ignored" in data.notes
+    # an extra field that holds a value is no trailing separator: the header is off
+    path = write(tmp_path, "date,close,volume\n2024-01-02,100,5,x\n2024-01-03,101,6,y\n", "off.csv")
+    with pytest.raises(DataError, match="a column name is missing from the header"):
+        load_csv_files([path])
+
+
+@pytest.mark.parametrize("name", ["Time (UTC)", "transact_time", "window_start", "Datum"])
+def test_vendor_time_headers(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path, f"{name},close\n2024-01-02T09:30:00Z,1\n2024-01-02T09:31:00Z,2\n", "v.csv")
+    data = load_csv_files([path])
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2024, 1, 2, 9, 30), utc_ms(2024, 1, 2, 9, 31)]
