@@ -3,7 +3,8 @@
 Loads the files as ``train`` and ``evaluate`` do (same rules, same ``max_bad_row_fraction``)
 and says, per file, which separator, header lines and columns were used and how dates and
 row order were understood; then the bad rows, the notes, per market its ticks, time
-span and median gap between ticks, and the labels training would see (the config's
+span and median gap between ticks, data checks (exact repeats, a gap or a move that
+dwarfs the usual ones), and the labels training would see (the config's
 horizon and flat band): the classes of each split, or why training would refuse the
 files. Nothing is written.
 """
@@ -43,11 +44,48 @@ def span(ms: float) -> str:
     return f"{days}d {text}" if days else text
 
 
+GAP_FACTOR = 50.0  # a gap this many times the median gap (and over a day) is named
+MOVE_FACTOR = 25.0  # a tick-to-tick move this many times the median move (and over 5%) is named
+MOVE_MIN = 0.05  # log-return units
+
+
+def market_checks(m: MarketSeries) -> list[str]:
+    """What a trader would want to know before trusting a market's series: exact repeats of the previous tick
+    (a file appended twice, a feed that resent), the longest gap when it dwarfs the median gap (a missing year),
+    and the largest tick-to-tick move when it dwarfs the median move (a fat-finger or unadjusted split)."""
+    out: list[str] = []
+    if len(m) < 2:
+        return out
+    t, p, v = m.timestamp, m.price, m.volume
+    repeats = int(np.count_nonzero((np.diff(t) == 0) & (np.diff(p) == 0) & (np.diff(v) == 0)))
+    if repeats:
+        out.append(f"{repeats} tick{'s repeat' if repeats != 1 else ' repeats'} the previous one exactly (same time,"
+                   " price and volume): a file read twice, or a feed that resent?")
+    gaps = np.diff(t)
+    k = int(np.argmax(gaps))
+    median_gap = float(np.median(gaps))
+    if gaps[k] > 86_400_000 and gaps[k] > GAP_FACTOR * max(median_gap, 1.0):
+        out.append(f"a gap of {span(float(gaps[k]))} before {iso_ms(float(t[k + 1]))}, {gaps[k] / max(median_gap, 1.0):.0f}"
+                   f" times the median gap ({span(median_gap)})")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        moves = np.abs(np.diff(np.log(p)))
+    moves = np.where(np.isfinite(moves), moves, 0.0)
+    j = int(np.argmax(moves))
+    median_move = float(np.median(moves[moves > 0])) if np.any(moves > 0) else 0.0
+    if moves[j] > MOVE_MIN and moves[j] > MOVE_FACTOR * median_move:
+        times = f", {moves[j] / median_move:.0f} times the median move" if median_move > 0 else ""
+        out.append(f"a move of {np.expm1(np.log(p[j + 1] / p[j])) * 100:+.1f}% at {iso_ms(float(t[j + 1]))} "
+                   f"({p[j]:g} -> {p[j + 1]:g}){times}: a bad print or an unadjusted split?")
+    return out
+
+
 def market_summary(m: MarketSeries) -> dict[str, Any]:
-    """Ticks, first and last time, and the median gap between ticks (ms; None for one tick) of a market."""
+    """Ticks, first and last time, the median gap between ticks (ms; None for one tick) and the checks
+    (:func:`market_checks`) of a market."""
     gaps = np.diff(m.timestamp)
     return {"market_id": m.market_id, "ticks": len(m), "first": iso_ms(float(m.timestamp[0])),
-            "last": iso_ms(float(m.timestamp[-1])), "median_gap_ms": float(np.median(gaps)) if gaps.size else None}
+            "last": iso_ms(float(m.timestamp[-1])), "median_gap_ms": float(np.median(gaps)) if gaps.size else None,
+            "checks": market_checks(m)}
 
 
 def labels_summary(cfg: Config, data: TickData) -> dict[str, Any]:
@@ -107,6 +145,10 @@ def format_text(data: TickData, labels: dict[str, Any]) -> str:
     for r in rows:
         gap = span(r["median_gap_ms"]) if r["median_gap_ms"] is not None else "-"
         out.append(f"{r['market_id']:<{width}}  {r['ticks']:>8}  {r['first']:<24}  {r['last']:<24}  {gap}")
+    checks = [f"  {r['market_id']}: {c}" for r in rows for c in r["checks"]]
+    if checks:
+        out.append("data checks:")
+        out += checks
     if "refused" in labels:
         out.append(f"training would refuse these files: {labels['refused']}")
     else:

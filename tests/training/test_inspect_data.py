@@ -60,7 +60,7 @@ def test_json_holds_the_formats_markets_and_report(data_dir: Path, capsys: pytes
                  "market": None, "default_market": "SPX", "newest_first": True, "decimal_comma": False}
     assert (d["rows"], d["bad_rows"], d["ticks"], d["report"]) == (3, 0, 3, [])
     assert d["markets"] == [{"market_id": "SPX", "ticks": 3, "first": "2020-01-10T00:00:00Z", "last": "2020-01-15T00:00:00Z",
-                             "median_gap_ms": 216_000_000.0}]
+                             "median_gap_ms": 216_000_000.0, "checks": []}]
     assert d["training"] == {"refused": "no market has enough ticks (need at least 38 per market)"}
 
 
@@ -114,3 +114,28 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(data_dir: Path) -> N
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+def test_data_checks_name_repeats_gaps_and_outsized_moves(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    day = 86_400_000
+    start = 1_577_836_800_000  # 2020-01-01
+    rows = [(start + i * day, 100.0 * (1.001 if i % 2 else 0.999), 10.0) for i in range(60)]
+    rows.insert(10, rows[9])  # the same tick twice
+    rows = [*rows[:40], *((t + 365 * day, p, v) for t, p, v in rows[40:])]  # a year missing
+    t50, _, v50 = rows[50]
+    rows[50] = (t50, 10_000.0, v50)  # a price 100 times the others for one tick
+    (data_dir / "Q.csv").write_text("timestamp,price,volume\n" + "".join(f"{t},{p},{v}\n" for t, p, v in rows))
+    assert main(["inspect-data", "Q.csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    checks = out[out.index("data checks:") + 1:]
+    assert checks[0] == "  Q: 1 tick repeats the previous one exactly (same time, price and volume): a file read twice, or a feed that resent?"
+    assert checks[1].startswith("  Q: a gap of 366d 00:00:00 before 2021-02-08T00:00:00Z, 366 times the median gap (1d 00:00:00)")
+    assert checks[2] == ("  Q: a move of +9910.0% at 2021-02-18T00:00:00Z (99.9 -> 10000), 2303 times the median move:"
+                         " a bad print or an unadjusted split?")
+    assert main(["inspect-data", "Q.csv", "--json"]) == 0
+    (m,) = json.loads(capsys.readouterr().out)["markets"]
+    assert [c.split(" ")[:3] for c in m["checks"]] == [["1", "tick", "repeats"], ["a", "gap", "of"], ["a", "move", "of"]]
+    # an ordinary series says nothing
+    (data_dir / "OK.csv").write_text("timestamp,price,volume\n" + "".join(f"{t},{p},{v}\n" for t, p, v in rows[11:40]))
+    assert main(["inspect-data", "OK.csv"]) == 0
+    assert "data checks:" not in capsys.readouterr().out
