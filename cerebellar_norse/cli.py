@@ -158,8 +158,9 @@ def _cmd_validate(args: argparse.Namespace, host_checks: bool) -> int:
         cfg = cfgmod.load_config(args.config)
     except ConfigError as exc:
         _print_problems(exc.problems, source)
-        _err(f"{source}: {len(exc.problems)} problem(s) found (the checks of values against each other and the host"
-             " run once these are fixed)")
+        later = ("the checks of values against each other and the host run once these are fixed" if host_checks
+                 else "--validate-config also checks values against each other and this host")
+        _err(f"{source}: {len(exc.problems)} problem(s) found ({later})")
         return EXIT_FAILED
     if not host_checks:
         print(f"{source}: schema OK")

@@ -372,7 +372,7 @@ def consistency_problems(cfg: Config) -> list[ConfigProblem]:
     if est.total > int(perf.memory_limit):
         out.append(ConfigProblem(
             "performance.memory_limit",
-            f"memory estimate {fmt_bytes(est.total)} (weights {fmt_bytes(est.weights)} = granule_size {n.granule_size} x 4 B x connections_per_neuron {n.connections_per_neuron}, + state {fmt_bytes(est.state_per_market)} + pool {fmt_bytes(est.pool)}) exceeds memory_limit {fmt_bytes(int(perf.memory_limit))}",
+            f"memory estimate {fmt_bytes(est.total)} (weights {fmt_bytes(est.weights)} = granule_size {n.granule_size} x 4 B x connections_per_neuron {n.connections_per_neuron} + the other layers, + state {fmt_bytes(est.state_per_market)} + pool {fmt_bytes(est.pool)}) exceeds memory_limit {fmt_bytes(int(perf.memory_limit))}",
             "lower neural.granule_size, neural.connections_per_neuron or performance.memory_pool_size, or raise performance.memory_limit",
         ))
     t = cfg.training

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from fastapi import FastAPI
 from ..config import Config
 from ..engine.engine import Engine
 from ..errors import CheckpointError, StorageError
-from ..neurons.topology import Weights
+from ..neurons.topology import Weights, generate_weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.metrics import ServiceMetrics, engine_families
@@ -96,11 +97,20 @@ def served_model(cfg: Config, store: ModelStore, usable: Callable[[StoredModel],
     return model
 
 
+SEED_VERSION_RE = re.compile(r"seed-(\d+)")  # the untrained network of a seed, served before any model is stored
+
+
 def stored_weights(cfg: Config, store: ModelStore) -> Callable[[str], Weights | None]:
     """The weights of a stored, valid model of ``cfg``'s network by version (None otherwise; a refusal is logged)."""
     def weights_of(version: str) -> Weights | None:
         if version not in store.versions():
-            return None
+            seed = SEED_VERSION_RE.fullmatch(version)
+            if seed is None:
+                return None
+            # the untrained network served before any model was stored: never in models/, regenerated from its seed
+            # (as replay does), so a state saved while it was served survives a model activated meanwhile
+            neural = cfg.neural.model_copy(update={"seed": int(seed.group(1))})
+            return generate_weights(cfg.model_copy(update={"neural": neural}))
         try:
             model = store.load(version)
         except CheckpointError as exc:

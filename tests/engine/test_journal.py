@@ -538,3 +538,29 @@ async def test_a_restart_under_another_model_moves_state_and_journal_aside(journ
     assert len(list((state_dir / JOURNAL_DIR).glob("*.journal.foreign-*"))) == 1
     assert not list(state_dir.glob("*.tmp"))
     assert "written for another network or model" in caplog.text
+
+
+async def test_states_of_the_untrained_seed_network_survive_a_model_activated_while_stopped(
+        journaled: tuple[Config, list[Durability]]) -> None:
+    """A service that served the untrained network (``seed-N``, never stored in models/), then a model trained and
+    activated while it was stopped (``train --activate``): the states are restored with the seed's network, then the
+    model is swapped in; not moved aside as foreign with the advice to restore ``models/seed-N``, which cannot exist."""
+    from cerebellar_norse.api.server import stored_weights
+    from cerebellar_norse.training.checkpoints import ModelStore
+
+    cfg, opened = journaled
+    w2, e, _, twin = await fed_with_another_model(cfg, opened)
+    assert e.model_version == f"seed-{cfg.neural.seed}"
+    await e.drain()
+    twin.set_weights(w2.copy(), "v2")
+    e2 = Engine(cfg, weights=w2.copy(), model_version="v2")
+    e2.model_for = stored_weights(cfg, ModelStore(Path(cfg.paths.state_dir)))
+    d2 = Durability(e2)
+    opened.append(d2)
+    d2.recover()
+    e2.finish_restore(reset_states=False)
+    assert e2.restore_problem is None
+    assert not list(Path(cfg.paths.state_dir).glob(f"{STATE_FILE}.foreign-*"))
+    assert e2.model_version == "v2" and e2.pool.used == 2
+    assert_same_pool(e2, twin)
+    assert stored_weights(cfg, ModelStore(Path(cfg.paths.state_dir)))("v9") is None  # not stored, not a seed
