@@ -14,20 +14,23 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ByteSize,
     ConfigDict,
     Field,
     SecretStr,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -35,6 +38,28 @@ from pydantic import (
 from .errors import ConfigError, ConfigProblem
 
 ENV_PREFIX = "CEREBELLAR_NORSE_"
+LEVEL_NAMES = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]+)?\s*")
+_SIZE_UNITS = sorted(ByteSize.byte_sizes, key=lambda u: (-len(u), u))  # longest first, for the schema's alternation
+
+
+def _checked_size(v: Any) -> Any:
+    """A size string must be a number and a known unit, nothing more (pydantic's parser alone reads "28.5.5GB" as 28
+    bytes and ignores what follows "28GB")."""
+    if isinstance(v, str):
+        m = _SIZE_RE.fullmatch(v)
+        if m is None or (m[2] is not None and m[2].lower() not in ByteSize.byte_sizes):
+            raise ValueError(f"{v!r} is not a size: write a number and a unit, e.g. \"28GB\", \"512MB\" or \"1.5GiB\""
+                             " (units B, KB, MB, GB, TB and KiB, MiB, GiB, TiB)")
+    return v
+
+
+_SIZE_PATTERN = (r"^\s*(\d+(\.\d+)?|\.\d+)\s*("
+                 + "|".join("".join(f"[{c.upper()}{c.lower()}]" for c in u) for u in _SIZE_UNITS) + r")?\s*$")
+Bytes = Annotated[ByteSize, BeforeValidator(_checked_size), WithJsonSchema(
+    {"anyOf": [{"type": "string", "pattern": _SIZE_PATTERN}, {"type": "integer", "minimum": 0}]})]
+"""A size in bytes: an integer, or a string of a number and a unit ("28GB", "512 MB", "1.5GiB"; 1 GB = 10^9 B)."""
 N_FEATURES = 3  # log return, log volume, log inter-tick gap
 N_CLASSES = 3  # down, flat, up
 
@@ -153,12 +178,12 @@ class PerformanceConfig(_Section):
         "batch of 256 by 10-40% per tick, depending on what else runs (docs/benchmarks.md). Leave it at 1 where "
         "single ticks dominate and the service shares its cores."))
     memory_pool_enabled: bool = Field(True, description="Reserve the state pool at start.")
-    memory_pool_size: ByteSize = Field(ByteSize(64_000_000), description='Memory reserved for market states, e.g. "20GB".')
-    memory_limit: ByteSize = Field(ByteSize(2_000_000_000), description='Hard cap on the estimated memory, e.g. "28GB".')
+    memory_pool_size: Bytes = Field(ByteSize(64_000_000), description='Memory reserved for market states, e.g. "20GB".')
+    memory_limit: Bytes = Field(ByteSize(2_000_000_000), description='Hard cap on the estimated memory, e.g. "28GB".')
     garbage_collection_threshold: float = Field(0.8, gt=0, le=1, description="Pool usage fraction above which idle markets are evicted early.")
     journal: bool = Field(True, description="Append every applied batch of ticks to a journal in the state dir before its results are returned, and replay it over the last checkpoint at start: a crash (kill -9) loses no acknowledged tick.")
     journal_fsync: bool = Field(False, description="fsync the journal after every batch, so acknowledged ticks also survive power loss (costs one disk flush per batch); without it they survive a process crash.")
-    journal_segment_size: ByteSize = Field(ByteSize(64_000_000), ge=1_000_000, description='Size of one journal file, reserved on disk when it is created (a full disk is found then, not mid-batch), e.g. "64MB"; a full file starts a checkpoint.')
+    journal_segment_size: Bytes = Field(ByteSize(64_000_000), ge=1_000_000, description='Size of one journal file, reserved on disk when it is created (a full disk is found then, not mid-batch), e.g. "64MB"; a full file starts a checkpoint.')
     checkpoint_interval_s: float = Field(60.0, gt=0, le=86_400, description="Seconds between checkpoints of the market states (s); each removes the journal it covers, so it bounds the replay at start.")
 
     @field_validator("warm_step_interval_us")
@@ -204,7 +229,7 @@ class ServerConfig(_Section):
     connection_timeout: float = Field(30.0, gt=0, le=3600, description="Seconds open connections get to finish their requests at shutdown (s).")
     keep_alive_timeout: float = Field(75.0, gt=0, le=3600, description="Idle keep-alive connection lifetime (s).")
     max_connections: int = Field(10_000, ge=1, le=1_000_000, description="Concurrent connections before new ones get 503.")
-    max_body_size: ByteSize = Field(ByteSize(1_000_000), description='Largest request body, e.g. "1MB".')
+    max_body_size: Bytes = Field(ByteSize(1_000_000), description='Largest request body, e.g. "1MB".')
     request_timeout: float = Field(10.0, gt=0, le=3600, description="Seconds a client gets to send a whole request (headers and body) once it has started one; slower requests are answered 408 and their connection closed.")
     max_clock_skew_ms: int = Field(300_000, ge=0, le=3_155_760_000_000, description="Ticks whose timestamp is more than this far ahead of the server clock (ms) are refused (409 future_timestamp).")
 
@@ -222,10 +247,12 @@ class ServerConfig(_Section):
 class LoggingConfig(_Section):
     """Logs (section ``[logging]``)."""
 
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="Lowest level logged.")
+    level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], WithJsonSchema(
+        {"type": "string", "pattern": "^(" + "|".join("".join(f"[{c}{c.lower()}]" for c in name) for name in LEVEL_NAMES)
+         + ")$"})] = Field("INFO", description="Lowest level logged (any case).")
     file: Path | None = Field(None, strict=False, description="Also write JSON lines here (e.g. /var/log/cerebellar-norse/application.log).")
     max_files: int = Field(30, ge=1, le=10_000, description="Rotated log files kept.")
-    max_size: ByteSize = Field(ByteSize(100_000_000), description='Size at which the log file rotates, e.g. "100MB".')
+    max_size: Bytes = Field(ByteSize(100_000_000), description='Size at which the log file rotates, e.g. "100MB".')
     compression: Literal["gzip", "none"] = Field("gzip", description="Compression of rotated files.")
 
     @field_validator("level", mode="before")

@@ -260,6 +260,33 @@ def test_bad_byte_size_names_the_key() -> None:
     assert "20 parsecs" in info.value.problems[0].message
 
 
+@pytest.mark.parametrize("text", ["28.5.5GB", "28GB xyz", "2XB", "-1GB", "", "GB", "1e3MB"])
+def test_a_size_with_anything_but_a_number_and_a_unit_is_refused(text: str) -> None:
+    """pydantic's parser alone reads "28.5.5GB" as 28 bytes and ignores what follows "28GB"."""
+    for section, key in (("performance", "memory_limit"), ("logging", "max_size"), ("server", "max_body_size")):
+        with pytest.raises(ConfigError) as info:
+            cfg_with({section: {key: text}})
+        assert problem_keys(info.value) == [f"{section}.{key}"]
+        assert f"{text!r} is not a size: write a number and a unit" in info.value.problems[0].message
+
+
+def test_the_json_schema_accepts_the_sizes_and_levels_the_loader_accepts() -> None:
+    import re
+
+    schema = config_json_schema()["$defs"]
+    size = re.compile(next(a["pattern"] for a in schema["PerformanceConfig"]["properties"]["memory_limit"]["anyOf"]
+                           if a.get("type") == "string"))
+    for ok in ("28GB", "28 gb", " 1.5GiB ", "512", ".5MB", "28g", "100mib"):
+        assert size.search(ok), ok
+        cfg_with({"performance": {"memory_limit": ok}})
+    for bad in ("28.5.5GB", "28GB xyz", "2XB", "-1GB", ""):
+        assert not size.search(bad), bad
+    level = re.compile(schema["LoggingConfig"]["properties"]["level"]["pattern"])
+    for ok in ("DEBUG", "debug", "Warning"):
+        assert level.search(ok) and cfg_with({"logging": {"level": ok}}).logging.level == ok.upper()
+    assert not level.search("verbose")
+
+
 # ---------------------------------------------------------------------------
 # Environment overrides CEREBELLAR_NORSE_<SECTION>__<KEY>
 # ---------------------------------------------------------------------------
