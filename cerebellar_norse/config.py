@@ -349,20 +349,18 @@ def pool_capacity(cfg: Config) -> int:
     return max(1, min(perf.max_markets, int(perf.memory_pool_size) // per_market))
 
 
-def fmt_bytes(n: int) -> str:
-    """Human-readable decimal size (matches the GB = 10^9 convention of the config)."""
+def fmt_bytes(n: int, *, at_least: bool = False) -> str:
+    """Human-readable decimal size (matches the GB = 10^9 convention of the config); ``at_least`` rounds up, for a
+    size to set: the printed figure is then never below ``n``."""
     for unit, factor in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
         if n >= factor:
-            return f"{n / factor:.2f}{unit}"
+            return f"{(-(-n * 100 // factor) / 100 if at_least else n / factor):.2f}{unit}"
     return f"{n}B"
 
 
 def fmt_bytes_at_least(n: int) -> str:
-    """:func:`fmt_bytes` rounded up, for a size to set: the printed figure is never below ``n``."""
-    for unit, factor in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if n >= factor:
-            return f"{-(-n * 100 // factor) / 100:.2f}{unit}"
-    return f"{n}B"
+    """:func:`fmt_bytes` rounded up (``at_least=True``)."""
+    return fmt_bytes(n, at_least=True)
 
 
 # ---------------------------------------------------------------------------

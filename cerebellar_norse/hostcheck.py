@@ -96,11 +96,10 @@ def cuda_plan_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
             f"raise memory_limit to at least {fmt_bytes_at_least(plan.fixed + plan.streams * plan.one_tick_workspace)}, "
             "or lower memory_pool_size, cuda_streams or the network size",
         ))
-    planned = plan.fixed + plan.streams * plan.workspace
-    if host.gpu_memory_total_bytes is not None and planned > host.gpu_memory_total_bytes:
+    if host.gpu_memory_total_bytes is not None and plan.total > host.gpu_memory_total_bytes:
         out.append(ConfigProblem(
             "performance.memory_limit",
-            f"the cuda backend plans {fmt_bytes(planned)} ({plan.summary()}), more than the GPU memory "
+            f"the cuda backend plans {fmt_bytes(plan.total)} ({plan.summary()}), more than the GPU memory "
             f"{fmt_bytes(host.gpu_memory_total_bytes)} of {host.gpu_name or 'device 0'}",
             f"lower memory_limit (and memory_pool_size) below {fmt_bytes(host.gpu_memory_total_bytes)}, leaving room "
             "for the driver, or lower the network size",

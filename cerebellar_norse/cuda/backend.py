@@ -83,7 +83,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -400,15 +400,19 @@ class CudaBackend(StagedBuffers):
         mask = (enc[:, S_N_TICKS] == 0.0) | (enc != self._seen[slots]).any(axis=1)
         return np.unique(slots[mask]) if mask.any() else slots[:0]
 
-    def _upload_rows(self, slots: np.ndarray) -> None:
-        """Copy the host neuron state of ``slots`` to the device (on the current stream), at most ``launch_ticks``
-        slots at a time: the device copy of the rows is transient memory the step workspace covers (the gathered
-        state of a launch), where all of a batch's new markets at once would overrun ``memory_limit``."""
-        step = max(1, getattr(self, "launch_ticks", 0) or int(slots.size))
-        for k in range(0, int(slots.size), step):
-            self._upload_chunk(slots[k:k + step])
+    def _by_launch(self, slots: np.ndarray) -> Iterator[np.ndarray]:
+        """``slots`` in pieces of at most ``launch_ticks``: a transfer of their rows is transient device memory the
+        step workspace covers (the gathered state of a launch), where all of a batch's new markets at once would
+        overrun ``memory_limit``."""
+        for k in range(0, int(slots.size), self.launch_ticks):
+            yield slots[k:k + self.launch_ticks]
 
-    def _upload_chunk(self, slots: np.ndarray) -> None:
+    def _upload_rows(self, slots: np.ndarray) -> None:
+        """Copy the host neuron state of ``slots`` to the device (on the current stream), a launch's worth at a time."""
+        for piece in self._by_launch(slots):
+            self._upload_piece(piece)
+
+    def _upload_piece(self, slots: np.ndarray) -> None:
         st = self.state
         rows = np.concatenate([getattr(st, n)[slots].reshape(slots.size, -1) for n in FLOAT_FIELDS], axis=1)
         src = torch.from_numpy(rows)
@@ -463,10 +467,8 @@ class CudaBackend(StagedBuffers):
                     off, shape = self._layout[name]
                     view = host[off:off + int(np.prod(shape))].reshape(shape)
                     getattr(st, name)[owned] = view[owned]
-            else:  # a few slots: gather their rows on the device, at most launch_ticks at a time (the workspace)
-                step = max(1, self.launch_ticks)
-                for k in range(0, int(owned.size), step):
-                    part = owned[k:k + step]
+            else:  # a few slots: gather their rows on the device, a launch's worth at a time
+                for part in self._by_launch(owned):
                     idx = torch.from_numpy(part).to(self.device)
                     for name in FLOAT_FIELDS:
                         getattr(st, name)[part] = self._fields[name].index_select(0, idx).cpu().numpy()

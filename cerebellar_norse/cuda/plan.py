@@ -71,7 +71,6 @@ class CudaPlan:
         workspace: step workspace of one stream, for launches of ``launch_ticks`` ticks.
         launch_ticks: most ticks per device launch (0: not even one fits).
         one_tick_workspace: workspace of one stream for a launch of one tick.
-        full_batch_workspace: workspace of one stream for a launch of ``max_batch`` ticks.
     """
 
     limit: int
@@ -85,7 +84,6 @@ class CudaPlan:
     workspace: int
     launch_ticks: int
     one_tick_workspace: int
-    full_batch_workspace: int
 
     @property
     def fixed(self) -> int:
@@ -98,25 +96,15 @@ class CudaPlan:
         return not self.state_in_pool or align_up(self.state) <= self.pool
 
     @property
-    def runs(self) -> bool:
-        """The backend can start: the state fits, and one tick per stream fits the limit."""
-        return self.state_fits_pool and self.launch_ticks >= 1
-
-    @property
-    def launches_per_full_batch(self) -> int:
-        """Device launches of a full batch of distinct markets (``batch_size`` ticks)."""
-        return -(-self.max_batch // self.launch_ticks) if self.launch_ticks else 0
-
-    @property
-    def needed_for_full_batch(self) -> int:
-        """``memory_limit`` at which a full batch runs in one launch per stream."""
-        return self.fixed + self.streams * self.full_batch_workspace
+    def total(self) -> int:
+        """Bytes charged in all: the fixed charges and every stream's workspace."""
+        return self.fixed + self.streams * self.workspace
 
     def summary(self) -> str:
         """One line for ``--validate-config`` and the start-up log."""
         head = (f"pool {fmt_bytes(self.pool)}" if self.pool else f"state {fmt_bytes(self.state)}")
         return (f"{head} + weights {fmt_bytes(self.weights)} + staging {fmt_bytes(self.staging)} + {self.streams} stream(s) x "
-                f"workspace {fmt_bytes(self.workspace)} = {fmt_bytes(self.fixed + self.streams * self.workspace)} of "
+                f"workspace {fmt_bytes(self.workspace)} = {fmt_bytes(self.total)} of "
                 f"memory_limit {fmt_bytes(self.limit)}; device launches of up to {self.launch_ticks} tick(s)"
                 f" (batch_size {self.max_batch})")
 
@@ -133,8 +121,7 @@ def plan_cuda(shape: NetworkShape, float_bytes: int, *, slots: int, max_batch: i
     n = launch_ticks(shape, float_bytes, max_batch, streams, limit - fixed)
     return CudaPlan(limit=limit, pool=pool, state=state, state_in_pool=pool_enabled, weights=weights, staging=staging,
                     streams=streams, max_batch=max_batch, workspace=workspace_bytes(shape, n, float_bytes) if n else 0,
-                    launch_ticks=n, one_tick_workspace=workspace_bytes(shape, 1, float_bytes),
-                    full_batch_workspace=workspace_bytes(shape, max_batch, float_bytes))
+                    launch_ticks=n, one_tick_workspace=workspace_bytes(shape, 1, float_bytes))
 
 
 def plan_for_config(cfg: Config) -> CudaPlan:
