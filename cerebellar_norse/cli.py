@@ -385,9 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         return EXIT_BROKEN_PIPE
     except OSError as exc:  # an output file that cannot be written (full or read-only disk): one line, no traceback
-        import errno
-
-        if exc.filename or exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
+        if exc.filename or StorageError.is_write_failure(exc):
             _err(str(StorageError.from_os_error("cannot write", exc.filename or "output", exc)))
         else:  # no file and no full disk: a socket (a timeout), not a write
             _err(f"{type(exc).__name__}: {exc.strerror or exc}")

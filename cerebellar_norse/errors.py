@@ -151,6 +151,14 @@ class StorageError(EngineFatalError):
         self.errno = errno
         super().__init__(message)
 
+    @staticmethod
+    def is_write_failure(exc: OSError) -> bool:
+        """The error numbers of a write that failed for lack of room or a read-only disk (ENOSPC, EDQUOT, EROFS,
+        EFBIG), as opposed to a file that cannot be read or used at all."""
+        import errno as errno_names
+
+        return exc.errno in (errno_names.ENOSPC, errno_names.EDQUOT, errno_names.EROFS, errno_names.EFBIG)
+
     @classmethod
     def from_os_error(cls, what: str, path: object, exc: OSError) -> StorageError:
         """``"<what> <path>: <strerror> (errno N ENAME)"`` from an OSError raised while writing ``path``."""

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +24,7 @@ from fastapi import FastAPI
 from ..config import Config
 from ..engine.engine import Engine
 from ..errors import CheckpointError, StorageError
-from ..neurons.topology import Weights, generate_weights
+from ..neurons.topology import Weights, seed_version_weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.metrics import ServiceMetrics, engine_families
@@ -53,9 +51,6 @@ from .routes import training as training_routes
 from .starting import StartingResponder, bind_listener
 
 log = logging.getLogger("cerebellar_norse.server")
-# a start-up OSError with one of these happened while writing (the disk filled during first-run training); any other
-# (an unreadable journal directory) is named without claiming a write
-_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
 def select_device(cfg: Config) -> str:
@@ -97,20 +92,13 @@ def served_model(cfg: Config, store: ModelStore, usable: Callable[[StoredModel],
     return model
 
 
-SEED_VERSION_RE = re.compile(r"seed-(\d+)")  # the untrained network of a seed, served before any model is stored
-
-
 def stored_weights(cfg: Config, store: ModelStore) -> Callable[[str], Weights | None]:
     """The weights of a stored, valid model of ``cfg``'s network by version (None otherwise; a refusal is logged)."""
     def weights_of(version: str) -> Weights | None:
         if version not in store.versions():
-            seed = SEED_VERSION_RE.fullmatch(version)
-            if seed is None:
-                return None
-            # the untrained network served before any model was stored: never in models/, regenerated from its seed
-            # (as replay does), so a state saved while it was served survives a model activated meanwhile
-            neural = cfg.neural.model_copy(update={"seed": int(seed.group(1))})
-            return generate_weights(cfg.model_copy(update={"neural": neural}))
+            # seed-<N>, the untrained network served before any model was stored, is regenerated (as replay does), so
+            # a state saved while it was served survives a model activated meanwhile; any other version is unknown
+            return seed_version_weights(cfg, version)
         try:
             model = store.load(version)
         except CheckpointError as exc:
@@ -299,7 +287,9 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
         starting.stop()
         sock.close()
         if isinstance(exc, OSError):  # e.g. the disk filled up during first-run training: one line, no traceback
-            doing = "writing failed at" if exc.errno in _WRITE_ERRNOS else "cannot use"
+            # a full or read-only disk (during first-run training, say) is a failed write; anything else (an
+            # unreadable journal directory) is named without claiming one
+            doing = "writing failed at" if StorageError.is_write_failure(exc) else "cannot use"
             raise StorageError.from_os_error(f"cannot start: {doing}", exc.filename or cfg.paths.state_dir, exc) from None
         raise
     state.starting = starting

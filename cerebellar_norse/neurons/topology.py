@@ -23,6 +23,7 @@ Connectivity (all fixed except the trainable weights named in :data:`TRAINABLE`)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -158,6 +159,18 @@ def generate_weights(cfg: Config) -> Weights:
     ptr, post, src = _csr_by_granule(pf_pre, s.granule)
     w = Weights(mg_idx, mg_w, pf_pre, pf_w, pc_bias, w_md, w_pd, dcn_bias, w_out, golgi_init, ptr, post, src)
     return w.astype(numpy_dtype(n.precision))
+
+
+SEED_VERSION_RE = re.compile(r"seed-(\d+)")  # the untrained network of seed N, served before any model is stored
+
+
+def seed_version_weights(cfg: Config, version: str) -> Weights | None:
+    """The untrained network a model version ``seed-<N>`` names (never stored in ``models/``), regenerated from seed N
+    with ``cfg``'s network; None for any other version."""
+    m = SEED_VERSION_RE.fullmatch(version)
+    if m is None:
+        return None
+    return generate_weights(cfg.model_copy(update={"neural": cfg.neural.model_copy(update={"seed": int(m.group(1))})}))
 
 
 def _threshold_current(lif: object, dt_ms: float) -> float:

@@ -28,19 +28,6 @@ if TYPE_CHECKING:
     from .data import TickData
 
 
-def _finite(x: Any) -> Any:
-    """``x`` with every non-finite float (a directional accuracy of no moving labels) as None: JSON has no NaN."""
-    import math
-
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
-
-
 def _progress_printer(enabled: bool, printed: set[str]) -> Any:
     """The progress callback of ``train``: warnings and notes always (each added to ``printed``), epoch lines,
     and a progress bar when ``enabled``."""
@@ -137,7 +124,9 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
         if w not in printed:  # those the progress callback showed during the run are not said twice
             print(f"warning: {w}", file=sys.stderr)
     if as_json:
-        print(json.dumps(_finite(res), default=float, allow_nan=False))  # NaN (no moving labels) is null, as over HTTP
+        from .jobs import finite_or_none
+
+        print(json.dumps(finite_or_none(res), default=float, allow_nan=False))  # NaN (no moving labels) is null, as over HTTP
         return 0
     v = res["validation"]
     print(f"model {res['model_version']} stored in {Path(cfg.paths.state_dir) / 'models'}{' and activated' if activate else ''}")

@@ -526,12 +526,12 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
     """
     s = raw = text.strip()
     # in a file of YYYYMMDD dates or date-times every number is one (a "0.0" or "1.5" is no ms of 1970)
-    if unit == "date" and (s.isdigit() or _DATE_DIGITS.fullmatch(s) or _is_number(s)):
+    if unit == "date" and (s.isdigit() or _is_number(s)):
         ms = _yyyymmdd(s)
         if ms is None:
             raise ValueError(f"{name} {raw!r} is not a date written YYYYMMDD (as the file's first time is)")
         return ms
-    if unit == "datetime" and (s.isdigit() or _DATETIME_DIGITS.fullmatch(s) or _is_number(s)):
+    if unit == "datetime" and (s.isdigit() or _is_number(s)):
         ms = _yyyymmddhhmm(s)
         if ms is None:
             raise ValueError(f"{name} {raw!r} is not a date-time written YYYYMMDDHHMM or YYYYMMDDHHMMSS (as the file's"

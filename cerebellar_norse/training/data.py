@@ -195,8 +195,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                         if not row:
                             continue
                         rows += 1
-                        if len(row) == cols.fields + 1 and not row[-1].strip():
-                            row = without_trailing_separator(row, cols.fields)
+                        trimmed = without_trailing_separator(row, cols.fields)
+                        if trimmed is not row:
+                            row = trimmed
                             trailing += 1
                         try:
                             ts, market, price, volume = parse_row(row, cols)

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import multiprocessing as mp
+import numbers
 import os
 import queue
 import signal
@@ -135,8 +136,8 @@ class JobStatus:
         for k in ("created", "started", "finished"):
             v = d[k]
             d[k] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(v)) if v else None
-        d["loss"] = _finite(d["loss"])
-        d["loss_history"] = [_finite(x) for x in d["loss_history"]]
+        d["loss"] = finite_or_none(d["loss"])
+        d["loss_history"] = finite_or_none(d["loss_history"])
         return d
 
 
@@ -157,8 +158,15 @@ def compact_summary(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _finite(x: Any) -> Any:
-    return x if not isinstance(x, float) or math.isfinite(x) else None
+def finite_or_none(x: Any) -> Any:
+    """``x`` (a number, or dicts, lists and tuples of them) with every non-finite float as None: JSON has no NaN."""
+    if isinstance(x, dict):
+        return {k: finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_or_none(v) for v in x]
+    if isinstance(x, numbers.Real) and not isinstance(x, numbers.Integral):  # float, numpy floats
+        return float(x) if math.isfinite(x) else None
+    return x
 
 
 # --------------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,13 +41,12 @@ import numpy as np
 
 from ..config import Config
 from ..errors import DataError, InputError
-from ..neurons.topology import Weights, generate_weights
+from ..neurons.topology import Weights, seed_version_weights
 from ..ticks import Tick
 from . import checkpoints
 from .checkpoints import ModelStore, shape_mismatch
 
 DEFAULT_TOLERANCE = 1e-9
-SEED_VERSION_RE = re.compile(r"seed-(\d+)")  # the untrained network served without a stored model
 CHUNK = 4096  # ticks per network call
 
 
@@ -114,7 +112,6 @@ def weights_for_version(cfg: Config, store: ModelStore, version: str) -> Weights
     InputError (exit 1) naming the store when the version is not stored, or when it does
     not fit the config's network.
     """
-    m = SEED_VERSION_RE.fullmatch(version)
     if version in store.versions():
         model = store.load(version)
         bad = shape_mismatch(model.neural, cfg.neural)
@@ -122,9 +119,9 @@ def weights_for_version(cfg: Config, store: ModelStore, version: str) -> Weights
             raise InputError(f"model {version} does not fit this config ({', '.join(bad)} differ): replay with the "
                              "service's --config", "model_version")
         return model.weights
-    if m is not None:
-        seeded = cfg.model_copy(update={"neural": cfg.neural.model_copy(update={"seed": int(m.group(1))})})
-        return generate_weights(seeded)
+    seeded = seed_version_weights(cfg, version)
+    if seeded is not None:
+        return seeded
     stored = store.versions()
     raise InputError(f"the recording was served by model {version!r}, which is not stored in {store.root} "
                      f"(stored: {', '.join(stored) if stored else 'none'}); copy that model directory there, or replay "
