@@ -317,11 +317,13 @@ def layer_stats(w: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def _write_output(path: Path, data: bytes, atomic_write_bytes: Any) -> None:
+def _write_output(path: Path, data: bytes) -> None:
     """Write an output file: a regular file (or a new one) atomically, never half-written on a full disk, with the
     mode the umask gives; through a link to its target; a device, FIFO or pipe (/dev/stdout) written into, not
     replaced by a file."""
     import os
+
+    from ..storage import atomic_write_bytes
 
     try:
         target = path.resolve()
@@ -339,13 +341,11 @@ def _write_output(path: Path, data: bytes, atomic_write_bytes: Any) -> None:
 
 def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
     """``--dump-weights``: statistics per layer of the served model (or all weights as npz)."""
-    from ..storage import atomic_write_bytes
-
     w, version = served_weights_named(cfg)
     if fmt == "npz":
         data = weights_to_bytes(w)
         if output:
-            _write_output(Path(output), data, atomic_write_bytes)
+            _write_output(Path(output), data)
             print(f"wrote weights of model {version} to {output}", file=sys.stderr)
         else:
             sys.stdout.buffer.write(data)
