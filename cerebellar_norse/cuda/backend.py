@@ -61,13 +61,20 @@ CUDA graphs (``use_graphs=True``). A single-wave batch size seen ``graph_warmup`
 times on a stream is captured once as a graph for that (stream, batch size) and
 replayed from then on: the graph reads the stream's static staging buffers and the
 resident state and weights, whose addresses never change (:meth:`set_weights` copies
-new weights into the same tensors). Each graph's private memory pool (the step's
-intermediates, estimated by :func:`~cerebellar_norse.cuda.staging.workspace_bytes`)
-is charged to the budget; a graph the budget refuses is not captured and that size
-stays eager.
+new weights into the same tensors). A stream's graphs and its eager steps allocate
+their intermediates in one ``torch.cuda.MemPool`` of the stream's own, the stream's
+workspace: a stream runs one launch at a time and no intermediate outlives its launch,
+so a capture reuses the memory of the eager steps before it and costs nothing beyond
+the workspace charged at start (a graph holds at most ``launch_ticks`` ticks) except the
+allocator's rounding, which is measured after each capture and charged as ``graphs.N``
+(a graph the budget cannot take is dropped and its size stays eager). Where
+torch has no ``MemPool`` (before 2.6), each graph gets a private pool charged to the
+budget beside the workspace (estimated by
+:func:`~cerebellar_norse.cuda.staging.workspace_bytes`); a graph the budget refuses is
+not captured and that size stays eager.
 
 Memory. Every allocation (pool, weights, staging, per-stream workspace estimates,
-graph pools) is charged to a :class:`~cerebellar_norse.cuda.memory.MemoryBudget`
+separate graph pools) is charged to a :class:`~cerebellar_norse.cuda.memory.MemoryBudget`
 capped by ``performance.memory_limit`` before it is made. The workspaces come last and
 are sized to what is left: ``launch_ticks`` is the most ticks per device launch whose
 workspace fits every stream (the plan of :mod:`cerebellar_norse.cuda.plan`, which
@@ -110,6 +117,9 @@ if TYPE_CHECKING:
     from ..engine.engine import Engine
 
 log = logging.getLogger("cerebellar_norse.cuda")
+
+# torch.cuda.MemPool lets a stream's eager steps and its CUDA graphs share one pool (torch >= 2.6).
+SHARED_WORKSPACE = hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")
 
 _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
@@ -187,6 +197,7 @@ class _Lane:
     spikes_d: torch.Tensor
     handle: CudaHandle | None = None
     graphs: dict[int, Any] = field(default_factory=dict)
+    pool: Any = None  # torch.cuda.MemPool shared by the lane's eager steps and graphs (the stream's workspace), or None
 
 
 class CudaBackend(StagedBuffers):
@@ -316,11 +327,12 @@ class CudaBackend(StagedBuffers):
             for t in (*h, *d):
                 t.zero_()
             done = torch.cuda.Event() if self.on_cuda else _HostEvent()
+            pool = torch.cuda.MemPool() if self.graph_policy.enabled and SHARED_WORKSPACE else None
             self._lanes.append(_Lane(
                 index=i, stream=stream, done=done,
                 slots_h=h[0].numpy(), mossy_h=h[1].numpy(), probs_h=h[2].numpy(), spikes_h=h[3].numpy(),
                 slots_ht=h[0], mossy_ht=h[1], probs_ht=h[2], spikes_ht=h[3],
-                slots_d=d[0], mossy_d=d[1], probs_d=d[2], spikes_d=d[3]))
+                slots_d=d[0], mossy_d=d[1], probs_d=d[2], spikes_d=d[3], pool=pool))
         self.launch_ticks = launch_ticks(s, fb, self.max_batch, streams, self.mem.budget.available)
         if self.launch_ticks < 1:
             one, budget = workspace_bytes(s, 1, fb), self.mem.budget
@@ -329,8 +341,9 @@ class CudaBackend(StagedBuffers):
                 f"performance.memory_limit {fmt_bytes(budget.limit)} ({budget.limit} bytes) with {fmt_bytes(budget.used)} "
                 f"in use ({budget.breakdown()}); raise memory_limit or lower memory_pool_size, cuda_streams or the network size",
                 retry_after_s=0.0)
+        self._workspace = workspace_bytes(s, self.launch_ticks, fb)
         for i in range(streams):
-            self.mem.charge(f"workspace.{i}", workspace_bytes(s, self.launch_ticks, fb))
+            self.mem.charge(f"workspace.{i}", self._workspace)
         self._chain: Any = torch.cuda.Event() if self.on_cuda else _HostEvent()
         fields = {"device": str(self.device), "streams": streams, "max_batch": self.max_batch,
                   "launch_ticks": self.launch_ticks, **self.mem.budget.report()}
@@ -479,6 +492,10 @@ class CudaBackend(StagedBuffers):
     def _stream_ctx(self, lane: _Lane) -> contextlib.AbstractContextManager[Any]:
         return torch.cuda.stream(lane.stream) if lane.stream is not None else contextlib.nullcontext()
 
+    def _workspace_ctx(self, lane: _Lane) -> contextlib.AbstractContextManager[Any]:
+        """Eager steps allocate their intermediates in the lane's shared pool, where its graphs live too."""
+        return torch.cuda.use_mem_pool(lane.pool, device=self.device) if lane.pool is not None else contextlib.nullcontext()
+
     def _compute(self, lane: _Lane, bounds: list[tuple[int, int]]) -> None:
         """Step the staged batch wave by wave: gather, tick, scatter, outputs into the lane's buffers."""
         f, w, p = self._fields, self._w, self.params
@@ -512,23 +529,55 @@ class CudaBackend(StagedBuffers):
         """Capture the single-wave step of ``b`` ticks on ``lane``; False when refused or failed."""
         key = (lane.index, b)
         name = f"graphs.{lane.index}.{b}"
-        try:
-            self.mem.charge(name, workspace_bytes(self.params.shape, b, self.np_dtype.itemsize))
-        except CapacityError as exc:
-            log.info("cuda graph not captured: %s", exc)
-            self.graph_policy.record_refused(key)
-            return False
+        if lane.pool is None:  # a private pool of its own, charged beside the workspace
+            try:
+                self.mem.charge(name, workspace_bytes(self.params.shape, b, self.np_dtype.itemsize))
+            except CapacityError as exc:
+                log.info("cuda graph not captured: %s", exc)
+                self.graph_policy.record_refused(key)
+                return False
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=lane.stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=lane.pool.id if lane.pool is not None else None, stream=lane.stream,
+                                  capture_error_mode="thread_local"):
                 self._compute(lane, [(0, b)])
         except RuntimeError as exc:
-            self.mem.release(name)
+            if lane.pool is None:
+                self.mem.release(name)
             self.graph_policy.record_refused(key)
             log.warning("cuda graph capture of batch %d on stream %d failed, running eagerly: %s", b, lane.index, exc)
             return False
         lane.graphs[b] = graph
+        if lane.pool is not None and not self._charge_pool_rounding(lane):
+            del lane.graphs[b]
+            self.graph_policy.record_refused(key)
+            return False
         self.graph_policy.record_captured(key)
+        return True
+
+    def _charge_pool_rounding(self, lane: _Lane) -> bool:
+        """Charge what the lane's shared pool holds beyond its workspace (``graphs.N``); False when the budget refuses.
+
+        The caching allocator carves a pool into segments (rounded to 2 MiB, small blocks
+        out of 2 and 20 MiB segments) and splits them between the sizes it has served,
+        so a pool that has held several launch sizes can reserve a few percent more than
+        the largest step needs. Measured here, after a capture, rather than estimated.
+        """
+        name = f"graphs.{lane.index}"
+        over = sum(int(seg["total_size"]) for seg in torch.cuda.memory_snapshot(lane.pool.id)) - self._workspace
+        held = self.mem.budget.items().get(name)
+        if over <= (held.nbytes if held is not None else 0):
+            return True
+        if held is not None:
+            self.mem.release(name)
+        try:
+            self.mem.charge(name, over)
+        except CapacityError as exc:
+            if held is not None:
+                self.mem.charge(name, held.nbytes)
+            log.info("cuda graph of stream %d not kept: its pool holds %s beyond the workspace: %s",
+                     lane.index, fmt_bytes(over), exc)
+            return False
         return True
 
     def submit(self, slots: np.ndarray, ticks: np.ndarray) -> CudaHandle:
@@ -590,7 +639,8 @@ class CudaBackend(StagedBuffers):
             if action == "replay":
                 lane.graphs[b].replay()
             else:
-                self._compute(lane, bounds)
+                with self._workspace_ctx(lane):
+                    self._compute(lane, bounds)
             self._chain.record(lane.stream)
             lane.probs_ht[:b].copy_(lane.probs_d[:b], non_blocking=True)
             lane.spikes_ht[:b].copy_(lane.spikes_d[:b], non_blocking=True)
@@ -652,7 +702,9 @@ class CudaBackend(StagedBuffers):
             for lane in self._lanes:
                 for b in list(lane.graphs):
                     del lane.graphs[b]
-                    self.mem.release(f"graphs.{lane.index}.{b}")
+                    if lane.pool is None:
+                        self.mem.release(f"graphs.{lane.index}.{b}")
+                # a shared pool keeps its segments (and their charge, graphs.N) for the eager steps and later captures
             self.graph_policy.forget()
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cerebellar_norse.config import Config
-from cerebellar_norse.cuda.backend import CudaBackend, make_cuda_engine
+from cerebellar_norse.cuda.backend import SHARED_WORKSPACE, CudaBackend, make_cuda_engine
 from cerebellar_norse.cuda.device import cuda_memory, resolve_device
 from cerebellar_norse.cuda.staging import workspace_bytes
 from cerebellar_norse.errors import CapacityError
@@ -44,7 +44,11 @@ def test_matches_fused(backend_pair: RunPair, cuda_cfg: CfgFactory, precision: s
     assert rep.multi_wave_batches > 0
     if use_graphs:
         assert backend.graph_policy.captured, "no CUDA graph was captured"
-        assert any(k.startswith("graphs.") for k in backend.mem.budget.items())
+        # graphs live in their stream's workspace pool (graphs.N: its rounding), or (torch without MemPool) in pools
+        # of their own (graphs.N.B)
+        charges = [k for k in backend.mem.budget.items() if k.startswith("graphs.")]
+        assert all(k.count(".") == (1 if SHARED_WORKSPACE else 2) for k in charges), charges
+        assert charges or SHARED_WORKSPACE
     else:
         assert not backend.graph_policy.captured
     used, total = cuda_memory()
@@ -103,6 +107,30 @@ def test_batches_beyond_the_memory_limit_run_in_several_launches(backend_pair: R
     rep.check()
     assert backend.launch_ticks == plan.launch_ticks == 3
     assert backend.memory_used_bytes <= int(cfg.performance.memory_limit)
+    backend.close()
+
+
+@pytest.mark.skipif(not SHARED_WORKSPACE, reason="needs torch.cuda.MemPool")
+def test_graphs_and_eager_steps_share_the_workspace(backend_pair: RunPair, cuda_cfg: CfgFactory) -> None:
+    # Cells enough that the caching allocator's segment rounding (2 and 20 MiB) is small beside a tick's workspace
+    # (61 MB here): separate pools for the graphs of 1..4 ticks and the eager steps would hold several workspaces.
+    # float64: in float32 one of 400,000 cells now and then crosses its threshold on one side and not the other
+    cfg = cuda_cfg("float64", small=False, neural={"granule_size": 400_000})
+    rep, backend = backend_pair(cfg, device="cuda", streams=1, use_graphs=True, n_ticks=160, markets=4, max_batch=4)
+    rep.check()
+    assert rep.multi_wave_batches > 0
+    assert backend.launch_ticks == 4
+    lane = backend._lanes[0]
+    assert len(lane.graphs) >= 2, sorted(lane.graphs)
+    workspace = workspace_bytes(backend.params.shape, backend.launch_ticks, 8)
+    rounding = backend.mem.budget.items().get("graphs.0")
+    charged = workspace + (rounding.nbytes if rounding is not None else 0)
+    reserved = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot(lane.pool.id))
+    print(f"shared workspace pool: {reserved} bytes reserved, {workspace} + {charged - workspace} charged, "
+          f"graphs of {sorted(lane.graphs)} ticks")
+    assert 0 < reserved <= charged, (reserved, charged)
+    assert charged - workspace <= workspace // 4  # rounding, not a second workspace per graph
+    assert backend.mem.used <= backend.mem.budget.limit
     backend.close()
 
 
