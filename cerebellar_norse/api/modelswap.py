@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from ..errors import CheckpointError, InputError, StorageError
+from ..storage import fsync_dir
 from ..training.checkpoints import ACTIVE, ModelStore, shape_mismatch
 from .deps import ServiceState
 
@@ -40,9 +42,13 @@ def activate_version(state: ServiceState, store: ModelStore, version: str) -> No
         raise StorageError.from_os_error("cannot write", store.root / ACTIVE, exc) from None
     try:
         eng.set_weights(model.weights, model.version, reset_states=state.cfg.training.reset_state_on_swap)
-    except BaseException:
-        if before is not None:
-            store.set_active(before)
+    except BaseException:  # not swapped (Engine.set_weights undid it): ACTIVE names what is served again
+        with contextlib.suppress(OSError):  # the swap's own error is the one to report
+            if before is not None:
+                store.set_active(before)
+            else:
+                (store.root / ACTIVE).unlink(missing_ok=True)
+                fsync_dir(store.root)
         raise
     state.degraded = None  # the operator chose the served model: a fallback or a lost market state is resolved
     log.info("model activated", extra={"fields": {"model_version": model.version, "previous": old,

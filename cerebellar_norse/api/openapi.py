@@ -1,10 +1,10 @@
 """The OpenAPI document, exact: every status each operation can return, media types, security, limits.
 
 Statuses every HTTP request can get, whatever its route, come from the layers below the
-routes: 408 (``server.request_timeout``), 413 (``server.max_body_size``), 431 (headers
-over 64 KiB, :mod:`.protocol`), 503 (``server.max_connections``) and 500 (an unexpected
-error). Operations list them with
-their own.
+routes: 400 (a request the HTTP parser cannot read, :mod:`.protocol`), 408
+(``server.request_timeout``), 413 (``server.max_body_size``), 431 (headers over 64 KiB,
+:mod:`.protocol`), 503 (``server.max_connections``) and 500 (an unexpected error).
+Operations list them with their own.
 
 Parts of the document follow the running configuration, so :func:`install_openapi`
 rebuilds them per request (cheaply, from one cached base document): the bearer security
@@ -28,7 +28,8 @@ from .schemas import ErrorOut
 BATCH_MAX_TICKS = 65_536
 
 DESCRIPTIONS: dict[int, str] = {
-    400: "Malformed JSON, or a body that is not UTF-8 (error.type malformed_json).",
+    400: "Malformed JSON, or a body that is not UTF-8 (error.type malformed_json); or an HTTP request the server "
+         "cannot parse (bad_request; the connection is closed).",
     401: "Missing or wrong bearer token (unauthorized; the answer has WWW-Authenticate: Bearer).",
     404: "No such resource (not_found).",
     408: "The request did not arrive completely within server.request_timeout (request_timeout); the connection is "
@@ -37,7 +38,8 @@ DESCRIPTIONS: dict[int, str] = {
     413: "Body over server.max_body_size (body_too_large).",
     415: "Body not sent as application/json (unsupported_media_type).",
     422: "Invalid input; error.field names it (validation).",
-    431: "The request line and headers exceed 64 KiB (headers_too_large); the connection is closed.",
+    431: "The request line and headers, or the trailers of a chunked body, exceed 64 KiB (headers_too_large); the "
+         "connection is closed.",
     500: "Unexpected error (internal); the details are in the log under the request id.",
     503: "Try again later (capacity: server.max_connections reached, queue full or shutting down, with Retry-After; "
          "engine: the engine failed).",
@@ -47,7 +49,12 @@ HEADERS: dict[int, dict[str, Any]] = {
     503: {"Retry-After": {"description": "Seconds to wait before retrying (capacity errors).",
                           "schema": {"type": "integer", "minimum": 1}}},
 }
-COMMON = (408, 413, 431, 500, 503)  # every HTTP request can get these (see the module docstring)
+COMMON = (400, 408, 413, 431, 500, 503)  # every HTTP request can get these (see the module docstring)
+# What a common status means on an operation that does not list it itself (400 without a body to read: only bad_request).
+COMMON_DESCRIPTIONS: dict[int, str] = {
+    400: "An HTTP request the server cannot parse (bad_request: a bad request line or version, Content-Length with "
+         "Transfer-Encoding, a malformed chunked body); the connection is closed.",
+}
 
 
 def error_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
@@ -57,7 +64,8 @@ def error_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[st
     """
     out: dict[int | str, dict[str, Any]] = {}
     for code in sorted({*codes, *COMMON}):
-        entry: dict[str, Any] = {"model": ErrorOut, "description": descriptions.get(f"s{code}", DESCRIPTIONS[code])}
+        default = DESCRIPTIONS[code] if code in codes else COMMON_DESCRIPTIONS.get(code, DESCRIPTIONS[code])
+        entry: dict[str, Any] = {"model": ErrorOut, "description": descriptions.get(f"s{code}", default)}
         if code in HEADERS:
             entry["headers"] = HEADERS[code]
         out[code] = entry
@@ -75,6 +83,20 @@ def _drop_framework_422(doc: dict[str, Any]) -> None:
     if "#/components/schemas/HTTPValidationError" not in str(doc.get("paths", {})):
         schemas.pop("HTTPValidationError", None)
         schemas.pop("ValidationError", None)
+
+
+def _errors_as_json(doc: dict[str, Any]) -> None:
+    """Error answers are JSON on every route: FastAPI files a ``model`` response under the route's own media type
+    (``text/plain`` for ``/metrics``), so move each error-shape response there to ``application/json``."""
+    ref = "#/components/schemas/ErrorOut"
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            for status, response in op.get("responses", {}).items():
+                content = response.get("content", {})
+                if not str(status).startswith(("4", "5")) or "application/json" in content:
+                    continue
+                for media_type in [m for m, v in content.items() if v.get("schema", {}).get("$ref") == ref]:
+                    content["application/json"] = content.pop(media_type)
 
 
 def live_document(base: dict[str, Any], token: bool, queue_size: int) -> dict[str, Any]:
@@ -104,6 +126,7 @@ def install_openapi(app: FastAPI, state: ServiceState) -> None:
             base.update(get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
                                     description=app.description, routes=app.routes))
             _drop_framework_422(base)
+            _errors_as_json(base)
         key = (has_token(state.cfg), state.engine.queue_size)
         doc = cache.get(key)
         if doc is None:

@@ -13,9 +13,9 @@ adds two deadlines:
 
 It also answers what uvicorn would answer in plain text, or not at all, with the JSON
 error shape: a request httptools cannot parse gets ``400 bad_request`` (uvicorn: plain
-text), and a request line and headers over :data:`MAX_HEADER_BYTES` get
-``431 headers_too_large`` (httptools has no limit: it would buffer them all), each with
-``X-Request-ID`` and the connection closed.
+text), and a request line and headers (or a chunked body's trailers) over
+:data:`MAX_HEADER_BYTES` get ``431 headers_too_large`` (httptools has no limit: it would
+buffer them all), each with ``X-Request-ID`` and the connection closed.
 """
 
 from __future__ import annotations
@@ -80,9 +80,13 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._deadline: asyncio.TimerHandle | None = None
-            self._header_bytes = 0  # bytes of the request line and headers read so far (headers not yet complete)
+            self._header_bytes = 0  # bytes of the head so far (request line and headers not yet complete)
+            self._head_begun = False  # a byte other than CR or LF of the head has come (empty lines before it count)
+            self._head_tail = b""  # the last 3 bytes of the head so far: its end may be split across reads
             self._head_too_large = False
             self._headers_seen = 0  # requests whose headers were complete
+            self._head_fields = 0  # header fields of the current request; the trailers come after them
+            self._trailer_bytes = 0
             self._in_headers = True
             self._refused = False
             self._pending_refusal: tuple[bytes, str, str] | None = None  # written once the answers before it are
@@ -91,33 +95,62 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if self._refused:
                 return  # the answer is out; what the client still sends is dropped
             in_headers, seen = self._in_headers, self._headers_seen
+            if in_headers and not self.transport.is_closing():  # the head's bytes up to its end, before the parser
+                size = self._header_bytes + self._head_part(data)
+                if size > MAX_HEADER_BYTES:
+                    self._refuse_head()
+                    return
             HttpToolsProtocol.data_received(self, data)  # (no super(): this runs per request)
             if self._refused:
                 return  # refused by the parser's callbacks (431, 400) in this read
             if self._headers_seen != seen:
-                self._header_bytes = 0
+                self._header_bytes, self._head_begun, self._head_tail = 0, False, b""
             elif in_headers and not self.transport.is_closing():  # every byte of it was request line or headers
-                self._header_bytes += len(data)
-                if self._header_bytes > MAX_HEADER_BYTES:
+                self._header_bytes, self._head_tail = size, data[-3:]
+            elif not in_headers and len(self.headers) > self._head_fields:  # uvicorn adds the trailers to the headers
+                self._trailer_bytes += sum(len(name) + len(value) + 3 for name, value in self.headers[self._head_fields:])
+                self._head_fields = len(self.headers)
+                if self._trailer_bytes > MAX_HEADER_BYTES:
                     self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
-                                 f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+                                 f"the trailers of the chunked body exceed {MAX_HEADER_BYTES} bytes")
+
+        def _head_part(self, data: bytes) -> int:
+            """Bytes of ``data`` that belong to the current head: up to its first empty line, or all of them."""
+            start = 0
+            if not self._head_begun:
+                if data[:1] in (b"\r", b"\n"):  # empty lines before the request line: the parser skips them
+                    start = len(data) - len(data.lstrip(b"\r\n"))
+                self._head_begun = start < len(data)
+                if not self._head_begun:
+                    return len(data)
+            elif self._head_tail:
+                j = (self._head_tail + data[:3]).find(b"\r\n\r\n")
+                if j >= 0:
+                    return j + 4 - len(self._head_tail)
+            j = data.find(b"\r\n\r\n", start)
+            return len(data) if j < 0 else j + 4
+
+        def _refuse_head(self) -> None:
+            self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
+                         f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
 
         def on_headers_complete(self) -> None:
-            # Headers complete within one read never reach the count of data_received: count them here, exactly
-            # (the request line with "METHOD " and " HTTP/1.1\r\n", each header with ": " and CRLF, the final CRLF).
+            # Heads counted exactly in data_received are those that begin a read or go on from the last one; a head
+            # that begins inside a read after another request is checked here, against the least it can have been:
+            # the request line ("METHOD ", " HTTP/1.1" and CRLF), each field with ":" and CRLF, the final CRLF.
             size = (len(self.parser.get_method()) + 14 + len(self.url)
-                    + sum(len(name) + len(value) + 4 for name, value in self.headers))
+                    + sum(len(name) + len(value) + 3 for name, value in self.headers))
             if size > MAX_HEADER_BYTES:
                 self._head_too_large = True
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
             self._in_headers = False
             self._headers_seen += 1
+            self._head_fields, self._trailer_bytes = len(self.headers), 0
             HttpToolsProtocol.on_headers_complete(self)
 
         def send_400_response(self, msg: str) -> None:
             if self._head_too_large:
-                self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
-                             f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+                self._refuse_head()
                 return
             self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", "malformed HTTP request: the server could not parse it")
 

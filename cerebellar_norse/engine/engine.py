@@ -278,13 +278,40 @@ class Engine:
         self.learner = self._make_learner()
 
     def set_weights(self, weights: Weights, model_version: str, reset_states: bool = False) -> None:
-        """Swap the model between batches (callers on the loop thread: no batch is running)."""
+        """Swap the model between batches (callers on the loop thread: no batch is running).
+
+        With a journal the swap is made durable by a checkpoint; when that fails (full or
+        read-only disk, a journal that failed before) the swap is undone, the markets a
+        reset released included, and the error raised: the model and the states the
+        service saves at shutdown are then those it had, never those of a refused swap.
+        """
+        journal = self.journal
+        if journal is not None and journal.failed is not None:  # the swap could not be made durable: change nothing
+            raise journal.failed
+        before = (self.weights, self.model_version)
+        kept = self.snapshot_state() if reset_states and journal is not None else None
         self._use_model(weights, model_version)
         if reset_states:
-            for market in self.pool.table.markets():
-                self.pool.table.release(market)
-        if self.journal is not None:  # no journal record is ever replayed under another model
-            self.journal.model_changed()
+            table = self.pool.table
+            on_release, table.on_release = table.on_release, None  # the swap's checkpoint records the reset
+            try:
+                for market in table.markets():
+                    table.release(market)
+            finally:
+                table.on_release = on_release
+        if journal is None:
+            return
+        try:  # no journal record is ever replayed under another model
+            journal.model_changed()
+        except BaseException:
+            self._use_model(*before)
+            if kept is not None:
+                for j, market in enumerate(kept.markets):
+                    slot = self.pool.table.acquire(market)
+                    self.arrays.write_slot(slot, {name: arr[j] for name, arr in kept.arrays.items()})
+                if kept.markets:
+                    self.backend.sync_from_host()
+            raise
 
     def reset_market(self, market_id: str) -> bool:
         """Forget one market's state (its next tick starts from rest); False when it holds no state.

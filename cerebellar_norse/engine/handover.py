@@ -184,15 +184,29 @@ def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]
     """
     meta, arrays = read_export(data)
     check_import(engine, market_id, meta, arrays)
-    replaced = engine.pool.table.get(market_id) is not None
+    journal = engine.journal
+    if journal is not None and journal.failed is not None:  # the import could not be made durable: change nothing
+        raise journal.failed
+    held = engine.pool.table.get(market_id)
+    replaced = held is not None
+    if held is not None:
+        engine.backend.sync_to_host([held])
+    before = None if held is None else {name: value.copy() for name, value in engine.arrays.read_slot(held).items()}
     slot = engine.pool.table.acquire(market_id)
     engine.arrays.write_slot(slot, {name: arrays[name] for name in STATE_FIELDS})
+    if journal is not None:
+        try:
+            journal.checkpoint_now()
+        except BaseException:  # refused (full disk): the market keeps the state it had, so no later save keeps the import
+            if before is not None:
+                engine.arrays.write_slot(slot, before)
+            else:
+                engine.pool.table.release(market_id)
+            raise
     if engine.learner is not None:
         engine.learner.pending.pop(market_id, None)
     if engine.scorer is not None:
         engine.scorer.forget(market_id)
-    if engine.journal is not None:
-        engine.journal.checkpoint_now()
     log.info("market state imported", extra={"fields": {"market_id": market_id, "ticks": meta.get("ticks"),
                                                           "replaced": replaced}})
     return {"market_id": market_id, "ticks": int(meta["ticks"]), "last_timestamp": int(meta["last_timestamp"]),

@@ -10,6 +10,8 @@ other column is ignored:
   as ``1.577836800123e12``) or in the unit of ``TIME_UNITS`` (seconds, µs, ns) whose span
   holds the file's first time (a later row before 1973-03-03 is of another unit: bad), or
   a date written ``YYYYMMDD`` (or ``YYYYMMDD.0``, as a float column is written) when the first time is one,
+  a date-time written ``YYYYMMDDHHMM[SS]`` when the first time is one, a date and hour written ``YYYYMMDDHH``
+  when every time of the first rows is one and the first read as seconds would be still to come,
   or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
   ``2020-01-02T15:30:00.123Z``, ``…+01:00``, ``… GMT+0100``; without an offset it is UTC),
   from 1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates may
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 import math
 import re
 from collections.abc import Iterator
@@ -86,7 +89,8 @@ SECONDS_HINT_MS = 100_000_000  # ms times below this (1970-01-02) are noted as p
 # as ms, those ranges are 1970-01-02 .. 1970-02-17, after 2100, or later still.
 TIME_UNITS = {"s": (100_000_000, TS_MAX_MS // 1000), "µs": (10**14, TS_MAX_MS * 1000), "ns": (10**17, TS_MAX_MS * 10**6)}
 UNIT_WORDS = {"s": "seconds", "ms": "ms", "µs": "µs", "ns": "ns", "date": "YYYYMMDD dates",
-              "datetime": "YYYYMMDDHHMM[SS] date-times"}
+              "datehour": "YYYYMMDDHH date-hours", "datetime": "YYYYMMDDHHMM[SS] date-times"}
+DATE_HOUR_SAMPLE = 10_000  # rows whose times must all be YYYYMMDDHH date-hours for a file to be read as such
 PLAUSIBLE_MS = 100_000_000_000  # 1973-03-03: in a file whose first time is later, an earlier one is of another unit
 _TO_MS = {"s": Decimal(1000), "µs": Decimal("0.001"), "ns": Decimal("0.000001")}
 _GMT_OFFSET = re.compile(r"\s*(?:GMT|UTC)\s*(?:([+-])(\d{2}):?(\d{2}))?$")  # Dukascopy's "… GMT+0100"
@@ -105,6 +109,8 @@ _SHEET_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*([AaPp][Mm]
 _DATE_DIGITS = re.compile(r"(\d{8})(?:\.0*)?")  # 20080102, or 20080102.0 as a float column (pandas with gaps) writes it
 # 202401020930 or 20240102093000 (date and time of day as one number): as ms they would be 1976 or after 2100
 _DATETIME_DIGITS = re.compile(r"(\d{12}|\d{14})(?:\.0*)?")
+# 2024010209 (date and hour as one number, as some hourly exports write it): as seconds it would be 2034 or later
+_DATEHOUR_DIGITS = re.compile(r"(\d{10})(?:\.0*)?")
 _EXPONENT = re.compile(r"[+-]?(\d*)\.?(\d*)[eE]")  # a number in scientific notation: its mantissa's digits
 # M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
@@ -378,11 +384,17 @@ def has_decimal_commas(path: Path, cols: Columns) -> bool:
         return False
 
 
-def yfinance_header(path: Path, header: list[str], delimiter: str = ",", skip: int = 0) -> tuple[str, str] | None:
-    """The time column's name and the ticker of a file written by ``yf.download(...).to_csv()`` (header lines
-    ``Price,Close,…``, ``Ticker,AAPL,…`` and ``Date,,…``; the ticker "" when it is not a valid market id), or
-    None for any other file (the header is the line after ``skip`` lines). DataError for a download of several
-    tickers (each column named once per ticker)."""
+YF_ROW_NUMBER = "(row number)"  # the first column of yfinance's download after reset_index(): no price
+
+
+def yfinance_header(path: Path, header: list[str], delimiter: str = ",",
+                    skip: int = 0) -> tuple[str, str, int] | None:
+    """The first column's name, the ticker and the header lines of a file written by ``yf.download(...).to_csv()``
+    (header lines ``Price,Close,…``, ``Ticker,AAPL,…`` and ``Date,,…``: the first column is the time) or by
+    ``yf.download(...).reset_index().to_csv()`` (``Price,Date,Close,…`` and ``Ticker,,AAPL,…``: the first column
+    counts the rows, and is no price: ``YF_ROW_NUMBER``); the ticker "" when it is not a valid market id. None for
+    any other file (the header is the line after ``skip`` lines). DataError for a download of several tickers
+    (each column named once per ticker)."""
     if not header or header_name(header[0]).lower() != "price":
         return None
     try:
@@ -393,9 +405,14 @@ def yfinance_header(path: Path, header: list[str], delimiter: str = ",", skip: i
             second, third = next(reader, None), next(reader, None)
     except (OSError, csv.Error):
         return None
-    if (second is None or third is None or len(second) != len(header) or len(third) != len(header)
-            or header_name(second[0]).lower() != "ticker" or any(c.strip() for c in third[1:])
-            or header_name(third[0]).lower() not in TIME_COLUMNS):
+    if second is None or len(second) != len(header) or header_name(second[0]).lower() != "ticker":
+        return None
+    if (third is not None and len(third) == len(header) and not any(c.strip() for c in third[1:])
+            and header_name(third[0]).lower() in TIME_COLUMNS):
+        first, lines = header_name(third[0]), 3
+    elif any(not second[i].strip() and header_name(h).lower() in TIME_COLUMNS for i, h in enumerate(header) if i):
+        first, lines = YF_ROW_NUMBER, 2  # reset_index(): the date is a column of its own, without a ticker
+    else:
         return None
     tickers = {t.strip() for t in second[1:] if t.strip()}
     if len(tickers) > 1:
@@ -404,7 +421,7 @@ def yfinance_header(path: Path, header: list[str], delimiter: str = ",", skip: i
         raise DataError(msg, [msg])
     (ticker,) = tickers or {""}
     valid = 1 <= len(ticker) <= MARKET_ID_MAX and all(" " <= ch <= "~" for ch in ticker)
-    return header_name(third[0]), ticker if valid else ""
+    return first, ticker if valid else "", lines
 
 
 def _market_from_file_name(path: Path) -> str:
@@ -531,6 +548,11 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
         if ms is None:
             raise ValueError(f"{name} {raw!r} is not a date written YYYYMMDD (as the file's first time is)")
         return ms
+    if unit == "datehour" and (s.isdigit() or _is_number(s)):
+        ms = _yyyymmddhh(s)
+        if ms is None:
+            raise ValueError(f"{name} {raw!r} is not a date-hour written YYYYMMDDHH (as the file's first time is)")
+        return ms
     if unit == "datetime" and (s.isdigit() or _is_number(s)):
         ms = _yyyymmddhhmm(s)
         if ms is None:
@@ -541,7 +563,7 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
     if rounded is not None:
         raise ValueError(f"{name} {raw!r} keeps {rounded} significant digits (scientific notation, as spreadsheets save"
                          " long numbers): save the column as a number with all its digits")
-    if unit not in ("ms", "date", "datetime") and _is_number(s):
+    if unit not in ("ms", "date", "datehour", "datetime") and _is_number(s):
         return _unit_time(s, name, unit)
     if "GMT" in s or "UTC" in s:
         s = _with_offset(s)
@@ -577,7 +599,8 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
                     raise ValueError(f"{name} {raw!r} is a date YYYYMMDD with a fraction, which is no time format read here:"
                                      " write the time of day in its own column (HHMMSS or HH:MM:SS) or the times as"
                                      " ISO 8601 (2008-01-02T12:00:00)") from None
-                hint = "; if the file's times are seconds, multiply them by 1000" if 0 < x < TS_MAX_MS // 1000 else ""
+                hint = serial_date_hint(x) or (
+                    "; if the file's times are seconds, multiply them by 1000" if 0 < x < TS_MAX_MS // 1000 else "")
                 raise ValueError(f"{name} {raw!r} is not a whole number of ms since epoch{hint}") from None
             ms = int(x)
     if ms < 0:
@@ -655,10 +678,26 @@ def _not_a_number(name: str, text: str, comma_hint: bool = True) -> str:
     return f"{name} {s!r} is not a number{hint}"
 
 
+_GROUP_HEAD = re.compile(r"[+-]?[$€£¥]?\d{1,3}$")  # 1 of an unquoted 1,234.50 split at its comma
+_GROUP_TAIL = re.compile(r"\d{3}(?:\.\d*)?$")  # 234.50 of it
+
+
+def split_number_hint(row: list[str], cols: Columns) -> str:
+    """A hint for a row of a comma-separated file with more fields than its header when a number with digit groups
+    was written without quotes (``1,234.50`` is two fields, ``1`` and ``234.50``); "" otherwise."""
+    if cols.delimiter != "," or len(row) <= cols.fields:
+        return ""
+    for a, b in itertools.pairwise(row):
+        if _GROUP_HEAD.match(a.strip()) and _GROUP_TAIL.match(b.strip()):
+            return (f" (a number with digit groups written without quotes, such as {a.strip()},{b.strip()}, is split"
+                    " at its comma: quote such numbers or save them without digit groups)")
+    return ""
+
+
 def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
     """One data row as (ms, market, price, volume); ValueError with the reason (column named as in the header)."""
     if len(row) != cols.fields:
-        raise ValueError(f"expected {cols.fields} fields, got {len(row)}")
+        raise ValueError(f"expected {cols.fields} fields, got {len(row)}{split_number_hint(row, cols)}")
     text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
     iso = cols.iso
     if iso is None and text.strip():  # the first time value decides the fast path of the file
@@ -865,6 +904,12 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
         when = datetime.fromtimestamp(stamp / 1000, UTC)
         return (f"{path}: {cols.time_name} read as date-times written YYYYMMDDHHMM[SS] (the first, {first}, is"
                 f" {when:%Y-%m-%d %H:%M:%S} UTC)")
+    hour = _yyyymmddhh(first)
+    if hour is not None and _date_hours_not_seconds(path, cols, first):  # 2024010209: 2024-01-02 09:00, not 2034
+        cols.iso, cols.time_unit = True, "datehour"
+        when = datetime.fromtimestamp(hour / 1000, UTC)
+        return (f"{path}: {cols.time_name} read as date-hours written YYYYMMDDHH (the first, {first}, is"
+                f" {when:%Y-%m-%d %H:%M} UTC; as seconds since the epoch it would be a time still to come)")
     x = float(first)
     cols.time_unit = next((unit for unit, (low, high) in TIME_UNITS.items() if low <= x < high), "ms")
     if cols.time_unit != "ms" or x >= PLAUSIBLE_MS:
@@ -874,6 +919,20 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
     when = datetime.fromtimestamp(_unit_time(first, cols.time_name, cols.time_unit) // 1000, UTC)
     return (f"{path}: {cols.time_name} read as {UNIT_WORDS[cols.time_unit]} since the epoch (the first, {first}, is"
             f" {when:%Y-%m-%d %H:%M:%S} UTC)")
+
+
+SERIAL_DAYS = (25_569, 73_051)  # spreadsheet serial dates (days since 1899-12-30) of 1970-01-01 up to 2100-01-01
+_SERIAL_EPOCH = datetime(1899, 12, 30)
+
+
+def serial_date_hint(x: float) -> str:
+    """A hint for a number of a time column that is a spreadsheet's serial date (``45293`` is 2024-01-02,
+    ``45293.5`` its noon, as a spreadsheet saves a date column formatted as a number); "" for any other."""
+    if not SERIAL_DAYS[0] <= x < SERIAL_DAYS[1]:
+        return ""
+    when = _SERIAL_EPOCH + timedelta(seconds=round(x * 86_400))
+    return (f"; if the file's times are spreadsheet serial dates (days since 1899-12-30: this one is"
+            f" {when:%Y-%m-%d %H:%M:%S}), format the column as dates (YYYY-MM-DD HH:MM:SS) before saving it")
 
 
 def _yyyymmdd(text: str) -> int | None:
@@ -887,6 +946,47 @@ def _yyyymmdd(text: str) -> int | None:
     except ValueError:
         return None
     return ms if 0 <= ms < TS_MAX_MS else None
+
+
+def _yyyymmddhh(text: str) -> int | None:
+    """ms since the epoch of a date and hour written as ten digits (``2024010209``, or ``2024010209.0``), 1970 up to
+    2100; None otherwise."""
+    m = _DATEHOUR_DIGITS.fullmatch(text)
+    if m is None:
+        return None
+    d = m[1]
+    try:
+        ms = _datetime_ms(datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), int(d[8:10])))
+    except ValueError:
+        return None
+    return ms if 0 <= ms < TS_MAX_MS else None
+
+
+def _now_ms() -> int:
+    """The time now, ms since the epoch (a function, for tests)."""
+    return int(datetime.now(UTC).timestamp() * 1000)
+
+
+def _date_hours_not_seconds(path: Path, cols: Columns, first: str) -> bool:
+    """Whether a file whose first time is ten digits forming a date and an hour (``2024010209``) holds date-hours
+    written ``YYYYMMDDHH`` rather than seconds since the epoch: the first time read as seconds lies after now (no
+    market file holds ticks still to come; every date-hour of 1970 on is 2032-06-04 or later as seconds), and every
+    time of the first ``DATE_HOUR_SAMPLE`` rows (placeholders and zeros aside) is a date-hour. Genuine seconds
+    (``1704186000``, 2024-01-02 09:00) are no date-hour (year 1704) and stay seconds."""
+    if int(Decimal(first)) * 1000 <= _now_ms():
+        return False
+    try:
+        with _data_rows(path, cols) as reader:
+            for n, r in enumerate(reader):
+                if n >= DATE_HOUR_SAMPLE:
+                    break
+                if len(r) != cols.fields or not _can_be_time(r[cols.time]) or _is_zero(r[cols.time]):
+                    continue
+                if _yyyymmddhh(r[cols.time].strip()) is None:
+                    return False
+    except (OSError, csv.Error):
+        return False
+    return True
 
 
 def _is_zero(text: str) -> bool:
@@ -944,12 +1044,12 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     that cannot be read. The header is the line after ``skipped`` lines (see :func:`leading_lines`); the rows
     start after ``header_rows`` lines."""
     levels = yfinance_header(path, header, delimiter, skipped)
-    ticker = ""
+    ticker, lines = "", 1
     if levels is not None:
-        time_name, ticker = levels
-        header = [time_name, *header[1:]]
+        first_name, ticker, lines = levels
+        header = [first_name, *header[1:]]
     cols = columns_of(path, header, notes, ticker)
-    cols.header_rows = skipped + (1 if levels is None else 3)
+    cols.header_rows = skipped + lines
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")
     cols.delimiter = delimiter

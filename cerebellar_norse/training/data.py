@@ -43,6 +43,8 @@ from .csvformat import (
     not_utf8,
     parse_row,
     parse_time_ms,
+    serial_date_hint,
+    split_number_hint,
     without_trailing_separator,
 )
 
@@ -186,6 +188,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             file_start = len(ts_all)
             file_rows = rows
             widths: dict[int, int] = {}  # field count -> rows of that count, other than the header's
+            split_hint = ""  # the first row's hint that unquoted digit groups split its numbers
             trailing = 0  # rows that end with a separator (an empty field the header does not name)
             here: dict[int, int] = {}  # market code -> its time in the file's latest good row
             before: dict[int, int] = {}  # market code -> its last time in earlier files
@@ -229,6 +232,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                             bad += 1
                             if len(row) != cols.fields:
                                 widths[len(row)] = widths.get(len(row), 0) + 1
+                                split_hint = split_hint or split_number_hint(row, cols)
                             bad_bytes = not_utf8(cols.used_fields(row))
                             reason = f"unreadable row: {bad_bytes}" if bad_bytes else str(exc)
                             report.append(f"{path}:{reader.line_num}: {reason}")
@@ -241,7 +245,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                             seconds_noted = True
                             day = datetime.fromtimestamp(ts / 1000, UTC).date()
                             notes.append(f"{path}:{reader.line_num}: {cols.time_name} {ts} read as ms since epoch is"
-                                         f" {day}; if the file's times are seconds, multiply them by 1000")
+                                         f" {day}" + (serial_date_hint(ts) or "; if the file's times are seconds,"
+                                                      " multiply them by 1000"))
                     break
                 except csv.Error as exc:  # e.g. a field over the csv module's size limit
                     rows += 1
@@ -250,7 +255,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             if len(widths) == 1 and sum(widths.values()) == rows - file_rows:  # every row: the header is off
                 (width,) = widths
                 msg = (f"{path}:1: the header names {cols.fields} columns but every row has {width} fields: a column"
-                       f" name is {'missing from' if width > cols.fields else 'one too many in'} the header")
+                       f" name is {'missing from' if width > cols.fields else 'one too many in'} the header"
+                       + (f", or {split_hint.strip()[1:-1]}" if split_hint else ""))
                 raise DataError(msg, [msg])
             if trailing:
                 notes.append(f"{path}: {trailing} {'row ends' if trailing == 1 else 'rows end'} with a separator; the"

@@ -202,8 +202,11 @@ def _active_model(store: Any, cfg: Config) -> tuple[Any, str]:
 
 
 def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: Any, should_stop: Any,
-                 time_budget_s: float | None = None, from_scratch: bool = False) -> dict[str, Any]:
+                 time_budget_s: float | None = None, from_scratch: bool = False, job_id: str | None = None) -> dict[str, Any]:
     """Load, train, score on the test split, compare with the active model, save. Returns the job's summary.
+
+    ``job_id``, for a job of the service, is stored in the model's ``metrics.json``: a restart
+    that finds the job's record still ``running`` can then tell whether it stored its model.
 
     Training starts from the *active* model's weights (``ACTIVE``), or from the
     config's seed when there is none, it does not fit this config, or ``from_scratch``;
@@ -252,6 +255,8 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                         "splits": prep.times},
                "warnings": warnings, "parent_version": active.version if active is not None else None,
                "parent_validation": active_val}
+    if job_id is not None:
+        metrics["job_id"] = job_id
     if should_stop is not None and should_stop():  # cancelled, or the service is gone: write no model
         raise InterruptedError("training cancelled")
     version = store.save(result.weights, cfg, metrics)
@@ -291,7 +296,8 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any, parent_pid: int | None = None) -> None:
+def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any, parent_pid: int | None = None,
+              job_id: str | None = None) -> None:
     """Entry point of the job process (spawned)."""
     if parent_pid is not None:
         die_with_parent(parent_pid)
@@ -305,7 +311,7 @@ def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, sto
         return bool(stop.is_set()) or (parent_pid is not None and os.getppid() != parent_pid)
 
     try:
-        res = run_training(cfg, [Path(f) for f in files], epochs, progress, should_stop)
+        res = run_training(cfg, [Path(f) for f in files], epochs, progress, should_stop, job_id=job_id)
         out.put(("succeeded", res))
     except InterruptedError:
         out.put(("cancelled", {}))
@@ -363,7 +369,15 @@ class JobManager:
                     st.created = calendar.timegm(time.strptime(d["created"], "%Y-%m-%dT%H:%M:%SZ"))
                 if st.state in ("queued", "running"):  # its service died with it: the job process died too
                     st.state = "failed"
-                    st.error = "the service stopped while the job was running; the job process ended with it and wrote no model"
+                    stored = self._model_of_job(st.job_id)
+                    if stored is None:
+                        st.error = ("the service stopped while the job was running; the job process ended with it and "
+                                    "wrote no model")
+                    else:  # the job stored its model just before the service died: say so, never "no model"
+                        st.model_version = stored
+                        st.error = (f"the service stopped before the end of the job was recorded; the job had stored its "
+                                    f"model {stored}, which was not activated (activate it with POST /models/{stored}"
+                                    f"/activate)")
                     self._write_record(st)
                 self.jobs[st.job_id] = st
                 order[st.job_id] = (st.created if d.get("created") else 0.0, p.stat().st_mtime)
@@ -372,6 +386,21 @@ class JobManager:
         # job ids are random: the file names' order says nothing of which job ran last
         self.jobs = dict(sorted(self.jobs.items(), key=lambda kv: order[kv[0]]))
         self.latest = next(reversed(self.jobs), None)
+
+    def _model_of_job(self, job_id: str) -> str | None:
+        """The version of the stored model a job wrote (its ``metrics.json`` names the job), else None."""
+        root = Path(self.cfg.paths.state_dir) / "models"
+        with contextlib.suppress(OSError):
+            for p in sorted(root.iterdir()):
+                if p.name.startswith(".") or not p.is_dir():
+                    continue
+                try:
+                    metrics = json.loads((p / "metrics.json").read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue
+                if isinstance(metrics, dict) and metrics.get("job_id") == job_id:
+                    return p.name
+        return None
 
     @property
     def busy(self) -> bool:
@@ -393,7 +422,7 @@ class JobManager:
         out = self._ctx.Queue()
         self._stop = self._ctx.Event()
         self._proc = self._ctx.Process(target=_job_main, args=(cfg.model_dump_json(), [str(p) for p in paths],
-                                                               req.epochs, out, self._stop, os.getpid()),
+                                                               req.epochs, out, self._stop, os.getpid(), job.job_id),
                                        name=f"cerebellar-norse-train-{job.job_id}", daemon=True)
         self._proc.start()
         job.state = "running"

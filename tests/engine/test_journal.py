@@ -245,6 +245,34 @@ async def test_model_swap_checkpoints_so_replay_never_mixes_models(journaled: tu
     assert_same_pool(e2, twin)
 
 
+@pytest.mark.parametrize("reset", [False, True])
+async def test_a_swap_whose_checkpoint_fails_changes_nothing(journaled: tuple[Config, list[Durability]],
+                                                             monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
+    """A full disk at the swap's checkpoint: the swap is refused and undone (model and every market's state), so the
+    final save at shutdown keeps what the service had, not a refused model's label or a refused reset."""
+    cfg, opened = journaled
+    w2, e, _d, twin = await fed_with_another_model(cfg, opened)
+    version = e.model_version
+
+    def full(*_a: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
+        e.set_weights(w2.copy(), "v2", reset_states=reset)
+    monkeypatch.undo()
+    assert e.model_version == version and e.fingerprint()["model_version"] == version
+    assert_same_pool(e, twin)
+    with pytest.raises(StorageError):  # the journal has failed: a second try changes nothing either
+        e.set_weights(w2.copy(), "v2", reset_states=reset)
+    assert e.model_version == version
+    await e.drain(save=True)  # what the service does when the failure stops it
+    e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)
+    state_dir = Path(cfg.paths.state_dir)
+    assert not list(state_dir.glob("**/*.foreign-*")) and not list(state_dir.glob("**/*.corrupt-*"))
+
+
 @pytest.mark.parametrize("after", [0, 5])
 async def test_a_model_swap_with_no_tick_since_the_last_checkpoint_survives_a_crash(
         journaled: tuple[Config, list[Durability]], after: int) -> None:
@@ -262,6 +290,36 @@ async def test_a_model_swap_with_no_tick_since_the_last_checkpoint_survives_a_cr
     assert_same_pool(e2, twin)
     state_dir = Path(cfg.paths.state_dir)
     assert not list(state_dir.glob("**/*.foreign-*")) and not list(state_dir.glob("**/*.corrupt-*"))
+
+
+@pytest.mark.parametrize("held", [False, True])
+async def test_an_import_whose_checkpoint_fails_changes_nothing(journaled: tuple[Config, list[Durability]],
+                                                                monkeypatch: pytest.MonkeyPatch, held: bool) -> None:
+    """A full disk at the import's checkpoint: the import is refused and undone, so the final save at shutdown keeps
+    the market as it was here (no state, or the one it held), never a state whose import the caller saw fail."""
+    cfg, opened = journaled
+    source = Engine(cfg)
+    await feed([source], [tick("X", T0 + k) for k in range(30)])
+    blob = export_market(source, "X")
+    assert blob is not None
+    e, _d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(4) for m in (("A", "X") if held else ("A",))])
+
+    def full(*_a: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
+        import_market(e, "X", blob)
+    monkeypatch.undo()
+    assert_same_pool(e, twin)
+    with pytest.raises(StorageError):  # the journal has failed: a second try changes nothing either
+        import_market(e, "X", blob)
+    assert_same_pool(e, twin)
+    await e.drain(save=True)  # what the service does when the failure stops it
+    e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)
 
 
 @pytest.mark.parametrize("before", ["just started", "after a checkpoint"])

@@ -558,6 +558,23 @@ def test_a_yfinance_download_with_its_three_header_lines(tmp_path: Path) -> None
     assert load_csv_files([newest]).markets[0].timestamp.tolist() == m.timestamp.tolist()  # same header, rows reversed
 
 
+def test_a_yfinance_download_saved_after_reset_index_is_not_read_at_its_row_numbers(tmp_path: Path) -> None:
+    """``yf.download("AAPL").reset_index().to_csv(...)``: the first column, headed by the level name ``Price``, counts
+    the rows; the date is a column of its own and the price is Close (the row numbers were read as the prices)."""
+    path = write(tmp_path, "Price,Date,Close,High,Low,Open,Volume\nTicker,,AAPL,AAPL,AAPL,AAPL,AAPL\n"
+                           "0,2020-01-02,72.71,72.77,71.46,71.72,135480400\n1,2020-01-03,72.01,72.99,71.84,71.94,146322800\n"
+                           "2,2020-01-06,72.58,72.62,70.88,71.13,118387200\n", "download.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert data.report == [] and data.rows == 3 and m.market_id == "AAPL"
+    assert m.price.tolist() == [72.71, 72.01, 72.58] and m.volume.tolist() == [135480400, 146322800, 118387200]
+    assert m.timestamp.tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 3), utc_ms(2020, 1, 6)]
+    assert data.formats[0].price == "Close" and data.formats[0].header_lines == 2
+    several = write(tmp_path, "Price,Date,Close,Close\nTicker,,AAPL,MSFT\n0,2020-01-02,1,2\n", "two.csv")
+    with pytest.raises(DataError, match=r"two.csv:2: a download of 2 tickers \(AAPL, MSFT\); save one ticker per file"):
+        load_csv_files([several])
+
+
 def test_a_yfinance_download_of_several_tickers_is_refused_saying_what_to_do(tmp_path: Path) -> None:
     path = write(tmp_path, "Price,Close,Close,Volume,Volume\nTicker,AAPL,MSFT,AAPL,MSFT\nDate,,,,\n"
                            "2020-01-02,72.71,160.62,135480400,22622100\n")
@@ -744,6 +761,39 @@ def test_date_times_written_as_twelve_or_fourteen_digits_are_not_ms_of_1976(tmp_
     path = write(tmp_path, "timestamp,close\n631152000000,1\n631152060000,2\n", "ms.csv")
     data = load_csv_files([path])
     assert data.markets[0].timestamp.tolist() == [631152000000, 631152060000]
+
+
+def test_date_hours_written_as_ten_digits_are_not_seconds_of_2034(tmp_path: Path) -> None:
+    # 2024010209 (YYYYMMDDHH) is also a plausible time in seconds (2034-02-20): hourly exports write it so
+    hours = "".join(f"{2024010200 + h},{100 + h}\n" for h in range(24))
+    path = write(tmp_path, f"time,close\n{hours}2024010300,1\n", "h1.csv")
+    data = load_csv_files([path])
+    assert data.report == [] and data.formats[0].time_unit == "datehour"
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2024, 1, 2, h) for h in range(24)] + [utc_ms(2024, 1, 3)]
+    assert f"{path}: time read as date-hours written YYYYMMDDHH (the first, 2024010200, is 2024-01-02 00:00 UTC; as" \
+        " seconds since the epoch it would be a time still to come)" in data.notes
+    # a float column (2024010209.0) too; in a file of date-hours a later row that is none is a bad row
+    path = write(tmp_path, "time,close\n2024010209.0,1\n2024010210.0,2\n", "h2.csv")
+    assert load_csv_files([path]).markets[0].timestamp.tolist() == [utc_ms(2024, 1, 2, 9), utc_ms(2024, 1, 2, 10)]
+
+
+def test_ten_digit_seconds_stay_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # genuine seconds of 2024 (1.7e9) are no date-hour (year 1704): seconds, as before
+    secs = "".join(f"{1704186000 + 3600 * h},{100 + h}\n" for h in range(24))
+    path = write(tmp_path, f"timestamp,close\n{secs}", "s.csv")
+    data = load_csv_files([path])
+    assert data.formats[0].time_unit == "s" and data.markets[0].timestamp[0] == utc_ms(2024, 1, 2, 9)
+    # ten digits that are a date-hour but whose later times are not: seconds (of 2034), as the column shows
+    mixed = "".join(f"{2024010209 + 3600 * h},{100 + h}\n" for h in range(5))
+    path = write(tmp_path, f"timestamp,close\n{mixed}", "m.csv")
+    data = load_csv_files([path])
+    assert data.formats[0].time_unit == "s" and data.markets[0].timestamp[0] == 2024010209000
+    # once a date-hour read as seconds is no longer a time to come, it may be seconds: then seconds
+    from cerebellar_norse.training import csvformat
+    monkeypatch.setattr(csvformat, "_now_ms", lambda: 2_100_000_000_000)  # 2036-07-18
+    path = write(tmp_path, "timestamp,close\n2024010209,1\n2024010210,2\n", "late.csv")
+    data = load_csv_files([path])
+    assert data.formats[0].time_unit == "s" and data.markets[0].timestamp[0] == 2024010209000
 
 
 def test_an_unnamed_first_column_that_counts_rows_is_not_read_as_times(tmp_path: Path) -> None:

@@ -435,3 +435,27 @@ def test_a_damaged_job_record_is_skipped_not_fatal(make_config: ConfigFactory, c
     assert set(mgr.jobs) == {"good"}
     assert any("ignoring unreadable job record" in r.getMessage() and "bad.json" in r.getMessage() for r in caplog.records)
     assert mgr.jobs["good"].as_dict()["state"] == "succeeded"  # what the status route answers
+
+
+def test_a_job_that_stored_its_model_before_the_service_died_says_so(make_config: ConfigFactory,
+                                                                       ticks_csv: CsvFactory) -> None:
+    """The service died (kill -9) after the job process stored its model but before the job's end was recorded:
+    the record, failed at the next start, names that model instead of claiming that none was written."""
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config(neural=TINY_NEURAL)
+    res = run_training(cfg, [ticks_csv(800, 2, seed=2)], 1, lambda d: None, lambda: False, job_id="stored1")
+    store = ModelStore(cfg.paths.state_dir)
+    assert store.load(res["model_version"]).metrics["job_id"] == "stored1"
+    jobs = Path(cfg.paths.state_dir) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    for jid in ("stored1", "died2"):  # as JobManager.start writes them: running, then the service is gone
+        (jobs / f"{jid}.json").write_text(json.dumps({"job_id": jid, "state": "running", "files": ["t.csv"],
+                                                       "created": "2026-11-25T10:00:00Z"}))
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    stored, died = mgr.jobs["stored1"].as_dict(), mgr.jobs["died2"].as_dict()
+    assert stored["state"] == "failed" and stored["model_version"] == res["model_version"] and not stored["activated"]
+    assert "wrote no model" not in stored["error"] and f"stored its model {res['model_version']}" in stored["error"]
+    assert died["state"] == "failed" and died["model_version"] is None and "wrote no model" in died["error"]
+    again = JobManager(cfg, lambda version: None, lambda loss: None)  # the rewritten record reads back the same
+    assert again.jobs["stored1"].as_dict()["error"] == stored["error"]

@@ -1,0 +1,263 @@
+"""The protocol's header limit and framing, in process: a fake transport, the bytes fed in any split.
+
+The limit counts every byte of a request line and headers (empty lines before the request line,
+whitespace around header values included), however the bytes arrive (a head that begins inside a
+read behind another request: the least its fields can have been); the trailers of a chunked body
+have the same limit; pipelined requests behind bodies of every kind are answered as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from cerebellar_norse.api.protocol import MAX_HEADER_BYTES, guarded_protocol
+from cerebellar_norse.api.schemas import ErrorOut
+
+
+async def echo(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+    """Answers ``<path> <body length>``."""
+    if scope["type"] != "http":
+        return
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = f"{scope['path']} {size}".encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 40000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def answers(reads: Sequence[bytes]) -> list[tuple[int, bytes]]:
+    """Status and body of every answer to ``reads`` fed as separate socket reads."""
+
+    async def run() -> bytes:
+        protocol_class = guarded_protocol(30.0)
+        protocol = protocol_class(config=Config(app=echo, lifespan="off", log_level="error"),
+                                  server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        for data in reads:
+            protocol.data_received(data)
+            for _ in range(5):
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        protocol.connection_lost(None)
+        return transport.written
+
+    raw = asyncio.run(run())
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
+        out.append((int(lines[0].split()[1]), rest[:length]))
+        raw = rest[length:]
+    return out
+
+
+def in_reads(data: bytes, size: int) -> list[bytes]:
+    return [data[k:k + size] for k in range(0, len(data), size)]
+
+
+def request(path: str = "/h", extra: bytes = b"", lead: bytes = b"") -> bytes:
+    return lead + b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n"
+
+
+def padded(size: int, lead: bytes = b"", ows: bool = False) -> bytes:
+    """A request of exactly ``size`` bytes: ``lead`` before it, one header filled with ``b`` (or spaces before a v)."""
+    bare = request(extra=b"X-Big: \r\n", lead=lead)
+    fill = size - len(bare)
+    value = (b" " * (fill - 1) + b"v") if ows else b"b" * fill
+    out = request(extra=b"X-Big: " + value + b"\r\n", lead=lead)
+    assert len(out) == size
+    return out
+
+
+def refused_431(got: list[tuple[int, bytes]]) -> None:
+    assert [status for status, _ in got] == [431], got
+    err = json.loads(got[0][1])["error"]
+    ErrorOut.model_validate(json.loads(got[0][1]))
+    assert err["type"] == "headers_too_large" and str(MAX_HEADER_BYTES) in err["message"]
+
+
+@pytest.mark.parametrize("shape", [{}, {"lead": b"\r\n" * 20}, {"ows": True}, {"lead": b"\n\r", "ows": True}],
+                         ids=["plain", "leading empty lines", "whitespace in a value", "both"])
+@pytest.mark.parametrize("read", [1_000_000, 65_536, 8_192, 1_000, 7], ids=lambda n: f"reads of {n}")
+def test_the_limit_is_exact_whatever_the_head_contains_and_however_it_is_read(shape: dict, read: int) -> None:
+    ok = padded(MAX_HEADER_BYTES, **shape)
+    assert answers(in_reads(ok, read)) == [(200, b"/h 0")]
+    refused_431(answers(in_reads(padded(MAX_HEADER_BYTES + 1, **shape), read)))
+
+
+@pytest.mark.parametrize("head", [
+    b"\r\n" * 100_000 + request(),  # empty lines before the request line
+    request(extra=b"X-A: " + b" " * 200_000 + b"v\r\n"),  # whitespace before a value
+    request(extra=b"X-A: v" + b"\t" * 200_000 + b"\r\n"),  # whitespace after a value
+    b"GET " + b"/" * 200_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # a long target
+], ids=["leading CRLF", "leading OWS", "trailing OWS", "long target"])
+def test_a_head_over_the_limit_in_one_read_is_refused(head: bytes) -> None:
+    refused_431(answers([head]))
+    refused_431(answers(in_reads(head, 100_000)))
+
+
+def test_short_header_lines_under_the_limit_are_served() -> None:
+    """``Name:v`` lines (no space, 6 bytes): 60 KB of them is under the limit."""
+    head = request(extra=b"".join(b"X%d:v\r\n" % (k % 10) for k in range(10_000)))
+    assert len(head) < MAX_HEADER_BYTES
+    assert answers([head]) == [(200, b"/h 0")]
+
+
+def test_a_head_behind_a_body_in_the_same_read_is_held_to_the_least_it_can_be() -> None:
+    """A head that begins inside a read, behind another request, is checked against the least its fields can have
+    been (``Name:value`` lines): at the limit it is served, over it by its separators' spaces it is refused. (Spaces
+    the parser drops, around values, go uncounted there: such a head is bounded by one socket read instead.)"""
+    body = b"x" * 50_000
+    post = b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    assert answers([post + padded(MAX_HEADER_BYTES)]) == [(200, b"/p 50000"), (200, b"/h 0")]
+    got = answers([post + padded(MAX_HEADER_BYTES + 3)])  # two fields: each ": " is one byte more than the least
+    assert got[:1] == [(200, b"/p 50000")]
+    refused_431(got[1:])
+
+
+def test_pipelined_requests_with_every_framing_in_any_split() -> None:
+    chunked = (b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"5;ext=\"a b\"\r\nhello\r\n00a\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n")
+    length = b"POST /l HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+    empty = b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    stream = chunked + b"\r\n" + length + request("/g") + empty + chunked
+    expect = [(200, b"/c 15"), (200, b"/l 3"), (200, b"/g 0"), (200, b"/e 0"), (200, b"/c 15")]
+    assert answers([stream]) == expect
+    for size in (1, 2, 3, 5, 17, 64):
+        assert answers(in_reads(stream, size)) == expect, size
+
+
+def test_trailers_over_the_limit_are_refused() -> None:
+    head = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n"
+    fits = b"X-T: " + b"t" * (MAX_HEADER_BYTES - 9) + b"\r\n" + b"\r\n"
+    assert len(fits) == MAX_HEADER_BYTES
+    assert answers([head + fits]) == [(200, b"/c 5")]
+    over = [b"X-T%d: " % k + b"t" * 8_000 + b"\r\n" for k in range(1_000)]  # 8 MB of trailers
+    refused_431(answers([head, *over]))
+
+
+def test_malformed_requests_are_still_400() -> None:
+    for raw in (b"GET / HTTP/9.9\r\n\r\n", b"GET / HTTP/1.1\nHost: x\n\n",
+                b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n\r\n",
+                b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n"):
+        ((status, body),) = answers([raw])
+        assert status == 400 and json.loads(body)["error"]["type"] == "bad_request", raw
+
+
+def test_http_1_0_closes_after_its_answer_and_ignores_what_follows() -> None:
+    """uvicorn keeps no HTTP/1.0 connection alive (it answers ``Connection: close``, even to
+    ``Connection: keep-alive``): a request behind one is never read, so it gets no answer, no 400."""
+    for first in (b"GET /a HTTP/1.0\r\n\r\n", b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"):
+        assert answers([first + b"GARBAGE\r\n\r\n"]) == [(200, b"/a 0")]
+        assert answers([first, b"\r\n" * 100_000]) == [(200, b"/a 0")]
+
+
+# -- the OpenAPI document --------------------------------------------------------------------------
+
+
+def document(state_dir: Path) -> dict[str, Any]:
+    from live_helpers import NO_BOOTSTRAP
+
+    from cerebellar_norse.api.app import create_app
+    from cerebellar_norse.api.server import build_service
+    from cerebellar_norse.config import load_checked_config
+
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(state_dir), **NO_BOOTSTRAP}
+    return create_app(build_service(load_checked_config(None, environ=environ))).openapi()
+
+
+def conforms(value: Any, schema: dict[str, Any], components: dict[str, Any]) -> bool:
+    """Enough of JSON Schema for the error shape: $ref, anyOf, type, required, properties, additionalProperties."""
+    if "$ref" in schema:
+        return conforms(value, components[schema["$ref"].rsplit("/", 1)[1]], components)
+    if "anyOf" in schema:
+        return any(conforms(value, s, components) for s in schema["anyOf"])
+    kind = schema.get("type")
+    types = {"string": str, "object": dict, "null": type(None), "integer": int, "number": (int, float)}
+    if kind is not None and not isinstance(value, types[kind]):
+        return False
+    if kind == "object":
+        props = schema.get("properties", {})
+        if not set(schema.get("required", [])) <= set(value):
+            return False
+        if schema.get("additionalProperties") is False and not set(value) <= set(props):
+            return False
+        return all(conforms(v, props[k], components) for k, v in value.items() if k in props)
+    return True
+
+
+def test_every_operation_documents_the_protocol_refusals_with_the_body_sent(tmp_path: Path) -> None:
+    doc = document(tmp_path / "state")
+    components = doc["components"]["schemas"]
+    bodies = {"400": json.loads(answers([b"GET / HTTP/9.9\r\n\r\n"])[0][1]),
+              "431": json.loads(answers([padded(MAX_HEADER_BYTES + 1)])[0][1])}
+    assert bodies["400"]["error"]["type"] == "bad_request" and bodies["431"]["error"]["type"] == "headers_too_large"
+    operations = [(method, path, op) for path, item in doc["paths"].items() for method, op in item.items()]
+    assert len(operations) > 20
+    for method, path, op in operations:
+        for status, body in bodies.items():
+            documented = op["responses"].get(status)
+            assert documented is not None, (method, path, status)
+            schema = documented["content"]["application/json"]["schema"]
+            assert conforms(body, schema, components), (method, path, status, schema)
+            assert body["error"]["type"] in documented["description"], (method, path, status)
+    assert "malformed_json" in doc["paths"]["/neural/process"]["post"]["responses"]["400"]["description"]
+    assert "malformed_json" not in doc["paths"]["/health"]["get"]["responses"]["400"]["description"]
+
+
+def test_error_answers_are_documented_as_json_on_every_route(tmp_path: Path) -> None:
+    """/metrics answers text/plain, its errors (the protocol's 400 and 431, 408, 413, 500, 503) are JSON."""
+    doc = document(tmp_path / "state")
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            for status, response in op["responses"].items():
+                if status[0] in "45":
+                    assert list(response["content"]) == ["application/json"], (method, path, status)
+    assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
