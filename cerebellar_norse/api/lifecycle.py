@@ -4,7 +4,9 @@
 * WATCHDOG=1 is sent every WATCHDOG_USEC/2 while the engine is healthy (ready and
   accepting); a wedged event loop sends nothing, and systemd restarts the service.
 * SIGHUP re-reads the config file. Keys that are safe to change live are applied;
-  any other changed key is logged as needing a restart (and nothing of it applied).
+  any other changed key is logged as needing a restart (and nothing of it applied);
+  a changed ``logging.level`` while ``CEREBELLAR_NORSE_LOG`` is set is logged as
+  overridden by it. The reload's outcome is logged whatever the level in force.
 * Market state: restored (and the tick journal replayed) before the socket opens,
   checkpointed periodically while serving, saved at shutdown. A state write that
   fails stops the service with exit code 1 (see :func:`state_write_failed`).
@@ -24,7 +26,7 @@ from ..engine.journal import Durability, StateDirLock
 from ..engine.persistence import check_writable
 from ..errors import ConfigError, StorageError
 from ..observability import systemd
-from ..observability.logging import effective_level
+from ..observability.logging import LEVEL_ENV, effective_level, env_level, log_always
 from .deps import ServiceState
 from .exposure import reload_auth_refusal
 
@@ -88,28 +90,55 @@ def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]
     return live, restart
 
 
+def serving_status(state: ServiceState, note: str = "") -> str:
+    """The status line of ``systemctl status`` while serving: the served model and the device (and ``note``).
+
+    Sent at start, after every reload and after every model swap, so that it always names the model served.
+    """
+    line = f"serving model {state.engine.model_version} on {state.device}"
+    return f"{line} ({note})" if note else line
+
+
 def reload_config(state: ServiceState, path: str | None) -> None:
-    """Handle SIGHUP: re-read ``path``, apply what is safe, log what needs a restart."""
+    """Handle SIGHUP: re-read ``path``, apply what is safe, log what needs a restart.
+
+    Every outcome is logged whatever ``logging.level`` is (:func:`log_always`): a reload
+    that raises the level to WARNING, or one made while it is ERROR, still leaves its line
+    in the journal. A changed ``logging.level`` while ``CEREBELLAR_NORSE_LOG`` sets the
+    level is listed as ``overridden``, not ``applied``: the variable still wins.
+    """
     if path is None:
-        log.info("reload requested but the service runs on the built-in default config: nothing to reload")
+        log_always(log, logging.INFO, "reload requested but the service runs on the built-in default config: "
+                                      "nothing to reload")
         return
     systemd.reloading()
     try:
         new = with_server(load_checked_config(Path(path)), state.server_overrides)  # --host/--port win, as at start
     except ConfigError as exc:
-        log.error("config reload refused, keeping the running config: %s", exc)
-        systemd.ready("reload refused: config invalid")
+        log_always(log, logging.ERROR, "config reload refused, keeping the running config: %s", exc)
+        systemd.ready(serving_status(state, "last reload refused: config invalid"))
         return
     refusal = reload_auth_refusal(state.cfg, new)
     if refusal is not None:
-        log.error("config reload refused, keeping the running config: %s", refusal)
-        systemd.ready("reload refused: auth would change")
+        log_always(log, logging.ERROR, "config reload refused, keeping the running config: %s", refusal)
+        systemd.ready(serving_status(state, "last reload refused: auth would change"))
         return
     applied, restart = apply_reload(state, new)
-    log.info("config reloaded", extra={"fields": {"applied": applied, "need_restart": restart}})
+    overridden: list[str] = []
+    forced = env_level()
+    if forced is not None and "logging.level" in applied:
+        applied.remove("logging.level")
+        overridden.append("logging.level")
+    log_always(log, logging.INFO, "config reloaded",
+               fields={"applied": applied, "need_restart": restart, "overridden": overridden})
+    if overridden:
+        log_always(log, logging.WARNING, "logging.level changed to %s in the config file, but %s=%s overrides it: the "
+                                         "level stays %s (remove the variable from the service's environment and "
+                                         "restart to use the file's level)",
+                   state.cfg.logging.level, LEVEL_ENV, forced, forced)
     if restart:
-        log.warning("these changed keys need a restart to take effect: %s", ", ".join(restart))
-    systemd.ready("serving")
+        log_always(log, logging.WARNING, "these changed keys need a restart to take effect: %s", ", ".join(restart))
+    systemd.ready(serving_status(state))
 
 
 async def announce_when_listening(state: ServiceState, is_listening: Callable[[], bool], timeout_s: float = 300.0) -> None:
@@ -121,7 +150,7 @@ async def announce_when_listening(state: ServiceState, is_listening: Callable[[]
             log.error("socket not listening after %.0f s; not reporting ready", timeout_s)
             return
         await asyncio.sleep(0.01)
-    systemd.ready(f"serving model {state.engine.model_version} on {state.device}")
+    systemd.ready(serving_status(state))
     interval = systemd.watchdog_interval_s()
     if interval is None:
         return
@@ -139,7 +168,8 @@ def ignore_sighup_while_starting() -> None:
     would stop it without a word and without saving anything.
     """
     def starting(signum: int, frame: Any) -> None:
-        log.warning("reload requested while the service is starting: ignored (send it again once /health answers 200)")
+        log_always(log, logging.WARNING, "reload requested while the service is starting: ignored (send it again once "
+                                         "/health answers 200)")
 
     signal.signal(signal.SIGHUP, starting)
 

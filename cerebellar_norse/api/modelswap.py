@@ -6,9 +6,11 @@ import contextlib
 import logging
 
 from ..errors import CheckpointError, InputError, StorageError
+from ..observability import systemd
 from ..storage import fsync_dir
 from ..training.checkpoints import ACTIVE, ModelStore, shape_mismatch
 from .deps import ServiceState
+from .lifecycle import serving_status
 
 log = logging.getLogger("cerebellar_norse.models")
 
@@ -51,5 +53,6 @@ def activate_version(state: ServiceState, store: ModelStore, version: str) -> No
                 fsync_dir(store.root)
         raise
     state.degraded = None  # the operator chose the served model: a fallback or a lost market state is resolved
+    systemd.status(serving_status(state))  # systemctl status names the model served
     log.info("model activated", extra={"fields": {"model_version": model.version, "previous": old,
                                                    "reset_states": state.cfg.training.reset_state_on_swap}})

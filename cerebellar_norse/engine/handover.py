@@ -7,7 +7,8 @@ When the set of replicas changes, a market whose owner changes is moved:
    :class:`~cerebellar_norse.errors.MarketMovingError`), steps every tick of it already
    admitted, and exports its state (:func:`export_market`);
 2. the target imports it (:func:`import_market`): checksum, network fingerprint, model
-   version, market id and array shapes are checked first, and on any error nothing
+   version, market id and array shapes are checked first, and that the state is not
+   older (its last tick earlier) than one the market holds there; on any error nothing
    changes;
 3. once the load balancer routes the market to the target, the source *releases* it:
    its state is forgotten, and the market stays refused there (``held``) until it is
@@ -52,6 +53,12 @@ RETRY_AFTER_S = 1.0  # what a refused tick of a moving market is told to wait (s
 
 class StateMismatchError(CheckpointError):
     """An exported market state belongs to another network or model version than the one served here (HTTP 409)."""
+
+    status_code = 409
+
+
+class StaleStateError(InputError):
+    """An exported market state is older (its last tick earlier) than the state the market holds here (HTTP 409)."""
 
     status_code = 409
 
@@ -175,8 +182,25 @@ def check_import(engine: Engine, market_id: str, meta: dict[str, Any], arrays: d
                               "request body")
 
 
+def check_not_older(engine: Engine, market_id: str, meta: dict[str, Any]) -> None:
+    """Raise StaleStateError when the export's last tick is earlier than the last tick the market holds here.
+
+    Importing it would set the market back silently (its later ticks lost, ticks between
+    the two times accepted again). A state of the same or a later last tick, or a market
+    holding no state (or no tick) here, passes. Call after :meth:`Engine.flush_now`, so
+    the market's admitted ticks are in the state compared.
+    """
+    held = engine.pool.last_timestamp(market_id)
+    got = int(meta["last_timestamp"])
+    if held is not None and got < held:
+        raise StaleStateError(f"the state's last tick at {got} is older than the market's last tick here at {held}: "
+                              f"importing it would set the market back (export the newest copy, or reset the market "
+                              f"here first); nothing changed", "market_id")
+
+
 def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]:
-    """Load an exported state as ``market_id``'s (replacing any state it holds here); returns a summary.
+    """Load an exported state as ``market_id``'s (replacing any state it holds here, unless that one is newer);
+    returns a summary.
 
     Every check runs before anything changes. The new state is made durable at once
     (a checkpoint, when the engine journals): replaying the journal alone could not
@@ -184,6 +208,7 @@ def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]
     """
     meta, arrays = read_export(data)
     check_import(engine, market_id, meta, arrays)
+    check_not_older(engine, market_id, meta)
     journal = engine.journal
     if journal is not None and journal.failed is not None:  # the import could not be made durable: change nothing
         raise journal.failed

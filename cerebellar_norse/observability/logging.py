@@ -84,10 +84,29 @@ def _gzip_rotator(source: str, dest: str) -> None:
     os.remove(source)
 
 
+LEVEL_ENV = "CEREBELLAR_NORSE_LOG"
+
+
+def env_level(environ: dict[str, str] | None = None) -> str | None:
+    """The level ``CEREBELLAR_NORSE_LOG`` sets (upper case) when it names a valid one, else None (the config's rules)."""
+    env = (environ if environ is not None else os.environ).get(LEVEL_ENV, "").upper()
+    return env if env in LEVELS else None
+
+
 def effective_level(cfg: LoggingConfig, environ: dict[str, str] | None = None) -> str:
     """The level to use: ``CEREBELLAR_NORSE_LOG`` when set to a valid level, else the config's."""
-    env = (environ if environ is not None else os.environ).get("CEREBELLAR_NORSE_LOG", "").upper()
-    return env if env in LEVELS else cfg.level
+    return env_level(environ) or cfg.level
+
+
+def log_always(logger: logging.Logger, level: int, msg: str, *args: Any, fields: dict[str, Any] | None = None) -> None:
+    """Log a line whatever the level in force (with its own level as priority): the outcome of an operator's action
+    (a config reload) must show in the journal even when ``logging.level`` filters its level out."""
+    if logger.isEnabledFor(level):
+        logger.log(level, msg, *args, extra={"fields": fields} if fields else None)
+        return
+    record = logger.makeRecord(logger.name, level, "(log_always)", 0, msg, args, None,
+                               extra={"fields": fields} if fields else None)
+    logger.handle(record)  # handle() skips the level check that log() makes; handlers and filters still apply
 
 
 class LogFileHandler(logging.handlers.RotatingFileHandler):
@@ -161,3 +180,8 @@ def setup_logging(cfg: LoggingConfig, stream: Any = None) -> None:
     root.setLevel(effective_level(cfg))
     for noisy in ("numba", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    raw = os.environ.get(LEVEL_ENV, "")
+    if raw.strip() and env_level() is None:  # a typo in the unit's Environment= would otherwise pass without a word
+        log_always(logging.getLogger("cerebellar_norse.logging"), logging.WARNING,
+                   "%s=%r is not a log level (%s): ignored, the level is %s from [logging] level", LEVEL_ENV, raw,
+                   ", ".join(LEVELS), cfg.level)

@@ -55,6 +55,11 @@ def ready(status: str = "") -> bool:
     return notify("READY=1" + (f"\nSTATUS={status}" if status else ""))
 
 
+def status(text: str) -> bool:
+    """Set the status line of ``systemctl status`` (nothing else changes)."""
+    return notify(f"STATUS={text}")
+
+
 def stopping(status: str = "") -> bool:
     """Tell systemd the service is stopping."""
     return notify("STOPPING=1" + (f"\nSTATUS={status}" if status else ""))

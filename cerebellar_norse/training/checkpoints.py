@@ -15,6 +15,7 @@ model is named in ``models/ACTIVE`` (written atomically). Versions sort by time.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
@@ -509,10 +510,61 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             ok.append(f"{mpath.parent}: model {m.version} OK")
         except CheckpointError as exc:
             problems.append(str(exc))
-    for spath in sorted(root.rglob(STATE_FILE)):
+    for apath in _named_under(root, ACTIVE):
+        if apath.parent.name == "models":
+            problem = _active_problem(apath)
+            if problem is not None:
+                problems.append(f"{apath}: {problem}: the service would serve the newest valid model instead "
+                                f"(/health degraded)")
+    for spath in _named_under(root, STATE_FILE):
+        if spath.is_symlink() and not spath.exists():  # Path.rglob and exists() pass over a dangling link
+            problems.append(f"{spath}: {_broken_link(spath)}: no market state can be read from it (the service moves "
+                            f"it aside at start and every market starts from rest); point it at the state file, or "
+                            f"remove it")
+            continue
         try:
             read_checksummed(spath)
             ok.append(f"{spath}: market state OK")
         except CheckpointError as exc:
             problems.append(str(exc))
     return ok, problems
+
+
+def _named_under(root: Path, name: str) -> list[Path]:
+    """Every entry called ``name`` under ``root`` (directories of links not followed), dangling links included."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if name in filenames or name in dirnames:
+            found.append(Path(dirpath) / name)
+    return sorted(found)
+
+
+def _active_problem(path: Path) -> str | None:
+    """What is wrong with a ``models/ACTIVE`` file (as the service reads it), or None when it names a stored model."""
+    if path.is_symlink() and not path.exists():
+        return _broken_link(path)
+    try:
+        version = path.read_text(encoding="utf-8").strip()
+        if version:
+            check_version(version)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except (ValueError, InputError):
+        return "does not name a model version"
+    if version and not (path.parent / version / MANIFEST).is_file():
+        return f"names model {version}, which is not stored beside it"
+    return None
+
+
+def _broken_link(path: Path) -> str:
+    """What is wrong with a symbolic link that leads to no file."""
+    try:
+        target = os.readlink(path)
+    except OSError as exc:
+        return f"an unreadable symbolic link ({exc.strerror or exc})"
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"a symbolic link to {target!r} that loops"
+    return f"a dangling symbolic link: its target {target!r} does not exist"

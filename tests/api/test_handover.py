@@ -228,3 +228,34 @@ def test_an_import_under_an_invalid_market_id_is_refused(trio: tuple[TestClient,
     assert r.status_code == 422, r.text
     assert r.json()["error"]["field"] == "market_id"
     assert b.get("/debug/markets", headers=AUTH).json()["total"] == 0  # nothing was imported
+
+
+def test_an_older_state_is_refused_and_changes_nothing(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    """An export whose last tick is earlier than the market's last tick here would set the market back silently."""
+    a, b, ref = trio
+    send(a, "S", range(3))  # the stale copy: last tick k=2
+    expected = send(ref, "S", range(12))[10:]
+    send(b, "S", range(10))  # the newer state held by the target: last tick k=9
+    before = b.get("/debug/markets/S/state", headers=AUTH).json()
+    old = a.post("/neural/markets/S/export", headers=AUTH).content
+    r = b.put("/neural/markets/S/state", content=old, headers=BLOB)
+    assert r.status_code == 409, r.text
+    err = r.json()["error"]
+    assert err["type"] == "conflict" and err["field"] == "market_id"
+    assert str(tick("S", 2)["timestamp"]) in err["message"] and str(tick("S", 9)["timestamp"]) in err["message"]
+    after = b.get("/debug/markets/S/state", headers=AUTH).json()
+    for key in ("captured_at",):
+        before.pop(key), after.pop(key)
+    assert after == before
+    assert b.post("/neural/process", json=tick("S", 5)).status_code == 409  # still past k=9: out of order
+    assert send(b, "S", range(10, 12)) == expected  # and continues from its own state
+    # the same last tick, or a market not held here, is accepted as before
+    same = ref.post("/neural/markets/S/export", headers=AUTH).content
+    send(b, "T", range(1))
+    c = b.put("/neural/markets/S/state", content=same, headers=BLOB)
+    assert c.status_code == 200 and c.json()["replaced"] is True, c.text
+    fresh = b.put("/neural/markets/S/state", content=old, headers={**BLOB})  # now older again: refused
+    assert fresh.status_code == 409
+    b.delete("/neural/markets/S", headers=AUTH)
+    r = b.put("/neural/markets/S/state", content=old, headers=BLOB)  # reset here: the old state is all there is
+    assert r.status_code == 200 and r.json()["replaced"] is False, r.text

@@ -45,6 +45,25 @@ def test_level_filters_and_env_override() -> None:
     assert effective_level(LoggingConfig(level="INFO"), {"CEREBELLAR_NORSE_LOG": "bogus"}) == "INFO"
 
 
+def test_an_invalid_level_in_the_environment_is_said_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CEREBELLAR_NORSE_LOG=trace was ignored without a word (the file's level applied, nothing logged)."""
+    root_level = logging.getLogger().level
+    try:
+        buf = io.StringIO()
+        monkeypatch.setenv("CEREBELLAR_NORSE_LOG", "trace")
+        setup_logging(LoggingConfig(level="ERROR"), stream=buf)
+        (line,) = _lines(buf)
+        assert line["level"] == "WARNING" and "CEREBELLAR_NORSE_LOG='trace' is not a log level" in line["message"]
+        assert "the level is ERROR" in line["message"] and logging.getLogger().level == logging.ERROR
+        for good in ("debug", ""):
+            buf = io.StringIO()
+            monkeypatch.setenv("CEREBELLAR_NORSE_LOG", good)
+            setup_logging(LoggingConfig(level="ERROR"), stream=buf)
+            assert not _lines(buf)
+    finally:
+        logging.getLogger().setLevel(root_level)
+
+
 def test_exceptions_are_one_json_line() -> None:
     buf = io.StringIO()
     setup_logging(LoggingConfig(level="INFO"), stream=buf)

@@ -264,5 +264,130 @@ def test_reload_keeps_the_port_given_on_the_command_line(tmp_path: Path) -> None
             time.sleep(0.1)
         out, lines = _stop(proc)
     reloaded = [x for x in lines if x["message"] == "config reloaded"]
-    assert reloaded and reloaded[0]["fields"] == {"applied": ["performance.queue_size"], "need_restart": []}, out
+    assert reloaded and reloaded[0]["fields"] == {"applied": ["performance.queue_size"], "need_restart": [], "overridden": []}, out
     assert not any("need a restart" in x["message"] for x in lines), out
+
+
+LOGGING_TOML = """
+[paths]
+state_dir = "{state_dir}"
+[training]
+bootstrap_on_first_run = false
+[performance]
+max_batch_delay_us = {delay}
+[logging]
+level = "{level}"
+"""
+
+
+@contextlib.contextmanager
+def logged_reloads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, level: str,
+                   **env: str) -> Iterator[tuple[ServiceState, Callable[..., list[dict[str, Any]]]]]:
+    """A service whose JSON log lines go to a buffer, and a function that rewrites its config file, reloads, and
+    returns the lines the reload wrote."""
+    import io
+
+    from cerebellar_norse.observability.logging import setup_logging
+
+    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg_path = tmp_path / "service.toml"
+
+    def write(level: str, delay: int) -> None:
+        cfg_path.write_text(LOGGING_TOML.format(state_dir=tmp_path / "state", level=level, delay=delay))
+
+    write(level, 200)
+    root = logging.getLogger()
+    root_level, root_handlers = root.level, list(root.handlers)
+    buf = io.StringIO()
+    cfg = load_checked_config(cfg_path)
+    setup_logging(cfg.logging, stream=buf)
+    state = build_service(cfg)
+
+    def reload(level: str, delay: int = 200) -> list[dict[str, Any]]:
+        write(level, delay)
+        start = len(buf.getvalue())
+        reload_config(state, str(cfg_path))
+        return [json.loads(x) for x in buf.getvalue()[start:].splitlines() if x.strip()]
+
+    try:
+        yield state, reload
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in root_handlers:
+            root.addHandler(h)
+        root.setLevel(root_level)
+
+
+def test_a_reload_is_logged_whatever_the_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload that raises logging.level to WARNING (or one made at ERROR) still leaves its line in the journal."""
+    with logged_reloads(tmp_path, monkeypatch, "INFO") as (state, reload):
+        lines = reload("WARNING")
+        assert logging.getLogger().level == logging.WARNING
+        (line,) = [x for x in lines if x["message"] == "config reloaded"]
+        assert line["level"] == "INFO" and line["fields"]["applied"] == ["logging.level"]
+        lines = reload("ERROR", delay=300)  # at ERROR: the INFO outcome and the WARNING about a restart key still show
+        (line,) = [x for x in lines if x["message"] == "config reloaded"]
+        assert line["fields"]["applied"] == ["logging.level", "performance.max_batch_delay_us"]
+        lines = reload("ERROR", delay=300)  # nothing changed: still said
+        assert [x["fields"] for x in lines if x["message"] == "config reloaded"] == [
+            {"applied": [], "need_restart": [], "overridden": []}]
+        assert [x["message"] for x in lines] == ["config reloaded"]  # the level still filters every other line
+        assert state.cfg.logging.level == "ERROR" and logging.getLogger().level == logging.ERROR
+
+
+def test_a_reload_of_logging_level_overridden_by_the_environment_says_so(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CEREBELLAR_NORSE_LOG set, a changed logging.level does not apply: the reload must not call it applied."""
+    with logged_reloads(tmp_path, monkeypatch, "INFO", CEREBELLAR_NORSE_LOG="info") as (_, reload):
+        lines = reload("ERROR", delay=300)
+        assert logging.getLogger().level == logging.INFO  # the environment still wins
+        (line,) = [x for x in lines if x["message"] == "config reloaded"]
+        assert line["fields"]["applied"] == ["performance.max_batch_delay_us"]
+        assert line["fields"]["overridden"] == ["logging.level"]
+        (warn,) = [x for x in lines if x["level"] == "WARNING"]
+        assert "CEREBELLAR_NORSE_LOG=INFO overrides it" in warn["message"] and "ERROR" in warn["message"]
+    with logged_reloads(tmp_path, monkeypatch, "INFO", CEREBELLAR_NORSE_LOG="bogus") as (_, reload):
+        lines = reload("WARNING")  # an invalid variable is ignored: the file's level applies
+        assert logging.getLogger().level == logging.WARNING
+        (line,) = [x for x in lines if x["message"] == "config reloaded"]
+        assert line["fields"]["applied"] == ["logging.level"] and line["fields"]["overridden"] == []
+
+
+def test_the_status_line_names_the_served_model_after_a_reload_and_a_swap(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``systemctl status`` read ``serving`` after any reload (model and device gone), ``reload refused: …`` for good
+    after a refused one, and the model of the start after a model swap."""
+    from cerebellar_norse.api.modelswap import activate_version
+
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(5)
+
+    def statuses() -> list[str]:
+        out = []
+        sock.setblocking(False)
+        try:
+            while True:
+                out += [x[len("STATUS="):] for x in sock.recv(4096).decode().split("\n") if x.startswith("STATUS=")]
+        except BlockingIOError:
+            pass
+        return out
+
+    with logged_reloads(tmp_path, monkeypatch, "INFO", NOTIFY_SOCKET=path) as (state, reload):
+        served = f"serving model {state.engine.model_version} on {state.device}"
+        reload("WARNING")
+        assert statuses() == [served]
+        (tmp_path / "service.toml").write_text("[server\n")
+        reload_config(state, str(tmp_path / "service.toml"))
+        assert statuses() == [f"{served} (last reload refused: config invalid)"]
+        cfg = state.cfg
+        store = ModelStore(tmp_path / "state")
+        store.save(generate_weights(cfg), cfg, {"validation": {"loss": 1.0}}, version=TRAINED)
+        activate_version(state, store, TRAINED)
+        assert statuses() == [f"serving model {TRAINED} on {state.device}"]
+    sock.close()

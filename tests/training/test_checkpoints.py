@@ -294,6 +294,47 @@ def test_verify_tree_reports_every_problem(cfg: Config, store: ModelStore) -> No
     assert verify_tree(store.root / "nothing-here")[1]
 
 
+def test_verify_data_reports_a_dangling_or_looping_state_link(cfg: Config, store: ModelStore, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The service moves an unreadable market_state.bin (a link to nothing included) aside at start and every market
+    starts from rest; --verify-data skipped such a link without a word (exit 0 beside a good model)."""
+    store.save(generate_weights(cfg), cfg, METRICS, version=V1)
+    state = store.root.parent / "market_state.bin"
+    state.symlink_to(store.root.parent / "gone.bin")
+    ok, problems = verify_tree(store.root.parent)
+    assert ok == [f"{store.root / V1}: model {V1} OK"]
+    (problem,) = problems
+    assert problem.startswith(f"{state}: a dangling symbolic link") and "gone.bin" in problem
+    assert cmd_verify_data(str(store.root.parent)) == 1
+    err = capsys.readouterr().err
+    assert f"cerebellar-norse: {state}: a dangling symbolic link" in err
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "market_state.bin").symlink_to("market_state.bin")  # a link to itself: a loop
+    assert cmd_verify_data(str(alone)) == 1
+    err = capsys.readouterr().err
+    assert "that loops" in err and "no models or state files found" not in err
+
+
+def test_verify_data_reports_an_active_file_naming_no_stored_model(cfg: Config, store: ModelStore,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The service falls back to the newest valid model (/health degraded) when models/ACTIVE names a model that is not
+    stored, or is no version at all; --verify-data said everything was OK (exit 0)."""
+    store.save(generate_weights(cfg), cfg, METRICS, version=V1)
+    active = store.root / "ACTIVE"
+    for content, words in ((f"{V2}\n", f"names model {V2}, which is not stored"),
+                           ("../elsewhere\n", "does not name a model version")):
+        active.write_text(content)
+        ok, problems = verify_tree(store.root.parent)
+        assert ok == [f"{store.root / V1}: model {V1} OK"]
+        assert len(problems) == 1 and problems[0].startswith(f"{active}: {words}"), problems
+        assert cmd_verify_data(str(store.root.parent)) == 1
+        assert f"{active}: {words}" in capsys.readouterr().err
+    store.set_active(V1)
+    assert verify_tree(store.root.parent)[1] == []
+    assert cmd_verify_data(str(store.root.parent)) == 0
+
+
 # --------------------------------------------------------------------------------------
 # Index arrays: the kernels read them without bounds checks, so a model must name real cells
 # --------------------------------------------------------------------------------------

@@ -94,7 +94,8 @@ async def export_state(request: Request, market_id: MarketIdPath) -> Response:
                 MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
                 "description": "Bytes of POST /neural/markets/{market_id}/export from another replica."}},
             responses=error_responses(401, 409, 415, 422,
-                                      s409="The state was exported by another network or under another model version "
+                                      s409="The state was exported by another network or under another model version, "
+                                           "or its last tick is older than the market's last tick here "
                                            "(conflict); nothing changed.",
                                       s415="Body not sent as application/octet-stream (unsupported_media_type).",
                                       s422="Corrupt or truncated state (checksum), another market's, or of the wrong "
@@ -103,13 +104,15 @@ async def import_state(request: Request, market_id: MarketIdPath) -> dict[str, A
     """Import a market's exported state (token), replacing any it holds here, and serve the market here again.
 
     Checksum, network fingerprint, model version, market id and shapes are verified
-    before anything changes; the imported state is checkpointed at once.
+    before anything changes, and a state older (last tick earlier) than the one the market
+    holds here is refused (409); the imported state is checkpointed at once.
     """
     ctype = request.headers.get("content-type", "")
     if ctype.split(";", 1)[0].strip().lower() != MEDIA_TYPE:
         raise HTTPException(415, f"content type must be {MEDIA_TYPE}, got {ctype or 'none'!r}")
     svc = service(request)
     body = await request.body()
+    svc.engine.flush_now()  # the market's admitted ticks are in the state the import is compared with (and replaces)
     summary = import_market(svc.engine, market_id, body)
     svc.moves.thaw(market_id)
     return {**summary, "request_id": request_id_var.get()}
