@@ -245,6 +245,20 @@ async def test_model_swap_checkpoints_so_replay_never_mixes_models(journaled: tu
     assert_same_pool(e2, twin)
 
 
+def disk_full(*_a: object) -> None:
+    """``os.posix_fallocate`` on a full disk."""
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+async def exported_market(cfg: Config, market: str) -> bytes:
+    """The exported state of ``market`` after 30 ticks on an engine of its own."""
+    source = Engine(cfg)
+    await feed([source], [tick(market, T0 + k) for k in range(30)])
+    blob = export_market(source, market)
+    assert blob is not None
+    return blob
+
+
 @pytest.mark.parametrize("reset", [False, True])
 async def test_a_swap_whose_checkpoint_fails_changes_nothing(journaled: tuple[Config, list[Durability]],
                                                              monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
@@ -254,10 +268,7 @@ async def test_a_swap_whose_checkpoint_fails_changes_nothing(journaled: tuple[Co
     w2, e, _d, twin = await fed_with_another_model(cfg, opened)
     version = e.model_version
 
-    def full(*_a: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(os, "posix_fallocate", disk_full)
     with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
         e.set_weights(w2.copy(), "v2", reset_states=reset)
     monkeypatch.undo()
@@ -298,18 +309,12 @@ async def test_an_import_whose_checkpoint_fails_changes_nothing(journaled: tuple
     """A full disk at the import's checkpoint: the import is refused and undone, so the final save at shutdown keeps
     the market as it was here (no state, or the one it held), never a state whose import the caller saw fail."""
     cfg, opened = journaled
-    source = Engine(cfg)
-    await feed([source], [tick("X", T0 + k) for k in range(30)])
-    blob = export_market(source, "X")
-    assert blob is not None
+    blob = await exported_market(cfg, "X")
     e, _d = start(cfg, opened)
     twin = Engine(cfg)
     await feed([e, twin], [tick(m, T0 + k) for k in range(4) for m in (("A", "X") if held else ("A",))])
 
-    def full(*_a: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(os, "posix_fallocate", disk_full)
     with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
         import_market(e, "X", blob)
     monkeypatch.undo()
@@ -327,10 +332,7 @@ async def test_an_import_with_no_tick_since_the_last_checkpoint_survives_a_crash
         journaled: tuple[Config, list[Durability]], before: str) -> None:
     """Replay cannot rebuild a state that came from another replica: the import's checkpoint must hold it."""
     cfg, opened = journaled
-    source = Engine(cfg)
-    await feed([source], [tick("X", T0 + k) for k in range(30)])
-    blob = export_market(source, "X")
-    assert blob is not None
+    blob = await exported_market(cfg, "X")
     e, d = start(cfg, opened)
     twin = Engine(cfg)
     if before == "after a checkpoint":
@@ -443,10 +445,7 @@ async def test_a_journal_that_cannot_grow_stops_acknowledging(engine_config: Con
     acked = [tick("A", T0 + k) for k in range(10)]
     await feed([e, twin], acked, chunk=1)
 
-    def full(*_a: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(os, "posix_fallocate", disk_full)
     d._size = d._pos + 40  # the open segment is full: the next append needs a new one
     with caplog.at_level(logging.ERROR), pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
         await e.submit(tick("A", T0 + 100))
