@@ -34,7 +34,7 @@ from ..config import Config, NeuralConfig
 from ..errors import CheckpointError, InputError, StorageError
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
-from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes, sha256_file
+from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes
 
 log = logging.getLogger("cerebellar_norse.models")
 
@@ -441,10 +441,10 @@ def parse_manifest(text: str | bytes, where: str) -> dict[str, Any]:
     return manifest
 
 
-def _json_object(path: Path) -> dict[str, Any]:
-    """A model file holding one JSON object (CheckpointError naming the file otherwise)."""
+def _json_object(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """A model file holding one JSON object (CheckpointError naming the file otherwise); ``data``: its bytes, read."""
     try:
-        value = json.loads(path.read_bytes())
+        value = json.loads(path.read_bytes() if data is None else data)
     except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"unreadable JSON ({type(exc).__name__}: {exc})", str(path)) from None
     if not isinstance(value, dict):
@@ -464,6 +464,7 @@ def load_model_dir(path: Path) -> StoredModel:
         raise CheckpointError(f"missing or unreadable manifest ({exc})", str(mpath)) from None
     manifest = parse_manifest(text, str(mpath))
     files = manifest["files"]
+    blobs: dict[str, bytes] = {}  # each file read once: what is checked is what is loaded
     for name in FILES:
         entry = files.get(name)
         fpath = path / name
@@ -472,17 +473,14 @@ def load_model_dir(path: Path) -> StoredModel:
         if not fpath.is_file():
             raise CheckpointError("missing", str(fpath))
         try:
-            intact = fpath.stat().st_size == entry.get("bytes") and sha256_file(fpath) == entry.get("sha256")
+            blob = fpath.read_bytes()
         except OSError as exc:  # unreadable (permissions after a restore from backup, I/O error): name it
             raise CheckpointError(f"cannot read: {exc.strerror or exc}", str(fpath)) from None
-        if not intact:
+        if len(blob) != entry.get("bytes") or sha256_bytes(blob) != entry.get("sha256"):
             raise CheckpointError("checksum mismatch: the file is corrupt or was changed", str(fpath))
-    try:
-        data = (path / "weights.npz").read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"cannot read: {exc.strerror or exc}", str(path / "weights.npz")) from None
-    weights = weights_from_bytes(data, str(path / "weights.npz"))
-    neural, metrics = (_json_object(path / name) for name in ("config.json", "metrics.json"))
+        blobs[name] = blob
+    weights = weights_from_bytes(blobs["weights.npz"], str(path / "weights.npz"))
+    neural, metrics = (_json_object(path / name, blobs[name]) for name in ("config.json", "metrics.json"))
     try:
         shape = network_shape(NeuralConfig.model_validate(neural))
     except Exception as exc:

@@ -93,6 +93,24 @@ def test_save_load_round_trip(cfg: Config, store: ModelStore) -> None:
     assert manifest["version"] == version and set(manifest["files"]) == set(FILES)
 
 
+def test_each_model_file_is_read_once_so_what_is_checked_is_what_is_loaded(cfg: Config, store: ModelStore,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file replaced between its checksum and its load must not be loaded unchecked: one read serves both."""
+    version = store.save(perturbed(generate_weights(cfg), 0.1), cfg, METRICS)
+    opened: list[str] = []
+    real_open = io.open
+
+    def counting_open(file: object, *args: object, **kwargs: object) -> object:
+        opened.append(Path(str(file)).name)
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr("builtins.open", counting_open)
+    load_model_dir(store.root / version)
+    monkeypatch.undo()
+    assert sorted(n for n in opened if n in FILES) == sorted(FILES), opened
+
+
 def test_versions_sort_by_time_and_skip_hidden(cfg: Config, store: ModelStore) -> None:
     w = generate_weights(cfg)
     for v in (V2, V1):
