@@ -191,20 +191,20 @@ class Engine:
         if not p.exists() and not p.is_symlink():  # a dangling link or a loop of links is an unreadable file, not none
             return 0
         meta: dict[str, Any] = {}
+        data: bytes | None = None
         try:
-            with open(p, "rb"):
-                pass
+            data = p.read_bytes()
         except PermissionError as exc:  # intact but not ours to read (a restore without chown): fix it, lose nothing
             raise StorageError.from_os_error("cannot read the market state", p, exc) from None
         except OSError:
-            pass  # a dangling link, a directory, an I/O error: unreadable, moved aside below
+            pass  # a dangling link, a directory, an I/O error: load_pool tries it, fails, and it is moved aside
         try:
             try:
-                n = load_pool(self.pool, p, self.fingerprint(), meta)
+                n = load_pool(self.pool, p, self.fingerprint(), meta, data)
             except ForeignStateError as exc:
                 if not self._use_saved_model(exc):
                     raise
-                n = load_pool(self.pool, p, self.fingerprint(), meta)
+                n = load_pool(self.pool, p, self.fingerprint(), meta, data)
         except CheckpointError as exc:
             moved = quarantine(p, "foreign" if isinstance(exc, ForeignStateError) else "corrupt")
             saved_with = exc.other_model(self.fingerprint()) if isinstance(exc, ForeignStateError) else None

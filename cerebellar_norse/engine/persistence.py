@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import CheckpointError, StorageError
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
-from ..storage import fsync_dir, read_checksummed, write_checksummed
+from ..storage import fsync_dir, read_checksummed, unseal, write_checksummed
 from ..ticks import TS_MAX_MS
 from .pool import StatePool
 
@@ -135,17 +135,19 @@ def save_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], journal_
     return write_snapshot(snapshot_pool(pool), path, fingerprint, journal_seq)
 
 
-def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: dict[str, Any] | None = None) -> int:
+def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: dict[str, Any] | None = None,
+              raw: bytes | None = None) -> int:
     """Restore markets saved by :func:`save_pool` into an empty pool; returns how many.
 
     ``meta``, when given, receives ``journal_seq`` (0 for files written before journals).
+    ``raw``: the file's bytes when the caller has read them already (``path`` then only names it).
 
     Raises:
         CheckpointError: the file is corrupt, of another network, of the wrong shape, or
             holds states no market can reach (:func:`check_states`). Nothing is loaded in
             that case.
     """
-    payload = read_checksummed(path)
+    payload = read_checksummed(path) if raw is None else unseal(raw, str(path))
     try:
         with np.load(io.BytesIO(payload), allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from engine_helpers import ConfigFactory
 
-from cerebellar_norse.engine import engine as engine_module
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.persistence import STATE_FILE
 from cerebellar_norse.errors import StorageError
@@ -34,10 +33,14 @@ def test_an_unreadable_state_file_stops_the_start_and_is_kept(engine_config: Con
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"intact, but not ours to read")
 
-    def denied(p: object, *a: object, **k: object) -> object:
-        raise PermissionError(13, "Permission denied", str(p))
+    real = Path.read_bytes
 
-    monkeypatch.setattr(engine_module, "open", denied, raising=False)
+    def denied(p: Path) -> bytes:  # (the tests run as root, whom chmod does not stop)
+        if p == path:
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(StorageError, match=r"cannot read the market state .*Permission denied"):
         eng.restore_state()
     assert path.exists() and not list(path.parent.glob(f"{STATE_FILE}.corrupt-*"))
