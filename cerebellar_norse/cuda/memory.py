@@ -279,7 +279,7 @@ class DeviceMemory:
         return t
 
     def charge(self, name: str, nbytes: int) -> None:
-        """Charge memory held elsewhere (e.g. a CUDA graph's private pool) under ``name``."""
+        """Charge memory held elsewhere (a stream's graph pool or its rounding) under ``name``."""
         self.budget.allocate(name, nbytes)
 
     def release(self, name: str) -> None:

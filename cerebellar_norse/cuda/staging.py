@@ -5,8 +5,8 @@ Nothing here touches a device, so all of it is tested on any host:
 * :func:`staging_layout` – bytes of one stream's staging buffers for batches of up
   to ``batch`` ticks (pinned host and device, inputs and outputs);
 * :func:`workspace_bytes` – an upper estimate of the transient device memory one
-  stream's step needs (the budget charges it up front, and again for each CUDA graph,
-  whose private pool holds the same intermediates);
+  stream's step needs (the budget charges it up front; the stream's CUDA graphs share
+  its pool, or, with torch before 2.6, each graph is charged it again for a pool of its own);
 * :class:`RoundRobin` – which stream takes the next batch;
 * :func:`wave_layout` – batch order that makes every wave (the k-th tick of each
   market) one contiguous block, so a batch that repeats a market is stepped wave
