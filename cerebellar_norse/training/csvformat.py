@@ -5,7 +5,8 @@ UTF-8 byte-order mark ignored); the first name present of each list is used and 
 other column is ignored:
 
 * time (required): ``timestamp``, ``unix``, ``time``, ``date``, ``datetime``, ``date_time``,
-  ``gmt time``, ``utc time``, ``local time``, ``open time``, ``open_time``. A value is a
+  ``gmt time``, ``utc time``, ``local time``, ``open time``, ``open_time``, … (``TIME_COLUMNS``: also
+  Databento's ``ts_recv`` before ``ts_event``, Polygon's ``sip_timestamp``, CoinAPI's ``time_exchange``). A value is a
   number since the epoch, in ms (an integer, or an integral number with all its digits such
   as ``1.577836800123e12``) or in the unit of ``TIME_UNITS`` (seconds, µs, ns) whose span
   holds the file's first time (a later row before 1973-03-03 is of another unit: bad), or
@@ -20,7 +21,11 @@ other column is ignored:
   first as the whole column shows (a day above 12 in one place, never in the other; a
   column that shows both, or dates with slashes that show neither, fails with ``file:
   …``; dates with dots that show neither are day first). A ``time``
-  column of times of day (``00:00:00``) beside a ``date`` column completes that date.
+  column of times of day (``00:00:00``) beside a ``date`` column completes that date, and so does an hour
+  column (``HOUR_COLUMNS``: ``Date,Hour,Price``) beside dates without a time of day, read as hours ending
+  1..24 or beginning 0..23 as its name or its values tell (:func:`hour_column`). A time in a named zone
+  (``20241103 01:30:00 US/Eastern``) that the zone repeats when the clocks go back is read as its first
+  occurrence, unless its market's rows then go back (:func:`repeated_hour_time`).
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``close/last``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
   any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``).
@@ -35,7 +40,9 @@ other column is ignored:
   without its suffix (``EURUSD.csv`` → ``EURUSD``), other characters replaced by ``_``.
 
 Prices and volumes may be written with digit groups (``"3,289.29"``); a comma anywhere
-else (a decimal comma) makes a bad row. Fields are separated by commas, or, in a file
+else (a decimal comma) makes a bad row. Digits grouped by blanks or apostrophes (``43 000,00``,
+``1'234.5``) are read with the point or comma after them as the decimal mark, and a price may have
+a currency sign or a three-letter code before or after it (``$184.25``, ``1.50 EUR``). Fields are separated by commas, or, in a file
 whose header line has none, by ``;``, tabs or ``|``; in a ``;`` file whose price or
 volume column holds a comma, numbers have decimal commas (``1.234,50``).
 
@@ -73,7 +80,10 @@ from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
                 "open time", "open_time", "time (utc)", "timestamp (utc)", "date (utc)", "datetime (utc)",
-                "transact_time", "window_start", "datum")  # Dukascopy exports, Binance trades, Polygon flat files
+                "transact_time", "window_start", "datum",  # Dukascopy exports, Binance trades, Polygon flat files
+                # Databento (ts_recv, by which its files are sorted, before ts_event), Polygon's trades and quotes
+                # (sip_timestamp, by which they are sorted, before participant_timestamp), CoinAPI, exchange APIs
+                "ts_recv", "ts_event", "sip_timestamp", "participant_timestamp", "time_exchange", "ts", "t")
 PRICE_COLUMNS = ("price", "close", "last", "mid", "close/last", "adj close", "adj_close")  # close/last: Nasdaq.com
 # Quotes without a price column: the price is the mid of bid and ask, the volume the sum of both sides' volumes.
 BID_COLUMNS = ("bid", "bid price", "bid_price", "bidprice", "best bid", "best_bid")
@@ -101,6 +111,14 @@ _EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
 _CURRENCY = frozenset("$€£¥")  # a currency sign before a price
+# a currency sign or three-letter code before or after a price: $300.35, EUR 1.50, 1,50 €, 1.50 EUR
+_CURRENCY_BEFORE = re.compile(r"(?:[$€£¥]\s*|[A-Z]{3}\s+)([+-]?[\d.,].*)$")
+_CURRENCY_AFTER = re.compile(r"(.*[\d.,])(?:\s*[$€£¥]|\s+[A-Z]{3})$")
+# digits grouped by blanks (a space, a no-break or thin space) or apostrophes, the same one throughout: 43 000,00,
+# 1'234.5; the point or comma after the groups is the decimal mark
+_BLANK_GROUPED = re.compile(r"[+-]?\d{1,3}([ \u00a0\u2009\u202f'’])\d{3}(?:\1\d{3})*(?:[.,]\d*)?$")
+_BESIDE_NUMBER = re.compile(r"(\D*?)\s*[+-]?\d[\d.,]*\s*(\D*)$")  # text before or after one number (1.50 euro)
+_GROUP_MARKS = re.compile(r"(?<=\d)[ \u00a0\u2009\u202f'’](?=\d)")  # a blank or apostrophe between digits
 _YMD_DATE = re.compile(r"(\d{4})[./](\d{1,2})[./](\d{1,2})(?:([ T])(.*))?$")  # 2020.01.02 (MetaTrader), 2020/01/02
 # a time of day in a column of its own: 9:30, 09:30:00.250, or digits only (stooq's 153500, 0930)
 _CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$|\d{6}$|\d{4}$")
@@ -145,6 +163,8 @@ class Columns:
     decimal_comma: bool = False  # a file separated by ';' whose numbers have decimal commas ('.' groups digits)
     clock: int | None = None  # a column of times of day that completes the date column (MetaTrader's <TIME>)
     clock_name: str = ""
+    hour_ending: bool | None = None  # the clock is an hour column (see hour_column): hours ending 1..24 (True) or
+    # beginning 0..23 (False); None: the clock holds times of day
     newest_first: bool = False  # rows run newest first (see runs_newest_first)
     time_unit: str = "ms"  # unit of numeric times (a key of UNIT_WORDS), from the first time (see time_unit_of)
     time_floor: int = 0  # a numeric time before this (ms) is of another unit than the file's (see time_unit_of)
@@ -374,6 +394,66 @@ def clock_column(path: Path, header: list[str], cols: Columns) -> int | None:
     return clock
 
 
+# hour columns beside a date (electricity prices: Date,Hour,Price), and how each name says whether its hours end
+# (1..24) or begin (0..23) the hour they stand for (None: the column's values tell)
+HOUR_COLUMNS = {"hour": None, "hr": None, "hour ending": True, "hour_ending": True, "hourending": True, "he": True,
+                "hour beginning": False, "hour_beginning": False, "hourbeginning": False, "hb": False}
+_HOUR = re.compile(r"(\d{1,2})(?:\.0*|:00)?$")  # 1, 01, 24, 1.0 (a float column), 24:00 (ERCOT's hour ending)
+# a date without a time of day (which an hour column completes)
+_DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}|\d{8}|\d{1,2}([/.])\d{1,2}\1\d{4}|\d{4}([/.])\d{1,2}\2\d{1,2}")
+
+
+def hour_column(path: Path, header: list[str], cols: Columns) -> str | None:
+    """An hour column (``HOUR_COLUMNS``) beside a time column of dates without a time of day (``Date,Hour,Price``, as
+    electricity prices are written) becomes the file's clock: each row is read at the start of its hour. Whether
+    the hours end (1..24, hour 1 is 00:00-01:00) or begin (0..23) the hour they stand for is the column's name's
+    (``Hour Ending``) or else its values' (a 24 and no 0: ending; a 0 and no 24: beginning); sets ``cols.clock``,
+    ``cols.clock_name`` and ``cols.hour_ending`` and returns a note saying which. None (nothing set) for a file
+    without such columns; DataError when the hour column holds no hours, or does not tell which."""
+    names = [_match_name(header_name(h)) for h in header]
+    where = next(((i, HOUR_COLUMNS[n]) for i, n in enumerate(names) if n in HOUR_COLUMNS and i != cols.time), None)
+    if where is None:
+        return None
+    clock, ending = where
+    name, date_name = header_name(header[clock]), cols.time_name
+    seen = {0: False, 24: False}
+    first = ""
+    try:
+        with _data_rows(path, cols) as reader:
+            for row in reader:
+                if len(row) != cols.fields:
+                    continue
+                if not first:
+                    date = row[cols.time].strip()
+                    if not date or not row[clock].strip():  # a row without one is a bad row of the reading pass
+                        continue
+                    if not _DATE_ONLY.fullmatch(date):
+                        return None  # date-times: the hour column is not needed
+                    first = row[clock].strip()
+                    if _HOUR.match(first) is None:
+                        msg = (f"{path}: {name} {first!r} beside {date_name} {date!r} is not an hour (0..23, or 1..24"
+                               " for hours ending): write hours as numbers, or the times as ISO 8601 date-times"
+                               " (2024-01-02T05:00) in one column")
+                        raise DataError(msg, [msg])
+                m = _HOUR.match(row[clock].strip())
+                if m is not None and int(m[1]) in seen:
+                    seen[int(m[1])] = True
+    except (OSError, csv.Error):
+        return None  # the reading pass reports it
+    if not first:
+        return None
+    if ending is None:
+        if seen[0] == seen[24]:
+            shows = "both 0 and 24" if seen[0] else "neither 0 nor 24"
+            msg = (f"{path}: {name} holds {shows}, so its hours could be hours ending (1..24) or hours beginning"
+                   f" (0..23); name the column 'Hour Ending' or 'Hour Beginning'")
+            raise DataError(msg, [msg])
+        ending = seen[24]
+    cols.clock, cols.clock_name, cols.hour_ending = clock, name, ending
+    how = "hours ending 1..24 (hour 1 is 00:00-01:00)" if ending else "hours beginning 0..23 (hour 0 is 00:00-01:00)"
+    return f"{path}: time from the {date_name} and {name} columns: {name} read as {how}; each row at its hour's start"
+
+
 def has_decimal_commas(path: Path, cols: Columns) -> bool:
     """Whether a file's price or volume column holds a comma anywhere (then its numbers have decimal commas)."""
     used = [i for i in (cols.price, cols.volume) if i is not None]
@@ -527,6 +607,23 @@ def _vendor_time(s: str) -> datetime | None:
     return dt.replace(tzinfo=zone) if zone is not None and dt.tzinfo is None else dt
 
 
+def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
+    """ms since the epoch of a row's time read as the second occurrence of a wall-clock time that its named time zone
+    repeats when the clocks go back (Interactive Brokers' ``20241103 01:30:00 US/Eastern``: 01:00-01:59 comes twice,
+    and is read as the first unless this is asked for); None when the time names no zone or is not repeated there."""
+    if len(row) != cols.fields:
+        return None
+    text = (row[cols.time] if cols.clock is None else _with_clock(row, cols)).strip()
+    if not text[-1:].isalpha():  # a zone name ends the time (US/Eastern)
+        return None
+    dt = _vendor_time(text)
+    if dt is None or not isinstance(dt.tzinfo, ZoneInfo):
+        return None
+    first, later = _datetime_ms(dt.replace(fold=0)), _datetime_ms(dt.replace(fold=1))
+    # a time skipped when the clocks go forward also reads two ways, the "second" being the earlier
+    return later if first < later < TS_MAX_MS else None
+
+
 def _with_offset(s: str) -> str:
     """A date-time ending in ``GMT+0100``, ``UTC`` and the like (as Dukascopy writes it) with an ISO 8601 offset."""
     m = _GMT_OFFSET.search(s)
@@ -646,35 +743,60 @@ def _is_number(text: str) -> bool:
 
 def _quoted_number(text: str, name: str, volume: bool, decimal_comma: bool = False) -> float:
     """A number as quote sites and spreadsheets write it, for a field ``float`` refused: digit groups
-    (``1,234.50``; with ``decimal_comma``, a file separated by ';', ``1.234,50`` and ``1,5``), for a price a
-    currency sign before it (``$300.35``), and for a volume a K, M or B suffix (``1.23M``); ValueError naming the
-    column otherwise."""
+    (``1,234.50``; with ``decimal_comma``, a file separated by ';', ``1.234,50`` and ``1,5``; in any file, groups
+    separated by blanks or apostrophes, ``43 000,00`` and ``1'234.5``, whose point or comma is the decimal mark), for a
+    price a currency sign or three-letter code before or after it (``$300.35``, ``1,50 €``, ``1.50 EUR``), and for a
+    volume a K, M or B suffix (``1.23M``); ValueError naming the column otherwise."""
     s = text.strip()
-    signed = not volume and s[:1] in _CURRENCY  # $300.35, as quote sites write prices
-    if signed:
-        s = s[1:].strip()
+    signed = False
+    if not volume:  # $300.35, 1.50 EUR: as quote sites and banks write prices
+        s, signed = _without_currency(s)
     scale = 1.0
     if volume and s[-1:].upper() in _SUFFIX:
         s, scale = s[:-1], _SUFFIX[s[-1].upper()]
-    if decimal_comma and _EU_NUMBER.match(s) and any(ch.isdigit() for ch in s):
+    if _BLANK_GROUPED.match(s):
+        s = _GROUP_MARKS.sub("", s).replace(",", ".")
+    elif decimal_comma and _EU_NUMBER.match(s) and any(ch.isdigit() for ch in s):
         s = s.replace(".", "").replace(",", ".")
     elif not decimal_comma and _GROUPED.match(s):
         s = s.replace(",", "")
     elif scale == 1.0 and not signed:
-        raise ValueError(_not_a_number(name, text, not decimal_comma))
+        raise ValueError(_not_a_number(name, text, not decimal_comma, volume))
     try:
         return float(s) * scale
     except ValueError:
-        raise ValueError(_not_a_number(name, text, not decimal_comma)) from None
+        raise ValueError(_not_a_number(name, text, not decimal_comma, volume)) from None
 
 
-def _not_a_number(name: str, text: str, comma_hint: bool = True) -> str:
-    """Why a price or volume field is refused; with ``comma_hint``, says so when a comma other than a digit-group
-    separator stops it."""
+def _without_currency(s: str) -> tuple[str, bool]:
+    """A price field without the currency sign or three-letter code before or after its number (``$300.35``,
+    ``EUR 1.50``, ``1,50 €``, ``1.50 EUR``; a code is apart from the number), and whether it had one."""
+    m = _CURRENCY_BEFORE.match(s) or _CURRENCY_AFTER.match(s)
+    return (m[1].strip(), True) if m else (s, False)
+
+
+def _currency_like(text: str) -> bool:
+    """Whether text beside a number could be a currency written otherwise than read (``euro``, ``usd``, ``₹``): a word,
+    or a sign; not a stray letter (``x1``)."""
+    return (len(text) >= 2 and text.isalpha()) or (len(text) == 1 and not text.isalnum() and not text.isspace())
+
+
+def _not_a_number(name: str, text: str, comma_hint: bool = True, volume: bool = False) -> str:
+    """Why a price or volume field is refused; says what to change when a comma other than a digit-group separator, a
+    blank or apostrophe between digits, or a currency (beside a volume, or written otherwise) stops it."""
     s = text.strip()
+    bare = s if volume else _without_currency(s)[0]
     hint = ""
-    if comma_hint and "," in s and _is_number(s.replace(",", ".", 1)):
+    if comma_hint and "," in bare and _is_number(bare.replace(",", ".", 1)):
         hint = " (a comma is read only between groups of three digits, as in 1,234.5: write decimals with a point)"
+    elif _GROUP_MARKS.search(bare) and _is_number(_GROUP_MARKS.sub("", bare).replace(",", ".", 1)):
+        hint = (" (a blank or an apostrophe is read only between groups of three digits, the same one throughout, as"
+                " in 43 000,00 or 1'234.5)")
+    elif volume and _without_currency(s)[1]:
+        hint = " (a volume is a number of units, without a currency)"
+    elif not volume and (m := _BESIDE_NUMBER.match(bare)) is not None and _currency_like(m[1].strip() + m[2].strip()):
+        hint = (" (beside a price only a currency sign, $, €, £ or ¥, or a three-letter code in capitals apart from"
+                " the number, as in 1.50 EUR, is read)")
     return f"{name} {s!r} is not a number{hint}"
 
 
@@ -750,7 +872,20 @@ def _with_clock(row: list[str], cols: Columns) -> str:
     clock = row[cols.clock].strip()
     if not clock:
         raise ValueError(f"{cols.clock_name} is empty (a time of day is needed beside {cols.time_name})")
+    if cols.hour_ending is not None:
+        clock = _hour_clock(clock, cols.clock_name, cols.hour_ending)
     return f"{row[cols.time].strip()} {clock}"
+
+
+def _hour_clock(text: str, name: str, ending: bool) -> str:
+    """The start of the hour an hour field stands for, as ``HH:00`` (hour ending 1 and hour beginning 0 are
+    ``00:00``); ValueError naming the column when the field is no hour of its kind."""
+    m = _HOUR.match(text)
+    low = 1 if ending else 0
+    if m is None or not low <= int(m[1]) <= low + 23:
+        kind = "an hour ending 1..24" if ending else "an hour beginning 0..23"
+        raise ValueError(f"{name} {text!r} is not {kind}")
+    return f"{int(m[1]) - low:02d}:00"
 
 
 def _mid(row: list[str], market: str, cols: Columns) -> float:
@@ -1059,6 +1194,10 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     if cols.clock is not None:
         cols.clock_name = header_name(header[cols.clock])
         notes.append(f"{path}: time from the {cols.time_name} and {cols.clock_name} columns")
+    else:
+        hour_note = hour_column(path, header, cols)
+        if hour_note:
+            notes.append(hour_note)
     if delimiter != ",":
         named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
         notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"

@@ -17,7 +17,9 @@ is a bad row.
 
 Bad rows (a field count other than the header's, non-numbers, non-finite or
 out-of-range values, time going backwards within a market) are skipped and reported
-as ``file:line: reason``, the reason naming the column as the header spells it; a
+as ``file:line: reason``, the reason naming the column as the header spells it (a time in a
+named zone, ``20241103 01:10:00 US/Eastern``, that would go back into the hour its zone repeats
+when the clocks go back is that hour's second occurrence, noted, not a bad row); a
 load with more than ``max_bad_row_fraction`` bad rows fails with that report.
 
 Labels are computed by :mod:`cerebellar_norse.training.labels`; this module counts
@@ -43,6 +45,7 @@ from .csvformat import (
     not_utf8,
     parse_row,
     parse_time_ms,
+    repeated_hour_time,
     serial_date_hint,
     split_number_hint,
     without_trailing_separator,
@@ -191,6 +194,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             split_hint = ""  # the first row's hint that unquoted digit groups split its numbers
             trailing = 0  # rows that end with a separator (an empty field the header does not name)
             here: dict[int, int] = {}  # market code -> its time in the file's latest good row
+            repeated = 0  # rows read in the second run of an hour that their time zone repeats (clocks set back)
             before: dict[int, int] = {}  # market code -> its last time in earlier files
             while True:
                 try:
@@ -215,15 +219,26 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                                 if prev is None:  # the market's first row in this file: compared with earlier files
                                     prev = before[code] = last_ts[code]
                                 if first_here or not cols.newest_first:  # not before its previous row (or file)
-                                    if ts < prev:
-                                        raise ValueError(f"time goes backwards for market {market!r} ({ts} < {prev})")
+                                    if ts < prev:  # 01:10 US/Eastern after 01:50: the repeated hour's second run
+                                        later = repeated_hour_time(row, cols)
+                                        if later is None or later < prev:
+                                            raise ValueError(f"time goes backwards for market {market!r} ({ts} <"
+                                                             f" {prev})")
+                                        ts, repeated = later, repeated + 1
                                     last_ts[code] = ts
-                                elif ts > prev:
-                                    raise ValueError(f"time goes forwards for market {market!r} in rows that run newest"
-                                                     f" first ({ts} > {prev})")
-                                elif ts < before.get(code, 0):
-                                    raise ValueError(f"time goes backwards for market {market!r} ({ts} < its last time"
-                                                     f" {before[code]} in an earlier file)")
+                                else:
+                                    # newest first, a repeated hour's second run comes first: read so unless forwards
+                                    later = repeated_hour_time(row, cols)
+                                    second = later is not None and later <= prev
+                                    if later is not None and second:
+                                        ts = later
+                                    if ts > prev:
+                                        raise ValueError(f"time goes forwards for market {market!r} in rows that run"
+                                                         f" newest first ({ts} > {prev})")
+                                    if ts < before.get(code, 0):
+                                        raise ValueError(f"time goes backwards for market {market!r} ({ts} < its last"
+                                                         f" time {before[code]} in an earlier file)")
+                                    repeated += second
                                 here[code] = ts
                         except ValueError as exc:
                             if all(not c.strip() for c in row):  # a blank line (of separators only)
@@ -258,6 +273,10 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                        f" name is {'missing from' if width > cols.fields else 'one too many in'} the header"
                        + (f", or {split_hint.strip()[1:-1]}" if split_hint else ""))
                 raise DataError(msg, [msg])
+            if repeated:
+                notes.append(f"{path}: {repeated} {'row' if repeated == 1 else 'rows'} in the hour that the time zone"
+                             " repeats when the clocks go back read as its second occurrence,"
+                             " where the first would put them out of order")
             if trailing:
                 notes.append(f"{path}: {trailing} {'row ends' if trailing == 1 else 'rows end'} with a separator; the"
                              " empty last field is ignored")
