@@ -54,7 +54,16 @@ from ..observability.ratelimit import SummaryLog
 from ..observability.timelines import Timeline
 from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
-from .persistence import STATE_FILE, ForeignStateError, PoolSnapshot, load_pool, quarantine, save_pool, snapshot_pool
+from .persistence import (
+    STATE_FILE,
+    ForeignStateDirError,
+    ForeignStateError,
+    PoolSnapshot,
+    load_pool,
+    quarantine,
+    save_pool,
+    snapshot_pool,
+)
 from .pipeline import StepBuffers, step_ticks, tick_results, warm_step
 from .pool import StatePool
 from .recorder import TickRecorder
@@ -131,6 +140,9 @@ class Engine:
         self._scratch = False  # stepping warm-up ticks: not learned from, not recorded
         self.journal: Durability | None = None  # set by Durability.recover: applied ticks are journaled before results return
         self.restored_journal_seq: int | None = None  # journal position of the checkpoint restore_state loaded
+        self.restored_state_id: str | None = None  # the state dir identity the checkpoint restore_state loaded carries
+        self.restore_refused: tuple[CheckpointError, Path] | None = None  # why restore_state moved the file aside, where to
+        self.state_id: str | None = None  # this state dir's identity, written into every checkpoint (set by Durability)
         # the stored model of a version (None when not stored or unusable), so that states saved with another model
         # of this network can be restored with it (restore_state); and the model to swap in after that
         self.model_for: Callable[[str], Weights | None] | None = None
@@ -176,18 +188,23 @@ class Engine:
     def save_state(self, path: Path | None = None) -> int:
         """Atomically save every live market's state; returns the number saved."""
         self.backend.sync_to_host()
-        n = save_pool(self.pool, path or self.state_path(), self.fingerprint(), self.journal.seq if self.journal is not None else 0)
+        n = save_pool(self.pool, path or self.state_path(), self.fingerprint(), self.journal.seq if self.journal is not None else 0,
+                      self.state_id)
         log.info("saved market state", extra={"fields": {"markets": n, "path": str(path or self.state_path())}})
         return n
 
-    def restore_state(self, path: Path | None = None) -> int:
+    def restore_state(self, path: Path | None = None, state_id: str | None = None) -> int:
         """Load saved market states if present and of this network; returns how many were restored.
 
         A missing file restores nothing; a corrupt or foreign one is logged and moved aside
         (``<name>.corrupt-<UTC time>``, ``<name>.foreign-<UTC time>``), never overwritten.
+        ``state_id``: this state dir's identity; a file written by another state dir is
+        foreign (see :func:`~.persistence.load_pool`).
         """
         p = path or self.state_path()
         self.restored_journal_seq = None
+        self.restored_state_id = None
+        self.restore_refused = None
         if not p.exists() and not p.is_symlink():  # a dangling link or a loop of links is an unreadable file, not none
             return 0
         meta: dict[str, Any] = {}
@@ -200,13 +217,14 @@ class Engine:
             pass  # a dangling link, a directory, an I/O error: load_pool tries it, fails, and it is moved aside
         try:
             try:
-                n = load_pool(self.pool, p, self.fingerprint(), meta, data)
+                n = load_pool(self.pool, p, self.fingerprint(), meta, state_id, data)
             except ForeignStateError as exc:
                 if not self._use_saved_model(exc):
                     raise
-                n = load_pool(self.pool, p, self.fingerprint(), meta, data)
+                n = load_pool(self.pool, p, self.fingerprint(), meta, state_id, data)
         except CheckpointError as exc:
-            moved = quarantine(p, "foreign" if isinstance(exc, ForeignStateError) else "corrupt")
+            moved = quarantine(p, "foreign" if isinstance(exc, (ForeignStateError, ForeignStateDirError)) else "corrupt")
+            self.restore_refused = (exc, moved)
             saved_with = exc.other_model(self.fingerprint()) if isinstance(exc, ForeignStateError) else None
             if saved_with is not None:  # this network, but a model that is gone: say so, and not as "another network"
                 self.restore_problem = (f"market state was saved with model {saved_with}, which is not stored or not "
@@ -219,6 +237,7 @@ class Engine:
                       extra={"fields": {"path": str(p), "moved_to": str(moved)}})
             return 0
         self.restored_journal_seq = int(meta["journal_seq"])
+        self.restored_state_id = meta.get("state_id")
         if n:
             self.backend.sync_from_host()
         log.info("restored market state", extra={"fields": {"markets": n, "path": str(p)}})

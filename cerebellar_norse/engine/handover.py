@@ -212,21 +212,25 @@ def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]
     journal = engine.journal
     if journal is not None and journal.failed is not None:  # the import could not be made durable: change nothing
         raise journal.failed
-    held = engine.pool.table.get(market_id)
+    table = engine.pool.table
+    held = table.get(market_id)
     replaced = held is not None
-    if held is not None:
-        engine.backend.sync_to_host([held])
-    before = None if held is None else {name: value.copy() for name, value in engine.arrays.read_slot(held).items()}
-    slot = engine.pool.table.acquire(market_id)
+    # the slot the import takes: the market's own, else a free one, else the least recently used market's (evicted)
+    victim = None if held is not None or table.spare() is not None or not len(table) else table.markets()[0]
+    kept = [s for s in (held, None if victim is None else table.get(victim)) if s is not None]
+    if kept:
+        engine.backend.sync_to_host(kept)
+    before = {s: engine.arrays.read_slot(s) for s in kept}  # copies
+    bookkeeping = table.bookkeeping()
+    slot = table.acquire(market_id)
     engine.arrays.write_slot(slot, {name: arrays[name] for name in STATE_FIELDS})
     if journal is not None:
         try:
             journal.checkpoint_now()
-        except BaseException:  # refused (full disk): the market keeps the state it had, so no later save keeps the import
-            if before is not None:
-                engine.arrays.write_slot(slot, before)
-            else:
-                engine.pool.table.release(market_id)
+        except BaseException:  # refused (full disk): every market as it was (an evicted one back in its slot, with its
+            table.put_back(bookkeeping)  # state and place), so no later save keeps the import or loses the evicted one
+            for s, state in before.items():
+                engine.arrays.write_slot(s, state)
             raise
     if engine.learner is not None:
         engine.learner.pending.pop(market_id, None)

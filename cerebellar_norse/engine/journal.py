@@ -37,6 +37,15 @@ How
       one segment) of ticks. A checkpoint for a change that replay cannot reproduce (a
       model swap, an imported state) is written even when no record was appended since
       the previous one, and its segment carries the new model's fingerprint.
+    * Each state dir has an identity: a random id in ``<state_dir>/state-id`` (written
+      atomically, checksummed like the checkpoint), created with the state dir, copied
+      with it by a backup of the whole dir, and recorded in every checkpoint and every
+      segment header. At start, a checkpoint or segment whose id is not this dir's came
+      from another service's state dir: it is moved aside as foreign (ERROR), never
+      applied (a copied checkpoint's journal position would make this dir's journal look
+      "already included" and drop its acknowledged ticks). Files without an id (written
+      before identities) are used as before; a state dir without ``state-id`` takes the
+      id its checkpoint (else its journal) carries, or a new one.
     * At start (:meth:`Durability.recover`): lock the state dir, restore the checkpoint,
       replay every later record through the engine's own step path (so the state is
       bit-identical), write a fresh checkpoint, open a new segment. Unusable files are
@@ -63,16 +72,17 @@ import os
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zlib import crc32
 
-from ..errors import StorageError
-from ..storage import fsync_dir
+from ..errors import CheckpointError, StorageError
+from ..storage import fsync_dir, read_checksummed, write_checksummed
 from ..ticks import Tick
-from .persistence import check_writable, fingerprint_json, quarantine, write_snapshot
+from .persistence import LEGACY_DIR, ForeignStateDirError, check_writable, fingerprint_json, quarantine, write_snapshot
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -82,6 +92,7 @@ log = logging.getLogger("cerebellar_norse.journal")
 JOURNAL_DIR = "journal"
 SUFFIX = ".journal"
 LOCK_FILE = ".lock"
+STATE_ID_FILE = "state-id"  # the state dir's identity (not a dot file: ``cp -r backup/* <state_dir>/`` copies it too)
 MAGIC = b"CNJRNL1\n"
 HEADER_SIZE = 4096
 KIND_TICKS = 1
@@ -93,6 +104,63 @@ _TICK = struct.Struct("<ddqB")  # price, volume, timestamp (ms), market id lengt
 _ONE = struct.Struct("<QBIddqB")  # the body of a one-tick record, up to the market id
 _ID = struct.Struct("<B")
 _PAGE = mmap.PAGESIZE
+
+
+def read_state_id(state_dir: Path) -> str | None:
+    """The identity in ``<state_dir>/state-id``, or None when there is no such file.
+
+    Raises:
+        CheckpointError: the file is damaged (checksum, not ours, no id in it).
+        StorageError: the file is there but cannot be read (permissions): fix it, lose nothing.
+    """
+    path = Path(state_dir) / STATE_ID_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError as exc:
+        raise StorageError.from_os_error("cannot read the state dir identity", path, exc) from None
+    except OSError:
+        pass  # unreadable: reported as damaged below
+    payload = read_checksummed(path)
+    try:
+        sid = json.loads(payload)["state_id"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"not a state dir identity ({type(exc).__name__}: {exc})", str(path)) from None
+    if not isinstance(sid, str) or not sid or not sid.isascii() or not sid.isalnum():
+        raise CheckpointError(f"not a state dir identity ({sid!r})", str(path))
+    return sid
+
+
+def write_state_id(state_dir: Path, state_id: str) -> None:
+    """Write ``<state_dir>/state-id`` atomically (temporary file, fsync, rename), checksummed.
+
+    Raises:
+        OSError: it could not be written.
+    """
+    meta = {"state_id": state_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_checksummed(Path(state_dir) / STATE_ID_FILE, (json.dumps(meta, sort_keys=True) + "\n").encode())
+
+
+def segment_state_id(path: Path) -> tuple[bool, str | None]:
+    """(readable, identity) of a segment from its header alone; (False, None) when the header cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+    except OSError:
+        return False, None
+    if len(head) < HEADER_SIZE or not head.startswith(MAGIC):
+        return False, None
+    n, crc = _REC.unpack_from(head, len(MAGIC))
+    meta = head[len(MAGIC) + _REC.size:len(MAGIC) + _REC.size + n]
+    if len(MAGIC) + _REC.size + n > HEADER_SIZE or crc32(meta) != crc:
+        return False, None
+    try:
+        sid = json.loads(meta).get("state_id")
+    except (ValueError, AttributeError):
+        return False, None
+    return True, sid if isinstance(sid, str) else None
 
 
 def segment_name(base: int) -> str:
@@ -152,6 +220,8 @@ class SegmentReader:
             self.base = int(head["base_seq"])
             self.fingerprint: dict[str, Any] = dict(head["fingerprint"])
             self.size: int | None = None if head.get("size") is None else int(head["size"])
+            sid = head.get("state_id")
+            self.state_id: str | None = None if sid is None else str(sid)  # None: written before identities
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"unreadable journal header: {exc}") from None
 
@@ -256,10 +326,12 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
 # --------------------------------------------------------------------------------------
 
 
-def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size: int) -> tuple[Path, mmap.mmap]:
+def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size: int,
+                   state_id: str | None = None) -> tuple[Path, mmap.mmap]:
     """Create, reserve, fsync and map a new segment of ``size`` bytes (written under a temporary name, then renamed).
 
-    The header records ``size``: a segment found shorter than that at start was truncated.
+    The header records ``size``: a segment found shorter than that at start was truncated;
+    and ``state_id``, the identity of the state dir it belongs to (when given).
 
     Raises:
         OSError: the directory is read-only or the disk cannot hold ``size`` bytes.
@@ -268,7 +340,8 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     path = directory / segment_name(base)
     tmp = directory / f".{path.name}.tmp"
     meta = json.dumps({"base_seq": base, "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "pid": os.getpid(), "size": size}, sort_keys=True).encode()
+                       "pid": os.getpid(), "size": size, **({} if state_id is None else {"state_id": state_id})},
+                      sort_keys=True).encode()
     header = MAGIC + _REC.pack(len(meta), crc32(meta)) + meta
     if len(header) > HEADER_SIZE:
         raise ValueError("journal header too long")
@@ -396,6 +469,7 @@ class Durability:
         self._write_lock = threading.Lock()
         self._written_seq = -1  # journal position of the newest checkpoint on disk
         self._wake: asyncio.Event | None = None
+        self.state_id: str | None = None  # this state dir's identity (set by recover)
 
     # -- the hot path ------------------------------------------------------------------
 
@@ -484,7 +558,7 @@ class Durability:
         size = size or self.segment_size
         fp = self.engine.fingerprint()
         try:
-            path, mm = create_segment(self.dir, self.seq, fp, size)
+            path, mm = create_segment(self.dir, self.seq, fp, size, self.state_id)
         except OSError as exc:
             raise self._fail(StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)) from None
         if self._mm is not None:
@@ -519,7 +593,7 @@ class Durability:
         with self._write_lock:
             if seq < self._written_seq or (seq == self._written_seq and not force):
                 return False
-            write_snapshot(snap, self.engine.state_path(), fingerprint, seq)
+            write_snapshot(snap, self.engine.state_path(), fingerprint, seq, self.state_id)
             self._written_seq = seq
             return True
 
@@ -625,14 +699,28 @@ class Durability:
         eng = self.engine
         for p in self.dir.glob(f".*{SUFFIX}.tmp") if self.dir.is_dir() else ():
             p.unlink()  # a segment whose creation a crash interrupted: never held a record
-        for p in self.state_dir.glob(f".{eng.state_path().name}.*.tmp"):
-            p.unlink()  # a checkpoint whose writing a crash interrupted (the previous file is whole)
+        for name in (eng.state_path().name, STATE_ID_FILE):
+            for p in self.state_dir.glob(f".{name}.*.tmp"):
+                p.unlink()  # a checkpoint (identity) whose writing a crash interrupted (the previous file is whole)
+        dir_id = self._read_state_id(rep)  # None: no identity yet (a new state dir, or one written before identities)
+        segments = list_segments(self.dir)
+        peeked = [segment_state_id(path) for _, path in segments]
+        expect = dir_id
+        if dir_id is None and any(ok and sid is None for ok, sid in peeked):
+            expect = LEGACY_DIR  # a journal written before identities: a checkpoint that has one came from elsewhere
         had_checkpoint = eng.state_path().exists() or eng.state_path().is_symlink()
-        rep.markets = eng.restore_state()  # an unusable file is moved aside and logged
+        rep.markets = eng.restore_state(state_id=expect)  # an unusable or foreign file is moved aside and logged
         ckpt = eng.restored_journal_seq
         rep.checkpoint_seq = ckpt
+        refused = eng.restore_refused
+        foreign_ckpt = refused is not None and isinstance(refused[0], ForeignStateDirError)
+        if dir_id is None:
+            dir_id = eng.restored_state_id or (None if expect == LEGACY_DIR else next((sid for _, sid in peeked if sid), None))
+            self._create_state_id(dir_id)
+        else:
+            self.state_id = dir_id
+        eng.state_id = self.state_id
         fp = fingerprint_json(eng.fingerprint())
-        segments = list_segments(self.dir)
         seq: int | None = ckpt
         if seq is None and segments and segments[0][0] == 0 and not had_checkpoint:
             seq = 0  # no checkpoint yet: the journal starts from an empty pool
@@ -650,10 +738,20 @@ class Durability:
                 bad = f"{path.name}: {exc}"
                 self._quarantine(path, "corrupt", str(exc), rep)
                 continue
+            if reader.state_id is not None and reader.state_id != self.state_id:  # no gap: the next one's base shows it
+                self._quarantine(path, "foreign", f"written by another state dir (its state id is {reader.state_id}; this "
+                                 f"state dir's is {self.state_id}, in {self.state_dir / STATE_ID_FILE})", rep)
+                continue
             if seq is None:
                 foreign = fingerprint_json(reader.fingerprint) != fp
-                bad = ("written for another network or model, after a checkpoint that is missing or unusable" if foreign
-                       else "the checkpoint it continues is missing or unusable")
+                if foreign_ckpt and not foreign:
+                    assert refused is not None
+                    bad = (f"the checkpoint it continues is not in this state dir any more: {eng.state_path()} was moved "
+                           f"aside to {refused[1]}, it was {refused[0].reason}; put this state dir's own "
+                           f"{eng.state_path().name} (from a backup) back with this file to apply it")
+                else:
+                    bad = ("written for another network or model, after a checkpoint that is missing or unusable" if foreign
+                           else "the checkpoint it continues is missing or unusable")
                 self._quarantine(path, "foreign" if foreign else "corrupt", bad, rep)
                 continue
             if reader.base > seq:
@@ -688,7 +786,7 @@ class Durability:
                 path.unlink()
         self._seg_fp = eng.fingerprint()
         try:
-            path, self._mm = create_segment(self.dir, self.seq, self._seg_fp, self.segment_size)
+            path, self._mm = create_segment(self.dir, self.seq, self._seg_fp, self.segment_size, self.state_id)
         except OSError as exc:
             raise StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc) from None
         self._pos, self._size, self._base = HEADER_SIZE, self.segment_size, self.seq
@@ -702,6 +800,29 @@ class Durability:
             "replayed_records": rep.records, "replayed_ticks": rep.ticks, "seq": rep.seq,
             "quarantined": rep.quarantined, "seconds": rep.seconds}})
         return rep
+
+    def _read_state_id(self, rep: RecoveryReport) -> str | None:
+        """This state dir's identity from ``state-id``; None when there is none, or it is damaged (moved aside, ERROR)."""
+        try:
+            return read_state_id(self.state_dir)
+        except CheckpointError as exc:
+            path = self.state_dir / STATE_ID_FILE
+            moved = quarantine(path, "corrupt")
+            rep.quarantined.append(str(moved))
+            log.error("state dir identity not readable: %s; moved aside to %s; the identity of the checkpoint (else of "
+                      "the journal) is taken instead", exc, moved, extra={"fields": {"path": str(path), "moved_to": str(moved)}})
+            return None
+
+    def _create_state_id(self, state_id: str | None) -> None:
+        """Write ``state-id`` (``state_id``, or a new random one) before any file that carries it."""
+        self.state_id = state_id or uuid.uuid4().hex
+        path = self.state_dir / STATE_ID_FILE
+        try:
+            write_state_id(self.state_dir, self.state_id)
+        except OSError as exc:
+            raise StorageError.from_os_error("cannot write the state dir identity", path, exc) from None
+        log.info("state dir identity %s", "taken from its files" if state_id else "created",
+                 extra={"fields": {"path": str(path), "state_id": self.state_id}})
 
     def _quarantine(self, path: Path, reason: str, why: str, rep: RecoveryReport) -> None:
         moved = quarantine(path, reason)

@@ -51,6 +51,22 @@ def network_of(fingerprint: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in fingerprint_json(fingerprint).items() if k != "model_version"}
 
 
+class ForeignStateDirError(CheckpointError):
+    """A readable state file written by another state dir (its ``state_id`` is not this dir's): moved aside as foreign.
+
+    ``saved`` and ``expected`` are the two identities (``expected`` None: this state dir
+    was written before identities, so any file that has one came from elsewhere).
+    """
+
+    def __init__(self, reason: str, path: str, saved: str, expected: str | None) -> None:
+        super().__init__(reason, path)
+        self.saved = saved
+        self.expected = expected
+
+
+LEGACY_DIR = ""  # the identity a state dir written before identities is expected to have (see load_pool)
+
+
 class ForeignStateError(CheckpointError):
     """A readable state file saved for another network or model (fingerprint mismatch); ``saved`` is its fingerprint."""
 
@@ -117,29 +133,40 @@ def check_states(arrays: Mapping[str, np.ndarray], where: str, markets: Sequence
                               f"is out of range (a count >= 0; ms since the epoch before {TS_MAX_MS})", where)
 
 
-def write_snapshot(snap: PoolSnapshot, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0) -> int:
+def write_snapshot(snap: PoolSnapshot, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0,
+                   state_id: str | None = None) -> int:
     """Atomically write a snapshot to ``path``; returns the number of markets.
+
+    ``state_id``: the identity of the state dir it is written for (see :mod:`.journal`);
+    None writes the file as before identities existed.
 
     Raises:
         OSError: the file could not be written (the previous file is left as it was).
     """
     buf = io.BytesIO()
+    extra = {} if state_id is None else {"state_id": np.array(state_id, dtype=np.str_)}
     np.savez(buf, markets=np.array(snap.markets, dtype=np.str_), fingerprint=np.array(json.dumps(fingerprint, sort_keys=True)),
-             journal_seq=np.array(journal_seq, dtype=np.int64), **snap.arrays)  # type: ignore[arg-type]
+             journal_seq=np.array(journal_seq, dtype=np.int64), **extra, **snap.arrays)  # type: ignore[arg-type]
     write_checksummed(path, buf.getvalue())
     return len(snap.markets)
 
 
-def save_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0) -> int:
+def save_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0,
+              state_id: str | None = None) -> int:
     """Write every live market's state to ``path``; returns the number of markets saved."""
-    return write_snapshot(snapshot_pool(pool), path, fingerprint, journal_seq)
+    return write_snapshot(snapshot_pool(pool), path, fingerprint, journal_seq, state_id)
 
 
 def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: dict[str, Any] | None = None,
-              raw: bytes | None = None) -> int:
+              state_id: str | None = None, raw: bytes | None = None) -> int:
     """Restore markets saved by :func:`save_pool` into an empty pool; returns how many.
 
-    ``meta``, when given, receives ``journal_seq`` (0 for files written before journals).
+    ``meta``, when given, receives ``journal_seq`` (0 for files written before journals)
+    and ``state_id`` (None for files written before state dir identities).
+    ``state_id``: the identity of the state dir being restored; a file that carries
+    another one is refused (:class:`ForeignStateDirError`), checked before anything
+    else. None accepts any file; :data:`LEGACY_DIR` (a state dir written before
+    identities) refuses every file that carries one. A file without one is accepted.
     ``raw``: the file's bytes when the caller has read them already (``path`` then only names it).
 
     Raises:
@@ -157,8 +184,14 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
         saved_fp = json.loads(str(data["fingerprint"]))
         markets = [str(m) for m in data["markets"]]
         seq = int(data["journal_seq"]) if "journal_seq" in data else 0
+        saved_id = str(data["state_id"]) if "state_id" in data else None
     except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
         raise CheckpointError(f"state file lacks or garbles {exc}", str(path)) from None
+    if state_id is not None and saved_id is not None and saved_id != state_id:
+        this = ("this state dir was written before state dir identities" if state_id == LEGACY_DIR
+                else f"this state dir's is {state_id}")
+        raise ForeignStateDirError(f"written by another state dir (its state id is {saved_id}; {this})", str(path),
+                                   saved_id, state_id or None)
     if saved_fp != fingerprint_json(fingerprint):
         raise ForeignStateError(f"saved for another network ({saved_fp}), not this one ({fingerprint})", str(path),
                                 saved_fp if isinstance(saved_fp, dict) else {})
@@ -180,6 +213,7 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
         pool.arrays.write_slot(slot, {name: data[name][row] for name in STATE_FIELDS})
     if meta is not None:
         meta["journal_seq"] = seq
+        meta["state_id"] = saved_id
     return keep
 
 

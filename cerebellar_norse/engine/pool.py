@@ -104,6 +104,19 @@ class SlotTable:
         """(market, slot) pairs, least recently used first."""
         return list(self._slots.items())
 
+    def bookkeeping(self) -> tuple[OrderedDict[str, int], list[int], dict[str, float], int, str | None]:
+        """A copy of which market holds which slot, in LRU order, with the free slots and counters (for :meth:`put_back`)."""
+        return OrderedDict(self._slots), list(self._free), dict(self._last_used), self.evictions, self.last_evicted
+
+    def put_back(self, saved: tuple[OrderedDict[str, int], list[int], dict[str, float], int, str | None]) -> None:
+        """Undo every acquire and eviction since :meth:`bookkeeping` (slots are not reset: restore their states too).
+
+        Nothing is told to ``on_release``: the markets are as they were, not released.
+        """
+        slots, free, last_used, evictions, last_evicted = saved
+        self._slots, self._free, self._last_used = OrderedDict(slots), list(free), dict(last_used)
+        self.evictions, self.last_evicted = evictions, last_evicted
+
 
 class StatePool:
     """Slot arrays plus the slot table: the state of every live market."""
