@@ -490,6 +490,48 @@ def load_model_dir(path: Path) -> StoredModel:
     return StoredModel(manifest.get("version", path.name), path, weights, neural, metrics)
 
 
+def split_until(metrics: dict[str, Any]) -> int | None:
+    """A model's own ``data.splits.validation_until`` (None when it did not record it)."""
+    data = metrics.get("data")
+    times = data.get("splits") if isinstance(data, dict) else None
+    until = times.get("validation_until") if isinstance(times, dict) else None
+    return until if isinstance(until, int) and not isinstance(until, bool) else None
+
+
+def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tuple[int | None, str | None]:
+    """The end of the latest period a model's weights were fitted or chosen on, its ancestors' included: a model
+    trained from the active model (``parent_version``) inherits what that one learnt, so its parents' training and
+    validation periods are in sample for it too. Returns ``(ms, version)``, the version being the ancestor whose
+    period ends latest (None for the model itself), or ``(None, None)`` when nothing was recorded. The bound recorded
+    at training time (``lineage.seen_until``) is used, and stored parents are followed for older models."""
+    best, who = split_until(metrics), None
+    lineage = metrics.get("lineage")
+    lineage = lineage if isinstance(lineage, dict) else {}
+    rec, origin = lineage.get("seen_until"), lineage.get("from")
+    if isinstance(rec, int) and not isinstance(rec, bool) and (best is None or rec > best):
+        best, who = rec, origin if isinstance(origin, str) else None
+
+    def started_from(m: dict[str, Any]) -> str | None:  # the model whose weights training started from, if any
+        started, parent = m.get("started"), m.get("parent_version")
+        if not isinstance(parent, str) or (isinstance(started, str) and not started.startswith("from the active model")):
+            return None  # trained from scratch (parent_version then only names the model active at the time)
+        return parent
+
+    seen: set[str] = set()
+    parent = started_from(metrics)
+    while store is not None and parent is not None and parent not in seen and parent in store.versions():
+        seen.add(parent)
+        try:
+            pm = store.load(parent).metrics
+        except (CheckpointError, OSError, ValueError):
+            break
+        until = split_until(pm)
+        if until is not None and (best is None or until > best):
+            best, who = until, parent
+        parent = started_from(pm)
+    return best, who
+
+
 def verify_tree(root: Path) -> tuple[list[str], list[str]]:
     """Verify every model directory and state file under ``root``; returns (ok, problems) lines."""
     from ..engine.persistence import STATE_FILE

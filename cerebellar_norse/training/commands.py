@@ -18,6 +18,7 @@ from .checkpoints import (
     MANIFEST,
     ModelStore,
     load_model_dir,
+    seen_until,
     served_weights,
     shape_mismatch,
     verify_tree,
@@ -139,6 +140,12 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
     test = res.get("test") or {}
     if test.get("samples"):
         until = (res.get("splits") or {}).get("validation_until")
+        seen = (res.get("lineage") or {}).get("seen_until")
+        if isinstance(seen, int) and until is not None and seen > until:
+            print(f"\ntest split (partly in sample: the model started from {res['lineage']['from']}, trained and validated"
+                  f" up to {_unseen_since(seen - 1)}; evaluate --since {_unseen_since(seen)} scores only unseen ticks):")
+            print(format_summary(test))
+            return 0
         print("\ntest split (unseen, used for nothing" + (f"; evaluate --since {_unseen_since(until)} scores only ticks "
                                                          "after the model's training and validation data"
                                                          if until is not None else "") + "):")
@@ -188,16 +195,14 @@ def _unseen_since(validation_until: int) -> str:
     return iso_ms(validation_until + 1)
 
 
-def _in_sample(metrics: dict[str, Any], prep: Any) -> dict[str, Any] | None:
+def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = None) -> dict[str, Any] | None:
     """The scored ticks from the period a model was trained and validated on (up to its ``validation_until``, whatever
-    the market: markets of one period move together), from the split times stored with it; None when there are none
-    or the model did not record them."""
+    the market: markets of one period move together), or that any model it was trained from was (``seen_until``),
+    from the split times stored with them; None when there are none or the model did not record them."""
     from .datacheck import iso_ms
 
-    data = metrics.get("data")
-    times = data.get("splits") if isinstance(data, dict) else None
-    until = times.get("validation_until") if isinstance(times, dict) else None
-    if not isinstance(until, int) or isinstance(until, bool):
+    until, ancestor = seen_until(metrics, store)
+    if until is None:
         return None
     per_market: dict[str, int] = {}
     total = 0
@@ -210,8 +215,10 @@ def _in_sample(metrics: dict[str, Any], prep: Any) -> dict[str, Any] | None:
     if not per_market:
         return None
     n = sum(per_market.values())
-    return {"ticks": n, "of": total, "markets": per_market, "validation_until": until,
-            "message": f"{n} of the {total} scored ticks are from the period the model was trained and validated on "
+    whose = ("the model was trained and validated on" if ancestor is None else
+             f"the model it was trained from ({ancestor}, whose weights it started from) was trained and validated on")
+    return {"ticks": n, "of": total, "markets": per_market, "validation_until": until, "from_model": ancestor,
+            "message": f"{n} of the {total} scored ticks are from the period {whose} "
                        f"(up to {iso_ms(until)}): these figures are in sample, not an estimate on unseen data; "
                        f"score only later ticks with --since {_unseen_since(until)}"}
 
@@ -256,7 +263,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     if not summary.get("samples"):
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")
-    in_sample = _in_sample(model.metrics, prep)
+    in_sample = _in_sample(model.metrics, prep, store)
     unscored = {pm.market_id: len(pm.ticks) for pm in prep.markets if not pm.scored.any()}
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
                     "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,

@@ -46,6 +46,7 @@ CALIBRATION_BINS = 10
 PSEUDO_COUNT = 0.5
 HESSIAN_ROWS = 32_768
 NEWTON_TOL = 1e-10
+ROUNDING = 1e-12  # per-row model-minus-baseline differences below this are rounding
 MAX_MARKETS_REPORTED = 200
 BASELINE_NAMES = ("base_rates", "majority", "persistence", "mean_reversion", "always_up", "logistic")
 _BOOTSTRAP_CHUNK = 4_000_000
@@ -572,6 +573,9 @@ def _diff_table(model: _Rows, baselines: dict[str, _Rows], horizon: int, resampl
                 out[name][f] = {"diff": None, "ci95": None}
             continue
         series = np.vstack(rows)
+        # a predictor serving the same probabilities as a baseline (a model without an edge and the base rates) differs
+        # from it only by rounding (~1e-16 nats a row): that is no difference, not a 95 % interval excluding 0
+        series[np.abs(series) < ROUNDING] = 0.0
         point = series.mean(axis=1)
         ci: np.ndarray | None = None
         if resamples > 0:

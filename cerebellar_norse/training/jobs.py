@@ -234,6 +234,25 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     else:
         initial, start_note = active.weights, f"from the active model {active.version}"
     active_val = evaluate(cfg, active.weights, prep) if active is not None else None
+    lineage: dict[str, Any] | None = None
+    if active is not None and not from_scratch:
+        # the weights start from the active model's: what it (or a model it started from) was trained and validated
+        # on is in sample for this model too, and must not lie in this run's validation or test period
+        from .checkpoints import seen_until
+
+        until, ancestor = seen_until(active.metrics, store)
+        if until is not None:
+            lineage = {"seen_until": until, "from": ancestor or active.version}
+            own_until = prep.times.get("validation_until")
+            if own_until is not None and until > own_until:
+                from .datacheck import iso_ms
+
+                w = (f"training starts from the active model {active.version}, whose weights were fitted on data up to "
+                     f"{iso_ms(until)} ({lineage['from']}'s training and validation period), after this run's validation"
+                     f" period (up to {iso_ms(own_until)}): the test split is partly in sample (those ticks were seen); "
+                     "train with --from-scratch for an unseen test split")
+                prep.warnings.append(w)
+                progress({"warning": w})
     result = train(cfg, prep, initial, epochs, progress, should_stop, time_budget_s=time_budget_s)
     if should_stop is not None and should_stop():  # cancelled during the last evaluation: write no model
         raise InterruptedError("training cancelled")
@@ -255,13 +274,15 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                         "splits": prep.times},
                "warnings": warnings, "parent_version": active.version if active is not None else None,
                "parent_validation": active_val}
+    if lineage is not None:
+        metrics["lineage"] = lineage
     if job_id is not None:
         metrics["job_id"] = job_id
     if should_stop is not None and should_stop():  # cancelled, or the service is gone: write no model
         raise InterruptedError("training cancelled")
     version = store.save(result.weights, cfg, metrics)
     return {"model_version": version, "validation": result.validation, "test": test, "edge": result.edge,
-            "splits": metrics["data"]["splits"],
+            "splits": metrics["data"]["splits"], "lineage": lineage,
             "started": start_note, "active_model_validation": active_val,
             "active_version": active.version if active is not None else None, "warnings": warnings}
 

@@ -221,3 +221,47 @@ def test_evaluate_names_the_markets_it_could_not_score(env: Path, capsys: pytest
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["unscored_markets"] == {"SHORT": 45}
     assert "note: 1 market(s) have no scored tick and are not in the figures: 'SHORT' (45 ticks)" in captured.err
+
+
+def test_evaluate_counts_the_period_of_the_model_training_started_from_as_in_sample(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`train` starts from the active model: a model trained on the first half of a file from a model trained on the
+    whole file has seen the second half through its weights. Its test split is not unseen, and `evaluate` from its
+    own validation end on is in sample up to the parent's validation end."""
+    ticks = generate_ticks(4000, 2, seed=4)
+    write_csv(env / "head.csv", ticks[:2000])
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    parent = _json(capsys)
+    assert main(["train", "head.csv", "--epochs", "1", "--activate"]) == 0
+    captured = capsys.readouterr()
+    assert "training starts from the active model " + parent["model_version"] in captured.err
+    assert "test split (partly in sample" in captured.out and "unseen, used for nothing" not in captured.out
+    store = ModelStore(env / "state")
+    child = store.active_version()
+    assert child != parent["model_version"]
+    metrics = store.load(child).metrics
+    assert metrics["parent_version"] == parent["model_version"]
+    assert metrics["lineage"] == {"seen_until": parent["splits"]["validation_until"], "from": parent["model_version"]}
+    own_until = metrics["data"]["splits"]["validation_until"]
+    assert own_until < parent["splits"]["validation_until"]
+
+    since = str(own_until + 1)  # what the model's own splits would call unseen
+    assert main(["evaluate", "ticks.csv", "--since", since, "--json", "--bootstrap", "0"]) == 0
+    captured = capsys.readouterr()
+    got = json.loads(captured.out.strip().splitlines()[-1])
+    assert got["in_sample"] is not None and got["in_sample"]["from_model"] == parent["model_version"]
+    assert got["in_sample"]["validation_until"] == parent["splits"]["validation_until"]
+    assert "in sample" in captured.err
+    # an older model without the recorded lineage: the stored parent is followed
+    del metrics["lineage"]
+    from cerebellar_norse.training.commands import seen_until
+
+    assert seen_until(metrics, store) == (parent["splits"]["validation_until"], parent["model_version"])
+    assert seen_until(metrics, None) == (own_until, None)
+    # trained from scratch, the active model at the time (still its parent_version) lent it nothing
+    assert main(["train", "head.csv", "--epochs", "1", "--from-scratch", "--json"]) == 0
+    fresh = _json(capsys)
+    assert fresh["lineage"] is None and not any("training starts from" in w for w in fresh["warnings"])
+    fresh_metrics = store.load(fresh["model_version"]).metrics
+    assert fresh_metrics["parent_version"] == child
+    assert seen_until(fresh_metrics, store) == (fresh["splits"]["validation_until"], None)

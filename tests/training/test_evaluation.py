@@ -342,3 +342,21 @@ def test_score_rejects_bad_input() -> None:
         score(ScoreInputs(**{**good.__dict__, "labels": np.zeros(0, int), "probs": np.zeros((0, 3))}))
     with pytest.raises(ValueError):
         score(good, cost_bp=-1.0)
+
+
+def test_a_model_serving_the_base_rates_up_to_rounding_is_no_difference() -> None:
+    """A model without an edge serves softmax(log base rates), the baseline (counts + 1) / (n + 3): the two differ
+    by rounding only (~1e-16 nats a row). That must read as no difference, not as an interval excluding 0 that
+    says the model is significantly better (or worse) than the base rates."""
+    from cerebellar_norse.training.calibration import apply_head, base_rates, prior_head
+
+    counts = np.array([4907, 4430, 1539])  # counts whose softmax(log p) rounds above p for every class
+    head = prior_head(counts)
+    served = apply_head(np.zeros((1, 3)), head.gain, head.bias)[0]
+    base = base_rates(counts)
+    assert (-np.log(served) + np.log(base / base.sum()) < 0).all()  # the rounding the test is about
+    rng = np.random.default_rng(2)
+    labels = rng.choice(3, size=3000, p=base / base.sum())
+    s = score(inputs(np.tile(served, (3000, 1)), labels, rng, base_rates=base, horizon=5), bootstrap=100)
+    for figure, cell in s["vs_baselines"]["base_rates"].items():
+        assert cell["diff"] == 0.0 and cell["ci95"] == [0.0, 0.0], (figure, cell)
