@@ -285,10 +285,17 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
               f"ticks of each market excluded; base rates from {base_source})")
         if in_sample:
             print(f"IN SAMPLE: {in_sample['message']}")
+        if summary["edge"] == "none":
+            print(f"NO EDGE: {NO_EDGE_NOTE}")
         print(format_summary(summary))
         if report:
             print(f"report written to {report}")
     return 0
+
+
+NO_EDGE_NOTE = ("training found no edge on its validation split, so the model serves its base rates: the same "
+                "probabilities at every tick, hence one direction traded at every tick; its trade figures are the base "
+                "rates' (the base-rates row), not a signal to act on")
 
 
 def cmd_inspect_data(cfg: Config, files: list[str], as_json: bool) -> int:

@@ -113,6 +113,8 @@ def test_a_model_without_an_edge_scores_exactly_as_the_base_rates(env: Path, cap
     assert (model.weights.head_gain == 0).all()
     np.testing.assert_allclose(served, (seen + 1.0) / (seen.sum() + 3.0), rtol=1e-12)
     np.testing.assert_allclose(model.metrics["base_rates"], served, rtol=1e-12)
+    assert main(["evaluate", "walk.csv", "--bootstrap", "20"]) == 0
+    assert "NO EDGE: " in capsys.readouterr().out  # its one-direction trades are not a signal, and it says so
     for summary in (trained["test"], None):
         if summary is None:
             assert main(["evaluate", "walk.csv", "--json", "--bootstrap", "50"]) == 0
