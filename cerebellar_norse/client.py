@@ -6,12 +6,13 @@ market (in the order of each market's first tick; each market's ticks keep their
 order), since behind HAProxy a request reaches the replica of one market only; the
 results come back in the order of the input ticks. Each part is atomic for its market;
 when a later part fails, the earlier parts stay applied and the error says which
-markets were (:attr:`BatchPartError.applied`).
+markets were (:attr:`BatchPartError.applied`) and carries their results
+(:attr:`BatchPartError.results`).
 
 Ticks may hold numpy or ``Decimal`` numbers (``np.float32``, ``np.int64`` from a DataFrame):
 they are sent as JSON numbers. A tick that cannot be sent at all (a market id that is not
-1-64 printable ASCII characters, which no header can carry; a non-finite price or volume,
-which JSON cannot) raises :class:`~cerebellar_norse.errors.InputError` naming the field
+1-64 printable ASCII characters, which no header can carry; a non-finite price, volume or
+timestamp, which JSON cannot) raises :class:`~cerebellar_norse.errors.InputError` naming the field
 before anything is sent.
 
 Errors are the service's own exception tree (:mod:`cerebellar_norse.errors`):
@@ -19,12 +20,15 @@ Errors are the service's own exception tree (:mod:`cerebellar_norse.errors`):
 :class:`~cerebellar_norse.errors.TickOrderError` for ``out_of_order``),
 :class:`~cerebellar_norse.errors.MarketMovingError` (503 ``market_moving``: the market's
 state is moving between replicas) and :class:`~cerebellar_norse.errors.CapacityError`
-(other 503s, and a proxy's 503 that delivered nothing) with the server's ``Retry-After``, and
-:class:`~cerebellar_norse.errors.EngineFatalError` for a 5xx or an unreachable service; its
-subclass :class:`OutcomeUnknownError` when a request was sent but no answer came (a read
-timeout, a dropped connection): its ticks may have been applied, and ticks of equal
-timestamps are applied again, so do not resend them blindly. Field names of a split
-batch's errors (``ticks.3.price``) count the ticks as the caller passed them.
+(other 503s, a proxy's 503 that delivered nothing, and a proxy's ``429`` rate limit) with the
+server's ``Retry-After``, and :class:`~cerebellar_norse.errors.EngineFatalError` for an
+unreachable service (nothing was sent); its subclass :class:`OutcomeUnknownError` when a
+request was sent but its outcome is unknown: no answer came (a read timeout, a dropped
+connection) or the answer was a 5xx other than the 503s above (``500 internal``, ``503
+engine``, a proxy's ``502``/``504`` after it forwarded the request): its ticks may have been
+applied, and ticks of equal timestamps are applied again, so do not resend them blindly.
+Field names of a split batch's errors (``ticks.3.price``) count the ticks as the caller
+passed them.
 
 Example::
 
@@ -75,14 +79,18 @@ class BatchPartError(CerebellarNorseError):
 
     Attributes:
         cause: the error of the failed part.
-        applied: markets whose part was applied (their results are lost with this error).
+        applied: markets whose part was applied.
         failed: the market whose part failed.
+        results: one entry per tick of the caller's list: the result of a tick of an applied part, None for
+            the others (those ticks were not applied, or, for the failed part, see ``cause``).
     """
 
-    def __init__(self, cause: CerebellarNorseError, applied: list[str], failed: str) -> None:
+    def __init__(self, cause: CerebellarNorseError, applied: list[str], failed: str,
+                 results: list[dict[str, Any] | None] | None = None) -> None:
         self.cause = cause
         self.applied = applied
         self.failed = failed
+        self.results = results if results is not None else []
         super().__init__(f"batch part of market {failed!r} failed ({cause}); parts applied before it: {applied}")
 
 
@@ -103,8 +111,10 @@ def checked_market(tick: Tick, where: str = "") -> str:
     if not isinstance(tick, Mapping):
         raise InputError(f"a tick must be a mapping (dict), got {type(tick).__name__}", where.rstrip(".") or "tick")
     market = check_market_id(tick.get("market_id"), f"{where}market_id")
-    for key in ("price", "volume"):
+    for key in ("price", "volume", "timestamp"):
         value = tick.get(key)
+        if key == "timestamp" and isinstance(value, numbers.Integral):
+            continue  # an integer is finite; its range is the service's check
         if isinstance(value, (numbers.Real, Decimal)) and not isinstance(value, bool):
             try:
                 finite = math.isfinite(float(value))
@@ -138,6 +148,21 @@ def encode(body: Any) -> bytes:
         raise InputError(f"the request cannot be sent as JSON: {exc}") from None
 
 
+def encode_ticks(body: Any, ticks: Sequence[Tick], wheres: Sequence[str]) -> bytes:
+    """:func:`encode` of a body holding ``ticks``; the InputError of a value that cannot be sent names its field
+    (``wheres[k]`` prefixes the fields of ``ticks[k]``: ``""`` or ``ticks.3.``)."""
+    try:
+        return encode(body)
+    except InputError:
+        for tick, where in zip(ticks, wheres, strict=True):
+            for key, value in tick.items():
+                try:
+                    json.dumps(value, default=_json_number, allow_nan=False)
+                except (TypeError, ValueError) as exc:
+                    raise InputError(f"cannot be sent as JSON: {exc}", f"{where}{key}") from None
+        raise
+
+
 def error_from_response(r: httpx.Response) -> CerebellarNorseError:
     """The service's error of an unsuccessful response, as an exception of :mod:`cerebellar_norse.errors`."""
     try:
@@ -150,7 +175,8 @@ def error_from_response(r: httpx.Response) -> CerebellarNorseError:
     kind = str(err.get("type") or "http")
     message = f"HTTP {r.status_code} {kind}: {err.get('message') or r.text[:200]}"
     field = str(err.get("field") or "")
-    if r.status_code == 503:
+    market = r.request.headers.get("x-market-id", "")
+    if r.status_code in (429, 503):
         try:
             retry = float(r.headers.get("Retry-After", "1"))
         except ValueError:
@@ -158,16 +184,22 @@ def error_from_response(r: httpx.Response) -> CerebellarNorseError:
         if not math.isfinite(retry) or retry < 0:
             retry = 1.0
         if kind == "market_moving":
-            return MarketMovingError(r.request.headers.get("x-market-id", ""), message, retry)
-        if kind in ("capacity", "http"):  # "http": a proxy's own 503 (HAProxy: no replica up); nothing was delivered
+            return MarketMovingError(market, message, retry)
+        if kind in ("capacity", "http") or r.status_code == 429:
+            # "http": a proxy's own 503 (HAProxy: no replica up) or 429 (rate limit); nothing was delivered
             return CapacityError(message, retry)
-        return EngineFatalError(message)
     if kind == "out_of_order":
         return TickOrderError(message, field)
     if 400 <= r.status_code < 500:
         exc = InputError(message, field)
         exc.status_code = r.status_code
         return exc
+    if r.status_code >= 500 and r.request.method == "POST":
+        # The request reached the service (or a proxy forwarded it): a 500, an engine failure after part of a
+        # batch was stepped, a proxy's 502 or 504 (its replica died or stalled while processing) say nothing
+        # about whether the ticks were applied.
+        return OutcomeUnknownError(market, f"{message} (the request was delivered, so its tick(s) may have been "
+                                           f"applied: check the market before resending)")
     return EngineFatalError(message)
 
 
@@ -178,8 +210,9 @@ class Client:
         base_url: e.g. ``http://127.0.0.1:8080``.
         token: bearer token for the guarded routes (not needed for ticks).
         timeout_s: per request, seconds.
-        retries: how often a 503 with ``Retry-After`` (queue full, market moving) is retried,
-            after waiting what the server asked (capped at ``max_wait_s``).
+        retries: how often a 503 with ``Retry-After`` (queue full, market moving, starting) or a
+            proxy's 429 is retried, after waiting what the server asked (capped at ``max_wait_s``);
+            nothing else is retried (a refused connection, a timeout, any other 5xx).
         max_wait_s: longest wait before one retry, seconds.
         transport: an httpx transport (tests).
     """
@@ -201,8 +234,7 @@ class Client:
         """Close the connections."""
         self.http.close()
 
-    def _post(self, path: str, body: Any, market: str) -> Any:
-        data = encode(body)
+    def _post(self, path: str, data: bytes, market: str) -> Any:
         attempt = 0
         while True:
             try:
@@ -229,7 +261,7 @@ class Client:
     def process(self, tick: Tick) -> dict[str, Any]:
         """One tick (``price``, ``volume``, ``timestamp`` in ms, ``market_id``); its result."""
         market = checked_market(tick)
-        result: dict[str, Any] = self._post("/neural/process", dict(tick), market)
+        result: dict[str, Any] = self._post("/neural/process", encode_ticks(dict(tick), [tick], [""]), market)
         return result
 
     def process_batch(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
@@ -237,16 +269,19 @@ class Client:
         parts: dict[str, list[int]] = {}
         for j, t in enumerate(ticks):
             parts.setdefault(checked_market(t, f"ticks.{j}."), []).append(j)
+        # every part is written before any is sent: a tick that cannot be sent must not leave earlier parts applied
+        bodies = {market: encode_ticks({"ticks": [dict(ticks[j]) for j in idx]}, [ticks[j] for j in idx],
+                                       [f"ticks.{j}." for j in idx]) for market, idx in parts.items()}
         out: list[dict[str, Any] | None] = [None] * len(ticks)
         applied: list[str] = []
         for market, idx in parts.items():
             try:
-                results = self._post("/neural/process/batch", {"ticks": [dict(ticks[j]) for j in idx]}, market)["results"]
+                results = self._post("/neural/process/batch", bodies[market], market)["results"]
             except CerebellarNorseError as exc:
                 err = _in_input_order(exc, idx)  # the server counts the part's ticks, the caller its own list
                 if not applied:
                     raise err from None
-                raise BatchPartError(err, applied, market) from exc
+                raise BatchPartError(err, applied, market, out) from exc
             for j, res in zip(idx, results, strict=True):
                 out[j] = res
             applied.append(market)

@@ -290,13 +290,62 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol, knowing that a handshake answered with an HTTP response (a denial, such as the
     JSON 503 at ``server.max_connections``) is complete: uvicorn would log every denial as an ERROR ("returned
     without completing handshake"), so anyone could fill the error log by opening sockets. Handshakes the
-    websockets library refuses are answered with the JSON error shape (:class:`JsonRefusingServerProtocol`)."""
+    websockets library refuses are answered with the JSON error shape (:class:`JsonRefusingServerProtocol`).
+
+    Two things a peer that does not read could do to uvicorn's protocol are bounded here:
+
+    * uvicorn answers every ping with a pong written at once, whether or not the peer reads: a client
+      sending pings and never reading grew the server's write buffer without limit (about 150 MB for 190 MB
+      of pings in 20 s). While the write buffer is over its high-water mark the peer's frames are not read.
+    * a keepalive ping the peer does not answer closes the connection, but gracefully: with unread data in
+      the write buffer the socket (and its slot of ``server.max_connections``, and the stream's task) stayed
+      open forever. A peer that missed its pong deadline is cut off.
+
+    A peer that half-closes its socket after its last tick gets every answer before the socket closes
+    (:meth:`eof_received`).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # uvicorn built the handshake object from its settings (extensions, message size); the subclass adds no
         # state, only its refusals, so the object keeps every setting and changes class.
         self.conn.__class__ = JsonRefusingServerProtocol
+        self.paused_for_writes = False  # reading stopped because the peer does not read what it is sent
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self.writable.is_set() and not self.paused_for_writes and not self.transport.is_closing():
+            self.paused_for_writes = True
+            if not self.read_paused:
+                self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.paused_for_writes:
+            self.paused_for_writes = False
+            if not self.read_paused and not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    async def receive(self) -> Any:
+        message = await self.queue.get()
+        if self.read_paused and self.queue.empty():
+            self.read_paused = False
+            if not self.paused_for_writes:
+                self.transport.resume_reading()
+        return message
+
+    def keepalive_timeout(self) -> None:
+        super().keepalive_timeout()  # the close frame 1011, which an unread write buffer may never let out
+        self.transport.abort()
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows a bool
+        """A peer that shuts down its sending side (TCP half-close, no close frame) still gets the answers to the
+        messages it sent, then the socket is closed: uvicorn closed it at once, and ticks already read were applied
+        with their answers lost."""
+        if self.handshake_complete and not self.close_sent and not self.disconnected:
+            self.queue.put_nowait({"type": "websocket.disconnect", "code": 1006})  # after the messages already read
+            return True  # keep the socket open for the answers; the app's end closes it
+        return None
 
     async def send(self, message: Any) -> None:
         await super().send(message)

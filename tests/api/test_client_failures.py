@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
+from decimal import Decimal
 
 import httpx
+import numpy as np
 import pytest
 
 from cerebellar_norse.client import BatchPartError, Client, OutcomeUnknownError
@@ -84,6 +87,8 @@ def test_a_split_batchs_errors_name_the_callers_tick() -> None:
             c.process_batch([tick("A", 3), tick("B", 3), tick("B", 1)])
         assert isinstance(part.value.cause, TickOrderError) and part.value.cause.field == "ticks.2.timestamp"
         assert part.value.cause.status_code == 409
+        # the applied part's results are not lost: a trading system cannot resend those ticks to get them
+        assert part.value.applied == ["A"] and part.value.results == [{"market_id": "A"}, None, None]
 
 
 def test_a_tick_that_is_not_a_mapping_is_an_input_error() -> None:
@@ -106,3 +111,87 @@ def test_a_proxys_json_that_is_not_the_services_error_is_still_the_tree(body: ob
         c.health()
     with client(httpx.MockTransport(lambda r: httpx.Response(502, json=body))) as c, pytest.raises(EngineFatalError):
         c.process(tick("A", 1))
+
+
+HAPROXY_504 = "<html><body><h1>504 Gateway Time-out</h1>\nThe server didn't respond in time.\n</body></html>\n"
+HAPROXY_502 = "<html><body><h1>502 Bad Gateway</h1>\nThe server returned an invalid or incomplete response.\n</body></html>\n"
+
+
+@pytest.mark.parametrize(("status", "body"), [
+    (504, HAPROXY_504), (502, HAPROXY_502),
+    (500, {"error": {"type": "internal", "message": "internal error", "field": None, "request_id": "r"}}),
+    (503, {"error": {"type": "engine", "message": "batch failed", "field": None, "request_id": "r"}}),
+], ids=["proxy 504", "proxy 502", "500 internal", "503 engine"])
+def test_a_5xx_after_the_request_was_delivered_says_the_ticks_may_be_applied(status: int, body: object) -> None:
+    """HAProxy answers 504 when its replica stalls after reading the tick (which it then applies), 502 when the replica
+    dies mid-answer; the service's 500 and 503 engine may come after a part was stepped: none says "nothing was sent"."""
+    calls: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.headers.get("x-market-id") == "B":
+            return httpx.Response(200, json={"results": [{"market_id": "B"}], "request_id": "r"})
+        if isinstance(body, str):
+            return httpx.Response(status, text=body, headers={"Content-Type": "text/html"})
+        return httpx.Response(status, json=body)
+
+    with client(httpx.MockTransport(answer), retries=3, max_wait_s=0.0) as c:
+        with pytest.raises(OutcomeUnknownError) as exc:
+            c.process(tick("A", 0))
+        assert exc.value.market_id == "A" and f"HTTP {status}" in str(exc.value) and "may have been applied" in str(exc.value)
+        assert len(calls) == 1  # never resent
+        with pytest.raises(BatchPartError) as part:  # a later part: the applied markets are named, the cause kept
+            c.process_batch([tick("B", 0), tick("A", 0)])
+        assert isinstance(part.value.cause, OutcomeUnknownError) and part.value.applied == ["B"]
+        assert len(calls) == 3
+    with client(httpx.MockTransport(answer)) as c, pytest.raises(EngineFatalError) as health:
+        c.health()  # a health check sends no ticks: not "may have been applied"
+    assert not isinstance(health.value, OutcomeUnknownError)
+
+
+def test_a_proxys_429_is_retried_after_its_retry_after() -> None:
+    calls: list[int] = []
+
+    def limited_then_ok(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            return httpx.Response(429, text="Too Many Requests", headers={"Retry-After": "0"})
+        return httpx.Response(200, json={"market_id": "A", "prediction": 0.0})
+
+    with client(httpx.MockTransport(limited_then_ok), retries=1) as c:
+        assert c.process(tick("A", 0))["market_id"] == "A" and len(calls) == 2
+    with client(httpx.MockTransport(lambda r: httpx.Response(429, headers={"Retry-After": "7"}))) as c, \
+            pytest.raises(CapacityError) as exc:
+        c.process(tick("A", 0))
+    assert exc.value.retry_after_s == 7.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), np.float64("nan"), Decimal("NaN")])
+def test_a_non_finite_timestamp_is_an_input_error_naming_the_field(bad: object) -> None:
+    with client(httpx.MockTransport(lambda r: httpx.Response(500))) as c:
+        with pytest.raises(InputError) as exc:
+            c.process(tick("A", 0, timestamp=bad))
+        assert exc.value.field == "timestamp"
+        with pytest.raises(InputError) as exc2:
+            c.process_batch([tick("A", 0), tick("B", 0), tick("A", 1, timestamp=bad)])
+        assert exc2.value.field == "ticks.2.timestamp"
+
+
+@pytest.mark.parametrize("bad", [datetime(2026, 1, 2, 9, 30), np.datetime64("2026-01-02T09:30"), object()],
+                         ids=["datetime", "datetime64", "object"])
+def test_a_value_that_cannot_be_sent_is_named_and_no_part_of_the_batch_is_sent(bad: object) -> None:
+    sent: list[str] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["x-market-id"])
+        ticks = json.loads(request.content)["ticks"]
+        return httpx.Response(200, json={"results": [{"market_id": t["market_id"]} for t in ticks], "request_id": "r"})
+
+    with client(httpx.MockTransport(service)) as c:
+        with pytest.raises(InputError) as exc:
+            c.process_batch([tick("A", 0), tick("A", 1), tick("B", 0, timestamp=bad)])
+        assert exc.value.field == "ticks.2.timestamp" and not isinstance(exc.value, BatchPartError)
+        assert sent == []  # market A's part was not sent (applied) before the bad tick was found
+        with pytest.raises(InputError) as one:
+            c.process(tick("A", 2, timestamp=bad))
+        assert one.value.field == "timestamp" and sent == []
