@@ -241,6 +241,13 @@ class Engine:
         if n:
             self.backend.sync_from_host()
         log.info("restored market state", extra={"fields": {"markets": n, "path": str(p)}})
+        dropped = int(meta.get("not_restored", 0))
+        if dropped:
+            log.warning("market state: %d of the %d saved markets were not restored: the pool holds "
+                        "performance.max_markets = %d; the %d least recently used start from rest (as if evicted); "
+                        "raise max_markets and restore the file from a backup to keep them", dropped, n + dropped,
+                        self.pool.capacity, dropped,
+                        extra={"fields": {"restored": n, "not_restored": dropped, "path": str(p)}})
         return n
 
     def _use_saved_model(self, exc: ForeignStateError) -> bool:

@@ -161,8 +161,10 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
               state_id: str | None = None, raw: bytes | None = None) -> int:
     """Restore markets saved by :func:`save_pool` into an empty pool; returns how many.
 
-    ``meta``, when given, receives ``journal_seq`` (0 for files written before journals)
-    and ``state_id`` (None for files written before state dir identities).
+    ``meta``, when given, receives ``journal_seq`` (0 for files written before journals),
+    ``state_id`` (None for files written before state dir identities) and ``not_restored``:
+    the markets left out because the file holds more than the pool's ``capacity`` (the
+    least recently used, as if evicted).
     ``state_id``: the identity of the state dir being restored; a file that carries
     another one is refused (:class:`ForeignStateDirError`), checked before anything
     else. None accepts any file; :data:`LEGACY_DIR` (a state dir written before
@@ -214,6 +216,7 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
     if meta is not None:
         meta["journal_seq"] = seq
         meta["state_id"] = saved_id
+        meta["not_restored"] = n - keep
     return keep
 
 

@@ -102,6 +102,19 @@ def test_more_markets_than_slots_keeps_the_most_recent(engine: Engine, engine_co
     assert small.pool.table.evictions == 0
 
 
+def test_a_restore_into_fewer_slots_says_how_many_markets_it_left_out(engine: Engine, engine_config: ConfigFactory,
+                                                                     tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    filled(engine, [f"M{k}" for k in range(8)])
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    save_pool(engine.pool, state_dir / STATE_FILE, engine.fingerprint())
+    small = Engine(engine_config(max_markets=3, state_dir=state_dir))
+    with caplog.at_level(logging.WARNING):
+        assert small.restore_state() == 3
+    (line,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "5 of the 8 saved markets were not restored" in line.getMessage() and "max_markets = 3" in line.getMessage()
+
+
 def test_other_network_is_refused_and_nothing_loaded(engine: Engine, engine_config: ConfigFactory, tmp_path: Path) -> None:
     filled(engine, ["A"])
     path = tmp_path / STATE_FILE
