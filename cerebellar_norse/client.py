@@ -52,46 +52,19 @@ from typing import Any
 
 import httpx
 
-from .errors import CapacityError, CerebellarNorseError, EngineFatalError, InputError, MarketMovingError, TickOrderError
+from .errors import (
+    BatchPartError,
+    CapacityError,
+    CerebellarNorseError,
+    EngineFatalError,
+    InputError,
+    MarketMovingError,
+    OutcomeUnknownError,
+    TickOrderError,
+)
 from .ticks import check_market_id
 
 Tick = Mapping[str, Any]
-
-
-class OutcomeUnknownError(EngineFatalError):
-    """A request was sent but its answer never came (read timeout, connection dropped): its ticks may have been applied.
-
-    The service applies a tick of a timestamp equal to its market's last one again, so
-    resending such a tick can apply it twice; check the market first (its last tick
-    time: ``GET /debug/markets/{market_id}/state``).
-
-    Attributes:
-        market_id: the market of the request.
-    """
-
-    def __init__(self, market_id: str, message: str) -> None:
-        self.market_id = market_id
-        super().__init__(message)
-
-
-class BatchPartError(CerebellarNorseError):
-    """One part of a split batch failed after others were applied.
-
-    Attributes:
-        cause: the error of the failed part.
-        applied: markets whose part was applied.
-        failed: the market whose part failed.
-        results: one entry per tick of the caller's list: the result of a tick of an applied part, None for
-            the others (those ticks were not applied, or, for the failed part, see ``cause``).
-    """
-
-    def __init__(self, cause: CerebellarNorseError, applied: list[str], failed: str,
-                 results: list[dict[str, Any] | None] | None = None) -> None:
-        self.cause = cause
-        self.applied = applied
-        self.failed = failed
-        self.results = results if results is not None else []
-        super().__init__(f"batch part of market {failed!r} failed ({cause}); parts applied before it: {applied}")
 
 
 def _json_number(o: Any) -> Any:

@@ -15,6 +15,7 @@ and falls into one of four families, which map onto how callers react:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class CerebellarNorseError(Exception):
@@ -169,3 +170,118 @@ class StorageError(EngineFatalError):
         reason = exc.strerror or str(exc) or type(exc).__name__
         detail = f" (errno {code} {name})".replace(" )", ")") if code is not None else ""
         return cls(f"{what} {path}: {reason}{detail}", str(path), code)
+
+
+# -- the families' members raised by one part each (state files, handover, jobs, data, models, client, debug) --
+
+
+class ForeignStateDirError(CheckpointError):
+    """A readable state file written by another state dir (its ``state_id`` is not this dir's): moved aside as foreign.
+
+    ``saved`` and ``expected`` are the two identities (``expected`` None: this state dir
+    was written before identities, so any file that has one came from elsewhere).
+    """
+
+    def __init__(self, reason: str, path: str, saved: str, expected: str | None) -> None:
+        super().__init__(reason, path)
+        self.saved = saved
+        self.expected = expected
+
+
+class ForeignStateError(CheckpointError):
+    """A readable state file saved for another network or model (fingerprint mismatch); ``saved`` is its fingerprint."""
+
+    def __init__(self, reason: str, path: str, saved: dict[str, Any]) -> None:
+        super().__init__(reason, path)
+        self.saved = saved
+
+    def other_model(self, fingerprint: dict[str, Any]) -> str | None:
+        """The model version the file was saved with, when only that differs from ``fingerprint`` (the same
+        network), else None."""
+        from .engine.persistence import network_of
+
+        version = self.saved.get("model_version")
+        same = network_of(self.saved) == network_of(fingerprint)
+        return version if same and isinstance(version, str) and version else None
+
+
+class StateMismatchError(CheckpointError):
+    """An exported market state belongs to another network or model version than the one served here (HTTP 409)."""
+
+    status_code = 409
+
+
+class StaleStateError(InputError):
+    """An exported market state is older (its last tick earlier) than the state the market holds here (HTTP 409)."""
+
+    status_code = 409
+
+
+class NotMovingError(InputError):
+    """A move step that needs the market frozen here (release) found it serving (HTTP 409)."""
+
+    status_code = 409
+
+
+class JobConflictError(InputError):
+    """A job is already queued or running (HTTP 409)."""
+
+    status_code = 409
+
+
+class JobNotFoundError(InputError):
+    """No job with that id (HTTP 404)."""
+
+    status_code = 404
+
+
+class DataFileNotFoundError(InputError):
+    """A well-formed data file name that names no file in the data dir (HTTP 404)."""
+
+    status_code = 404
+
+
+class ModelConflictError(InputError):
+    """Another model of the same version is stored already (HTTP 409)."""
+
+    status_code = 409
+
+
+class OutcomeUnknownError(EngineFatalError):
+    """A request was sent but its answer never came (read timeout, connection dropped): its ticks may have been applied.
+
+    The service applies a tick of a timestamp equal to its market's last one again, so
+    resending such a tick can apply it twice; check the market first (its last tick
+    time: ``GET /debug/markets/{market_id}/state``).
+
+    Attributes:
+        market_id: the market of the request.
+    """
+
+    def __init__(self, market_id: str, message: str) -> None:
+        self.market_id = market_id
+        super().__init__(message)
+
+
+class BatchPartError(CerebellarNorseError):
+    """One part of a split batch failed after others were applied.
+
+    Attributes:
+        cause: the error of the failed part.
+        applied: markets whose part was applied.
+        failed: the market whose part failed.
+        results: one entry per tick of the caller's list: the result of a tick of an applied part, None for
+            the others (those ticks were not applied, or, for the failed part, see ``cause``).
+    """
+
+    def __init__(self, cause: CerebellarNorseError, applied: list[str], failed: str,
+                 results: list[dict[str, Any] | None] | None = None) -> None:
+        self.cause = cause
+        self.applied = applied
+        self.failed = failed
+        self.results = results if results is not None else []
+        super().__init__(f"batch part of market {failed!r} failed ({cause}); parts applied before it: {applied}")
+
+
+class ServiceCallError(CerebellarNorseError):
+    """A debug call to the running service failed; the message says why (never the token)."""

@@ -45,7 +45,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import Config, PerformanceConfig, pool_capacity
-from ..errors import CapacityError, CheckpointError, EngineFatalError, StorageError, TickOrderError
+from ..errors import (
+    CapacityError,
+    CheckpointError,
+    EngineFatalError,
+    ForeignStateDirError,
+    ForeignStateError,
+    StorageError,
+    TickOrderError,
+)
 from ..neurons.backends import Backend, make_backend
 from ..neurons.parameters import encoder_parameters, network_parameters
 from ..neurons.state import StateArrays
@@ -56,8 +64,6 @@ from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
 from .persistence import (
     STATE_FILE,
-    ForeignStateDirError,
-    ForeignStateError,
     PoolSnapshot,
     load_pool,
     quarantine,

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import CheckpointError, InputError, MarketMovingError
+from ..errors import CheckpointError, InputError, MarketMovingError, StaleStateError, StateMismatchError
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import seal, unseal
@@ -49,24 +49,6 @@ log = logging.getLogger("cerebellar_norse.handover")
 FORMAT = 1
 MEDIA_TYPE = "application/octet-stream"
 RETRY_AFTER_S = 1.0  # what a refused tick of a moving market is told to wait (seconds)
-
-
-class StateMismatchError(CheckpointError):
-    """An exported market state belongs to another network or model version than the one served here (HTTP 409)."""
-
-    status_code = 409
-
-
-class StaleStateError(InputError):
-    """An exported market state is older (its last tick earlier) than the state the market holds here (HTTP 409)."""
-
-    status_code = 409
-
-
-class NotMovingError(InputError):
-    """A move step that needs the market frozen here (release) found it serving (HTTP 409)."""
-
-    status_code = 409
 
 
 @dataclass

@@ -79,10 +79,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zlib import crc32
 
-from ..errors import CheckpointError, StorageError
+from ..errors import CheckpointError, ForeignStateDirError, StorageError
 from ..storage import fsync_dir, read_checksummed, write_checksummed
 from ..ticks import Tick
-from .persistence import LEGACY_DIR, ForeignStateDirError, check_writable, fingerprint_json, quarantine, write_snapshot
+from .persistence import LEGACY_DIR, check_writable, fingerprint_json, quarantine, write_snapshot
 
 if TYPE_CHECKING:
     from .engine import Engine

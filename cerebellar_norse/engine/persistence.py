@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, StorageError
+from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, StorageError
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import fsync_dir, read_checksummed, unseal, write_checksummed
@@ -51,35 +51,7 @@ def network_of(fingerprint: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in fingerprint_json(fingerprint).items() if k != "model_version"}
 
 
-class ForeignStateDirError(CheckpointError):
-    """A readable state file written by another state dir (its ``state_id`` is not this dir's): moved aside as foreign.
-
-    ``saved`` and ``expected`` are the two identities (``expected`` None: this state dir
-    was written before identities, so any file that has one came from elsewhere).
-    """
-
-    def __init__(self, reason: str, path: str, saved: str, expected: str | None) -> None:
-        super().__init__(reason, path)
-        self.saved = saved
-        self.expected = expected
-
-
 LEGACY_DIR = ""  # the identity a state dir written before identities is expected to have (see load_pool)
-
-
-class ForeignStateError(CheckpointError):
-    """A readable state file saved for another network or model (fingerprint mismatch); ``saved`` is its fingerprint."""
-
-    def __init__(self, reason: str, path: str, saved: dict[str, Any]) -> None:
-        super().__init__(reason, path)
-        self.saved = saved
-
-    def other_model(self, fingerprint: dict[str, Any]) -> str | None:
-        """The model version the file was saved with, when only that differs from ``fingerprint`` (the same
-        network), else None."""
-        version = self.saved.get("model_version")
-        same = network_of(self.saved) == network_of(fingerprint)
-        return version if same and isinstance(version, str) and version else None
 
 
 @dataclass(frozen=True)

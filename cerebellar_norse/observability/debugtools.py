@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
+from ..errors import ServiceCallError
 from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 
 if TYPE_CHECKING:
@@ -327,10 +328,6 @@ def config_token(cfg: Config) -> str | None:
     token = cfg.server.api_token
     value = token.get_secret_value().strip() if token is not None else ""
     return value or None
-
-
-class ServiceCallError(Exception):
-    """A debug call to the running service failed; the message says why (never the token)."""
 
 
 def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) -> Any:

@@ -20,18 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Config
-from ..errors import CheckpointError, InputError, StorageError
+from ..errors import CheckpointError, InputError, ModelConflictError, StorageError
 from ..storage import atomic_write_bytes, fsync_dir, seal, unseal
 from .checkpoints import FILES, MANIFEST, ModelStore, check_version, load_model_dir, parse_manifest, shape_mismatch
 
 MEDIA_TYPE = "application/octet-stream"
 _STAGING = threading.Lock()
-
-
-class ModelConflictError(InputError):
-    """Another model of the same version is stored already (HTTP 409)."""
-
-    status_code = 409
 
 
 def pack_model(path: Path) -> bytes:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, InputError
+from ..errors import DataError, DataFileNotFoundError, InputError
 from .csvformat import (
     SECONDS_HINT_MS,
     FileFormat,
@@ -95,12 +95,6 @@ class TickData:
 # no NUL, no ".." component.
 _COMPONENT = r"(?:[^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+|\.)"
 DATA_FILE_PATTERN = r"^(?:[^/\x00.\\][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+|\.)(?:/" + _COMPONENT + "?)*$"
-
-
-class DataFileNotFoundError(InputError):
-    """A well-formed data file name that names no file in the data dir (HTTP 404)."""
-
-    status_code = 404
 
 
 def resolve_data_file(data_dir: Path, name: str) -> Path:

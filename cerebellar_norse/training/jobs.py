@@ -44,7 +44,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from ..config import Config
-from ..errors import CerebellarNorseError, InputError
+from ..errors import CerebellarNorseError, JobConflictError, JobNotFoundError
 from ..storage import atomic_write_bytes
 from ..ticks import integral_number
 from .data import DATA_FILE_PATTERN
@@ -53,18 +53,6 @@ log = logging.getLogger("cerebellar_norse.training")
 
 JobStateName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINAL = ("succeeded", "failed", "cancelled")
-
-
-class JobConflictError(InputError):
-    """A job is already queued or running (HTTP 409)."""
-
-    status_code = 409
-
-
-class JobNotFoundError(InputError):
-    """No job with that id (HTTP 404)."""
-
-    status_code = 404
 
 
 # The schema states resolve_data_file's rule for names; resolve_data_file checks it, naming the problem.

@@ -16,8 +16,8 @@ from fastapi.exceptions import HTTPException
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from ...engine.handover import MEDIA_TYPE, NotMovingError, export_market, import_market
-from ...errors import InputError
+from ...engine.handover import MEDIA_TYPE, export_market, import_market
+from ...errors import InputError, NotMovingError
 from ...observability.context import request_id_var
 from ...ticks import check_market_id
 from ..deps import require_token, service
