@@ -155,7 +155,8 @@ def _cmd_validate(args: argparse.Namespace, host_checks: bool) -> int:
 
     source = args.config or "<built-in default>"
     try:
-        cfg = cfgmod.load_config(args.config)
+        # --host/--port are what the service would listen on: check them like the file's keys.
+        cfg = cfgmod.with_server(cfgmod.load_config(args.config), _server_overrides(args))
     except ConfigError as exc:
         _print_problems(exc.problems, source)
         later = ("the checks of values against each other and the host run once these are fixed" if host_checks

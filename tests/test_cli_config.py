@@ -193,3 +193,18 @@ def test_serve_rejects_an_out_of_range_port_before_starting(run_cli: CliRunner) 
     proc = run_cli("--port", "70000", timeout=30)
     assert_clean_failure(proc)
     assert names_key(proc.stderr, "server.port")
+
+
+@pytest.mark.parametrize("flag", ["--validate-only", "--validate-config"])
+def test_validate_checks_an_out_of_range_port_flag(run_cli: CliRunner, flag: str) -> None:
+    proc = run_cli(flag, "--port", "70000")
+    assert_clean_failure(proc)
+    assert names_key(proc.stderr, "server.port")
+
+
+def test_validate_config_checks_the_host_flag_like_serving_does(run_cli: CliRunner) -> None:
+    proc = run_cli("--validate-config", "--host", "0.0.0.0")
+    assert_clean_failure(proc)
+    assert names_key(proc.stderr, "server.api_token")
+    proc = run_cli("--validate-config", "--host", "0.0.0.0", env={"CEREBELLAR_NORSE_SERVER__API_TOKEN": "s3cret"})
+    assert proc.returncode == 0, proc.stderr

@@ -85,7 +85,8 @@ class ServiceState:
     moves: MarketMoves = field(default_factory=MarketMoves)  # markets refused while their state moves (scale-out)
 
 
-def check_ticks(svc: ServiceState, ticks: Sequence[Tick], batch: bool, market_header: str | None = None) -> None:
+def check_ticks(svc: ServiceState, ticks: Sequence[Tick], batch: bool, market_header: str | None = None,
+                routed_by: str = "X-Market-ID header") -> None:
     """The service's checks of client ticks before the engine (HTTP and stream alike).
 
     A tick more than ``server.max_clock_skew_ms`` ahead of the server clock is refused
@@ -99,22 +100,23 @@ def check_ticks(svc: ServiceState, ticks: Sequence[Tick], batch: bool, market_he
         raise InputError(f"a batch of {len(ticks)} ticks can never fit the engine queue (performance.queue_size = "
                          f"{svc.engine.queue_size} ticks): send at most {svc.engine.queue_size} ticks per batch", "ticks")
     if market_header is not None:
-        check_market_header(ticks, market_header)
+        check_market_header(ticks, market_header, routed_by)
     check_not_future(ticks, time.time_ns() // 1_000_000, svc.cfg.server.max_clock_skew_ms, batch)
     if svc.moves:
         svc.moves.check(ticks)
 
 
-def check_market_header(ticks: Sequence[Tick], market_header: str) -> None:
+def check_market_header(ticks: Sequence[Tick], market_header: str, routed_by: str = "X-Market-ID header") -> None:
     """Raise InputError unless every tick is of the market named by the ``X-Market-ID`` header.
 
     HAProxy routes a request by that header; a tick of another market would reach a
-    replica that may not hold its state (split such batches per market).
+    replica that may not hold its state (split such batches per market). ``routed_by`` names where the
+    market came from in the message (a stream opened without the header is routed by ``?market_id=``).
     """
     for j, t in enumerate(ticks):
         if t.market_id != market_header:
             where = f"ticks.{j}.market_id" if len(ticks) > 1 else "market_id"
-            raise InputError(f"market {t.market_id!r} differs from the X-Market-ID header {market_header!r} the request "
+            raise InputError(f"market {t.market_id!r} differs from the {routed_by} {market_header!r} the request "
                              f"was routed by (send one market per request, or split the batch per market)", where)
 
 

@@ -88,13 +88,15 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._head_fields = 0  # header fields of the current request; the trailers come after them
             self._trailer_bytes = 0
             self._in_headers = True
+            self._message_open = False  # the parser has begun a request (its first byte) and not completed it
+            self._messages_begun = 0  # requests the parser has begun on this connection
             self._refused = False
             self._pending_refusal: tuple[bytes, str, str] | None = None  # written once the answers before it are
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return  # the answer is out; what the client still sends is dropped
-            in_headers, seen = self._in_headers, self._headers_seen
+            in_headers, seen, begun_before = self._in_headers, self._headers_seen, self._messages_begun
             if in_headers and not self.transport.is_closing():  # the head's bytes up to its end, before the parser
                 size = self._header_bytes + self._head_part(data)
                 if size > MAX_HEADER_BYTES:
@@ -104,10 +106,15 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if self._refused:
                 return  # refused by the parser's callbacks (431, 400) in this read
             if self._headers_seen != seen:
-                self._header_bytes, self._head_begun, self._head_tail = 0, False, b""
+                # a head begun in this read behind the request completed in it goes on in the next read: its end may
+                # be split across the two (its bytes here are not counted: on_headers_complete holds it to its least)
+                begun = self._in_headers and self._message_open
+                self._header_bytes, self._head_begun, self._head_tail = 0, begun, data[-3:] if begun else b""
             elif in_headers and not self.transport.is_closing():  # every byte of it was request line or headers
-                self._header_bytes, self._head_tail = size, data[-3:]
-            elif not in_headers and len(self.headers) > self._head_fields:  # uvicorn adds the trailers to the headers
+                # the last 3 bytes of the head so far, also when this read holds fewer
+                self._header_bytes, self._head_tail = size, (self._head_tail + data)[-3:]
+            elif (not in_headers and self._messages_begun == begun_before  # (a request begun behind it: its own headers)
+                  and len(self.headers) > self._head_fields):  # uvicorn adds the trailers to the headers
                 self._trailer_bytes += sum(len(name) + len(value) + 3 for name, value in self.headers[self._head_fields:])
                 self._head_fields = len(self.headers)
                 if self._trailer_bytes > MAX_HEADER_BYTES:
@@ -206,12 +213,15 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._message_open = True
+            self._messages_begun += 1
             self._arm()
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
             self._disarm()
             self._in_headers = True
+            self._message_open = False
 
         def handle_websocket_upgrade(self) -> None:
             self._disarm()

@@ -64,15 +64,15 @@ def batch_json(results: Iterable[TickResult], request_id: str) -> bytes:
 
 
 async def answer_tick(svc: ServiceState, tick: TickIn, market_header: str | None = None,
-                      timeline: Timeline | None = None) -> bytes:
+                      timeline: Timeline | None = None, routed_by: str = "X-Market-ID header") -> bytes:
     """Check one tick, step it through the engine and return the JSON answer.
 
     ``market_header`` is the request's ``X-Market-ID`` (the tick must be of that
-    market). Raises a :class:`~cerebellar_norse.errors.CerebellarNorseError` (mapped to
+    market; ``routed_by`` says where it came from, for the error). Raises a :class:`~cerebellar_norse.errors.CerebellarNorseError` (mapped to
     its HTTP answer by the caller) and changes no state when the tick is refused.
     """
     t = tick.to_tick()
-    check_ticks(svc, (t,), batch=False, market_header=market_header)
+    check_ticks(svc, (t,), batch=False, market_header=market_header, routed_by=routed_by)
     if timeline is not None:
         timeline.market_id, timeline.ticks = t.market_id, 1
         timeline.marks[VALIDATED] = time.perf_counter_ns()

@@ -51,6 +51,10 @@ class CerebellarNetwork:
 
     def __init__(self, config: Config | str | Path | None = None, backend: str = "fused", weights: Weights | None = None,
                  max_markets: int | None = None, max_batch: int | None = None) -> None:
+        if backend not in ("fused", "reference"):
+            # make_backend also knows "cuda", but only the service's engine builds it (it needs the device plan).
+            raise ValueError(f"unknown backend {backend!r} for CerebellarNetwork; choose 'fused' or 'reference' "
+                             "(the CUDA backend runs in the service: performance.device = \"cuda\")")
         if isinstance(config, Config):
             # A Config is used as given (no memory or host checks), but a network shape that
             # cannot be built is refused here rather than crashing in the topology's sampling.

@@ -251,7 +251,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     if result.edge == "none":
         why = (result.validation.get("cv") or {}).get("reason")
         warnings.append(f"no edge found: {why or 'on validation the network does not beat the base rates'}, so the model "
-                        "serves the base rates (it is stored, not auto-activated)")
+                        "serves the base rates (auto-activation skips such a model)")
     metrics = {"validation": result.validation, "test": test, "edge": result.edge, "history": result.history,
                "best_epoch": result.best_epoch, "ticks_per_second": result.ticks_per_second,
                "stopped_early": result.stopped_early, "started": start_note, "labels": prep.spec.to_dict(),

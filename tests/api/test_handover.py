@@ -158,6 +158,18 @@ def test_x_market_id_header_must_name_every_tick(trio: tuple[TestClient, TestCli
     assert a.post("/neural/process", json=tick("A", 0), headers={"X-Market-ID": "A"}).status_code == 200
 
 
+def test_a_stream_routed_by_its_query_names_the_query_not_a_header(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    a, _, _ = trio
+    with a.websocket_connect("/neural/stream?market_id=Q1") as ws:
+        ws.send_json(tick("Q2", 0))
+        err = ws.receive_json()["error"]
+        assert err["field"] == "market_id" and "?market_id=" in err["message"] and "header" not in err["message"]
+    with a.websocket_connect("/neural/stream", headers={"X-Market-ID": "Q1"}) as ws:
+        ws.send_json(tick("Q2", 0))
+        assert "X-Market-ID header 'Q1'" in ws.receive_json()["error"]["message"]
+    assert a.get("/debug/markets/Q2/state", headers=AUTH).status_code == 404
+
+
 def test_export_bytes_are_a_checksummed_npz(trio: tuple[TestClient, TestClient, TestClient]) -> None:
     import io
     import json

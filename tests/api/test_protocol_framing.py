@@ -261,3 +261,41 @@ def test_error_answers_are_documented_as_json_on_every_route(tmp_path: Path) -> 
                 if status[0] in "45":
                     assert list(response["content"]) == ["application/json"], (method, path, status)
     assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+
+
+@pytest.mark.parametrize("cut", [(-2, -1), (-3, -1), (-1, -1)], ids=["..CRLF|CR|LF+body", "..CR|LFCR|LF+body",
+                                                                    "..CRLFCR|LF+body"])
+def test_a_head_whose_end_comes_in_short_reads_does_not_count_the_body_behind_it(cut: tuple[int, int]) -> None:
+    """The end of a head split over reads shorter than 3 bytes is still found: the body in the read that ends the
+    head is no head byte (it was counted as one: a false 431 for a head near the limit, or a body over it)."""
+    a, b = cut
+    for head_fill, body_size in ((0, 70_000), (MAX_HEADER_BYTES - 2_000, 2_000)):
+        body = b"x" * body_size
+        head = (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Big: " % body_size + b"b" * head_fill
+                + b"\r\n\r\n")
+        assert len(head) <= MAX_HEADER_BYTES
+        reads = [head[:a], head[a:b], head[b:] + body] if a != b else [head[:a], head[a:] + body]
+        assert answers(reads) == [(200, b"/p %d" % body_size)], (cut, head_fill)
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 4, 20])
+def test_a_pipelined_head_split_near_its_end_does_not_count_the_body_behind_it(cut: int) -> None:
+    """A head that begins in a read behind a whole request and ends in the next read, followed by its body there:
+    the body is no head byte (it was counted as one when the next read began with the head's last CR/LF)."""
+    body = b"x" * 70_000
+    head = b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    first = request("/a")
+    assert answers([first + head[:-cut], head[-cut:] + body]) == [(200, b"/a 0"), (200, b"/p 70000")]
+
+
+def test_the_head_of_a_request_behind_one_with_trailers_is_not_counted_as_its_trailers() -> None:
+    """A request that begins in the read that ends the trailers of the one before it: its header fields are its own
+    head, not more trailers of the request before (35 KB of trailers and a 36 KB head were refused as trailers over
+    64 KiB)."""
+    first = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+    trailers = b"".join(b"X-T%02d: " % k + b"t" * 1_000 + b"\r\n" for k in range(35))
+    head = request("/g", extra=b"".join(b"X-H%04d: hhhhhhhhh\r\n" % k for k in range(1_800)))
+    assert len(trailers) < MAX_HEADER_BYTES and len(head) < MAX_HEADER_BYTES
+    expect = [(200, b"/c 5"), (200, b"/g 0")]
+    assert answers([first + b"0\r\n" + trailers + b"\r\n" + head]) == expect
+    assert answers([first, b"0\r\n" + trailers, b"\r\n" + head[:-2], head[-2:]]) == expect

@@ -389,3 +389,12 @@ def test_decimal_numbers_and_a_generator_of_ticks_are_taken(net: CerebellarNetwo
     b = net.process_batch(
         {**tick("A", T0 + k), "price": Decimal(str(100.0 + k / 4)), "volume": Decimal("1000")} for k in range(3))
     assert [r["prediction"] for r in a] == [r["prediction"] for r in b]
+
+
+@pytest.mark.parametrize("name", ["cuda", "gpu-magic"])
+def test_a_backend_other_than_fused_or_reference_is_a_clear_value_error(small_config: Config, name: str) -> None:
+    """README: any name but "fused" and "reference" raises ValueError, and the message says which to choose
+    (not an internal cuda_options argument that CerebellarNetwork has no way to pass)."""
+    with pytest.raises(ValueError, match="choose 'fused' or 'reference'") as info:
+        CerebellarNetwork(small_config, backend=name)
+    assert "cuda_options" not in str(info.value)

@@ -104,6 +104,8 @@ def test_a_model_without_an_edge_scores_exactly_as_the_base_rates(env: Path, cap
     assert main(["train", "walk.csv", "--epochs", "1", "--activate", "--json"]) == 0
     trained = _json(capsys)
     assert trained["edge"] == "none"
+    assert trained["activated"] is True  # --activate activates it all the same, and no warning says otherwise
+    assert not any("not auto-activated" in w or "not activated" in w for w in trained["warnings"]), trained["warnings"]
     model = ModelStore(env / "state").load(trained["model_version"])
     data = model.metrics["data"]
     train = np.asarray(data["train_class_counts"])

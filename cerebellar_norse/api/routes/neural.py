@@ -112,6 +112,7 @@ async def stream(ws: WebSocket) -> None:
     """
     svc = ws.app.state.service
     market = ws.headers.get("x-market-id") or ws.query_params.get("market_id")  # how the load balancer routed it
+    routed_by = "X-Market-ID header" if ws.headers.get("x-market-id") else "?market_id= of the stream"
     await ws.accept()
     svc.metrics.stream_connections.inc()
     try:
@@ -126,7 +127,7 @@ async def stream(ws: WebSocket) -> None:
             request_id_var.set(rid)
             timeline = Timeline(rid, STREAM_PATH, time.perf_counter_ns())
             try:
-                answer = await answer_tick(svc, parse_tick(text), market, timeline)
+                answer = await answer_tick(svc, parse_tick(text), market, timeline, routed_by)
                 await ws.send_text(answer.decode())
                 timeline.marks[SENT] = time.perf_counter_ns()
                 timeline.status = 200
