@@ -7,7 +7,7 @@ import logging
 
 from ..errors import CheckpointError, InputError, StorageError
 from ..observability import systemd
-from ..storage import fsync_dir
+from ..storage import atomic_write_bytes, fsync_dir
 from ..training.checkpoints import ACTIVE, ModelStore, shape_mismatch
 from .deps import ServiceState
 from .lifecycle import serving_status
@@ -37,7 +37,12 @@ def activate_version(state: ServiceState, store: ModelStore, version: str) -> No
         raise CheckpointError(f"model {version} does not fit the running network ({', '.join(bad)} differ)", str(model.path))
     eng = state.engine
     old = eng.model_version
-    before = store.active_version()
+    try:  # ACTIVE as it is, byte for byte (even unreadable as a version), to put back if the swap is refused
+        before: bytes | None = (store.root / ACTIVE).read_bytes()
+    except FileNotFoundError:
+        before = None
+    except OSError:  # (a directory, say): the swap may go ahead; its undo leaves ACTIVE as the swap left it
+        before = b""
     try:  # first, so that a model served is always the one a restart serves
         store.set_active(model.version)
     except OSError as exc:
@@ -46,11 +51,11 @@ def activate_version(state: ServiceState, store: ModelStore, version: str) -> No
         eng.set_weights(model.weights, model.version, reset_states=state.cfg.training.reset_state_on_swap)
     except BaseException:  # not swapped (Engine.set_weights undid it): ACTIVE names what is served again
         with contextlib.suppress(OSError):  # the swap's own error is the one to report
-            if before is not None:
-                store.set_active(before)
-            else:
+            if before is None:
                 (store.root / ACTIVE).unlink(missing_ok=True)
                 fsync_dir(store.root)
+            elif before:
+                atomic_write_bytes(store.root / ACTIVE, before)
         raise
     state.degraded = None  # the operator chose the served model: a fallback or a lost market state is resolved
     systemd.status(serving_status(state))  # systemctl status names the model served

@@ -391,3 +391,28 @@ def test_the_status_line_names_the_served_model_after_a_reload_and_a_swap(tmp_pa
         activate_version(state, store, TRAINED)
         assert statuses() == [f"serving model {TRAINED} on {state.device}"]
     sock.close()
+
+
+@pytest.mark.parametrize("active", [None, b"20990101T000000Z-ffffff\n", b"\xff\xfe not a version"])
+def test_a_refused_swap_leaves_models_active_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           active: bytes | None) -> None:
+    """A swap refused after ACTIVE was written (its checkpoint failed on a full disk) puts ACTIVE back as it was:
+    absent stays absent, and a file naming an unknown model or no version at all keeps its bytes (it is what
+    /health's degraded reason is about), rather than being removed."""
+    from cerebellar_norse.api.modelswap import activate_version
+    from cerebellar_norse.errors import StorageError
+
+    with logged_reloads(tmp_path, monkeypatch, "INFO") as (state, _reload):
+        store = ModelStore(tmp_path / "state")
+        store.save(generate_weights(state.cfg), state.cfg, {"validation": {"loss": 1.0}}, version=TRAINED)
+        path = store.root / "ACTIVE"
+        if active is not None:
+            path.write_bytes(active)
+
+        def full(*_a: object, **_k: object) -> None:
+            raise StorageError("cannot write checkpoint x: No space left on device (errno 28 ENOSPC)", "x", 28)
+
+        monkeypatch.setattr(state.engine, "set_weights", full)
+        with pytest.raises(StorageError):
+            activate_version(state, store, TRAINED)
+        assert (path.read_bytes() if path.exists() else None) == active
