@@ -75,6 +75,18 @@ class TickOrderError(InputError):
     status_code = 409
 
 
+class NotFoundError(InputError):
+    """The request names something that does not exist (HTTP 404, ``not_found``)."""
+
+    status_code = 404
+
+
+class ConflictError(InputError):
+    """The request conflicts with the service's state, which is left unchanged (HTTP 409, ``conflict``)."""
+
+    status_code = 409
+
+
 class DataError(InputError):
     """A training data file is unusable (report lists file:line problems)."""
 
@@ -211,40 +223,36 @@ class StateMismatchError(CheckpointError):
     status_code = 409
 
 
-class StaleStateError(InputError):
+class StaleStateError(ConflictError):
     """An exported market state is older (its last tick earlier) than the state the market holds here (HTTP 409)."""
 
-    status_code = 409
 
-
-class NotMovingError(InputError):
+class NotMovingError(ConflictError):
     """A move step that needs the market frozen here (release) found it serving (HTTP 409)."""
 
-    status_code = 409
 
-
-class JobConflictError(InputError):
+class JobConflictError(ConflictError):
     """A job is already queued or running (HTTP 409)."""
 
-    status_code = 409
 
-
-class JobNotFoundError(InputError):
+class JobNotFoundError(NotFoundError):
     """No job with that id (HTTP 404)."""
 
-    status_code = 404
+
+class ModelNotFoundError(NotFoundError):
+    """No stored model of that version (HTTP 404)."""
 
 
-class DataFileNotFoundError(InputError):
+class RequestNotFoundError(NotFoundError):
+    """No timeline kept for that request id (HTTP 404)."""
+
+
+class DataFileNotFoundError(NotFoundError):
     """A well-formed data file name that names no file in the data dir (HTTP 404)."""
 
-    status_code = 404
 
-
-class ModelConflictError(InputError):
+class ModelConflictError(ConflictError):
     """Another model of the same version is stored already (HTTP 409)."""
-
-    status_code = 409
 
 
 class OutcomeUnknownError(EngineFatalError):

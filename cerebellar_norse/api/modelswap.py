@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from ..errors import CheckpointError, InputError, StorageError
+from ..errors import CheckpointError, ModelNotFoundError, StorageError
 from ..observability import systemd
 from ..storage import atomic_write_bytes, fsync_dir
 from ..training.checkpoints import ACTIVE, ModelStore, shape_mismatch
@@ -14,11 +14,6 @@ from .lifecycle import serving_status
 
 log = logging.getLogger("cerebellar_norse.models")
 
-
-class ModelNotFoundError(InputError):
-    """No stored model of that version (HTTP 404)."""
-
-    status_code = 404
 
 
 def activate_version(state: ServiceState, store: ModelStore, version: str) -> None:

@@ -14,7 +14,7 @@ from fastapi import Path as FPath
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import InputError
+from ...errors import RequestNotFoundError
 from ...observability.debugtools import (
     SpikeTracker,
     busiest_markets,
@@ -77,11 +77,6 @@ async def get_market_raster(request: Request, market_id: MarketIdPath,
     series = trace.series(market_id, ticks)
     return Response(await run_in_threadpool(raster_png, series), media_type="image/png")
 
-
-class RequestNotFoundError(InputError):
-    """No timeline kept for that request id (HTTP 404)."""
-
-    status_code = 404
 
 
 @router.get("/requests", operation_id="request_timelines", responses=error_responses(401, 422))
