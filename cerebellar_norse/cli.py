@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     actions.add_argument("--validate-config", action="store_true", help="check schema, consistency and this host (device, memory)")
     actions.add_argument("--dump-schema", action="store_true", help="print the JSON Schema of the configuration")
     actions.add_argument("--dump-weights", action="store_true", help="print per-layer weight statistics of the loaded model")
-    actions.add_argument("--verify-data", metavar="DIR", help="verify SHA-256 manifests of models and market state under DIR")
+    actions.add_argument("--verify-data", metavar="DIR", help="verify SHA-256 manifests of models, market state, journal and recordings under DIR")
     actions.add_argument("--validate-model", metavar="DIR", help="verify a model directory (or a directory of models)")
     p.add_argument("--format", choices=["text", "json", "npz"], default="text", help="output format of --dump-weights")
     p.add_argument("--output", metavar="PATH", help="file for --dump-weights --format npz")

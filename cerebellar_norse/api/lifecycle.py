@@ -86,6 +86,8 @@ def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]
     eng = state.engine
     eng.cfg = state.cfg
     eng.apply_live_settings(state.cfg.performance)
+    if "debug.record_requests" in live:
+        eng.close_recording_if_off()  # "a file is closed when ... recording is switched off", not at the next batch
     logging.getLogger().setLevel(effective_level(state.cfg.logging))
     return live, restart
 

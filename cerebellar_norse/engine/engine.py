@@ -576,6 +576,13 @@ class Engine:
             self.recorder.close(wait=False)
             self.recorder = None
 
+    def close_recording_if_off(self) -> None:
+        """Close the recording now when ``debug.record_requests`` was switched off (a reload), so that its file is
+        checksummed at once rather than at the next batch (which may never come to an idle service)."""
+        if not self.cfg.debug.record_requests and self.recorder is not None:
+            self.recorder.close(wait=False)
+            self.recorder = None
+
     def _open_recorder(self) -> TickRecorder:
         """The recorder, started on first use (``debug.record_requests`` can be switched on by a reload)."""
         if self.recorder is None:

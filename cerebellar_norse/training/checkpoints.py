@@ -567,7 +567,48 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             ok.append(f"{spath}: market state OK")
         except CheckpointError as exc:
             problems.append(str(exc))
+    _verify_journals(root, ok, problems)
     return ok, problems
+
+
+def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> None:
+    """Every state dir identity (``state-id``) and tick journal (``journal/*.journal``) under ``root``, read as the
+    service reads them at start: a damaged one is moved aside there (and the acknowledged ticks it holds are lost), so
+    it is a problem here too."""
+    from ..engine.journal import STATE_ID_FILE, SegmentReader, list_segments, read_state_id
+
+    ids: dict[Path, str | None] = {}
+    for ipath in _named_under(root, STATE_ID_FILE):
+        try:
+            ids[ipath.parent] = read_state_id(ipath.parent)
+            ok.append(f"{ipath}: state dir identity OK")
+        except (CheckpointError, StorageError) as exc:
+            problems.append(f"{exc}: the service moves it aside at start (ERROR) and takes the checkpoint's identity")
+    for jdir in _named_under(root, "journal"):
+        segments = list_segments(jdir)
+        for base, path in segments:
+            try:
+                reader = SegmentReader(path, last=path == segments[-1][1])
+                n = sum(1 for _ in reader.records())
+            except FileNotFoundError:  # a running service's checkpoint covered it and deleted it meanwhile
+                continue
+            except PermissionError as exc:
+                problems.append(f"{path}: cannot read: {exc.strerror or exc}")
+                continue
+            except (OSError, ValueError) as exc:
+                problems.append(f"{path}: {getattr(exc, 'strerror', None) or exc}: the service moves it aside at start "
+                                f"and its ticks are lost")
+                continue
+            dir_id = ids.get(jdir.parent)
+            if reader.state_id is not None and dir_id is not None and reader.state_id != dir_id:
+                problems.append(f"{path}: written by another state dir (its state id is {reader.state_id}; "
+                                f"{jdir.parent / STATE_ID_FILE} says {dir_id}): the service moves it aside at start")
+            elif reader.damage is not None:
+                problems.append(f"{path}: {reader.damage}: the service applies the records before the damage and moves "
+                                f"the file aside at start (the ticks after it are lost)")
+            else:
+                cut = f"; an unfinished last record ({reader.unfinished} bytes) is dropped" if reader.unfinished else ""
+                ok.append(f"{path}: journal OK ({n} records from {base + 1}{cut})")
 
 
 def _named_under(root: Path, name: str) -> list[Path]:

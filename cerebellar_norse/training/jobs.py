@@ -374,8 +374,9 @@ class JobManager:
                 kept = {k: d[k] for k in _RECORD_FIELDS if k in d}
                 st = _JOB_RECORD.validate_python({"job_id": d["job_id"], "state": d["state"], "files": d.get("files", []),
                                                   **kept})  # each field of its type: a record is read back as written
-                if d.get("created"):
-                    st.created = calendar.timegm(time.strptime(d["created"], "%Y-%m-%dT%H:%M:%SZ"))
+                for k in ("created", "started", "finished"):  # as_dict wrote them as ISO-8601 UTC
+                    if d.get(k):
+                        setattr(st, k, calendar.timegm(time.strptime(d[k], "%Y-%m-%dT%H:%M:%SZ")))
                 if st.state in ("queued", "running"):  # its service died with it: the job process died too
                     st.state = "failed"
                     stored = self._model_of_job(st.job_id)

@@ -621,3 +621,42 @@ async def test_states_of_the_untrained_seed_network_survive_a_model_activated_wh
     assert e2.model_version == "v2" and e2.pool.used == 2
     assert_same_pool(e2, twin)
     assert stored_weights(cfg, ModelStore(Path(cfg.paths.state_dir)))("v9") is None  # not stored, not a seed
+
+
+async def test_verify_data_names_a_damaged_journal_file_and_state_id(journaled: tuple[Config, list[Durability]],
+                                                                     streams: StreamFactory,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """At start the service moves a damaged journal file aside (the acknowledged ticks after the damage are lost) and a
+    damaged state-id too; --verify-data, the operators' integrity check before a start, said OK (exit 0) for both."""
+    from cerebellar_norse.engine.journal import STATE_ID_FILE
+    from cerebellar_norse.training.checkpoints import verify_tree
+    from cerebellar_norse.training.commands import cmd_verify_data
+
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    await feed([e], interleaved(streams(40, 2, seed=5)))
+    crash(d)
+    root = Path(cfg.paths.state_dir)
+    (_, seg), = list_segments(root / JOURNAL_DIR)
+    ok, problems = verify_tree(root)
+    assert problems == []
+    assert f"{root / STATE_ID_FILE}: state dir identity OK" in ok
+    assert any(line.startswith(f"{seg}: journal OK (40 records") for line in ok)
+
+    good = seg.read_bytes()
+    bad = bytearray(good)
+    bad[HEADER_SIZE + 20] ^= 0xFF  # inside the first record, with more records after it
+    seg.write_bytes(bytes(bad))
+    ok, problems = verify_tree(root)
+    (problem,) = problems
+    assert problem.startswith(f"{seg}: checksum mismatch in the record at offset {HEADER_SIZE}")
+    assert cmd_verify_data(str(root)) == 1
+    assert str(seg) in capsys.readouterr().err
+    seg.write_bytes(good)
+
+    sid = root / STATE_ID_FILE
+    sid.write_bytes(sid.read_bytes().replace(b'"state_id": "', b'"state_id": "0'))
+    ok, problems = verify_tree(root)
+    (problem,) = problems
+    assert problem.startswith(f"{sid}: checksum mismatch")
+    assert any(line.startswith(f"{seg}: journal OK") for line in ok)

@@ -416,3 +416,30 @@ def test_a_refused_swap_leaves_models_active_byte_for_byte(tmp_path: Path, monke
         with pytest.raises(StorageError):
             activate_version(state, store, TRAINED)
         assert (path.read_bytes() if path.exists() else None) == active
+
+
+@pytest.mark.asyncio
+async def test_a_reload_that_switches_recording_off_closes_the_file_at_once(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/operations.md: a recording is closed (and checksummed) when recording is switched off. It stayed open, with
+    no .sha256, until the next batch, which an idle service never gets."""
+    rec = tmp_path / "state" / "recordings"
+
+    async def until(cond: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + 10
+        while not cond() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return cond()
+
+    with reloadable_service(tmp_path, monkeypatch, "queue_size = 4096\n[debug]\nrecord_requests = true") as (state, reload):
+        eng = state.engine
+        await eng.submit(Tick(100.0, 1.0, 1_700_000_000_000, "A"))
+        assert await until(lambda: bool(list(rec.glob("*.csv"))))
+        assert not list(rec.glob("*.sha256"))
+        reload("queue_size = 4096\n[debug]\nrecord_requests = false")
+        assert state.cfg.debug.record_requests is False
+        # every file of the recording (the .csv; a .states only when a market started from a held state) checksummed
+        assert await until(lambda: {p.name + ".sha256" for p in rec.glob("ticks-*") if p.suffix != ".sha256"}
+                           == {p.name for p in rec.glob("*.sha256")})
+        assert list(rec.glob("*.csv.sha256"))
+        await eng.drain(save=False)

@@ -459,3 +459,17 @@ def test_a_job_that_stored_its_model_before_the_service_died_says_so(make_config
     assert died["state"] == "failed" and died["model_version"] is None and "wrote no model" in died["error"]
     again = JobManager(cfg, lambda version: None, lambda loss: None)  # the rewritten record reads back the same
     assert again.jobs["stored1"].as_dict()["error"] == stored["error"]
+
+
+def test_a_finished_job_read_back_after_a_restart_keeps_its_times(make_config: ConfigFactory) -> None:
+    """docs/training.md: finished jobs are answered after a restart, with ISO-8601 created/started/finished. The record
+    on disk held all three, but the status answered after a restart had started and finished null."""
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    jobs = Path(cfg.paths.state_dir) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    times = {"created": "2026-11-25T10:00:00Z", "started": "2026-11-25T10:00:01Z", "finished": "2026-11-25T10:05:00Z"}
+    (jobs / "done.json").write_text(json.dumps({"job_id": "done", "state": "succeeded", "files": ["t.csv"], **times}))
+    answered = JobManager(cfg, lambda version: None, lambda loss: None).jobs["done"].as_dict()
+    assert {k: answered[k] for k in times} == times
