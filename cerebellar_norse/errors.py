@@ -37,8 +37,7 @@ class ConfigProblem:
     fix: str = ""
 
     def __str__(self) -> str:
-        where = self.key or "<file>"
-        text = f"{where}: {self.message}"
+        text = f"{self.key}: {self.message}" if self.key else self.message  # (a whole-file problem: the path says where)
         if self.fix:
             text += f" (fix: {self.fix})"
         return text

@@ -71,6 +71,7 @@ def test_toml_syntax_error_names_the_line(run_cli: CliRunner, write_toml: Callab
     assert_clean_failure(proc)
     assert "TOML syntax error" in proc.stderr
     assert "line 3" in proc.stderr
+    assert f"{path}: TOML syntax error" in proc.stderr  # the file's path says where; no placeholder key before it
 
 
 def _memory_case() -> tuple[str, str, list[str]]:
