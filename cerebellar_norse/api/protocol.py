@@ -36,6 +36,7 @@ from .deps import SCOPE_REQUEST_ID, SCOPE_TIMED_OUT
 from .schemas import error_payload
 
 MAX_HEADER_BYTES = 65_536  # request line and headers of one request (nginx allows 32 KiB, uvicorn's h11 16 KiB)
+STALLED_PEER_S = 20.0  # a stream peer past its pong deadline that reads nothing for this long is cut off (no ping_timeout)
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
 
@@ -309,7 +310,8 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
       of pings in 20 s). While the write buffer is over its high-water mark the peer's frames are not read.
     * a keepalive ping the peer does not answer closes the connection, but gracefully: with unread data in
       the write buffer the socket (and its slot of ``server.max_connections``, and the stream's task) stayed
-      open forever. A peer that missed its pong deadline is cut off.
+      open forever. A peer past its pong deadline that then reads nothing for another deadline is cut off; one
+      that reads, however slowly, gets every answer queued before the close.
 
     A peer that half-closes its socket after its last tick gets every answer before the socket closes
     (:meth:`eof_received`).
@@ -345,8 +347,23 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
         return message
 
     def keepalive_timeout(self) -> None:
-        super().keepalive_timeout()  # the close frame 1011, which an unread write buffer may never let out
-        self.transport.abort()
+        """The pong deadline passed: uvicorn's close (1011), queued behind the answers already written, so a peer
+        that reads slowly still gets them; a peer that then reads nothing at all for another deadline is cut off
+        (the graceful close would wait for it forever)."""
+        super().keepalive_timeout()
+        self._cut_off_unless_read(self.transport.get_write_buffer_size())
+
+    def _cut_off_unless_read(self, queued: int) -> None:
+        def check() -> None:
+            if self.disconnected:
+                return
+            left = self.transport.get_write_buffer_size()
+            if left and left >= queued:  # not one byte read by the peer meanwhile
+                self.transport.abort()
+            elif left:
+                self._cut_off_unless_read(left)
+
+        self.loop.call_later(self.ping_timeout or STALLED_PEER_S, check)
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows a bool
         """A peer that shuts down its sending side (TCP half-close, no close frame) still gets the answers to the

@@ -2,7 +2,8 @@
 
 A client that floods pings and never reads the pongs must not grow the server's write buffer without limit (the
 protocol stops reading it while the buffer is over its high-water mark), and a client that misses its keepalive
-pong deadline with unread data queued must be cut off, not left open forever.
+pong deadline with unread data queued must be cut off once it reads nothing more, not left open forever, but not
+while it still reads.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class BufferedTransport:
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
 
     def pause_reading(self) -> None:
         self.reading = False
@@ -160,22 +164,50 @@ def test_ticks_still_flow_and_the_app_read_pause_is_kept() -> None:
     asyncio.run(run())
 
 
+async def fill(protocol: DenialAwareWebSocketProtocol, transport: BufferedTransport) -> None:
+    """Ticks in until the app waits to send: the peer has read nothing."""
+    for _ in range(300):
+        if not transport.reading:
+            break
+        protocol.data_received(frame(b'{"t": 1}', 0x1))
+        for _ in range(5):
+            await asyncio.sleep(0)
+    assert transport.paused  # the app waits to send; the peer reads nothing
+
+
 def test_a_missed_keepalive_pong_cuts_off_a_peer_that_does_not_read() -> None:
     async def run() -> None:
         protocol, transport = await opened()
-        for _ in range(300):
-            if not transport.reading:
-                break
-            protocol.data_received(frame(b'{"t": 1}', 0x1))
-            for _ in range(5):
-                await asyncio.sleep(0)
-        assert transport.paused  # the app waits to send; the peer reads nothing
+        await fill(protocol, transport)
+        protocol.ping_timeout = 0.02
         protocol.pending_ping_payload = b"abcd"
-        protocol.keepalive_timeout()  # the pong deadline passed
+        protocol.keepalive_timeout()  # the pong deadline passed: a graceful close, behind the queued answers
+        assert transport.closed and not transport.aborted
+        await asyncio.sleep(0.1)  # another deadline, and the peer read nothing
         assert transport.aborted and protocol.disconnected
         for _ in range(10):
             await asyncio.sleep(0)
         assert not protocol.tasks  # the app's task ended (its send raised, the connection is gone)
+
+    asyncio.run(run())
+
+
+def test_a_peer_past_its_pong_deadline_that_reads_slowly_gets_its_answers() -> None:
+    """The pong of a client that reads slowly waits behind the answers it has not read yet: it is late, but the
+    answers queued before the close must still reach it, so it is not cut off while it keeps reading."""
+
+    async def run() -> None:
+        protocol, transport = await opened()
+        await fill(protocol, transport)
+        protocol.ping_timeout = 0.2
+        protocol.pending_ping_payload = b"abcd"
+        protocol.keepalive_timeout()
+        for _ in range(20):  # the peer reads a little, many times per deadline
+            transport.buffered -= 1_000
+            await asyncio.sleep(0.02)
+            assert not transport.aborted
+        await asyncio.sleep(0.6)  # then it stops reading
+        assert transport.aborted
 
     asyncio.run(run())
 
