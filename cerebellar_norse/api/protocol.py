@@ -86,26 +86,36 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._head_tail = b""  # the last 3 bytes of the head so far: its end may be split across reads
             self._head_too_large = False
             self._headers_seen = 0  # requests whose headers were complete
-            self._head_fields = 0  # header fields of the current request; the trailers come after them
             self._trailer_bytes = 0
+            self._trailers_too_large = False
+            self._framing_bytes = 0  # bytes of reads in a body that carried no body, chunk or message event (trailers)
+            self._body_progress = False  # a body, chunk or message event came in the read being parsed
             self._in_headers = True
             self._message_open = False  # the parser has begun a request (its first byte) and not completed it
-            self._messages_begun = 0  # requests the parser has begun on this connection
             self._refused = False
             self._pending_refusal: tuple[bytes, str, str] | None = None  # written once the answers before it are
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return  # the answer is out; what the client still sends is dropped
-            in_headers, seen, begun_before = self._in_headers, self._headers_seen, self._messages_begun
+            in_headers, seen = self._in_headers, self._headers_seen
             if in_headers and not self.transport.is_closing():  # the head's bytes up to its end, before the parser
                 size = self._header_bytes + self._head_part(data)
                 if size > MAX_HEADER_BYTES:
                     self._refuse_head()
                     return
+            self._body_progress = False
             HttpToolsProtocol.data_received(self, data)  # (no super(): this runs per request)
             if self._refused:
                 return  # refused by the parser's callbacks (431, 400) in this read
+            if not self._in_headers and not self.transport.is_closing():
+                # Trailers are counted field by field as the parser completes them (on_header), before the request
+                # completes; a trailer (or chunk-size line) that goes on over many reads is not yet a field, and the
+                # parser buffers it: the bytes of reads that brought no body and no chunk are counted as its bytes.
+                self._framing_bytes = 0 if self._body_progress else self._framing_bytes + len(data)
+                if self._framing_bytes > MAX_HEADER_BYTES:
+                    self._refuse_trailers()
+                    return
             if self._headers_seen != seen:
                 # a head begun in this read behind the request completed in it goes on in the next read: its end may
                 # be split across the two (its bytes here are not counted: on_headers_complete holds it to its least)
@@ -114,13 +124,30 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             elif in_headers and not self.transport.is_closing():  # every byte of it was request line or headers
                 # the last 3 bytes of the head so far, also when this read holds fewer
                 self._header_bytes, self._head_tail = size, (self._head_tail + data)[-3:]
-            elif (not in_headers and self._messages_begun == begun_before  # (a request begun behind it: its own headers)
-                  and len(self.headers) > self._head_fields):  # uvicorn adds the trailers to the headers
-                self._trailer_bytes += sum(len(name) + len(value) + 3 for name, value in self.headers[self._head_fields:])
-                self._head_fields = len(self.headers)
-                if self._trailer_bytes > MAX_HEADER_BYTES:
-                    self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
-                                 f"the trailers of the chunked body exceed {MAX_HEADER_BYTES} bytes")
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if self._in_headers:  # (called per header of every request: the base method directly, no super())
+                HttpToolsProtocol.on_header(self, name, value)
+                return
+            self._trailer_bytes += len(name) + len(value) + 3  # a trailer: counted before the request can complete
+            if self._trailer_bytes > MAX_HEADER_BYTES:
+                self._trailers_too_large = True
+                raise ValueError("trailers over the limit")  # the parser stops: send_400_response
+            HttpToolsProtocol.on_header(self, name, value)
+
+        def on_body(self, body: bytes) -> None:
+            self._body_progress = True
+            HttpToolsProtocol.on_body(self, body)
+
+        def on_chunk_header(self) -> None:
+            self._body_progress = True
+
+        def on_chunk_complete(self) -> None:
+            self._body_progress = True
+
+        def _refuse_trailers(self) -> None:
+            self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
+                         f"the trailers of the chunked body exceed {MAX_HEADER_BYTES} bytes")
 
         def _head_part(self, data: bytes) -> int:
             """Bytes of ``data`` that belong to the current head: up to its first empty line, or all of them."""
@@ -153,12 +180,16 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
             self._in_headers = False
             self._headers_seen += 1
-            self._head_fields, self._trailer_bytes = len(self.headers), 0
+            self._trailer_bytes, self._framing_bytes = 0, 0
+            self._body_progress = True  # the bytes of this read so far were the head's
             HttpToolsProtocol.on_headers_complete(self)
 
         def send_400_response(self, msg: str) -> None:
             if self._head_too_large:
                 self._refuse_head()
+                return
+            if self._trailers_too_large:
+                self._refuse_trailers()
                 return
             self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", "malformed HTTP request: the server could not parse it")
 
@@ -215,10 +246,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._message_open = True
-            self._messages_begun += 1
             self._arm()
 
         def on_message_complete(self) -> None:
+            self._body_progress = True
             super().on_message_complete()
             self._disarm()
             self._in_headers = True

@@ -299,3 +299,23 @@ def test_the_head_of_a_request_behind_one_with_trailers_is_not_counted_as_its_tr
     expect = [(200, b"/c 5"), (200, b"/g 0")]
     assert answers([first + b"0\r\n" + trailers + b"\r\n" + head]) == expect
     assert answers([first, b"0\r\n" + trailers, b"\r\n" + head[:-2], head[-2:]]) == expect
+
+
+def test_trailers_over_the_limit_are_refused_before_the_request_runs() -> None:
+    """100 KB of trailers: in the read of the head, in a read of their own, or in the read that begins the next
+    request, the request is refused 431 and never answered 200 (the app must not run it)."""
+    head = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    trailers = b"".join(b"X-T%d: " % k + b"t" * 1_000 + b"\r\n" for k in range(100))
+    body = b"5\r\nhello\r\n0\r\n" + trailers + b"\r\n"
+    half = len(head) + 11 + len(trailers) // 2
+    raw = head + body
+    for reads in ([raw], [head, body], [raw[:half], raw[half:] + request("/next")]):
+        refused_431(answers(reads))
+
+
+def test_one_endless_trailer_is_refused_not_buffered() -> None:
+    """A single trailer line over many reads (never a complete field) is refused once its bytes pass the limit."""
+    head = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-T: "
+    refused_431(answers([head, *[b"t" * 8_000] * 20]))
+    fits = head + b"t" * (MAX_HEADER_BYTES - 9) + b"\r\n\r\n"
+    assert answers(in_reads(fits, 4_096)) == [(200, b"/c 5")]
