@@ -726,6 +726,7 @@ class Durability:
             seq = 0  # no checkpoint yet: the journal starts from an empty pool
         replayed: list[Path] = []
         bad = ""
+        evictions = eng.pool.table.evictions
         for _base, path in segments:
             if bad:
                 self._quarantine(path, "corrupt", f"it follows a journal part that cannot be applied ({bad})", rep)
@@ -776,6 +777,13 @@ class Durability:
                 self._quarantine(path, "corrupt", f"{reader.damage}; the records before it were applied", rep)
             else:
                 replayed.append(path)
+        evicted = eng.pool.table.evictions - evictions
+        if evicted:  # the pool is smaller than the markets the journal holds (max_markets lowered while stopped)
+            log.warning("market state: replaying the journal evicted %d markets (least recently used; a market evicted "
+                        "this way lost its state and a later tick of it started it from rest): the pool holds "
+                        "performance.max_markets = %d; raise it and restore this state dir from a backup to keep them",
+                        evicted, eng.pool.capacity, extra={"fields": {"evicted": evicted, "capacity": eng.pool.capacity,
+                                                                       "last": eng.pool.table.last_evicted}})
         self.seq = seq or 0
         try:  # the start-up checkpoint: proves the state dir writable; the replayed journal is then covered
             self._write(eng.snapshot_state(), eng.fingerprint(), self.seq)

@@ -586,6 +586,8 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> None:
             problems.append(f"{exc}: the service moves it aside at start (ERROR) and takes the checkpoint's identity")
     for jdir in _named_under(root, "journal"):
         segments = list_segments(jdir)
+        dir_id = ids.get(jdir.parent)
+        chain: list[tuple[Path, int, int]] = []  # (path, base, last seq) of this dir's readable segments, in order
         for base, path in segments:
             try:
                 reader = SegmentReader(path, last=path == segments[-1][1])
@@ -599,16 +601,53 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> None:
                 problems.append(f"{path}: {getattr(exc, 'strerror', None) or exc}: the service moves it aside at start "
                                 f"and its ticks are lost")
                 continue
-            dir_id = ids.get(jdir.parent)
             if reader.state_id is not None and dir_id is not None and reader.state_id != dir_id:
                 problems.append(f"{path}: written by another state dir (its state id is {reader.state_id}; "
                                 f"{jdir.parent / STATE_ID_FILE} says {dir_id}): the service moves it aside at start")
-            elif reader.damage is not None:
+                continue
+            if reader.damage is not None:
                 problems.append(f"{path}: {reader.damage}: the service applies the records before the damage and moves "
                                 f"the file aside at start (the ticks after it are lost)")
             else:
                 cut = f"; an unfinished last record ({reader.unfinished} bytes) is dropped" if reader.unfinished else ""
                 ok.append(f"{path}: journal OK ({n} records from {base + 1}{cut})")
+            chain.append((path, reader.base, reader.last_seq if reader.last_seq is not None else reader.base))
+        # the checkpoint the journal continues, read after the segments (a checkpoint written meanwhile only covers more)
+        _verify_journal_chain(jdir.parent, dir_id, chain, problems)
+
+
+def _verify_journal_chain(state_dir: Path, dir_id: str | None, chain: list[tuple[Path, int, int]],
+                          problems: list[str]) -> None:
+    """What the service's start would make of ``state_dir``'s checkpoint and its journal together: a checkpoint of
+    another state dir (moved aside, and the journal with it), or a journal that does not continue the checkpoint
+    (records missing between them: the journal is moved aside and its acknowledged ticks lost)."""
+    from ..engine.persistence import STATE_FILE
+    from ..storage import read_checksummed
+
+    spath = state_dir / STATE_FILE
+    if not spath.is_file():
+        return
+    try:
+        with np.load(io.BytesIO(read_checksummed(spath)), allow_pickle=False) as z:
+            seq = int(z["journal_seq"]) if "journal_seq" in z.files else 0
+            ckpt_id = str(z["state_id"]) if "state_id" in z.files else None
+    except FileNotFoundError:
+        return
+    except Exception:  # unreadable: reported by the state file check
+        return
+    if ckpt_id is not None and dir_id is not None and ckpt_id != dir_id:
+        lost = f"; this dir's journal ({', '.join(p.name for p, _, _ in chain)}) cannot be applied then" if chain else ""
+        problems.append(f"{spath}: written by another state dir (its state id is {ckpt_id}; "
+                        f"{state_dir / 'state-id'} says {dir_id}): the service moves it aside at start and every "
+                        f"market starts from rest{lost}; put this dir's own market_state.bin back (from a backup)")
+        return
+    for path, base, last in chain:
+        if base > seq:
+            problems.append(f"{path}: records {seq + 1} to {base} are missing between {spath.name} (journal position "
+                            f"{seq}) and this file: the service moves it (and any later journal file) aside at start "
+                            f"and its ticks are lost")
+            return
+        seq = max(seq, last)
 
 
 def _named_under(root: Path, name: str) -> list[Path]:

@@ -232,3 +232,66 @@ async def test_an_import_into_a_full_pool_whose_checkpoint_fails_gives_the_evict
     e2, d2 = start(cfg, opened)
     assert_same_pool(e2, twin)
     crash(d2)
+
+
+async def test_verify_data_reports_a_checkpoint_of_another_state_dir_that_would_drop_the_journal(
+        two_dirs: tuple[Config, Config, list[Durability]]) -> None:
+    """A ``market_state.bin`` copied from another service: the start moves it aside and this dir's journal with it
+    (every market from rest); --verify-data said every file was OK (exit 0)."""
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    a, b, opened = two_dirs
+    await crashed_with_journal(a, opened, "A", 3)
+    assert verify_tree(sd(a))[1] == []
+    eb, db = start(b, opened)
+    await feed([eb], [tick("B", T0 + k) for k in range(20)], chunk=1)
+    assert await db.checkpoint()
+    crash(db)
+    shutil.copy2(sd(b) / STATE_FILE, sd(a) / STATE_FILE)
+    _ok, problems = verify_tree(sd(a))
+    assert any(str(sd(a) / STATE_FILE) in p and "another state dir" in p for p in problems), problems
+
+
+async def test_verify_data_reports_a_journal_that_does_not_continue_the_checkpoint(
+        two_dirs: tuple[Config, Config, list[Durability]]) -> None:
+    """Only ``market_state.bin`` restored from an older backup: the journal after the newer checkpoint follows a gap, the
+    start moves it aside (its acknowledged ticks lost); --verify-data said every file was OK (exit 0)."""
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    a, _b, opened = two_dirs
+    e, d = start(a, opened)
+    await feed([e], [tick("A", T0 + k) for k in range(4)], chunk=1)
+    assert await d.checkpoint()
+    old = (sd(a) / STATE_FILE).read_bytes()  # the backup: journal position 4
+    await feed([e], [tick("A", T0 + 10 + k) for k in range(4)], chunk=1)
+    assert await d.checkpoint()
+    await feed([e], [tick("A", T0 + 20 + k) for k in range(3)], chunk=1)  # acknowledged, only in the journal
+    crash(d)
+    assert verify_tree(sd(a))[1] == []
+    (sd(a) / STATE_FILE).write_bytes(old)
+    _ok, problems = verify_tree(sd(a))
+    (seg,) = [p for _, p in list_segments(sd(a) / JOURNAL_DIR)]
+    assert any(str(seg) in p and "missing" in p for p in problems), problems
+
+
+async def test_a_journal_replayed_into_fewer_slots_warns_of_the_markets_it_evicted(
+        engine_config: ConfigFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """max_markets lowered while the service was stopped after a kill -9: the checkpoint fits, but replaying the journal
+    evicts markets (even the most recently used one loses its state); that was said at INFO only, with no WARNING
+    as a checkpoint with more markets than the pool gets."""
+    opened: list[Durability] = []
+    try:
+        big = engine_config(state_dir=tmp_path / "s", max_markets=16)
+        e, d = start(big, opened)
+        await feed([e], [tick(m, T0 + k) for k in range(3) for m in "XY"], chunk=1)
+        assert await d.checkpoint()
+        await feed([e], [tick(m, T0 + 10 + k) for k in range(2) for m in "XYZ"], chunk=1)
+        crash(d)
+        small = engine_config(state_dir=tmp_path / "s", max_markets=2)
+        with caplog.at_level(logging.WARNING):
+            start(small, opened)
+        assert any(r.levelno == logging.WARNING and "evicted" in r.getMessage() and "max_markets = 2" in r.getMessage()
+                   for r in caplog.records), caplog.text
+    finally:
+        for d in opened:
+            crash(d)
