@@ -143,22 +143,34 @@ def write_state_id(state_dir: Path, state_id: str) -> None:
     write_checksummed(Path(state_dir) / STATE_ID_FILE, (json.dumps(meta, sort_keys=True) + "\n").encode())
 
 
+def parse_header(data: bytes) -> dict[str, Any]:
+    """The JSON object in a segment's header (``data``: the file, or at least its first HEADER_SIZE bytes).
+
+    Raises:
+        ValueError: not a journal file, or its header is damaged.
+    """
+    if len(data) < HEADER_SIZE or not data.startswith(MAGIC):
+        raise ValueError("not a journal file (bad magic or shorter than its header)")
+    n, crc = _REC.unpack_from(data, len(MAGIC))
+    start = len(MAGIC) + _REC.size
+    meta = data[start:start + n]
+    if start + n > HEADER_SIZE or crc32(meta) != crc:
+        raise ValueError("journal header checksum mismatch")
+    try:
+        head = json.loads(meta)
+    except ValueError as exc:
+        raise ValueError(f"unreadable journal header: {exc}") from None
+    if not isinstance(head, dict):
+        raise ValueError(f"unreadable journal header: a {type(head).__name__}, not an object")
+    return head
+
+
 def segment_state_id(path: Path) -> tuple[bool, str | None]:
     """(readable, identity) of a segment from its header alone; (False, None) when the header cannot be read."""
     try:
         with open(path, "rb") as f:
-            head = f.read(HEADER_SIZE)
-    except OSError:
-        return False, None
-    if len(head) < HEADER_SIZE or not head.startswith(MAGIC):
-        return False, None
-    n, crc = _REC.unpack_from(head, len(MAGIC))
-    meta = head[len(MAGIC) + _REC.size:len(MAGIC) + _REC.size + n]
-    if len(MAGIC) + _REC.size + n > HEADER_SIZE or crc32(meta) != crc:
-        return False, None
-    try:
-        sid = json.loads(meta).get("state_id")
-    except (ValueError, AttributeError):
+            sid = parse_header(f.read(HEADER_SIZE)).get("state_id")
+    except (OSError, ValueError):
         return False, None
     return True, sid if isinstance(sid, str) else None
 
@@ -207,16 +219,8 @@ class SegmentReader:
         self.damage: str | None = None
         self.unfinished = 0  # bytes of a record whose append a crash cut short (never acknowledged): dropped
         self.last_seq: int | None = None
-        d = self.data
-        if len(d) < HEADER_SIZE or not d.startswith(MAGIC):
-            raise ValueError("not a journal file (bad magic or shorter than its header)")
-        n, crc = _REC.unpack_from(d, len(MAGIC))
-        start = len(MAGIC) + _REC.size
-        meta = d[start:start + n]
-        if start + n > HEADER_SIZE or crc32(meta) != crc:
-            raise ValueError("journal header checksum mismatch")
+        head = parse_header(self.data)
         try:
-            head = json.loads(meta)
             self.base = int(head["base_seq"])
             self.fingerprint: dict[str, Any] = dict(head["fingerprint"])
             self.size: int | None = None if head.get("size") is None else int(head["size"])
