@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import CheckpointError, StorageError
 
 MAGIC = b"CNSUM1 "
 HEADER_LEN = len(MAGIC) + 64 + 1
@@ -80,6 +80,22 @@ def seal(payload: bytes) -> bytes:
 def unseal(data: bytes, where: str) -> bytes:
     """The payload of bytes made by :func:`seal`; CheckpointError naming ``where`` if they are corrupt."""
     return _verified(data, where)
+
+
+def read_state_file(path: Path, what: str) -> bytes | None:
+    """The bytes of a file of the state dir; None when it cannot be read (a dangling link, a directory, an I/O
+    error: the caller treats it as damaged).
+
+    Raises:
+        StorageError: ``"cannot read <what> <path>: …"`` when its permissions forbid reading it: the file is
+            intact, just not ours to read (a restore from backup without ``chown``); fix that, lose nothing.
+    """
+    try:
+        return Path(path).read_bytes()
+    except PermissionError as exc:
+        raise StorageError.from_os_error(f"cannot read {what}", path, exc) from None
+    except OSError:
+        return None
 
 
 def read_checksummed(path: Path) -> bytes:

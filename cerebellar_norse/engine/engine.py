@@ -60,6 +60,7 @@ from ..neurons.state import StateArrays
 from ..neurons.topology import Weights, generate_weights
 from ..observability.ratelimit import SummaryLog
 from ..observability.timelines import Timeline
+from ..storage import read_state_file
 from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
 from .persistence import (
@@ -214,13 +215,7 @@ class Engine:
         if not p.exists() and not p.is_symlink():  # a dangling link or a loop of links is an unreadable file, not none
             return 0
         meta: dict[str, Any] = {}
-        data: bytes | None = None
-        try:
-            data = p.read_bytes()
-        except PermissionError as exc:  # intact but not ours to read (a restore without chown): fix it, lose nothing
-            raise StorageError.from_os_error("cannot read the market state", p, exc) from None
-        except OSError:
-            pass  # a dangling link, a directory, an I/O error: load_pool tries it, fails, and it is moved aside
+        data = read_state_file(p, "the market state")  # None: load_pool tries it, fails, and it is moved aside
         try:
             try:
                 n = load_pool(self.pool, p, self.fingerprint(), meta, state_id, data)

@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 from zlib import crc32
 
 from ..errors import CheckpointError, ForeignStateDirError, StorageError
-from ..storage import fsync_dir, read_checksummed, write_checksummed
+from ..storage import fsync_dir, read_checksummed, read_state_file, unseal, write_checksummed
 from ..ticks import Tick
 from .persistence import LEGACY_DIR, check_writable, fingerprint_json, quarantine, write_snapshot
 
@@ -116,14 +116,8 @@ def read_state_id(state_dir: Path) -> str | None:
     path = Path(state_dir) / STATE_ID_FILE
     if not path.exists() and not path.is_symlink():
         return None
-    try:
-        with open(path, "rb"):
-            pass
-    except PermissionError as exc:
-        raise StorageError.from_os_error("cannot read the state dir identity", path, exc) from None
-    except OSError:
-        pass  # unreadable: reported as damaged below
-    payload = read_checksummed(path)
+    data = read_state_file(path, "the state dir identity")
+    payload = read_checksummed(path) if data is None else unseal(data, str(path))  # (unreadable: damaged)
     try:
         sid = json.loads(payload)["state_id"]
     except (ValueError, KeyError, TypeError) as exc:
