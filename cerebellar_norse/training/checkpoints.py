@@ -316,6 +316,15 @@ class ModelStore:
         """Verify and load one model (CheckpointError naming the corrupt file)."""
         return load_model_dir(self.root / version)
 
+    def metrics_of(self, version: str) -> dict[str, Any] | None:
+        """A stored model's ``metrics.json`` alone (its lineage, its job), unverified and without its weights; None
+        when it cannot be read or holds no object."""
+        try:
+            value = json.loads((self.root / version / "metrics.json").read_bytes())
+        except (OSError, ValueError, RecursionError):
+            return None
+        return value if isinstance(value, dict) else None
+
     def active_version(self) -> str | None:
         """The version named in ``ACTIVE``, if any (None, logged, when the file does not name one)."""
         self.active_problem = None
@@ -521,9 +530,8 @@ def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tupl
     parent = started_from(metrics)
     while store is not None and parent is not None and parent not in seen and parent in store.versions():
         seen.add(parent)
-        try:
-            pm = store.load(parent).metrics
-        except (CheckpointError, OSError, ValueError):
+        pm = store.metrics_of(parent)  # (its metrics only: the weights of every ancestor are not read for this)
+        if pm is None:
             break
         until = split_until(pm)
         if until is not None and (best is None or until > best):

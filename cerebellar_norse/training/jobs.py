@@ -399,17 +399,13 @@ class JobManager:
 
     def _model_of_job(self, job_id: str) -> str | None:
         """The version of the stored model a job wrote (its ``metrics.json`` names the job), else None."""
-        root = Path(self.cfg.paths.state_dir) / "models"
+        from .checkpoints import ModelStore
+
+        store = ModelStore(Path(self.cfg.paths.state_dir))
         with contextlib.suppress(OSError):
-            for p in sorted(root.iterdir()):
-                if p.name.startswith(".") or not p.is_dir():
-                    continue
-                try:
-                    metrics = json.loads((p / "metrics.json").read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    continue
-                if isinstance(metrics, dict) and metrics.get("job_id") == job_id:
-                    return p.name
+            for version in store.versions():
+                if (store.metrics_of(version) or {}).get("job_id") == job_id:
+                    return version
         return None
 
     @property
