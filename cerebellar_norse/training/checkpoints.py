@@ -327,23 +327,12 @@ class ModelStore:
 
     def active_version(self) -> str | None:
         """The version named in ``ACTIVE``, if any (None, logged, when the file does not name one)."""
-        self.active_problem = None
         path = self.root / ACTIVE
-        try:
-            v = path.read_text(encoding="utf-8").strip()
-            if v:
-                check_version(v)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:  # a directory, unreadable: which model was activated is unknown
-            self.active_problem = f"{path} cannot be read ({exc.strerror or exc})"
-            log.error("ignoring %s: it cannot be read (%s)", path, exc.strerror or exc)
-            return None
-        except (ValueError, InputError) as exc:  # damaged: the newest valid model is served instead
-            self.active_problem = f"{path} does not name a model version"
-            log.error("ignoring %s: it does not name a model version (%s)", path, exc)
-            return None
-        return v or None
+        version, problem = read_active(path)
+        self.active_problem = None if problem is None else f"{path} {problem}"
+        if problem is not None:  # unreadable or damaged: which model was activated is unknown
+            log.error("ignoring %s: it %s", path, problem)
+        return version
 
     def set_active(self, version: str) -> None:
         """Name ``version`` the active model (atomic)."""
@@ -667,21 +656,30 @@ def _named_under(root: Path, name: str) -> list[Path]:
     return sorted(found)
 
 
-def _active_problem(path: Path) -> str | None:
-    """What is wrong with a ``models/ACTIVE`` file (as the service reads it), or None when it names a stored model."""
-    if path.is_symlink() and not path.exists():
-        return _broken_link(path)
+def read_active(path: Path) -> tuple[str | None, str | None]:
+    """``(version, problem)`` of a ``models/ACTIVE`` file: the version it names (None for no file or an empty one), or
+    what is wrong with it (``cannot be read (…)``, ``does not name a model version``)."""
     try:
         version = path.read_text(encoding="utf-8").strip()
         if version:
             check_version(version)
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    except (ValueError, InputError):
-        return "does not name a model version"
-    if version and not (path.parent / version / MANIFEST).is_file():
-        return f"names model {version}, which is not stored beside it"
-    return None
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:  # a directory, no permission
+        return None, f"cannot be read ({exc.strerror or exc})"
+    except (ValueError, InputError):  # not UTF-8, not a version
+        return None, "does not name a model version"
+    return version or None, None
+
+
+def _active_problem(path: Path) -> str | None:
+    """What is wrong with a ``models/ACTIVE`` file (as the service reads it), or None when it names a stored model."""
+    if path.is_symlink() and not path.exists():
+        return _broken_link(path)
+    version, problem = read_active(path)
+    if problem is None and version is not None and not (path.parent / version / MANIFEST).is_file():
+        problem = f"names model {version}, which is not stored beside it"
+    return problem
 
 
 def _broken_link(path: Path) -> str:
