@@ -37,6 +37,7 @@ from .schemas import error_payload
 
 MAX_HEADER_BYTES = 65_536  # request line and headers of one request (nginx allows 32 KiB, uvicorn's h11 16 KiB)
 STALLED_PEER_S = 20.0  # a stream peer past its pong deadline that reads nothing for this long is cut off (no ping_timeout)
+HEAD_PART, TRAILERS_PART = "the request line and headers", "the trailers of the chunked body"  # (431 messages)
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
 
@@ -84,10 +85,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._header_bytes = 0  # bytes of the head so far (request line and headers not yet complete)
             self._head_begun = False  # a byte other than CR or LF of the head has come (empty lines before it count)
             self._head_tail = b""  # the last 3 bytes of the head so far: its end may be split across reads
-            self._head_too_large = False
+            self._too_large: str | None = None  # the part over MAX_HEADER_BYTES that stopped the parser
             self._headers_seen = 0  # requests whose headers were complete
             self._trailer_bytes = 0
-            self._trailers_too_large = False
             self._framing_bytes = 0  # bytes of reads in a body that carried no body, chunk or message event (trailers)
             self._body_progress = False  # a body, chunk or message event came in the read being parsed
             self._in_headers = True
@@ -102,7 +102,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if in_headers and not self.transport.is_closing():  # the head's bytes up to its end, before the parser
                 size = self._header_bytes + self._head_part(data)
                 if size > MAX_HEADER_BYTES:
-                    self._refuse_head()
+                    self._refuse_too_large(HEAD_PART)
                     return
             self._body_progress = False
             HttpToolsProtocol.data_received(self, data)  # (no super(): this runs per request)
@@ -114,7 +114,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 # parser buffers it: the bytes of reads that brought no body and no chunk are counted as its bytes.
                 self._framing_bytes = 0 if self._body_progress else self._framing_bytes + len(data)
                 if self._framing_bytes > MAX_HEADER_BYTES:
-                    self._refuse_trailers()
+                    self._refuse_too_large(TRAILERS_PART)
                     return
             if self._headers_seen != seen:
                 # a head begun in this read behind the request completed in it goes on in the next read: its end may
@@ -131,7 +131,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 return
             self._trailer_bytes += len(name) + len(value) + 3  # a trailer: counted before the request can complete
             if self._trailer_bytes > MAX_HEADER_BYTES:
-                self._trailers_too_large = True
+                self._too_large = TRAILERS_PART
                 raise ValueError("trailers over the limit")  # the parser stops: send_400_response
             HttpToolsProtocol.on_header(self, name, value)
 
@@ -144,10 +144,6 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
 
         def on_chunk_complete(self) -> None:
             self._body_progress = True
-
-        def _refuse_trailers(self) -> None:
-            self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
-                         f"the trailers of the chunked body exceed {MAX_HEADER_BYTES} bytes")
 
         def _head_part(self, data: bytes) -> int:
             """Bytes of ``data`` that belong to the current head: up to its first empty line, or all of them."""
@@ -165,9 +161,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             j = data.find(b"\r\n\r\n", start)
             return len(data) if j < 0 else j + 4
 
-        def _refuse_head(self) -> None:
+        def _refuse_too_large(self, part: str) -> None:
             self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large", "headers_too_large",
-                         f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+                         f"{part} exceed {MAX_HEADER_BYTES} bytes")
 
         def on_headers_complete(self) -> None:
             # Heads counted exactly in data_received are those that begin a read or go on from the last one; a head
@@ -176,7 +172,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             size = (len(self.parser.get_method()) + 14 + len(self.url)
                     + sum(len(name) + len(value) + 3 for name, value in self.headers))
             if size > MAX_HEADER_BYTES:
-                self._head_too_large = True
+                self._too_large = HEAD_PART
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
             self._in_headers = False
             self._headers_seen += 1
@@ -185,11 +181,8 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             HttpToolsProtocol.on_headers_complete(self)
 
         def send_400_response(self, msg: str) -> None:
-            if self._head_too_large:
-                self._refuse_head()
-                return
-            if self._trailers_too_large:
-                self._refuse_trailers()
+            if self._too_large is not None:
+                self._refuse_too_large(self._too_large)
                 return
             self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", "malformed HTTP request: the server could not parse it")
 
