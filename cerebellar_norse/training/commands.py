@@ -142,13 +142,12 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
         until = (res.get("splits") or {}).get("validation_until")
         seen = (res.get("lineage") or {}).get("seen_until")
         if isinstance(seen, int) and until is not None and seen > until:
-            print(f"\ntest split (partly in sample: the model started from {res['lineage']['from']}, trained and validated"
-                  f" up to {_unseen_since(seen - 1)}; evaluate --since {_unseen_since(seen)} scores only unseen ticks):")
-            print(format_summary(test))
-            return 0
-        print("\ntest split (unseen, used for nothing" + (f"; evaluate --since {_unseen_since(until)} scores only ticks "
-                                                         "after the model's training and validation data"
-                                                         if until is not None else "") + "):")
+            what = (f"partly in sample: the model started from {res['lineage']['from']}, trained and validated up to "
+                    f"{_unseen_since(seen - 1)}; evaluate --since {_unseen_since(seen)} scores only unseen ticks")
+        else:
+            what = "unseen, used for nothing" + (f"; evaluate --since {_unseen_since(until)} scores only ticks after the "
+                                                 "model's training and validation data" if until is not None else "")
+        print(f"\ntest split ({what}):")
         print(format_summary(test))
     return 0
 
