@@ -553,6 +553,9 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             if problem is not None:
                 problems.append(f"{apath}: {problem}: the service would serve the newest valid model instead "
                                 f"(/health degraded)")
+    # the journals first: a checkpoint a running service writes meanwhile only covers more of them (read after them,
+    # it is never older than the journal files seen)
+    journals = _verify_journals(root, ok, problems)
     for spath in _named_under(root, STATE_FILE):
         if spath.is_symlink() and not spath.exists():  # Path.rglob and exists() pass over a dangling link
             problems.append(f"{spath}: {_broken_link(spath)}: no market state can be read from it (the service moves "
@@ -560,18 +563,24 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
                             f"remove it")
             continue
         try:
-            read_checksummed(spath)
+            payload = read_checksummed(spath)
             ok.append(f"{spath}: market state OK")
         except CheckpointError as exc:
             problems.append(str(exc))
-    _verify_journals(root, ok, problems)
+            continue
+        if spath.parent in journals:
+            _verify_journal_chain(spath, payload, *journals[spath.parent], problems)
     return ok, problems
 
 
-def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> None:
+JournalPart = tuple[Path, int, int]  # a journal file, its base and its last record's journal position
+
+
+def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Path, tuple[str | None, list[JournalPart]]]:
     """Every state dir identity (``state-id``) and tick journal (``journal/*.journal``) under ``root``, read as the
     service reads them at start: a damaged one is moved aside there (and the acknowledged ticks it holds are lost), so
-    it is a problem here too."""
+    it is a problem here too. Returns, per state dir with a journal, its identity and its readable journal files (for
+    :func:`_verify_journal_chain`)."""
     from ..engine.journal import STATE_ID_FILE, SegmentReader, list_segments, read_state_id
 
     ids: dict[Path, str | None] = {}
@@ -581,10 +590,11 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> None:
             ok.append(f"{ipath}: state dir identity OK")
         except (CheckpointError, StorageError) as exc:
             problems.append(f"{exc}: the service moves it aside at start (ERROR) and takes the checkpoint's identity")
+    journals: dict[Path, tuple[str | None, list[JournalPart]]] = {}
     for jdir in _named_under(root, "journal"):
         segments = list_segments(jdir)
         dir_id = ids.get(jdir.parent)
-        chain: list[tuple[Path, int, int]] = []  # (path, base, last seq) of this dir's readable segments, in order
+        chain: list[JournalPart] = []  # this dir's readable segments, in order
         for base, path in segments:
             try:
                 reader = SegmentReader(path, last=path == segments[-1][1])
@@ -609,28 +619,22 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> None:
                 cut = f"; an unfinished last record ({reader.unfinished} bytes) is dropped" if reader.unfinished else ""
                 ok.append(f"{path}: journal OK ({n} records from {base + 1}{cut})")
             chain.append((path, reader.base, reader.last_seq if reader.last_seq is not None else reader.base))
-        # the checkpoint the journal continues, read after the segments (a checkpoint written meanwhile only covers more)
-        _verify_journal_chain(jdir.parent, dir_id, chain, problems)
+        journals[jdir.parent] = (dir_id, chain)
+    return journals
 
 
-def _verify_journal_chain(state_dir: Path, dir_id: str | None, chain: list[tuple[Path, int, int]],
+def _verify_journal_chain(spath: Path, payload: bytes, dir_id: str | None, chain: list[JournalPart],
                           problems: list[str]) -> None:
-    """What the service's start would make of ``state_dir``'s checkpoint and its journal together: a checkpoint of
-    another state dir (moved aside, and the journal with it), or a journal that does not continue the checkpoint
-    (records missing between them: the journal is moved aside and its acknowledged ticks lost)."""
-    from ..engine.persistence import STATE_FILE
-    from ..storage import read_checksummed
-
-    spath = state_dir / STATE_FILE
-    if not spath.is_file():
-        return
+    """What the service's start would make of a checkpoint (``spath``, its verified ``payload``) and its state dir's
+    journal together: a checkpoint of another state dir (moved aside, and the journal with it), or a journal that
+    does not continue the checkpoint (records missing between them: the journal is moved aside and its acknowledged
+    ticks lost)."""
+    state_dir = spath.parent
     try:
-        with np.load(io.BytesIO(read_checksummed(spath)), allow_pickle=False) as z:
+        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
             seq = int(z["journal_seq"]) if "journal_seq" in z.files else 0
             ckpt_id = str(z["state_id"]) if "state_id" in z.files else None
-    except FileNotFoundError:
-        return
-    except Exception:  # unreadable: reported by the state file check
+    except Exception:  # a checksummed payload that is no state file: the start moves it aside, the check says nothing
         return
     if ckpt_id is not None and dir_id is not None and ckpt_id != dir_id:
         lost = f"; this dir's journal ({', '.join(p.name for p, _, _ in chain)}) cannot be applied then" if chain else ""
