@@ -1070,31 +1070,30 @@ def serial_date_hint(x: float) -> str:
             f" {when:%Y-%m-%d %H:%M:%S}), format the column as dates (YYYY-MM-DD HH:MM:SS) before saving it")
 
 
-def _yyyymmdd(text: str) -> int | None:
-    """ms since the epoch of a date written as eight digits (``20080102``, or ``20080102.0``), 1970 up to 2100; None
-    otherwise."""
-    m = _DATE_DIGITS.fullmatch(text)
-    if m is None:
-        return None
-    try:
-        ms = _datetime_ms(datetime.fromisoformat(m[1]))
-    except ValueError:
-        return None
-    return ms if 0 <= ms < TS_MAX_MS else None
-
-
-def _yyyymmddhh(text: str) -> int | None:
-    """ms since the epoch of a date and hour written as ten digits (``2024010209``, or ``2024010209.0``), 1970 up to
-    2100; None otherwise."""
-    m = _DATEHOUR_DIGITS.fullmatch(text)
+def _compact_time(text: str, digits: re.Pattern[str]) -> int | None:
+    """ms since the epoch of a date (and time) written as one number matched by ``digits`` (YYYYMMDD[HH[MM[SS]]],
+    maybe with a ``.0`` a float column adds), 1970 up to 2100; None otherwise."""
+    m = digits.fullmatch(text)
     if m is None:
         return None
     d = m[1]
     try:
-        ms = _datetime_ms(datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), int(d[8:10])))
+        hour, minute, second = (int(d[i:i + 2] or 0) for i in (8, 10, 12))
+        when = datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), hour, minute, second)
     except ValueError:
         return None
+    ms = _datetime_ms(when)
     return ms if 0 <= ms < TS_MAX_MS else None
+
+
+def _yyyymmdd(text: str) -> int | None:
+    """A date written as eight digits (``20080102``, or ``20080102.0``): :func:`_compact_time`."""
+    return _compact_time(text, _DATE_DIGITS)
+
+
+def _yyyymmddhh(text: str) -> int | None:
+    """A date and hour written as ten digits (``2024010209``, or ``2024010209.0``): :func:`_compact_time`."""
+    return _compact_time(text, _DATEHOUR_DIGITS)
 
 
 def _now_ms() -> int:
@@ -1144,18 +1143,8 @@ def _can_be_time(text: str) -> bool:
 
 
 def _yyyymmddhhmm(text: str) -> int | None:
-    """ms since the epoch of a date-time written as twelve or fourteen digits (``202401020930``,
-    ``20240102093000``), 1970 up to 2100; None otherwise."""
-    m = _DATETIME_DIGITS.fullmatch(text)
-    if m is None:
-        return None
-    d = m[1]
-    try:
-        when = datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), int(d[8:10]), int(d[10:12]), int(d[12:14] or 0))
-    except ValueError:
-        return None
-    ms = _datetime_ms(when)
-    return ms if 0 <= ms < TS_MAX_MS else None
+    """A date-time written as twelve or fourteen digits (``202401020930``, ``20240102093000``): :func:`_compact_time`."""
+    return _compact_time(text, _DATETIME_DIGITS)
 
 
 def _rounded_digits(text: str) -> int | None:
