@@ -232,8 +232,10 @@ def prepare_state(state: ServiceState) -> None:
             state.state_lock = check_state_dir(state.cfg)
         eng.restore_state()
     eng.finish_restore(state.cfg.training.reset_state_on_swap)  # states saved with another model: swap it in now
-    if eng.restore_problem is not None and state.degraded is None:  # /health "degraded" until the next restart
-        state.degraded = {"model_version": eng.model_version, "reason": eng.restore_problem}
+    if eng.restore_problem is not None:  # /health "degraded" until the next restart, after any reason it has already
+        held = state.degraded
+        reason = eng.restore_problem if held is None else f"{held['reason']}; {eng.restore_problem}"
+        state.degraded = {"model_version": eng.model_version, "reason": reason}
     state.state_prepared = True
 
 

@@ -158,7 +158,7 @@ class PoolOut(BaseModel):
 class HealthOut(BaseModel):
     """Readiness of the service (``GET /health``); more fields may be added."""
 
-    status: str = Field(description='"ok" when ready; "degraded" (200, with reason) when serving a fallback because the active model is unusable; "unavailable" (with reason) when not ready.')
+    status: str = Field(description='"ok" when ready; "degraded" (200, with reason) when serving a fallback because the active model is unusable, or the untrained network because no trained model is stored; "unavailable" (with reason) when not ready.')
     version: str = Field(description="Version of cerebellar-norse.")
     model_version: str = Field(description="The model answering ticks.")
     device: str = Field(description='"cpu" or "cuda".')

@@ -147,6 +147,11 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
         reason = f"{store.fallback}; serving model {engine.model_version} instead"
         state.degraded = {"model_version": engine.model_version, "reason": reason}
         log.error("model fallback: %s", reason)
+    elif model is None:  # nothing trained is stored (and none was trained on first run): answers carry no information
+        state.degraded = {"model_version": engine.model_version, "reason": (
+            f"no trained model is stored: serving the untrained network of seed {cfg.neural.seed} ({engine.model_version}), "
+            "whose signals carry no information; train one (cerebellar-norse train, POST /training) or store and "
+            "activate one (PUT /models/<version>, POST /models/<version>/activate)")}
     # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
     state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
     loss = last_training_loss(state.jobs, model)

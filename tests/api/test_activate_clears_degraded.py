@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -31,3 +32,35 @@ def test_activating_the_served_fallback_clears_degraded(tmp_path: Path) -> None:
         body = tc.get("/health").json()
         assert body["status"] == "ok", body  # docs/operations.md: activating a model clears it
     assert ModelStore(tmp_path).active_version() == V
+
+
+def test_untrained_network_is_degraded_until_a_model_is_activated(tmp_path: Path) -> None:
+    env = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path), "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN, **NO_BOOTSTRAP}
+    cfg = load_checked_config(None, environ=env)
+    with TestClient(make_app(build_service(cfg), restore=False, save_on_shutdown=False)) as tc:
+        r = tc.get("/health")
+        body = r.json()
+        assert r.status_code == 200  # still ready: load balancers keep it, operators see why it is degraded
+        assert body["status"] == "degraded" and body["model_version"] == f"seed-{cfg.neural.seed}", body
+        assert "untrained network of seed" in body["reason"] and "carry no information" in body["reason"], body
+        ModelStore(tmp_path).save(generate_weights(cfg), cfg, {"validation": {"loss": 0.5}}, version=V)
+        r = tc.post(f"/models/{V}/activate", headers=AUTH)
+        assert r.status_code == 200, r.text
+        body = tc.get("/health").json()
+        assert body["status"] == "ok" and body["model_version"] == V and "reason" not in body, body
+
+
+def test_untrained_network_and_lost_market_state_both_named(tmp_path: Path) -> None:
+    env = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path), "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN, **NO_BOOTSTRAP}
+    cfg = load_checked_config(None, environ=env)
+    ModelStore(tmp_path).save(generate_weights(cfg), cfg, {"validation": {"loss": 0.5}}, version=V)
+    tick = {"price": 100.0, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "LOST"}
+    with TestClient(make_app(build_service(cfg))) as tc:  # serves V, saves the market's state with V at shutdown
+        assert tc.get("/health").json()["model_version"] == V
+        assert tc.post("/neural/process", json=tick).status_code == 200
+    shutil.rmtree(tmp_path / "models")  # V is gone: the untrained network is served, the saved states cannot be
+    with TestClient(make_app(build_service(cfg), save_on_shutdown=False)) as tc:
+        body = tc.get("/health").json()
+        assert body["status"] == "degraded" and body["model_version"] == f"seed-{cfg.neural.seed}", body
+        assert "untrained network of seed" in body["reason"], body
+        assert f"market state was saved with model {V}" in body["reason"], body
