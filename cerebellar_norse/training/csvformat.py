@@ -28,16 +28,18 @@ other column is ignored:
   occurrence, unless its market's rows then go back (:func:`repeated_hour_time`).
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``close/last``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
-  any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``).
+  any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``). In a Databento file written
+  without pretty_px, prices are integers in units of 1e-9, scaled (:func:`databento_fixed_point`).
 * volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``,
-  ``size``, ``qty``; for quotes without one, the sum of a bid and an ask volume column;
+  ``size``, ``qty``, ``quantity``; for quotes without one, the sum of a bid and an ask volume column;
   then the first column whose name starts with ``volume``; without one every tick has
   volume 0, and an empty or ``-`` field is 0 (noted). A volume may end in K, M or B
   (``1.23M``).
 * market (optional): ``market_id``, ``market``, ``symbol``, ``sym``, ``ticker``,
-  ``instrument``, ``pair``
+  ``instrument``, ``pair``, ``instrument_id``
   (1–64 printable ASCII characters); without one the market is the file's name
-  without its suffix (``EURUSD.csv`` → ``EURUSD``), other characters replaced by ``_``.
+  without its suffix (``EURUSD.csv`` → ``EURUSD``; a Binance file's name without its date,
+  :func:`binance_symbol`), other characters replaced by ``_``.
 
 Prices and volumes may be written with digit groups (``"3,289.29"``); a comma anywhere
 else (a decimal comma) makes a bad row. Digits grouped by blanks or apostrophes (``43 000,00``,
@@ -50,7 +52,8 @@ Up to ``TITLE_LINES_MAX`` lines without a separator before the header (a downloa
 site's name) are skipped. A file written by yfinance (``yf.download(ticker).to_csv()``: header lines ``Price,…``,
 ``Ticker,…`` and ``Date,,…``) is read with its first column as the time and the Ticker
 line's ticker as the market. A pandas index written without a name (an empty first
-header name) is the time column.
+header name) is the time column. A file without a header line is read only when it is one of
+Binance's (klines, aggTrades, trades: :func:`binance_layout`).
 
 :func:`file_format` works out how a file is written from its header line and, where the
 header cannot tell, from the file itself (each probe, :func:`yfinance_header`,
@@ -86,14 +89,35 @@ TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "g
                 "ts_recv", "ts_event", "sip_timestamp", "participant_timestamp", "time_exchange", "ts", "t")
 PRICE_COLUMNS = ("price", "close", "last", "mid", "close/last", "adj close", "adj_close")  # close/last: Nasdaq.com
 # Quotes without a price column: the price is the mid of bid and ask, the volume the sum of both sides' volumes.
-BID_COLUMNS = ("bid", "bid price", "bid_price", "bidprice", "best bid", "best_bid")
-ASK_COLUMNS = ("ask", "ask price", "ask_price", "askprice", "offer", "offer price", "best ask", "best_ask")
-BID_VOLUME_COLUMNS = ("bidvolume", "bid volume", "bid_volume", "bid size", "bid_size", "bidsize", "bid vol", "bid_vol")
+# (bid_px_00 and ask_px_00: Databento's top of book, mbp-1, tbbo, bbo)
+BID_COLUMNS = ("bid", "bid price", "bid_price", "bidprice", "best bid", "best_bid", "bid_px_00")
+ASK_COLUMNS = ("ask", "ask price", "ask_price", "askprice", "offer", "offer price", "best ask", "best_ask", "ask_px_00")
+BID_VOLUME_COLUMNS = ("bidvolume", "bid volume", "bid_volume", "bid size", "bid_size", "bidsize", "bid vol", "bid_vol",
+                      "bid_sz_00")
 ASK_VOLUME_COLUMNS = ("askvolume", "ask volume", "ask_volume", "ask size", "ask_size", "asksize", "ask vol", "ask_vol",
-                      "offer size", "offer_size")
-VOLUME_COLUMNS = ("volume", "tickvol", "tick_volume", "vol", "vol.", "size", "qty")  # MetaTrader: <TICKVOL> over <VOL>
+                      "offer size", "offer_size", "ask_sz_00")
+# MetaTrader: <TICKVOL> over <VOL>; quantity: Binance's aggTrades
+VOLUME_COLUMNS = ("volume", "tickvol", "tick_volume", "vol", "vol.", "size", "qty", "quantity")
 VOLUME_PREFIX = "volume"  # without any of VOLUME_COLUMNS, the first column named so (Volume BTC, Volume_(BTC))
-MARKET_COLUMNS = ("market_id", "market", "symbol", "sym", "ticker", "instrument", "pair")
+# instrument_id: Databento's numeric instrument, in a file saved without its symbol column (map_symbols off)
+MARKET_COLUMNS = ("market_id", "market", "symbol", "sym", "ticker", "instrument", "pair", "instrument_id")
+# Databento's CSV without pretty_px (its batch downloads' default) writes prices as integers in units of 1e-9
+# (4108500000000 is 4108.5) and a missing price as UNDEF_PRICE (INT64_MAX); its header names rtype and publisher_id
+DATABENTO_FIELDS = frozenset(("rtype", "publisher_id"))
+DATABENTO_UNDEF_PRICE = "9223372036854775807"
+_FIXED_PRICE = re.compile(r"-?\d+")
+# data.binance.vision's files, headerless (spot, and futures before their files had a header), by layout: the column
+# names Binance's futures files give them (open_time, transact_time and time are time columns, close and price the
+# price, volume, quantity and qty the volume)
+BINANCE_KLINES = ("open_time", "open", "high", "low", "close", "volume", "close_time", "quote_volume", "count",
+                  "taker_buy_volume", "taker_buy_quote_volume", "ignore")
+BINANCE_AGG_TRADES = ("agg_trade_id", "price", "quantity", "first_trade_id", "last_trade_id", "transact_time",
+                      "is_buyer_maker", "is_best_match")
+BINANCE_TRADES = ("id", "price", "qty", "quote_qty", "time", "is_buyer_maker", "is_best_match")
+BINANCE_SAMPLE = 50  # headerless rows that must all fit a Binance layout for a file to be read as one
+_BINANCE_BOOLEANS = frozenset(("True", "False", "true", "false"))
+# BTCUSDT-1m-2024-01-01, BTCUSDT-trades-2024-01: symbol and interval or kind, then the date
+_BINANCE_NAME = re.compile(r"([A-Z0-9]{2,32}-[A-Za-z0-9]{1,16})-\d{4}-\d{2}(?:-\d{2})?")
 SECONDS_HINT_MS = 100_000_000  # ms times below this (1970-01-02) are noted as possibly seconds
 # Numeric times are in the unit whose span 1973-03-03 .. 2100-01-01 holds the file's first time (ms otherwise):
 # as ms, those ranges are 1970-01-02 .. 1970-02-17, after 2100, or later still.
@@ -166,6 +190,7 @@ class Columns:
     hour_ending: bool | None = None  # the clock is an hour column (see hour_column): hours ending 1..24 (True) or
     # beginning 0..23 (False); None: the clock holds times of day
     newest_first: bool = False  # rows run newest first (see runs_newest_first)
+    fixed_point: bool = False  # prices are Databento's integers in units of 1e-9 (see databento_fixed_point)
     time_unit: str = "ms"  # unit of numeric times (a key of UNIT_WORDS), from the first time (see time_unit_of)
     time_floor: int = 0  # a numeric time before this (ms) is of another unit than the file's (see time_unit_of)
     ask: int | None = None  # with ``price`` the bid: the price is their mid
@@ -338,10 +363,21 @@ def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[
             return where[0]
     if required:
         msg = f"{path}:1: no {what} column (expected one of {', '.join(aliases)}{otherwise}); header is {','.join(shown)}"
-        if shown and sum(_is_number(n) for n in shown) * 2 > len(shown):
+        if shown and sum(_looks_like_data(n) for n in shown) * 2 > len(shown):
             msg += " (the first line looks like data: add a header line naming the columns)"
         raise DataError(msg, [msg])
     return None
+
+
+def _looks_like_data(name: str) -> bool:
+    """Whether a header name is a number or a time (``20230102 00:00:00.123``), as in a first line of data."""
+    if _is_number(name):
+        return True
+    try:
+        _time_any(name, "")
+    except ValueError:
+        return False
+    return True
 
 
 def _unnamed_index(names: list[str]) -> bool:
@@ -510,9 +546,11 @@ def _market_from_file_name(path: Path) -> str:
     return text[:MARKET_ID_MAX].rstrip() or "_"
 
 
-def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = "") -> Columns:
+def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = "",
+               ticker_from: str = "the header's Ticker row") -> Columns:
     """The columns of a file from its header line; notes for the optional columns it lacks. ``ticker`` is the
-    market of a file without a market column when its header says it (yfinance's Ticker row)."""
+    market of a file without a market column when its header (yfinance's Ticker row) or name (``ticker_from``) says
+    it."""
     shown = [header_name(h) for h in header]
     names = [_match_name(s) for s in shown]
     t = _find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
@@ -549,7 +587,7 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
         notes.append(f"{path}: no volume column; volume 0 used")
     if m is None and ticker:
         default_market = ticker
-        notes.append(f"{path}: market id {ticker!r} from the header's Ticker row")
+        notes.append(f"{path}: market id {ticker!r} from {ticker_from}")
     elif m is None:
         default_market = _market_from_file_name(path)
         notes.append(f"{path}: no market column; market id {default_market!r} (from the file name) used")
@@ -607,6 +645,21 @@ def _vendor_time(s: str) -> datetime | None:
     return dt.replace(tzinfo=zone) if zone is not None and dt.tzinfo is None else dt
 
 
+def _skipped_time(dt: datetime) -> str:
+    """Why a wall-clock time in a named zone (Interactive Brokers' ``20240310 02:30:00 US/Eastern``) does not exist
+    there: the clocks go forward over it (the zone reads it at the offset before the change, an hour off the rows
+    around it); "" for a time that exists, or names no zone."""
+    zone = dt.tzinfo
+    if not isinstance(zone, ZoneInfo):
+        return ""
+    before, after = dt.replace(fold=0).utcoffset(), dt.replace(fold=1).utcoffset()
+    if before is None or after is None or after <= before or dt.astimezone(UTC).astimezone(zone).replace(
+            tzinfo=None) == dt.replace(tzinfo=None):
+        return ""
+    return (f"does not exist in {zone.key}: the clocks go forward by {after - before} over it (when daylight saving"
+            " time starts)")
+
+
 def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
     """ms since the epoch of a row's time read as the second occurrence of a wall-clock time that its named time zone
     repeats when the clocks go back (Interactive Brokers' ``20241103 01:30:00 US/Eastern``: 01:00-01:59 comes twice,
@@ -639,6 +692,7 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
     ``unit`` is the file's unit of numeric times (see :func:`time_unit_of`).
     """
     s = raw = text.strip()
+    skipped = ""  # why a zone-named time does not exist (see _skipped_time)
     # in a file of YYYYMMDD dates or date-times every number is one (a "0.0" or "1.5" is no ms of 1970)
     if unit == "date" and (s.isdigit() or _is_number(s)):
         ms = _yyyymmdd(s)
@@ -681,12 +735,15 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
                     vendor = _vendor_time(s)
                     if vendor is None:
                         raise
+                    skipped = _skipped_time(vendor)
                     ms = _datetime_ms(vendor)
             except (ValueError, OverflowError):
                 if day_first is not None and _SLASH_DATE.match(s):
                     order = "D/M/YYYY" if day_first else "M/D/YYYY"
                     raise ValueError(f"{name} {raw!r} is not a valid date read as {order}") from None
                 raise ValueError(f"{name} {raw!r} is not a time (ms since epoch or ISO 8601)") from None
+            if skipped:
+                raise ValueError(f"{name} {raw!r} {skipped}") from None
             iso = True
         else:
             if not math.isfinite(x):
@@ -853,7 +910,8 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
         else:
             market = known
     if cols.ask is None:
-        price = _price(row[cols.price], cols.price_name, cols.decimal_comma)
+        price = _fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
+            row[cols.price], cols.price_name, cols.decimal_comma)
     else:
         price = _mid(row, market, cols)
     if cols.volume is None:
@@ -896,12 +954,13 @@ def _mid(row: list[str], market: str, cols: Columns) -> float:
     sides = []
     for k, (i, name) in enumerate(((cols.price, cols.price_name), (cols.ask, cols.ask_name))):
         text = row[i]
-        if text.strip():
-            sides.append(_price(text, name, cols.decimal_comma))
+        if not _no_price(text, cols):
+            sides.append(_fixed_price(text, name) if cols.fixed_point else _price(text, name, cols.decimal_comma))
         elif last is not None:
             sides.append(last[k])
         else:
-            raise ValueError(f"{name} is empty and market {market!r} has no earlier {name} to keep")
+            what = "empty" if not text.strip() else "Databento's UNDEF_PRICE"
+            raise ValueError(f"{name} is {what} and market {market!r} has no earlier {name} to keep")
     cols.quotes[market] = sides
     return 0.5 * (sides[0] + sides[1])
 
@@ -917,6 +976,28 @@ def _price(text: str, name: str, decimal_comma: bool) -> float:
     if not 0.0 < price < _INF:
         if not math.isfinite(price):
             raise ValueError(f"{name} {text.strip()!r} is not finite")
+        raise ValueError(f"{name} {price} is not > 0")
+    return price
+
+
+def _no_price(text: str, cols: Columns) -> bool:
+    """Whether a price field is empty, or Databento's UNDEF_PRICE in a file of its fixed-point prices (what its
+    pretty_px files write as an empty field)."""
+    s = text.strip()
+    return not s or (cols.fixed_point and s == DATABENTO_UNDEF_PRICE)
+
+
+def _fixed_price(text: str, name: str) -> float:
+    """A Databento fixed-point price field (an integer in units of 1e-9) as a price (> 0); ValueError naming the
+    column otherwise, UNDEF_PRICE included."""
+    s = text.strip()
+    if s == DATABENTO_UNDEF_PRICE:
+        raise ValueError(f"{name} {s} is Databento's UNDEF_PRICE (the record has no price)")
+    if not _FIXED_PRICE.fullmatch(s):
+        raise ValueError(f"{name} {s!r} is not a Databento fixed-point price (an integer in units of 1e-9, as the"
+                         " file's first prices are)")
+    price = int(s) / 1e9
+    if not price > 0.0:
         raise ValueError(f"{name} {price} is not > 0")
     return price
 
@@ -983,11 +1064,105 @@ def quotes_for_empty_prices(path: Path, header: list[str], cols: Columns, notes:
             rows = [r for _, r in zip(range(sample_rows), reader, strict=False) if len(r) == cols.fields]
     except (OSError, csv.Error):
         return
-    if not rows or any(r[cols.price].strip() for r in rows):
+    if not rows or not all(_no_price(r[cols.price], cols) for r in rows):
         return
-    notes.append(f"{path}: {cols.price_name} is empty; price is the mid of {shown[bid]!r} and {shown[ask]!r}"
-                 " (an empty side keeps its previous value)")
+    empty = "empty or Databento's UNDEF_PRICE" if cols.fixed_point else "empty"
+    notes.append(f"{path}: {cols.price_name} is {empty}; price is the mid of {shown[bid]!r} and {shown[ask]!r}"
+                 f" (an {empty.replace('empty', 'empty side', 1)} keeps its previous value)")
     cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
+
+
+def databento_fixed_point(path: Path, header: list[str], cols: Columns, sample_rows: int = 1000) -> str | None:
+    """A note, with ``cols.fixed_point`` set, for a file written by Databento without pretty_px (its header names
+    ``rtype`` and ``publisher_id``) whose first price (of the price column, or bid and ask; UNDEF_PRICE aside, within
+    the first ``sample_rows`` rows) is an integer: fixed-point prices in units of 1e-9 (``4108500000000`` is 4108.5;
+    UNDEF_PRICE, 9223372036854775807, is no price), and a price with a decimal point is then a bad row. None for any
+    other file, Databento's pretty_px files (decimals: ``4108.500000000``) included."""
+    if not {_match_name(header_name(h)) for h in header} >= DATABENTO_FIELDS:
+        return None
+    used = [i for i in (cols.price, cols.ask) if i is not None]
+    first = ""
+    try:
+        with _data_rows(path, cols) as reader:
+            for _, r in zip(range(sample_rows), reader, strict=False):
+                if len(r) != cols.fields:
+                    continue
+                for i in used:
+                    text = r[i].strip()
+                    if text and (not first or first == DATABENTO_UNDEF_PRICE):
+                        first = text
+                if first and first != DATABENTO_UNDEF_PRICE:
+                    break
+    except (OSError, csv.Error):
+        return None
+    if not _FIXED_PRICE.fullmatch(first):
+        return None
+    cols.fixed_point = True
+    names = cols.price_name + (f" and {cols.ask_name}" if cols.ask is not None else "")
+    if first == DATABENTO_UNDEF_PRICE:
+        return (f"{path}: {names} read as Databento's fixed-point prices, integers in units of 1e-9;"
+                f" {DATABENTO_UNDEF_PRICE} (UNDEF_PRICE, as the first is) is no price")
+    return (f"{path}: {names} read as Databento's fixed-point prices, integers in units of 1e-9 (the first, {first},"
+            f" is {int(first) / 1e9}); {DATABENTO_UNDEF_PRICE} (UNDEF_PRICE) is no price")
+
+
+def _binance_row(row: list[str]) -> tuple[str, tuple[str, ...]] | None:
+    """The Binance layout (``klines``, ``aggTrades`` or ``trades``) and column names that one headerless row fits
+    exactly, or None: a kline's close_time is its open_time plus a whole number of seconds (ms or µs) less one, an
+    aggregate trade's and a trade's last fields are True/False, a trade's quote_qty is its price times its qty."""
+    def ints(*i: int) -> bool:
+        return all(row[k].isascii() and row[k].isdigit() for k in i)
+
+    def numbers(*i: int) -> bool:
+        return all(_is_number(row[k]) and math.isfinite(float(row[k])) for k in i)
+
+    def flags(k: int) -> bool:
+        return all(f in _BINANCE_BOOLEANS for f in row[k:])
+
+    n = len(row)
+    if n == 12 and ints(0, 6, 8) and numbers(1, 2, 3, 4, 5, 7, 9, 10):
+        second = 1000 if int(row[0]) < 10**14 else 10**6  # ms before 2025, µs in spot files from 2025-01-01
+        span = int(row[6]) + 1 - int(row[0])
+        return ("klines", BINANCE_KLINES) if span > 0 and span % second == 0 else None
+    if n in (7, 8) and ints(0, 3, 4, 5) and numbers(1, 2) and flags(6) and int(row[3]) <= int(row[4]):
+        return "aggTrades", BINANCE_AGG_TRADES[:n]
+    if n in (6, 7) and ints(0, 4) and numbers(1, 2, 3) and flags(5):
+        price, qty, quote = float(row[1]), float(row[2]), float(row[3])
+        return ("trades", BINANCE_TRADES[:n]) if math.isclose(quote, price * qty, rel_tol=1e-6, abs_tol=1e-6) else None
+    return None
+
+
+def binance_layout(path: Path, first: list[str], delimiter: str = ",", skip: int = 0) -> tuple[str, tuple[str, ...]] | None:
+    """The layout and column names of a headerless file from data.binance.vision (klines, aggTrades or trades) whose
+    first line ``first`` (after ``skip`` lines) and every row up to ``BINANCE_SAMPLE`` fit that layout exactly (see
+    :func:`_binance_row`), ids or open times increasing; None for any other file."""
+    layout = _binance_row(first)
+    if layout is None:
+        return None
+    prev = int(first[0])
+    try:
+        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            for _ in range(skip + 1):
+                next(reader, None)
+            for _, row in zip(range(BINANCE_SAMPLE - 1), reader, strict=False):
+                if not row:
+                    continue
+                if _binance_row(row) != layout or int(row[0]) <= prev:
+                    return None
+                prev = int(row[0])
+    except (OSError, csv.Error):
+        return None
+    return layout
+
+
+def binance_symbol(path: Path) -> str:
+    """The market of a file named as data.binance.vision names them: its name without the date
+    (``BTCUSDT-1m-2024-01-01.csv`` is ``BTCUSDT-1m``, ``BTCUSDT-aggTrades-2024-01.csv`` ``BTCUSDT-aggTrades``), so
+    that a symbol's daily or monthly files of one kind are one market, and its klines and trades are not; "" for
+    another name."""
+    m = _BINANCE_NAME.fullmatch(Path(path).stem)
+    return m[1] if m else ""
 
 
 def time_unit_of(path: Path, cols: Columns) -> str | None:
@@ -1166,17 +1341,29 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     order, from its header line (split at ``delimiter``, see :func:`delimiter_of`) and, where that cannot tell,
     from the file itself; a note in ``notes`` for each thing inferred. DataError for a header, or a date column,
     that cannot be read. The header is the line after ``skipped`` lines (see :func:`leading_lines`); the rows
-    start after ``header_rows`` lines."""
+    start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`binance_layout`)."""
     levels = yfinance_header(path, header, delimiter, skipped)
-    ticker, lines = "", 1
+    ticker, lines, ticker_from = "", 1, "the header's Ticker row"
+    binance = None
     if levels is not None:
         first_name, ticker, lines = levels
         header = [first_name, *header[1:]]
-    cols = columns_of(path, header, notes, ticker)
+    else:
+        binance = binance_layout(path, header, delimiter, skipped)
+        if binance is not None:  # no header line: the first line is the first row
+            header, lines = list(binance[1]), 0
+            notes.append(f"{path}: no header line; read as Binance's {binance[0]} file ({','.join(binance[1])})")
+        names = tuple(_match_name(header_name(h)) for h in header)
+        if binance is not None or names in (BINANCE_KLINES, BINANCE_AGG_TRADES[:7], BINANCE_TRADES[:6]):
+            ticker, ticker_from = binance_symbol(path), "the Binance file name without its date"
+    cols = columns_of(path, header, notes, ticker, ticker_from)
     cols.header_rows = skipped + lines
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")
     cols.delimiter = delimiter
+    fixed_note = databento_fixed_point(path, header, cols)
+    if fixed_note:
+        notes.append(fixed_note)
     quotes_for_empty_prices(path, header, cols, notes)
     cols.decimal_comma = delimiter == ";" and has_decimal_commas(path, cols)
     cols.clock = clock_column(path, header, cols)

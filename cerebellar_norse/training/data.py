@@ -1,8 +1,8 @@
 """Training data: CSV files of ticks and the labels computed from them.
 
-A file is a header naming the columns, then one tick per line; how a file may be
-written (separators, column names, time and number formats, yfinance's and
-MetaTrader's layouts) is in :mod:`cerebellar_norse.training.csvformat`.
+A file is a header naming the columns, then one tick per line (Binance's headerless files are read by their
+layout); how a file may be written (separators, column names, time and number formats, yfinance's, MetaTrader's,
+Databento's and Binance's layouts) is in :mod:`cerebellar_norse.training.csvformat`.
 
 A missing optional column, a time unit other than ms, quotes read as their mid, or ms
 times within 1970-01-01 that might be seconds, is recorded in ``TickData.notes`` as
@@ -178,6 +178,11 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
             cols = file_format(path, header, delimiter, notes, skipped)
+            if cols.header_rows == skipped:  # no header line (a Binance file): the line read as one is the first row
+                fh.seek(0)
+                reader = csv.reader(fh, delimiter=delimiter)
+                for _ in range(skipped):
+                    next(reader, None)
             for _ in range(cols.header_rows - skipped - 1):
                 next(reader, None)  # yfinance's Ticker and Date lines
             formats.append(cols.describe(path))

@@ -113,7 +113,7 @@ def describe_format(f: FileFormat) -> list[str]:
     """Two lines on how one file was read."""
     order = "newest first (read in reverse)" if f.newest_first else "oldest first"
     numbers = "; decimal commas" if f.decimal_comma else ""
-    lines = f"{f.header_lines} header line" + ("s" if f.header_lines != 1 else "")
+    lines = f"{f.header_lines} header line" + ("s" if f.header_lines != 1 else "") if f.header_lines else "no header line"
     first = f"{f.path}: separator '{f.separator}', {lines}, rows {order}{numbers}"
     market = f"'{f.market}'" if f.market is not None else f"{f.default_market!r} for every row"
     volume = f"'{f.volume}'" if f.volume is not None else "none (0)"

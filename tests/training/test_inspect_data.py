@@ -139,3 +139,14 @@ def test_data_checks_name_repeats_gaps_and_outsized_moves(data_dir: Path, capsys
     (data_dir / "OK.csv").write_text("timestamp,price,volume\n" + "".join(f"{t},{p},{v}\n" for t, p, v in rows[11:40]))
     assert main(["inspect-data", "OK.csv"]) == 0
     assert "data checks:" not in capsys.readouterr().out
+
+
+def test_a_headerless_binance_file_says_it_has_no_header_line(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    klines = "".join(f"{1704067200000 + k * 60_000},1.0,1.2,0.9,{1 + k / 100},5.0,{1704067259999 + k * 60_000},5.0,3,2.5,2.5,0\n"
+                     for k in range(3))
+    (data_dir / "BTCUSDT-1m-2024-01-01.csv").write_text(klines)
+    assert main(["inspect-data", "BTCUSDT-1m-2024-01-01.csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [f"{data_dir / 'BTCUSDT-1m-2024-01-01.csv'}: separator ',', no header line, rows oldest first",
+                       "  time 'open_time', price 'close', volume 'volume', market 'BTCUSDT-1m' for every row"]
+    assert out[2] == "rows 3, bad 0, ticks 3 in 1 market"
