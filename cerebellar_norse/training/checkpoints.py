@@ -243,6 +243,9 @@ def check_version(version: str) -> None:
     if not version or len(version) > 128 or version.startswith(".") or not set(version) <= VERSION_CHARS:
         raise InputError(f"invalid model version {version!r} (letters, digits, '-', '_', '.'; at most 128; not "
                          f"starting with '.')", "version")
+    if version == ACTIVE:  # the name of the file naming the active model: a model directory there breaks activation
+        raise InputError(f"invalid model version {version!r}: {ACTIVE} is reserved (models/{ACTIVE} names the active "
+                         f"model)", "version")
 
 
 class ModelStore:

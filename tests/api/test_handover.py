@@ -154,6 +154,8 @@ def test_x_market_id_header_must_name_every_tick(trio: tuple[TestClient, TestCli
     assert r.status_code == 422 and r.json()["error"]["field"] == "market_id"
     r = a.post("/neural/process/batch", json={"ticks": [tick("A", 0), tick("B", 0)]}, headers={"X-Market-ID": "A"})
     assert r.status_code == 422 and r.json()["error"]["field"] == "ticks.1.market_id"
+    r = a.post("/neural/process/batch", json={"ticks": [tick("A", 0)]}, headers={"X-Market-ID": "B"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "ticks.0.market_id"  # a batch of one is a batch
     assert a.get("/debug/markets/A/state", headers=AUTH).status_code == 404  # refused before any state changed
     assert a.post("/neural/process", json=tick("A", 0), headers={"X-Market-ID": "A"}).status_code == 200
 

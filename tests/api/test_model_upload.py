@@ -114,3 +114,32 @@ def test_concurrent_uploads_of_one_version_store_it_once(tmp_path: Path) -> None
     assert sorted(stored) == [False] * 7 + [True]
     assert store.load(version).version == version
     assert not list(store.root.glob(".tmp-*"))
+
+
+def test_a_model_named_active_is_refused_and_activation_keeps_working(tc: TestClient, tmp_path: Path) -> None:
+    """``ACTIVE`` is the file naming the active model: an archive staged under that name would become a directory
+    ``models/ACTIVE`` (listed nowhere) and every later activation would fail writing the file (503)."""
+    version, _ = model(tmp_path)
+    src = tmp_path / "src" / "models" / version
+    files = {name: (src / name).read_bytes() for name in (*FILES, MANIFEST)}
+    files[MANIFEST] = files[MANIFEST].replace(f'"{version}"'.encode(), b'"ACTIVE"')
+    r = tc.put("/models/ACTIVE", content=_archive(files), headers=BLOB)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "version" and "reserved" in r.json()["error"]["message"], r.text
+    assert not (tmp_path / "replica" / "models" / "ACTIVE").exists()
+    assert tc.put(f"/models/{version}", content=pack_model(src), headers=BLOB).status_code == 200
+    assert tc.post(f"/models/{version}/activate", headers=AUTH).json()["active"] == version
+
+
+@pytest.mark.parametrize("path", ["/models/a%2Fb", "/models/a%2F..%2Fb"])
+def test_a_version_with_a_slash_is_a_documented_404(tc: TestClient, tmp_path: Path, path: str) -> None:
+    """A version holding a "/" names no route (404 not_found); the operation documents that status, and the
+    version's rule (pattern, length) is in the document."""
+    _, archive = model(tmp_path)
+    r = tc.put(path, content=archive, headers=BLOB)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found", r.text
+    op = tc.get("/openapi.json").json()["paths"]["/models/{version}"]["put"]
+    assert "404" in op["responses"]
+    schema = op["parameters"][0]["schema"]
+    assert schema["maxLength"] == 128 and "/" not in schema["pattern"]
+    assert tc.get("/models", headers=AUTH).json()["models"] == []

@@ -60,6 +60,7 @@ REQUESTS: list[tuple[Any, dict[str, str]]] = [
     ('{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "\u00e9"}'.encode(), {}),
     (b'{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "\xff"}', {}),
     (b"", {}),
+    (b" \n\t ", {}),  # whitespace only: malformed JSON (400) on both, not a missing body
     (b"[]", {}),
     (b"[" * 100_000 + b"]" * 100_000, {}),  # deeper than either JSON parser goes: 400, not a 500
     (b'{"price": 1.0, "volume": 1.0, "timestamp": 1' + b"0" * 5000 + b', "market_id": "A"}', {}),  # past int()'s digits
