@@ -100,13 +100,14 @@ def check_ticks(svc: ServiceState, ticks: Sequence[Tick], batch: bool, market_he
         raise InputError(f"a batch of {len(ticks)} ticks can never fit the engine queue (performance.queue_size = "
                          f"{svc.engine.queue_size} ticks): send at most {svc.engine.queue_size} ticks per batch", "ticks")
     if market_header is not None:
-        check_market_header(ticks, market_header, routed_by)
+        check_market_header(ticks, market_header, batch, routed_by)
     check_not_future(ticks, time.time_ns() // 1_000_000, svc.cfg.server.max_clock_skew_ms, batch)
     if svc.moves:
         svc.moves.check(ticks)
 
 
-def check_market_header(ticks: Sequence[Tick], market_header: str, routed_by: str = "X-Market-ID header") -> None:
+def check_market_header(ticks: Sequence[Tick], market_header: str, batch: bool,
+                        routed_by: str = "X-Market-ID header") -> None:
     """Raise InputError unless every tick is of the market named by the ``X-Market-ID`` header.
 
     HAProxy routes a request by that header; a tick of another market would reach a
@@ -115,7 +116,7 @@ def check_market_header(ticks: Sequence[Tick], market_header: str, routed_by: st
     """
     for j, t in enumerate(ticks):
         if t.market_id != market_header:
-            where = f"ticks.{j}.market_id" if len(ticks) > 1 else "market_id"
+            where = f"ticks.{j}.market_id" if batch else "market_id"
             raise InputError(f"market {t.market_id!r} differs from the {routed_by} {market_header!r} the request "
                              f"was routed by (send one market per request, or split the batch per market)", where)
 
@@ -161,16 +162,26 @@ def require_token(request: Request, _: Annotated[HTTPAuthorizationCredentials | 
     check_token(service(request).cfg, request.headers.get("authorization"))
 
 
-def content_type_problem(content_type: str) -> str | None:
-    """Why a request body of ``content_type`` is refused (415), or None when it is ``application/json``."""
-    if content_type.split(";", 1)[0].strip().lower() != "application/json":
-        return f"content type must be application/json, got {content_type or 'none'!r}"
+def content_type_problem(content_type: str, content_encoding: str = "", media_type: str = "application/json") -> str | None:
+    """Why a request body of ``content_type`` sent with ``content_encoding`` (a Content-Encoding header, "" without one)
+    is refused (415), or None when it is ``media_type`` sent as it is (no content coding, or ``identity``)."""
+    if content_type.split(";", 1)[0].strip().lower() != media_type:
+        return f"content type must be {media_type}, got {content_type or 'none'!r}"
+    if content_encoding and content_encoding.strip().lower() not in ("", "identity"):
+        return (f"content coding {content_encoding.strip()!r} is not supported: send the body as it is, without a "
+                "Content-Encoding header")
     return None
 
 
+def body_type_problem(request: Request, media_type: str = "application/json") -> str | None:
+    """:func:`content_type_problem` of a request's Content-Type and Content-Encoding headers."""
+    h = request.headers
+    return content_type_problem(h.get("content-type", ""), h.get("content-encoding", ""), media_type)
+
+
 def require_json(request: Request) -> None:
-    """Raise 415 unless the request's body is ``application/json``."""
-    problem = content_type_problem(request.headers.get("content-type", ""))
+    """Raise 415 unless the request's body is ``application/json``, sent without a content coding."""
+    problem = body_type_problem(request)
     if problem is not None:
         raise HTTPException(415, problem)
 

@@ -61,7 +61,7 @@ class TickFastPath:
         await self._reply(send, status, json.dumps(error_payload(kind, message, request_id_var.get(), field)).encode(), extra)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctype = ""
+        ctype = coding = ""
         market: str | None = None  # X-Market-ID: the ticks' market when the load balancer routed by it
         seen_ctype = False
         for k, v in scope["headers"]:  # the first of a repeated header, as every other route reads it
@@ -69,7 +69,9 @@ class TickFastPath:
                 ctype, seen_ctype = v.decode("latin-1"), True
             elif k == b"x-market-id" and market is None:
                 market = v.decode("latin-1")
-        problem = content_type_problem(ctype)
+            elif k == b"content-encoding" and not coding:
+                coding = v.decode("latin-1")
+        problem = content_type_problem(ctype, coding)
         if problem is not None:
             await self._error(send, 415, "unsupported_media_type", problem)
             return
@@ -82,7 +84,7 @@ class TickFastPath:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if not body.strip():
+        if not body:  # as FastAPI: no body is missing; a body of whitespace is malformed JSON (400)
             await self._error(send, 422, "validation", "request body is missing")
             return
         try:

@@ -36,7 +36,7 @@ DESCRIPTIONS: dict[int, str] = {
          "closed.",
     409: "Conflict with the service's state (error.type says which).",
     413: "Body over server.max_body_size (body_too_large).",
-    415: "Body not sent as application/json (unsupported_media_type).",
+    415: "Body not sent as application/json, or sent with a Content-Encoding (unsupported_media_type).",
     422: "Invalid input; error.field names it (validation).",
     431: "The request line and headers, or the trailers of a chunked body, exceed 64 KiB (headers_too_large); the "
          "connection is closed.",

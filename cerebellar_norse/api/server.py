@@ -30,7 +30,7 @@ from ..observability.logging import setup_logging
 from ..observability.metrics import ServiceMetrics, engine_families
 from ..observability.ratelimit import SummaryLog
 from ..training.bootstrap import bootstrap_model
-from ..training.checkpoints import ModelStore, StoredModel, shape_mismatch
+from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
 from ..training.jobs import JobManager
 from .app import create_app
 from .deps import ServiceState
@@ -146,7 +146,7 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
     if store.fallback is not None:  # the active model could not be served: /health says "degraded"
         reason = f"{store.fallback}; serving model {engine.model_version} instead"
         state.degraded = {"model_version": engine.model_version, "reason": reason}
-        log.error("model fallback: %s", reason)
+        log.log(logging.WARNING if store.fallback == NOT_ACTIVATED else logging.ERROR, "model fallback: %s", reason)
     elif model is None:  # nothing trained is stored (and none was trained on first run): answers carry no information
         state.degraded = {"model_version": engine.model_version, "reason": (
             f"no trained model is stored: serving the untrained network of seed {cfg.neural.seed} ({engine.model_version}), "

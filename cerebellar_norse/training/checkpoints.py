@@ -41,6 +41,8 @@ log = logging.getLogger("cerebellar_norse.models")
 FILES = ("weights.npz", "config.json", "metrics.json")
 MANIFEST = "manifest.json"
 ACTIVE = "ACTIVE"
+# ModelStore.fallback when models are stored but none was ever activated: the newest valid one is served
+NOT_ACTIVATED = "no model was activated (models/ACTIVE is missing; models stored with activation off are not active)"
 WEIGHT_FIELDS = ("mg_idx", "mg_w", "pf_pre", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out", "pf_ptr", "pf_post", "pf_src")
 # The [neural] keys that define the network's shape and dynamics: a model is only
 # loadable into a service whose config agrees on them.
@@ -349,7 +351,8 @@ class ModelStore:
         a corrupt one (logged with the reason) and the next one is tried.
 
         Sets :attr:`fallback` to the reason when ``ACTIVE`` names a model that is not the
-        one returned (missing, corrupt, unusable, or of another network shape), else None.
+        one returned (missing, corrupt, unusable, or of another network shape), to
+        ``NOT_ACTIVATED`` when there is no ``ACTIVE`` and a stored model is returned, else None.
         Nothing is deleted or rewritten: a refused model directory stays for inspection.
         """
         self.clean_partial()
@@ -386,6 +389,8 @@ class ModelStore:
                     if version == active:
                         self.fallback = f"active model {active} cannot be served ({reason})"
                     continue
+            if active is None and self.fallback is None:
+                self.fallback = NOT_ACTIVATED
             return model
         return None
 

@@ -64,3 +64,19 @@ def test_untrained_network_and_lost_market_state_both_named(tmp_path: Path) -> N
         assert body["status"] == "degraded" and body["model_version"] == f"seed-{cfg.neural.seed}", body
         assert "untrained network of seed" in body["reason"], body
         assert f"market state was saved with model {V}" in body["reason"], body
+
+
+def test_a_stored_model_never_activated_is_served_degraded(tmp_path: Path) -> None:
+    """A model stored without activation (a job with ``activate: never``, a staged upload) is served when nothing is
+    active, as the newest valid one, and /health says that no model was chosen."""
+    env = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path), "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN, **NO_BOOTSTRAP}
+    cfg = load_checked_config(None, environ=env)
+    ModelStore(tmp_path).save(generate_weights(cfg), cfg, {"validation": {"loss": 0.5}}, version=V)
+    assert not (tmp_path / "models" / "ACTIVE").exists()
+    with TestClient(make_app(build_service(cfg), restore=False, save_on_shutdown=False)) as tc:
+        body = tc.get("/health").json()
+        assert body["status"] == "degraded" and body["model_version"] == V, body
+        assert "no model was activated" in body["reason"] and V in body["reason"], body
+        assert tc.post(f"/models/{V}/activate", headers=AUTH).status_code == 200
+        assert tc.get("/health").json()["status"] == "ok"
+    assert ModelStore(tmp_path).active_version() == V

@@ -66,6 +66,7 @@ REQUESTS: list[tuple[Any, dict[str, str]]] = [
     (b'{"price": 1.0, "volume": 1.0, "timestamp": 1' + b"0" * 5000 + b', "market_id": "A"}', {}),  # past int()'s digits
     (b'{"price": 1' + b"0" * 5000 + b'.5, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"}', {}),
     (_tick("A", 45), {"content-type": "text/plain"}),
+    (_tick("A", 45), {"content-encoding": "gzip"}),  # a coding the body was not sent in: 415, the tick not applied
     (_tick("A", 46), {"x-market-id": "B/C"}),  # routed by another market's header: 422
     (_tick('q"u\\o\'te', 1), {}),  # a market id that JSON must escape
     (_tick("A", 47), {"x-market-id": "A"}),

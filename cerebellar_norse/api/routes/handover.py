@@ -20,7 +20,7 @@ from ...engine.handover import MEDIA_TYPE, export_market, import_market
 from ...errors import InputError, NotMovingError
 from ...observability.context import request_id_var
 from ...ticks import check_market_id
-from ..deps import require_token, service
+from ..deps import body_type_problem, require_token, service
 from ..openapi import error_responses
 from .neural import MarketIdPath, MarketNotFoundError
 
@@ -97,7 +97,8 @@ async def export_state(request: Request, market_id: MarketIdPath) -> Response:
                                       s409="The state was exported by another network or under another model version, "
                                            "or its last tick is older than the market's last tick here "
                                            "(conflict); nothing changed.",
-                                      s415="Body not sent as application/octet-stream (unsupported_media_type).",
+                                      s415="Body not sent as application/octet-stream, or sent with a Content-Encoding "
+                                           "(unsupported_media_type).",
                                       s422="Corrupt or truncated state (checksum), another market's, or of the wrong "
                                            "shape (validation); nothing changed."))
 async def import_state(request: Request, market_id: MarketIdPath) -> dict[str, Any]:
@@ -107,9 +108,9 @@ async def import_state(request: Request, market_id: MarketIdPath) -> dict[str, A
     before anything changes, and a state older (last tick earlier) than the one the market
     holds here is refused (409); the imported state is checkpointed at once.
     """
-    ctype = request.headers.get("content-type", "")
-    if ctype.split(";", 1)[0].strip().lower() != MEDIA_TYPE:
-        raise HTTPException(415, f"content type must be {MEDIA_TYPE}, got {ctype or 'none'!r}")
+    problem = body_type_problem(request, MEDIA_TYPE)
+    if problem is not None:
+        raise HTTPException(415, problem)
     svc = service(request)
     body = await request.body()
     svc.engine.flush_now()  # the market's admitted ticks are in the state the import is compared with (and replaces)

@@ -7,9 +7,10 @@ does that, on every replica once every replica has staged it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi import Path as FPath
 from fastapi.exceptions import HTTPException
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -17,10 +18,16 @@ from starlette.concurrency import run_in_threadpool
 from ...observability.context import request_id_var
 from ...training.archive import MEDIA_TYPE, stage_archive
 from ...training.checkpoints import ModelStore
-from ..deps import require_token, service
+from ..deps import body_type_problem, require_token, service
 from ..openapi import error_responses
 
 router = APIRouter(tags=["training"], dependencies=[Depends(require_token)])
+
+# check_version's rule, stated in the document; a version with a "/" (sent as %2F) names no route: 404.
+VersionPath = Annotated[str, FPath(description="The model version (letters, digits, '-', '_', '.'; at most 128; not "
+                                               "starting with '.'; not ACTIVE).",
+                                   json_schema_extra={"minLength": 1, "maxLength": 128,
+                                                      "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"})]
 
 
 class StagedOut(BaseModel):
@@ -36,16 +43,19 @@ class StagedOut(BaseModel):
             openapi_extra={"requestBody": {"required": True, "content": {
                 MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
                 "description": "A model archive (cerebellar-norse rollout)."}},
-            responses=error_responses(401, 409, 415, 422,
+            responses=error_responses(401, 404, 409, 415, 422,
+                                      s404="No such route: the version holds a '/' (sent as %2F), which no model "
+                                           "version can (not_found).",
                                       s409="Another model is stored under this version (conflict); nothing changed.",
-                                      s415="Body not sent as application/octet-stream (unsupported_media_type).",
+                                      s415="Body not sent as application/octet-stream, or sent with a Content-Encoding "
+                                           "(unsupported_media_type).",
                                       s422="Corrupt archive, invalid version, or a model that does not fit this "
                                            "service's network (validation); nothing changed."))
-async def stage_model(version: str, request: Request) -> dict[str, Any]:
+async def stage_model(version: VersionPath, request: Request) -> dict[str, Any]:
     """Store a model archive as ``version`` after verifying it (token); it is not activated."""
-    ctype = request.headers.get("content-type", "")
-    if ctype.split(";", 1)[0].strip().lower() != MEDIA_TYPE:
-        raise HTTPException(415, f"content type must be {MEDIA_TYPE}, got {ctype or 'none'!r}")
+    problem = body_type_problem(request, MEDIA_TYPE)
+    if problem is not None:
+        raise HTTPException(415, problem)
     svc = service(request)
     store = svc.store or ModelStore(Path(svc.cfg.paths.state_dir))
     stored = await run_in_threadpool(stage_archive, store, version, await request.body(), svc.cfg)
