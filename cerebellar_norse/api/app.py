@@ -79,7 +79,7 @@ class RequestContextMiddleware:
         rid = None
         length = None
         for k, v in scope["headers"]:
-            if k == b"x-request-id":
+            if k == b"x-request-id" and rid is None:  # the first of a repeated header, as every header is read
                 rid = v.decode("latin-1")
             elif k == b"content-length":
                 length = v.strip(b" \t")  # optional whitespace around a field value (RFC 9110)

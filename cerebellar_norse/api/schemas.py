@@ -185,3 +185,11 @@ class MarketResetOut(BaseModel):
     market_id: str
     reset: bool = Field(description="Always true: the market's state is forgotten; its next tick starts from rest.")
     request_id: str
+
+
+class TrainingStartedOut(BaseModel):
+    """Answer (202) of ``POST /training``."""
+
+    job_id: str = Field(description="The job's id: GET /training/status/{job_id}, DELETE /training/{job_id}.")
+    state: str = Field(description="The job's state when it was answered (see GET /training/status/{job_id}).")
+    status_url: str = Field(description="Where the job's status is read.")

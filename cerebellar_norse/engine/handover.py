@@ -132,7 +132,9 @@ def read_export(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             arrays = {k: z[k] for k in z.files}
         meta = json.loads(str(arrays.pop("meta")))
     except Exception as exc:  # a valid checksum over something else than an export
-        raise CheckpointError(f"not an exported market state ({type(exc).__name__}: {exc})", where) from None
+        # (numpy's own words for bytes that are no npz archive advise loading them with pickle, never done here)
+        why = "not an npz archive of arrays" if "pickle" in str(exc) else f"{type(exc).__name__}: {exc}"
+        raise CheckpointError(f"not an exported market state ({why})", where) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"unknown export format {meta.get('format') if isinstance(meta, dict) else meta!r} "
                               f"(this service reads format {FORMAT})", where)

@@ -223,9 +223,13 @@ def test_an_export_resealed_with_bad_values_is_refused(trio: tuple[TestClient, T
         (_resealed(blob, {"ticks": -1}, {S_N_TICKS: -1.0}), "out of range"),
         (_resealed(blob, None, {S_N_TICKS: 6.5}), "out of range"),
     ]
+    from cerebellar_norse.storage import seal
+
+    cases.append((seal(b"sealed bytes that are no archive"), "not an npz archive of arrays"))
     for body, words in cases:
         r = b.put("/neural/markets/R/state", content=body, headers=BLOB)
         assert r.status_code == 422 and words in r.json()["error"]["message"], r.text
+        assert "pickle" not in r.json()["error"]["message"], r.text  # numpy's advice is no advice here
     assert b.get("/debug/markets/R/state", headers=AUTH).status_code == 404  # nothing was imported
     r = b.put("/neural/markets/R/state", content=_resealed(blob), headers=BLOB)  # resealed unchanged: accepted
     assert r.status_code == 200 and (r.json()["ticks"], r.json()["last_timestamp"]) == (6, ts), r.text

@@ -132,6 +132,10 @@ def test_a_repeated_header_is_read_as_its_first_copy_on_both_tick_routes(tmp_pat
         r = c.post("/neural/process", content=json.dumps(_tick("DUP", 1)).encode(),
                    headers=[("content-type", "application/json"), ("x-market-id", "DUP"), ("x-market-id", "OTHER")])
         assert r.status_code == 200, r.text  # the first X-Market-ID, DUP, is the tick's market
+        first_id, second_id = "a" * 32, "b" * 32
+        r = c.post("/neural/process", content=json.dumps(_tick("DUP", 2)).encode(),
+                   headers=[("content-type", "application/json"), ("x-request-id", first_id), ("x-request-id", second_id)])
+        assert r.headers["x-request-id"] == first_id and r.json()["request_id"] == first_id, r.text
 
 
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-8-sig"])

@@ -241,6 +241,10 @@ def test_second_job_conflicts_and_cancel_leaves_no_model(js: JobServer) -> None:
     assert r.status_code == 202, r.text
     job_id = r.json()["job_id"]
     assert r.json()["state"] == "running"
+    doc = c.get("/openapi.json").json()  # the 202 answer is documented as it is: job_id, state, status_url
+    ref = doc["paths"]["/training"]["post"]["responses"]["202"]["content"]["application/json"]["schema"]["$ref"]
+    schema = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert set(schema["required"]) == set(r.json()) == {"job_id", "state", "status_url"}, schema
 
     r2 = c.post("/training", json={"files": ["small.csv"], "epochs": 1}, headers=AUTH)
     assert r2.status_code == 409, r2.text

@@ -11,6 +11,7 @@ from ...training.jobs import TrainingRequest
 from ..deps import GuardedJsonBodyRoute, require_token, service
 from ..modelswap import activate_version
 from ..openapi import error_responses
+from ..schemas import TrainingStartedOut
 
 router = APIRouter(tags=["training"], dependencies=[Depends(require_token)], route_class=GuardedJsonBodyRoute)
 
@@ -22,7 +23,7 @@ JOB_LINK = {"job_id": "$response.body#/job_id"}
 
 @router.post("/training", status_code=202, responses={**error_responses(
     400, 401, 404, 409, 415, 422, s404="A file of the request is not in the data dir.",
-    s409="A job is already running (conflict)."), 202: {"description": "The job started.", "links": {
+    s409="A job is already running (conflict)."), 202: {"description": "The job started.", "model": TrainingStartedOut, "links": {
         "JobStatus": {"operationId": "training_status", "parameters": JOB_LINK},
         "CancelJob": {"operationId": "cancel_training", "parameters": JOB_LINK}}}})
 async def start_training(req: TrainingRequest, request: Request) -> JSONResponse:
