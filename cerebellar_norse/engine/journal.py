@@ -54,10 +54,11 @@ How
 
 Failures
     A journal or checkpoint write that fails (full or read-only disk) is fatal: the
-    batch's callers get an error, nothing more is acknowledged, ``on_fatal`` is called
-    (the service stops with exit code 1, after trying a final save) and the error is
-    logged with the path and errno. The files already written keep every acknowledged
-    tick.
+    batch's callers get an error, nothing more is acknowledged or stepped (later ticks,
+    queued or new, are refused before they change a state), ``on_fatal`` is called (the
+    service stops with exit code 1) and the error is logged with the path and errno. No
+    final checkpoint is written then (the pool may hold the failed step): the previous
+    checkpoint and the journal, kept, hold exactly the acknowledged ticks.
 """
 
 from __future__ import annotations
@@ -220,6 +221,8 @@ class SegmentReader:
             self.size: int | None = None if head.get("size") is None else int(head["size"])
             sid = head.get("state_id")
             self.state_id: str | None = None if sid is None else str(sid)  # None: written before identities
+            cap = head.get("capacity")
+            self.capacity: int | None = None if cap is None else int(cap)  # the live pool's slots (None: not recorded)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"unreadable journal header: {exc}") from None
 
@@ -325,11 +328,12 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
 
 
 def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size: int,
-                   state_id: str | None = None) -> tuple[Path, mmap.mmap]:
+                   state_id: str | None = None, capacity: int | None = None) -> tuple[Path, mmap.mmap]:
     """Create, reserve, fsync and map a new segment of ``size`` bytes (written under a temporary name, then renamed).
 
     The header records ``size``: a segment found shorter than that at start was truncated;
-    and ``state_id``, the identity of the state dir it belongs to (when given).
+    and ``state_id``, the identity of the state dir it belongs to (when given); ``capacity``, the state slots of
+    the pool its records are stepped in (when given: a replay into fewer slots evicts what the live engine kept).
 
     Raises:
         OSError: the directory is read-only or the disk cannot hold ``size`` bytes.
@@ -338,7 +342,8 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     path = directory / segment_name(base)
     tmp = directory / f".{path.name}.tmp"
     meta = json.dumps({"base_seq": base, "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "pid": os.getpid(), "size": size, **({} if state_id is None else {"state_id": state_id})},
+                       "pid": os.getpid(), "size": size, **({} if state_id is None else {"state_id": state_id}),
+                       **({} if capacity is None else {"capacity": capacity})},
                       sort_keys=True).encode()
     header = MAGIC + _REC.pack(len(meta), crc32(meta)) + meta
     if len(header) > HEADER_SIZE:
@@ -556,7 +561,7 @@ class Durability:
         size = size or self.segment_size
         fp = self.engine.fingerprint()
         try:
-            path, mm = create_segment(self.dir, self.seq, fp, size, self.state_id)
+            path, mm = create_segment(self.dir, self.seq, fp, size, self.state_id, self.engine.pool.capacity)
         except OSError as exc:
             raise self._fail(StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)) from None
         if self._mm is not None:
@@ -725,6 +730,7 @@ class Durability:
         replayed: list[Path] = []
         bad = ""
         evictions = eng.pool.table.evictions
+        fewer_slots = False  # a replayed segment was written by a pool of more slots (max_markets lowered while stopped)
         for _base, path in segments:
             if bad:
                 self._quarantine(path, "corrupt", f"it follows a journal part that cannot be applied ({bad})", rep)
@@ -766,6 +772,7 @@ class Durability:
                 else:
                     replayed.append(path)  # every record is in the checkpoint
                 continue
+            fewer_slots = fewer_slots or reader.capacity is None or reader.capacity > eng.pool.capacity
             seq = self._replay(reader, seq, rep)
             if reader.unfinished:
                 log.warning("dropped the unfinished last record of the journal (%d bytes, cut short by the crash, never "
@@ -776,7 +783,10 @@ class Durability:
             else:
                 replayed.append(path)
         evicted = eng.pool.table.evictions - evictions
-        if evicted:  # the pool is smaller than the markets the journal holds (max_markets lowered while stopped)
+        if evicted and not fewer_slots:  # the same evictions as when the ticks were served: nothing lost by replaying
+            log.info("replaying the journal evicted %d markets, as the service did when it served those ticks",
+                     evicted, extra={"fields": {"evicted": evicted, "capacity": eng.pool.capacity}})
+        elif evicted:  # the pool is smaller than the markets the journal holds (max_markets lowered while stopped)
             log.warning("market state: replaying the journal evicted %d markets (least recently used; a market evicted "
                         "this way lost its state and a later tick of it started it from rest): the pool holds "
                         "performance.max_markets = %d; raise it and restore this state dir from a backup to keep them",
@@ -792,7 +802,8 @@ class Durability:
                 path.unlink()
         self._seg_fp = eng.fingerprint()
         try:
-            path, self._mm = create_segment(self.dir, self.seq, self._seg_fp, self.segment_size, self.state_id)
+            path, self._mm = create_segment(self.dir, self.seq, self._seg_fp, self.segment_size, self.state_id,
+                                            eng.pool.capacity)
         except OSError as exc:
             raise StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc) from None
         self._pos, self._size, self._base = HEADER_SIZE, self.segment_size, self.seq
@@ -869,6 +880,14 @@ class Durability:
         """
         if self.closed:
             return
+        if save and self.failed is not None:
+            # The pool may hold the step whose append failed (its callers got an error): a checkpoint of it would keep
+            # ticks never acknowledged, at a journal position that does not include them. The previous checkpoint
+            # and the journal hold exactly the acknowledged ticks: keep them.
+            log.error("final checkpoint not written after the failed state write (%s): the previous checkpoint and the "
+                      "journal are kept and hold every acknowledged tick", self.failed,
+                      extra={"fields": {"path": self.failed.path, "errno": self.failed.errno}})
+            save = False
         try:
             if save:
                 try:

@@ -463,6 +463,62 @@ async def test_a_journal_that_cannot_grow_stops_acknowledging(engine_config: Con
     crash(d2)
 
 
+async def test_ticks_refused_after_a_failed_journal_write_are_never_kept(engine_config: ConfigFactory, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disk full when a new segment is needed, then the service's own shutdown (drain with save, as after on_fatal):
+    the ticks answered with an error (the failing step, ticks queued behind it, later submissions) are in no state
+    saved or restored, and the journal is kept; the restart equals an engine that got the acknowledged ticks only."""
+    cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4)
+    e = Engine(cfg)
+    d = Durability(e, on_fatal=lambda exc: None)
+    d.recover()
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(6) for m in "AB"])
+
+    monkeypatch.setattr(os, "posix_fallocate", disk_full)
+    d._size = d._pos + 40  # the open segment is full: the next append needs a new one
+    with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):  # 3 steps of 4: the first fails, two were queued behind
+        await e.submit_many([tick(m, T0 + 100 + k) for k in range(6) for m in "AB"])
+    with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
+        await e.submit(tick("C", T0 + 200))  # a later submission: refused, never stepped
+    assert e.pool.table.get("C") is None
+    assert e.pool.last_timestamp("A") < T0 + 102  # only the failing step itself was applied
+    await e.drain(save=True)  # what the service does once on_fatal has stopped it
+    monkeypatch.undo()
+    assert list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)  # the journal is kept
+    e2 = Engine(cfg)
+    d2 = Durability(e2)
+    d2.recover()
+    assert_same_pool(e2, twin)  # every acknowledged tick, none of the refused ones
+    await e2.submit_many([tick(m, T0 + 100 + k) for k in range(6) for m in "AB"])  # the client's retry applies once
+    await twin.submit_many([tick(m, T0 + 100 + k) for k in range(6) for m in "AB"])
+    assert_same_pool(e2, twin)
+    crash(d2)
+
+
+async def test_replaying_the_evictions_the_service_made_itself_is_no_warning(engine_config: ConfigFactory, tmp_path: Path,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """More markets than slots while serving: the replay after a kill -9 evicts exactly as the service did, loses
+    nothing, and must not tell the operator to raise max_markets and restore a backup (that WARNING is for a pool
+    made smaller while the service was stopped)."""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=2)
+    opened: list[Durability] = []
+    try:
+        e, d = start(cfg, opened)
+        twin = Engine(cfg)
+        await feed([e, twin], [tick(m, T0 + k) for k in range(4) for m in "XYZ"], chunk=1)
+        assert e.pool.table.evictions > 0
+        crash(d)
+        with caplog.at_level(logging.INFO):
+            e2, _ = start(cfg, opened)
+        assert_same_pool(e2, twin)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+        assert "as the service did when it served those ticks" in caplog.text
+    finally:
+        for d in opened:
+            crash(d)
+
+
 async def test_a_failed_final_save_keeps_the_previous_checkpoint_and_the_journal(
         journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, opened = journaled
