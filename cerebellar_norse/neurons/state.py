@@ -93,7 +93,11 @@ class StateArrays:
         if touch:
             flat.fill(0)
             enc.fill(0)
-        views = state_views(flat, slots, s.granule, s.purkinje, s.dcn, s.classes, reshaped)
+        # The layout's Python code with numpy's reshape (one call at start, nothing to compile). Calling the compiled
+        # state_views from Python with a dispatcher argument made numba key its cache by that dispatcher's identity,
+        # new in every process: each start added a variant to the cache index, and once it held more than numba's
+        # FUNCTION_CACHE_SIZE (128) the index could not be saved again (ReferenceError): every later start failed.
+        views = state_views.py_func(flat, slots, s.granule, s.purkinje, s.dcn, s.classes, reshaped.py_func)
         return cls(enc, flat, *views)
 
     @property
