@@ -681,9 +681,11 @@ class Engine:
         """Pool, queue, counters and the backend's description, as of now (call between batches)."""
         st = self.stats
         learner = self.learner
+        journal = self.journal
+        accepting = self._accepting and (journal is None or journal.failed is None)  # a failed state write refuses all
         return EngineSnapshot(
             pool=PoolFigures(self.pool.used, self.pool.capacity, self.pool.table.evictions, self.arrays.nbytes),
-            queue_depth=self.queue_depth, queue_capacity=self.queue_size, accepting=self._accepting,
+            queue_depth=self.queue_depth, queue_capacity=self.queue_size, accepting=accepting,
             model_version=self.model_version, ticks=st.ticks, batches=st.batches, failed_batches=st.failed_batches,
             failed_ticks=st.failed_ticks, rejected_full=st.rejected_full, rejected_order=st.rejected_order,
             spikes=(int(st.spikes[0]), int(st.spikes[1]), int(st.spikes[2])), busy_ns=st.busy_ns, warm_steps=st.warm_steps,
