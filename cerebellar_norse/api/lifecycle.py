@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 from ..config import Config, load_checked_config, with_server
 from ..engine.journal import Durability, StateDirLock
-from ..engine.persistence import check_writable
+from ..engine.persistence import STATE_FILE, check_writable
 from ..errors import ConfigError, StorageError
 from ..observability import systemd
 from ..observability.logging import LEVEL_ENV, effective_level, env_level, log_always
@@ -213,6 +214,35 @@ def check_state_dir(cfg: Config) -> StateDirLock:
     return StateDirLock(Path(cfg.paths.state_dir)).acquire()
 
 
+def check_free_space(state_dir: Path, segment_size: int) -> None:
+    """Refuse to serve from a state dir that cannot hold its next checkpoint; warn when the journal's next file
+    will not fit either.
+
+    After recovery the state dir holds a fresh checkpoint and an open journal file: the next
+    checkpoint is written beside the current one before it replaces it, so it needs the
+    current one's size free, or the service would stop (exit 1) at its first checkpoint and,
+    under systemd, restart into the same failure while looking healthy between the two.
+
+    Raises:
+        StorageError: less free space than the checkpoint's size (one line, exit code 1).
+    """
+    checkpoint = state_dir / STATE_FILE
+    try:
+        need = checkpoint.stat().st_size
+        free = shutil.disk_usage(state_dir).free
+    except OSError:
+        return  # nothing to measure (no checkpoint yet, or a file system without the figures): the writes will tell
+    if free < need:
+        raise StorageError(f"state dir {state_dir} has {free} bytes free, less than the {need} bytes its next "
+                           f"checkpoint needs beside {checkpoint.name} (keep free at least two journal files and two "
+                           f"checkpoints: docs/operations.md, Disk space)", str(state_dir))
+    if free < need + segment_size:
+        log.warning("state dir %s has %d bytes free: the next checkpoint fits, the journal's next file "
+                    "(performance.journal_segment_size = %d bytes) does not; the service will stop when it is needed "
+                    "unless space is freed", state_dir, free, segment_size,
+                    extra={"fields": {"free_bytes": free, "checkpoint_bytes": need, "segment_bytes": segment_size}})
+
+
 def prepare_state(state: ServiceState) -> None:
     """Restore the saved market states (replaying the journal after them with ``[performance] journal``); once.
 
@@ -227,6 +257,7 @@ def prepare_state(state: ServiceState) -> None:
         durability = Durability(eng, on_fatal=lambda exc: state_write_failed(state, exc), lock=lock)
         durability.recover()
         state.durability = durability
+        check_free_space(Path(state.cfg.paths.state_dir), durability.segment_size)
     else:
         if lock is None:
             state.state_lock = check_state_dir(state.cfg)
