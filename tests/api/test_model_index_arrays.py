@@ -107,7 +107,8 @@ def test_start_skips_a_newest_model_with_bad_indices(tmp_path: Path, env: dict[s
     _save(root, CRAFTED, env, _fill(name, value))
     state = _service(root, env)
     assert state.engine.model_version == GOOD
-    assert state.degraded is None  # no ACTIVE file: nothing was asked for that is not served
+    assert state.degraded is not None  # no ACTIVE file: served, but never activated (not that it was refused)
+    assert state.degraded["reason"].startswith("no model was activated"), state.degraded
 
 
 def test_start_skips_a_model_whose_engine_cannot_be_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from training_helpers import TINY_NEURAL, ConfigFactory
 from cerebellar_norse.config import Config
 from cerebellar_norse.errors import CheckpointError
 from cerebellar_norse.neurons.topology import generate_weights
-from cerebellar_norse.training.checkpoints import ModelStore, load_model_dir
+from cerebellar_norse.training.checkpoints import NOT_ACTIVATED, ModelStore, load_model_dir
 from cerebellar_norse.training.data import DataFileNotFoundError, resolve_data_file
 
 V1, V2 = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb"
@@ -65,10 +65,10 @@ def test_a_damaged_active_file_is_a_degraded_fallback(cfg: Config, store: ModelS
     assert "ACTIVE" not in store.versions()
 
 
-def test_a_missing_active_file_is_no_fallback(cfg: Config, store: ModelStore) -> None:
+def test_a_missing_active_file_serves_the_newest_saying_none_was_activated(cfg: Config, store: ModelStore) -> None:
     (store.root / "ACTIVE").unlink()
     assert store.load_for_service(cfg).version == V2  # type: ignore[union-attr]
-    assert store.fallback is None
+    assert store.fallback == NOT_ACTIVATED  # /health degraded: nobody chose the model served
 
 
 def test_a_loop_of_symbolic_links_is_a_clear_not_found(tmp_path: Path) -> None:
