@@ -148,6 +148,9 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
             what = "unseen, used for nothing" + (f"; evaluate --since {_unseen_since(until)} scores only ticks after the "
                                                  "model's training and validation data" if until is not None else "")
         print(f"\ntest split ({what}):")
+        edge_line = edge_note(res["edge"])
+        if edge_line:
+            print(edge_line)
         print(format_summary(test))
     return 0
 
@@ -262,11 +265,19 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     if not summary.get("samples"):
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")
+    from .datacheck import market_checks
+
+    checks = {m.market_id: market_checks(m) for m in data.markets}
+    checks = {k: v for k, v in checks.items() if v}
+    for market_id, lines in checks.items():
+        for line in lines:
+            print(f"warning: data check: {market_id}: {line} (told, not acted on: the labels and the P&L include it)",
+                  file=sys.stderr)
     in_sample = _in_sample(model.metrics, prep, store)
     unscored = {pm.market_id: len(pm.ticks) for pm in prep.markets if not pm.scored.any()}
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
                     "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,
-                    "in_sample": in_sample, "unscored_markets": unscored})
+                    "in_sample": in_sample, "unscored_markets": unscored, "data_checks": checks})
     if unscored:
         print(f"note: {len(unscored)} market(s) have no scored tick and are not in the figures: {market_list(unscored)} (a "
               f"market's first neural.warmup_ticks = {cfg.neural.warmup_ticks} ticks only warm the network up, a scored "
@@ -284,8 +295,9 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
               f"ticks of each market excluded; base rates from {base_source})")
         if in_sample:
             print(f"IN SAMPLE: {in_sample['message']}")
-        if summary["edge"] == "none":
-            print(f"NO EDGE: {NO_EDGE_NOTE}")
+        edge_line = edge_note(summary["edge"])
+        if edge_line:
+            print(edge_line)
         print(format_summary(summary))
         if report:
             print(f"report written to {report}")
@@ -295,6 +307,21 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
 NO_EDGE_NOTE = ("training found no edge on its validation split, so the model serves its base rates: the same "
                 "probabilities at every tick, hence one direction traded at every tick; its trade figures are the base "
                 "rates' (the base-rates row), not a signal to act on")
+
+
+NO_DIRECTION_NOTE = ("training found an edge only in whether prices move (edge: flat), not in which way: the model's "
+                     "P(up) / P(down) is the same at every tick, so its sign strategy trades one direction at every tick; "
+                     "its directional figures and trade figures are those of a constant position (the always_up row, or "
+                     "its mirror when it is short), not a signal to act on")
+
+
+def edge_note(edge: Any) -> str | None:
+    """The line above the figures of a model without a directional edge (None for one with)."""
+    if edge == "none":
+        return f"NO EDGE: {NO_EDGE_NOTE}"
+    if edge == "flat":
+        return f"NO DIRECTIONAL EDGE: {NO_DIRECTION_NOTE}"
+    return None
 
 
 def cmd_inspect_data(cfg: Config, files: list[str], as_json: bool) -> int:
