@@ -19,8 +19,13 @@ Baselines (none of them looks at the evaluation labels):
   vector clipped to [1e-4, 1] and renormalised, so that its log loss is finite);
 * ``persistence`` — the direction of ``past_ret`` continues: P(flat) is the base rate
   of flat and the moving mass M = P(down) + P(up) of the base rates is split
-  0.6 M / 0.4 M in favour of the direction of ``past_ret``; where ``past_ret`` is zero
-  or unknown (NaN) the split is 0.5 M / 0.5 M (no view, no position);
+  (0.5 + t) M / (0.5 − t) M in favour of the direction of ``past_ret``; where ``past_ret``
+  is zero or unknown (NaN) the split is 0.5 M / 0.5 M (no view, no position). The tilt t
+  is the rule's own (:func:`rule_tilts`): the share of the scored moving ticks whose
+  direction it calls right, less 0.5, kept within [1e-6, 0.49] — the rule's best
+  probabilities, so that its log losses are a fair bar (a fixed tilt is beaten on log
+  loss by any calibrated forecast without skill); the floor keeps its direction (and
+  its trades) where it has none;
 * ``mean_reversion`` — as persistence with the opposite direction;
 * ``always_up`` — as persistence with the direction always up (buy and hold: a drifting
   market's directional accuracy and P&L are not an edge unless the model beats this);
@@ -41,7 +46,9 @@ from .data import CLASS_NAMES
 DOWN, FLAT, UP = 0, 1, 2
 LOG_LOSS_CLIP = 1e-12
 MAJORITY_FLOOR = 1e-4
-DIRECTION_TILT = 0.1
+DIRECTION_TILT = 0.1  # the rules' tilt when no labels are given to fit theirs (baseline_probs without tilts)
+TILT_RANGE = (1e-6, 0.49)  # a fitted tilt: above 0 so that the rule keeps its direction, below 0.5 so no P is 0
+RULES = ("persistence", "mean_reversion", "always_up")
 CALIBRATION_BINS = 10
 PSEUDO_COUNT = 0.5
 HESSIAN_ROWS = 32_768
@@ -373,27 +380,55 @@ def _check(inp: ScoreInputs) -> _Checked:
     return _Checked(probs, labels, fwd, past, br / br.sum(), lr, horizon, markets)
 
 
-def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray) -> dict[str, np.ndarray]:
-    """Probabilities (n, 3) of the label-free baselines (module docstring), n = len(past_ret).
+def _rule_views(past_ret: np.ndarray) -> dict[str, np.ndarray]:
+    """Each rule's view per row: +1 up, −1 down, 0 none (``past_ret`` zero or NaN for the two that read it)."""
+    past = np.asarray(past_ret, dtype=np.float64)
+    direction = np.where(np.isfinite(past), np.sign(np.nan_to_num(past)), 0.0)
+    return {"persistence": direction, "mean_reversion": -direction, "always_up": np.ones(past.shape[0])}
+
+
+def rule_tilts(past_ret: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """The tilt of each rule (``RULES``) that maximises its direction likelihood on these rows.
+
+    Over the rows with a moving label (down or up) where the rule has a view, k called the
+    direction right and m wrong: t = k / (k + m) − 0.5 (the maximum of k log(0.5 + t) +
+    m log(0.5 − t)), kept within ``TILT_RANGE``; the floor where there is no such row.
+    """
+    lab = np.asarray(labels)
+    moving = lab != FLAT
+    went = np.where(lab == UP, 1.0, -1.0)
+    out: dict[str, float] = {}
+    for name, view in _rule_views(past_ret).items():
+        called = moving & (view != 0)
+        k = int(np.count_nonzero(called & (view == went)))
+        m = int(np.count_nonzero(called)) - k
+        t = k / (k + m) - 0.5 if k + m else 0.0
+        out[name] = float(min(max(t, TILT_RANGE[0]), TILT_RANGE[1]))
+    return out
+
+
+def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray,
+                   tilts: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+    """Probabilities (n, 3) of the baselines (module docstring), n = len(past_ret).
 
     ``base_rates`` (3,) training class frequencies (normalised here); ``past_ret`` (n,) log
-    returns over the previous horizon, NaN where unknown.
+    returns over the previous horizon, NaN where unknown; ``tilts`` each rule's tilt
+    (:func:`rule_tilts`; ``DIRECTION_TILT`` for a rule not in it).
     """
     br = np.asarray(base_rates, dtype=np.float64)
     br = br / br.sum()
-    past = np.asarray(past_ret, dtype=np.float64)
-    n = past.shape[0]
+    n = np.asarray(past_ret).shape[0]
     majority = np.full(3, MAJORITY_FLOOR)
     majority[int(np.argmax(br))] = 1.0
     majority /= majority.sum()
-    direction = np.where(np.isfinite(past), np.sign(np.nan_to_num(past)), 0.0)
     moving = br[DOWN] + br[UP]
     out = {"base_rates": np.tile(br, (n, 1)), "majority": np.tile(majority, (n, 1))}
-    for name, view in (("persistence", direction), ("mean_reversion", -direction), ("always_up", np.ones(n))):
+    for name, view in _rule_views(past_ret).items():
+        tilt = (tilts or {}).get(name, DIRECTION_TILT)
         p = np.empty((n, 3))
         p[:, FLAT] = br[FLAT]
-        p[:, UP] = moving * (0.5 + DIRECTION_TILT * view)
-        p[:, DOWN] = moving * (0.5 - DIRECTION_TILT * view)
+        p[:, UP] = moving * (0.5 + tilt * view)
+        p[:, DOWN] = moving * (0.5 - tilt * view)
         out[name] = p
     return out
 
@@ -615,7 +650,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     seeds them. Undefined values (no moving labels, no trades…) are None, never NaN.
 
     Keys: ``samples``, ``class_counts``, ``moving_samples``, ``horizon``, ``cost_bp``,
-    ``base_rates``; ``model`` and ``baselines[name]`` with ``accuracy`` (argmax vs label),
+    ``base_rates``, ``rule_tilts`` (:func:`rule_tilts`); ``model`` and ``baselines[name]`` with ``accuracy`` (argmax vs label),
     ``directional_accuracy`` (moving labels only; sign of P(up) − P(down), ties count half),
     ``log_loss`` (nats, probabilities clipped at 1e-12), ``direction_log_loss`` (nats, binary,
     q = P(up) / (P(up) + P(down)) over moving labels), ``brier`` (3-class, in [0, 2]),
@@ -645,7 +680,8 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     model, model_rows = _evaluate(c.probs, c, cost_bp)
     model["confidence_quartiles"] = _confidence_quartiles(c.probs, model_rows, c.labels)
     model["always_long"] = _pnl(np.ones(n), c.fwd_ret, c.horizon, cost_bp)
-    probs = baseline_probs(c.base_rates, c.past_ret)
+    tilts = rule_tilts(c.past_ret, c.labels)
+    probs = baseline_probs(c.base_rates, c.past_ret, tilts)
     if c.lr_probs is not None:
         probs["logistic"] = c.lr_probs
     baselines: dict[str, Any] = {}
@@ -661,6 +697,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         "horizon": c.horizon,
         "cost_bp": float(cost_bp),
         "base_rates": {name: float(c.base_rates[k]) for k, name in enumerate(CLASS_NAMES)},
+        "rule_tilts": tilts,
         "model": model,
         "baselines": baselines,
         "vs_baselines": vs,

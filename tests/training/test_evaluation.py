@@ -12,6 +12,7 @@ from cerebellar_norse.training import evaluation
 from cerebellar_norse.training.evaluation import (
     ScoreInputs,
     baseline_probs,
+    rule_tilts,
     block_length,
     cumulative_pnl,
     fit_logistic,
@@ -360,3 +361,41 @@ def test_a_model_serving_the_base_rates_up_to_rounding_is_no_difference() -> Non
     s = score(inputs(np.tile(served, (3000, 1)), labels, rng, base_rates=base, horizon=5), bootstrap=100)
     for figure, cell in s["vs_baselines"]["base_rates"].items():
         assert cell["diff"] == 0.0 and cell["ci95"] == [0.0, 0.0], (figure, cell)
+
+
+def _noise_inputs(seed: int, n: int = 20_000, follow: float = 0.5) -> ScoreInputs:
+    """Labels 30 % down / 40 % flat / 30 % up; a moving label follows the previous return's sign with probability
+    ``follow`` (0.5: no rule has skill); the model serves the base rates (no skill at all)."""
+    rng = np.random.default_rng(seed)
+    past = rng.standard_normal(n) * 1e-3
+    moving = rng.random(n) < 0.6
+    same = rng.random(n) < follow
+    up = np.where(same, past > 0, past <= 0)
+    labels = np.where(moving, np.where(up, 2, 0), 1)
+    fwd = np.where(labels == 2, 1e-3, np.where(labels == 0, -1e-3, 0.0))
+    br = np.array([0.3, 0.4, 0.3])
+    return ScoreInputs(probs=np.tile(br, (n, 1)), labels=labels, fwd_ret=fwd, past_ret=past, base_rates=br, horizon=1)
+
+
+def test_rules_without_skill_are_no_bar_a_forecast_without_skill_clears() -> None:
+    """A fixed 0.6/0.4 split lost about 0.02 nats of direction log loss to any calibrated forecast on noise, so a model
+    with no skill "beat" persistence and always_up with intervals excluding 0; the fitted tilt is the rule's best."""
+    for seed in range(3):
+        s = score(_noise_inputs(seed), bootstrap=300, seed=seed)
+        for rule in ("persistence", "mean_reversion", "always_up"):
+            assert s["rule_tilts"][rule] < 0.02, s["rule_tilts"]
+            diff = s["vs_baselines"][rule]["direction_log_loss"]
+            assert diff["diff"] > -1e-3, (seed, rule, diff)  # was about -0.02 with the fixed split
+            assert diff["ci95"][1] >= 0.0, (seed, rule, diff)  # no-skill model is not "better" than the rule
+
+
+def test_a_rule_with_skill_gets_its_tilt_and_beats_the_base_rates() -> None:
+    inp = _noise_inputs(7, follow=0.62)
+    tilts = rule_tilts(inp.past_ret, inp.labels)
+    assert tilts["persistence"] == pytest.approx(0.12, abs=0.015)
+    assert tilts["mean_reversion"] == 1e-6  # wrong more often than not: no tilt beyond keeping its direction
+    s = score(inp, bootstrap=300)
+    diff = s["vs_baselines"]["persistence"]["direction_log_loss"]
+    assert diff["ci95"][0] > 0.0, diff  # the base-rate forecast is worse than the rule that has an edge
+    assert s["baselines"]["persistence"]["directional_accuracy"] == pytest.approx(0.62, abs=0.02)
+    assert s["baselines"]["mean_reversion"]["directional_accuracy"] == pytest.approx(0.38, abs=0.02)
