@@ -27,7 +27,7 @@ Baselines (none of them looks at the evaluation labels):
   loss by any calibrated forecast without skill); the floor keeps its direction (and
   its trades) where it has none;
 * ``mean_reversion`` — as persistence with the opposite direction;
-* ``always_up`` — as persistence with the direction always up (buy and hold: a drifting
+* ``always_up`` — as persistence with the direction always up (long at every tick: a drifting
   market's directional accuracy and P&L are not an edge unless the model beats this);
 * ``logistic`` — a multinomial logistic regression's probabilities (``fit_logistic``),
   when the caller supplies them.
