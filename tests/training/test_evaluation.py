@@ -12,10 +12,10 @@ from cerebellar_norse.training import evaluation
 from cerebellar_norse.training.evaluation import (
     ScoreInputs,
     baseline_probs,
-    rule_tilts,
     block_length,
     cumulative_pnl,
     fit_logistic,
+    rule_tilts,
     score,
 )
 
