@@ -156,11 +156,14 @@ class StorageError(EngineFatalError):
     Attributes:
         path: the file or directory concerned.
         errno: the operating system's error number (e.g. 28 ENOSPC, 30 EROFS), or None.
+        reported: logged already where it happened (the journal's failure, which every later tick is refused
+            with): the answers refusing ticks with it do not log it again.
     """
 
     def __init__(self, message: str, path: str = "", errno: int | None = None) -> None:
         self.path = path
         self.errno = errno
+        self.reported = False
         super().__init__(message)
 
     @staticmethod

@@ -22,6 +22,7 @@ from ..errors import (
     EngineFatalError,
     InputError,
     MarketMovingError,
+    StorageError,
     TickOrderError,
 )
 from ..observability.context import request_id_var
@@ -134,7 +135,8 @@ def service_error(exc: CerebellarNorseError) -> ServiceErrorResponse:
     if isinstance(exc, CapacityError):
         return ServiceErrorResponse(503, "capacity", str(exc), headers={"Retry-After": str(max(1, round(exc.retry_after_s)))})
     if isinstance(exc, EngineFatalError):
-        log.error("engine error: %s", exc)
+        if not (isinstance(exc, StorageError) and exc.reported):  # the journal's failure: logged once, when it failed
+            log.error("engine error: %s", exc)
         return ServiceErrorResponse(503, "engine", str(exc))
     log.error("unhandled service error: %s", exc)
     return ServiceErrorResponse(500, "internal", str(exc))

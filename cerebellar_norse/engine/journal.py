@@ -576,6 +576,7 @@ class Durability:
             self.failed = exc
             log.error("%s; no further tick is acknowledged, the service stops (every acknowledged tick is in the journal "
                       "and the last checkpoint)", exc, extra={"fields": {"path": exc.path, "errno": exc.errno}})
+            exc.reported = True
             if self.on_fatal is not None:
                 self.on_fatal(exc)
         return exc

@@ -484,6 +484,7 @@ async def test_ticks_refused_after_a_failed_journal_write_are_never_kept(engine_
     assert e.pool.table.get("C") is None
     assert e.pool.last_timestamp("A") < T0 + 102  # only the failing step itself was applied
     assert e.snapshot().accepting is False  # /health says so beside its 503 reason
+    assert d.failed is not None and d.failed.reported  # logged once when it failed, not again per refused request
     await e.drain(save=True)  # what the service does once on_fatal has stopped it
     monkeypatch.undo()
     assert list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)  # the journal is kept
