@@ -195,6 +195,9 @@ def _server_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """``server`` keys given on the command line (``--host``, ``--port``): they win over the file, also on reload."""
     updates: dict[str, Any] = {}
     if args.host is not None:
+        if not args.host.strip() or any(not c.isprintable() for c in args.host):
+            raise ConfigError([ConfigProblem("server.host", f"--host {args.host!r} is not a listen address",
+                                             "pass an address such as 127.0.0.1")])
         updates["host"] = args.host
     if args.port is not None:
         if not 1 <= args.port <= 65535:
@@ -221,6 +224,9 @@ def _cmd_crossval(args: argparse.Namespace) -> int:
 
     if args.ticks < 1 or args.markets < 1:
         _err("--ticks and --markets must be at least 1")
+        return EXIT_USAGE
+    if args.seed < 0:
+        _err(f"--seed must be at least 0 (got {args.seed})")
         return EXIT_USAGE
     return run_crossval_command(_load(args), args.ticks, args.markets, args.precision, args.seed, args.json)
 
@@ -265,6 +271,9 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
 
     if args.ticks < 1 or args.markets < 1:
         _err("--ticks and --markets must be at least 1")
+        return EXIT_USAGE
+    if args.seed < 0:
+        _err(f"--seed must be at least 0 (got {args.seed})")
         return EXIT_USAGE
     return cmd_make_data(Path(args.output), args.ticks, args.markets, args.seed)
 
@@ -345,9 +354,9 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
         return _cmd_dump_schema
     if args.dump_weights:
         return _cmd_dump_weights
-    if args.verify_data:
+    if args.verify_data is not None:  # an empty DIR is refused in main(), never taken for "no action flag" (serve)
         return _cmd_verify_data
-    if args.validate_model:
+    if args.validate_model is not None:
         return _cmd_validate_model
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "crossval": _cmd_crossval, "bench": _cmd_bench, "train": _cmd_train, "evaluate": _cmd_evaluate, "make-data": _cmd_make_data,
@@ -363,6 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    for flag, value in (("--verify-data", args.verify_data), ("--validate-model", args.validate_model)):
+        if value is not None and not value.strip():
+            _err(f"{flag}: empty directory name (fix: pass the directory to check, e.g. /var/lib/cerebellar-norse/)")
+            return EXIT_USAGE
     if args.config is not None and not Path(args.config).exists():
         _err(f"{args.config}: config file does not exist (fix: pass an existing file to --config)")
         return EXIT_FAILED if (args.validate_only or args.validate_config) else EXIT_USAGE

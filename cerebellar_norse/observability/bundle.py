@@ -119,9 +119,13 @@ def _service_parts(url: str, token: str | None, timeout_s: float, parts: Parts) 
             return None
         try:
             r = httpx.get(base + path, headers=auth if guarded else {}, timeout=timeout_s)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, UnicodeEncodeError) as exc:  # no answer, no URL, a token no header carries
             unreachable = f"service at {url} unreachable"
-            parts.status[name] = f"failed: cannot reach the service at {url} ({type(exc).__name__}: {exc})"
+            why = (f"{url!r} is not a URL ({exc}) (fix: pass --url http://HOST:PORT)" if isinstance(exc, httpx.InvalidURL)
+                   else "the config's server.api_token holds a character an HTTP header cannot carry"
+                   if isinstance(exc, UnicodeEncodeError)
+                   else f"cannot reach the service at {url} ({type(exc).__name__}: {exc})")
+            parts.status[name] = f"failed: {why}"
             return None
         if r.status_code not in ok:
             why = f"GET {path} answered {r.status_code}"

@@ -330,6 +330,30 @@ def config_token(cfg: Config) -> str | None:
     return value or None
 
 
+def request_errors() -> tuple[type[BaseException], ...]:
+    """What an HTTP call of a command can raise for a user's input: no answer (``httpx.HTTPError``), a ``--url``
+    that is no URL (``httpx.InvalidURL`` is not an ``HTTPError``), a token an HTTP header cannot carry."""
+    import httpx
+
+    return httpx.HTTPError, httpx.InvalidURL, UnicodeEncodeError
+
+
+def call_failure(url: str, exc: BaseException) -> str:
+    """One line saying why a call to the service at ``url`` failed (``exc`` one of :func:`request_errors`)."""
+    import httpx
+
+    if isinstance(exc, httpx.InvalidURL):
+        return f"{url!r} is not a URL ({exc}) (fix: pass --url http://HOST:PORT)"
+    if isinstance(exc, UnicodeEncodeError):
+        return "the token holds a character an HTTP header cannot carry (fix: pass the service's token)"
+    return f"cannot reach the service at {url} ({type(exc).__name__}: {exc}): is it running there? (pass --url)"
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """An answer's body for a one-line error message (another server's HTML error page spans many lines)."""
+    return " ".join(text[:limit].split()) or "(empty answer)"
+
+
 def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) -> Any:
     """GET ``url + path`` with the bearer token; the decoded JSON, or ServiceCallError naming what failed."""
     import httpx
@@ -338,9 +362,8 @@ def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) 
     target = url.rstrip("/") + path
     try:
         r = httpx.get(target, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ServiceCallError(f"cannot reach the service at {url} ({type(exc).__name__}: {exc}): is it running there? "
-                               "(pass --url)") from None
+    except request_errors() as exc:
+        raise ServiceCallError(call_failure(url, exc)) from None
     if r.status_code == 401:
         raise ServiceCallError(f"{target}: 401 unauthorized: pass the service's token (--token, or server.api_token "
                                "in --config, or CEREBELLAR_NORSE_SERVER__API_TOKEN)")
@@ -348,8 +371,8 @@ def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) 
         try:
             message = r.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
-            message = r.text[:200]
-        raise ServiceCallError(f"{target}: {r.status_code}: {message}")
+            message = one_line(r.text)
+        raise ServiceCallError(f"{target}: {r.status_code}: {message} (is the service at {url} cerebellar-norse?)")
     try:
         return r.json()
     except ValueError:
@@ -371,11 +394,16 @@ def cmd_trace(cfg: Config, request_id: str | None, url: str | None, token: str |
     except ServiceCallError as exc:
         print(f"cerebellar-norse: {exc}", file=sys.stderr)
         return 1
-    timelines = doc["requests"] if slow else [doc]
-    if as_json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print("\n\n".join(ascii_timeline(tl) for tl in timelines) if timelines else "no request timelines kept yet")
+    timelines = doc.get("requests") if slow and isinstance(doc, dict) else [doc]
+    try:  # another server's JSON (or an older service's) is no timeline: say so, not a KeyError
+        drawing = "\n\n".join(ascii_timeline(tl) for tl in timelines) if timelines else "no request timelines kept yet"
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+        drawing = None
+    if not isinstance(timelines, list) or drawing is None:
+        print(f"cerebellar-norse: {url.rstrip('/')}{path.split('?')[0]}: the answer is not a request timeline "
+              f"(is the service at {url} cerebellar-norse?)", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=2) if as_json else drawing)
     return 0
 
 

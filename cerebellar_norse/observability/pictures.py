@@ -164,18 +164,18 @@ def analyze(w: Weights, version: str, other: tuple[Weights, str] | None = None,
 # -- inputs -------------------------------------------------------------------------------------------
 
 
-def _parse_text_dump(text: str) -> dict[str, Any]:
+def _parse_text_dump(text: str, where: str = "stdin") -> dict[str, Any]:
     """The statistics of ``--dump-weights`` text output (``model V``, a header, one row per layer)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) < 2 or not lines[0].startswith("model ") or not lines[1].split()[:2] == ["layer", "count"]:
-        raise InputError("stdin: not the output of --dump-weights (text, --format json or --format npz)")
+        raise InputError(f"{where}: not the output of --dump-weights (text, --format json or --format npz)")
     layers = {}
     for ln in lines[2:]:
         parts = ln.split()
         try:
             count, mean, std, lo, hi = int(parts[1]), *map(float, parts[2:6])
         except (ValueError, IndexError):
-            raise InputError(f"stdin: unreadable --dump-weights line: {ln!r}") from None
+            raise InputError(f"{where}: unreadable --dump-weights line: {ln!r}") from None
         layers[parts[0]] = {"count": count, "mean": mean, "std": std, "min": lo, "max": hi}
     return {"model_version": lines[0][len("model "):].strip(), "layers": layers}
 
@@ -198,7 +198,7 @@ def read_dump(data: bytes, where: str = "stdin") -> tuple[Weights | None, dict[s
         except (ValueError, AttributeError) as exc:
             raise InputError(f"{where}: not the JSON of --dump-weights --format json ({exc})") from None
     else:
-        stats = _parse_text_dump(text)
+        stats = _parse_text_dump(text, where)
     return None, stats, str(stats.get("model_version") or where)
 
 
@@ -491,7 +491,7 @@ def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None
     """``cerebellar-norse plot-market``: fetch a market's raster PNG from the running service and write it."""
     import httpx
 
-    from .debugtools import config_token, service_url
+    from .debugtools import call_failure, config_token, request_errors, service_url
 
     url = url or service_url(cfg)
     bearer = token if token is not None else config_token(cfg)
@@ -499,9 +499,8 @@ def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None
     target = url.rstrip("/") + raster_path(market, ticks)
     try:
         r = httpx.get(target, headers=headers, timeout=30.0)
-    except httpx.HTTPError as exc:
-        print(f"cerebellar-norse: cannot reach the service at {url} ({type(exc).__name__}: {exc}): is it running there? "
-              "(pass --url)", file=sys.stderr)
+    except request_errors() as exc:
+        print(f"cerebellar-norse: {call_failure(url, exc)}", file=sys.stderr)
         return 1
     if r.status_code != 200 or r.content[:8] != PNG_MAGIC:
         if r.status_code == 401:

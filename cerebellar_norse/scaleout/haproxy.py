@@ -68,10 +68,14 @@ def parse_replica(text: str, position: int) -> Replica:
     if not sid_text.isdigit() or int(sid_text) < 1:
         raise InputError(f"replica {text!r}: the server id before '=' must be a positive integer", "replicas")
     url = rest if "://" in rest else f"http://{rest}"
-    parts = urlsplit(url)
-    if not parts.hostname or parts.port is None:
-        raise InputError(f"replica {text!r}: expected HOST:PORT or http://HOST:PORT", "replicas")
-    return Replica(int(sid_text), parts.hostname, parts.port, enabled=enabled)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # a port that is no number, or outside 0..65535: ValueError
+    except ValueError as exc:
+        raise InputError(f"replica {text!r}: expected HOST:PORT or http://HOST:PORT ({exc})", "replicas") from None
+    if not parts.hostname or port is None or not 1 <= port <= 65535:
+        raise InputError(f"replica {text!r}: expected HOST:PORT or http://HOST:PORT (port 1..65535)", "replicas")
+    return Replica(int(sid_text), parts.hostname, port, enabled=enabled)
 
 
 def render_config(replicas: list[Replica], bind: str = "127.0.0.1:8080", stats_bind: str = "127.0.0.1:8404",

@@ -116,22 +116,31 @@ class Replicas:
     def _call(self, method: str, url: str, **kw: Any) -> httpx.Response:
         try:
             r = self.http.request(method, url, **kw)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is not an HTTPError
             raise RebalanceError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+        except UnicodeEncodeError:
+            raise RebalanceError(f"{method} {url}: the token holds a character an HTTP header cannot carry") from None
         if r.status_code >= 400:
             try:
                 msg = r.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
-                msg = r.text[:200]
+                msg = " ".join(r.text[:200].split())
             raise RebalanceError(f"{method} {url}: HTTP {r.status_code}: {msg}")
         return r
 
     def markets(self, base: str) -> dict[str, tuple[int, int]]:
         """Markets holding state on a replica, each with how far its state goes: (last tick time, ticks seen)."""
-        body = self._call("GET", f"{base}/debug/markets", params={"limit": LIST_LIMIT}).json()
-        if body["total"] > LIST_LIMIT:
-            raise RebalanceError(f"{base} holds {body['total']} markets, more than the {LIST_LIMIT} one listing returns")
-        return {m["market_id"]: (int(m.get("last_timestamp") or 0), int(m.get("ticks_seen") or 0)) for m in body["markets"]}
+        try:
+            body = self._call("GET", f"{base}/debug/markets", params={"limit": LIST_LIMIT}).json()
+            total = int(body["total"])
+            held = {m["market_id"]: (int(m.get("last_timestamp") or 0), int(m.get("ticks_seen") or 0))
+                    for m in body["markets"]}
+        except (ValueError, KeyError, TypeError, AttributeError):  # JSONDecodeError is a ValueError
+            raise RebalanceError(f"GET {base}/debug/markets: the answer is not a market listing (is {base} a "
+                                 "cerebellar-norse replica?)") from None
+        if total > LIST_LIMIT:
+            raise RebalanceError(f"{base} holds {total} markets, more than the {LIST_LIMIT} one listing returns")
+        return held
 
     def export(self, base: str, market: str) -> bytes:
         """Freeze and export one market."""

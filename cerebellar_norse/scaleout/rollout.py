@@ -36,15 +36,17 @@ class RolloutError(CerebellarNorseError):
 def _call(http: httpx.Client, method: str, url: str, **kw: Any) -> dict[str, Any]:
     try:
         r = http.request(method, url, **kw)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL (a replica that is no URL) is not an HTTPError
         raise RolloutError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+    except UnicodeEncodeError:
+        raise RolloutError(f"{method} {url}: the token holds a character an HTTP header cannot carry") from None
     try:
         body: dict[str, Any] = r.json()
     except ValueError:
         body = {}
     if r.status_code >= 400:
         msg = (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else None
-        raise RolloutError(f"{method} {url}: HTTP {r.status_code}: {msg or r.text[:200]}")
+        raise RolloutError(f"{method} {url}: HTTP {r.status_code}: {msg or ' '.join(r.text[:200].split())}")
     return body
 
 

@@ -228,7 +228,6 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
 def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,
                  as_json: bool, since: str | None = None) -> int:
     """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
-    from ..storage import atomic_write_bytes
     from .calibration import base_rates
     from .data import load_csv_files, parse_time_ms
     from .report import format_summary, render_html
@@ -287,7 +286,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         print(f"warning: {in_sample['message']}", file=sys.stderr)
     if report:
         html = render_html(summary, cumulative, model.metrics.get("history"), title=f"cerebellar-norse evaluation of {version}")
-        atomic_write_bytes(Path(report), html.encode("utf-8"))
+        _write_output(Path(report), html.encode("utf-8"))
     if as_json:
         print(json.dumps(summary, allow_nan=False))
     else:
@@ -334,9 +333,10 @@ def cmd_inspect_data(cfg: Config, files: list[str], as_json: bool) -> int:
 def cmd_make_data(output: Path, ticks: int, markets: int, seed: int) -> int:
     """``cerebellar-norse make-data``: write synthetic ticks as CSV."""
     from ..synthetic import generate_ticks
-    from .data import write_csv
+    from .data import csv_bytes
 
-    write_csv(output, generate_ticks(ticks, markets, seed))
+    # like every output file: through a link to its target, into a device or pipe (/dev/stdout), the umask's mode
+    _write_output(output, csv_bytes(generate_ticks(ticks, markets, seed)))
     print(f"wrote {ticks} ticks of {markets} markets to {output}")
     return 0
 

@@ -52,7 +52,7 @@ from .csvformat import (
 )
 
 __all__ = ["CLASS_NAMES", "COLUMNS", "DATA_FILE_PATTERN", "MIN_SAMPLES_PER_CLASS", "DataFileNotFoundError", "MarketSeries",
-           "TickData", "class_counts", "class_warnings", "load_csv_files", "parse_time_ms", "resolve_data_file", "write_csv"]
+           "TickData", "class_counts", "class_warnings", "csv_bytes", "load_csv_files", "parse_time_ms", "resolve_data_file", "write_csv"]
 
 COLUMNS = ("timestamp", "market_id", "price", "volume")  # the header write_csv writes
 CLASS_NAMES = ("down", "flat", "up")
@@ -324,10 +324,15 @@ def class_warnings(counts: np.ndarray, minimum: int = MIN_SAMPLES_PER_CLASS) -> 
             for k, c in enumerate(counts) if c < minimum]
 
 
-def write_csv(path: Path, ticks: list[dict[str, object]]) -> None:
-    """Write ticks as a CSV with the standard header (used by ``make-data``)."""
-    from ..storage import atomic_write_bytes
-
+def csv_bytes(ticks: list[dict[str, object]]) -> bytes:
+    """Ticks as CSV text with the standard header."""
     lines = [",".join(COLUMNS)]
     lines.extend(f"{t['timestamp']},{t['market_id']},{t['price']!r},{t['volume']!r}" for t in ticks)
-    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def write_csv(path: Path, ticks: list[dict[str, object]]) -> None:
+    """Write ticks as a CSV with the standard header, atomically."""
+    from ..storage import atomic_write_bytes
+
+    atomic_write_bytes(path, csv_bytes(ticks))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from training_helpers import TINY_NEURAL, config_environ
+from training_helpers import tiny_cli_environ
 
 from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_config
@@ -18,10 +18,8 @@ from cerebellar_norse.training.data import write_csv
 
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for k, v in config_environ({"neural": TINY_NEURAL, "training": {"threads": 1}}).items():
+    for k, v in tiny_cli_environ(tmp_path).items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__DATA_DIR", str(tmp_path))
     return tmp_path
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from live_helpers import REPO_ROOT, LiveServer, free_port, server_environ, start
 
 __all__ = ["REPO_ROOT", "TINY_NEURAL", "ConfigFactory", "CsvFactory", "LiveServer", "config_environ", "free_port",
-           "server_environ", "start"]
+           "server_environ", "start", "tiny_cli_environ"]
 
 ConfigFactory = Callable[..., Config]
 CsvFactory = Callable[..., Path]
@@ -37,3 +37,10 @@ def config_environ(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """``{"neural": {"granule_size": 64}}`` -> ``{"CEREBELLAR_NORSE_NEURAL__GRANULE_SIZE": "64"}``."""
     return {f"CEREBELLAR_NORSE_{section.upper()}__{key.upper()}": str(value).lower() if isinstance(value, bool) else str(value)
             for section, keys in sections.items() for key, value in keys.items()}
+
+
+def tiny_cli_environ(tmp_path: Path) -> dict[str, str]:
+    """The environment of a CLI run on the tiny network, one thread, state dir ``tmp_path/state``, data dir
+    ``tmp_path``."""
+    return {**config_environ({"neural": TINY_NEURAL, "training": {"threads": 1}}),
+            "CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), "CEREBELLAR_NORSE_PATHS__DATA_DIR": str(tmp_path)}

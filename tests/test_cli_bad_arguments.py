@@ -1,0 +1,171 @@
+"""Command-line arguments a user can get wrong: exit code, one line on stderr naming the problem, no traceback,
+nothing started or replaced."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cerebellar_norse import cli
+from cerebellar_norse.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("CEREBELLAR_NORSE_") or k == "STATE_DIRECTORY":
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN", "false")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_clean_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("cerebellar-norse: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("flag", ["--verify-data", "--validate-model"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_directory_is_a_usage_error_not_serve(flag: str, value: str, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `--verify-data "$DIR"` with DIR unset used to fall through to serving (and wrote the state dir)
+    monkeypatch.setattr(cli, "_cmd_serve", lambda args: pytest.fail("serving instead of checking"))
+    code, out, err = run(capsys, flag, value)
+    assert code == 2
+    assert flag in one_clean_line(err) and out == ""
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("host", ["", " ", "127.0.0.1\nx"])
+def test_a_blank_host_is_refused_like_the_config_key(host: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # server.host = "" is a schema error; --host "" listened on every interface (0.0.0.0)
+    code, out, err = run(capsys, "--host", host, "--validate-config")
+    assert code == 1 and "server.host" in err and "Traceback" not in err
+    assert "valid" not in out
+
+
+@pytest.mark.parametrize("command", [["make-data", "--output", "x.csv", "--ticks", "10"], ["crossval", "--ticks", "10"]])
+def test_a_negative_seed_is_a_usage_error(command: list[str], capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, *command, "--seed", "-1")
+    assert code == 2 and "--seed" in one_clean_line(err)
+    assert not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["state", "dump", "--market", "M"],
+    ["trace", "--slow", "3"],
+    ["plot-market", "--market", "M", "--output", "OUT"],
+])
+@pytest.mark.parametrize("url", ["http://[::1", "http://host:port"])
+def test_a_url_that_is_no_url_is_one_line(command: list[str], url: str, capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    argv = [str(tmp_path / "p.png") if a == "OUT" else a for a in command]
+    code, _, err = run(capsys, *argv, "--url", url)
+    assert code == 1 and "not a URL" in one_clean_line(err)
+
+
+def test_debug_bundle_with_a_url_that_is_no_url(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "debug-bundle", "--url", "http://[::1", "--output", str(tmp_path / "b.tar.gz"))
+    assert code == 1 and "Traceback" not in err and "not a URL" in err
+    assert (tmp_path / "b.tar.gz").exists()  # the archive holds the rest
+
+
+def test_a_token_no_header_can_carry_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "state", "dump", "--market", "M", "--url", "http://127.0.0.1:9", "--token", "tök€n")
+    assert code == 1 and "token" in one_clean_line(err)
+
+
+@pytest.mark.parametrize("replica", ["127.0.0.1:70000", "127.0.0.1:0", "127.0.0.1:80x", "http://[::1"])
+def test_haproxy_config_and_rebalance_refuse_a_bad_replica_in_one_line(replica: str,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "haproxy-config", "--replicas", replica)
+    assert code == 1 and out == "" and "replica" in one_clean_line(err)
+    code, out, err = run(capsys, "rebalance", "--old", f"1={replica}", "--new", "1=127.0.0.1:9", "--dry-run")
+    assert code == 1 and "replica" in one_clean_line(err)
+
+
+class _OtherServer(http.server.BaseHTTPRequestHandler):
+    """Not this service: JSON that is no timeline, HTML error pages."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith(("/debug/requests?", "/debug/markets?")):
+            body, kind, status = json.dumps({"foo": 1}).encode(), "application/json", 200
+        else:
+            body, kind, status = b"<!DOCTYPE HTML>\n<html>\n<body>\n<h1>Not here</h1>\n</body>\n</html>\n", "text/html", 404
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def other_server() -> Iterator[str]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OtherServer)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_commands_pointed_at_another_server_say_so_in_one_line(other_server: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "trace", "--slow", "5", "--url", other_server)
+    assert code == 1 and "not a request timeline" in one_clean_line(err)
+    code, _, err = run(capsys, "trace", "some-id", "--url", other_server)
+    assert code == 1 and "404" in one_clean_line(err)  # the HTML page on one line
+    code, _, err = run(capsys, "state", "dump", "--market", "M", "--url", other_server)
+    assert code == 1 and "Not here" in one_clean_line(err)
+    code, _, err = run(capsys, "rebalance", "--old", f"1={other_server}", "--new", "2=127.0.0.1:9", "--dry-run")
+    assert code == 1 and "not a market listing" in one_clean_line(err)
+
+
+def test_make_data_writes_through_a_link_with_the_umask_mode(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "target.csv"
+    target.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target.name)
+    old = os.umask(0o022)
+    try:
+        code, _, err = run(capsys, "make-data", "--output", str(link), "--ticks", "5", "--markets", "1")
+        assert code == 0, err
+        assert link.is_symlink()  # not replaced by a regular file
+        assert target.read_text().startswith("timestamp,market_id,price,volume\n")
+        assert target.stat().st_mode & 0o777 == 0o644
+        fresh = tmp_path / "fresh.csv"
+        assert run(capsys, "make-data", "--output", str(fresh), "--ticks", "5")[0] == 0
+        assert fresh.stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+
+
+def test_analyze_weights_names_the_file_it_could_not_read(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    f = tmp_path / "not-a-dump.txt"
+    f.write_text("hello\n")
+    code, _, err = run(capsys, "analyze-weights", str(f))
+    assert code == 1 and str(f) in one_clean_line(err) and "stdin" not in err
