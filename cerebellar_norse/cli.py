@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
     ev.add_argument("--model", metavar="VERSION", help="stored model version (default: the active model)")
     ev.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with plots")
-    ev.add_argument("--since", metavar="TIME", help="score only ticks at or after TIME (ms or ISO 8601); earlier ones warm the network up")
+    ev.add_argument("--since", metavar="TIME", type=_time_arg, help="score only ticks at or after TIME (ms or ISO 8601); earlier ones warm the network up")
     ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost per trade in basis points for the P&L, 0 to 10000 (default 0)")
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the 95%% intervals (default 1000)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--market", metavar="M", help="replay only this market's ticks")
     rp.add_argument("--detect-divergence", action="store_true",
                     help="compare each result with the probabilities recorded for it; exit 1 when a market diverges")
-    rp.add_argument("--tolerance", type=float, default=None, metavar="T",
+    rp.add_argument("--tolerance", type=_non_negative, default=None, metavar="T",
                     help="largest |difference| of a probability that is not a divergence (default 1e-9)")
     rp.add_argument("--json", action="store_true", help="print one JSON result per line (with --detect-divergence: one JSON report)")
 
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     sf = st_sub.add_parser("diff", help="compare two state dumps field by field; exit 1 when they differ")
     sf.add_argument("a", metavar="A.json", help="first dump")
     sf.add_argument("b", metavar="B.json", help="second dump")
-    sf.add_argument("--tolerance", type=float, default=0.0, metavar="T",
+    sf.add_argument("--tolerance", type=_non_negative, default=0.0, metavar="T",
                     help="largest |difference| of two numbers that is not a difference (default 0: exact)")
 
     tc = sub.add_parser("trace", help="one request's timeline from the running service (GET /debug/requests/{id}) as text")
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     aw.add_argument("--model", metavar="VERSION", help="stored model version to analyse (default: the served model)")
     aw.add_argument("--compare", metavar="VERSION", help="stored model version (or model directory, .npz) to measure drift against")
     aw.add_argument("--output", dest="analyze_output", metavar="PNG", help="also write the histograms as a PNG")
-    aw.add_argument("--threshold", type=float, default=None, metavar="T", help="also report the fraction of weights with |w| > T")
+    aw.add_argument("--threshold", type=_non_negative, default=None, metavar="T", help="also report the fraction of weights with |w| > T")
     aw.add_argument("--json", action="store_true", help="print one JSON object")
 
     pm = sub.add_parser("plot-market", help="write one market's spike raster and membrane traces (GET /debug/markets/{id}/raster.png)")
@@ -139,6 +140,28 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
     bn.add_argument("--json", action="store_true", help="print one JSON object")
     return p
+
+
+def _non_negative(text: str) -> float:
+    """An argparse type: a finite number >= 0 (a bad value is a usage error, exit 2, never a check that failed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value + 0.0  # -0 is 0
+
+
+def _time_arg(text: str) -> str:
+    """An argparse type: a time as ``--since`` takes it (ms since the epoch or ISO 8601), kept as written."""
+    from .training.csvformat import parse_time_ms
+
+    try:
+        parse_time_ms(text, "time")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _err(msg: str) -> None:

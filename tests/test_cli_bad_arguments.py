@@ -70,6 +70,22 @@ def test_a_negative_seed_is_a_usage_error(command: list[str], capsys: pytest.Cap
     assert not (tmp_path / "x.csv").exists()
 
 
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["state", "diff", "a.json", "b.json", "--tolerance", "nan"], "--tolerance"),
+    (["state", "diff", "a.json", "b.json", "--tolerance", "-1"], "--tolerance"),
+    (["replay", "x.csv", "--tolerance", "inf"], "--tolerance"),
+    (["analyze-weights", "--threshold", "-0.5"], "--threshold"),
+    (["evaluate", "x.csv", "--since", "yesterday"], "--since"),
+])
+def test_a_bad_value_is_a_usage_error_not_a_failed_check(argv: list[str], flag: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 1 of state diff and replay means "they differ": a typo in a value must not read as that."""
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "", (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"argument {flag}:" in lines[0] and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("command", [
     ["state", "dump", "--market", "M"],
     ["trace", "--slow", "3"],

@@ -67,8 +67,10 @@ def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFix
     capsys.readouterr()
     assert main(["evaluate", "ticks.csv", "--model", "nope"]) == 1
     assert "no model 'nope'" in capsys.readouterr().err
-    assert main(["evaluate", "ticks.csv", "--since", "yesterday"]) == 1
-    assert "--since" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # a value that is no time: a usage error (2), as argparse's own
+        main(["evaluate", "ticks.csv", "--since", "yesterday"])
+    assert usage.value.code == 2
+    assert "argument --since: time 'yesterday' is not a time" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--since", "2099-01-01"]) == 1  # after every tick: nothing to score
     assert "--since 2099-01-01 (2099-01-01T00:00:00Z) is after the last tick of the files (" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--since", "1325500000", "--json", "--bootstrap", "0"]) == 0  # seconds, as ms
