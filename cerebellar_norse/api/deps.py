@@ -163,11 +163,12 @@ def require_token(request: Request, _: Annotated[HTTPAuthorizationCredentials | 
 
 
 def content_type_problem(content_type: str, content_encoding: str = "", media_type: str = "application/json") -> str | None:
-    """Why a request body of ``content_type`` sent with ``content_encoding`` (a Content-Encoding header, "" without one)
-    is refused (415), or None when it is ``media_type`` sent as it is (no content coding, or ``identity``)."""
+    """Why a request body of ``content_type`` sent with ``content_encoding`` (the Content-Encoding header's codings,
+    repeated headers joined by commas; "" without one) is refused (415), or None when it is ``media_type`` sent as it
+    is (no content coding, or only ``identity``)."""
     if content_type.split(";", 1)[0].strip().lower() != media_type:
         return f"content type must be {media_type}, got {content_type or 'none'!r}"
-    if content_encoding and content_encoding.strip().lower() not in ("", "identity"):
+    if content_encoding and any(c.strip().lower() not in ("", "identity") for c in content_encoding.split(",")):
         return (f"content coding {content_encoding.strip()!r} is not supported: send the body as it is, without a "
                 "Content-Encoding header")
     return None
@@ -176,7 +177,7 @@ def content_type_problem(content_type: str, content_encoding: str = "", media_ty
 def body_type_problem(request: Request, media_type: str = "application/json") -> str | None:
     """:func:`content_type_problem` of a request's Content-Type and Content-Encoding headers."""
     h = request.headers
-    return content_type_problem(h.get("content-type", ""), h.get("content-encoding", ""), media_type)
+    return content_type_problem(h.get("content-type", ""), ", ".join(h.getlist("content-encoding")), media_type)
 
 
 def require_json(request: Request) -> None:
@@ -224,3 +225,34 @@ class GuardedJsonBodyRoute(JsonBodyRoute):
     """A token-guarded JsonBodyRoute: the token is checked before the content type and the body."""
 
     guarded = True
+
+
+def untrained_reason(seed: int, version: str, stored: list[str]) -> str:
+    """Why serving the untrained network of ``seed`` (``version``) is degraded, given the ``stored`` model versions
+    (oldest first): none stored, or stored but none activated (a job with activation off, an upload)."""
+    head = f"serving the untrained network of seed {seed} ({version}), whose signals carry no information"
+    if not stored:
+        return (f"no trained model is stored: {head}; train one (cerebellar-norse train, POST /training) or store and "
+                "activate one (PUT /models/<version>, POST /models/<version>/activate)")
+    count = f"{len(stored)} trained model{'s are' if len(stored) > 1 else ' is'} stored (newest {stored[-1]})"
+    return (f"no trained model is activated: {head}; {count}, none activated: activate one "
+            "(POST /models/<version>/activate); a restart would serve the newest")
+
+
+def current_reason(state: ServiceState) -> str | None:
+    """The reason /health gives while ``state.degraded`` applies to the served model, or None; a reason of the
+    untrained network given at start names the models stored since."""
+    degraded = state.degraded
+    if degraded is None or degraded["model_version"] != state.engine.model_version:
+        return None
+    reason = degraded["reason"]
+    untrained = degraded.get("untrained")
+    if untrained and state.store is not None:
+        try:
+            stored = state.store.versions()
+        except OSError:
+            return reason
+        if stored:
+            fresh = untrained_reason(state.cfg.neural.seed, state.engine.model_version, stored)
+            reason = reason.replace(untrained, fresh)
+    return reason

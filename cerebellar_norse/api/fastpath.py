@@ -69,8 +69,8 @@ class TickFastPath:
                 ctype, seen_ctype = v.decode("latin-1"), True
             elif k == b"x-market-id" and market is None:
                 market = v.decode("latin-1")
-            elif k == b"content-encoding" and not coding:
-                coding = v.decode("latin-1")
+            elif k == b"content-encoding":  # every copy: codings are a list, repeated headers join it
+                coding = f"{coding}, {v.decode('latin-1')}" if coding else v.decode("latin-1")
         problem = content_type_problem(ctype, coding)
         if problem is not None:
             await self._error(send, 415, "unsupported_media_type", problem)

@@ -33,7 +33,7 @@ from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
 from ..training.jobs import JobManager
 from .app import create_app
-from .deps import ServiceState
+from .deps import ServiceState, untrained_reason
 from .exposure import check_exposure
 from .lifecycle import (
     announce_when_listening,
@@ -143,15 +143,19 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
     metrics.add_source(engine_families(engine, device, _cuda_memory(device), started))
     state = ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device, started=started)
     state.store = store
+    reasons = []
     if store.fallback is not None:  # the active model could not be served: /health says "degraded"
         reason = f"{store.fallback}; serving model {engine.model_version} instead"
-        state.degraded = {"model_version": engine.model_version, "reason": reason}
+        reasons.append(reason)
         log.log(logging.WARNING if store.fallback == NOT_ACTIVATED else logging.ERROR, "model fallback: %s", reason)
-    elif model is None:  # nothing trained is stored (and none was trained on first run): answers carry no information
-        state.degraded = {"model_version": engine.model_version, "reason": (
-            f"no trained model is stored: serving the untrained network of seed {cfg.neural.seed} ({engine.model_version}), "
-            "whose signals carry no information; train one (cerebellar-norse train, POST /training) or store and "
-            "activate one (PUT /models/<version>, POST /models/<version>/activate)")}
+    untrained = ""
+    if model is None:  # nothing trained is served (none stored, or none usable): answers carry no information
+        untrained = untrained_reason(cfg.neural.seed, engine.model_version, [])
+        reasons.append(untrained)
+    if reasons:
+        state.degraded = {"model_version": engine.model_version, "reason": "; ".join(reasons)}
+        if untrained:  # /health words it anew once models are stored (see current_reason)
+            state.degraded["untrained"] = untrained
     # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
     state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
     loss = last_training_loss(state.jobs, model)

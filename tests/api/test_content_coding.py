@@ -65,3 +65,14 @@ def test_a_content_coding_is_refused_on_every_body_route_and_changes_nothing(tc:
 def test_identity_is_the_body_as_sent(tc: TestClient) -> None:
     r = tc.post("/neural/process", content=json.dumps(_tick(0)).encode(), headers={**JSON, "content-encoding": "identity"})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("copies", [["identity", "gzip"], ["", "gzip"], ["gzip", "identity"]])
+def test_repeated_content_encoding_headers_are_one_list(tc: TestClient, copies: list[str]) -> None:
+    """Content-Encoding: identity and Content-Encoding: gzip are the list "identity, gzip" (RFC 9110 5.3): 415 on the
+    fast path and the routes alike, not a body read as if it were not encoded."""
+    tick = json.dumps(_tick(5)).encode()
+    for path, body in (("/neural/process", tick), ("/neural/process/batch", json.dumps({"ticks": [_tick(5)]}).encode())):
+        r = tc.post(path, content=body, headers=[("content-type", "application/json"),
+                                                 *[("content-encoding", c) for c in copies]])
+        assert r.status_code == 415 and "gzip" in r.json()["error"]["message"], (path, copies, r.text)

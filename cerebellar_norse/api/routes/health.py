@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ... import __version__
-from ..deps import service
+from ..deps import current_reason, service
 from ..openapi import error_responses
 from ..schemas import ErrorOut, HealthOut, StartingOut
 
@@ -43,10 +43,10 @@ def _health(request: Request) -> JSONResponse:
     if not svc.ready:
         body["reason"] = svc.not_ready_reason
         return JSONResponse(body, status_code=503)
-    degraded = svc.degraded  # serving a fallback model (the active one is unusable): 200, "degraded"
-    if degraded is not None and degraded["model_version"] == svc.engine.model_version:
+    reason = current_reason(svc)  # serving a fallback model, or the untrained network: 200, "degraded"
+    if reason is not None:
         body["status"] = "degraded"
-        body["reason"] = degraded["reason"]
+        body["reason"] = reason
     return JSONResponse(body)
 
 
