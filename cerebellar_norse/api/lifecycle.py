@@ -229,9 +229,12 @@ def check_free_space(state_dir: Path, segment_size: int) -> None:
     checkpoint = state_dir / STATE_FILE
     try:
         need = checkpoint.stat().st_size
-        free = shutil.disk_usage(state_dir).free
+        usage = shutil.disk_usage(state_dir)
     except OSError:
         return  # nothing to measure (no checkpoint yet, or a file system without the figures): the writes will tell
+    if usage.total <= 0:  # no figures (ramfs, tmpfs without a size, some FUSE file systems report 0 of 0): unknown
+        return
+    free = usage.free
     if free < need:
         raise StorageError(f"state dir {state_dir} has {free} bytes free, less than the {need} bytes its next "
                            f"checkpoint needs beside {checkpoint.name} (keep free at least two journal files and two "

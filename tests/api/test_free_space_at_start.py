@@ -65,3 +65,11 @@ def test_room_for_a_checkpoint_but_not_a_journal_file_is_a_warning(tmp_path: Pat
     with caplog.at_level(logging.WARNING):
         _start(tmp_path)
     assert "bytes free" not in caplog.text
+
+
+def test_a_file_system_that_reports_no_figures_is_not_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ramfs, tmpfs mounted without a size and FUSE file systems without statfs report 0 bytes of 0: the free space
+    is unknown there, not 0 (they take writes), so the start goes ahead."""
+    _start(tmp_path)
+    monkeypatch.setattr(lifecycle.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, 0))
+    _start(tmp_path)
