@@ -185,3 +185,40 @@ def test_analyze_weights_names_the_file_it_could_not_read(capsys: pytest.Capture
     f.write_text("hello\n")
     code, _, err = run(capsys, "analyze-weights", str(f))
     assert code == 1 and str(f) in one_clean_line(err) and "stdin" not in err
+
+
+def _answering(body: bytes, status: int) -> type[http.server.BaseHTTPRequestHandler]:
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = do_POST = _answer  # noqa: N815 (the handler names http.server calls)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Answer
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [(b"{}", 200, "has no 'active'"), (b"[1]", 500, "HTTP 500")])
+def test_rollout_to_another_server_says_so_in_one_line(body: bytes, status: int, words: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from cerebellar_norse.config import load_config
+    from cerebellar_norse.neurons.topology import generate_weights
+    from cerebellar_norse.training.checkpoints import ModelStore
+
+    cfg = load_config(None)
+    ModelStore(tmp_path / "state").save(generate_weights(cfg), cfg, {}, version="v1")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _answering(body, status))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        code, _, err = run(capsys, "rollout", "v1", "--replicas", f"127.0.0.1:{srv.server_address[1]}", "--json")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert code == 1 and words in one_clean_line(err)

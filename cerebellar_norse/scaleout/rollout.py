@@ -44,10 +44,20 @@ def _call(http: httpx.Client, method: str, url: str, **kw: Any) -> dict[str, Any
         body: dict[str, Any] = r.json()
     except ValueError:
         body = {}
+    if not isinstance(body, dict):  # another server's JSON (a list, a number): no answer of a replica
+        body = {}
     if r.status_code >= 400:
         msg = (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else None
         raise RolloutError(f"{method} {url}: HTTP {r.status_code}: {msg or ' '.join(r.text[:200].split())}")
     return body
+
+
+def _field(body: dict[str, Any], key: str, method: str, url: str) -> Any:
+    """``body[key]``, or RolloutError saying that the answer is not a replica's (another server's 200)."""
+    if key not in body:
+        raise RolloutError(f"{method} {url}: the answer has no {key!r} (is {url.rsplit('/', 1)[0]} a cerebellar-norse "
+                           "replica?)")
+    return body[key]
 
 
 def rollout(version: str, archive: bytes, replicas: list[str], token: str | None, log: Any = None) -> dict[str, Any]:
@@ -58,7 +68,7 @@ def rollout(version: str, archive: bytes, replicas: list[str], token: str | None
         for url in replicas:
             _call(http, "PUT", f"{url}/models/{version}", content=archive, headers={"Content-Type": MEDIA_TYPE})
             say(f"staged {version} on {url}")
-        previous = {url: _call(http, "GET", f"{url}/models")["active"] for url in replicas}
+        previous = {url: _field(_call(http, "GET", f"{url}/models"), "active", "GET", f"{url}/models") for url in replicas}
         switched: list[str] = []
         try:
             for url in replicas:
