@@ -382,7 +382,7 @@ class Engine:
             raise CapacityError("engine is shutting down", retry_after_s=1.0)
         journal = self.journal
         if journal is not None and journal.failed is not None:  # could not be journaled: refused before it changes a state
-            raise journal.failed
+            raise journal.refusal()
         if len(self._pending) + len(ticks) > self.queue_size:
             self.stats.rejected_full += len(ticks)
             raise CapacityError(f"queue full ({len(self._pending)} of {self.queue_size} ticks waiting)", retry_after_s=max(self.delay_s, 0.001))
@@ -519,7 +519,7 @@ class Engine:
             self.stats.failed_ticks += len(batch)
             for _, fut, _ in batch:
                 if not fut.done():
-                    fut.set_exception(journal.failed)
+                    fut.set_exception(journal.refusal())
             return
         ticks = [t for t, _, _ in batch]
         started = time.perf_counter_ns()

@@ -571,6 +571,15 @@ class Durability:
         self._mm, self._pos, self._size, self._base, self._seg_fp = mm, HEADER_SIZE, size, self.seq, fp
         self._segments.append((self.seq, path))
 
+    def refusal(self) -> StorageError:
+        """A new error like :attr:`failed` (logged already) for one more refused call: raising the one failure again
+        and again would grow its traceback, and keep every refused request's frames alive, with each raise."""
+        failed = self.failed
+        assert failed is not None
+        exc = StorageError(str(failed), failed.path, failed.errno)
+        exc.reported = True
+        return exc
+
     def _fail(self, exc: StorageError) -> StorageError:
         if self.failed is None:
             self.failed = exc

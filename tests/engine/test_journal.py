@@ -479,8 +479,9 @@ async def test_ticks_refused_after_a_failed_journal_write_are_never_kept(engine_
     d._size = d._pos + 40  # the open segment is full: the next append needs a new one
     with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):  # 3 steps of 4: the first fails, two were queued behind
         await e.submit_many([tick(m, T0 + 100 + k) for k in range(6) for m in "AB"])
-    with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
+    with pytest.raises(StorageError, match=r"errno 28 ENOSPC") as later:
         await e.submit(tick("C", T0 + 200))  # a later submission: refused, never stepped
+    assert later.value is not d.failed and later.value.reported  # a new error each time (no traceback that grows)
     assert e.pool.table.get("C") is None
     assert e.pool.last_timestamp("A") < T0 + 102  # only the failing step itself was applied
     assert e.snapshot().accepting is False  # /health says so beside its 503 reason
