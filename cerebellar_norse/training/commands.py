@@ -270,8 +270,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     checks = {k: v for k, v in checks.items() if v}
     for market_id, lines in checks.items():
         for line in lines:
-            print(f"warning: data check: {market_id}: {line} (told, not acted on: the labels and the P&L include it)",
-                  file=sys.stderr)
+            print(f"warning: data check: {market_id}: {line} (in the files; told, not acted on: where it falls in the "
+                  "scored ticks, the labels and the P&L include it)", file=sys.stderr)
     in_sample = _in_sample(model.metrics, prep, store)
     unscored = {pm.market_id: len(pm.ticks) for pm in prep.markets if not pm.scored.any()}
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,

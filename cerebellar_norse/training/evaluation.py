@@ -11,7 +11,7 @@ returns are natural-log returns; P&L figures named ``*_bp`` are in basis points
 (1 bp = 1e-4 log-return units); ``cost_bp`` is the round-trip cost of one trade
 of size 1 in basis points.
 
-Baselines (none of them looks at the evaluation labels):
+Baselines (the rules' tilts are fitted on the scored labels, one number each; no other baseline looks at them):
 
 * ``base_rates`` — the class frequencies of the data the model was trained and calibrated
   on (its training and validation splits: what a model without an edge serves), for every row;

@@ -254,8 +254,8 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                         "serves the base rates (auto-activation skips such a model)")
     from .datacheck import market_checks
 
-    warnings += [f"data check: {m.market_id}: {c} (told, not acted on: the labels, the test split's figures and its P&L "
-                 "include it)" for m in data.markets for c in market_checks(m)]
+    warnings += [f"data check: {m.market_id}: {c} (in the files; told, not acted on: where it falls in the test split, "
+                 "its figures and P&L include it)" for m in data.markets for c in market_checks(m)]
     metrics = {"validation": result.validation, "test": test, "edge": result.edge, "history": result.history,
                "best_epoch": result.best_epoch, "ticks_per_second": result.ticks_per_second,
                "stopped_early": result.stopped_early, "started": start_note, "labels": prep.spec.to_dict(),
