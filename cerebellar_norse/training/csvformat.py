@@ -105,6 +105,7 @@ MARKET_COLUMNS = ("market_id", "market", "symbol", "sym", "ticker", "instrument"
 # (4108500000000 is 4108.5) and a missing price as UNDEF_PRICE (INT64_MAX); its header names rtype and publisher_id
 DATABENTO_FIELDS = frozenset(("rtype", "publisher_id"))
 DATABENTO_UNDEF_PRICE = "9223372036854775807"
+FIXED_POINT_MIN = 10**6  # a price of 0.001 in Databento's units of 1e-9: a file of smaller whole prices is not theirs
 _FIXED_PRICE = re.compile(r"-?\d+")
 # data.binance.vision's files, headerless (spot, and futures before their files had a header), by layout: the column
 # names Binance's futures files give them (open_time, transact_time and time are time columns, close and price the
@@ -1075,13 +1076,16 @@ def quotes_for_empty_prices(path: Path, header: list[str], cols: Columns, notes:
 def databento_fixed_point(path: Path, header: list[str], cols: Columns, sample_rows: int = 1000) -> str | None:
     """A note, with ``cols.fixed_point`` set, for a file written by Databento without pretty_px (its header names
     ``rtype`` and ``publisher_id``) whose first price (of the price column, or bid and ask; UNDEF_PRICE aside, within
-    the first ``sample_rows`` rows) is an integer: fixed-point prices in units of 1e-9 (``4108500000000`` is 4108.5;
-    UNDEF_PRICE, 9223372036854775807, is no price), and a price with a decimal point is then a bad row. None for any
-    other file, Databento's pretty_px files (decimals: ``4108.500000000``) included."""
+    the first ``sample_rows`` rows) is an integer, and whose integer prices there reach ``FIXED_POINT_MIN`` (0.001 in
+    units of 1e-9):
+    fixed-point prices in units of 1e-9 (``4108500000000`` is 4108.5; UNDEF_PRICE, 9223372036854775807, is no
+    price), and a price with a decimal point is then a bad row. None for any other file: Databento's pretty_px files
+    (decimals: ``4108.500000000``), and one re-saved by a tool that writes whole prices without decimals (``4108``)."""
     if not {_match_name(header_name(h)) for h in header} >= DATABENTO_FIELDS:
         return None
     used = [i for i in (cols.price, cols.ask) if i is not None]
-    first = ""
+    prices: list[str] = []
+    undefined = False
     try:
         with _data_rows(path, cols) as reader:
             for _, r in zip(range(sample_rows), reader, strict=False):
@@ -1089,14 +1093,18 @@ def databento_fixed_point(path: Path, header: list[str], cols: Columns, sample_r
                     continue
                 for i in used:
                     text = r[i].strip()
-                    if text and (not first or first == DATABENTO_UNDEF_PRICE):
-                        first = text
-                if first and first != DATABENTO_UNDEF_PRICE:
-                    break
+                    if text == DATABENTO_UNDEF_PRICE:
+                        undefined = True
+                    elif text:
+                        prices.append(text)
     except (OSError, csv.Error):
         return None
-    if not _FIXED_PRICE.fullmatch(first):
+    whole = [int(p) for p in prices if _FIXED_PRICE.fullmatch(p)]
+    if prices and not (_FIXED_PRICE.fullmatch(prices[0]) and max(whole) >= FIXED_POINT_MIN):
         return None
+    if not prices and not undefined:
+        return None
+    first = prices[0] if prices else DATABENTO_UNDEF_PRICE
     cols.fixed_point = True
     names = cols.price_name + (f" and {cols.ask_name}" if cols.ask is not None else "")
     if first == DATABENTO_UNDEF_PRICE:

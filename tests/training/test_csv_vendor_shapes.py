@@ -214,6 +214,16 @@ def test_databento_pretty_px_prices_stay_as_written(tmp_path: Path) -> None:
     assert data.markets[0].price.tolist() == [4108.5] and not any("fixed-point" in n for n in data.notes)
 
 
+def test_a_databento_file_resaved_with_whole_prices_is_not_fixed_point(tmp_path: Path) -> None:
+    """A tool that writes 4108.0 as 4108 (R, JavaScript, spreadsheets) leaves integers under a Databento header: prices
+    of 1e-9 units are never that small (0.001 is 1000000), so these are read as written."""
+    path = write(tmp_path, "ts_event,rtype,publisher_id,instrument_id,open,high,low,close,volume,symbol\n"
+                           f"{DBN_NS},33,1,5482,4100,4200,4000,4108,3,ESZ3\n"
+                           f"{DBN_NS + 60_000_000_000},33,1,5482,4100,4200,4000,4109,4,ESZ3\n")
+    data = load_csv_files([path])
+    assert data.markets[0].price.tolist() == [4108.0, 4109.0] and not any("fixed-point" in n for n in data.notes)
+
+
 def test_databento_undef_price_is_no_price(tmp_path: Path) -> None:
     path = write(tmp_path, "ts_recv,ts_event,rtype,publisher_id,instrument_id,action,side,depth,price,size,symbol\n"
                            f"{DBN_NS},{DBN_NS},0,1,5482,T,A,0,4108500000000,1,ESZ3\n"
