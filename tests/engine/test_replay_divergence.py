@@ -215,5 +215,6 @@ def test_divergence_needs_a_recording_and_a_sane_tolerance(tmp_path: Path, confi
     assert len(out.splitlines()) == 2
     code, _, err = run(capsys, "--config", config_file, "replay", plain, "--market", "B")
     assert code == 1 and "no tick of market 'B'" in err
-    code, _, err = run(capsys, "--config", config_file, "replay", plain, "--detect-divergence", "--tolerance", "-1")
-    assert code == 1 and "--tolerance" in err
+    with pytest.raises(SystemExit) as usage:  # a value that is no tolerance: a usage error, not "diverged" (exit 1)
+        run(capsys, "--config", config_file, "replay", plain, "--detect-divergence", "--tolerance", "-1")
+    assert usage.value.code == 2 and "argument --tolerance" in capsys.readouterr().err
