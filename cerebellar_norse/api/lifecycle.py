@@ -28,7 +28,7 @@ from ..engine.persistence import STATE_FILE, check_writable
 from ..errors import ConfigError, StorageError
 from ..observability import systemd
 from ..observability.logging import LEVEL_ENV, effective_level, env_level, log_always
-from .deps import ServiceState
+from .deps import ServiceState, current_reason
 from .exposure import reload_auth_refusal
 
 log = logging.getLogger("cerebellar_norse.lifecycle")
@@ -94,11 +94,14 @@ def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]
 
 
 def serving_status(state: ServiceState, note: str = "") -> str:
-    """The status line of ``systemctl status`` while serving: the served model and the device (and ``note``).
+    """The status line of ``systemctl status`` while serving: the served model and the device, whether /health says
+    "degraded" (and ``note``).
 
     Sent at start, after every reload and after every model swap, so that it always names the model served.
     """
     line = f"serving model {state.engine.model_version} on {state.device}"
+    if current_reason(state) is not None:
+        line += ", degraded (GET /health says why)"
     return f"{line} ({note})" if note else line
 
 

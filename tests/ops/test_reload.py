@@ -379,7 +379,8 @@ def test_the_status_line_names_the_served_model_after_a_reload_and_a_swap(tmp_pa
         return out
 
     with logged_reloads(tmp_path, monkeypatch, "INFO", NOTIFY_SOCKET=path) as (state, reload):
-        served = f"serving model {state.engine.model_version} on {state.device}"
+        # the untrained network is served: degraded, and the status line says so until a model is activated
+        served = f"serving model {state.engine.model_version} on {state.device}, degraded (GET /health says why)"
         reload("WARNING")
         assert statuses() == [served]
         (tmp_path / "service.toml").write_text("[server\n")
