@@ -46,7 +46,6 @@ from .data import CLASS_NAMES
 DOWN, FLAT, UP = 0, 1, 2
 LOG_LOSS_CLIP = 1e-12
 MAJORITY_FLOOR = 1e-4
-DIRECTION_TILT = 0.1  # the rules' tilt when no labels are given to fit theirs (baseline_probs without tilts)
 TILT_RANGE = (1e-6, 0.49)  # a fitted tilt: above 0 so that the rule keeps its direction, below 0.5 so no P is 0
 RULES = ("persistence", "mean_reversion", "always_up")
 CALIBRATION_BINS = 10
@@ -407,13 +406,12 @@ def rule_tilts(past_ret: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     return out
 
 
-def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray,
-                   tilts: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray, tilts: dict[str, float]) -> dict[str, np.ndarray]:
     """Probabilities (n, 3) of the baselines (module docstring), n = len(past_ret).
 
     ``base_rates`` (3,) training class frequencies (normalised here); ``past_ret`` (n,) log
     returns over the previous horizon, NaN where unknown; ``tilts`` each rule's tilt
-    (:func:`rule_tilts`; ``DIRECTION_TILT`` for a rule not in it).
+    (:func:`rule_tilts`).
     """
     br = np.asarray(base_rates, dtype=np.float64)
     br = br / br.sum()
@@ -424,7 +422,7 @@ def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray,
     moving = br[DOWN] + br[UP]
     out = {"base_rates": np.tile(br, (n, 1)), "majority": np.tile(majority, (n, 1))}
     for name, view in _rule_views(past_ret).items():
-        tilt = (tilts or {}).get(name, DIRECTION_TILT)
+        tilt = tilts[name]
         p = np.empty((n, 3))
         p[:, FLAT] = br[FLAT]
         p[:, UP] = moving * (0.5 + tilt * view)

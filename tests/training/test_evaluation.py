@@ -215,7 +215,8 @@ def test_hand_computed_small_case() -> None:
 
 
 def test_baseline_probabilities_are_label_free_and_documented() -> None:
-    p = baseline_probs(np.array([0.25, 0.5, 0.25]), np.array([0.01, -0.01, np.nan, 0.0]))
+    tilts = {"persistence": 0.1, "mean_reversion": 0.1, "always_up": 0.1}  # the moving mass split 0.6 / 0.4
+    p = baseline_probs(np.array([0.25, 0.5, 0.25]), np.array([0.01, -0.01, np.nan, 0.0]), tilts)
     np.testing.assert_allclose(p["persistence"], [[.2, .5, .3], [.3, .5, .2], [.25, .5, .25], [.25, .5, .25]])
     np.testing.assert_allclose(p["mean_reversion"], [[.3, .5, .2], [.2, .5, .3], [.25, .5, .25], [.25, .5, .25]])
     np.testing.assert_allclose(p["always_up"], np.tile([.2, .5, .3], (4, 1)))  # buy and hold, whatever came before
