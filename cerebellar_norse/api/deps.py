@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -20,6 +21,7 @@ from ..errors import CerebellarNorseError, EngineFatalError, InputError
 from ..observability.metrics import ServiceMetrics
 from ..observability.timelines import TimelineBook
 from ..ticks import Tick, check_not_future
+from .degradation import Degradation, reason
 from .schemas import loads_utf8
 
 if TYPE_CHECKING:
@@ -59,7 +61,7 @@ class ServiceState:
     started: float = field(default_factory=time.monotonic)
     store: ModelStore | None = None
     jobs: JobManager | None = None
-    degraded: dict[str, str] | None = None  # serving a fallback model: its version and why
+    degraded: Degradation | None = None  # why the model served is degraded (/health), while it is served
     server: uvicorn.Server | None = None
     starting: StartingResponder | None = None  # answers 503 on the port until uvicorn serves it (serve() only)
     config_path: str | None = None  # the TOML file a SIGHUP reloads (None: the built-in default)
@@ -227,32 +229,19 @@ class GuardedJsonBodyRoute(JsonBodyRoute):
     guarded = True
 
 
-def untrained_reason(seed: int, version: str, stored: list[str]) -> str:
-    """Why serving the untrained network of ``seed`` (``version``) is degraded, given the ``stored`` model versions
-    (oldest first): none stored, or stored but none activated (a job with activation off, an upload)."""
-    head = f"serving the untrained network of seed {seed} ({version}), whose signals carry no information"
-    if not stored:
-        return (f"no trained model is stored: {head}; train one (cerebellar-norse train, POST /training) or store and "
-                "activate one (PUT /models/<version>, POST /models/<version>/activate)")
-    count = f"{len(stored)} trained model{'s are' if len(stored) > 1 else ' is'} stored (newest {stored[-1]})"
-    return (f"no trained model is activated: {head}; {count}, none activated: activate one "
-            "(POST /models/<version>/activate); a restart would serve the newest")
+def current_degradation(state: ServiceState) -> Degradation | None:
+    """What makes the served model degraded (``state.degraded`` while its model is the one served), or None."""
+    d = state.degraded
+    return d if d is not None and d.model_version == state.engine.model_version else None
 
 
 def current_reason(state: ServiceState) -> str | None:
-    """The reason /health gives while ``state.degraded`` applies to the served model, or None; a reason of the
-    untrained network given at start names the models stored since."""
-    degraded = state.degraded
-    if degraded is None or degraded["model_version"] != state.engine.model_version:
+    """The reason /health gives while the served model is degraded, or None; it names the models stored now."""
+    d = current_degradation(state)
+    if d is None:
         return None
-    reason = degraded["reason"]
-    untrained = degraded.get("untrained")
-    if untrained and state.store is not None:
-        try:
+    stored: list[str] = []
+    if d.untrained_seed is not None and state.store is not None:
+        with contextlib.suppress(OSError):  # unreadable: worded as when nothing is stored
             stored = state.store.versions()
-        except OSError:
-            return reason
-        if stored:
-            fresh = untrained_reason(state.cfg.neural.seed, state.engine.model_version, stored)
-            reason = reason.replace(untrained, fresh)
-    return reason
+    return reason(d, stored)

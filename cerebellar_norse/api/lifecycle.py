@@ -28,7 +28,8 @@ from ..engine.persistence import STATE_FILE, check_writable
 from ..errors import ConfigError, StorageError
 from ..observability import systemd
 from ..observability.logging import LEVEL_ENV, effective_level, env_level, log_always
-from .deps import ServiceState, current_reason
+from .degradation import Degradation
+from .deps import ServiceState, current_degradation
 from .exposure import reload_auth_refusal
 
 log = logging.getLogger("cerebellar_norse.lifecycle")
@@ -100,7 +101,7 @@ def serving_status(state: ServiceState, note: str = "") -> str:
     Sent at start, after every reload and after every model swap, so that it always names the model served.
     """
     line = f"serving model {state.engine.model_version} on {state.device}"
-    if current_reason(state) is not None:
+    if current_degradation(state) is not None:
         line += ", degraded (GET /health says why)"
     return f"{line} ({note})" if note else line
 
@@ -270,9 +271,8 @@ def prepare_state(state: ServiceState) -> None:
         eng.restore_state()
     eng.finish_restore(state.cfg.training.reset_state_on_swap)  # states saved with another model: swap it in now
     if eng.restore_problem is not None:  # /health "degraded" until the next restart, after any reason it has already
-        held = state.degraded
-        reason = eng.restore_problem if held is None else f"{held['reason']}; {eng.restore_problem}"
-        state.degraded = {"model_version": eng.model_version, "reason": reason}
+        held = current_degradation(state) or Degradation(eng.model_version)
+        state.degraded = held.with_restore_problem(eng.restore_problem)
     state.state_prepared = True
 
 

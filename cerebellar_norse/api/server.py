@@ -27,13 +27,14 @@ from ..errors import CheckpointError, StorageError
 from ..neurons.topology import Weights, seed_version_weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
-from ..observability.metrics import ServiceMetrics, engine_families
+from ..observability.metrics import ServiceMetrics, engine_families, health_families
 from ..observability.ratelimit import SummaryLog
 from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
 from ..training.jobs import JobManager
 from .app import create_app
-from .deps import ServiceState, untrained_reason
+from .degradation import Degradation
+from .deps import ServiceState, current_degradation
 from .exposure import check_exposure
 from .lifecycle import (
     announce_when_listening,
@@ -143,19 +144,14 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
     metrics.add_source(engine_families(engine, device, _cuda_memory(device), started))
     state = ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device, started=started)
     state.store = store
-    reasons = []
+    metrics.add_source(health_families(lambda: state.ready, lambda: current_degradation(state) is not None))
     if store.fallback is not None:  # the active model could not be served: /health says "degraded"
-        reason = f"{store.fallback}; serving model {engine.model_version} instead"
-        reasons.append(reason)
-        log.log(logging.WARNING if store.fallback == NOT_ACTIVATED else logging.ERROR, "model fallback: %s", reason)
-    untrained = ""
-    if model is None:  # nothing trained is served (none stored, or none usable): answers carry no information
-        untrained = untrained_reason(cfg.neural.seed, engine.model_version, [])
-        reasons.append(untrained)
-    if reasons:
-        state.degraded = {"model_version": engine.model_version, "reason": "; ".join(reasons)}
-        if untrained:  # /health words it anew once models are stored (see current_reason)
-            state.degraded["untrained"] = untrained
+        level = logging.WARNING if store.fallback == NOT_ACTIVATED else logging.ERROR
+        log.log(level, "model fallback: %s; serving model %s instead", store.fallback, engine.model_version)
+    untrained = model is None  # nothing trained is served (none stored, or none usable): answers carry no information
+    if store.fallback is not None or untrained:
+        state.degraded = Degradation(engine.model_version, fallback=store.fallback,
+                                     untrained_seed=cfg.neural.seed if untrained else None)
     # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
     state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
     loss = last_training_loss(state.jobs, model)

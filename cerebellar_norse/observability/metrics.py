@@ -262,6 +262,21 @@ class _CallbackCollector(Collector):
             yield from source()
 
 
+def health_families(ready: Callable[[], bool], degraded: Callable[[], bool]) -> Callable[[], Iterable[Metric]]:
+    """Scrape-time gauges of what ``GET /health`` answers: ``ready()`` (200, ``ok`` or ``degraded``) and
+    ``degraded()`` (200 ``degraded``: a fallback, the untrained network or lost market states served)."""
+
+    def collect() -> Iterable[Metric]:
+        is_ready = ready()
+        yield GaugeMetricFamily("cerebellar_norse_ready", "1 while GET /health answers 200 (ok or degraded), "
+                                "0 while it answers 503 (starting, shutting down, state write failed).", value=float(is_ready))
+        yield GaugeMetricFamily("cerebellar_norse_degraded", "1 while GET /health answers \"degraded\" (a fallback "
+                                "model, the untrained network or lost market states served; its reason says which).",
+                                value=float(is_ready and degraded()))
+
+    return collect
+
+
 def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple[int, int]],
                     started: float | None = None) -> Callable[[], Iterable[Metric]]:
     """Scrape-time metric families of an engine, read from its snapshot (pool, queue, counters, model) and CUDA memory;

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 from live_helpers import NO_BOOTSTRAP
+from prometheus_client.parser import text_string_to_metric_families
 
 from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.config import load_checked_config
@@ -16,6 +17,13 @@ from cerebellar_norse.training.checkpoints import ModelStore
 TOKEN = "degraded-token-1"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 V = "20250101T000000Z-only00"
+
+
+def _gauges(tc: TestClient) -> dict[str, float]:
+    """The /health gauges of GET /metrics, by name."""
+    families = text_string_to_metric_families(tc.get("/metrics").text)
+    wanted = ("cerebellar_norse_ready", "cerebellar_norse_degraded")
+    return {s.name: s.value for f in families for s in f.samples if s.name in wanted}
 
 
 def test_activating_the_served_fallback_clears_degraded(tmp_path: Path) -> None:
@@ -43,11 +51,13 @@ def test_untrained_network_is_degraded_until_a_model_is_activated(tmp_path: Path
         assert r.status_code == 200  # still ready: load balancers keep it, operators see why it is degraded
         assert body["status"] == "degraded" and body["model_version"] == f"seed-{cfg.neural.seed}", body
         assert "untrained network of seed" in body["reason"] and "carry no information" in body["reason"], body
+        assert _gauges(tc) == {"cerebellar_norse_ready": 1.0, "cerebellar_norse_degraded": 1.0}
         ModelStore(tmp_path).save(generate_weights(cfg), cfg, {"validation": {"loss": 0.5}}, version=V)
         r = tc.post(f"/models/{V}/activate", headers=AUTH)
         assert r.status_code == 200, r.text
         body = tc.get("/health").json()
         assert body["status"] == "ok" and body["model_version"] == V and "reason" not in body, body
+        assert _gauges(tc) == {"cerebellar_norse_ready": 1.0, "cerebellar_norse_degraded": 0.0}
 
 
 def test_untrained_network_and_lost_market_state_both_named(tmp_path: Path) -> None:
@@ -64,6 +74,11 @@ def test_untrained_network_and_lost_market_state_both_named(tmp_path: Path) -> N
         assert body["status"] == "degraded" and body["model_version"] == f"seed-{cfg.neural.seed}", body
         assert "untrained network of seed" in body["reason"], body
         assert f"market state was saved with model {V}" in body["reason"], body
+        later = "20250102T000000Z-later0"  # stored meanwhile (activation off): the reason names it, beside the state
+        ModelStore(tmp_path).save(generate_weights(cfg), cfg, {"validation": {"loss": 0.5}}, version=later)
+        reason = tc.get("/health").json()["reason"]
+        assert "no trained model is stored" not in reason and later in reason, reason
+        assert f"market state was saved with model {V}" in reason, reason
 
 
 def test_a_stored_model_never_activated_is_served_degraded(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from live_helpers import NO_BOOTSTRAP
 
-from cerebellar_norse.api.deps import ServiceState
+from cerebellar_norse.api.deps import ServiceState, current_reason
 from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.config import load_checked_config
 from cerebellar_norse.neurons.topology import Weights, generate_weights
@@ -107,8 +107,8 @@ def test_start_skips_a_newest_model_with_bad_indices(tmp_path: Path, env: dict[s
     _save(root, CRAFTED, env, _fill(name, value))
     state = _service(root, env)
     assert state.engine.model_version == GOOD
-    assert state.degraded is not None  # no ACTIVE file: served, but never activated (not that it was refused)
-    assert state.degraded["reason"].startswith("no model was activated"), state.degraded
+    reason = current_reason(state)  # no ACTIVE file: served, but never activated (not that it was refused)
+    assert reason is not None and reason.startswith("no model was activated"), reason
 
 
 def test_start_skips_a_model_whose_engine_cannot_be_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,4 +129,5 @@ def test_start_skips_a_model_whose_engine_cannot_be_built(tmp_path: Path, monkey
     monkeypatch.setattr(server_mod, "build_engine", build)
     state = _service(root, {})
     assert state.engine.model_version == GOOD
-    assert state.degraded is not None and f"active model {CRAFTED} cannot be served (ValueError: more" in state.degraded["reason"]
+    reason = current_reason(state)
+    assert reason is not None and f"active model {CRAFTED} cannot be served (ValueError: more" in reason, reason
