@@ -304,6 +304,12 @@ class Engine:
         self.model_version = model_version
         self.learner = self._make_learner()
 
+    def write_refusal(self) -> StorageError | None:
+        """Once a journal write has failed, the error refusing any further change of state (a new one per call, the
+        failure being logged once); None while state changes can be made durable (or nothing is journaled)."""
+        journal = self.journal
+        return None if journal is None or journal.failed is None else journal.refusal()
+
     def set_weights(self, weights: Weights, model_version: str, reset_states: bool = False) -> None:
         """Swap the model between batches (callers on the loop thread: no batch is running).
 
@@ -312,9 +318,10 @@ class Engine:
         reset released included, and the error raised: the model and the states the
         service saves at shutdown are then those it had, never those of a refused swap.
         """
+        refused = self.write_refusal()
+        if refused is not None:  # the swap could not be made durable: change nothing
+            raise refused
         journal = self.journal
-        if journal is not None and journal.failed is not None:  # the swap could not be made durable: change nothing
-            raise journal.failed
         before = (self.weights, self.model_version)
         kept = self.snapshot_state() if reset_states and journal is not None else None
         self._use_model(weights, model_version)
@@ -347,8 +354,9 @@ class Engine:
         the journal's StorageError (nothing changes) once a journal write has failed: the
         reset could not be made durable.
         """
-        if self.journal is not None and self.journal.failed is not None:
-            raise self.journal.failed
+        refused = self.write_refusal()
+        if refused is not None:
+            raise refused
         if not self.pool.table.release(market_id):
             return False
         if self.learner is not None:
@@ -380,9 +388,9 @@ class Engine:
     def _admit(self, ticks: Sequence[Tick], batch: bool) -> None:
         if not self._accepting:
             raise CapacityError("engine is shutting down", retry_after_s=1.0)
-        journal = self.journal
-        if journal is not None and journal.failed is not None:  # could not be journaled: refused before it changes a state
-            raise journal.refusal()
+        refused = self.write_refusal()
+        if refused is not None:  # could not be journaled: refused before it changes a state
+            raise refused
         if len(self._pending) + len(ticks) > self.queue_size:
             self.stats.rejected_full += len(ticks)
             raise CapacityError(f"queue full ({len(self._pending)} of {self.queue_size} ticks waiting)", retry_after_s=max(self.delay_s, 0.001))
@@ -513,13 +521,13 @@ class Engine:
         return len(gone)
 
     def _run_batch(self, batch: list[Pending]) -> None:
-        journal = self.journal
-        if journal is not None and journal.failed is not None:  # queued before the journal failed: never stepped, so
+        if self.write_refusal() is not None:  # queued before the journal failed: never stepped, so
             self.stats.failed_batches += 1  # a refused tick changes no state (and no later save can keep it)
             self.stats.failed_ticks += len(batch)
             for _, fut, _ in batch:
-                if not fut.done():
-                    fut.set_exception(journal.refusal())
+                refused = self.write_refusal()
+                if refused is not None and not fut.done():
+                    fut.set_exception(refused)
             return
         ticks = [t for t, _, _ in batch]
         started = time.perf_counter_ns()

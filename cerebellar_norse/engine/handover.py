@@ -193,9 +193,10 @@ def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]
     meta, arrays = read_export(data)
     check_import(engine, market_id, meta, arrays)
     check_not_older(engine, market_id, meta)
+    refused = engine.write_refusal()
+    if refused is not None:  # the import could not be made durable: change nothing
+        raise refused
     journal = engine.journal
-    if journal is not None and journal.failed is not None:  # the import could not be made durable: change nothing
-        raise journal.failed
     table = engine.pool.table
     held = table.get(market_id)
     replaced = held is not None
