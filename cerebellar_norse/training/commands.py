@@ -264,14 +264,13 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     if not summary.get("samples"):
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")
-    from .datacheck import market_checks
+    from .datacheck import check_warning, market_checks
 
     checks = {m.market_id: market_checks(m) for m in data.markets}
     checks = {k: v for k, v in checks.items() if v}
     for market_id, lines in checks.items():
         for line in lines:
-            print(f"warning: data check: {market_id}: {line} (in the files; told, not acted on: where it falls in the "
-                  "scored ticks, the labels and the P&L include it)", file=sys.stderr)
+            print(f"warning: {check_warning(market_id, line, 'the scored ticks, the labels and the P&L')}", file=sys.stderr)
     in_sample = _in_sample(model.metrics, prep, store)
     unscored = {pm.market_id: len(pm.ticks) for pm in prep.markets if not pm.scored.any()}
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,

@@ -79,6 +79,12 @@ def market_checks(m: MarketSeries) -> list[str]:
     return out
 
 
+def check_warning(market_id: str, check: str, included_in: str) -> str:
+    """One of :func:`market_checks` as the warning ``train`` and ``evaluate`` give: told, not acted on, and what
+    includes it where it falls (``included_in``, e.g. "the scored ticks, the labels and the P&L")."""
+    return f"data check: {market_id}: {check} (in the files; told, not acted on: where it falls in {included_in} include it)"
+
+
 def market_summary(m: MarketSeries) -> dict[str, Any]:
     """Ticks, first and last time, the median gap between ticks (ms; None for one tick) and the checks
     (:func:`market_checks`) of a market."""

@@ -252,10 +252,10 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
         why = (result.validation.get("cv") or {}).get("reason")
         warnings.append(f"no edge found: {why or 'on validation the network does not beat the base rates'}, so the model "
                         "serves the base rates (auto-activation skips such a model)")
-    from .datacheck import market_checks
+    from .datacheck import check_warning, market_checks
 
-    warnings += [f"data check: {m.market_id}: {c} (in the files; told, not acted on: where it falls in the test split, "
-                 "its figures and P&L include it)" for m in data.markets for c in market_checks(m)]
+    warnings += [check_warning(m.market_id, c, "the test split, its figures and P&L")
+                 for m in data.markets for c in market_checks(m)]
     metrics = {"validation": result.validation, "test": test, "edge": result.edge, "history": result.history,
                "best_epoch": result.best_epoch, "ticks_per_second": result.ticks_per_second,
                "stopped_early": result.stopped_early, "started": start_note, "labels": prep.spec.to_dict(),
