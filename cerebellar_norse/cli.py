@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the 95%% intervals (default 1000)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
 
-    ix = sub.add_parser("inspect-data", help="how tick CSV files are read: columns, formats, bad rows, markets")
+    ix = sub.add_parser("inspect-data", help="how tick CSV files are read: columns, formats, bad and skipped rows, markets")
     ix.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
     ix.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -29,9 +29,13 @@ other column is ignored:
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``close/last``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
   any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``). In a Databento file written
-  without pretty_px, prices are integers in units of 1e-9, scaled (:func:`databento_fixed_point`).
+  without pretty_px, prices are integers in units of 1e-9, scaled (:func:`databento_fixed_point`). A Databento
+  order book (mbp-1, mbp-10: book events, actions A, C, M, R, beside trades) is read at the mid of ``bid_px_00``
+  and ``ask_px_00``, the top of book after each event, whatever its ``price``; a row whose book lacks a side is
+  skipped, counted in ``Columns.skipped`` (:func:`databento_book_events`).
 * volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``,
-  ``size``, ``qty``, ``quantity``; for quotes without one, the sum of a bid and an ask volume column;
+  ``size``, ``qty``, ``quantity`` (in a Databento order book, a trade's ``size``, 0 for a book event); for quotes
+  without one, the sum of a bid and an ask volume column;
   then the first column whose name starts with ``volume``; without one every tick has
   volume 0, and an empty or ``-`` field is 0 (noted). A volume may end in K, M or B
   (``1.23M``).
@@ -104,6 +108,15 @@ MARKET_COLUMNS = ("market_id", "market", "symbol", "sym", "ticker", "instrument"
 # Databento's CSV without pretty_px (its batch downloads' default) writes prices as integers in units of 1e-9
 # (4108500000000 is 4108.5) and a missing price as UNDEF_PRICE (INT64_MAX); its header names rtype and publisher_id
 DATABENTO_FIELDS = frozenset(("rtype", "publisher_id"))
+# Databento's order-book schemas (mbp-1, mbp-10) hold book events beside trades: each row carries the top of book after
+# its event (bid_px_00, ask_px_00), and its price and size are the event's (an order added, cancelled or modified at
+# one side, at any level). Actions: Add, Cancel, Modify, cleaR book change the book and trade nothing; Trade and Fill
+# trade their size; None (N) does neither.
+DATABENTO_ACTION = "action"
+DATABENTO_BOOK_ACTIONS = frozenset("ACMR")
+DATABENTO_TRADE_ACTIONS = frozenset("TF")
+DATABENTO_TOP = ("bid_px_00", "ask_px_00")
+ONE_SIDED_BOOK = "the book lacks a side (bid_px_00 or ask_px_00 empty or UNDEF_PRICE: before the open, after a clear)"
 DATABENTO_UNDEF_PRICE = "9223372036854775807"
 FIXED_POINT_MIN = 10**6  # a price of 0.001 in Databento's units of 1e-9: a file of smaller whole prices is not theirs
 _FIXED_PRICE = re.compile(r"-?\d+")
@@ -199,13 +212,17 @@ class Columns:
     ask_volume: int | None = None  # with ``volume`` the bid side's: the volume is their sum
     ask_volume_name: str = ""
     quotes: dict[str, list[float]] = field(default_factory=dict)  # market -> its latest bid and ask (empty: unchanged)
+    action: int | None = None  # Databento's action column of an order-book file (see databento_book_events): the
+    # price is the mid of the row's own top of book, the volume a trade's size only
+    action_name: str = ""
+    skipped: dict[str, int] = field(default_factory=dict)  # why -> rows skipped so (neither ticks nor bad rows)
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
         if len(row) != self.fields:
             return []
-        return [row[i] for i in (self.time, self.clock, self.price, self.ask, self.volume, self.ask_volume, self.market)
-                if i is not None]
+        used = (self.time, self.clock, self.price, self.ask, self.volume, self.ask_volume, self.market, self.action)
+        return [row[i] for i in used if i is not None]
 
     def describe(self, path: Path) -> FileFormat:
         """How the file at ``path`` was read, for people (``cerebellar-norse inspect-data``)."""
@@ -874,8 +891,9 @@ def split_number_hint(row: list[str], cols: Columns) -> str:
     return ""
 
 
-def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
-    """One data row as (ms, market, price, volume); ValueError with the reason (column named as in the header)."""
+def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | None:
+    """One data row as (ms, market, price, volume); ValueError with the reason (column named as in the header). None
+    for a row that is no tick and no bad row either (an order book without one side), counted in ``cols.skipped``."""
     if len(row) != cols.fields:
         raise ValueError(f"expected {cols.fields} fields, got {len(row)}{split_number_hint(row, cols)}")
     text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
@@ -910,12 +928,18 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float]:
             cols.known_markets[raw] = market
         else:
             market = known
-    if cols.ask is None:
+    if cols.action is not None:
+        book = _book_mid(row, cols)
+        if book is None:
+            cols.skipped[ONE_SIDED_BOOK] = cols.skipped.get(ONE_SIDED_BOOK, 0) + 1
+            return None
+        price = book
+    elif cols.ask is None:
         price = _fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
             row[cols.price], cols.price_name, cols.decimal_comma)
     else:
         price = _mid(row, market, cols)
-    if cols.volume is None:
+    if cols.volume is None or (cols.action is not None and row[cols.action].strip() not in DATABENTO_TRADE_ACTIONS):
         return ts, market, price, 0.0
     volume = _volume(row[cols.volume], cols.volume_name, cols)
     if cols.ask_volume is not None:
@@ -964,6 +988,18 @@ def _mid(row: list[str], market: str, cols: Columns) -> float:
             raise ValueError(f"{name} is {what} and market {market!r} has no earlier {name} to keep")
     cols.quotes[market] = sides
     return 0.5 * (sides[0] + sides[1])
+
+
+def _book_mid(row: list[str], cols: Columns) -> float | None:
+    """The mid of an order-book row's own bid and ask (the top of book after its event); None when either side is
+    empty or UNDEF_PRICE: the book has no order on that side, and an earlier quote would price a book gone since."""
+    assert cols.ask is not None
+    sides = (row[cols.price], row[cols.ask])
+    if any(_no_price(text, cols) for text in sides):
+        return None
+    bid, ask = (_fixed_price(text, name) if cols.fixed_point else _price(text, name, cols.decimal_comma)
+                for text, name in zip(sides, (cols.price_name, cols.ask_name), strict=True))
+    return 0.5 * (bid + ask)
 
 
 def _price(text: str, name: str, decimal_comma: bool) -> float:
@@ -1071,6 +1107,38 @@ def quotes_for_empty_prices(path: Path, header: list[str], cols: Columns, notes:
     notes.append(f"{path}: {cols.price_name} is {empty}; price is the mid of {shown[bid]!r} and {shown[ask]!r}"
                  f" (an {empty.replace('empty', 'empty side', 1)} keeps its previous value)")
     cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
+
+
+def databento_book_events(path: Path, header: list[str], cols: Columns, sample_rows: int = 1000) -> str | None:
+    """A note, with the price set to the mid of ``bid_px_00`` and ``ask_px_00`` and ``cols.action`` set, for a file of
+    Databento's order-book events (mbp-1, mbp-10): its header names ``rtype``, ``publisher_id``, ``action``,
+    ``bid_px_00`` and ``ask_px_00``, and the actions of its first ``sample_rows`` rows include a book event (A, C, M
+    or R), not only trades. Each row is then read at the top of book after its event, and its ``size`` is volume only
+    for a trade (T or F). None, nothing set, for any other file (trades, tbbo, bbo, OHLCV, another vendor's)."""
+    shown = [header_name(h) for h in header]
+    names = [_match_name(s) for s in shown]
+    if not set(names) >= DATABENTO_FIELDS | {DATABENTO_ACTION, *DATABENTO_TOP}:
+        return None
+    action = _find_column(path, names, shown, (DATABENTO_ACTION,), "action", True)
+    bid, ask = (_find_column(path, names, shown, (name,), name, True) for name in DATABENTO_TOP)
+    assert action is not None and bid is not None and ask is not None
+    seen: set[str] = set()
+    try:
+        with _data_rows(path, cols) as reader:
+            for _, r in zip(range(sample_rows), reader, strict=False):
+                if len(r) == cols.fields:
+                    seen.add(r[action].strip())
+    except (OSError, csv.Error):
+        return None  # the reading pass reports it
+    book = sorted(seen & DATABENTO_BOOK_ACTIONS)
+    if not book:
+        return None
+    cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
+    cols.ask_volume, cols.ask_volume_name = None, ""
+    cols.action, cols.action_name = action, shown[action]
+    volume = f", volume the {cols.volume_name} of trades (T, F) only" if cols.volume is not None else ""
+    return (f"{path}: Databento order-book events ({shown[action]} {', '.join(book)}): price is the mid of"
+            f" {shown[bid]} and {shown[ask]} after each event{volume}; a row whose book lacks a side is skipped")
 
 
 def databento_fixed_point(path: Path, header: list[str], cols: Columns, sample_rows: int = 1000) -> str | None:
@@ -1369,6 +1437,9 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")
     cols.delimiter = delimiter
+    book_note = databento_book_events(path, header, cols)
+    if book_note:
+        notes.append(book_note)
     fixed_note = databento_fixed_point(path, header, cols)
     if fixed_note:
         notes.append(fixed_note)

@@ -6,7 +6,8 @@ Databento's and Binance's layouts) is in :mod:`cerebellar_norse.training.csvform
 
 A missing optional column, a time unit other than ms, quotes read as their mid, or ms
 times within 1970-01-01 that might be seconds, is recorded in ``TickData.notes`` as
-``file: …``. A header without a time or a price column, or
+``file: …``. Rows that are neither ticks nor bad (a Databento order book without a bid or an
+ask) are skipped, counted per reason in a note and in ``TickData.skipped_rows``. A header without a time or a price column, or
 naming a used column twice, fails at once with ``file:1: …``.
 
 A file's rows may run oldest first or newest first (as some downloads write them): a
@@ -84,6 +85,7 @@ class TickData:
     # "file: …" where a default stood in for a missing column (volume, market); times that look like seconds
     notes: list[str] = field(default_factory=list)
     formats: list[FileFormat] = field(default_factory=list)  # how each file was read, in the order given
+    skipped_rows: int = 0  # rows that are neither ticks nor bad rows (an order book without one side), noted
 
     @property
     def ticks(self) -> int:
@@ -151,6 +153,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
     notes: list[str] = []
     formats: list[FileFormat] = []
     rows = bad = 0
+    skips: dict[str, int] = {}  # why -> rows that are neither ticks nor bad rows, over all files (see Columns.skipped)
     for path in paths:
         try:
             # bytes that are not UTF-8 become lone surrogates, so a bad byte costs its own row only
@@ -206,7 +209,10 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                             row = trimmed
                             trailing += 1
                         try:
-                            ts, market, price, volume = parse_row(row, cols)
+                            parsed = parse_row(row, cols)
+                            if parsed is None:  # no tick, no bad row: counted in cols.skipped, noted below
+                                continue
+                            ts, market, price, volume = parsed
                             code = code_of.get(market)
                             if code is None:
                                 code = code_of[market] = len(last_ts)
@@ -279,6 +285,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             if trailing:
                 notes.append(f"{path}: {trailing} {'row ends' if trailing == 1 else 'rows end'} with a separator; the"
                              " empty last field is ignored")
+            for why, count in cols.skipped.items():
+                skips[why] = skips.get(why, 0) + count
+                notes.append(f"{path}: {count} {'row' if count == 1 else 'rows'} skipped: {why}")
             if cols.blank_volumes:
                 rows_word = "row" if cols.blank_volumes == 1 else "rows"
                 named = cols.volume_name + (f" or {cols.ask_volume_name}" if cols.ask_volume is not None else "")
@@ -294,6 +303,11 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
         files = ", ".join(str(p) for p in paths)
         if rows == 0:
             raise DataError(f"no valid tick rows in {files}: no data rows after the header", report[:MAX_REPORTED])
+        if skips:
+            why = "; ".join(f"{count} because {why}" for why, count in skips.items())
+            raise DataError(f"no valid tick rows in {files}: of {rows} rows {bad} are bad and"
+                            f" {sum(skips.values())} skipped ({why})"
+                            + (f":\n{shown}{more}" if report else ""), report[:MAX_REPORTED])
         raise DataError(f"no valid tick rows in {files}: all {rows} rows are bad:\n{shown}{more}", report[:MAX_REPORTED])
     if bad > max_bad_fraction * rows:
         raise DataError(f"{bad} of {rows} rows are bad ({bad / rows:.2%} > max_bad_row_fraction {max_bad_fraction:.2%}):\n{shown}{more}", report)
@@ -309,7 +323,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
         c = code_of[market]
         sel = order[(ends[c - 1] if c else 0):ends[c]]
         markets.append(MarketSeries(market, ts_arr[sel], price_arr[sel], volume_arr[sel]))
-    return TickData(markets, rows, bad, report, notes, formats)
+    return TickData(markets, rows, bad, report, notes, formats, sum(skips.values()))
 
 
 def class_counts(labels: list[np.ndarray]) -> np.ndarray:

@@ -111,7 +111,7 @@ def labels_summary(cfg: Config, data: TickData) -> dict[str, Any]:
 def summary(data: TickData, labels: dict[str, Any]) -> dict[str, Any]:
     """The JSON object ``inspect-data --json`` prints."""
     return {"files": [asdict(f) for f in data.formats], "rows": data.rows, "bad_rows": data.bad_rows,
-            "ticks": data.ticks, "report": data.report, "notes": data.notes,
+            "skipped_rows": data.skipped_rows, "ticks": data.ticks, "report": data.report, "notes": data.notes,
             "markets": [market_summary(m) for m in data.markets], "training": labels}
 
 
@@ -135,7 +135,8 @@ def describe_format(f: FileFormat) -> list[str]:
 def format_text(data: TickData, labels: dict[str, Any]) -> str:
     """The text ``inspect-data`` prints."""
     out = [line for f in data.formats for line in describe_format(f)]
-    out.append(f"rows {data.rows}, bad {data.bad_rows}, ticks {data.ticks} in {len(data.markets)} "
+    skipped = f", skipped {data.skipped_rows}" if data.skipped_rows else ""
+    out.append(f"rows {data.rows}, bad {data.bad_rows}{skipped}, ticks {data.ticks} in {len(data.markets)} "
                f"market{'s' if len(data.markets) != 1 else ''}")
     if data.report:
         out.append("bad rows:")

@@ -192,7 +192,7 @@ DBN_UNDEF = "9223372036854775807"
      "{t},33,1,5482,4100000000000,4200000000000,4000000000000,{px},{sz},ESZ3"),  # ohlcv-1m
     ("ts_recv,ts_event,rtype,publisher_id,instrument_id,action,side,depth,price,size,flags,ts_in_delta,sequence,"
      "bid_px_00,ask_px_00,bid_sz_00,ask_sz_00,bid_ct_00,ask_ct_00,symbol",
-     "{t},{t},1,1,5482,A,B,0,{px},{sz},128,9000,5000,4108250000000,4108750000000,7,9,1,2,ESZ3"),  # mbp-1
+     "{t},{t},1,1,5482,T,B,0,{px},{sz},0,9000,5000,4108250000000,4108750000000,7,9,1,2,ESZ3"),  # tbbo
 ])
 def test_databento_fixed_point_prices_are_scaled(tmp_path: Path, header: str, row: str) -> None:
     prices = ["4108500000000", "4108750000000", "189510000000"]
@@ -260,6 +260,100 @@ def test_databento_without_symbols_is_one_market_per_instrument(tmp_path: Path) 
                            f"{DBN_NS + 2000},{DBN_NS},0,1,5482,T,A,0,4108750000000,1\n")
     data = load_csv_files([path])
     assert {m.market_id: m.price.tolist() for m in data.markets} == {"17077": [50.25], "5482": [4108.5, 4108.75]}
+
+
+# --------------------------------------------------------------------------------------
+# Databento order books (mbp-1, mbp-10): the top-of-book mid after each event, trades' sizes as volume
+# --------------------------------------------------------------------------------------
+
+MBP_HEAD = ("ts_recv,ts_event,rtype,publisher_id,instrument_id,action,side,depth,price,size,flags,ts_in_delta,sequence,"
+            "bid_px_00,ask_px_00,bid_sz_00,ask_sz_00,bid_ct_00,ask_ct_00")
+# action, side, the event's price and size, then the top of book after it (None: that side has no order)
+MBP_EVENTS = [
+    ("R", "N", None, 0, None, None),  # the book cleared before the open
+    ("A", "B", "4108.25", 5, "4108.25", None),  # a bid, no ask yet: no mid
+    ("A", "A", "4108.75", 7, "4108.25", "4108.75"),
+    ("A", "B", "4107.00", 9, "4108.25", "4108.75"),  # a bid below the best (depth 1): the top is unchanged
+    ("T", "A", "4108.25", 3, "4108.25", "4108.75"),
+    ("C", "B", "4108.25", 2, "4108.00", "4108.75"),
+    ("M", "A", "4108.50", 4, "4108.00", "4108.50"),
+    ("F", "A", "4108.00", 6, "4107.75", "4108.50"),
+    ("R", "N", None, 0, None, None),  # cleared again: no book, no mid
+]
+MBP_MIDS = [4108.5, 4108.5, 4108.5, 4108.375, 4108.25, 4108.125]
+MBP_VOLUMES = [0.0, 0.0, 3.0, 0.0, 0.0, 6.0]
+MBP_NOTE = ("Databento order-book events (action A, C, M, R): price is the mid of bid_px_00 and ask_px_00 after each"
+            " event, volume the size of trades (T, F) only; a row whose book lacks a side is skipped")
+MBP_SKIPPED = ("3 rows skipped: the book lacks a side (bid_px_00 or ask_px_00 empty or UNDEF_PRICE: before the open,"
+               " after a clear)")
+
+
+def databento_px(text: str | None, fixed: bool) -> str:
+    """A price as Databento writes it: fixed point (units of 1e-9, UNDEF_PRICE for none) or pretty_px (empty)."""
+    if text is None:
+        return DBN_UNDEF if fixed else ""
+    return str(round(float(text) * 10**9)) if fixed else f"{float(text):.9f}"
+
+
+def mbp_file(tmp_path: Path, fixed: bool, levels: int = 1, name: str = "mbp.csv") -> Path:
+    """An order-book file of MBP_EVENTS: mbp-1, or mbp-10 with ``levels`` 10 (deeper levels 0.25 apart)."""
+    head = MBP_HEAD + "".join(f",bid_px_{k:02d},ask_px_{k:02d},bid_sz_{k:02d},ask_sz_{k:02d},bid_ct_{k:02d},ask_ct_{k:02d}"
+                              for k in range(1, levels))
+    lines = [head + ",symbol"]
+    for k, (action, side, price, size, bid, ask) in enumerate(MBP_EVENTS):
+        t = DBN_NS + k * 10**9
+        book = [databento_px(bid, fixed), databento_px(ask, fixed), "5", "7", "1", "1"]
+        for level in range(1, levels):
+            deeper = [None if px is None else str(float(px) + sign * 0.25 * level) for px, sign in ((bid, -1), (ask, 1))]
+            book += [databento_px(deeper[0], fixed), databento_px(deeper[1], fixed), "50", "70", "2", "2"]
+        lines.append(",".join([str(t), str(t), "1" if levels == 1 else "10", "1", "5482", action, side, "0",
+                               databento_px(price, fixed), str(size), "128", "9000", str(k), *book, "ESZ3"]))
+    return write(tmp_path, "\n".join(lines) + "\n", name)
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed-point", "pretty_px"])
+@pytest.mark.parametrize("levels", [1, 10], ids=["mbp-1", "mbp-10"])
+def test_a_databento_order_book_is_read_at_its_top_of_book_mid(tmp_path: Path, fixed: bool, levels: int) -> None:
+    path = mbp_file(tmp_path, fixed, levels)
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert m.market_id == "ESZ3" and m.price.tolist() == MBP_MIDS and m.volume.tolist() == MBP_VOLUMES
+    assert m.timestamp.tolist() == [DBN_NS // 10**6 + k * 1000 for k in (2, 3, 4, 5, 6, 7)]
+    assert (data.rows, data.bad_rows, data.skipped_rows, data.report) == (9, 0, 3, [])
+    assert f"{path}: {MBP_NOTE}" in data.notes and f"{path}: {MBP_SKIPPED}" in data.notes, data.notes
+    assert data.formats[0].price == "bid_px_00" and data.formats[0].ask == "ask_px_00"
+    assert any("bid_px_00 and ask_px_00 read as Databento's fixed-point prices" in n for n in data.notes) == fixed
+
+
+def test_a_book_that_never_has_both_sides_gives_no_ticks_and_says_why(tmp_path: Path) -> None:
+    path = write(tmp_path, MBP_HEAD + "\n" + "".join(
+        f"{DBN_NS + k},{DBN_NS},1,1,5482,A,B,0,4108.25,1,128,0,{k},4108.25,,5,0,1,0\n" for k in range(3)), "bids.csv")
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert str(err.value) == (f"no valid tick rows in {path}: of 3 rows 0 are bad and 3 skipped (3 because the book"
+                              " lacks a side (bid_px_00 or ask_px_00 empty or UNDEF_PRICE: before the open, after a"
+                              " clear))")
+
+
+def test_databento_tbbo_stays_read_at_its_trades(tmp_path: Path) -> None:
+    """tbbo: every action is a trade, each with the book before it; read at the trade's price and size, as before."""
+    rows = [f"{DBN_NS + k * 10**9},{DBN_NS},1,1,5482,T,{side},0,{px},{sz},0,0,{k},4108.25,4108.75,5,7,1,1"
+            for k, (side, px, sz) in enumerate([("A", "4108.25", 3), ("B", "4108.75", 2), ("N", "4108.5", 4)])]
+    path = write(tmp_path, MBP_HEAD + "\n" + "\n".join(rows) + "\n", "tbbo.csv")
+    data = load_csv_files([path])
+    assert data.markets[0].price.tolist() == [4108.25, 4108.75, 4108.5] and data.markets[0].volume.tolist() == [3, 2, 4]
+    assert data.formats[0].price == "price" and not any("order-book" in n for n in data.notes), data.notes
+
+
+@pytest.mark.parametrize("head", [MBP_HEAD.replace("rtype,publisher_id,", "kind,venue,"),  # another vendor's
+                                  MBP_HEAD.replace("bid_px_00,ask_px_00", "bid_px,ask_px")])  # no top of book (mbo)
+def test_an_action_column_alone_does_not_make_an_order_book(tmp_path: Path, head: str) -> None:
+    rows = [f"{DBN_NS + k * 10**9},{DBN_NS},1,1,5482,{a},B,0,{px},{sz},0,0,{k},4108.25,4108.75,5,7,1,1"
+            for k, (a, px, sz) in enumerate([("A", "4108.25", 5), ("C", "4108.0", 2), ("T", "4108.5", 1)])]
+    path = write(tmp_path, head + "\n" + "\n".join(rows) + "\n", "events.csv")
+    data = load_csv_files([path])
+    assert data.markets[0].price.tolist() == [4108.25, 4108.0, 4108.5] and data.markets[0].volume.tolist() == [5, 2, 1]
+    assert not any("order-book" in n for n in data.notes), data.notes
 
 
 # --------------------------------------------------------------------------------------

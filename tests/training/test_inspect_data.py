@@ -150,3 +150,25 @@ def test_a_headerless_binance_file_says_it_has_no_header_line(data_dir: Path, ca
     assert out[:2] == [f"{data_dir / 'BTCUSDT-1m-2024-01-01.csv'}: separator ',', no header line, rows oldest first",
                        "  time 'open_time', price 'close', volume 'volume', market 'BTCUSDT-1m' for every row"]
     assert out[2] == "rows 3, bad 0, ticks 3 in 1 market"
+
+
+MBP1 = ("ts_recv,ts_event,rtype,publisher_id,instrument_id,action,side,depth,price,size,flags,ts_in_delta,sequence,"
+        "bid_px_00,ask_px_00,bid_sz_00,ask_sz_00,bid_ct_00,ask_ct_00,symbol\n"
+        "1701302400000000000,1701302400000000000,1,1,5482,R,N,0,,0,8,0,0,,,0,0,0,0,ESZ3\n"
+        "1701302401000000000,1701302401000000000,1,1,5482,A,B,0,4108.25,5,128,0,1,4108.25,4108.75,5,7,1,1,ESZ3\n"
+        "1701302402000000000,1701302402000000000,1,1,5482,T,A,0,4108.25,3,0,0,2,4108.25,4108.75,2,7,1,1,ESZ3\n")
+
+
+def test_a_databento_order_book_is_shown_read_at_its_mid(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (data_dir / "ESZ3-mbp-1.csv").write_text(MBP1)
+    assert main(["inspect-data", "ESZ3-mbp-1.csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    path = data_dir / "ESZ3-mbp-1.csv"
+    assert out[1] == "  time 'ts_recv' (ns), price 'bid_px_00' and 'ask_px_00' (mid), volume 'size', market 'symbol'"
+    assert out[2] == "rows 3, bad 0, skipped 1, ticks 2 in 1 market"
+    assert (f"  {path}: Databento order-book events (action A, R): price is the mid of bid_px_00 and ask_px_00 after"
+            " each event, volume the size of trades (T, F) only; a row whose book lacks a side is skipped") in out
+    assert main(["inspect-data", "ESZ3-mbp-1.csv", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["rows"], d["bad_rows"], d["skipped_rows"], d["ticks"]) == (3, 0, 1, 2)
+    assert [(m["market_id"], m["ticks"]) for m in d["markets"]] == [("ESZ3", 2)]
