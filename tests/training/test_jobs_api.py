@@ -151,6 +151,7 @@ def test_run_training_stores_a_model_and_a_late_cancel_writes_none(make_config: 
     if res["edge"] == "none":  # 800 ticks of a tiny network: usually no edge, and then it says so
         assert res["warnings"][3].startswith("no edge found")
     stored = store.load(res["model_version"])
+    assert stored.metrics["data"]["skipped_rows"] == 0
     assert stored.metrics["data"]["rows"] == 800 and stored.metrics["validation"]["loss"] == pytest.approx(res["validation"]["loss"])
     # a stored but inactive model is never the starting point
     res1 = run_training(cfg, [path], 1, lambda d: None, lambda: False)
