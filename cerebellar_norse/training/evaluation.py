@@ -587,6 +587,28 @@ def _block_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.ran
     return out
 
 
+def _extrapolated_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m), their spread freed of the
+    block length's bias.
+
+    For dependent rows, the moving-block bootstrap's variance of a mean falls short of the
+    true one by a term of order 1/block (the covariances at lags near the block length are
+    cut): with the block of max(horizon, n^(1/3)) rows, a no-skill model's 95 % intervals
+    excluded 0 for 7-9 % of series. Resampled with blocks of ``block`` (variance v1) and
+    ``2 * block`` (v2), v = 2·v2 − v1 cancels that term (Richardson extrapolation; never below
+    v2): the longer blocks' resamples, centred on the series' mean and scaled to v, are
+    returned (benchmarks/interval_coverage.py measures the result).
+    """
+    m = series.shape[1]
+    short = _block_bootstrap(series, block, resamples, rng)
+    long = _block_bootstrap(series, min(m, 2 * block), resamples, rng)
+    v_short, v_long = short.var(axis=1), long.var(axis=1)
+    v = np.maximum(2.0 * v_long - v_short, v_long)
+    scale = np.sqrt(np.divide(v, v_long, out=np.ones_like(v), where=v_long > 0))
+    centred = long - long.mean(axis=1, keepdims=True)
+    return series.mean(axis=1, keepdims=True) + centred * scale[:, None]
+
+
 def _diff_table(model: _Rows, baselines: dict[str, _Rows], horizon: int, resamples: int,
                 rng: np.random.Generator) -> tuple[dict[str, Any], int]:
     names = list(baselines)
@@ -612,7 +634,7 @@ def _diff_table(model: _Rows, baselines: dict[str, _Rows], horizon: int, resampl
         point = series.mean(axis=1)
         ci: np.ndarray | None = None
         if resamples > 0:
-            means = _block_bootstrap(series, block, resamples, rng)
+            means = _extrapolated_bootstrap(series, block, resamples, rng)
             ci = np.percentile(means, [2.5, 97.5], axis=1)
         for j, (name, f) in enumerate(keys):
             interval = None if ci is None else [_num(ci[0, j]), _num(ci[1, j])]
@@ -700,7 +722,10 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         "baselines": baselines,
         "vs_baselines": vs,
         "bootstrap": {"method": "moving-block bootstrap of per-row model-minus-baseline contributions, "
-                                "the same blocks for every baseline; directional metrics over moving rows only",
+                                "the same blocks for every baseline, with blocks of block_length and twice that; the "
+                                "variance extrapolated to remove the block length's bias (2·v(2b) − v(b)), the "
+                                "percentiles of the longer blocks' resamples scaled to it; directional metrics over "
+                                "moving rows only",
                       "resamples": int(bootstrap), "seed": int(seed), "block_length": block, "rows_used": int(n),
                       "moving_rows_used": moving, "subsampled": False,
                       "note": "all rows used (block sums from prefix sums, no subsampling)"},
