@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,11 @@ MAX_COST_BP = 10_000.0  # a round-trip cost of 100%: anything larger is a typo, 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that exits 2 with a one-line message (no usage dump on stdout)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # as from Python 3.13: an argument of '-' and a digit is a value (--timezone -05:00), never an option
+        self._negative_number_matcher = re.compile(r"-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
@@ -63,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--epochs", type=int, help="epochs (default training.epochs)")
     tr.add_argument("--activate", action="store_true", help="make the new model the active one")
     tr.add_argument("--from-scratch", action="store_true", help="start from the config's seed instead of the active model")
+    _add_timezone(tr)
     tr.add_argument("--json", action="store_true", help="print one JSON object")
 
     ev = sub.add_parser("evaluate", help="score a model on CSV ticks in time order against baselines")
@@ -72,10 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--since", metavar="TIME", type=_time_arg, help="score only ticks at or after TIME (ms or ISO 8601); earlier ones warm the network up")
     ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost per trade in basis points for the P&L, 0 to 10000 (default 0)")
     ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the 95%% intervals (default 1000)")
+    _add_timezone(ev, " and of a --since TIME without one")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
 
     ix = sub.add_parser("inspect-data", help="how tick CSV files are read: columns, formats, bad and skipped rows, markets")
     ix.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
+    _add_timezone(ix)
     ix.add_argument("--json", action="store_true", help="print one JSON object")
 
     md = sub.add_parser("make-data", help="write synthetic ticks with a learnable structure as CSV")
@@ -92,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compare each result with the probabilities recorded for it; exit 1 when a market diverges")
     rp.add_argument("--tolerance", type=_non_negative, default=None, metavar="T",
                     help="largest |difference| of a probability that is not a divergence (default 1e-9)")
+    _add_timezone(rp, " (a tick CSV; a recording's times are ms)")
     rp.add_argument("--json", action="store_true", help="print one JSON result per line (with --detect-divergence: one JSON report)")
 
     db = sub.add_parser("debug-bundle", help="write a .tar.gz with config, versions, models and service state for support")
@@ -140,6 +150,25 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
     bn.add_argument("--json", action="store_true", help="print one JSON object")
     return p
+
+
+def _add_timezone(parser: argparse.ArgumentParser, more: str = "") -> None:
+    """The ``--timezone`` option of a command that reads tick files."""
+    parser.add_argument("--timezone", metavar="ZONE", type=_zone_arg,
+                        help="zone of the files' times written without an offset or zone" + more + ": UTC, an IANA name"
+                             " (America/New_York) or a fixed offset (-05:00, UTC+02:00); overrides"
+                             " training.data_timezone (default UTC)")
+
+
+def _zone_arg(text: str) -> str:
+    """An argparse type: a zone as ``--timezone`` takes it (see :mod:`cerebellar_norse.timezones`), kept as written."""
+    from .timezones import parse_zone
+
+    try:
+        parse_zone(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _non_negative(text: str) -> float:
@@ -235,6 +264,13 @@ def _load(args: argparse.Namespace) -> Config:
     return with_server(load_checked_config(args.config), _server_overrides(args))
 
 
+def _load_for_data(args: argparse.Namespace) -> Config:
+    """:func:`_load` for a command that reads tick files: ``--timezone`` overrides ``training.data_timezone``."""
+    from .config import with_data_timezone
+
+    return with_data_timezone(_load(args), args.timezone)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
     from .api.server import serve
@@ -269,7 +305,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.epochs is not None and args.epochs < 1:
         _err("--epochs must be at least 1")
         return EXIT_USAGE
-    return cmd_train(_load(args), args.files, args.epochs, args.activate, args.json, args.from_scratch)
+    return cmd_train(_load_for_data(args), args.files, args.epochs, args.activate, args.json, args.from_scratch)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -280,13 +316,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
              "and --bootstrap between 0 and 100000")
         return EXIT_USAGE
     cost_bp = args.cost_bp + 0.0  # -0 is 0 (not "cost -0.00 bp")
-    return cmd_evaluate(_load(args), args.files, args.model, args.report, cost_bp, args.bootstrap, args.json, args.since)
+    return cmd_evaluate(_load_for_data(args), args.files, args.model, args.report, cost_bp, args.bootstrap, args.json, args.since)
 
 
 def _cmd_inspect_data(args: argparse.Namespace) -> int:
     from .training.commands import cmd_inspect_data
 
-    return cmd_inspect_data(_load(args), args.files, args.json)
+    return cmd_inspect_data(_load_for_data(args), args.files, args.json)
 
 
 def _cmd_make_data(args: argparse.Namespace) -> int:
@@ -322,7 +358,7 @@ def _cmd_validate_model(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .training.commands import cmd_replay
 
-    return cmd_replay(_load(args), Path(args.file), args.json, args.market, args.detect_divergence, args.tolerance)
+    return cmd_replay(_load_for_data(args), Path(args.file), args.json, args.market, args.detect_divergence, args.tolerance)
 
 
 def _cmd_debug_bundle(args: argparse.Namespace) -> int:

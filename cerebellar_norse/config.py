@@ -18,6 +18,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import tzinfo
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -36,6 +37,7 @@ from pydantic import (
 )
 
 from .errors import ConfigError, ConfigProblem
+from .timezones import DEFAULT_ZONE, parse_zone
 
 ENV_PREFIX = "CEREBELLAR_NORSE_"
 LEVEL_NAMES = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -209,6 +211,7 @@ class TrainingConfig(_Section):
     volatility_window: int = Field(100, ge=2, le=10_000_000, description="Ticks of memory of the running per-tick volatility used by the volatility flat band.")
     flat_band: float = Field(0.0005, ge=0, le=1, description="Fixed flat band (flat_band_mode fixed): |log return| over the horizon at or below this is class flat (0.0005 = 5 bp).")
     max_bad_row_fraction: float = Field(0.01, ge=0, le=1, description="A job fails when more rows than this fraction are bad.")
+    data_timezone: str = Field(DEFAULT_ZONE, description='Time zone of tick files\' times written without an offset or zone (naive local times, as HistData, FirstRate Data or MetaTrader write them): "UTC", an IANA name such as "America/New_York" (daylight saving time included), or a fixed offset such as "-05:00" or "UTC+02:00". Times since the epoch and times with their own offset or zone are exact and not affected.')
     threads: int = Field(1, ge=1, le=1024, description="CPU threads of the training process.")
     auto_activate: bool = Field(True, description="Activate a trained model when it beats the active one on validation.")
     reset_state_on_swap: bool = Field(False, description="Reset market states when a new model is activated.")
@@ -217,6 +220,17 @@ class TrainingConfig(_Section):
     bootstrap_on_first_run: bool = Field(True, description="Train a default model on generated data when the state dir has none.")
     live_evaluation: bool = Field(True, description="Score every served prediction against its label once its horizon has passed (per market and overall, against the causal base rate); exported in /metrics and /neural/metrics.")
     live_evaluation_window: int = Field(1000, ge=10, le=1_000_000, description="Judged ticks in the rolling window of live evaluation (per market and overall); each tracked market keeps about 21 bytes per window tick.")
+
+    @field_validator("data_timezone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        parse_zone(v)
+        return v.strip()
+
+    @property
+    def data_zone(self) -> tzinfo:
+        """``data_timezone`` as a zone (``datetime.UTC`` for UTC)."""
+        return parse_zone(self.data_timezone)
 
 
 class ServerConfig(_Section):
@@ -631,6 +645,14 @@ def with_server(cfg: Config, updates: Mapping[str, Any]) -> Config:
     if not updates:
         return cfg
     return cfg.model_copy(update={"server": cfg.server.model_copy(update=dict(updates))})
+
+
+def with_data_timezone(cfg: Config, zone: str | None) -> Config:
+    """``cfg`` with ``training.data_timezone`` replaced by ``zone`` (already checked: ``--timezone``); ``cfg`` itself
+    when ``zone`` is None."""
+    if zone is None:
+        return cfg
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update={"data_timezone": zone.strip()})})
 
 
 def config_json_schema() -> dict[str, Any]:

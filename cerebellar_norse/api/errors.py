@@ -97,7 +97,7 @@ def validation_response(errors: list[dict[str, Any]], body: str | bytes | None =
         return 422, error_payload("validation", "unknown field", rid, field)
     if first.get("type") == "missing" and not field:
         return 422, error_payload("validation", "request body is missing", rid)
-    msg = str(first.get("msg", "invalid value"))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # a validator's own words
     if first.get("type") in OBJECT_EXPECTED:  # worded differently by pydantic's JSON and Python modes
         msg = "must be a JSON object"
     if "input" in first and not isinstance(first["input"], (dict, list)):

@@ -244,11 +244,11 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     bad = shape_mismatch(model.neural, cfg.neural)
     if bad:
         raise InputError(f"model {version} does not fit this config ({', '.join(bad)} differ)", "--model")
-    data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction)
+    data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction, cfg.training.data_zone)
     for note in data.notes:
         print(f"note: {note}", file=sys.stderr)
     try:
-        since_ms = parse_time_ms(since, "--since") if since else None
+        since_ms = parse_time_ms(since, "--since", cfg.training.data_zone) if since else None
     except ValueError as exc:
         raise InputError(str(exc), "--since") from None
     if since_ms is not None:

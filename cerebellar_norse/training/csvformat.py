@@ -14,7 +14,8 @@ other column is ignored:
   a date-time written ``YYYYMMDDHHMM[SS]`` when the first time is one, a date and hour written ``YYYYMMDDHH``
   when every time of the first rows is one and the first read as seconds would be still to come,
   or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
-  ``2020-01-02T15:30:00.123Z``, ``…+01:00``, ``… GMT+0100``; without an offset it is UTC),
+  ``2020-01-02T15:30:00.123Z``, ``…+01:00``, ``… GMT+0100``; without an offset it is a wall-clock time in the
+  file's zone, :attr:`Columns.zone`: UTC unless ``training.data_timezone`` or ``--timezone`` names another),
   from 1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates may
   also be written year first with dots or slashes (``2020.01.02``), or day and month
   with slashes or dots (``1/4/1999``, ``04.01.1999 15:30``), read month first or day
@@ -23,9 +24,12 @@ other column is ignored:
   …``; dates with dots that show neither are day first). A ``time``
   column of times of day (``00:00:00``) beside a ``date`` column completes that date, and so does an hour
   column (``HOUR_COLUMNS``: ``Date,Hour,Price``) beside dates without a time of day, read as hours ending
-  1..24 or beginning 0..23 as its name or its values tell (:func:`hour_column`). A time in a named zone
-  (``20241103 01:30:00 US/Eastern``) that the zone repeats when the clocks go back is read as its first
-  occurrence, unless its market's rows then go back (:func:`repeated_hour_time`).
+  1..24 or beginning 0..23 as its name or its values tell (:func:`hour_column`). Every time written without an
+  offset (dates, date-times, ``YYYYMMDD…`` numbers, date and time or hour columns) is read in the file's zone; numbers
+  since the epoch and times with an offset or zone name are exact. A time in a named zone
+  (``20241103 01:30:00 US/Eastern``, or without an offset in a file zone with daylight saving time) that the zone
+  repeats when the clocks go back is read as its first occurrence, unless its market's rows then go back
+  (:func:`repeated_hour_time`); one that the zone skips when the clocks go forward is a bad row (:func:`_skipped_time`).
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``close/last``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
   any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``). In a Databento file written
@@ -75,14 +79,15 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
+from ..timezones import zone_name
 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
@@ -170,6 +175,9 @@ _DATEHOUR_DIGITS = re.compile(r"(\d{10})(?:\.0*)?")
 _EXPONENT = re.compile(r"[+-]?(\d*)\.?(\d*)[eE]")  # a number in scientific notation: its mantissa's digits
 # M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
 _SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
+# units of a file of dates or date-times written as one number: their digits, and how the form is named in errors
+_COMPACT_UNITS = {"date": (_DATE_DIGITS, "a date written YYYYMMDD"), "datehour": (_DATEHOUR_DIGITS, "a date-hour"
+                  " written YYYYMMDDHH"), "datetime": (_DATETIME_DIGITS, "a date-time written YYYYMMDDHHMM or YYYYMMDDHHMMSS")}
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -216,6 +224,8 @@ class Columns:
     # price is the mid of the row's own top of book, the volume a trade's size only
     action_name: str = ""
     skipped: dict[str, int] = field(default_factory=dict)  # why -> rows skipped so (neither ticks nor bad rows)
+    zone: tzinfo = UTC  # the zone of times written without an offset or zone (training.data_timezone)
+    zone_used: bool = False  # a row's time was read in ``zone`` (not UTC) for want of an offset of its own
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""
@@ -615,10 +625,24 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
 
 
 def _datetime_ms(dt: datetime) -> int:
-    """ms since the epoch (sub-ms digits dropped); a time without an offset is UTC."""
+    """ms since the epoch (sub-ms digits dropped); a time without an offset is UTC (see :func:`_zoned`)."""
     if dt.tzinfo is None:
         return (dt - _EPOCH_NAIVE) // _ONE_MS
     return (dt - _EPOCH) // _ONE_MS
+
+
+def _zoned(dt: datetime, zone: tzinfo) -> datetime:
+    """``dt`` itself when it carries an offset or zone, else ``dt`` as a wall-clock time in ``zone`` (the file's zone
+    of times without an offset; a time the clocks repeat there is its first occurrence, fold 0)."""
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=zone)
+
+
+class _Read(NamedTuple):
+    """A time field read: ms since the epoch, and the zone its wall-clock time was read in (its own named zone, or
+    the file's zone for a time without an offset; None for a number since the epoch)."""
+
+    ms: int
+    zone: tzinfo | None
 
 
 def _unit_time(s: str, name: str, unit: str) -> int:
@@ -664,8 +688,8 @@ def _vendor_time(s: str) -> datetime | None:
 
 
 def _skipped_time(dt: datetime) -> str:
-    """Why a wall-clock time in a named zone (Interactive Brokers' ``20240310 02:30:00 US/Eastern``) does not exist
-    there: the clocks go forward over it (the zone reads it at the offset before the change, an hour off the rows
+    """Why a wall-clock time in a named zone (Interactive Brokers' ``20240310 02:30:00 US/Eastern``, or a time without
+    an offset read in a file zone such as America/New_York) does not exist there: the clocks go forward over it (the zone reads it at the offset before the change, an hour off the rows
     around it); "" for a time that exists, or names no zone."""
     zone = dt.tzinfo
     if not isinstance(zone, ZoneInfo):
@@ -679,20 +703,24 @@ def _skipped_time(dt: datetime) -> str:
 
 
 def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
-    """ms since the epoch of a row's time read as the second occurrence of a wall-clock time that its named time zone
-    repeats when the clocks go back (Interactive Brokers' ``20241103 01:30:00 US/Eastern``: 01:00-01:59 comes twice,
-    and is read as the first unless this is asked for); None when the time names no zone or is not repeated there."""
+    """ms since the epoch of a row's time read as the second occurrence of a wall-clock time that its time zone
+    repeats when the clocks go back (Interactive Brokers' ``20241103 01:30:00 US/Eastern``, or ``2024-11-03 01:30``
+    in a file read in America/New_York: 01:00-01:59 comes twice, and is read as the first unless this is asked for);
+    None when the time was not read in a zone with daylight saving time, or is not repeated there."""
     if len(row) != cols.fields:
         return None
-    text = (row[cols.time] if cols.clock is None else _with_clock(row, cols)).strip()
-    if not text[-1:].isalpha():  # a zone name ends the time (US/Eastern)
+    try:
+        text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
+        ms, zone = _read_time(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
+    except ValueError:
         return None
-    dt = _vendor_time(text)
-    if dt is None or not isinstance(dt.tzinfo, ZoneInfo):
+    if not isinstance(zone, ZoneInfo):
         return None
-    first, later = _datetime_ms(dt.replace(fold=0)), _datetime_ms(dt.replace(fold=1))
-    # a time skipped when the clocks go forward also reads two ways, the "second" being the earlier
-    return later if first < later < TS_MAX_MS else None
+    wall = (_EPOCH + ms * _ONE_MS).astimezone(zone)
+    if wall.fold:  # already the second occurrence
+        return None
+    later = _datetime_ms(wall.replace(fold=1))
+    return later if ms < later < TS_MAX_MS else None
 
 
 def _with_offset(s: str) -> str:
@@ -703,40 +731,48 @@ def _with_offset(s: str) -> str:
     return s[:m.start()] + (f"{m[1]}{m[2]}:{m[3]}" if m[1] else "+00:00")
 
 
-def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "ms") -> int:
+def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "ms", zone: tzinfo = UTC) -> int:
     """A time field of any accepted form as ms since the epoch, or ValueError naming the column and value.
 
     ``day_first`` is the file's slash-date order (see :func:`slash_order`); None: slash dates are not accepted.
-    ``unit`` is the file's unit of numeric times (see :func:`time_unit_of`).
+    ``unit`` is the file's unit of numeric times (see :func:`time_unit_of`). ``zone`` is the zone of a date or
+    date-time written without an offset or zone (a time the zone skips is a ValueError, see :func:`_skipped_time`).
     """
+    return _read_time(text, name, day_first, unit, zone).ms
+
+
+def _compact_ms(s: str, raw: str, name: str, unit: str, zone: tzinfo) -> int:
+    """A time of a file of YYYYMMDD dates, YYYYMMDDHH date-hours or YYYYMMDDHHMM[SS] date-times (``unit``), read in
+    ``zone``, as ms since the epoch; ValueError naming the column and value when it is not one or the zone skips it."""
+    digits, form = _COMPACT_UNITS[unit]
+    when = _compact_datetime(s, digits)
+    local = None if when is None else _zoned(when, zone)
+    skipped = "" if local is None else _skipped_time(local)
+    if skipped:
+        raise ValueError(f"{name} {raw!r} {skipped}")
+    ms = None if local is None else _datetime_ms(local)
+    if ms is None or not 0 <= ms < TS_MAX_MS:
+        raise ValueError(f"{name} {raw!r} is not {form} (as the file's first time is)")
+    return ms
+
+
+def _read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzinfo) -> _Read:
+    """:func:`_time_any`, with the zone the time's wall-clock time was read in (see :class:`_Read`)."""
     s = raw = text.strip()
-    skipped = ""  # why a zone-named time does not exist (see _skipped_time)
+    skipped = ""  # why a wall-clock time does not exist in its zone (see _skipped_time)
     # in a file of YYYYMMDD dates or date-times every number is one (a "0.0" or "1.5" is no ms of 1970)
-    if unit == "date" and (s.isdigit() or _is_number(s)):
-        ms = _yyyymmdd(s)
-        if ms is None:
-            raise ValueError(f"{name} {raw!r} is not a date written YYYYMMDD (as the file's first time is)")
-        return ms
-    if unit == "datehour" and (s.isdigit() or _is_number(s)):
-        ms = _yyyymmddhh(s)
-        if ms is None:
-            raise ValueError(f"{name} {raw!r} is not a date-hour written YYYYMMDDHH (as the file's first time is)")
-        return ms
-    if unit == "datetime" and (s.isdigit() or _is_number(s)):
-        ms = _yyyymmddhhmm(s)
-        if ms is None:
-            raise ValueError(f"{name} {raw!r} is not a date-time written YYYYMMDDHHMM or YYYYMMDDHHMMSS (as the file's"
-                             " first time is)")
-        return ms
+    if unit in _COMPACT_UNITS and (s.isdigit() or _is_number(s)):
+        return _Read(_compact_ms(s, raw, name, unit, zone), zone)
     rounded = _rounded_digits(s) if "e" in s or "E" in s else None
     if rounded is not None:
         raise ValueError(f"{name} {raw!r} keeps {rounded} significant digits (scientific notation, as spreadsheets save"
                          " long numbers): save the column as a number with all its digits")
     if unit not in ("ms", "date", "datehour", "datetime") and _is_number(s):
-        return _unit_time(s, name, unit)
+        return _Read(_unit_time(s, name, unit), None)
     if "GMT" in s or "UTC" in s:
         s = _with_offset(s)
     iso = False
+    read_in: tzinfo | None = None
     try:
         ms = int(s)
     except ValueError:
@@ -748,13 +784,17 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
                 iso_text = s if ymd is None else (f"{ymd[1]}-{int(ymd[2]):02d}-{int(ymd[3]):02d}"
                                                   + (f"{ymd[4]}{ymd[5]}" if ymd[4] else ""))
                 try:
-                    ms = _datetime_ms(datetime.fromisoformat(iso_text if day_first is None else _from_slash(s, day_first)))
+                    when = datetime.fromisoformat(iso_text if day_first is None else _from_slash(s, day_first))
                 except ValueError:
                     vendor = _vendor_time(s)
                     if vendor is None:
                         raise
-                    skipped = _skipped_time(vendor)
-                    ms = _datetime_ms(vendor)
+                    when = vendor
+                read_in = when.tzinfo or zone
+                if read_in is not UTC:  # (a time without an offset in UTC stays naive: _datetime_ms reads it so)
+                    when = _zoned(when, zone)
+                    skipped = _skipped_time(when)
+                ms = _datetime_ms(when)
             except (ValueError, OverflowError):
                 if day_first is not None and _SLASH_DATE.match(s):
                     order = "D/M/YYYY" if day_first else "M/D/YYYY"
@@ -782,19 +822,21 @@ def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "
             raise ValueError(f"{name} {raw!r} is not before 2100-01-01")
         hint = "; if the file's times are µs or ns, divide them by 1000 or 1000000" if ms < 1000 * TS_MAX_MS * 1000 else ""
         raise ValueError(f"{name} {raw!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
-    return ms
+    return _Read(ms, read_in)
 
 
-def parse_time_ms(text: str, name: str = "time") -> int:
-    """A time given as ms since the epoch or ISO 8601 (as in the CSV time column); ValueError otherwise."""
-    ms = _time_any(text, name)
+def parse_time_ms(text: str, name: str = "time", zone: tzinfo = UTC) -> int:
+    """A time given as ms since the epoch or ISO 8601 (as in the CSV time column; one without an offset read in
+    ``zone``); ValueError otherwise."""
+    ms = _time_any(text, name, zone=zone)
     if not 0 <= ms < TS_MAX_MS:
         raise ValueError(f"{name} {text!r} is outside 1970-01-01 .. 2100-01-01")
     return ms
 
 
 def _iso_time(text: str, cols: Columns) -> int:
-    """The fast path for a column of ISO 8601 times; anything else goes to ``_time_any``."""
+    """The fast path for a column of ISO 8601 times (UTC, or with an offset); anything else, and a time without an
+    offset in a file read in another zone, goes to :func:`_row_time`."""
     s = text.strip()
     if not s.isdigit():  # an integer is ms, even in a column of dates
         try:
@@ -802,10 +844,20 @@ def _iso_time(text: str, cols: Columns) -> int:
         except ValueError:
             pass
         else:
-            ms = (dt - _EPOCH_NAIVE) // _ONE_MS if dt.tzinfo is None else (dt - _EPOCH) // _ONE_MS
-            if 0 <= ms < TS_MAX_MS:
-                return ms
-    return _time_any(text, cols.time_name, cols.day_first, cols.time_unit)
+            if dt.tzinfo is not None or cols.zone is UTC:
+                ms = (dt - _EPOCH_NAIVE) // _ONE_MS if dt.tzinfo is None else (dt - _EPOCH) // _ONE_MS
+                if 0 <= ms < TS_MAX_MS:
+                    return ms
+    return _row_time(text, cols, cols.day_first, cols.time_unit)
+
+
+def _row_time(text: str, cols: Columns, day_first: bool | None = None, unit: str = "ms") -> int:
+    """A row's time field by :func:`_time_any` in the file's zone; marks ``cols.zone_used`` when the time had no
+    offset of its own and that zone is not UTC."""
+    ms, read_in = _read_time(text, cols.time_name, day_first, unit, cols.zone)
+    if read_in is cols.zone and read_in is not UTC:
+        cols.zone_used = True
+    return ms
 
 
 def _is_number(text: str) -> bool:
@@ -904,15 +956,15 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
         ts = _iso_time(text, cols)
     else:
         if cols.time_unit != "ms":
-            ts = _time_any(text, cols.time_name, None, cols.time_unit)
+            ts = _row_time(text, cols, None, cols.time_unit)
         else:
             try:
                 ts = int(text)
             except ValueError:
-                ts = _time_any(text, cols.time_name)
+                ts = _row_time(text, cols)
             else:
                 if not 0 <= ts < TS_MAX_MS:
-                    ts = _time_any(text, cols.time_name)
+                    ts = _row_time(text, cols)
         if ts < cols.time_floor:
             raise ValueError(f"{cols.time_name} {text.strip()!r} read as {UNIT_WORDS[cols.time_unit]} since epoch is before"
                              " 1973-03-03, unlike the file's first time: a time in another unit?")
@@ -1071,7 +1123,7 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
                     continue
                 try:
                     text = r[cols.time] if cols.clock is None else _with_clock(r, cols)
-                    t = _time_any(text, cols.time_name, cols.day_first, cols.time_unit)
+                    t = _time_any(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
                 except ValueError:
                     continue  # a bad row: the reading pass reports it
                 m = "" if cols.market is None else r[cols.market].strip()
@@ -1289,13 +1341,13 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
         cols.iso, cols.time_unit = True, "datetime"
         when = datetime.fromtimestamp(stamp / 1000, UTC)
         return (f"{path}: {cols.time_name} read as date-times written YYYYMMDDHHMM[SS] (the first, {first}, is"
-                f" {when:%Y-%m-%d %H:%M:%S} UTC)")
+                f" {when:%Y-%m-%d %H:%M:%S} {zone_name(cols.zone)})")
     hour = _yyyymmddhh(first)
     if hour is not None and _date_hours_not_seconds(path, cols, first):  # 2024010209: 2024-01-02 09:00, not 2034
         cols.iso, cols.time_unit = True, "datehour"
         when = datetime.fromtimestamp(hour / 1000, UTC)
         return (f"{path}: {cols.time_name} read as date-hours written YYYYMMDDHH (the first, {first}, is"
-                f" {when:%Y-%m-%d %H:%M} UTC; as seconds since the epoch it would be a time still to come)")
+                f" {when:%Y-%m-%d %H:%M} {zone_name(cols.zone)}; as seconds since the epoch it would be a time still to come)")
     x = float(first)
     cols.time_unit = next((unit for unit, (low, high) in TIME_UNITS.items() if low <= x < high), "ms")
     if cols.time_unit != "ms" or x >= PLAUSIBLE_MS:
@@ -1321,17 +1373,25 @@ def serial_date_hint(x: float) -> str:
             f" {when:%Y-%m-%d %H:%M:%S}), format the column as dates (YYYY-MM-DD HH:MM:SS) before saving it")
 
 
-def _compact_time(text: str, digits: re.Pattern[str]) -> int | None:
-    """ms since the epoch of a date (and time) written as one number matched by ``digits`` (YYYYMMDD[HH[MM[SS]]],
-    maybe with a ``.0`` a float column adds), 1970 up to 2100; None otherwise."""
+def _compact_datetime(text: str, digits: re.Pattern[str]) -> datetime | None:
+    """The date (and time), without an offset, written as one number matched by ``digits`` (YYYYMMDD[HH[MM[SS]]],
+    maybe with a ``.0`` a float column adds); None otherwise."""
     m = digits.fullmatch(text)
     if m is None:
         return None
     d = m[1]
     try:
         hour, minute, second = (int(d[i:i + 2] or 0) for i in (8, 10, 12))
-        when = datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), hour, minute, second)
+        return datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), hour, minute, second)
     except ValueError:
+        return None
+
+
+def _compact_time(text: str, digits: re.Pattern[str]) -> int | None:
+    """ms since the epoch of a :func:`_compact_datetime` read as UTC (which form a file's times have does not depend
+    on its zone), 1970 up to 2100; None otherwise."""
+    when = _compact_datetime(text, digits)
+    if when is None:
         return None
     ms = _datetime_ms(when)
     return ms if 0 <= ms < TS_MAX_MS else None
@@ -1412,12 +1472,14 @@ def _rounded_digits(text: str) -> int | None:
     return digits if digits < whole else None
 
 
-def file_format(path: Path, header: list[str], delimiter: str, notes: list[str], skipped: int = 0) -> Columns:
+def file_format(path: Path, header: list[str], delimiter: str, notes: list[str], skipped: int = 0,
+                zone: tzinfo = UTC) -> Columns:
     """How the file at ``path`` is written: the columns used, its header lines, date and number formats and row
     order, from its header line (split at ``delimiter``, see :func:`delimiter_of`) and, where that cannot tell,
     from the file itself; a note in ``notes`` for each thing inferred. DataError for a header, or a date column,
     that cannot be read. The header is the line after ``skipped`` lines (see :func:`leading_lines`); the rows
-    start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`binance_layout`)."""
+    start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`binance_layout`). Times
+    without an offset are read in ``zone``."""
     levels = yfinance_header(path, header, delimiter, skipped)
     ticker, lines, ticker_from = "", 1, "the header's Ticker row"
     binance = None
@@ -1433,6 +1495,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
         if binance is not None or names in (BINANCE_KLINES, BINANCE_AGG_TRADES[:7], BINANCE_TRADES[:6]):
             ticker, ticker_from = binance_symbol(path), "the Binance file name without its date"
     cols = columns_of(path, header, notes, ticker, ticker_from)
+    cols.zone = zone
     cols.header_rows = skipped + lines
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")

@@ -4,8 +4,9 @@ A file is a header naming the columns, then one tick per line (Binance's headerl
 layout); how a file may be written (separators, column names, time and number formats, yfinance's, MetaTrader's,
 Databento's and Binance's layouts) is in :mod:`cerebellar_norse.training.csvformat`.
 
-A missing optional column, a time unit other than ms, quotes read as their mid, or ms
-times within 1970-01-01 that might be seconds, is recorded in ``TickData.notes`` as
+A missing optional column, a time unit other than ms, quotes read as their mid, ms
+times within 1970-01-01 that might be seconds, or times without an offset read in a zone
+other than UTC (``load_csv_files``' ``zone``), is recorded in ``TickData.notes`` as
 ``file: …``. Rows that are neither ticks nor bad (a Databento order book without a bid or an
 ask) are skipped, counted per reason in a note and in ``TickData.skipped_rows``. A header without a time or a price column, or
 naming a used column twice, fails at once with ``file:1: …``.
@@ -19,8 +20,9 @@ is a bad row.
 Bad rows (a field count other than the header's, non-numbers, non-finite or
 out-of-range values, time going backwards within a market) are skipped and reported
 as ``file:line: reason``, the reason naming the column as the header spells it (a time in a
-named zone, ``20241103 01:10:00 US/Eastern``, that would go back into the hour its zone repeats
-when the clocks go back is that hour's second occurrence, noted, not a bad row); a
+named zone, ``20241103 01:10:00 US/Eastern``, or without an offset in a file read in such a zone,
+that would go back into the hour its zone repeats when the clocks go back is that hour's second
+occurrence, noted, not a bad row); a
 load with more than ``max_bad_row_fraction`` bad rows fails with that report.
 
 Labels are computed by :mod:`cerebellar_norse.training.labels`; this module counts
@@ -31,13 +33,14 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError, DataFileNotFoundError, InputError
+from ..timezones import zone_name
 from .csvformat import (
     SECONDS_HINT_MS,
     FileFormat,
@@ -135,8 +138,9 @@ def _reverse_from(column: list[Any], start: int) -> None:
     column[start:] = column[start:][::-1]
 
 
-def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickData:
-    """Read tick CSV files (in the given order) into per-market series (format in the module docstring).
+def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC) -> TickData:
+    """Read tick CSV files (in the given order) into per-market series (format in the module docstring); dates and
+    date-times written without an offset or zone are wall-clock times in ``zone`` (``training.data_timezone``).
 
     Raises:
         DataError: a file cannot be opened, is empty, has no time or price column, or
@@ -180,7 +184,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            cols = file_format(path, header, delimiter, notes, skipped)
+            cols = file_format(path, header, delimiter, notes, skipped, zone)
             if cols.header_rows == skipped:  # no header line (a Binance file): the line read as one is the first row
                 fh.seek(0)
                 reader = csv.reader(fh, delimiter=delimiter)
@@ -278,6 +282,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01) -> TickDat
                        f" name is {'missing from' if width > cols.fields else 'one too many in'} the header"
                        + (f", or {split_hint.strip()[1:-1]}" if split_hint else ""))
                 raise DataError(msg, [msg])
+            if cols.zone_used:
+                notes.append(f"{path}: times without an offset read in {zone_name(zone)}")
             if repeated:
                 notes.append(f"{path}: {repeated} {'row' if repeated == 1 else 'rows'} in the hour that the time zone"
                              " repeats when the clocks go back read as its second occurrence,"

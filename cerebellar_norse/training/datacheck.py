@@ -171,7 +171,7 @@ def print_inspection(cfg: Config, files: list[Path], as_json: bool) -> int:
     fails raises its ``DataError`` (exit 1)."""
     from .data import load_csv_files
 
-    data = load_csv_files(files, cfg.training.max_bad_row_fraction)
+    data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone)
     labels = labels_summary(cfg, data)
     print(json.dumps(summary(data, labels), allow_nan=False) if as_json else format_text(data, labels))
     return 0

@@ -47,6 +47,7 @@ from ..config import Config
 from ..errors import CerebellarNorseError, JobConflictError, JobNotFoundError
 from ..storage import atomic_write_bytes
 from ..ticks import integral_number
+from ..timezones import parse_zone
 from .data import DATA_FILE_PATTERN
 
 log = logging.getLogger("cerebellar_norse.training")
@@ -73,12 +74,22 @@ class TrainingRequest(BaseModel):
     early_stopping_patience: int | None = Field(None, ge=1, le=1000)
     flat_band: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     max_bad_row_fraction: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    data_timezone: str | None = Field(None, max_length=200, description="Zone of the files' times without an offset"
+                                      " (training.data_timezone): UTC, an IANA name or a fixed offset such as -05:00.")
     activate: Literal["auto", "always", "never"] = Field("auto", description="auto: when it beats the active model on validation.")
 
     @field_validator("epochs", "sequence_length", "batch_markets", "early_stopping_patience", mode="before")
     @classmethod
     def _integral(cls, v: Any) -> Any:
         return integral_number(v)  # 5.0 is an integer in JSON
+
+    @field_validator("data_timezone")
+    @classmethod
+    def _known_zone(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_zone(v)
+            return v.strip()
+        return v
 
 
 def job_config(cfg: Config, req: TrainingRequest) -> Config:
@@ -208,7 +219,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     from .trainer import evaluate, prepare, train
 
     store = ModelStore(Path(cfg.paths.state_dir))
-    data = load_csv_files(files, cfg.training.max_bad_row_fraction)
+    data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone)
     prep = prepare(cfg, data)
     for w in data.notes:  # how the files were read: listed with the warnings, marked as notes
         progress({"warning": w, "note": True})

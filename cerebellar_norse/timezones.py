@@ -1,0 +1,57 @@
+"""The time zone in which tick files' times without an offset are read (``training.data_timezone``, ``--timezone``).
+
+A zone is written as ``UTC``, an IANA name from the system's time zone database (``America/New_York``,
+``Europe/London``; daylight saving time included), or a fixed offset from UTC all year: ``+02:00``, ``-05:00``,
+``UTC-05:00``, ``GMT+2``, ``-0500`` (so nobody has to know that ``Etc/GMT+5`` means UTC-05:00).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, timedelta, timezone, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+DEFAULT_ZONE = "UTC"
+MAX_OFFSET = timedelta(hours=14)  # the largest offset from UTC of any place's clocks (UTC+14:00, Kiribati)
+# +02:00, -0500, UTC-05:00, GMT+2: hours and minutes with or without a colon, or hours alone
+_FIXED = re.compile(r"(?:UTC|GMT)?\s*([+-])(?:(\d{2}):?(\d{2})|(\d{1,2}))", re.IGNORECASE)
+_HOW = ("write an IANA name such as America/New_York or Europe/London, UTC, or a fixed offset from UTC such as"
+        " -05:00 or UTC+02:00")
+
+
+def parse_zone(text: str) -> tzinfo:
+    """The zone ``text`` names (see the module docstring); ValueError naming the text and what is accepted.
+
+    ``UTC`` (any case) and a zero offset are ``datetime.UTC`` itself, so a caller can tell the default by identity.
+    """
+    s = text.strip()
+    if s.upper() == DEFAULT_ZONE:
+        return UTC
+    m = _FIXED.fullmatch(s)
+    if m is not None:
+        return _fixed_offset(text, m)
+    if not s or s[0] in "+-" or s[:1].isdigit():
+        raise ValueError(f"{text!r} is not a time zone: {_HOW}")
+    try:
+        return ZoneInfo(s)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(f"{text!r} is not a time zone of the system's time zone database: {_HOW}") from None
+
+
+def _fixed_offset(text: str, m: re.Match[str]) -> tzinfo:
+    """The fixed offset matched by ``_FIXED`` in ``text``; ValueError when it is no offset any clock uses."""
+    hours = int(m[2] if m[4] is None else m[4])
+    minutes = int(m[3] or 0)
+    if minutes >= 60:
+        raise ValueError(f"{text!r} is not a time zone: the minutes of an offset are 00 to 59")
+    offset = timedelta(hours=hours, minutes=minutes)
+    if offset > MAX_OFFSET:
+        raise ValueError(f"{text!r} is not a time zone: an offset from UTC is at most 14:00 either way")
+    return timezone(-offset if m[1] == "-" else offset)  # a zero offset is timezone.utc, which is datetime.UTC
+
+
+def zone_name(zone: tzinfo) -> str:
+    """How a zone is shown in notes: its IANA name, or ``UTC`` / ``UTC-05:00`` for a fixed offset."""
+    if isinstance(zone, ZoneInfo):
+        return zone.key
+    return str(zone)
