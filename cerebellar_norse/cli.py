@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -16,9 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .argtypes import int_in, non_negative, time_arg, zone_arg
 from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError, StorageError
 from .scaleout.cli import add_parsers as add_scaleout_parsers
 from .scaleout.cli import commands as scaleout_commands
+from .scaleout.cli import misused_flag as scaleout_misused_flag
 
 if TYPE_CHECKING:
     from .config import Config
@@ -26,6 +27,16 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader went away
 MAX_COST_BP = 10_000.0  # a round-trip cost of 100%: anything larger is a typo, and 1e308 would overflow the P&L
+# Upper bounds of the size options: each run holds its ticks in memory (make-data about 0.2 KB per tick while
+# writing; crossval and bench also step the slow reference network on them).
+MAX_DATA_TICKS, MAX_DATA_MARKETS = 10_000_000, 100_000
+MAX_CROSSVAL_TICKS, MAX_CROSSVAL_MARKETS = 1_000_000, 10_000
+MAX_BENCH_TICKS, MAX_BENCH_REFERENCE_TICKS = 1_000_000, 100_000
+MAX_BOOTSTRAP = 100_000
+PLOT_TICKS = 2000  # ticks a market's raster keeps (observability.pictures.RING_TICKS, not imported: matplotlib)
+# What --host/--port mean something to: the address the service listens on (serving, and the checks of it), or
+# the running service that the debugging commands call when no --url is given.
+ADDRESS_ACTIONS = ("serving", "--validate-only", "--validate-config", "state dump", "trace", "plot-market", "debug-bundle")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The full command-line interface (flags of DESIGN §4 plus subcommands)."""
     p = _Parser(prog="cerebellar-norse", description="Low-latency cerebellar spiking network service.")
     p.add_argument("--config", metavar="PATH", help="TOML configuration (default: built-in default)")
-    p.add_argument("--host", help="listen address (overrides server.host)")
-    p.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    p.add_argument("--host", help="listen address (overrides server.host): for serving, --validate-only, --validate-config, "
+                                  "and the service that state dump, trace, plot-market and debug-bundle call")
+    p.add_argument("--port", type=int, help="listen port (overrides server.port); used where --host is")
     actions = p.add_mutually_exclusive_group()
     actions.add_argument("--validate-only", action="store_true", help="check TOML syntax and schema, no host checks")
     actions.add_argument("--validate-config", action="store_true", help="check schema, consistency and this host (device, memory)")
@@ -53,13 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
     actions.add_argument("--dump-weights", action="store_true", help="print per-layer weight statistics of the loaded model")
     actions.add_argument("--verify-data", metavar="DIR", help="verify SHA-256 manifests of models, market state, journal and recordings under DIR")
     actions.add_argument("--validate-model", metavar="DIR", help="verify a model directory (or a directory of models)")
-    p.add_argument("--format", choices=["text", "json", "npz"], default="text", help="output format of --dump-weights")
-    p.add_argument("--output", metavar="PATH", help="file for --dump-weights --format npz")
+    p.add_argument("--format", choices=["text", "json", "npz"], default=None,
+                   help="output format of --dump-weights (default text)")
+    p.add_argument("--output", metavar="PATH", help="file --dump-weights writes (any --format; default stdout)")
 
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     cv = sub.add_parser("crossval", help="compare the fused kernel with the Norse reference")
-    cv.add_argument("--ticks", type=int, default=1000, help="ticks per run (default 1000)")
-    cv.add_argument("--markets", type=int, default=4, help="interleaved markets (default 4)")
+    cv.add_argument("--ticks", type=int_in(1, MAX_CROSSVAL_TICKS), default=1000,
+                    help=f"ticks per run, 1 to {MAX_CROSSVAL_TICKS} (default 1000)")
+    cv.add_argument("--markets", type=int_in(1, MAX_CROSSVAL_MARKETS), default=4,
+                    help=f"interleaved markets, 1 to {MAX_CROSSVAL_MARKETS} (default 4)")
     cv.add_argument("--precision", choices=["float32", "float64", "both"], default="both", help="precision(s) to compare (default both)")
     cv.add_argument("--seed", type=int, default=7, help="seed of the generated tick stream")
     cv.add_argument("--json", action="store_true", help="print one JSON object")
@@ -76,9 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
     ev.add_argument("--model", metavar="VERSION", help="stored model version (default: the active model)")
     ev.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with plots")
-    ev.add_argument("--since", metavar="TIME", type=_time_arg, help="score only ticks at or after TIME (ms or ISO 8601); earlier ones warm the network up")
+    ev.add_argument("--since", metavar="TIME", type=time_arg, help="score only ticks at or after TIME (ms or ISO 8601); earlier ones warm the network up")
     ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost per trade in basis points for the P&L, 0 to 10000 (default 0)")
-    ev.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the 95%% intervals (default 1000)")
+    ev.add_argument("--bootstrap", type=int_in(0, MAX_BOOTSTRAP), default=1000,
+                    help=f"bootstrap resamples of the 95%% intervals, 0 (none) to {MAX_BOOTSTRAP} (default 1000)")
     _add_timezone(ev, " and of a --since TIME without one")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -88,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("--json", action="store_true", help="print one JSON object")
 
     md = sub.add_parser("make-data", help="write synthetic ticks with a learnable structure as CSV")
-    md.add_argument("--output", required=True, help="CSV file to write")
-    md.add_argument("--ticks", type=int, default=100_000, help="ticks (default 100000)")
-    md.add_argument("--markets", type=int, default=4, help="markets (default 4)")
+    md.add_argument("--output", dest="data_output", required=True, help="CSV file to write")
+    md.add_argument("--ticks", type=int_in(1, MAX_DATA_TICKS), default=100_000, help=f"ticks, 1 to {MAX_DATA_TICKS} (default 100000)")
+    md.add_argument("--markets", type=int_in(1, MAX_DATA_MARKETS), default=4, help=f"markets, 1 to {MAX_DATA_MARKETS} (default 4)")
     md.add_argument("--seed", type=int, default=0, help="seed (default 0)")
 
     rp = sub.add_parser("replay", help="run recorded ticks through their recorded model (or CSV ticks through the served one)")
@@ -99,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--market", metavar="M", help="replay only this market's ticks")
     rp.add_argument("--detect-divergence", action="store_true",
                     help="compare each result with the probabilities recorded for it; exit 1 when a market diverges")
-    rp.add_argument("--tolerance", type=_non_negative, default=None, metavar="T",
-                    help="largest |difference| of a probability that is not a divergence (default 1e-9)")
+    rp.add_argument("--tolerance", type=non_negative, default=None, metavar="T",
+                    help="with --detect-divergence: largest |difference| of a probability that is not a divergence (default 1e-9)")
     _add_timezone(rp, " (a tick CSV; a recording's times are ms)")
     rp.add_argument("--json", action="store_true", help="print one JSON result per line (with --detect-divergence: one JSON report)")
 
@@ -117,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sf = st_sub.add_parser("diff", help="compare two state dumps field by field; exit 1 when they differ")
     sf.add_argument("a", metavar="A.json", help="first dump")
     sf.add_argument("b", metavar="B.json", help="second dump")
-    sf.add_argument("--tolerance", type=_non_negative, default=0.0, metavar="T",
+    sf.add_argument("--tolerance", type=non_negative, default=0.0, metavar="T",
                     help="largest |difference| of two numbers that is not a difference (default 0: exact)")
 
     tc = sub.add_parser("trace", help="one request's timeline from the running service (GET /debug/requests/{id}) as text")
@@ -133,64 +149,34 @@ def build_parser() -> argparse.ArgumentParser:
     aw.add_argument("--model", metavar="VERSION", help="stored model version to analyse (default: the served model)")
     aw.add_argument("--compare", metavar="VERSION", help="stored model version (or model directory, .npz) to measure drift against")
     aw.add_argument("--output", dest="analyze_output", metavar="PNG", help="also write the histograms as a PNG")
-    aw.add_argument("--threshold", type=_non_negative, default=None, metavar="T", help="also report the fraction of weights with |w| > T")
+    aw.add_argument("--threshold", type=non_negative, default=None, metavar="T", help="also report the fraction of weights with |w| > T")
     aw.add_argument("--json", action="store_true", help="print one JSON object")
 
     pm = sub.add_parser("plot-market", help="write one market's spike raster and membrane traces (GET /debug/markets/{id}/raster.png)")
     pm.add_argument("--market", required=True, metavar="M", help="the market id")
     pm.add_argument("--output", dest="plot_output", required=True, metavar="PNG", help="PNG file to write")
-    pm.add_argument("--ticks", type=int, default=200, metavar="N", help="most recent ticks shown (default 200, at most 2000)")
+    pm.add_argument("--ticks", type=int_in(1, PLOT_TICKS), default=200, metavar="N",
+                    help=f"most recent ticks shown, 1 to {PLOT_TICKS} (default 200)")
     pm.add_argument("--url", default=None, help="running service (default: http://<server.host>:<server.port>)")
     pm.add_argument("--token", default=None, metavar="T", help="bearer token (default: server.api_token of the config)")
 
     add_scaleout_parsers(sub)
 
     bn = sub.add_parser("bench", help="latency of the fused kernel vs the Norse reference")
-    bn.add_argument("--ticks", type=int, default=2000, help="timed ticks per measurement (default 2000)")
-    bn.add_argument("--reference-ticks", type=int, default=200, help="timed ticks of the reference (default 200)")
+    bn.add_argument("--ticks", type=int_in(10, MAX_BENCH_TICKS), default=2000,
+                    help=f"timed ticks per measurement, 10 to {MAX_BENCH_TICKS} (default 2000)")
+    bn.add_argument("--reference-ticks", type=int_in(10, MAX_BENCH_REFERENCE_TICKS), default=200,
+                    help=f"timed ticks of the reference, 10 to {MAX_BENCH_REFERENCE_TICKS} (default 200)")
     bn.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
 def _add_timezone(parser: argparse.ArgumentParser, more: str = "") -> None:
     """The ``--timezone`` option of a command that reads tick files."""
-    parser.add_argument("--timezone", metavar="ZONE", type=_zone_arg,
+    parser.add_argument("--timezone", metavar="ZONE", type=zone_arg,
                         help="zone of the files' times written without an offset or zone" + more + ": UTC, an IANA name"
                              " (America/New_York) or a fixed offset (-05:00, UTC+02:00); overrides"
                              " training.data_timezone (default UTC)")
-
-
-def _zone_arg(text: str) -> str:
-    """An argparse type: a zone as ``--timezone`` takes it (see :mod:`cerebellar_norse.timezones`), kept as written."""
-    from .timezones import parse_zone
-
-    try:
-        parse_zone(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _non_negative(text: str) -> float:
-    """An argparse type: a finite number >= 0 (a bad value is a usage error, exit 2, never a check that failed)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
-    return value + 0.0  # -0 is 0
-
-
-def _time_arg(text: str) -> str:
-    """An argparse type: a time as ``--since`` takes it (ms since the epoch or ISO 8601), kept as written."""
-    from .training.csvformat import parse_time_ms
-
-    try:
-        parse_time_ms(text, "time")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def _err(msg: str) -> None:
@@ -281,9 +267,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_crossval(args: argparse.Namespace) -> int:
     from .neurons.crossval import run_crossval_command
 
-    if args.ticks < 1 or args.markets < 1:
-        _err("--ticks and --markets must be at least 1")
-        return EXIT_USAGE
     if args.seed < 0:
         _err(f"--seed must be at least 0 (got {args.seed})")
         return EXIT_USAGE
@@ -293,9 +276,6 @@ def _cmd_crossval(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .neurons.bench import run_bench_command
 
-    if args.ticks < 10 or args.reference_ticks < 10:
-        _err("--ticks and --reference-ticks must be at least 10")
-        return EXIT_USAGE
     return run_bench_command(_load(args), args.ticks, args.reference_ticks, args.json)
 
 
@@ -311,9 +291,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from .training.commands import cmd_evaluate
 
-    if not 0 <= args.cost_bp <= MAX_COST_BP or not 0 <= args.bootstrap <= 100_000:  # NaN fails the first test too
-        _err(f"--cost-bp must be a number from 0 to {MAX_COST_BP:g} (100% per round trip; got {args.cost_bp}) "
-             "and --bootstrap between 0 and 100000")
+    if not 0 <= args.cost_bp <= MAX_COST_BP:  # NaN fails too
+        _err(f"--cost-bp must be a number from 0 to {MAX_COST_BP:g} (100% per round trip; got {args.cost_bp})")
         return EXIT_USAGE
     cost_bp = args.cost_bp + 0.0  # -0 is 0 (not "cost -0.00 bp")
     return cmd_evaluate(_load_for_data(args), args.files, args.model, args.report, cost_bp, args.bootstrap, args.json, args.since)
@@ -328,19 +307,16 @@ def _cmd_inspect_data(args: argparse.Namespace) -> int:
 def _cmd_make_data(args: argparse.Namespace) -> int:
     from .training.commands import cmd_make_data
 
-    if args.ticks < 1 or args.markets < 1:
-        _err("--ticks and --markets must be at least 1")
-        return EXIT_USAGE
     if args.seed < 0:
         _err(f"--seed must be at least 0 (got {args.seed})")
         return EXIT_USAGE
-    return cmd_make_data(Path(args.output), args.ticks, args.markets, args.seed)
+    return cmd_make_data(Path(args.data_output), args.ticks, args.markets, args.seed)
 
 
 def _cmd_dump_weights(args: argparse.Namespace) -> int:
     from .training.commands import cmd_dump_weights
 
-    return cmd_dump_weights(_load(args), args.format, args.output)
+    return cmd_dump_weights(_load(args), args.format or "text", args.output)
 
 
 def _cmd_verify_data(args: argparse.Namespace) -> int:
@@ -396,11 +372,8 @@ def _cmd_analyze_weights(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot_market(args: argparse.Namespace) -> int:
-    from .observability.pictures import RING_TICKS, cmd_plot_market
+    from .observability.pictures import cmd_plot_market
 
-    if not 1 <= args.ticks <= RING_TICKS:
-        _err(f"--ticks must be between 1 and {RING_TICKS}")
-        return EXIT_USAGE
     return cmd_plot_market(_load(args), args.market, args.url, args.token, args.plot_output, args.ticks)
 
 
@@ -427,10 +400,37 @@ def _dispatch(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     return _cmd_serve
 
 
+def _action(args: argparse.Namespace) -> str:
+    """What a command line does, as its user wrote it: an action flag, a command (``state dump``), or serving."""
+    for flag in ("validate_only", "validate_config", "dump_schema", "dump_weights", "verify_data", "validate_model"):
+        if getattr(args, flag) not in (None, False):
+            return "--" + flag.replace("_", "-")
+    if args.command == "state":
+        return f"state {args.state_command}"
+    return str(args.command or "serving")
+
+
+def _misused_flag(args: argparse.Namespace) -> str | None:
+    """Why a flag given means nothing to the command line's action (a usage error, rather than ignoring it)."""
+    action = _action(args)
+    for flag, value in (("--format", args.format), ("--output", args.output)):
+        if value is not None and action != "--dump-weights":
+            return f"{flag} needs --dump-weights (it is an option of the weights dump, not of {action})"
+    for flag, value in (("--host", args.host), ("--port", args.port)):
+        if value is not None and action not in ADDRESS_ACTIONS:
+            return f"{flag} means nothing to {action} (it is for {', '.join(ADDRESS_ACTIONS)})"
+    if action == "replay" and args.tolerance is not None and not args.detect_divergence:
+        return "--tolerance needs --detect-divergence"
+    return scaleout_misused_flag(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    misused = _misused_flag(args)
+    if misused is not None:
+        parser.error(misused)
     for flag, value in (("--verify-data", args.verify_data), ("--validate-model", args.validate_model)):
         if value is not None and not value.strip():
             _err(f"{flag}: empty directory name (fix: pass the directory to check, e.g. /var/lib/cerebellar-norse/)")

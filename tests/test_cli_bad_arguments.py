@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,3 +223,114 @@ def test_rollout_to_another_server_says_so_in_one_line(body: bytes, status: int,
         srv.shutdown()
         srv.server_close()
     assert code == 1 and words in one_clean_line(err)
+
+
+def usage_line(err: str) -> str:
+    """The one line of an argparse-style usage error (``cerebellar-norse[ COMMAND]: error: …``)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and ": error: " in lines[0], err
+    assert lines[0].startswith("cerebellar-norse"), err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--format", "json"], ["--format needs --dump-weights"]),
+    (["--output", "OUT"], ["--output needs --dump-weights"]),
+    (["--format", "npz", "--validate-only"], ["--format needs --dump-weights", "--validate-only"]),
+    (["--output", "OUT", "make-data", "--output", "OTHER"], ["--output needs --dump-weights", "make-data"]),
+    (["--host", "127.0.0.1", "--dump-schema"], ["--host means nothing to --dump-schema"]),
+    (["--port", "8081", "make-data", "--output", "OTHER"], ["--port means nothing to make-data"]),
+    (["--port", "8081", "state", "diff", "a.json", "b.json"], ["--port means nothing to state diff"]),
+    (["replay", "x.csv", "--tolerance", "1"], ["--tolerance needs --detect-divergence"]),
+    (["rebalance", "--old", "1=127.0.0.1:9", "--new", "1=127.0.0.1:9", "--dry-run", "--backend", "b"],
+     ["--backend needs --haproxy-socket"]),
+    (["rebalance", "--old", "1=127.0.0.1:9", "--new", "1=127.0.0.1:9", "--haproxy-socket", "s", "--switch-command", "true"],
+     ["--switch-command", "--haproxy-socket"]),
+])
+def test_a_flag_without_its_action_is_a_usage_error(argv: list[str], words: list[str], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "_cmd_serve", lambda args: pytest.fail("serving instead of refusing"))
+    names = {"OUT": tmp_path / "out", "OTHER": tmp_path / "other.csv"}
+    code, out, err = run(capsys, *[str(names.get(a, a)) for a in argv])
+    assert code == 2 and out == ""
+    line = usage_line(err)
+    assert all(w in line for w in words), line
+    assert not any(p.exists() for p in names.values())
+
+
+def test_host_and_port_still_serve_and_check(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[tuple[str, int]] = []
+    monkeypatch.setattr(cli, "_cmd_serve", lambda args: served.append((args.host, args.port)) or 0)
+    assert run(capsys, "--host", "127.0.0.1", "--port", "18601")[0] == 0
+    assert served == [("127.0.0.1", 18601)]
+    code, out, _ = run(capsys, "--host", "127.0.0.1", "--port", "18601", "--validate-only")
+    assert code == 0 and "schema OK" in out
+
+
+@pytest.mark.parametrize(("argv", "flag", "bounds"), [
+    (["bench", "--ticks", "9"], "--ticks", "10..1000000"),
+    (["bench", "--ticks", "1000001"], "--ticks", "10..1000000"),
+    (["bench", "--reference-ticks", "0"], "--reference-ticks", "10..100000"),
+    (["bench", "--reference-ticks", "100001"], "--reference-ticks", "10..100000"),
+    (["crossval", "--ticks", "0"], "--ticks", "1..1000000"),
+    (["crossval", "--ticks", "-5"], "--ticks", "1..1000000"),
+    (["crossval", "--markets", "10001"], "--markets", "1..10000"),
+    (["make-data", "--output", "OUT", "--ticks", "0"], "--ticks", "1..10000000"),
+    (["make-data", "--output", "OUT", "--ticks", "10000001"], "--ticks", "1..10000000"),
+    (["make-data", "--output", "OUT", "--markets", "0"], "--markets", "1..100000"),
+    (["make-data", "--output", "OUT", "--markets", "1e9"], "--markets", "1..100000"),
+    (["plot-market", "--market", "M", "--output", "OUT", "--ticks", "2001"], "--ticks", "1..2000"),
+    (["plot-market", "--market", "M", "--output", "OUT", "--ticks", "0"], "--ticks", "1..2000"),
+    (["evaluate", "x.csv", "--bootstrap", "-1"], "--bootstrap", "0..100000"),
+    (["evaluate", "x.csv", "--bootstrap", "100001"], "--bootstrap", "0..100000"),
+    (["rollout", "v1", "--replicas", "127.0.0.1:9", "--timeout", "0"], "--timeout", "<= 3600"),
+    (["rollout", "v1", "--replicas", "127.0.0.1:9", "--timeout", "nan"], "--timeout", "<= 3600"),
+    (["rebalance", "--old", "a", "--new", "b", "--timeout", "inf"], "--timeout", "<= 3600"),
+])
+def test_a_size_out_of_range_is_refused_while_parsing(argv: list[str], flag: str, bounds: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    out_path = tmp_path / "out"
+    code, out, err = run(capsys, *[str(out_path) if a == "OUT" else a for a in argv])
+    assert code == 2 and out == ""
+    line = usage_line(err)
+    assert f"argument {flag}:" in line and bounds in line, line
+    assert not out_path.exists()
+
+
+def test_plot_market_bound_is_the_ring_the_service_keeps() -> None:
+    from cerebellar_norse.observability.pictures import RING_TICKS
+
+    assert cli.PLOT_TICKS == RING_TICKS
+
+
+@pytest.fixture
+def silent_replica() -> Iterator[str]:
+    """A server that accepts connections and never answers (a hung replica)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(16)
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+
+
+def test_rollout_to_a_replica_that_never_answers_names_it_and_the_timeout(
+        silent_replica: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cerebellar_norse.config import load_config
+    from cerebellar_norse.neurons.topology import generate_weights
+    from cerebellar_norse.training.checkpoints import ModelStore
+
+    cfg = load_config(None)
+    ModelStore(tmp_path / "state").save(generate_weights(cfg), cfg, {}, version="v1")
+    code, _, err = run(capsys, "rollout", "v1", "--replicas", silent_replica, "--json", "--timeout", "0.5")
+    line = one_clean_line(err)
+    assert code == 1
+    assert f"PUT {silent_replica}/models/v1: {silent_replica} gave no answer within 0.5 s" in line, line
+
+
+def test_rebalance_with_a_replica_that_never_answers_names_it_and_the_timeout(
+        silent_replica: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "rebalance", "--old", f"1={silent_replica}", "--new", "1=127.0.0.1:9", "--dry-run",
+                       "--timeout", "0.5")
+    line = one_clean_line(err)
+    assert code == 1
+    assert f"GET {silent_replica}/debug/markets: {silent_replica} gave no answer within 0.5 s" in line, line

@@ -43,6 +43,7 @@ from typing import Any
 
 from .. import __version__
 from ..config import Config, consistency_problems
+from ..httpcalls import call_failure, request_errors
 from ..storage import atomic_write_bytes
 from .debugtools import REDACTED, config_token, format_stacks, market_state_path, redacted_config
 from .timelines import ascii_timeline
@@ -119,12 +120,9 @@ def _service_parts(url: str, token: str | None, timeout_s: float, parts: Parts) 
             return None
         try:
             r = httpx.get(base + path, headers=auth if guarded else {}, timeout=timeout_s)
-        except (httpx.HTTPError, httpx.InvalidURL, UnicodeEncodeError) as exc:  # no answer, no URL, a token no header carries
+        except request_errors() as exc:  # no answer, no URL, a token no header carries
             unreachable = f"service at {url} unreachable"
-            why = (f"{url!r} is not a URL ({exc}) (fix: pass --url http://HOST:PORT)" if isinstance(exc, httpx.InvalidURL)
-                   else "the config's server.api_token holds a character an HTTP header cannot carry"
-                   if isinstance(exc, UnicodeEncodeError)
-                   else f"cannot reach the service at {url} ({type(exc).__name__}: {exc})")
+            why = call_failure(url, exc, whose_token="the config's server.api_token", advice=False)
             parts.status[name] = f"failed: {why}"
             return None
         if r.status_code not in ok:

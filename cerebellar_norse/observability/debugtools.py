@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 
 from ..errors import ServiceCallError
+from ..httpcalls import answer_message, call_failure, request_errors
 from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 
 if TYPE_CHECKING:
@@ -330,30 +331,6 @@ def config_token(cfg: Config) -> str | None:
     return value or None
 
 
-def request_errors() -> tuple[type[BaseException], ...]:
-    """What an HTTP call of a command can raise for a user's input: no answer (``httpx.HTTPError``), a ``--url``
-    that is no URL (``httpx.InvalidURL`` is not an ``HTTPError``), a token an HTTP header cannot carry."""
-    import httpx
-
-    return httpx.HTTPError, httpx.InvalidURL, UnicodeEncodeError
-
-
-def call_failure(url: str, exc: BaseException) -> str:
-    """One line saying why a call to the service at ``url`` failed (``exc`` one of :func:`request_errors`)."""
-    import httpx
-
-    if isinstance(exc, httpx.InvalidURL):
-        return f"{url!r} is not a URL ({exc}) (fix: pass --url http://HOST:PORT)"
-    if isinstance(exc, UnicodeEncodeError):
-        return "the token holds a character an HTTP header cannot carry (fix: pass the service's token)"
-    return f"cannot reach the service at {url} ({type(exc).__name__}: {exc}): is it running there? (pass --url)"
-
-
-def one_line(text: str, limit: int = 200) -> str:
-    """An answer's body for a one-line error message (another server's HTML error page spans many lines)."""
-    return " ".join(text[:limit].split()) or "(empty answer)"
-
-
 def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) -> Any:
     """GET ``url + path`` with the bearer token; the decoded JSON, or ServiceCallError naming what failed."""
     import httpx
@@ -368,11 +345,7 @@ def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) 
         raise ServiceCallError(f"{target}: 401 unauthorized: pass the service's token (--token, or server.api_token "
                                "in --config, or CEREBELLAR_NORSE_SERVER__API_TOKEN)")
     if r.status_code != 200:
-        try:
-            message = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = one_line(r.text)
-        raise ServiceCallError(f"{target}: {r.status_code}: {message} (is the service at {url} cerebellar-norse?)")
+        raise ServiceCallError(f"{target}: {r.status_code}: {answer_message(r)} (is the service at {url} cerebellar-norse?)")
     try:
         return r.json()
     except ValueError:

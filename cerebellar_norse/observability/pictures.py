@@ -491,7 +491,8 @@ def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None
     """``cerebellar-norse plot-market``: fetch a market's raster PNG from the running service and write it."""
     import httpx
 
-    from .debugtools import call_failure, config_token, request_errors, service_url
+    from ..httpcalls import call_failure, request_errors
+    from .debugtools import config_token, service_url
 
     url = url or service_url(cfg)
     bearer = token if token is not None else config_token(cfg)

@@ -8,7 +8,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..argtypes import seconds_up_to
+from . import REPLICA_TIMEOUT_S
+
 TOKEN_ENV = "CEREBELLAR_NORSE_SERVER__API_TOKEN"
+MAX_TIMEOUT_S = 3600.0
 
 
 def add_parsers(sub: Any) -> None:
@@ -27,10 +31,12 @@ def add_parsers(sub: Any) -> None:
     rb.add_argument("--token", default=None, metavar="T", help=f"bearer token of the replicas (default: ${TOKEN_ENV})")
     rb.add_argument("--dry-run", action="store_true", help="print the moves, change nothing")
     rb.add_argument("--json", action="store_true", help="print one JSON report")
-    rb.add_argument("--haproxy-socket", default=None, metavar="PATH", help="HAProxy runtime API: server ids, and the switch")
-    rb.add_argument("--backend", default="replicas", help="HAProxy backend of the replicas (default replicas)")
-    rb.add_argument("--switch-command", default=None, metavar="CMD",
-                    help="command that makes HAProxy route by the new replica list (without --haproxy-socket)")
+    switch = rb.add_mutually_exclusive_group()
+    switch.add_argument("--haproxy-socket", default=None, metavar="PATH", help="HAProxy runtime API: server ids, and the switch")
+    switch.add_argument("--switch-command", default=None, metavar="CMD",
+                        help="command that makes HAProxy route by the new replica list (without --haproxy-socket)")
+    rb.add_argument("--backend", default=None, help="with --haproxy-socket: HAProxy backend of the replicas (default replicas)")
+    _add_timeout(rb)
 
     ro = sub.add_parser("rollout", help="publish a stored model to every replica and activate it on all together")
     ro.add_argument("version", metavar="MODEL_VERSION", help="model version (from this config's model store, or --model-dir)")
@@ -38,6 +44,20 @@ def add_parsers(sub: Any) -> None:
     ro.add_argument("--model-dir", default=None, metavar="DIR", help="the model directory (default <state_dir>/models/VERSION)")
     ro.add_argument("--token", default=None, metavar="T", help=f"bearer token of the replicas (default: ${TOKEN_ENV})")
     ro.add_argument("--json", action="store_true", help="print one JSON report")
+    _add_timeout(ro)
+
+
+def _add_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=seconds_up_to(MAX_TIMEOUT_S), default=REPLICA_TIMEOUT_S, metavar="SECONDS",
+                        help=f"seconds each call waits for a replica before the command fails naming it, > 0 and at "
+                             f"most {MAX_TIMEOUT_S:g} (default {REPLICA_TIMEOUT_S:g})")
+
+
+def misused_flag(args: argparse.Namespace) -> str | None:
+    """Why a flag given to a scale-out command means nothing to it (a usage error), or None."""
+    if args.command == "rebalance" and args.backend is not None and args.haproxy_socket is None:
+        return "--backend needs --haproxy-socket (it names the backend in HAProxy's runtime API)"
+    return None
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -53,10 +73,11 @@ def _haproxy_config(args: argparse.Namespace) -> int:
 
 
 def _rebalance(args: argparse.Namespace) -> int:
+    from .haproxy import BACKEND
     from .rebalance import cmd_rebalance
 
-    return cmd_rebalance(args.old, args.new, _token(args), args.dry_run, args.json, args.haproxy_socket, args.backend,
-                         args.switch_command)
+    return cmd_rebalance(args.old, args.new, _token(args), args.dry_run, args.json, args.haproxy_socket,
+                         args.backend or BACKEND, args.switch_command, args.timeout)
 
 
 def commands(load: Callable[[argparse.Namespace], Any]) -> dict[str, Callable[[argparse.Namespace], int]]:
@@ -65,6 +86,6 @@ def commands(load: Callable[[argparse.Namespace], Any]) -> dict[str, Callable[[a
     def _rollout(args: argparse.Namespace) -> int:
         from .rollout import cmd_rollout
 
-        return cmd_rollout(load(args), args.version, args.replicas, _token(args), args.model_dir, args.json)
+        return cmd_rollout(load(args), args.version, args.replicas, _token(args), args.model_dir, args.json, args.timeout)
 
     return {"haproxy-config": _haproxy_config, "rebalance": _rebalance, "rollout": _rollout}

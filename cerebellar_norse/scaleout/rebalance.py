@@ -44,6 +44,8 @@ from urllib.parse import quote
 import httpx
 
 from ..errors import CerebellarNorseError, InputError
+from ..httpcalls import request
+from . import REPLICA_TIMEOUT_S
 from .haproxy import BACKEND, Replica, RuntimeAPI, parse_replica
 from .ring import Ring
 
@@ -105,7 +107,8 @@ def resolve(entries: list[str], api: RuntimeAPI | None, backend: str = BACKEND) 
 class Replicas:
     """HTTP calls to the replicas (direct, not through HAProxy)."""
 
-    def __init__(self, token: str | None, timeout_s: float = 30.0) -> None:
+    def __init__(self, token: str | None, timeout_s: float = REPLICA_TIMEOUT_S) -> None:
+        """``timeout_s``: seconds each call waits for a replica (to connect, to send, for each part of the answer)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(timeout=timeout_s, headers=headers)
 
@@ -114,19 +117,7 @@ class Replicas:
         self.http.close()
 
     def _call(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        try:
-            r = self.http.request(method, url, **kw)
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is not an HTTPError
-            raise RebalanceError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
-        except UnicodeEncodeError:
-            raise RebalanceError(f"{method} {url}: the token holds a character an HTTP header cannot carry") from None
-        if r.status_code >= 400:
-            try:
-                msg = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                msg = " ".join(r.text[:200].split())
-            raise RebalanceError(f"{method} {url}: HTTP {r.status_code}: {msg}")
-        return r
+        return request(self.http, method, url, RebalanceError, **kw)
 
     def markets(self, base: str) -> dict[str, tuple[int, int]]:
         """Markets holding state on a replica, each with how far its state goes: (last tick time, ticks seen)."""
@@ -256,7 +247,8 @@ def command_switch(command: str) -> Callable[[], None]:
 
 
 def cmd_rebalance(old_text: str, new_text: str, token: str | None, dry_run: bool, as_json: bool,
-                  socket_path: str | None, backend: str, switch_command: str | None) -> int:
+                  socket_path: str | None, backend: str, switch_command: str | None,
+                  timeout_s: float = REPLICA_TIMEOUT_S) -> int:
     """The ``rebalance`` command; exit 0 when every move is done (or planned, with ``dry_run``)."""
     api = RuntimeAPI(socket_path) if socket_path else None
     old = resolve([e for e in old_text.split(",") if e.strip()], api, backend)
@@ -266,7 +258,7 @@ def cmd_rebalance(old_text: str, new_text: str, token: str | None, dry_run: bool
     if not dry_run and api is None and not switch_command:
         raise InputError("say how to switch HAProxy: --haproxy-socket PATH or --switch-command CMD (or --dry-run)",
                          "haproxy-socket")
-    calls = Replicas(token)
+    calls = Replicas(token, timeout_s)
     lines: list[str] = []
 
     def log(msg: str) -> None:

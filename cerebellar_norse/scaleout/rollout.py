@@ -25,8 +25,10 @@ import httpx
 
 from ..config import Config
 from ..errors import CerebellarNorseError, InputError
+from ..httpcalls import request
 from ..training.archive import MEDIA_TYPE, pack_model
 from ..training.checkpoints import ModelStore, check_version
+from . import REPLICA_TIMEOUT_S
 
 
 class RolloutError(CerebellarNorseError):
@@ -34,22 +36,13 @@ class RolloutError(CerebellarNorseError):
 
 
 def _call(http: httpx.Client, method: str, url: str, **kw: Any) -> dict[str, Any]:
-    try:
-        r = http.request(method, url, **kw)
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL (a replica that is no URL) is not an HTTPError
-        raise RolloutError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
-    except UnicodeEncodeError:
-        raise RolloutError(f"{method} {url}: the token holds a character an HTTP header cannot carry") from None
+    """The JSON object a replica answers (``{}`` for another body); RolloutError for no answer or an HTTP error."""
+    r = request(http, method, url, RolloutError, **kw)
     try:
         body: dict[str, Any] = r.json()
     except ValueError:
         body = {}
-    if not isinstance(body, dict):  # another server's JSON (a list, a number): no answer of a replica
-        body = {}
-    if r.status_code >= 400:
-        msg = (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else None
-        raise RolloutError(f"{method} {url}: HTTP {r.status_code}: {msg or ' '.join(r.text[:200].split())}")
-    return body
+    return body if isinstance(body, dict) else {}  # another server's JSON (a list, a number): no answer of a replica
 
 
 def _field(body: dict[str, Any], key: str, method: str, url: str) -> Any:
@@ -60,11 +53,15 @@ def _field(body: dict[str, Any], key: str, method: str, url: str) -> Any:
     return body[key]
 
 
-def rollout(version: str, archive: bytes, replicas: list[str], token: str | None, log: Any = None) -> dict[str, Any]:
-    """Stage ``archive`` as ``version`` on every replica, then activate it on all; returns a report."""
+def rollout(version: str, archive: bytes, replicas: list[str], token: str | None, log: Any = None,
+            timeout_s: float = REPLICA_TIMEOUT_S) -> dict[str, Any]:
+    """Stage ``archive`` as ``version`` on every replica, then activate it on all; returns a report.
+
+    ``timeout_s``: seconds each call waits for a replica (to connect, to send, for each part of the answer).
+    """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     say = log or (lambda msg: None)
-    with httpx.Client(headers=headers, timeout=120.0) as http:
+    with httpx.Client(headers=headers, timeout=timeout_s) as http:
         for url in replicas:
             _call(http, "PUT", f"{url}/models/{version}", content=archive, headers={"Content-Type": MEDIA_TYPE})
             say(f"staged {version} on {url}")
@@ -88,7 +85,7 @@ def rollout(version: str, archive: bytes, replicas: list[str], token: str | None
 
 
 def cmd_rollout(cfg: Config, version: str, replicas_text: str, token: str | None, model_dir: str | None,
-                as_json: bool) -> int:
+                as_json: bool, timeout_s: float = REPLICA_TIMEOUT_S) -> int:
     """The ``rollout`` command: the model comes from ``model_dir`` or this config's model store."""
     check_version(version)
     replicas = [u.strip().rstrip("/") for u in replicas_text.split(",") if u.strip()]
@@ -97,7 +94,7 @@ def cmd_rollout(cfg: Config, version: str, replicas_text: str, token: str | None
     replicas = [u if "://" in u else f"http://{u}" for u in replicas]
     path = Path(model_dir) if model_dir else ModelStore(Path(cfg.paths.state_dir)).root / version
     archive = pack_model(path)
-    report = rollout(version, archive, replicas, token, None if as_json else lambda m: print(m, file=sys.stderr))
+    report = rollout(version, archive, replicas, token, None if as_json else lambda m: print(m, file=sys.stderr), timeout_s)
     if as_json:
         print(json.dumps(report, indent=2))
     return 0

@@ -331,11 +331,12 @@ def cmd_inspect_data(cfg: Config, files: list[str], as_json: bool) -> int:
 
 def cmd_make_data(output: Path, ticks: int, markets: int, seed: int) -> int:
     """``cerebellar-norse make-data``: write synthetic ticks as CSV."""
-    from ..synthetic import generate_ticks
+    from ..synthetic import iter_ticks
     from .data import csv_bytes
 
-    # like every output file: through a link to its target, into a device or pipe (/dev/stdout), the umask's mode
-    _write_output(output, csv_bytes(generate_ticks(ticks, markets, seed)))
+    # like every output file: through a link to its target, into a device or pipe (/dev/stdout), the umask's mode;
+    # the ticks are turned into lines as they are generated (no list of them all: about 0.2 KB per tick at most)
+    _write_output(output, csv_bytes(iter_ticks(ticks, markets, seed)))
     print(f"wrote {ticks} ticks of {markets} markets to {output}")
     return 0
 
@@ -379,27 +380,35 @@ def _write_output(path: Path, data: bytes) -> None:
 
 
 def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
-    """``--dump-weights``: statistics per layer of the served model (or all weights as npz)."""
+    """``--dump-weights``: statistics per layer of the served model (or all weights as npz), to stdout or ``output``."""
     w, version = served_weights_named(cfg)
     if fmt == "npz":
-        data = weights_to_bytes(w)
-        if output:
-            _write_output(Path(output), data)
-            print(f"wrote weights of model {version} to {output}", file=sys.stderr)
-        else:
-            sys.stdout.buffer.write(data)
+        _dump(weights_to_bytes(w), output, f"weights of model {version}")
         return 0
     stats = layer_stats(w)
     if fmt == "json":
-        print(json.dumps({"model_version": version, "layers": stats}))
+        _dump(json.dumps({"model_version": version, "layers": stats}) + "\n", output,
+              f"weight statistics of model {version}")
         return 0
     buf = io.StringIO()
     print(f"model {version}", file=buf)
     print(f"{'layer':<26}{'count':>9}{'mean':>12}{'std':>12}{'min':>12}{'max':>12}", file=buf)
     for name, s in stats.items():
         print(f"{name:<26}{s['count']:>9}{s['mean']:>12.5f}{s['std']:>12.5f}{s['min']:>12.5f}{s['max']:>12.5f}", file=buf)
-    sys.stdout.write(buf.getvalue())
+    _dump(buf.getvalue(), output, f"weight statistics of model {version}")
     return 0
+
+
+def _dump(data: str | bytes, output: str | None, what: str) -> None:
+    """``data`` (text, or bytes) to stdout, or written to ``output`` as every output file is, and said so on stderr."""
+    if output is None:
+        if isinstance(data, str):
+            sys.stdout.write(data)
+        else:
+            sys.stdout.buffer.write(data)
+        return
+    _write_output(Path(output), data.encode() if isinstance(data, str) else data)
+    print(f"wrote {what} to {output}", file=sys.stderr)
 
 
 def cmd_verify_data(root: str) -> int:

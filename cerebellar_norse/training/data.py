@@ -32,6 +32,7 @@ them (:func:`class_counts`) and warns about rare classes (:func:`class_warnings`
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path, PurePosixPath
@@ -344,7 +345,7 @@ def class_warnings(counts: np.ndarray, minimum: int = MIN_SAMPLES_PER_CLASS) -> 
             for k, c in enumerate(counts) if c < minimum]
 
 
-def csv_bytes(ticks: list[dict[str, object]]) -> bytes:
+def csv_bytes(ticks: Iterable[dict[str, object]]) -> bytes:
     """Ticks as CSV text with the standard header."""
     lines = [",".join(COLUMNS)]
     lines.extend(f"{t['timestamp']},{t['market_id']},{t['price']!r},{t['volume']!r}" for t in ticks)

@@ -1,4 +1,5 @@
-"""--dump-weights --output writes into what the path names: a link's target, a FIFO; a new file gets the umask's mode."""
+"""--dump-weights --output writes any format into what the path names: a link's target, a FIFO; a new file gets the
+umask's mode."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import stat
 import threading
 from pathlib import Path
+
+import pytest
 
 from cerebellar_norse.cli import main
 
@@ -43,3 +46,17 @@ def test_a_new_output_file_gets_the_umask_mode(tmp_path: Path) -> None:
         assert stat.S_IMODE(out.stat().st_mode) == 0o644
     finally:
         os.umask(old)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_output_takes_every_format_and_stdout_stays_empty(fmt: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _config(tmp_path)
+    assert main(["--config", cfg, "--dump-weights", "--format", fmt]) == 0
+    printed = capsys.readouterr().out
+    out = tmp_path / f"w.{fmt}"
+    assert main(["--config", cfg, "--dump-weights", "--format", fmt, "--output", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert out.read_text() == printed and "parallel_fibre_purkinje" in printed
+    assert f"to {out}" in captured.err

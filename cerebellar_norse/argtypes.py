@@ -1,0 +1,74 @@
+"""Value types of the command line's options (argparse ``type=``).
+
+A value outside its range is refused while the command line is parsed: exit 2 with
+``argument --FLAG: …`` naming the accepted range, before anything is loaded or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high`` (both included)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in {low}..{high}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is outside the range {low}..{high}")
+        return value
+
+    return parse
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a finite number >= 0 (a bad value is a usage error, exit 2, never a check that failed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value + 0.0  # -0 is 0
+
+
+def seconds_up_to(high: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds > 0 and at most ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not 0 < value <= high:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0 and <= {high:g}")
+        return value
+
+    return parse
+
+
+def time_arg(text: str) -> str:
+    """An argparse type: a time as ``--since`` takes it (ms since the epoch or ISO 8601), kept as written."""
+    from .training.csvformat import parse_time_ms
+
+    try:
+        parse_time_ms(text, "time")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def zone_arg(text: str) -> str:
+    """An argparse type: a zone as ``--timezone`` takes it (see :mod:`cerebellar_norse.timezones`), kept as written."""
+    from .timezones import parse_zone
+
+    try:
+        parse_zone(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

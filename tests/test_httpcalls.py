@@ -1,0 +1,70 @@
+"""The one wording of a failed HTTP call of the command-line tools (cerebellar_norse.httpcalls)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from cerebellar_norse.errors import CerebellarNorseError
+from cerebellar_norse.httpcalls import answer_message, call_failure, one_line, request, request_failure
+
+URL = "http://127.0.0.1:8081"
+
+
+class CallFailedError(CerebellarNorseError):
+    """What the caller of ``request`` raises."""
+
+
+def test_one_line_collapses_a_page_and_names_an_empty_body() -> None:
+    assert one_line("<html>\n <h1>Not  here</h1>\n</html>\n") == "<html> <h1>Not here</h1> </html>"
+    assert one_line("x" * 500) == "x" * 200
+    assert one_line(" \n") == "(empty answer)"
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b'{"error": {"message": "no such model"}}', "no such model"),
+    (b'{"error": "flat"}', '{"error": "flat"}'),
+    (b"[1]", "[1]"),
+    (b"<p>\nbad\n</p>", "<p> bad </p>"),
+    (b"", "(empty answer)"),
+])
+def test_answer_message_prefers_the_services_message(body: bytes, message: str) -> None:
+    assert answer_message(httpx.Response(500, content=body)) == message
+
+
+def test_call_failure_words_each_cause_with_or_without_advice() -> None:
+    bad_url = httpx.InvalidURL("Invalid port: 'port'")
+    assert call_failure("http://h:port", bad_url) == ("'http://h:port' is not a URL (Invalid port: 'port') "
+                                                      "(fix: pass --url http://HOST:PORT)")
+    token = UnicodeEncodeError("ascii", "tök", 1, 2, "ordinal not in range(128)")
+    assert call_failure(URL, token) == ("the token holds a character an HTTP header cannot carry "
+                                        "(fix: pass the service's token)")
+    assert call_failure(URL, token, whose_token="the config's server.api_token", advice=False) == (
+        "the config's server.api_token holds a character an HTTP header cannot carry")
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+    assert call_failure(URL, refused) == (f"cannot reach the service at {URL} (ConnectError: [Errno 111] Connection "
+                                          "refused): is it running there? (pass --url)")
+    assert call_failure(URL, refused, advice=False) == (f"cannot reach the service at {URL} (ConnectError: [Errno 111] "
+                                                        "Connection refused)")
+
+
+def test_request_failure_names_the_call_and_a_timeout() -> None:
+    token = UnicodeEncodeError("ascii", "tök", 1, 2, "ordinal not in range(128)")
+    assert request_failure("PUT", f"{URL}/models/v1", token, 30.0) == (
+        f"PUT {URL}/models/v1: the token holds a character an HTTP header cannot carry")
+    assert request_failure("GET", f"{URL}/models", httpx.ConnectError("refused"), 30.0) == (
+        f"GET {URL}/models: ConnectError: refused")
+    assert request_failure("GET", f"{URL}/models", httpx.ReadTimeout("timed out"), 2.5) == (
+        f"GET {URL}/models: {URL} gave no answer within 2.5 s (ReadTimeout; --timeout SECONDS waits longer)")
+
+
+def test_request_raises_the_callers_error_for_an_http_error_status() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/ok":
+            return httpx.Response(200, json={"active": "v1"})
+        return httpx.Response(409, json={"error": {"message": "another network"}})
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as http:
+        assert request(http, "GET", f"{URL}/ok", CallFailedError).json() == {"active": "v1"}
+        with pytest.raises(CallFailedError, match=r"^POST http://127.0.0.1:8081/x: HTTP 409: another network$"):
+            request(http, "POST", f"{URL}/x", CallFailedError)
