@@ -7,14 +7,19 @@ A zone is written as ``UTC``, an IANA name from the system's time zone database 
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, timedelta, timezone, tzinfo
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 DEFAULT_ZONE = "UTC"
 MAX_OFFSET = timedelta(hours=14)  # the largest offset from UTC of any place's clocks (UTC+14:00, Kiribati)
 # +02:00, -0500, UTC-05:00, GMT+2: hours and minutes with or without a colon, or hours alone
 _FIXED = re.compile(r"(?:UTC|GMT)?\s*([+-])(?:(\d{2}):?(\d{2})|(\d{1,2}))", re.IGNORECASE)
+# A zone as an HTTP request may write it, exactly (no blanks around it; JSON Schema's regular expressions have no
+# case-insensitive flag): UTC in any case, or UTC/GMT (optional) and an offset up to 14:00 either way
+EXACT_OFFSET_PATTERN = (r"^(?:[Uu][Tt][Cc]|(?:[Uu][Tt][Cc]|[Gg][Mm][Tt])?[+-]"
+                        r"(?:(?:0[0-9]|1[0-3]):?[0-5][0-9]|14:?00|[0-9]|1[0-4]))$")
 _HOW = ("write an IANA name such as America/New_York or Europe/London, UTC, or a fixed offset from UTC such as"
         " -05:00 or UTC+02:00")
 
@@ -55,3 +60,24 @@ def zone_name(zone: tzinfo) -> str:
     if isinstance(zone, ZoneInfo):
         return zone.key
     return str(zone)
+
+
+@functools.lru_cache(maxsize=1)
+def zone_names() -> tuple[str, ...]:
+    """The IANA names of the system's time zone database (sorted), as a request may name a zone."""
+    return tuple(sorted(available_timezones()))
+
+
+def request_zone(text: str) -> str:
+    """``text`` when it is a zone exactly as a request may write it (:data:`EXACT_OFFSET_PATTERN` or one of
+    :func:`zone_names`: what its JSON Schema says); ValueError naming it otherwise."""
+    if re.fullmatch(EXACT_OFFSET_PATTERN, text) is None and text not in zone_names():
+        parse_zone(text)  # the reason when it is no zone at all
+        raise ValueError(f"{text!r} is not written as a request names a zone: {_HOW}, with no blanks")
+    return text
+
+
+def request_zone_schema() -> dict[str, object]:
+    """JSON Schema of :func:`request_zone`'s strings: a name of the database or an offset."""
+    return {"anyOf": [{"type": "string", "enum": list(zone_names())},
+                      {"type": "string", "pattern": EXACT_OFFSET_PATTERN}]}

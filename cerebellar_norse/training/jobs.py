@@ -41,13 +41,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 
 from ..config import Config
 from ..errors import CerebellarNorseError, JobConflictError, JobNotFoundError
 from ..storage import atomic_write_bytes
 from ..ticks import integral_number
-from ..timezones import parse_zone
+from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
 
 log = logging.getLogger("cerebellar_norse.training")
@@ -58,6 +58,9 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 # The schema states resolve_data_file's rule for names; resolve_data_file checks it, naming the problem.
 DataFileName = Annotated[str, Field(json_schema_extra={"minLength": 1, "pattern": DATA_FILE_PATTERN})]
+
+
+RequestZone = Annotated[str, WithJsonSchema(request_zone_schema())]
 
 
 class TrainingRequest(BaseModel):
@@ -74,8 +77,9 @@ class TrainingRequest(BaseModel):
     early_stopping_patience: int | None = Field(None, ge=1, le=1000)
     flat_band: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     max_bad_row_fraction: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
-    data_timezone: str | None = Field(None, max_length=200, description="Zone of the files' times without an offset"
-                                      " (training.data_timezone): UTC, an IANA name or a fixed offset such as -05:00.")
+    data_timezone: RequestZone | None = Field(None, description="Zone of the files' times without an offset"
+                                              " (training.data_timezone): UTC, an IANA name or a fixed offset such as"
+                                              " -05:00.")
     activate: Literal["auto", "always", "never"] = Field("auto", description="auto: when it beats the active model on validation.")
 
     @field_validator("epochs", "sequence_length", "batch_markets", "early_stopping_patience", mode="before")
@@ -86,10 +90,7 @@ class TrainingRequest(BaseModel):
     @field_validator("data_timezone")
     @classmethod
     def _known_zone(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_zone(v)
-            return v.strip()
-        return v
+        return None if v is None else request_zone(v)
 
 
 def job_config(cfg: Config, req: TrainingRequest) -> Config:

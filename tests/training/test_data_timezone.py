@@ -233,3 +233,24 @@ def test_a_training_request_overrides_the_zone_and_refuses_a_bad_one(tmp_path: P
         TrainingRequest.model_validate({"files": ["a.csv"], "data_timezone": "Mars/Olympus"})
     (error,) = info.value.errors()
     assert error["loc"] == ("data_timezone",) and "'Mars/Olympus' is not a time zone" in error["msg"]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "utc", "-05:00", "+0530", "UTC+02:00", "GMT-3", "+14:00", "America/New_York",
+                                  " UTC", "UTC +02:00", "+14:30", "-05:60", "", "america/new_york", "Mars/Olympus"])
+def test_a_training_request_takes_exactly_the_zones_its_schema_describes(zone: str) -> None:
+    """A client built from the OpenAPI schema (or a fuzzer) and the service agree on every zone: accepted when it
+    matches the schema's pattern or is in its list of names, refused (naming the field) otherwise."""
+    import re
+
+    schema = TrainingRequest.model_json_schema()["properties"]["data_timezone"]["anyOf"]
+    names = next(s["enum"] for s in schema if "enum" in s)
+    pattern = next(s["pattern"] for s in schema if "pattern" in s)
+    described = zone in names or re.search(pattern, zone) is not None
+    try:
+        TrainingRequest.model_validate({"files": ["a.csv"], "data_timezone": zone})
+        accepted = True
+    except ValidationError as exc:
+        accepted = False
+        assert exc.errors()[0]["loc"] == ("data_timezone",)
+    assert accepted == described
+    assert accepted == (zone in ("UTC", "utc", "-05:00", "+0530", "UTC+02:00", "GMT-3", "+14:00", "America/New_York"))
