@@ -266,7 +266,7 @@ class LoggingConfig(_Section):
          + ")$"})] = Field("INFO", description="Lowest level logged (any case). The environment variable CEREBELLAR_NORSE_LOG, when set to a level, wins over it (also over a reloaded value: the reload lists the key as overridden). A reload applies it at once; the reload's own `config reloaded` line is written whatever the level.")
     file: Path | None = Field(None, strict=False, description="Also write JSON lines here (e.g. /var/log/cerebellar-norse/application.log).")
     max_files: int = Field(30, ge=1, le=10_000, description="Rotated log files kept.")
-    max_size: Bytes = Field(ByteSize(100_000_000), description='Size at which the log file rotates, e.g. "100MB".')
+    max_size: Bytes = Field(ByteSize(100_000_000), ge=1, description='Size at which the log file rotates, e.g. "100MB" (0 would never rotate it).')
     compression: Literal["gzip", "none"] = Field("gzip", description="Compression of rotated files.")
 
     @field_validator("level", mode="before")

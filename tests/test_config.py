@@ -540,3 +540,14 @@ def test_json_schema_defaults_are_the_defaults_a_config_gets() -> None:
 
     walk(schema, Config().model_dump(mode="json"), "")
     assert {"neural.granule.tau_mem_ms", "neural.purkinje.tau_mem_ms", "neural.readout.tau_syn_ms"} <= set(checked)
+
+
+def test_a_log_size_of_zero_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """logging.max_size = 0 would never rotate the log file (RotatingFileHandler's maxBytes 0): refused, named."""
+    path = tmp_path / "c.toml"
+    path.write_text('[logging]\nmax_size = "0MB"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "logging.max_size" in str(info.value), info.value
+    path.write_text('[logging]\nmax_size = "1KB"\n')
+    assert int(load_config(path).logging.max_size) == 1000

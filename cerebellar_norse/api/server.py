@@ -87,7 +87,11 @@ def served_model(cfg: Config, store: ModelStore, usable: Callable[[StoredModel],
     if model is None and cfg.training.bootstrap_on_first_run:
         model = bootstrap_model(cfg, store)
     if model is None:
-        log.warning("no trained model in the state dir: serving the untrained network of seed %d", cfg.neural.seed)
+        if store.refused:  # models are stored, but none can be served here (each refusal is logged above)
+            log.warning("no usable trained model in the state dir (%d stored, each refused: %s): serving the "
+                        "untrained network of seed %d", len(store.refused), ", ".join(store.refused), cfg.neural.seed)
+        else:
+            log.warning("no trained model in the state dir: serving the untrained network of seed %d", cfg.neural.seed)
         return None
     log.info("serving stored model", extra={"fields": {"model_version": model.version, "path": str(model.path)}})
     return model
@@ -151,7 +155,8 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
     untrained = model is None  # nothing trained is served (none stored, or none usable): answers carry no information
     if store.fallback is not None or untrained:
         state.degraded = Degradation(engine.model_version, fallback=store.fallback,
-                                     untrained_seed=cfg.neural.seed if untrained else None)
+                                     untrained_seed=cfg.neural.seed if untrained else None,
+                                     refused=tuple(store.refused) if untrained else ())
     # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
     state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
     loss = last_training_loss(state.jobs, model)

@@ -269,7 +269,8 @@ def health_families(ready: Callable[[], bool], degraded: Callable[[], bool]) -> 
     def collect() -> Iterable[Metric]:
         is_ready = ready()
         yield GaugeMetricFamily("cerebellar_norse_ready", "1 while GET /health answers 200 (ok or degraded), "
-                                "0 while it answers 503 (starting, shutting down, state write failed).", value=float(is_ready))
+                                "0 while it answers 503 (shutting down, state write failed); while starting /metrics "
+                                "answers 503 itself, so there is no sample.", value=float(is_ready))
         yield GaugeMetricFamily("cerebellar_norse_degraded", "1 while GET /health answers \"degraded\" (a fallback "
                                 "model, the untrained network or lost market states served; its reason says which).",
                                 value=float(is_ready and degraded()))

@@ -257,6 +257,7 @@ class ModelStore:
         self.root = Path(state_dir) / "models"
         self.fallback: str | None = None  # set by load_for_service: why the active model is not the one served
         self.active_problem: str | None = None  # set by active_version: why models/ACTIVE names no version
+        self.refused: dict[str, str] = {}  # set by load_for_service: the versions it passed over, and why
 
     def versions(self) -> list[str]:
         """Stored versions (complete directories), oldest first."""
@@ -357,6 +358,7 @@ class ModelStore:
         """
         self.clean_partial()
         self.fallback = None
+        self.refused = {}
         order = list(reversed(self.versions()))
         active = self.active_version()
         if active in order:
@@ -371,12 +373,14 @@ class ModelStore:
                 model = self.load(version)
             except CheckpointError as exc:
                 log.error("refusing corrupt model %s: %s", version, exc)
+                self.refused[version] = f"corrupt ({exc})"
                 if version == active:
                     self.fallback = f"active model {active} is corrupt ({exc})"
                 continue
             bad = shape_mismatch(model.neural, cfg.neural)
             if bad:
                 log.warning("model %s does not fit this config (%s differ); skipped", version, ", ".join(bad))
+                self.refused[version] = f"does not fit this config ({', '.join(bad)} differ)"
                 if version == active:
                     self.fallback = f"active model {active} does not fit this config ({', '.join(bad)} differ)"
                 continue
@@ -386,6 +390,7 @@ class ModelStore:
                 except Exception as exc:  # whatever stops it being served: the next model is tried
                     reason = f"{type(exc).__name__}: {exc}"
                     log.error("refusing model %s: it cannot be served (%s)", version, reason)
+                    self.refused[version] = f"cannot be served ({reason})"
                     if version == active:
                         self.fallback = f"active model {active} cannot be served ({reason})"
                     continue
