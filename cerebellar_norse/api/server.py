@@ -82,9 +82,14 @@ def build_engine(cfg: Config, device: str, weights: Weights | None, model_versio
 
 def served_model(cfg: Config, store: ModelStore, usable: Callable[[StoredModel], object] | None = None) -> StoredModel | None:
     """The stored model to serve, or None for the untrained network (training one first on a fresh state dir when
-    enabled); a stored model for which ``usable`` raises is passed over (see :meth:`ModelStore.load_for_service`)."""
+    enabled); a stored model for which ``usable`` raises is passed over (see :meth:`ModelStore.load_for_service`).
+
+    A state dir whose models were all refused (a corrupt active model, models of another network size) is no first
+    run: a model trained on generated data would be activated over the operator's and served as if it were theirs
+    (``status: ok`` after the next restart), so the untrained network is served, degraded, until they act.
+    """
     model = store.load_for_service(cfg, usable)
-    if model is None and cfg.training.bootstrap_on_first_run:
+    if model is None and cfg.training.bootstrap_on_first_run and not store.refused:
         model = bootstrap_model(cfg, store)
     if model is None:
         if store.refused:  # models are stored, but none can be served here (each refusal is logged above)

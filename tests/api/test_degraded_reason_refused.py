@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from live_helpers import NO_BOOTSTRAP
 
@@ -64,3 +65,25 @@ def test_a_usable_model_stored_later_is_still_named_beside_the_refused_ones() ->
     reason = untrained_reason(42, "seed-42", ["a", "b"], refused=("a",))
     assert "1 trained model is stored (newest b), none activated (1 more refused at start" in reason, reason
     assert untrained_reason(42, "seed-42", ["a"]).startswith("no trained model is activated")  # unchanged otherwise
+
+
+def test_a_corrupt_active_model_is_not_replaced_by_first_run_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With training.bootstrap_on_first_run on (the built-in default), a state dir whose only model is corrupt is no
+    first run: no model is trained on generated data and activated over it; models/ACTIVE is left as it was."""
+    import cerebellar_norse.api.server as server_mod
+
+    def no_bootstrap(*args: object) -> None:
+        raise AssertionError("first-run training on a state dir that holds models")
+
+    monkeypatch.setattr(server_mod, "bootstrap_model", no_bootstrap)
+    cfg = _cfg(tmp_path, CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="true")
+    assert cfg.training.bootstrap_on_first_run
+    store = _stored_active(tmp_path, cfg)
+    weights = store.root / V / "weights.npz"
+    weights.write_bytes(weights.read_bytes()[:-10])  # cut short
+    with TestClient(make_app(build_service(cfg), restore=False, save_on_shutdown=False)) as tc:
+        body = tc.get("/health").json()
+        assert body["status"] == "degraded" and body["model_version"] == f"seed-{cfg.neural.seed}", body
+        _assert_refused_reason(body["reason"])
+    assert ModelStore(tmp_path).active_version() == V
+    assert ModelStore(tmp_path).versions() == [V]
