@@ -36,20 +36,6 @@ def _assert_refused_reason(reason: str) -> None:
     assert "untrained network of seed" in reason and "carry no information" in reason, reason
 
 
-def test_corrupt_active_model_is_not_called_never_activated(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
-    store = _stored_active(tmp_path, cfg)
-    weights = store.root / V / "weights.npz"
-    data = bytearray(weights.read_bytes())
-    data[100] ^= 0xFF
-    weights.write_bytes(bytes(data))
-    with TestClient(make_app(build_service(cfg), restore=False, save_on_shutdown=False)) as tc:
-        body = tc.get("/health").json()
-        assert body["status"] == "degraded" and body["model_version"] == f"seed-{cfg.neural.seed}", body
-        assert body["reason"].startswith(f"active model {V} is corrupt"), body
-        _assert_refused_reason(body["reason"])
-
-
 def test_model_of_another_network_size_is_not_called_never_activated(tmp_path: Path) -> None:
     _stored_active(tmp_path, _cfg(tmp_path))
     smaller = _cfg(tmp_path, CEREBELLAR_NORSE_NEURAL__GRANULE_SIZE="256")

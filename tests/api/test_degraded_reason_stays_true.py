@@ -48,4 +48,7 @@ def test_corrupt_active_model_and_nothing_else_names_the_untrained_network(tmp_p
         assert body["status"] == "degraded" and body["model_version"] == f"seed-{cfg.neural.seed}", body
         reason = body["reason"]
         assert reason.startswith(f"active model {V} is corrupt"), body  # docs/operations.md: that reason first
+        # the model is stored but was refused: neither "never activated" nor "a restart would serve it"
+        assert "no stored model can be served" in reason and "refused at start" in reason, body
+        assert "none activated" not in reason and "a restart would serve" not in reason, body
         assert "untrained network of seed" in reason and "carry no information" in reason, body
