@@ -17,11 +17,22 @@ MAX_OFFSET = timedelta(hours=14)  # the largest offset from UTC of any place's c
 # +02:00, -0500, UTC-05:00, GMT+2: hours and minutes with or without a colon, or hours alone
 _FIXED = re.compile(r"(?:UTC|GMT)?\s*([+-])(?:(\d{2}):?(\d{2})|(\d{1,2}))", re.IGNORECASE)
 # A zone as an HTTP request may write it, exactly (no blanks around it; JSON Schema's regular expressions have no
-# case-insensitive flag): UTC in any case, or UTC/GMT (optional) and an offset up to 14:00 either way
+# case-insensitive flag): UTC in any case, or UTC/GMT (optional) and an offset up to 14:00 either way: hours and
+# minutes (with or without a colon) or hours alone, one digit or two (+5, +05, +10), as _FIXED reads them
 EXACT_OFFSET_PATTERN = (r"^(?:[Uu][Tt][Cc]|(?:[Uu][Tt][Cc]|[Gg][Mm][Tt])?[+-]"
-                        r"(?:(?:0[0-9]|1[0-3]):?[0-5][0-9]|14:?00|[0-9]|1[0-4]))$")
+                        r"(?:(?:0[0-9]|1[0-3]):?[0-5][0-9]|14:?00|0?[0-9]|1[0-4]))$")
+# files of the system's database that name no place's clocks: the host's own setting (Debian's "localtime", so a
+# file would be read differently on each host), tzdata's "Factory" placeholder and the "posixrules" template
+NOT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+SHOWN = 200  # characters of a refused zone's repr shown in a message (a 1 MB value is not echoed back whole)
 _HOW = ("write an IANA name such as America/New_York or Europe/London, UTC, or a fixed offset from UTC such as"
         " -05:00 or UTC+02:00")
+
+
+def _shown(text: str) -> str:
+    """``repr(text)``, cut to :data:`SHOWN` characters (with the length) when longer."""
+    r = repr(text)
+    return r if len(r) <= SHOWN else f"{r[:SHOWN]}… ({len(text)} characters)"
 
 
 def parse_zone(text: str) -> tzinfo:
@@ -36,11 +47,13 @@ def parse_zone(text: str) -> tzinfo:
     if m is not None:
         return _fixed_offset(text, m)
     if not s or s[0] in "+-" or s[:1].isdigit():
-        raise ValueError(f"{text!r} is not a time zone: {_HOW}")
+        raise ValueError(f"{_shown(text)} is not a time zone: {_HOW}")
     try:
+        if s in NOT_ZONES:
+            raise ZoneInfoNotFoundError(s)
         return ZoneInfo(s)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ValueError(f"{text!r} is not a time zone of the system's time zone database: {_HOW}") from None
+        raise ValueError(f"{_shown(text)} is not a time zone of the system's time zone database: {_HOW}") from None
 
 
 def _fixed_offset(text: str, m: re.Match[str]) -> tzinfo:
@@ -48,10 +61,10 @@ def _fixed_offset(text: str, m: re.Match[str]) -> tzinfo:
     hours = int(m[2] if m[4] is None else m[4])
     minutes = int(m[3] or 0)
     if minutes >= 60:
-        raise ValueError(f"{text!r} is not a time zone: the minutes of an offset are 00 to 59")
+        raise ValueError(f"{_shown(text)} is not a time zone: the minutes of an offset are 00 to 59")
     offset = timedelta(hours=hours, minutes=minutes)
     if offset > MAX_OFFSET:
-        raise ValueError(f"{text!r} is not a time zone: an offset from UTC is at most 14:00 either way")
+        raise ValueError(f"{_shown(text)} is not a time zone: an offset from UTC is at most 14:00 either way")
     return timezone(-offset if m[1] == "-" else offset)  # a zero offset is timezone.utc, which is datetime.UTC
 
 
@@ -65,7 +78,7 @@ def zone_name(zone: tzinfo) -> str:
 @functools.lru_cache(maxsize=1)
 def zone_names() -> tuple[str, ...]:
     """The IANA names of the system's time zone database (sorted), as a request may name a zone."""
-    return tuple(sorted(available_timezones()))
+    return tuple(sorted(available_timezones() - NOT_ZONES))
 
 
 def request_zone(text: str) -> str:
@@ -73,7 +86,10 @@ def request_zone(text: str) -> str:
     :func:`zone_names`: what its JSON Schema says); ValueError naming it otherwise."""
     if re.fullmatch(EXACT_OFFSET_PATTERN, text) is None and text not in zone_names():
         parse_zone(text)  # the reason when it is no zone at all
-        raise ValueError(f"{text!r} is not written as a request names a zone: {_HOW}, with no blanks")
+        if any(c.isspace() for c in text):
+            raise ValueError(f"{_shown(text)} has blanks: a request writes the zone without them ({_HOW})")
+        raise ValueError(f"{_shown(text)} is not a name of the time zone database as the request's schema lists them"
+                         f" (nor UTC or an offset): {_HOW}")
     return text
 
 

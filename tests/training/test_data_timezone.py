@@ -236,7 +236,8 @@ def test_a_training_request_overrides_the_zone_and_refuses_a_bad_one(tmp_path: P
 
 
 @pytest.mark.parametrize("zone", ["UTC", "utc", "-05:00", "+0530", "UTC+02:00", "GMT-3", "+14:00", "America/New_York",
-                                  " UTC", "UTC +02:00", "+14:30", "-05:60", "", "america/new_york", "Mars/Olympus"])
+                                  " UTC", "UTC +02:00", "+14:30", "-05:60", "", "america/new_york", "Mars/Olympus",
+                                  "localtime", "Factory"])
 def test_a_training_request_takes_exactly_the_zones_its_schema_describes(zone: str) -> None:
     """A client built from the OpenAPI schema (or a fuzzer) and the service agree on every zone: accepted when it
     matches the schema's pattern or is in its list of names, refused (naming the field) otherwise."""
@@ -254,3 +255,47 @@ def test_a_training_request_takes_exactly_the_zones_its_schema_describes(zone: s
         assert exc.errors()[0]["loc"] == ("data_timezone",)
     assert accepted == described
     assert accepted == (zone in ("UTC", "utc", "-05:00", "+0530", "UTC+02:00", "GMT-3", "+14:00", "America/New_York"))
+
+
+@pytest.mark.parametrize("zone", ["+05", "-09", "UTC+05", "utc-00", "GMT+09", "GMT-07"])
+def test_a_request_takes_hours_alone_with_two_digits_as_the_config_does(zone: str) -> None:
+    """``UTC+10`` was accepted but ``UTC+05`` refused (and missing from the schema's pattern), though the config,
+    ``--timezone`` and the module's own rule ("hours alone") read both."""
+    import re
+
+    pattern = next(s["pattern"] for s in TrainingRequest.model_json_schema()["properties"]["data_timezone"]["anyOf"]
+                   if "pattern" in s)
+    assert re.search(pattern, zone) is not None
+    req = TrainingRequest.model_validate({"files": ["a.csv"], "data_timezone": zone})
+    assert job_config(load_config(environ={}), req).training.data_zone == parse_zone(zone)
+
+
+def test_a_refused_zone_is_not_echoed_back_whole() -> None:
+    """A 1 MB value of data_timezone: the 422 names it in at most a few hundred characters (as every other refused
+    value), not the whole megabyte."""
+    from cerebellar_norse.api.errors import validation_response
+
+    with pytest.raises(ValidationError) as info:
+        TrainingRequest.model_validate({"files": ["a.csv"], "data_timezone": "x" * 1_000_000})
+    status, body = validation_response(info.value.errors())
+    assert status == 422 and body["error"]["field"] == "data_timezone"
+    message = body["error"]["message"]
+    assert len(message) < 1200 and "(1000000 characters)" in message and "is not a time zone" in message
+
+
+@pytest.mark.parametrize(("zone", "words"), [("posix/America/New_York", "is not a name of the time zone database"),
+                                              ("UTC +02:00", "has blanks"), ("America/New_York\n", "has blanks")])
+def test_a_zone_refused_only_by_the_request_says_why(zone: str, words: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        TrainingRequest.model_validate({"files": ["a.csv"], "data_timezone": zone})
+    assert words in info.value.errors()[0]["msg"]
+
+
+@pytest.mark.parametrize("name", ["localtime", "Factory", "posixrules"])
+def test_database_files_that_name_no_place_are_no_zone(name: str) -> None:
+    """Debian's ``localtime`` (the host's own setting: a file would be read differently on each host) and tzdata's
+    placeholders are refused in the config and on the command line too."""
+    from cerebellar_norse.timezones import parse_zone
+
+    with pytest.raises(ValueError, match="is not a time zone of the system's time zone database"):
+        parse_zone(name)
