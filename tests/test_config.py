@@ -551,3 +551,36 @@ def test_a_log_size_of_zero_is_refused_naming_the_key(tmp_path: Path) -> None:
     assert "logging.max_size" in str(info.value), info.value
     path.write_text('[logging]\nmax_size = "1KB"\n')
     assert int(load_config(path).logging.max_size) == 1000
+
+
+# (section, key, sizes refused, the lowest size accepted, in bytes)
+SIZE_BOUNDS = [
+    pytest.param("server", "max_body_size", ["0B", 0, "999B", "0.5KB"], 1000, id="max_body_size"),  # one tick's JSON
+    pytest.param("performance", "journal_segment_size", ["0B", "999999B"], 1_000_000, id="journal_segment_size"),
+    pytest.param("logging", "max_size", ["0B", 0], 1, id="log_max_size"),  # 0 never rotates
+]
+
+
+@pytest.mark.parametrize(("section", "key", "refused", "lowest"), SIZE_BOUNDS)
+def test_a_size_that_cannot_work_is_refused_naming_the_key(section: str, key: str, refused: list[str | int],
+                                                           lowest: int) -> None:
+    """server.max_body_size = "0B" validated, and the service then refused every request body and stream message."""
+    for size in refused:
+        with pytest.raises(ConfigError) as info:
+            cfg_with({section: {key: size}})
+        assert problem_keys(info.value) == [f"{section}.{key}"], size
+        with pytest.raises(ConfigError) as info:
+            cfg_with({}, environ={f"CEREBELLAR_NORSE_{section.upper()}__{key.upper()}": str(size)})
+        assert problem_keys(info.value) == [f"{section}.{key}"], size
+    assert int(getattr(getattr(cfg_with({section: {key: lowest}}), section), key)) == lowest
+
+
+def test_a_config_file_that_is_not_utf8_says_so_and_where(tmp_path: Path) -> None:
+    """A Latin-1 file read as "'utf-8' codec can't decode byte … (fix: check the path and its permissions)"."""
+    path = tmp_path / "c.toml"
+    path.write_bytes(b'[server]\nport = 8080\n# caf\xe9\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (problem,) = info.value.problems
+    assert problem.message == f"config file {path} is not UTF-8 text: byte 0xe9 at line 3 (byte offset 26)"
+    assert problem.fix == "save the file as UTF-8"

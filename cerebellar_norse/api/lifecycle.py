@@ -5,6 +5,8 @@
   accepting); a wedged event loop sends nothing, and systemd restarts the service.
 * SIGHUP re-reads the config file. Keys that are safe to change live are applied;
   any other changed key is logged as needing a restart (and nothing of it applied);
+  a file whose live keys would not fit the running values of the others (the
+  consistency checks of a start, run on that mix) is refused as a whole;
   a changed ``logging.level`` while ``CEREBELLAR_NORSE_LOG`` is set is logged as
   overridden by it. The reload's outcome is logged whatever the level in force.
 * Market state: restored (and the tick journal replayed) before the socket opens,
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, load_checked_config, with_server
+from ..config import Config, consistency_problems, load_checked_config, with_server
 from ..engine.journal import Durability, StateDirLock
 from ..engine.persistence import STATE_FILE, check_writable
 from ..errors import ConfigError, StorageError
@@ -72,19 +74,51 @@ def changed_keys(old: Config, new: Config) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
-def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]]:
-    """Apply the live-safe changes of ``new``; returns (applied keys, keys needing a restart)."""
-    changed = changed_keys(state.cfg, new)
-    live = [k for k in changed if k in LIVE_KEYS]
-    restart = [k for k in changed if k not in LIVE_KEYS]
+def split_changes(running: Config, new: Config) -> tuple[list[str], list[str]]:
+    """The changed keys of ``new`` against ``running``: (those a reload applies live, those needing a restart)."""
+    changed = changed_keys(running, new)
+    return [k for k in changed if k in LIVE_KEYS], [k for k in changed if k not in LIVE_KEYS]
+
+
+def with_live_keys(running: Config, new: Config, live: list[str]) -> Config:
+    """The config a reload leaves running: ``running`` with the ``live`` keys taken from ``new``, every other key
+    (the restart-only ones included) kept at its running value."""
     if not live:
-        return [], restart
-    cfg = state.cfg
+        return running
     update: dict[str, Any] = {}
     for section in {k.split(".", 1)[0] for k in live}:
         fields = {k.split(".", 1)[1]: getattr(getattr(new, section), k.split(".", 1)[1]) for k in live if k.startswith(section + ".")}
-        update[section] = getattr(cfg, section).model_copy(update=fields)
-    state.cfg = cfg.model_copy(update=update)
+        update[section] = getattr(running, section).model_copy(update=fields)
+    return running.model_copy(update=update)
+
+
+def mixed_config_refusal(running: Config, new: Config) -> str | None:
+    """Why a reload to ``new`` must be refused because the config it would leave running is inconsistent, or None.
+
+    A reload applies the live keys and keeps the restart-only ones at their running
+    values: a file that is consistent as a whole (``queue_size = 100`` with
+    ``batch_size = 64``) can still leave an inconsistent mix running (queue_size 100
+    with the running batch_size 256). The consistency checks of a start
+    (:func:`~cerebellar_norse.config.consistency_problems`) are run on that mix.
+    """
+    live, restart = split_changes(running, new)
+    problems = consistency_problems(with_live_keys(running, new, live))
+    if not problems:
+        return None
+    held = ""
+    if restart:
+        held = f" while {', '.join(restart)} (restart only) kept " + ("its running value" if len(restart) == 1
+                                                                      else "their running values")
+    return (f"applying {', '.join(live)} live{held} would leave an inconsistent config running: "
+            f"{'; '.join(str(p) for p in problems)}; restart the service to apply the file as a whole")
+
+
+def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]]:
+    """Apply the live-safe changes of ``new``; returns (applied keys, keys needing a restart)."""
+    live, restart = split_changes(state.cfg, new)
+    if not live:
+        return [], restart
+    state.cfg = with_live_keys(state.cfg, new, live)
     eng = state.engine
     eng.cfg = state.cfg
     eng.apply_live_settings(state.cfg.performance)
@@ -129,6 +163,11 @@ def reload_config(state: ServiceState, path: str | None) -> None:
     if refusal is not None:
         log_always(log, logging.ERROR, "config reload refused, keeping the running config: %s", refusal)
         systemd.ready(serving_status(state, "last reload refused: auth would change"))
+        return
+    refusal = mixed_config_refusal(state.cfg, new)
+    if refusal is not None:
+        log_always(log, logging.ERROR, "config reload refused, keeping the running config: %s", refusal)
+        systemd.ready(serving_status(state, "last reload refused: config inconsistent with the running one"))
         return
     applied, restart = apply_reload(state, new)
     overridden: list[str] = []
@@ -187,25 +226,40 @@ def install_sighup(state: ServiceState, config_path: str | None) -> None:
     loop.add_signal_handler(signal.SIGHUP, reload_config, state, config_path)
 
 
+def summary_fields(state: ServiceState, ticks_before: int, batches_before: int, interval_s: float) -> dict[str, Any] | None:
+    """The fields of a ``processing summary`` line over the client ticks processed since the processing histogram
+    counted ``ticks_before`` and the latency window had recorded ``batches_before`` batches; None without a tick.
+
+    Every figure covers that one interval: ``ticks``, ``ticks_per_second`` (over
+    ``interval_s``, s) and the exact median and p99 per-tick network time (ns) of its
+    batches (of the last 4096 of them in an interval with more).
+    """
+    ticks = sum(state.metrics.processing.counts) - ticks_before
+    if ticks <= 0:
+        return None
+    q = state.metrics.recent.quantiles((0.5, 0.99), since=batches_before)
+    eng = state.engine
+    return {"ticks": ticks, "ticks_per_second": round(ticks / interval_s, 1),
+            "processing_time_ns": int(q[0.5] * 1e9), "processing_time_ns_p99": int(q[0.99] * 1e9),
+            "queue_depth": eng.queue_depth, "markets": eng.pool.used, "model_version": eng.model_version}
+
+
 async def periodic_summary(state: ServiceState, interval_s: float = 60.0) -> None:
-    """Log a processing summary every ``interval_s`` (INFO), with ``fields.processing_time_ns``.
+    """Log a processing summary every ``interval_s`` (s) in which ticks were processed (INFO), with
+    ``fields.processing_time_ns``; every figure of a line covers the ``interval_s`` before it
+    (:func:`summary_fields`).
 
     The per-tick line is DEBUG (it would cost latency at INFO); this line lets
     ``jq 'select(.fields.processing_time_ns) | .fields.processing_time_ns'`` work at INFO.
     """
-    last_ticks = state.engine.stats.ticks
+    m = state.metrics
+    ticks, batches = sum(m.processing.counts), m.recent.added
     while True:
         await asyncio.sleep(interval_s)
-        ticks = state.engine.stats.ticks
-        if ticks == last_ticks:
-            continue
-        q = state.metrics.recent.quantiles((0.5, 0.99))
-        log.info("processing summary", extra={"fields": {
-            "ticks": ticks - last_ticks, "ticks_per_second": round((ticks - last_ticks) / interval_s, 1),
-            "processing_time_ns": int(q[0.5] * 1e9), "processing_time_ns_p99": int(q[0.99] * 1e9),
-            "queue_depth": state.engine.queue_depth, "markets": state.engine.pool.used,
-            "model_version": state.engine.model_version}})
-        last_ticks = ticks
+        fields = summary_fields(state, ticks, batches, interval_s)
+        ticks, batches = sum(m.processing.counts), m.recent.added
+        if fields is not None:
+            log.info("processing summary", extra={"fields": fields})
 
 
 def check_state_dir(cfg: Config) -> StateDirLock:

@@ -160,6 +160,7 @@ class RecentLatency:
         self.weights = np.zeros(size)
         self.i = 0
         self.n = 0
+        self.added = 0  # batches recorded since start
 
     def add(self, value: float, count: int) -> None:
         """Record a batch whose ``count`` ticks took ``value`` seconds each."""
@@ -167,16 +168,20 @@ class RecentLatency:
         self.weights[self.i] = count
         self.i = (self.i + 1) % self.values.shape[0]
         self.n = min(self.n + 1, self.values.shape[0])
+        self.added += 1
 
-    def quantiles(self, qs: Iterable[float]) -> dict[float, float]:
-        """Tick-weighted quantiles (NaN before the first batch)."""
-        if self.n == 0:
+    def quantiles(self, qs: Iterable[float], since: int | None = None) -> dict[float, float]:
+        """Tick-weighted quantiles over the batches kept, or over those recorded after the first ``since`` (of
+        :attr:`added`; the last ``size`` of them when more); NaN without a batch."""
+        n = self.n if since is None else min(self.n, max(self.added - since, 0))
+        if n == 0:
             return dict.fromkeys(qs, math.nan)
-        v, w = self.values[:self.n], self.weights[:self.n]
+        idx = (self.i - n + np.arange(n)) % self.values.shape[0]  # the last n recorded
+        v, w = self.values[idx], self.weights[idx]
         order = np.argsort(v)
         cum = np.cumsum(w[order])
         total = cum[-1]
-        return {q: float(v[order][min(int(np.searchsorted(cum, q * total)), self.n - 1)]) for q in qs}
+        return {q: float(v[order][min(int(np.searchsorted(cum, q * total)), n - 1)]) for q in qs}
 
 
 class LatestValue:

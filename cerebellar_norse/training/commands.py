@@ -411,6 +411,20 @@ def _dump(data: str | bytes, output: str | None, what: str) -> None:
     print(f"wrote {what} to {output}", file=sys.stderr)
 
 
+STATE_DIR_FIX = "pass the state dir, e.g. /var/lib/cerebellar-norse/"
+MODEL_DIR_FIX = (f"pass a model directory, the one holding {MANIFEST}, or a directory of them, "
+                 "e.g. /var/lib/cerebellar-norse/models/")
+
+
+def not_a_directory(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a directory ("does not exist", "is not a directory"), or None when it can."""
+    if path.is_dir():
+        return None
+    if not path.exists():
+        return "does not exist"
+    return "is not a directory"
+
+
 def cmd_verify_data(root: str) -> int:
     """``--verify-data DIR``: SHA-256 manifests of every model and market state file, and every recording, under DIR.
 
@@ -419,6 +433,10 @@ def cmd_verify_data(root: str) -> int:
     """
     from ..engine.recorder import verify_recordings
 
+    why = not_a_directory(Path(root))
+    if why is not None:
+        print(f"cerebellar-norse: {root}: {why} (fix: {STATE_DIR_FIX})", file=sys.stderr)
+        return 1
     ok, problems = verify_tree(Path(root))
     recordings = verify_recordings(Path(root))
     ok += recordings.ok
@@ -438,9 +456,14 @@ def cmd_verify_data(root: str) -> int:
 def cmd_validate_model(path: str) -> int:
     """``--validate-model DIR``: a model directory, or every model directory in DIR."""
     p = Path(path)
-    dirs = [p] if (p / MANIFEST).exists() else sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")) if p.is_dir() else []
+    why = not_a_directory(p)
+    if why is not None:
+        print(f"cerebellar-norse: {path}: {why} (fix: {MODEL_DIR_FIX})", file=sys.stderr)
+        return 1
+    dirs = [p] if (p / MANIFEST).exists() else sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not dirs:
-        print(f"cerebellar-norse: {path}: no model directory found", file=sys.stderr)
+        print(f"cerebellar-norse: {path}: no model directory found: neither {MANIFEST} nor a model directory in it "
+              f"(fix: {MODEL_DIR_FIX})", file=sys.stderr)
         return 1
     bad = 0
     for d in dirs:

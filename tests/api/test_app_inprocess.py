@@ -227,12 +227,12 @@ def test_token_not_needed_when_none_configured(tmp_path: Path) -> None:
 
 
 def test_body_limit_from_config(tmp_path: Path) -> None:
-    app = create_app(_state(tmp_path, CEREBELLAR_NORSE_SERVER__MAX_BODY_SIZE="200B"), extra_routers=[probe])
-    big = b'{"ticks": [' + b",".join([b'{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"}'] * 4) + b"]}"
+    app = create_app(_state(tmp_path, CEREBELLAR_NORSE_SERVER__MAX_BODY_SIZE="1KB"), extra_routers=[probe])
+    big = b'{"ticks": [' + b",".join([b'{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"}'] * 16) + b"]}"
     with TestClient(app) as c:
         err = _error(c.post("/neural/process/batch", content=big, headers={"Content-Type": "application/json"}), 413, "body_too_large")
-        assert "200 bytes" in err["message"]
-        chunked = c.post("/neural/process/batch", content=iter([big[:100], big[100:]]), headers={"Content-Type": "application/json"})
+        assert "1000 bytes" in err["message"]
+        chunked = c.post("/neural/process/batch", content=iter([big[:500], big[500:]]), headers={"Content-Type": "application/json"})
         _error(chunked, 413, "body_too_large")
         assert c.post("/neural/process", json=TICK).status_code == 200  # a small body passes
     text = app.state.service.metrics.render().decode()

@@ -303,3 +303,29 @@ def test_an_unterminated_string_is_placed_once() -> None:
     assert json_problem(b'{"market_id": "A') == "Unterminated string starting at line 1 column 15"
     assert json_problem(b'{"price": }') == "Expecting value at line 1 column 11"
     assert json_problem(b'{"price": 1}') is None
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_every_tick_is_logged_at_debug_whatever_its_route(tmp_path: Path, fast_path: bool,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """docs/operations.md: at DEBUG every tick is logged. Only single ticks were: a batch request logged nothing."""
+    import logging
+
+    def logged() -> list[tuple[str, int]]:
+        lines = [r for r in caplog.records if r.getMessage() == "tick processed"]
+        caplog.clear()
+        assert all(r.levelno == logging.DEBUG for r in lines)
+        return [(r.fields["market_id"], r.fields["processing_time_ns"]) for r in lines]  # type: ignore[attr-defined]
+
+    with _client(tmp_path, fast_path) as c, caplog.at_level(logging.DEBUG, logger="cerebellar_norse.api"):
+        assert _send(c, _tick("A", 0), {}).status_code == 200
+        assert [m for m, _ in logged()] == ["A"]
+        batch = c.post("/neural/process/batch", json={"ticks": [_tick("A", 1), _tick("B", 1), _tick("A", 2)]})
+        assert batch.status_code == 200, batch.text
+        lines = logged()
+        assert [m for m, _ in lines] == ["A", "B", "A"]
+        assert [ns for _, ns in lines] == [r["processing_time_ns"] for r in batch.json()["results"]]
+        with c.websocket_connect("/neural/stream") as ws:
+            ws.send_text(json.dumps(_tick("B", 2)))
+            assert "prediction" in json.loads(ws.receive_text())
+        assert [m for m, _ in logged()] == ["B"]

@@ -128,3 +128,46 @@ def test_lines_to_journald_carry_their_syslog_priority(tmp_path: Path, monkeypat
     setup_logging(LoggingConfig(level="INFO"), stream=buf)
     logging.getLogger("x").error("plain")
     assert buf.getvalue().startswith("{")
+
+
+@pytest.mark.asyncio
+async def test_every_figure_of_the_processing_summary_covers_the_same_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A quiet minute after a cold tick reported the cold tick's time as its p99: ticks covered the minute, the times
+    the last 4096 batches. Every figure of a line now covers the minute since the previous one."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cerebellar_norse.api import lifecycle
+    from cerebellar_norse.api.server import build_service
+    from cerebellar_norse.config import load_checked_config
+    from cerebellar_norse.engine.records import BatchRecord
+
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"),
+               "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false"}
+    state = build_service(load_checked_config(None, environ=environ))
+
+    def batches(per_tick_ns: int, n: int) -> None:
+        """``n`` one-tick batches of ``per_tick_ns`` each, as the engine counts and reports them."""
+        for _ in range(n):
+            state.engine.stats.ticks += 1
+            state.metrics.on_batch(BatchRecord(1, per_tick_ns, np.zeros(1), np.zeros((3, 1)), np.zeros((1, 3))))
+
+    intervals = [lambda: batches(5_000_000, 1),  # a cold tick of 5 ms
+                 lambda: batches(9_000, 10),  # a quiet minute of 9 us ticks
+                 lambda: None]  # no tick: no line
+
+    async def one_interval(_seconds: float) -> None:
+        if not intervals:
+            raise asyncio.CancelledError
+        intervals.pop(0)()
+
+    monkeypatch.setattr(lifecycle, "asyncio", SimpleNamespace(sleep=one_interval))
+    with caplog.at_level(logging.INFO, logger="cerebellar_norse.lifecycle"), pytest.raises(asyncio.CancelledError):
+        await lifecycle.periodic_summary(state, 60.0)
+    cold, quiet = [r.fields for r in caplog.records if r.getMessage() == "processing summary"]  # type: ignore[attr-defined]
+    assert cold["ticks"] == 1 and cold["processing_time_ns"] == cold["processing_time_ns_p99"] == 5_000_000
+    assert quiet["ticks"] == 10 and quiet["ticks_per_second"] == round(10 / 60, 1)
+    assert quiet["processing_time_ns"] == quiet["processing_time_ns_p99"] == 9_000  # exact, the minute's own ticks

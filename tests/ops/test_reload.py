@@ -444,3 +444,35 @@ async def test_a_reload_that_switches_recording_off_closes_the_file_at_once(tmp_
                            == {p.name for p in rec.glob("*.sha256")})
         assert list(rec.glob("*.csv.sha256"))
         await eng.drain(save=False)
+
+
+def test_a_reload_whose_live_keys_do_not_fit_the_running_restart_keys_is_refused_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """queue_size 100 with batch_size 64 is a consistent file, but batch_size takes a restart: applying queue_size
+    alone left queue 100 with batch 256 running, which ``--validate-config`` refuses. The checks hold for the mix."""
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setblocking(False)
+    with reloadable_service(tmp_path, monkeypatch, "queue_size = 4096\nbusy_poll_us = 0") as (state, reload):
+        before = state.cfg
+        monkeypatch.setenv("NOTIFY_SOCKET", path)  # reloadable_service clears the CEREBELLAR_NORSE_ variables only
+        with caplog.at_level(logging.INFO, logger="cerebellar_norse.lifecycle"):
+            reload("queue_size = 100\nbatch_size = 64\nbusy_poll_us = 2000")
+        assert state.cfg is before and state.engine.snapshot().queue_capacity == 4096
+        (refused,) = [r for r in caplog.records if r.getMessage().startswith("config reload refused")]
+        text = refused.getMessage()
+        assert refused.levelno == logging.ERROR
+        assert "performance.queue_size" in text and "performance.batch_size: 256 exceeds queue_size 100" in text
+        assert not any(r.getMessage() == "config reloaded" for r in caplog.records)
+        sent = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                sent += sock.recv(4096).decode().split("\n")
+        (status,) = [x for x in sent if x.startswith("STATUS=")]
+        assert status.endswith("(last reload refused: config inconsistent with the running one)"), status
+        caplog.clear()
+        reload("queue_size = 300\nbatch_size = 64")  # 256 fits in 300: applied, batch_size reported for a restart
+        assert state.cfg.performance.queue_size == 300 and state.cfg.performance.batch_size == 256
+        assert state.engine.snapshot().queue_capacity == 300
+    sock.close()

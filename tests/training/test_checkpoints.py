@@ -489,6 +489,22 @@ def test_validate_model_takes_one_model_dir_or_a_dir_of_models(cfg: Config, stor
     assert "no models or state files found" in capsys.readouterr().err
 
 
+def test_verify_data_and_validate_model_say_a_path_is_missing_or_a_file(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A regular file was "no models or state files found" / "no model directory found", as was a missing path."""
+    file = tmp_path / "market_state.bin"
+    file.write_bytes(b"x")
+    missing = tmp_path / "nowhere"
+    for path, why in ((file, "is not a directory"), (missing, "does not exist")):
+        assert cmd_verify_data(str(path)) == 1
+        err = capsys.readouterr().err
+        assert f"{path}: {why} (fix: pass the state dir" in err and "no models" not in err, err
+        assert cmd_validate_model(str(path)) == 1
+        err = capsys.readouterr().err
+        assert f"{path}: {why} (fix: pass a model directory, the one holding manifest.json," in err, err
+        assert "no model directory found" not in err
+
+
 def run_clis(calls: dict[str, tuple[list[str], Path]]) -> dict[str, subprocess.CompletedProcess[str]]:
     """Run ``cerebellar-norse ARGS`` for each call at once (state dir from the environment); wait for all."""
     procs = {key: subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", *args], cwd=REPO_ROOT,
