@@ -6,7 +6,8 @@ GARCH(1,1) with Student-t(4) shocks, volatility clustering and heavy tails, as m
 returns have), labels it as training does (``labels.label_series``, horizon in ticks),
 takes the base rates from its first ``--ticks`` ticks (as ``evaluate`` takes them from the
 model's training split) and scores the next ``--ticks``: a "model" that leans 5 % of the
-moving mass on the sign of the last three ticks' return (a feature with no information)
+moving mass on the sign of the last ``--lean-lag`` ticks' return (default 3; a feature with no information;
+a long lag makes the prediction persist, as a trend follower's does)
 against the base rates with :func:`cerebellar_norse.training.evaluation.score`. Printed,
 per metric, the share of seeds whose model-minus-base-rates interval says the model is
 better, and the share that says it is worse. For directional accuracy the truth is no
@@ -26,7 +27,7 @@ import numpy as np
 from cerebellar_norse.training.evaluation import ScoreInputs, score
 from cerebellar_norse.training.labels import LabelSpec, label_series, past_returns
 
-WARM = 100  # rows before the first scored one (the leaning feature needs 3 past ticks)
+WARM = 100  # rows before the first scored one, at least (the leaning feature needs --lean-lag past ticks)
 
 
 def garch_returns(rng: np.random.Generator, n: int, omega: float = 1e-6, alpha: float = 0.1, beta: float = 0.85,
@@ -41,19 +42,20 @@ def garch_returns(rng: np.random.Generator, n: int, omega: float = 1e-6, alpha: 
     return r
 
 
-def one_seed(kind: str, seed: int, n: int, horizon: int, resamples: int) -> dict[str, tuple[bool, bool]]:
+def one_seed(kind: str, seed: int, n: int, horizon: int, resamples: int, lean_lag: int = 3) -> dict[str, tuple[bool, bool]]:
     """Per metric: (the interval says the model is better, the interval says it is worse)."""
     rng = np.random.default_rng(1000 + seed)
-    r = garch_returns(rng, 2 * n + 2 * WARM) if kind == "garch" else rng.standard_normal(2 * n + 2 * WARM) * 1e-3
+    warm = max(WARM, lean_lag + 1)
+    r = garch_returns(rng, 2 * n + 2 * warm) if kind == "garch" else rng.standard_normal(2 * n + 2 * warm) * 1e-3
     price = 100.0 * np.exp(np.cumsum(r))
     lab = label_series(np.arange(price.size, dtype=np.int64) * 1000, price, LabelSpec(horizon_ticks=horizon))
-    train = np.arange(WARM, n)
+    train = np.arange(warm, n)
     train = train[lab.end[train] >= 0]
     base = np.bincount(lab.labels[train], minlength=3) / train.size
-    rows = np.arange(n + WARM, 2 * n + WARM)
+    rows = np.arange(n + warm, 2 * n + warm)
     rows = rows[lab.end[rows] >= 0]
     labels = lab.labels[rows]
-    lean = np.sign(np.log(price[rows]) - np.log(price[rows - 3]))
+    lean = np.sign(np.log(price[rows]) - np.log(price[rows - lean_lag]))
     probs = np.tile(base, (labels.size, 1))
     moving = base[0] + base[2]
     probs[:, 2] = moving * (0.5 + 0.05 * lean)
@@ -75,15 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ticks", type=int, default=8000, help="ticks per seed for the base rates, and as many scored")
     ap.add_argument("--horizon", type=int, default=10, help="label horizon in ticks")
     ap.add_argument("--resamples", type=int, default=400, help="bootstrap resamples per interval")
+    ap.add_argument("--lean-lag", type=int, default=3, help="ticks of past return the no-skill lean follows (default 3)")
     args = ap.parse_args(argv)
     hits: dict[str, list[int]] = {}
     for seed in range(args.seeds):
-        for metric, sides in one_seed(args.kind, seed, args.ticks, args.horizon, args.resamples).items():
+        for metric, sides in one_seed(args.kind, seed, args.ticks, args.horizon, args.resamples,
+                                             args.lean_lag).items():
             counts = hits.setdefault(metric, [0, 0])
             counts[0] += sides[0]
             counts[1] += sides[1]
     print(f"{args.kind}, {args.seeds} seeds, base rates from {args.ticks} ticks, {args.ticks} scored, horizon "
-          f"{args.horizon}: share of 95 % intervals (model − base rates) that say the model is better / worse")
+          f"{args.horizon}, lean on the last {args.lean_lag} ticks: share of 95 % intervals (model − base rates) that say the model is better / worse")
     for metric, (better, worse) in hits.items():
         b, w = better / args.seeds, worse / args.seeds
         se_b, se_w = ((x * (1 - x) / args.seeds) ** 0.5 for x in (b, w))
