@@ -183,7 +183,7 @@ def _check_since(text: str | None, since_ms: int, data: TickData) -> None:
     last = max(float(m.timestamp[-1]) for m in data.markets)
     when = iso_ms(since_ms)
     if since_ms > last:
-        raise InputError(f"--since {text} ({when}) is after the last tick of the files ({iso_ms(last)}): nothing to score",
+        raise InputError(f"{text} ({when}) is after the last tick of the files ({iso_ms(last)}): nothing to score",
                          "--since")
     if since_ms <= first:
         print(f"note: --since {text} ({when}) is not after the files' first tick ({iso_ms(first)}): every tick is scored"
@@ -250,7 +250,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     try:
         since_ms = parse_time_ms(since, "--since", cfg.training.data_zone) if since else None
     except ValueError as exc:
-        raise InputError(str(exc), "--since") from None
+        raise InputError(str(exc).removeprefix("--since "), "--since") from None
     if since_ms is not None:
         _check_since(since, since_ms, data)
     prep = prepare_for_scoring(cfg, data, since_ms)
@@ -264,7 +264,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     if not summary.get("samples"):
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")
-    from .datacheck import check_warning, market_checks
+    from .datacheck import check_warning, iso_ms, market_checks
 
     checks = {m.market_id: market_checks(m) for m in data.markets}
     checks = {k: v for k, v in checks.items() if v}
@@ -275,6 +275,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     unscored = {pm.market_id: len(pm.ticks) for pm in prep.markets if not pm.scored.any()}
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
                     "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,
+                    "since_utc": None if since_ms is None else iso_ms(since_ms),
                     "in_sample": in_sample, "unscored_markets": unscored, "data_checks": checks})
     if unscored:
         print(f"note: {len(unscored)} market(s) have no scored tick and are not in the figures: {market_list(unscored)} (a "
@@ -289,8 +290,9 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     if as_json:
         print(json.dumps(summary, allow_nan=False))
     else:
+        since_part = f"; from --since {since} = {iso_ms(since_ms)}" if since_ms is not None else ""
         print(f"model {version} on {summary['samples']} ticks ({summary['labels']}; first {cfg.neural.warmup_ticks} "
-              f"ticks of each market excluded; base rates from {base_source})")
+              f"ticks of each market excluded{since_part}; base rates from {base_source})")
         if in_sample:
             print(f"IN SAMPLE: {in_sample['message']}")
         edge_line = edge_note(summary["edge"])

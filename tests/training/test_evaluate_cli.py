@@ -53,11 +53,14 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["evaluate", "ticks.csv", "--since", mid, "--report", str(report), "--cost-bp", "1"]) == 0
     text = capsys.readouterr().out
     assert "base_rates" in text and "logistic" in text and f"report written to {report}" in text
+    mid_utc = datetime.fromisoformat(mid).strftime("%Y-%m-%dT%H:%M:%S")
+    assert f"from --since {mid} = {mid_utc}" in text  # the time the ticks were cut at, as the service reads it
     html = report.read_text(encoding="utf-8")
     assert html.count("data:image/png;base64,") >= 3 and "http://" not in html and "https://" not in html
     assert main(["evaluate", "ticks.csv", "--since", mid, "--json", "--bootstrap", "0"]) == 0
     later = _json(capsys)
     assert 0 < later["samples"] < full["samples"] and later["cost_bp"] == 0.0
+    assert later["since"] == mid and later["since_utc"].startswith(mid_utc) and full["since_utc"] is None
 
 
 def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,7 +75,9 @@ def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFix
     assert usage.value.code == 2
     assert "argument --since: time 'yesterday' is not a time" in capsys.readouterr().err
     assert main(["evaluate", "ticks.csv", "--since", "2099-01-01"]) == 1  # after every tick: nothing to score
-    assert "--since 2099-01-01 (2099-01-01T00:00:00Z) is after the last tick of the files (" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--since: 2099-01-01 (2099-01-01T00:00:00Z) is after the last tick of the files (" in err
+    assert "--since: --since" not in err  # the option named once
     assert main(["evaluate", "ticks.csv", "--since", "1325500000", "--json", "--bootstrap", "0"]) == 0  # seconds, as ms
     err = capsys.readouterr().err
     assert "note: --since 1325500000 (1970-01-16T08:11:40Z) is not after the files' first tick" in err
