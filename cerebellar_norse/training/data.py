@@ -139,6 +139,11 @@ def _reverse_from(column: list[Any], start: int) -> None:
     column[start:] = column[start:][::-1]
 
 
+def _when(ms: int) -> str:
+    """A time in ms since the epoch as ISO 8601 UTC to the ms, for messages that name a row's time."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC) -> TickData:
     """Read tick CSV files (in the given order) into per-market series (format in the module docstring); dates and
     date-times written without an offset or zone are wall-clock times in ``zone`` (``training.data_timezone``).
@@ -232,8 +237,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                                     if ts < prev:  # 01:10 US/Eastern after 01:50: the repeated hour's second run
                                         later = repeated_hour_time(row, cols)
                                         if later is None or later < prev:
-                                            raise ValueError(f"time goes backwards for market {market!r} ({ts} <"
-                                                             f" {prev})")
+                                            raise ValueError(f"time goes backwards for market {market!r} ({_when(ts)}"
+                                                             f" < {_when(prev)}; ms {ts} < {prev})")
                                         ts, repeated = later, repeated + 1
                                     last_ts[code] = ts
                                 else:
@@ -244,10 +249,11 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                                         ts = later
                                     if ts > prev:
                                         raise ValueError(f"time goes forwards for market {market!r} in rows that run"
-                                                         f" newest first ({ts} > {prev})")
+                                                         f" newest first ({_when(ts)} > {_when(prev)}; ms {ts} > {prev})")
                                     if ts < before.get(code, 0):
-                                        raise ValueError(f"time goes backwards for market {market!r} ({ts} < its last"
-                                                         f" time {before[code]} in an earlier file)")
+                                        raise ValueError(f"time goes backwards for market {market!r} ({_when(ts)} < its"
+                                                         f" last time {_when(before[code])} in an earlier file;"
+                                                         f" ms {ts} < {before[code]})")
                                     repeated += second
                                 here[code] = ts
                         except ValueError as exc:
