@@ -334,3 +334,13 @@ def test_rebalance_with_a_replica_that_never_answers_names_it_and_the_timeout(
     line = one_clean_line(err)
     assert code == 1
     assert f"GET {silent_replica}/debug/markets: {silent_replica} gave no answer within 0.5 s" in line, line
+
+
+def test_rollout_waits_longer_by_default_than_rebalance() -> None:
+    """A rollout's replica receives, checks and stores a whole model archive before it answers: 120 s by default, as
+    before --timeout existed; a rebalance moves one market's state per call: 30 s."""
+    from cerebellar_norse.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["rollout", "v1", "--replicas", "127.0.0.1:9"]).timeout == 120.0
+    assert parser.parse_args(["rebalance", "--old", "a", "--new", "b"]).timeout == 30.0

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..argtypes import seconds_up_to
-from . import REPLICA_TIMEOUT_S
+from . import REPLICA_TIMEOUT_S, ROLLOUT_TIMEOUT_S
 
 TOKEN_ENV = "CEREBELLAR_NORSE_SERVER__API_TOKEN"
 MAX_TIMEOUT_S = 3600.0
@@ -44,13 +44,13 @@ def add_parsers(sub: Any) -> None:
     ro.add_argument("--model-dir", default=None, metavar="DIR", help="the model directory (default <state_dir>/models/VERSION)")
     ro.add_argument("--token", default=None, metavar="T", help=f"bearer token of the replicas (default: ${TOKEN_ENV})")
     ro.add_argument("--json", action="store_true", help="print one JSON report")
-    _add_timeout(ro)
+    _add_timeout(ro, ROLLOUT_TIMEOUT_S)
 
 
-def _add_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timeout", type=seconds_up_to(MAX_TIMEOUT_S), default=REPLICA_TIMEOUT_S, metavar="SECONDS",
+def _add_timeout(parser: argparse.ArgumentParser, default: float = REPLICA_TIMEOUT_S) -> None:
+    parser.add_argument("--timeout", type=seconds_up_to(MAX_TIMEOUT_S), default=default, metavar="SECONDS",
                         help=f"seconds each call waits for a replica before the command fails naming it, > 0 and at "
-                             f"most {MAX_TIMEOUT_S:g} (default {REPLICA_TIMEOUT_S:g})")
+                             f"most {MAX_TIMEOUT_S:g} (default {default:g})")
 
 
 def misused_flag(args: argparse.Namespace) -> str | None:

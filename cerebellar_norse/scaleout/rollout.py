@@ -28,7 +28,7 @@ from ..errors import CerebellarNorseError, InputError
 from ..httpcalls import request
 from ..training.archive import MEDIA_TYPE, pack_model
 from ..training.checkpoints import ModelStore, check_version
-from . import REPLICA_TIMEOUT_S
+from . import ROLLOUT_TIMEOUT_S
 
 
 class RolloutError(CerebellarNorseError):
@@ -54,7 +54,7 @@ def _field(body: dict[str, Any], key: str, method: str, url: str) -> Any:
 
 
 def rollout(version: str, archive: bytes, replicas: list[str], token: str | None, log: Any = None,
-            timeout_s: float = REPLICA_TIMEOUT_S) -> dict[str, Any]:
+            timeout_s: float = ROLLOUT_TIMEOUT_S) -> dict[str, Any]:
     """Stage ``archive`` as ``version`` on every replica, then activate it on all; returns a report.
 
     ``timeout_s``: seconds each call waits for a replica (to connect, to send, for each part of the answer).
@@ -85,7 +85,7 @@ def rollout(version: str, archive: bytes, replicas: list[str], token: str | None
 
 
 def cmd_rollout(cfg: Config, version: str, replicas_text: str, token: str | None, model_dir: str | None,
-                as_json: bool, timeout_s: float = REPLICA_TIMEOUT_S) -> int:
+                as_json: bool, timeout_s: float = ROLLOUT_TIMEOUT_S) -> int:
     """The ``rollout`` command: the model comes from ``model_dir`` or this config's model store."""
     check_version(version)
     replicas = [u.strip().rstrip("/") for u in replicas_text.split(",") if u.strip()]
