@@ -643,6 +643,7 @@ class _Read(NamedTuple):
 
     ms: int
     zone: tzinfo | None
+    file_zone: bool = False  # the time had no offset or zone of its own: it was read in the file's zone
 
 
 def _unit_time(s: str, name: str, unit: str) -> int:
@@ -711,7 +712,7 @@ def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
         return None
     try:
         text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
-        ms, zone = _read_time(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
+        ms, zone, _ = _read_time(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
     except ValueError:
         return None
     if not isinstance(zone, ZoneInfo):
@@ -762,7 +763,7 @@ def _read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tz
     skipped = ""  # why a wall-clock time does not exist in its zone (see _skipped_time)
     # in a file of YYYYMMDD dates or date-times every number is one (a "0.0" or "1.5" is no ms of 1970)
     if unit in _COMPACT_UNITS and (s.isdigit() or _is_number(s)):
-        return _Read(_compact_ms(s, raw, name, unit, zone), zone)
+        return _Read(_compact_ms(s, raw, name, unit, zone), zone, True)
     rounded = _rounded_digits(s) if "e" in s or "E" in s else None
     if rounded is not None:
         raise ValueError(f"{name} {raw!r} keeps {rounded} significant digits (scientific notation, as spreadsheets save"
@@ -773,6 +774,7 @@ def _read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tz
         s = _with_offset(s)
     iso = False
     read_in: tzinfo | None = None
+    file_zone = False
     try:
         ms = int(s)
     except ValueError:
@@ -791,6 +793,7 @@ def _read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tz
                         raise
                     when = vendor
                 read_in = when.tzinfo or zone
+                file_zone = when.tzinfo is None
                 if read_in is not UTC:  # (a time without an offset in UTC stays naive: _datetime_ms reads it so)
                     when = _zoned(when, zone)
                     skipped = _skipped_time(when)
@@ -822,7 +825,7 @@ def _read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tz
             raise ValueError(f"{name} {raw!r} is not before 2100-01-01")
         hint = "; if the file's times are µs or ns, divide them by 1000 or 1000000" if ms < 1000 * TS_MAX_MS * 1000 else ""
         raise ValueError(f"{name} {raw!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
-    return _Read(ms, read_in)
+    return _Read(ms, read_in, file_zone)
 
 
 def parse_time_ms(text: str, name: str = "time", zone: tzinfo = UTC) -> int:
@@ -854,8 +857,8 @@ def _iso_time(text: str, cols: Columns) -> int:
 def _row_time(text: str, cols: Columns, day_first: bool | None = None, unit: str = "ms") -> int:
     """A row's time field by :func:`_time_any` in the file's zone; marks ``cols.zone_used`` when the time had no
     offset of its own and that zone is not UTC."""
-    ms, read_in = _read_time(text, cols.time_name, day_first, unit, cols.zone)
-    if read_in is cols.zone and read_in is not UTC:
+    ms, _, file_zone = _read_time(text, cols.time_name, day_first, unit, cols.zone)
+    if file_zone and cols.zone is not UTC:
         cols.zone_used = True
     return ms
 

@@ -597,11 +597,16 @@ def _extrapolated_bootstrap(series: np.ndarray, block: int, resamples: int, rng:
     excluded 0 for 7-9 % of series. Resampled with blocks of ``block`` (variance v1) and
     ``2 * block`` (v2), v = 2·v2 − v1 cancels that term (Richardson extrapolation; never below
     v2): the longer blocks' resamples, centred on the series' mean and scaled to v, are
-    returned (benchmarks/interval_coverage.py measures the result).
+    returned (benchmarks/interval_coverage.py measures the result). A series shorter than
+    four blocks (``4 * block > m``) gets the plain resamples of ``block``: blocks of twice
+    that length would have too few distinct starts to spread (a single one, and a zero-width
+    interval, when ``2 * block >= m``), and the extrapolation assumes both blocks are short.
     """
     m = series.shape[1]
+    if 4 * block > m:
+        return _block_bootstrap(series, block, resamples, rng)
     short = _block_bootstrap(series, block, resamples, rng)
-    long = _block_bootstrap(series, min(m, 2 * block), resamples, rng)
+    long = _block_bootstrap(series, 2 * block, resamples, rng)
     v_short, v_long = short.var(axis=1), long.var(axis=1)
     v = np.maximum(2.0 * v_long - v_short, v_long)
     scale = np.sqrt(np.divide(v, v_long, out=np.ones_like(v), where=v_long > 0))
@@ -724,8 +729,8 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         "bootstrap": {"method": "moving-block bootstrap of per-row model-minus-baseline contributions, "
                                 "the same blocks for every baseline, with blocks of block_length and twice that; the "
                                 "variance extrapolated to remove the block length's bias (2·v(2b) − v(b)), the "
-                                "percentiles of the longer blocks' resamples scaled to it; directional metrics over "
-                                "moving rows only",
+                                "percentiles of the longer blocks' resamples scaled to it (rows of fewer than four "
+                                "blocks: plain blocks of block_length); directional metrics over moving rows only",
                       "resamples": int(bootstrap), "seed": int(seed), "block_length": block, "rows_used": int(n),
                       "moving_rows_used": moving, "subsampled": False,
                       "note": "all rows used (block sums from prefix sums, no subsampling)"},

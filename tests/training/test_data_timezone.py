@@ -109,6 +109,8 @@ def test_epoch_numbers_and_times_with_their_own_offset_or_zone_do_not_move(tmp_p
         "iso.csv": "timestamp,close\n2024-01-02T09:00:00Z,1\n2024-01-02T10:01:00+01:00,2\n2024-01-02T04:02:00-05:00,3\n",
         "dukascopy.csv": "Gmt time,Close\n02.01.2024 10:00:00.000 GMT+0100,1\n02.01.2024 10:01:00.000 GMT+0100,2\n",
         "ib.csv": "date,close\n20240102 04:00:00 US/Eastern,1\n20240102 04:01:00 US/Eastern,2\n",
+        # its own zone, the very one the file is read in (ZoneInfo keeps one object per name): no note either
+        "ib_new_york.csv": "date,close\n20240102 04:00:00 America/New_York,1\n20240102 04:01:00 America/New_York,2\n",
     }
     for name, text in files.items():
         assert times(load(tmp_path, text, parse_zone(zone), name=name)) == times(load(tmp_path, text, name=name)), name

@@ -418,3 +418,21 @@ def test_a_rule_with_skill_gets_its_tilt_and_beats_the_base_rates() -> None:
     assert diff["ci95"][0] > 0.0, diff  # the base-rate forecast is worse than the rule that has an edge
     assert s["baselines"]["persistence"]["directional_accuracy"] == pytest.approx(0.62, abs=0.02)
     assert s["baselines"]["mean_reversion"]["directional_accuracy"] == pytest.approx(0.38, abs=0.02)
+
+
+@pytest.mark.parametrize(("m", "block"), [(20, 10), (30, 15), (30, 10), (39, 10)])
+def test_interval_of_a_short_series_keeps_its_spread(m: int, block: int) -> None:
+    """Blocks of twice the length as long as the series have one start: every resample was the series' mean, and a
+    zero-width interval excluded 0 (``score`` on 20 rows of horizon 10). Short series get the plain resamples."""
+    x = np.random.default_rng(4).standard_normal((1, m)) + 0.3
+    means = evaluation._extrapolated_bootstrap(x, block, 400, np.random.default_rng(1))
+    plain = evaluation._block_bootstrap(x, block, 400, np.random.default_rng(1))
+    np.testing.assert_array_equal(means, plain)
+    s = score(informative(np.random.default_rng(1), 20), bootstrap=300, seed=1)  # horizon 5: block 5, 4 blocks
+    short = score(ScoreInputs(**{**vars(informative(np.random.default_rng(1), 20)), "horizon": 10}), bootstrap=300, seed=1)
+    for result in (s, short):
+        for name, cells in result["vs_baselines"].items():
+            for metric, cell in cells.items():
+                if cell["ci95"] is not None and cell["diff"] != 0.0:
+                    lo, hi = cell["ci95"]
+                    assert lo < hi, (name, metric, cell)
