@@ -243,7 +243,7 @@ class ServerConfig(_Section):
     connection_timeout: float = Field(30.0, gt=0, le=3600, description="Seconds open connections get to finish their requests at shutdown (s).")
     keep_alive_timeout: float = Field(75.0, gt=0, le=3600, description="Idle keep-alive connection lifetime (s).")
     max_connections: int = Field(10_000, ge=1, le=1_000_000, description="Concurrent connections before new ones get 503.")
-    max_body_size: Bytes = Field(ByteSize(1_000_000), ge=1000, description='Largest request body (and stream message), e.g. "1MB"; at least "1KB": one tick with the longest market id and numbers takes under 300 bytes of JSON (0 would refuse every body).')
+    max_body_size: Bytes = Field(ByteSize(1_000_000), ge=512, description='Largest request body (and stream message), e.g. "1MB"; at least "512B": one tick with the longest market id and numbers takes under 300 bytes of JSON (0 would refuse every body).')
     request_timeout: float = Field(10.0, gt=0, le=3600, description="Seconds a client gets to send a whole request (headers and body) once it has started one; slower requests are answered 408 and their connection closed.")
     max_clock_skew_ms: int = Field(300_000, ge=0, le=3_155_760_000_000, description="Ticks whose timestamp is more than this far ahead of the server clock (ms) are refused (409 future_timestamp).")
 

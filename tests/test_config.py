@@ -555,7 +555,7 @@ def test_a_log_size_of_zero_is_refused_naming_the_key(tmp_path: Path) -> None:
 
 # (section, key, sizes refused, the lowest size accepted, in bytes)
 SIZE_BOUNDS = [
-    pytest.param("server", "max_body_size", ["0B", 0, "999B", "0.5KB"], 1000, id="max_body_size"),  # one tick's JSON
+    pytest.param("server", "max_body_size", ["0B", 0, "511B", "0.5KB"], 512, id="max_body_size"),  # one tick's JSON
     pytest.param("performance", "journal_segment_size", ["0B", "999999B"], 1_000_000, id="journal_segment_size"),
     pytest.param("logging", "max_size", ["0B", 0], 1, id="log_max_size"),  # 0 never rotates
 ]

@@ -388,9 +388,9 @@ class Engine:
     def _admit(self, ticks: Sequence[Tick], batch: bool) -> None:
         if not self._accepting:
             raise CapacityError("engine is shutting down", retry_after_s=1.0)
-        refused = self.write_refusal()
-        if refused is not None:  # could not be journaled: refused before it changes a state
-            raise refused
+        journal = self.journal
+        if journal is not None and journal.failed is not None:  # could not be journaled: refused before any change
+            raise journal.refusal()  # (inline, not write_refusal(): this runs per request)
         if len(self._pending) + len(ticks) > self.queue_size:
             self.stats.rejected_full += len(ticks)
             raise CapacityError(f"queue full ({len(self._pending)} of {self.queue_size} ticks waiting)", retry_after_s=max(self.delay_s, 0.001))
@@ -521,13 +521,13 @@ class Engine:
         return len(gone)
 
     def _run_batch(self, batch: list[Pending]) -> None:
-        if self.write_refusal() is not None:  # queued before the journal failed: never stepped, so
+        journal = self.journal
+        if journal is not None and journal.failed is not None:  # queued before the journal failed: never stepped, so
             self.stats.failed_batches += 1  # a refused tick changes no state (and no later save can keep it)
             self.stats.failed_ticks += len(batch)
             for _, fut, _ in batch:
-                refused = self.write_refusal()
-                if refused is not None and not fut.done():
-                    fut.set_exception(refused)
+                if not fut.done():
+                    fut.set_exception(journal.refusal())
             return
         ticks = [t for t, _, _ in batch]
         started = time.perf_counter_ns()
