@@ -57,7 +57,8 @@ from .csvformat import (
 )
 
 __all__ = ["CLASS_NAMES", "COLUMNS", "DATA_FILE_PATTERN", "MIN_SAMPLES_PER_CLASS", "DataFileNotFoundError", "MarketSeries",
-           "TickData", "class_counts", "class_warnings", "csv_bytes", "load_csv_files", "parse_time_ms", "resolve_data_file", "write_csv"]
+           "TickData", "class_counts", "class_warnings", "csv_bytes", "iso_ms", "load_csv_files", "parse_time_ms", "resolve_data_file",
+           "write_csv"]
 
 COLUMNS = ("timestamp", "market_id", "price", "volume")  # the header write_csv writes
 CLASS_NAMES = ("down", "flat", "up")
@@ -139,9 +140,11 @@ def _reverse_from(column: list[Any], start: int) -> None:
     column[start:] = column[start:][::-1]
 
 
-def _when(ms: int) -> str:
-    """A time in ms since the epoch as ISO 8601 UTC to the ms, for messages that name a row's time."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def iso_ms(ms: float) -> str:
+    """ms since the epoch as ISO 8601 UTC (``2020-01-02T15:30:00Z``; milliseconds only when not whole seconds)."""
+    dt = datetime.fromtimestamp(ms / 1000.0, UTC)
+    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{int(ms) % 1000:03d}Z" if int(ms) % 1000 else "Z")
 
 
 def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC) -> TickData:
@@ -237,8 +240,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                                     if ts < prev:  # 01:10 US/Eastern after 01:50: the repeated hour's second run
                                         later = repeated_hour_time(row, cols)
                                         if later is None or later < prev:
-                                            raise ValueError(f"time goes backwards for market {market!r} ({_when(ts)}"
-                                                             f" < {_when(prev)}; ms {ts} < {prev})")
+                                            raise ValueError(f"time goes backwards for market {market!r} ({iso_ms(ts)}"
+                                                             f" < {iso_ms(prev)}; ms {ts} < {prev})")
                                         ts, repeated = later, repeated + 1
                                     last_ts[code] = ts
                                 else:
@@ -249,10 +252,10 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                                         ts = later
                                     if ts > prev:
                                         raise ValueError(f"time goes forwards for market {market!r} in rows that run"
-                                                         f" newest first ({_when(ts)} > {_when(prev)}; ms {ts} > {prev})")
+                                                         f" newest first ({iso_ms(ts)} > {iso_ms(prev)}; ms {ts} > {prev})")
                                     if ts < before.get(code, 0):
-                                        raise ValueError(f"time goes backwards for market {market!r} ({_when(ts)} < its"
-                                                         f" last time {_when(before[code])} in an earlier file;"
+                                        raise ValueError(f"time goes backwards for market {market!r} ({iso_ms(ts)} < its"
+                                                         f" last time {iso_ms(before[code])} in an earlier file;"
                                                          f" ms {ts} < {before[code]})")
                                     repeated += second
                                 here[code] = ts

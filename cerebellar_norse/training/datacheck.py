@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,9 @@ import numpy as np
 from ..config import Config
 from ..errors import CerebellarNorseError
 from .csvformat import UNIT_WORDS, FileFormat
-from .data import CLASS_NAMES, MarketSeries, TickData
+from .data import CLASS_NAMES, MarketSeries, TickData, iso_ms
 
 SHOWN_BAD_ROWS = 10
-
-
-def iso_ms(ms: float) -> str:
-    """ms since the epoch as ISO 8601 UTC (``2020-01-02T15:30:00Z``; milliseconds only when not whole seconds)."""
-    dt = datetime.fromtimestamp(ms / 1000.0, UTC)
-    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
-    return text + (f".{int(ms) % 1000:03d}Z" if int(ms) % 1000 else "Z")
 
 
 def span(ms: float) -> str:
