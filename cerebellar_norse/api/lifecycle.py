@@ -92,8 +92,9 @@ def with_live_keys(running: Config, new: Config, live: list[str]) -> Config:
     return running.model_copy(update=update)
 
 
-def mixed_config_refusal(running: Config, new: Config) -> str | None:
-    """Why a reload to ``new`` must be refused because the config it would leave running is inconsistent, or None.
+def mixed_config_refusal(running: Config, new: Config, live: list[str], restart: list[str]) -> str | None:
+    """Why a reload to ``new`` must be refused because the config it would leave running is inconsistent, or None;
+    ``live`` and ``restart`` are its changed keys (:func:`split_changes`).
 
     A reload applies the live keys and keeps the restart-only ones at their running
     values: a file that is consistent as a whole (``queue_size = 100`` with
@@ -101,7 +102,6 @@ def mixed_config_refusal(running: Config, new: Config) -> str | None:
     with the running batch_size 256). The consistency checks of a start
     (:func:`~cerebellar_norse.config.consistency_problems`) are run on that mix.
     """
-    live, restart = split_changes(running, new)
     problems = consistency_problems(with_live_keys(running, new, live))
     if not problems:
         return None
@@ -113,11 +113,10 @@ def mixed_config_refusal(running: Config, new: Config) -> str | None:
             f"{'; '.join(str(p) for p in problems)}; restart the service to apply the file as a whole")
 
 
-def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]]:
-    """Apply the live-safe changes of ``new``; returns (applied keys, keys needing a restart)."""
-    live, restart = split_changes(state.cfg, new)
+def apply_reload(state: ServiceState, new: Config, live: list[str]) -> None:
+    """Apply the ``live`` keys of ``new`` (its changed keys a reload applies, :func:`split_changes`)."""
     if not live:
-        return [], restart
+        return
     state.cfg = with_live_keys(state.cfg, new, live)
     eng = state.engine
     eng.cfg = state.cfg
@@ -125,7 +124,6 @@ def apply_reload(state: ServiceState, new: Config) -> tuple[list[str], list[str]
     if "debug.record_requests" in live:
         eng.close_recording_if_off()  # "a file is closed when ... recording is switched off", not at the next batch
     logging.getLogger().setLevel(effective_level(state.cfg.logging))
-    return live, restart
 
 
 def serving_status(state: ServiceState, note: str = "") -> str:
@@ -164,12 +162,14 @@ def reload_config(state: ServiceState, path: str | None) -> None:
         log_always(log, logging.ERROR, "config reload refused, keeping the running config: %s", refusal)
         systemd.ready(serving_status(state, "last reload refused: auth would change"))
         return
-    refusal = mixed_config_refusal(state.cfg, new)
+    live, restart = split_changes(state.cfg, new)
+    refusal = mixed_config_refusal(state.cfg, new, live, restart)
     if refusal is not None:
         log_always(log, logging.ERROR, "config reload refused, keeping the running config: %s", refusal)
         systemd.ready(serving_status(state, "last reload refused: config inconsistent with the running one"))
         return
-    applied, restart = apply_reload(state, new)
+    apply_reload(state, new, live)
+    applied = list(live)  # less a level the environment overrides (below)
     overridden: list[str] = []
     forced = env_level()
     if forced is not None and "logging.level" in applied:
