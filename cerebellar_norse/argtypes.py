@@ -52,23 +52,24 @@ def seconds_up_to(high: float) -> Callable[[str], float]:
     return parse
 
 
+def _checked(text: str, check: Callable[[str], object]) -> str:
+    """``text`` as written, when ``check`` (which raises ValueError with the reason) accepts it; else a usage error."""
+    try:
+        check(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def time_arg(text: str) -> str:
     """An argparse type: a time as ``--since`` takes it (ms since the epoch or ISO 8601), kept as written."""
     from .training.csvformat import parse_time_ms
 
-    try:
-        parse_time_ms(text, "time")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    return _checked(text, lambda t: parse_time_ms(t, "time"))
 
 
 def zone_arg(text: str) -> str:
     """An argparse type: a zone as ``--timezone`` takes it (see :mod:`cerebellar_norse.timezones`), kept as written."""
     from .timezones import parse_zone
 
-    try:
-        parse_zone(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    return _checked(text, parse_zone)
