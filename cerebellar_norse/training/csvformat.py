@@ -36,9 +36,13 @@ other column is ignored:
   without pretty_px, prices are integers in units of 1e-9, scaled (:func:`databento_fixed_point`). A Databento
   order book (mbp-1, mbp-10: book events, actions A, C, M, R, beside trades) is read at the mid of ``bid_px_00``
   and ``ask_px_00``, the top of book after each event, whatever its ``price``; a row whose book lacks a side is
-  skipped, counted in ``Columns.skipped`` (:func:`databento_book_events`).
+  skipped, counted in ``Columns.skipped`` (:func:`databento_book_events`). A Databento market-by-order file (mbo: order
+  events keyed by ``order_id``, no top of book) has each instrument's book rebuilt from its events
+  (:mod:`.orderbook`) and is read at the mid of its best bid and best ask after each event's last record (flags
+  F_LAST); its other records, and events that leave the book without a side, are skipped (:func:`databento_mbo`).
 * volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``,
-  ``size``, ``qty``, ``quantity`` (in a Databento order book, a trade's ``size``, 0 for a book event); for quotes
+  ``size``, ``qty``, ``quantity`` (in a Databento order book, a trade's ``size``, 0 for a book event; in an mbo file
+  the ``size`` of an event's trades, T); for quotes
   without one, the sum of a bid and an ask volume column;
   then the first column whose name starts with ``volume``; without one every tick has
   volume 0, and an empty or ``-`` field is 0 (noted). A volume may end in K, M or B
@@ -88,6 +92,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 from ..timezones import zone_name
+from .orderbook import F_LAST, F_TOB, OrderBooks
 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
@@ -122,6 +127,15 @@ DATABENTO_BOOK_ACTIONS = frozenset("ACMR")
 DATABENTO_TRADE_ACTIONS = frozenset("TF")
 DATABENTO_TOP = ("bid_px_00", "ask_px_00")
 ONE_SIDED_BOOK = "the book lacks a side (bid_px_00 or ask_px_00 empty or UNDEF_PRICE: before the open, after a clear)"
+# Databento's market-by-order schema (mbo): order events keyed by order_id, no top-of-book columns; the book is rebuilt
+# from them (see databento_mbo and the orderbook module). Only T prints a trade: F is the resting order's side of the
+# same trade (Nasdaq's "Order Executed" becomes Trade, Fill, then Cancel), so counting it too would double the volume.
+MBO_FIELDS = frozenset(("action", "side", "order_id", "price", "size"))
+MBO_ACTIONS = "A, C, M, R, T, F, N"
+MBO_ONE_SIDED = "the book lacks a side (no bid or no ask order after its event: before the first orders, after a clear)"
+MBO_MID_EVENT = ("not the last record of its event (flags without F_LAST, 128): the book is consistent only after the"
+                 " last, whose tick carries the event's trades")
+_ORDER_SIDES = {"B": True, "A": False}  # an order's side: bid (True) or ask
 DATABENTO_UNDEF_PRICE = "9223372036854775807"
 FIXED_POINT_MIN = 10**6  # a price of 0.001 in Databento's units of 1e-9: a file of smaller whole prices is not theirs
 _FIXED_PRICE = re.compile(r"-?\d+")
@@ -187,6 +201,31 @@ _INF = math.inf
 
 
 @dataclass(slots=True)
+class MboColumns:
+    """Where a Databento mbo file's order-event columns are, and the books rebuilt from its rows so far."""
+
+    action: int
+    side: int
+    order_id: int
+    publisher: int
+    instrument: int | None  # instrument_id (each its own book); None: the market column keys the books
+    flags: int | None  # None: no flags column, every row is an event of its own
+    names: dict[int, str]  # column index -> header name, for errors
+    books: OrderBooks = field(default_factory=OrderBooks)
+    # (instrument, publisher) -> units traded so far in its event (rows without F_LAST), carried by the event's tick
+    pending: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def notes(self, path: Path) -> list[str]:
+        """What the file's books could not follow, for ``TickData.notes``."""
+        n = self.books.unknown_cancels
+        if not n:
+            return []
+        return [f"{path}: {n} {'cancel' if n == 1 else 'cancels'} (action C) of orders not in the book ignored: the"
+                " book was incomplete at the start (the file starts after those orders were placed, without a"
+                " snapshot)"]
+
+
+@dataclass(slots=True)
 class Columns:
     """Where one file's columns are (indexes into a row) and how its header spells them."""
 
@@ -223,6 +262,7 @@ class Columns:
     action: int | None = None  # Databento's action column of an order-book file (see databento_book_events): the
     # price is the mid of the row's own top of book, the volume a trade's size only
     action_name: str = ""
+    mbo: MboColumns | None = None  # a Databento mbo file (see databento_mbo): price the mid of its rebuilt book
     skipped: dict[str, int] = field(default_factory=dict)  # why -> rows skipped so (neither ticks nor bad rows)
     zone: tzinfo = UTC  # the zone of times written without an offset or zone (training.data_timezone)
     zone_used: bool = False  # a row's time was read in ``zone`` (not UTC) for want of an offset of its own
@@ -231,7 +271,8 @@ class Columns:
         """The fields of a row that are read (none when the row has the wrong field count)."""
         if len(row) != self.fields:
             return []
-        used = (self.time, self.clock, self.price, self.ask, self.volume, self.ask_volume, self.market, self.action)
+        used = (self.time, self.clock, self.price, self.ask, self.volume, self.ask_volume, self.market, self.action,
+                *(self.mbo.names if self.mbo is not None else ()))
         return [row[i] for i in used if i is not None]
 
     def describe(self, path: Path) -> FileFormat:
@@ -983,6 +1024,8 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
             cols.known_markets[raw] = market
         else:
             market = known
+    if cols.mbo is not None:
+        return _mbo_tick(row, cols, cols.mbo, ts, market)
     if cols.action is not None:
         book = _book_mid(row, cols)
         if book is None:
@@ -1055,6 +1098,85 @@ def _book_mid(row: list[str], cols: Columns) -> float | None:
     bid, ask = (_fixed_price(text, name) if cols.fixed_point else _price(text, name, cols.decimal_comma)
                 for text, name in zip(sides, (cols.price_name, cols.ask_name), strict=True))
     return 0.5 * (bid + ask)
+
+
+def _mbo_tick(row: list[str], cols: Columns, m: MboColumns, ts: int, market: str) -> tuple[int, str, float, float] | None:
+    """Apply a Databento mbo row's event to its instrument's book (see :mod:`.orderbook`); on the last record of an
+    event (flags F_LAST; every row without a flags column) the tick (ms, market, mid of the best bid and best ask over
+    the instrument's publishers, units traded by the event's T records). None, counted in ``cols.skipped``, for any
+    other record and for a book that lacks a side. ValueError, and no book changed, for a row that cannot be read."""
+    assert cols.volume is not None
+    flags = _mbo_flags(row, m)
+    instrument = market if m.instrument is None else row[m.instrument]
+    event = (instrument, row[m.publisher])
+    action = row[m.action].strip()
+    if action in ("A", "M", "C"):
+        _mbo_order(row, cols, m, event, action, flags)
+    elif action == "T":
+        m.pending[event] = m.pending.get(event, 0.0) + _volume(row[cols.volume], cols.volume_name, cols)
+    elif action == "R":
+        m.books.book(*event).clear()
+    elif action not in ("F", "N"):  # neither changes the book (the cancel that follows a fill does)
+        raise ValueError(f"{m.names[m.action]} {action!r} is not one of Databento's actions ({MBO_ACTIONS})")
+    if flags is not None and not flags & F_LAST:
+        cols.skipped[MBO_MID_EVENT] = cols.skipped.get(MBO_MID_EVENT, 0) + 1
+        return None
+    volume = m.pending.pop(event, 0.0)  # a skipped event's trades are not carried to a later one
+    top = m.books.top(instrument)
+    if top is None:
+        cols.skipped[MBO_ONE_SIDED] = cols.skipped.get(MBO_ONE_SIDED, 0) + 1
+        return None
+    return ts, market, 0.5 * (top[0] + top[1]), volume
+
+
+def _mbo_order(row: list[str], cols: Columns, m: MboColumns, event: tuple[str, str], action: str, flags: int | None) -> None:
+    """Apply an add (A), modify (M) or cancel (C) to the book of ``event`` (instrument, publisher); a top-of-book
+    record (F_TOB) sets its side's one price instead. ValueError, the book unchanged, for a field that cannot be
+    read."""
+    assert cols.volume is not None
+    text = row[m.side].strip()
+    bid = _ORDER_SIDES.get(text)
+    if bid is None:
+        raise ValueError(f"{m.names[m.side]} {text!r} is not B (bid) or A (ask), as the side of action {action} must be")
+    size = _volume(row[cols.volume], cols.volume_name, cols)
+    if flags is not None and flags & F_TOB and action != "C":
+        price = None if _no_price(row[cols.price], cols) else _order_price(row, cols)
+        m.books.book(*event).top_of_book(bid, price)
+        return
+    text = row[m.order_id].strip()
+    try:
+        order_id = int(text)
+    except ValueError:
+        raise ValueError(f"{m.names[m.order_id]} {text!r} is not an order id (a whole number)") from None
+    if action == "C":
+        m.books.cancel(*event, order_id, size)
+    else:
+        m.books.book(*event).place(order_id, bid, _order_price(row, cols), size)
+
+
+def _order_price(row: list[str], cols: Columns) -> float:
+    """The price of an mbo row's order (fixed point or as written, as the file's prices are); ValueError naming the
+    column for none (UNDEF_PRICE, empty) or a bad one."""
+    text = row[cols.price]
+    if cols.fixed_point:
+        return _fixed_price(text, cols.price_name)
+    if not text.strip():
+        raise ValueError(f"{cols.price_name} is empty (an order needs a price)")
+    return _price(text, cols.price_name, cols.decimal_comma)
+
+
+def _mbo_flags(row: list[str], m: MboColumns) -> int | None:
+    """A Databento mbo row's flags (a bit field, 0-255); None without a flags column; ValueError naming it otherwise."""
+    if m.flags is None:
+        return None
+    text = row[m.flags]
+    try:
+        flags = int(text)
+    except ValueError:
+        flags = -1
+    if not 0 <= flags <= 255:
+        raise ValueError(f"{m.names[m.flags]} {text.strip()!r} is not Databento's flags (a whole number 0-255)")
+    return flags
 
 
 def _price(text: str, name: str, decimal_comma: bool) -> float:
@@ -1194,6 +1316,39 @@ def databento_book_events(path: Path, header: list[str], cols: Columns, sample_r
     volume = f", volume the {cols.volume_name} of trades (T, F) only" if cols.volume is not None else ""
     return (f"{path}: Databento order-book events ({shown[action]} {', '.join(book)}): price is the mid of"
             f" {shown[bid]} and {shown[ask]} after each event{volume}; a row whose book lacks a side is skipped")
+
+
+def databento_mbo(path: Path, header: list[str], cols: Columns) -> str | None:
+    """A note, with ``cols.mbo`` set (price ``price``, volume ``size``), for a Databento market-by-order file: its
+    header names ``rtype``, ``publisher_id``, ``action``, ``side``, ``order_id``, ``price`` and ``size``, and no
+    ``bid_px_00`` (an mbp file's top of book). Its rows rebuild each instrument's book (one per ``instrument_id``,
+    else per market, and per ``publisher_id``; see :mod:`.orderbook`), and a tick is the mid of the best bid and ask
+    after each event's last record (``flags`` F_LAST; every row when the file has no ``flags`` column), with the
+    size of the event's trades (T) as volume. None, nothing set, for any other file."""
+    shown = [header_name(h) for h in header]
+    names = [_match_name(s) for s in shown]
+    if not set(names) >= DATABENTO_FIELDS | MBO_FIELDS or DATABENTO_TOP[0] in names:
+        return None
+
+    def index(name: str) -> int:
+        i = _find_column(path, names, shown, (name,), name, True)  # DataError for a column named twice
+        assert i is not None
+        return i
+
+    action, side, order_id, publisher, price, size = (
+        index(n) for n in ("action", "side", "order_id", "publisher_id", "price", "size"))
+    instrument, flags = (_find_column(path, names, shown, (n,), n, False) for n in ("instrument_id", "flags"))
+    cols.price, cols.price_name, cols.ask, cols.ask_name = price, shown[price], None, ""
+    cols.volume, cols.volume_name, cols.ask_volume, cols.ask_volume_name = size, shown[size], None, ""
+    used = (action, side, order_id, publisher, instrument, flags)
+    cols.mbo = MboColumns(action, side, order_id, publisher, instrument, flags,
+                          {i: shown[i] for i in used if i is not None})
+    last = (f"after each event's last record ({shown[flags]} F_LAST, 128)" if flags is not None
+            else "after each row (no flags column: each row is an event)")
+    return (f"{path}: Databento market-by-order events (mbo): each instrument's book is rebuilt from its orders"
+            f" ({shown[action]} A, C, M, R; one book per {shown[publisher]}, the best bid and ask over them); price is"
+            f" the mid of the best bid and best ask {last}, volume the {shown[size]} of trades (T) only; a row whose"
+            " book lacks a side is skipped")
 
 
 def databento_fixed_point(path: Path, header: list[str], cols: Columns, sample_rows: int = 1000) -> str | None:
@@ -1503,7 +1658,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")
     cols.delimiter = delimiter
-    book_note = databento_book_events(path, header, cols)
+    book_note = databento_book_events(path, header, cols) or databento_mbo(path, header, cols)
     if book_note:
         notes.append(book_note)
     fixed_note = databento_fixed_point(path, header, cols)

@@ -8,8 +8,9 @@ A missing optional column, a time unit other than ms, quotes read as their mid, 
 times within 1970-01-01 that might be seconds, or times without an offset read in a zone
 other than UTC (``load_csv_files``' ``zone``), is recorded in ``TickData.notes`` as
 ``file: …``. Rows that are neither ticks nor bad (a Databento order book without a bid or an
-ask) are skipped, counted per reason in a note and in ``TickData.skipped_rows``. A header without a time or a price column, or
-naming a used column twice, fails at once with ``file:1: …``.
+ask, a Databento mbo record before its event's last) are skipped, counted per reason in a note and in
+``TickData.skipped_rows``. A header without a time or a price column, or naming a used column twice, fails at once
+with ``file:1: …``.
 
 A file's rows may run oldest first or newest first (as some downloads write them): a
 file is read as newest first (a note says so) when, in its first 10,000 rows, more of
@@ -304,6 +305,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
             for why, count in cols.skipped.items():
                 skips[why] = skips.get(why, 0) + count
                 notes.append(f"{path}: {count} {'row' if count == 1 else 'rows'} skipped: {why}")
+            if cols.mbo is not None:
+                notes += cols.mbo.notes(path)
             if cols.blank_volumes:
                 rows_word = "row" if cols.blank_volumes == 1 else "rows"
                 named = cols.volume_name + (f" or {cols.ask_volume_name}" if cols.ask_volume is not None else "")

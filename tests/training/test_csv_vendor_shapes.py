@@ -347,7 +347,7 @@ def test_databento_tbbo_stays_read_at_its_trades(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("head", [MBP_HEAD.replace("rtype,publisher_id,", "kind,venue,"),  # another vendor's
-                                  MBP_HEAD.replace("bid_px_00,ask_px_00", "bid_px,ask_px")])  # no top of book (mbo)
+                                  MBP_HEAD.replace("bid_px_00,ask_px_00", "bid_px,ask_px")])  # no top of book, no order_id
 def test_an_action_column_alone_does_not_make_an_order_book(tmp_path: Path, head: str) -> None:
     rows = [f"{DBN_NS + k * 10**9},{DBN_NS},1,1,5482,{a},B,0,{px},{sz},0,0,{k},4108.25,4108.75,5,7,1,1"
             for k, (a, px, sz) in enumerate([("A", "4108.25", 5), ("C", "4108.0", 2), ("T", "4108.5", 1)])]

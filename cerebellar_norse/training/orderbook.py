@@ -1,0 +1,177 @@
+"""Order books rebuilt from Databento's market-by-order (mbo) events, for the best bid and best ask after each event.
+
+Databento's mbo schema has no top-of-book columns: each record is one order event (action ``A`` add, ``C`` cancel,
+``M`` modify, ``R`` clear the book, ``T`` trade, ``F`` fill, ``N`` none), keyed by its order id, on one instrument
+at one publisher (venue). Following Databento's own book-building examples:
+
+* ``A`` rests an order (``side`` ``B`` bid or ``A`` ask, ``price``, ``size``); ``M`` changes an existing order's
+  price and/or size, and acts as an add for an order not in the book; an add of an order already resting replaces it.
+* ``C`` removes ``size`` from an order, the whole order when nothing is left (never below zero); a cancel of an
+  order not in the book (a file that starts after the order was placed, without a snapshot) changes nothing and is
+  counted in :attr:`OrderBooks.unknown_cancels`.
+* ``R`` empties the book of that instrument at that publisher (the start of a snapshot or a session).
+* ``T``, ``F`` and ``N`` do not change the book: the cancels and modifies that go with a trade do.
+* A top-of-book record (flag ``F_TOB``, as Databento writes the mbo of venues that publish only their best bid and
+  offer) replaces its whole side with that one price, or empties the side when it has no price.
+
+Each instrument has one book per publisher; its best bid is the highest best bid over its publishers' books, its best
+ask the lowest best ask (as Databento's consolidated examples take the BBO of a dataset such as DBEQ.BASIC).
+
+Prices are in quote currency (already scaled by the caller, e.g. from Databento's fixed-point units of 1e-9); sizes in
+traded units. Memory is O(live orders): an order leaves the book with its last unit.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+F_LAST = 128  # last record of an event for its instrument: the book is consistent only after it
+F_TOB = 64  # a top-of-book record (the side's best price and nothing deeper), not an individual order
+F_SNAPSHOT = 32  # a record of a snapshot (a clear, then an add per resting order)
+F_BAD_TS_RECV = 8  # ts_recv inaccurate (snapshot records carry the snapshot's generation time)
+
+_COMPACT_SLACK = 64  # stale heap entries tolerated beyond the live levels before the heap is rebuilt
+
+
+class BookSide:
+    """One side of a book: price -> number of orders resting there, and the best price (highest bid, lowest ask).
+
+    The best is the top of a heap of level prices; a level that empties stays in the heap until it reaches the top
+    (then dropped), and the heap is rebuilt from the live levels when stale entries outnumber them, so memory stays
+    O(live levels)."""
+
+    __slots__ = ("_heap", "_sign", "levels")
+
+    def __init__(self, bids: bool) -> None:
+        self.levels: dict[float, int] = {}
+        self._heap: list[float] = []  # prices times _sign: the top is the best
+        self._sign = -1.0 if bids else 1.0
+
+    def add(self, price: float) -> None:
+        """One more order at ``price``."""
+        count = self.levels.get(price)
+        if count is not None:
+            self.levels[price] = count + 1
+            return
+        self.levels[price] = 1
+        heapq.heappush(self._heap, self._sign * price)
+        if len(self._heap) > 2 * len(self.levels) + _COMPACT_SLACK:
+            self._heap = [self._sign * p for p in self.levels]
+            heapq.heapify(self._heap)
+
+    def remove(self, price: float) -> None:
+        """One order fewer at ``price`` (which holds one)."""
+        count = self.levels[price] - 1
+        if count:
+            self.levels[price] = count
+        else:
+            del self.levels[price]
+
+    def best(self) -> float | None:
+        """The best price with an order resting, None for an empty side."""
+        heap, levels = self._heap, self.levels
+        while heap:
+            price = self._sign * heap[0]
+            if price in levels:
+                return price
+            heapq.heappop(heap)
+        return None
+
+    def clear(self) -> None:
+        """No orders on this side."""
+        self.levels.clear()
+        self._heap.clear()
+
+
+class Book:
+    """The orders of one instrument at one publisher: order id -> (bid, price, size left), and both sides' levels."""
+
+    __slots__ = ("asks", "bids", "orders")
+
+    def __init__(self) -> None:
+        self.orders: dict[int, tuple[bool, float, float]] = {}
+        self.bids = BookSide(bids=True)
+        self.asks = BookSide(bids=False)
+
+    def _side(self, bid: bool) -> BookSide:
+        return self.bids if bid else self.asks
+
+    def place(self, order_id: int, bid: bool, price: float, size: float) -> None:
+        """An add or a modify: the order rests at ``price`` with ``size`` (units), replacing any order of that id."""
+        old = self.orders.get(order_id)
+        if old is not None:
+            self._side(old[0]).remove(old[1])
+        self.orders[order_id] = (bid, price, size)
+        self._side(bid).add(price)
+
+    def cancel(self, order_id: int, size: float) -> bool:
+        """``size`` units fewer in the order, which leaves the book when none are left; False, nothing changed, for
+        an order not in the book."""
+        order = self.orders.get(order_id)
+        if order is None:
+            return False
+        bid, price, left = order
+        left -= size
+        if left > 0:
+            self.orders[order_id] = (bid, price, left)
+        else:
+            del self.orders[order_id]
+            self._side(bid).remove(price)
+        return True
+
+    def top_of_book(self, bid: bool, price: float | None) -> None:
+        """A top-of-book record: the side holds only ``price`` (nothing when None), no individual orders."""
+        side = self._side(bid)
+        if self.orders:
+            self.orders = {k: o for k, o in self.orders.items() if o[0] != bid}
+        side.clear()
+        if price is not None:
+            side.add(price)
+
+    def clear(self) -> None:
+        """An empty book (action R)."""
+        self.orders.clear()
+        self.bids.clear()
+        self.asks.clear()
+
+
+class OrderBooks:
+    """The books of every instrument in a file, one per publisher, and the best bid and ask of each instrument.
+
+    Instruments and publishers are keys as the file writes them (``instrument_id``, ``publisher_id``)."""
+
+    __slots__ = ("_books", "unknown_cancels")
+
+    def __init__(self) -> None:
+        self._books: dict[str, dict[str, Book]] = {}
+        self.unknown_cancels = 0  # cancels of orders not in the book (ignored)
+
+    def book(self, instrument: str, publisher: str) -> Book:
+        """The book of ``instrument`` at ``publisher`` (empty at first)."""
+        books = self._books.get(instrument)
+        if books is None:
+            books = self._books[instrument] = {}
+        book = books.get(publisher)
+        if book is None:
+            book = books[publisher] = Book()
+        return book
+
+    def cancel(self, instrument: str, publisher: str, order_id: int, size: float) -> None:
+        """Action C (see :meth:`Book.cancel`); counted in ``unknown_cancels`` when the order is not in the book."""
+        if not self.book(instrument, publisher).cancel(order_id, size):
+            self.unknown_cancels += 1
+
+    def top(self, instrument: str) -> tuple[float, float] | None:
+        """The best bid and best ask of ``instrument`` over its publishers (quote currency); None when no publisher
+        has a bid or none has an ask."""
+        bid: float | None = None
+        ask: float | None = None
+        for book in self._books.get(instrument, {}).values():
+            b, a = book.bids.best(), book.asks.best()
+            if b is not None and (bid is None or b > bid):
+                bid = b
+            if a is not None and (ask is None or a < ask):
+                ask = a
+        if bid is None or ask is None:
+            return None
+        return bid, ask
