@@ -1,7 +1,8 @@
 """How the command-line tools word a failed HTTP call: one line naming the call, the cause and the fix.
 
 Shared by the debugging commands (``state dump``, ``trace``, ``plot-market``,
-``debug-bundle``) and the scale-out tools (``rebalance``, ``rollout``). It imports
+``debug-bundle``) and the scale-out tools (``rebalance``, ``rollout``), which also get their
+client with its bearer token here (:func:`client`). It imports
 httpx only inside the functions that need its exception classes, and never numpy or
 the network modules, so that the scale-out tools stay light.
 """
@@ -16,6 +17,19 @@ if TYPE_CHECKING:
 
 BODY_LIMIT = 200  # characters of an answer's body quoted in an error message
 E = TypeVar("E", bound=Exception)
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    """The ``Authorization: Bearer <token>`` header; no header for no (or an empty) token."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def client(token: str | None, timeout_s: float) -> httpx.Client:
+    """An ``httpx.Client`` sending ``token`` as a bearer token on every call; ``timeout_s``: seconds each call
+    waits (to connect, to send, for each part of the answer)."""
+    import httpx
+
+    return httpx.Client(timeout=timeout_s, headers=bearer(token))
 
 
 def request_errors() -> tuple[type[BaseException], ...]:

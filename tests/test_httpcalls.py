@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from cerebellar_norse.errors import CerebellarNorseError
-from cerebellar_norse.httpcalls import answer_message, call_failure, one_line, request, request_failure
+from cerebellar_norse.httpcalls import answer_message, call_failure, client, one_line, request, request_failure
 
 URL = "http://127.0.0.1:8081"
 
@@ -68,3 +68,13 @@ def test_request_raises_the_callers_error_for_an_http_error_status() -> None:
         assert request(http, "GET", f"{URL}/ok", CallFailedError).json() == {"active": "v1"}
         with pytest.raises(CallFailedError, match=r"^POST http://127.0.0.1:8081/x: HTTP 409: another network$"):
             request(http, "POST", f"{URL}/x", CallFailedError)
+
+
+def test_client_sends_the_token_as_a_bearer_header_and_waits_timeout_seconds() -> None:
+    with client("s3cret", 2.5) as http:
+        assert http.headers["Authorization"] == "Bearer s3cret"
+        assert http.timeout.read == 2.5
+        assert http.timeout.connect == 2.5
+    for no_token in (None, ""):
+        with client(no_token, 1.0) as http:
+            assert "Authorization" not in http.headers

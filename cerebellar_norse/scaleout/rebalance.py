@@ -44,7 +44,7 @@ from urllib.parse import quote
 import httpx
 
 from ..errors import CerebellarNorseError, InputError
-from ..httpcalls import request
+from ..httpcalls import client, request
 from . import REPLICA_TIMEOUT_S
 from .haproxy import BACKEND, Replica, RuntimeAPI, parse_replica
 from .ring import Ring
@@ -109,8 +109,7 @@ class Replicas:
 
     def __init__(self, token: str | None, timeout_s: float = REPLICA_TIMEOUT_S) -> None:
         """``timeout_s``: seconds each call waits for a replica (to connect, to send, for each part of the answer)."""
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(timeout=timeout_s, headers=headers)
+        self.http = client(token, timeout_s)
 
     def close(self) -> None:
         """Close the connections."""

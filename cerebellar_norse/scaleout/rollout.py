@@ -25,7 +25,7 @@ import httpx
 
 from ..config import Config
 from ..errors import CerebellarNorseError, InputError
-from ..httpcalls import request
+from ..httpcalls import client, request
 from ..training.archive import MEDIA_TYPE, pack_model
 from ..training.checkpoints import ModelStore, check_version
 from . import ROLLOUT_TIMEOUT_S
@@ -59,9 +59,8 @@ def rollout(version: str, archive: bytes, replicas: list[str], token: str | None
 
     ``timeout_s``: seconds each call waits for a replica (to connect, to send, for each part of the answer).
     """
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     say = log or (lambda msg: None)
-    with httpx.Client(headers=headers, timeout=timeout_s) as http:
+    with client(token, timeout_s) as http:
         for url in replicas:
             _call(http, "PUT", f"{url}/models/{version}", content=archive, headers={"Content-Type": MEDIA_TYPE})
             say(f"staged {version} on {url}")
