@@ -236,12 +236,13 @@ def current_degradation(state: ServiceState) -> Degradation | None:
 
 
 def current_reason(state: ServiceState) -> str | None:
-    """The reason /health gives while the served model is degraded, or None; it names the models stored now."""
+    """The reason /health gives while the served model is degraded, or None; it names the models stored now
+    (by any process: ``cerebellar-norse train`` into the same state dir too)."""
     d = current_degradation(state)
     if d is None:
         return None
     stored: list[str] = []
     if d.untrained_seed is not None and state.store is not None:
         with contextlib.suppress(OSError):  # unreadable: worded as when nothing is stored
-            stored = state.store.versions()
+            stored = state.store.versions_now()  # listed again only when the models directory changed
     return reason(d, stored)

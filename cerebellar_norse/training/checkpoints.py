@@ -47,6 +47,9 @@ WEIGHT_FIELDS = ("mg_idx", "mg_w", "pf_pre", "pf_w", "pc_bias", "w_md", "w_pd", 
 # The [neural] keys that define the network's shape and dynamics: a model is only
 # loadable into a service whose config agrees on them.
 HEAD_FIELDS = ("head_gain", "head_bias")
+# How long (ns) after the models directory last changed before a listing of it is kept: a change within the
+# filesystem's timestamp granularity (a clock tick; 2 s on FAT) can leave its st_mtime_ns as it was.
+SETTLED_NS = 2_000_000_000
 SHAPE_KEYS = ("mossy_size", "granule_size", "granule_dendrites", "purkinje_size", "connections_per_neuron", "dcn_size",
               "steps_per_tick", "dt_ms", "precision")
 
@@ -258,12 +261,33 @@ class ModelStore:
         self.fallback: str | None = None  # set by load_for_service: why the active model is not the one served
         self.active_problem: str | None = None  # set by active_version: why models/ACTIVE names no version
         self.refused: dict[str, str] = {}  # set by load_for_service: the versions it passed over, and why
+        self._listing: tuple[tuple[int, int], list[str]] | None = None  # (inode, st_mtime_ns) of root, versions()
 
     def versions(self) -> list[str]:
         """Stored versions (complete directories), oldest first."""
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != ACTIVE)
+
+    def versions_now(self) -> list[str]:
+        """:meth:`versions`, listed again only when the models directory changed since the last listing (its inode or
+        ``st_mtime_ns``: one stat per call); models stored by another process are seen as soon as they are complete.
+
+        A model is stored by renaming its directory into ``root``, which changes ``root``'s mtime. A listing taken
+        within ``SETTLED_NS`` of that mtime is not kept: a later change in the same timestamp tick may not show.
+        """
+        try:
+            st = self.root.stat()
+        except FileNotFoundError:
+            self._listing = None
+            return []
+        key = (st.st_ino, st.st_mtime_ns)
+        if self._listing is not None and self._listing[0] == key:
+            return list(self._listing[1])
+        stored = self.versions()
+        settled = time.time_ns() - st.st_mtime_ns >= SETTLED_NS
+        self._listing = (key, stored) if settled else None
+        return list(stored)
 
     def clean_partial(self) -> list[str]:
         """Remove ``.tmp-*`` directories left by killed writers; returns their names.
