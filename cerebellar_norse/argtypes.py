@@ -62,10 +62,29 @@ def _checked(text: str, check: Callable[[str], object]) -> str:
 
 
 def time_arg(text: str) -> str:
-    """An argparse type: a time as ``--since`` takes it (ms since the epoch or ISO 8601), kept as written."""
+    """An argparse type: a time as ``--since`` takes it (ms since the epoch or ISO 8601), kept as written.
+
+    A time without an offset is checked here in UTC (a type sees no other option); in the zone of ``--timezone``
+    it is checked after parsing, by :func:`zoned_time_problem`.
+    """
     from .training.csvformat import parse_time_ms
 
     return _checked(text, lambda t: parse_time_ms(t, "time"))
+
+
+def zoned_time_problem(text: str, zone_text: str) -> str | None:
+    """Why ``text`` (a value :func:`time_arg` accepted) is no time when one without an offset is read in the zone
+    ``zone_text`` (a value :func:`zone_arg` accepted, as ``--timezone`` gives it): a wall-clock time the zone skips
+    when its clocks go forward, or one outside 1970..2100 there; None when it is a time. A time of the hour a zone
+    repeats is its first occurrence, as in the tick files."""
+    from .timezones import parse_zone
+    from .training.csvformat import parse_time_ms
+
+    try:
+        parse_time_ms(text, "time", parse_zone(zone_text))
+    except ValueError as exc:
+        return f"in --timezone {zone_text}, {exc}"
+    return None
 
 
 def zone_arg(text: str) -> str:

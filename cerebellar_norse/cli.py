@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .argtypes import int_in, non_negative, time_arg, zone_arg
+from .argtypes import int_in, non_negative, time_arg, zone_arg, zoned_time_problem
 from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError, StorageError
 from .scaleout.cli import add_parsers as add_scaleout_parsers
 from .scaleout.cli import commands as scaleout_commands
@@ -91,11 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
     ev.add_argument("--model", metavar="VERSION", help="stored model version (default: the active model)")
     ev.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with plots")
-    ev.add_argument("--since", metavar="TIME", type=time_arg, help="score only ticks at or after TIME (ms or ISO 8601); earlier ones warm the network up")
+    ev.add_argument("--since", metavar="TIME", type=time_arg,
+                    help="score only ticks at or after TIME (ms or ISO 8601; one without an offset in the files' zone, "
+                         "the first of an hour it repeats, refused in an hour it skips); earlier ones warm the network up")
     ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost per trade in basis points for the P&L, 0 to 10000 (default 0)")
     ev.add_argument("--bootstrap", type=int_in(0, MAX_BOOTSTRAP), default=1000,
                     help=f"bootstrap resamples of the 95%% intervals, 0 (none) to {MAX_BOOTSTRAP} (default 1000)")
     _add_timezone(ev, " and of a --since TIME without one")
+    ev.set_defaults(after_parse=_times_in_zone(ev, "--since"))
     ev.add_argument("--json", action="store_true", help="print one JSON object")
 
     ix = sub.add_parser("inspect-data", help="how tick CSV files are read: columns, formats, bad and skipped rows, markets")
@@ -177,6 +180,23 @@ def _add_timezone(parser: argparse.ArgumentParser, more: str = "") -> None:
                         help="zone of the files' times written without an offset or zone" + more + ": UTC, an IANA name"
                              " (America/New_York) or a fixed offset (-05:00, UTC+02:00); overrides"
                              " training.data_timezone (default UTC)")
+
+
+def _times_in_zone(parser: argparse.ArgumentParser, *flags: str) -> Callable[[argparse.Namespace], None]:
+    """A check run once the command line is parsed: each time option of ``flags`` given without an offset must be a
+    time in the zone of ``--timezone`` (a usage error of ``parser``, exit 2, otherwise). Their types check the time
+    alone, in UTC: a type does not see ``--timezone``, which may come after it."""
+
+    def check(args: argparse.Namespace) -> None:
+        if args.timezone is None:  # the config's training.data_timezone is checked when the command reads it
+            return
+        for flag in flags:
+            text = getattr(args, flag.removeprefix("--").replace("-", "_"))
+            problem = None if text is None else zoned_time_problem(text, args.timezone)
+            if problem is not None:
+                parser.error(f"argument {flag}: {problem}")
+
+    return check
 
 
 def _err(msg: str) -> None:
@@ -431,6 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     misused = _misused_flag(args)
     if misused is not None:
         parser.error(misused)
+    after_parse = getattr(args, "after_parse", None)  # a command's checks of options against each other
+    if after_parse is not None:
+        after_parse(args)
     for flag, value in (("--verify-data", args.verify_data), ("--validate-model", args.validate_model)):
         if value is not None and not value.strip():
             _err(f"{flag}: empty directory name (fix: pass the directory to check, e.g. /var/lib/cerebellar-norse/)")

@@ -87,6 +87,40 @@ def test_a_bad_value_is_a_usage_error_not_a_failed_check(argv: list[str], flag: 
     assert len(lines) == 1 and f"argument {flag}:" in lines[0] and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("argv", [
+    ["--since", "2024-03-10T02:30:00", "--timezone", "America/New_York"],
+    ["--timezone", "America/New_York", "--since", "2024-03-10 02:30"],
+])
+def test_a_since_the_timezone_skips_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A time of the hour the clocks skip passed the UTC check of parsing and was refused later, with exit 1."""
+    monkeypatch.setattr(cli, "_cmd_evaluate", lambda args: pytest.fail("evaluating a time that does not exist"))
+    code, out, err = run(capsys, "evaluate", "x.csv", *argv)
+    assert code == 2 and out == "", (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("cerebellar-norse evaluate: error: argument --since: in --timezone America/New_York, "
+                               "time '2024-03-10"), err
+    assert "does not exist in America/New_York: the clocks go forward by 1:00:00" in lines[0], err
+
+
+def test_a_since_before_1970_in_the_timezone_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "evaluate", "x.csv", "--timezone", "+05:00", "--since", "1970-01-01T01:00")  # 20:00Z
+    assert code == 2 and out == "" and "argument --since: in --timezone +05:00, time '1970-01-01T01:00'" in err, err
+
+
+@pytest.mark.parametrize("since", ["2024-11-03T01:30", "2024-03-10T02:30:00-05:00", "1710052200000"])
+def test_a_since_of_the_repeated_hour_or_with_an_offset_reaches_the_command(since: str,
+                                                                             capsys: pytest.CaptureFixture[str],
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hour the clocks repeat is read as its first occurrence (as in the files), not refused; a time with its own
+    offset, or ms, is no wall-clock time of the zone."""
+    seen: list[str] = []
+    monkeypatch.setattr(cli, "_cmd_evaluate", lambda args: seen.append(args.since) or 0)
+    code, _, err = run(capsys, "evaluate", "x.csv", "--timezone", "America/New_York", "--since", since)
+    assert code == 0 and seen == [since], err
+
+
 @pytest.mark.parametrize("command", [
     ["state", "dump", "--market", "M"],
     ["trace", "--slow", "3"],
