@@ -72,7 +72,7 @@ from .persistence import (
     snapshot_pool,
 )
 from .pipeline import StepBuffers, step_ticks, tick_results, warm_step
-from .pool import StatePool
+from .pool import Bookkeeping, StatePool
 from .recorder import TickRecorder
 from .records import BatchRecord, EngineSnapshot, PoolFigures, RecordSink, TickResult
 from .selfeval import LiveScorer
@@ -317,13 +317,18 @@ class Engine:
         read-only disk, a journal that failed before) the swap is undone, the markets a
         reset released included, and the error raised: the model and the states the
         service saves at shutdown are then those it had, never those of a refused swap.
+        The undo also keeps each market's slot and recency (least recently used first, and
+        its last-use time, which idle eviction reads) and the online learner with its pending
+        predictions and counts.
         """
         refused = self.write_refusal()
         if refused is not None:  # the swap could not be made durable: change nothing
             raise refused
         journal = self.journal
         before = (self.weights, self.model_version)
+        learner = self.learner
         kept = self.snapshot_state() if reset_states and journal is not None else None
+        bookkeeping = self.pool.table.bookkeeping() if kept is not None else None
         self._use_model(weights, model_version)
         if reset_states:
             table = self.pool.table
@@ -339,13 +344,22 @@ class Engine:
             journal.model_changed()
         except BaseException:
             self._use_model(*before)
-            if kept is not None:
-                for j, market in enumerate(kept.markets):
-                    slot = self.pool.table.acquire(market)
-                    self.arrays.write_slot(slot, {name: arr[j] for name, arr in kept.arrays.items()})
-                if kept.markets:
-                    self.backend.sync_from_host()
+            self.learner = learner
+            if kept is not None and bookkeeping is not None:
+                self._put_back(kept, bookkeeping)
             raise
+
+    def _put_back(self, kept: PoolSnapshot, bookkeeping: Bookkeeping) -> None:
+        """Every market a refused swap's reset released, back in its own slot with its state (``kept``) and its place
+        and last-use time in the table (``bookkeeping``, taken with ``kept``)."""
+        table = self.pool.table
+        table.put_back(bookkeeping)
+        for j, market in enumerate(kept.markets):
+            slot = table.get(market)
+            assert slot is not None  # bookkeeping holds every market of the snapshot
+            self.arrays.write_slot(slot, {name: arr[j] for name, arr in kept.arrays.items()})
+        if kept.markets:
+            self.backend.sync_from_host()
 
     def reset_market(self, market_id: str) -> bool:
         """Forget one market's state (its next tick starts from rest); False when it holds no state.

@@ -15,6 +15,10 @@ from collections.abc import Callable
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import StateArrays
 
+# SlotTable.bookkeeping(): market -> slot in LRU order, free slots, last-use times (time.monotonic(), s), evictions,
+# the last market evicted
+Bookkeeping = tuple[OrderedDict[str, int], list[int], dict[str, float], int, str | None]
+
 
 class SlotTable:
     """Maps market ids to slots with LRU eviction. Not thread-safe: one owner at a time.
@@ -104,11 +108,11 @@ class SlotTable:
         """(market, slot) pairs, least recently used first."""
         return list(self._slots.items())
 
-    def bookkeeping(self) -> tuple[OrderedDict[str, int], list[int], dict[str, float], int, str | None]:
+    def bookkeeping(self) -> Bookkeeping:
         """A copy of which market holds which slot, in LRU order, with the free slots and counters (for :meth:`put_back`)."""
         return OrderedDict(self._slots), list(self._free), dict(self._last_used), self.evictions, self.last_evicted
 
-    def put_back(self, saved: tuple[OrderedDict[str, int], list[int], dict[str, float], int, str | None]) -> None:
+    def put_back(self, saved: Bookkeeping) -> None:
         """Undo every acquire and eviction since :meth:`bookkeeping` (slots are not reset: restore their states too).
 
         Nothing is told to ``on_release``: the markets are as they were, not released.

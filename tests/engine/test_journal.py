@@ -17,6 +17,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from engine_helpers import T0, ConfigFactory, StreamFactory, assert_same_state, 
 
 from cerebellar_norse.config import Config
 from cerebellar_norse.engine import journal as journal_mod
+from cerebellar_norse.engine import pool as pool_mod
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.handover import export_market, import_market
 from cerebellar_norse.engine.journal import HEADER_SIZE, JOURNAL_DIR, MAGIC, Durability, SegmentReader, list_segments
@@ -282,6 +284,39 @@ async def test_a_swap_whose_checkpoint_fails_changes_nothing(journaled: tuple[Co
     assert_same_pool(e2, twin)
     state_dir = Path(cfg.paths.state_dir)
     assert not list(state_dir.glob("**/*.foreign-*")) and not list(state_dir.glob("**/*.corrupt-*"))
+
+
+@pytest.mark.parametrize("reset", [False, True])
+async def test_a_refused_swap_keeps_each_markets_last_use_and_the_pending_learning(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
+    """The undo gave the markets a reset released their LRU order back but stamped each as used at the undo (idle
+    eviction then spared a market idle for long), and a new learner dropped the pending predictions and the counts."""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=3, garbage_collection_threshold=1.0,
+                        training={"online_learning": True})
+    clock = [0.0]  # the pool's time.monotonic(), s
+    monkeypatch.setattr(pool_mod, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    opened: list[Durability] = []
+    try:
+        e, _ = start(cfg, opened)
+        for k, market in enumerate("ABC"):  # A last used at 0 s, B at 100 s, C at 200 s
+            clock[0] = 100.0 * k
+            for j in range(12):  # more than horizon_ticks (10): some predictions are judged
+                await e.submit(tick(market, T0 + 100 * k + j, price=100.0 + j % 3))
+        learner = e.learner
+        assert learner is not None and learner.judged > 0
+        pending = {m: list(q) for m, q in learner.pending.items()}
+        judged, table = learner.judged, e.pool.table.bookkeeping()
+        clock[0] = 250.0
+        monkeypatch.setattr(os, "posix_fallocate", disk_full)
+        with pytest.raises(StorageError):
+            e.set_weights(generate_weights(cfg), "v2", reset_states=reset)
+        assert e.learner is learner and learner.judged == judged
+        assert {m: list(q) for m, q in learner.pending.items()} == pending
+        assert e.pool.table.bookkeeping() == table  # slots, LRU order, last-use times
+        assert e.pool.table.evict_idle(1, 120.0, now=300.0) == ["A", "B"]  # idle 300 s and 200 s; C only 100 s
+    finally:
+        for d in opened:
+            crash(d)
 
 
 @pytest.mark.parametrize("after", [0, 5])
