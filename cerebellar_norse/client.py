@@ -62,6 +62,7 @@ from .errors import (
     OutcomeUnknownError,
     TickOrderError,
 )
+from .httpcalls import bearer
 from .ticks import check_market_id
 
 Tick = Mapping[str, Any]
@@ -192,8 +193,7 @@ class Client:
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0, retries: int = 0,
                  max_wait_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers, transport=transport)
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=bearer(token), transport=transport)
         self.retries = retries
         self.max_wait_s = max_wait_s
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from .. import __version__
 from ..config import Config, consistency_problems
-from ..httpcalls import call_failure, request_errors
+from ..httpcalls import bearer, call_failure, request_errors
 from ..storage import atomic_write_bytes
 from .debugtools import REDACTED, config_token, format_stacks, market_state_path, redacted_config
 from .timelines import ascii_timeline
@@ -110,7 +110,7 @@ def _service_parts(url: str, token: str | None, timeout_s: float, parts: Parts) 
     import httpx
 
     base = url.rstrip("/")
-    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    auth = bearer(token)
     unreachable: str | None = None
 
     def get(name: str, path: str, guarded: bool = False, ok: tuple[int, ...] = (200,)) -> bytes | None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 
 from ..errors import ServiceCallError
-from ..httpcalls import answer_message, call_failure, request_errors
+from ..httpcalls import answer_message, bearer, call_failure, request_errors
 from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) 
     """GET ``url + path`` with the bearer token; the decoded JSON, or ServiceCallError naming what failed."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = bearer(token)
     target = url.rstrip("/") + path
     try:
         r = httpx.get(target, headers=headers, timeout=timeout_s)

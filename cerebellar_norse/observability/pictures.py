@@ -491,12 +491,11 @@ def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None
     """``cerebellar-norse plot-market``: fetch a market's raster PNG from the running service and write it."""
     import httpx
 
-    from ..httpcalls import call_failure, request_errors
+    from ..httpcalls import bearer, call_failure, request_errors
     from .debugtools import config_token, service_url
 
     url = url or service_url(cfg)
-    bearer = token if token is not None else config_token(cfg)
-    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    headers = bearer(token if token is not None else config_token(cfg))
     target = url.rstrip("/") + raster_path(market, ticks)
     try:
         r = httpx.get(target, headers=headers, timeout=30.0)
