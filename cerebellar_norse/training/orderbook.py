@@ -6,6 +6,7 @@ at one publisher (venue). Following Databento's own book-building examples:
 
 * ``A`` rests an order (``side`` ``B`` bid or ``A`` ask, ``price``, ``size``); ``M`` changes an existing order's
   price and/or size, and acts as an add for an order not in the book; an add of an order already resting replaces it.
+  An add or modify to size 0 leaves no order (a modify to 0 removes it).
 * ``C`` removes ``size`` from an order, the whole order when nothing is left (never below zero); a cancel of an
   order not in the book (a file that starts after the order was placed, without a snapshot) changes nothing and is
   counted in :attr:`OrderBooks.unknown_cancels`.
@@ -97,10 +98,16 @@ class Book:
         return self.bids if bid else self.asks
 
     def place(self, order_id: int, bid: bool, price: float, size: float) -> None:
-        """An add or a modify: the order rests at ``price`` with ``size`` (units), replacing any order of that id."""
+        """An add or a modify: the order rests at ``price`` with ``size`` (units), replacing any order of that id;
+        with no units (size 0) it leaves the book instead, as a cancel of all it holds: an order of nothing is no
+        bid or ask, and would otherwise set the top."""
         old = self.orders.get(order_id)
         if old is not None:
             self._side(old[0]).remove(old[1])
+        if size <= 0:
+            if old is not None:
+                del self.orders[order_id]
+            return
         self.orders[order_id] = (bid, price, size)
         self._side(bid).add(price)
 

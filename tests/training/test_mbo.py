@@ -159,6 +159,26 @@ def test_an_mbo_row_that_cannot_be_read_is_a_bad_row_and_changes_no_book(tmp_pat
     assert data.report == [f"{fixed}:3: price {UNDEF} is Databento's UNDEF_PRICE (the record has no price)"]
 
 
+def test_an_order_of_size_0_is_no_bid_or_ask(tmp_path: Path) -> None:
+    """A modify to size 0 takes the order out of the book; an add or modify to size 0 of an unknown order rests
+    nothing: neither sets the top."""
+    v = ("6", "V")
+    events = [
+        (v, "A", "B", "100.00", 5, 1, LAST),  # a bid only
+        (v, "A", "A", "101.00", 5, 2, LAST),  # 100.00 / 101.00
+        (v, "A", "B", "99.00", 5, 3, LAST),  # deeper: top unchanged
+        (v, "M", "B", "100.00", 0, 1, LAST),  # the best bid modified to nothing: 99.00 / 101.00
+        (v, "A", "B", "100.50", 0, 4, LAST),  # an add of nothing: top unchanged
+        (v, "M", "A", "100.75", 0, 5, LAST),  # a modify of nothing of an order not in the book: top unchanged
+        (v, "M", "B", "99.50", 0, 3, LAST),  # moved and emptied: no bid left
+    ]
+    path = write(tmp_path, mbo_rows(events, fixed=False), "V.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert m.price.tolist() == [100.5, 100.5, 100.0, 100.0, 100.0]
+    assert (data.bad_rows, data.skipped_rows) == (0, 2)
+
+
 def test_without_a_flags_column_each_row_is_an_event(tmp_path: Path) -> None:
     y = ("8", "Y")
     events = [(y, "A", "B", "10.00", 5, 1, 0), (y, "A", "A", "11.00", 5, 2, 0), (y, "T", "B", "11.00", 2, 0, 0),
