@@ -39,7 +39,10 @@ other column is ignored:
   skipped, counted in ``Columns.skipped`` (:func:`databento_book_events`). A Databento market-by-order file (mbo: order
   events keyed by ``order_id``, no top of book) has each instrument's book rebuilt from its events
   (:mod:`.orderbook`) and is read at the mid of its best bid and best ask after each event's last record (flags
-  F_LAST); its other records, and events that leave the book without a side, are skipped (:func:`databento_mbo`).
+  F_LAST); its other records, and events that leave the book without a side, are skipped (:func:`databento_mbo`). In
+  both, a book event is a tick only when it moves the best bid or ask price or trades, a book price may be any finite
+  number (a calendar spread's can be 0 or below) and an event whose mid is not above 0 is skipped (:func:`_book_skip`);
+  the files of one load carry their books on to the next (``file_format``'s ``books``).
 * volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``,
   ``size``, ``qty``, ``quantity`` (in a Databento order book, a trade's ``size``, 0 for a book event; in an mbo file
   the ``size`` of an event's trades, T); for quotes
@@ -92,7 +95,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 from ..timezones import zone_name
-from .orderbook import F_LAST, F_TOB, OrderBooks
+from .orderbook import F_LAST, F_TOB, OrderBooks, Top
 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
@@ -127,6 +130,11 @@ DATABENTO_BOOK_ACTIONS = frozenset("ACMR")
 DATABENTO_TRADE_ACTIONS = frozenset("TF")
 DATABENTO_TOP = ("bid_px_00", "ask_px_00")
 ONE_SIDED_BOOK = "the book lacks a side (bid_px_00 or ask_px_00 empty or UNDEF_PRICE: before the open, after a clear)"
+# A book event (mbp row, mbo event) is a tick only when it moves the best bid or ask price or trades: one deeper in the
+# book, or changing only the top's size, would repeat the previous tick and stretch a label horizon counted in ticks.
+# Book prices may be 0 or below (a calendar spread's, in a parent-symbol download): such an event is no tick either.
+BOOK_NOT_POSITIVE = "the book's mid is not above 0 (a spread's prices can be; a tick needs a positive price)"
+BOOK_UNCHANGED = "the best bid and ask prices did not change and nothing traded"
 # Databento's market-by-order schema (mbo): order events keyed by order_id, no top-of-book columns; the book is rebuilt
 # from them (see databento_mbo and the orderbook module). Only T prints a trade: F is the resting order's side of the
 # same trade (Nasdaq's "Order Executed" becomes Trade, Fill, then Cancel), so counting it too would double the volume.
@@ -211,18 +219,24 @@ class MboColumns:
     instrument: int | None  # instrument_id (each its own book); None: the market column keys the books
     flags: int | None  # None: no flags column, every row is an event of its own
     names: dict[int, str]  # column index -> header name, for errors
+    # the books, previous tops and pending trades of every instrument: shared by the mbo files of one load
     books: OrderBooks = field(default_factory=OrderBooks)
-    # (instrument, publisher) -> units traded so far in its event (rows without F_LAST), carried by the event's tick
-    pending: dict[tuple[str, str], float] = field(default_factory=dict)
+    carried: int = 0  # orders resting in ``books`` when this file began (left by the load's earlier files)
+    unknown_cancels: int = 0  # this file's cancels of orders not in the book (ignored)
 
     def notes(self, path: Path) -> list[str]:
-        """What the file's books could not follow, for ``TickData.notes``."""
-        n = self.books.unknown_cancels
-        if not n:
-            return []
-        return [f"{path}: {n} {'cancel' if n == 1 else 'cancels'} (action C) of orders not in the book ignored: the"
-                " book was incomplete at the start (the file starts after those orders were placed, without a"
-                " snapshot)"]
+        """What the file's books started with and could not follow, for ``TickData.notes``."""
+        notes = []
+        if self.carried:
+            n = self.carried
+            notes.append(f"{path}: books carried over from the previous file: {n} {'order' if n == 1 else 'orders'}"
+                         " resting (a clear, action R, as a snapshot starts with, empties its instrument's book)")
+        n = self.unknown_cancels
+        if n:
+            notes.append(f"{path}: {n} {'cancel' if n == 1 else 'cancels'} (action C) of orders not in the book"
+                         " ignored: the book was incomplete at the start (the file starts after those orders were"
+                         " placed, without a snapshot)")
+        return notes
 
 
 @dataclass(slots=True)
@@ -263,6 +277,9 @@ class Columns:
     # price is the mid of the row's own top of book, the volume a trade's size only
     action_name: str = ""
     mbo: MboColumns | None = None  # a Databento mbo file (see databento_mbo): price the mid of its rebuilt book
+    # an order-book file's markets -> their bid_px_00 and ask_px_00 in their previous row (None: a side lacked), to
+    # tell whether a row moved them (see databento_book_events; shared by the files of one load)
+    tops: dict[str, Top | None] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # why -> rows skipped so (neither ticks nor bad rows)
     zone: tzinfo = UTC  # the zone of times written without an offset or zone (training.data_timezone)
     zone_used: bool = False  # a row's time was read in ``zone`` (not UTC) for want of an offset of its own
@@ -1027,17 +1044,13 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
     if cols.mbo is not None:
         return _mbo_tick(row, cols, cols.mbo, ts, market)
     if cols.action is not None:
-        book = _book_mid(row, cols)
-        if book is None:
-            cols.skipped[ONE_SIDED_BOOK] = cols.skipped.get(ONE_SIDED_BOOK, 0) + 1
-            return None
-        price = book
-    elif cols.ask is None:
+        return _book_tick(row, cols, ts, market)
+    if cols.ask is None:
         price = _fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
             row[cols.price], cols.price_name, cols.decimal_comma)
     else:
         price = _mid(row, market, cols)
-    if cols.volume is None or (cols.action is not None and row[cols.action].strip() not in DATABENTO_TRADE_ACTIONS):
+    if cols.volume is None:
         return ts, market, price, 0.0
     volume = _volume(row[cols.volume], cols.volume_name, cols)
     if cols.ask_volume is not None:
@@ -1088,81 +1101,135 @@ def _mid(row: list[str], market: str, cols: Columns) -> float:
     return 0.5 * (sides[0] + sides[1])
 
 
-def _book_mid(row: list[str], cols: Columns) -> float | None:
-    """The mid of an order-book row's own bid and ask (the top of book after its event); None when either side is
-    empty or UNDEF_PRICE: the book has no order on that side, and an earlier quote would price a book gone since."""
+def _book_tick(row: list[str], cols: Columns, ts: int, market: str) -> tuple[int, str, float, float] | None:
+    """A Databento order-book row (mbp-1, mbp-10) as (ms, market, mid of its bid_px_00 and ask_px_00, size of a trade,
+    T or F, else 0); None, counted in ``cols.skipped``, for a row that is no tick (see :func:`_book_skip`).
+    ValueError for a field that cannot be read, the market's previous top kept."""
+    assert cols.action is not None
+    top = _book_top(row, cols)
+    traded = row[cols.action].strip() in DATABENTO_TRADE_ACTIONS
+    volume = _volume(row[cols.volume], cols.volume_name, cols) if traded and cols.volume is not None else 0.0
+    why = _book_skip(cols.tops, market, top, traded, ONE_SIDED_BOOK)
+    if why is not None:
+        _skip(cols, why)
+        return None
+    assert top is not None
+    return ts, market, 0.5 * (top[0] + top[1]), volume
+
+
+def _book_top(row: list[str], cols: Columns) -> Top | None:
+    """An order-book row's own bid and ask (the top of book after its event, any finite prices); None when either side
+    is empty or UNDEF_PRICE: the book has no order on that side, and an earlier quote would price a book gone since."""
     assert cols.ask is not None
     sides = (row[cols.price], row[cols.ask])
     if any(_no_price(text, cols) for text in sides):
         return None
-    bid, ask = (_fixed_price(text, name) if cols.fixed_point else _price(text, name, cols.decimal_comma)
-                for text, name in zip(sides, (cols.price_name, cols.ask_name), strict=True))
-    return 0.5 * (bid + ask)
+    return _book_price(sides[0], cols.price_name, cols), _book_price(sides[1], cols.ask_name, cols)
+
+
+def _book_skip(tops: dict[str, Top | None], key: str, top: Top | None, traded: bool, one_sided: str) -> str | None:
+    """Why a book event after which ``key``'s best bid and ask are ``top`` is no tick, None when it is one; ``top``
+    becomes ``key``'s previous top in ``tops`` either way. No tick: a side lacks (``one_sided``), the mid is not above
+    0, or neither best price moved from the previous top and the event traded nothing (``traded``). The first top of
+    a market moves from none."""
+    before = tops.get(key)
+    tops[key] = top
+    if top is None:
+        return one_sided
+    if not 0.5 * (top[0] + top[1]) > 0.0:
+        return BOOK_NOT_POSITIVE
+    if top == before and not traded:
+        return BOOK_UNCHANGED
+    return None
+
+
+def _skip(cols: Columns, why: str) -> None:
+    """Count a row that is neither a tick nor a bad row under ``why`` in ``cols.skipped``."""
+    cols.skipped[why] = cols.skipped.get(why, 0) + 1
 
 
 def _mbo_tick(row: list[str], cols: Columns, m: MboColumns, ts: int, market: str) -> tuple[int, str, float, float] | None:
     """Apply a Databento mbo row's event to its instrument's book (see :mod:`.orderbook`); on the last record of an
     event (flags F_LAST; every row without a flags column) the tick (ms, market, mid of the best bid and best ask over
     the instrument's publishers, units traded by the event's T records). None, counted in ``cols.skipped``, for any
-    other record and for a book that lacks a side. ValueError, and no book changed, for a row that cannot be read."""
+    other record and for an event that is no tick (see :func:`_book_skip`: it moved neither best price and traded
+    nothing, or its book lacks a side or has a mid not above 0). ValueError, and no book changed, for a row that
+    cannot be read."""
     assert cols.volume is not None
     flags = _mbo_flags(row, m)
     instrument = market if m.instrument is None else row[m.instrument]
     event = (instrument, row[m.publisher])
     action = row[m.action].strip()
+    books = m.books
     if action in ("A", "M", "C"):
         _mbo_order(row, cols, m, event, action, flags)
     elif action == "T":
-        m.pending[event] = m.pending.get(event, 0.0) + _volume(row[cols.volume], cols.volume_name, cols)
+        books.pending[event] = books.pending.get(event, 0.0) + _volume(row[cols.volume], cols.volume_name, cols)
     elif action == "R":
-        m.books.book(*event).clear()
+        books.book(*event).clear()
     elif action not in ("F", "N"):  # neither changes the book (the cancel that follows a fill does)
         raise ValueError(f"{m.names[m.action]} {action!r} is not one of Databento's actions ({MBO_ACTIONS})")
     if flags is not None and not flags & F_LAST:
-        cols.skipped[MBO_MID_EVENT] = cols.skipped.get(MBO_MID_EVENT, 0) + 1
+        _skip(cols, MBO_MID_EVENT)
         return None
-    volume = m.pending.pop(event, 0.0)  # a skipped event's trades are not carried to a later one
-    top = m.books.top(instrument)
-    if top is None:
-        cols.skipped[MBO_ONE_SIDED] = cols.skipped.get(MBO_ONE_SIDED, 0) + 1
+    volume = books.pending.pop(event, None)  # a skipped event's trades are not carried to a later one
+    top = books.top(instrument)
+    why = _book_skip(books.tops, instrument, top, volume is not None, MBO_ONE_SIDED)
+    if why is not None:
+        _skip(cols, why)
         return None
-    return ts, market, 0.5 * (top[0] + top[1]), volume
+    assert top is not None
+    return ts, market, 0.5 * (top[0] + top[1]), volume or 0.0
 
 
 def _mbo_order(row: list[str], cols: Columns, m: MboColumns, event: tuple[str, str], action: str, flags: int | None) -> None:
     """Apply an add (A), modify (M) or cancel (C) to the book of ``event`` (instrument, publisher); a top-of-book
-    record (F_TOB) sets its side's one price instead. ValueError, the book unchanged, for a field that cannot be
-    read."""
+    record (F_TOB) of an add or modify sets its side's one price instead. A cancel acts on the side its order rests
+    on, so its row's side is not read (Databento may write N). ValueError, the book unchanged, for a field that cannot
+    be read."""
     assert cols.volume is not None
+    size = _volume(row[cols.volume], cols.volume_name, cols)
+    if action == "C":
+        if not m.books.cancel(*event, _order_id(row, m), size):
+            m.unknown_cancels += 1
+        return
     text = row[m.side].strip()
     bid = _ORDER_SIDES.get(text)
     if bid is None:
         raise ValueError(f"{m.names[m.side]} {text!r} is not B (bid) or A (ask), as the side of action {action} must be")
-    size = _volume(row[cols.volume], cols.volume_name, cols)
-    if flags is not None and flags & F_TOB and action != "C":
+    if flags is not None and flags & F_TOB:
         price = None if _no_price(row[cols.price], cols) else _order_price(row, cols)
         m.books.book(*event).top_of_book(bid, price)
         return
+    order_id = _order_id(row, m)
+    m.books.book(*event).place(order_id, bid, _order_price(row, cols), size)
+
+
+def _order_id(row: list[str], m: MboColumns) -> int:
+    """A Databento mbo row's order id (a whole number); ValueError naming the column otherwise."""
     text = row[m.order_id].strip()
     try:
-        order_id = int(text)
+        return int(text)
     except ValueError:
         raise ValueError(f"{m.names[m.order_id]} {text!r} is not an order id (a whole number)") from None
-    if action == "C":
-        m.books.cancel(*event, order_id, size)
-    else:
-        m.books.book(*event).place(order_id, bid, _order_price(row, cols), size)
 
 
 def _order_price(row: list[str], cols: Columns) -> float:
-    """The price of an mbo row's order (fixed point or as written, as the file's prices are); ValueError naming the
-    column for none (UNDEF_PRICE, empty) or a bad one."""
+    """The price of an mbo row's order (see :func:`_book_price`); ValueError naming the column for none (UNDEF_PRICE,
+    empty) or a bad one."""
     text = row[cols.price]
-    if cols.fixed_point:
-        return _fixed_price(text, cols.price_name)
-    if not text.strip():
+    if not cols.fixed_point and not text.strip():
         raise ValueError(f"{cols.price_name} is empty (an order needs a price)")
-    return _price(text, cols.price_name, cols.decimal_comma)
+    return _book_price(text, cols.price_name, cols)
+
+
+def _book_price(text: str, name: str, cols: Columns) -> float:
+    """A price in a Databento order book (an order's, or a best bid or ask), in quote currency, fixed point or as
+    written as the file's prices are: any finite number, since a calendar spread's prices can be 0 or below (a tick
+    still needs a positive mid); ValueError naming the column otherwise, UNDEF_PRICE included."""
+    if cols.fixed_point:
+        return _fixed_number(text, name)
+    return _signed_price(text, name, cols.decimal_comma)
 
 
 def _mbo_flags(row: list[str], m: MboColumns) -> int | None:
@@ -1181,16 +1248,22 @@ def _mbo_flags(row: list[str], m: MboColumns) -> int | None:
 
 def _price(text: str, name: str, decimal_comma: bool) -> float:
     """A price field (> 0, finite); ValueError naming the column otherwise."""
+    price = _signed_price(text, name, decimal_comma)
+    if not price > 0.0:
+        raise ValueError(f"{name} {price} is not > 0")
+    return price
+
+
+def _signed_price(text: str, name: str, decimal_comma: bool) -> float:
+    """A price field as a finite number of any sign; ValueError naming the column otherwise."""
     try:
         if decimal_comma:  # "1.000" is a thousand here: float() would read it as one
             raise ValueError
         price = float(text)
     except ValueError:
         price = _quoted_number(text, name, False, decimal_comma)
-    if not 0.0 < price < _INF:
-        if not math.isfinite(price):
-            raise ValueError(f"{name} {text.strip()!r} is not finite")
-        raise ValueError(f"{name} {price} is not > 0")
+    if not -_INF < price < _INF:
+        raise ValueError(f"{name} {text.strip()!r} is not finite")
     return price
 
 
@@ -1204,16 +1277,22 @@ def _no_price(text: str, cols: Columns) -> bool:
 def _fixed_price(text: str, name: str) -> float:
     """A Databento fixed-point price field (an integer in units of 1e-9) as a price (> 0); ValueError naming the
     column otherwise, UNDEF_PRICE included."""
+    price = _fixed_number(text, name)
+    if not price > 0.0:
+        raise ValueError(f"{name} {price} is not > 0")
+    return price
+
+
+def _fixed_number(text: str, name: str) -> float:
+    """A Databento fixed-point price field (an integer in units of 1e-9) as a price of any sign; ValueError naming
+    the column otherwise, UNDEF_PRICE included."""
     s = text.strip()
     if s == DATABENTO_UNDEF_PRICE:
         raise ValueError(f"{name} {s} is Databento's UNDEF_PRICE (the record has no price)")
     if not _FIXED_PRICE.fullmatch(s):
         raise ValueError(f"{name} {s!r} is not a Databento fixed-point price (an integer in units of 1e-9, as the"
                          " file's first prices are)")
-    price = int(s) / 1e9
-    if not price > 0.0:
-        raise ValueError(f"{name} {price} is not > 0")
-    return price
+    return int(s) / 1e9
 
 
 def _volume(text: str, name: str, cols: Columns) -> float:
@@ -1286,12 +1365,15 @@ def quotes_for_empty_prices(path: Path, header: list[str], cols: Columns, notes:
     cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
 
 
-def databento_book_events(path: Path, header: list[str], cols: Columns, sample_rows: int = 1000) -> str | None:
+def databento_book_events(path: Path, header: list[str], cols: Columns, books: OrderBooks | None = None,
+                          sample_rows: int = 1000) -> str | None:
     """A note, with the price set to the mid of ``bid_px_00`` and ``ask_px_00`` and ``cols.action`` set, for a file of
     Databento's order-book events (mbp-1, mbp-10): its header names ``rtype``, ``publisher_id``, ``action``,
     ``bid_px_00`` and ``ask_px_00``, and the actions of its first ``sample_rows`` rows include a book event (A, C, M
     or R), not only trades. Each row is then read at the top of book after its event, and its ``size`` is volume only
-    for a trade (T or F). None, nothing set, for any other file (trades, tbbo, bbo, OHLCV, another vendor's)."""
+    for a trade (T or F); a row that moves neither price and trades nothing is no tick. Each market's previous top is
+    kept in ``books.tops`` when given (an earlier file's last row is the previous row of the next file's first), else
+    in the file's own. None, nothing set, for any other file (trades, tbbo, bbo, OHLCV, another vendor's)."""
     shown = [header_name(h) for h in header]
     names = [_match_name(s) for s in shown]
     if not set(names) >= DATABENTO_FIELDS | {DATABENTO_ACTION, *DATABENTO_TOP}:
@@ -1313,17 +1395,20 @@ def databento_book_events(path: Path, header: list[str], cols: Columns, sample_r
     cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
     cols.ask_volume, cols.ask_volume_name = None, ""
     cols.action, cols.action_name = action, shown[action]
+    if books is not None:
+        cols.tops = books.tops
     volume = f", volume the {cols.volume_name} of trades (T, F) only" if cols.volume is not None else ""
     return (f"{path}: Databento order-book events ({shown[action]} {', '.join(book)}): price is the mid of"
             f" {shown[bid]} and {shown[ask]} after each event{volume}; a row whose book lacks a side is skipped")
 
 
-def databento_mbo(path: Path, header: list[str], cols: Columns) -> str | None:
+def databento_mbo(path: Path, header: list[str], cols: Columns, books: OrderBooks | None = None) -> str | None:
     """A note, with ``cols.mbo`` set (price ``price``, volume ``size``), for a Databento market-by-order file: its
     header names ``rtype``, ``publisher_id``, ``action``, ``side``, ``order_id``, ``price`` and ``size``, and no
     ``bid_px_00`` (an mbp file's top of book). Its rows rebuild each instrument's book (one per ``instrument_id``,
-    else per market, and per ``publisher_id``; see :mod:`.orderbook`), and a tick is the mid of the best bid and ask
-    after each event's last record (``flags`` F_LAST; every row when the file has no ``flags`` column), with the
+    else per market, and per ``publisher_id``; see :mod:`.orderbook`) in ``books`` (the books the load's earlier
+    files left; new, empty books when None), and a tick is the mid of the best bid and ask after each event's last
+    record (``flags`` F_LAST; every row when the file has no ``flags`` column) that moves either or trades, with the
     size of the event's trades (T) as volume. None, nothing set, for any other file."""
     shown = [header_name(h) for h in header]
     names = [_match_name(s) for s in shown]
@@ -1341,8 +1426,9 @@ def databento_mbo(path: Path, header: list[str], cols: Columns) -> str | None:
     cols.price, cols.price_name, cols.ask, cols.ask_name = price, shown[price], None, ""
     cols.volume, cols.volume_name, cols.ask_volume, cols.ask_volume_name = size, shown[size], None, ""
     used = (action, side, order_id, publisher, instrument, flags)
+    books = OrderBooks() if books is None else books
     cols.mbo = MboColumns(action, side, order_id, publisher, instrument, flags,
-                          {i: shown[i] for i in used if i is not None})
+                          {i: shown[i] for i in used if i is not None}, books, books.resting())
     last = (f"after each event's last record ({shown[flags]} F_LAST, 128)" if flags is not None
             else "after each row (no flags column: each row is an event)")
     return (f"{path}: Databento market-by-order events (mbo): each instrument's book is rebuilt from its orders"
@@ -1377,7 +1463,8 @@ def databento_fixed_point(path: Path, header: list[str], cols: Columns, sample_r
                         prices.append(text)
     except (OSError, csv.Error):
         return None
-    whole = [int(p) for p in prices if _FIXED_PRICE.fullmatch(p)]
+    # by magnitude: a calendar spread's prices can all be 0 or below
+    whole = [abs(int(p)) for p in prices if _FIXED_PRICE.fullmatch(p)]
     if prices and not (_FIXED_PRICE.fullmatch(prices[0]) and max(whole) >= FIXED_POINT_MIN):
         return None
     if not prices and not undefined:
@@ -1631,13 +1718,14 @@ def _rounded_digits(text: str) -> int | None:
 
 
 def file_format(path: Path, header: list[str], delimiter: str, notes: list[str], skipped: int = 0,
-                zone: tzinfo = UTC) -> Columns:
+                zone: tzinfo = UTC, books: OrderBooks | None = None) -> Columns:
     """How the file at ``path`` is written: the columns used, its header lines, date and number formats and row
     order, from its header line (split at ``delimiter``, see :func:`delimiter_of`) and, where that cannot tell,
     from the file itself; a note in ``notes`` for each thing inferred. DataError for a header, or a date column,
     that cannot be read. The header is the line after ``skipped`` lines (see :func:`leading_lines`); the rows
     start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`binance_layout`). Times
-    without an offset are read in ``zone``."""
+    without an offset are read in ``zone``. ``books``, shared by the files of one load, carries a Databento order
+    book's state from one file to the next (see :func:`databento_book_events`, :func:`databento_mbo`)."""
     levels = yfinance_header(path, header, delimiter, skipped)
     ticker, lines, ticker_from = "", 1, "the header's Ticker row"
     binance = None
@@ -1658,7 +1746,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")
     cols.delimiter = delimiter
-    book_note = databento_book_events(path, header, cols) or databento_mbo(path, header, cols)
+    book_note = databento_book_events(path, header, cols, books) or databento_mbo(path, header, cols, books)
     if book_note:
         notes.append(book_note)
     fixed_note = databento_fixed_point(path, header, cols)

@@ -8,9 +8,10 @@ A missing optional column, a time unit other than ms, quotes read as their mid, 
 times within 1970-01-01 that might be seconds, or times without an offset read in a zone
 other than UTC (``load_csv_files``' ``zone``), is recorded in ``TickData.notes`` as
 ``file: …``. Rows that are neither ticks nor bad (a Databento order book without a bid or an
-ask, a Databento mbo record before its event's last) are skipped, counted per reason in a note and in
-``TickData.skipped_rows``. A header without a time or a price column, or naming a used column twice, fails at once
-with ``file:1: …``.
+ask, or with a mid not above 0, or an event of it that moves neither best price and trades nothing; a Databento mbo
+record before its event's last) are skipped, counted per reason in a note and in ``TickData.skipped_rows``. The
+Databento order books of one load carry from each file to the next, in the order given. A header without a time or a
+price column, or naming a used column twice, fails at once with ``file:1: …``.
 
 A file's rows may run oldest first or newest first (as some downloads write them): a
 file is read as newest first (a note says so) when, in its first 10,000 rows, more of
@@ -56,6 +57,7 @@ from .csvformat import (
     split_number_hint,
     without_trailing_separator,
 )
+from .orderbook import OrderBooks
 
 __all__ = ["CLASS_NAMES", "COLUMNS", "DATA_FILE_PATTERN", "MIN_SAMPLES_PER_CLASS", "DataFileNotFoundError", "MarketSeries",
            "TickData", "class_counts", "class_warnings", "csv_bytes", "iso_ms", "load_csv_files", "parse_time_ms", "resolve_data_file",
@@ -168,6 +170,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
     formats: list[FileFormat] = []
     rows = bad = 0
     skips: dict[str, int] = {}  # why -> rows that are neither ticks nor bad rows, over all files (see Columns.skipped)
+    books = OrderBooks()  # Databento order books, carried from each file to the next (a request split into files)
     for path in paths:
         try:
             # bytes that are not UTF-8 become lone surrogates, so a bad byte costs its own row only
@@ -194,7 +197,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            cols = file_format(path, header, delimiter, notes, skipped, zone)
+            cols = file_format(path, header, delimiter, notes, skipped, zone, books)
             if cols.header_rows == skipped:  # no header line (a Binance file): the line read as one is the first row
                 fh.seek(0)
                 reader = csv.reader(fh, delimiter=delimiter)

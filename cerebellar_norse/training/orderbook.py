@@ -7,9 +7,9 @@ at one publisher (venue). Following Databento's own book-building examples:
 * ``A`` rests an order (``side`` ``B`` bid or ``A`` ask, ``price``, ``size``); ``M`` changes an existing order's
   price and/or size, and acts as an add for an order not in the book; an add of an order already resting replaces it.
   An add or modify to size 0 leaves no order (a modify to 0 removes it).
-* ``C`` removes ``size`` from an order, the whole order when nothing is left (never below zero); a cancel of an
-  order not in the book (a file that starts after the order was placed, without a snapshot) changes nothing and is
-  counted in :attr:`OrderBooks.unknown_cancels`.
+* ``C`` removes ``size`` from an order, the whole order when nothing is left (never below zero), on the side the
+  order rests on; a cancel of an order not in the book (a file that starts after the order was placed, without a
+  snapshot) changes nothing (:meth:`OrderBooks.cancel` returns False).
 * ``R`` empties the book of that instrument at that publisher (the start of a snapshot or a session).
 * ``T``, ``F`` and ``N`` do not change the book: the cancels and modifies that go with a trade do.
 * A top-of-book record (flag ``F_TOB``, as Databento writes the mbo of venues that publish only their best bid and
@@ -18,8 +18,12 @@ at one publisher (venue). Following Databento's own book-building examples:
 Each instrument has one book per publisher; its best bid is the highest best bid over its publishers' books, its best
 ask the lowest best ask (as Databento's consolidated examples take the BBO of a dataset such as DBEQ.BASIC).
 
-Prices are in quote currency (already scaled by the caller, e.g. from Databento's fixed-point units of 1e-9); sizes in
-traded units. Memory is O(live orders): an order leaves the book with its last unit.
+Prices are in quote currency (already scaled by the caller, e.g. from Databento's fixed-point units of 1e-9), any
+finite number (a calendar spread's can be 0 or below); sizes in traded units. Memory is O(live orders): an order leaves
+the book with its last unit.
+
+One :class:`OrderBooks` may serve several files of one stream in turn (a request split into files, consecutive daily
+files): the orders resting at the end of one file are the book at the start of the next.
 """
 
 from __future__ import annotations
@@ -142,16 +146,25 @@ class Book:
         self.asks.clear()
 
 
+Top = tuple[float, float]  # an instrument's best bid and best ask (quote currency)
+
+
 class OrderBooks:
-    """The books of every instrument in a file, one per publisher, and the best bid and ask of each instrument.
+    """The books of every instrument in a stream of files, one per publisher, and the best bid and ask of each
+    instrument.
 
-    Instruments and publishers are keys as the file writes them (``instrument_id``, ``publisher_id``)."""
+    Instruments and publishers are keys as the files write them (``instrument_id``, ``publisher_id``). Beside the
+    books, what a reader carries from one event to the next: ``tops``, each instrument's best bid and ask after its
+    latest event (None while it lacks a side), to tell whether an event moved them (an mbp file's reader keeps its
+    markets' tops there too, so that they also carry from file to file); ``pending``, the units traded so far in an
+    event whose last record is still to come, per (instrument, publisher)."""
 
-    __slots__ = ("_books", "unknown_cancels")
+    __slots__ = ("_books", "pending", "tops")
 
     def __init__(self) -> None:
         self._books: dict[str, dict[str, Book]] = {}
-        self.unknown_cancels = 0  # cancels of orders not in the book (ignored)
+        self.tops: dict[str, Top | None] = {}
+        self.pending: dict[tuple[str, str], float] = {}
 
     def book(self, instrument: str, publisher: str) -> Book:
         """The book of ``instrument`` at ``publisher`` (empty at first)."""
@@ -163,12 +176,16 @@ class OrderBooks:
             book = books[publisher] = Book()
         return book
 
-    def cancel(self, instrument: str, publisher: str, order_id: int, size: float) -> None:
-        """Action C (see :meth:`Book.cancel`); counted in ``unknown_cancels`` when the order is not in the book."""
-        if not self.book(instrument, publisher).cancel(order_id, size):
-            self.unknown_cancels += 1
+    def cancel(self, instrument: str, publisher: str, order_id: int, size: float) -> bool:
+        """Action C (see :meth:`Book.cancel`); False, nothing changed, when the order is not in the book."""
+        return self.book(instrument, publisher).cancel(order_id, size)
 
-    def top(self, instrument: str) -> tuple[float, float] | None:
+    def resting(self) -> int:
+        """Orders resting over every book (a top-of-book record's price counts as one)."""
+        return sum(sum(side.levels.values()) for books in self._books.values() for book in books.values()
+                   for side in (book.bids, book.asks))
+
+    def top(self, instrument: str) -> Top | None:
         """The best bid and best ask of ``instrument`` over its publishers (quote currency); None when no publisher
         has a bid or none has an ask."""
         bid: float | None = None

@@ -274,19 +274,20 @@ MBP_EVENTS = [
     ("R", "N", None, 0, None, None),  # the book cleared before the open
     ("A", "B", "4108.25", 5, "4108.25", None),  # a bid, no ask yet: no mid
     ("A", "A", "4108.75", 7, "4108.25", "4108.75"),
-    ("A", "B", "4107.00", 9, "4108.25", "4108.75"),  # a bid below the best (depth 1): the top is unchanged
-    ("T", "A", "4108.25", 3, "4108.25", "4108.75"),
+    ("A", "B", "4107.00", 9, "4108.25", "4108.75"),  # a bid below the best (depth 1): the top is unchanged, no tick
+    ("T", "A", "4108.25", 3, "4108.25", "4108.75"),  # a trade: a tick, though the top is unchanged
     ("C", "B", "4108.25", 2, "4108.00", "4108.75"),
     ("M", "A", "4108.50", 4, "4108.00", "4108.50"),
     ("F", "A", "4108.00", 6, "4107.75", "4108.50"),
     ("R", "N", None, 0, None, None),  # cleared again: no book, no mid
 ]
-MBP_MIDS = [4108.5, 4108.5, 4108.5, 4108.375, 4108.25, 4108.125]
-MBP_VOLUMES = [0.0, 0.0, 3.0, 0.0, 0.0, 6.0]
+MBP_MIDS = [4108.5, 4108.5, 4108.375, 4108.25, 4108.125]
+MBP_VOLUMES = [0.0, 3.0, 0.0, 0.0, 6.0]
 MBP_NOTE = ("Databento order-book events (action A, C, M, R): price is the mid of bid_px_00 and ask_px_00 after each"
             " event, volume the size of trades (T, F) only; a row whose book lacks a side is skipped")
 MBP_SKIPPED = ("3 rows skipped: the book lacks a side (bid_px_00 or ask_px_00 empty or UNDEF_PRICE: before the open,"
                " after a clear)")
+MBP_UNCHANGED = "1 row skipped: the best bid and ask prices did not change and nothing traded"
 
 
 def databento_px(text: str | None, fixed: bool) -> str:
@@ -319,9 +320,10 @@ def test_a_databento_order_book_is_read_at_its_top_of_book_mid(tmp_path: Path, f
     data = load_csv_files([path])
     (m,) = data.markets
     assert m.market_id == "ESZ3" and m.price.tolist() == MBP_MIDS and m.volume.tolist() == MBP_VOLUMES
-    assert m.timestamp.tolist() == [DBN_NS // 10**6 + k * 1000 for k in (2, 3, 4, 5, 6, 7)]
-    assert (data.rows, data.bad_rows, data.skipped_rows, data.report) == (9, 0, 3, [])
-    assert f"{path}: {MBP_NOTE}" in data.notes and f"{path}: {MBP_SKIPPED}" in data.notes, data.notes
+    assert m.timestamp.tolist() == [DBN_NS // 10**6 + k * 1000 for k in (2, 4, 5, 6, 7)]
+    assert (data.rows, data.bad_rows, data.skipped_rows, data.report) == (9, 0, 4, [])
+    for note in (MBP_NOTE, MBP_SKIPPED, MBP_UNCHANGED):
+        assert f"{path}: {note}" in data.notes, data.notes
     assert data.formats[0].price == "bid_px_00" and data.formats[0].ask == "ask_px_00"
     assert any("bid_px_00 and ask_px_00 read as Databento's fixed-point prices" in n for n in data.notes) == fixed
 
@@ -334,6 +336,44 @@ def test_a_book_that_never_has_both_sides_gives_no_ticks_and_says_why(tmp_path: 
     assert str(err.value) == (f"no valid tick rows in {path}: of 3 rows 0 are bad and 3 skipped (3 because the book"
                               " lacks a side (bid_px_00 or ask_px_00 empty or UNDEF_PRICE: before the open, after a"
                               " clear))")
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed-point", "pretty_px"])
+def test_a_spread_in_an_order_book_is_read_only_where_its_mid_is_above_0(tmp_path: Path, fixed: bool) -> None:
+    """A parent-symbol download (ES.FUT) holds calendar spreads, whose prices are often 0 or below: no bad rows."""
+    tops = [("5482", "4108.25", "4108.75"),  # ES: a tick at 4108.50
+            ("9001", "-45.50", "-45.25"),  # the spread: mid -45.375, no tick
+            ("9001", "-0.25", "0.75"),  # mid 0.25: a tick
+            ("9001", "-0.25", "0")]  # mid -0.125, no tick
+    rows = [f"{DBN_NS + k * 10**9},{DBN_NS},1,1,{instrument},A,B,0,{databento_px(bid, fixed)},1,128,0,{k},"
+            f"{databento_px(bid, fixed)},{databento_px(ask, fixed)},1,1,1,1" for k, (instrument, bid, ask) in enumerate(tops)]
+    path = write(tmp_path, MBP_HEAD + "\n" + "\n".join(rows) + "\n", "ES.FUT-mbp-1.csv")
+    data = load_csv_files([path])
+    assert {m.market_id: m.price.tolist() for m in data.markets} == {"5482": [4108.5], "9001": [0.25]}
+    assert (data.bad_rows, data.skipped_rows, data.report) == (0, 2, [])
+    assert (f"{path}: 2 rows skipped: the book's mid is not above 0 (a spread's prices can be; a tick needs a positive"
+            " price)") in data.notes, data.notes
+
+
+def test_a_databento_trade_still_needs_a_price_above_0(tmp_path: Path) -> None:
+    """Trades files keep refusing a price of 0 or below, read as fixed point though all their prices are below 0."""
+    path = write(tmp_path, "ts_recv,ts_event,rtype,publisher_id,instrument_id,action,side,depth,price,size,symbol\n"
+                           f"{DBN_NS},{DBN_NS},0,1,9001,T,A,0,-45500000000,1,ESZ3-ESH4\n")
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert str(err.value) == f"no valid tick rows in {path}: all 1 rows are bad:\n{path}:2: price -45.5 is not > 0"
+
+
+def test_an_order_books_previous_top_carries_from_one_file_to_the_next(tmp_path: Path) -> None:
+    """The first row of a second file is compared with the last of the first, as in the one file they were split
+    from: row 3 (a deeper bid) moves nothing and is no tick."""
+    lines = mbp_file(tmp_path, fixed=True).read_text().splitlines()
+    first = write(tmp_path, "\n".join(lines[:4]) + "\n", "part1.csv")  # header and rows 0-2
+    second = write(tmp_path, "\n".join([lines[0], *lines[4:]]) + "\n", "part2.csv")
+    data = load_csv_files([first, second])
+    (m,) = data.markets
+    assert m.price.tolist() == MBP_MIDS and m.volume.tolist() == MBP_VOLUMES
+    assert f"{second}: {MBP_UNCHANGED}" in data.notes, data.notes
 
 
 def test_databento_tbbo_stays_read_at_its_trades(tmp_path: Path) -> None:

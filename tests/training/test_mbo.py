@@ -12,6 +12,7 @@ import pytest
 from cerebellar_norse.cli import main
 from cerebellar_norse.errors import DataError
 from cerebellar_norse.training.checkpoints import ModelStore
+from cerebellar_norse.training.csvformat import file_format
 from cerebellar_norse.training.data import load_csv_files
 from cerebellar_norse.training.orderbook import BookSide
 
@@ -32,31 +33,30 @@ EVENTS = [
     (ES, "A", "B", "4108.00", 4, 2, SNAPSHOT),  # 2
     (ES, "A", "A", "4108.75", 7, 3, SNAPSHOT),  # 3
     (ES, "A", "A", "4109.00", 2, 4, SNAPSHOT | LAST),  # 4: snapshot complete: 4108.25 / 4108.75
-    (ES, "A", "B", "4107.75", 9, 5, LAST),  # 5: a deeper bid: top unchanged
-    (ES, "C", "B", "4108.25", 2, 1, LAST),  # 6: partial cancel of the best bid (5 -> 3): top unchanged
+    (ES, "A", "B", "4107.75", 9, 5, LAST),  # 5: a deeper bid: top unchanged, no tick
+    (ES, "C", "B", "4108.25", 2, 1, LAST),  # 6: partial cancel of the best bid (5 -> 3): top unchanged, no tick
     (ES, "C", "B", "4108.25", 3, 1, LAST),  # 7: the rest of it: best bid 4108.00
     (ES, "M", "A", "4108.50", 7, 3, LAST),  # 8: the best ask modified down: 4108.00 / 4108.50
     (ES, "T", "B", "4108.50", 3, 0, 0),  # 9: a buy of 3 ...
     (ES, "F", "A", "4108.50", 3, 3, 0),  # 10: ... filling order 3 ...
-    (ES, "C", "A", "4108.50", 3, 3, LAST),  # 11: ... which the cancel reduces (7 -> 4): one tick, volume 3
+    (ES, "C", "A", "4108.50", 3, 3, LAST),  # 11: ... which the cancel reduces (7 -> 4): top unchanged, a tick of 3
     (ES, "T", "B", "4108.50", 4, 0, 0),  # 12: a buy of 4 ...
     (ES, "F", "A", "4108.50", 4, 3, 0),  # 13
     (ES, "C", "A", "4108.50", 4, 3, LAST),  # 14: ... takes the rest of order 3: best ask 4109.00
     (NQ, "A", "B", "15000.00", 1, 100, LAST),  # 15: NQ has a bid only: no mid
     (ES, "M", "B", "4108.25", 6, 99, LAST),  # 16: a modify of an order not in the book adds it: best bid 4108.25
     (NQ, "A", "A", "15001.00", 1, 101, LAST),  # 17: NQ 15000 / 15001
-    (ES, "C", "B", "4108.25", 1, 777, LAST),  # 18: a cancel of an order never seen: ignored, counted
+    (ES, "C", "B", "4108.25", 1, 777, LAST),  # 18: a cancel of an order never seen: ignored, counted; no tick
     (ES, "R", "N", None, 0, 0, LAST),  # 19: cleared: no book, no mid
     (ES, "A", "B", "4110.00", 1, 200, LAST),  # 20: rebuilt: a bid only
     (ES, "A", "A", "4110.50", 1, 201, LAST),  # 21: 4110.00 / 4110.50
-    (NQ, "N", "N", None, 0, 0, LAST),  # 22: no action, but the last record of an event: a tick
+    (NQ, "N", "N", None, 0, 0, LAST),  # 22: no action: the last record of an event that moves nothing, no tick
 ]
-ES_TICKS = [4, 5, 6, 7, 8, 11, 14, 16, 18, 21]  # rows with F_LAST and both sides
-ES_MIDS = [(4108.25 + 4108.75) / 2, (4108.25 + 4108.75) / 2, (4108.25 + 4108.75) / 2, (4108.00 + 4108.75) / 2,
-           (4108.00 + 4108.50) / 2, (4108.00 + 4108.50) / 2, (4108.00 + 4109.00) / 2, (4108.25 + 4109.00) / 2,
-           (4108.25 + 4109.00) / 2, (4110.00 + 4110.50) / 2]
-ES_VOLUMES = [0, 0, 0, 0, 0, 3, 4, 0, 0, 0]
-NQ_TICKS, NQ_MIDS, NQ_VOLUMES = [17, 22], [15000.5, 15000.5], [0, 0]
+ES_TICKS = [4, 7, 8, 11, 14, 16, 21]  # rows with F_LAST and both sides that move the best bid or ask, or trade
+ES_MIDS = [(4108.25 + 4108.75) / 2, (4108.00 + 4108.75) / 2, (4108.00 + 4108.50) / 2, (4108.00 + 4108.50) / 2,
+           (4108.00 + 4109.00) / 2, (4108.25 + 4109.00) / 2, (4110.00 + 4110.50) / 2]
+ES_VOLUMES = [0, 0, 0, 3, 4, 0, 0]
+NQ_TICKS, NQ_MIDS, NQ_VOLUMES = [17], [15000.5], [0]
 MBO_NOTE = ("Databento market-by-order events (mbo): each instrument's book is rebuilt from its orders (action A, C,"
             " M, R; one book per publisher_id, the best bid and ask over them); price is the mid of the best bid and"
             " best ask after each event's last record (flags F_LAST, 128), volume the size of trades (T) only; a row"
@@ -65,6 +65,7 @@ MID_EVENT = ("8 rows skipped: not the last record of its event (flags without F_
              " after the last, whose tick carries the event's trades")
 ONE_SIDED = ("3 rows skipped: the book lacks a side (no bid or no ask order after its event: before the first orders,"
              " after a clear)")
+UNCHANGED = "4 rows skipped: the best bid and ask prices did not change and nothing traded"  # rows 5, 6, 18, 22
 UNKNOWN = ("1 cancel (action C) of orders not in the book ignored: the book was incomplete at the start (the file"
            " starts after those orders were placed, without a snapshot)")
 
@@ -103,8 +104,8 @@ def test_an_mbo_file_is_read_at_the_mid_of_its_rebuilt_book(tmp_path: Path, fixe
     assert es.timestamp.tolist() == [T0_MS + k * 1000 for k in ES_TICKS]
     assert nq.market_id == "NQZ3" and nq.price.tolist() == NQ_MIDS and nq.volume.tolist() == NQ_VOLUMES
     assert nq.timestamp.tolist() == [T0_MS + k * 1000 for k in NQ_TICKS]
-    assert (data.rows, data.bad_rows, data.skipped_rows, data.report) == (23, 0, 11, [])
-    for note in (MBO_NOTE, MID_EVENT, ONE_SIDED, UNKNOWN):
+    assert (data.rows, data.bad_rows, data.skipped_rows, data.report) == (23, 0, 15, [])
+    for note in (MBO_NOTE, MID_EVENT, ONE_SIDED, UNCHANGED, UNKNOWN):
         assert f"{path}: {note}" in data.notes, data.notes
     assert data.formats[0].price == "price" and data.formats[0].ask is None and data.formats[0].volume == "size"
     fixed_note = f"{path}: price read as Databento's fixed-point prices, integers in units of 1e-9 (the first, 4108250000000"
@@ -118,7 +119,7 @@ def test_the_top_is_the_best_bid_and_ask_over_an_instruments_publishers(tmp_path
     events = [
         (goog, "A", "B", "150.00", 100, 1, LAST),  # 39: a bid only: no mid
         (goog, "A", "A", "150.10", 200, 0, TOB | LAST),  # 40's ask: 150.00 (39) / 150.10 (40)
-        (goog, "A", "A", "150.20", 100, 2, LAST),  # 39's ask, above 40's: top unchanged
+        (goog, "A", "A", "150.20", 100, 2, LAST),  # 39's ask, above 40's: top unchanged, no tick
         (goog, "A", "B", "150.04", 300, 0, TOB | LAST),  # 40's bid, above 39's: 150.04 / 150.10
         (goog, "A", "B", None, 0, 0, TOB | LAST),  # 40 has no bid any more: 150.00 (39) / 150.10
         (goog, "A", "A", "150.15", 200, 0, TOB | LAST),  # 40's ask replaced (150.10 gone): 150.00 / 150.15
@@ -127,10 +128,10 @@ def test_the_top_is_the_best_bid_and_ask_over_an_instruments_publishers(tmp_path
     path = write(tmp_path, mbo_rows(events, fixed, [39, 40, 39, 40, 40, 40, 39]), "GOOG.mbo.csv")
     data = load_csv_files([path])
     (m,) = data.markets
-    assert m.price.tolist() == pytest.approx([(150.00 + 150.10) / 2, (150.00 + 150.10) / 2, (150.04 + 150.10) / 2,
-                                              (150.00 + 150.10) / 2, (150.00 + 150.15) / 2], abs=1e-9)
-    assert m.timestamp.tolist() == [T0_MS + k * 1000 for k in (1, 2, 3, 4, 5)]
-    assert (data.bad_rows, data.skipped_rows) == (0, 2)
+    assert m.price.tolist() == pytest.approx([(150.00 + 150.10) / 2, (150.04 + 150.10) / 2, (150.00 + 150.10) / 2,
+                                              (150.00 + 150.15) / 2], abs=1e-9)
+    assert m.timestamp.tolist() == [T0_MS + k * 1000 for k in (1, 3, 4, 5)]
+    assert (data.bad_rows, data.skipped_rows) == (0, 3)
 
 
 def test_an_mbo_row_that_cannot_be_read_is_a_bad_row_and_changes_no_book(tmp_path: Path) -> None:
@@ -166,17 +167,17 @@ def test_an_order_of_size_0_is_no_bid_or_ask(tmp_path: Path) -> None:
     events = [
         (v, "A", "B", "100.00", 5, 1, LAST),  # a bid only
         (v, "A", "A", "101.00", 5, 2, LAST),  # 100.00 / 101.00
-        (v, "A", "B", "99.00", 5, 3, LAST),  # deeper: top unchanged
+        (v, "A", "B", "99.00", 5, 3, LAST),  # deeper: top unchanged, no tick
         (v, "M", "B", "100.00", 0, 1, LAST),  # the best bid modified to nothing: 99.00 / 101.00
-        (v, "A", "B", "100.50", 0, 4, LAST),  # an add of nothing: top unchanged
+        (v, "A", "B", "100.50", 0, 4, LAST),  # an add of nothing: top unchanged, no tick (100.50 / 101.00 would be one)
         (v, "M", "A", "100.75", 0, 5, LAST),  # a modify of nothing of an order not in the book: top unchanged
         (v, "M", "B", "99.50", 0, 3, LAST),  # moved and emptied: no bid left
     ]
     path = write(tmp_path, mbo_rows(events, fixed=False), "V.csv")
     data = load_csv_files([path])
     (m,) = data.markets
-    assert m.price.tolist() == [100.5, 100.5, 100.0, 100.0, 100.0]
-    assert (data.bad_rows, data.skipped_rows) == (0, 2)
+    assert m.price.tolist() == [100.5, 100.0]
+    assert (data.bad_rows, data.skipped_rows) == (0, 5)
 
 
 def test_without_a_flags_column_each_row_is_an_event(tmp_path: Path) -> None:
@@ -217,6 +218,84 @@ def test_a_book_that_never_has_both_sides_gives_no_ticks_and_says_why(tmp_path: 
                               " clear))")
 
 
+SPREAD = ("9001", "ESZ3-ESH4")  # a calendar spread, as a parent-symbol download (ES.FUT) holds beside the outrights
+NOT_POSITIVE = "the book's mid is not above 0 (a spread's prices can be; a tick needs a positive price)"
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed-point", "pretty_px"])
+def test_a_spread_rests_orders_at_any_price_and_gives_ticks_only_at_a_positive_mid(tmp_path: Path, fixed: bool) -> None:
+    events = [
+        (ES, "A", "B", "4108.25", 5, 1, LAST),  # 0: ES has a bid only
+        (SPREAD, "A", "B", "-45.50", 2, 2, LAST),  # 1: the spread has a bid only
+        (SPREAD, "A", "A", "-45.25", 3, 3, LAST),  # 2: -45.50 / -45.25: mid -45.375, no tick
+        (ES, "A", "A", "4108.75", 7, 4, LAST),  # 3: ES 4108.25 / 4108.75
+        (SPREAD, "M", "A", "0.75", 3, 3, LAST),  # 4: -45.50 / 0.75: mid -22.375, no tick
+        (SPREAD, "C", "B", "-45.50", 2, 2, LAST),  # 5: the cancel finds its order: no bid left
+        (SPREAD, "A", "B", "0", 1, 5, LAST),  # 6: 0.00 / 0.75: mid 0.375, a tick
+    ]
+    path = write(tmp_path, mbo_rows(events, fixed), "ES.FUT.mbo.csv")
+    data = load_csv_files([path])
+    assert {m.market_id: (m.price.tolist(), m.timestamp.tolist()) for m in data.markets} == {
+        "ESZ3": ([4108.5], [T0_MS + 3000]), "ESZ3-ESH4": ([0.375], [T0_MS + 6000])}
+    assert (data.bad_rows, data.skipped_rows, data.report) == (0, 5, [])
+    assert f"{path}: 2 rows skipped: {NOT_POSITIVE}" in data.notes, data.notes
+    assert not any("of orders not in the book" in n for n in data.notes), data.notes
+
+
+def test_fixed_point_prices_all_below_0_are_recognised_by_their_magnitude(tmp_path: Path) -> None:
+    events = [(SPREAD, "A", "B", "-45.50", 2, 1, LAST), (SPREAD, "A", "A", "-45.25", 3, 2, LAST)]
+    path = write(tmp_path, mbo_rows(events, fixed=True), "spread.csv")
+    notes: list[str] = []
+    cols = file_format(path, HEAD.split(","), ",", notes)
+    assert cols.fixed_point
+    assert (f"{path}: price read as Databento's fixed-point prices, integers in units of 1e-9 (the first, -45500000000,"
+            f" is -45.5); {UNDEF} (UNDEF_PRICE) is no price") in notes
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert str(err.value) == (f"no valid tick rows in {path}: of 2 rows 0 are bad and 2 skipped (1 because the book"
+                              " lacks a side (no bid or no ask order after its event: before the first orders, after a"
+                              f" clear); 1 because {NOT_POSITIVE})")
+
+
+def test_a_cancel_acts_on_its_orders_side_whatever_its_row_says(tmp_path: Path) -> None:
+    """Databento may write a cancel's side as N: the order's own side, from the book, is the one it leaves."""
+    u = ("4", "U")
+    events = [
+        (u, "A", "B", "100.00", 5, 1, LAST),  # a bid only
+        (u, "A", "B", "99.00", 5, 2, LAST),  # deeper
+        (u, "A", "A", "101.00", 5, 3, LAST),  # 100.00 / 101.00
+        (u, "C", "N", "100.00", 5, 1, LAST),  # the best bid cancelled: 99.00 / 101.00
+        (u, "C", "N", "98.00", 5, 77, LAST),  # an order never seen: ignored, counted
+        (u, "C", "A", "99.00", 5, 2, LAST),  # the row says ask, the order is a bid: no bid left
+    ]
+    path = write(tmp_path, mbo_rows(events, fixed=False), "U.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    assert m.price.tolist() == [100.5, 100.0] and m.timestamp.tolist() == [T0_MS + 2000, T0_MS + 3000]
+    assert (data.bad_rows, data.skipped_rows, data.report) == (0, 4, [])
+    assert any(n.startswith(f"{path}: 1 cancel (action C) of orders not in the book ignored") for n in data.notes)
+
+
+@pytest.mark.parametrize("split", [8, 10], ids=["between-events", "within-a-trade"])
+def test_books_carry_from_one_file_to_the_next_of_a_load(tmp_path: Path, split: int) -> None:
+    """A stream split into two files (a request split by size, consecutive daily files) reads as the one file does:
+    the orders resting at the end of the first are the book of the second, and a trade's event may straddle them."""
+    lines = mbo_rows(EVENTS, fixed=True)
+    whole = load_csv_files([write(tmp_path, lines, "whole.csv")])
+    first, second = write(tmp_path, lines[:split], "part1.csv"), write(tmp_path, lines[split:], "part2.csv")
+    parts = load_csv_files([first, second])
+    assert [(m.market_id, m.timestamp.tolist(), m.price.tolist(), m.volume.tolist()) for m in parts.markets] == [
+        ("ESZ3", [T0_MS + k * 1000 for k in ES_TICKS], ES_MIDS, ES_VOLUMES),
+        ("NQZ3", [T0_MS + k * 1000 for k in NQ_TICKS], NQ_MIDS, NQ_VOLUMES)]
+    assert [(m.timestamp.tolist(), m.price.tolist(), m.volume.tolist()) for m in parts.markets] == [
+        (m.timestamp.tolist(), m.price.tolist(), m.volume.tolist()) for m in whole.markets]
+    # at either split: bid orders 2 (4108.00) and 5 (4107.75), ask orders 3 (4108.75, or 4108.50) and 4 (4109.00)
+    carried = f"{second}: books carried over from the previous file: 4 orders resting"
+    assert any(n.startswith(carried) for n in parts.notes), parts.notes
+    assert not any(n.startswith(f"{first}: books carried") for n in parts.notes)
+    assert f"{second}: {UNKNOWN}" in parts.notes and not any(n.startswith(f"{first}: 1 cancel") for n in parts.notes)
+
+
 def test_a_book_side_keeps_its_best_and_its_memory_as_levels_come_and_go() -> None:
     bids = BookSide(bids=True)
     for price in (10.0, 12.0, 11.0, 12.0):
@@ -243,12 +322,12 @@ def test_inspect_data_shows_an_mbo_file_read_at_its_book(tmp_path: Path, monkeyp
     assert main(["inspect-data", path.name]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1] == "  time 'ts_recv' (ns), price 'price', volume 'size', market 'symbol'"
-    assert out[2] == "rows 23, bad 0, skipped 11, ticks 12 in 2 markets"
+    assert out[2] == "rows 23, bad 0, skipped 15, ticks 8 in 2 markets"
     assert f"  {path}: {MBO_NOTE}" in out and f"  {path}: {UNKNOWN}" in out
     assert main(["inspect-data", path.name, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert (d["rows"], d["bad_rows"], d["skipped_rows"], d["ticks"]) == (23, 0, 11, 12)
-    assert [(m["market_id"], m["ticks"]) for m in d["markets"]] == [("ESZ3", 10), ("NQZ3", 2)]
+    assert (d["rows"], d["bad_rows"], d["skipped_rows"], d["ticks"]) == (23, 0, 15, 8)
+    assert [(m["market_id"], m["ticks"]) for m in d["markets"]] == [("ESZ3", 7), ("NQZ3", 1)]
 
 
 def random_walk_mbo(n: int, seed: int = 0) -> list[str]:
