@@ -319,7 +319,7 @@ class Engine:
         service saves at shutdown are then those it had, never those of a refused swap.
         The undo also keeps each market's slot and recency (least recently used first, and
         its last-use time, which idle eviction reads) and the online learner with its pending
-        predictions and counts.
+        predictions and counts, and the synapses it has changed since the model was loaded.
         """
         refused = self.write_refusal()
         if refused is not None:  # the swap could not be made durable: change nothing
@@ -327,6 +327,7 @@ class Engine:
         journal = self.journal
         before = (self.weights, self.model_version)
         learner = self.learner
+        learned = self._learned_synapses() if journal is not None else None
         kept = self.snapshot_state() if reset_states and journal is not None else None
         bookkeeping = self.pool.table.bookkeeping() if kept is not None else None
         self._use_model(weights, model_version)
@@ -345,9 +346,20 @@ class Engine:
         except BaseException:
             self._use_model(*before)
             self.learner = learner
+            if learned is not None:  # the weights online learning changed since the model was loaded
+                views = self.backend.learning_views()
+                assert views is not None
+                np.copyto(views.pf_w, learned[0])
+                np.copyto(views.pf_rows, learned[1])
             if kept is not None and bookkeeping is not None:
                 self._put_back(kept, bookkeeping)
             raise
+
+    def _learned_synapses(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Copies of the parallel-fibre weights as online learning left them (CSR and dense rows), to put back when a
+        swap is undone (repacking the model's weights would drop what was learned); None without a learner."""
+        views = self.backend.learning_views() if self.learner is not None else None
+        return None if views is None else (views.pf_w.copy(), views.pf_rows.copy())
 
     def _put_back(self, kept: PoolSnapshot, bookkeeping: Bookkeeping) -> None:
         """Every market a refused swap's reset released, back in its own slot with its state (``kept``) and its place

@@ -319,6 +319,30 @@ async def test_a_refused_swap_keeps_each_markets_last_use_and_the_pending_learni
             crash(d)
 
 
+@pytest.mark.parametrize("reset", [False, True])
+async def test_a_refused_swap_keeps_the_synapses_online_learning_changed(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
+    """The undo kept the learner and its counts but repacked the model's weights: what it had learned was gone."""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=3, training={"online_learning": True})
+    opened: list[Durability] = []
+    try:
+        e, _ = start(cfg, opened)
+        for j in range(60):
+            await e.submit(tick("A", T0 + j, price=100.0 + (j * 7) % 5))
+        views = e.backend.learning_views()
+        assert e.learner is not None and e.learner.updates > 0 and views is not None
+        learned = views.pf_w.copy()
+        monkeypatch.setattr(os, "posix_fallocate", disk_full)
+        with pytest.raises(StorageError):
+            e.set_weights(generate_weights(cfg), "v2", reset_states=reset)
+        views = e.backend.learning_views()
+        assert views is not None
+        np.testing.assert_array_equal(views.pf_w, learned)
+    finally:
+        for d in opened:
+            crash(d)
+
+
 @pytest.mark.parametrize("after", [0, 5])
 async def test_a_model_swap_with_no_tick_since_the_last_checkpoint_survives_a_crash(
         journaled: tuple[Config, list[Durability]], after: int) -> None:
