@@ -35,14 +35,15 @@ other column is ignored:
   any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``). In a Databento file written
   without pretty_px, prices are integers in units of 1e-9, scaled (:func:`databento_fixed_point`). A Databento
   order book (mbp-1, mbp-10: book events, actions A, C, M, R, beside trades) is read at the mid of ``bid_px_00``
-  and ``ask_px_00``, the top of book after each event, whatever its ``price``; a row whose book lacks a side is
-  skipped, counted in ``Columns.skipped`` (:func:`databento_book_events`). A Databento market-by-order file (mbo: order
-  events keyed by ``order_id``, no top of book) has each instrument's book rebuilt from its events
-  (:mod:`.orderbook`) and is read at the mid of its best bid and best ask after each event's last record (flags
-  F_LAST); its other records, and events that leave the book without a side, are skipped (:func:`databento_mbo`). In
-  both, a book event is a tick only when it moves the best bid or ask price or trades, a book price may be any finite
-  number (a calendar spread's can be 0 or below) and an event whose mid is not above 0 is skipped (:func:`_book_skip`);
-  the files of one load carry their books on to the next (``file_format``'s ``books``).
+  and ``ask_px_00``, the top of book after each event (over a market's publishers, the highest bid and lowest ask
+  of their latest rows), whatever its ``price``; a row whose book lacks a side is skipped, counted in
+  ``Columns.skipped`` (:func:`databento_book_events`). A Databento market-by-order file (mbo: order events keyed
+  by ``order_id``, no top of book) has each instrument's book rebuilt from its events (:mod:`.orderbook`) and is
+  read at the mid of its best bid and best ask after each event's last record (flags F_LAST); its other records,
+  and events that leave the book without a side, are skipped (:func:`databento_mbo`). In both, a book event is a
+  tick only when it moves the best bid or ask price or trades, a book price may be any finite number (a calendar
+  spread's can be 0 or below) and an event whose mid is not above 0 is skipped (:func:`_book_skip`); the files of one
+  load carry their books on to the next (``file_format``'s ``books``).
 * volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``,
   ``size``, ``qty``, ``quantity`` (in a Databento order book, a trade's ``size``, 0 for a book event; in an mbo file
   the ``size`` of an event's trades, T); for quotes
@@ -95,7 +96,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 from ..timezones import zone_name
-from .orderbook import F_LAST, F_TOB, OrderBooks, Top
+from .orderbook import F_LAST, F_TOB, OrderBooks, Sides, Top
 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
@@ -280,6 +281,9 @@ class Columns:
     # an order-book file's markets -> their bid_px_00 and ask_px_00 in their previous row (None: a side lacked), to
     # tell whether a row moved them (see databento_book_events; shared by the files of one load)
     tops: dict[str, Top | None] = field(default_factory=dict)
+    publisher: int | None = None  # an order-book file's publisher_id: a market's top is the best over its venues'
+    # an order-book file's markets -> publisher -> its bid_px_00 and ask_px_00 in its latest row (None: no order there)
+    venues: dict[str, dict[str, Sides]] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # why -> rows skipped so (neither ticks nor bad rows)
     zone: tzinfo = UTC  # the zone of times written without an offset or zone (training.data_timezone)
     zone_used: bool = False  # a row's time was read in ``zone`` (not UTC) for want of an offset of its own
@@ -289,7 +293,7 @@ class Columns:
         if len(row) != self.fields:
             return []
         used = (self.time, self.clock, self.price, self.ask, self.volume, self.ask_volume, self.market, self.action,
-                *(self.mbo.names if self.mbo is not None else ()))
+                self.publisher, *(self.mbo.names if self.mbo is not None else ()))
         return [row[i] for i in used if i is not None]
 
     def describe(self, path: Path) -> FileFormat:
@@ -1106,7 +1110,7 @@ def _book_tick(row: list[str], cols: Columns, ts: int, market: str) -> tuple[int
     T or F, else 0); None, counted in ``cols.skipped``, for a row that is no tick (see :func:`_book_skip`).
     ValueError for a field that cannot be read, the market's previous top kept."""
     assert cols.action is not None
-    top = _book_top(row, cols)
+    top = _book_top(row, cols, market)
     traded = row[cols.action].strip() in DATABENTO_TRADE_ACTIONS
     volume = _volume(row[cols.volume], cols.volume_name, cols) if traded and cols.volume is not None else 0.0
     why = _book_skip(cols.tops, market, top, traded, ONE_SIDED_BOOK)
@@ -1117,14 +1121,27 @@ def _book_tick(row: list[str], cols: Columns, ts: int, market: str) -> tuple[int
     return ts, market, 0.5 * (top[0] + top[1]), volume
 
 
-def _book_top(row: list[str], cols: Columns) -> Top | None:
-    """An order-book row's own bid and ask (the top of book after its event, any finite prices); None when either side
-    is empty or UNDEF_PRICE: the book has no order on that side, and an earlier quote would price a book gone since."""
+def _book_top(row: list[str], cols: Columns, market: str) -> Top | None:
+    """``market``'s best bid and ask after an order-book row's event (any finite prices): the row's own bid_px_00 and
+    ask_px_00, or with several publishers the highest bid and lowest ask over each one's latest row (as an mbo
+    file's book is read); None when no publisher has a bid or none has an ask (an empty or UNDEF_PRICE side: no order
+    there, and an earlier quote would price a book gone since). ValueError, nothing kept, for a price that cannot
+    be read."""
     assert cols.ask is not None
-    sides = (row[cols.price], row[cols.ask])
-    if any(_no_price(text, cols) for text in sides):
-        return None
-    return _book_price(sides[0], cols.price_name, cols), _book_price(sides[1], cols.ask_name, cols)
+    bid_text, ask_text = row[cols.price], row[cols.ask]
+    sides: Sides = (None if _no_price(bid_text, cols) else _book_price(bid_text, cols.price_name, cols),
+                    None if _no_price(ask_text, cols) else _book_price(ask_text, cols.ask_name, cols))
+    if cols.publisher is not None:
+        venues = cols.venues.get(market)
+        if venues is None:
+            venues = cols.venues[market] = {}
+        venues[row[cols.publisher].strip()] = sides
+        if len(venues) > 1:
+            bids = [v[0] for v in venues.values() if v[0] is not None]
+            asks = [v[1] for v in venues.values() if v[1] is not None]
+            sides = (max(bids) if bids else None, min(asks) if asks else None)
+    bid, ask = sides
+    return None if bid is None or ask is None else (bid, ask)
 
 
 def _book_skip(tops: dict[str, Top | None], key: str, top: Top | None, traded: bool, one_sided: str) -> str | None:
@@ -1161,15 +1178,21 @@ def _mbo_tick(row: list[str], cols: Columns, m: MboColumns, ts: int, market: str
     event = (instrument, row[m.publisher])
     action = row[m.action].strip()
     books = m.books
-    if action in ("A", "M", "C"):
-        _mbo_order(row, cols, m, event, action, flags)
-    elif action == "T":
-        books.pending[event] = books.pending.get(event, 0.0) + _volume(row[cols.volume], cols.volume_name, cols)
-    elif action == "R":
-        books.book(*event).clear()
-    elif action not in ("F", "N"):  # neither changes the book (the cancel that follows a fill does)
-        raise ValueError(f"{m.names[m.action]} {action!r} is not one of Databento's actions ({MBO_ACTIONS})")
-    if flags is not None and not flags & F_LAST:
+    last = flags is None or bool(flags & F_LAST)
+    try:
+        if action in ("A", "M", "C"):
+            _mbo_order(row, cols, m, event, action, flags)
+        elif action == "T":
+            books.pending[event] = books.pending.get(event, 0.0) + _volume(row[cols.volume], cols.volume_name, cols)
+        elif action == "R":
+            books.book(*event).clear()
+        elif action not in ("F", "N"):  # neither changes the book (the cancel that follows a fill does)
+            raise ValueError(f"{m.names[m.action]} {action!r} is not one of Databento's actions ({MBO_ACTIONS})")
+    except ValueError:
+        if last:  # the event ends in a bad row: its trades are not carried to the next event
+            books.pending.pop(event, None)
+        raise
+    if not last:
         _skip(cols, MBO_MID_EVENT)
         return None
     volume = books.pending.pop(event, None)  # a skipped event's trades are not carried to a later one
@@ -1371,9 +1394,11 @@ def databento_book_events(path: Path, header: list[str], cols: Columns, books: O
     Databento's order-book events (mbp-1, mbp-10): its header names ``rtype``, ``publisher_id``, ``action``,
     ``bid_px_00`` and ``ask_px_00``, and the actions of its first ``sample_rows`` rows include a book event (A, C, M
     or R), not only trades. Each row is then read at the top of book after its event, and its ``size`` is volume only
-    for a trade (T or F); a row that moves neither price and trades nothing is no tick. Each market's previous top is
-    kept in ``books.tops`` when given (an earlier file's last row is the previous row of the next file's first), else
-    in the file's own. None, nothing set, for any other file (trades, tbbo, bbo, OHLCV, another vendor's)."""
+    for a trade (T or F); a row that moves neither price and trades nothing is no tick. A market on several
+    publishers has the highest bid and lowest ask over their latest rows (``cols.publisher``, ``cols.venues``). Each
+    market's previous top (and its publishers') is kept in ``books`` when given (an earlier file's last row is the
+    previous row of the next file's first), else in the file's own. None, nothing set, for any other file (trades,
+    tbbo, bbo, OHLCV, another vendor's)."""
     shown = [header_name(h) for h in header]
     names = [_match_name(s) for s in shown]
     if not set(names) >= DATABENTO_FIELDS | {DATABENTO_ACTION, *DATABENTO_TOP}:
@@ -1395,8 +1420,9 @@ def databento_book_events(path: Path, header: list[str], cols: Columns, books: O
     cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
     cols.ask_volume, cols.ask_volume_name = None, ""
     cols.action, cols.action_name = action, shown[action]
+    cols.publisher = _find_column(path, names, shown, ("publisher_id",), "publisher_id", True)
     if books is not None:
-        cols.tops = books.tops
+        cols.tops, cols.venues = books.tops, books.venues
     volume = f", volume the {cols.volume_name} of trades (T, F) only" if cols.volume is not None else ""
     return (f"{path}: Databento order-book events ({shown[action]} {', '.join(book)}): price is the mid of"
             f" {shown[bid]} and {shown[ask]} after each event{volume}; a row whose book lacks a side is skipped")

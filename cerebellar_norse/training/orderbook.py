@@ -147,6 +147,7 @@ class Book:
 
 
 Top = tuple[float, float]  # an instrument's best bid and best ask (quote currency)
+Sides = tuple[float | None, float | None]  # one publisher's best bid and best ask (None: no order on that side)
 
 
 class OrderBooks:
@@ -157,14 +158,16 @@ class OrderBooks:
     books, what a reader carries from one event to the next: ``tops``, each instrument's best bid and ask after its
     latest event (None while it lacks a side), to tell whether an event moved them (an mbp file's reader keeps its
     markets' tops there too, so that they also carry from file to file); ``pending``, the units traded so far in an
-    event whose last record is still to come, per (instrument, publisher)."""
+    event whose last record is still to come, per (instrument, publisher); ``venues``, an mbp file's markets' latest
+    top per publisher, whose best bid and ask are the market's."""
 
-    __slots__ = ("_books", "pending", "tops")
+    __slots__ = ("_books", "pending", "tops", "venues")
 
     def __init__(self) -> None:
         self._books: dict[str, dict[str, Book]] = {}
         self.tops: dict[str, Top | None] = {}
         self.pending: dict[tuple[str, str], float] = {}
+        self.venues: dict[str, dict[str, Sides]] = {}  # an mbp file's markets -> publisher -> its latest top
 
     def book(self, instrument: str, publisher: str) -> Book:
         """The book of ``instrument`` at ``publisher`` (empty at first)."""

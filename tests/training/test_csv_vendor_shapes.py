@@ -490,3 +490,22 @@ def test_a_time_skipped_when_the_clocks_go_forward_is_a_bad_row(tmp_path: Path) 
                            " forward by 1:00:00 over it (when daylight saving time starts)"]
     assert data.markets[0].timestamp.tolist() == [utc_ms(2024, 3, 10, 6), utc_ms(2024, 3, 10, 6, 30),
                                                   utc_ms(2024, 3, 10, 7), utc_ms(2024, 3, 10, 7, 30)]
+
+
+def test_an_order_books_top_is_the_best_over_its_publishers(tmp_path: Path) -> None:
+    """Each publisher's row carries that venue's top: read row by row, two venues alternating made every row a tick
+    bouncing between their mids, though neither venue's top moved (an mbo file of the same book gives two ticks)."""
+    venue_tops = {1: ("100.00", "101.00"), 2: ("100.50", "101.50")}
+    rows = []
+    for k in range(10):  # every event is deeper in its venue's book
+        pub = 1 + k % 2
+        bid, ask = venue_tops[pub]
+        rows.append(f"{DBN_NS + k * 10**9},{DBN_NS},1,{pub},5482,A,B,1,99.000000000,1,128,0,{k},"
+                    f"{bid},{ask},5,5,1,1,XYZ")
+    rows.append(f"{DBN_NS + 10 * 10**9},{DBN_NS},1,2,5482,C,A,0,101.500000000,5,128,0,10,100.50,,0,0,0,0,XYZ")
+    path = write(tmp_path, MBP_HEAD + ",symbol\n" + "\n".join(rows) + "\n", "XYZ-mbp-1.csv")
+    data = load_csv_files([path])
+    (m,) = data.markets
+    # venue 1 alone, then 100.50 / 101.00 over both; venue 2's ask leaving does not take the best ask away
+    assert m.price.tolist() == [100.5, 100.75]
+    assert (data.bad_rows, data.skipped_rows) == (0, 9)

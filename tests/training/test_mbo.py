@@ -359,3 +359,18 @@ def test_train_on_an_mbo_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     data = metrics["data"]
     assert (data["ticks"], data["bad_rows"], data["markets"]) == (3000, 0, 1)
     assert data["skipped_rows"] == data["rows"] - 3000 and f"{path}: {MBO_NOTE}" in data["notes"]
+
+
+def test_an_event_that_ends_in_a_bad_row_does_not_carry_its_trades_to_the_next(tmp_path: Path) -> None:
+    x = ("7", "X")
+    events = [
+        (x, "A", "B", "100.00", 5, 1, LAST),
+        (x, "A", "A", "101.00", 7, 2, LAST),  # 100.00 / 101.00: a tick
+        (x, "T", "B", "101.00", 3, 0, 0),  # a trade of 3 ...
+        (x, "C", "A", "101.00", 3, "zz", LAST),  # ... whose event ends in a bad row
+        (x, "A", "A", "100.50", 1, 3, LAST),  # a new best ask: a tick with no trade
+    ]
+    data = load_csv_files([write(tmp_path, mbo_rows(events, fixed=False), "X.csv")], max_bad_fraction=1.0)
+    (m,) = data.markets
+    assert m.price.tolist() == [100.5, 100.25] and m.volume.tolist() == [0.0, 0.0]
+    assert data.bad_rows == 1
