@@ -53,20 +53,32 @@ def score_inputs(cfg: Config, weights: Weights, prep: Prepared, split: int, base
     return ScoreInputs(probs, labels, fwd, past, base_rates, lr, prep.block, markets)
 
 
+def _kept_rows(n: int) -> np.ndarray:
+    """Which of ``n`` rows the logistic baseline is fitted on: all, or ``MAX_LR_ROWS`` spread evenly (ascending)."""
+    return np.arange(n) if n <= MAX_LR_ROWS else np.linspace(0, n - 1, MAX_LR_ROWS).astype(np.int64)
+
+
 def _subsample(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if y.shape[0] <= MAX_LR_ROWS:
         return x, y
-    keep = np.linspace(0, y.shape[0] - 1, MAX_LR_ROWS).astype(np.int64)
+    keep = _kept_rows(y.shape[0])
     return x[keep], y[keep]
 
 
 def _logistic_from_train(prep: Prepared, idx: list[np.ndarray]) -> np.ndarray | None:
-    xs = [pm.mossy[pm.labels >= 0].astype(np.float64) for pm in prep.markets]
-    ys = [pm.labels[pm.labels >= 0] for pm in prep.markets]
-    y = _cat(ys).astype(np.int64)
+    rows = [np.flatnonzero(pm.labels >= 0) for pm in prep.markets]
+    y = _cat([pm.labels[r] for pm, r in zip(prep.markets, rows, strict=True)]).astype(np.int64)
     if y.size < 10:
         return None
-    model = fit_logistic(*_subsample(_cat(xs, prep.markets[0].mossy.shape[1]), y))
+    # the rows _subsample keeps, gathered per market: copying every training row to float64 first held two
+    # float64 copies of the whole training split (over 1 GB for 2 million ticks) to fit on 200,000 of them
+    keep = _kept_rows(y.size)
+    ends = np.cumsum([r.size for r in rows])
+    starts = ends - np.array([r.size for r in rows])
+    cuts = np.searchsorted(keep, np.concatenate([starts, ends[-1:]]))  # keep[cuts[k]:cuts[k + 1]]: market k's rows
+    xs = [pm.mossy[r[keep[cuts[k]:cuts[k + 1]] - a]].astype(np.float64)
+          for k, (pm, r, a) in enumerate(zip(prep.markets, rows, starts, strict=True))]
+    model = fit_logistic(_cat(xs, prep.markets[0].mossy.shape[1]), y[keep])
     x_eval = _cat([pm.mossy[i].astype(np.float64) for pm, i in zip(prep.markets, idx, strict=True)], prep.markets[0].mossy.shape[1])
     return model.predict_proba(x_eval)
 

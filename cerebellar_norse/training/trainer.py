@@ -50,6 +50,7 @@ from .data import CLASS_NAMES, MarketSeries, TickData, class_counts, class_warni
 from .labels import Labels, LabelSpec, label_series, past_returns
 
 BURN_IN = 16
+LOGP_CHUNK = 65_536  # ticks per call of process_ticks in network_logp (bounds its per-tick dicts)
 
 
 @nb.njit(cache=True)
@@ -258,8 +259,13 @@ def network_logp(cfg: Config, weights: Weights, prep: Prepared) -> list[np.ndarr
     net = CerebellarNetwork(cfg, backend="fused", weights=raw, max_markets=max(len(prep.markets), 1))
     out = []
     for pm in prep.markets:
-        res = net.process_ticks(pm.ticks)
-        out.append(np.log(np.clip(np.array([[r["probabilities"][c] for c in CLASS_NAMES] for r in res]), 1e-300, 1.0)))
+        # in chunks: process_ticks answers one dict per tick (about 1 KB each), so a market of millions of ticks
+        # stepped at once held gigabytes of dicts; the pool carries each market's state from chunk to chunk
+        probs = np.empty((len(pm.ticks), len(CLASS_NAMES)))
+        for a in range(0, len(pm.ticks), LOGP_CHUNK):
+            res = net.process_ticks(pm.ticks[a:a + LOGP_CHUNK])
+            probs[a:a + len(res)] = [[r["probabilities"][c] for c in CLASS_NAMES] for r in res]
+        out.append(np.log(np.clip(probs, 1e-300, 1.0)))
     return out
 
 

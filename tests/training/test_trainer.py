@@ -328,3 +328,59 @@ def test_one_class_in_every_validation_label_is_no_edge() -> None:
     assert np.abs(choice.head.gain).max() == 0.0  # the priors head: served probabilities are the base rates
     mixed = rng.integers(0, 3, 600)  # two or three classes: the cross-validated rule decides, as before
     assert "reason" not in choose_head(logp, mixed, np.array([700, 600, 700]), horizon=10).cv
+
+
+def test_network_logp_steps_a_long_market_in_bounded_chunks(tiny_prep: tuple[Config, Prepared],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """process_ticks answers one dict per tick: a market of millions of ticks stepped in one call held
+    gigabytes of them. network_logp steps each market in chunks, with the same log-probabilities."""
+    from cerebellar_norse.neurons.network import CerebellarNetwork
+
+    cfg, prep = tiny_prep
+    weights = generate_weights(cfg)
+    whole = trainer.network_logp(cfg, weights, prep)
+    calls: list[int] = []
+    step = CerebellarNetwork.process_ticks
+
+    def spy(self: CerebellarNetwork, ticks: Any, batch: bool = True) -> list[dict[str, Any]]:
+        calls.append(len(ticks))
+        return step(self, ticks, batch)
+
+    monkeypatch.setattr(CerebellarNetwork, "process_ticks", spy)
+    monkeypatch.setattr(trainer, "LOGP_CHUNK", 97, raising=False)
+    chunked = trainer.network_logp(cfg, weights, prep)
+    assert max(calls) <= 97
+    assert sum(calls) == sum(len(pm.ticks) for pm in prep.markets)
+    for a, b in zip(whole, chunked, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_logistic_baseline_copies_only_the_rows_it_fits_on(tmp_path: Path, make_config: ConfigFactory,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test split's logistic baseline is fitted on at most MAX_LR_ROWS training rows: converting every
+    training row to float64 before subsampling held two float64 copies of the whole training split (over 1 GB
+    for 2 million ticks). Only the kept rows are copied, and the baseline is the same."""
+    import tracemalloc
+
+    from cerebellar_norse.training import scoring
+    from cerebellar_norse.training.evaluation import fit_logistic
+
+    prep = prepare(tiny(make_config), tick_data(tmp_path, 40_000, 2, seed=3))
+    idx, _ = prep.rows(2)
+    monkeypatch.setattr(scoring, "MAX_LR_ROWS", 500)
+    train_rows = sum(int((pm.labels >= 0).sum()) for pm in prep.markets)
+    full_float64 = train_rows * prep.markets[0].mossy.shape[1] * 8
+    assert train_rows > 10 * scoring.MAX_LR_ROWS
+    tracemalloc.start()
+    try:
+        got = scoring._logistic_from_train(prep, idx)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < full_float64, (peak, full_float64)  # before: two float64 copies of every training row
+    # the same fit as on the whole float64 matrix subsampled
+    x = np.concatenate([pm.mossy[pm.labels >= 0].astype(np.float64) for pm in prep.markets])
+    y = np.concatenate([pm.labels[pm.labels >= 0] for pm in prep.markets]).astype(np.int64)
+    want = fit_logistic(*scoring._subsample(x, y)).predict_proba(
+        np.concatenate([pm.mossy[i].astype(np.float64) for pm, i in zip(prep.markets, idx, strict=True)]))
+    np.testing.assert_array_equal(got, want)
