@@ -29,10 +29,14 @@ if TYPE_CHECKING:
     from .data import TickData
 
 
+PLAIN_PROGRESS_S = 30.0  # without a terminal: a progress line at most this often (an epoch of millions of ticks runs minutes)
+
+
 def _progress_printer(enabled: bool, printed: set[str]) -> Any:
     """The progress callback of ``train``: warnings and notes always (each added to ``printed``), epoch lines,
-    and a progress bar when ``enabled``."""
+    and a progress bar when ``enabled`` (else, for a log, a plain line every ``PLAIN_PROGRESS_S`` seconds)."""
     last = [0.0]
+    plain = [time.monotonic()]
 
     def show(d: dict[str, Any]) -> None:
         if "warning" in d:
@@ -47,7 +51,15 @@ def _progress_printer(enabled: bool, printed: set[str]) -> Any:
                     f"(more common direction {v.get('directional_baseline_accuracy', float('nan')):.3f})")
             print(("\r" if enabled else "") + line + (" " * 10 if enabled else ""), file=sys.stderr)
             return
-        if not enabled or time.monotonic() - last[0] < 0.2:
+        if not enabled:
+            now = time.monotonic()
+            if now - plain[0] >= PLAIN_PROGRESS_S:
+                plain[0] = now
+                print(f"epoch {d['epoch']}/{d['epochs']}: step {d['step']}/{d['steps']} "
+                      f"({d['step'] / max(d['steps'], 1):.0%}), loss {d['loss']:.4f}, "
+                      f"{d.get('ticks_per_second', 0):.0f} ticks/s", file=sys.stderr, flush=True)
+            return
+        if time.monotonic() - last[0] < 0.2:
             return
         last[0] = time.monotonic()
         width = 30
