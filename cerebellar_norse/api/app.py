@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -27,6 +29,16 @@ from .schemas import error_payload
 
 log = logging.getLogger("cerebellar_norse.api")
 TIMED_ROUTES = frozenset({"/neural/process", "/neural/process/batch"})  # POST requests whose timelines are kept
+
+
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")  # a path parameter's converter, as in {market_id:path}
+
+
+@functools.lru_cache(maxsize=256)
+def route_label(path: str) -> str:
+    """The ``route`` label of a request metric: the route's template as the API documents it, without Starlette's
+    converters (``/neural/markets/{market_id:path}`` is ``/neural/markets/{market_id}``)."""
+    return _CONVERTER.sub(r"{\1}", path)
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -154,7 +166,7 @@ class RequestContextMiddleware:
                 status = 408
             elif not started and status == 500:
                 status = 499  # closed by the client before an answer (nginx's convention)
-            label = scope.get(SCOPE_ROUTE) or getattr(scope.get("route"), "path", None) or "other"
+            label = scope.get(SCOPE_ROUTE) or route_label(getattr(scope.get("route"), "path", None) or "other")
             m.count_request(label, scope["method"], status, (time.perf_counter_ns() - t0) / 1e9)
             if timeline is not None:
                 timeline.status = status

@@ -348,7 +348,11 @@ def _samples(text: str) -> dict[str, list[Any]]:
 
 
 def test_prometheus_metrics(client: httpx.Client) -> None:
-    post_tick(client, tick(market("PM")))
+    pm = market("PM")
+    post_tick(client, tick(pm))
+    assert client.delete(f"/neural/markets/{pm}").status_code == 200
+    bad = client.post("/neural/process", content=b"{", headers={"Content-Type": "application/json"})
+    assert bad.status_code == 400  # counted in cerebellar_norse_errors_total (a sample whatever ran before)
     r = client.get("/metrics")
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
@@ -367,6 +371,8 @@ def test_prometheus_metrics(client: httpx.Client) -> None:
         assert name.startswith("cerebellar_norse_") or family in ALERT_NAMES, f"unprefixed metric {name}"
     routes = {s.labels["route"] for s in samples["cerebellar_norse_http_requests_total"]}
     assert "/neural/process" in routes  # labelled by route template, not by raw path
+    assert "/neural/markets/{market_id}" in routes  # as docs/http.md names it, without Starlette's {…:path}
+    assert not [r for r in routes if ":" in r], routes
     # the operations guide's "curl -s .../metrics | grep latency" finds the latency histograms
     found = [line for line in r.text.splitlines() if "latency" in line]
     assert any("processing_duration_seconds" in line for line in found)
