@@ -54,8 +54,9 @@ other column is ignored:
 * market (optional): ``market_id``, ``market``, ``symbol``, ``sym``, ``ticker``,
   ``instrument``, ``pair``, ``instrument_id``
   (1–64 printable ASCII characters); without one the market is the file's name
-  without its suffix (``EURUSD.csv`` → ``EURUSD``; a Binance file's name without its date,
-  :func:`binance_symbol`), other characters replaced by ``_``.
+  without its suffix (``EURUSD.csv`` → ``EURUSD``; a compressed file's without both, ``EURUSD.csv.gz`` → ``EURUSD``,
+  :func:`file_stem`; a Binance file's name without its date, :func:`binance_symbol`), other characters replaced by
+  ``_``.
 
 Prices and volumes may be written with digit groups (``"3,289.29"``); a comma anywhere
 else (a decimal comma) makes a bad row. Digits grouped by blanks or apostrophes (``43 000,00``,
@@ -75,7 +76,8 @@ Binance's (klines, aggTrades, trades: :func:`binance_layout`).
 header cannot tell, from the file itself (each probe, :func:`yfinance_header`,
 :func:`clock_column`, :func:`has_decimal_commas`, :func:`slash_order`,
 :func:`runs_newest_first`, reads what it needs); :mod:`cerebellar_norse.training.data`
-reads the rows.
+reads the rows. Every pass opens the file with :func:`~cerebellar_norse.training.compressed.open_tick_text`, so a
+gzip, bzip2, xz or one-file zip file reads as its plain text.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 from ..timezones import zone_name
+from .compressed import open_tick_text, without_compressed_suffix
 from .orderbook import F_LAST, F_TOB, OrderBooks, Sides, Top
 
 # Header names per column, in order of preference (compared in lower case).
@@ -351,7 +354,7 @@ def not_utf8(fields: list[str]) -> str:
 @contextlib.contextmanager
 def _data_rows(path: Path, cols: Columns) -> Iterator[Iterator[list[str]]]:
     """A file's rows after its header lines, read as ``cols`` reads them: each format probe's own pass."""
-    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+    with open_tick_text(path) as fh:
         reader = csv.reader(fh, delimiter=cols.delimiter)
         for _ in range(cols.header_rows):
             next(reader, None)
@@ -604,7 +607,7 @@ def yfinance_header(path: Path, header: list[str], delimiter: str = ",",
     if not header or header_name(header[0]).lower() != "price":
         return None
     try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+        with open_tick_text(path) as fh:
             reader = csv.reader(fh, delimiter=delimiter)
             for _ in range(skip + 1):
                 next(reader, None)
@@ -630,9 +633,18 @@ def yfinance_header(path: Path, header: list[str], delimiter: str = ",",
     return first, ticker if valid else "", lines
 
 
+def file_stem(path: Path) -> str:
+    """A file's name without its suffix, or without a compression suffix and the text suffix before it
+    (``EURUSD.csv`` and ``EURUSD.csv.gz`` are ``EURUSD``, ``BTCUSDT-1m-2024-01-01.zip``
+    ``BTCUSDT-1m-2024-01-01``; see :func:`~cerebellar_norse.training.compressed.without_compressed_suffix`)."""
+    name = Path(path).name
+    bare = without_compressed_suffix(name)
+    return bare if bare != name else Path(path).stem
+
+
 def _market_from_file_name(path: Path) -> str:
     """The file's stem as a market id: printable ASCII (others become ``_``), 1–64 characters."""
-    text = "".join(ch if " " <= ch <= "~" else "_" for ch in Path(path).stem).strip()
+    text = "".join(ch if " " <= ch <= "~" else "_" for ch in file_stem(path)).strip()
     return text[:MARKET_ID_MAX].rstrip() or "_"
 
 
@@ -1540,7 +1552,7 @@ def binance_layout(path: Path, first: list[str], delimiter: str = ",", skip: int
         return None
     prev = int(first[0])
     try:
-        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+        with open_tick_text(path) as fh:
             reader = csv.reader(fh, delimiter=delimiter)
             for _ in range(skip + 1):
                 next(reader, None)
@@ -1560,7 +1572,7 @@ def binance_symbol(path: Path) -> str:
     (``BTCUSDT-1m-2024-01-01.csv`` is ``BTCUSDT-1m``, ``BTCUSDT-aggTrades-2024-01.csv`` ``BTCUSDT-aggTrades``), so
     that a symbol's daily or monthly files of one kind are one market, and its klines and trades are not; "" for
     another name."""
-    m = _BINANCE_NAME.fullmatch(Path(path).stem)
+    m = _BINANCE_NAME.fullmatch(file_stem(path))
     return m[1] if m else ""
 
 

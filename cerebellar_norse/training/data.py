@@ -2,7 +2,9 @@
 
 A file is a header naming the columns, then one tick per line (Binance's headerless files are read by their
 layout); how a file may be written (separators, column names, time and number formats, yfinance's, MetaTrader's,
-Databento's and Binance's layouts) is in :mod:`cerebellar_norse.training.csvformat`.
+Databento's and Binance's layouts) is in :mod:`cerebellar_norse.training.csvformat`. A file compressed with gzip,
+bzip2 or xz, or a zip of one file, is read decompressed, noted (:mod:`cerebellar_norse.training.compressed`); a
+truncated or damaged one fails with ``file:line: unreadable after line N: …``.
 
 A missing optional column, a time unit other than ms, quotes read as their mid, ms
 times within 1970-01-01 that might be seconds, or times without an offset read in a zone
@@ -44,6 +46,7 @@ import numpy as np
 
 from ..errors import DataError, DataFileNotFoundError, InputError
 from ..timezones import zone_name
+from .compressed import CorruptFileError, compression_note, open_tick_text
 from .csvformat import (
     SECONDS_HINT_MS,
     FileFormat,
@@ -150,6 +153,13 @@ def iso_ms(ms: float) -> str:
     return text + (f".{int(ms) % 1000:03d}Z" if int(ms) % 1000 else "Z")
 
 
+def _corrupt(path: Path, lines_read: int, exc: CorruptFileError) -> DataError:
+    """The error for a compressed file whose data ends or breaks after ``lines_read`` lines were read whole."""
+    where = f"after line {lines_read}" if lines_read else "before its first line"
+    msg = f"{path}:{lines_read + 1}: unreadable {where}: {exc}; the file is truncated or damaged, download it again"
+    return DataError(msg, [msg])
+
+
 def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC) -> TickData:
     """Read tick CSV files (in the given order) into per-market series (format in the module docstring); dates and
     date-times written without an offset or zone are wall-clock times in ``zone`` (``training.data_timezone``).
@@ -174,9 +184,12 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
     for path in paths:
         try:
             # bytes that are not UTF-8 become lone surrogates, so a bad byte costs its own row only
-            fh = open(path, newline="", encoding="utf-8-sig", errors="surrogateescape")  # noqa: SIM115 (closed below)
+            compressed = compression_note(path)  # "file: read as gzip-compressed"; "" for a plain file
+            fh = open_tick_text(path)
         except OSError as exc:
-            raise DataError(f"{path}: cannot open: {exc.strerror}", [f"{path}: cannot open"]) from None
+            raise DataError(f"{path}: cannot open: {exc.strerror or exc}", [f"{path}: cannot open"]) from None
+        if compressed:
+            notes.append(compressed)
         with fh:
             try:
                 skipped, delimiter = leading_lines(fh)
@@ -193,6 +206,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                                 [f"{path}:1: empty file"]) from None
             except csv.Error as exc:
                 raise DataError(f"{path}:1: unreadable header: {exc}", [f"{path}:1: unreadable header"]) from None
+            except CorruptFileError as exc:
+                raise _corrupt(path, reader.line_num, exc) from None
             bad_bytes = not_utf8(header)
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
@@ -290,6 +305,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                     rows += 1
                     bad += 1
                     report.append(f"{path}:{reader.line_num}: unreadable row: {exc}")
+                except CorruptFileError as exc:  # a truncated or damaged download
+                    raise _corrupt(path, reader.line_num, exc) from None
             if len(widths) == 1 and sum(widths.values()) == rows - file_rows:  # every row: the header is off
                 (width,) = widths
                 msg = (f"{path}:1: the header names {cols.fields} columns but every row has {width} fields: a column"

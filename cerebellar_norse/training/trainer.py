@@ -210,9 +210,74 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
         prep.warnings.append(f"{len(short)} market(s) left out, with fewer than the {need} ticks a market needs (2 x "
                              f"neural.horizon_ticks + {BURN_IN + 2}): {market_list({m.market_id: len(m) for m in short})}")
     if prep.val_counts.sum() == 0:
-        raise DataError(f"no validation ticks past the warm-up of {n.warmup_ticks} ticks: the series are too short "
-                        "for this neural.warmup_ticks and training.validation_fraction")
+        raise DataError(no_validation_message(cfg, data.markets, dict(zip((m.market_id for m in usable), cuts,
+                                                                          strict=True))))
     return prep
+
+
+def _has_validation_tick(ticks: int, warmup: int, horizon: int, validation_fraction: float,
+                         test_fraction: float) -> bool:
+    """Whether one series of ``ticks`` ticks at distinct times, split alone, has a scored validation tick: one at
+    index >= ``warmup`` in the validation part whose end tick, ``horizon`` ticks later, lies inside that part."""
+    n_train, n_val_end = split_points(ticks, validation_fraction, test_fraction)
+    return max(n_train, warmup) + horizon < n_val_end
+
+
+def ticks_for_validation(cfg: Config) -> int:
+    """The fewest ticks (at distinct times) a market needs, split alone as :func:`prepare` splits it, to have a scored
+    validation tick: past ``neural.warmup_ticks``, with its horizon inside the validation part (``neural.horizon_ticks``
+    ticks; 1, the least, with ``neural.horizon_ms``), and at least the ``2 x horizon_ticks + BURN_IN + 2`` ticks any
+    market needs."""
+    n, t = cfg.neural, cfg.training
+    horizon = n.horizon_ticks if n.horizon_ms is None else 1
+
+    def enough(ticks: int) -> bool:
+        return _has_validation_tick(ticks, n.warmup_ticks, horizon, t.validation_fraction, t.test_fraction)
+
+    low = 2 * n.horizon_ticks + BURN_IN + 2
+    if enough(low):
+        return low
+    high = low
+    while not enough(high):
+        low, high = high, high * 2
+    while high - low > 1:  # enough(high), not enough(low)
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
+
+
+def no_validation_message(cfg: Config, markets: list[MarketSeries], cuts: Mapping[str, tuple[int, int]]) -> str:
+    """Why no market has a scored validation tick: the longest market's ticks beside the ticks a market needs
+    (:func:`ticks_for_validation`), and the config keys that set them (``cuts``: each market trained on -> the ends
+    of its training and validation parts, :func:`common_cuts`)."""
+    n, t = cfg.neural, cfg.training
+    longest = max(markets, key=len)
+    need = ticks_for_validation(cfg)
+    horizon = (f"neural.horizon_ticks {n.horizon_ticks}" if n.horizon_ms is None
+               else f"neural.horizon_ms {n.horizon_ms} (at least 1 tick)")
+    msg = (f"no validation ticks past the warm-up of {n.warmup_ticks} ticks: the series are too short: the longest"
+           f" market, {longest.market_id!r}, has {len(longest)} ticks, and a market needs at least {need} (its ticks"
+           f" are split by time: training.test_fraction {t.test_fraction:g} last for testing, the"
+           f" training.validation_fraction {t.validation_fraction:g} before them for validation, where a tick is"
+           f" scored past the first neural.warmup_ticks {n.warmup_ticks} of the market, its {horizon} ahead still"
+           " inside the validation part)")
+    if len(longest) >= need:
+        msg += ("; the cuts are common to all markets, by time: a market that does not span the whole period"
+                " gets less of the validation part")
+    return msg + f"; {_remedy(cfg, cuts)}, or train on longer series (more days of ticks per market)"
+
+
+def _remedy(cfg: Config, cuts: Mapping[str, tuple[int, int]]) -> str:
+    """The config change that gives a market a scored validation tick with its ``cuts`` (market -> the ends of its
+    training and validation parts): the highest ``neural.warmup_ticks`` that does, where the horizon is in ticks and
+    some market's validation part is longer than it."""
+    n = cfg.neural
+    room = {m: val_end - n.horizon_ticks - 1 for m, (n_train, val_end) in cuts.items()
+            if n_train + n.horizon_ticks < val_end}
+    if n.horizon_ms is not None or not room:
+        return "lower neural.warmup_ticks and raise training.validation_fraction"
+    market = max(room, key=lambda m: room[m])
+    return f"set neural.warmup_ticks to {room[market]} or less (then market {market!r} has validation ticks)"
 
 
 @dataclass

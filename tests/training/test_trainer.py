@@ -12,6 +12,7 @@ import pytest
 from training_helpers import TINY_NEURAL, ConfigFactory
 
 from cerebellar_norse.config import Config
+from cerebellar_norse.errors import DataError
 from cerebellar_norse.neurons.topology import TRAINABLE, generate_weights
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.training import trainer
@@ -111,6 +112,43 @@ def test_splits_are_by_time_with_a_horizon_embargo(tmp_path: Path, make_config: 
     n = len(one.markets[0].ticks)
     assert one.markets[0].n_train == round(n * (1 - t.validation_fraction - t.test_fraction))
     assert int((one.markets[0].split == 2).sum()) == round(n * t.test_fraction)
+
+
+def _markets_csv(tmp_path: Path, ticks: dict[str, int]) -> Path:
+    """A file of markets (name -> ticks) over one time grid, a tick a second, every market from its first second."""
+    rows = [f"{1_700_000_000_000 + k * 1000},{m},{100 + (k * 7 + i) % 13},1"
+            for k in range(max(ticks.values())) for i, (m, n) in enumerate(ticks.items()) if k < n]
+    path = tmp_path / "short.csv"
+    path.write_text("timestamp,market_id,price,volume\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_series_too_short_for_the_warm_up_names_the_longest_market_and_the_ticks_needed(
+        tmp_path: Path, make_config: ConfigFactory) -> None:
+    """Many markets of a few hundred ticks under the default warm-up of 500: the error gives the numbers."""
+    cfg = make_config(neural={**TINY_NEURAL, "warmup_ticks": 500, "horizon_ticks": 5})
+    need = trainer.ticks_for_validation(cfg)
+    assert need == 595  # 595 - round(0.15 x 595) = 506 > 500 + 5: tick 500 is scored, its end tick 505 validates
+    data = load_csv_files([_markets_csv(tmp_path, {"A": 300, "B": 450, "C": 400})])
+    with pytest.raises(DataError) as err:
+        prepare(cfg, data)
+    msg = str(err.value)
+    assert msg.startswith("no validation ticks past the warm-up of 500 ticks: the series are too short: the longest"
+                          " market, 'B', has 450 ticks, and a market needs at least 595 (")
+    for key in ("neural.warmup_ticks 500", "neural.horizon_ticks 5", "training.validation_fraction 0.15",
+                "training.test_fraction 0.15"):
+        assert key in msg, msg
+    # the time cuts common to the markets end B's and C's validation parts at their tick 339: tick 333 is the last
+    # whose end tick, 5 on, lies before it
+    assert msg.endswith("; set neural.warmup_ticks to 333 or less (then market 'B' has validation ticks), or train on"
+                        " longer series (more days of ticks per market)")
+    assert prepare(make_config(neural={**TINY_NEURAL, "warmup_ticks": 333, "horizon_ticks": 5}), data).val_counts.sum()
+    with pytest.raises(DataError, match="no validation ticks past the warm-up of 334 ticks"):
+        prepare(make_config(neural={**TINY_NEURAL, "warmup_ticks": 334, "horizon_ticks": 5}), data)
+    # the number is the code's: one market of that many ticks has a validation tick, one tick fewer has none
+    assert prepare(cfg, load_csv_files([_markets_csv(tmp_path, {"B": need})])).val_counts.sum() > 0
+    with pytest.raises(DataError, match="the longest market, 'B', has 594 ticks, and a market needs at least 595"):
+        prepare(cfg, load_csv_files([_markets_csv(tmp_path, {"B": need - 1})]))
 
 
 # --------------------------------------------------------------------------------------

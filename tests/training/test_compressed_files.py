@@ -1,0 +1,222 @@
+"""Compressed tick files (gzip, bzip2, xz, a zip of one file) read as their plain CSV; zstd, zips of several files
+and damaged data refused with a DataError; markets named after compressed files."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+import re
+import zipfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cerebellar_norse.cli import main
+from cerebellar_norse.errors import DataError
+from cerebellar_norse.training.csvformat import binance_symbol
+from cerebellar_norse.training.data import DATA_FILE_PATTERN, TickData, load_csv_files, resolve_data_file
+
+BN_MS = 1_704_067_200_000  # 2024-01-01 00:00 UTC
+
+
+def _zip(data: bytes, member: str = "ticks.csv") -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(member, data)
+    return buf.getvalue()
+
+
+COMPRESSORS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
+    "gzip": (".csv.gz", gzip.compress),
+    "bzip2": (".csv.bz2", bz2.compress),
+    "xz": (".csv.xz", lzma.compress),
+    "zip": (".zip", _zip),
+}
+
+# Dates with slashes (their order is found by a probe over the rows), CRLF line ends, a byte-order mark, a bad row
+# and a byte that is not UTF-8: read from the compressed file exactly as from the plain one.
+PLAIN = ("\ufeffDate,Price,Volume\r\n"
+         + "".join(f"{d:02d}/01/2020,{100 + d * 0.25},{d}\r\n" for d in range(1, 29))
+         + "29/01/2020,abc,1\r\n30/01/2020,\xe9,1\r\n31/01/2020,107.75,31\r\n").encode("utf-8")
+PLAIN = PLAIN.replace("\xe9".encode(), b"\xe9")
+
+
+def kline(open_ms: int, close: str) -> str:
+    return (f"{open_ms},42283.58000000,42300.00000000,42270.00000000,{close},1.5,{open_ms + 59_999},"
+            "1000.0,12,0.5,500.0,0")
+
+
+def _same(data: TickData, plain: TickData, path: Path, plain_path: Path) -> None:
+    """``data`` (read from ``path``) holds what ``plain`` (read from ``plain_path``) holds."""
+    assert [(m.market_id, m.timestamp.tolist(), m.price.tolist(), m.volume.tolist()) for m in data.markets] == \
+        [(m.market_id, m.timestamp.tolist(), m.price.tolist(), m.volume.tolist()) for m in plain.markets]
+    assert (data.rows, data.bad_rows) == (plain.rows, plain.bad_rows)
+    assert data.report == [r.replace(str(plain_path), str(path)) for r in plain.report]
+    assert [replace(f, path="") for f in data.formats] == [replace(f, path="") for f in plain.formats]
+    assert data.notes[1:] == [n.replace(str(plain_path), str(path)) for n in plain.notes]
+
+
+@pytest.mark.parametrize("kind", list(COMPRESSORS))
+def test_a_compressed_file_reads_as_its_plain_csv(tmp_path: Path, kind: str) -> None:
+    suffix, compress = COMPRESSORS[kind]
+    plain_path = tmp_path / "EURUSD.csv"
+    plain_path.write_bytes(PLAIN)
+    path = tmp_path / f"EURUSD{suffix}"
+    path.write_bytes(compress(PLAIN))
+    plain = load_csv_files([plain_path], max_bad_fraction=0.5)
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert plain.ticks == 29 and plain.formats[0].dates == "day/month/year"
+    assert plain.report == [f"{plain_path}:30: Price 'abc' is not a number",
+                            f"{plain_path}:31: unreadable row: not UTF-8 text (byte 0xe9)"]
+    _same(data, plain, path, plain_path)
+    member = " (its one file, 'ticks.csv')" if kind == "zip" else ""
+    assert data.notes[0] == f"{path}: read as {kind}-compressed{member}"
+    assert data.markets[0].market_id == "EURUSD"
+
+
+@pytest.mark.parametrize("kind", list(COMPRESSORS))
+def test_a_compressed_binance_file_is_read_by_its_layout_and_named_without_its_date(tmp_path: Path, kind: str) -> None:
+    """A headerless file is read again from its start once its layout is known: that works on decompressed data."""
+    text = "".join(kline(BN_MS + k * 60_000, f"{42290 + k}.5") + "\n" for k in range(60)).encode()
+    plain_path = tmp_path / "BTCUSDT-1m-2024-01-01.csv"
+    plain_path.write_bytes(text)
+    path = tmp_path / f"BTCUSDT-1m-2024-01-02{COMPRESSORS[kind][0]}"
+    path.write_bytes(COMPRESSORS[kind][1](text))
+    plain = load_csv_files([plain_path])
+    data = load_csv_files([path])
+    assert [m.market_id for m in data.markets] == ["BTCUSDT-1m"] and data.ticks == 60
+    _same(data, plain, path, plain_path)
+
+
+def test_a_compressed_yfinance_file_is_read_with_its_ticker(tmp_path: Path) -> None:
+    text = (b"Price,Close,High,Low,Open,Volume\nTicker,AAPL,AAPL,AAPL,AAPL,AAPL\nDate,,,,,\n"
+            b"2020-01-02,72.5,72.6,71.3,71.6,135480400\n2020-01-03,71.8,72.6,71.5,71.8,146322800\n")
+    path = tmp_path / "download.csv.gz"
+    path.write_bytes(gzip.compress(text))
+    data = load_csv_files([path])
+    assert [(m.market_id, m.price.tolist()) for m in data.markets] == [("AAPL", [72.5, 71.8])]
+    assert data.formats[0].header_lines == 3
+
+
+@pytest.mark.parametrize(("name", "market"), [
+    ("EURUSD.csv.gz", "EURUSD"), ("EURUSD.CSV.GZ", "EURUSD"), ("EURUSD.csv.bz2", "EURUSD"),
+    ("EURUSD.txt.xz", "EURUSD"), ("EURUSD.zip", "EURUSD"), ("EURUSD.gz", "EURUSD"), ("prices.v2.csv.gz", "prices.v2"),
+])
+def test_a_market_named_after_a_compressed_file_drops_both_suffixes(tmp_path: Path, name: str, market: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(b"timestamp,price\n1700000000000,1.5\n"))
+    assert [m.market_id for m in load_csv_files([path]).markets] == [market]
+
+
+@pytest.mark.parametrize("name", ["BTCUSDT-1m-2024-01-01.zip", "BTCUSDT-1m-2024-01-01.csv.gz",
+                                  "BTCUSDT-1m-2024-01-01.csv.zip", "BTCUSDT-1m-2024-01-01.csv"])
+def test_binance_symbol_of_compressed_file_names(name: str) -> None:
+    assert binance_symbol(Path(name)) == "BTCUSDT-1m"
+
+
+def test_compressed_file_names_are_accepted_as_data_files(tmp_path: Path) -> None:
+    (tmp_path / "poly").mkdir()
+    for name in ("EURUSD.csv.gz", "poly/2024-01-02.csv.gz", "BTCUSDT-1m-2024-01-01.zip", "ES.csv.bz2", "x.csv.xz"):
+        (tmp_path / name).write_bytes(b"")
+        assert re.match(DATA_FILE_PATTERN, name)
+        assert resolve_data_file(tmp_path, name) == (tmp_path / name).resolve()
+
+
+def _archive(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+def test_a_zip_of_several_files_is_refused_naming_five(tmp_path: Path) -> None:
+    path = _archive(tmp_path / "month.zip", {f"day{k}.csv": b"timestamp,price\n" for k in range(1, 8)})
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert str(err.value) == (f"{path}: the zip archive holds 7 files ('day1.csv', 'day2.csv', 'day3.csv', 'day4.csv',"
+                              " 'day5.csv' and 2 more); a zip holding one tick file is read: unpack it and name its"
+                              " files")
+
+
+def test_a_zip_of_one_file_beside_folders_and_macos_entries_is_read(tmp_path: Path) -> None:
+    text = b"timestamp,price\n1700000000000,1.5\n1700000001000,1.75\n"
+    path = _archive(tmp_path / "A.zip", {"data/": b"", "data/A.csv": text, "__MACOSX/data/._A.csv": b"\x00\x05"})
+    data = load_csv_files([path])
+    assert [(m.market_id, m.price.tolist()) for m in data.markets] == [("A", [1.5, 1.75])]
+    assert data.notes[0] == f"{path}: read as zip-compressed (its one file, 'data/A.csv')"
+
+
+def test_an_empty_zip_is_refused(tmp_path: Path) -> None:
+    path = _archive(tmp_path / "empty.zip", {})
+    with pytest.raises(DataError, match=re.escape(f"{path}: the zip archive holds no file")):
+        load_csv_files([path])
+
+
+def test_a_zstd_file_is_refused_with_the_command_that_decompresses_it(tmp_path: Path) -> None:
+    path = tmp_path / "ES.trades.csv.zst"
+    path.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(40)))
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert str(err.value) == f"{path} is zstd-compressed: decompress it first (zstd -d {path})"
+
+
+def _rows(n: int) -> bytes:
+    return ("timestamp,price\n" + "".join(f"{1_700_000_000_000 + k * 1000},{100 + k % 7}\n" for k in range(n))).encode()
+
+
+@pytest.mark.parametrize(("kind", "compress"), [("gzip", gzip.compress), ("bzip2", bz2.compress),
+                                                ("xz", lzma.compress)])
+def test_a_truncated_file_is_a_data_error_naming_the_line_reached(tmp_path: Path, kind: str,
+                                                                   compress: Callable[[bytes], bytes]) -> None:
+    data = compress(_rows(50_000))
+    path = tmp_path / f"EURUSD.csv.{kind}"
+    path.write_bytes(data[:len(data) * 2 // 3])
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    m = re.fullmatch(rf"{re.escape(str(path))}:(\d+): unreadable (?:after line (\d+)|before its first line): {kind}-"
+                     r"compressed data ends early or is damaged \(EOFError: .*\); the file is truncated or damaged,"
+                     " download it again", str(err.value))
+    assert m is not None, str(err.value)
+    assert m[2] is None or int(m[1]) == int(m[2]) + 1
+
+
+def test_a_damaged_gzip_is_a_data_error(tmp_path: Path) -> None:
+    data = bytearray(gzip.compress(_rows(20_000)))
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+    path = tmp_path / "EURUSD.csv.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:\d+: unreadable after line \d+: gzip-compressed"
+                                        " data ends early or is damaged"):
+        load_csv_files([path])
+
+
+def test_a_truncated_zip_is_a_data_error(tmp_path: Path) -> None:
+    whole = _zip(_rows(1000), "A.csv")
+    path = tmp_path / "A.zip"
+    path.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: unreadable zip archive \(.*\): the file is"
+                                        " truncated or damaged; download it again$"):
+        load_csv_files([path])
+
+
+def test_inspect_data_reads_a_gzip_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__DATA_DIR", str(tmp_path))
+    (tmp_path / "EURUSD.csv.gz").write_bytes(gzip.compress(b"timestamp,price,volume\n1700000000000,1.0825,3\n"
+                                                           b"1700000060000,1.0827,5\n"))
+    assert main(["inspect-data", "EURUSD.csv.gz"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    path = tmp_path / "EURUSD.csv.gz"
+    assert out[:3] == [f"{path}: separator ',', 1 header line, rows oldest first",
+                       "  time 'timestamp', price 'price', volume 'volume', market 'EURUSD' for every row",
+                       "rows 2, bad 0, ticks 2 in 1 market"]
+    assert f"  {path}: read as gzip-compressed" in out
+    assert main(["inspect-data", "EURUSD.csv.gz", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [(m["market_id"], m["ticks"]) for m in d["markets"]] == [("EURUSD", 2)]
