@@ -19,10 +19,11 @@ import numpy as np
 from ..config import Config
 from ..neurons.topology import Weights
 from .calibration import apply_head
-from .evaluation import ScoreInputs, cumulative_pnl, fit_logistic, score
-from .trainer import Prepared, network_logp
+from .evaluation import LogisticModel, ScoreInputs, cumulative_pnl, fit_logistic, score
+from .trainer import Prepared, PreparedMarket, network_logp
 
-MAX_LR_ROWS = 200_000
+MAX_LR_ROWS = 200_000  # rows the logistic baseline is fitted on at most
+PREDICT_ROWS = 65_536  # rows the baseline predicts at a time
 
 
 def _cat(parts: list[np.ndarray], width: int | None = None) -> np.ndarray:
@@ -58,55 +59,62 @@ def _kept_rows(n: int) -> np.ndarray:
     return np.arange(n) if n <= MAX_LR_ROWS else np.linspace(0, n - 1, MAX_LR_ROWS).astype(np.int64)
 
 
-def _subsample(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if y.shape[0] <= MAX_LR_ROWS:
-        return x, y
-    keep = _kept_rows(y.shape[0])
-    return x[keep], y[keep]
+def _fit_on(markets: list[PreparedMarket], rows: list[np.ndarray], ys: list[np.ndarray]) -> LogisticModel | None:
+    """The logistic baseline fitted on the mossy inputs of rows ``rows[k]`` of ``markets[k]``, labelled ``ys[k]``:
+    on all of them, or on ``MAX_LR_ROWS`` spread evenly over their concatenation (:func:`_kept_rows`); None for
+    fewer than 10 rows. Only the rows kept are copied to float64: a copy of every row held gigabytes for millions."""
+    y = _cat(ys).astype(np.int64)
+    if y.size < 10:
+        return None
+    keep = _kept_rows(y.size)
+    sizes = np.array([r.size for r in rows])
+    starts = np.cumsum(sizes) - sizes
+    cuts = np.searchsorted(keep, np.append(starts, y.size))  # keep[cuts[k]:cuts[k + 1]]: market k's rows
+    xs = [pm.mossy[r[keep[cuts[k]:cuts[k + 1]] - starts[k]]].astype(np.float64)
+          for k, (pm, r) in enumerate(zip(markets, rows, strict=True))]
+    return fit_logistic(_cat(xs, markets[0].mossy.shape[1]), y[keep])
+
+
+def _predict(model: LogisticModel, pm: PreparedMarket, rows: np.ndarray) -> np.ndarray:
+    """The baseline's probabilities (len(rows), 3) for rows ``rows`` of ``pm``, ``PREDICT_ROWS`` at a time (each
+    row's answer is its own: the float64 copy of a market's every row held gigabytes for millions)."""
+    out = np.empty((rows.size, 3))
+    for a in range(0, rows.size, PREDICT_ROWS):
+        part = rows[a:a + PREDICT_ROWS]
+        out[a:a + part.size] = model.predict_proba(pm.mossy[part].astype(np.float64))
+    return out
 
 
 def _logistic_from_train(prep: Prepared, idx: list[np.ndarray]) -> np.ndarray | None:
+    """The logistic baseline fitted on the training split, for the rows ``idx`` (per market) in order."""
     rows = [np.flatnonzero(pm.labels >= 0) for pm in prep.markets]
-    y = _cat([pm.labels[r] for pm, r in zip(prep.markets, rows, strict=True)]).astype(np.int64)
-    if y.size < 10:
+    model = _fit_on(prep.markets, rows, [pm.labels[r] for pm, r in zip(prep.markets, rows, strict=True)])
+    if model is None:
         return None
-    # the rows _subsample keeps, gathered per market: copying every training row to float64 first held two
-    # float64 copies of the whole training split (over 1 GB for 2 million ticks) to fit on 200,000 of them
-    keep = _kept_rows(y.size)
-    ends = np.cumsum([r.size for r in rows])
-    starts = ends - np.array([r.size for r in rows])
-    cuts = np.searchsorted(keep, np.concatenate([starts, ends[-1:]]))  # keep[cuts[k]:cuts[k + 1]]: market k's rows
-    xs = [pm.mossy[r[keep[cuts[k]:cuts[k + 1]] - a]].astype(np.float64)
-          for k, (pm, r, a) in enumerate(zip(prep.markets, rows, starts, strict=True))]
-    model = fit_logistic(_cat(xs, prep.markets[0].mossy.shape[1]), y[keep])
-    x_eval = _cat([pm.mossy[i].astype(np.float64) for pm, i in zip(prep.markets, idx, strict=True)], prep.markets[0].mossy.shape[1])
-    return model.predict_proba(x_eval)
+    return _cat([_predict(model, pm, i) for pm, i in zip(prep.markets, idx, strict=True)], 3).reshape(-1, 3)
 
 
 def _logistic_crossfit(prep: Prepared, idx: list[np.ndarray]) -> np.ndarray | None:
     """Each market's scored ticks split in two halves by time; each half scored by a fit on the other."""
-    m = prep.markets[0].mossy.shape[1]
-    halves: list[tuple[list[np.ndarray], list[np.ndarray]]] = [([], []), ([], [])]
+    parts: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     where: list[tuple[np.ndarray, np.ndarray]] = []
-    for pm, i in zip(prep.markets, idx, strict=True):
+    for i in idx:
         cut = i.size // 2
-        a, b = i[:max(cut - prep.block, 0)], i[cut:]
-        where.append((i[:cut], b))
-        for k, part in enumerate((a, b)):
-            halves[k][0].append(pm.mossy[part].astype(np.float64))
-            halves[k][1].append(pm.truth[part])
+        parts[0].append(i[:max(cut - prep.block, 0)])
+        parts[1].append(i[cut:])
+        where.append((i[:cut], i[cut:]))
     fits = []
-    for xs, ys in halves:
-        y = _cat(ys).astype(np.int64)
-        if y.size < 10:
+    for rows in parts:
+        fit = _fit_on(prep.markets, rows, [pm.truth[r] for pm, r in zip(prep.markets, rows, strict=True)])
+        if fit is None:
             return None
-        fits.append(fit_logistic(*_subsample(_cat(xs, m), y)))
+        fits.append(fit)
     out = []
     for pm, (first, second) in zip(prep.markets, where, strict=True):
         if first.size:
-            out.append(fits[1].predict_proba(pm.mossy[first].astype(np.float64)))
+            out.append(_predict(fits[1], pm, first))
         if second.size:
-            out.append(fits[0].predict_proba(pm.mossy[second].astype(np.float64)))
+            out.append(_predict(fits[0], pm, second))
     return _cat(out, 3).reshape(-1, 3)
 
 
