@@ -432,6 +432,10 @@ def _sheet_clock(text: str) -> str:
     return f"{hour:02d}:{m[2]}" + (f":{m[3]}{m[4] or ''}" if m[3] else "")
 
 
+HEADER_SHOWN = 500  # characters of a header line that a refusal shows
+LOOKS_LIKE_DATA_SAMPLE = 1000  # header names read to tell a first line of data
+
+
 def header_name(name: str) -> str:
     return " ".join(name.replace("\ufeff", "").split())
 
@@ -455,11 +459,22 @@ def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[
         if where:
             return where[0]
     if required:
-        msg = f"{path}:1: no {what} column (expected one of {', '.join(aliases)}{otherwise}); header is {','.join(shown)}"
-        if shown and sum(_looks_like_data(n) for n in shown) * 2 > len(shown):
+        msg = (f"{path}:1: no {what} column (expected one of {', '.join(aliases)}{otherwise}); header is"
+               f" {_header_shown(shown)}")
+        sample = shown[:LOOKS_LIKE_DATA_SAMPLE]  # a line of a million fields is told by its first ones
+        if sample and sum(_looks_like_data(n) for n in sample) * 2 > len(sample):
             msg += " (the first line looks like data: add a header line naming the columns)"
         raise DataError(msg, [msg])
     return None
+
+
+def _header_shown(shown: list[str]) -> str:
+    """A header line as a message shows it: whole up to :data:`HEADER_SHOWN` characters, else its start and how many
+    names it has (a header of a million names is not echoed back whole)."""
+    text = ",".join(shown)
+    if len(text) <= HEADER_SHOWN:
+        return text
+    return f"{text[:HEADER_SHOWN]}… ({len(shown)} names, {len(text)} characters)"
 
 
 def _looks_like_data(name: str) -> bool:
@@ -1072,6 +1087,9 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
     if cols.ask_volume is not None:
         blanks = cols.blank_volumes
         volume += _volume(row[cols.ask_volume], cols.ask_volume_name, cols)
+        if volume == _INF:  # two finite sides near the largest float
+            raise ValueError(f"{cols.volume_name} + {cols.ask_volume_name} is not finite (each side is, their sum is"
+                             " not): no volume is that large")
         cols.blank_volumes = min(cols.blank_volumes, blanks + 1)  # a row counts once
     return ts, market, price, volume
 
@@ -1098,6 +1116,12 @@ def _hour_clock(text: str, name: str, ending: bool) -> str:
     return f"{int(m[1]) - low:02d}:00"
 
 
+def mid_price(bid: float, ask: float) -> float:
+    """The mid of two finite prices, itself finite: halved before they are added, so that two sides near the largest
+    float (``1.7e308``) do not add up to infinity (the same number as ``0.5 * (bid + ask)`` wherever that is finite)."""
+    return 0.5 * bid + 0.5 * ask
+
+
 def _mid(row: list[str], market: str, cols: Columns) -> float:
     """The mid of a quote row's bid and ask; an empty side is the market's previous one (MetaTrader writes only the
     side that changed)."""
@@ -1114,7 +1138,7 @@ def _mid(row: list[str], market: str, cols: Columns) -> float:
             what = "empty" if not text.strip() else "Databento's UNDEF_PRICE"
             raise ValueError(f"{name} is {what} and market {market!r} has no earlier {name} to keep")
     cols.quotes[market] = sides
-    return 0.5 * (sides[0] + sides[1])
+    return mid_price(sides[0], sides[1])
 
 
 def _book_tick(row: list[str], cols: Columns, ts: int, market: str) -> tuple[int, str, float, float] | None:
@@ -1130,7 +1154,7 @@ def _book_tick(row: list[str], cols: Columns, ts: int, market: str) -> tuple[int
         _skip(cols, why)
         return None
     assert top is not None
-    return ts, market, 0.5 * (top[0] + top[1]), volume
+    return ts, market, mid_price(top[0], top[1]), volume
 
 
 def _book_top(row: list[str], cols: Columns, market: str) -> Top | None:
@@ -1165,7 +1189,7 @@ def _book_skip(tops: dict[str, Top | None], key: str, top: Top | None, traded: b
     tops[key] = top
     if top is None:
         return one_sided
-    if not 0.5 * (top[0] + top[1]) > 0.0:
+    if not mid_price(top[0], top[1]) > 0.0:
         return BOOK_NOT_POSITIVE
     if top == before and not traded:
         return BOOK_UNCHANGED
@@ -1195,7 +1219,11 @@ def _mbo_tick(row: list[str], cols: Columns, m: MboColumns, ts: int, market: str
         if action in ("A", "M", "C"):
             _mbo_order(row, cols, m, event, action, flags)
         elif action == "T":
-            books.pending[event] = books.pending.get(event, 0.0) + _volume(row[cols.volume], cols.volume_name, cols)
+            traded = books.pending.get(event, 0.0) + _volume(row[cols.volume], cols.volume_name, cols)
+            if traded == _INF:  # finite sizes near the largest float
+                raise ValueError(f"{cols.volume_name}: the sizes of the event's trades (action T) add up to more than"
+                                 " any finite number: no volume is that large")
+            books.pending[event] = traded
         elif action == "R":
             books.book(*event).clear()
         elif action not in ("F", "N"):  # neither changes the book (the cancel that follows a fill does)
@@ -1214,7 +1242,7 @@ def _mbo_tick(row: list[str], cols: Columns, m: MboColumns, ts: int, market: str
         _skip(cols, why)
         return None
     assert top is not None
-    return ts, market, 0.5 * (top[0] + top[1]), volume or 0.0
+    return ts, market, mid_price(top[0], top[1]), volume or 0.0
 
 
 def _mbo_order(row: list[str], cols: Columns, m: MboColumns, event: tuple[str, str], action: str, flags: int | None) -> None:

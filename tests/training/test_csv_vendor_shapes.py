@@ -338,6 +338,21 @@ def test_a_book_that_never_has_both_sides_gives_no_ticks_and_says_why(tmp_path: 
                               " clear))")
 
 
+def test_quotes_and_a_book_near_the_largest_float_have_a_finite_mid(tmp_path: Path) -> None:
+    """Fuzzed: a bid and an ask of 1.7e308 (finite, each accepted) added up to inf before they were halved: a tick
+    whose price is not finite, which training met as a traceback. Their volumes that overflow so are a bad row."""
+    quotes = write(tmp_path, "time,bid,ask,bid_size,ask_size\n2024-01-02T00:00:00Z,1.7e308,1.7e308,1,2\n"
+                             "2024-01-02T00:00:01Z,1,2,1e308,1.7e308\n", "Q.csv")
+    data = load_csv_files([quotes], max_bad_fraction=1.0)
+    assert data.markets[0].price.tolist() == [1.7e308] and data.markets[0].volume.tolist() == [3.0]
+    assert data.report == [f"{quotes}:3: bid_size + ask_size is not finite (each side is, their sum is not): no volume"
+                           " is that large"]
+    book = write(tmp_path, MBP_HEAD + "\n" + "".join(
+        f"{DBN_NS + k},{DBN_NS + k},1,1,5482,A,B,0,{bid},1,128,0,{k},{bid},{ask},5,7,1,1\n"
+        for k, (bid, ask) in enumerate([("1.7e308", "1.7e308"), ("1", "1.7e308")])), "book.csv")
+    assert load_csv_files([book]).markets[0].price.tolist() == [1.7e308, 8.5e307]
+
+
 @pytest.mark.parametrize("fixed", [True, False], ids=["fixed-point", "pretty_px"])
 def test_a_spread_in_an_order_book_is_read_only_where_its_mid_is_above_0(tmp_path: Path, fixed: bool) -> None:
     """A parent-symbol download (ES.FUT) holds calendar spreads, whose prices are often 0 or below: no bad rows."""

@@ -89,6 +89,25 @@ def test_a_file_without_a_header_line_is_told_to_add_one(tmp_path: Path) -> None
     assert str(exc.value).endswith("(the first line looks like data: add a header line naming the columns)")
 
 
+def test_a_huge_header_line_is_refused_quickly_and_not_echoed_whole(tmp_path: Path) -> None:
+    """Fuzzed: a 10 MB header line (5,000,000 names) without a time column took 30 s to refuse, each name read as a
+    possible time, and the refusal echoed the whole 10 MB line back."""
+    names = 200_000
+    path = write(tmp_path, "a," * names + "Close\n1,2\n")
+    t0 = time.monotonic()
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert time.monotonic() - t0 < 5  # each name was read as a possible time (1,000,000 names: 8 s)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}:1: no time column (expected one of ") and len(msg) < 1200
+    assert msg.endswith(f"header is {'a,' * 250}… ({names + 1} names, {2 * names + 5} characters)")
+    assert exc.value.report == [msg]
+    path = write(tmp_path, "1," * names + "2\n1,2\n")  # a first line of data is still told so
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert str(exc.value).endswith("(the first line looks like data: add a header line naming the columns)")
+
+
 def test_a_used_column_named_twice_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, "Date,Close,Open,close\n2020-01-02,1,2,3\n")
     with pytest.raises(DataError, match=r":1: price column 'close' appears 2 times in the header \(columns 2, 4\)"):

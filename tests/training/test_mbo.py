@@ -374,3 +374,20 @@ def test_an_event_that_ends_in_a_bad_row_does_not_carry_its_trades_to_the_next(t
     (m,) = data.markets
     assert m.price.tolist() == [100.5, 100.25] and m.volume.tolist() == [0.0, 0.0]
     assert data.bad_rows == 1
+
+
+def test_a_book_near_the_largest_float_has_a_finite_mid_and_trades_that_overflow_are_a_bad_row(tmp_path: Path) -> None:
+    """Fuzzed: both sides at 1.7e308 added up to inf before they were halved, and two trades of 1e308 in one event to
+    a volume of inf: a tick of a price or volume that is not finite, which training met as a traceback."""
+    x = ("7", "X")
+    events = [
+        (x, "A", "B", "1.7e308", 5, 1, LAST),
+        (x, "A", "A", "1.7e308", 7, 2, LAST),  # both sides near the largest float: a finite mid
+        (x, "T", "B", "1.7e308", 1e308, 0, 0),
+        (x, "T", "B", "1.7e308", 1e308, 0, LAST),  # the event's trades add up to more than any finite number
+    ]
+    data = load_csv_files([write(tmp_path, mbo_rows(events, fixed=False), "X.csv")], max_bad_fraction=1.0)
+    (m,) = data.markets
+    assert m.price.tolist() == [1.7e308] and m.volume.tolist() == [0.0]
+    assert data.report == [f"{tmp_path / 'X.csv'}:5: size: the sizes of the event's trades (action T) add up to more"
+                           " than any finite number: no volume is that large"]
