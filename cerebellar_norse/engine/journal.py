@@ -107,6 +107,9 @@ _ID = struct.Struct("<B")
 _PAGE = mmap.PAGESIZE
 
 
+STATE_ID_MAX = 64  # characters of a state dir identity (one is 32: a UUID's hex); each journal file's header holds it
+
+
 def read_state_id(state_dir: Path) -> str | None:
     """The identity in ``<state_dir>/state-id``, or None when there is no such file.
 
@@ -123,8 +126,9 @@ def read_state_id(state_dir: Path) -> str | None:
         sid = json.loads(payload)["state_id"]
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"not a state dir identity ({type(exc).__name__}: {exc})", str(path)) from None
-    if not isinstance(sid, str) or not sid or not sid.isascii() or not sid.isalnum():
-        raise CheckpointError(f"not a state dir identity ({sid!r})", str(path))
+    if not isinstance(sid, str) or not sid or len(sid) > STATE_ID_MAX or not sid.isascii() or not sid.isalnum():
+        shown = repr(sid) if not isinstance(sid, str) or len(sid) <= 80 else f"{sid[:80]!r}… ({len(sid)} characters)"
+        raise CheckpointError(f"not a state dir identity ({shown})", str(path))
     return sid
 
 

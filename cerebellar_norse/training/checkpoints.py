@@ -522,7 +522,14 @@ def load_model_dir(path: Path) -> StoredModel:
         raise CheckpointError(f"invalid network config: {exc}", str(path / "config.json")) from None
     if weights.shape != shape:
         raise CheckpointError(f"weights of shape {weights.shape} do not match the stored config {shape}", str(path / "weights.npz"))
-    return StoredModel(manifest.get("version", path.name), path, weights, neural, metrics)
+    version = manifest.get("version", path.name)
+    try:
+        check_version(version)  # served as the model's name: in logs, answers, and each journal file's header
+    except InputError:
+        shown = repr(version) if len(version) <= 80 else f"{version[:80]!r}… ({len(version)} characters)"
+        raise CheckpointError(f"the manifest's version {shown} is not a model version (letters, digits, '-', '_',"
+                              f" '.'; at most 128; not starting with '.')", str(mpath)) from None
+    return StoredModel(version, path, weights, neural, metrics)
 
 
 def split_until(metrics: dict[str, Any]) -> int | None:

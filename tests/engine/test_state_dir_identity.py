@@ -38,6 +38,7 @@ from cerebellar_norse.engine.journal import (
     Durability,
     SegmentReader,
     list_segments,
+    write_state_id,
 )
 from cerebellar_norse.engine.persistence import STATE_FILE
 from cerebellar_norse.errors import StorageError
@@ -212,6 +213,20 @@ async def test_a_damaged_identity_file_is_moved_aside_and_the_state_still_recove
     assert len(list(sd(a).glob(f"{STATE_ID_FILE}.corrupt-*"))) == 1
     assert "checksum mismatch" in caplog.text
     assert read_checksummed(idf)
+
+
+async def test_an_identity_too_long_for_a_journal_header_is_moved_aside_and_the_state_still_recovers(
+        two_dirs: tuple[Config, Config, list[Durability]], caplog: pytest.LogCaptureFixture) -> None:
+    """Fuzzed: a checksummed state-id holding 5000 letters was taken as it stood, and the start failed with a traceback
+    (ValueError: journal header too long) when the journal file that names it was created."""
+    a, _b, opened = two_dirs
+    twin = await crashed_with_journal(a, opened, "AB", 3)
+    write_state_id(sd(a), "A" * 5000)
+    with caplog.at_level(logging.ERROR):
+        e2, _ = start(a, opened)
+    assert_same_pool(e2, twin)  # the checkpoint's identity is taken, as for any damaged identity file
+    assert len(list(sd(a).glob(f"{STATE_ID_FILE}.corrupt-*"))) == 1
+    assert "not a state dir identity ('AAAA" in caplog.text and "(5000 characters)" in caplog.text
 
 
 async def test_an_import_into_a_full_pool_whose_checkpoint_fails_gives_the_evicted_market_back(

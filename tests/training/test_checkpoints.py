@@ -181,6 +181,20 @@ def test_manifest_of_the_wrong_shape_is_named(cfg: Config, store: ModelStore, te
     assert exc.value.path == "request body: manifest.json"
 
 
+@pytest.mark.parametrize("version", ["A" * 5000, "v1\nERROR forged log line", "../v1", ".v1", ""],
+                         ids=["5000 characters", "a newline", "a path", "hidden", "empty"])
+def test_a_manifest_whose_version_is_no_model_version_is_refused(cfg: Config, store: ModelStore, version: str) -> None:
+    """Fuzzed: a manifest's version was served as the model's name as it stood; one of 5000 characters made the
+    journal file's header (which names the model) too long, and the start failed with a traceback."""
+    stored = store.save(generate_weights(cfg), cfg, METRICS)
+    mpath = store.root / stored / MANIFEST
+    mpath.write_text(json.dumps({**json.loads(mpath.read_text()), "version": version}))
+    with pytest.raises(CheckpointError, match=r"the manifest's version .* is not a model version") as exc:
+        load_model_dir(store.root / stored)
+    assert exc.value.path == str(mpath) and len(str(exc.value)) < 400
+    assert store.load_for_service(cfg) is None  # refused, not a crash: the caller serves the untrained network
+
+
 @pytest.mark.parametrize("name", ["config.json", "metrics.json"])
 @pytest.mark.parametrize("text", [b"[1, 2]", b"[" * 50_000 + b"]" * 50_000], ids=["a list", "nested too deeply"])
 def test_model_json_files_must_hold_an_object(cfg: Config, store: ModelStore, name: str, text: bytes) -> None:
