@@ -200,7 +200,8 @@ class SegmentReader:
     Args:
         path: the segment file.
         max_record: the largest record an append can write (bytes); bounds what a crash
-            in the middle of the last append can leave behind.
+            in the middle of the last append can leave behind. The segment's header has the
+            bound its writer used where it was recorded, and that one is taken.
         last: whether this is the newest segment (the only one a crash can cut short).
 
     Raises:
@@ -227,6 +228,8 @@ class SegmentReader:
             self.state_id: str | None = None if sid is None else str(sid)  # None: written before identities
             cap = head.get("capacity")
             self.capacity: int | None = None if cap is None else int(cap)  # the live pool's slots (None: not recorded)
+            if head.get("max_record") is not None:  # the writer's bound, not the reader's config
+                self.max_record = int(head["max_record"])
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"unreadable journal header: {exc}") from None
 
@@ -332,12 +335,15 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
 
 
 def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size: int,
-                   state_id: str | None = None, capacity: int | None = None) -> tuple[Path, mmap.mmap]:
+                   state_id: str | None = None, capacity: int | None = None,
+                   max_record: int | None = None) -> tuple[Path, mmap.mmap]:
     """Create, reserve, fsync and map a new segment of ``size`` bytes (written under a temporary name, then renamed).
 
     The header records ``size``: a segment found shorter than that at start was truncated;
     and ``state_id``, the identity of the state dir it belongs to (when given); ``capacity``, the state slots of
-    the pool its records are stepped in (when given: a replay into fewer slots evicts what the live engine kept).
+    the pool its records are stepped in (when given: a replay into fewer slots evicts what the live engine kept);
+    ``max_record``, the largest record its writer appends (bytes, when given: every reader, ``--verify-data`` too,
+    then bounds a crash-cut tail by it, whatever its own config).
 
     Raises:
         OSError: the directory is read-only or the disk cannot hold ``size`` bytes.
@@ -347,7 +353,8 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     tmp = directory / f".{path.name}.tmp"
     meta = json.dumps({"base_seq": base, "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        "pid": os.getpid(), "size": size, **({} if state_id is None else {"state_id": state_id}),
-                       **({} if capacity is None else {"capacity": capacity})},
+                       **({} if capacity is None else {"capacity": capacity}),
+                       **({} if max_record is None else {"max_record": max_record})},
                       sort_keys=True).encode()
     header = MAGIC + _REC.pack(len(meta), crc32(meta)) + meta
     if len(header) > HEADER_SIZE:
@@ -565,7 +572,8 @@ class Durability:
         size = size or self.segment_size
         fp = self.engine.fingerprint()
         try:
-            path, mm = create_segment(self.dir, self.seq, fp, size, self.state_id, self.engine.pool.capacity)
+            path, mm = create_segment(self.dir, self.seq, fp, size, self.state_id, self.engine.pool.capacity,
+                                      self.max_record)
         except OSError as exc:
             raise self._fail(StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)) from None
         if self._mm is not None:
@@ -817,7 +825,7 @@ class Durability:
         self._seg_fp = eng.fingerprint()
         try:
             path, self._mm = create_segment(self.dir, self.seq, self._seg_fp, self.segment_size, self.state_id,
-                                            eng.pool.capacity)
+                                            eng.pool.capacity, self.max_record)
         except OSError as exc:
             raise StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc) from None
         self._pos, self._size, self._base = HEADER_SIZE, self.segment_size, self.seq

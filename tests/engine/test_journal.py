@@ -778,3 +778,32 @@ async def test_verify_data_names_a_damaged_journal_file_and_state_id(journaled: 
     (problem,) = problems
     assert problem.startswith(f"{sid}: checksum mismatch")
     assert any(line.startswith(f"{seg}: journal OK") for line in ok)
+
+
+async def test_verify_data_bounds_a_cut_append_as_the_journals_writer_did(journaled: tuple[Config, list[Durability]],
+                                                                          streams: StreamFactory) -> None:
+    """Bytes after the journal's end farther than one record of its writer cannot be a cut append: the service
+    moves such a file aside at start. --verify-data, which reads no config, bounded the tail by 1 MiB and said
+    "journal OK" for the same file; both now take the bound from the segment's header."""
+    from cerebellar_norse.engine.journal import parse_header
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    await feed([e], interleaved(streams(10, 2, seed=7)))
+    crash(d)
+    root = Path(cfg.paths.state_dir)
+    (_, seg), = list_segments(root / JOURNAL_DIR)
+    data = bytearray(seg.read_bytes())
+    writer_bound = int(parse_header(bytes(data))["max_record"])
+    assert writer_bound == d.max_record < 1 << 20
+    end = len(data.rstrip(b"\x00"))
+    assert end + writer_bound + 16 < len(data)
+    data[end + writer_bound + 8] = 0x7A  # past any append the writer could have cut short
+    seg.write_bytes(bytes(data))
+    reader = SegmentReader(seg)  # the default bound (1 MiB), as --verify-data reads it
+    assert reader.max_record == writer_bound
+    list(reader.records())
+    assert reader.damage is not None and "non-zero bytes after the end of the journal" in reader.damage
+    _, problems = verify_tree(root)
+    assert any(p.startswith(f"{seg}: non-zero bytes after the end of the journal") for p in problems), problems
