@@ -42,7 +42,7 @@ FILES = ("weights.npz", "config.json", "metrics.json")
 MANIFEST = "manifest.json"
 ACTIVE = "ACTIVE"
 # ModelStore.fallback when models are stored but none was ever activated: the newest valid one is served
-NOT_ACTIVATED = "no model was activated (models/ACTIVE is missing; models stored with activation off are not active)"
+NOT_ACTIVATED = "no model was activated (models/ACTIVE is missing or empty; models stored with activation off are not active)"
 WEIGHT_FIELDS = ("mg_idx", "mg_w", "pf_pre", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out", "pf_ptr", "pf_post", "pf_src")
 # The [neural] keys that define the network's shape and dynamics: a model is only
 # loadable into a service whose config agrees on them.
