@@ -193,6 +193,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
         with fh:
             try:
                 skipped, delimiter = leading_lines(fh)
+            except CorruptFileError as exc:  # not retried: gzip reads a file cut inside its header as empty the 2nd time
+                raise _corrupt(path, 0, exc) from None
             except (OSError, ValueError):
                 skipped, delimiter = 0, ","
             fh.seek(0)

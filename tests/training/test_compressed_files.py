@@ -185,6 +185,17 @@ def test_a_truncated_file_is_a_data_error_naming_the_line_reached(tmp_path: Path
     assert m[2] is None or int(m[1]) == int(m[2]) + 1
 
 
+@pytest.mark.parametrize("cut", range(2, 10))
+def test_a_gzip_cut_inside_its_header_is_a_truncated_file_not_an_empty_one(tmp_path: Path, cut: int) -> None:
+    """A download cut within gzip's 10-byte header: gzip raises EOFError on the first read and reads nothing on the
+    next, so the first line's probe must not swallow the error (it was then "empty file")."""
+    path = tmp_path / "EURUSD.csv.gz"
+    path.write_bytes(gzip.compress(_rows(100))[:cut])
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: unreadable before its first line: gzip-compressed"
+                                        r" data ends early or is damaged \(EOFError: .*\); the file is truncated"):
+        load_csv_files([path])
+
+
 def test_a_damaged_gzip_is_a_data_error(tmp_path: Path) -> None:
     data = bytearray(gzip.compress(_rows(20_000)))
     data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
