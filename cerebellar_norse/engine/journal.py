@@ -218,6 +218,8 @@ class SegmentReader:
         self.last = last
         self.damage: str | None = None
         self.unfinished = 0  # bytes of a record whose append a crash cut short (never acknowledged): dropped
+        self.bound_recorded = False  # whether the header has its writer's max_record (else the caller's is used)
+        self.cut_by_bound = False  # whether ``unfinished`` was told by ``max_record`` (a cut before the record's header)
         self.last_seq: int | None = None
         head = parse_header(self.data)
         try:
@@ -230,6 +232,7 @@ class SegmentReader:
             self.capacity: int | None = None if cap is None else int(cap)  # the live pool's slots (None: not recorded)
             if head.get("max_record") is not None:  # the writer's bound, not the reader's config
                 self.max_record = int(head["max_record"])
+                self.bound_recorded = True
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"unreadable journal header: {exc}") from None
 
@@ -263,6 +266,7 @@ class SegmentReader:
             if n == 0:
                 if not self._zeros_from(pos):  # an append cut short before its header, or damage
                     self._tail(pos, min(size, pos + self.max_record), f"non-zero bytes after the end of the journal (offset {pos})")
+                    self.cut_by_bound = self.unfinished > 0
                 return
             if end > size:
                 self.damage = f"record at offset {pos} runs past the end of the file"
@@ -315,6 +319,19 @@ def _decode(body: bytes) -> Record:
     if off != len(body):
         raise ValueError(f"{len(body) - off} bytes left after the record's items")
     return rec
+
+
+_RECORD_TICK_MAX = _TICK.size + 255  # a tick in a record, with the longest market id (bytes)
+
+
+def record_bound(batch_size: int) -> int:
+    """The largest record (bytes) a journal of an engine of ``batch_size`` appends: one batch of ticks."""
+    return _REC.size + _BODY.size + max(batch_size, 1) * _RECORD_TICK_MAX
+
+
+def batch_size_for_record(size: int) -> int:
+    """The smallest ``performance.batch_size`` whose largest record (:func:`record_bound`) is ``size`` bytes or more."""
+    return max(1, -(-(size - _REC.size - _BODY.size) // _RECORD_TICK_MAX))
 
 
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
@@ -465,7 +482,7 @@ class Durability:
         self.fsync = perf.journal_fsync
         self.segment_size = int(perf.journal_segment_size)
         self.interval_s = perf.checkpoint_interval_s
-        self.max_record = _REC.size + _BODY.size + max(engine.batch_size, 1) * (_TICK.size + 255)
+        self.max_record = record_bound(engine.batch_size)
         self.on_fatal = on_fatal
         self.seq = 0  # last record written
         self.failed: StorageError | None = None

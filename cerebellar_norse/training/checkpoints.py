@@ -625,7 +625,7 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
     service reads them at start: a damaged one is moved aside there (and the acknowledged ticks it holds are lost), so
     it is a problem here too. Returns, per state dir with a journal, its identity and its readable journal files (for
     :func:`_verify_journal_chain`)."""
-    from ..engine.journal import STATE_ID_FILE, SegmentReader, list_segments, read_state_id
+    from ..engine.journal import STATE_ID_FILE, SegmentReader, batch_size_for_record, list_segments, read_state_id
 
     ids: dict[Path, str | None] = {}
     for ipath in _named_under(root, STATE_ID_FILE):
@@ -661,6 +661,10 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
                                 f"the file aside at start (the ticks after it are lost)")
             else:
                 cut = f"; an unfinished last record ({reader.unfinished} bytes) is dropped" if reader.unfinished else ""
+                if reader.cut_by_bound and not reader.bound_recorded:  # written before headers recorded the bound
+                    k = batch_size_for_record(reader.unfinished)
+                    cut += (f" where performance.batch_size is {k} or more (the file does not record its writer's"
+                            " largest record; with a smaller batch_size the service moves it aside at start)")
                 ok.append(f"{path}: journal OK ({n} records from {base + 1}{cut})")
             chain.append((path, reader.base, reader.last_seq if reader.last_seq is not None else reader.base))
         journals[jdir.parent] = (dir_id, chain)

@@ -807,3 +807,37 @@ async def test_verify_data_bounds_a_cut_append_as_the_journals_writer_did(journa
     assert reader.damage is not None and "non-zero bytes after the end of the journal" in reader.damage
     _, problems = verify_tree(root)
     assert any(p.startswith(f"{seg}: non-zero bytes after the end of the journal") for p in problems), problems
+
+
+async def test_verify_data_tells_the_batch_size_a_cut_append_of_an_older_journal_file_needs(
+        journaled: tuple[Config, list[Durability]], streams: StreamFactory) -> None:
+    """A journal file written before headers recorded their writer's largest record (max_record) is bounded at start
+    by the service's own batch_size: bytes after the end past one record of it move the file aside. --verify-data,
+    which reads no config, said "journal OK" for such a file; it now names the batch_size the drop needs."""
+    from cerebellar_norse.engine.journal import _REC, batch_size_for_record, parse_header
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    await feed([e], interleaved(streams(10, 2, seed=7)))
+    crash(d)
+    root = Path(cfg.paths.state_dir)
+    (_, seg), = list_segments(root / JOURNAL_DIR)
+    data = bytearray(seg.read_bytes())
+    head = parse_header(bytes(data))
+    bound = int(head.pop("max_record"))  # as the previous version wrote it
+    meta = json.dumps(head, sort_keys=True).encode()
+    data[:HEADER_SIZE] = (MAGIC + _REC.pack(len(meta), zlib.crc32(meta)) + meta).ljust(HEADER_SIZE, b"\0")
+    end = len(data.rstrip(b"\x00"))
+    data[end + bound + 8] = 0x7A  # one record of this config's batch_size cannot reach it
+    seg.write_bytes(bytes(data))
+    need = batch_size_for_record(bound + 9)
+    assert need == cfg.performance.batch_size + 1 and batch_size_for_record(bound) == cfg.performance.batch_size
+    ok, problems = verify_tree(root)
+    assert not problems, problems
+    (line,) = [o for o in ok if o.startswith(f"{seg}: journal OK")]
+    assert line.endswith(f"an unfinished last record ({bound + 9} bytes) is dropped where performance.batch_size is"
+                         f" {need} or more (the file does not record its writer's largest record; with a smaller"
+                         " batch_size the service moves it aside at start))"), line
+    start(cfg, opened)  # this config's batch_size is smaller: moved aside, as --verify-data said it would be
+    assert len(list((root / JOURNAL_DIR).glob(f"{seg.name}.corrupt-*"))) == 1
