@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 PLAIN_PROGRESS_S = 30.0  # without a terminal: a progress line at most this often (an epoch of millions of ticks runs minutes)
 
 
+def _figure(x: float | None, digits: int = 3) -> str:
+    """A figure of an epoch line; ``n/a`` where there is none (no labelled window, no moving label)."""
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
 def _progress_printer(enabled: bool, printed: set[str]) -> Any:
     """The progress callback of ``train``: warnings and notes always (each added to ``printed``), epoch lines,
     and a progress bar when ``enabled`` (else, for a log, a plain line every ``PLAIN_PROGRESS_S`` seconds)."""
@@ -45,10 +50,10 @@ def _progress_printer(enabled: bool, printed: set[str]) -> Any:
             return
         if d.get("epoch_done"):
             v = d.get("validation") or {}
-            line = (f"epoch {d['epoch']}/{d['epochs']}: train loss {d['loss']:.4f}, validation loss {v.get('loss', float('nan')):.4f}, "
-                    f"accuracy {v.get('accuracy', float('nan')):.3f} (majority baseline {v.get('majority_baseline_accuracy', float('nan')):.3f}), "
-                    f"directional {v.get('directional_accuracy', float('nan')):.3f} "
-                    f"(more common direction {v.get('directional_baseline_accuracy', float('nan')):.3f})")
+            line = (f"epoch {d['epoch']}/{d['epochs']}: train loss {_figure(d.get('loss'), 4)}, validation loss"
+                    f" {_figure(v.get('loss'), 4)}, accuracy {_figure(v.get('accuracy'))} (majority baseline"
+                    f" {_figure(v.get('majority_baseline_accuracy'))}), directional {_figure(v.get('directional_accuracy'))}"
+                    f" (more common direction {_figure(v.get('directional_baseline_accuracy'))})")
             print(("\r" if enabled else "") + line + (" " * 10 if enabled else ""), file=sys.stderr)
             return
         if not enabled:

@@ -44,3 +44,17 @@ def test_train_without_a_terminal_prints_a_progress_line_during_a_long_epoch(
     clock[0] += 1.0
     show({**step, "step": 101})
     assert capsys.readouterr().err == ""  # at most one line per interval
+
+
+def test_an_epoch_line_without_a_figure_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """An epoch whose windows had no label has no train loss, and a validation split without a moving label no
+    directional figure (None): the epoch line failed with a TypeError formatting None."""
+    from cerebellar_norse.training import commands
+
+    show = commands._progress_printer(False, set())
+    show({"epoch": 1, "epochs": 3, "step": 5, "steps": 5, "loss": None, "epoch_done": True,
+          "validation": {"loss": 1.05, "accuracy": 0.61, "majority_baseline_accuracy": 0.6,
+                         "directional_accuracy": None, "directional_baseline_accuracy": None}})
+    err = capsys.readouterr().err
+    assert err == ("epoch 1/3: train loss n/a, validation loss 1.0500, accuracy 0.610 (majority baseline 0.600),"
+                   " directional n/a (more common direction n/a)\n")
