@@ -780,6 +780,17 @@ async def test_verify_data_names_a_damaged_journal_file_and_state_id(journaled: 
     assert any(line.startswith(f"{seg}: journal OK") for line in ok)
 
 
+async def crashed_segment(cfg: Config, opened: list[Durability],
+                          streams: StreamFactory) -> tuple[Durability, Path, Path, bytearray]:
+    """An engine fed 10 ticks on 2 markets, then killed: its journal, the state dir, its one segment and its bytes."""
+    e, d = start(cfg, opened)
+    await feed([e], interleaved(streams(10, 2, seed=7)))
+    crash(d)
+    root = Path(cfg.paths.state_dir)
+    (_, seg), = list_segments(root / JOURNAL_DIR)
+    return d, root, seg, bytearray(seg.read_bytes())
+
+
 async def test_verify_data_bounds_a_cut_append_as_the_journals_writer_did(journaled: tuple[Config, list[Durability]],
                                                                           streams: StreamFactory) -> None:
     """Bytes after the journal's end farther than one record of its writer cannot be a cut append: the service
@@ -789,12 +800,7 @@ async def test_verify_data_bounds_a_cut_append_as_the_journals_writer_did(journa
     from cerebellar_norse.training.checkpoints import verify_tree
 
     cfg, opened = journaled
-    e, d = start(cfg, opened)
-    await feed([e], interleaved(streams(10, 2, seed=7)))
-    crash(d)
-    root = Path(cfg.paths.state_dir)
-    (_, seg), = list_segments(root / JOURNAL_DIR)
-    data = bytearray(seg.read_bytes())
+    d, root, seg, data = await crashed_segment(cfg, opened, streams)
     writer_bound = int(parse_header(bytes(data))["max_record"])
     assert writer_bound == d.max_record < 1 << 20
     end = len(data.rstrip(b"\x00"))
@@ -818,12 +824,7 @@ async def test_verify_data_tells_the_batch_size_a_cut_append_of_an_older_journal
     from cerebellar_norse.training.checkpoints import verify_tree
 
     cfg, opened = journaled
-    e, d = start(cfg, opened)
-    await feed([e], interleaved(streams(10, 2, seed=7)))
-    crash(d)
-    root = Path(cfg.paths.state_dir)
-    (_, seg), = list_segments(root / JOURNAL_DIR)
-    data = bytearray(seg.read_bytes())
+    _, root, seg, data = await crashed_segment(cfg, opened, streams)
     head = parse_header(bytes(data))
     bound = int(head.pop("max_record"))  # as the previous version wrote it
     meta = json.dumps(head, sort_keys=True).encode()
