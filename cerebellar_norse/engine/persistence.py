@@ -129,6 +129,58 @@ def save_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], journal_
     return write_snapshot(snapshot_pool(pool), path, fingerprint, journal_seq, state_id)
 
 
+@dataclass(frozen=True)
+class StateFile:
+    """What a checkpoint's payload holds: its network's fingerprint (as saved), its markets (least recently used
+    first), the journal position it covers, the state dir identity it was written in (None: written before
+    identities) and every array it holds by name (the state fields among them)."""
+
+    fingerprint: Any
+    markets: list[str]
+    journal_seq: int
+    state_id: str | None
+    data: dict[str, np.ndarray]
+
+
+def read_state_payload(payload: bytes, where: str) -> StateFile:
+    """The checkpoint in a verified ``payload`` (the npz :func:`save_pool` seals); ``where`` names it in errors.
+
+    Raises:
+        CheckpointError: no npz, or its fingerprint, markets, journal position or identity cannot be read.
+    """
+    try:
+        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except Exception as exc:  # a valid checksum over an unreadable npz: written by something else
+        raise CheckpointError(f"unreadable state payload: {exc}", where) from None
+    try:
+        saved_fp = json.loads(str(data["fingerprint"]))
+        markets = [str(m) for m in data["markets"]]
+        seq = int(data["journal_seq"]) if "journal_seq" in data else 0
+        saved_id = str(data["state_id"]) if "state_id" in data else None
+    except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
+        raise CheckpointError(f"state file lacks or garbles {exc}", where) from None
+    return StateFile(saved_fp, markets, seq, saved_id, data)
+
+
+def check_state_rows(sf: StateFile, where: str) -> None:
+    """Raise unless every state field of ``sf`` has one row per market, no market appears twice and every state is
+    one a market can reach (:func:`check_states`); what can be told without the network's config.
+
+    Raises:
+        CheckpointError: naming the field or market.
+    """
+    n = len(sf.markets)
+    for name in STATE_FIELDS:
+        arr = sf.data.get(name)
+        if arr is None or arr.ndim < 1 or arr.shape[0] != n:
+            shape = None if arr is None else arr.shape
+            raise CheckpointError(f"field {name!r} has shape {shape}, expected one row per market ({n})", where)
+    if len(set(sf.markets)) != n:
+        raise CheckpointError("a market id appears more than once", where)
+    check_states(sf.data, where, sf.markets)
+
+
 def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: dict[str, Any] | None = None,
               state_id: str | None = None, raw: bytes | None = None) -> int:
     """Restore markets saved by :func:`save_pool` into an empty pool; returns how many.
@@ -149,18 +201,8 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
             that case.
     """
     payload = read_checksummed(path) if raw is None else unseal(raw, str(path))
-    try:
-        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except Exception as exc:  # a valid checksum over an unreadable npz: written by something else
-        raise CheckpointError(f"unreadable state payload: {exc}", str(path)) from None
-    try:
-        saved_fp = json.loads(str(data["fingerprint"]))
-        markets = [str(m) for m in data["markets"]]
-        seq = int(data["journal_seq"]) if "journal_seq" in data else 0
-        saved_id = str(data["state_id"]) if "state_id" in data else None
-    except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
-        raise CheckpointError(f"state file lacks or garbles {exc}", str(path)) from None
+    sf = read_state_payload(payload, str(path))
+    data, markets, seq, saved_id, saved_fp = sf.data, sf.markets, sf.journal_seq, sf.state_id, sf.fingerprint
     if state_id is not None and saved_id is not None and saved_id != state_id:
         this = ("this state dir was written before state dir identities" if state_id == LEGACY_DIR
                 else f"this state dir's is {state_id}")
@@ -175,9 +217,7 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
         want = (n, *getattr(pool.arrays, name).shape[1:])
         if arr is None or arr.shape != want:
             raise CheckpointError(f"field {name!r} has shape {None if arr is None else arr.shape}, expected {want}", str(path))
-    if len(set(markets)) != n:
-        raise CheckpointError("a market id appears more than once", str(path))
-    check_states(data, str(path), markets)
+    check_state_rows(sf, str(path))
     if n > pool.capacity:
         markets = markets[n - pool.capacity:]  # keep the most recently used
     keep = len(markets)

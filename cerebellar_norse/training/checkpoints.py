@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from ..errors import CheckpointError, InputError, StorageError
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
 from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes
+
+if TYPE_CHECKING:
+    from ..engine.persistence import StateFile
 
 log = logging.getLogger("cerebellar_norse.models")
 
@@ -575,7 +578,7 @@ def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tupl
 
 def verify_tree(root: Path) -> tuple[list[str], list[str]]:
     """Verify every model directory and state file under ``root``; returns (ok, problems) lines."""
-    from ..engine.persistence import STATE_FILE
+    from ..engine.persistence import STATE_FILE, check_state_rows, read_state_payload
     from ..storage import read_checksummed
 
     ok: list[str] = []
@@ -608,12 +611,18 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             continue
         try:
             payload = read_checksummed(spath)
-            ok.append(f"{spath}: market state OK")
         except CheckpointError as exc:
             problems.append(str(exc))
             continue
+        try:  # what the start checks without the network's config (the fingerprint needs it)
+            state = read_state_payload(payload, str(spath))
+            check_state_rows(state, str(spath))
+        except CheckpointError as exc:
+            problems.append(f"{exc}: the service moves it aside at start and every market starts from rest")
+            continue
+        ok.append(f"{spath}: market state OK ({len(state.markets)} markets)")
         if spath.parent in journals:
-            _verify_journal_chain(spath, payload, *journals[spath.parent], problems)
+            _verify_journal_chain(spath, state, *journals[spath.parent], problems)
     return ok, problems
 
 
@@ -671,19 +680,14 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
     return journals
 
 
-def _verify_journal_chain(spath: Path, payload: bytes, dir_id: str | None, chain: list[JournalPart],
+def _verify_journal_chain(spath: Path, state: StateFile, dir_id: str | None, chain: list[JournalPart],
                           problems: list[str]) -> None:
-    """What the service's start would make of a checkpoint (``spath``, its verified ``payload``) and its state dir's
+    """What the service's start would make of a checkpoint (``spath``, its verified contents ``state``) and its state dir's
     journal together: a checkpoint of another state dir (moved aside, and the journal with it), or a journal that
     does not continue the checkpoint (records missing between them: the journal is moved aside and its acknowledged
     ticks lost)."""
     state_dir = spath.parent
-    try:
-        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
-            seq = int(z["journal_seq"]) if "journal_seq" in z.files else 0
-            ckpt_id = str(z["state_id"]) if "state_id" in z.files else None
-    except Exception:  # a checksummed payload that is no state file: the start moves it aside, the check says nothing
-        return
+    seq, ckpt_id = state.journal_seq, state.state_id
     if ckpt_id is not None and dir_id is not None and ckpt_id != dir_id:
         lost = f"; this dir's journal ({', '.join(p.name for p, _, _ in chain)}) cannot be applied then" if chain else ""
         problems.append(f"{spath}: written by another state dir (its state id is {ckpt_id}; "

@@ -842,3 +842,45 @@ async def test_verify_data_tells_the_batch_size_a_cut_append_of_an_older_journal
                          " batch_size the service moves it aside at start))"), line
     start(cfg, opened)  # this config's batch_size is smaller: moved aside, as --verify-data said it would be
     assert len(list((root / JOURNAL_DIR).glob(f"{seg.name}.corrupt-*"))) == 1
+
+
+@pytest.mark.parametrize("damage", ["nan_state", "market_twice"])
+async def test_verify_data_reads_the_market_states_as_the_start_does(journaled: tuple[Config, list[Durability]],
+                                                                     streams: StreamFactory, damage: str) -> None:
+    """A market_state.bin whose checksum holds over states no market can reach (NaN) or a market listed twice is moved
+    aside at start, and every market starts from rest; --verify-data checked only its checksum and said "market
+    state OK"."""
+    import io
+
+    from cerebellar_norse.engine.persistence import load_pool
+    from cerebellar_norse.storage import read_checksummed, write_checksummed
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    await feed([e], interleaved(streams(30, 3, seed=9)))
+    d.close(save=True)
+    root = Path(cfg.paths.state_dir)
+    spath = root / STATE_FILE
+    ok, problems = verify_tree(root)
+    assert problems == [] and f"{spath}: market state OK (3 markets)" in ok
+    with np.load(io.BytesIO(read_checksummed(spath)), allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files}
+    if damage == "nan_state":
+        field = next(k for k in data if data[k].dtype.kind == "f" and data[k].ndim >= 2)
+        data[field] = data[field].copy()
+        data[field][1].flat[0] = np.nan
+        want = "holds non-finite values"
+    else:
+        data["markets"] = np.array([data["markets"][0]] * len(data["markets"]))
+        want = "a market id appears more than once"
+    buf = io.BytesIO()
+    np.savez(buf, **data)
+    write_checksummed(spath, buf.getvalue())
+    with pytest.raises(Exception, match=want):  # what the start does with it
+        load_pool(Engine(cfg).pool, spath, e.fingerprint())
+    ok, problems = verify_tree(root)
+    (problem,) = problems
+    assert problem.startswith(str(spath)) and want in problem, problem
+    assert problem.endswith("the service moves it aside at start and every market starts from rest")
+    assert not any(line.startswith(f"{spath}: market state OK") for line in ok)
