@@ -352,6 +352,16 @@ def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, sto
 # --------------------------------------------------------------------------------------
 
 
+def eta_s(first: tuple[float, float], now: float, progress: float) -> float | None:
+    """Seconds the epochs still need at their pace since the first step reported (``first``: its
+    ``time.monotonic()`` in s and the progress then, 0-1), at ``now`` with ``progress`` done; None before a second
+    report. Loading the data before the epochs is not counted (it is no part of their pace), nor scoring after them."""
+    t0, p0 = first
+    if progress <= p0 or now <= t0:
+        return None
+    return (now - t0) * (1.0 - progress) / (progress - p0)
+
+
 class JobManager:
     """Starts, tracks and cancels training jobs of a service (on its event loop)."""
 
@@ -491,7 +501,7 @@ class JobManager:
 
     async def _monitor(self, job: JobStatus, out: Any, activate: str) -> None:
         loop = asyncio.get_running_loop()
-        t0 = time.monotonic()
+        first: tuple[float, float] | None = None  # (time.monotonic(), progress) of the first step reported
         while job.state not in FINAL:
             try:
                 kind, data = await loop.run_in_executor(None, out.get, True, 0.2)
@@ -500,7 +510,11 @@ class JobManager:
                     self._finish(job, "failed", f"training process exited with code {self._proc.exitcode}")
                 continue
             if kind == "progress":
-                self._on_progress(job, data, time.monotonic() - t0)
+                self._on_progress(job, data)
+                if "warning" not in data:
+                    now = time.monotonic()
+                    first = first or (now, job.progress)
+                    job.eta_s = eta_s(first, now, job.progress)
             elif kind == "succeeded":
                 self._on_success(job, data, activate)
             elif kind == "cancelled":
@@ -509,7 +523,7 @@ class JobManager:
                 job.report = list(data.get("report", []))
                 self._finish(job, "failed", data.get("error", "unknown error"))
 
-    def _on_progress(self, job: JobStatus, d: dict[str, Any], elapsed: float) -> None:
+    def _on_progress(self, job: JobStatus, d: dict[str, Any]) -> None:
         if "warning" in d:
             job.warnings.append(d["warning"])
             return
@@ -517,7 +531,6 @@ class JobManager:
         done = (d["epoch"] - 1 + d["step"] / max(d["steps"], 1)) / max(d["epochs"], 1)
         job.progress = min(max(done, 0.0), 1.0)
         job.ticks_per_second = d.get("ticks_per_second")
-        job.eta_s = elapsed * (1 - job.progress) / job.progress if job.progress > 0 else None
         loss = d.get("loss")
         if isinstance(loss, float) and math.isfinite(loss):
             job.loss = loss

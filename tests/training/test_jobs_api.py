@@ -478,3 +478,14 @@ def test_a_finished_job_read_back_after_a_restart_keeps_its_times(make_config: C
     (jobs / "done.json").write_text(json.dumps({"job_id": "done", "state": "succeeded", "files": ["t.csv"], **times}))
     answered = JobManager(cfg, lambda version: None, lambda loss: None).jobs["done"].as_dict()
     assert {k: answered[k] for k in times} == times
+
+
+def test_eta_counts_the_epochs_pace_not_the_loading_before_them() -> None:
+    """A job that spent a minute loading a large file then ran 10 % of its epochs in 10 s has about 90 s left: the
+    ETA was the whole time since the job started (loading included) times what is left over what is done, 630 s."""
+    from cerebellar_norse.training.jobs import eta_s
+
+    loaded = 1060.0  # time.monotonic() of the first step's report, 60 s after the job started
+    assert eta_s((loaded, 0.01), loaded, 0.01) is None  # one report gives no pace
+    assert eta_s((loaded, 0.01), loaded + 10.0, 0.11) == pytest.approx(10.0 * 0.89 / 0.10)
+    assert eta_s((loaded, 0.01), loaded + 99.0, 1.0) == 0.0
