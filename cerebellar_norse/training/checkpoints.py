@@ -620,7 +620,8 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         except CheckpointError as exc:
             problems.append(f"{exc}: the service moves it aside at start and every market starts from rest")
             continue
-        ok.append(f"{spath}: market state OK ({len(state.markets)} markets)")
+        n = len(state.markets)
+        ok.append(f"{spath}: market state OK ({n} {'market' if n == 1 else 'markets'})")
         if spath.parent in journals:
             _verify_journal_chain(spath, state, *journals[spath.parent], problems)
     return ok, problems
