@@ -722,8 +722,8 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         probs["logistic"] = c.lr_probs
     baselines: dict[str, Any] = {}
     baseline_rows: dict[str, _Rows] = {}
-    for name, p in probs.items():
-        baselines[name], baseline_rows[name] = _evaluate(p, c, cost_bp)
+    for name in list(probs):  # each baseline's (n, 3) probabilities freed once scored: the bootstrap needs its rows only
+        baselines[name], baseline_rows[name] = _evaluate(probs.pop(name), c, cost_bp)
     vs, block = _diff_table(model_rows, baseline_rows, c.horizon, int(bootstrap), np.random.default_rng(seed))
     moving = int(n - counts[FLAT])
     summary: dict[str, Any] = {
