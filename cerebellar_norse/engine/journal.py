@@ -83,7 +83,7 @@ from zlib import crc32
 from ..errors import CheckpointError, ForeignStateDirError, StorageError
 from ..storage import fsync_dir, read_checksummed, read_state_file, unseal, write_checksummed
 from ..ticks import Tick
-from .persistence import LEGACY_DIR, check_writable, fingerprint_json, quarantine, write_snapshot
+from .persistence import LEGACY_DIR, check_writable, fingerprint_json, is_state_id, quarantine, write_snapshot
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -107,9 +107,6 @@ _ID = struct.Struct("<B")
 _PAGE = mmap.PAGESIZE
 
 
-STATE_ID_MAX = 64  # characters of a state dir identity (one is 32: a UUID's hex); each journal file's header holds it
-
-
 def read_state_id(state_dir: Path) -> str | None:
     """The identity in ``<state_dir>/state-id``, or None when there is no such file.
 
@@ -126,7 +123,7 @@ def read_state_id(state_dir: Path) -> str | None:
         sid = json.loads(payload)["state_id"]
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"not a state dir identity ({type(exc).__name__}: {exc})", str(path)) from None
-    if not isinstance(sid, str) or not sid or len(sid) > STATE_ID_MAX or not sid.isascii() or not sid.isalnum():
+    if not is_state_id(sid):
         shown = repr(sid) if not isinstance(sid, str) or len(sid) <= 80 else f"{sid[:80]!r}… ({len(sid)} characters)"
         raise CheckpointError(f"not a state dir identity ({shown})", str(path))
     return sid
@@ -171,7 +168,9 @@ def segment_state_id(path: Path) -> tuple[bool, str | None]:
             sid = parse_header(f.read(HEADER_SIZE)).get("state_id")
     except (OSError, ValueError):
         return False, None
-    return True, sid if isinstance(sid, str) else None
+    if sid is not None and not is_state_id(sid):
+        return False, None  # a garbled identity: the header is no good (read as damaged, never adopted)
+    return True, sid
 
 
 def segment_name(base: int) -> str:
@@ -227,7 +226,9 @@ class SegmentReader:
             self.fingerprint: dict[str, Any] = dict(head["fingerprint"])
             self.size: int | None = None if head.get("size") is None else int(head["size"])
             sid = head.get("state_id")
-            self.state_id: str | None = None if sid is None else str(sid)  # None: written before identities
+            if sid is not None and not is_state_id(sid):
+                raise ValueError(f"state_id {str(sid)[:80]!r} is no state dir identity")
+            self.state_id: str | None = sid  # None: written before identities
             cap = head.get("capacity")
             self.capacity: int | None = None if cap is None else int(cap)  # the live pool's slots (None: not recorded)
             if head.get("max_record") is not None:  # the writer's bound, not the reader's config

@@ -52,6 +52,12 @@ def network_of(fingerprint: dict[str, Any]) -> dict[str, Any]:
 
 
 LEGACY_DIR = ""  # the identity a state dir written before identities is expected to have (see load_pool)
+STATE_ID_MAX = 64  # characters of a state dir identity (one is 32: a UUID's hex); each journal file's header holds it
+
+
+def is_state_id(sid: object) -> bool:
+    """Whether ``sid`` can be a state dir identity: 1 to ``STATE_ID_MAX`` ASCII letters and digits."""
+    return isinstance(sid, str) and 0 < len(sid) <= STATE_ID_MAX and sid.isascii() and sid.isalnum()
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,9 @@ def read_state_payload(payload: bytes, where: str) -> StateFile:
         saved_id = str(data["state_id"]) if "state_id" in data else None
     except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
         raise CheckpointError(f"state file lacks or garbles {exc}", where) from None
+    if saved_id is not None and not is_state_id(saved_id):  # it would be adopted, and go into every journal header
+        shown = repr(saved_id) if len(saved_id) <= 80 else f"{saved_id[:80]!r}… ({len(saved_id)} characters)"
+        raise CheckpointError(f"state file garbles its state id ({shown})", where)
     return StateFile(saved_fp, markets, seq, saved_id, data)
 
 

@@ -230,6 +230,31 @@ async def test_an_identity_too_long_for_a_journal_header_is_moved_aside_and_the_
     assert "not a state dir identity ('AAAA" in caplog.text and "(5000 characters)" in caplog.text
 
 
+async def test_a_checkpoint_whose_identity_is_too_long_is_not_adopted(
+        two_dirs: tuple[Config, Config, list[Durability]], caplog: pytest.LogCaptureFixture) -> None:
+    """Fuzzed: a checksummed market_state.bin carrying a state id of 5000 letters, in a dir without its state-id file,
+    had that id adopted, and the start failed with a traceback (journal header too long) creating the journal file
+    that names it. The checkpoint is refused as garbled: moved aside, and the dir gets an identity of its own."""
+    a, _b, opened = two_dirs
+    await crashed_with_journal(a, opened, "AB", 3)
+    (sd(a) / STATE_ID_FILE).unlink()
+    shutil.rmtree(sd(a) / JOURNAL_DIR)
+    ckpt = sd(a) / STATE_FILE
+    with np.load(io.BytesIO(read_checksummed(ckpt)), allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files}
+    data["state_id"] = np.array("A" * 5000)
+    buf = io.BytesIO()
+    np.savez(buf, **data)
+    write_checksummed(ckpt, buf.getvalue())
+    with caplog.at_level(logging.ERROR):
+        e2, d2 = start(a, opened)
+    assert e2.pool.used == 0  # the garbled checkpoint is not restored
+    assert len(list(sd(a).glob(f"{STATE_FILE}.corrupt-*"))) == 1
+    assert "garbles its state id ('AAAA" in caplog.text and "(5000 characters)" in caplog.text
+    sid = read_state_id(sd(a))
+    assert sid is not None and len(sid) <= 64 and d2.state_id == sid
+
+
 async def test_an_import_into_a_full_pool_whose_checkpoint_fails_gives_the_evicted_market_back(
         engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = engine_config(state_dir=tmp_path / "state", max_markets=2)
@@ -311,3 +336,23 @@ async def test_a_journal_replayed_into_fewer_slots_warns_of_the_markets_it_evict
     finally:
         for d in opened:
             crash(d)
+
+
+async def test_a_journal_header_with_a_garbled_identity_is_unreadable_never_adopted(
+        two_dirs: tuple[Config, Config, list[Durability]]) -> None:
+    """A journal file's identity is adopted by a dir that has none; a garbled one (100 letters, CRC valid; the journal
+    header's room holds about 4,000) went into the next journal header as it stood. Such a header reads as damaged."""
+    from cerebellar_norse.engine.journal import segment_state_id
+
+    a, _b, opened = two_dirs
+    await crashed_with_journal(a, opened, "AB", 3)
+    (_, path), = list_segments(sd(a) / JOURNAL_DIR)
+    raw = bytearray(path.read_bytes())
+    meta = json.loads(raw[len(MAGIC) + 8:len(MAGIC) + 8 + journal_mod._REC.unpack_from(raw, len(MAGIC))[0]])
+    meta["state_id"] = "A" * 100
+    m = json.dumps(meta, sort_keys=True).encode()
+    raw[:HEADER_SIZE] = (MAGIC + journal_mod._REC.pack(len(m), zlib.crc32(m)) + m).ljust(HEADER_SIZE, b"\0")
+    path.write_bytes(bytes(raw))
+    assert segment_state_id(path) == (False, None)
+    with pytest.raises(ValueError, match="no state dir identity"):
+        SegmentReader(path)
