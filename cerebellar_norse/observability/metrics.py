@@ -158,25 +158,23 @@ class RecentLatency:
     def __init__(self, size: int = 4096) -> None:
         self.values = np.zeros(size)
         self.weights = np.zeros(size)
-        self.i = 0
-        self.n = 0
-        self.added = 0  # batches recorded since start
+        self.added = 0  # batches recorded since start; the latest is in slot (added - 1) % size
 
     def add(self, value: float, count: int) -> None:
         """Record a batch whose ``count`` ticks took ``value`` seconds each."""
-        self.values[self.i] = value
-        self.weights[self.i] = count
-        self.i = (self.i + 1) % self.values.shape[0]
-        self.n = min(self.n + 1, self.values.shape[0])
+        i = self.added % self.values.shape[0]
+        self.values[i] = value
+        self.weights[i] = count
         self.added += 1
 
     def quantiles(self, qs: Iterable[float], since: int | None = None) -> dict[float, float]:
         """Tick-weighted quantiles over the batches kept, or over those recorded after the first ``since`` (of
         :attr:`added`; the last ``size`` of them when more); NaN without a batch."""
-        n = self.n if since is None else min(self.n, max(self.added - since, 0))
+        kept = min(self.added, self.values.shape[0])
+        n = kept if since is None else min(kept, max(self.added - since, 0))
         if n == 0:
             return dict.fromkeys(qs, math.nan)
-        idx = (self.i - n + np.arange(n)) % self.values.shape[0]  # the last n recorded
+        idx = (self.added - n + np.arange(n)) % self.values.shape[0]  # the last n recorded
         v, w = self.values[idx], self.weights[idx]
         order = np.argsort(v)
         cum = np.cumsum(w[order])
