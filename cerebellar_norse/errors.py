@@ -18,6 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def quoted(text: str, limit: int) -> str:
+    """``text`` as an error message quotes it (its ``repr``): its first ``limit`` characters and its length when it is
+    longer, so that a value of a million characters is not echoed back whole."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text)} characters)"
+
+
 class CerebellarNorseError(Exception):
     """Base of every error raised on purpose by cerebellar-norse."""
 

@@ -12,6 +12,8 @@ import re
 from datetime import UTC, timedelta, timezone, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
+from .errors import quoted
+
 DEFAULT_ZONE = "UTC"
 MAX_OFFSET = timedelta(hours=14)  # the largest offset from UTC of any place's clocks (UTC+14:00, Kiribati)
 # +02:00, -0500, UTC-05:00, GMT+2: hours and minutes with or without a colon, or hours alone
@@ -30,9 +32,8 @@ _HOW = ("write an IANA name such as America/New_York or Europe/London, UTC, or a
 
 
 def _shown(text: str) -> str:
-    """``repr(text)``, cut to :data:`SHOWN` characters (with the length) when longer."""
-    r = repr(text)
-    return r if len(r) <= SHOWN else f"{r[:SHOWN]}… ({len(text)} characters)"
+    """``text`` quoted in a message, cut to :data:`SHOWN` characters (with the length) when longer."""
+    return quoted(text, SHOWN)
 
 
 def parse_zone(text: str) -> tzinfo:

@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zlib import crc32
 
-from ..errors import CheckpointError, ForeignStateDirError, StorageError
+from ..errors import CheckpointError, ForeignStateDirError, StorageError, quoted
 from ..storage import fsync_dir, read_checksummed, read_state_file, unseal, write_checksummed
 from ..ticks import Tick
 from .persistence import LEGACY_DIR, check_writable, fingerprint_json, is_state_id, quarantine, write_snapshot
@@ -124,8 +124,8 @@ def read_state_id(state_dir: Path) -> str | None:
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"not a state dir identity ({type(exc).__name__}: {exc})", str(path)) from None
     if not is_state_id(sid):
-        shown = repr(sid) if not isinstance(sid, str) or len(sid) <= 80 else f"{sid[:80]!r}… ({len(sid)} characters)"
-        raise CheckpointError(f"not a state dir identity ({shown})", str(path))
+        raise CheckpointError(f"not a state dir identity ({quoted(sid, 80) if isinstance(sid, str) else repr(sid)})",
+                              str(path))
     return sid
 
 

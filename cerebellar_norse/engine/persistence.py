@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, StorageError
+from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, StorageError, quoted
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import fsync_dir, read_checksummed, unseal, write_checksummed
@@ -167,8 +167,7 @@ def read_state_payload(payload: bytes, where: str) -> StateFile:
     except (KeyError, ValueError, TypeError) as exc:  # TypeError: a 0-d markets array
         raise CheckpointError(f"state file lacks or garbles {exc}", where) from None
     if saved_id is not None and not is_state_id(saved_id):  # it would be adopted, and go into every journal header
-        shown = repr(saved_id) if len(saved_id) <= 80 else f"{saved_id[:80]!r}… ({len(saved_id)} characters)"
-        raise CheckpointError(f"state file garbles its state id ({shown})", where)
+        raise CheckpointError(f"state file garbles its state id ({quoted(saved_id, 80)})", where)
     return StateFile(saved_fp, markets, seq, saved_id, data)
 
 

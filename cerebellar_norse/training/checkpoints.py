@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import Config, NeuralConfig
-from ..errors import CheckpointError, InputError, StorageError
+from ..errors import CheckpointError, InputError, StorageError, quoted
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
 from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes
@@ -529,8 +529,7 @@ def load_model_dir(path: Path) -> StoredModel:
     try:
         check_version(version)  # served as the model's name: in logs, answers, and each journal file's header
     except InputError:
-        shown = repr(version) if len(version) <= 80 else f"{version[:80]!r}… ({len(version)} characters)"
-        raise CheckpointError(f"the manifest's version {shown} is not a model version (letters, digits, '-', '_',"
+        raise CheckpointError(f"the manifest's version {quoted(version, 80)} is not a model version (letters, digits, '-', '_',"
                               f" '.'; at most 128; not starting with '.')", str(mpath)) from None
     return StoredModel(version, path, weights, neural, metrics)
 
