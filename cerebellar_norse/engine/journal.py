@@ -227,7 +227,7 @@ class SegmentReader:
             self.size: int | None = None if head.get("size") is None else int(head["size"])
             sid = head.get("state_id")
             if sid is not None and not is_state_id(sid):
-                raise ValueError(f"state_id {str(sid)[:80]!r} is no state dir identity")
+                raise ValueError(f"state_id {quoted(str(sid), 80)} is no state dir identity")
             self.state_id: str | None = sid  # None: written before identities
             cap = head.get("capacity")
             self.capacity: int | None = None if cap is None else int(cap)  # the live pool's slots (None: not recorded)
