@@ -99,7 +99,7 @@ from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 from ..timezones import zone_name
 from .compressed import open_tick_text, without_compressed_suffix
-from .orderbook import F_LAST, F_TOB, OrderBooks, Sides, Top
+from .orderbook import F_LAST, F_TOB, OrderBooks, Sides, Top, best_of
 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
@@ -1167,17 +1167,13 @@ def _book_top(row: list[str], cols: Columns, market: str) -> Top | None:
     bid_text, ask_text = row[cols.price], row[cols.ask]
     sides: Sides = (None if _no_price(bid_text, cols) else _book_price(bid_text, cols.price_name, cols),
                     None if _no_price(ask_text, cols) else _book_price(ask_text, cols.ask_name, cols))
-    if cols.publisher is not None:
-        venues = cols.venues.get(market)
-        if venues is None:
-            venues = cols.venues[market] = {}
-        venues[row[cols.publisher].strip()] = sides
-        if len(venues) > 1:
-            bids = [v[0] for v in venues.values() if v[0] is not None]
-            asks = [v[1] for v in venues.values() if v[1] is not None]
-            sides = (max(bids) if bids else None, min(asks) if asks else None)
-    bid, ask = sides
-    return None if bid is None or ask is None else (bid, ask)
+    if cols.publisher is None:
+        return best_of((sides,))
+    venues = cols.venues.get(market)
+    if venues is None:
+        venues = cols.venues[market] = {}
+    venues[row[cols.publisher].strip()] = sides
+    return best_of(venues.values())
 
 
 def _book_skip(tops: dict[str, Top | None], key: str, top: Top | None, traded: bool, one_sided: str) -> str | None:

@@ -29,6 +29,7 @@ files): the orders resting at the end of one file are the book at the start of t
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
 F_LAST = 128  # last record of an event for its instrument: the book is consistent only after it
 F_TOB = 64  # a top-of-book record (the side's best price and nothing deeper), not an individual order
@@ -150,6 +151,22 @@ Top = tuple[float, float]  # an instrument's best bid and best ask (quote curren
 Sides = tuple[float | None, float | None]  # one publisher's best bid and best ask (None: no order on that side)
 
 
+def best_of(venues: Iterable[Sides]) -> Top | None:
+    """The best bid and best ask over several publishers' (``venues``: each one's best bid and ask, None for a side
+    without an order): the highest bid and the lowest ask, in quote currency; None when none has a bid or none has an
+    ask. (Such a consolidated top can be crossed: it is taken as it is.)"""
+    bid: float | None = None
+    ask: float | None = None
+    for b, a in venues:
+        if b is not None and (bid is None or b > bid):
+            bid = b
+        if a is not None and (ask is None or a < ask):
+            ask = a
+    if bid is None or ask is None:
+        return None
+    return bid, ask
+
+
 class OrderBooks:
     """The books of every instrument in a stream of files, one per publisher, and the best bid and ask of each
     instrument.
@@ -190,15 +207,5 @@ class OrderBooks:
 
     def top(self, instrument: str) -> Top | None:
         """The best bid and best ask of ``instrument`` over its publishers (quote currency); None when no publisher
-        has a bid or none has an ask."""
-        bid: float | None = None
-        ask: float | None = None
-        for book in self._books.get(instrument, {}).values():
-            b, a = book.bids.best(), book.asks.best()
-            if b is not None and (bid is None or b > bid):
-                bid = b
-            if a is not None and (ask is None or a < ask):
-                ask = a
-        if bid is None or ask is None:
-            return None
-        return bid, ask
+        has a bid or none has an ask (:func:`best_of`)."""
+        return best_of((book.bids.best(), book.asks.best()) for book in self._books.get(instrument, {}).values())
