@@ -81,21 +81,16 @@ def zip_member(archive: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo:
     raise DataError(msg, [msg])
 
 
-def compression_note(path: Path) -> str:
-    """``"FILE: read as gzip-compressed"`` (for a zip, with its member's name) for a compressed file, else ``""``.
-    OSError when the file cannot be read, DataError for a zip that is not one of one file."""
-    kind = compression_of(path)
-    if kind is None or kind == "zstd":
-        return ""
-    if kind != "zip":
-        return f"{path}: read as {kind}-compressed"
-    with _zip_archive(path) as archive:
-        return f"{path}: read as zip-compressed (its one file, {zip_member(archive, path).filename!r})"
-
-
 def open_tick_text(path: Path) -> TextIO:
+    """The file at ``path`` as text, decompressed as its first bytes tell (see :func:`open_tick_file`)."""
+    return open_tick_file(path)[0]
+
+
+def open_tick_file(path: Path) -> tuple[TextIO, str]:
     """The file at ``path`` as text, decompressed as its first bytes tell (see the module docstring), opened as
-    ``open(path, newline="", encoding="utf-8-sig", errors="surrogateescape")`` opens a plain file.
+    ``open(path, newline="", encoding="utf-8-sig", errors="surrogateescape")`` opens a plain file; and the note that
+    says how it was read (``"FILE: read as gzip-compressed"``, for a zip with its member's name; ``""`` for a plain
+    file).
 
     Raises:
         OSError: the file cannot be opened (:class:`CorruptFileError` while reading damaged compressed data).
@@ -103,12 +98,16 @@ def open_tick_text(path: Path) -> TextIO:
     """
     kind = compression_of(path)
     if kind is None:
-        return open(path, newline="", encoding="utf-8-sig", errors="surrogateescape")
+        return open(path, newline="", encoding="utf-8-sig", errors="surrogateescape"), ""
     if kind == "zstd":
         msg = f"{path} is zstd-compressed: decompress it first (zstd -d {path})"
         raise DataError(msg, [msg])
-    raw = _open_zip_member(path) if kind == "zip" else _Guarded(_OPENERS[kind](path), kind, path)
-    return io.TextIOWrapper(raw, newline="", encoding="utf-8-sig", errors="surrogateescape")
+    if kind == "zip":
+        raw, member = _open_zip_member(path)
+        note = f"{path}: read as zip-compressed (its one file, {member!r})"
+    else:
+        raw, note = _Guarded(_OPENERS[kind](path), kind, path), f"{path}: read as {kind}-compressed"
+    return io.TextIOWrapper(raw, newline="", encoding="utf-8-sig", errors="surrogateescape"), note
 
 
 @contextlib.contextmanager
@@ -123,8 +122,8 @@ def _zip_archive(path: Path) -> Iterator[zipfile.ZipFile]:
         yield archive
 
 
-def _open_zip_member(path: Path) -> _Guarded:
-    """The one file of the zip archive at ``path``, open for reading (bytes)."""
+def _open_zip_member(path: Path) -> tuple[_Guarded, str]:
+    """The one file of the zip archive at ``path``, open for reading (bytes), and its name in the archive."""
     with contextlib.ExitStack() as stack:
         archive = stack.enter_context(_zip_archive(path))
         member = zip_member(archive, path)
@@ -134,7 +133,7 @@ def _open_zip_member(path: Path) -> _Guarded:
             msg = f"{path}: cannot read {member.filename!r} in the zip archive ({exc}); unpack it first"
             raise DataError(msg, [msg]) from None
         stack.pop_all()
-        return _Guarded(stream, "zip", path, archive)
+        return _Guarded(stream, "zip", path, archive), member.filename
 
 
 class _Guarded(io.BufferedIOBase):

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..errors import DataError, DataFileNotFoundError, InputError
 from ..timezones import zone_name
-from .compressed import CorruptFileError, compression_note, open_tick_text
+from .compressed import CorruptFileError, open_tick_file
 from .csvformat import (
     SECONDS_HINT_MS,
     FileFormat,
@@ -184,8 +184,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
     for path in paths:
         try:
             # bytes that are not UTF-8 become lone surrogates, so a bad byte costs its own row only
-            compressed = compression_note(path)  # "file: read as gzip-compressed"; "" for a plain file
-            fh = open_tick_text(path)
+            fh, compressed = open_tick_file(path)  # compressed: "file: read as gzip-compressed"; "" for a plain file
         except OSError as exc:
             raise DataError(f"{path}: cannot open: {exc.strerror or exc}", [f"{path}: cannot open"]) from None
         if compressed:
