@@ -386,33 +386,20 @@ def _rule_views(past_ret: np.ndarray) -> dict[str, np.ndarray]:
     return {"persistence": direction, "mean_reversion": -direction, "always_up": np.ones(past.shape[0])}
 
 
-def rule_tilts(past_ret: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def rule_tilts(past_ret: np.ndarray, labels: np.ndarray,
+               views: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """The tilt of each rule (``RULES``) that maximises its direction likelihood on these rows.
 
     Over the rows with a moving label (down or up) where the rule has a view, k called the
     direction right and m wrong: t = k / (k + m) − 0.5 (the maximum of k log(0.5 + t) +
     m log(0.5 − t)), kept within ``TILT_RANGE``; the floor where there is no such row.
+    ``views``: the rules' views of ``past_ret`` (:func:`_rule_views`) when the caller has them.
     """
-    return _tilts_of(_rule_views(past_ret), labels)
-
-
-def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray, tilts: dict[str, float]) -> dict[str, np.ndarray]:
-    """Probabilities (n, 3) of the baselines (module docstring), n = len(past_ret).
-
-    ``base_rates`` (3,) training class frequencies (normalised here); ``past_ret`` (n,) log
-    returns over the previous horizon, NaN where unknown; ``tilts`` each rule's tilt
-    (:func:`rule_tilts`).
-    """
-    return _probs_of(base_rates, _rule_views(past_ret), tilts, np.asarray(past_ret).shape[0])
-
-
-def _tilts_of(views: dict[str, np.ndarray], labels: np.ndarray) -> dict[str, float]:
-    """:func:`rule_tilts` from the rules' views (:func:`_rule_views`) of the rows."""
     lab = np.asarray(labels)
     moving = lab != FLAT
     went = np.where(lab == UP, 1.0, -1.0)
     out: dict[str, float] = {}
-    for name, view in views.items():
+    for name, view in (_rule_views(past_ret) if views is None else views).items():
         called = moving & (view != 0)
         k = int(np.count_nonzero(called & (view == went)))
         m = int(np.count_nonzero(called)) - k
@@ -421,9 +408,15 @@ def _tilts_of(views: dict[str, np.ndarray], labels: np.ndarray) -> dict[str, flo
     return out
 
 
-def _probs_of(base_rates: np.ndarray, views: dict[str, np.ndarray], tilts: dict[str, float],
-              n: int) -> dict[str, np.ndarray]:
-    """:func:`baseline_probs` of ``n`` rows from the rules' views (:func:`_rule_views`) of those rows."""
+def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray, tilts: dict[str, float],
+                   views: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Probabilities (n, 3) of the baselines (module docstring), n = len(past_ret).
+
+    ``base_rates`` (3,) training class frequencies (normalised here); ``past_ret`` (n,) log
+    returns over the previous horizon, NaN where unknown; ``tilts`` each rule's tilt
+    (:func:`rule_tilts`); ``views`` the rules' views of ``past_ret`` when the caller has them.
+    """
+    n = np.asarray(past_ret).shape[0]
     br = np.asarray(base_rates, dtype=np.float64)
     br = br / br.sum()
     majority = np.full(3, MAJORITY_FLOOR)
@@ -431,7 +424,7 @@ def _probs_of(base_rates: np.ndarray, views: dict[str, np.ndarray], tilts: dict[
     majority /= majority.sum()
     moving = br[DOWN] + br[UP]
     out = {"base_rates": np.tile(br, (n, 1)), "majority": np.tile(majority, (n, 1))}
-    for name, view in views.items():
+    for name, view in (_rule_views(past_ret) if views is None else views).items():
         tilt = tilts[name]
         p = np.empty((n, 3))
         p[:, FLAT] = br[FLAT]
@@ -716,8 +709,8 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     model["confidence_quartiles"] = _confidence_quartiles(c.probs, model_rows, c.labels)
     model["always_long"] = _pnl(np.ones(n), c.fwd_ret, c.horizon, cost_bp)
     views = _rule_views(c.past_ret)  # the rules' calls, read once for both their tilts and their forecasts
-    tilts = _tilts_of(views, c.labels)
-    probs = _probs_of(c.base_rates, views, tilts, n)
+    tilts = rule_tilts(c.past_ret, c.labels, views)
+    probs = baseline_probs(c.base_rates, c.past_ret, tilts, views)
     if c.lr_probs is not None:
         probs["logistic"] = c.lr_probs
     baselines: dict[str, Any] = {}
