@@ -215,12 +215,19 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
     return prep
 
 
+def _warmup_room(n_train: int, n_val_end: int, horizon: int) -> int | None:
+    """The highest ``neural.warmup_ticks`` that leaves a series cut at ``n_train`` and ``n_val_end`` a scored
+    validation tick (one at an index >= the warm-up in the validation part whose end tick, ``horizon`` ticks later,
+    lies inside that part); None when no warm-up does (the part is no longer than the horizon)."""
+    return n_val_end - horizon - 1 if n_train + horizon < n_val_end else None
+
+
 def _has_validation_tick(ticks: int, warmup: int, horizon: int, validation_fraction: float,
                          test_fraction: float) -> bool:
-    """Whether one series of ``ticks`` ticks at distinct times, split alone, has a scored validation tick: one at
-    index >= ``warmup`` in the validation part whose end tick, ``horizon`` ticks later, lies inside that part."""
-    n_train, n_val_end = split_points(ticks, validation_fraction, test_fraction)
-    return max(n_train, warmup) + horizon < n_val_end
+    """Whether one series of ``ticks`` ticks at distinct times, split alone, has a scored validation tick past a
+    warm-up of ``warmup`` ticks (:func:`_warmup_room`)."""
+    room = _warmup_room(*split_points(ticks, validation_fraction, test_fraction), horizon)
+    return room is not None and warmup <= room
 
 
 def ticks_for_validation(cfg: Config) -> int:
@@ -272,8 +279,8 @@ def _remedy(cfg: Config, cuts: Mapping[str, tuple[int, int]]) -> str:
     training and validation parts): the highest ``neural.warmup_ticks`` that does, where the horizon is in ticks and
     some market's validation part is longer than it."""
     n = cfg.neural
-    room = {m: val_end - n.horizon_ticks - 1 for m, (n_train, val_end) in cuts.items()
-            if n_train + n.horizon_ticks < val_end}
+    rooms = {m: _warmup_room(n_train, val_end, n.horizon_ticks) for m, (n_train, val_end) in cuts.items()}
+    room = {m: r for m, r in rooms.items() if r is not None}
     if n.horizon_ms is not None or not room:
         return "lower neural.warmup_ticks and raise training.validation_fraction"
     market = max(room, key=lambda m: room[m])
