@@ -33,8 +33,6 @@ from collections.abc import Iterable
 
 F_LAST = 128  # last record of an event for its instrument: the book is consistent only after it
 F_TOB = 64  # a top-of-book record (the side's best price and nothing deeper), not an individual order
-F_SNAPSHOT = 32  # a record of a snapshot (a clear, then an add per resting order)
-F_BAD_TS_RECV = 8  # ts_recv inaccurate (snapshot records carry the snapshot's generation time)
 
 _COMPACT_SLACK = 64  # stale heap entries tolerated beyond the live levels before the heap is rebuilt
 

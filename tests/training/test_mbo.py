@@ -22,7 +22,7 @@ DBN_NS = 1_701_302_400_000_000_000  # 2023-11-30 00:00 UTC
 T0_MS = DBN_NS // 10**6
 UNDEF = "9223372036854775807"
 LAST = 128  # F_LAST
-SNAPSHOT = 40  # F_SNAPSHOT | F_BAD_TS_RECV, as a snapshot's records other than its last carry
+SNAPSHOT = 40  # Databento's F_SNAPSHOT (32) | F_BAD_TS_RECV (8), as a snapshot's records other than its last carry
 TOB = 64  # F_TOB
 ES, NQ = ("5482", "ESZ3"), ("1234", "NQZ3")
 
