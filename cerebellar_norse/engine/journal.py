@@ -335,15 +335,44 @@ def batch_size_for_record(size: int) -> int:
     return max(1, -(-(size - _REC.size - _BODY.size) // _RECORD_TICK_MAX))
 
 
+def _segment_base(name: str) -> int | None:
+    """The base seq a segment file called ``name`` has, or None when the name is not a segment's."""
+    stem = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else ""
+    return int(stem) if stem.isdigit() else None
+
+
+def misplaced_entries(directory: Path) -> list[tuple[Path, str]]:
+    """What stands where the journal's files must be and is not one: ``directory`` itself when it is not a directory,
+    and each entry named as a segment file that is not a regular file; (path, what it is instead) each. The service
+    moves them aside at start (it could neither create its journal files nor read them)."""
+    if not directory.is_dir():
+        if directory.exists() or directory.is_symlink():
+            return [(directory, f"{_kind_of(directory)}, not the journal's directory")]
+        return []
+    return sorted((p, f"{_kind_of(p)}, not a journal file") for p in directory.iterdir()
+                  if _segment_base(p.name) is not None and not p.is_file())
+
+
+def _kind_of(path: Path) -> str:
+    """What ``path`` is, in words ("a directory", "a regular file", "a link to nothing", …)."""
+    if path.is_symlink() and not path.exists():
+        return "a link to nothing"
+    if path.is_dir():
+        return "a directory"
+    if path.is_file():
+        return "a regular file"
+    return "a special file (FIFO, socket or device)"
+
+
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
     """(base seq, path) of the segment files of a journal directory, oldest first."""
     if not directory.is_dir():
         return []
     out = []
     for p in directory.iterdir():
-        stem = p.name[:-len(SUFFIX)] if p.name.endswith(SUFFIX) else ""
-        if stem.isdigit() and p.is_file():
-            out.append((int(stem), p))
+        base = _segment_base(p.name)
+        if base is not None and p.is_file():
+            out.append((base, p))
     return sorted(out)
 
 
@@ -746,6 +775,8 @@ class Durability:
             for p in self.state_dir.glob(f".{name}.*.tmp"):
                 p.unlink()  # a checkpoint (identity) whose writing a crash interrupted (the previous file is whole)
         dir_id = self._read_state_id(rep)  # None: no identity yet (a new state dir, or one written before identities)
+        for path, what in misplaced_entries(self.dir):  # holds no record: nothing acknowledged is lost by moving it
+            self._quarantine(path, "misplaced", f"it is {what}", rep)
         segments = list_segments(self.dir)
         peeked = [segment_state_id(path) for _, path in segments]
         expect = dir_id

@@ -634,7 +634,15 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
     service reads them at start: a damaged one is moved aside there (and the acknowledged ticks it holds are lost), so
     it is a problem here too. Returns, per state dir with a journal, its identity and its readable journal files (for
     :func:`_verify_journal_chain`)."""
-    from ..engine.journal import STATE_ID_FILE, SegmentReader, batch_size_for_record, list_segments, read_state_id
+    from ..engine.journal import (
+        STATE_ID_FILE,
+        SegmentReader,
+        batch_size_for_record,
+        list_segments,
+        misplaced_entries,
+        read_state_id,
+    )
+    from ..engine.persistence import STATE_FILE
 
     ids: dict[Path, str | None] = {}
     for ipath in _named_under(root, STATE_ID_FILE):
@@ -645,6 +653,10 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
             problems.append(f"{exc}: the service moves it aside at start (ERROR) and takes the checkpoint's identity")
     journals: dict[Path, tuple[str | None, list[JournalPart]]] = {}
     for jdir in _named_under(root, "journal"):
+        state_dir = (jdir.parent / STATE_ID_FILE).exists() or (jdir.parent / STATE_FILE).exists()
+        if jdir.is_dir() or state_dir:  # a file called journal elsewhere is not the service's
+            for path, what in misplaced_entries(jdir):
+                problems.append(f"{path}: {what}: the service moves it aside at start")
         segments = list_segments(jdir)
         dir_id = ids.get(jdir.parent)
         chain: list[JournalPart] = []  # this dir's readable segments, in order

@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import time
 import zlib
 from collections.abc import Iterator
@@ -884,3 +885,52 @@ async def test_verify_data_reads_the_market_states_as_the_start_does(journaled: 
     assert problem.startswith(str(spath)) and want in problem, problem
     assert problem.endswith("the service moves it aside at start and every market starts from rest")
     assert not any(line.startswith(f"{spath}: market state OK") for line in ok)
+
+
+async def test_what_stands_where_journal_files_go_is_moved_aside_and_named_by_verify_data(
+        journaled: tuple[Config, list[Durability]], streams: StreamFactory) -> None:
+    """A directory named as a journal file made the start fail once the journal reached its position ("cannot create
+    journal file …: Is a directory"), and --verify-data said nothing of it; a file where the journal directory goes
+    stopped the start. Both now show in --verify-data, and the start moves them aside and replays the journal."""
+    from cerebellar_norse.engine.journal import segment_name
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    cfg, opened = journaled
+    ticks = interleaved(streams(40, 3, seed=11))
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], ticks)
+    crash(d)
+    root = Path(cfg.paths.state_dir)
+    jdir = root / JOURNAL_DIR
+    (_, seg), = list_segments(jdir)
+    blocker = jdir / segment_name(d.seq)  # where the recovered journal's first file is created
+    blocker.mkdir()
+    stray = root / "recordings" / JOURNAL_DIR
+    stray.parent.mkdir()
+    stray.write_text("not the service's")  # a file called journal outside a state dir: not reported
+
+    ok, problems = verify_tree(root)
+    assert problems == [f"{blocker}: a directory, not a journal file: the service moves it aside at start"]
+    assert any(line.startswith(f"{seg}: journal OK") for line in ok)
+
+    second = Engine(cfg)
+    d2 = Durability(second)
+    opened.append(d2)
+    rep = d2.recover()
+    (moved,) = rep.quarantined
+    assert Path(moved).is_dir() and Path(moved).name.startswith(f"{blocker.name}.misplaced-")
+    assert rep.ticks == len(ticks)
+    assert_same_pool(second, twin)
+    await feed([second, twin], [tick(m, T0 + 10_000_000) for m in twin.pool.table.markets()])
+    assert_same_pool(second, twin)
+    d2.close(save=True)
+
+    shutil.rmtree(jdir)
+    jdir.write_bytes(b"")  # a file where the journal directory goes
+    ok, problems = verify_tree(root)
+    assert problems == [f"{jdir}: a regular file, not the journal's directory: the service moves it aside at start"]
+    third, _d3 = start(cfg, opened)
+    assert jdir.is_dir() and len(list_segments(jdir)) == 1
+    assert_same_pool(third, twin)
+    assert verify_tree(root)[1] == [] and stray.read_text() == "not the service's"
