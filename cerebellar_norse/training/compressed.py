@@ -1,10 +1,12 @@
-"""Tick files as vendors ship them compressed: gzip, bzip2, xz, or a zip archive holding one file.
+"""Tick files as vendors ship them compressed: gzip, bzip2, xz, a zip archive or a tar archive holding one file.
 
 A file's compression is told by its first bytes (its magic number), never by its name: gzip ``1f 8b``
 (Polygon's flat files, Tardis' ``.csv.gz``), bzip2 ``BZh``, xz ``fd 37 7a 58 5a 00``, zip ``PK 03 04`` (or
 ``PK 05 06``, an empty archive; data.binance.vision's ``.zip``: its one file is read, folders and macOS'
 ``__MACOSX/`` entries aside). Every other file is read as it is. A zstd file (``28 b5 2f fd``, Databento's
-``.zst``) has no decompressor in the standard library and is refused with the command that unpacks it.
+``.zst``) has no decompressor in the standard library and is refused with the command that unpacks it. A tar
+archive, plain or compressed with any of gzip, bzip2 or xz (``.tar.gz``, ``.tgz``), is told by the ``ustar`` mark of
+its first header (offset 257 of its data); its one file is read (folders, links and macOS' ``._`` entries aside).
 
 :func:`open_tick_text` opens any of them as text exactly as a plain file is opened (UTF-8, a byte-order mark
 dropped, bytes that are not UTF-8 kept as lone surrogates, newlines untranslated), seekable back to the start.
@@ -19,6 +21,7 @@ import contextlib
 import gzip
 import io
 import lzma
+import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -32,11 +35,13 @@ MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"P
          (b"PK\x05\x06", "zip"), (b"\x28\xb5\x2f\xfd", "zstd"))
 MAGIC_BYTES = max(len(m) for m, _ in MAGIC)
 # name endings of compressed files, dropped (case ignored) before a market is named after its file
-COMPRESSED_SUFFIXES = (".gz", ".gzip", ".bz2", ".xz", ".zip", ".zst", ".zstd")
+COMPRESSED_SUFFIXES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", ".tar", ".gz", ".gzip", ".bz2", ".xz",
+                       ".zip", ".zst", ".zstd")
 # the text file's own ending, dropped with the compressed file's (EURUSD.csv.gz is EURUSD, as EURUSD.csv is)
 TEXT_SUFFIXES = (".csv", ".txt", ".tsv")
-ZIP_MEMBERS_SHOWN = 5  # member names an error lists for a zip of several files
-_DECOMPRESS_ERRORS = (EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile, OSError)
+ZIP_MEMBERS_SHOWN = 5  # member names an error lists for an archive of several files
+TAR_MARK = (257, b"ustar")  # where a POSIX or GNU tar header has its magic, and its first bytes
+_DECOMPRESS_ERRORS = (EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile, tarfile.TarError, OSError)
 # compression -> its decompressing file class (each closed with the text stream over it)
 _OPENERS: dict[str, Callable[[Path], io.BufferedIOBase]] = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}
 
@@ -65,20 +70,44 @@ def without_compressed_suffix(name: str) -> str:
     return rest[:-len(text)] if text else rest
 
 
-def zip_member(archive: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo:
-    """The one file of a zip archive (folders and ``__MACOSX/`` entries aside); DataError naming its members (up
-    to ``ZIP_MEMBERS_SHOWN``) when it holds several files, or none."""
-    members = [i for i in archive.infolist() if not i.is_dir() and not i.filename.startswith("__MACOSX/")]
-    if len(members) == 1:
-        return members[0]
-    if not members:
-        msg = f"{path}: the zip archive holds no file (a zip holding one tick file is read); there is nothing to read"
+def _macos_entry(name: str) -> bool:
+    """An archive entry macOS adds beside a file (``__MACOSX/…``, ``._name``: its attributes), not data."""
+    return name.startswith("__MACOSX/") or name.rsplit("/", 1)[-1].startswith("._")
+
+
+def one_member(names: list[str], kind: str, path: Path) -> int:
+    """The index of the one data file among an archive's file ``names`` (macOS' entries aside); DataError naming
+    them (up to ``ZIP_MEMBERS_SHOWN``) when the ``kind`` archive (``"zip"``, ``"tar"``) holds several files, or
+    none."""
+    data = [k for k, name in enumerate(names) if not _macos_entry(name)]
+    if len(data) == 1:
+        return data[0]
+    if not data:
+        msg = f"{path}: the {kind} archive holds no file (a {kind} holding one tick file is read); there is nothing to read"
     else:
-        shown = ", ".join(repr(i.filename) for i in members[:ZIP_MEMBERS_SHOWN])
-        more = f" and {len(members) - ZIP_MEMBERS_SHOWN} more" if len(members) > ZIP_MEMBERS_SHOWN else ""
-        msg = (f"{path}: the zip archive holds {len(members)} files ({shown}{more}); a zip holding one tick file is read:"
-               " unpack it and name its files")
+        shown = ", ".join(repr(names[k]) for k in data[:ZIP_MEMBERS_SHOWN])
+        more = f" and {len(data) - ZIP_MEMBERS_SHOWN} more" if len(data) > ZIP_MEMBERS_SHOWN else ""
+        msg = (f"{path}: the {kind} archive holds {len(data)} files ({shown}{more}); a {kind} holding one tick file is"
+               " read: unpack it and name its files")
     raise DataError(msg, [msg])
+
+
+def zip_member(archive: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo:
+    """The one file of a zip archive (folders and macOS' entries aside); DataError as :func:`one_member`'s."""
+    files = [i for i in archive.infolist() if not i.is_dir()]
+    return files[one_member([i.filename for i in files], "zip", path)]
+
+
+def holds_tar(path: Path, kind: str | None) -> bool:
+    """Whether the data of the file at ``path`` (decompressed as ``kind`` says: None, "gzip", "bzip2", "xz") starts
+    with a tar header (``TAR_MARK``). False when the first block cannot be read (the reading then tells why)."""
+    at, mark = TAR_MARK
+    try:
+        with open(path, "rb") if kind is None else _OPENERS[kind](path) as fh:
+            head = fh.read(at + len(mark))
+    except _DECOMPRESS_ERRORS:
+        return False
+    return head[at:] == mark
 
 
 def open_tick_text(path: Path) -> TextIO:
@@ -97,14 +126,18 @@ def open_tick_file(path: Path) -> tuple[TextIO, str]:
         DataError: a zstd file, a zip archive that cannot be read or does not hold exactly one file.
     """
     kind = compression_of(path)
-    if kind is None:
-        return open(path, newline="", encoding="utf-8-sig", errors="surrogateescape"), ""
     if kind == "zstd":
         msg = f"{path} is zstd-compressed: decompress it first (zstd -d {path})"
         raise DataError(msg, [msg])
     if kind == "zip":
         raw, member = _open_zip_member(path)
         note = f"{path}: read as zip-compressed (its one file, {member!r})"
+    elif holds_tar(path, kind):
+        raw, member = _open_tar_member(path, kind)
+        how = f", {kind}-compressed" if kind else ""
+        note = f"{path}: read as a tar archive{how} (its one file, {member!r})"
+    elif kind is None:
+        return open(path, newline="", encoding="utf-8-sig", errors="surrogateescape"), ""
     else:
         raw, note = _Guarded(_OPENERS[kind](path), kind, path), f"{path}: read as {kind}-compressed"
     return io.TextIOWrapper(raw, newline="", encoding="utf-8-sig", errors="surrogateescape"), note
@@ -136,13 +169,32 @@ def _open_zip_member(path: Path) -> tuple[_Guarded, str]:
         return _Guarded(stream, "zip", path, archive), member.filename
 
 
+def _open_tar_member(path: Path, kind: str | None) -> tuple[_Guarded, str]:
+    """The one file of the tar archive at ``path`` (compressed as ``kind`` says), open for reading (bytes), and its
+    name in the archive; DataError when the archive cannot be read or does not hold one file."""
+    with contextlib.ExitStack() as stack:
+        try:
+            archive = stack.enter_context(tarfile.open(path, "r:*"))
+            files = [m for m in archive.getmembers() if m.isfile()]
+        except _DECOMPRESS_ERRORS as exc:
+            msg = f"{path}: unreadable tar archive ({exc}): the file is truncated or damaged; download it again"
+            raise DataError(msg, [msg]) from None
+        member = files[one_member([m.name for m in files], "tar", path)]
+        stream = archive.extractfile(member)
+        assert stream is not None  # a regular file's
+        stack.pop_all()
+        return _Guarded(stream, kind or "tar", path, archive), member.name
+
+
 class _Guarded(io.BufferedIOBase):
-    """A decompressing stream whose decompression errors are :class:`CorruptFileError`; closes ``owner`` (the zip
-    archive of a member) with it."""
+    """A decompressing stream whose decompression errors are :class:`CorruptFileError`, saying which ``kind`` of
+    data broke off ("gzip", …, "tar" for a plain tar archive's); closes ``owner`` (the archive of a member) with it."""
 
     def __init__(self, stream: IO[bytes] | io.BufferedIOBase, kind: str, path: Path, owner: Any = None) -> None:
         super().__init__()
-        self._stream, self._kind, self._path, self._owner = stream, kind, path, owner
+        self._stream, self._path, self._owner = stream, path, owner
+        self._data = "tar archive data" if kind == "tar" else f"{kind}-compressed data"
+        self._read = 0  # decompressed bytes read so far
 
     @property
     def name(self) -> str:
@@ -155,9 +207,17 @@ class _Guarded(io.BufferedIOBase):
             yield
         except CorruptFileError:
             raise
+        except gzip.BadGzipFile as exc:
+            if not (self._read and str(exc).startswith("Not a gzipped file")):
+                raise self._damaged(exc) from None
+            # gzip reads on after a complete member as into a next one: the bytes after the data are not gzip
+            raise CorruptFileError(f"{self._data} is followed by bytes that are not gzip data "
+                                   f"({type(exc).__name__}: {exc})") from None
         except _DECOMPRESS_ERRORS as exc:
-            raise CorruptFileError(f"{self._kind}-compressed data ends early or is damaged"
-                                   f" ({type(exc).__name__}: {exc})") from None
+            raise self._damaged(exc) from None
+
+    def _damaged(self, exc: BaseException) -> CorruptFileError:
+        return CorruptFileError(f"{self._data} ends early or is damaged ({type(exc).__name__}: {exc})")
 
     def readable(self) -> bool:
         return True
@@ -167,12 +227,16 @@ class _Guarded(io.BufferedIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         with self._errors():
-            return self._stream.read(-1 if size is None else size)
+            data = self._stream.read(-1 if size is None else size)
+        self._read += len(data)
+        return data
 
     def read1(self, size: int = -1) -> bytes:
         with self._errors():
             read1 = getattr(self._stream, "read1", self._stream.read)
-            return bytes(read1(size))
+            data = bytes(read1(size))
+        self._read += len(data)
+        return data
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))

@@ -9,6 +9,7 @@ import io
 import json
 import lzma
 import re
+import tarfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import replace
@@ -106,6 +107,7 @@ def test_a_compressed_yfinance_file_is_read_with_its_ticker(tmp_path: Path) -> N
 @pytest.mark.parametrize(("name", "market"), [
     ("EURUSD.csv.gz", "EURUSD"), ("EURUSD.CSV.GZ", "EURUSD"), ("EURUSD.csv.bz2", "EURUSD"),
     ("EURUSD.txt.xz", "EURUSD"), ("EURUSD.zip", "EURUSD"), ("EURUSD.gz", "EURUSD"), ("prices.v2.csv.gz", "prices.v2"),
+    ("EURUSD.tar.gz", "EURUSD"), ("EURUSD.csv.tgz", "EURUSD"),
 ])
 def test_a_market_named_after_a_compressed_file_drops_both_suffixes(tmp_path: Path, name: str, market: str) -> None:
     path = tmp_path / name
@@ -231,3 +233,61 @@ def test_inspect_data_reads_a_gzip_file(tmp_path: Path, monkeypatch: pytest.Monk
     assert main(["inspect-data", "EURUSD.csv.gz", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [(m["market_id"], m["ticks"]) for m in d["markets"]] == [("EURUSD", 2)]
+
+
+def _tar(path: Path, members: dict[str, bytes], mode: str = "w:gz") -> Path:
+    with tarfile.open(path, mode) as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            if name.endswith("/"):
+                info.type = tarfile.DIRTYPE
+                t.addfile(info)
+                continue
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize(("mode", "suffix", "how"), [("w:gz", ".tar.gz", ", gzip-compressed"),
+                                                     ("w:gz", ".tgz", ", gzip-compressed"),
+                                                     ("w:bz2", ".tar.bz2", ", bzip2-compressed"),
+                                                     ("w:xz", ".tar.xz", ", xz-compressed"), ("w", ".tar", "")])
+def test_a_tar_archive_of_one_file_reads_as_its_plain_csv(tmp_path: Path, mode: str, suffix: str, how: str) -> None:
+    """A .tar.gz was read as gzip and its tar headers then taken for the CSV's header (refused as unreadable)."""
+    plain_path = tmp_path / "EURUSD.csv"
+    plain_path.write_bytes(PLAIN)
+    path = _tar(tmp_path / f"EURUSD{suffix}", {"data/": b"", "data/EURUSD.csv": PLAIN, "data/._EURUSD.csv": b"\x00\x05"},
+                mode)
+    plain = load_csv_files([plain_path], max_bad_fraction=0.5)
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    _same(data, plain, path, plain_path)
+    assert data.notes[0] == f"{path}: read as a tar archive{how} (its one file, 'data/EURUSD.csv')"
+    assert data.markets[0].market_id == "EURUSD"
+
+
+def test_a_tar_archive_of_several_files_is_refused_naming_them(tmp_path: Path) -> None:
+    path = _tar(tmp_path / "month.tar.gz", {"a.csv": b"timestamp,price\n", "b.csv": b"timestamp,price\n"})
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert str(err.value) == (f"{path}: the tar archive holds 2 files ('a.csv', 'b.csv'); a tar holding one tick file"
+                              " is read: unpack it and name its files")
+
+
+def test_a_truncated_tar_gz_is_a_data_error(tmp_path: Path) -> None:
+    path = _tar(tmp_path / "A.tar.gz", {"A.csv": _rows(50_000)})
+    whole = path.read_bytes()
+    path.write_bytes(whole[:len(whole) * 2 // 3])
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: unreadable tar archive \(.*\): the file is"
+                                        " truncated or damaged; download it again$"):
+        load_csv_files([path])
+
+
+def test_bytes_after_a_whole_gzip_stream_are_named_as_such(tmp_path: Path) -> None:
+    """Every row of the data was read; the bytes after it were called a truncated download ("ends early")."""
+    path = tmp_path / "EURUSD.csv.gz"
+    path.write_bytes(gzip.compress(_rows(100)) + b"<html>not found</html>\n")
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert re.fullmatch(rf"{re.escape(str(path))}:\d+: unreadable after line \d+: gzip-compressed data is followed by"
+                        r" bytes that are not gzip data \(BadGzipFile: Not a gzipped file \(b'<h'\)\); the file is"
+                        " truncated or damaged, download it again", str(err.value)), str(err.value)
