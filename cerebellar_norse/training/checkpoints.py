@@ -585,12 +585,14 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
     root = Path(root)
     if not root.exists():
         return ok, [f"{root}: does not exist"]
+    stored: dict[Path, set[str]] = {}  # a models dir -> the versions in it that load
     for mpath in sorted(root.rglob(MANIFEST)):
         if any(part.startswith(".tmp-") for part in mpath.parts):
             continue
         try:
             m = load_model_dir(mpath.parent)
             ok.append(f"{mpath.parent}: model {m.version} OK")
+            stored.setdefault(mpath.parent.parent, set()).add(m.version)
         except CheckpointError as exc:
             problems.append(str(exc))
     for apath in _named_under(root, ACTIVE):
@@ -618,6 +620,14 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             check_state_rows(state, str(spath))
         except CheckpointError as exc:
             problems.append(f"{exc}: the service moves it aside at start and every market starts from rest")
+            continue
+        saved_with = state.fingerprint.get("model_version") if isinstance(state.fingerprint, dict) else None
+        models = spath.parent / "models"
+        if (isinstance(saved_with, str) and not saved_with.startswith("seed-")
+                and saved_with not in stored.get(models, set())):
+            problems.append(f"{spath}: saved with model {saved_with}, which is not stored in {models} (or is not "
+                            f"usable, above): the service moves it aside at start, every market starts from rest and "
+                            f"/health says degraded; restore models/{saved_with} from a backup")
             continue
         n = len(state.markets)
         ok.append(f"{spath}: market state OK ({n} {'market' if n == 1 else 'markets'})")

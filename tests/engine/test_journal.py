@@ -934,3 +934,36 @@ async def test_what_stands_where_journal_files_go_is_moved_aside_and_named_by_ve
     assert jdir.is_dir() and len(list_segments(jdir)) == 1
     assert_same_pool(third, twin)
     assert verify_tree(root)[1] == [] and stray.read_text() == "not the service's"
+
+
+async def test_verify_data_names_market_state_saved_with_a_model_not_stored(
+        journaled: tuple[Config, list[Durability]]) -> None:
+    """The start moves aside a market_state.bin saved with a model that is no longer stored (every market from rest,
+    /health degraded); --verify-data said "market state OK" for it."""
+    from cerebellar_norse.training.checkpoints import ModelStore, verify_tree
+
+    cfg, opened = journaled
+    root = Path(cfg.paths.state_dir)
+    store = ModelStore(root)
+    version = "20240101T000000Z-aaaaaa"
+    w = generate_weights(cfg)
+    store.save(w, cfg, {"validation": {"loss": 1.0}}, version=version)
+    e, d = start(cfg, opened, weights=w.copy(), model_version=version)
+    await feed([e], [tick(m, T0 + k) for k in range(5) for m in "AB"])
+    d.close(save=True)
+    spath = root / STATE_FILE
+    ok, problems = verify_tree(root)
+    assert problems == [] and f"{spath}: market state OK (2 markets)" in ok
+
+    shutil.move(store.root / version, root / "elsewhere")
+    ok, problems = verify_tree(root)
+    assert problems == [f"{spath}: saved with model {version}, which is not stored in {store.root} (or is not usable, "
+                        f"above): the service moves it aside at start, every market starts from rest and /health says "
+                        f"degraded; restore models/{version} from a backup"]
+    assert not any(line.startswith(f"{spath}:") for line in ok)
+    e2 = Engine(cfg, weights=generate_weights(cfg), model_version="20240102T000000Z-bbbbbb")
+    e2.model_for = lambda v: None  # what the service's store answers for a version it does not hold
+    d2 = Durability(e2)
+    opened.append(d2)
+    d2.recover()  # what the start then does
+    assert e2.pool.used == 0 and len(list(root.glob(f"{STATE_FILE}.foreign-*"))) == 1
