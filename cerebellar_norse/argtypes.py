@@ -67,7 +67,7 @@ def time_arg(text: str) -> str:
     A time without an offset is checked here in UTC (a type sees no other option); in the zone of ``--timezone``
     it is checked after parsing, by :func:`zoned_time_problem`.
     """
-    from .training.csvformat import parse_time_ms
+    from .training.csvtime import parse_time_ms
 
     return _checked(text, lambda t: parse_time_ms(t, "time"))
 
@@ -78,7 +78,7 @@ def zoned_time_problem(text: str, zone_text: str) -> str | None:
     when its clocks go forward, or one outside 1970..2100 there; None when it is a time. A time of the hour a zone
     repeats is its first occurrence, as in the tick files."""
     from .timezones import parse_zone
-    from .training.csvformat import parse_time_ms
+    from .training.csvtime import parse_time_ms
 
     try:
         parse_time_ms(text, "time", parse_zone(zone_text))

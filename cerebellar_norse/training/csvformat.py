@@ -1,4 +1,4 @@
-"""How a tick file is written, and reading its fields: separator, header lines, column roles, dates, numbers.
+"""How a tick file is written, and reading its rows: separator, header lines, column roles, date and number forms.
 
 Columns are found by header name (case, blanks around a name, angle brackets and a
 UTF-8 byte-order mark ignored); the first name present of each list is used and every
@@ -29,7 +29,7 @@ other column is ignored:
   since the epoch and times with an offset or zone name are exact. A time in a named zone
   (``20241103 01:30:00 US/Eastern``, or without an offset in a file zone with daylight saving time) that the zone
   repeats when the clocks go back is read as its first occurrence, unless its market's rows then go back
-  (:func:`repeated_hour_time`); one that the zone skips when the clocks go forward is a bad row (:func:`_skipped_time`).
+  (:func:`repeated_hour_time`); one that the zone skips when the clocks go forward is a bad row (:func:`~cerebellar_norse.training.csvtime._skipped_time`).
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``close/last``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
   any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``). In a Databento file written
@@ -76,8 +76,10 @@ Binance's (klines, aggTrades, trades: :func:`binance_layout`).
 header cannot tell, from the file itself (each probe, :func:`yfinance_header`,
 :func:`clock_column`, :func:`has_decimal_commas`, :func:`slash_order`,
 :func:`runs_newest_first`, reads what it needs); :mod:`cerebellar_norse.training.data`
-reads the rows. Every pass opens the file with :func:`~cerebellar_norse.training.compressed.open_tick_text`, so a
-gzip, bzip2, xz or one-file zip file reads as its plain text.
+reads the rows (:func:`parse_row`). A time field is read by :mod:`.csvtime`, a price or volume written with digit
+groups, a currency or a suffix by :mod:`.csvnumbers`. Every pass opens the file with
+:func:`~cerebellar_norse.training.compressed.open_tick_text`, so a gzip, bzip2, xz or one-file zip file reads as its
+plain text.
 """
 
 from __future__ import annotations
@@ -89,16 +91,34 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, tzinfo
-from decimal import ROUND_FLOOR, Decimal, InvalidOperation
+from datetime import UTC, datetime, tzinfo
+from decimal import Decimal
 from pathlib import Path
-from typing import NamedTuple, TextIO
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import TextIO
+from zoneinfo import ZoneInfo
 
 from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 from ..timezones import zone_name
 from .compressed import open_tick_text, without_compressed_suffix
+from .csvnumbers import is_number, quoted_number
+from .csvtime import (
+    EPOCH,
+    EPOCH_NAIVE,
+    ONE_MS,
+    SECONDS_HINT_MS,
+    SLASH_DATE,
+    TIME_UNITS,
+    UNIT_WORDS,
+    datetime_ms,
+    from_slash,
+    read_time,
+    time_any,
+    unit_time,
+    yyyymmdd,
+    yyyymmddhh,
+    yyyymmddhhmm,
+)
 from .orderbook import F_LAST, F_TOB, OrderBooks, Sides, Top, best_of
 
 # Header names per column, in order of preference (compared in lower case).
@@ -163,52 +183,12 @@ BINANCE_SAMPLE = 50  # headerless rows that must all fit a Binance layout for a 
 _BINANCE_BOOLEANS = frozenset(("True", "False", "true", "false"))
 # BTCUSDT-1m-2024-01-01, BTCUSDT-trades-2024-01: symbol and interval or kind, then the date
 _BINANCE_NAME = re.compile(r"([A-Z0-9]{2,32}-[A-Za-z0-9]{1,16})-\d{4}-\d{2}(?:-\d{2})?")
-SECONDS_HINT_MS = 100_000_000  # ms times below this (1970-01-02) are noted as possibly seconds
-# Numeric times are in the unit whose span 1973-03-03 .. 2100-01-01 holds the file's first time (ms otherwise):
-# as ms, those ranges are 1970-01-02 .. 1970-02-17, after 2100, or later still.
-TIME_UNITS = {"s": (100_000_000, TS_MAX_MS // 1000), "µs": (10**14, TS_MAX_MS * 1000), "ns": (10**17, TS_MAX_MS * 10**6)}
-UNIT_WORDS = {"s": "seconds", "ms": "ms", "µs": "µs", "ns": "ns", "date": "YYYYMMDD dates",
-              "datehour": "YYYYMMDDHH date-hours", "datetime": "YYYYMMDDHHMM[SS] date-times"}
 DATE_HOUR_SAMPLE = 10_000  # rows whose times must all be YYYYMMDDHH date-hours for a file to be read as such
 PLAUSIBLE_MS = 100_000_000_000  # 1973-03-03: in a file whose first time is later, an earlier one is of another unit
-_TO_MS = {"s": Decimal(1000), "µs": Decimal("0.001"), "ns": Decimal("0.000001")}
-_GMT_OFFSET = re.compile(r"\s*(?:GMT|UTC)\s*(?:([+-])(\d{2}):?(\d{2}))?$")  # Dukascopy's "… GMT+0100"
 TITLE_LINES_MAX = 5  # lines without a separator skipped before the header (a download site's name or URL)
-
-_GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")  # 1,234.50: digits in groups of three
-_EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,50, 1,5, 7 (decimal commas)
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
-_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
-_CURRENCY = frozenset("$€£¥")  # a currency sign before a price
-# a currency sign or three-letter code before or after a price: $300.35, EUR 1.50, 1,50 €, 1.50 EUR
-_CURRENCY_BEFORE = re.compile(r"(?:[$€£¥]\s*|[A-Z]{3}\s+)([+-]?[\d.,].*)$")
-_CURRENCY_AFTER = re.compile(r"(.*[\d.,])(?:\s*[$€£¥]|\s+[A-Z]{3})$")
-# digits grouped by blanks (a space, a no-break or thin space) or apostrophes, the same one throughout: 43 000,00,
-# 1'234.5; the point or comma after the groups is the decimal mark
-_BLANK_GROUPED = re.compile(r"[+-]?\d{1,3}([ \u00a0\u2009\u202f'’])\d{3}(?:\1\d{3})*(?:[.,]\d*)?$")
-_BESIDE_NUMBER = re.compile(r"(\D*?)\s*[+-]?\d[\d.,]*\s*(\D*)$")  # text before or after one number (1.50 euro)
-_GROUP_MARKS = re.compile(r"(?<=\d)[ \u00a0\u2009\u202f'’](?=\d)")  # a blank or apostrophe between digits
-_YMD_DATE = re.compile(r"(\d{4})[./](\d{1,2})[./](\d{1,2})(?:([ T])(.*))?$")  # 2020.01.02 (MetaTrader), 2020/01/02
 # a time of day in a column of its own: 9:30, 09:30:00.250, or digits only (stooq's 153500, 0930)
 _CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$|\d{6}$|\d{4}$")
-# the time after a date written with slashes, as spreadsheets write it: 0:15, 1:00:00 AM, 13:05:09.5
-_SHEET_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*([AaPp][Mm])?$")
-_DATE_DIGITS = re.compile(r"(\d{8})(?:\.0*)?")  # 20080102, or 20080102.0 as a float column (pandas with gaps) writes it
-# 202401020930 or 20240102093000 (date and time of day as one number): as ms they would be 1976 or after 2100
-_DATETIME_DIGITS = re.compile(r"(\d{12}|\d{14})(?:\.0*)?")
-# 2024010209 (date and hour as one number, as some hourly exports write it): as seconds it would be 2034 or later
-_DATEHOUR_DIGITS = re.compile(r"(\d{10})(?:\.0*)?")
-_EXPONENT = re.compile(r"[+-]?(\d*)\.?(\d*)[eE]")  # a number in scientific notation: its mantissa's digits
-# M/D/YYYY or D/M/YYYY (slashes or dots), then maybe a time
-_SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
-# units of a file of dates or date-times written as one number: their digits, and how the form is named in errors
-_COMPACT_UNITS = {"date": (_DATE_DIGITS, "a date written YYYYMMDD"), "datehour": (_DATEHOUR_DIGITS, "a date-hour"
-                  " written YYYYMMDDHH"), "datetime": (_DATETIME_DIGITS, "a date-time written YYYYMMDDHHMM or YYYYMMDDHHMMSS")}
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EPOCH_NAIVE = datetime(1970, 1, 1)
-_ONE_MS = timedelta(milliseconds=1)
 _INF = math.inf
 
 
@@ -381,7 +361,7 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
                 text = row[cols.time].strip() if len(row) == cols.fields else ""
                 if not text or not _can_be_time(text):  # a placeholder ("null", "N/A") is a bad row, not the form
                     continue
-                m = _SLASH_DATE.match(text)
+                m = SLASH_DATE.match(text)
                 if not seen:
                     if m is None:
                         return None
@@ -408,28 +388,6 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
                " write them as ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
     return day_first
-
-
-def _from_slash(text: str, day_first: bool) -> str:
-    """A date ``M/D/YYYY`` or ``D/M/YYYY`` (slashes or dots, maybe with a time) as ISO 8601; unchanged when not one."""
-    m = _SLASH_DATE.match(text)
-    if m is None:
-        return text
-    a, b = int(m[1]), int(m[3])
-    month, day = (b, a) if day_first else (a, b)
-    return f"{m[4]}-{month:02d}-{day:02d}" + (f"{m[5]}{_sheet_clock(m[6])}" if m[5] else "")
-
-
-def _sheet_clock(text: str) -> str:
-    """A time of day as spreadsheets write it (``0:15``, ``1:00:00 PM``) as ISO 8601's ``HH:MM[:SS[.f]]``; other
-    text unchanged."""
-    m = _SHEET_CLOCK.match(text.strip())
-    if m is None:
-        return text
-    hour = int(m[1])
-    if m[5]:  # 12 AM is midnight, 12 PM noon
-        hour = hour % 12 + (12 if m[5].lower() == "pm" else 0)
-    return f"{hour:02d}:{m[2]}" + (f":{m[3]}{m[4] or ''}" if m[3] else "")
 
 
 HEADER_SHOWN = 500  # characters of a header line that a refusal shows
@@ -479,10 +437,10 @@ def _header_shown(shown: list[str]) -> str:
 
 def _looks_like_data(name: str) -> bool:
     """Whether a header name is a number or a time (``20230102 00:00:00.123``), as in a first line of data."""
-    if _is_number(name):
+    if is_number(name):
         return True
     try:
-        _time_any(name, "")
+        time_any(name, "")
     except ValueError:
         return False
     return True
@@ -713,84 +671,6 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
                    ask_volume=ask_v, ask_volume_name="" if ask_v is None else shown[ask_v])
 
 
-def _datetime_ms(dt: datetime) -> int:
-    """ms since the epoch (sub-ms digits dropped); a time without an offset is UTC (see :func:`_zoned`)."""
-    if dt.tzinfo is None:
-        return (dt - _EPOCH_NAIVE) // _ONE_MS
-    return (dt - _EPOCH) // _ONE_MS
-
-
-def _zoned(dt: datetime, zone: tzinfo) -> datetime:
-    """``dt`` itself when it carries an offset or zone, else ``dt`` as a wall-clock time in ``zone`` (the file's zone
-    of times without an offset; a time the clocks repeat there is its first occurrence, fold 0)."""
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=zone)
-
-
-class _Read(NamedTuple):
-    """A time field read: ms since the epoch, and the zone its wall-clock time was read in (its own named zone, or
-    the file's zone for a time without an offset; None for a number since the epoch)."""
-
-    ms: int
-    zone: tzinfo | None
-    file_zone: bool = False  # the time had no offset or zone of its own: it was read in the file's zone
-
-
-def _unit_time(s: str, name: str, unit: str) -> int:
-    """A number of ``unit`` (a key of ``TIME_UNITS``) since the epoch as ms (digits below 1 ms dropped); ValueError
-    naming the column and value when it is not a number or not in 1970-01-01 .. 2100-01-01."""
-    try:
-        ms = int(s) * 1000 if unit == "s" else int(s) // (1000 if unit == "µs" else 1_000_000)
-    except ValueError:
-        try:
-            d = Decimal(s)
-        except InvalidOperation:
-            raise ValueError(f"{name} {s!r} is not a number of {UNIT_WORDS[unit]} since epoch (the file's unit)") from None
-        if not d.is_finite():
-            raise ValueError(f"{name} {s!r} is not a time (ms since epoch or ISO 8601)") from None
-        ms = int((d * _TO_MS[unit]).to_integral_value(rounding=ROUND_FLOOR))
-    if not 0 <= ms < TS_MAX_MS:
-        raise ValueError(f"{name} {s!r} read as {UNIT_WORDS[unit]} since epoch (the file's unit) is not in 1970-01-01 .."
-                         " 2100-01-01")
-    return ms
-
-
-def _vendor_time(s: str) -> datetime | None:
-    """Date-times as trading platforms write them, or None: Interactive Brokers' ``20231002 09:30:00 US/Eastern``
-    (blanks repeated, a time zone name at the end), NinjaTrader's ``20200102 093000 1230000`` (seconds' fraction in
-    100 ns after a blank)."""
-    parts = s.split()
-    if len(parts) < 2:
-        return None
-    zone = None
-    if "/" in parts[-1] and not parts[-1][:1].isdigit():
-        try:
-            zone = ZoneInfo(parts[-1])
-        except (ZoneInfoNotFoundError, ValueError):
-            return None
-        parts = parts[:-1]
-    if len(parts) == 3 and parts[2].isdigit() and len(parts[1]) == 6 and parts[1].isdigit():
-        parts = [parts[0], f"{parts[1]}.{parts[2][:6]}"]
-    try:
-        dt = datetime.fromisoformat(" ".join(parts))
-    except ValueError:
-        return None
-    return dt.replace(tzinfo=zone) if zone is not None and dt.tzinfo is None else dt
-
-
-def _skipped_time(dt: datetime) -> str:
-    """Why a wall-clock time in a named zone (Interactive Brokers' ``20240310 02:30:00 US/Eastern``, or a time without
-    an offset read in a file zone such as America/New_York) does not exist there: the clocks go forward over it (the zone reads it at the offset before the change, an hour off the rows
-    around it); "" for a time that exists, or names no zone."""
-    zone = dt.tzinfo
-    if not isinstance(zone, ZoneInfo):
-        return ""
-    before, after = dt.replace(fold=0).utcoffset(), dt.replace(fold=1).utcoffset()
-    if before is None or after is None or after <= before or dt.astimezone(UTC).astimezone(zone).replace(
-            tzinfo=None) == dt.replace(tzinfo=None):
-        return ""
-    return (f"does not exist in {zone.key}: the clocks go forward by {after - before} over it (when daylight saving"
-            " time starts)")
-
 
 def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
     """ms since the epoch of a row's time read as the second occurrence of a wall-clock time that its time zone
@@ -801,129 +681,16 @@ def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
         return None
     try:
         text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
-        ms, zone, _ = _read_time(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
+        ms, zone, _ = read_time(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
     except ValueError:
         return None
     if not isinstance(zone, ZoneInfo):
         return None
-    wall = (_EPOCH + ms * _ONE_MS).astimezone(zone)
+    wall = (EPOCH + ms * ONE_MS).astimezone(zone)
     if wall.fold:  # already the second occurrence
         return None
-    later = _datetime_ms(wall.replace(fold=1))
+    later = datetime_ms(wall.replace(fold=1))
     return later if ms < later < TS_MAX_MS else None
-
-
-def _with_offset(s: str) -> str:
-    """A date-time ending in ``GMT+0100``, ``UTC`` and the like (as Dukascopy writes it) with an ISO 8601 offset."""
-    m = _GMT_OFFSET.search(s)
-    if m is None or m.start() == 0:
-        return s
-    return s[:m.start()] + (f"{m[1]}{m[2]}:{m[3]}" if m[1] else "+00:00")
-
-
-def _time_any(text: str, name: str, day_first: bool | None = None, unit: str = "ms", zone: tzinfo = UTC) -> int:
-    """A time field of any accepted form as ms since the epoch, or ValueError naming the column and value.
-
-    ``day_first`` is the file's slash-date order (see :func:`slash_order`); None: slash dates are not accepted.
-    ``unit`` is the file's unit of numeric times (see :func:`time_unit_of`). ``zone`` is the zone of a date or
-    date-time written without an offset or zone (a time the zone skips is a ValueError, see :func:`_skipped_time`).
-    """
-    return _read_time(text, name, day_first, unit, zone).ms
-
-
-def _compact_ms(s: str, raw: str, name: str, unit: str, zone: tzinfo) -> int:
-    """A time of a file of YYYYMMDD dates, YYYYMMDDHH date-hours or YYYYMMDDHHMM[SS] date-times (``unit``), read in
-    ``zone``, as ms since the epoch; ValueError naming the column and value when it is not one or the zone skips it."""
-    digits, form = _COMPACT_UNITS[unit]
-    when = _compact_datetime(s, digits)
-    local = None if when is None else _zoned(when, zone)
-    skipped = "" if local is None else _skipped_time(local)
-    if skipped:
-        raise ValueError(f"{name} {raw!r} {skipped}")
-    ms = None if local is None else _datetime_ms(local)
-    if ms is None or not 0 <= ms < TS_MAX_MS:
-        raise ValueError(f"{name} {raw!r} is not {form} (as the file's first time is)")
-    return ms
-
-
-def _read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzinfo) -> _Read:
-    """:func:`_time_any`, with the zone the time's wall-clock time was read in (see :class:`_Read`)."""
-    s = raw = text.strip()
-    skipped = ""  # why a wall-clock time does not exist in its zone (see _skipped_time)
-    # in a file of YYYYMMDD dates or date-times every number is one (a "0.0" or "1.5" is no ms of 1970)
-    if unit in _COMPACT_UNITS and (s.isdigit() or _is_number(s)):
-        return _Read(_compact_ms(s, raw, name, unit, zone), zone, True)
-    rounded = _rounded_digits(s) if "e" in s or "E" in s else None
-    if rounded is not None:
-        raise ValueError(f"{name} {raw!r} keeps {rounded} significant digits (scientific notation, as spreadsheets save"
-                         " long numbers): save the column as a number with all its digits")
-    if unit not in ("ms", "date", "datehour", "datetime") and _is_number(s):
-        return _Read(_unit_time(s, name, unit), None)
-    if "GMT" in s or "UTC" in s:
-        s = _with_offset(s)
-    iso = False
-    read_in: tzinfo | None = None
-    file_zone = False
-    try:
-        ms = int(s)
-    except ValueError:
-        try:
-            x = float(s)
-        except ValueError:
-            try:
-                ymd = _YMD_DATE.match(s)
-                iso_text = s if ymd is None else (f"{ymd[1]}-{int(ymd[2]):02d}-{int(ymd[3]):02d}"
-                                                  + (f"{ymd[4]}{ymd[5]}" if ymd[4] else ""))
-                try:
-                    when = datetime.fromisoformat(iso_text if day_first is None else _from_slash(s, day_first))
-                except ValueError:
-                    vendor = _vendor_time(s)
-                    if vendor is None:
-                        raise
-                    when = vendor
-                read_in = when.tzinfo or zone
-                file_zone = when.tzinfo is None
-                if read_in is not UTC:  # (a time without an offset in UTC stays naive: _datetime_ms reads it so)
-                    when = _zoned(when, zone)
-                    skipped = _skipped_time(when)
-                ms = _datetime_ms(when)
-            except (ValueError, OverflowError):
-                if day_first is not None and _SLASH_DATE.match(s):
-                    order = "D/M/YYYY" if day_first else "M/D/YYYY"
-                    raise ValueError(f"{name} {raw!r} is not a valid date read as {order}") from None
-                raise ValueError(f"{name} {raw!r} is not a time (ms since epoch or ISO 8601)") from None
-            if skipped:
-                raise ValueError(f"{name} {raw!r} {skipped}") from None
-            iso = True
-        else:
-            if not math.isfinite(x):
-                raise ValueError(f"{name} {raw!r} is not a time (ms since epoch or ISO 8601)") from None
-            if not x.is_integer():
-                if _yyyymmdd(s.split(".", 1)[0]) is not None:
-                    raise ValueError(f"{name} {raw!r} is a date YYYYMMDD with a fraction, which is no time format read here:"
-                                     " write the time of day in its own column (HHMMSS or HH:MM:SS) or the times as"
-                                     " ISO 8601 (2008-01-02T12:00:00)") from None
-                hint = serial_date_hint(x) or (
-                    "; if the file's times are seconds, multiply them by 1000" if 0 < x < TS_MAX_MS // 1000 else "")
-                raise ValueError(f"{name} {raw!r} is not a whole number of ms since epoch{hint}") from None
-            ms = int(x)
-    if ms < 0:
-        raise ValueError(f"{name} {raw!r} is before 1970-01-01" + ("" if iso else " (negative ms since epoch)"))
-    if ms >= TS_MAX_MS:
-        if iso:
-            raise ValueError(f"{name} {raw!r} is not before 2100-01-01")
-        hint = "; if the file's times are µs or ns, divide them by 1000 or 1000000" if ms < 1000 * TS_MAX_MS * 1000 else ""
-        raise ValueError(f"{name} {raw!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
-    return _Read(ms, read_in, file_zone)
-
-
-def parse_time_ms(text: str, name: str = "time", zone: tzinfo = UTC) -> int:
-    """A time given as ms since the epoch or ISO 8601 (as in the CSV time column; one without an offset read in
-    ``zone``); ValueError otherwise."""
-    ms = _time_any(text, name, zone=zone)
-    if not 0 <= ms < TS_MAX_MS:
-        raise ValueError(f"{name} {text!r} is outside 1970-01-01 .. 2100-01-01")
-    return ms
 
 
 def _iso_time(text: str, cols: Columns) -> int:
@@ -932,91 +699,24 @@ def _iso_time(text: str, cols: Columns) -> int:
     s = text.strip()
     if not s.isdigit():  # an integer is ms, even in a column of dates
         try:
-            dt = datetime.fromisoformat(s if cols.day_first is None else _from_slash(s, cols.day_first))
+            dt = datetime.fromisoformat(s if cols.day_first is None else from_slash(s, cols.day_first))
         except ValueError:
             pass
         else:
             if dt.tzinfo is not None or cols.zone is UTC:
-                ms = (dt - _EPOCH_NAIVE) // _ONE_MS if dt.tzinfo is None else (dt - _EPOCH) // _ONE_MS
+                ms = (dt - EPOCH_NAIVE) // ONE_MS if dt.tzinfo is None else (dt - EPOCH) // ONE_MS
                 if 0 <= ms < TS_MAX_MS:
                     return ms
     return _row_time(text, cols, cols.day_first, cols.time_unit)
 
 
 def _row_time(text: str, cols: Columns, day_first: bool | None = None, unit: str = "ms") -> int:
-    """A row's time field by :func:`_time_any` in the file's zone; marks ``cols.zone_used`` when the time had no
+    """A row's time field by :func:`~cerebellar_norse.training.csvtime.time_any` in the file's zone; marks ``cols.zone_used`` when the time had no
     offset of its own and that zone is not UTC."""
-    ms, _, file_zone = _read_time(text, cols.time_name, day_first, unit, cols.zone)
+    ms, _, file_zone = read_time(text, cols.time_name, day_first, unit, cols.zone)
     if file_zone and cols.zone is not UTC:
         cols.zone_used = True
     return ms
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _quoted_number(text: str, name: str, volume: bool, decimal_comma: bool = False) -> float:
-    """A number as quote sites and spreadsheets write it, for a field ``float`` refused: digit groups
-    (``1,234.50``; with ``decimal_comma``, a file separated by ';', ``1.234,50`` and ``1,5``; in any file, groups
-    separated by blanks or apostrophes, ``43 000,00`` and ``1'234.5``, whose point or comma is the decimal mark), for a
-    price a currency sign or three-letter code before or after it (``$300.35``, ``1,50 €``, ``1.50 EUR``), and for a
-    volume a K, M or B suffix (``1.23M``); ValueError naming the column otherwise."""
-    s = text.strip()
-    signed = False
-    if not volume:  # $300.35, 1.50 EUR: as quote sites and banks write prices
-        s, signed = _without_currency(s)
-    scale = 1.0
-    if volume and s[-1:].upper() in _SUFFIX:
-        s, scale = s[:-1], _SUFFIX[s[-1].upper()]
-    if _BLANK_GROUPED.match(s):
-        s = _GROUP_MARKS.sub("", s).replace(",", ".")
-    elif decimal_comma and _EU_NUMBER.match(s) and any(ch.isdigit() for ch in s):
-        s = s.replace(".", "").replace(",", ".")
-    elif not decimal_comma and _GROUPED.match(s):
-        s = s.replace(",", "")
-    elif scale == 1.0 and not signed:
-        raise ValueError(_not_a_number(name, text, not decimal_comma, volume))
-    try:
-        return float(s) * scale
-    except ValueError:
-        raise ValueError(_not_a_number(name, text, not decimal_comma, volume)) from None
-
-
-def _without_currency(s: str) -> tuple[str, bool]:
-    """A price field without the currency sign or three-letter code before or after its number (``$300.35``,
-    ``EUR 1.50``, ``1,50 €``, ``1.50 EUR``; a code is apart from the number), and whether it had one."""
-    m = _CURRENCY_BEFORE.match(s) or _CURRENCY_AFTER.match(s)
-    return (m[1].strip(), True) if m else (s, False)
-
-
-def _currency_like(text: str) -> bool:
-    """Whether text beside a number could be a currency written otherwise than read (``euro``, ``usd``, ``₹``): a word,
-    or a sign; not a stray letter (``x1``)."""
-    return (len(text) >= 2 and text.isalpha()) or (len(text) == 1 and not text.isalnum() and not text.isspace())
-
-
-def _not_a_number(name: str, text: str, comma_hint: bool = True, volume: bool = False) -> str:
-    """Why a price or volume field is refused; says what to change when a comma other than a digit-group separator, a
-    blank or apostrophe between digits, or a currency (beside a volume, or written otherwise) stops it."""
-    s = text.strip()
-    bare = s if volume else _without_currency(s)[0]
-    hint = ""
-    if comma_hint and "," in bare and _is_number(bare.replace(",", ".", 1)):
-        hint = " (a comma is read only between groups of three digits, as in 1,234.5: write decimals with a point)"
-    elif _GROUP_MARKS.search(bare) and _is_number(_GROUP_MARKS.sub("", bare).replace(",", ".", 1)):
-        hint = (" (a blank or an apostrophe is read only between groups of three digits, the same one throughout, as"
-                " in 43 000,00 or 1'234.5)")
-    elif volume and _without_currency(s)[1]:
-        hint = " (a volume is a number of units, without a currency)"
-    elif not volume and (m := _BESIDE_NUMBER.match(bare)) is not None and _currency_like(m[1].strip() + m[2].strip()):
-        hint = (" (beside a price only a currency sign, $, €, £ or ¥, or a three-letter code in capitals apart from"
-                " the number, as in 1.50 EUR, is read)")
-    return f"{name} {s!r} is not a number{hint}"
 
 
 _GROUP_HEAD = re.compile(r"[+-]?[$€£¥]?\d{1,3}$")  # 1 of an unquoted 1,234.50 split at its comma
@@ -1043,7 +743,7 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
     text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
     iso = cols.iso
     if iso is None and text.strip():  # the first time value decides the fast path of the file
-        iso = cols.iso = not _is_number(text)
+        iso = cols.iso = not is_number(text)
     if iso:
         ts = _iso_time(text, cols)
     else:
@@ -1320,7 +1020,7 @@ def _signed_price(text: str, name: str, decimal_comma: bool) -> float:
             raise ValueError
         price = float(text)
     except ValueError:
-        price = _quoted_number(text, name, False, decimal_comma)
+        price = quoted_number(text, name, False, decimal_comma)
     if not -_INF < price < _INF:
         raise ValueError(f"{name} {text.strip()!r} is not finite")
     return price
@@ -1365,7 +1065,7 @@ def _volume(text: str, name: str, cols: Columns) -> float:
         if text.strip() in ("", "-"):  # a quote site's "no volume"
             cols.blank_volumes += 1
             return 0.0
-        volume = _quoted_number(text, name, True, cols.decimal_comma)
+        volume = quoted_number(text, name, True, cols.decimal_comma)
     if not 0.0 <= volume < _INF:
         if not math.isfinite(volume):
             raise ValueError(f"{name} {text.strip()!r} is not finite")
@@ -1386,7 +1086,7 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
                     continue
                 try:
                     text = r[cols.time] if cols.clock is None else _with_clock(r, cols)
-                    t = _time_any(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
+                    t = time_any(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
                 except ValueError:
                     continue  # a bad row: the reading pass reports it
                 m = "" if cols.market is None else r[cols.market].strip()
@@ -1549,7 +1249,7 @@ def _binance_row(row: list[str]) -> tuple[str, tuple[str, ...]] | None:
         return all(row[k].isascii() and row[k].isdigit() for k in i)
 
     def numbers(*i: int) -> bool:
-        return all(_is_number(row[k]) and math.isfinite(float(row[k])) for k in i)
+        return all(is_number(row[k]) and math.isfinite(float(row[k])) for k in i)
 
     def flags(k: int) -> bool:
         return all(f in _BINANCE_BOOLEANS for f in row[k:])
@@ -1637,19 +1337,19 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
         raise DataError(msg, [msg])
     if first is None:  # every time is 0: read as ms (bad or noted rows of the reading pass)
         first = firsts[0]
-    cols.iso = cols.clock is not None or not _is_number(first)
+    cols.iso = cols.clock is not None or not is_number(first)
     if cols.iso:
         return None
-    if _yyyymmdd(first) is not None:  # 20080102: a date, not ms on 1970-01-01
+    if yyyymmdd(first) is not None:  # 20080102: a date, not ms on 1970-01-01
         cols.iso, cols.time_unit = True, "date"
         return f"{path}: {cols.time_name} read as dates written YYYYMMDD (the first, {first})"
-    stamp = _yyyymmddhhmm(first)
+    stamp = yyyymmddhhmm(first)
     if stamp is not None:  # 202401020930: a date and time of day, not ms in 1976 (or a time after 2100)
         cols.iso, cols.time_unit = True, "datetime"
         when = datetime.fromtimestamp(stamp / 1000, UTC)
         return (f"{path}: {cols.time_name} read as date-times written YYYYMMDDHHMM[SS] (the first, {first}, is"
                 f" {when:%Y-%m-%d %H:%M:%S} {zone_name(cols.zone)})")
-    hour = _yyyymmddhh(first)
+    hour = yyyymmddhh(first)
     if hour is not None and _date_hours_not_seconds(path, cols, first):  # 2024010209: 2024-01-02 09:00, not 2034
         cols.iso, cols.time_unit = True, "datehour"
         when = datetime.fromtimestamp(hour / 1000, UTC)
@@ -1661,57 +1361,9 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
         cols.time_floor = PLAUSIBLE_MS
     if cols.time_unit == "ms":
         return None
-    when = datetime.fromtimestamp(_unit_time(first, cols.time_name, cols.time_unit) // 1000, UTC)
+    when = datetime.fromtimestamp(unit_time(first, cols.time_name, cols.time_unit) // 1000, UTC)
     return (f"{path}: {cols.time_name} read as {UNIT_WORDS[cols.time_unit]} since the epoch (the first, {first}, is"
             f" {when:%Y-%m-%d %H:%M:%S} UTC)")
-
-
-SERIAL_DAYS = (25_569, 73_051)  # spreadsheet serial dates (days since 1899-12-30) of 1970-01-01 up to 2100-01-01
-_SERIAL_EPOCH = datetime(1899, 12, 30)
-
-
-def serial_date_hint(x: float) -> str:
-    """A hint for a number of a time column that is a spreadsheet's serial date (``45293`` is 2024-01-02,
-    ``45293.5`` its noon, as a spreadsheet saves a date column formatted as a number); "" for any other."""
-    if not SERIAL_DAYS[0] <= x < SERIAL_DAYS[1]:
-        return ""
-    when = _SERIAL_EPOCH + timedelta(seconds=round(x * 86_400))
-    return (f"; if the file's times are spreadsheet serial dates (days since 1899-12-30: this one is"
-            f" {when:%Y-%m-%d %H:%M:%S}), format the column as dates (YYYY-MM-DD HH:MM:SS) before saving it")
-
-
-def _compact_datetime(text: str, digits: re.Pattern[str]) -> datetime | None:
-    """The date (and time), without an offset, written as one number matched by ``digits`` (YYYYMMDD[HH[MM[SS]]],
-    maybe with a ``.0`` a float column adds); None otherwise."""
-    m = digits.fullmatch(text)
-    if m is None:
-        return None
-    d = m[1]
-    try:
-        hour, minute, second = (int(d[i:i + 2] or 0) for i in (8, 10, 12))
-        return datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), hour, minute, second)
-    except ValueError:
-        return None
-
-
-def _compact_time(text: str, digits: re.Pattern[str]) -> int | None:
-    """ms since the epoch of a :func:`_compact_datetime` read as UTC (which form a file's times have does not depend
-    on its zone), 1970 up to 2100; None otherwise."""
-    when = _compact_datetime(text, digits)
-    if when is None:
-        return None
-    ms = _datetime_ms(when)
-    return ms if 0 <= ms < TS_MAX_MS else None
-
-
-def _yyyymmdd(text: str) -> int | None:
-    """A date written as eight digits (``20080102``, or ``20080102.0``): :func:`_compact_time`."""
-    return _compact_time(text, _DATE_DIGITS)
-
-
-def _yyyymmddhh(text: str) -> int | None:
-    """A date and hour written as ten digits (``2024010209``, or ``2024010209.0``): :func:`_compact_time`."""
-    return _compact_time(text, _DATEHOUR_DIGITS)
 
 
 def _now_ms() -> int:
@@ -1734,7 +1386,7 @@ def _date_hours_not_seconds(path: Path, cols: Columns, first: str) -> bool:
                     break
                 if len(r) != cols.fields or not _can_be_time(r[cols.time]) or _is_zero(r[cols.time]):
                     continue
-                if _yyyymmddhh(r[cols.time].strip()) is None:
+                if yyyymmddhh(r[cols.time].strip()) is None:
                     return False
     except (OSError, csv.Error):
         return False
@@ -1758,25 +1410,6 @@ def _can_be_time(text: str) -> bool:
         return math.isfinite(float(s))
     except ValueError:
         return True
-
-
-def _yyyymmddhhmm(text: str) -> int | None:
-    """A date-time written as twelve or fourteen digits (``202401020930``, ``20240102093000``): :func:`_compact_time`."""
-    return _compact_time(text, _DATETIME_DIGITS)
-
-
-def _rounded_digits(text: str) -> int | None:
-    """The significant digits of a number in scientific notation too short to hold its integer part (a spreadsheet's
-    ``1.57784E+12`` for 1577836800123); None for any other number."""
-    m = _EXPONENT.match(text)
-    if m is None:
-        return None
-    digits = len((m[1] + m[2]).lstrip("0"))
-    try:
-        whole = len(str(int(abs(float(text)))))
-    except (ValueError, OverflowError):
-        return None
-    return digits if digits < whole else None
 
 
 def file_format(path: Path, header: list[str], delimiter: str, notes: list[str], skipped: int = 0,

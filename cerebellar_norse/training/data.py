@@ -48,18 +48,16 @@ from ..errors import DataError, DataFileNotFoundError, InputError
 from ..timezones import zone_name
 from .compressed import CorruptFileError, open_tick_file
 from .csvformat import (
-    SECONDS_HINT_MS,
     FileFormat,
     file_format,
     leading_lines,
     not_utf8,
     parse_row,
-    parse_time_ms,
     repeated_hour_time,
-    serial_date_hint,
     split_number_hint,
     without_trailing_separator,
 )
+from .csvtime import SECONDS_HINT_MS, parse_time_ms, serial_date_hint
 from .orderbook import OrderBooks
 
 __all__ = ["CLASS_NAMES", "COLUMNS", "DATA_FILE_PATTERN", "MIN_SAMPLES_PER_CLASS", "DataFileNotFoundError", "MarketSeries",

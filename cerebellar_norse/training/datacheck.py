@@ -20,7 +20,8 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CerebellarNorseError
-from .csvformat import UNIT_WORDS, FileFormat
+from .csvformat import FileFormat
+from .csvtime import UNIT_WORDS
 from .data import CLASS_NAMES, MarketSeries, TickData, iso_ms
 
 SHOWN_BAD_ROWS = 10
