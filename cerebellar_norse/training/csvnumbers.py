@@ -13,7 +13,6 @@ import re
 _GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")  # 1,234.50: digits in groups of three
 _EU_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{3})+|\d*)(?:,\d*)?$")  # 1.234,50, 1,5, 7 (decimal commas)
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9}  # volume suffixes of quote sites (1.23M)
-_CURRENCY = frozenset("$€£¥")  # a currency sign before a price
 # a currency sign or three-letter code before or after a price: $300.35, EUR 1.50, 1,50 €, 1.50 EUR
 _CURRENCY_BEFORE = re.compile(r"(?:[$€£¥]\s*|[A-Z]{3}\s+)([+-]?[\d.,].*)$")
 _CURRENCY_AFTER = re.compile(r"(.*[\d.,])(?:\s*[$€£¥]|\s+[A-Z]{3})$")
@@ -25,6 +24,7 @@ _GROUP_MARKS = re.compile(r"(?<=\d)[ \u00a0\u2009\u202f'’](?=\d)")  # a blank 
 
 
 def is_number(text: str) -> bool:
+    """Whether ``float`` reads ``text`` as it is."""
     try:
         float(text)
     except ValueError:

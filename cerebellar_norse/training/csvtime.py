@@ -64,7 +64,7 @@ def _zoned(dt: datetime, zone: tzinfo) -> datetime:
     return dt if dt.tzinfo is not None else dt.replace(tzinfo=zone)
 
 
-class _Read(NamedTuple):
+class TimeRead(NamedTuple):
     """A time field read: ms since the epoch, and the zone its wall-clock time was read in (its own named zone, or
     the file's zone for a time without an offset; None for a number since the epoch)."""
 
@@ -163,19 +163,19 @@ def _compact_ms(s: str, raw: str, name: str, unit: str, zone: tzinfo) -> int:
     return ms
 
 
-def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzinfo) -> _Read:
-    """:func:`time_any`, with the zone the time's wall-clock time was read in (see :class:`_Read`)."""
+def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzinfo) -> TimeRead:
+    """:func:`time_any`, with the zone the time's wall-clock time was read in (see :class:`TimeRead`)."""
     s = raw = text.strip()
     skipped = ""  # why a wall-clock time does not exist in its zone (see _skipped_time)
     # in a file of YYYYMMDD dates or date-times every number is one (a "0.0" or "1.5" is no ms of 1970)
     if unit in _COMPACT_UNITS and (s.isdigit() or is_number(s)):
-        return _Read(_compact_ms(s, raw, name, unit, zone), zone, True)
+        return TimeRead(_compact_ms(s, raw, name, unit, zone), zone, True)
     rounded = _rounded_digits(s) if "e" in s or "E" in s else None
     if rounded is not None:
         raise ValueError(f"{name} {raw!r} keeps {rounded} significant digits (scientific notation, as spreadsheets save"
                          " long numbers): save the column as a number with all its digits")
     if unit not in ("ms", "date", "datehour", "datetime") and is_number(s):
-        return _Read(unit_time(s, name, unit), None)
+        return TimeRead(unit_time(s, name, unit), None)
     if "GMT" in s or "UTC" in s:
         s = _with_offset(s)
     iso = False
@@ -231,7 +231,7 @@ def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzi
             raise ValueError(f"{name} {raw!r} is not before 2100-01-01")
         hint = "; if the file's times are µs or ns, divide them by 1000 or 1000000" if ms < 1000 * TS_MAX_MS * 1000 else ""
         raise ValueError(f"{name} {raw!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
-    return _Read(ms, read_in, file_zone)
+    return TimeRead(ms, read_in, file_zone)
 
 
 def parse_time_ms(text: str, name: str = "time", zone: tzinfo = UTC) -> int:
