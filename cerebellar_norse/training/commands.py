@@ -450,7 +450,7 @@ def cmd_verify_data(root: str) -> int:
     Problems (exit 1) and warnings (e.g. the last line of an open recording cut by a
     crash) go to stderr, one line each naming the file.
     """
-    from ..engine.recorder import verify_recordings
+    from ..engine.recording import verify_recordings
 
     why = not_a_directory(Path(root))
     if why is not None:

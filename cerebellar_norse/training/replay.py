@@ -253,7 +253,8 @@ def print_report(report: ReplayReport) -> None:
 def run_replay(cfg: Config, path: Path, as_json: bool, market: str | None = None, detect: bool = False,
                tolerance: float = DEFAULT_TOLERANCE) -> int:
     """``cerebellar-norse replay FILE``: see the module docstring; returns the exit code."""
-    from ..engine.recorder import START_REST, START_STATE, is_recording, read_recording
+    from ..engine.recording import is_recording, read_recording
+    from ..engine.recording_format import START_REST, START_STATE
     from .data import load_csv_files
 
     if not path.is_file():

@@ -249,7 +249,7 @@ def test_trace_command_draws_a_live_request(live_token: LiveServer, capsys: pyte
 
 def test_recordings_carry_each_ticks_request_id(tmp_path: Path) -> None:
     from cerebellar_norse.api.server import make_app
-    from cerebellar_norse.engine.recorder import read_recording
+    from cerebellar_norse.engine.recording import read_recording
 
     environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP,
                "CEREBELLAR_NORSE_DEBUG__RECORD_REQUESTS": "true"}

@@ -23,13 +23,9 @@ from engine_helpers import T0, core, run
 
 from cerebellar_norse.config import load_config
 from cerebellar_norse.engine.engine import Engine
-from cerebellar_norse.engine.recorder import (
-    COLUMNS,
-    TickRecorder,
-    checksum_path,
-    read_recording,
-    verify_recordings,
-)
+from cerebellar_norse.engine.recorder import TickRecorder
+from cerebellar_norse.engine.recording import read_recording, verify_recordings
+from cerebellar_norse.engine.recording_format import COLUMNS, checksum_path
 from cerebellar_norse.errors import DataError
 from cerebellar_norse.neurons.network import CerebellarNetwork
 from cerebellar_norse.ticks import Tick

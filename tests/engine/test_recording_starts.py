@@ -24,16 +24,9 @@ from engine_helpers import T0, moving_ticks, run, serve
 
 from cerebellar_norse.config import Config
 from cerebellar_norse.engine.engine import Engine
-from cerebellar_norse.engine.recorder import (
-    HEADER_V1,
-    STATES_MAGIC,
-    TickRecorder,
-    checksum_path,
-    read_recording,
-    scan_states,
-    state_record,
-    states_path,
-)
+from cerebellar_norse.engine.recorder import TickRecorder, state_record
+from cerebellar_norse.engine.recording import read_recording, scan_states
+from cerebellar_norse.engine.recording_format import HEADER_V1, STATES_MAGIC, checksum_path, states_path
 from cerebellar_norse.errors import DataError
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.ticks import Tick

@@ -22,7 +22,8 @@ from engine_helpers import T0, moving_ticks, run, serve
 
 from cerebellar_norse.config import Config
 from cerebellar_norse.engine.engine import Engine
-from cerebellar_norse.engine.recorder import checksum_path, read_recording
+from cerebellar_norse.engine.recording import read_recording
+from cerebellar_norse.engine.recording_format import checksum_path
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.ticks import Tick
 from cerebellar_norse.training.checkpoints import ModelStore
