@@ -27,7 +27,8 @@ from .schemas import loads_utf8
 if TYPE_CHECKING:
     import uvicorn
 
-    from ..engine.journal import Durability, StateDirLock
+    from ..engine.journal import Durability
+    from ..engine.state_dir import StateDirLock
     from ..training.checkpoints import ModelStore
     from ..training.jobs import JobManager
     from .starting import StartingResponder

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, consistency_problems, load_checked_config, with_server
-from ..engine.journal import Durability, StateDirLock
+from ..engine.journal import Durability
 from ..engine.persistence import STATE_FILE, check_writable
+from ..engine.state_dir import StateDirLock
 from ..errors import ConfigError, StorageError
 from ..observability import systemd
 from ..observability.logging import LEVEL_ENV, effective_level, env_level, log_always

@@ -644,15 +644,9 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
     service reads them at start: a damaged one is moved aside there (and the acknowledged ticks it holds are lost), so
     it is a problem here too. Returns, per state dir with a journal, its identity and its readable journal files (for
     :func:`_verify_journal_chain`)."""
-    from ..engine.journal import (
-        STATE_ID_FILE,
-        SegmentReader,
-        batch_size_for_record,
-        list_segments,
-        misplaced_entries,
-        read_state_id,
-    )
     from ..engine.persistence import STATE_FILE
+    from ..engine.segments import SegmentReader, batch_size_for_record, list_segments, misplaced_entries
+    from ..engine.state_dir import STATE_ID_FILE, read_state_id
 
     ids: dict[Path, str | None] = {}
     for ipath in _named_under(root, STATE_ID_FILE):

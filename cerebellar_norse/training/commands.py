@@ -98,7 +98,7 @@ def _activate_offline(cfg: Config, version: str | None) -> None:
     A service running on the state dir would keep serving its model and switch to this one, unannounced, at its
     next restart: InputError, naming how to activate the model through the service instead.
     """
-    from ..engine.journal import StateDirLock
+    from ..engine.state_dir import StateDirLock
 
     state_dir = Path(cfg.paths.state_dir)
     try:

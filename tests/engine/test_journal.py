@@ -1,4 +1,4 @@
-"""The tick journal and checkpoints (engine/journal.py): a crash loses no acknowledged tick.
+"""The tick journal and checkpoints (engine/journal.py, engine/segments.py): a crash loses no acknowledged tick.
 
 A "crash" here abandons a running engine without any shutdown step (its journal is
 left as the process would leave it: mapped pages in the page cache, no final
@@ -25,12 +25,21 @@ import pytest
 from engine_helpers import T0, ConfigFactory, StreamFactory, assert_same_state, tick
 
 from cerebellar_norse.config import Config
-from cerebellar_norse.engine import journal as journal_mod
 from cerebellar_norse.engine import pool as pool_mod
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.handover import export_market, import_market
-from cerebellar_norse.engine.journal import HEADER_SIZE, JOURNAL_DIR, MAGIC, Durability, SegmentReader, list_segments
+from cerebellar_norse.engine.journal import Durability
 from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.engine.segments import (
+    HEADER_SIZE,
+    JOURNAL_DIR,
+    KIND_TICKS,
+    MAGIC,
+    ONE,
+    REC,
+    SegmentReader,
+    list_segments,
+)
 from cerebellar_norse.errors import StorageError
 from cerebellar_norse.neurons.encoder import S_N_TICKS
 from cerebellar_norse.neurons.topology import Weights, generate_weights
@@ -174,8 +183,8 @@ async def test_a_crash_mid_append_drops_only_that_record(journaled: tuple[Config
     await feed([e, twin], [tick("A", T0 + k) for k in range(5)])
     assert d._mm is not None
     pos, seq = d._pos, d.seq
-    body = journal_mod._ONE.pack(seq + 1, journal_mod.KIND_TICKS, 1, 101.0, 5.0, T0 + 99, 1) + b"A"
-    record = journal_mod._REC.pack(len(body), zlib.crc32(body)) + body
+    body = ONE.pack(seq + 1, KIND_TICKS, 1, 101.0, 5.0, T0 + 99, 1) + b"A"
+    record = REC.pack(len(body), zlib.crc32(body)) + body
     part = {"body only": (8, len(record)), "header and half the body": (0, 8 + len(body) // 2),
             "all but the last byte": (0, len(record) - 1)}[written]
     d._mm[pos + part[0]:pos + part[1]] = record[part[0]:part[1]]
@@ -470,7 +479,7 @@ async def test_a_segment_whose_header_has_no_size_is_still_replayed(journaled: t
     raw = bytearray(path.read_bytes())
     head = SegmentReader(path)
     meta = json.dumps({"base_seq": head.base, "fingerprint": head.fingerprint}, sort_keys=True).encode()
-    old = MAGIC + journal_mod._REC.pack(len(meta), zlib.crc32(meta)) + meta
+    old = MAGIC + REC.pack(len(meta), zlib.crc32(meta)) + meta
     raw[:HEADER_SIZE] = old.ljust(HEADER_SIZE, b"\0")
     path.write_bytes(bytes(raw[:len(raw.rstrip(b"\0"))]))  # and shorter than it was reserved
     assert SegmentReader(path).size is None
@@ -612,7 +621,7 @@ async def test_one_service_per_state_dir(journaled: tuple[Config, list[Durabilit
 
 
 async def test_deleting_or_replacing_the_pid_file_does_not_free_the_state_dir(tmp_path: Path) -> None:
-    from cerebellar_norse.engine.journal import StateDirLock
+    from cerebellar_norse.engine.state_dir import StateDirLock
 
     held = StateDirLock(tmp_path).acquire()
     try:
@@ -747,7 +756,7 @@ async def test_verify_data_names_a_damaged_journal_file_and_state_id(journaled: 
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """At start the service moves a damaged journal file aside (the acknowledged ticks after the damage are lost) and a
     damaged state-id too; --verify-data, the operators' integrity check before a start, said OK (exit 0) for both."""
-    from cerebellar_norse.engine.journal import STATE_ID_FILE
+    from cerebellar_norse.engine.state_dir import STATE_ID_FILE
     from cerebellar_norse.training.checkpoints import verify_tree
     from cerebellar_norse.training.commands import cmd_verify_data
 
@@ -797,7 +806,7 @@ async def test_verify_data_bounds_a_cut_append_as_the_journals_writer_did(journa
     """Bytes after the journal's end farther than one record of its writer cannot be a cut append: the service
     moves such a file aside at start. --verify-data, which reads no config, bounded the tail by 1 MiB and said
     "journal OK" for the same file; both now take the bound from the segment's header."""
-    from cerebellar_norse.engine.journal import parse_header
+    from cerebellar_norse.engine.segments import parse_header
     from cerebellar_norse.training.checkpoints import verify_tree
 
     cfg, opened = journaled
@@ -821,7 +830,7 @@ async def test_verify_data_tells_the_batch_size_a_cut_append_of_an_older_journal
     """A journal file written before headers recorded their writer's largest record (max_record) is bounded at start
     by the service's own batch_size: bytes after the end past one record of it move the file aside. --verify-data,
     which reads no config, said "journal OK" for such a file; it now names the batch_size the drop needs."""
-    from cerebellar_norse.engine.journal import _REC, batch_size_for_record, parse_header
+    from cerebellar_norse.engine.segments import batch_size_for_record, parse_header
     from cerebellar_norse.training.checkpoints import verify_tree
 
     cfg, opened = journaled
@@ -829,7 +838,7 @@ async def test_verify_data_tells_the_batch_size_a_cut_append_of_an_older_journal
     head = parse_header(bytes(data))
     bound = int(head.pop("max_record"))  # as the previous version wrote it
     meta = json.dumps(head, sort_keys=True).encode()
-    data[:HEADER_SIZE] = (MAGIC + _REC.pack(len(meta), zlib.crc32(meta)) + meta).ljust(HEADER_SIZE, b"\0")
+    data[:HEADER_SIZE] = (MAGIC + REC.pack(len(meta), zlib.crc32(meta)) + meta).ljust(HEADER_SIZE, b"\0")
     end = len(data.rstrip(b"\x00"))
     data[end + bound + 8] = 0x7A  # one record of this config's batch_size cannot reach it
     seg.write_bytes(bytes(data))
@@ -892,7 +901,7 @@ async def test_what_stands_where_journal_files_go_is_moved_aside_and_named_by_ve
     """A directory named as a journal file made the start fail once the journal reached its position ("cannot create
     journal file …: Is a directory"), and --verify-data said nothing of it; a file where the journal directory goes
     stopped the start. Both now show in --verify-data, and the start moves them aside and replays the journal."""
-    from cerebellar_norse.engine.journal import segment_name
+    from cerebellar_norse.engine.segments import segment_name
     from cerebellar_norse.training.checkpoints import verify_tree
 
     cfg, opened = journaled

@@ -27,21 +27,20 @@ from engine_helpers import T0, ConfigFactory, tick
 from test_journal import assert_same_pool, crash, disk_full, exported_market, feed, start
 
 from cerebellar_norse.config import Config
-from cerebellar_norse.engine import journal as journal_mod
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.handover import import_market
-from cerebellar_norse.engine.journal import (
+from cerebellar_norse.engine.journal import Durability
+from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.engine.segments import (
     HEADER_SIZE,
     JOURNAL_DIR,
     MAGIC,
-    STATE_ID_FILE,
-    Durability,
+    REC,
     SegmentReader,
     list_segments,
-    read_state_id,
-    write_state_id,
+    segment_name,
 )
-from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.engine.state_dir import STATE_ID_FILE, read_state_id, write_state_id
 from cerebellar_norse.errors import StorageError
 from cerebellar_norse.storage import read_checksummed, write_checksummed
 
@@ -140,10 +139,10 @@ def strip_identity(state_dir: Path) -> None:
     for _, path in list_segments(state_dir / JOURNAL_DIR):
         raw = bytearray(path.read_bytes())
         head = SegmentReader(path)
-        meta = json.loads(raw[len(MAGIC) + 8:len(MAGIC) + 8 + journal_mod._REC.unpack_from(raw, len(MAGIC))[0]])
+        meta = json.loads(raw[len(MAGIC) + 8:len(MAGIC) + 8 + REC.unpack_from(raw, len(MAGIC))[0]])
         assert meta.pop("state_id")
         m = json.dumps(meta, sort_keys=True).encode()
-        raw[:HEADER_SIZE] = (MAGIC + journal_mod._REC.pack(len(m), zlib.crc32(m)) + m).ljust(HEADER_SIZE, b"\0")
+        raw[:HEADER_SIZE] = (MAGIC + REC.pack(len(m), zlib.crc32(m)) + m).ljust(HEADER_SIZE, b"\0")
         path.write_bytes(bytes(raw))
         assert SegmentReader(path).state_id is None and SegmentReader(path).base == head.base
 
@@ -193,7 +192,7 @@ async def test_a_journal_file_copied_from_another_state_dir_is_moved_aside(
     await feed([eb], [tick("B", T0 + k) for k in range(3)], chunk=1)
     crash(db)
     (_, theirs), = list_segments(sd(b) / JOURNAL_DIR)
-    stray = sd(a) / JOURNAL_DIR / journal_mod.segment_name(3)  # as if it followed A's journal
+    stray = sd(a) / JOURNAL_DIR / segment_name(3)  # as if it followed A's journal
     shutil.copy2(theirs, stray)
     with caplog.at_level(logging.ERROR):
         e2, _ = start(a, opened)
@@ -342,16 +341,16 @@ async def test_a_journal_header_with_a_garbled_identity_is_unreadable_never_adop
         two_dirs: tuple[Config, Config, list[Durability]]) -> None:
     """A journal file's identity is adopted by a dir that has none; a garbled one (100 letters, CRC valid; the journal
     header's room holds about 4,000) went into the next journal header as it stood. Such a header reads as damaged."""
-    from cerebellar_norse.engine.journal import segment_state_id
+    from cerebellar_norse.engine.segments import segment_state_id
 
     a, _b, opened = two_dirs
     await crashed_with_journal(a, opened, "AB", 3)
     (_, path), = list_segments(sd(a) / JOURNAL_DIR)
     raw = bytearray(path.read_bytes())
-    meta = json.loads(raw[len(MAGIC) + 8:len(MAGIC) + 8 + journal_mod._REC.unpack_from(raw, len(MAGIC))[0]])
+    meta = json.loads(raw[len(MAGIC) + 8:len(MAGIC) + 8 + REC.unpack_from(raw, len(MAGIC))[0]])
     meta["state_id"] = "A" * 100
     m = json.dumps(meta, sort_keys=True).encode()
-    raw[:HEADER_SIZE] = (MAGIC + journal_mod._REC.pack(len(m), zlib.crc32(m)) + m).ljust(HEADER_SIZE, b"\0")
+    raw[:HEADER_SIZE] = (MAGIC + REC.pack(len(m), zlib.crc32(m)) + m).ljust(HEADER_SIZE, b"\0")
     path.write_bytes(bytes(raw))
     assert segment_state_id(path) == (False, None)
     with pytest.raises(ValueError, match="no state dir identity"):

@@ -48,8 +48,10 @@ from live_helpers import BASE_TS, REPO_ROOT, LiveServer, free_port, launch, serv
 
 from cerebellar_norse.config import load_config
 from cerebellar_norse.engine.engine import Engine
-from cerebellar_norse.engine.journal import JOURNAL_DIR, Durability, StateDirLock
+from cerebellar_norse.engine.journal import Durability
 from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.engine.segments import JOURNAL_DIR
+from cerebellar_norse.engine.state_dir import StateDirLock
 from cerebellar_norse.neurons.encoder import S_N_TICKS
 from cerebellar_norse.neurons.state import STATE_FIELDS
 from cerebellar_norse.neurons.topology import generate_weights

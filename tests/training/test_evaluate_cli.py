@@ -173,7 +173,7 @@ def test_evaluate_takes_the_training_base_rates_of_a_model_that_recorded_no_vali
 
 
 def test_activate_is_refused_while_a_service_holds_the_state_dir(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cerebellar_norse.engine.journal import StateDirLock
+    from cerebellar_norse.engine.state_dir import StateDirLock
 
     state = env / "state"
     state.mkdir()
