@@ -15,7 +15,7 @@ other column is ignored:
   when every time of the first rows is one and the first read as seconds would be still to come,
   or an ISO 8601 date or date-time (``2020-01-02``, ``2020-01-02 15:30``,
   ``2020-01-02T15:30:00.123Z``, ``…+01:00``, ``… GMT+0100``; without an offset it is a wall-clock time in the
-  file's zone, :attr:`Columns.zone`: UTC unless ``training.data_timezone`` or ``--timezone`` names another),
+  file's zone, :attr:`~.csvcolumns.Columns.zone`: UTC unless ``training.data_timezone`` or ``--timezone`` names another),
   from 1970-01-01 up to 2100-01-01; digits below 1 ms are dropped. Dates may
   also be written year first with dots or slashes (``2020.01.02``), or day and month
   with slashes or dots (``1/4/1999``, ``04.01.1999 15:30``), read month first or day
@@ -33,16 +33,16 @@ other column is ignored:
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``close/last``, ``adj close``,
   ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
   any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``). In a Databento file written
-  without pretty_px, prices are integers in units of 1e-9, scaled (:func:`databento_fixed_point`). A Databento
+  without pretty_px, prices are integers in units of 1e-9, scaled (:func:`~.databento.databento_fixed_point`). A Databento
   order book (mbp-1, mbp-10: book events, actions A, C, M, R, beside trades) is read at the mid of ``bid_px_00``
   and ``ask_px_00``, the top of book after each event (over a market's publishers, the highest bid and lowest ask
   of their latest rows), whatever its ``price``; a row whose book lacks a side is skipped, counted in
-  ``Columns.skipped`` (:func:`databento_book_events`). A Databento market-by-order file (mbo: order events keyed
+  ``Columns.skipped`` (:func:`~.databento.databento_book_events`). A Databento market-by-order file (mbo: order events keyed
   by ``order_id``, no top of book) has each instrument's book rebuilt from its events (:mod:`.orderbook`) and is
   read at the mid of its best bid and best ask after each event's last record (flags F_LAST); its other records,
-  and events that leave the book without a side, are skipped (:func:`databento_mbo`). In both, a book event is a
+  and events that leave the book without a side, are skipped (:func:`~.databento.databento_mbo`). In both, a book event is a
   tick only when it moves the best bid or ask price or trades, a book price may be any finite number (a calendar
-  spread's can be 0 or below) and an event whose mid is not above 0 is skipped (:func:`_book_skip`); the files of one
+  spread's can be 0 or below) and an event whose mid is not above 0 is skipped (:func:`~.databento._book_skip`); the files of one
   load carry their books on to the next (``file_format``'s ``books``).
 * volume (optional, >= 0): ``volume``, ``tickvol``, ``tick_volume``, ``vol``, ``vol.``,
   ``size``, ``qty``, ``quantity`` (in a Databento order book, a trade's ``size``, 0 for a book event; in an mbo file
@@ -77,20 +77,18 @@ header cannot tell, from the file itself (each probe, :func:`yfinance_header`,
 :func:`clock_column`, :func:`has_decimal_commas`, :func:`slash_order`,
 :func:`runs_newest_first`, reads what it needs); :mod:`cerebellar_norse.training.data`
 reads the rows (:func:`parse_row`). A time field is read by :mod:`.csvtime`, a price or volume written with digit
-groups, a currency or a suffix by :mod:`.csvnumbers`. Every pass opens the file with
+groups, a currency or a suffix by :mod:`.csvnumbers`, a Databento file's book events and fixed-point prices by
+:mod:`.databento`; the column roles (:class:`~.csvcolumns.Columns`) are :mod:`.csvcolumns`'s. Every pass opens the file with
 :func:`~cerebellar_norse.training.compressed.open_tick_text`, so a gzip, bzip2, xz or one-file zip file reads as its
 plain text.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import itertools
 import math
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from decimal import Decimal
 from pathlib import Path
@@ -101,7 +99,8 @@ from ..errors import DataError
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 from ..timezones import zone_name
 from .compressed import open_tick_text, without_compressed_suffix
-from .csvnumbers import is_number, quoted_number
+from .csvcolumns import Columns, data_rows, find_column, header_name, match_name, mid_price, read_volume, signed_price
+from .csvnumbers import is_number
 from .csvtime import (
     EPOCH,
     EPOCH_NAIVE,
@@ -119,7 +118,16 @@ from .csvtime import (
     yyyymmddhh,
     yyyymmddhhmm,
 )
-from .orderbook import F_LAST, F_TOB, OrderBooks, Sides, Top, best_of
+from .databento import (
+    book_tick,
+    databento_book_events,
+    databento_fixed_point,
+    databento_mbo,
+    fixed_price,
+    mbo_tick,
+    no_price,
+)
+from .orderbook import OrderBooks
 
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
@@ -142,35 +150,6 @@ VOLUME_COLUMNS = ("volume", "tickvol", "tick_volume", "vol", "vol.", "size", "qt
 VOLUME_PREFIX = "volume"  # without any of VOLUME_COLUMNS, the first column named so (Volume BTC, Volume_(BTC))
 # instrument_id: Databento's numeric instrument, in a file saved without its symbol column (map_symbols off)
 MARKET_COLUMNS = ("market_id", "market", "symbol", "sym", "ticker", "instrument", "pair", "instrument_id")
-# Databento's CSV without pretty_px (its batch downloads' default) writes prices as integers in units of 1e-9
-# (4108500000000 is 4108.5) and a missing price as UNDEF_PRICE (INT64_MAX); its header names rtype and publisher_id
-DATABENTO_FIELDS = frozenset(("rtype", "publisher_id"))
-# Databento's order-book schemas (mbp-1, mbp-10) hold book events beside trades: each row carries the top of book after
-# its event (bid_px_00, ask_px_00), and its price and size are the event's (an order added, cancelled or modified at
-# one side, at any level). Actions: Add, Cancel, Modify, cleaR book change the book and trade nothing; Trade and Fill
-# trade their size; None (N) does neither.
-DATABENTO_ACTION = "action"
-DATABENTO_BOOK_ACTIONS = frozenset("ACMR")
-DATABENTO_TRADE_ACTIONS = frozenset("TF")
-DATABENTO_TOP = ("bid_px_00", "ask_px_00")
-ONE_SIDED_BOOK = "the book lacks a side (bid_px_00 or ask_px_00 empty or UNDEF_PRICE: before the open, after a clear)"
-# A book event (mbp row, mbo event) is a tick only when it moves the best bid or ask price or trades: one deeper in the
-# book, or changing only the top's size, would repeat the previous tick and stretch a label horizon counted in ticks.
-# Book prices may be 0 or below (a calendar spread's, in a parent-symbol download): such an event is no tick either.
-BOOK_NOT_POSITIVE = "the book's mid is not above 0 (a spread's prices can be; a tick needs a positive price)"
-BOOK_UNCHANGED = "the best bid and ask prices did not change and nothing traded"
-# Databento's market-by-order schema (mbo): order events keyed by order_id, no top-of-book columns; the book is rebuilt
-# from them (see databento_mbo and the orderbook module). Only T prints a trade: F is the resting order's side of the
-# same trade (Nasdaq's "Order Executed" becomes Trade, Fill, then Cancel), so counting it too would double the volume.
-MBO_FIELDS = frozenset(("action", "side", "order_id", "price", "size"))
-MBO_ACTIONS = "A, C, M, R, T, F, N"
-MBO_ONE_SIDED = "the book lacks a side (no bid or no ask order after its event: before the first orders, after a clear)"
-MBO_MID_EVENT = ("not the last record of its event (flags without F_LAST, 128): the book is consistent only after the"
-                 " last, whose tick carries the event's trades")
-_ORDER_SIDES = {"B": True, "A": False}  # an order's side: bid (True) or ask
-DATABENTO_UNDEF_PRICE = "9223372036854775807"
-FIXED_POINT_MIN = 10**6  # a price of 0.001 in Databento's units of 1e-9: a file of smaller whole prices is not theirs
-_FIXED_PRICE = re.compile(r"-?\d+")
 # data.binance.vision's files, headerless (spot, and futures before their files had a header), by layout: the column
 # names Binance's futures files give them (open_time, transact_time and time are time columns, close and price the
 # price, volume, quantity and qty the volume)
@@ -192,136 +171,6 @@ _CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$|\d{6}$|\d{4}$")
 _INF = math.inf
 
 
-@dataclass(slots=True)
-class MboColumns:
-    """Where a Databento mbo file's order-event columns are, and the books rebuilt from its rows so far."""
-
-    action: int
-    side: int
-    order_id: int
-    publisher: int
-    instrument: int | None  # instrument_id (each its own book); None: the market column keys the books
-    flags: int | None  # None: no flags column, every row is an event of its own
-    names: dict[int, str]  # column index -> header name, for errors
-    # the books, previous tops and pending trades of every instrument: shared by the mbo files of one load
-    books: OrderBooks = field(default_factory=OrderBooks)
-    carried: int = 0  # orders resting in ``books`` when this file began (left by the load's earlier files)
-    unknown_cancels: int = 0  # this file's cancels of orders not in the book (ignored)
-
-    def notes(self, path: Path) -> list[str]:
-        """What the file's books started with and could not follow, for ``TickData.notes``."""
-        notes = []
-        if self.carried:
-            n = self.carried
-            notes.append(f"{path}: books carried over from the previous file: {n} {'order' if n == 1 else 'orders'}"
-                         " resting (a clear, action R, as a snapshot starts with, empties its instrument's book)")
-        n = self.unknown_cancels
-        if n:
-            notes.append(f"{path}: {n} {'cancel' if n == 1 else 'cancels'} (action C) of orders not in the book"
-                         " ignored: the book was incomplete at the start (the file starts after those orders were"
-                         " placed, without a snapshot)")
-        return notes
-
-
-@dataclass(slots=True)
-class Columns:
-    """Where one file's columns are (indexes into a row) and how its header spells them."""
-
-    fields: int
-    time: int
-    time_name: str
-    price: int
-    price_name: str
-    volume: int | None
-    volume_name: str
-    market: int | None
-    market_name: str
-    default_market: str
-    iso: bool | None = None  # time format, from the first time value: ISO 8601 (True) or ms numbers (False)
-    day_first: bool | None = None  # dates with slashes or dots: D/M/YYYY (True), M/D/YYYY (False); None: neither
-    known_markets: dict[str, str] = field(default_factory=dict)  # raw field -> validated market id
-    blank_volumes: int = 0  # rows whose volume field is empty or "-" (read as 0)
-    header_rows: int = 1  # lines before the first data row (3 in yfinance's Price/Ticker/Date header)
-    delimiter: str = ","  # field separator (see DELIMITERS)
-    decimal_comma: bool = False  # a file separated by ';' whose numbers have decimal commas ('.' groups digits)
-    clock: int | None = None  # a column of times of day that completes the date column (MetaTrader's <TIME>)
-    clock_name: str = ""
-    hour_ending: bool | None = None  # the clock is an hour column (see hour_column): hours ending 1..24 (True) or
-    # beginning 0..23 (False); None: the clock holds times of day
-    newest_first: bool = False  # rows run newest first (see runs_newest_first)
-    fixed_point: bool = False  # prices are Databento's integers in units of 1e-9 (see databento_fixed_point)
-    time_unit: str = "ms"  # unit of numeric times (a key of UNIT_WORDS), from the first time (see time_unit_of)
-    time_floor: int = 0  # a numeric time before this (ms) is of another unit than the file's (see time_unit_of)
-    ask: int | None = None  # with ``price`` the bid: the price is their mid
-    ask_name: str = ""
-    ask_volume: int | None = None  # with ``volume`` the bid side's: the volume is their sum
-    ask_volume_name: str = ""
-    quotes: dict[str, list[float]] = field(default_factory=dict)  # market -> its latest bid and ask (empty: unchanged)
-    action: int | None = None  # Databento's action column of an order-book file (see databento_book_events): the
-    # price is the mid of the row's own top of book, the volume a trade's size only
-    action_name: str = ""
-    mbo: MboColumns | None = None  # a Databento mbo file (see databento_mbo): price the mid of its rebuilt book
-    # an order-book file's markets -> their bid_px_00 and ask_px_00 in their previous row (None: a side lacked), to
-    # tell whether a row moved them (see databento_book_events; shared by the files of one load)
-    tops: dict[str, Top | None] = field(default_factory=dict)
-    publisher: int | None = None  # an order-book file's publisher_id: a market's top is the best over its venues'
-    # an order-book file's markets -> publisher -> its bid_px_00 and ask_px_00 in its latest row (None: no order there)
-    venues: dict[str, dict[str, Sides]] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=dict)  # why -> rows skipped so (neither ticks nor bad rows)
-    zone: tzinfo = UTC  # the zone of times written without an offset or zone (training.data_timezone)
-    zone_used: bool = False  # a row's time was read in ``zone`` (not UTC) for want of an offset of its own
-
-    def used_fields(self, row: list[str]) -> list[str]:
-        """The fields of a row that are read (none when the row has the wrong field count)."""
-        if len(row) != self.fields:
-            return []
-        used = (self.time, self.clock, self.price, self.ask, self.volume, self.ask_volume, self.market, self.action,
-                self.publisher, *(self.mbo.names if self.mbo is not None else ()))
-        return [row[i] for i in used if i is not None]
-
-    def describe(self, path: Path) -> FileFormat:
-        """How the file at ``path`` was read, for people (``cerebellar-norse inspect-data``)."""
-        return FileFormat(
-            path=str(path), separator={",": ",", ";": ";", "\t": "tab", "|": "|"}[self.delimiter],
-            header_lines=self.header_rows,
-            time=self.time_name + (f" + {self.clock_name}" if self.clock is not None else ""),
-            time_unit=None if self.iso and self.time_unit == "ms" else self.time_unit,
-            dates=None if self.day_first is None else ("day/month/year" if self.day_first else "month/day/year"),
-            price=self.price_name, ask=self.ask_name or None, volume=self.volume_name if self.volume is not None else None,
-            ask_volume=self.ask_volume_name or None,
-            market=self.market_name if self.market is not None else None,
-            default_market=self.default_market or None, newest_first=self.newest_first, decimal_comma=self.decimal_comma)
-
-
-@dataclass(frozen=True)
-class FileFormat:
-    """How one file was read: its separator, header lines and the header names of the columns used.
-
-    ``time`` is the time column's name (``"<DATE> + <TIME>"`` when a time-of-day column
-    completes it); ``time_unit`` the unit of its numbers (``s``, ``ms``, ``µs``, ``ns``; None
-    for dates); ``dates`` the order of dates written with slashes or dots, if any; ``price``
-    the price column, or with ``ask`` the bid column (the price is their mid); ``volume``
-    None when the file has no volume column (volume 0), with ``ask_volume`` the bid side's
-    (the volume is their sum); ``market`` None when the market is ``default_market`` (the
-    file's name, or yfinance's Ticker line).
-    """
-
-    path: str
-    separator: str
-    header_lines: int
-    time: str
-    time_unit: str | None
-    dates: str | None
-    price: str
-    ask: str | None
-    volume: str | None
-    ask_volume: str | None
-    market: str | None
-    default_market: str | None
-    newest_first: bool
-    decimal_comma: bool
-
-
 def not_utf8(fields: list[str]) -> str:
     """``"not UTF-8 text (byte 0x..)"`` when a field holds a byte that did not decode, else ``""``."""
     for text in fields:
@@ -329,22 +178,6 @@ def not_utf8(fields: list[str]) -> str:
             if "\udc80" <= ch <= "\udcff":
                 return f"not UTF-8 text (byte 0x{ord(ch) - 0xDC00:02x})"
     return ""
-
-
-@contextlib.contextmanager
-def _data_rows(path: Path, cols: Columns) -> Iterator[Iterator[list[str]]]:
-    """A file's rows after its header lines, read as ``cols`` reads them: each format probe's own pass."""
-    with open_tick_text(path) as fh:
-        reader = csv.reader(fh, delimiter=cols.delimiter)
-        for _ in range(cols.header_rows):
-            next(reader, None)
-        yield (without_trailing_separator(row, cols.fields) for row in reader)
-
-
-def without_trailing_separator(row: list[str], fields: int) -> list[str]:
-    """``row`` without the empty last field of a line that ends with a separator (``1,2,3,`` under a header of three
-    names, as some spreadsheet and broker exports write every line); any other row as it is."""
-    return row[:-1] if len(row) == fields + 1 and not row[-1].strip() else row
 
 
 def slash_order(path: Path, cols: Columns) -> bool | None:
@@ -355,7 +188,7 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
     day_first = month_first = False
     example = {True: "", False: ""}
     try:
-        with _data_rows(path, cols) as reader:
+        with data_rows(path, cols) as reader:
             seen = False
             for row in reader:
                 text = row[cols.time].strip() if len(row) == cols.fields else ""
@@ -388,62 +221,6 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
                " write them as ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
     return day_first
-
-
-HEADER_SHOWN = 500  # characters of a header line that a refusal shows
-LOOKS_LIKE_DATA_SAMPLE = 1000  # header names read to tell a first line of data
-
-
-def header_name(name: str) -> str:
-    return " ".join(name.replace("\ufeff", "").split())
-
-
-def _match_name(shown: str) -> str:
-    """A header name as the column lists hold it: lower case, without angle brackets (MetaTrader writes ``<DATE>``)."""
-    return shown.lower().removeprefix("<").removesuffix(">")
-
-
-def _find_column(path: Path, names: list[str], shown: list[str], aliases: tuple[str, ...], what: str,
-                 required: bool, otherwise: str = "") -> int | None:
-    """Index of the first alias present in the header; DataError when required and absent (the message ends the
-    list of aliases with ``otherwise``), or named twice."""
-    for alias in aliases:
-        where = [i for i, n in enumerate(names) if n == alias]
-        if len(where) > 1:
-            cols = ", ".join(str(i + 1) for i in where)
-            msg = (f"{path}:1: {what} column {alias!r} appears {len(where)} times in the header"
-                   f" (columns {cols}); keep one")
-            raise DataError(msg, [msg])
-        if where:
-            return where[0]
-    if required:
-        msg = (f"{path}:1: no {what} column (expected one of {', '.join(aliases)}{otherwise}); header is"
-               f" {_header_shown(shown)}")
-        sample = shown[:LOOKS_LIKE_DATA_SAMPLE]  # a line of a million fields is told by its first ones
-        if sample and sum(_looks_like_data(n) for n in sample) * 2 > len(sample):
-            msg += " (the first line looks like data: add a header line naming the columns)"
-        raise DataError(msg, [msg])
-    return None
-
-
-def _header_shown(shown: list[str]) -> str:
-    """A header line as a message shows it: whole up to :data:`HEADER_SHOWN` characters, else its start and how many
-    names it has (a header of a million names is not echoed back whole)."""
-    text = ",".join(shown)
-    if len(text) <= HEADER_SHOWN:
-        return text
-    return f"{text[:HEADER_SHOWN]}… ({len(shown)} names, {len(text)} characters)"
-
-
-def _looks_like_data(name: str) -> bool:
-    """Whether a header name is a number or a time (``20230102 00:00:00.123``), as in a first line of data."""
-    if is_number(name):
-        return True
-    try:
-        time_any(name, "")
-    except ValueError:
-        return False
-    return True
 
 
 def _unnamed_index(names: list[str]) -> bool:
@@ -481,11 +258,11 @@ def delimiter_of(first_line: str) -> str:
 def clock_column(path: Path, header: list[str], cols: Columns) -> int | None:
     """The ``time`` column of a file that also has a ``date`` column, when it holds times of day (``00:00:00``):
     then the time column is moved to the date, which the clock completes. None otherwise."""
-    names = [_match_name(header_name(h)) for h in header]
+    names = [match_name(header_name(h)) for h in header]
     if names[cols.time] != "time" or "date" not in names:
         return None
     try:
-        with _data_rows(path, cols) as reader:
+        with data_rows(path, cols) as reader:
             first = next((r for r in reader if len(r) == cols.fields and r[cols.time].strip()), None)
     except (OSError, csv.Error):
         return None
@@ -512,7 +289,7 @@ def hour_column(path: Path, header: list[str], cols: Columns) -> str | None:
     (``Hour Ending``) or else its values' (a 24 and no 0: ending; a 0 and no 24: beginning); sets ``cols.clock``,
     ``cols.clock_name`` and ``cols.hour_ending`` and returns a note saying which. None (nothing set) for a file
     without such columns; DataError when the hour column holds no hours, or does not tell which."""
-    names = [_match_name(header_name(h)) for h in header]
+    names = [match_name(header_name(h)) for h in header]
     where = next(((i, HOUR_COLUMNS[n]) for i, n in enumerate(names) if n in HOUR_COLUMNS and i != cols.time), None)
     if where is None:
         return None
@@ -521,7 +298,7 @@ def hour_column(path: Path, header: list[str], cols: Columns) -> str | None:
     seen = {0: False, 24: False}
     first = ""
     try:
-        with _data_rows(path, cols) as reader:
+        with data_rows(path, cols) as reader:
             for row in reader:
                 if len(row) != cols.fields:
                     continue
@@ -560,7 +337,7 @@ def has_decimal_commas(path: Path, cols: Columns) -> bool:
     """Whether a file's price or volume column holds a comma anywhere (then its numbers have decimal commas)."""
     used = [i for i in (cols.price, cols.volume) if i is not None]
     try:
-        with _data_rows(path, cols) as reader:
+        with data_rows(path, cols) as reader:
             return any(len(r) == cols.fields and any("," in r[i] for i in used) for r in reader)
     except (OSError, csv.Error):
         return False
@@ -627,25 +404,25 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     market of a file without a market column when its header (yfinance's Ticker row) or name (``ticker_from``) says
     it."""
     shown = [header_name(h) for h in header]
-    names = [_match_name(s) for s in shown]
-    t = _find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
+    names = [match_name(s) for s in shown]
+    t = find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
     if t is None:  # pandas' to_csv writes a date index as an unnamed first column
         t = 0
         notes.append(f"{path}: unnamed first column used as the time (a pandas index)")
-    p = _find_column(path, names, shown, PRICE_COLUMNS, "price", False)
+    p = find_column(path, names, shown, PRICE_COLUMNS, "price", False)
     bid = ask = bid_v = ask_v = None
     if p is None:  # quotes: the mid of bid and ask
-        bid = _find_column(path, names, shown, BID_COLUMNS, "bid", False)
-        ask = _find_column(path, names, shown, ASK_COLUMNS, "ask", False)
+        bid = find_column(path, names, shown, BID_COLUMNS, "bid", False)
+        ask = find_column(path, names, shown, ASK_COLUMNS, "ask", False)
         if bid is None or ask is None:
-            _find_column(path, names, shown, PRICE_COLUMNS, "price", True, ", or a bid and an ask column")
+            find_column(path, names, shown, PRICE_COLUMNS, "price", True, ", or a bid and an ask column")
         else:
             p = bid
             notes.append(f"{path}: price is the mid of {shown[bid]!r} and {shown[ask]!r}")
-    v = _find_column(path, names, shown, VOLUME_COLUMNS, "volume", False)
+    v = find_column(path, names, shown, VOLUME_COLUMNS, "volume", False)
     if v is None and bid is not None:
-        bid_v = _find_column(path, names, shown, BID_VOLUME_COLUMNS, "bid volume", False)
-        ask_v = _find_column(path, names, shown, ASK_VOLUME_COLUMNS, "ask volume", False)
+        bid_v = find_column(path, names, shown, BID_VOLUME_COLUMNS, "bid volume", False)
+        ask_v = find_column(path, names, shown, ASK_VOLUME_COLUMNS, "ask volume", False)
         if bid_v is not None and ask_v is not None:
             v = bid_v
             notes.append(f"{path}: volume is {shown[bid_v]!r} + {shown[ask_v]!r}")
@@ -655,7 +432,7 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
         v = next((i for i, n in enumerate(names) if n.startswith(VOLUME_PREFIX)), None)
         if v is not None:
             notes.append(f"{path}: volume from {shown[v]!r}")
-    m = _find_column(path, names, shown, MARKET_COLUMNS, "market", False)
+    m = find_column(path, names, shown, MARKET_COLUMNS, "market", False)
     assert t is not None and p is not None
     default_market = ""
     if v is None:
@@ -669,7 +446,6 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     return Columns(len(header), t, shown[t], p, shown[p], v, "" if v is None else shown[v],
                    m, "" if m is None else shown[m], default_market, ask=ask, ask_name="" if ask is None else shown[ask],
                    ask_volume=ask_v, ask_volume_name="" if ask_v is None else shown[ask_v])
-
 
 
 def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
@@ -773,20 +549,20 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
         else:
             market = known
     if cols.mbo is not None:
-        return _mbo_tick(row, cols, cols.mbo, ts, market)
+        return mbo_tick(row, cols, cols.mbo, ts, market)
     if cols.action is not None:
-        return _book_tick(row, cols, ts, market)
+        return book_tick(row, cols, ts, market)
     if cols.ask is None:
-        price = _fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
+        price = fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
             row[cols.price], cols.price_name, cols.decimal_comma)
     else:
         price = _mid(row, market, cols)
     if cols.volume is None:
         return ts, market, price, 0.0
-    volume = _volume(row[cols.volume], cols.volume_name, cols)
+    volume = read_volume(row[cols.volume], cols.volume_name, cols)
     if cols.ask_volume is not None:
         blanks = cols.blank_volumes
-        volume += _volume(row[cols.ask_volume], cols.ask_volume_name, cols)
+        volume += read_volume(row[cols.ask_volume], cols.ask_volume_name, cols)
         if volume == _INF:  # two finite sides near the largest float
             raise ValueError(f"{cols.volume_name} + {cols.ask_volume_name} is not finite (each side is, their sum is"
                              " not): no volume is that large")
@@ -816,12 +592,6 @@ def _hour_clock(text: str, name: str, ending: bool) -> str:
     return f"{int(m[1]) - low:02d}:00"
 
 
-def mid_price(bid: float, ask: float) -> float:
-    """The mid of two finite prices, itself finite: halved before they are added, so that two sides near the largest
-    float (``1.7e308``) do not add up to infinity (the same number as ``0.5 * (bid + ask)`` wherever that is finite)."""
-    return 0.5 * bid + 0.5 * ask
-
-
 def _mid(row: list[str], market: str, cols: Columns) -> float:
     """The mid of a quote row's bid and ask; an empty side is the market's previous one (MetaTrader writes only the
     side that changed)."""
@@ -830,8 +600,8 @@ def _mid(row: list[str], market: str, cols: Columns) -> float:
     sides = []
     for k, (i, name) in enumerate(((cols.price, cols.price_name), (cols.ask, cols.ask_name))):
         text = row[i]
-        if not _no_price(text, cols):
-            sides.append(_fixed_price(text, name) if cols.fixed_point else _price(text, name, cols.decimal_comma))
+        if not no_price(text, cols):
+            sides.append(fixed_price(text, name) if cols.fixed_point else _price(text, name, cols.decimal_comma))
         elif last is not None:
             sides.append(last[k])
         else:
@@ -841,236 +611,12 @@ def _mid(row: list[str], market: str, cols: Columns) -> float:
     return mid_price(sides[0], sides[1])
 
 
-def _book_tick(row: list[str], cols: Columns, ts: int, market: str) -> tuple[int, str, float, float] | None:
-    """A Databento order-book row (mbp-1, mbp-10) as (ms, market, mid of its bid_px_00 and ask_px_00, size of a trade,
-    T or F, else 0); None, counted in ``cols.skipped``, for a row that is no tick (see :func:`_book_skip`).
-    ValueError for a field that cannot be read, the market's previous top kept."""
-    assert cols.action is not None
-    top = _book_top(row, cols, market)
-    traded = row[cols.action].strip() in DATABENTO_TRADE_ACTIONS
-    volume = _volume(row[cols.volume], cols.volume_name, cols) if traded and cols.volume is not None else 0.0
-    why = _book_skip(cols.tops, market, top, traded, ONE_SIDED_BOOK)
-    if why is not None:
-        _skip(cols, why)
-        return None
-    assert top is not None
-    return ts, market, mid_price(top[0], top[1]), volume
-
-
-def _book_top(row: list[str], cols: Columns, market: str) -> Top | None:
-    """``market``'s best bid and ask after an order-book row's event (any finite prices): the row's own bid_px_00 and
-    ask_px_00, or with several publishers the highest bid and lowest ask over each one's latest row (as an mbo
-    file's book is read); None when no publisher has a bid or none has an ask (an empty or UNDEF_PRICE side: no order
-    there, and an earlier quote would price a book gone since). ValueError, nothing kept, for a price that cannot
-    be read."""
-    assert cols.ask is not None
-    bid_text, ask_text = row[cols.price], row[cols.ask]
-    sides: Sides = (None if _no_price(bid_text, cols) else _book_price(bid_text, cols.price_name, cols),
-                    None if _no_price(ask_text, cols) else _book_price(ask_text, cols.ask_name, cols))
-    if cols.publisher is None:
-        return best_of((sides,))
-    venues = cols.venues.get(market)
-    if venues is None:
-        venues = cols.venues[market] = {}
-    venues[row[cols.publisher].strip()] = sides
-    return best_of(venues.values())
-
-
-def _book_skip(tops: dict[str, Top | None], key: str, top: Top | None, traded: bool, one_sided: str) -> str | None:
-    """Why a book event after which ``key``'s best bid and ask are ``top`` is no tick, None when it is one; ``top``
-    becomes ``key``'s previous top in ``tops`` either way. No tick: a side lacks (``one_sided``), the mid is not above
-    0, or neither best price moved from the previous top and the event traded nothing (``traded``). The first top of
-    a market moves from none."""
-    before = tops.get(key)
-    tops[key] = top
-    if top is None:
-        return one_sided
-    if not mid_price(top[0], top[1]) > 0.0:
-        return BOOK_NOT_POSITIVE
-    if top == before and not traded:
-        return BOOK_UNCHANGED
-    return None
-
-
-def _skip(cols: Columns, why: str) -> None:
-    """Count a row that is neither a tick nor a bad row under ``why`` in ``cols.skipped``."""
-    cols.skipped[why] = cols.skipped.get(why, 0) + 1
-
-
-def _mbo_tick(row: list[str], cols: Columns, m: MboColumns, ts: int, market: str) -> tuple[int, str, float, float] | None:
-    """Apply a Databento mbo row's event to its instrument's book (see :mod:`.orderbook`); on the last record of an
-    event (flags F_LAST; every row without a flags column) the tick (ms, market, mid of the best bid and best ask over
-    the instrument's publishers, units traded by the event's T records). None, counted in ``cols.skipped``, for any
-    other record and for an event that is no tick (see :func:`_book_skip`: it moved neither best price and traded
-    nothing, or its book lacks a side or has a mid not above 0). ValueError, and no book changed, for a row that
-    cannot be read."""
-    assert cols.volume is not None
-    flags = _mbo_flags(row, m)
-    instrument = market if m.instrument is None else row[m.instrument]
-    event = (instrument, row[m.publisher])
-    action = row[m.action].strip()
-    books = m.books
-    last = flags is None or bool(flags & F_LAST)
-    try:
-        if action in ("A", "M", "C"):
-            _mbo_order(row, cols, m, event, action, flags)
-        elif action == "T":
-            traded = books.pending.get(event, 0.0) + _volume(row[cols.volume], cols.volume_name, cols)
-            if traded == _INF:  # finite sizes near the largest float
-                raise ValueError(f"{cols.volume_name}: the sizes of the event's trades (action T) add up to more than"
-                                 " any finite number: no volume is that large")
-            books.pending[event] = traded
-        elif action == "R":
-            books.book(*event).clear()
-        elif action not in ("F", "N"):  # neither changes the book (the cancel that follows a fill does)
-            raise ValueError(f"{m.names[m.action]} {action!r} is not one of Databento's actions ({MBO_ACTIONS})")
-    except ValueError:
-        if last:  # the event ends in a bad row: its trades are not carried to the next event
-            books.pending.pop(event, None)
-        raise
-    if not last:
-        _skip(cols, MBO_MID_EVENT)
-        return None
-    volume = books.pending.pop(event, None)  # a skipped event's trades are not carried to a later one
-    top = books.top(instrument)
-    why = _book_skip(books.tops, instrument, top, volume is not None, MBO_ONE_SIDED)
-    if why is not None:
-        _skip(cols, why)
-        return None
-    assert top is not None
-    return ts, market, mid_price(top[0], top[1]), volume or 0.0
-
-
-def _mbo_order(row: list[str], cols: Columns, m: MboColumns, event: tuple[str, str], action: str, flags: int | None) -> None:
-    """Apply an add (A), modify (M) or cancel (C) to the book of ``event`` (instrument, publisher); a top-of-book
-    record (F_TOB) of an add or modify sets its side's one price instead. A cancel acts on the side its order rests
-    on, so its row's side is not read (Databento may write N). ValueError, the book unchanged, for a field that cannot
-    be read."""
-    assert cols.volume is not None
-    size = _volume(row[cols.volume], cols.volume_name, cols)
-    if action == "C":
-        if not m.books.cancel(*event, _order_id(row, m), size):
-            m.unknown_cancels += 1
-        return
-    text = row[m.side].strip()
-    bid = _ORDER_SIDES.get(text)
-    if bid is None:
-        raise ValueError(f"{m.names[m.side]} {text!r} is not B (bid) or A (ask), as the side of action {action} must be")
-    if flags is not None and flags & F_TOB:
-        price = None if _no_price(row[cols.price], cols) else _order_price(row, cols)
-        m.books.book(*event).top_of_book(bid, price)
-        return
-    order_id = _order_id(row, m)
-    m.books.book(*event).place(order_id, bid, _order_price(row, cols), size)
-
-
-def _order_id(row: list[str], m: MboColumns) -> int:
-    """A Databento mbo row's order id (a whole number); ValueError naming the column otherwise."""
-    text = row[m.order_id].strip()
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{m.names[m.order_id]} {text!r} is not an order id (a whole number)") from None
-
-
-def _order_price(row: list[str], cols: Columns) -> float:
-    """The price of an mbo row's order (see :func:`_book_price`); ValueError naming the column for none (UNDEF_PRICE,
-    empty) or a bad one."""
-    text = row[cols.price]
-    if not cols.fixed_point and not text.strip():
-        raise ValueError(f"{cols.price_name} is empty (an order needs a price)")
-    return _book_price(text, cols.price_name, cols)
-
-
-def _book_price(text: str, name: str, cols: Columns) -> float:
-    """A price in a Databento order book (an order's, or a best bid or ask), in quote currency, fixed point or as
-    written as the file's prices are: any finite number, since a calendar spread's prices can be 0 or below (a tick
-    still needs a positive mid); ValueError naming the column otherwise, UNDEF_PRICE included."""
-    if cols.fixed_point:
-        return _fixed_number(text, name)
-    return _signed_price(text, name, cols.decimal_comma)
-
-
-def _mbo_flags(row: list[str], m: MboColumns) -> int | None:
-    """A Databento mbo row's flags (a bit field, 0-255); None without a flags column; ValueError naming it otherwise."""
-    if m.flags is None:
-        return None
-    text = row[m.flags]
-    try:
-        flags = int(text)
-    except ValueError:
-        flags = -1
-    if not 0 <= flags <= 255:
-        raise ValueError(f"{m.names[m.flags]} {text.strip()!r} is not Databento's flags (a whole number 0-255)")
-    return flags
-
-
 def _price(text: str, name: str, decimal_comma: bool) -> float:
     """A price field (> 0, finite); ValueError naming the column otherwise."""
-    price = _signed_price(text, name, decimal_comma)
+    price = signed_price(text, name, decimal_comma)
     if not price > 0.0:
         raise ValueError(f"{name} {price} is not > 0")
     return price
-
-
-def _signed_price(text: str, name: str, decimal_comma: bool) -> float:
-    """A price field as a finite number of any sign; ValueError naming the column otherwise."""
-    try:
-        if decimal_comma:  # "1.000" is a thousand here: float() would read it as one
-            raise ValueError
-        price = float(text)
-    except ValueError:
-        price = quoted_number(text, name, False, decimal_comma)
-    if not -_INF < price < _INF:
-        raise ValueError(f"{name} {text.strip()!r} is not finite")
-    return price
-
-
-def _no_price(text: str, cols: Columns) -> bool:
-    """Whether a price field is empty, or Databento's UNDEF_PRICE in a file of its fixed-point prices (what its
-    pretty_px files write as an empty field)."""
-    s = text.strip()
-    return not s or (cols.fixed_point and s == DATABENTO_UNDEF_PRICE)
-
-
-def _fixed_price(text: str, name: str) -> float:
-    """A Databento fixed-point price field (an integer in units of 1e-9) as a price (> 0); ValueError naming the
-    column otherwise, UNDEF_PRICE included."""
-    price = _fixed_number(text, name)
-    if not price > 0.0:
-        raise ValueError(f"{name} {price} is not > 0")
-    return price
-
-
-def _fixed_number(text: str, name: str) -> float:
-    """A Databento fixed-point price field (an integer in units of 1e-9) as a price of any sign; ValueError naming
-    the column otherwise, UNDEF_PRICE included."""
-    s = text.strip()
-    if s == DATABENTO_UNDEF_PRICE:
-        raise ValueError(f"{name} {s} is Databento's UNDEF_PRICE (the record has no price)")
-    if not _FIXED_PRICE.fullmatch(s):
-        raise ValueError(f"{name} {s!r} is not a Databento fixed-point price (an integer in units of 1e-9, as the"
-                         " file's first prices are)")
-    return int(s) / 1e9
-
-
-def _volume(text: str, name: str, cols: Columns) -> float:
-    """A volume field (>= 0, finite; empty or ``-`` is 0, counted in ``cols.blank_volumes``); ValueError naming the
-    column otherwise."""
-    try:
-        if cols.decimal_comma:
-            raise ValueError
-        volume = float(text)
-    except ValueError:
-        if text.strip() in ("", "-"):  # a quote site's "no volume"
-            cols.blank_volumes += 1
-            return 0.0
-        volume = quoted_number(text, name, True, cols.decimal_comma)
-    if not 0.0 <= volume < _INF:
-        if not math.isfinite(volume):
-            raise ValueError(f"{name} {text.strip()!r} is not finite")
-        raise ValueError(f"{name} {volume} is negative")
-    return volume
 
 
 def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> bool:
@@ -1080,7 +626,7 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
     last: dict[str, int] = {}
     back = forward = 0
     try:
-        with _data_rows(path, cols) as reader:
+        with data_rows(path, cols) as reader:
             for _, r in zip(range(sample_rows), reader, strict=False):
                 if len(r) != cols.fields:
                     continue
@@ -1106,139 +652,22 @@ def quotes_for_empty_prices(path: Path, header: list[str], cols: Columns, notes:
     if cols.ask is not None:
         return
     shown = [header_name(h) for h in header]
-    names = [_match_name(n) for n in shown]
+    names = [match_name(n) for n in shown]
     bid = next((names.index(a) for a in BID_COLUMNS if a in names), None)
     ask = next((names.index(a) for a in ASK_COLUMNS if a in names), None)
     if bid is None or ask is None:
         return
     try:
-        with _data_rows(path, cols) as reader:
+        with data_rows(path, cols) as reader:
             rows = [r for _, r in zip(range(sample_rows), reader, strict=False) if len(r) == cols.fields]
     except (OSError, csv.Error):
         return
-    if not rows or not all(_no_price(r[cols.price], cols) for r in rows):
+    if not rows or not all(no_price(r[cols.price], cols) for r in rows):
         return
     empty = "empty or Databento's UNDEF_PRICE" if cols.fixed_point else "empty"
     notes.append(f"{path}: {cols.price_name} is {empty}; price is the mid of {shown[bid]!r} and {shown[ask]!r}"
                  f" (an {empty.replace('empty', 'empty side', 1)} keeps its previous value)")
     cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
-
-
-def databento_book_events(path: Path, header: list[str], cols: Columns, books: OrderBooks | None = None,
-                          sample_rows: int = 1000) -> str | None:
-    """A note, with the price set to the mid of ``bid_px_00`` and ``ask_px_00`` and ``cols.action`` set, for a file of
-    Databento's order-book events (mbp-1, mbp-10): its header names ``rtype``, ``publisher_id``, ``action``,
-    ``bid_px_00`` and ``ask_px_00``, and the actions of its first ``sample_rows`` rows include a book event (A, C, M
-    or R), not only trades. Each row is then read at the top of book after its event, and its ``size`` is volume only
-    for a trade (T or F); a row that moves neither price and trades nothing is no tick. A market on several
-    publishers has the highest bid and lowest ask over their latest rows (``cols.publisher``, ``cols.venues``). Each
-    market's previous top (and its publishers') is kept in ``books`` when given (an earlier file's last row is the
-    previous row of the next file's first), else in the file's own. None, nothing set, for any other file (trades,
-    tbbo, bbo, OHLCV, another vendor's)."""
-    shown = [header_name(h) for h in header]
-    names = [_match_name(s) for s in shown]
-    if not set(names) >= DATABENTO_FIELDS | {DATABENTO_ACTION, *DATABENTO_TOP}:
-        return None
-    action = _find_column(path, names, shown, (DATABENTO_ACTION,), "action", True)
-    bid, ask = (_find_column(path, names, shown, (name,), name, True) for name in DATABENTO_TOP)
-    assert action is not None and bid is not None and ask is not None
-    seen: set[str] = set()
-    try:
-        with _data_rows(path, cols) as reader:
-            for _, r in zip(range(sample_rows), reader, strict=False):
-                if len(r) == cols.fields:
-                    seen.add(r[action].strip())
-    except (OSError, csv.Error):
-        return None  # the reading pass reports it
-    book = sorted(seen & DATABENTO_BOOK_ACTIONS)
-    if not book:
-        return None
-    cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
-    cols.ask_volume, cols.ask_volume_name = None, ""
-    cols.action, cols.action_name = action, shown[action]
-    cols.publisher = _find_column(path, names, shown, ("publisher_id",), "publisher_id", True)
-    if books is not None:
-        cols.tops, cols.venues = books.tops, books.venues
-    volume = f", volume the {cols.volume_name} of trades (T, F) only" if cols.volume is not None else ""
-    return (f"{path}: Databento order-book events ({shown[action]} {', '.join(book)}): price is the mid of"
-            f" {shown[bid]} and {shown[ask]} after each event{volume}; a row whose book lacks a side is skipped")
-
-
-def databento_mbo(path: Path, header: list[str], cols: Columns, books: OrderBooks | None = None) -> str | None:
-    """A note, with ``cols.mbo`` set (price ``price``, volume ``size``), for a Databento market-by-order file: its
-    header names ``rtype``, ``publisher_id``, ``action``, ``side``, ``order_id``, ``price`` and ``size``, and no
-    ``bid_px_00`` (an mbp file's top of book). Its rows rebuild each instrument's book (one per ``instrument_id``,
-    else per market, and per ``publisher_id``; see :mod:`.orderbook`) in ``books`` (the books the load's earlier
-    files left; new, empty books when None), and a tick is the mid of the best bid and ask after each event's last
-    record (``flags`` F_LAST; every row when the file has no ``flags`` column) that moves either or trades, with the
-    size of the event's trades (T) as volume. None, nothing set, for any other file."""
-    shown = [header_name(h) for h in header]
-    names = [_match_name(s) for s in shown]
-    if not set(names) >= DATABENTO_FIELDS | MBO_FIELDS or DATABENTO_TOP[0] in names:
-        return None
-
-    def index(name: str) -> int:
-        i = _find_column(path, names, shown, (name,), name, True)  # DataError for a column named twice
-        assert i is not None
-        return i
-
-    action, side, order_id, publisher, price, size = (
-        index(n) for n in ("action", "side", "order_id", "publisher_id", "price", "size"))
-    instrument, flags = (_find_column(path, names, shown, (n,), n, False) for n in ("instrument_id", "flags"))
-    cols.price, cols.price_name, cols.ask, cols.ask_name = price, shown[price], None, ""
-    cols.volume, cols.volume_name, cols.ask_volume, cols.ask_volume_name = size, shown[size], None, ""
-    used = (action, side, order_id, publisher, instrument, flags)
-    books = OrderBooks() if books is None else books
-    cols.mbo = MboColumns(action, side, order_id, publisher, instrument, flags,
-                          {i: shown[i] for i in used if i is not None}, books, books.resting())
-    last = (f"after each event's last record ({shown[flags]} F_LAST, 128)" if flags is not None
-            else "after each row (no flags column: each row is an event)")
-    return (f"{path}: Databento market-by-order events (mbo): each instrument's book is rebuilt from its orders"
-            f" ({shown[action]} A, C, M, R; one book per {shown[publisher]}, the best bid and ask over them); price is"
-            f" the mid of the best bid and best ask {last}, volume the {shown[size]} of trades (T) only; a row whose"
-            " book lacks a side is skipped")
-
-
-def databento_fixed_point(path: Path, header: list[str], cols: Columns, sample_rows: int = 1000) -> str | None:
-    """A note, with ``cols.fixed_point`` set, for a file written by Databento without pretty_px (its header names
-    ``rtype`` and ``publisher_id``) whose first price (of the price column, or bid and ask; UNDEF_PRICE aside, within
-    the first ``sample_rows`` rows) is an integer, and whose integer prices there reach ``FIXED_POINT_MIN`` (0.001 in
-    units of 1e-9):
-    fixed-point prices in units of 1e-9 (``4108500000000`` is 4108.5; UNDEF_PRICE, 9223372036854775807, is no
-    price), and a price with a decimal point is then a bad row. None for any other file: Databento's pretty_px files
-    (decimals: ``4108.500000000``), and one re-saved by a tool that writes whole prices without decimals (``4108``)."""
-    if not {_match_name(header_name(h)) for h in header} >= DATABENTO_FIELDS:
-        return None
-    used = [i for i in (cols.price, cols.ask) if i is not None]
-    prices: list[str] = []
-    undefined = False
-    try:
-        with _data_rows(path, cols) as reader:
-            for _, r in zip(range(sample_rows), reader, strict=False):
-                if len(r) != cols.fields:
-                    continue
-                for i in used:
-                    text = r[i].strip()
-                    if text == DATABENTO_UNDEF_PRICE:
-                        undefined = True
-                    elif text:
-                        prices.append(text)
-    except (OSError, csv.Error):
-        return None
-    # by magnitude: a calendar spread's prices can all be 0 or below
-    whole = [abs(int(p)) for p in prices if _FIXED_PRICE.fullmatch(p)]
-    if prices and not (_FIXED_PRICE.fullmatch(prices[0]) and max(whole) >= FIXED_POINT_MIN):
-        return None
-    if not prices and not undefined:
-        return None
-    first = prices[0] if prices else DATABENTO_UNDEF_PRICE
-    cols.fixed_point = True
-    names = cols.price_name + (f" and {cols.ask_name}" if cols.ask is not None else "")
-    if first == DATABENTO_UNDEF_PRICE:
-        return (f"{path}: {names} read as Databento's fixed-point prices, integers in units of 1e-9;"
-                f" {DATABENTO_UNDEF_PRICE} (UNDEF_PRICE, as the first is) is no price")
-    return (f"{path}: {names} read as Databento's fixed-point prices, integers in units of 1e-9 (the first, {first},"
-            f" is {int(first) / 1e9}); {DATABENTO_UNDEF_PRICE} (UNDEF_PRICE) is no price")
 
 
 def _binance_row(row: list[str]) -> tuple[str, tuple[str, ...]] | None:
@@ -1305,7 +734,7 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
     form) or numbers, in the unit of ``TIME_UNITS`` whose span holds it, ms otherwise. A note for a unit other
     than ms, None otherwise."""
     try:
-        with _data_rows(path, cols) as reader:
+        with data_rows(path, cols) as reader:
             # the first times that can be times at all: a placeholder ("nan", "N/A", "null", "-") is a bad row of
             # the reading pass and must not decide the unit (a file of seconds read as ms after a first "nan")
             # a zero (pandas' fillna(0), a spreadsheet's empty cell) is a placeholder too: as ms it would make the
@@ -1380,7 +809,7 @@ def _date_hours_not_seconds(path: Path, cols: Columns, first: str) -> bool:
     if int(Decimal(first)) * 1000 <= _now_ms():
         return False
     try:
-        with _data_rows(path, cols) as reader:
+        with data_rows(path, cols) as reader:
             for n, r in enumerate(reader):
                 if n >= DATE_HOUR_SAMPLE:
                     break
@@ -1420,7 +849,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     that cannot be read. The header is the line after ``skipped`` lines (see :func:`leading_lines`); the rows
     start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`binance_layout`). Times
     without an offset are read in ``zone``. ``books``, shared by the files of one load, carries a Databento order
-    book's state from one file to the next (see :func:`databento_book_events`, :func:`databento_mbo`)."""
+    book's state from one file to the next (see :func:`~.databento.databento_book_events`, :func:`~.databento.databento_mbo`)."""
     levels = yfinance_header(path, header, delimiter, skipped)
     ticker, lines, ticker_from = "", 1, "the header's Ticker row"
     binance = None
@@ -1432,7 +861,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
         if binance is not None:  # no header line: the first line is the first row
             header, lines = list(binance[1]), 0
             notes.append(f"{path}: no header line; read as Binance's {binance[0]} file ({','.join(binance[1])})")
-        names = tuple(_match_name(header_name(h)) for h in header)
+        names = tuple(match_name(header_name(h)) for h in header)
         if binance is not None or names in (BINANCE_KLINES, BINANCE_AGG_TRADES[:7], BINANCE_TRADES[:6]):
             ticker, ticker_from = binance_symbol(path), "the Binance file name without its date"
     cols = columns_of(path, header, notes, ticker, ticker_from)

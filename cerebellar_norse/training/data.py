@@ -47,15 +47,14 @@ import numpy as np
 from ..errors import DataError, DataFileNotFoundError, InputError
 from ..timezones import zone_name
 from .compressed import CorruptFileError, open_tick_file
+from .csvcolumns import FileFormat, without_trailing_separator
 from .csvformat import (
-    FileFormat,
     file_format,
     leading_lines,
     not_utf8,
     parse_row,
     repeated_hour_time,
     split_number_hint,
-    without_trailing_separator,
 )
 from .csvtime import SECONDS_HINT_MS, parse_time_ms, serial_date_hint
 from .orderbook import OrderBooks

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CerebellarNorseError
-from .csvformat import FileFormat
+from .csvcolumns import FileFormat
 from .csvtime import UNIT_WORDS
 from .data import CLASS_NAMES, MarketSeries, TickData, iso_ms
 
