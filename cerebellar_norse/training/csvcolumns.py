@@ -86,7 +86,7 @@ class Columns:
     hour_ending: bool | None = None  # the clock is an hour column (see hour_column): hours ending 1..24 (True) or
     # beginning 0..23 (False); None: the clock holds times of day
     newest_first: bool = False  # rows run newest first (see runs_newest_first)
-    fixed_point: bool = False  # prices are Databento's integers in units of 1e-9 (see databento_fixed_point)
+    fixed_point: bool = False  # prices are Databento's integers in units of 1e-9 (see databento.databento_fixed_point)
     time_unit: str = "ms"  # unit of numeric times (a key of UNIT_WORDS), from the first time (see time_unit_of)
     time_floor: int = 0  # a numeric time before this (ms) is of another unit than the file's (see time_unit_of)
     ask: int | None = None  # with ``price`` the bid: the price is their mid
@@ -94,12 +94,12 @@ class Columns:
     ask_volume: int | None = None  # with ``volume`` the bid side's: the volume is their sum
     ask_volume_name: str = ""
     quotes: dict[str, list[float]] = field(default_factory=dict)  # market -> its latest bid and ask (empty: unchanged)
-    action: int | None = None  # Databento's action column of an order-book file (see databento_book_events): the
+    action: int | None = None  # Databento's action column of an order-book file (see databento.databento_book_events): the
     # price is the mid of the row's own top of book, the volume a trade's size only
     action_name: str = ""
-    mbo: MboColumns | None = None  # a Databento mbo file (see databento_mbo): price the mid of its rebuilt book
+    mbo: MboColumns | None = None  # a Databento mbo file (see databento.databento_mbo): price the mid of its rebuilt book
     # an order-book file's markets -> their bid_px_00 and ask_px_00 in their previous row (None: a side lacked), to
-    # tell whether a row moved them (see databento_book_events; shared by the files of one load)
+    # tell whether a row moved them (see databento.databento_book_events; shared by the files of one load)
     tops: dict[str, Top | None] = field(default_factory=dict)
     publisher: int | None = None  # an order-book file's publisher_id: a market's top is the best over its venues'
     # an order-book file's markets -> publisher -> its bid_px_00 and ask_px_00 in its latest row (None: no order there)
