@@ -59,8 +59,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         # a failed write names no file, a failed rename the temporary file (gone by now): name the target
-        if isinstance(exc, OSError) and (exc.filename is None or exc.filename == tmp):
-            exc.filename, exc.filename2 = str(path), None
+        # (a new error: the message of one whose second file name was set to None would end in "-> None")
+        if isinstance(exc, OSError) and exc.errno is not None and (exc.filename is None or exc.filename == tmp):
+            raise OSError(exc.errno, exc.strerror, str(path)) from None  # OSError picks the errno's subclass
         raise
     fsync_dir(path.parent)
 

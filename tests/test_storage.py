@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -50,6 +51,21 @@ def test_atomic_write_failure_keeps_the_old_file(tmp_path: Path, monkeypatch: py
     monkeypatch.undo()
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["file.bin"]  # the temporary file was removed
+
+
+@pytest.mark.parametrize(("code", "kind"), [(errno.ENOSPC, OSError), (errno.EACCES, PermissionError)])
+def test_a_failed_atomic_write_names_the_target_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int,
+                                                      kind: type[OSError]) -> None:
+    path = tmp_path / "file.bin"
+
+    def fail(*_args: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(kind) as caught:
+        atomic_write_bytes(path, b"new")
+    assert (caught.value.errno, caught.value.filename, caught.value.filename2) == (code, str(path), None)
+    assert str(caught.value) == f"[Errno {code}] {os.strerror(code)}: '{path}'"  # no "-> None"
 
 
 @pytest.mark.parametrize("payload", [b"", b"x", os.urandom(100_000)])

@@ -93,6 +93,14 @@ def _write_checksum(path: Path) -> str:
     return digest
 
 
+def _checksum_closed(path: Path) -> None:
+    """Write the checksums of a closed recording and of its companion, if it has one without."""
+    companion = states_path(path)
+    if companion.exists() and not checksum_path(companion).exists():
+        _write_checksum(companion)
+    _write_checksum(path)
+
+
 def state_record(line: int, market_id: str, state: dict[str, np.ndarray]) -> bytes:
     """One record of a companion file: JSON header line, raw payload, ``\\n`` (see :mod:`.recording_format`)."""
     fields, parts = [], []
@@ -178,6 +186,7 @@ class TickRecorder:
         self._size = 0
         self._records = 0
         self._recovered = False
+        self._unsealed: list[Path] = []  # files closed by a failure whose checksum could not be written yet
         self._drops_logged = 0
         self._drop_log_at = 0.0
         self._error_log_at = -math.inf
@@ -473,13 +482,26 @@ class TickRecorder:
             if f is not None:
                 with contextlib.suppress(OSError):
                     f.close()
-        if path is not None:
-            try:
-                if sfh is not None:
-                    _write_checksum(states_path(path))
-                _write_checksum(path)
-            except OSError as exc2:
-                log.error("recording %s not checksummed: %s", path, exc2)
+        if path is None:
+            return
+        if not self._records:  # no tick in it (a full disk fails its header): not left as an empty recording
+            for p in (states_path(path), path):
+                with contextlib.suppress(OSError):
+                    p.unlink(missing_ok=True)
+            return
+        try:
+            _checksum_closed(path)
+        except OSError as exc2:
+            log.error("recording %s not checksummed: %s; retried when a write succeeds again", path, exc2)
+            self._unsealed.append(path)
+
+    def _checksum_pending(self) -> None:
+        """Checksum the files a failure closed without one (a write has just succeeded again)."""
+        for path in list(self._unsealed):
+            with contextlib.suppress(OSError):  # still failing: tried again with the next file
+                _checksum_closed(path)
+                self._unsealed.remove(path)
+                log.info("recording %s checksummed after its failed write", path)
 
     def _open(self, day: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -510,6 +532,8 @@ class TickRecorder:
         fh.write(header)
         fh.flush()
         self._size = len(header)
+        if self._unsealed:  # a write works again: close what a failure left without its checksum
+            self._checksum_pending()
 
     def _seal(self) -> None:
         """fsync and close the current file and its companion, then write their checksums (holding the lock)."""
@@ -531,6 +555,8 @@ class TickRecorder:
         except OSError as exc:
             self.write_errors += 1
             log.error("recording %s not closed cleanly: %s", path, exc)
+            if not checksum_path(path).exists():
+                self._unsealed.append(path)
         finally:
             with contextlib.suppress(OSError):
                 fh.close()
