@@ -221,7 +221,11 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def on_response_complete(self) -> None:
             pending = self._pending_refusal
             if pending is None or self.pipeline:
-                super().on_response_complete()
+                super().on_response_complete()  # (resumes reading, even with requests still queued)
+                if self.pipeline and not self.transport.is_closing():
+                    # Requests read already wait their turn: read no more until they are answered, so that a client
+                    # that pipelines without reading its answers cannot queue requests without bound.
+                    self.flow.pause_reading()
                 return
             self._pending_refusal = None
             self.server_state.total_requests += 1

@@ -199,6 +199,48 @@ def test_http_1_0_closes_after_its_answer_and_ignores_what_follows() -> None:
         assert answers([first, b"\r\n" * 100_000]) == [(200, b"/a 0")]
 
 
+def test_reading_stays_paused_while_pipelined_requests_wait_for_their_turn() -> None:
+    """A client that pipelines requests without reading the answers: requests already read wait for their turn
+    with reading paused, so the service does not read (and queue) what the client goes on sending."""
+
+    class PausingTransport(Transport):
+        paused = False
+
+        def pause_reading(self) -> None:
+            self.paused = True
+
+        def resume_reading(self) -> None:
+            self.paused = False
+
+    async def run() -> tuple[bool, int, bool, bytes]:
+        release = asyncio.Event()
+
+        async def app(scope: dict, receive: Any, send: Any) -> None:
+            if scope["path"] == "/slow":
+                await release.wait()
+            await echo(scope, receive, send)
+
+        protocol = guarded_protocol(30.0)(config=Config(app=app, lifespan="off", log_level="error"),
+                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = PausingTransport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(request("/a") + request("/slow") + request("/c") + request("/d"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waiting = (transport.paused, len(protocol.pipeline))  # /a answered, /slow running, /c and /d queued
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return (*waiting, transport.paused, transport.written)
+
+    paused, queued, paused_after, written = asyncio.run(run())
+    assert (paused, queued) == (True, 2)
+    assert not paused_after  # every queued request answered: reading again
+    assert [line.split(b"\r\n")[-1] for line in written.split(b"HTTP/1.1 ")[1:]] == [b"/a 0", b"/slow 0", b"/c 0",
+                                                                                      b"/d 0"]
+
+
 # -- the OpenAPI document --------------------------------------------------------------------------
 
 
