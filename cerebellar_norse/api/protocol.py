@@ -94,6 +94,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._message_open = False  # the parser has begun a request (its first byte) and not completed it
             self._refused = False
             self._pending_refusal: tuple[bytes, str, str] | None = None  # written once the answers before it are
+            self._running: Any = None  # the cycle whose app runs (self.cycle is the one read last, maybe queued)
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -238,7 +239,17 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            super().connection_lost(exc)
+            super().connection_lost(exc)  # (marks only self.cycle disconnected)
+            running = self._running
+            if running is not None and running is not self.cycle and not running.response_complete:
+                # a pipelined request being answered: its answer is dropped (uvloop raises on a write to a
+                # closed transport, which would be logged as an unexpected error)
+                running.disconnected = True
+                running.message_event.set()
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            self._running = cycle
+            super()._start_asgi_task(cycle, app)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()

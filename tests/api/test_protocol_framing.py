@@ -241,6 +241,46 @@ def test_reading_stays_paused_while_pipelined_requests_wait_for_their_turn() -> 
                                                                                       b"/d 0"]
 
 
+def test_a_pipelined_request_whose_client_left_is_not_answered_into_the_closed_socket() -> None:
+    """The client of a pipelined request being answered goes away: the answer is dropped, as for the request
+    read last, and nothing is written to the closed transport (uvloop raises, logged as an unexpected error)."""
+
+    class ClosingTransport(Transport):
+        def write(self, data: bytes) -> None:
+            if self.closed:
+                raise RuntimeError("unable to perform operation on a closed transport")
+            super().write(data)
+
+    failures: list[BaseException] = []
+
+    async def run() -> bytes:
+        release = asyncio.Event()
+
+        async def app(scope: dict, receive: Any, send: Any) -> None:
+            if scope["path"] == "/slow":
+                await release.wait()
+            try:
+                await echo(scope, receive, send)
+            except Exception as exc:  # what the service would log as an unexpected error
+                failures.append(exc)
+
+        protocol = guarded_protocol(30.0)(config=Config(app=app, lifespan="off", log_level="error"),
+                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = ClosingTransport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(request("/a") + request("/slow") + request("/c"))  # /slow runs from the queue
+        for _ in range(20):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return transport.written
+
+    assert asyncio.run(run()).endswith(b"/a 0")
+    assert failures == []
+
+
 # -- the OpenAPI document --------------------------------------------------------------------------
 
 
