@@ -244,7 +244,18 @@ class Durability:
         if self._wake is not None:
             self._wake.set()
 
+    def _check_in_place(self) -> None:
+        """Raise (and fail the journal, see :meth:`_fail`) when the state dir was moved or replaced while held: a
+        write by its path would start a new state dir there, without this one's models, identity or lock."""
+        why = self._lock.moved() if self._lock is not None else None
+        if why is not None:
+            raise self._fail(StorageError(
+                f"state dir {self.state_dir} {why}: it was moved or replaced while the service ran, and nothing more is "
+                "written by its path; its journal and checkpoint are in the directory as moved: put it back (or point "
+                "paths.state_dir at it) and start the service again", str(self.state_dir)))
+
     def _open_segment(self, size: int | None = None) -> None:
+        self._check_in_place()
         size = size or self.segment_size
         fp = self.engine.fingerprint()
         try:
@@ -320,6 +331,7 @@ class Durability:
         """
         if self.failed is not None:
             raise self.failed
+        self._check_in_place()
         snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
         self._rotate(fp)
         try:
@@ -336,6 +348,7 @@ class Durability:
             return False
         snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
         try:
+            self._check_in_place()
             self._rotate(fp)
         except StorageError:
             return False
@@ -580,6 +593,9 @@ class Durability:
         """
         if self.closed:
             return
+        if save and self.failed is None:
+            with contextlib.suppress(StorageError):  # logged by _fail; then handled as any failed state write below
+                self._check_in_place()
         if save and self.failed is not None:
             # The pool may hold the step whose append failed (its callers got an error): a checkpoint of it would keep
             # ticks never acknowledged, at a journal position that does not include them. The previous checkpoint

@@ -66,6 +66,7 @@ class StateDirLock:
         self.dir = Path(state_dir)
         self.path = self.dir / LOCK_FILE
         self.fd: int | None = None
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the directory locked
 
     def acquire(self) -> StateDirLock:
         """Take the lock, or raise StorageError naming the process that holds it."""
@@ -92,11 +93,26 @@ class StateDirLock:
         except OSError as exc:
             os.close(fd)
             raise StorageError.from_os_error("state dir is not writable:", self.path, exc) from None
-        self.fd = fd
+        st = os.fstat(fd)
+        self.fd, self._identity = fd, (st.st_dev, st.st_ino)
         return self
+
+    def moved(self) -> str | None:
+        """Why the state dir's path no longer names the directory locked ("no longer exists", "now names another
+        directory": it was moved or replaced while held), or None while it does (or the lock is not held)."""
+        if self._identity is None:
+            return None
+        try:
+            st = os.stat(self.dir)
+        except FileNotFoundError:
+            return "no longer exists"
+        except OSError:  # unreadable now: the write that follows says why
+            return None
+        return None if (st.st_dev, st.st_ino) == self._identity else "now names another directory"
 
     def release(self) -> None:
         """Release the lock (closing the descriptor releases it)."""
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+            self._identity = None

@@ -976,3 +976,40 @@ async def test_verify_data_names_market_state_saved_with_a_model_not_stored(
     opened.append(d2)
     d2.recover()  # what the start then does
     assert e2.pool.used == 0 and len(list(root.glob(f"{STATE_FILE}.foreign-*"))) == 1
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+async def test_a_state_dir_moved_while_held_is_not_recreated_by_its_path(journaled: tuple[Config, list[Durability]],
+                                                                         streams: StreamFactory, replaced: bool) -> None:
+    """Moved away (or replaced by an empty directory) while served, the state dir's next checkpoint wrote a new state dir
+    by its old path: journal and market state without models, identity or lock, and the next start there lost every
+    market. The journal now fails (no tick acknowledged after it, the service stops) and writes nothing by the path;
+    the directory put back restores every acknowledged tick."""
+    cfg, opened = journaled
+    fatal: list[StorageError] = []
+    ticks = interleaved(streams(30, 3, seed=13))
+    e = Engine(cfg)
+    d = Durability(e, on_fatal=fatal.append)
+    opened.append(d)
+    d.recover()
+    twin = Engine(cfg)
+    await feed([e, twin], ticks[:60])
+    root = Path(cfg.paths.state_dir)
+    moved = root.with_name("state.moved")
+    root.rename(moved)
+    if replaced:
+        root.mkdir()
+    await feed([e, twin], ticks[60:])  # appends go on into the mapped journal file, in the directory as moved
+    assert not await d.checkpoint()
+    (err,) = fatal
+    why = "now names another directory" if replaced else "no longer exists"
+    assert str(err).startswith(f"state dir {root} {why}: it was moved or replaced while the service ran")
+    assert d.failed is err
+    d.close(save=True)
+    if replaced:
+        assert list(root.iterdir()) == []
+        root.rmdir()
+    assert not root.exists()
+    moved.rename(root)
+    e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)
