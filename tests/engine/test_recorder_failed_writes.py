@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 from engine_helpers import T0
 
-from cerebellar_norse.engine.recorder import TickRecorder, checksum_path, read_recording, verify_recordings
+from cerebellar_norse.engine.recorder import TickRecorder
+from cerebellar_norse.engine.recording import read_recording, verify_recordings
+from cerebellar_norse.engine.recording_format import checksum_path
 from cerebellar_norse.ticks import Tick
 
 
