@@ -35,7 +35,9 @@ Baselines (the rules' tilts are fitted on the scored labels, one number each; no
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -416,6 +418,13 @@ def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray, tilts: dict[str
     returns over the previous horizon, NaN where unknown; ``tilts`` each rule's tilt
     (:func:`rule_tilts`); ``views`` the rules' views of ``past_ret`` when the caller has them.
     """
+    return dict(_each_baseline_probs(base_rates, past_ret, tilts, views))
+
+
+def _each_baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray, tilts: dict[str, float],
+                         views: dict[str, np.ndarray] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name, probabilities (n, 3))`` of each baseline of :func:`baseline_probs` in turn, each made when asked for
+    (so that a caller scoring them one by one holds one at a time)."""
     n = np.asarray(past_ret).shape[0]
     br = np.asarray(base_rates, dtype=np.float64)
     br = br / br.sum()
@@ -423,15 +432,15 @@ def baseline_probs(base_rates: np.ndarray, past_ret: np.ndarray, tilts: dict[str
     majority[int(np.argmax(br))] = 1.0
     majority /= majority.sum()
     moving = br[DOWN] + br[UP]
-    out = {"base_rates": np.tile(br, (n, 1)), "majority": np.tile(majority, (n, 1))}
+    yield "base_rates", np.tile(br, (n, 1))
+    yield "majority", np.tile(majority, (n, 1))
     for name, view in (_rule_views(past_ret) if views is None else views).items():
         tilt = tilts[name]
         p = np.empty((n, 3))
         p[:, FLAT] = br[FLAT]
         p[:, UP] = moving * (0.5 + tilt * view)
         p[:, DOWN] = moving * (0.5 - tilt * view)
-        out[name] = p
-    return out
+        yield name, p
 
 
 def _num(x: float | np.floating[Any] | None) -> float | None:
@@ -569,30 +578,45 @@ def block_length(n: int, horizon: int) -> int:
     return max(1, min(n, max(horizon, math.ceil(n ** (1.0 / 3.0) - 1e-9))))
 
 
-def _block_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m).
-
-    Each resample concatenates ceil(m / block) blocks of ``block`` consecutive rows with
-    uniformly drawn starts (the same starts for every series: a paired bootstrap); block
-    sums come from prefix sums, so the cost is O(k·m + k·resamples·m/block).
-    """
+def _prefix_sums(series: np.ndarray) -> np.ndarray:
+    """Prefix sums (k, m + 1) of each row of ``series`` (k, m), a leading column of zeros."""
     k, m = series.shape
-    n_blocks = math.ceil(m / block)
     prefix = np.zeros((k, m + 1))
     np.cumsum(series, axis=1, out=prefix[:, 1:])
-    sums = prefix[:, block:] - prefix[:, :m - block + 1]
+    return prefix
+
+
+def _block_bootstrap_prefix(prefix: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means (k, resamples) of moving-block resamples of each series whose prefix sums are the rows of ``prefix``
+    (k, m + 1) (:func:`_prefix_sums`).
+
+    Each resample concatenates ceil(m / block) blocks of ``block`` consecutive rows with
+    uniformly drawn starts (the same starts for every series: a paired bootstrap); a block's
+    sum is the difference of two prefix sums, taken for the drawn starts only (no (k, m)
+    array of every block's sum is held), so the cost is O(k·resamples·m/block).
+    """
+    k, m = prefix.shape[0], prefix.shape[1] - 1
+    n_blocks = math.ceil(m / block)
     out = np.empty((k, resamples))
-    chunk = max(1, _BOOTSTRAP_CHUNK // max(1, n_blocks * k))
+    chunk = max(1, _BOOTSTRAP_CHUNK // max(1, n_blocks * k))  # the draws depend on the chunk: keep its size
     for a in range(0, resamples, chunk):
         b = min(resamples, a + chunk)
         starts = rng.integers(0, m - block + 1, size=(b - a, n_blocks))
-        out[:, a:b] = sums[:, starts].sum(axis=2) / (n_blocks * block)
+        sums = prefix[:, starts + block]
+        sums -= prefix[:, starts]
+        out[:, a:b] = sums.sum(axis=2) / (n_blocks * block)
     return out
 
 
-def _extrapolated_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m), their spread freed of the
-    block length's bias.
+def _block_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m) (:func:`_block_bootstrap_prefix`)."""
+    return _block_bootstrap_prefix(_prefix_sums(series), block, resamples, rng)
+
+
+def _extrapolated_bootstrap_prefix(prefix: np.ndarray, mean: np.ndarray, block: int, resamples: int,
+                                   rng: np.random.Generator) -> np.ndarray:
+    """Means (k, resamples) of moving-block resamples of each series (prefix sums ``prefix`` (k, m + 1), means
+    ``mean`` (k,)), their spread freed of the block length's bias.
 
     For dependent rows, the moving-block bootstrap's variance of a mean falls short of the
     true one by a term of order 1/block (the covariances at lags near the block length are
@@ -605,48 +629,90 @@ def _extrapolated_bootstrap(series: np.ndarray, block: int, resamples: int, rng:
     that length would have too few distinct starts to spread (a single one, and a zero-width
     interval, when ``2 * block >= m``), and the extrapolation assumes both blocks are short.
     """
-    m = series.shape[1]
+    m = prefix.shape[1] - 1
     if 4 * block > m:
-        return _block_bootstrap(series, block, resamples, rng)
-    short = _block_bootstrap(series, block, resamples, rng)
-    long = _block_bootstrap(series, 2 * block, resamples, rng)
+        return _block_bootstrap_prefix(prefix, block, resamples, rng)
+    short = _block_bootstrap_prefix(prefix, block, resamples, rng)
+    long = _block_bootstrap_prefix(prefix, 2 * block, resamples, rng)
     v_short, v_long = short.var(axis=1), long.var(axis=1)
     v = np.maximum(2.0 * v_long - v_short, v_long)
     scale = np.sqrt(np.divide(v, v_long, out=np.ones_like(v), where=v_long > 0))
     centred = long - long.mean(axis=1, keepdims=True)
-    return series.mean(axis=1, keepdims=True) + centred * scale[:, None]
+    return mean[:, None] + centred * scale[:, None]
 
 
-def _diff_table(model: _Rows, baselines: dict[str, _Rows], horizon: int, resamples: int,
-                rng: np.random.Generator) -> tuple[dict[str, Any], int]:
-    names = list(baselines)
-    fields_all = ("log_loss", "accuracy")
-    fields_moving = ("direction_log_loss", "directional_accuracy")
-    attr = {"log_loss": "log_loss", "accuracy": "correct", "direction_log_loss": "direction_log_loss",
-            "directional_accuracy": "direction_correct"}
-    out: dict[str, dict[str, Any]] = {name: {} for name in names}
-    block_all = block_length(model.log_loss.shape[0], horizon)
-    for group in (fields_all, fields_moving):
-        keys = [(name, f) for name in names for f in group]
-        rows = [getattr(model, attr[f]) - getattr(baselines[name], attr[f]) for name, f in keys]
-        m = rows[0].shape[0] if rows else 0
-        block = min(block_all, m)
-        if m == 0:
-            for name, f in keys:
-                out[name][f] = {"diff": None, "ci95": None}
-            continue
-        series = np.vstack(rows)
-        # a predictor serving the same probabilities as a baseline (a model without an edge and the base rates) differs
-        # from it only by rounding (~1e-16 nats a row): that is no difference, not a 95 % interval excluding 0
-        series[np.abs(series) < ROUNDING] = 0.0
-        point = series.mean(axis=1)
+def _extrapolated_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m), their spread freed of the
+    block length's bias (:func:`_extrapolated_bootstrap_prefix`)."""
+    return _extrapolated_bootstrap_prefix(_prefix_sums(series), series.mean(axis=1), block, resamples, rng)
+
+
+_ROW_FIELDS = {"log_loss": "log_loss", "accuracy": "correct", "direction_log_loss": "direction_log_loss",
+               "directional_accuracy": "direction_correct"}  # metric -> its per-row contributions in _Rows
+_FIELD_GROUPS = (("log_loss", "accuracy"), ("direction_log_loss", "directional_accuracy"))  # all rows, moving rows
+
+
+class _Differences:
+    """The model-minus-baseline per-row differences of one group of metrics (``_FIELD_GROUPS``), reduced as each
+    baseline is added.
+
+    Each series (one per baseline and metric, in the order added) is kept only as its mean
+    and, when the bootstrap resamples it, its prefix sums (float64 (k, m + 1), m rows): the
+    per-row differences of all baselines are never held at once, nor a copy of them.
+    """
+
+    def __init__(self, fields: tuple[str, ...], series: int, rows: int, resampled: bool) -> None:
+        self.fields = fields
+        self.rows = rows
+        self.point = np.zeros(series)
+        self.prefix = np.zeros((series, rows + 1)) if resampled and rows else None
+        self.keys: list[tuple[str, str]] = []
+
+    def add(self, name: str, model: _Rows, baseline: _Rows) -> None:
+        """Reduce the differences of ``model`` minus ``baseline`` (named ``name``) in this group's metrics."""
+        for f in self.fields:
+            j = len(self.keys)
+            self.keys.append((name, f))
+            if not self.rows:
+                continue
+            row = getattr(model, _ROW_FIELDS[f]) - getattr(baseline, _ROW_FIELDS[f])
+            # a predictor serving the same probabilities as a baseline (a model without an edge and the base rates)
+            # differs from it only by rounding (~1e-16 nats a row): that is no difference, not a 95 % interval
+            # excluding 0
+            row[np.abs(row) < ROUNDING] = 0.0
+            self.point[j] = row.mean()
+            if self.prefix is not None:
+                np.cumsum(row, out=self.prefix[j, 1:])
+
+    def cells(self, block_all: int, resamples: int, rng: np.random.Generator) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(baseline, metric, {"diff", "ci95"})`` per series added; the bootstrap's blocks are ``block_all`` rows
+        (at most the group's rows). Frees the prefix sums."""
+        if not self.rows:
+            return [(name, f, {"diff": None, "ci95": None}) for name, f in self.keys]
         ci: np.ndarray | None = None
-        if resamples > 0:
-            means = _extrapolated_bootstrap(series, block, resamples, rng)
+        if self.prefix is not None and resamples > 0:
+            means = _extrapolated_bootstrap_prefix(self.prefix, self.point, min(block_all, self.rows), resamples, rng)
+            self.prefix = None
             ci = np.percentile(means, [2.5, 97.5], axis=1)
-        for j, (name, f) in enumerate(keys):
-            interval = None if ci is None else [_num(ci[0, j]), _num(ci[1, j])]
-            out[name][f] = {"diff": _num(point[j]), "ci95": interval}
+        return [(name, f, {"diff": _num(self.point[j]), "ci95": None if ci is None else [_num(ci[0, j]), _num(ci[1, j])]})
+                for j, (name, f) in enumerate(self.keys)]
+
+
+def _difference_groups(model: _Rows, baselines: int, resamples: int) -> tuple[_Differences, _Differences]:
+    """Empty :class:`_Differences` of the two metric groups (all rows, moving rows) for ``baselines`` baselines."""
+    sizes = (model.log_loss.shape[0], model.direction_log_loss.shape[0])
+    return (_Differences(_FIELD_GROUPS[0], 2 * baselines, sizes[0], resamples > 0),
+            _Differences(_FIELD_GROUPS[1], 2 * baselines, sizes[1], resamples > 0))
+
+
+def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int, resamples: int,
+                rng: np.random.Generator) -> tuple[dict[str, Any], int]:
+    """``vs_baselines`` from the filled groups (all rows first: the draws are in that order) and the block length."""
+    block_all = block_length(n, horizon)
+    out: dict[str, dict[str, Any]] = {name: {} for name, _ in groups[0].keys}
+    for group in groups:
+        for name, f, cell in group.cells(block_all, resamples, rng):
+            out[name][f] = cell
     return out, block_all
 
 
@@ -710,14 +776,21 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     model["always_long"] = _pnl(np.ones(n), c.fwd_ret, c.horizon, cost_bp)
     views = _rule_views(c.past_ret)  # the rules' calls, read once for both their tilts and their forecasts
     tilts = rule_tilts(c.past_ret, c.labels, views)
-    probs = baseline_probs(c.base_rates, c.past_ret, tilts, views)
+    each = _each_baseline_probs(c.base_rates, c.past_ret, tilts, views)
     if c.lr_probs is not None:
-        probs["logistic"] = c.lr_probs
+        each = itertools.chain(each, [("logistic", c.lr_probs)])
+    # one baseline at a time: its (n, 3) probabilities made, scored and its per-row contributions reduced into the
+    # model-minus-baseline differences before the next (holding every baseline's took gigabytes for millions of rows)
+    groups = _difference_groups(model_rows, 2 + len(views) + (c.lr_probs is not None), int(bootstrap))
     baselines: dict[str, Any] = {}
-    baseline_rows: dict[str, _Rows] = {}
-    for name in list(probs):  # each baseline's (n, 3) probabilities freed once scored: the bootstrap needs its rows only
-        baselines[name], baseline_rows[name] = _evaluate(probs.pop(name), c, cost_bp)
-    vs, block = _diff_table(model_rows, baseline_rows, c.horizon, int(bootstrap), np.random.default_rng(seed))
+    for name, p in each:
+        baselines[name], rows = _evaluate(p, c, cost_bp)
+        del p
+        for group in groups:
+            group.add(name, model_rows, rows)
+        del rows
+    vs, block = _diff_cells(groups, n, c.horizon, int(bootstrap), np.random.default_rng(seed))
+    del groups
     moving = int(n - counts[FLAT])
     summary: dict[str, Any] = {
         "samples": int(n),
