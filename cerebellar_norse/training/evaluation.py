@@ -518,15 +518,19 @@ def _evaluate(p: np.ndarray, c: _Checked, cost_bp: float) -> tuple[dict[str, Any
     lab = c.labels
     moving = lab != FLAT
     pred = p.argmax(axis=1)
-    ll = -np.log(np.clip(p[np.arange(n), lab], LOG_LOSS_CLIP, 1.0))
+    rows = np.arange(n)
+    ll = -np.log(np.clip(p[rows, lab], LOG_LOSS_CLIP, 1.0))
     correct = (pred == lab).astype(np.float64)
     q = _direction_q(p)[moving]
     up = lab[moving] == UP
     dll = -np.log(np.clip(np.where(up, q, 1.0 - q), LOG_LOSS_CLIP, 1.0))
     sign = _positions(p)[moving]
     dcorrect = np.where(sign == 0, 0.5, (sign > 0) == up).astype(np.float64)
-    onehot = np.zeros_like(p)
-    onehot[np.arange(n), lab] = 1.0
+    err = p.copy()  # p minus the one-hot label, squared in place: no (n, 3) one-hot nor its temporaries
+    err[rows, lab] -= 1.0
+    np.square(err, out=err)
+    brier = float(err.sum(axis=1).mean())
+    del err
     confusion = np.zeros((3, 3), dtype=np.int64)
     np.add.at(confusion, (lab, pred), 1)
     recall = {}
@@ -540,7 +544,7 @@ def _evaluate(p: np.ndarray, c: _Checked, cost_bp: float) -> tuple[dict[str, Any
         "directional_accuracy": _mean(dcorrect),
         "log_loss": float(ll.mean()),
         "direction_log_loss": _mean(dll),
-        "brier": float(((p - onehot) ** 2).sum(axis=1).mean()),
+        "brier": brier,
         "recall": recall,
         "confusion": confusion.tolist(),
         "ece": ece,

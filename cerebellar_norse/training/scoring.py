@@ -43,6 +43,7 @@ def score_inputs(cfg: Config, weights: Weights, prep: Prepared, split: int, base
     idx, labels = prep.rows(split)
     probs = apply_head(_cat([lp[i] for lp, i in zip(logp, idx, strict=True)], 3).reshape(-1, 3), weights.head_gain,
                        weights.head_bias)
+    del logp  # (T, 3) per market: not needed past the scored rows' probabilities
     fwd = _cat([pm.fwd_ret[i] for pm, i in zip(prep.markets, idx, strict=True)])
     past = _cat([pm.past_ret[i] for pm, i in zip(prep.markets, idx, strict=True)])
     markets = np.array([pm.market_id for pm, i in zip(prep.markets, idx, strict=True) for _ in range(i.size)], dtype=object)

@@ -337,7 +337,8 @@ def network_logp(cfg: Config, weights: Weights, prep: Prepared) -> list[np.ndarr
         for a in range(0, len(pm.ticks), LOGP_CHUNK):
             res = net.process_ticks(pm.ticks[a:a + LOGP_CHUNK])
             probs[a:a + len(res)] = [[r["probabilities"][c] for c in CLASS_NAMES] for r in res]
-        out.append(np.log(np.clip(probs, 1e-300, 1.0)))
+        np.clip(probs, 1e-300, 1.0, out=probs)
+        out.append(np.log(probs, out=probs))
     return out
 
 
