@@ -277,7 +277,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         base_source = "the evaluated data (the model has no recorded training counts)"
     base = base_rates(counts)
     summary, cumulative = summarise(cfg, model.weights, prep, 2, base, logistic="crossfit", cost_bp=cost_bp,
-                                    bootstrap=bootstrap)
+                                    bootstrap=bootstrap, release_mossy=True)
     if not summary.get("samples"):
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")

@@ -583,32 +583,35 @@ def block_length(n: int, horizon: int) -> int:
 
 
 def _prefix_sums(series: np.ndarray) -> np.ndarray:
-    """Prefix sums (k, m + 1) of each row of ``series`` (k, m), a leading column of zeros."""
+    """Prefix sums (m + 1, k) of each row of ``series`` (k, m), one column each, a leading row of zeros (a
+    block's k sums are then one contiguous gather)."""
     k, m = series.shape
-    prefix = np.zeros((k, m + 1))
-    np.cumsum(series, axis=1, out=prefix[:, 1:])
+    prefix = np.zeros((m + 1, k))
+    np.cumsum(series.T, axis=0, out=prefix[1:])
     return prefix
 
 
 def _block_bootstrap_prefix(prefix: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Means (k, resamples) of moving-block resamples of each series whose prefix sums are the rows of ``prefix``
-    (k, m + 1) (:func:`_prefix_sums`).
+    """Means (k, resamples) of moving-block resamples of each series whose prefix sums are the columns of ``prefix``
+    (m + 1, k) (:func:`_prefix_sums`).
 
     Each resample concatenates ceil(m / block) blocks of ``block`` consecutive rows with
     uniformly drawn starts (the same starts for every series: a paired bootstrap); a block's
     sum is the difference of two prefix sums, taken for the drawn starts only (no (k, m)
     array of every block's sum is held), so the cost is O(k·resamples·m/block).
     """
-    k, m = prefix.shape[0], prefix.shape[1] - 1
+    m, k = prefix.shape[0] - 1, prefix.shape[1]
     n_blocks = math.ceil(m / block)
     out = np.empty((k, resamples))
     chunk = max(1, _BOOTSTRAP_CHUNK // max(1, n_blocks * k))  # the draws depend on the chunk: keep its size
     for a in range(0, resamples, chunk):
         b = min(resamples, a + chunk)
         starts = rng.integers(0, m - block + 1, size=(b - a, n_blocks))
-        sums = prefix[:, starts + block]
-        sums -= prefix[:, starts]
-        out[:, a:b] = sums.sum(axis=2) / (n_blocks * block)
+        sums = prefix[starts + block]
+        sums -= prefix[starts]
+        # summed over the blocks as the (k, resamples, blocks) view, its series varying fastest in memory: the order
+        # of the additions, and so the last bits of the means, are those of the reports so far
+        out[:, a:b] = sums.transpose(2, 0, 1).sum(axis=2) / (n_blocks * block)
     return out
 
 
@@ -619,7 +622,7 @@ def _block_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.ran
 
 def _extrapolated_bootstrap_prefix(prefix: np.ndarray, mean: np.ndarray, block: int, resamples: int,
                                    rng: np.random.Generator) -> np.ndarray:
-    """Means (k, resamples) of moving-block resamples of each series (prefix sums ``prefix`` (k, m + 1), means
+    """Means (k, resamples) of moving-block resamples of each series (prefix sums ``prefix`` (m + 1, k), means
     ``mean`` (k,)), their spread freed of the block length's bias.
 
     For dependent rows, the moving-block bootstrap's variance of a mean falls short of the
@@ -633,7 +636,7 @@ def _extrapolated_bootstrap_prefix(prefix: np.ndarray, mean: np.ndarray, block: 
     that length would have too few distinct starts to spread (a single one, and a zero-width
     interval, when ``2 * block >= m``), and the extrapolation assumes both blocks are short.
     """
-    m = prefix.shape[1] - 1
+    m = prefix.shape[0] - 1
     if 4 * block > m:
         return _block_bootstrap_prefix(prefix, block, resamples, rng)
     short = _block_bootstrap_prefix(prefix, block, resamples, rng)
@@ -661,7 +664,7 @@ class _Differences:
     baseline is added.
 
     Each series (one per baseline and metric, in the order added) is kept only as its mean
-    and, when the bootstrap resamples it, its prefix sums (float64 (k, m + 1), m rows): the
+    and, when the bootstrap resamples it, its prefix sums (float64 (m + 1, k), m rows): the
     per-row differences of all baselines are never held at once, nor a copy of them.
     """
 
@@ -669,7 +672,7 @@ class _Differences:
         self.fields = fields
         self.rows = rows
         self.point = np.zeros(series)
-        self.prefix = np.zeros((series, rows + 1)) if resampled and rows else None
+        self.prefix = np.zeros((rows + 1, series)) if resampled and rows else None
         self.keys: list[tuple[str, str]] = []
 
     def add(self, name: str, model: _Rows, baseline: _Rows) -> None:
@@ -686,7 +689,7 @@ class _Differences:
             row[np.abs(row) < ROUNDING] = 0.0
             self.point[j] = row.mean()
             if self.prefix is not None:
-                np.cumsum(row, out=self.prefix[j, 1:])
+                np.cumsum(row, out=self.prefix[1:, j])
 
     def cells(self, block_all: int, resamples: int, rng: np.random.Generator) -> list[tuple[str, str, dict[str, Any]]]:
         """``(baseline, metric, {"diff", "ci95"})`` per series added; the bootstrap's blocks are ``block_all`` rows

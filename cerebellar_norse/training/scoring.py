@@ -120,9 +120,18 @@ def _logistic_crossfit(prep: Prepared, idx: list[np.ndarray]) -> np.ndarray | No
 
 
 def summarise(cfg: Config, weights: Weights, prep: Prepared, split: int, base_rates: np.ndarray, logistic: str = "train",
-              cost_bp: float = 0.0, bootstrap: int = 1000) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The evaluation summary (see ``evaluation.score``) and cumulative P&L series of ``split``."""
+              cost_bp: float = 0.0, bootstrap: int = 1000,
+              release_mossy: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The evaluation summary (see ``evaluation.score``) and cumulative P&L series of ``split``.
+
+    ``release_mossy``: once the model's and the logistic baseline's probabilities are made, replace each market's
+    encoded inputs (``mossy``, (T, M) in the network's float type) by an empty (0, M) array, so that scoring does
+    not hold them too (for a caller that reads no more of them).
+    """
     inp = score_inputs(cfg, weights, prep, split, base_rates, logistic)
+    if release_mossy:
+        for pm in prep.markets:
+            pm.mossy = pm.mossy[:0].copy()
     if inp.labels.shape[0] == 0:
         return {"samples": 0}, {}
     summary = score(inp, cost_bp=cost_bp, bootstrap=bootstrap)
