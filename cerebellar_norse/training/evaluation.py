@@ -279,7 +279,8 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1e-3, max_iter: int =
     var = np.zeros(d)
     step_rows = max(1, 8_000_000 // max(d, 1))
     for a in range(0, n, step_rows):
-        var += ((Xf[a:a + step_rows] - mean) ** 2).sum(axis=0)
+        dev = Xf[a:a + step_rows] - mean
+        var += np.square(dev, out=dev).sum(axis=0)  # squared in place: one temporary of step_rows rows, not two
     scale = np.sqrt(var / n)
     constant = scale <= 1e-12 * (1.0 + np.abs(mean))
     scale = np.where(constant, 1.0, scale)

@@ -63,7 +63,8 @@ def _kept_rows(n: int) -> np.ndarray:
 def _fit_on(markets: list[PreparedMarket], rows: list[np.ndarray], ys: list[np.ndarray]) -> LogisticModel | None:
     """The logistic baseline fitted on the mossy inputs of rows ``rows[k]`` of ``markets[k]``, labelled ``ys[k]``:
     on all of them, or on ``MAX_LR_ROWS`` spread evenly over their concatenation (:func:`_kept_rows`); None for
-    fewer than 10 rows. Only the rows kept are copied to float64: a copy of every row held gigabytes for millions."""
+    fewer than 10 rows. Only the rows kept are copied to float64, into one array ``PREDICT_ROWS`` rows at a time: a
+    copy of every row held gigabytes for millions."""
     y = _cat(ys).astype(np.int64)
     if y.size < 10:
         return None
@@ -71,9 +72,13 @@ def _fit_on(markets: list[PreparedMarket], rows: list[np.ndarray], ys: list[np.n
     sizes = np.array([r.size for r in rows])
     starts = np.cumsum(sizes) - sizes
     cuts = np.searchsorted(keep, np.append(starts, y.size))  # keep[cuts[k]:cuts[k + 1]]: market k's rows
-    xs = [pm.mossy[r[keep[cuts[k]:cuts[k + 1]] - starts[k]]].astype(np.float64)
-          for k, (pm, r) in enumerate(zip(markets, rows, strict=True))]
-    return fit_logistic(_cat(xs, markets[0].mossy.shape[1]), y[keep])
+    x = np.empty((keep.size, markets[0].mossy.shape[1]))  # filled in place: no per-market copies to concatenate
+    for k, (pm, r) in enumerate(zip(markets, rows, strict=True)):
+        part = r[keep[cuts[k]:cuts[k + 1]] - starts[k]]
+        for a in range(0, part.size, PREDICT_ROWS):
+            sub = part[a:a + PREDICT_ROWS]
+            x[cuts[k] + a:cuts[k] + a + sub.size] = pm.mossy[sub]
+    return fit_logistic(x, y[keep])
 
 
 def _predict(model: LogisticModel, pm: PreparedMarket, rows: np.ndarray) -> np.ndarray:
