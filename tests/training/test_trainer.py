@@ -424,3 +424,27 @@ def test_logistic_baseline_copies_only_the_rows_it_fits_on(tmp_path: Path, make_
         np.concatenate([pm.mossy[i].astype(np.float64) for pm, i in zip(prep.markets, idx, strict=True)]))
     assert got is not None and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)  # predicted in parts: the same up to rounding
+
+
+def test_logistic_baseline_rows_filled_in_parts_fit_as_the_concatenated_rows(tmp_path: Path, make_config: ConfigFactory,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows the logistic baseline is fitted on are copied to float64 into one array a part at a time (parts
+    smaller than a market, two markets): the fit is the one on the concatenated float64 rows, to the last bit."""
+    from cerebellar_norse.training import scoring
+    from cerebellar_norse.training.evaluation import fit_logistic
+
+    prep = prepare(tiny(make_config), tick_data(tmp_path, 40_000, 2, seed=3))
+    monkeypatch.setattr(scoring, "MAX_LR_ROWS", 20_000)
+    monkeypatch.setattr(scoring, "PREDICT_ROWS", 1_000)
+    rows = [np.flatnonzero(pm.labels >= 0) for pm in prep.markets]
+    ys = [pm.labels[r] for pm, r in zip(prep.markets, rows, strict=True)]
+    assert sum(r.size for r in rows) > scoring.MAX_LR_ROWS
+    got = scoring._fit_on(prep.markets, rows, ys)
+    x = np.concatenate([pm.mossy[r].astype(np.float64) for pm, r in zip(prep.markets, rows, strict=True)])
+    y = np.concatenate(ys).astype(np.int64)
+    keep = np.linspace(0, y.size - 1, scoring.MAX_LR_ROWS).astype(np.int64)
+    want = fit_logistic(x[keep], y[keep])
+    assert got is not None
+    np.testing.assert_array_equal(got.coef, want.coef)
+    np.testing.assert_array_equal(got.intercept, want.intercept)
+    np.testing.assert_array_equal(got.scale, want.scale)
