@@ -610,8 +610,8 @@ def _block_bootstrap_prefix(prefix: np.ndarray, block: int, resamples: int, rng:
         starts = rng.integers(0, m - block + 1, size=(b - a, n_blocks))
         sums = prefix[starts + block]
         sums -= prefix[starts]
-        # summed over the blocks as the (k, resamples, blocks) view, its series varying fastest in memory: the order
-        # of the additions, and so the last bits of the means, are those of the reports so far
+        # summed through the (k, resamples, blocks) view whose series vary fastest in memory: numpy then adds the
+        # blocks one after another (not pairwise), the order the means' last bits depend on (the tests pin them)
         out[:, a:b] = sums.transpose(2, 0, 1).sum(axis=2) / (n_blocks * block)
     return out
 
