@@ -616,11 +616,6 @@ def _block_bootstrap_prefix(prefix: np.ndarray, block: int, resamples: int, rng:
     return out
 
 
-def _block_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m) (:func:`_block_bootstrap_prefix`)."""
-    return _block_bootstrap_prefix(_prefix_sums(series), block, resamples, rng)
-
-
 def _extrapolated_bootstrap_prefix(prefix: np.ndarray, mean: np.ndarray, block: int, resamples: int,
                                    rng: np.random.Generator) -> np.ndarray:
     """Means (k, resamples) of moving-block resamples of each series (prefix sums ``prefix`` (m + 1, k), means
@@ -647,12 +642,6 @@ def _extrapolated_bootstrap_prefix(prefix: np.ndarray, mean: np.ndarray, block: 
     scale = np.sqrt(np.divide(v, v_long, out=np.ones_like(v), where=v_long > 0))
     centred = long - long.mean(axis=1, keepdims=True)
     return mean[:, None] + centred * scale[:, None]
-
-
-def _extrapolated_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m), their spread freed of the
-    block length's bias (:func:`_extrapolated_bootstrap_prefix`)."""
-    return _extrapolated_bootstrap_prefix(_prefix_sums(series), series.mean(axis=1), block, resamples, rng)
 
 
 _ROW_FIELDS = {"log_loss": "log_loss", "accuracy": "correct", "direction_log_loss": "direction_log_loss",

@@ -20,6 +20,17 @@ from cerebellar_norse.training.evaluation import (
 )
 
 
+def block_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means (k, resamples) of moving-block resamples of each row of ``series`` (k, m), as ``score`` draws them."""
+    return evaluation._block_bootstrap_prefix(evaluation._prefix_sums(series), block, resamples, rng)
+
+
+def extrapolated_bootstrap(series: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """The same, their spread freed of the block length's bias, as ``score``'s intervals are."""
+    return evaluation._extrapolated_bootstrap_prefix(evaluation._prefix_sums(series), series.mean(axis=1), block,
+                                                     resamples, rng)
+
+
 def softmax(z: np.ndarray) -> np.ndarray:
     e = np.exp(z - z.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
@@ -276,8 +287,8 @@ def test_interval_variance_is_freed_of_the_block_length_bias() -> None:
     plain, extrapolated = [], []
     for _ in range(40):
         x = np.convolve(rng.standard_normal(n + q), np.ones(q + 1), "valid")[None, :]
-        plain.append(evaluation._block_bootstrap(x, block, 500, rng).var())
-        means = evaluation._extrapolated_bootstrap(x, block, 500, rng)
+        plain.append(block_bootstrap(x, block, 500, rng).var())
+        means = extrapolated_bootstrap(x, block, 500, rng)
         assert means.mean() == pytest.approx(x.mean(), abs=3 * means.std())  # centred on the series' mean
         extrapolated.append(means.var())
     truth = (q + 1) ** 2 / n
@@ -425,8 +436,8 @@ def test_interval_of_a_short_series_keeps_its_spread(m: int, block: int) -> None
     """Blocks of twice the length as long as the series have one start: every resample was the series' mean, and a
     zero-width interval excluded 0 (``score`` on 20 rows of horizon 10). Short series get the plain resamples."""
     x = np.random.default_rng(4).standard_normal((1, m)) + 0.3
-    means = evaluation._extrapolated_bootstrap(x, block, 400, np.random.default_rng(1))
-    plain = evaluation._block_bootstrap(x, block, 400, np.random.default_rng(1))
+    means = extrapolated_bootstrap(x, block, 400, np.random.default_rng(1))
+    plain = block_bootstrap(x, block, 400, np.random.default_rng(1))
     np.testing.assert_array_equal(means, plain)
     s = score(informative(np.random.default_rng(1), 20), bootstrap=300, seed=1)  # horizon 5: block 5, 4 blocks
     short = score(ScoreInputs(**{**vars(informative(np.random.default_rng(1), 20)), "horizon": 10}), bootstrap=300, seed=1)
@@ -462,7 +473,7 @@ def test_block_bootstrap_from_prefix_sums_equals_the_whole_array_of_block_sums(k
     those gathered from the array of every block's sum (rows of widely spread magnitudes, several chunks)."""
     rng = np.random.default_rng(k * m)
     series = rng.standard_normal((k, m)) * np.exp(3.0 * rng.standard_normal((k, m)))
-    got = evaluation._block_bootstrap(series, block, resamples, np.random.default_rng(1))
+    got = block_bootstrap(series, block, resamples, np.random.default_rng(1))
     want = whole_array_block_bootstrap(series, block, resamples, np.random.default_rng(1))
     np.testing.assert_array_equal(got, want)
 
