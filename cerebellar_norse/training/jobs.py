@@ -410,6 +410,11 @@ class JobManager:
                     if stored is None:
                         st.error = ("the service stopped while the job was running; the job process ended with it and "
                                     "wrote no model")
+                    elif self._is_active(stored):  # it died while (or after) activating it: the model is served
+                        st.model_version = stored
+                        st.activated = True
+                        st.error = (f"the service stopped before the end of the job was recorded; the job had stored its "
+                                    f"model {stored}, which is active (models/ACTIVE names it)")
                     else:  # the job stored its model just before the service died: say so, never "no model"
                         st.model_version = stored
                         st.error = (f"the service stopped before the end of the job was recorded; the job had stored its "
@@ -434,6 +439,13 @@ class JobManager:
                 if (store.metrics_of(version) or {}).get("job_id") == job_id:
                     return version
         return None
+
+    def _is_active(self, version: str) -> bool:
+        """Whether ``models/ACTIVE`` names ``version`` (False when it cannot be read)."""
+        from .checkpoints import ACTIVE, read_active
+
+        version_named, _ = read_active(Path(self.cfg.paths.state_dir) / "models" / ACTIVE)
+        return version_named == version
 
     @property
     def busy(self) -> bool:

@@ -88,3 +88,27 @@ def test_the_latest_job_after_a_restart_is_the_newest_not_the_last_by_id(make_co
     mgr = JobManager(cfg, lambda version: None, lambda loss: None)
     assert mgr.latest == "0000"
     assert list(mgr.jobs) == ["ffff", "8888", "0000"]
+
+
+@pytest.mark.parametrize("active", [V1, "job's"])
+def test_a_job_whose_end_a_crash_cut_off_says_whether_its_model_is_active(cfg: Config, store: ModelStore,
+                                                                          active: str) -> None:
+    from cerebellar_norse.training.jobs import JobManager
+
+    job_model = "20240103T000000Z-cccccc"
+    store.save(generate_weights(cfg), cfg, {**METRICS, "job_id": "c0ffee"}, version=job_model)
+    if active != V1:  # the service died after activating the job's model, before recording the job's end
+        store.set_active(job_model)
+    jobs = Path(cfg.paths.state_dir) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    (jobs / "c0ffee.json").write_text(json.dumps({"job_id": "c0ffee", "state": "running", "created": "2026-11-25T10:00:00Z"}))
+    st = JobManager(cfg, lambda version: None, lambda loss: None).get("c0ffee")
+    assert st.state == "failed" and st.model_version == job_model and st.error is not None
+    if active == V1:
+        assert not st.activated and f"which was not activated (activate it with POST /models/{job_model}" in st.error
+    else:
+        assert st.activated and f"model {job_model}, which is active (models/ACTIVE names it)" in st.error
+        assert "not activated" not in st.error
+    record = json.loads((jobs / "c0ffee.json").read_text())
+    assert record["state"] == "failed" and record["activated"] is st.activated
+
