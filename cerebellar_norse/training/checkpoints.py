@@ -10,11 +10,13 @@ A model directory holds:
 It is written into ``models/.tmp-<version>-<pid>/`` (each file fsynced), then renamed
 to ``models/<version>/`` and the directory fsynced: a killed writer leaves only a
 ``.tmp-`` directory, which is ignored and removed at the next start. The active
-model is named in ``models/ACTIVE`` (written atomically). Versions sort by time.
+model is named in ``models/ACTIVE`` (written atomically: a writer killed before its
+rename leaves a ``.ACTIVE.*.tmp`` file, removed at the next start too). Versions sort by time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -53,6 +55,9 @@ HEAD_FIELDS = ("head_gain", "head_bias")
 # How long (ns) after the models directory last changed before a listing of it is kept: a change within the
 # filesystem's timestamp granularity (a clock tick; 2 s on FAT) can leave its st_mtime_ns as it was.
 SETTLED_NS = 2_000_000_000
+# How long (ns) after its last change a ``.ACTIVE.*.tmp`` file counts as left by a killed writer: writing ACTIVE (a
+# few bytes, one fsync, a rename) takes far less, so a live writer's temporary file is never removed.
+STALE_ACTIVE_TMP_NS = 60_000_000_000
 SHAPE_KEYS = ("mossy_size", "granule_size", "granule_dendrites", "purkinje_size", "connections_per_neuron", "dcn_size",
               "steps_per_tick", "dt_ms", "precision")
 
@@ -293,19 +298,26 @@ class ModelStore:
         return list(stored)
 
     def clean_partial(self) -> list[str]:
-        """Remove ``.tmp-*`` directories left by killed writers; returns their names.
+        """Remove ``.tmp-*`` directories and ``.ACTIVE.*.tmp`` files left by killed writers; returns their names.
 
         A directory whose writer (the pid in its name) is another live process is kept:
         that process is saving a model right now (a job while ``--dump-weights`` or
-        ``train`` runs beside it).
+        ``train`` runs beside it). A ``.ACTIVE.*.tmp`` file names no writer: it is removed
+        once it is older than :data:`STALE_ACTIVE_TMP_NS`.
         """
         if not self.root.is_dir():
             return []
         gone = []
+        now = time.time_ns()
         for p in self.root.iterdir():
             if p.is_dir() and p.name.startswith(".tmp-") and not _writer_alive(p.name):
                 shutil.rmtree(p, ignore_errors=True)
                 gone.append(p.name)
+            elif p.name.startswith(f".{ACTIVE}.") and p.name.endswith(".tmp"):
+                with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove: it is ignored either way
+                    if p.is_file() and now - p.stat().st_mtime_ns >= STALE_ACTIVE_TMP_NS:
+                        p.unlink()
+                        gone.append(p.name)
         return gone
 
     def save(self, weights: Weights, cfg: Config, metrics: dict[str, Any], version: str | None = None) -> str:

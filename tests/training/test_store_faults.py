@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,15 @@ def test_a_job_whose_end_a_crash_cut_off_says_whether_its_model_is_active(cfg: C
     record = json.loads((jobs / "c0ffee.json").read_text())
     assert record["state"] == "failed" and record["activated"] is st.activated
 
+
+def test_a_temporary_active_file_left_by_a_killed_writer_is_removed_at_the_next_start(cfg: Config, store: ModelStore) -> None:
+    left = store.root / ".ACTIVE.k1ll3d.tmp"  # as atomic_write_bytes names it: killed between its write and its rename
+    left.write_text(V2 + "\n")
+    old = time.time() - 3600  # an hour ago: no live writer takes that long
+    os.utime(left, (old, old))
+    live = store.root / ".ACTIVE.wr1t1ng.tmp"  # a writer beside the service, between its write and its rename
+    live.write_text(V2 + "\n")
+    model = store.load_for_service(cfg)
+    assert model is not None and model.version == V1 and store.fallback is None
+    assert not left.exists() and live.exists()
+    assert (store.root / "ACTIVE").read_text() == V1 + "\n"
