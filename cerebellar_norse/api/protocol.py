@@ -26,6 +26,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Response
@@ -70,6 +71,20 @@ def refusal(status_line: bytes, kind: str, message: str) -> bytes:
     """The whole answer to a request refused below the app: the JSON error shape with a fresh request id."""
     headers, body = error_answer(kind, message, new_request_id())
     return raw_answer(status_line, headers, body)
+
+
+class PipelineFlow(FlowControl):
+    """uvicorn's reading and writing control of one connection, whose reading is not resumed while requests read
+    already wait for their turn (``waiting()``): neither by an answer nor by the running request reading its body
+    (its whole body is read already when a request behind it is)."""
+
+    def __init__(self, transport: asyncio.Transport, waiting: Callable[[], bool]) -> None:
+        super().__init__(transport)
+        self._waiting = waiting
+
+    def resume_reading(self) -> None:
+        if not self._waiting():
+            super().resume_reading()
 
 
 def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None,
@@ -222,19 +237,21 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def on_response_complete(self) -> None:
             pending = self._pending_refusal
             if pending is None or self.pipeline:
-                super().on_response_complete()  # (resumes reading, even with requests still queued)
-                if self.pipeline and not self.transport.is_closing():
-                    # Requests read already wait their turn: read no more until they are answered, so that a client
-                    # that pipelines without reading its answers cannot queue requests without bound.
-                    self.flow.pause_reading()
+                # Requests read already wait their turn: read no more until they are answered (see PipelineFlow), so
+                # that a client that pipelines without reading its answers cannot queue requests without bound.
+                super().on_response_complete()  # (starts the next one: reading resumes once none waits)
+                if not self.transport.is_closing():
+                    self.flow.resume_reading()
                 return
             self._pending_refusal = None
             self.server_state.total_requests += 1
             if not self.transport.is_closing():
+                self.flow.resume_reading()  # what the client still sends is read and dropped until it closes
                 self._write_refusal(*pending)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.flow = PipelineFlow(transport, lambda: bool(self.pipeline))
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
         def connection_lost(self, exc: Exception | None) -> None:

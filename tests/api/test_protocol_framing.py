@@ -241,6 +241,53 @@ def test_reading_stays_paused_while_pipelined_requests_wait_for_their_turn() -> 
                                                                                       b"/d 0"]
 
 
+def test_a_request_reading_its_body_does_not_resume_reading_while_others_wait() -> None:
+    """The request being answered reads its body (a POST's, its app's receive()) while pipelined requests wait:
+    reading stays paused (each answer would otherwise let one more read's worth of requests be queued)."""
+
+    class PausingTransport(Transport):
+        paused = False
+
+        def pause_reading(self) -> None:
+            self.paused = True
+
+        def resume_reading(self) -> None:
+            self.paused = False
+
+    async def run() -> tuple[bool, int, bool, bytes]:
+        release = asyncio.Event()
+
+        async def app(scope: dict, receive: Any, send: Any) -> None:
+            if scope["path"] == "/slow":
+                await receive()  # its whole body, read already
+                await release.wait()
+                body = b"/slow read"
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await echo(scope, receive, send)
+
+        protocol = guarded_protocol(30.0)(config=Config(app=app, lifespan="off", log_level="error"),
+                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = PausingTransport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(request("/slow") + request("/b") + request("/c"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waiting = (transport.paused, len(protocol.pipeline))
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return (*waiting, transport.paused, transport.written)
+
+    paused, queued, paused_after, written = asyncio.run(run())
+    assert (paused, queued) == (True, 2)
+    assert not paused_after
+    assert [line.split(b"\r\n")[-1] for line in written.split(b"HTTP/1.1 ")[1:]] == [b"/slow read", b"/b 0", b"/c 0"]
+
+
 def test_a_pipelined_request_whose_client_left_is_not_answered_into_the_closed_socket() -> None:
     """The client of a pipelined request being answered goes away: the answer is dropped, as for the request
     read last, and nothing is written to the closed transport (uvloop raises, logged as an unexpected error)."""
