@@ -1013,3 +1013,48 @@ async def test_a_state_dir_moved_while_held_is_not_recreated_by_its_path(journal
     moved.rename(root)
     e2, _ = start(cfg, opened)
     assert_same_pool(e2, twin)
+
+
+async def test_a_state_dir_named_by_a_link_is_served_in_place_until_the_link_points_elsewhere(
+        engine_config: ConfigFactory, tmp_path: Path, streams: StreamFactory) -> None:
+    """paths.state_dir a symbolic link to the directory: the directory locked is the link's target, so checkpoints
+    and the final save go on; the link pointed at another directory while served fails the journal as a moved state
+    dir does (writes by the path would go to the other directory)."""
+    real, other = tmp_path / "real", tmp_path / "other"
+    real.mkdir()
+    other.mkdir()
+    link = tmp_path / "state"
+    link.symlink_to(real)
+    cfg = engine_config(state_dir=link, max_markets=16)
+    opened: list[Durability] = []
+    try:
+        fatal: list[StorageError] = []
+        ticks = interleaved(streams(30, 3, seed=17))
+        e = Engine(cfg)
+        d = Durability(e, on_fatal=fatal.append)
+        opened.append(d)
+        d.recover()
+        twin = Engine(cfg)
+        await feed([e, twin], ticks[:60])
+        assert await d.checkpoint()
+        await feed([e, twin], ticks[60:])
+        d.close(save=True)
+        assert fatal == [] and (real / "market_state.bin").exists()
+        e2, d2 = start(cfg, opened)
+        assert_same_pool(e2, twin)
+        d2.close(save=True)
+
+        e3 = Engine(cfg)
+        d3 = Durability(e3, on_fatal=fatal.append)
+        opened.append(d3)
+        d3.recover()
+        link.unlink()
+        link.symlink_to(other)
+        with pytest.raises(StorageError, match=r"now names another directory: it was moved or replaced"):
+            d3.checkpoint_now()
+        (err,) = fatal
+        assert str(err).startswith(f"state dir {link} now names another directory")
+        assert list(other.iterdir()) == []
+    finally:
+        for d in opened:
+            crash(d)
