@@ -100,14 +100,21 @@ def zip_member(archive: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo:
 
 def holds_tar(path: Path, kind: str | None) -> bool:
     """Whether the data of the file at ``path`` (decompressed as ``kind`` says: None, "gzip", "bzip2", "xz") starts
-    with a tar header (``TAR_MARK``). False when the first block cannot be read (the reading then tells why)."""
+    with a tar header: the ``TAR_MARK`` and a header checksum that holds (a text file may hold ``ustar`` at that
+    offset). False when the first block cannot be read (the reading then tells why)."""
     at, mark = TAR_MARK
     try:
         with open(path, "rb") if kind is None else _OPENERS[kind](path) as fh:
-            head = fh.read(at + len(mark))
+            head = fh.read(tarfile.BLOCKSIZE)
     except _DECOMPRESS_ERRORS:
         return False
-    return head[at:] == mark
+    if head[at:at + len(mark)] != mark:
+        return False
+    try:
+        tarfile.TarInfo.frombuf(head, tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError:
+        return False
+    return True
 
 
 def open_tick_text(path: Path) -> TextIO:
@@ -123,7 +130,8 @@ def open_tick_file(path: Path) -> tuple[TextIO, str]:
 
     Raises:
         OSError: the file cannot be opened (:class:`CorruptFileError` while reading damaged compressed data).
-        DataError: a zstd file, a zip archive that cannot be read or does not hold exactly one file.
+        DataError: a zstd file, a zip or tar archive that cannot be read, does not hold exactly one file, or whose
+            one file is compressed itself.
     """
     kind = compression_of(path)
     if kind == "zstd":
@@ -165,6 +173,8 @@ def _open_zip_member(path: Path) -> tuple[_Guarded, str]:
         except (RuntimeError, NotImplementedError, zipfile.BadZipFile) as exc:  # encrypted, an unknown method
             msg = f"{path}: cannot read {member.filename!r} in the zip archive ({exc}); unpack it first"
             raise DataError(msg, [msg]) from None
+        stack.enter_context(stream)
+        _refuse_compressed_member(stream, "zip", member.filename, path)
         stack.pop_all()
         return _Guarded(stream, "zip", path, archive), member.filename
 
@@ -182,8 +192,24 @@ def _open_tar_member(path: Path, kind: str | None) -> tuple[_Guarded, str]:
         member = files[one_member([m.name for m in files], "tar", path)]
         stream = archive.extractfile(member)
         assert stream is not None  # a regular file's
+        stack.enter_context(stream)
+        _refuse_compressed_member(stream, "tar", member.name, path)
         stack.pop_all()
         return _Guarded(stream, kind or "tar", path, archive), member.name
+
+
+def _refuse_compressed_member(stream: Any, archive: str, member: str, path: Path) -> None:
+    """DataError when the one file (``stream``, with a ``peek``) of the ``archive`` ("zip", "tar") is itself
+    compressed (a ``.csv.gz`` packed in a ``.tar``): it would be read as text, and refused as not UTF-8."""
+    try:
+        head = stream.peek(MAGIC_BYTES)[:MAGIC_BYTES]
+    except _DECOMPRESS_ERRORS:
+        return  # damaged: the reading tells why
+    inner = next((name for magic, name in MAGIC if head.startswith(magic)), None)
+    if inner is not None:
+        msg = (f"{path}: the {archive} archive's one file, {member!r}, is {inner}-compressed itself: unpack the"
+               f" archive and name that file")
+        raise DataError(msg, [msg])
 
 
 class _Guarded(io.BufferedIOBase):

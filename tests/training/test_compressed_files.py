@@ -291,3 +291,49 @@ def test_bytes_after_a_whole_gzip_stream_are_named_as_such(tmp_path: Path) -> No
     assert re.fullmatch(rf"{re.escape(str(path))}:\d+: unreadable after line \d+: gzip-compressed data is followed by"
                         r" bytes that are not gzip data \(BadGzipFile: Not a gzipped file \(b'<h'\)\); the file is"
                         " truncated or damaged, download it again", str(err.value)), str(err.value)
+
+
+def test_a_plain_csv_with_ustar_at_the_tar_mark_offset_reads_as_csv(tmp_path: Path) -> None:
+    """Bytes 257-261 of a plain CSV that spell "ustar" by chance: no tar header checksum holds there, so the file
+    is read as the CSV it is (it was refused as an unreadable tar archive)."""
+    body = b"Date,Price,Volume,Note\n" + b"".join(f"2020-01-{d:02d},{100 + d},{d},x\n".encode() for d in range(1, 10))
+    lead = b"2020-01-12,112,12,"
+    body += lead + b"y" * (257 - len(body) - len(lead)) + b"ustar\n2020-01-13,113,13,z\n"
+    assert body[257:262] == b"ustar"
+    path = tmp_path / "EURUSD.csv"
+    path.write_bytes(body)
+    data = load_csv_files([path])
+    assert data.ticks == 11 and data.bad_rows == 0
+    assert not any("read as a tar archive" in n for n in data.notes)
+
+
+@pytest.mark.parametrize("archive", ["tar", "zip"])
+def test_an_archive_whose_one_file_is_compressed_itself_is_refused_saying_so(tmp_path: Path, archive: str) -> None:
+    """A .csv.gz packed in a .tar (or .zip): its gzip bytes were read as text and refused as a header that is
+    not UTF-8 text."""
+    inner = gzip.compress(PLAIN)
+    if archive == "tar":
+        path = _tar(tmp_path / "EURUSD.tar", {"EURUSD.csv.gz": inner}, "w")
+    else:
+        path = tmp_path / "EURUSD.zip"
+        path.write_bytes(_zip(inner, "EURUSD.csv.gz"))
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert str(err.value) == (f"{path}: the {archive} archive's one file, 'EURUSD.csv.gz', is gzip-compressed itself:"
+                              " unpack the archive and name that file")
+
+
+def test_links_in_a_tar_archive_are_not_taken_for_more_files(tmp_path: Path) -> None:
+    """A hard link and a symbolic link to the tar's one file: the file is read, the links aside."""
+    path = tmp_path / "EURUSD.tar"
+    with tarfile.open(path, "w") as t:
+        info = tarfile.TarInfo("EURUSD.csv")
+        info.size = len(PLAIN)
+        t.addfile(info, io.BytesIO(PLAIN))
+        for name, kind in (("copy.csv", tarfile.LNKTYPE), ("latest.csv", tarfile.SYMTYPE)):
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = kind, "EURUSD.csv"
+            t.addfile(link)
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.notes[0] == f"{path}: read as a tar archive (its one file, 'EURUSD.csv')"
+    assert data.ticks == 29
