@@ -636,7 +636,7 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         saved_with = state.fingerprint.get("model_version") if isinstance(state.fingerprint, dict) else None
         models = spath.parent / "models"
         if (isinstance(saved_with, str) and not saved_with.startswith("seed-")
-                and saved_with not in stored.get(models, set())):
+                and not _model_stored(models, saved_with, stored)):
             problems.append(f"{spath}: saved with model {saved_with}, which is not stored in {models} (or is not "
                             f"usable, above): the service moves it aside at start, every market starts from rest and "
                             f"/health says degraded; restore models/{saved_with} from a backup")
@@ -738,6 +738,18 @@ def _named_under(root: Path, name: str) -> list[Path]:
         if name in filenames or name in dirnames:
             found.append(Path(dirpath) / name)
     return sorted(found)
+
+
+def _model_stored(models: Path, version: str, stored: dict[Path, set[str]]) -> bool:
+    """Whether model ``version`` loads from the ``models`` dir: among those verified (``stored``, by models dir), or
+    loaded from it now (a models dir, or a version dir, that is a symbolic link: ``rglob`` does not walk into it)."""
+    if version in stored.get(models, set()):
+        return True
+    try:
+        load_model_dir(models / version)
+    except CheckpointError:
+        return False
+    return True
 
 
 def read_active(path: Path) -> tuple[str | None, str | None]:

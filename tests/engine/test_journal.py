@@ -1058,3 +1058,26 @@ async def test_a_state_dir_named_by_a_link_is_served_in_place_until_the_link_poi
     finally:
         for d in opened:
             crash(d)
+
+
+async def test_verify_data_finds_the_model_of_market_state_in_a_models_dir_that_is_a_link(
+        journaled: tuple[Config, list[Durability]], tmp_path: Path) -> None:
+    """models/ a symbolic link to a directory elsewhere (the service reads its models through it): the model the
+    market state was saved with is stored, so --verify-data names no problem (it said "not stored")."""
+    from cerebellar_norse.training.checkpoints import ModelStore, verify_tree
+
+    cfg, opened = journaled
+    root = Path(cfg.paths.state_dir)
+    store = ModelStore(root)
+    version = "20240101T000000Z-aaaaaa"
+    w = generate_weights(cfg)
+    store.save(w, cfg, {"validation": {"loss": 1.0}}, version=version)
+    e, d = start(cfg, opened, weights=w.copy(), model_version=version)
+    await feed([e], [tick(m, T0 + k) for k in range(5) for m in "AB"])
+    d.close(save=True)
+    shared = tmp_path / "shared-models"
+    shutil.move(store.root, shared)
+    store.root.symlink_to(shared)
+    ok, problems = verify_tree(root)
+    assert problems == []
+    assert f"{root / STATE_FILE}: market state OK (2 markets)" in ok
