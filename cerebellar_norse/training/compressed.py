@@ -75,7 +75,7 @@ def _macos_entry(name: str) -> bool:
     return name.startswith("__MACOSX/") or name.rsplit("/", 1)[-1].startswith("._")
 
 
-def one_member(names: list[str], kind: str, path: Path) -> int:
+def _one_member(names: list[str], kind: str, path: Path) -> int:
     """The index of the one data file among an archive's file ``names`` (macOS' entries aside); DataError naming
     them (up to ``ZIP_MEMBERS_SHOWN``) when the ``kind`` archive (``"zip"``, ``"tar"``) holds several files, or
     none."""
@@ -93,12 +93,12 @@ def one_member(names: list[str], kind: str, path: Path) -> int:
 
 
 def zip_member(archive: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo:
-    """The one file of a zip archive (folders and macOS' entries aside); DataError as :func:`one_member`'s."""
+    """The one file of a zip archive (folders and macOS' entries aside); DataError as :func:`_one_member`'s."""
     files = [i for i in archive.infolist() if not i.is_dir()]
-    return files[one_member([i.filename for i in files], "zip", path)]
+    return files[_one_member([i.filename for i in files], "zip", path)]
 
 
-def holds_tar(path: Path, kind: str | None) -> bool:
+def _holds_tar(path: Path, kind: str | None) -> bool:
     """Whether the data of the file at ``path`` (decompressed as ``kind`` says: None, "gzip", "bzip2", "xz") starts
     with a tar header: the ``TAR_MARK`` and a header checksum that holds (a text file may hold ``ustar`` at that
     offset). False when the first block cannot be read (the reading then tells why)."""
@@ -140,7 +140,7 @@ def open_tick_file(path: Path) -> tuple[TextIO, str]:
     if kind == "zip":
         raw, member = _open_zip_member(path)
         note = f"{path}: read as zip-compressed (its one file, {member!r})"
-    elif holds_tar(path, kind):
+    elif _holds_tar(path, kind):
         raw, member = _open_tar_member(path, kind)
         how = f", {kind}-compressed" if kind else ""
         note = f"{path}: read as a tar archive{how} (its one file, {member!r})"
@@ -189,7 +189,7 @@ def _open_tar_member(path: Path, kind: str | None) -> tuple[_Guarded, str]:
         except _DECOMPRESS_ERRORS as exc:
             msg = f"{path}: unreadable tar archive ({exc}): the file is truncated or damaged; download it again"
             raise DataError(msg, [msg]) from None
-        member = files[one_member([m.name for m in files], "tar", path)]
+        member = files[_one_member([m.name for m in files], "tar", path)]
         stream = archive.extractfile(member)
         assert stream is not None  # a regular file's
         stack.enter_context(stream)
