@@ -73,7 +73,7 @@ def refusal(status_line: bytes, kind: str, message: str) -> bytes:
     return raw_answer(status_line, headers, body)
 
 
-class PipelineFlow(FlowControl):
+class _PipelineFlow(FlowControl):
     """uvicorn's reading and writing control of one connection, whose reading is not resumed while requests read
     already wait for their turn (``waiting()``): neither by an answer nor by the running request reading its body
     (its whole body is read already when a request behind it is)."""
@@ -237,7 +237,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def on_response_complete(self) -> None:
             pending = self._pending_refusal
             if pending is None or self.pipeline:
-                # Requests read already wait their turn: read no more until they are answered (see PipelineFlow), so
+                # Requests read already wait their turn: read no more until they are answered (see _PipelineFlow), so
                 # that a client that pipelines without reading its answers cannot queue requests without bound.
                 super().on_response_complete()  # (starts the next one: reading resumes once none waits)
                 if not self.transport.is_closing():
@@ -251,7 +251,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self.flow = PipelineFlow(transport, lambda: bool(self.pipeline))
+            self.flow = _PipelineFlow(transport, lambda: bool(self.pipeline))
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
         def connection_lost(self, exc: Exception | None) -> None:
