@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,72 +199,27 @@ def test_http_1_0_closes_after_its_answer_and_ignores_what_follows() -> None:
         assert answers([first, b"\r\n" * 100_000]) == [(200, b"/a 0")]
 
 
-def test_reading_stays_paused_while_pipelined_requests_wait_for_their_turn() -> None:
-    """A client that pipelines requests without reading the answers: requests already read wait for their turn
-    with reading paused, so the service does not read (and queue) what the client goes on sending."""
+class PausingTransport(Transport):
+    paused = False
 
-    class PausingTransport(Transport):
-        paused = False
+    def pause_reading(self) -> None:
+        self.paused = True
 
-        def pause_reading(self) -> None:
-            self.paused = True
-
-        def resume_reading(self) -> None:
-            self.paused = False
-
-    async def run() -> tuple[bool, int, bool, bytes]:
-        release = asyncio.Event()
-
-        async def app(scope: dict, receive: Any, send: Any) -> None:
-            if scope["path"] == "/slow":
-                await release.wait()
-            await echo(scope, receive, send)
-
-        protocol = guarded_protocol(30.0)(config=Config(app=app, lifespan="off", log_level="error"),
-                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
-        transport = PausingTransport()
-        protocol.connection_made(transport)  # type: ignore[arg-type]
-        protocol.data_received(request("/a") + request("/slow") + request("/c") + request("/d"))
-        for _ in range(20):
-            await asyncio.sleep(0)
-        waiting = (transport.paused, len(protocol.pipeline))  # /a answered, /slow running, /c and /d queued
-        release.set()
-        for _ in range(20):
-            await asyncio.sleep(0)
-        protocol.connection_lost(None)
-        return (*waiting, transport.paused, transport.written)
-
-    paused, queued, paused_after, written = asyncio.run(run())
-    assert (paused, queued) == (True, 2)
-    assert not paused_after  # every queued request answered: reading again
-    assert [line.split(b"\r\n")[-1] for line in written.split(b"HTTP/1.1 ")[1:]] == [b"/a 0", b"/slow 0", b"/c 0",
-                                                                                      b"/d 0"]
+    def resume_reading(self) -> None:
+        self.paused = False
 
 
-def test_a_request_reading_its_body_does_not_resume_reading_while_others_wait() -> None:
-    """The request being answered reads its body (a POST's, its app's receive()) while pipelined requests wait:
-    reading stays paused (each answer would otherwise let one more read's worth of requests be queued)."""
-
-    class PausingTransport(Transport):
-        paused = False
-
-        def pause_reading(self) -> None:
-            self.paused = True
-
-        def resume_reading(self) -> None:
-            self.paused = False
+def pipelined(data: bytes, slow: Callable[[Any, Any, asyncio.Event], Awaitable[None]]) -> tuple[bool, int, bool, bytes]:
+    """``data`` (pipelined requests) sent at once to a connection whose ``/slow`` route is ``slow(receive, send,
+    release)`` (it waits for ``release``), the others echoed: (reading paused, requests queued) while ``/slow``
+    waits, then whether reading is paused once it is released and everything answered, and what was written."""
 
     async def run() -> tuple[bool, int, bool, bytes]:
         release = asyncio.Event()
 
         async def app(scope: dict, receive: Any, send: Any) -> None:
             if scope["path"] == "/slow":
-                await receive()  # its whole body, read already
-                await release.wait()
-                body = b"/slow read"
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [(b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
+                await slow(receive, send, release)
                 return
             await echo(scope, receive, send)
 
@@ -272,7 +227,7 @@ def test_a_request_reading_its_body_does_not_resume_reading_while_others_wait() 
                                           server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
         transport = PausingTransport()
         protocol.connection_made(transport)  # type: ignore[arg-type]
-        protocol.data_received(request("/slow") + request("/b") + request("/c"))
+        protocol.data_received(data)
         for _ in range(20):
             await asyncio.sleep(0)
         waiting = (transport.paused, len(protocol.pipeline))
@@ -282,10 +237,44 @@ def test_a_request_reading_its_body_does_not_resume_reading_while_others_wait() 
         protocol.connection_lost(None)
         return (*waiting, transport.paused, transport.written)
 
-    paused, queued, paused_after, written = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def bodies(written: bytes) -> list[bytes]:
+    return [answer.split(b"\r\n")[-1] for answer in written.split(b"HTTP/1.1 ")[1:]]
+
+
+def test_reading_stays_paused_while_pipelined_requests_wait_for_their_turn() -> None:
+    """A client that pipelines requests without reading the answers: requests already read wait for their turn
+    with reading paused, so the service does not read (and queue) what the client goes on sending."""
+
+    async def slow(receive: Any, send: Any, release: asyncio.Event) -> None:
+        await release.wait()
+        await echo({"type": "http", "path": "/slow"}, receive, send)
+
+    paused, queued, paused_after, written = pipelined(request("/a") + request("/slow") + request("/c") + request("/d"),
+                                                      slow)
+    assert (paused, queued) == (True, 2)  # /a answered, /slow running, /c and /d queued
+    assert not paused_after  # every queued request answered: reading again
+    assert bodies(written) == [b"/a 0", b"/slow 0", b"/c 0", b"/d 0"]
+
+
+def test_a_request_reading_its_body_does_not_resume_reading_while_others_wait() -> None:
+    """The request being answered reads its body (a POST's, its app's receive()) while pipelined requests wait:
+    reading stays paused (each answer would otherwise let one more read's worth of requests be queued)."""
+
+    async def slow(receive: Any, send: Any, release: asyncio.Event) -> None:
+        await receive()  # its whole body, read already
+        await release.wait()
+        body = b"/slow read"
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    paused, queued, paused_after, written = pipelined(request("/slow") + request("/b") + request("/c"), slow)
     assert (paused, queued) == (True, 2)
     assert not paused_after
-    assert [line.split(b"\r\n")[-1] for line in written.split(b"HTTP/1.1 ")[1:]] == [b"/slow read", b"/b 0", b"/c 0"]
+    assert bodies(written) == [b"/slow read", b"/b 0", b"/c 0"]
 
 
 def test_a_pipelined_request_whose_client_left_is_not_answered_into_the_closed_socket() -> None:
