@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -44,6 +45,9 @@ from cerebellar_norse.errors import StorageError
 from cerebellar_norse.neurons.encoder import S_N_TICKS
 from cerebellar_norse.neurons.topology import Weights, generate_weights
 from cerebellar_norse.ticks import Tick
+
+if TYPE_CHECKING:
+    from cerebellar_norse.training.checkpoints import ModelStore
 
 pytestmark = pytest.mark.asyncio
 
@@ -945,13 +949,11 @@ async def test_what_stands_where_journal_files_go_is_moved_aside_and_named_by_ve
     assert verify_tree(root)[1] == [] and stray.read_text() == "not the service's"
 
 
-async def test_verify_data_names_market_state_saved_with_a_model_not_stored(
-        journaled: tuple[Config, list[Durability]]) -> None:
-    """The start moves aside a market_state.bin saved with a model that is no longer stored (every market from rest,
-    /health degraded); --verify-data said "market state OK" for it."""
-    from cerebellar_norse.training.checkpoints import ModelStore, verify_tree
+async def saved_with_a_stored_model(cfg: Config, opened: list[Durability]) -> tuple[Path, ModelStore, str]:
+    """A model stored under the state dir's models/, served to two markets, their states saved at a graceful stop:
+    the state dir, the store and the model's version."""
+    from cerebellar_norse.training.checkpoints import ModelStore
 
-    cfg, opened = journaled
     root = Path(cfg.paths.state_dir)
     store = ModelStore(root)
     version = "20240101T000000Z-aaaaaa"
@@ -960,6 +962,17 @@ async def test_verify_data_names_market_state_saved_with_a_model_not_stored(
     e, d = start(cfg, opened, weights=w.copy(), model_version=version)
     await feed([e], [tick(m, T0 + k) for k in range(5) for m in "AB"])
     d.close(save=True)
+    return root, store, version
+
+
+async def test_verify_data_names_market_state_saved_with_a_model_not_stored(
+        journaled: tuple[Config, list[Durability]]) -> None:
+    """The start moves aside a market_state.bin saved with a model that is no longer stored (every market from rest,
+    /health degraded); --verify-data said "market state OK" for it."""
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    cfg, opened = journaled
+    root, store, version = await saved_with_a_stored_model(cfg, opened)
     spath = root / STATE_FILE
     ok, problems = verify_tree(root)
     assert problems == [] and f"{spath}: market state OK (2 markets)" in ok
@@ -978,6 +991,18 @@ async def test_verify_data_names_market_state_saved_with_a_model_not_stored(
     assert e2.pool.used == 0 and len(list(root.glob(f"{STATE_FILE}.foreign-*"))) == 1
 
 
+async def served_with_a_twin(cfg: Config, opened: list[Durability], fatal: list[StorageError],
+                             ticks: list[Tick]) -> tuple[Engine, Durability, Engine]:
+    """A journaling engine whose fatal errors go to ``fatal`` and a twin without a journal, both fed ``ticks``."""
+    e = Engine(cfg)
+    d = Durability(e, on_fatal=fatal.append)
+    opened.append(d)
+    d.recover()
+    twin = Engine(cfg)
+    await feed([e, twin], ticks)
+    return e, d, twin
+
+
 @pytest.mark.parametrize("replaced", [False, True])
 async def test_a_state_dir_moved_while_held_is_not_recreated_by_its_path(journaled: tuple[Config, list[Durability]],
                                                                          streams: StreamFactory, replaced: bool) -> None:
@@ -988,12 +1013,7 @@ async def test_a_state_dir_moved_while_held_is_not_recreated_by_its_path(journal
     cfg, opened = journaled
     fatal: list[StorageError] = []
     ticks = interleaved(streams(30, 3, seed=13))
-    e = Engine(cfg)
-    d = Durability(e, on_fatal=fatal.append)
-    opened.append(d)
-    d.recover()
-    twin = Engine(cfg)
-    await feed([e, twin], ticks[:60])
+    e, d, twin = await served_with_a_twin(cfg, opened, fatal, ticks[:60])
     root = Path(cfg.paths.state_dir)
     moved = root.with_name("state.moved")
     root.rename(moved)
@@ -1030,12 +1050,7 @@ async def test_a_state_dir_named_by_a_link_is_served_in_place_until_the_link_poi
     try:
         fatal: list[StorageError] = []
         ticks = interleaved(streams(30, 3, seed=17))
-        e = Engine(cfg)
-        d = Durability(e, on_fatal=fatal.append)
-        opened.append(d)
-        d.recover()
-        twin = Engine(cfg)
-        await feed([e, twin], ticks[:60])
+        e, d, twin = await served_with_a_twin(cfg, opened, fatal, ticks[:60])
         assert await d.checkpoint()
         await feed([e, twin], ticks[60:])
         d.close(save=True)
@@ -1064,17 +1079,10 @@ async def test_verify_data_finds_the_model_of_market_state_in_a_models_dir_that_
         journaled: tuple[Config, list[Durability]], tmp_path: Path) -> None:
     """models/ a symbolic link to a directory elsewhere (the service reads its models through it): the model the
     market state was saved with is stored, so --verify-data names no problem (it said "not stored")."""
-    from cerebellar_norse.training.checkpoints import ModelStore, verify_tree
+    from cerebellar_norse.training.checkpoints import verify_tree
 
     cfg, opened = journaled
-    root = Path(cfg.paths.state_dir)
-    store = ModelStore(root)
-    version = "20240101T000000Z-aaaaaa"
-    w = generate_weights(cfg)
-    store.save(w, cfg, {"validation": {"loss": 1.0}}, version=version)
-    e, d = start(cfg, opened, weights=w.copy(), model_version=version)
-    await feed([e], [tick(m, T0 + k) for k in range(5) for m in "AB"])
-    d.close(save=True)
+    root, store, _ = await saved_with_a_stored_model(cfg, opened)
     shared = tmp_path / "shared-models"
     shutil.move(store.root, shared)
     store.root.symlink_to(shared)
