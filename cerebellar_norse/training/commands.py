@@ -13,7 +13,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CheckpointError, InputError, StorageError
-from ..neurons.topology import LAYERS, Weights
+from ..neurons.topology import HEAD_LAYERS, LAYERS, Weights
 from .checkpoints import (
     MANIFEST,
     ModelStore,
@@ -367,9 +367,9 @@ def served_weights_named(cfg: Config) -> tuple[Weights, str]:
 
 
 def layer_stats(w: Any) -> dict[str, dict[str, float]]:
-    """Per-layer statistics of a weights object."""
+    """Per-layer statistics of a weights object: the weight layers and the calibrated head, as analyze-weights names them."""
     out = {}
-    for name, attr in LAYERS.items():
+    for name, attr in {**LAYERS, **HEAD_LAYERS}.items():
         a = np.asarray(getattr(w, attr), dtype=np.float64)
         out[name] = {"count": int(a.size), "mean": float(a.mean()), "std": float(a.std()), "min": float(a.min()),
                      "max": float(a.max()), "abs_mean": float(np.abs(a).mean()), "zero_fraction": float(np.mean(a == 0))}

@@ -575,14 +575,17 @@ def test_dump_weights_text_and_json(default_models: tuple[Path, Path, Weights], 
     assert cli.main(["--dump-weights"]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0] == f"model {V1}"
+    # every layer analyze-weights names, the calibrated head included (a zero head gain serves the class priors only)
     for layer in ("mossy_granule", "parallel_fibre_purkinje", "purkinje_bias", "mossy_dcn", "purkinje_dcn", "dcn_bias",
-                  "dcn_readout"):
+                  "dcn_readout", "head_gain", "head_bias"):
         assert any(line.split()[:1] == [layer] for line in text.splitlines()), layer
     assert "mean" in text and "std" in text
 
     assert cli.main(["--dump-weights", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["model_version"] == V1
+    assert doc["layers"]["head_gain"]["count"] == 3
+    assert doc["layers"]["head_gain"]["mean"] == pytest.approx(float(np.mean(w.head_gain)))
     pf = doc["layers"]["parallel_fibre_purkinje"]
     assert set(pf) >= {"count", "mean", "std", "min", "max"}
     assert pf["count"] == w.pf_w.size
