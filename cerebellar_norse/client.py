@@ -46,6 +46,7 @@ import json
 import math
 import numbers
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -111,7 +112,7 @@ def _in_input_order(exc: CerebellarNorseError, idx: list[int]) -> CerebellarNors
     renamed = copy.copy(exc)  # same class and attributes (status, retry hints), only the field and text change
     renamed.field = f"ticks.{idx[int(pos)]}" + (f".{tail}" if tail else "")
     renamed.args = (f"{renamed.field}: {exc.message}",)
-    return renamed
+    return with_request_id(renamed, exc.request_id)
 
 
 def encode(body: Any) -> bytes:
@@ -137,8 +138,26 @@ def encode_ticks(body: Any, ticks: Sequence[Tick], wheres: Sequence[str]) -> byt
         raise
 
 
+def request_id_of(r: httpx.Response) -> str:
+    """The id the service answered ``r`` under (its ``X-Request-ID``), else the one the request was sent with."""
+    return r.headers.get("x-request-id") or r.request.headers.get("x-request-id", "")
+
+
+def with_request_id(exc: CerebellarNorseError, request_id: str) -> CerebellarNorseError:
+    """``exc`` carrying ``request_id`` (attribute, and at the end of its message) when there is one."""
+    if request_id:
+        exc.request_id = request_id
+        exc.args = (f"{exc.args[0] if exc.args else exc} (request_id {request_id})", *exc.args[1:])
+    return exc
+
+
 def error_from_response(r: httpx.Response) -> CerebellarNorseError:
-    """The service's error of an unsuccessful response, as an exception of :mod:`cerebellar_norse.errors`."""
+    """The service's error of an unsuccessful response, as an exception of :mod:`cerebellar_norse.errors`
+    carrying the request's id (:attr:`~cerebellar_norse.errors.CerebellarNorseError.request_id`)."""
+    return with_request_id(_error_of(r), request_id_of(r))
+
+
+def _error_of(r: httpx.Response) -> CerebellarNorseError:
     try:
         body = r.json()
     except ValueError:
@@ -177,6 +196,31 @@ def error_from_response(r: httpx.Response) -> CerebellarNorseError:
     return EngineFatalError(message)
 
 
+def _answer(r: httpx.Response, market: str, n_results: int | None) -> dict[str, Any]:
+    """The JSON of a 200 to a tick route: one result (an object), or ``{"results": [n_results objects]}``.
+
+    Anything else (not JSON, another shape: a proxy or another service answering) is an
+    :class:`OutcomeUnknownError`, since the request was delivered somewhere.
+    """
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if n_results is None:
+        ok = isinstance(body, dict) and "market_id" in body
+    else:
+        results = body.get("results") if isinstance(body, dict) else None
+        ok = isinstance(results, list) and len(results) == n_results and all(isinstance(x, dict) for x in results)
+    if not ok:
+        want = "a tick's result" if n_results is None else f"the results of {n_results} tick(s)"
+        raise with_request_id(OutcomeUnknownError(
+            market, f"POST {r.request.url} of market {market!r}: HTTP 200 that "
+                    f"is not {want} ({r.text[:200]!r}); its tick(s) may have been applied: check the market before "
+                    f"resending"), request_id_of(r))
+    result: dict[str, Any] = body
+    return result
+
+
 class Client:
     """A synchronous client of ``base_url`` (a replica, or HAProxy in front of the replicas).
 
@@ -207,23 +251,24 @@ class Client:
         """Close the connections."""
         self.http.close()
 
-    def _post(self, path: str, data: bytes, market: str) -> Any:
+    def _post(self, path: str, data: bytes, market: str, n_results: int | None) -> Any:
+        """POST ``data`` to ``path``; the answer's JSON, checked to be one result (``n_results`` None) or a batch of
+        ``n_results`` results."""
         attempt = 0
         while True:
+            rid = uuid.uuid4().hex  # each try its own id: the service's log and /debug/requests tell them apart
             try:
-                r = self.http.post(path, content=data, headers={"X-Market-ID": market, "Content-Type": "application/json"})
+                r = self.http.post(path, content=data, headers={"X-Market-ID": market, "Content-Type": "application/json",
+                                                                "X-Request-ID": rid})
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
                 raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
             except httpx.HTTPError as exc:
-                raise OutcomeUnknownError(market, f"POST {path} of market {market!r} to {self.http.base_url}: no answer "
-                                                  f"({type(exc).__name__}: {exc or 'no detail'}); the request was sent, so its "
-                                                  f"tick(s) may have been applied: check the market before resending") from None
+                raise with_request_id(OutcomeUnknownError(
+                    market, f"POST {path} of market {market!r} to {self.http.base_url}: no answer ({type(exc).__name__}: "
+                            f"{exc or 'no detail'}); the request was sent, so its tick(s) may have been applied: check the "
+                            f"market before resending"), rid) from None
             if r.status_code == 200:
-                try:
-                    return r.json()
-                except ValueError:
-                    raise OutcomeUnknownError(market, f"POST {path} to {self.http.base_url}: HTTP 200 that is not JSON "
-                                                      f"({r.text[:200]!r}); its tick(s) may have been applied") from None
+                return _answer(r, market, n_results)
             err = error_from_response(r)
             if isinstance(err, CapacityError) and attempt < self.retries:
                 attempt += 1
@@ -234,11 +279,12 @@ class Client:
     def process(self, tick: Tick) -> dict[str, Any]:
         """One tick (``price``, ``volume``, ``timestamp`` in ms, ``market_id``); its result."""
         market = checked_market(tick)
-        result: dict[str, Any] = self._post("/neural/process", encode_ticks(dict(tick), [tick], [""]), market)
+        result: dict[str, Any] = self._post("/neural/process", encode_ticks(dict(tick), [tick], [""]), market, None)
         return result
 
     def process_batch(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
-        """Many ticks, split into one request per market; results in the order of ``ticks``."""
+        """Many ticks, split into one request per market; results in the order of ``ticks`` (none for none: an
+        empty list sends nothing)."""
         parts: dict[str, list[int]] = {}
         for j, t in enumerate(ticks):
             parts.setdefault(checked_market(t, f"ticks.{j}."), []).append(j)
@@ -249,7 +295,7 @@ class Client:
         applied: list[str] = []
         for market, idx in parts.items():
             try:
-                results = self._post("/neural/process/batch", bodies[market], market)["results"]
+                results = self._post("/neural/process/batch", bodies[market], market, len(idx))["results"]
             except CerebellarNorseError as exc:
                 err = _in_input_order(exc, idx)  # the server counts the part's ticks, the caller its own list
                 if not applied:

@@ -25,7 +25,14 @@ def quoted(text: str, limit: int) -> str:
 
 
 class CerebellarNorseError(Exception):
-    """Base of every error raised on purpose by cerebellar-norse."""
+    """Base of every error raised on purpose by cerebellar-norse.
+
+    Attributes:
+        request_id: the ``X-Request-ID`` of the HTTP request that failed (the service's logs and
+            ``GET /debug/requests/{request_id}`` find it), or ``""`` when the error is not about one request.
+    """
+
+    request_id: str = ""
 
 
 @dataclass(frozen=True)

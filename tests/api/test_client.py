@@ -96,3 +96,22 @@ def test_health_of_something_that_is_not_the_service_raises_the_tree() -> None:
     listing = httpx.MockTransport(lambda request: httpx.Response(200, json=[1, 2]))
     with Client("http://haproxy.invalid", transport=listing) as c, pytest.raises(EngineFatalError, match="not the service's health"):
         c.health()
+
+
+def test_an_error_carries_the_id_the_service_keeps_its_request_under(live: LiveServer) -> None:
+    """The id in the error finds the request in the service (GET /debug/requests/{id}, its logs): what a trading
+    system hands to whoever runs the service, also for a split batch's renamed error."""
+    a, b = market("CLRA"), market("CLRB")
+    with Client(live.url) as c, httpx.Client(base_url=live.url) as debug:
+        with pytest.raises(InputError) as exc:
+            c.process({**tick(a, 0), "price": -1.0})
+        rid = exc.value.request_id
+        assert rid and str(exc.value).endswith(f"(request_id {rid})")
+        kept = debug.get(f"/debug/requests/{rid}").json()
+        assert (kept["route"], kept["status"]) == ("/neural/process", 422)
+        with pytest.raises(InputError) as part:
+            c.process_batch([tick(a, 0), tick(b, 0), {**tick(a, 1), "price": -1.0}])
+        assert part.value.field == "ticks.2.price" and str(part.value).endswith(f"(request_id {part.value.request_id})")
+        assert debug.get(f"/debug/requests/{part.value.request_id}").json()["status"] == 422
+        first, second = c.process(tick(a, 0)), c.process(tick(a, 1))
+        assert first["request_id"] != second["request_id"]  # each request its own id

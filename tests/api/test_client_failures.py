@@ -195,3 +195,40 @@ def test_a_value_that_cannot_be_sent_is_named_and_no_part_of_the_batch_is_sent(b
         with pytest.raises(InputError) as one:
             c.process(tick("A", 2, timestamp=bad))
         assert one.value.field == "timestamp" and sent == []
+
+
+def test_a_request_without_an_answer_names_the_id_it_was_sent_with() -> None:
+    """No answer came: the id the client sent is the one handle on whether the service applied the tick."""
+    sent: list[str] = []
+
+    def read_timeout(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["x-request-id"])
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with client(httpx.MockTransport(read_timeout)) as c, pytest.raises(OutcomeUnknownError) as exc:
+        c.process(tick("A", 0))
+    assert sent and exc.value.request_id == sent[0] and str(exc.value).endswith(f"(request_id {sent[0]})")
+
+    def full_then_ok(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["x-request-id"])
+        if len(sent) < 4:
+            return httpx.Response(503, json={"error": {"type": "capacity", "message": "queue full", "field": None,
+                                                       "request_id": sent[-1]}}, headers={"Retry-After": "0"})
+        return httpx.Response(200, json={"market_id": "A", "request_id": sent[-1]})
+
+    sent.clear()
+    with client(httpx.MockTransport(full_then_ok), retries=3) as c:
+        assert c.process(tick("A", 0))["request_id"] == sent[-1]
+    assert len(set(sent)) == 4  # each try its own id: the service's timelines tell the tries apart
+
+
+@pytest.mark.parametrize("body", [{"results": [{"market_id": "A"}]}, {"result": []}, [], {"results": [1, 2]}],
+                         ids=["too few", "no results", "a list", "not objects"])
+def test_a_200_that_is_not_the_batchs_results_is_an_unknown_outcome(body: object) -> None:
+    """A proxy or another service answering 200 with something else: the tree's error, never a KeyError or ValueError."""
+    with client(httpx.MockTransport(lambda r: httpx.Response(200, json=body, headers={"X-Request-ID": "rid-7"}))) as c:
+        with pytest.raises(OutcomeUnknownError, match="not the results of 2 tick") as exc:
+            c.process_batch([tick("A", 0), tick("A", 1)])
+        assert exc.value.market_id == "A" and exc.value.request_id == "rid-7"
+        with pytest.raises(OutcomeUnknownError, match="not a tick's result"):
+            c.process(tick("A", 2))
