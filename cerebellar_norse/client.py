@@ -49,7 +49,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 
@@ -67,6 +67,28 @@ from .httpcalls import bearer
 from .ticks import check_market_id
 
 Tick = Mapping[str, Any]
+
+
+class Probabilities(TypedDict):
+    """Class probabilities of the return over the prediction horizon; they sum to 1."""
+
+    down: float
+    flat: float
+    up: float
+
+
+class TickAnswer(TypedDict):
+    """One tick's result, as docs/http.md documents it (``POST /neural/process``): a plain ``dict`` at run time."""
+
+    market_id: str
+    prediction: float  # P(up) - P(down), in [-1, 1]
+    probabilities: Probabilities
+    confidence: float  # 1 - entropy / ln 3, in [0, 1]
+    spike_count: int  # spikes of all populations during the tick
+    processing_time_ns: int  # network time of the tick, nanoseconds
+    warming_up: bool  # the market has seen fewer than neural.warmup_ticks ticks
+    model_version: str
+    request_id: str
 
 
 def _json_number(o: Any) -> Any:
@@ -196,7 +218,7 @@ def _error_of(r: httpx.Response) -> CerebellarNorseError:
     return EngineFatalError(message)
 
 
-def _answer(r: httpx.Response, market: str, n_results: int | None) -> dict[str, Any]:
+def _answer(r: httpx.Response, market: str, n_results: int | None) -> Any:
     """The JSON of a 200 to a tick route: one result (an object), or ``{"results": [n_results objects]}``.
 
     Anything else (not JSON, another shape: a proxy or another service answering) is an
@@ -217,8 +239,7 @@ def _answer(r: httpx.Response, market: str, n_results: int | None) -> dict[str, 
             market, f"POST {r.request.url} of market {market!r}: HTTP 200 that "
                     f"is not {want} ({r.text[:200]!r}); its tick(s) may have been applied: check the market before "
                     f"resending"), request_id_of(r))
-    result: dict[str, Any] = body
-    return result
+    return body
 
 
 class Client:
@@ -276,13 +297,13 @@ class Client:
                 continue
             raise err
 
-    def process(self, tick: Tick) -> dict[str, Any]:
+    def process(self, tick: Tick) -> TickAnswer:
         """One tick (``price``, ``volume``, ``timestamp`` in ms, ``market_id``); its result."""
         market = checked_market(tick)
-        result: dict[str, Any] = self._post("/neural/process", encode_ticks(dict(tick), [tick], [""]), market, None)
+        result: TickAnswer = self._post("/neural/process", encode_ticks(dict(tick), [tick], [""]), market, None)
         return result
 
-    def process_batch(self, ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+    def process_batch(self, ticks: Sequence[Tick]) -> list[TickAnswer]:
         """Many ticks, split into one request per market; results in the order of ``ticks`` (none for none: an
         empty list sends nothing)."""
         parts: dict[str, list[int]] = {}
@@ -291,7 +312,7 @@ class Client:
         # every part is written before any is sent: a tick that cannot be sent must not leave earlier parts applied
         bodies = {market: encode_ticks({"ticks": [dict(ticks[j]) for j in idx]}, [ticks[j] for j in idx],
                                        [f"ticks.{j}." for j in idx]) for market, idx in parts.items()}
-        out: list[dict[str, Any] | None] = [None] * len(ticks)
+        out: list[TickAnswer | None] = [None] * len(ticks)
         applied: list[str] = []
         for market, idx in parts.items():
             try:

@@ -14,6 +14,7 @@ and falls into one of four families, which map onto how callers react:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -298,11 +299,11 @@ class BatchPartError(CerebellarNorseError):
     """
 
     def __init__(self, cause: CerebellarNorseError, applied: list[str], failed: str,
-                 results: list[dict[str, Any] | None] | None = None) -> None:
+                 results: Sequence[Mapping[str, Any] | None] | None = None) -> None:
         self.cause = cause
         self.applied = applied
         self.failed = failed
-        self.results = results if results is not None else []
+        self.results = list(results) if results is not None else []
         super().__init__(f"batch part of market {failed!r} failed ({cause}); parts applied before it: {applied}")
 
 

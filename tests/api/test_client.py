@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
-from typing import Any
+from typing import Any, get_type_hints
 
 import httpx
 import numpy as np
 import pytest
 from live_helpers import LiveServer, market, signal_of, tick
 
-from cerebellar_norse.client import BatchPartError, Client
+from cerebellar_norse.client import BatchPartError, Client, Probabilities, TickAnswer
 from cerebellar_norse.errors import CapacityError, EngineFatalError, InputError, TickOrderError
 
 
@@ -115,3 +116,23 @@ def test_an_error_carries_the_id_the_service_keeps_its_request_under(live: LiveS
         assert debug.get(f"/debug/requests/{part.value.request_id}").json()["status"] == 422
         first, second = c.process(tick(a, 0)), c.process(tick(a, 1))
         assert first["request_id"] != second["request_id"]  # each request its own id
+
+
+def test_the_answer_has_exactly_the_typed_fields_of_the_client(live: LiveServer) -> None:
+    """What ``process`` and ``process_batch`` are typed to return is what the service sends: every field, its type
+    (never null), the probabilities summing to 1."""
+    m = market("CLTY")
+    fields, probabilities = get_type_hints(TickAnswer), get_type_hints(Probabilities)
+    with Client(live.url) as c:
+        answers = [c.process(tick(m, 0)), *c.process_batch([tick(m, 1), tick(market("CLTZ"), 0)])]
+    for answer in answers:
+        assert set(answer) == set(fields)
+        for key, typ in fields.items():
+            if typ is Probabilities:
+                assert set(answer[key]) == set(probabilities)  # type: ignore[literal-required]
+                assert all(isinstance(p, float) for p in answer["probabilities"].values())
+            else:
+                assert type(answer[key]) is typ, (key, answer[key])  # type: ignore[literal-required]
+        assert math.isclose(sum(answer["probabilities"].values()), 1.0, abs_tol=1e-6)
+        assert math.isclose(answer["prediction"], answer["probabilities"]["up"] - answer["probabilities"]["down"],
+                            abs_tol=1e-6)
