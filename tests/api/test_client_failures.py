@@ -232,3 +232,15 @@ def test_a_200_that_is_not_the_batchs_results_is_an_unknown_outcome(body: object
         assert exc.value.market_id == "A" and exc.value.request_id == "rid-7"
         with pytest.raises(OutcomeUnknownError, match="not a tick's result"):
             c.process(tick("A", 2))
+
+
+def test_an_empty_batch_sends_nothing_and_has_no_results() -> None:
+    """As documented: the service refuses ``{"ticks": []}``, the client has nothing to send."""
+    sent: list[str] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return httpx.Response(422)
+
+    with client(httpx.MockTransport(service)) as c:
+        assert c.process_batch([]) == [] and sent == []
