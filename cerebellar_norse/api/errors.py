@@ -26,7 +26,7 @@ from ..errors import (
     TickOrderError,
 )
 from ..observability.context import request_id_var
-from ..ticks import FutureTickError
+from ..ticks import TS_MAX_MS, TS_MIN_MS, FutureTickError
 from .deps import AuthError
 from .schemas import NotUtf8Error, error_payload, loads_utf8
 
@@ -105,7 +105,26 @@ def validation_response(errors: list[dict[str, Any]], body: str | bytes | None =
         if len(got) > SHOWN_INPUT:  # a 1 MB field is not echoed back whole
             got = f"{got[:SHOWN_INPUT]}… ({len(got)} characters)"
         msg += f" (got {got})"
+    if field.rsplit(".", 1)[-1] == "timestamp" and first.get("type") in ("greater_than_equal", "less_than"):
+        msg += timestamp_hint(first.get("input"))
     return 422, error_payload("validation", msg, rid, field or None)
+
+
+# what a tick timestamp out of range most likely was: a time in another unit, and how to make it ms
+_OTHER_UNITS = (("seconds", 1000.0, "multiply it by 1000"), ("µs", 0.001, "divide it by 1000"),
+                ("ns", 0.000001, "divide it by 1000000"))
+
+
+def timestamp_hint(value: Any) -> str:
+    """Words added to the refusal of a tick timestamp out of range (ms since the Unix epoch, 2000..2100): the unit
+    ``value`` is most likely in and how to convert it, when it is a time of that range in seconds, µs or ns."""
+    hint = "; a timestamp is ms since the Unix epoch (2000..2100)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return hint
+    for unit, to_ms, fix in _OTHER_UNITS:
+        if TS_MIN_MS <= value * to_ms < TS_MAX_MS:
+            return f"{hint}: this one looks like {unit}, {fix}"
+    return hint
 
 
 @dataclass(frozen=True)

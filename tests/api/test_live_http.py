@@ -186,6 +186,26 @@ def test_process_invalid_tick(client: httpx.Client, body: dict[str, Any], field:
     assert neural_ticks(client) == before
 
 
+@pytest.mark.parametrize(("timestamp", "hint"), [
+    (1_640_995_200, "this one looks like seconds, multiply it by 1000"),
+    (1_640_995_200.0, "this one looks like seconds, multiply it by 1000"),
+    (1_640_995_200_000_000, "this one looks like µs, divide it by 1000"),
+    (1_640_995_200_000_000_000, "this one looks like ns, divide it by 1000000"),
+    (5, None),
+])
+def test_a_timestamp_out_of_range_is_refused_with_the_unit_it_looks_like(client: httpx.Client, timestamp: float,
+                                                                          hint: str | None) -> None:
+    """Trading systems send seconds or ns as often as ms: the refusal said only "Input should be greater than or equal
+    to 946684800000"; it now says the unit and, for a time of 2000..2100 in seconds, µs or ns, how to convert it
+    (single ticks and batches, through the tick route and the FastAPI routes alike)."""
+    want = "; a timestamp is ms since the Unix epoch (2000..2100)" + (f": {hint}" if hint else "")
+    err = assert_error(post_tick(client, {**GUIDE_TICK, "timestamp": timestamp}), 422, "validation", "timestamp")
+    assert err["message"].endswith(want), err["message"]
+    batch = {"ticks": [GUIDE_TICK, {**GUIDE_TICK, "timestamp": timestamp}]}
+    err = assert_error(client.post("/neural/process/batch", json=batch), 422, "validation", "ticks.1.timestamp")
+    assert err["message"].endswith(want), err["message"]
+
+
 @pytest.mark.parametrize(("raw", "field"), [
     (b'{"price": 1e400, "volume": 1000.0, "timestamp": 1640995200000, "market_id": "TEST"}', "price"),
     (b'{"price": 100.0, "volume": -1e400, "timestamp": 1640995200000, "market_id": "TEST"}', "volume"),
