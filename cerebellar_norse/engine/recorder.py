@@ -575,10 +575,7 @@ def seal_leftovers(directory: Path) -> list[Path]:
                 except BlockingIOError:
                     continue  # another recorder's open file
                 torn = path.stat().st_size > 0 and _last_byte(fh) != b"\n"
-                companion = states_path(path)
-                if companion.exists() and not checksum_path(companion).exists():
-                    _write_checksum(companion)
-                _write_checksum(path)
+                _checksum_closed(path)
         except OSError as exc:
             log.error("recording %s left open by a previous run could not be closed: %s", path, exc)
             continue

@@ -5,8 +5,9 @@ A file's compression is told by its first bytes (its magic number), never by its
 ``PK 05 06``, an empty archive; data.binance.vision's ``.zip``: its one file is read, folders and macOS'
 ``__MACOSX/`` entries aside). Every other file is read as it is. A zstd file (``28 b5 2f fd``, Databento's
 ``.zst``) has no decompressor in the standard library and is refused with the command that unpacks it. A tar
-archive, plain or compressed with any of gzip, bzip2 or xz (``.tar.gz``, ``.tgz``), is told by the ``ustar`` mark of
-its first header (offset 257 of its data); its one file is read (folders, links and macOS' ``._`` entries aside).
+archive, plain or compressed with any of gzip, bzip2 or xz (``.tar.gz``, ``.tgz``), is told by its first header (the
+``ustar`` mark at offset 257 of its data, and a header checksum that holds); its one file is read (folders, links and
+macOS' ``._`` entries aside), and refused when it is compressed itself.
 
 :func:`open_tick_text` opens any of them as text exactly as a plain file is opened (UTF-8, a byte-order mark
 dropped, bytes that are not UTF-8 kept as lone surrogates, newlines untranslated), seekable back to the start.
@@ -54,7 +55,11 @@ def compression_of(path: Path) -> str | None:
     """The compression of the file at ``path`` from its first bytes (a name of ``MAGIC``), None for any other file.
     OSError when it cannot be read."""
     with open(path, "rb") as fh:
-        head = fh.read(MAGIC_BYTES)
+        return _compression_in(fh.read(MAGIC_BYTES))
+
+
+def _compression_in(head: bytes) -> str | None:
+    """The compression (a name of ``MAGIC``) data starting with ``head`` is in, None for any other data."""
     return next((name for magic, name in MAGIC if head.startswith(magic)), None)
 
 
@@ -205,7 +210,7 @@ def _refuse_compressed_member(stream: Any, archive: str, member: str, path: Path
         head = stream.peek(MAGIC_BYTES)[:MAGIC_BYTES]
     except _DECOMPRESS_ERRORS:
         return  # damaged: the reading tells why
-    inner = next((name for magic, name in MAGIC if head.startswith(magic)), None)
+    inner = _compression_in(head)
     if inner is not None:
         msg = (f"{path}: the {archive} archive's one file, {member!r}, is {inner}-compressed itself: unpack the"
                f" archive and name that file")
