@@ -46,6 +46,7 @@ log = logging.getLogger("cerebellar_norse.models")
 FILES = ("weights.npz", "config.json", "metrics.json")
 MANIFEST = "manifest.json"
 ACTIVE = "ACTIVE"
+MODELS_DIR = "models"  # the model store's directory in a state dir
 # ModelStore.fallback when models are stored but none was ever activated: the newest valid one is served
 NOT_ACTIVATED = "no model was activated (models/ACTIVE is missing or empty; models stored with activation off are not active)"
 WEIGHT_FIELDS = ("mg_idx", "mg_w", "pf_pre", "pf_w", "pc_bias", "w_md", "w_pd", "dcn_bias", "w_out", "pf_ptr", "pf_post", "pf_src")
@@ -265,7 +266,7 @@ class ModelStore:
     """The models directory of a state dir."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.root = Path(state_dir) / "models"
+        self.root = Path(state_dir) / MODELS_DIR
         self.fallback: str | None = None  # set by load_for_service: why the active model is not the one served
         self.active_problem: str | None = None  # set by active_version: why models/ACTIVE names no version
         self.refused: dict[str, str] = {}  # set by load_for_service: the versions it passed over, and why
@@ -608,7 +609,7 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         except CheckpointError as exc:
             problems.append(str(exc))
     for apath in _named_under(root, ACTIVE):
-        if apath.parent.name == "models":
+        if apath.parent.name == MODELS_DIR:
             problem = _active_problem(apath)
             if problem is not None:
                 problems.append(f"{apath}: {problem}: the service would serve the newest valid model instead "
@@ -634,7 +635,7 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             problems.append(f"{exc}: the service moves it aside at start and every market starts from rest")
             continue
         saved_with = state.fingerprint.get("model_version") if isinstance(state.fingerprint, dict) else None
-        models = spath.parent / "models"
+        models = ModelStore(spath.parent).root
         if (isinstance(saved_with, str) and not saved_with.startswith("seed-")
                 and not _model_stored(models, saved_with, stored)):
             problems.append(f"{spath}: saved with model {saved_with}, which is not stored in {models} (or is not "
@@ -657,7 +658,7 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
     it is a problem here too. Returns, per state dir with a journal, its identity and its readable journal files (for
     :func:`_verify_journal_chain`)."""
     from ..engine.persistence import STATE_FILE
-    from ..engine.segments import SegmentReader, batch_size_for_record, list_segments, misplaced_entries
+    from ..engine.segments import JOURNAL_DIR, SegmentReader, batch_size_for_record, list_segments, misplaced_entries
     from ..engine.state_dir import STATE_ID_FILE, read_state_id
 
     ids: dict[Path, str | None] = {}
@@ -668,7 +669,7 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
         except (CheckpointError, StorageError) as exc:
             problems.append(f"{exc}: the service moves it aside at start (ERROR) and takes the checkpoint's identity")
     journals: dict[Path, tuple[str | None, list[JournalPart]]] = {}
-    for jdir in _named_under(root, "journal"):
+    for jdir in _named_under(root, JOURNAL_DIR):
         state_dir = (jdir.parent / STATE_ID_FILE).exists() or (jdir.parent / STATE_FILE).exists()
         if jdir.is_dir() or state_dir:  # a file called journal elsewhere is not the service's
             for path, what in misplaced_entries(jdir):

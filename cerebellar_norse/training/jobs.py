@@ -442,9 +442,9 @@ class JobManager:
 
     def _is_active(self, version: str) -> bool:
         """Whether ``models/ACTIVE`` names ``version`` (False when it cannot be read)."""
-        from .checkpoints import ACTIVE, read_active
+        from .checkpoints import ACTIVE, ModelStore, read_active
 
-        version_named, _ = read_active(Path(self.cfg.paths.state_dir) / "models" / ACTIVE)
+        version_named, _ = read_active(ModelStore(Path(self.cfg.paths.state_dir)).root / ACTIVE)
         return version_named == version
 
     @property
