@@ -27,6 +27,7 @@ from ..errors import CheckpointError, StorageError
 from ..neurons.topology import Weights, seed_version_weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
+from ..observability.looplag import watch_loop_lag
 from ..observability.metrics import ServiceMetrics, engine_families, health_families
 from ..observability.ratelimit import SummaryLog
 from ..training.bootstrap import bootstrap_model
@@ -193,6 +194,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
         server = state.server
         announcer = None
         summary = asyncio.create_task(periodic_summary(state))
+        lag_watch = asyncio.create_task(watch_loop_lag(state.metrics.loop_lag))
         checkpoints = start_checkpoints(state)
         if server is not None:
             announcer = asyncio.create_task(announce_when_listening(state, lambda: bool(getattr(server, "started", False))))
@@ -205,6 +207,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             if jobs is not None:
                 await jobs.close()
             summary.cancel()
+            lag_watch.cancel()
             if checkpoints is not None:
                 checkpoints.cancel()
             if announcer is not None:
