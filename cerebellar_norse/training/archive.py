@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Config
-from ..errors import CheckpointError, InputError, ModelConflictError, StorageError
+from ..errors import CapacityError, CheckpointError, InputError, ModelConflictError, StorageError
 from ..storage import atomic_write_bytes, fsync_dir, seal, unseal
 from .checkpoints import FILES, MANIFEST, ModelStore, check_version, load_model_dir, parse_manifest, shape_mismatch
 
 MEDIA_TYPE = "application/octet-stream"
+STORE_RETRY_AFTER_S = 60.0
+"""Retry-After (s) of an upload refused for lack of room: time to free space."""
 _STAGING = threading.Lock()
 
 
@@ -58,6 +60,8 @@ def stage_archive(store: ModelStore, version: str, data: bytes, cfg: Config) -> 
         CheckpointError: corrupt archive, or a model that does not fit ``cfg``'s network.
         ModelConflictError: another model is stored under ``version``.
         InputError: the archive's manifest names another version.
+        CapacityError: the state dir has no room or is read-only (ENOSPC, EDQUOT, EROFS, EFBIG): nothing stored.
+        StorageError: another write failure (permissions, I/O): nothing stored.
     """
     check_version(version)
     files = unpack(data)
@@ -94,7 +98,11 @@ def _store_files(store: ModelStore, version: str, files: dict[str, bytes], cfg: 
         os.rename(tmp, final)
         fsync_dir(store.root)
     except OSError as exc:  # full disk, permissions: named, 503, nothing stored
-        raise StorageError.from_os_error("cannot store the model: writing failed at", exc.filename or tmp, exc) from None
+        err = StorageError.from_os_error("cannot store the model: writing failed at", exc.filename or tmp, exc)
+        if StorageError.is_write_failure(exc):  # no room or a read-only disk: the service is fine, the upload can wait
+            raise CapacityError(f"{err}; nothing was stored: make room in the state dir and upload it again",
+                                retry_after_s=STORE_RETRY_AFTER_S) from None
+        raise err from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return True

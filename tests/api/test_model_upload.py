@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import io
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +19,7 @@ from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.config import load_checked_config
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.storage import seal
+from cerebellar_norse.training import archive as archive_module
 from cerebellar_norse.training.archive import MEDIA_TYPE, pack_model, stage_archive
 from cerebellar_norse.training.checkpoints import FILES, MANIFEST, ModelStore
 
@@ -143,3 +146,35 @@ def test_a_version_with_a_slash_is_a_documented_404(tc: TestClient, tmp_path: Pa
     schema = op["parameters"][0]["schema"]
     assert schema["maxLength"] == 128 and "/" not in schema["pattern"]
     assert tc.get("/models", headers=AUTH).json()["models"] == []
+
+
+@pytest.mark.parametrize(("code", "status", "kind"), [(errno.ENOSPC, 503, "capacity"), (errno.EROFS, 503, "capacity"),
+                                                      (errno.EIO, 503, "engine")])
+def test_a_write_that_fails_stores_nothing_and_says_why(tc: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        code: int, status: int, kind: str) -> None:
+    """No room or a read-only state dir is a 503 ``capacity`` with Retry-After (the service itself is fine: upload
+    again once there is room); another write failure stays an ``engine`` error. Either way nothing is stored."""
+    version, archive = model(tmp_path)
+    real = archive_module.atomic_write_bytes
+    calls = {"n": 0}
+
+    def failing(path: Path, data: bytes) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second file of the archive
+            raise OSError(code, os.strerror(code), str(path))
+        real(path, data)
+
+    monkeypatch.setattr(archive_module, "atomic_write_bytes", failing)
+    r = tc.put(f"/models/{version}", content=archive, headers=BLOB)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == kind and "cannot store the model: writing failed at" in err["message"]
+    assert os.strerror(code) in err["message"]
+    if kind == "capacity":
+        assert int(r.headers["Retry-After"]) == 60 and "nothing was stored" in err["message"]
+    assert tc.get("/models", headers=AUTH).json()["models"] == []
+    assert not list((tmp_path / "replica" / "models").glob(".tmp-*"))
+    assert tc.get("/health").status_code == 200
+    monkeypatch.setattr(archive_module, "atomic_write_bytes", real)
+    again = tc.put(f"/models/{version}", content=archive, headers=BLOB)
+    assert again.status_code == 200 and again.json()["stored"] is True
