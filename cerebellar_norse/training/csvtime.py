@@ -29,7 +29,16 @@ UNIT_WORDS = {"s": "seconds", "ms": "ms", "µs": "µs", "ns": "ns", "date": "YYY
               "datehour": "YYYYMMDDHH date-hours", "datetime": "YYYYMMDDHHMM[SS] date-times"}
 _TO_MS = {"s": Decimal(1000), "µs": Decimal("0.001"), "ns": Decimal("0.000001")}
 _GMT_OFFSET = re.compile(r"\s*(?:GMT|UTC)\s*(?:([+-])(\d{2}):?(\d{2}))?$")  # Dukascopy's "… GMT+0100"
-_YMD_DATE = re.compile(r"(\d{4})[./](\d{1,2})[./](\d{1,2})(?:([ T])(.*))?$")  # 2020.01.02 (MetaTrader), 2020/01/02
+# 2020.01.02 (MetaTrader), 2020/01/02, and year-first dates without leading zeros (2020-6-19, as pandas-ta's data has)
+_YMD_DATE = re.compile(r"(\d{4})([./-])(\d{1,2})\2(\d{1,2})(?:([ T])(.*))?$")
+_MONTHS = {name: i for i, names in enumerate((("jan", "january"), ("feb", "february"), ("mar", "march"),
+           ("apr", "april"), ("may",), ("jun", "june"), ("jul", "july"), ("aug", "august"),
+           ("sep", "sept", "september"), ("oct", "october"), ("nov", "november"), ("dec", "december")), 1)
+           for name in names}
+# dates with an English month name and a four-digit year, maybe followed by a time: "Jan 1 2000" (vega_datasets),
+# "Jan 02, 2020" (Investing.com), "02-Jan-2020", "2 January 2020"
+_NAMED_MONTH_FIRST = re.compile(r"([A-Za-z]{3,9})\.? (\d{1,2}),? (\d{4})(?:( )(.*))?$")
+_NAMED_DAY_FIRST = re.compile(r"(\d{1,2})([ -])([A-Za-z]{3,9})\2(\d{4})(?:( )(.*))?$")
 # the time after a date written with slashes, as spreadsheets write it: 0:15, 1:00:00 AM, 13:05:09.5
 _SHEET_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*([AaPp][Mm])?$")
 _DATE_DIGITS = re.compile(r"(\d{8})(?:\.0*)?")  # 20080102, or 20080102.0 as a float column (pandas with gaps) writes it
@@ -188,9 +197,7 @@ def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzi
             x = float(s)
         except ValueError:
             try:
-                ymd = _YMD_DATE.match(s)
-                iso_text = s if ymd is None else (f"{ymd[1]}-{int(ymd[2]):02d}-{int(ymd[3]):02d}"
-                                                  + (f"{ymd[4]}{ymd[5]}" if ymd[4] else ""))
+                iso_text = _iso_date(s)
                 try:
                     when = datetime.fromisoformat(iso_text if day_first is None else from_slash(s, day_first))
                 except ValueError:
@@ -232,6 +239,26 @@ def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzi
         hint = "; if the file's times are µs or ns, divide them by 1000 or 1000000" if ms < 1000 * TS_MAX_MS * 1000 else ""
         raise ValueError(f"{name} {raw!r} is not a plausible time in ms since epoch (1970-01-01 .. 2100-01-01){hint}")
     return TimeRead(ms, read_in, file_zone)
+
+
+def _iso_date(text: str) -> str:
+    """A date written year first with dots, slashes or dashes and maybe one-digit month and day (``2020.01.02``,
+    ``2020/6/19``, ``2020-6-19``), or with an English month name and a four-digit year (``Jan 1 2000``, ``Jan 02,
+    2020``, ``02-Jan-2020``), as ISO 8601 (``2020-06-19``), any time after it kept; other text unchanged."""
+    ymd = _YMD_DATE.match(text)
+    if ymd is not None:
+        return f"{ymd[1]}-{int(ymd[3]):02d}-{int(ymd[4]):02d}" + (f"{ymd[5]}{ymd[6]}" if ymd[5] else "")
+    named = _NAMED_MONTH_FIRST.match(text)
+    if named is not None:
+        month, day, year, sep, rest = _MONTHS.get(named[1].lower()), named[2], named[3], named[4], named[5]
+    else:
+        named = _NAMED_DAY_FIRST.match(text)
+        if named is None:
+            return text
+        month, day, year, sep, rest = _MONTHS.get(named[3].lower()), named[1], named[4], named[5], named[6]
+    if month is None:
+        return text
+    return f"{year}-{month:02d}-{int(day):02d}" + (f"{sep}{rest}" if sep else "")
 
 
 def parse_time_ms(text: str, name: str = "time", zone: tzinfo = UTC) -> int:

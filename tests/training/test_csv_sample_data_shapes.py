@@ -1,0 +1,74 @@
+"""Shapes of market files that Python packages ship as sample data: year-first dates without leading zeros, dates
+with an English month name, and vendors' time column names (each test names the package and file its lines come
+from)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from cerebellar_norse.errors import DataError
+from cerebellar_norse.training.data import load_csv_files
+
+
+def write(tmp_path: Path, text: str, name: str = "ticks.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def utc_ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> int:
+    return round(datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp() * 1000)
+
+
+def test_year_first_dates_without_leading_zeros(tmp_path: Path) -> None:
+    """pandas-ta 0.4.71b0, ``data/ADX_D.csv``: a pandas index column, then ``2020-6-19`` (month and day not padded),
+    with the month rolling over to ``2020-7-1``."""
+    path = write(tmp_path, ",date,high,low,close\n0,2020-6-19,11382,11150,11286\n1,2020-6-30,11351,11155,11325\n"
+                           "2,2020-7-1,11355,11225,11238\n", "ADX_D.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 6, 19), utc_ms(2020, 6, 30), utc_ms(2020, 7, 1)]
+    assert data.markets[0].price.tolist() == [11286, 11325, 11238]
+
+
+def test_year_first_dashes_keep_the_time_and_offset(tmp_path: Path) -> None:
+    path = write(tmp_path, "date,close\n2020-6-19T09:30:00-04:00,1\n2020-6-19 14:00,2\n")
+    data = load_csv_files([path])
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 6, 19, 13, 30), utc_ms(2020, 6, 19, 14)]
+
+
+def test_dates_with_a_month_name(tmp_path: Path) -> None:
+    """vega_datasets 0.9.0, ``vega_datasets/_data/stocks.csv``: ``symbol,date,price`` with dates ``Jan 1 2000``, one
+    block of rows per symbol, no newline after the last row."""
+    path = write(tmp_path, "symbol,date,price\nMSFT,Jan 1 2000,39.81\nMSFT,Feb 1 2000,36.35\nMSFT,Sep 1 2000,25.7\n"
+                           "AAPL,Feb 1 2010,204.62\nAAPL,Mar 1 2010,223.02", "stocks.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0
+    by_id = {m.market_id: m for m in data.markets}
+    assert by_id["MSFT"].timestamp.tolist() == [utc_ms(2000, 1, 1), utc_ms(2000, 2, 1), utc_ms(2000, 9, 1)]
+    assert by_id["AAPL"].timestamp.tolist() == [utc_ms(2010, 2, 1), utc_ms(2010, 3, 1)]
+    assert by_id["AAPL"].price.tolist() == [204.62, 223.02]
+
+
+@pytest.mark.parametrize("written", ['"Jan 02, 2020"', "02-Jan-2020", "2 January 2020", "jan 2 2020"])
+def test_month_name_forms(tmp_path: Path, written: str) -> None:
+    path = write(tmp_path, f"date,close\n{written},1\n")
+    assert load_csv_files([path]).markets[0].timestamp.tolist() == [utc_ms(2020, 1, 2)]
+
+
+def test_a_month_name_that_is_none_is_a_bad_row(tmp_path: Path) -> None:
+    path = write(tmp_path, "date,close\nJan 2 2020,1\nJax 3 2020,2\nFeb 30 2020,3\n")
+    data = load_csv_files([path], max_bad_fraction=1.0)
+    assert data.bad_rows == 2 and data.markets[0].price.tolist() == [1]
+    assert any("'Jax 3 2020' is not a time" in line for line in data.report)
+    assert any("'Feb 30 2020' is not a time" in line for line in data.report)
+
+
+def test_only_bad_month_names_name_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "date,close\nJax 3 2020,2\n")
+    with pytest.raises(DataError, match=r"ticks\.csv:2: date 'Jax 3 2020' is not a time"):
+        load_csv_files([path])
+
