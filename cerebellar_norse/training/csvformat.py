@@ -134,8 +134,10 @@ TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "g
                 "open time", "open_time", "time (utc)", "timestamp (utc)", "date (utc)", "datetime (utc)",
                 "transact_time", "window_start", "datum",  # Dukascopy exports, Binance trades, Polygon flat files
                 # Databento (ts_recv, by which its files are sorted, before ts_event), Polygon's trades and quotes
-                # (sip_timestamp, by which they are sorted, before participant_timestamp), CoinAPI, exchange APIs
-                "ts_recv", "ts_event", "sip_timestamp", "participant_timestamp", "time_exchange", "ts", "t")
+                # (sip_timestamp, by which they are sorted, before participant_timestamp), CoinAPI, Futu's time_key,
+                # fastquant's dt, zipline's day, exchange APIs
+                "ts_recv", "ts_event", "sip_timestamp", "participant_timestamp", "time_exchange", "time_key", "dt",
+                "day", "ts", "t")
 PRICE_COLUMNS = ("price", "close", "last", "mid", "close/last", "adj close", "adj_close")  # close/last: Nasdaq.com
 # Quotes without a price column: the price is the mid of bid and ask, the volume the sum of both sides' volumes.
 # (bid_px_00 and ask_px_00: Databento's top of book, mbp-1, tbbo, bbo)

@@ -72,3 +72,25 @@ def test_only_bad_month_names_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"ticks\.csv:2: date 'Jax 3 2020' is not a time"):
         load_csv_files([path])
 
+
+@pytest.mark.parametrize(("header", "row", "source"), [
+    # stock-pandas 5.4.5, example/tencent.csv (Futu OpenAPI's bars): time_key, close before high and low
+    ("time_key,open,close,high,low,volume,turnover", "2019-10-15 00:00:00,329.4,328.8,331.6,327.6,14202519,4679498788.0",
+     "tencent"),
+    # fastquant 0.1.8.1, fastquant/data/JFC_20180101_20190110_DCV.csv
+    ("dt,close,volume,dividend", "2019-10-15,328.8,14202519,0", "JFC"),
+    # zipline-reloaded 3.2.1, tests/resources/pipeline_inputs/AAPL.csv
+    ("day,open,high,low,close,volume", "2019-10-15,523.42,530.64,522.80,328.8,14202519", "AAPL"),
+])
+def test_vendors_time_column_names(tmp_path: Path, header: str, row: str, source: str) -> None:
+    path = write(tmp_path, f"{header}\n{row}\n", f"{source}.csv")
+    data = load_csv_files([path])
+    tick = data.markets[0]
+    assert tick.market_id == source
+    assert tick.timestamp.tolist() == [utc_ms(2019, 10, 15)]
+    assert tick.price.tolist() == [328.8] and tick.volume.tolist() == [14202519]
+
+
+def test_a_day_column_gives_way_to_a_date_column(tmp_path: Path) -> None:
+    path = write(tmp_path, "day,date,close\n3,2019-10-15,1\n")
+    assert load_csv_files([path]).markets[0].timestamp.tolist() == [utc_ms(2019, 10, 15)]
