@@ -349,14 +349,16 @@ YF_ROW_NUMBER = "(row number)"  # the first column of yfinance's download after 
 
 
 def yfinance_header(path: Path, header: list[str], delimiter: str = ",",
-                    skip: int = 0) -> tuple[str, str, int] | None:
-    """The first column's name, the ticker and the header lines of a file written by ``yf.download(...).to_csv()``
-    (header lines ``Price,Close,…``, ``Ticker,AAPL,…`` and ``Date,,…``: the first column is the time) or by
+                    skip: int = 0) -> tuple[list[str], str, int] | None:
+    """The column names, the ticker and the header lines of a file whose columns pandas wrote in two levels, a field
+    and a symbol: by ``yf.download(...).to_csv()`` (header lines ``Price,Close,…``, ``Ticker,AAPL,…`` and
+    ``Date,,…``: the first column is the time; with ``group_by="ticker"`` the first two lines swapped), by
     ``yf.download(...).reset_index().to_csv()`` (``Price,Date,Close,…`` and ``Ticker,,AAPL,…``: the first column
-    counts the rows, and is no price: ``YF_ROW_NUMBER``); the ticker "" when it is not a valid market id. None for
-    any other file (the header is the line after ``skip`` lines). DataError for a download of several tickers
-    (each column named once per ticker)."""
-    if not header or header_name(header[0]).lower() != "price":
+    counts the rows, and is no price: ``YF_ROW_NUMBER``), or by any table with symbols above its fields
+    (fastquant's ``Symbol,JFC,…``, ``,open,…``, ``dt,,…``); the ticker "" when it is not a valid market id. None for
+    any other file (the header is the line after ``skip`` lines). DataError for a table of several symbols (each
+    column named once per symbol)."""
+    if not header:
         return None
     try:
         with open_tick_text(path) as fh:
@@ -366,23 +368,33 @@ def yfinance_header(path: Path, header: list[str], delimiter: str = ",",
             second, third = next(reader, None), next(reader, None)
     except (OSError, csv.Error):
         return None
-    if second is None or len(second) != len(header) or header_name(second[0]).lower() != "ticker":
+    if second is None or len(second) != len(header):
+        return None
+    tops = header_name(header[0]).lower(), header_name(second[0]).lower()
+    if tops == ("price", "ticker"):
+        fields, symbols, line = header, second, 2
+    elif tops in (("ticker", "price"), ("symbol", ""), ("ticker", "")):
+        fields, symbols, line = second, header, 1
+    else:
         return None
     if (third is not None and len(third) == len(header) and not any(c.strip() for c in third[1:])
             and header_name(third[0]).lower() in TIME_COLUMNS):
         first, lines = header_name(third[0]), 3
-    elif any(not second[i].strip() and header_name(h).lower() in TIME_COLUMNS for i, h in enumerate(header) if i):
+    elif fields is header and any(not second[i].strip() and header_name(h).lower() in TIME_COLUMNS
+                                  for i, h in enumerate(header) if i):
         first, lines = YF_ROW_NUMBER, 2  # reset_index(): the date is a column of its own, without a ticker
     else:
         return None
-    tickers = {t.strip() for t in second[1:] if t.strip()}
+    tickers = {t.strip() for t, f in zip(symbols[1:], fields[1:], strict=True) if t.strip() and f.strip()}
     if len(tickers) > 1:
-        msg = (f"{path}:2: a download of {len(tickers)} tickers ({', '.join(sorted(tickers)[:5])}); "
-               "save one ticker per file (yf.download(ticker).to_csv(...))")
+        what = "download" if tops[0] in ("price", "ticker") else "table"
+        msg = (f"{path}:{line}: a {what} of {len(tickers)} tickers ({', '.join(sorted(tickers)[:5])}); save one ticker"
+               " per file" + (" (yf.download(ticker).to_csv(...))" if what == "download" else
+                              ", or one row per tick with a symbol column (df.stack(level=0).reset_index())"))
         raise DataError(msg, [msg])
     (ticker,) = tickers or {""}
     valid = 1 <= len(ticker) <= MARKET_ID_MAX and all(" " <= ch <= "~" for ch in ticker)
-    return first, ticker if valid else "", lines
+    return [first, *fields[1:]], ticker if valid else "", lines
 
 
 def file_stem(path: Path) -> str:
@@ -856,8 +868,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     ticker, lines, ticker_from = "", 1, "the header's Ticker row"
     binance = None
     if levels is not None:
-        first_name, ticker, lines = levels
-        header = [first_name, *header[1:]]
+        header, ticker, lines = levels
     else:
         binance = binance_layout(path, header, delimiter, skipped)
         if binance is not None:  # no header line: the first line is the first row

@@ -94,3 +94,33 @@ def test_vendors_time_column_names(tmp_path: Path, header: str, row: str, source
 def test_a_day_column_gives_way_to_a_date_column(tmp_path: Path) -> None:
     path = write(tmp_path, "day,date,close\n3,2019-10-15,1\n")
     assert load_csv_files([path]).markets[0].timestamp.tolist() == [utc_ms(2019, 10, 15)]
+
+
+def test_a_table_of_several_symbols_above_their_fields_is_refused_naming_them(tmp_path: Path) -> None:
+    """fastquant 0.1.8.1, ``fastquant/data/merged_stock_data.zip``: pandas' two-level columns, the symbols
+    (``Symbol,2GO,…``, one of them ``T``) above the fields (``,open,…,value``), then the index name (``dt,,…``); the
+    repeated ``T`` was taken for a time column named five times."""
+    path = write(tmp_path, "Symbol,2GO,2GO,T,T\n,open,close,open,close\ndt,,,,\n2013-01-02,7.3,7.4,1.1,1.2\n",
+                 "merged_stock_data.csv")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert str(exc.value) == (f"{path}:1: a table of 2 tickers (2GO, T); save one ticker per file, or one row per tick"
+                              " with a symbol column (df.stack(level=0).reset_index())")
+
+
+def test_a_table_of_one_symbol_above_its_fields_is_read(tmp_path: Path) -> None:
+    path = write(tmp_path, "Symbol,JFC,JFC,JFC\n,open,close,value\ndt,,,\n2013-01-02,7.3,7.4,100\n"
+                           "2013-01-03,7.4,7.5,200\n", "merged.csv")
+    data = load_csv_files([path])
+    tick = data.markets[0]
+    assert tick.market_id == "JFC" and tick.price.tolist() == [7.4, 7.5]
+    assert tick.timestamp.tolist() == [utc_ms(2013, 1, 2), utc_ms(2013, 1, 3)]
+
+
+def test_yfinance_grouped_by_ticker_is_read(tmp_path: Path) -> None:
+    """``yf.download("AAPL", group_by="ticker").to_csv()``: the Ticker line above the Price line."""
+    path = write(tmp_path, "Ticker,AAPL,AAPL,AAPL,AAPL,AAPL\nPrice,Open,High,Low,Close,Volume\nDate,,,,,\n"
+                           "2024-01-02,187.15,188.44,183.89,185.64,82488700\n", "AAPL.csv")
+    tick = load_csv_files([path]).markets[0]
+    assert tick.market_id == "AAPL" and tick.price.tolist() == [185.64] and tick.volume.tolist() == [82488700]
+    assert tick.timestamp.tolist() == [utc_ms(2024, 1, 2)]
