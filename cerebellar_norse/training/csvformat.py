@@ -67,8 +67,9 @@ volume column holds a comma, numbers have decimal commas (``1.234,50``).
 
 Up to ``TITLE_LINES_MAX`` lines without a separator before the header (a download
 site's name) are skipped. A file written by yfinance (``yf.download(ticker).to_csv()``: header lines ``Price,…``,
-``Ticker,…`` and ``Date,,…``) is read with its first column as the time and the Ticker
-line's ticker as the market. A pandas index written without a name (an empty first
+``Ticker,…`` and ``Date,,…``, or the first two swapped), or another table of pandas' two-level columns with one
+symbol above its fields (``Symbol,JFC,…``, ``,open,…``, ``dt,,…``), is read with its first column as the time and
+the symbol as the market. A pandas index written without a name (an empty first
 header name) is the time column. A file without a header line is read only when it is one of
 Binance's (klines, aggTrades, trades: :func:`binance_layout`).
 

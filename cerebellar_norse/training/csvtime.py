@@ -2,7 +2,8 @@
 
 Numbers since the epoch in a file's unit (``TIME_UNITS``: seconds, ms, µs, ns), dates and date-times written as one
 number (``YYYYMMDD``, ``YYYYMMDDHH``, ``YYYYMMDDHHMM[SS]``), ISO 8601 (with ``GMT+0100`` or ``UTC`` read as an
-offset), dates year first with dots or slashes, day and month with slashes or dots in a file's order, and trading
+offset), dates year first with dots, slashes or dashes (``2020-6-19``), dates with an English month name
+(``Jan 1 2000``), day and month with slashes or dots in a file's order, and trading
 platforms' date-times with a zone name (Interactive Brokers, NinjaTrader). A time without an offset is a wall-clock
 time in the file's zone; one the zone skips when its clocks go forward is refused, one it repeats is its first
 occurrence. Which form and unit a file's times have is :mod:`.csvformat`'s to decide (``time_unit_of``,
