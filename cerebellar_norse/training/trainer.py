@@ -50,6 +50,7 @@ from .data import CLASS_NAMES, MarketSeries, TickData, class_counts, class_warni
 from .labels import Labels, LabelSpec, label_series, past_returns
 
 BURN_IN = 16
+MIN_LANE_TICKS = 4 * BURN_IN  # a lane shorter than this would spend a quarter or more of its ticks burning in
 LOGP_CHUNK = 65_536  # ticks per call of process_ticks in network_logp (bounds its per-tick dicts)
 
 
@@ -304,15 +305,19 @@ class Lanes:
 
 
 def make_lanes(prep: Prepared, n_lanes: int) -> Lanes:
-    """Split each market's training part into contiguous lanes (about ``n_lanes`` in all)."""
+    """Split each market's training part into contiguous lanes (about ``n_lanes`` in all, none shorter than
+    :data:`MIN_LANE_TICKS` unless the market's whole training part is)."""
     total = sum(pm.n_train for pm in prep.markets)
     spans: list[tuple[int, int, int]] = []
     for k, pm in enumerate(prep.markets):
-        parts = max(1, round(n_lanes * pm.n_train / total))
+        parts = max(1, min(round(n_lanes * pm.n_train / total), pm.n_train // MIN_LANE_TICKS))
         bounds = np.linspace(0, pm.n_train, parts + 1).astype(int)
         spans.extend((k, int(a), int(b)) for a, b in itertools.pairwise(bounds) if b - a > BURN_IN + 1)
     if not spans:
-        raise DataError(f"no market has more than {BURN_IN + 1} training ticks")
+        longest = max(pm.n_train for pm in prep.markets)
+        raise DataError(f"no market has more than {BURN_IN + 1} training ticks (the longest has {longest}; the first "
+                        f"{BURN_IN} of a training sequence only bring the network's state up): train on longer series "
+                        "or lower training.validation_fraction and training.test_fraction")
     length = max(b - a for _, a, b in spans)
     m = prep.markets[0].mossy.shape[1]
     mossy = np.zeros((len(spans), length, m), dtype=prep.markets[0].mossy.dtype)

@@ -151,6 +151,31 @@ def test_series_too_short_for_the_warm_up_names_the_longest_market_and_the_ticks
         prepare(cfg, load_csv_files([_markets_csv(tmp_path, {"B": need - 1})]))
 
 
+def test_a_short_series_is_cut_into_fewer_lanes_not_refused(tmp_path: Path, make_config: ConfigFactory) -> None:
+    """150 ticks of one market (about 105 to train on, as a half-year of daily bars gives) with the default 8 lanes:
+    8 lanes of 13 ticks would all be shorter than the burn-in, and training was refused with "no market has more
+    than 17 training ticks". Lanes are now at least MIN_LANE_TICKS long where the market allows."""
+    cfg = make_config(neural={**TINY_NEURAL, "warmup_ticks": 10, "horizon_ticks": 5}, training={"epochs": 1})
+    prep = prepare(cfg, load_csv_files([_markets_csv(tmp_path, {"A": 150})]))
+    n_train = prep.markets[0].n_train
+    assert 8 * (trainer.BURN_IN + 1) > n_train > trainer.MIN_LANE_TICKS
+    lanes = trainer.make_lanes(prep, 8)
+    assert lanes.labels.shape[0] == n_train // trainer.MIN_LANE_TICKS  # as many lanes as the market's ticks allow
+    assert (lanes.labels >= 0).sum() == (prep.markets[0].labels[:n_train] >= 0).sum() - trainer.BURN_IN * lanes.labels.shape[0]
+    result = train(cfg, prep, generate_weights(cfg), epochs=1)
+    assert len(result.history) == 1 and math.isfinite(result.history[0]["train_loss"])
+    # a long market is still cut into the lanes asked for
+    long_prep = prepare(cfg, load_csv_files([_markets_csv(tmp_path, {"A": 2000})]))
+    assert trainer.make_lanes(long_prep, 8).labels.shape[0] == 8
+
+
+def test_a_market_shorter_than_the_burn_in_is_refused_saying_what_to_do() -> None:
+    pm = SimpleNamespace(n_train=12, mossy=np.zeros((12, 4)), labels=np.zeros(12, dtype=np.int64))
+    with pytest.raises(DataError, match=r"no market has more than 17 training ticks \(the longest has 12; .*train on "
+                                        r"longer series or lower training.validation_fraction"):
+        trainer.make_lanes(SimpleNamespace(markets=[pm]), 8)  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------------------
 # Gradient checkpointing
 # --------------------------------------------------------------------------------------
