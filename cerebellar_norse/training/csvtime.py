@@ -41,6 +41,7 @@ _MONTHS = {name: i for i, names in enumerate((("jan", "january"), ("feb", "febru
 _NAMED_MONTH_FIRST = re.compile(r"([A-Za-z]{3,9})\.? (\d{1,2}),? (\d{4})(?:( )(.*))?$")
 _NAMED_DAY_FIRST = re.compile(r"(\d{1,2})([ -])([A-Za-z]{3,9})\2(\d{4})(?:( )(.*))?$")
 # the time after a date written with slashes, as spreadsheets write it: 0:15, 1:00:00 AM, 13:05:09.5
+_ONE_DIGIT_HOUR = re.compile(r"\d:\d{2}")  # 9:30 after a date (pandas-ta-style unpadded date-times)
 _SHEET_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*([AaPp][Mm])?$")
 _DATE_DIGITS = re.compile(r"(\d{8})(?:\.0*)?")  # 20080102, or 20080102.0 as a float column (pandas with gaps) writes it
 # 202401020930 or 20240102093000 (date and time of day as one number): as ms they would be 1976 or after 2100
@@ -248,7 +249,7 @@ def _iso_date(text: str) -> str:
     2020``, ``02-Jan-2020``), as ISO 8601 (``2020-06-19``), any time after it kept; other text unchanged."""
     ymd = _YMD_DATE.match(text)
     if ymd is not None:
-        return f"{ymd[1]}-{int(ymd[3]):02d}-{int(ymd[4]):02d}" + (f"{ymd[5]}{ymd[6]}" if ymd[5] else "")
+        return f"{ymd[1]}-{int(ymd[3]):02d}-{int(ymd[4]):02d}" + _time_after(ymd[5], ymd[6])
     named = _NAMED_MONTH_FIRST.match(text)
     if named is not None:
         month, day, year, sep, rest = _MONTHS.get(named[1].lower()), named[2], named[3], named[4], named[5]
@@ -259,7 +260,15 @@ def _iso_date(text: str) -> str:
         month, day, year, sep, rest = _MONTHS.get(named[3].lower()), named[1], named[4], named[5], named[6]
     if month is None:
         return text
-    return f"{year}-{month:02d}-{int(day):02d}" + (f"{sep}{rest}" if sep else "")
+    return f"{year}-{month:02d}-{int(day):02d}" + _time_after(sep, rest)
+
+
+def _time_after(sep: str | None, rest: str | None) -> str:
+    """The time that follows a date (``sep`` and the text after it), a one-digit hour written with two (``9:30``
+    -> ``09:30``, as ISO 8601 needs); empty without one."""
+    if not sep or rest is None:
+        return ""
+    return sep + ("0" + rest if _ONE_DIGIT_HOUR.match(rest) else rest)
 
 
 def parse_time_ms(text: str, name: str = "time", zone: tzinfo = UTC) -> int:

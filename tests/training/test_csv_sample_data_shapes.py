@@ -40,6 +40,16 @@ def test_year_first_dashes_keep_the_time_and_offset(tmp_path: Path) -> None:
     assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 6, 19, 13, 30), utc_ms(2020, 6, 19, 14)]
 
 
+def test_a_one_digit_hour_after_a_date(tmp_path: Path) -> None:
+    """Unpadded date-times as a spreadsheet or a script writes them (``2020-6-19 9:30``): the hour is read, not the
+    row refused; two-digit hours and dates without a time are read as before."""
+    path = write(tmp_path, "date,close\n2020-6-19 9:30,1\n2020.06.19 9:45:00,2\nJun 19 2020 10:05,3\n2020-6-20,4\n")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 6, 19, 9, 30), utc_ms(2020, 6, 19, 9, 45),
+                                                  utc_ms(2020, 6, 19, 10, 5), utc_ms(2020, 6, 20)]
+
+
 def test_dates_with_a_month_name(tmp_path: Path) -> None:
     """vega_datasets 0.9.0, ``vega_datasets/_data/stocks.csv``: ``symbol,date,price`` with dates ``Jan 1 2000``, one
     block of rows per symbol, no newline after the last row."""
