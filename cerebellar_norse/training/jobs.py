@@ -44,7 +44,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 
 from ..config import Config
-from ..errors import CerebellarNorseError, JobConflictError, JobNotFoundError
+from ..errors import CerebellarNorseError, InputError, JobConflictError, JobNotFoundError
 from ..storage import atomic_write_bytes
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
@@ -458,6 +458,12 @@ class JobManager:
 
         cfg = job_config(self.cfg, req)
         paths = [resolve_data_file(Path(cfg.paths.data_dir), f) for f in req.files]
+        first: dict[Path, str] = {}  # each file once: a second reading of its ticks goes back in time (all bad rows)
+        for name, path in zip(req.files, paths, strict=True):
+            if path in first:
+                same = "is named twice" if first[path] == name else f"is the same file as {first[path]!r}"
+                raise InputError(f"{name!r} {same} ({path}): name each file once", "files")
+            first[path] = name
         if self.busy:
             running = next(j.job_id for j in self.jobs.values() if j.state in ("queued", "running"))
             raise JobConflictError(f"job {running} is still running; one job at a time (cancel it with DELETE /training/{running})", "job")

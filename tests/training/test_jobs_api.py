@@ -122,6 +122,34 @@ def test_request_overrides_the_config(make_config: ConfigFactory) -> None:
     assert job_config(cfg, TrainingRequest.model_validate({"files": ["a.csv"]})) == cfg
 
 
+@pytest.mark.parametrize(("names", "said"), [(["t.csv", "t.csv"], "'t.csv' is named twice"),
+                                              (["t.csv", "./t.csv"], "'./t.csv' is the same file as 't.csv'"),
+                                              (["t.csv", "link.csv"], "'link.csv' is the same file as 't.csv'")])
+def test_a_file_named_twice_is_refused_before_any_job_starts(make_config: ConfigFactory, ticks_csv: CsvFactory,
+                                                              names: list[str], said: str) -> None:
+    """Its ticks would be read twice, the second time going back in time (every row bad): 422 naming files, and no
+    job is started or recorded."""
+    from cerebellar_norse.errors import InputError
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    path = ticks_csv(50, 1, name="t.csv")
+    (path.parent / "link.csv").symlink_to(path.name)
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+
+    async def refused() -> InputError:
+        try:
+            with pytest.raises(InputError) as caught:
+                mgr.start(TrainingRequest.model_validate({"files": names}))
+        finally:
+            await mgr.close()
+        return caught.value
+
+    err = asyncio.run(refused())
+    assert err.status_code == 422 and err.field == "files" and said in err.message, err
+    assert mgr.jobs == {} and mgr.latest is None and not (Path(cfg.paths.state_dir) / "jobs").exists()
+
+
 def test_status_reports_nan_as_null() -> None:
     st = JobStatus(job_id="x", loss=math.nan, loss_history=[1.0, math.nan])
     d = st.as_dict()
@@ -195,6 +223,8 @@ def test_token_is_required(js: JobServer) -> None:
     ({"files": ["small.csv"], "epochs": 0}, "epochs"),
     ({"files": ["small.csv"], "learning_rate": "fast"}, "learning_rate"),
     ({"files": ["small.csv"], "activate": "sometimes"}, "activate"),
+    ({"files": ["small.csv", "small.csv"]}, "files"),
+    ({"files": ["small.csv", "./small.csv"]}, "files"),
     ({}, "files"),
 ])
 def test_invalid_requests_are_422_naming_the_field(js: JobServer, body: dict[str, Any], field: str) -> None:
