@@ -36,6 +36,8 @@ them (:func:`class_counts`) and warns about rare classes (:func:`class_warnings`
 from __future__ import annotations
 
 import csv
+import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
@@ -162,7 +164,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
     date-times written without an offset or zone are wall-clock times in ``zone`` (``training.data_timezone``).
 
     Raises:
-        DataError: a file cannot be opened, is empty, has no time or price column, or
+        DataError: a file cannot be opened or is not a regular file (a FIFO would block the reader), is empty, has no time or price column, or
             names a used column twice (``file:1: …``); no good rows; or too many bad rows
             (the report lists ``file:line: reason`` for each, the first 50 in the message).
     """
@@ -180,6 +182,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
     books = OrderBooks()  # Databento order books, carried from each file to the next (a request split into files)
     for path in paths:
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # (checked when the job was asked for, then replaced):
+                raise DataError(f"{path} is not a regular file (a FIFO, socket, device or directory): training reads "
+                                "regular files", [f"{path}: not a regular file"])  # opening a FIFO would wait forever
             # bytes that are not UTF-8 become lone surrogates, so a bad byte costs its own row only
             fh, compressed = open_tick_file(path)  # compressed: "file: read as gzip-compressed"; "" for a plain file
         except OSError as exc:

@@ -970,6 +970,31 @@ def test_missing_file_is_a_data_error(tmp_path: Path) -> None:
         load_csv_files([tmp_path / "nope.csv"])
 
 
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A file checked by POST /training and replaced by a FIFO before the job reads it: the job fails naming it,
+    rather than waiting forever for a writer (and holding the one job slot until it is cancelled)."""
+    import threading
+
+    fifo = tmp_path / "ticks.csv"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            load_csv_files([fifo])
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(30.0)
+    if reader.is_alive():  # let the blocked open go on, so the thread ends
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert outcome, "load_csv_files waited on the FIFO for a writer"
+    assert isinstance(outcome[0], DataError) and "not a regular file" in str(outcome[0]), outcome
+
+
 # --------------------------------------------------------------------------------------
 # Labels
 # --------------------------------------------------------------------------------------
