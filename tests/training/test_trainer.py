@@ -473,3 +473,16 @@ def test_logistic_baseline_rows_filled_in_parts_fit_as_the_concatenated_rows(tmp
     np.testing.assert_array_equal(got.coef, want.coef)
     np.testing.assert_array_equal(got.intercept, want.intercept)
     np.testing.assert_array_equal(got.scale, want.scale)
+
+
+@pytest.mark.parametrize("n_lanes", [8, 111, 112, 65_536])
+def test_more_lanes_asked_for_than_the_ticks_fill_train_on_fewer_not_on_none(n_lanes: int) -> None:
+    """training.batch_markets (POST /training accepts up to 65536) larger than the ticks can fill: each market is
+    cut into as many lanes longer than the burn-in as it holds, keeping every tick, rather than into lanes too short
+    to keep, which failed the job with "no market has more than 17 training ticks" for a market of 2000."""
+    n_train = 2000
+    market = SimpleNamespace(n_train=n_train, mossy=np.ones((n_train, 3), dtype=np.float32),
+                             labels=np.zeros(n_train, dtype=np.int64))
+    lanes = trainer.make_lanes(SimpleNamespace(markets=[market]), n_lanes)  # type: ignore[arg-type]
+    assert 1 <= lanes.labels.shape[0] <= min(n_lanes, n_train // (trainer.BURN_IN + 2))
+    assert int((lanes.labels >= 0).sum()) == n_train - lanes.labels.shape[0] * trainer.BURN_IN  # every tick in a lane
