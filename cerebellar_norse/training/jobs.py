@@ -493,7 +493,8 @@ class JobManager:
         return self.jobs[jid]
 
     async def cancel(self, job_id: str) -> JobStatus:
-        """Cancel a queued or running job (the process is stopped; no model is written)."""
+        """Cancel a queued or running job (the process is stopped; no model is written, unless the job had stored it
+        before the cancel reached it: then ``model_version`` and ``error`` name it, not activated)."""
         job = self.get(job_id)
         if job.state in FINAL:
             return job
@@ -506,7 +507,13 @@ class JobManager:
         if proc is not None and proc.is_alive():
             proc.terminate()
             await asyncio.sleep(0.1)
-        self._finish(job, "cancelled", None)
+        stored = None if job.state in FINAL else self._model_of_job(job.job_id)
+        why = None
+        if stored is not None:  # its "succeeded" was still on its way to _monitor: never answer "no model" then
+            job.model_version = stored
+            why = (f"cancelled; the job had stored its model {stored} before the cancel reached it, "
+                   f"which was not activated (activate it with POST /models/{stored}/activate)")
+        self._finish(job, "cancelled", why)
         return job
 
     async def close(self) -> None:

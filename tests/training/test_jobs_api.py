@@ -496,6 +496,25 @@ def test_a_job_that_stored_its_model_before_the_service_died_says_so(make_config
     assert again.jobs["stored1"].as_dict()["error"] == stored["error"]
 
 
+def test_a_cancel_that_reaches_a_job_after_it_stored_its_model_names_the_model(make_config: ConfigFactory) -> None:
+    """DELETE /training/{id} while the job saves: the process ends on its own, its "succeeded" not yet read. The job
+    is cancelled, and its status (and record, after a restart) names the stored model, not activated, instead of
+    claiming that none was written."""
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    activated: list[str] = []
+    store = ModelStore(cfg.paths.state_dir)
+    version = store.save(generate_weights(cfg), cfg, {"job_id": "late1"})
+    mgr = JobManager(cfg, activated.append, lambda loss: None)
+    mgr.jobs["late1"] = JobStatus(job_id="late1", state="running", files=["t.csv"])
+    st = asyncio.run(mgr.cancel("late1")).as_dict()
+    assert st["state"] == "cancelled" and st["model_version"] == version and not st["activated"] and not activated
+    assert f"stored its model {version}" in st["error"] and f"POST /models/{version}/activate" in st["error"]
+    again = JobManager(cfg, lambda version: None, lambda loss: None).jobs["late1"].as_dict()
+    assert (again["state"], again["model_version"], again["error"]) == ("cancelled", version, st["error"])
+
+
 def test_a_finished_job_read_back_after_a_restart_keeps_its_times(make_config: ConfigFactory) -> None:
     """docs/training.md: finished jobs are answered after a restart, with ISO-8601 created/started/finished. The record
     on disk held all three, but the status answered after a restart had started and finished null."""
