@@ -492,9 +492,10 @@ class JobManager:
             raise JobNotFoundError(f"no training job {job_id!r}", "job_id")
         return self.jobs[jid]
 
-    async def cancel(self, job_id: str) -> JobStatus:
+    async def cancel(self, job_id: str, why: str | None = None) -> JobStatus:
         """Cancel a queued or running job (the process is stopped; no model is written, unless the job had stored it
-        before the cancel reached it: then ``model_version`` and ``error`` name it, not activated)."""
+        before the cancel reached it: then ``model_version`` and ``error`` name it, not activated). ``why`` goes to
+        the job's ``error``: the reason of a cancel that no client asked for."""
         job = self.get(job_id)
         if job.state in FINAL:
             return job
@@ -508,19 +509,20 @@ class JobManager:
             proc.terminate()
             await asyncio.sleep(0.1)
         stored = None if job.state in FINAL else self._model_of_job(job.job_id)
-        why = None
         if stored is not None:  # its "succeeded" was still on its way to _monitor: never answer "no model" then
             job.model_version = stored
-            why = (f"cancelled; the job had stored its model {stored} before the cancel reached it, "
+            why = (f"{why or 'cancelled'}; the job had stored its model {stored} before the cancel reached it, "
                    f"which was not activated (activate it with POST /models/{stored}/activate)")
+        elif why is not None:
+            why += "; the job wrote no model"
         self._finish(job, "cancelled", why)
         return job
 
     async def close(self) -> None:
         """Stop a running job at shutdown."""
-        for job in self.jobs.values():
+        for job in list(self.jobs.values()):  # (a request may add one while a cancel waits)
             if job.state in ("queued", "running"):
-                await self.cancel(job.job_id)
+                await self.cancel(job.job_id, "cancelled because the service stopped while the job was running")
         if self._task is not None:
             self._task.cancel()
 

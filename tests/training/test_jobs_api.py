@@ -515,6 +515,20 @@ def test_a_cancel_that_reaches_a_job_after_it_stored_its_model_names_the_model(m
     assert (again["state"], again["model_version"], again["error"]) == ("cancelled", version, st["error"])
 
 
+def test_a_job_cancelled_by_the_service_stopping_says_so_after_a_restart(make_config: ConfigFactory) -> None:
+    """SIGTERM during a job: the job is cancelled at shutdown, and its record tells that the service stopping
+    cancelled it (no client did), and that no model was written."""
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    mgr.jobs["stop1"] = JobStatus(job_id="stop1", state="running", files=["t.csv"])
+    asyncio.run(mgr.close())
+    st = JobManager(cfg, lambda version: None, lambda loss: None).get("latest").as_dict()
+    assert (st["job_id"], st["state"], st["model_version"]) == ("stop1", "cancelled", None)
+    assert st["error"] and "the service stopped" in st["error"] and "no model" in st["error"], st["error"]
+
+
 def test_a_finished_job_read_back_after_a_restart_keeps_its_times(make_config: ConfigFactory) -> None:
     """docs/training.md: finished jobs are answered after a restart, with ISO-8601 created/started/finished. The record
     on disk held all three, but the status answered after a restart had started and finished null."""
