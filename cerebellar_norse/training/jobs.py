@@ -380,6 +380,7 @@ class JobManager:
         self._proc: Any = None
         self._stop: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._active_at_start: str | None = None  # what models/ACTIVE named when the running job started
         self._ctx = mp.get_context("spawn")
         self.jobs_dir = Path(self.cfg.paths.state_dir) / "jobs"
         self._load_history()
@@ -442,10 +443,14 @@ class JobManager:
 
     def _is_active(self, version: str) -> bool:
         """Whether ``models/ACTIVE`` names ``version`` (False when it cannot be read)."""
+        return self._active_named() == version
+
+    def _active_named(self) -> str | None:
+        """The version ``models/ACTIVE`` names (None when there is none or it cannot be read)."""
         from .checkpoints import ACTIVE, ModelStore, read_active
 
         version_named, _ = read_active(ModelStore(Path(self.cfg.paths.state_dir)).root / ACTIVE)
-        return version_named == version
+        return version_named
 
     @property
     def busy(self) -> bool:
@@ -470,6 +475,7 @@ class JobManager:
         job = JobStatus(job_id=uuid.uuid4().hex[:12], files=list(req.files), epochs=cfg.training.epochs)
         self.jobs[job.job_id] = job
         self.latest = job.job_id
+        self._active_at_start = self._active_named()  # the model the job compares itself with
         out = self._ctx.Queue()
         self._stop = self._ctx.Event()
         self._proc = self._ctx.Process(target=_job_main, args=(cfg.model_dump_json(), [str(p) for p in paths],
@@ -582,7 +588,12 @@ class JobManager:
         better = old_loss is None or (new_loss is not None and new_loss < old_loss)
         edge = res.get("edge") == "direction"
         want = activate == "always" or (activate == "auto" and self.cfg.training.auto_activate and better and edge)
-        if want:
+        now = self._active_named() if want and activate == "auto" else self._active_at_start
+        if now != self._active_at_start:  # an operator activated another model meanwhile: the job beat one not served
+            job.warnings.append(f"model kept inactive: the active model changed while the job ran (from "
+                                f"{self._active_at_start or 'none'} to {now or 'none'}), the one it was compared with "
+                                f"is no longer served (activate it with POST /models/{job.model_version}/activate)")
+        elif want:
             try:
                 self._activate(job.model_version)
                 job.activated = True

@@ -451,6 +451,33 @@ def test_auto_activation_needs_a_directional_edge(make_config: ConfigFactory) ->
     assert job.activated and "v-always" in activated
 
 
+def test_auto_activation_skips_a_job_whose_comparison_an_operator_activation_made_stale(
+        make_config: ConfigFactory) -> None:
+    """The job beat the model active when it started; an operator activated another one while it ran. Auto-activation
+    would replace the operator's choice on a comparison with a model no longer served: the model is kept inactive,
+    saying why. Unchanged, it is activated."""
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    store = ModelStore(cfg.paths.state_dir)
+    store.root.mkdir(parents=True)
+    store.set_active("20240101T000000Z-aaaaaa")
+    activated: list[str] = []
+    mgr = JobManager(cfg, activated.append, lambda loss: None)
+    res = {"validation": {"loss": 1.0}, "active_model_validation": {"loss": 1.1}, "edge": "direction", "test": {}}
+    mgr._active_at_start = "20240101T000000Z-aaaaaa"  # what models/ACTIVE named when JobManager.start ran
+    store.set_active("20240102T000000Z-bbbbbb")  # POST /models/{version}/activate while the job runs
+    job = JobStatus(job_id="kept", state="running")
+    mgr._on_success(job, {**res, "model_version": "v-kept"}, "auto")
+    assert job.state == "succeeded" and not job.activated and activated == []
+    assert any("the active model changed while the job ran" in w and "20240102T000000Z-bbbbbb" in w
+               for w in job.warnings), job.warnings
+    mgr._active_at_start = "20240102T000000Z-bbbbbb"  # the next job: no activation while it runs
+    job = JobStatus(job_id="swapped", state="running")
+    mgr._on_success(job, {**res, "model_version": "v-swapped"}, "auto")
+    assert job.state == "succeeded" and job.activated and activated == ["v-swapped"]
+
+
 @pytest.mark.parametrize("text", ["[]", '{"job_id": 5, "state": "done", "created": 7}', "{", "[" * 50_000 + "]" * 50_000,
                                   '{"job_id": "j1"}', '{"job_id": "j2", "state": "succeeded", "loss_history": 5}',
                                   '{"job_id": "j3", "state": "succeeded", "validation": [1]}',
