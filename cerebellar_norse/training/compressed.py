@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import functools
 import gzip
 import io
 import lzma
@@ -45,10 +46,40 @@ TAR_MARK = (257, b"ustar")  # where a POSIX or GNU tar header has its magic, and
 _DECOMPRESS_ERRORS = (EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile, tarfile.TarError, OSError)
 # compression -> its decompressing file class (each closed with the text stream over it)
 _OPENERS: dict[str, Callable[[Path], io.BufferedIOBase]] = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}
+LINE_MAX_CHARS = 1 << 20  # longer than any row of ticks (the csv module's fields stop at 131072 characters each)
 
 
 class CorruptFileError(OSError):
     """Compressed data that cannot be decompressed (truncated or damaged), met while a file is read."""
+
+
+class _LineBoundedText(io.TextIOWrapper):
+    """A text file whose lines are read ``LINE_MAX_CHARS`` characters at most: a file without line breaks (a disk
+    image, gigabytes of NUL bytes) fails at its first line instead of being read into memory whole as one line."""
+
+    def __init__(self, raw: _Guarded | io.BufferedReader, path: Path) -> None:
+        super().__init__(raw, newline="", encoding="utf-8-sig", errors="surrogateescape")
+        self.path = path
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]  # (typeshed: _IOBase's is bytes)
+        bound = LINE_MAX_CHARS + 1 if size is None or size < 0 else min(size, LINE_MAX_CHARS + 1)
+        line = super().readline(bound)
+        if len(line) > LINE_MAX_CHARS:
+            msg = (f"{self.path}: a line of more than {LINE_MAX_CHARS} characters without a line break: not a CSV file "
+                   "of ticks")
+            raise DataError(msg, [msg])
+        return line
+
+    def __next__(self) -> str:  # type: ignore[override]
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]
+        # at C speed (csv.reader iterates): a longer line later in a file comes in pieces, each a bad row (the csv
+        # module's field limit); the first line, read by readline, is checked, so a file without line breaks fails
+        return iter(functools.partial(super().readline, LINE_MAX_CHARS + 1), "")
 
 
 def compression_of(path: Path) -> str | None:
@@ -136,7 +167,7 @@ def open_tick_file(path: Path) -> tuple[TextIO, str]:
     Raises:
         OSError: the file cannot be opened (:class:`CorruptFileError` while reading damaged compressed data).
         DataError: a zstd file, a zip or tar archive that cannot be read, does not hold exactly one file, or whose
-            one file is compressed itself.
+            one file is compressed itself; while it is read, a line longer than ``LINE_MAX_CHARS``.
     """
     kind = compression_of(path)
     if kind == "zstd":
@@ -150,10 +181,10 @@ def open_tick_file(path: Path) -> tuple[TextIO, str]:
         how = f", {kind}-compressed" if kind else ""
         note = f"{path}: read as a tar archive{how} (its one file, {member!r})"
     elif kind is None:
-        return open(path, newline="", encoding="utf-8-sig", errors="surrogateescape"), ""
+        return _LineBoundedText(open(path, "rb"), path), ""
     else:
         raw, note = _Guarded(_OPENERS[kind](path), kind, path), f"{path}: read as {kind}-compressed"
-    return io.TextIOWrapper(raw, newline="", encoding="utf-8-sig", errors="surrogateescape"), note
+    return _LineBoundedText(raw, path), note
 
 
 @contextlib.contextmanager

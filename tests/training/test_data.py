@@ -995,6 +995,28 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
     assert isinstance(outcome[0], DataError) and "not a regular file" in str(outcome[0]), outcome
 
 
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_file_without_line_breaks_is_refused_without_reading_it_whole(tmp_path: Path, gzipped: bool) -> None:
+    """A data file that is no CSV (a disk image, a sparse file of NUL bytes): its first "line" was read into memory
+    whole, twice its size in the job process (a 10 GB file, 20 GB), before the csv module's field limit refused it.
+    It is refused after the first 1 MiB of it, naming it."""
+    import gzip
+    import tracemalloc
+
+    size = 16 << 20
+    path = tmp_path / "image.csv"
+    path.write_bytes(gzip.compress(bytes(size)) if gzipped else bytes(size))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as exc:
+            load_csv_files([path])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < size // 2, f"{peak} bytes held to refuse a file of {size}"
+    assert str(exc.value).startswith(f"{path}: a line of more than") and "without a line break" in str(exc.value)
+
+
 # --------------------------------------------------------------------------------------
 # Labels
 # --------------------------------------------------------------------------------------
