@@ -292,6 +292,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
             "active_version": active.version if active is not None else None, "warnings": warnings}
 
 
+CANCEL_GRACE_S = 5.0  # how long a cancelled job process has to stop at its next step before it is terminated
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_POLL_S = 0.5
 
@@ -381,6 +382,7 @@ class JobManager:
         self._stop: Any = None
         self._task: asyncio.Task[None] | None = None
         self._active_at_start: str | None = None  # what models/ACTIVE named when the running job started
+        self._cancelling: dict[str, str | None] = {}  # job id -> why, while a cancel is under way (None: a client's)
         self._ctx = mp.get_context("spawn")
         self.jobs_dir = Path(self.cfg.paths.state_dir) / "jobs"
         self._load_history()
@@ -505,24 +507,33 @@ class JobManager:
         job = self.get(job_id)
         if job.state in FINAL:
             return job
-        if self._stop is not None:
-            self._stop.set()
-        proc = self._proc
-        deadline = time.monotonic() + 5.0
-        while proc is not None and proc.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if proc is not None and proc.is_alive():
-            proc.terminate()
-            await asyncio.sleep(0.1)
-        stored = None if job.state in FINAL else self._model_of_job(job.job_id)
-        if stored is not None:  # its "succeeded" was still on its way to _monitor: never answer "no model" then
-            job.model_version = stored
-            why = (f"{why or 'cancelled'}; the job had stored its model {stored} before the cancel reached it, "
-                   f"which was not activated (activate it with POST /models/{stored}/activate)")
-        elif why is not None:
-            why += "; the job wrote no model"
-        self._finish(job, "cancelled", why)
+        self._cancelling[job.job_id] = why  # _monitor, which often sees the end first, records it as this cancel's
+        try:
+            if self._stop is not None:
+                self._stop.set()
+            proc = self._proc
+            deadline = time.monotonic() + CANCEL_GRACE_S
+            while proc is not None and proc.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc is not None and proc.is_alive():
+                proc.terminate()
+                await asyncio.sleep(0.1)
+            stored = None if job.state in FINAL else self._model_of_job(job.job_id)
+            if stored is not None:  # its "succeeded" was still on its way to _monitor: never answer "no model" then
+                job.model_version = stored
+            self._finish(job, "cancelled", self._cancel_error(job.job_id, stored))
+        finally:
+            self._cancelling.pop(job.job_id, None)
         return job
+
+    def _cancel_error(self, job_id: str, stored: str | None = None) -> str | None:
+        """The ``error`` of a job cancelled by the cancel under way: its reason (None for a client's), and the model
+        it had stored, if any."""
+        why = self._cancelling.get(job_id)
+        if stored is not None:
+            return (f"{why or 'cancelled'}; the job had stored its model {stored} before the cancel reached it, which "
+                    f"was not activated (activate it with POST /models/{stored}/activate)")
+        return None if why is None else f"{why}; the job wrote no model"
 
     async def close(self) -> None:
         """Stop a running job at shutdown."""
@@ -539,7 +550,8 @@ class JobManager:
             try:
                 kind, data = await loop.run_in_executor(None, out.get, True, 0.2)
             except queue.Empty:
-                if self._proc is not None and not self._proc.is_alive() and job.state not in FINAL:
+                if (self._proc is not None and not self._proc.is_alive() and job.state not in FINAL
+                        and job.job_id not in self._cancelling):  # (a cancel terminates it: that cancel records it)
                     self._finish(job, "failed", f"training process exited with code {self._proc.exitcode}")
                 continue
             if kind == "progress":
@@ -551,7 +563,7 @@ class JobManager:
             elif kind == "succeeded":
                 self._on_success(job, data, activate)
             elif kind == "cancelled":
-                self._finish(job, "cancelled", None)
+                self._finish(job, "cancelled", self._cancel_error(job.job_id))
             else:
                 job.report = list(data.get("report", []))
                 self._finish(job, "failed", data.get("error", "unknown error"))

@@ -542,6 +542,45 @@ def test_a_cancel_that_reaches_a_job_after_it_stored_its_model_names_the_model(m
     assert (again["state"], again["model_version"], again["error"]) == ("cancelled", version, st["error"])
 
 
+class FakeJobProcess:
+    """A job process as JobManager sees it (and its stop event). ``stops``: asked to stop, it reports "cancelled" at
+    its next step and exits once that report was read; else it stops only when terminated, which takes a moment (a
+    process busy loading its files)."""
+
+    def __init__(self, out: Any, job: JobStatus, stops: bool) -> None:
+        self.out, self.job, self.stops = out, job, stops
+        self.terminated = False
+        self.exitcode: int | None = None
+
+    def set(self) -> None:  # the stop event
+        if self.stops:
+            self.out.put(("cancelled", {}))
+
+    def is_alive(self) -> bool:
+        return not self.terminated and not (self.stops and self.job.state != "running")
+
+    def terminate(self) -> None:
+        time.sleep(0.3)
+        self.terminated, self.exitcode = True, -15
+
+
+def run_and_cancel(mgr: Any, job_id: str, stops: bool, at_shutdown: bool) -> None:
+    """A job of ``mgr`` running (its progress read by JobManager._monitor), then cancelled: by DELETE, or by the
+    service stopping."""
+    import queue
+
+    async def scenario() -> None:
+        out: Any = queue.Queue()
+        job = mgr.jobs[job_id] = JobStatus(job_id=job_id, state="running", files=["t.csv"])
+        mgr.latest = job_id
+        mgr._proc = mgr._stop = FakeJobProcess(out, job, stops)
+        mgr._task = asyncio.get_running_loop().create_task(mgr._monitor(job, out, "auto"))
+        await asyncio.sleep(0.3)
+        await (mgr.close() if at_shutdown else mgr.cancel(job_id))
+
+    asyncio.run(scenario())
+
+
 def test_a_job_cancelled_by_the_service_stopping_says_so_after_a_restart(make_config: ConfigFactory) -> None:
     """SIGTERM during a job: the job is cancelled at shutdown, and its record tells that the service stopping
     cancelled it (no client did), and that no model was written."""
@@ -549,11 +588,31 @@ def test_a_job_cancelled_by_the_service_stopping_says_so_after_a_restart(make_co
 
     cfg = make_config()
     mgr = JobManager(cfg, lambda version: None, lambda loss: None)
-    mgr.jobs["stop1"] = JobStatus(job_id="stop1", state="running", files=["t.csv"])
+    mgr.jobs["stop0"] = JobStatus(job_id="stop0", state="running", files=["t.csv"])  # no process: before it started
     asyncio.run(mgr.close())
-    st = JobManager(cfg, lambda version: None, lambda loss: None).get("latest").as_dict()
-    assert (st["job_id"], st["state"], st["model_version"]) == ("stop1", "cancelled", None)
-    assert st["error"] and "the service stopped" in st["error"] and "no model" in st["error"], st["error"]
+    run_and_cancel(mgr, "stop1", stops=True, at_shutdown=True)  # the job process stops itself and says so
+    again = JobManager(cfg, lambda version: None, lambda loss: None)
+    for jid in ("stop0", "stop1"):
+        st = again.jobs[jid].as_dict()
+        assert (st["state"], st["model_version"]) == ("cancelled", None)
+        assert st["error"] and "the service stopped" in st["error"] and "no model" in st["error"], st["error"]
+
+
+@pytest.mark.parametrize("stops", [True, False])
+def test_a_cancelled_job_is_recorded_cancelled_whoever_sees_its_end_first(make_config: ConfigFactory,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         stops: bool) -> None:
+    """DELETE of a job that stops at its next step, or of one that must be terminated (loading its files): cancelled,
+    with no error, never "failed: training process exited with code -15" when the job's monitor saw the terminated
+    process before the cancel recorded it."""
+    from cerebellar_norse.training import jobs
+    from cerebellar_norse.training.jobs import JobManager
+
+    monkeypatch.setattr(jobs, "CANCEL_GRACE_S", 0.2, raising=False)
+    mgr = JobManager(make_config(), lambda version: None, lambda loss: None)
+    run_and_cancel(mgr, "del1", stops=stops, at_shutdown=False)
+    st = mgr.jobs["del1"].as_dict()
+    assert (st["state"], st["error"], st["model_version"]) == ("cancelled", None, None), st
 
 
 def test_a_finished_job_read_back_after_a_restart_keeps_its_times(make_config: ConfigFactory) -> None:
