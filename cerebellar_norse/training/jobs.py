@@ -507,7 +507,9 @@ class JobManager:
         job = self.get(job_id)
         if job.state in FINAL:
             return job
-        self._cancelling[job.job_id] = why  # _monitor, which often sees the end first, records it as this cancel's
+        first = job.job_id not in self._cancelling  # (a DELETE during the shutdown's cancel keeps its reason)
+        if first:
+            self._cancelling[job.job_id] = why  # _monitor, which often sees the end first, records it as this cancel's
         try:
             if self._stop is not None:
                 self._stop.set()
@@ -523,7 +525,8 @@ class JobManager:
                 job.model_version = stored
             self._finish(job, "cancelled", self._cancel_error(job.job_id, stored))
         finally:
-            self._cancelling.pop(job.job_id, None)
+            if first:
+                self._cancelling.pop(job.job_id, None)
         return job
 
     def _cancel_error(self, job_id: str, stored: str | None = None) -> str | None:

@@ -564,9 +564,9 @@ class FakeJobProcess:
         self.terminated, self.exitcode = True, -15
 
 
-def run_and_cancel(mgr: Any, job_id: str, stops: bool, at_shutdown: bool) -> None:
+def run_and_cancel(mgr: Any, job_id: str, stops: bool, at_shutdown: bool, deleted_meanwhile: bool = False) -> None:
     """A job of ``mgr`` running (its progress read by JobManager._monitor), then cancelled: by DELETE, or by the
-    service stopping."""
+    service stopping (with a DELETE arriving while it waits for the job, when ``deleted_meanwhile``)."""
     import queue
 
     async def scenario() -> None:
@@ -576,7 +576,13 @@ def run_and_cancel(mgr: Any, job_id: str, stops: bool, at_shutdown: bool) -> Non
         mgr._proc = mgr._stop = FakeJobProcess(out, job, stops)
         mgr._task = asyncio.get_running_loop().create_task(mgr._monitor(job, out, "auto"))
         await asyncio.sleep(0.3)
-        await (mgr.close() if at_shutdown else mgr.cancel(job_id))
+
+        async def delete_soon() -> None:
+            await asyncio.sleep(0.05)
+            await mgr.cancel(job_id)
+
+        await asyncio.gather(mgr.close() if at_shutdown else mgr.cancel(job_id),
+                             *([delete_soon()] if deleted_meanwhile else []))
 
     asyncio.run(scenario())
 
@@ -591,8 +597,13 @@ def test_a_job_cancelled_by_the_service_stopping_says_so_after_a_restart(make_co
     mgr.jobs["stop0"] = JobStatus(job_id="stop0", state="running", files=["t.csv"])  # no process: before it started
     asyncio.run(mgr.close())
     run_and_cancel(mgr, "stop1", stops=True, at_shutdown=True)  # the job process stops itself and says so
+    with pytest.MonkeyPatch.context() as mp:
+        from cerebellar_norse.training import jobs
+
+        mp.setattr(jobs, "CANCEL_GRACE_S", 0.2)
+        run_and_cancel(mgr, "stop2", stops=False, at_shutdown=True, deleted_meanwhile=True)  # still loading
     again = JobManager(cfg, lambda version: None, lambda loss: None)
-    for jid in ("stop0", "stop1"):
+    for jid in ("stop0", "stop1", "stop2"):
         st = again.jobs[jid].as_dict()
         assert (st["state"], st["model_version"]) == ("cancelled", None)
         assert st["error"] and "the service stopped" in st["error"] and "no model" in st["error"], st["error"]
