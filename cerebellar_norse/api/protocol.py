@@ -11,6 +11,11 @@ adds two deadlines:
   ``server.request_timeout``; otherwise it is answered ``408`` with the JSON error
   shape (``request_timeout``, with ``X-Request-ID``) and the connection is closed.
 
+A request that asks to switch to another protocol than WebSocket (``Upgrade: h2c``, which
+``curl --http2`` sends with every request) is served as the HTTP/1.1 request it also is
+(RFC 9110 §7.8: a server may ignore ``Upgrade``); httptools would stop reading it at the
+end of its head, and uvicorn would answer it as if it had no body.
+
 It also answers what uvicorn would answer in plain text, or not at all, with the JSON
 error shape: a request httptools cannot parse gets ``400 bad_request`` (uvicorn: plain
 text), and a request line and headers (or a chunked body's trailers) over
@@ -26,6 +31,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -110,6 +116,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._refused = False
             self._pending_refusal: tuple[bytes, str, str] | None = None  # written once the answers before it are
             self._running: Any = None  # the cycle whose app runs (self.cycle is the one read last, maybe queued)
+            self._ignored_upgrade = False  # the head parsed last asks for a protocol switch that is not made
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -121,7 +128,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                     self._refuse_too_large(HEAD_PART)
                     return
             self._body_progress = False
-            HttpToolsProtocol.data_received(self, data)  # (no super(): this runs per request)
+            self._feed(data)
             if self._refused:
                 return  # refused by the parser's callbacks (431, 400) in this read
             if not self._in_headers and not self.transport.is_closing():
@@ -140,6 +147,38 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             elif in_headers and not self.transport.is_closing():  # every byte of it was request line or headers
                 # the last 3 bytes of the head so far, also when this read holds fewer
                 self._header_bytes, self._head_tail = size, (self._head_tail + data)[-3:]
+
+        def _feed(self, data: bytes) -> None:
+            """uvicorn's ``data_received``, serving a request with an ``Upgrade`` other than WebSocket as HTTP/1.1.
+
+            httptools ends such a request at the end of its head, whatever its framing says, and stops: its
+            body would be read as the next request. Its head is parsed again without ``Upgrade`` (so that the
+            parser reads the body it announces), followed by the bytes after it.
+            """
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            except httptools.HttpParserUpgrade as exc:
+                if not self._ignored_upgrade:
+                    if self._should_upgrade():
+                        self.handle_websocket_upgrade()
+                    else:
+                        self._unsupported_upgrade_warning()  # CONNECT: no tunnel; what follows is not read
+                    return
+                self._ignored_upgrade = False
+                version = self.parser.get_http_version()
+                head = [self.parser.get_method(), b" ", self.url, f" HTTP/{version}\r\n".encode()]
+                for name, value in self.headers:
+                    if name != b"upgrade":
+                        head += [name, b": ", value, b"\r\n"]
+                head.append(b"\r\n")
+                self.parser = httptools.HttpRequestParser(self)
+                self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn sets it
+                self._feed(b"".join(head) + data[int(exc.args[0]):])
 
         def on_header(self, name: bytes, value: bytes) -> None:
             if self._in_headers:  # (called per header of every request: the base method directly, no super())
@@ -190,6 +229,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if size > MAX_HEADER_BYTES:
                 self._too_large = HEAD_PART
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
+            if (self.parser.should_upgrade() and any(name == b"upgrade" for name, _ in self.headers)
+                    and not self._should_upgrade()):
+                self._ignored_upgrade = True  # parsed again without Upgrade (see _feed): no request cycle for this one
+                return
             self._in_headers = False
             self._headers_seen += 1
             self._trailer_bytes, self._framing_bytes = 0, 0
@@ -274,6 +317,8 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._arm()
 
         def on_message_complete(self) -> None:
+            if self._ignored_upgrade:
+                return  # the end httptools gives a head with Upgrade (see _feed)
             self._body_progress = True
             super().on_message_complete()
             self._disarm()

@@ -601,3 +601,14 @@ def test_evictions_are_logged_as_a_summary(tmp_path: Path, start_server: Callabl
              if line.startswith("{") and "evicted least recently used markets" in line]
     assert 1 <= len(lines) <= 2, len(lines)  # the first at once, the rest in one summary (at shutdown here)
     assert sum(rec["fields"]["evicted"] for rec in lines) == evictions
+
+
+def test_a_tick_asking_to_switch_to_h2c_is_served_over_http_1_1(srv: LiveServer, client: httpx.Client) -> None:
+    """``curl --http2`` on an ``http://`` URL asks every request to switch to h2c (``Upgrade: h2c``): the switch is
+    not made, and the tick is read whole and applied (it was answered 422 "request body is missing")."""
+    m = market("H2C")
+    upgrade = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAAQCAAAAAAIAAAAA"}
+    r = httpx.post(f"{srv.url}/neural/process", json=live_tick(m, now_ms()), headers=upgrade, timeout=10)
+    assert r.status_code == 200 and r.json()["market_id"] == m, r.text
+    assert client.get(f"/debug/markets/{m}/state", headers=AUTH).json()["market_id"] == m
+    assert_no_error_logs(srv)

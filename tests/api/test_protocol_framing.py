@@ -437,3 +437,21 @@ def test_one_endless_trailer_is_refused_not_buffered() -> None:
     refused_431(answers([head, *[b"t" * 8_000] * 20]))
     fits = head + b"t" * (MAX_HEADER_BYTES - 9) + b"\r\n\r\n"
     assert answers(in_reads(fits, 4_096)) == [(200, b"/c 5")]
+
+
+H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+
+
+def test_an_upgrade_to_another_protocol_than_websocket_is_served_with_its_body() -> None:
+    """``curl --http2`` asks every request to switch to h2c: the switch is not made, and the request is served
+    as HTTP/1.1, body and all (httptools would end it at its head, and read its body as the next request)."""
+    length = b"POST /l HTTP/1.1\r\nHost: x\r\n" + H2C + b"Content-Length: 5\r\n\r\nhello"
+    chunked = b"POST /c HTTP/1.1\r\nHost: x\r\n" + H2C + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    get = request("/g", extra=H2C)
+    old = b"POST /o HTTP/1.0\r\nConnection: upgrade\r\nUpgrade: foo\r\nContent-Length: 3\r\n\r\nabc"
+    stream = length + chunked + get + length
+    expect = [(200, b"/l 5"), (200, b"/c 5"), (200, b"/g 0"), (200, b"/l 5")]
+    assert answers([stream]) == expect
+    for size in (1, 2, 7, 64):
+        assert answers(in_reads(stream, size)) == expect, size
+    assert answers([old]) == [(200, b"/o 3")]
