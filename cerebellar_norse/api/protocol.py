@@ -415,7 +415,7 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
       that reads, however slowly, gets every answer queued before the close.
 
     A peer that half-closes its socket after its last tick gets every answer before the socket closes
-    (:meth:`eof_received`).
+    (:meth:`eof_received`). A handshake websockets cannot read gets a JSON ``400`` (:meth:`_refuse_unreadable_handshake`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -427,10 +427,24 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
+        if not self.handshake_initiated and self.conn.handshake_exc is not None and not self.transport.is_closing():
+            self._refuse_unreadable_handshake(self.conn.handshake_exc)
+            return
         if not self.writable.is_set() and not self.paused_for_writes and not self.transport.is_closing():
             self.paused_for_writes = True
             if not self.read_paused:
                 self.transport.pause_reading()
+
+    def _refuse_unreadable_handshake(self, exc: BaseException) -> None:
+        """Answer ``400 bad_request`` to a handshake request websockets cannot read (one with a body or a
+        ``Transfer-Encoding``): websockets only ends its side, and uvicorn wrote nothing, so the client waited for an
+        answer, and the socket held its slot of ``server.max_connections``, until the client gave up."""
+        self.handshake_complete = self.close_sent = True  # answered: nothing more to send on shutdown
+        reason = str(exc.__cause__ or exc) or type(exc).__name__
+        self.transport.write(refusal(b"HTTP/1.1 400 Bad Request", "bad_request", f"WebSocket handshake refused: {reason}"))
+        if self.transport.can_write_eof():  # as for HTTP refusals: the body still coming is dropped, not reset
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def resume_writing(self) -> None:
         super().resume_writing()

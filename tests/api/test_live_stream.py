@@ -128,6 +128,11 @@ def test_a_websocket_to_a_path_without_one_is_a_json_404(live: LiveServer, clien
     ({"Sec-WebSocket-Version": "13"}, 400, "missing Sec-WebSocket-Key header"),
     ({"Sec-WebSocket-Key": "not base64!", "Sec-WebSocket-Version": "13"}, 400, "Sec-WebSocket-Key"),
     ({"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "8"}, 400, "Sec-WebSocket-Version"),
+    # websockets cannot read these requests at all (no answer was written, the socket stayed open)
+    ({"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13", "Content-Length": "5"}, 400,
+     "unsupported request body"),
+    ({"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13", "Transfer-Encoding": "chunked"},
+     400, "transfer codings"),
 ])
 def test_a_malformed_websocket_handshake_is_a_json_error(live: LiveServer, headers: dict[str, str], status: int,
                                                          reason: str) -> None:
