@@ -12,9 +12,11 @@ adds two deadlines:
   shape (``request_timeout``, with ``X-Request-ID``) and the connection is closed.
 
 A request that asks to switch to another protocol than WebSocket (``Upgrade: h2c``, which
-``curl --http2`` sends with every request) is served as the HTTP/1.1 request it also is
+``curl --http2`` sends with every request), or to WebSocket with another method than GET
+(RFC 6455 handshakes are GET requests), is served as the HTTP/1.1 request it also is
 (RFC 9110 §7.8: a server may ignore ``Upgrade``); httptools would stop reading it at the
-end of its head, and uvicorn would answer it as if it had no body.
+end of its head, and uvicorn would answer it as if it had no body (or hand it to the
+WebSocket handshake, which refused it ``405`` or, with a body, never answered).
 
 It also answers what uvicorn would answer in plain text, or not at all, with the JSON
 error shape: a request httptools cannot parse gets ``400 bad_request`` (uvicorn: plain
@@ -149,7 +151,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 self._header_bytes, self._head_tail = size, (self._head_tail + data)[-3:]
 
         def _feed(self, data: bytes) -> None:
-            """uvicorn's ``data_received``, serving a request with an ``Upgrade`` other than WebSocket as HTTP/1.1.
+            """uvicorn's ``data_received``, serving a request with an ``Upgrade`` other than a WebSocket handshake as HTTP/1.1.
 
             httptools ends such a request at the end of its head, whatever its framing says, and stops: its
             body would be read as the next request. Its head is parsed again without ``Upgrade`` (so that the
@@ -230,7 +232,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 self._too_large = HEAD_PART
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
             if (self.parser.should_upgrade() and any(name == b"upgrade" for name, _ in self.headers)
-                    and not self._should_upgrade()):
+                    and not (self._should_upgrade() and self.parser.get_method() == b"GET")):
                 self._ignored_upgrade = True  # parsed again without Upgrade (see _feed): no request cycle for this one
                 return
             self._in_headers = False

@@ -603,11 +603,17 @@ def test_evictions_are_logged_as_a_summary(tmp_path: Path, start_server: Callabl
     assert sum(rec["fields"]["evicted"] for rec in lines) == evictions
 
 
-def test_a_tick_asking_to_switch_to_h2c_is_served_over_http_1_1(srv: LiveServer, client: httpx.Client) -> None:
+@pytest.mark.parametrize("upgrade", [
+    {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAAQCAAAAAAIAAAAA"},
+    {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+     "Sec-WebSocket-Version": "13"},
+], ids=["h2c", "websocket"])
+def test_a_tick_asking_to_switch_protocols_is_served_over_http_1_1(srv: LiveServer, client: httpx.Client,
+                                                                     upgrade: dict[str, str]) -> None:
     """``curl --http2`` on an ``http://`` URL asks every request to switch to h2c (``Upgrade: h2c``): the switch is
-    not made, and the tick is read whole and applied (it was answered 422 "request body is missing")."""
-    m = market("H2C")
-    upgrade = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAAQCAAAAAAIAAAAA"}
+    not made, and the tick is read whole and applied (it was answered 422 "request body is missing"). A POST is no
+    WebSocket handshake (those are GET requests): it was left unanswered."""
+    m = market("UPG")
     r = httpx.post(f"{srv.url}/neural/process", json=live_tick(m, now_ms()), headers=upgrade, timeout=10)
     assert r.status_code == 200 and r.json()["market_id"] == m, r.text
     assert client.get(f"/debug/markets/{m}/state", headers=AUTH).json()["market_id"] == m

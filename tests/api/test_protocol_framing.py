@@ -455,3 +455,13 @@ def test_an_upgrade_to_another_protocol_than_websocket_is_served_with_its_body()
     for size in (1, 2, 7, 64):
         assert answers(in_reads(stream, size)) == expect, size
     assert answers([old]) == [(200, b"/o 3")]
+
+
+def test_a_websocket_upgrade_of_another_method_than_get_is_served_as_http() -> None:
+    """A WebSocket handshake is a GET (RFC 6455): a POST asking for one is the POST it is, body and all."""
+    ws = b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n" \
+         b"Sec-WebSocket-Version: 13\r\n"
+    post = b"POST /p HTTP/1.1\r\nHost: x\r\n" + ws + b"Content-Length: 5\r\n\r\nhello"
+    empty = b"POST /e HTTP/1.1\r\nHost: x\r\n" + ws + b"Content-Length: 0\r\n\r\n"
+    assert answers([post + empty]) == [(200, b"/p 5"), (200, b"/e 0")]
+    assert answers(in_reads(post + empty, 3)) == [(200, b"/p 5"), (200, b"/e 0")]
