@@ -188,6 +188,14 @@ def allowed_methods(request: Request, starlette_allow: str = "") -> str:
     return ", ".join(sorted(methods))
 
 
+def shown_path(request: Request) -> str:
+    """The request's path as an error message shows it: quoted, control characters escaped, at most
+    :data:`SHOWN_INPUT` characters of it."""
+    raw: str = request.scope["path"]  # (request.url.path drops tabs and newlines, as urllib.parse does)
+    path = repr(raw)
+    return path if len(path) <= SHOWN_INPUT else f"{path[:SHOWN_INPUT]}… ({len(raw)} characters)"
+
+
 def install_error_handlers(app: FastAPI, count_error: Any) -> None:
     """Register handlers turning every error into the JSON error shape."""
 
@@ -213,8 +221,12 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
         if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (not UTF-8, too deep, too long a number)
             message = f"request body is not valid JSON: {undecodable(exc.__cause__)}"
         headers = getattr(exc, "headers", None)
+        if exc.status_code == 404 and message == "Not Found":  # the router's: no route has this path
+            message = f"no route has the path {shown_path(request)} (the API's routes: /openapi.json)"
         if exc.status_code == 405:  # Starlette names the methods of the first route of the path only (GET, not HEAD)
-            headers = {**(headers or {}), "Allow": allowed_methods(request, (headers or {}).get("Allow", ""))}
+            allow = allowed_methods(request, (headers or {}).get("Allow", ""))
+            headers = {**(headers or {}), "Allow": allow}
+            message = f"method {request.method} is not allowed on {shown_path(request)}: use {allow}"
         count_error(kind)
         return JSONResponse(error_payload(kind, message, request_id_var.get()), status_code=exc.status_code,
                             headers=headers)

@@ -92,3 +92,20 @@ def test_a_trailing_slash_is_404_not_a_redirect(tc: TestClient, method: str, pat
     assert r.status_code == 404, (r.status_code, r.headers)
     assert "location" not in r.headers
     assert _error(r)["type"] == "not_found"
+
+
+@pytest.mark.parametrize(("method", "path", "words"), [
+    ("GET", "/health/", "no route has the path '/health/'"),
+    ("GET", "/neural/nope%0A", "no route has the path '/neural/nope\\n'"),
+    ("GET", "/" + "x" * 5000, "(5001 characters)"),
+    ("PATCH", "/health", "method PATCH is not allowed on '/health': use GET, HEAD"),
+    ("GET", "/neural/process", "method GET is not allowed on '/neural/process': use POST"),
+    ("GET", "/neural/markets/ABC", "method GET is not allowed on '/neural/markets/ABC': use DELETE"),
+])
+def test_a_refusal_by_the_router_names_the_path_and_the_methods(tc: TestClient, method: str, path: str,
+                                                                 words: str) -> None:
+    """No route, or not this method: the message says which path, and which methods it answers."""
+    r = tc.request(method, path)
+    err = _error(r)
+    assert r.status_code in (404, 405) and err["type"] in ("not_found", "method_not_allowed")
+    assert words in err["message"] and len(err["message"]) < 300, err
