@@ -183,14 +183,16 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 self._feed(b"".join(head) + data[int(exc.args[0]):])
 
         def on_header(self, name: bytes, value: bytes) -> None:
+            # llhttp keeps the whitespace after a field value, which is not part of it (RFC 9110 §5.5): without it,
+            # "X-Market-ID: BTC " names the market BTC, and "X-Request-ID: ord-1 " is kept as ord-1
             if self._in_headers:  # (called per header of every request: the base method directly, no super())
-                HttpToolsProtocol.on_header(self, name, value)
+                HttpToolsProtocol.on_header(self, name, value.rstrip(b" \t"))
                 return
             self._trailer_bytes += len(name) + len(value) + 3  # a trailer: counted before the request can complete
             if self._trailer_bytes > MAX_HEADER_BYTES:
                 self._too_large = TRAILERS_PART
                 raise ValueError("trailers over the limit")  # the parser stops: send_400_response
-            HttpToolsProtocol.on_header(self, name, value)
+            HttpToolsProtocol.on_header(self, name, value.rstrip(b" \t"))
 
         def on_body(self, body: bytes) -> None:
             self._body_progress = True

@@ -618,3 +618,20 @@ def test_a_tick_asking_to_switch_protocols_is_served_over_http_1_1(srv: LiveServ
     assert r.status_code == 200 and r.json()["market_id"] == m, r.text
     assert client.get(f"/debug/markets/{m}/state", headers=AUTH).json()["market_id"] == m
     assert_no_error_logs(srv)
+
+
+@pytest.mark.parametrize("path", ["/neural/process", "/neural/process/batch"])
+def test_whitespace_after_a_header_value_is_not_part_of_it(srv: LiveServer, path: str) -> None:
+    """``X-Market-ID: M \\t`` routes the market ``M`` (it was refused 422, "differs from the X-Market-ID header
+    'M \\t'"), and ``X-Request-ID: ows-1 `` is kept as ``ows-1`` (it was replaced by a fresh id)."""
+    m = market("OWS")
+    tick_ = live_tick(m, now_ms())
+    body = json.dumps(tick_ if path == "/neural/process" else {"ticks": [tick_]}).encode()
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json \t\r\n"
+                  b"X-Market-ID: %s \t \r\nX-Request-ID: ows-1  \r\nContent-Length: %d\r\n\r\n"
+                  % (path.encode(), m.encode(), len(body)) + body)
+        answer, _ = read_until_closed(s, 10)
+    status, headers, payload = parse_response(answer)
+    assert status == 200 and headers["x-request-id"] == "ows-1", answer
+    assert m in payload.decode() and json.loads(payload)["request_id"] == "ows-1"
