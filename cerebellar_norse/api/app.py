@@ -235,7 +235,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     app.include_router(debug.router)
     for r in extra_routers or []:
         app.include_router(r)
-    install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc())
+    install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc(), frozenset({neural.STREAM_PATH}))
     install_openapi(app, state)
     if fast_path:
         app.hot = RequestContextMiddleware(TickFastPath(state), state)

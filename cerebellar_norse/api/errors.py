@@ -196,8 +196,9 @@ def shown_path(request: Request) -> str:
     return path if len(path) <= SHOWN_INPUT else f"{path[:SHOWN_INPUT]}… ({len(raw)} characters)"
 
 
-def install_error_handlers(app: FastAPI, count_error: Any) -> None:
-    """Register handlers turning every error into the JSON error shape."""
+def install_error_handlers(app: FastAPI, count_error: Any, websocket_paths: frozenset[str] = frozenset()) -> None:
+    """Register handlers turning every error into the JSON error shape (``websocket_paths``: the app's WebSocket
+    routes, which a plain HTTP request finds no route at)."""
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -223,6 +224,8 @@ def install_error_handlers(app: FastAPI, count_error: Any) -> None:
         headers = getattr(exc, "headers", None)
         if exc.status_code == 404 and message == "Not Found":  # the router's: no route has this path
             message = f"no route has the path {shown_path(request)} (the API's routes: /openapi.json)"
+            if request.scope["path"] in websocket_paths:
+                message = f"{shown_path(request)} is a WebSocket: open it with a handshake (GET with Upgrade: websocket)"
         if exc.status_code == 405:  # Starlette names the methods of the first route of the path only (GET, not HEAD)
             allow = allowed_methods(request, (headers or {}).get("Allow", ""))
             headers = {**(headers or {}), "Allow": allow}

@@ -98,6 +98,7 @@ def test_a_trailing_slash_is_404_not_a_redirect(tc: TestClient, method: str, pat
     ("GET", "/health/", "no route has the path '/health/'"),
     ("GET", "/neural/nope%0A", "no route has the path '/neural/nope\\n'"),
     ("GET", "/" + "x" * 5000, "(5001 characters)"),
+    ("GET", "/neural/stream", "'/neural/stream' is a WebSocket: open it with a handshake"),
     ("PATCH", "/health", "method PATCH is not allowed on '/health': use GET, HEAD"),
     ("GET", "/neural/process", "method GET is not allowed on '/neural/process': use POST"),
     ("GET", "/neural/markets/ABC", "method GET is not allowed on '/neural/markets/ABC': use DELETE"),
