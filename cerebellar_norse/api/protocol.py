@@ -387,11 +387,15 @@ class JsonRefusingServerProtocol(ServerProtocol):
     accepting it: 403; an app error: 500) answered in the service's JSON error shape with ``X-Request-ID``
     instead of plain text."""
 
+    on_refused: Callable[[str], None] | None = None  # called with the error type of each refusal (the errors metric)
+
     def reject(self, status: Any, text: str) -> Response:
         response = super().reject(status, text)
         reason = text.strip().removeprefix(_WEBSOCKETS_PREFIX).strip().rstrip(".") or response.reason_phrase.lower()
         request_id = new_request_id()
         kind = HANDSHAKE_REFUSALS.get(response.status_code, "bad_request")
+        if self.on_refused is not None:
+            self.on_refused(kind)
         body = json.dumps(error_payload(kind, f"WebSocket handshake refused: {reason}", request_id)).encode()
         for name in ("Content-Type", "Content-Length"):
             del response.headers[name]
@@ -422,11 +426,14 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
     (:meth:`eof_received`). A handshake websockets cannot read gets a JSON ``400`` (:meth:`_refuse_unreadable_handshake`).
     """
 
+    on_refused: Callable[[str], None] | None = None  # called with the error type of each handshake refused here
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # uvicorn built the handshake object from its settings (extensions, message size); the subclass adds no
         # state, only its refusals, so the object keeps every setting and changes class.
         self.conn.__class__ = JsonRefusingServerProtocol
+        self.conn.on_refused = self.on_refused  # type: ignore[attr-defined]
         self.paused_for_writes = False  # reading stopped because the peer does not read what it is sent
 
     def data_received(self, data: bytes) -> None:
@@ -444,6 +451,8 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
         ``Transfer-Encoding``): websockets only ends its side, and uvicorn wrote nothing, so the client waited for an
         answer, and the socket held its slot of ``server.max_connections``, until the client gave up."""
         self.handshake_complete = self.close_sent = True  # answered: nothing more to send on shutdown
+        if self.on_refused is not None:
+            self.on_refused("bad_request")
         reason = str(exc.__cause__ or exc) or type(exc).__name__
         self.transport.write(refusal(b"HTTP/1.1 400 Bad Request", "bad_request", f"WebSocket handshake refused: {reason}"))
         if self.transport.can_write_eof():  # as for HTTP refusals: the body still coming is dropped, not reset
@@ -511,3 +520,14 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
                 self.handle_parser_exception()
                 return
         super().send_receive_event_to_app()
+
+
+def websocket_protocol(on_refused: Callable[[str], None] | None = None) -> type[DenialAwareWebSocketProtocol]:
+    """The WebSocket protocol class for ``uvicorn.Config(ws=...)``; ``on_refused(kind)`` is called per handshake
+    refused below the app (``"bad_request"`` and the like, as the answer's ``error.type``)."""
+
+    class CountingWebSocketProtocol(DenialAwareWebSocketProtocol):
+        pass
+
+    CountingWebSocketProtocol.on_refused = staticmethod(on_refused) if on_refused is not None else None
+    return CountingWebSocketProtocol

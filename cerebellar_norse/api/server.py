@@ -48,7 +48,7 @@ from .lifecycle import (
     stop_engine,
 )
 from .modelswap import activate_version
-from .protocol import DenialAwareWebSocketProtocol, guarded_protocol
+from .protocol import guarded_protocol, websocket_protocol
 from .routes import training as training_routes
 from .starting import StartingResponder, bind_listener
 
@@ -238,7 +238,7 @@ def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] 
         port=cfg.server.port,
         loop="uvloop",
         http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused),
-        ws=DenialAwareWebSocketProtocol,
+        ws=websocket_protocol(on_refused),
         ws_max_size=int(cfg.server.max_body_size),  # a stream message is bounded as a request body is (close 1009)
         lifespan="on",
         log_config=None,
@@ -263,7 +263,8 @@ def timeout_counter(state: ServiceState) -> Callable[[str], None]:
 
 
 def refusal_counter(state: ServiceState) -> Callable[[str], None]:
-    """What the protocol calls per request it refuses itself (malformed, headers too large): the errors metric."""
+    """What the protocols call per request or WebSocket handshake they refuse themselves (malformed, headers too
+    large): the errors metric."""
     errors = state.metrics.errors
     return lambda kind: errors.labels(kind).inc()
 

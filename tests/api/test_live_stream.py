@@ -26,6 +26,13 @@ def exchange(ws: ClientConnection, message: str | bytes) -> dict[str, Any]:
     return out
 
 
+def errors_of_kind(client: httpx.Client, kind: str) -> float:
+    """``cerebellar_norse_errors_total{kind=...}`` of the server's /metrics (0 before the first such error)."""
+    prefix = f'cerebellar_norse_errors_total{{kind="{kind}"}} '
+    lines = [line for line in client.get("/metrics").text.splitlines() if line.startswith(prefix)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
 def assert_ws_error(reply: dict[str, Any], kind: str, field: str | None) -> None:
     assert set(reply) == {"error"}
     assert set(reply["error"]) == {"type", "message", "field", "request_id"}
@@ -134,9 +141,11 @@ def test_a_websocket_to_a_path_without_one_is_a_json_404(live: LiveServer, clien
     ({"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13", "Transfer-Encoding": "chunked"},
      400, "transfer codings"),
 ])
-def test_a_malformed_websocket_handshake_is_a_json_error(live: LiveServer, headers: dict[str, str], status: int,
-                                                         reason: str) -> None:
-    """The websockets library refuses these before the app sees them; the answer still has the service's shape."""
+def test_a_malformed_websocket_handshake_is_a_json_error(live: LiveServer, client: httpx.Client, headers: dict[str, str],
+                                                         status: int, reason: str) -> None:
+    """The websockets library refuses these before the app sees them; the answer still has the service's shape, and
+    is counted as every error is."""
+    before = errors_of_kind(client, "bad_request")
     lines = ["GET /neural/stream HTTP/1.1", "Host: x", "Upgrade: websocket", "Connection: Upgrade"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     with socket.create_connection(("127.0.0.1", live.port), timeout=10) as s:
@@ -152,6 +161,7 @@ def test_a_malformed_websocket_handshake_is_a_json_error(live: LiveServer, heade
     err = json.loads(body)["error"]
     assert err["type"] == "bad_request" and err["request_id"] == got["x-request-id"]
     assert err["message"].startswith("WebSocket handshake refused: ") and reason in err["message"], err
+    assert errors_of_kind(client, "bad_request") == before + 1
     with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:  # a good handshake still works
         assert "prediction" in exchange(ws, json.dumps(tick(market("WSH"), 0)))
 
