@@ -5,24 +5,14 @@ a zone-named time skipped when the clocks go forward."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from training_helpers import utc_ms
+from training_helpers import write_text_file as write
 
 from cerebellar_norse.errors import DataError
 from cerebellar_norse.training.data import load_csv_files
-
-
-def write(tmp_path: Path, text: str, name: str = "ticks.csv") -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def utc_ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> int:
-    return round(datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp() * 1000)
-
 
 # --------------------------------------------------------------------------------------
 # Interactive Brokers' zone-named times in the hour repeated when DST ends

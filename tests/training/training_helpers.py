@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from live_helpers import REPO_ROOT, LiveServer, free_port, server_environ, start
 
 __all__ = ["REPO_ROOT", "TINY_NEURAL", "ConfigFactory", "CsvFactory", "LiveServer", "config_environ", "free_port",
-           "server_environ", "start", "tiny_cli_environ"]
+           "server_environ", "start", "tiny_cli_environ", "utc_ms", "write_text_file"]
 
 ConfigFactory = Callable[..., Config]
 CsvFactory = Callable[..., Path]
@@ -44,3 +45,15 @@ def tiny_cli_environ(tmp_path: Path) -> dict[str, str]:
     ``tmp_path``."""
     return {**config_environ({"neural": TINY_NEURAL, "training": {"threads": 1}}),
             "CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), "CEREBELLAR_NORSE_PATHS__DATA_DIR": str(tmp_path)}
+
+
+def write_text_file(tmp_path: Path, text: str, name: str = "ticks.csv") -> Path:
+    """``text`` written as UTF-8 to ``tmp_path / name``."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def utc_ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> int:
+    """ms since the epoch of that UTC wall-clock time."""
+    return round(datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp() * 1000)
