@@ -343,7 +343,8 @@ def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, sto
     except InterruptedError:
         out.put(("cancelled", {}))
     except CerebellarNorseError as exc:
-        out.put(("failed", {"error": str(exc), "report": getattr(exc, "report", [])[:200]}))
+        out.put(("failed", {"error": str(exc), "report": getattr(exc, "report", [])[:200],
+                            "input": isinstance(exc, InputError)}))  # the data or the request, not the service
     except Exception as exc:  # reported to the service, which keeps running
         out.put(("failed", {"error": f"{type(exc).__name__}: {exc}"}))
 
@@ -569,7 +570,7 @@ class JobManager:
                 self._finish(job, "cancelled", self._cancel_error(job.job_id))
             else:
                 job.report = list(data.get("report", []))
-                self._finish(job, "failed", data.get("error", "unknown error"))
+                self._finish(job, "failed", data.get("error", "unknown error"), bool(data.get("input")))
 
     def _on_progress(self, job: JobStatus, d: dict[str, Any]) -> None:
         if "warning" in d:
@@ -623,14 +624,17 @@ class JobManager:
             job.warnings.append(f"model kept inactive: validation loss {new_loss} does not beat the active model's {old_loss}")
         self._finish(job, "succeeded", None)
 
-    def _finish(self, job: JobStatus, state: JobStateName, error: str | None) -> None:
+    def _finish(self, job: JobStatus, state: JobStateName, error: str | None, input_error: bool = False) -> None:
+        """Record the job's end; logged at INFO, a failure at ERROR, or at WARNING when its data or request caused it
+        (``input_error``: a bad file, too few ticks; the service is fine and the answer is in the job's status)."""
         if job.state in FINAL:
             return
         job.state = state
         job.error = error
         job.finished = time.time()
         self._proc = None
-        log.log(logging.ERROR if state == "failed" else logging.INFO, "training job %s", state,
+        level = logging.INFO if state != "failed" else logging.WARNING if input_error else logging.ERROR
+        log.log(level, "training job %s", state,
                 extra={"fields": {"job_id": job.job_id, "error": error, "model_version": job.model_version,
                                   "activated": job.activated}})
         self._write_record(job)
