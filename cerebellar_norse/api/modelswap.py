@@ -26,10 +26,15 @@ def activate_version(state: ServiceState, store: ModelStore, version: str) -> No
     """
     if version not in store.versions():
         raise ModelNotFoundError(f"no stored model {version!r}", "version")
-    model = store.load(version)  # CheckpointError for a corrupt one: nothing changes
-    bad = shape_mismatch(model.neural, state.cfg.neural)
-    if bad:
-        raise CheckpointError(f"model {version} does not fit the running network ({', '.join(bad)} differ)", str(model.path))
+    try:
+        model = store.load(version)  # CheckpointError for a corrupt one: nothing changes
+        bad = shape_mismatch(model.neural, state.cfg.neural)
+        if bad:
+            raise CheckpointError(f"model {version} does not fit the running network ({', '.join(bad)} differ)",
+                                  str(model.path))
+    except CheckpointError as exc:
+        exc.field = "version"  # the request's one input: the version in the path
+        raise
     eng = state.engine
     old = eng.model_version
     try:  # ACTIVE as it is, byte for byte (even unreadable as a version), to put back if the swap is refused
