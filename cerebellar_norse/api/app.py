@@ -44,8 +44,8 @@ def route_label(path: str) -> str:
 class BodyTooLarge(StarletteHTTPException):
     """A chunked request body passed ``server.max_body_size`` while it was read (HTTP 413)."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body exceeds server.max_body_size ({limit} bytes)")
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
 
 
 class RequestContextMiddleware:
@@ -64,8 +64,13 @@ class RequestContextMiddleware:
         self.max_body = int(state.cfg.server.max_body_size)
         self.max_connections = state.cfg.server.max_connections
 
-    def _too_large(self) -> str:
-        return f"request body exceeds server.max_body_size ({self.max_body} bytes)"
+    def _too_large(self, scope: Scope | None = None) -> str:
+        """The 413's message; for a chunked upload that may be larger with a ``Content-Length`` (``scope``), how."""
+        msg = f"request body exceeds server.max_body_size ({self.max_body} bytes)"
+        bulk = bulk_body_limit(scope, self.state.cfg) if scope is not None else 0
+        if bulk > self.max_body:
+            msg += f"; this upload may be up to {bulk} bytes when sent with a Content-Length instead of chunked"
+        return msg
 
     def _over_connection_limit(self) -> bool:
         """More open connections (or running requests) than ``server.max_connections``, this one included."""
@@ -127,7 +132,7 @@ class RequestContextMiddleware:
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
                     if received > self.max_body:
-                        raise BodyTooLarge(self.max_body)
+                        raise BodyTooLarge(self._too_large(scope))
                 return message
 
             app_receive = limited_receive
@@ -150,7 +155,7 @@ class RequestContextMiddleware:
             if started:
                 raise
             m.errors.labels("body_too_large").inc()
-            await JSONResponse(error_payload("body_too_large", self._too_large(), rid), status_code=413,
+            await JSONResponse(error_payload("body_too_large", self._too_large(scope), rid), status_code=413,
                                headers={"Connection": "close"})(scope, receive, send_wrapper)
         except ClientDisconnect:
             pass  # the client went away (or was cut off by the request timeout): nothing to answer

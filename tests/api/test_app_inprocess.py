@@ -239,6 +239,20 @@ def test_body_limit_from_config(tmp_path: Path) -> None:
     assert 'cerebellar_norse_errors_total{kind="body_too_large"} 2.0' in text
 
 
+def test_a_chunked_upload_over_the_limit_is_told_to_send_its_size(tmp_path: Path) -> None:
+    """A model upload may exceed server.max_body_size when sent with a Content-Length; sent chunked it is held to the
+    limit, and the 413 says how large it may be and how to send it. A chunked tick batch gets no such advice."""
+    state = _state(tmp_path, CEREBELLAR_NORSE_SERVER__MAX_BODY_SIZE="1KB")
+    with TestClient(create_app(state)) as c:
+        body = b"x" * 3000
+        err = _error(c.put("/models/20240101T000000Z-aaaaaa", content=iter([body[:1500], body[1500:]]),
+                           headers={"Content-Type": "application/octet-stream"}), 413, "body_too_large")
+        assert "may be up to" in err["message"] and "sent with a Content-Length instead of chunked" in err["message"]
+        batch = c.post("/neural/process/batch", content=iter([body[:1500], body[1500:]]),
+                       headers={"Content-Type": "application/json"})
+        assert "Content-Length" not in _error(batch, 413, "body_too_large")["message"]
+
+
 def test_health_503_until_ready_then_200(tmp_path: Path) -> None:
     state = _state(tmp_path)
     with TestClient(create_app(state)) as c:  # no lifespan: never warmed up, never ready
