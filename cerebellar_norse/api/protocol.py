@@ -47,6 +47,7 @@ from .schemas import error_payload
 MAX_HEADER_BYTES = 65_536  # request line and headers of one request (nginx allows 32 KiB, uvicorn's h11 16 KiB)
 STALLED_PEER_S = 20.0  # a stream peer past its pong deadline that reads nothing for this long is cut off (no ping_timeout)
 HEAD_PART, TRAILERS_PART = "the request line and headers", "the trailers of the chunked body"  # (431 messages)
+FRAMING_PART = "a chunk-size line or the trailers of the chunked body"  # bytes the parser buffers, not yet either
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
 
@@ -139,7 +140,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 # parser buffers it: the bytes of reads that brought no body and no chunk are counted as its bytes.
                 self._framing_bytes = 0 if self._body_progress else self._framing_bytes + len(data)
                 if self._framing_bytes > MAX_HEADER_BYTES:
-                    self._refuse_too_large(TRAILERS_PART)
+                    self._refuse_too_large(FRAMING_PART)
                     return
             if self._headers_seen != seen:
                 # a head begun in this read behind the request completed in it goes on in the next read: its end may

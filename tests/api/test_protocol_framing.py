@@ -431,6 +431,15 @@ def test_trailers_over_the_limit_are_refused_before_the_request_runs() -> None:
         refused_431(answers(reads))
 
 
+def test_one_endless_chunk_size_line_is_refused_naming_it() -> None:
+    """A chunk-size line that never ends (its extensions, read by the parser as one line): 431 once its bytes pass the
+    limit, the message naming a chunk-size line (not only trailers, which the request has none of)."""
+    head = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;ext="
+    got = answers([head, *[b"e" * 8_000] * 20])
+    refused_431(got)
+    assert "chunk-size line" in json.loads(got[0][1])["error"]["message"]
+
+
 def test_one_endless_trailer_is_refused_not_buffered() -> None:
     """A single trailer line over many reads (never a complete field) is refused once its bytes pass the limit."""
     head = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-T: "
