@@ -123,7 +123,8 @@ defaults
 frontend cerebellar_norse
     bind {bind}
     option http-buffer-request
-    acl has_market req.hdr(X-Market-ID) -m found
+    # A market named: the header's first value not empty (an empty one would be balanced round-robin).
+    acl has_market req.hdr(X-Market-ID,1) -m len 1:
     acl tick_path path /neural/process
     acl batch_path path /neural/process/batch
     acl stream_path path /neural/stream

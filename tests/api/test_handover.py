@@ -169,6 +169,12 @@ def test_a_stream_routed_by_its_query_names_the_query_not_a_header(trio: tuple[T
     with a.websocket_connect("/neural/stream", headers={"X-Market-ID": "Q1"}) as ws:
         ws.send_json(tick("Q2", 0))
         assert "X-Market-ID header 'Q1'" in ws.receive_json()["error"]["message"]
+    # an empty header is a header, as on HTTP: it names the market "", not "no routing" (?market_id= not used)
+    with a.websocket_connect("/neural/stream?market_id=Q2", headers={"X-Market-ID": ""}) as ws:
+        ws.send_json(tick("Q2", 0))
+        assert "X-Market-ID header ''" in ws.receive_json()["error"]["message"]
+    r = a.post("/neural/process", json=tick("Q2", 0), headers={"X-Market-ID": ""})
+    assert r.status_code == 422 and "X-Market-ID header ''" in r.json()["error"]["message"]
     assert a.get("/debug/markets/Q2/state", headers=AUTH).status_code == 404
 
 

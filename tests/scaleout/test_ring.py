@@ -73,6 +73,14 @@ def test_ring_matches_a_real_haproxy(tmp_path: Path, stand_ins: list[int], serve
             assert r.status_code == 400 and r.json()["error"]["field"] == "X-Market-ID"
             r = c.get("/neural/stream")
             assert r.status_code == 400 and "market_id" in r.json()["error"]["message"]
+            # an empty header names no market (HAProxy would balance it round-robin): as if it were absent
+            r = c.post("/neural/process/batch", json={"ticks": []}, headers={"X-Market-ID": ""})
+            assert r.status_code == 400 and r.json()["error"]["field"] == "X-Market-ID"
+            r = c.get("/neural/stream", headers={"X-Market-ID": ""})
+            assert r.status_code == 400 and "market_id" in r.json()["error"]["message"]
+            market = MARKETS[0]
+            r = c.post("/neural/process", json={"market_id": market}, headers={"X-Market-ID": ""})
+            assert r.headers["X-Served-By"] == f"r{ring.owner(market)}"  # routed by the tick's market_id
     finally:
         hap.stop()
 

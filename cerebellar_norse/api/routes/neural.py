@@ -111,8 +111,9 @@ async def stream(ws: WebSocket) -> None:
     Ticks may come as text or binary (UTF-8 JSON) frames; answers are text frames.
     """
     svc = ws.app.state.service
-    market = ws.headers.get("x-market-id") or ws.query_params.get("market_id")  # how the load balancer routed it
-    routed_by = "X-Market-ID header" if ws.headers.get("x-market-id") else "?market_id= of the stream"
+    header = ws.headers.get("x-market-id")  # how the load balancer routed it; an empty one names the market "", as on
+    market = header if header is not None else ws.query_params.get("market_id")  # HTTP (every tick then refused)
+    routed_by = "X-Market-ID header" if header is not None else "?market_id= of the stream"
     await ws.accept()
     svc.metrics.stream_connections.inc()
     try:
