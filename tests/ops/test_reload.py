@@ -146,6 +146,7 @@ def test_reloaded_auto_activate_governs_the_jobs_that_finish_after_it(tmp_path: 
         def finish_job(job_id: str) -> JobStatus:
             """A job whose model beats the active one with a directional edge: the case auto_activate decides."""
             job = JobStatus(job_id=job_id, state="running")
+            jobs._active_at_start = store.active_version()  # as when the job was submitted: the model it is compared with
             jobs._on_success(job, {"model_version": TRAINED, "validation": {"loss": 1.0},
                                    "active_model_validation": {"loss": 1.1}, "edge": "direction", "test": {}}, "auto")
             return job
