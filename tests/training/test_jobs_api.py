@@ -252,20 +252,6 @@ def test_missing_data_file_is_404(js: JobServer) -> None:
     assert "missing.csv" in err["message"]
 
 
-def test_a_job_failed_by_its_data_is_a_warning_not_an_error(js: JobServer) -> None:
-    """A file without a price column fails the job (the status says why), and the log says so at WARNING: the
-    service is fine, so an operator's alert on ERROR lines is not woken by a client's bad file."""
-    data_dir = js.srv.state_dir.parent / "data"
-    (data_dir / "no_price.csv").write_text("timestamp,volume\n1640995200000,1\n1640995201000,2\n")
-    r = js.client.post("/training", json={"files": ["no_price.csv"]}, headers=AUTH)
-    assert r.status_code == 202, r.text
-    st, _ = wait_final(js, r.json()["job_id"])
-    assert st["state"] == "failed" and "price" in st["error"], st
-    lines = [json.loads(line) for line in js.srv.log().splitlines()
-             if '"training job failed"' in line and st["job_id"] in line]
-    assert [rec["level"] for rec in lines] == ["WARNING"], lines
-
-
 def test_unknown_job_is_404(js: JobServer) -> None:
     r = js.client.get("/training/status/nope", headers=AUTH)
     assert r.status_code == 404 and r.json()["error"]["field"] == "job_id"
@@ -321,6 +307,20 @@ def test_second_job_conflicts_and_cancel_leaves_no_model(js: JobServer) -> None:
 # --------------------------------------------------------------------------------------
 # A job that succeeds and is activated
 # --------------------------------------------------------------------------------------
+
+
+def test_a_job_failed_by_its_data_is_a_warning_not_an_error(js: JobServer) -> None:
+    """A file without a price column fails the job (the status says why), and the log says so at WARNING: the
+    service is fine, so an operator's alert on ERROR lines is not woken by a client's bad file."""
+    data_dir = js.srv.state_dir.parent / "data"
+    (data_dir / "no_price.csv").write_text("timestamp,volume\n1640995200000,1\n1640995201000,2\n")
+    r = js.client.post("/training", json={"files": ["no_price.csv"]}, headers=AUTH)
+    assert r.status_code == 202, r.text
+    st, _ = wait_final(js, r.json()["job_id"])
+    assert st["state"] == "failed" and "price" in st["error"], st
+    lines = [json.loads(line) for line in js.srv.log().splitlines()
+             if '"training job failed"' in line and st["job_id"] in line]
+    assert [rec["level"] for rec in lines] == ["WARNING"], lines
 
 
 def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
