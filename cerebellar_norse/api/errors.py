@@ -24,6 +24,7 @@ from ..errors import (
     MarketMovingError,
     StorageError,
     TickOrderError,
+    quoted,
 )
 from ..observability.context import request_id_var
 from ..ticks import TS_MAX_MS, TS_MIN_MS, FutureTickError
@@ -191,9 +192,7 @@ def allowed_methods(request: Request, starlette_allow: str = "") -> str:
 def shown_path(request: Request) -> str:
     """The request's path as an error message shows it: quoted, control characters escaped, at most
     :data:`SHOWN_INPUT` characters of it."""
-    raw: str = request.scope["path"]  # (request.url.path drops tabs and newlines, as urllib.parse does)
-    path = repr(raw)
-    return path if len(path) <= SHOWN_INPUT else f"{path[:SHOWN_INPUT]}… ({len(raw)} characters)"
+    return quoted(request.scope["path"], SHOWN_INPUT)  # (request.url.path drops tabs and newlines, as urllib does)
 
 
 def install_error_handlers(app: FastAPI, count_error: Any, websocket_paths: frozenset[str] = frozenset()) -> None:

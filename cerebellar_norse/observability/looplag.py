@@ -4,7 +4,7 @@ A request is timed from when the service reads it. While the process is stopped
 (SIGSTOP, a debugger, the host starving the VM of CPU), frozen in a long system call or
 busy in one long callback, requests wait in the kernel's socket buffers and accept
 queue, unseen, and their latency figures later look normal. A timer that should fire
-every :data:`LAG_INTERVAL_S` and fires late by the stall's length shows it: the lateness
+every ``LOOP_LAG_INTERVAL_S`` seconds and fires late by the stall's length shows it: the lateness
 of each firing is observed into ``cerebellar_norse_event_loop_lag_seconds``, and a
 stall of :data:`STALL_LOG_S` or more is logged at WARNING.
 """
@@ -15,10 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .metrics import TickHistogram
-
-LAG_INTERVAL_S = 0.25
-"""Seconds between the watch's timers."""
+from .metrics import LOOP_LAG_INTERVAL_S, TickHistogram
 
 STALL_LOG_S = 1.0
 """A lag of at least this many seconds is logged at WARNING."""
@@ -33,7 +30,7 @@ def log_stall(lag_s: float) -> None:
                 extra={"fields": {"stall_s": round(lag_s, 3)}})
 
 
-async def watch_loop_lag(hist: TickHistogram, interval_s: float = LAG_INTERVAL_S,
+async def watch_loop_lag(hist: TickHistogram, interval_s: float = LOOP_LAG_INTERVAL_S,
                          on_stall: Callable[[float], None] = log_stall) -> None:
     """Every ``interval_s`` (s), observe into ``hist`` how late (s) the timer fired; call ``on_stall`` with the lag
     when it is at least :data:`STALL_LOG_S`. Runs until cancelled."""

@@ -76,6 +76,7 @@ def ladder(first_exp: int, last_exp: int) -> tuple[float, ...]:
 PROCESSING_BUCKETS = (*ladder(-6, -4), 1e-3, 2.5e-3, 5e-3, 1e-2)
 # 17 µs (the edge below 20 µs) … 10 ms at ratio ≤ 1.2 (37 edges), then 25 ms, 100 ms, 1 s: 40 edges
 REQUEST_BUCKETS = (*(b for b in ladder(-5, -3) if b >= 1.7e-5), 1e-2, 2.5e-2, 0.1, 1.0)
+LOOP_LAG_INTERVAL_S = 0.25  # seconds between the event-loop lag watch's timers (observability.looplag)
 # 1 ms (a timer's usual lateness) … a minute (a process stopped for that long)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
@@ -253,7 +254,7 @@ class _CallbackCollector(Collector):
         yield self.m.batch_sizes.family("cerebellar_norse_batch_size_ticks", "Ticks per engine batch.")
         yield from self.m.requests.families()
         yield self.m.loop_lag.family("cerebellar_norse_event_loop_lag_seconds", "How late the event loop ran a timer "
-                                     "due every 0.25 s (s): a stall (process stopped or starved of CPU) shows here, "
+                                     f"due every {LOOP_LAG_INTERVAL_S} s (s): a stall (process stopped or starved of CPU) shows here, "
                                      "not in the request latencies.")
         # A summary: quantiles over a recent window, _sum and _count since start (those of the histogram above);
         # a gauge with a quantile label is what promtool's lint refuses.
