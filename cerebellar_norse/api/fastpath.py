@@ -27,7 +27,7 @@ from ..errors import CerebellarNorseError
 from ..observability.context import request_id_var
 from .deps import SCOPE_ROUTE, SCOPE_TIMELINE, ServiceState, content_type_problem
 from .errors import service_error, validation_response
-from .schemas import error_payload, parse_tick
+from .schemas import error_payload, parse_tick, tick_errors
 from .tickpath import answer_tick
 
 PATH = "/neural/process"
@@ -90,7 +90,7 @@ class TickFastPath:
         try:
             tick = parse_tick(body)
         except ValidationError as exc:
-            status, payload = validation_response([dict(e) for e in exc.errors(include_url=False)], body)
+            status, payload = validation_response(tick_errors(exc, body), body)
             self.state.metrics.errors.labels(payload["error"]["type"]).inc()
             await self._reply(send, status, json.dumps(payload).encode())
             return

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from ..errors import InputError
+from ..firsterrors import ERRORS_LISTED, FirstErrorsModel, cut_to_first_error
 from ..ticks import MARKET_ID_MAX, MARKET_ID_PATTERN, TS_MAX_MS, TS_MIN_MS, Tick, check_market_id, integral_number
 
 
@@ -55,13 +56,32 @@ def parse_tick(body: str | bytes) -> TickIn:
     try:
         return TickIn.model_validate_json(body)
     except ValidationError as exc:
-        if exc.errors(include_url=False)[0]["type"] != "json_invalid":
+        if exc.error_count() != 1 or exc.errors(include_url=False)[0]["type"] != "json_invalid":
             raise
         try:
             value = loads_utf8(body)
         except (ValueError, TypeError, RecursionError):
             raise exc from None
         return TickIn.model_validate(value)
+
+
+def tick_errors(exc: ValidationError, body: str | bytes) -> list[dict[str, Any]]:
+    """pydantic's errors of a tick ``body`` that :func:`parse_tick` refused, as dicts; the first one is exact.
+
+    Past :data:`~cerebellar_norse.firsterrors.ERRORS_LISTED` errors (a body of many unknown
+    keys), the first few only: see :mod:`cerebellar_norse.firsterrors`.
+    """
+    if exc.error_count() > ERRORS_LISTED:
+        try:
+            value = loads_utf8(body)
+        except (ValueError, RecursionError):  # a number Python's parser refuses: the list, however long
+            value = None
+        if isinstance(value, dict):
+            try:
+                TickIn.model_validate_json(json.dumps(cut_to_first_error(TickIn, value)))
+            except ValidationError as few:
+                return [dict(e) for e in few.errors(include_url=False)]
+    return [dict(e) for e in exc.errors(include_url=False)]
 
 
 def loads_utf8(body: str | bytes) -> Any:
@@ -87,7 +107,7 @@ class NotUtf8Error(json.JSONDecodeError):
         self.pos, self.lineno, self.colno = pos, 1, pos + 1
 
 
-class BatchIn(BaseModel):
+class BatchIn(FirstErrorsModel):
     """Many ticks, processed in order."""
 
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -41,10 +41,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
+from pydantic import ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 
 from ..config import Config
 from ..errors import CerebellarNorseError, InputError, JobConflictError, JobNotFoundError
+from ..firsterrors import FirstErrorsModel
 from ..storage import atomic_write_bytes
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
@@ -63,7 +64,7 @@ DataFileName = Annotated[str, Field(json_schema_extra={"minLength": 1, "pattern"
 RequestZone = Annotated[str, WithJsonSchema(request_zone_schema())]
 
 
-class TrainingRequest(BaseModel):
+class TrainingRequest(FirstErrorsModel):
     """Parameters of a training job; unset fields take the ``[training]``/``[neural]`` config values."""
 
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -54,6 +54,11 @@ REQUESTS: list[tuple[Any, dict[str, str]]] = [
     ({**_tick("A", 42), "price": -1.0}, {}),
     ({**_tick("A", 43), "market_id": " A"}, {}),
     ({**_tick("A", 44), "timestamp": 1.5e12 + 0.5}, {}),
+    # more errors than firsterrors.ERRORS_LISTED: the first error still a known field's, then the first unknown key
+    ({**{f"u{i}": i for i in range(40)}, **_tick("A", 48), "price": "1", "volume": -1.0}, {}),
+    ({**{f"u{i}": i for i in range(40)}, "volume": 1.0, "timestamp": NOW_MS, "market_id": "A"}, {}),
+    ({**{f"u{i}": [i] for i in range(40)}, **_tick("A", 48), "market_id": " A"}, {}),
+    ({**_tick("A", 48), **{f"u{i}": {"k": i} for i in range(40)}}, {}),
     (b"{not json", {}),
     (b'{"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A",}', {}),
     (b'{"price": NaN, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"}', {}),

@@ -16,7 +16,7 @@ from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN
 from ..deps import SCOPE_TIMELINE, JsonBodyRoute, require_token, service
 from ..errors import service_error, validation_response
 from ..openapi import error_responses
-from ..schemas import BatchIn, BatchOut, MarketResetOut, ResultOut, TickIn, parse_tick
+from ..schemas import BatchIn, BatchOut, MarketResetOut, ResultOut, TickIn, parse_tick, tick_errors
 from ..tickpath import JSON_TYPE, answer_batch, answer_tick
 
 STREAM_PATH = "/neural/stream"
@@ -134,7 +134,7 @@ async def stream(ws: WebSocket) -> None:
                 timeline.status = 200
                 svc.timelines.finish(timeline)
             except ValidationError as exc:
-                _, body = validation_response([dict(e) for e in exc.errors(include_url=False)], text)
+                _, body = validation_response(tick_errors(exc, text), text)
                 svc.metrics.errors.labels(body["error"]["type"]).inc()
                 await ws.send_text(json.dumps(body))
             except CerebellarNorseError as exc:
