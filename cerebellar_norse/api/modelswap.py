@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from ..config import NeuralConfig
 from ..errors import CheckpointError, ModelNotFoundError, StorageError
 from ..observability import systemd
 from ..storage import atomic_write_bytes, fsync_dir
-from ..training.checkpoints import ACTIVE, ModelStore, shape_mismatch
+from ..training.checkpoints import ACTIVE, ModelStore, StoredModel, shape_mismatch
 from .deps import ServiceState
 from .lifecycle import serving_status
 
@@ -17,24 +18,40 @@ log = logging.getLogger("cerebellar_norse.models")
 
 
 def activate_version(state: ServiceState, store: ModelStore, version: str) -> None:
-    """Verify ``version`` and make it the served model.
+    """Verify ``version`` and make it the served model (:func:`verified_model`, then :func:`swap_in`)."""
+    swap_in(state, store, verified_model(store, version, state.cfg.neural))
 
-    Runs on the event loop thread, where batches run, so the swap falls between two
-    batches: every response is computed entirely with the old or the new weights.
-    ``models/ACTIVE`` is written before the swap: when it cannot be written
-    (:class:`~cerebellar_norse.errors.StorageError`, HTTP 503) the served model is unchanged.
+
+def verified_model(store: ModelStore, version: str, neural: NeuralConfig) -> StoredModel:
+    """Stored model ``version``, checksums verified and shape compared with ``neural``; reads files only.
+
+    Safe in a worker thread: a large model is read and hashed off the event loop.
+    Raises :class:`~cerebellar_norse.errors.ModelNotFoundError`, or
+    :class:`~cerebellar_norse.errors.CheckpointError` (field ``version``) for a corrupt one
+    or one of another network shape.
     """
     if version not in store.versions():
         raise ModelNotFoundError(f"no stored model {version!r}", "version")
     try:
         model = store.load(version)  # CheckpointError for a corrupt one: nothing changes
-        bad = shape_mismatch(model.neural, state.cfg.neural)
+        bad = shape_mismatch(model.neural, neural)
         if bad:
             raise CheckpointError(f"model {version} does not fit the running network ({', '.join(bad)} differ)",
                                   str(model.path))
     except CheckpointError as exc:
         exc.field = "version"  # the request's one input: the version in the path
         raise
+    return model
+
+
+def swap_in(state: ServiceState, store: ModelStore, model: StoredModel) -> None:
+    """Make a verified ``model`` the served one.
+
+    Runs on the event loop thread, where batches run, so the swap falls between two
+    batches: every response is computed entirely with the old or the new weights.
+    ``models/ACTIVE`` is written before the swap: when it cannot be written
+    (:class:`~cerebellar_norse.errors.StorageError`, HTTP 503) the served model is unchanged.
+    """
     eng = state.engine
     old = eng.model_version
     try:  # ACTIVE as it is, byte for byte (even unreadable as a version), to put back if the swap is refused

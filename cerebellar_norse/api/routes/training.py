@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from ...training.checkpoints import ModelStore
 from ...training.jobs import TrainingRequest
 from ..deps import GuardedJsonBodyRoute, require_token, service
-from ..modelswap import activate_version
+from ..modelswap import swap_in, verified_model
 from ..openapi import error_responses
 from ..schemas import TrainingStartedOut
 
@@ -52,7 +54,12 @@ async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
 async def list_models(request: Request) -> dict[str, Any]:
     """Stored model versions with their validation metrics, and the active one."""
     svc = service(request)
-    store = svc.model_store()
+    models = await asyncio.to_thread(_listing, svc.model_store())  # each read and hashed: off the event loop
+    return {"active": svc.engine.model_version, "models": models}
+
+
+def _listing(store: ModelStore) -> list[dict[str, Any]]:
+    """Every stored model, verified: its validation metrics, or why it is invalid."""
     models = []
     for v in store.versions():
         try:
@@ -60,7 +67,7 @@ async def list_models(request: Request) -> dict[str, Any]:
             models.append({"version": v, "valid": True, "validation": m.metrics.get("validation")})
         except Exception as exc:  # listed as invalid, never served
             models.append({"version": v, "valid": False, "error": str(exc)})
-    return {"active": svc.engine.model_version, "models": models}
+    return models
 
 
 @router.post("/models/{version}/activate", responses=error_responses(
@@ -69,5 +76,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def activate(version: str, request: Request) -> dict[str, Any]:
     """Serve a stored model (verified first); swapped in between batches."""
     svc = service(request)
-    activate_version(svc, svc.model_store(), version)
+    store = svc.model_store()
+    model = await asyncio.to_thread(verified_model, store, version, svc.cfg.neural)  # read and hashed off the loop
+    swap_in(svc, store, model)  # on the loop: between two batches
     return {"active": svc.engine.model_version}
