@@ -48,6 +48,7 @@ MAX_HEADER_BYTES = 65_536  # request line and headers of one request (nginx allo
 STALLED_PEER_S = 20.0  # a stream peer past its pong deadline that reads nothing for this long is cut off (no ping_timeout)
 HEAD_PART, TRAILERS_PART = "the request line and headers", "the trailers of the chunked body"  # (431 messages)
 FRAMING_PART = "a chunk-size line or the trailers of the chunked body"  # bytes the parser buffers, not yet either
+BAD_VERSION = "the request line's HTTP version is not HTTP/1.1 or HTTP/1.0 (the versions served)"
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
 
@@ -110,6 +111,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._head_begun = False  # a byte other than CR or LF of the head has come (empty lines before it count)
             self._head_tail = b""  # the last 3 bytes of the head so far: its end may be split across reads
             self._too_large: str | None = None  # the part over MAX_HEADER_BYTES that stopped the parser
+            self._bad_version = False  # a request line of HTTP/2.0 stopped the parser
             self._headers_seen = 0  # requests whose headers were complete
             self._trailer_bytes = 0
             self._framing_bytes = 0  # bytes of reads in a body that carried no body, chunk or message event (trailers)
@@ -161,10 +163,11 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)
-            except httptools.HttpParserError:
+            except httptools.HttpParserError as exc:
                 msg = "Invalid HTTP request received."
                 self.logger.warning(msg)
-                self.send_400_response(msg)
+                bad_version = self._bad_version or str(exc) in ("Invalid HTTP version", "Pause on PRI/Upgrade")  # (h2's preface)
+                self.send_400_response(BAD_VERSION if bad_version else msg)
             except httptools.HttpParserUpgrade as exc:
                 if not self._ignored_upgrade:
                     if self._should_upgrade():
@@ -234,6 +237,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if size > MAX_HEADER_BYTES:
                 self._too_large = HEAD_PART
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
+            if self.parser.get_http_version() == "2.0":  # HTTP/2's version on HTTP/1's framing: neither protocol
+                self._bad_version = True
+                raise ValueError(BAD_VERSION)  # the parser stops: send_400_response
             if (self.parser.should_upgrade() and any(name == b"upgrade" for name, _ in self.headers)
                     and not (self._should_upgrade() and self.parser.get_method() == b"GET")):
                 self._ignored_upgrade = True  # parsed again without Upgrade (see _feed): no request cycle for this one
@@ -247,6 +253,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def send_400_response(self, msg: str) -> None:
             if self._too_large is not None:
                 self._refuse_too_large(self._too_large)
+                return
+            if msg == BAD_VERSION:
+                self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", f"malformed HTTP request: {BAD_VERSION}")
                 return
             self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", "malformed HTTP request: the server could not parse it")
 
