@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bz2
 import contextlib
-import functools
 import gzip
 import io
 import lzma
@@ -77,9 +76,15 @@ class _LineBoundedText(io.TextIOWrapper):
         return line
 
     def __iter__(self) -> Iterator[str]:  # type: ignore[override]
-        # at C speed (csv.reader iterates): a longer line later in a file comes in pieces, each a bad row (the csv
-        # module's field limit); the first line, read by readline, is checked, so a file without line breaks fails
-        return iter(functools.partial(super().readline, LINE_MAX_CHARS + 1), "")
+        # (csv.reader iterates.) The first line, read by readline, is checked, so a file without line breaks fails;
+        # a longer line later in a file is one bad row (the csv module's field limit refuses its first piece): the
+        # rest of it is skipped, so that the rows after it keep their line numbers
+        read = super().readline
+        while line := read(LINE_MAX_CHARS + 1):
+            yield line
+            if len(line) > LINE_MAX_CHARS and line[-1] not in "\r\n":
+                while len(rest := read(LINE_MAX_CHARS + 1)) > LINE_MAX_CHARS and rest[-1] not in "\r\n":
+                    pass
 
 
 def compression_of(path: Path) -> str | None:

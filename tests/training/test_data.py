@@ -1017,6 +1017,22 @@ def test_a_file_without_line_breaks_is_refused_without_reading_it_whole(tmp_path
     assert str(exc.value).startswith(f"{path}: a line of more than") and "without a line break" in str(exc.value)
 
 
+def test_rows_after_a_line_longer_than_the_line_bound_keep_their_line_numbers(tmp_path: Path) -> None:
+    """A 2.6 MB line was read in 1 MiB pieces, each a bad row with a line number of its own: every row after it was
+    named two lines too far on, and counted twice more."""
+    lines = ["timestamp,price,volume,market_id"] + [f"{1_640_995_200_000 + k * 1000},{100 + k * 0.01},1,A"
+                                                    for k in range(100)]
+    lines.insert(5, "1640995204500," + "9" * 2_600_000 + ",1,A")
+    lines.insert(20, "1640995219500,abc,1,A")
+    path = tmp_path / "long.csv"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    message = str(exc.value)
+    assert "2 of 102 rows are bad" in message, message
+    assert f"{path}:6: unreadable row" in message and f"{path}:21: price 'abc'" in message, message
+
+
 # --------------------------------------------------------------------------------------
 # Labels
 # --------------------------------------------------------------------------------------
