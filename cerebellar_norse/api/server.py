@@ -164,7 +164,8 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
                                      untrained_seed=cfg.neural.seed if untrained else None,
                                      refused=tuple(store.refused) if untrained else ())
     # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
-    state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set)
+    state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set,
+                            metrics.job_ended)
     loss = last_training_loss(state.jobs, model)
     if loss is not None:
         metrics.training_loss.set(loss)

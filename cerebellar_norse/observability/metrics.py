@@ -81,6 +81,7 @@ LOOP_LAG_INTERVAL_S = 0.25  # seconds between the event-loop lag watch's timers 
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 POPULATIONS = ("granule", "purkinje", "dcn")
+JOB_END_STATES = ("succeeded", "failed", "cancelled")
 
 
 class TickHistogram:
@@ -220,6 +221,11 @@ class ServiceMetrics:
         self.request_timeouts = Counter("cerebellar_norse_http_request_timeouts_total",
                                         "Requests cut off by server.request_timeout (408), by the part still missing "
                                         "(headers or body).", ["phase"], registry=r)
+        self.training_jobs = Counter("cerebellar_norse_training_jobs_total", "Training jobs ended, by final state "
+                                     "(succeeded, failed, cancelled); a job left running by a stopped service is "
+                                     "counted failed at the next start.", ["state"], registry=r)
+        for state in JOB_END_STATES:
+            self.training_jobs.labels(state)
         self.training_loss = LatestValue()
         self.stream_connections = Gauge("cerebellar_norse_stream_connections", "Open /neural/stream websockets.", registry=r)
         self._sources: list[Callable[[], Iterable[Metric]]] = []
@@ -228,6 +234,10 @@ class ServiceMetrics:
     def count_request(self, route: str, method: str, status: int, seconds: float) -> None:
         """One answered HTTP request: counted by route, method and status, its latency (s) by route."""
         self.requests.add(route, method, status, seconds)
+
+    def job_ended(self, state: str) -> None:
+        """A training job ended in ``state`` (succeeded, failed or cancelled)."""
+        self.training_jobs.labels(state).inc()
 
     def on_batch(self, rec: BatchRecord) -> None:
         """Engine sink: one backend step of ``rec.size`` ticks took ``rec.step_ns``."""

@@ -368,8 +368,11 @@ def eta_s(first: tuple[float, float], now: float, progress: float) -> float | No
 class JobManager:
     """Starts, tracks and cancels training jobs of a service (on its event loop)."""
 
-    def __init__(self, cfg: Config | Callable[[], Config], activate: Any, set_loss: Any) -> None:
-        """``activate(version) -> None`` swaps a stored model in; ``set_loss(x)`` feeds the training_loss gauge.
+    def __init__(self, cfg: Config | Callable[[], Config], activate: Any, set_loss: Any,
+                 on_end: Callable[[str], None] | None = None) -> None:
+        """``activate(version) -> None`` swaps a stored model in; ``set_loss(x)`` feeds the training_loss gauge;
+        ``on_end(state)`` is called once per job that ends (succeeded, failed, cancelled), and for each job found
+        left running by a stopped service when the history is read (failed).
 
         ``cfg`` is the service's config, or a callable returning its current one: the
         service passes the callable, so keys a reload applies (``training.auto_activate``,
@@ -378,6 +381,7 @@ class JobManager:
         self._config: Callable[[], Config] = cfg if callable(cfg) else (lambda: cfg)
         self._activate = activate
         self._set_loss = set_loss
+        self._on_end = on_end
         self.jobs: dict[str, JobStatus] = {}
         self.latest: str | None = None
         self._proc: Any = None
@@ -426,6 +430,8 @@ class JobManager:
                                     f"model {stored}, which was not activated (activate it with POST /models/{stored}"
                                     f"/activate)")
                     self._write_record(st)
+                    if self._on_end is not None:
+                        self._on_end(st.state)
                 self.jobs[st.job_id] = st
                 order[st.job_id] = (st.created if d.get("created") else 0.0, p.stat().st_mtime)
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # a damaged record costs its history only
@@ -639,6 +645,8 @@ class JobManager:
                 extra={"fields": {"job_id": job.job_id, "error": error, "model_version": job.model_version,
                                   "activated": job.activated}})
         self._write_record(job)
+        if self._on_end is not None:
+            self._on_end(state)
 
     def _write_record(self, job: JobStatus) -> None:
         """Write ``jobs/<job_id>.json`` atomically; a failure is logged (path, errno), never silent."""

@@ -82,6 +82,14 @@ def served_version(c: httpx.Client) -> str:
     return v
 
 
+def jobs_ended(c: httpx.Client) -> dict[str, float]:
+    """``cerebellar_norse_training_jobs_total`` of /metrics by state (every state exported from the start, at 0)."""
+    found = re.findall(r'^cerebellar_norse_training_jobs_total\{state="(\w+)"\} (\S+)$', c.get("/metrics").text, re.M)
+    ended = {state: float(v) for state, v in found}
+    assert set(ended) == {"succeeded", "failed", "cancelled"}, ended
+    return ended
+
+
 def wait_final(js: JobServer, job_id: str, by_latest: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Poll the job's status until it is final; returns the last status and the states seen."""
     seen: list[str] = []
@@ -314,10 +322,13 @@ def test_a_job_failed_by_its_data_is_a_warning_not_an_error(js: JobServer) -> No
     service is fine, so an operator's alert on ERROR lines is not woken by a client's bad file."""
     data_dir = js.srv.state_dir.parent / "data"
     (data_dir / "no_price.csv").write_text("timestamp,volume\n1640995200000,1\n1640995201000,2\n")
+    before = jobs_ended(js.client)
     r = js.client.post("/training", json={"files": ["no_price.csv"]}, headers=AUTH)
     assert r.status_code == 202, r.text
     st, _ = wait_final(js, r.json()["job_id"])
     assert st["state"] == "failed" and "price" in st["error"], st
+    # the one signal Prometheus has of it (alert CerebellarNorseTrainingJobFailed): /health and training_loss say nothing
+    assert jobs_ended(js.client) == {**before, "failed": before["failed"] + 1}
     lines = [json.loads(line) for line in js.srv.log().splitlines()
              if '"training job failed"' in line and st["job_id"] in line]
     assert [rec["level"] for rec in lines] == ["WARNING"], lines
@@ -325,6 +336,7 @@ def test_a_job_failed_by_its_data_is_a_warning_not_an_error(js: JobServer) -> No
 
 def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
     c = js.client
+    before = jobs_ended(c)
     r = c.post("/training", json={"files": ["small.csv"], "epochs": 1, "activate": "always"}, headers=AUTH)
     assert r.status_code == 202, r.text
     job_id = r.json()["job_id"]
@@ -353,6 +365,7 @@ def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
     m = re.search(r"^training_loss ([0-9.eE+-]+)$", metrics, re.M)
     assert m is not None, metrics[:2000]
     assert float(m.group(1)) == pytest.approx(st["loss"]) and float(m.group(1)) > 0
+    assert jobs_ended(c) == {**before, "succeeded": before["succeeded"] + 1}
 
     listed = c.get("/models", headers=AUTH).json()
     assert listed["active"] == new
@@ -528,7 +541,10 @@ def test_a_job_that_stored_its_model_before_the_service_died_says_so(make_config
     for jid in ("stored1", "died2"):  # as JobManager.start writes them: running, then the service is gone
         (jobs / f"{jid}.json").write_text(json.dumps({"job_id": jid, "state": "running", "files": ["t.csv"],
                                                        "created": "2026-11-25T10:00:00Z"}))
-    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    ended: list[str] = []
+    (jobs / "done3.json").write_text(json.dumps({"job_id": "done3", "state": "succeeded", "files": ["t.csv"]}))
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None, ended.append)
+    assert ended == ["failed", "failed"]  # the two left running count as failed jobs (the metric); the finished one not again
     stored, died = mgr.jobs["stored1"].as_dict(), mgr.jobs["died2"].as_dict()
     assert stored["state"] == "failed" and stored["model_version"] == res["model_version"] and not stored["activated"]
     assert "wrote no model" not in stored["error"] and f"stored its model {res['model_version']}" in stored["error"]
