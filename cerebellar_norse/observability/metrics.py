@@ -81,6 +81,9 @@ LOOP_LAG_INTERVAL_S = 0.25  # seconds between the event-loop lag watch's timers 
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 POPULATIONS = ("granule", "purkinje", "dcn")
+# Error kinds of the 5xx answers (capacity, engine, market_moving: 503; internal: 500), exported at 0 from the start:
+# a series that first appears with 1 hides that first error from rate() and increase().
+SERVER_ERROR_KINDS = ("capacity", "engine", "market_moving", "internal")
 JOB_END_STATES = ("succeeded", "failed", "cancelled")
 
 
@@ -221,6 +224,8 @@ class ServiceMetrics:
         self.request_timeouts = Counter("cerebellar_norse_http_request_timeouts_total",
                                         "Requests cut off by server.request_timeout (408), by the part still missing "
                                         "(headers or body).", ["phase"], registry=r)
+        for kind in SERVER_ERROR_KINDS:
+            self.errors.labels(kind)
         self.training_jobs = Counter("cerebellar_norse_training_jobs_total", "Training jobs ended, by final state "
                                      "(succeeded, failed, cancelled); a job left running by a stopped service is "
                                      "counted failed at the next start.", ["state"], registry=r)

@@ -1,0 +1,212 @@
+"""The shipped dashboard and alert rules as a real Prometheus sees them, against the real service.
+
+One service (``python -m cerebellar_norse.cli``, untrained network, fresh state dir) and one
+Prometheus scraping it every second as two replicas (the same port under two ``instance``
+labels, as the dashboard's "All" shows several replicas) with ``monitoring/alerts.yml``
+loaded. After a little traffic (ticks, a batch, a refused tick, an unknown path), every
+dashboard query is asked of Prometheus' HTTP API with the dashboard's variables filled in as
+Grafana fills them. About 20 s; skipped where Prometheus is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import clean_environ
+
+from cerebellar_norse.observability.metrics import ServiceMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "monitoring" / "grafana-dashboard.json"
+RULES = ROOT / "monitoring" / "alerts.yml"
+PROMETHEUS = shutil.which("prometheus")
+JOB = "cerebellar-norse"
+T0 = 1_640_995_200_000  # the operations guide's example tick time (ms)
+# Gauges without a sample while undefined (docs/http.md): the untrained service has served no training and judged no tick.
+NO_SAMPLE_YET = {("Training loss", "A"), *(("Live signal vs base rate", r) for r in "ABCD")}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} not ready in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@dataclass
+class Live:
+    service: str
+    prometheus: str
+    instances: tuple[str, str]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        body = httpx.get(self.prometheus + "/api/v1/query", params={"query": expr}, timeout=10.0).json()
+        assert body["status"] == "success", (expr, body)
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+
+def _start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    if PROMETHEUS is None:
+        pytest.skip("prometheus not installed (Debian: apt-get install prometheus)")
+    work = tmp_path_factory.mktemp("monitoring-live")
+    port = _free_port()
+    service = f"http://127.0.0.1:{port}"
+    env = clean_environ({"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(work / "state"), "CEREBELLAR_NORSE_LOG": "WARNING",
+                         "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false"})
+    svc = _start([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)], work / "service.log", env)
+    procs = [svc]
+    try:
+        _wait(service + "/health", svc, work / "service.log", 120.0)
+        instances = (f"127.0.0.1:{port}", "replica-b")
+        cfg = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+               "rule_files": [str(RULES)],
+               "scrape_configs": [{"job_name": JOB, "static_configs": [
+                   {"targets": [instances[0]]}, {"targets": [instances[0]], "labels": {"instance": instances[1]}}]}]}
+        (work / "prometheus.yml").write_text(json.dumps(cfg))  # JSON is YAML
+        prom_port = _free_port()
+        prom = _start([PROMETHEUS, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
+                       f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"], work / "prometheus.log")
+        procs.append(prom)
+        lv = Live(service, f"http://127.0.0.1:{prom_port}", instances)
+        _wait(lv.prometheus + "/-/ready", prom, work / "prometheus.log", 60.0)
+        deadline = time.monotonic() + 30
+        while len(lv.query(f'up{{job="{JOB}"}} == 1')) < 2:
+            assert time.monotonic() < deadline, "Prometheus never scraped the service"
+            time.sleep(0.2)
+        served = 'cerebellar_norse_http_requests_total{route="/neural/process",status="200"}'
+        with httpx.Client(base_url=service, timeout=10.0) as c:
+            # two rounds, a scrape apart: a route's series appears with its first request, and rate() needs it twice
+            for rnd, seen in enumerate((served, f"rate({served}[1m]) > 0")):
+                for k in range(10 * rnd, 10 * rnd + 10):
+                    for market in ("MON-A", "MON-B"):
+                        tick = {"price": 100.0 + 0.1 * (k % 5), "volume": 10.0, "timestamp": T0 + 1000 * k, "market_id": market}
+                        assert c.post("/neural/process", json=tick).status_code == 200
+                batch = [{"price": 100.0, "volume": 1.0, "timestamp": T0 + 1000 * (5 * rnd + k), "market_id": "MON-C"}
+                         for k in range(5)]
+                assert c.post("/neural/process/batch", json={"ticks": batch}).status_code == 200
+                assert c.post("/neural/process", json={"price": -1.0, "volume": 1.0, "timestamp": T0,
+                                                       "market_id": "X"}).status_code == 422
+                assert c.get("/no-such-route").status_code == 404
+                deadline = time.monotonic() + 30
+                while len(lv.query(seen)) < 2:
+                    assert time.monotonic() < deadline, f"Prometheus never saw {seen}"
+                    time.sleep(0.2)
+        time.sleep(1.5)  # one more rule evaluation
+        yield lv
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+def _dashboard() -> dict[str, Any]:
+    dash: dict[str, Any] = json.loads(DASHBOARD.read_text())["dashboard"]
+    return dash
+
+
+def _grafana(expr: str) -> str:
+    """``expr`` with the dashboard's variables as Grafana fills them in (instance: All, i.e. its allValue)."""
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    return (expr.replace("$job", variables["job"]["query"]).replace("$instance", variables["instance"]["allValue"])
+            .replace("$__rate_interval", "1m").replace("$__interval", "15s"))
+
+
+def test_the_instance_variable_lists_every_replica(live: Live) -> None:
+    var = next(v for v in _dashboard()["templating"]["list"] if v["name"] == "instance")
+    m = re.fullmatch(r"label_values\((.+), (\w+)\)", var["definition"])
+    assert m is not None and var["query"]["query"] == var["definition"]
+    series = live.query(_grafana(m.group(1)))
+    assert sorted(s["metric"][m.group(2)] for s in series) == sorted(live.instances)
+
+
+def test_every_dashboard_query_answers_and_names_each_series(live: Live) -> None:
+    """Each query parses, returns data where its panel shows some, and its legend names every series apart: a label
+    of ``legendFormat`` that the series lack renders empty, and replicas with the same legend cannot be told apart."""
+    problems = []
+    for panel in _dashboard()["panels"]:
+        for target in panel["targets"]:
+            where = f"{panel['title']!r} {target['refId']}"
+            series = live.query(_grafana(target["expr"]))
+            if not series and (panel["title"], target["refId"]) not in NO_SAMPLE_YET:
+                problems.append(f"{where}: no data")
+            legend = target.get("legendFormat", "")
+            labels = re.findall(r"\{\{\s*(\w+)\s*\}\}", legend)
+            for s in series:
+                missing = [name for name in labels if name not in s["metric"]]
+                if missing:
+                    problems.append(f"{where}: legend {legend!r} names {missing}, absent from {s['metric']}")
+            shown = [re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda g, s=s: s["metric"].get(g.group(1), ""), legend) for s in series]
+            if len(set(shown)) < len(shown):
+                problems.append(f"{where}: several series shown as {sorted(shown)}")
+    assert problems == []
+
+
+def test_every_alert_rule_evaluates_without_error(live: Live) -> None:
+    groups = httpx.get(live.prometheus + "/api/v1/rules", timeout=10.0).json()["data"]["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    assert len(rules) == sum(1 for line in RULES.read_text().splitlines() if line.strip().startswith("- alert:"))
+    assert [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok" or r.get("lastError")] == []
+    targets = httpx.get(live.prometheus + "/api/v1/targets", timeout=10.0).json()["data"]["activeTargets"]
+    assert sorted((t["labels"]["instance"], t["health"], t["lastError"]) for t in targets) == \
+        [(i, "up", "") for i in sorted(live.instances)]  # /metrics parsed: no scrape error
+
+
+def test_counters_of_rare_events_are_exported_from_the_start() -> None:
+    """A counter series that first appears at 1 hides that first event from rate() and increase(): the 5xx error
+    kinds (the dashboard's "ticks refused while moving") and the ended training jobs (alert
+    CerebellarNorseTrainingJobFailed) are exported at 0 before any happened."""
+    text = ServiceMetrics().render().decode()
+    for kind in ("capacity", "engine", "market_moving", "internal"):
+        assert f'cerebellar_norse_errors_total{{kind="{kind}"}} 0.0' in text
+    for state in ("succeeded", "failed", "cancelled"):
+        assert f'cerebellar_norse_training_jobs_total{{state="{state}"}} 0.0' in text
+
+
+def test_a_panel_in_seconds_shows_its_stall_count_as_a_count() -> None:
+    panel = next(p for p in _dashboard()["panels"] if p["title"] == "Event loop lag")
+    assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+    counts = [t["refId"] for t in panel["targets"] if "increase(" in t["expr"]]
+    assert counts == ["B"]
+    units = {o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}.get("unit")
+             for o in panel["fieldConfig"]["overrides"] if o["matcher"]["id"] == "byFrameRefID"}
+    assert units.get("B") not in (None, "s")
