@@ -121,10 +121,11 @@ def stored_weights(cfg: Config, store: ModelStore) -> Callable[[str], Weights | 
 
 
 def last_training_loss(jobs: JobManager, model: StoredModel | None) -> float | None:
-    """The training loss known at start: the latest job's, else that of the served model's last epoch (nats)."""
-    job = jobs.jobs.get(jobs.latest) if jobs.latest is not None else None
-    if job is not None and job.loss is not None and math.isfinite(job.loss):
-        return job.loss
+    """The training loss known at start: the latest loss of a job (the gauge's value when the service stopped: a job
+    that failed before its first step, a bad file, left it alone), else that of the served model's last epoch (nats)."""
+    for job in reversed(jobs.jobs.values()):  # oldest first
+        if job.loss is not None and math.isfinite(job.loss):
+            return job.loss
     history = model.metrics.get("history") if model is not None else None
     last = history[-1].get("train_loss") if isinstance(history, list) and history and isinstance(history[-1], dict) else None
     return float(last) if isinstance(last, (int, float)) and math.isfinite(last) else None

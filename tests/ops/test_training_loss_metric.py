@@ -52,3 +52,20 @@ def test_at_start_the_served_model_s_last_epoch_loss_then_the_latest_job_s(tmp_p
     (jobs / "j1.json").write_text(json.dumps({"job_id": "j1", "state": "succeeded", "loss": 0.98,
                                               "created": "2026-11-25T10:00:00Z"}))
     assert SAMPLE.findall(scraped(build_service(cfg).metrics)) == ["0.98"]
+
+
+def test_a_restart_keeps_the_loss_when_the_latest_job_failed_before_any_step(tmp_path: Path) -> None:
+    """A job that failed on its file set no loss, so the gauge kept the previous job's; a restart showed the served
+    model's older (higher) loss instead: a rise of training_loss that no training made (deriv() > 0, the convergence
+    alert pending)."""
+    cfg = _config(tmp_path / "state")
+    store = ModelStore(tmp_path / "state")
+    history = [{"epoch": 1, "train_loss": 1.09}]
+    store.set_active(store.save(generate_weights(cfg), cfg, {"validation": {"loss": 1.0}, "history": history}))
+    jobs = tmp_path / "state" / "jobs"
+    jobs.mkdir()
+    (jobs / "ok.json").write_text(json.dumps({"job_id": "ok", "state": "succeeded", "loss": 1.02,
+                                              "created": "2026-11-25T10:00:00Z"}))
+    (jobs / "bad.json").write_text(json.dumps({"job_id": "bad", "state": "failed", "error": "no price column",
+                                               "created": "2026-11-25T11:00:00Z"}))
+    assert SAMPLE.findall(scraped(build_service(cfg).metrics)) == ["1.02"]
