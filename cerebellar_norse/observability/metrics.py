@@ -312,7 +312,8 @@ def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple
     def collect() -> Iterable[Metric]:
         snap = engine.snapshot()
         used, total = cuda_memory()
-        yield GaugeMetricFamily("cuda_memory_used_bytes", "CUDA memory used by the service (bytes; 0 on CPU).", value=used)
+        yield GaugeMetricFamily("cuda_memory_used_bytes", "CUDA memory in use on the device, by every process, as the "
+                                "driver (and nvidia-smi) reports it (bytes; 0 on CPU).", value=used)
         yield GaugeMetricFamily("cuda_memory_total_bytes", "CUDA memory of the device (bytes; 0 on CPU).", value=total)
         yield CounterMetricFamily("cerebellar_norse_ticks", "Ticks processed.", value=snap.ticks)
         yield CounterMetricFamily("cerebellar_norse_batches", "Engine batches run.", value=snap.batches)

@@ -26,6 +26,7 @@ import httpx
 import pytest
 from conftest import clean_environ
 
+from cerebellar_norse.config import load_config
 from cerebellar_norse.observability.metrics import ServiceMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,3 +211,17 @@ def test_a_panel_in_seconds_shows_its_stall_count_as_a_count() -> None:
     units = {o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}.get("unit")
              for o in panel["fieldConfig"]["overrides"] if o["matcher"]["id"] == "byFrameRefID"}
     assert units.get("B") not in (None, "s")
+
+
+def test_cuda_memory_help_says_what_the_value_counts() -> None:
+    """cuda_memory_used_bytes is the driver's figure for the whole device (cuda.device.cuda_memory: total less free,
+    every process), which CUDAMemoryHigh divides by the total; its HELP said "used by the service"."""
+    from cerebellar_norse.api.server import _cuda_memory
+    from cerebellar_norse.engine.engine import Engine
+    from cerebellar_norse.observability.metrics import engine_families
+
+    cfg = load_config(None, environ={})
+    families = {f.name: f for f in engine_families(Engine(cfg, None, "test"), "cpu", _cuda_memory("cpu"))()}
+    used = families["cuda_memory_used_bytes"]
+    assert "every process" in used.documentation and "by the service" not in used.documentation
+    assert [s.value for s in used.samples] == [0.0]
