@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import clean_environ
+from live_helpers import server_environ
 
 from cerebellar_norse.config import load_config
 from cerebellar_norse.observability.metrics import ServiceMetrics
@@ -93,8 +93,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     work = tmp_path_factory.mktemp("monitoring-live")
     port = _free_port()
     service = f"http://127.0.0.1:{port}"
-    env = clean_environ({"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(work / "state"), "CEREBELLAR_NORSE_LOG": "WARNING",
-                         "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false"})
+    env = server_environ(work / "state", {"CEREBELLAR_NORSE_LOG": "WARNING"})  # untrained: no first-run training
     svc = _start([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)], work / "service.log", env)
     procs = [svc]
     try:
