@@ -21,9 +21,12 @@ import socket
 import threading
 import time
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from .. import __version__
 from ..errors import StartupError
 from ..observability.context import new_request_id
+from ..observability.metrics import starting_exposition
 from .protocol import json_answer, raw_answer
 from .schemas import error_payload
 
@@ -111,7 +114,13 @@ class StartingResponder:
         """The whole HTTP response to a request line's ``method`` and ``path``."""
         rid = new_request_id()
         reason = f"starting: {self.reason}" if self.reason != "starting" else "starting"
-        if path.split(b"?", 1)[0] == b"/health" and method in (b"GET", b"HEAD"):
+        route = path.split(b"?", 1)[0]
+        if route == b"/metrics" and method in (b"GET", b"HEAD"):  # up, not ready: a start is not an outage
+            body = starting_exposition(time.monotonic() - self.started)
+            headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close"), (b"x-request-id", rid.encode())]
+            return raw_answer(b"HTTP/1.1 200 OK", headers, b"" if method == b"HEAD" else body)
+        if route == b"/health" and method in (b"GET", b"HEAD"):
             headers, body = json_answer({"status": "unavailable", "reason": reason, "version": __version__,
                                          "uptime_s": round(time.monotonic() - self.started, 3)}, rid)
         else:

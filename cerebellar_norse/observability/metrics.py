@@ -287,15 +287,35 @@ class _CallbackCollector(Collector):
             yield from source()
 
 
+READY_HELP = ("1 while GET /health answers 200 (ok or degraded), 0 while it answers 503 (starting, shutting down, "
+              "a state write failed).")
+UPTIME_HELP = "Seconds since the service started."
+
+
+def starting_exposition(uptime_s: float) -> bytes:
+    """What ``GET /metrics`` answers while the service starts (text format): ready 0 and the uptime (s).
+
+    The scrape succeeds (``up`` is 1: the process runs), and ``cerebellar_norse_ready`` says
+    it does not serve yet; every other metric appears once it does.
+    """
+
+    class Starting:
+        def collect(self) -> Iterable[Metric]:
+            yield GaugeMetricFamily("cerebellar_norse_ready", READY_HELP, value=0.0)
+            yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", UPTIME_HELP, value=uptime_s)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Starting())
+    return generate_latest(registry)
+
+
 def health_families(ready: Callable[[], bool], degraded: Callable[[], bool]) -> Callable[[], Iterable[Metric]]:
     """Scrape-time gauges of what ``GET /health`` answers: ``ready()`` (200, ``ok`` or ``degraded``) and
     ``degraded()`` (200 ``degraded``: a fallback, the untrained network or lost market states served)."""
 
     def collect() -> Iterable[Metric]:
         is_ready = ready()
-        yield GaugeMetricFamily("cerebellar_norse_ready", "1 while GET /health answers 200 (ok or degraded), "
-                                "0 while it answers 503 (shutting down, state write failed); while starting /metrics "
-                                "answers 503 itself, so there is no sample.", value=float(is_ready))
+        yield GaugeMetricFamily("cerebellar_norse_ready", READY_HELP, value=float(is_ready))
         yield GaugeMetricFamily("cerebellar_norse_degraded", "1 while GET /health answers \"degraded\" (a fallback "
                                 "model, the untrained network or lost market states served; its reason says which).",
                                 value=float(is_ready and degraded()))
@@ -337,7 +357,7 @@ def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple
         yield CounterMetricFamily("cerebellar_norse_engine_busy_seconds", "Time spent stepping batches (s).", value=snap.busy_ns / 1e9)
         yield CounterMetricFamily("cerebellar_norse_warm_steps", "Scratch steps between batches keeping the network in cache "
                                   "(performance.warm_step_interval_us); not ticks.", value=snap.warm_steps)
-        yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", "Seconds since the service started.", value=time.monotonic() - started)
+        yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", UPTIME_HELP, value=time.monotonic() - started)
         if snap.online_judged is not None and snap.online_updates is not None:
             yield CounterMetricFamily("cerebellar_norse_online_judged_ticks", "Ticks judged after their horizon by climbing-fibre learning.",
                                       value=snap.online_judged)

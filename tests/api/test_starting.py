@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from live_helpers import REPO_ROOT, free_port, launch, server_environ
+from prometheus_client.parser import text_string_to_metric_families
 
 from cerebellar_norse.api.starting import StartingResponder, bind_listener
 from cerebellar_norse.engine.persistence import STATE_FILE
@@ -52,6 +53,25 @@ def test_every_request_is_answered_503_naming_the_stage() -> None:
         raw = _request(port, b"POST /neural/process HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(big), big))
         assert raw.startswith(b"HTTP/1.1 503 ")
         assert json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "capacity"
+    finally:
+        responder.stop()
+        sock.close()
+
+
+def test_metrics_while_starting_say_the_process_is_up_and_not_ready() -> None:
+    """A scrape during a start (a minute of first-run training, a long journal replay) is not an outage: 200 with
+    cerebellar_norse_ready 0, so that Prometheus' up stays 1 and CerebellarNorseDown does not page."""
+    sock = bind_listener("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    responder = StartingResponder(sock).start()
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        samples = {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples}
+        assert samples["cerebellar_norse_ready"] == 0.0 and samples["cerebellar_norse_uptime_seconds"] >= 0.0, samples
+        head = httpx.head(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert head.status_code == 200 and head.content == b""
+        assert httpx.post(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 503
     finally:
         responder.stop()
         sock.close()
