@@ -99,6 +99,15 @@ def _errors_as_json(doc: dict[str, Any]) -> None:
                     content["application/json"] = content.pop(media_type)
 
 
+def _head_without_content(doc: dict[str, Any]) -> None:
+    """An answer to HEAD has no content (RFC 9110, section 9.3.2: its status and headers are those of GET), whatever its
+    status: FastAPI files the GET route's media types under HEAD too, and a client generated from them reads a JSON
+    body that never comes (a JSONDecodeError on every HEAD /health)."""
+    for item in doc.get("paths", {}).values():
+        for response in item.get("head", {}).get("responses", {}).values():
+            response.pop("content", None)
+
+
 def live_document(base: dict[str, Any], token: bool, queue_size: int) -> dict[str, Any]:
     """The document for the running configuration: security only with a token, batch size up to the queue."""
     doc = copy.deepcopy(base)
@@ -127,6 +136,7 @@ def install_openapi(app: FastAPI, state: ServiceState) -> None:
                                     description=app.description, routes=app.routes))
             _drop_framework_422(base)
             _errors_as_json(base)
+            _head_without_content(base)
         key = (has_token(state.cfg), state.engine.queue_size)
         doc = cache.get(key)
         if doc is None:

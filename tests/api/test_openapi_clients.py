@@ -1,0 +1,51 @@
+"""What a client generated from ``/openapi.json``, or a validating proxy, reads from the document.
+
+Generators (openapi-python-client, datamodel-code-generator, openapi-typescript) and proxies
+that check answers against the document (Stoplight Prism) take every media type, header and
+enum of it literally: an answer to HEAD documented with a JSON body is parsed as JSON, a
+header the service always sends is invisible unless declared, and enum members need names
+of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from live_helpers import NO_BOOTSTRAP
+
+from cerebellar_norse.api.server import build_service, make_app
+from cerebellar_norse.config import load_checked_config
+
+TOKEN = "clients-t0ken-5c1e"
+
+
+@pytest.fixture
+def tc(tmp_path: Path) -> Iterator[TestClient]:
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP,
+               "CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN}
+    with TestClient(make_app(build_service(load_checked_config(None, environ=environ)), restore=False,
+                             save_on_shutdown=False)) as c:
+        yield c
+
+
+def operations(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(method, path, op) for path, item in doc["paths"].items() for method, op in item.items()]
+
+
+def test_answers_to_head_are_documented_without_content(tc: TestClient) -> None:
+    """A generated client parsed the documented JSON of HEAD /health from the empty answer (JSONDecodeError), and Prism
+    answered 500 for it."""
+    doc = tc.get("/openapi.json").json()
+    heads = [(path, op) for method, path, op in operations(doc) if method == "head"]
+    assert {path for path, _ in heads} == {"/health", "/metrics"}
+    for path, op in heads:
+        for status, response in op["responses"].items():
+            assert "content" not in response, (path, status)
+    r = tc.head("/health")
+    assert r.status_code == 200 and r.content == b""
+    get = doc["paths"]["/health"]["get"]["responses"]
+    assert "application/json" in get["200"]["content"] and "application/json" in get["503"]["content"]
