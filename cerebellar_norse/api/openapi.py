@@ -99,6 +99,23 @@ def _errors_as_json(doc: dict[str, Any]) -> None:
                     content["application/json"] = content.pop(media_type)
 
 
+REQUEST_ID_HEADER: dict[str, Any] = {
+    "description": "The request's id: the caller's X-Request-ID when it is 1-128 characters of A-Z a-z 0-9 . _ : -, "
+                   "else a fresh one (32 hex digits); the request_id of the JSON body and of the log lines.",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+}
+
+
+def _request_id_everywhere(doc: dict[str, Any]) -> None:
+    """Every answer of every operation carries ``X-Request-ID`` (the request context adds it, and so do the answers
+    written below the app: 400, 408, 431, the starting 503): declare it on each response."""
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            for response in op.get("responses", {}).values():
+                response["headers"] = {**response.get("headers", {}), "X-Request-ID": dict(REQUEST_ID_HEADER)}
+
+
 def _head_without_content(doc: dict[str, Any]) -> None:
     """An answer to HEAD has no content (RFC 9110, section 9.3.2: its status and headers are those of GET), whatever its
     status: FastAPI files the GET route's media types under HEAD too, and a client generated from them reads a JSON
@@ -137,6 +154,7 @@ def install_openapi(app: FastAPI, state: ServiceState) -> None:
             _drop_framework_422(base)
             _errors_as_json(base)
             _head_without_content(base)
+            _request_id_everywhere(base)
         key = (has_token(state.cfg), state.engine.queue_size)
         doc = cache.get(key)
         if doc is None:

@@ -9,6 +9,7 @@ of their own.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.config import load_checked_config
 
 TOKEN = "clients-t0ken-5c1e"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
@@ -49,3 +51,29 @@ def test_answers_to_head_are_documented_without_content(tc: TestClient) -> None:
     assert r.status_code == 200 and r.content == b""
     get = doc["paths"]["/health"]["get"]["responses"]
     assert "application/json" in get["200"]["content"] and "application/json" in get["503"]["content"]
+
+
+def test_every_documented_answer_declares_the_request_id_header_it_carries(tc: TestClient) -> None:
+    doc = tc.get("/openapi.json").json()
+    ops = operations(doc)
+    assert len(ops) > 25
+    pattern = None
+    for method, path, op in ops:
+        for status, response in op["responses"].items():
+            header = response.get("headers", {}).get("X-Request-ID")
+            assert header is not None and header["required"] is True, (method, path, status)
+            pattern = header["schema"]["pattern"]
+    assert doc["paths"]["/neural/moves"]["get"]["responses"]["401"]["headers"]["WWW-Authenticate"]
+    assert doc["paths"]["/neural/process"]["post"]["responses"]["503"]["headers"]["Retry-After"]
+    assert pattern is not None
+    tick = {"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "RID"}
+    answers = [tc.get("/health"), tc.head("/metrics"), tc.get("/neural/moves"), tc.get("/neural/moves", headers=AUTH),
+               tc.get("/debug/markets?limit=0", headers=AUTH), tc.delete("/neural/markets/NOPE", headers=AUTH),
+               tc.post("/neural/process", json=tick), tc.post("/neural/process", json={**tick, "price": 0}),
+               tc.post("/neural/process", content=b"{", headers={"Content-Type": "application/json"}),
+               tc.post("/neural/process", json=tick, headers={"X-Request-ID": "ord-7f3a"}),
+               tc.post("/neural/process", json=tick, headers={"X-Request-ID": "not ok"})]
+    assert {r.status_code for r in answers} == {200, 400, 401, 404, 422}
+    for r in answers:
+        assert re.fullmatch(pattern, r.headers.get("x-request-id", "")), (r.request.url, r.status_code, r.headers)
+    assert answers[-2].headers["x-request-id"] == "ord-7f3a"
