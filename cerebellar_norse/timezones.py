@@ -91,7 +91,24 @@ def request_zone(text: str) -> str:
     return text
 
 
+def enum_member_name(zone: str) -> str:
+    """A code generator's name for a zone of the enum (``x-enum-varnames``): upper case, ``_`` for the punctuation,
+    and the sign of an offset spelled out, so that names no two zones share (``GMT+0``, ``GMT-0`` and ``GMT0`` became
+    one ``GMT0``, which stops openapi-python-client: "Duplicate key GMT0 in enum")."""
+    spelled = re.sub(r"([+-])(?=\d)", lambda m: "_PLUS_" if m[1] == "+" else "_MINUS_", zone)
+    return re.sub(r"[^A-Za-z0-9]+", "_", spelled).strip("_").upper()
+
+
 def request_zone_schema() -> dict[str, object]:
     """JSON Schema of :func:`request_zone`'s strings: a name of the database or an offset."""
-    return {"anyOf": [{"type": "string", "enum": list(zone_names())},
+    names = list(zone_names())
+    members: list[str] = []
+    taken: set[str] = set()
+    for zone in names:  # unique whatever the host's database holds
+        member, k = enum_member_name(zone), 2
+        while member in taken:
+            member, k = f"{enum_member_name(zone)}_{k}", k + 1
+        members.append(member)
+        taken.add(member)
+    return {"anyOf": [{"type": "string", "enum": names, "x-enum-varnames": members},
                       {"type": "string", "pattern": EXACT_OFFSET_PATTERN}]}

@@ -23,6 +23,7 @@ from cerebellar_norse.config import load_checked_config
 
 TOKEN = "clients-t0ken-5c1e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+IDENTIFIER = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 @pytest.fixture
@@ -77,3 +78,19 @@ def test_every_documented_answer_declares_the_request_id_header_it_carries(tc: T
     for r in answers:
         assert re.fullmatch(pattern, r.headers.get("x-request-id", "")), (r.request.url, r.status_code, r.headers)
     assert answers[-2].headers["x-request-id"] == "ord-7f3a"
+
+
+def test_zones_of_the_training_request_have_enum_member_names_of_their_own(tc: TestClient) -> None:
+    """openapi-python-client stopped on the document: "Duplicate key GMT0 in enum" (GMT+0, GMT-0 and GMT0)."""
+    schema = tc.get("/openapi.json").json()["components"]["schemas"]["TrainingRequest"]["properties"]["data_timezone"]
+    enum = next(s for s in schema["anyOf"] if "enum" in s)
+    names = enum["x-enum-varnames"]
+    assert len(names) == len(enum["enum"]) > 300
+    assert len(set(names)) == len(names)
+    assert all(IDENTIFIER.match(n) for n in names), [n for n in names if not IDENTIFIER.match(n)][:5]
+    named = dict(zip(enum["enum"], names, strict=True))
+    assert named["Etc/GMT+0"] == "ETC_GMT_PLUS_0" and named["Etc/GMT-0"] == "ETC_GMT_MINUS_0"
+    assert named["Etc/GMT0"] == "ETC_GMT0" and named["America/New_York"] == "AMERICA_NEW_YORK"
+    # each generator's own spelling of a member (upper case, punctuation dropped or "_") is unique as well
+    for squash in (lambda n: n.replace("_", ""), lambda n: re.sub(r"_+", "_", n)):
+        assert len({squash(n) for n in names}) == len(names)
