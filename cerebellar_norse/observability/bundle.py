@@ -144,7 +144,7 @@ def _service_parts(url: str, token: str | None, timeout_s: float, parts: Parts) 
     if stacks is not None:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             parts.files["service/backtrace.txt"] = format_stacks(json.loads(stacks)["threads"]).encode()
-    slow = get("service/slow_requests.json", f"/debug/requests?slow=1&limit={SLOW_REQUESTS}", guarded=True)
+    slow = get("service/slow_requests.json", f"/debug/requests?slow=true&limit={SLOW_REQUESTS}", guarded=True)
     if slow is not None:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             parts.files["service/slow_requests.txt"] = "\n\n".join(

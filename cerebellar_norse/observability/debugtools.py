@@ -361,7 +361,7 @@ def cmd_trace(cfg: Config, request_id: str | None, url: str | None, token: str |
     from .timelines import ascii_timeline
 
     url = url or service_url(cfg)
-    path = f"/debug/requests?slow=1&limit={slow}" if slow else f"/debug/requests/{quote(request_id or '', safe='')}"
+    path = f"/debug/requests?slow=true&limit={slow}" if slow else f"/debug/requests/{quote(request_id or '', safe='')}"
     try:
         doc = fetch_json(url, path, token if token is not None else config_token(cfg))
     except ServiceCallError as exc:

@@ -9,16 +9,20 @@ of their own.
 
 from __future__ import annotations
 
+import http.server
 import re
+import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from fastapi.testclient import TestClient
 from live_helpers import NO_BOOTSTRAP
 
 from cerebellar_norse.api.server import build_service, make_app
+from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_checked_config
 
 TOKEN = "clients-t0ken-5c1e"
@@ -94,3 +98,65 @@ def test_zones_of_the_training_request_have_enum_member_names_of_their_own(tc: T
     # each generator's own spelling of a member (upper case, punctuation dropped or "_") is unique as well
     for squash in (lambda n: n.replace("_", ""), lambda n: re.sub(r"_+", "_", n)):
         assert len({squash(n) for n in names}) == len(names)
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Records the path of every request; answers each 404 (the commands then report the part as failed)."""
+
+    paths: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.paths.append(self.path)
+        body = b'{"error": {"type": "not_found", "message": "stub", "field": null, "request_id": "r"}}'
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def query_problems(doc: dict[str, Any], sent: str) -> list[str]:
+    """What of ``sent``'s query the document's parameters refuse (a boolean is true or false, an integer in range)."""
+    path, _, query = sent.partition("?")
+    op = doc["paths"][path]["get"]
+    params = {p["name"]: p["schema"] for p in op.get("parameters", []) if p["in"] == "query"}
+    problems = []
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        schema = params.get(name)
+        if schema is None:
+            problems.append(f"{sent}: {name} is no parameter")
+        elif schema["type"] == "boolean" and value not in ("true", "false"):
+            problems.append(f"{sent}: {name}={value} is no boolean (true or false)")
+        elif schema["type"] == "integer" and not (value.isdigit() and schema.get("minimum", 0) <= int(value)
+                                                  <= schema.get("maximum", int(value))):
+            problems.append(f"{sent}: {name}={value} is out of the document's range")
+    return problems
+
+
+def test_the_commands_ask_the_service_with_queries_its_document_allows(tc: TestClient, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`trace --slow` and `debug-bundle` asked ``/debug/requests?slow=1``: the document's ``slow`` is a boolean
+    (true or false), and a proxy validating requests against it (Prism) refused them."""
+    doc = tc.get("/openapi.json").json()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    environ = {"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"), **NO_BOOTSTRAP}
+    _Recorder.paths = []
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in environ.items():
+                mp.setenv(k, v)
+            assert main(["trace", "--slow", "5", "--url", url]) == 1
+            assert main(["debug-bundle", "--url", url, "--output", str(tmp_path / "b.tar.gz")]) == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    capsys.readouterr()
+    asked = [p for p in _Recorder.paths if "?" in p]
+    assert sum(p.startswith("/debug/requests?") for p in asked) == 2, _Recorder.paths
+    assert [problem for p in asked for problem in query_problems(doc, p)] == []
+    assert tc.get("/debug/requests?slow=true&limit=2", headers=AUTH).json()["order"] == "slowest"
