@@ -125,6 +125,25 @@ def _head_without_content(doc: dict[str, Any]) -> None:
             response.pop("content", None)
 
 
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def _integer_formats(node: Any) -> None:
+    """Give every integer of the document its size (``format``: ``int32`` when its range fits 32 bits, else
+    ``int64``): generators of typed clients read an integer without one as 32 bits (openapi-generator: Java's
+    ``Integer``, Go's ``int32``), where a tick's timestamp (ms since the epoch, 1.6e12) or a byte count overflows."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer" and "format" not in node:
+            low, high = node.get("minimum", node.get("exclusiveMinimum")), node.get("maximum", node.get("exclusiveMaximum"))
+            fits = low is not None and high is not None and INT32[0] <= low and high <= INT32[1]
+            node["format"] = "int32" if fits else "int64"
+        for value in node.values():
+            _integer_formats(value)
+    elif isinstance(node, list):
+        for value in node:
+            _integer_formats(value)
+
+
 def live_document(base: dict[str, Any], token: bool, queue_size: int) -> dict[str, Any]:
     """The document for the running configuration: security only with a token, batch size up to the queue."""
     doc = copy.deepcopy(base)
@@ -149,12 +168,14 @@ def install_openapi(app: FastAPI, state: ServiceState) -> None:
 
     def openapi() -> dict[str, Any]:
         if not base:
-            base.update(get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
-                                    description=app.description, routes=app.routes))
+            # a copy: the passes below edit it, and FastAPI's document holds the routes' own dicts (HEADERS)
+            base.update(copy.deepcopy(get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
+                                                  description=app.description, routes=app.routes)))
             _drop_framework_422(base)
             _errors_as_json(base)
             _head_without_content(base)
             _request_id_everywhere(base)
+            _integer_formats(base)
         key = (has_token(state.cfg), state.engine.queue_size)
         doc = cache.get(key)
         if doc is None:

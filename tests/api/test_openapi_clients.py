@@ -160,3 +160,33 @@ def test_the_commands_ask_the_service_with_queries_its_document_allows(tc: TestC
     assert sum(p.startswith("/debug/requests?") for p in asked) == 2, _Recorder.paths
     assert [problem for p in asked for problem in query_problems(doc, p)] == []
     assert tc.get("/debug/requests?slow=true&limit=2", headers=AUTH).json()["order"] == "slowest"
+
+
+def test_every_integer_of_the_document_says_its_size(tc: TestClient) -> None:
+    """A typed client's generator reads an integer without a format as 32 bits: a tick's timestamp (ms since the epoch)
+    and the pool's bytes overflow it. int32 only where the documented range fits."""
+    doc = tc.get("/openapi.json").json()
+    found: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "integer":
+                found.append((where, node))
+            for k, v in node.items():
+                walk(v, f"{where}/{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{where}/{i}")
+
+    walk(doc, "")
+    assert len(found) > 15
+    for where, schema in found:
+        assert schema.get("format") in ("int32", "int64"), where
+        if schema["format"] == "int32":
+            assert schema["minimum"] >= -(2**31) and schema["maximum"] <= 2**31 - 1, where
+    schemas = doc["components"]["schemas"]
+    assert schemas["TickIn"]["properties"]["timestamp"]["format"] == "int64"
+    assert schemas["PoolOut"]["properties"]["bytes"]["format"] == "int64"
+    assert schemas["ImportOut"]["properties"]["last_timestamp"]["format"] == "int64"
+    limit = next(p for p in doc["paths"]["/debug/markets"]["get"]["parameters"] if p["name"] == "limit")
+    assert limit["schema"]["format"] == "int32"
