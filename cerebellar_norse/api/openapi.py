@@ -45,7 +45,7 @@ DESCRIPTIONS: dict[int, str] = {
          "engine: the engine failed).",
 }
 HEADERS: dict[int, dict[str, Any]] = {
-    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    401: {"WWW-Authenticate": {"description": "Bearer", "required": True, "schema": {"type": "string", "const": "Bearer"}}},
     503: {"Retry-After": {"description": "Seconds to wait before retrying (capacity errors).",
                           "schema": {"type": "integer", "minimum": 1}}},
 }

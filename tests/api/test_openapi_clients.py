@@ -68,7 +68,11 @@ def test_every_documented_answer_declares_the_request_id_header_it_carries(tc: T
             header = response.get("headers", {}).get("X-Request-ID")
             assert header is not None and header["required"] is True, (method, path, status)
             pattern = header["schema"]["pattern"]
-    assert doc["paths"]["/neural/moves"]["get"]["responses"]["401"]["headers"]["WWW-Authenticate"]
+    unauthorized = [op["responses"]["401"] for _, _, op in ops if "401" in op["responses"]]
+    assert len(unauthorized) > 15
+    for response in unauthorized:  # always sent with the 401
+        assert response["headers"]["WWW-Authenticate"]["required"] is True
+        assert response["headers"]["WWW-Authenticate"]["schema"]["const"] == "Bearer"
     assert doc["paths"]["/neural/process"]["post"]["responses"]["503"]["headers"]["Retry-After"]
     assert pattern is not None
     tick = {"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "RID"}
@@ -82,6 +86,7 @@ def test_every_documented_answer_declares_the_request_id_header_it_carries(tc: T
     for r in answers:
         assert re.fullmatch(pattern, r.headers.get("x-request-id", "")), (r.request.url, r.status_code, r.headers)
     assert answers[-2].headers["x-request-id"] == "ord-7f3a"
+    assert answers[2].status_code == 401 and answers[2].headers["www-authenticate"] == "Bearer"
 
 
 def test_zones_of_the_training_request_have_enum_member_names_of_their_own(tc: TestClient) -> None:
