@@ -522,7 +522,9 @@ class JobManager:
             if self._stop is not None:
                 self._stop.set()
             proc = self._proc
-            deadline = time.monotonic() + CANCEL_GRACE_S
+            # The process checks the stop flag between training steps; before its first step (its imports, reading
+            # the files: seconds, writing nothing) it never would, and the cancel waited the whole grace for nothing.
+            deadline = time.monotonic() + (CANCEL_GRACE_S if job.epoch > 0 else 0.0)
             while proc is not None and proc.is_alive() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             if proc is not None and proc.is_alive():

@@ -601,7 +601,7 @@ def run_and_cancel(mgr: Any, job_id: str, stops: bool, at_shutdown: bool, delete
 
     async def scenario() -> None:
         out: Any = queue.Queue()
-        job = mgr.jobs[job_id] = JobStatus(job_id=job_id, state="running", files=["t.csv"])
+        job = mgr.jobs[job_id] = JobStatus(job_id=job_id, state="running", files=["t.csv"], epoch=1 if stops else 0)
         mgr.latest = job_id
         mgr._proc = mgr._stop = FakeJobProcess(out, job, stops)
         mgr._task = asyncio.get_running_loop().create_task(mgr._monitor(job, out, "auto"))
@@ -615,6 +615,28 @@ def run_and_cancel(mgr: Any, job_id: str, stops: bool, at_shutdown: bool, delete
                              *([delete_soon()] if deleted_meanwhile else []))
 
     asyncio.run(scenario())
+
+
+def test_a_job_that_has_not_reached_its_first_step_is_stopped_at_once(make_config: ConfigFactory) -> None:
+    """DELETE in a job's first seconds (its imports, reading its files) waited the whole grace for a step that checks
+    the stop flag (5 s: past a client's default timeout), then terminated it; it is terminated at once now."""
+    import queue
+
+    from cerebellar_norse.training import jobs
+    from cerebellar_norse.training.jobs import JobManager
+
+    async def scenario() -> JobStatus:
+        mgr = JobManager(make_config(), lambda version: None, lambda loss: None)
+        job = mgr.jobs["load1"] = JobStatus(job_id="load1", state="running", files=["t.csv"])
+        mgr._proc = mgr._stop = proc = FakeJobProcess(queue.Queue(), job, stops=False)
+        done = await asyncio.wait_for(mgr.cancel("load1"), 60)  # (the grace below would be 10 minutes)
+        assert proc.terminated
+        return done
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jobs, "CANCEL_GRACE_S", 600.0)
+        st = asyncio.run(scenario()).as_dict()
+    assert (st["state"], st["model_version"]) == ("cancelled", None)
 
 
 def test_a_job_cancelled_by_the_service_stopping_says_so_after_a_restart(make_config: ConfigFactory) -> None:
