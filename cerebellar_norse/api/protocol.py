@@ -98,10 +98,15 @@ class _PipelineFlow(FlowControl):
 
 
 def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None,
-                     on_refused: Callable[[str], None] | None = None) -> type[HttpToolsProtocol]:
+                     on_refused: Callable[[str], None] | None = None,
+                     max_open: int | None = None) -> type[HttpToolsProtocol]:
     """The protocol class for ``uvicorn.Config(http=...)``; ``on_timeout(phase)`` is called per cut-off request
     (``phase`` is ``"headers"`` or ``"body"``), ``on_refused(kind)`` per request refused here (``"bad_request"``,
-    ``"headers_too_large"``)."""
+    ``"headers_too_large"``, ``"capacity"``).
+
+    ``max_open``: the most connections the open-file limit leaves room for (see :func:`.server.connection_budget`).
+    A connection beyond it is answered 503 (``capacity``, ``Retry-After``) as soon as it is accepted and closed, so
+    that idle clients cannot take the descriptors the journal and checkpoints need."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -310,6 +315,17 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             super().connection_made(transport)
             self.flow = _PipelineFlow(transport, lambda: bool(self.pipeline))
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            if max_open is not None and len(self.connections) > max_open:
+                if on_refused is not None:
+                    on_refused("capacity")
+                self._refused = True
+                headers, body = json_answer(
+                    error_payload("capacity", f"too many open connections ({max_open}, what the open-file limit "
+                                              "leaves room for); retry later", rid := new_request_id()),
+                    rid, [(b"retry-after", b"1")])
+                # closed at once (no linger as for a refused request): the descriptor is what is short
+                self.transport.write(raw_answer(b"HTTP/1.1 503 Service Unavailable", headers, body))
+                self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

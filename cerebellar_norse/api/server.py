@@ -225,8 +225,41 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
     return create_app(state, extra_routers=[training_routes.router], lifespan=lifespan)
 
 
+FD_RESERVE = 64  # descriptors kept for the state dir (journal, checkpoints, models), logs and a training job
+
+
+def connection_budget(max_connections: int) -> int | None:
+    """How many connections the open-file limit leaves room for, after :data:`FD_RESERVE` (None: no limit known).
+
+    The soft ``RLIMIT_NOFILE`` is first raised towards the hard one (as far as ``max_connections`` plus the reserve
+    needs). Where it stays below that, one WARNING says so at start: connections beyond the budget are answered
+    503 at once instead of taking the descriptors that the next journal segment or checkpoint needs (without a
+    descriptor the journal cannot go on and the service would stop).
+    """
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    want = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want and (hard == resource.RLIM_INFINITY or hard > soft):
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return None
+    budget = max(1, soft - FD_RESERVE)
+    log.warning("open-file limit %d leaves room for %d connections, fewer than server.max_connections (%d): "
+                "connections beyond %d are answered 503; raise the limit (LimitNOFILE= in the unit, ulimit -n) "
+                "or lower server.max_connections", soft, budget, max_connections, budget,
+                extra={"fields": {"nofile": soft, "nofile_hard": hard, "max_connections": max_connections,
+                                  "connection_budget": budget}})
+    return budget
+
+
 def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] | None = None,
-                   on_refused: Callable[[str], None] | None = None) -> uvicorn.Config:
+                   on_refused: Callable[[str], None] | None = None, max_open: int | None = None) -> uvicorn.Config:
     """uvicorn settings from ``[server]`` (uvloop, httptools, no access log on the hot path).
 
     The protocol is httptools with request deadlines (``server.request_timeout``, see
@@ -239,7 +272,7 @@ def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] 
         host=cfg.server.host,
         port=cfg.server.port,
         loop="uvloop",
-        http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused),
+        http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused, max_open),
         ws=websocket_protocol(on_refused),
         ws_max_size=int(cfg.server.max_body_size),  # a stream message is bounded as a request body is (close 1009)
         lifespan="on",
@@ -314,7 +347,8 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
             raise StorageError.from_os_error(f"cannot start: {doing}", exc.filename or cfg.paths.state_dir, exc) from None
         raise
     state.starting = starting
-    server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state)))
+    server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state),
+                                           connection_budget(cfg.server.max_connections)))
     state.server = server
     state.config_path = config_path
     state.server_overrides = dict(server_overrides or {})

@@ -1,0 +1,110 @@
+"""Fault injection against real service processes: the host's resources run short while ticks flow.
+
+* too few file descriptors (an open-file limit below ``server.max_connections``): idle
+  clients that open more connections than the limit leaves room for are answered 503
+  (``capacity``, ``Retry-After``) at once, and the journal and checkpoints keep the
+  descriptors they need: ticks are still acknowledged, the service keeps running, and
+  one WARNING at start says what the limit allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
+from live_helpers import BASE_TS, REPO_ROOT, LiveServer, free_port, server_environ
+
+NOFILE = 160  # the open-file limit of the service under test (FD_RESERVE of it is kept for the state dir)
+
+
+def tick_of(market: str, k: int) -> dict[str, object]:
+    return {"price": 100.0 + 0.37 * ((k * 13) % 11), "volume": 10.0 + (k * 17) % 90, "timestamp": BASE_TS + 250 * k,
+            "market_id": market}
+
+
+def launch_limited(state_dir: Path, log_path: Path, env: dict[str, str], nofile: int) -> LiveServer:
+    """The service with RLIMIT_NOFILE (soft and hard) set to ``nofile``; healthy or the test fails with its log."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)], cwd=REPO_ROOT,
+                                env=server_environ(state_dir, env), stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=limit)
+    srv = LiveServer(proc, port, state_dir, log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"server exited with {proc.returncode} during startup\n{srv.log()[-4000:]}"
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{srv.url}/health", timeout=1.0).status_code == 200:
+                return srv
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"server not healthy in time\n{srv.log()[-4000:]}")
+
+
+@pytest.fixture
+def limited(tmp_path: Path) -> Iterator[LiveServer]:
+    env = {"CEREBELLAR_NORSE_PERFORMANCE__CHECKPOINT_INTERVAL_S": "0.2"}  # a checkpoint opens a new journal segment
+    srv = launch_limited(tmp_path / "state", tmp_path / "serve.log", env, NOFILE)
+    yield srv
+    if srv.proc.poll() is None:
+        srv.proc.kill()
+        srv.proc.wait()
+
+
+@pytest.mark.slow
+def test_idle_connections_beyond_the_open_file_limit_are_refused_and_ticks_go_on(limited: LiveServer) -> None:
+    srv = limited
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        assert c.post("/neural/process", json=tick_of("FD", 0)).status_code == 200
+        held: list[socket.socket] = []
+        try:
+            for _ in range(NOFILE + 40):  # more than the whole limit: idle clients that never send a byte
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+                held.append(s)
+            last = held[-1]
+            answer = b""
+            with contextlib.suppress(TimeoutError, ConnectionResetError):
+                while chunk := last.recv(4096):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+            assert b"retry-after: 1" in answer.lower() and b'"capacity"' in answer
+            k = 1
+            for _ in range(30):  # ~1.5 s of batches: several checkpoints, each starting a journal segment
+                r = c.post("/neural/process/batch", json={"ticks": [tick_of("FD", k + j) for j in range(20)]})
+                assert r.status_code == 200, r.text
+                k += 20
+                time.sleep(0.05)
+            health = c.get("/health")
+            assert health.status_code == 200 and health.json()["accepting"] is True, health.text  # (degraded: untrained)
+        finally:
+            for s in held:
+                s.close()
+    assert srv.proc.poll() is None, srv.log()[-3000:]
+    deadline = time.monotonic() + 10
+    while True:  # the refused descriptors are back: new clients are served again
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{srv.url}/health", timeout=2).status_code == 200:
+                break
+        assert time.monotonic() < deadline, srv.log()[-3000:]
+        time.sleep(0.1)
+    assert srv.stop() == 0, srv.log()[-3000:]
+    log = srv.log()
+    assert "EMFILE" not in log and "Traceback" not in log, log[-3000:]
+    warnings = [line for line in log.splitlines() if "open-file limit" in line]
+    assert len(warnings) == 1 and f"open-file limit {NOFILE} leaves room for" in warnings[0], warnings
