@@ -109,18 +109,22 @@ def log_always(logger: logging.Logger, level: int, msg: str, *args: Any, fields:
     logger.handle(record)  # handle() skips the level check that log() makes; handlers and filters still apply
 
 
-class LogFileHandler(logging.handlers.RotatingFileHandler):
-    """The rotating log file; a failing write (a full or read-only disk) is said once on stderr, not as
-    logging's traceback at every line (stdout, journald under systemd, keeps every line)."""
+class _SaysFailuresOnce(logging.Handler):
+    """A handler whose failing writes (a full disk, a reader gone) are said once on stderr, and their end once,
+    instead of logging's traceback at every line."""
 
     failing = False  # the last write failed and that was said
     _failed_now = False  # the write of the record being emitted failed
+    what = "the log"
+    meanwhile = ""
+    again = "the log is written again"
 
     def emit(self, record: logging.LogRecord) -> None:
-        super().emit(record)
+        super().emit(record)  # (the concrete handler's emit, next in the MRO)
         if self.failing and not self._failed_now:
             self.failing = False
-            sys.stderr.write(f"cerebellar-norse: the log file {self.baseFilename} is written again\n")
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"cerebellar-norse: {self.again}\n")
         self._failed_now = False
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
@@ -134,8 +138,29 @@ class LogFileHandler(logging.handlers.RotatingFileHandler):
         exc = sys.exc_info()[1]
         why = f"{exc.strerror} (errno {exc.errno})" if isinstance(exc, OSError) and exc.strerror else repr(exc)
         with contextlib.suppress(Exception):
-            sys.stderr.write(f"cerebellar-norse: cannot write the log file {self.baseFilename}: {why}; "
-                             "log lines go to stdout only until it can be written again\n")
+            sys.stderr.write(f"cerebellar-norse: cannot write {self.what}: {why}; {self.meanwhile}\n")
+
+
+class LogFileHandler(_SaysFailuresOnce, logging.handlers.RotatingFileHandler):
+    """The rotating log file; a failing write (a full or read-only disk) is said once on stderr, not as
+    logging's traceback at every line (stdout, journald under systemd, keeps every line)."""
+
+    meanwhile = "log lines go to stdout only until it can be written again"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.what = f"the log file {self.baseFilename}"
+        self.again = f"{self.what} is written again"
+
+
+class ConsoleHandler(_SaysFailuresOnce, logging.StreamHandler):
+    """The log lines on stdout (journald's stream under systemd). When they cannot be written (``/dev/full``, a
+    reader that went away) the service serves on: that is said once on stderr, the lines are dropped meanwhile, and
+    the end of it is said too (not logging's traceback on stderr at every line)."""
+
+    what = "log lines to stdout"
+    meanwhile = "they are dropped (the service serves on) until stdout can be written again"
+    again = "log lines go to stdout again"
 
 
 def file_handler(cfg: LoggingConfig) -> logging.Handler | None:
@@ -167,7 +192,7 @@ def setup_logging(cfg: LoggingConfig, stream: Any = None) -> None:
     for h in list(root.handlers):  # including handlers a library's basicConfig left behind
         root.removeHandler(h)
     out = stream or sys.stdout
-    console = logging.StreamHandler(out)
+    console = ConsoleHandler(out)
     console.setFormatter(JournalFormatter() if is_journal_stream(out) else JsonFormatter())
     handlers: list[logging.Handler] = [console]
     fh = file_handler(cfg)

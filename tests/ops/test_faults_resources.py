@@ -4,7 +4,9 @@
   clients that open more connections than the limit leaves room for are answered 503
   (``capacity``, ``Retry-After``) at once, and the journal and checkpoints keep the
   descriptors they need: ticks are still acknowledged, the service keeps running, and
-  one WARNING at start says what the limit allows.
+  one WARNING at start says what the limit allows;
+* stdout (journald's stream) that cannot be written (``/dev/full``, a reader gone): the
+  service serves on and exits 0 at SIGTERM; stderr says so once, not a traceback per line.
 """
 
 from __future__ import annotations
@@ -32,18 +34,21 @@ def tick_of(market: str, k: int) -> dict[str, object]:
             "market_id": market}
 
 
-def launch_limited(state_dir: Path, log_path: Path, env: dict[str, str], nofile: int) -> LiveServer:
-    """The service with RLIMIT_NOFILE (soft and hard) set to ``nofile``; healthy or the test fails with its log."""
+def launch_limited(state_dir: Path, log_path: Path, env: dict[str, str], nofile: int | None = None,
+                   stdout: str | None = None) -> LiveServer:
+    """The service with RLIMIT_NOFILE (soft and hard) set to ``nofile`` and stdout to ``stdout`` (both into
+    ``log_path`` by default); healthy or the test fails with its log."""
     state_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
 
     def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    with log_path.open("ab") as out:
+    with log_path.open("ab") as err, open(stdout or log_path, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(port)], cwd=REPO_ROOT,
-                                env=server_environ(state_dir, env), stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=limit)
+                                env=server_environ(state_dir, env), stdout=out,
+                                stderr=subprocess.STDOUT if stdout is None else err, preexec_fn=limit)
     srv = LiveServer(proc, port, state_dir, log_path)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -108,3 +113,24 @@ def test_idle_connections_beyond_the_open_file_limit_are_refused_and_ticks_go_on
     assert "EMFILE" not in log and "Traceback" not in log, log[-3000:]
     warnings = [line for line in log.splitlines() if "open-file limit" in line]
     assert len(warnings) == 1 and f"open-file limit {NOFILE} leaves room for" in warnings[0], warnings
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_unwritable_stdout_keeps_serving_and_says_so_once_on_stderr(tmp_path: Path) -> None:
+    srv = launch_limited(tmp_path / "state", tmp_path / "stderr.log", {}, stdout="/dev/full")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            for k in range(5):
+                r = c.post("/neural/process", json=tick_of("LOG", k))
+                assert r.status_code == 200, r.text
+            assert c.post("/neural/process", json={"price": "x"}).status_code == 422
+        assert srv.stop() == 0
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+    err = srv.log()
+    assert "Logging error" not in err and "Traceback" not in err, err[:3000]
+    said = [line for line in err.splitlines() if "cannot write log lines to stdout" in line]
+    assert said == ["cerebellar-norse: cannot write log lines to stdout: No space left on device (errno 28); they are "
+                    "dropped (the service serves on) until stdout can be written again"], err[:3000]
