@@ -24,6 +24,7 @@ import asyncio
 import calendar
 import contextlib
 import ctypes
+import gc
 import json
 import logging
 import math
@@ -324,6 +325,16 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+EXIT_OUT_OF_MEMORY = 75  # the job process's exit code after a MemoryError
+OUT_OF_MEMORY = ("training ran out of memory (MemoryError; the service's memory limit, LimitAS=/MemoryMax= or "
+                 "ulimit -v, holds for its jobs too): train on fewer or smaller files, fewer epochs, or raise the limit")
+
+
+def exit_error(code: int | None) -> str:
+    """The error of a job whose process ended without a report (the report itself may not have fitted in memory)."""
+    return OUT_OF_MEMORY if code == EXIT_OUT_OF_MEMORY else f"training process exited with code {code}"
+
+
 def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any, parent_pid: int | None = None,
               job_id: str | None = None) -> None:
     """Entry point of the job process (spawned)."""
@@ -338,9 +349,12 @@ def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, sto
     def should_stop() -> bool:
         return bool(stop.is_set()) or (parent_pid is not None and os.getppid() != parent_pid)
 
+    out_of_memory = False
     try:
         res = run_training(cfg, [Path(f) for f in files], epochs, progress, should_stop, job_id=job_id)
         out.put(("succeeded", res))
+    except MemoryError:
+        out_of_memory = True  # said below, once the frames of the failed step (and their arrays) are freed
     except InterruptedError:
         out.put(("cancelled", {}))
     except CerebellarNorseError as exc:
@@ -348,6 +362,15 @@ def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, sto
                             "input": isinstance(exc, InputError)}))  # the data or the request, not the service
     except Exception as exc:  # reported to the service, which keeps running
         out.put(("failed", {"error": f"{type(exc).__name__}: {exc}"}))
+    if out_of_memory:
+        # Even the report may not fit in memory now (the queue pickles it in a thread that drops what fails): the
+        # exit code says it too, and the service names the cause from it.
+        gc.collect()
+        with contextlib.suppress(BaseException):
+            out.put(("failed", {"error": OUT_OF_MEMORY}))
+            out.close()
+            out.join_thread()
+        os._exit(EXIT_OUT_OF_MEMORY)
 
 
 # --------------------------------------------------------------------------------------
@@ -565,7 +588,7 @@ class JobManager:
             except queue.Empty:
                 if (self._proc is not None and not self._proc.is_alive() and job.state not in FINAL
                         and job.job_id not in self._cancelling):  # (a cancel terminates it: that cancel records it)
-                    self._finish(job, "failed", f"training process exited with code {self._proc.exitcode}")
+                    self._finish(job, "failed", exit_error(self._proc.exitcode))
                 continue
             if kind == "progress":
                 self._on_progress(job, data)

@@ -1,0 +1,52 @@
+"""A training job that runs out of memory: its error names the cause and a fix, even when its report is lost."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any, NoReturn
+
+import pytest
+from training_helpers import ConfigFactory
+
+from cerebellar_norse.training import jobs
+
+
+class Reports:
+    """The job's report queue: what was put, and whether it was flushed before the process exits."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.closed = self.flushed = False
+
+    def put(self, item: tuple[str, dict[str, Any]]) -> None:
+        self.sent.append(item)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def join_thread(self) -> None:
+        self.flushed = self.closed
+
+
+def test_a_memory_error_in_training_is_reported_as_out_of_memory_and_exits_with_its_code(
+        make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_memory(*_a: Any, **_k: Any) -> NoReturn:
+        raise MemoryError
+
+    def exit_(code: int) -> NoReturn:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(jobs, "run_training", no_memory)
+    monkeypatch.setattr(jobs.os, "_exit", exit_)
+    out = Reports()
+    with pytest.raises(SystemExit) as ended:
+        jobs._job_main(make_config().model_dump_json(), [], None, out, mp.get_context("spawn").Event())
+    assert ended.value.code == jobs.EXIT_OUT_OF_MEMORY  # what the service reads when the report below was lost
+    assert out.sent == [("failed", {"error": jobs.OUT_OF_MEMORY})]
+    assert "ran out of memory" in jobs.OUT_OF_MEMORY and "raise the limit" in jobs.OUT_OF_MEMORY
+    assert out.flushed  # sent before the exit, which skips the queue's own flush
+
+
+def test_a_job_process_that_exited_out_of_memory_without_a_report_names_the_cause() -> None:
+    assert jobs.exit_error(jobs.EXIT_OUT_OF_MEMORY) == jobs.OUT_OF_MEMORY
+    assert jobs.exit_error(1) == "training process exited with code 1"
