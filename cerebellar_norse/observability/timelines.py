@@ -34,7 +34,7 @@ SLOW_WINDOW_S = 3600.0
 class Timeline:
     """The stage times (ns, perf_counter) of one request; 0 marks a stage not reached."""
 
-    __slots__ = ("batch_seq", "batch_size", "market_id", "marks", "request_id", "route", "status", "ticks")
+    __slots__ = ("batch_seq", "batch_size", "market_id", "marks", "request_id", "route", "status", "ticks", "wall_s")
 
     def __init__(self, request_id: str, route: str, received_ns: int) -> None:
         self.request_id = request_id
@@ -45,6 +45,7 @@ class Timeline:
         self.batch_size = 0  # ticks in the engine batch with the request's last tick
         self.batch_seq = 0  # that batch's engine step number
         self.status = 0
+        self.wall_s: float | None = None  # wall clock minus perf_counter (s) when the request finished
 
     def batched(self, started_ns: int, stepped_ns: int, completed_ns: int, size: int, seq: int) -> None:
         """Record the engine batch of one of the request's ticks (a batch request may span several)."""
@@ -63,6 +64,7 @@ class Timeline:
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /debug/requests/{id}``: offsets from ``received`` in µs, and each stage's duration."""
         t0 = self.marks[RECEIVED]
+        wall_s = self.wall_s if self.wall_s is not None else wall_minus_perf_s()
         stages: list[dict[str, Any]] = []
         prev = t0
         for name, t in zip(STAGES, self.marks, strict=True):
@@ -73,12 +75,15 @@ class Timeline:
             prev = t
         return {"request_id": self.request_id, "route": self.route, "market_id": self.market_id or None,
                 "ticks": self.ticks, "status": self.status, "batch_size": self.batch_size or None,
-                "batch_seq": self.batch_seq or None, "received_at": _iso(_WALL_MINUS_PERF_S + t0 / 1e9),
+                "batch_seq": self.batch_seq or None, "received_at": _iso(wall_s + t0 / 1e9),
                 "total_us": self.total_ns / 1e3,
                 "stages": stages}
 
 
-_WALL_MINUS_PERF_S = time.time() - time.perf_counter_ns() / 1e9  # wall time of a perf_counter reading (s)
+def wall_minus_perf_s() -> float:
+    """What to add to a perf_counter reading (s) for the wall-clock time (s) it was taken at, now: read again for
+    each request, since the wall clock may be stepped (NTP, an operator) while perf_counter runs on."""
+    return time.time() - time.perf_counter_ns() / 1e9
 
 
 def _iso(seconds: float) -> str:
@@ -99,6 +104,7 @@ class TimelineBook:
 
     def finish(self, tl: Timeline) -> None:
         """Keep a finished request's timeline."""
+        tl.wall_s = wall_minus_perf_s()
         self.recent.append(tl)
         self._n = n = self._n + 1
         total = tl.total_ns
