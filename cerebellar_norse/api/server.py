@@ -304,10 +304,32 @@ def refusal_counter(state: ServiceState) -> Callable[[str], None]:
     return lambda kind: errors.labels(kind).inc()
 
 
+def _not_a_cancellation(record: logging.LogRecord) -> bool:
+    """False for uvicorn's ERROR about a request it cancelled (said once by the forced quit's WARNING instead)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, asyncio.CancelledError)
+
+
 class GracefulServer(uvicorn.Server):
     """uvicorn's server, exiting 0 after a graceful SIGTERM/SIGINT shutdown instead of re-raising the signal."""
 
     stopped_by: list[int]
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        """uvicorn's shutdown; after a forced quit (SIGINT while draining) too, the requests still running are
+        cancelled here and the app's shutdown (drain, save) runs in order, where uvicorn would skip it and leave the
+        save to the cancelled lifespan, each cancellation logged as an ERROR traceback."""
+        await super().shutdown(sockets)
+        if not self.force_exit:
+            return
+        cut = [t for t in self.server_state.tasks if not t.done()]
+        log.warning("forced quit (a second signal while draining): %d request(s) still running are cut off, their ticks "
+                    "not acknowledged; the market state is saved", len(cut), extra={"fields": {"requests": len(cut)}})
+        logging.getLogger("uvicorn.error").addFilter(_not_a_cancellation)
+        for t in cut:
+            t.cancel()
+        await asyncio.gather(*cut, return_exceptions=True)
+        await self.lifespan.shutdown()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
