@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import mmap
 import struct
@@ -95,6 +96,8 @@ from .state_dir import STATE_ID_FILE, StateDirLock, read_state_id, write_state_i
 
 if TYPE_CHECKING:
     from .engine import Engine
+
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)  # too many open files: passes once some are closed
 
 log = logging.getLogger("cerebellar_norse.journal")
 
@@ -254,7 +257,9 @@ class Durability:
                 "written by its path; its journal and checkpoint are in the directory as moved: put it back (or point "
                 "paths.state_dir at it) and start the service again", str(self.state_dir)))
 
-    def _open_segment(self, size: int | None = None) -> None:
+    def _open_segment(self, size: int | None = None, can_wait: bool = False) -> None:
+        """Start a new segment at the current position. ``can_wait``: nothing waits for it (a periodic checkpoint's
+        rotation), so running out of file descriptors is not fatal: see :meth:`_skipped`."""
         self._check_in_place()
         size = size or self.segment_size
         fp = self.engine.fingerprint()
@@ -262,7 +267,10 @@ class Durability:
             path, mm = create_segment(self.dir, self.seq, fp, size, self.state_id, self.engine.pool.capacity,
                                       self.max_record)
         except OSError as exc:
-            raise self._fail(StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)) from None
+            err = StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)
+            if can_wait and exc.errno in OUT_OF_DESCRIPTORS:
+                raise self._skipped(err) from None
+            raise self._fail(err) from None
         if self._mm is not None:
             self._mm.close()
         if self._segments and self._segments[-1][0] == self.seq:
@@ -279,6 +287,15 @@ class Durability:
         exc.reported = True
         return exc
 
+    def _skipped(self, exc: StorageError) -> StorageError:
+        """A periodic checkpoint that found no file descriptor (EMFILE, ENFILE: too many open files, for a while):
+        skipped with a WARNING, not fatal; the open segment keeps every acknowledged tick and the next interval
+        tries again."""
+        log.warning("%s; checkpoint skipped, tried again in %g s (every acknowledged tick is in the journal)", exc,
+                    self.interval_s, extra={"fields": {"path": exc.path, "errno": exc.errno}})
+        exc.reported = True
+        return exc
+
     def _fail(self, exc: StorageError) -> StorageError:
         if self.failed is None:
             self.failed = exc
@@ -291,10 +308,10 @@ class Durability:
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def _rotate(self, fingerprint: dict[str, Any]) -> None:
+    def _rotate(self, fingerprint: dict[str, Any], can_wait: bool = False) -> None:
         """Start a new segment at the current position when the open one holds records or is of another model."""
         if self._pos > HEADER_SIZE or self._seg_fp != fingerprint:
-            self._open_segment()
+            self._open_segment(can_wait=can_wait)
 
     def _write(self, snap: Any, fingerprint: dict[str, Any], seq: int, force: bool = False) -> bool:
         """Write a checkpoint at ``seq`` unless one as new is already on disk (any thread).
@@ -349,14 +366,18 @@ class Durability:
         snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
         try:
             self._check_in_place()
-            self._rotate(fp)
+            self._rotate(fp, can_wait=True)
         except StorageError:
             return False
         t0 = time.monotonic()
         try:
             wrote = await asyncio.get_running_loop().run_in_executor(None, self._write, snap, fp, seq)
         except OSError as exc:
-            self._fail(StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc))
+            err = StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc)
+            if exc.errno in OUT_OF_DESCRIPTORS:
+                self._skipped(err)
+            else:
+                self._fail(err)
             return False
         if not wrote:
             return False

@@ -1089,3 +1089,36 @@ async def test_verify_data_finds_the_model_of_market_state_in_a_models_dir_that_
     ok, problems = verify_tree(root)
     assert problems == []
     assert f"{root / STATE_FILE}: market state OK (2 markets)" in ok
+
+
+def out_of_descriptors(*_a: object, **_k: object) -> None:
+    """Opening a file with every file descriptor of the process taken."""
+    raise OSError(errno.EMFILE, "Too many open files")
+
+
+@pytest.mark.parametrize("where", ["segment", "checkpoint"])
+async def test_a_periodic_checkpoint_without_a_file_descriptor_is_skipped_not_fatal(
+        journaled: tuple[Config, list[Durability]], streams: StreamFactory, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, where: str) -> None:
+    """EMFILE when a periodic checkpoint starts its segment or writes its file: a WARNING, the service goes on
+    acknowledging ticks, and the next checkpoint (descriptors back) covers them all."""
+    from cerebellar_norse.engine import journal as journal_mod
+
+    cfg, opened = journaled
+    ticks = interleaved(streams(120, 3, seed=7))
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], ticks[:40])
+    monkeypatch.setattr(journal_mod, "create_segment" if where == "segment" else "write_snapshot", out_of_descriptors)
+    with caplog.at_level(logging.WARNING):
+        assert not await d.checkpoint()
+    assert d.failed is None
+    assert "errno 24 EMFILE" in caplog.text and "checkpoint skipped" in caplog.text
+    assert "no further tick is acknowledged" not in caplog.text
+    await feed([e, twin], ticks[40:80])  # still acknowledged
+    monkeypatch.undo()
+    assert await d.checkpoint()
+    await feed([e, twin], ticks[80:])
+    crash(d)
+    again, _ = start(cfg, opened)
+    assert_same_pool(again, twin)
