@@ -408,6 +408,8 @@ class JobManager:
         self.jobs: dict[str, JobStatus] = {}
         self.latest: str | None = None
         self._proc: Any = None
+        # (job id, epoch) and the sum and count of its steps' losses: the running job's epoch so far
+        self._epoch_losses: tuple[tuple[str, int] | None, tuple[float, int]] = (None, (0.0, 0))
         self._stop: Any = None
         self._task: asyncio.Task[None] | None = None
         self._active_at_start: str | None = None  # what models/ACTIVE named when the running job started
@@ -614,6 +616,11 @@ class JobManager:
         job.ticks_per_second = d.get("ticks_per_second")
         loss = d.get("loss")
         if isinstance(loss, float) and math.isfinite(loss):
+            if not d.get("epoch_done"):  # a step's mini-batch loss: the epoch's mean so far (its mean at its end)
+                key = (job.job_id, job.epoch)
+                total, n = self._epoch_losses[1] if self._epoch_losses[0] == key else (0.0, 0)
+                self._epoch_losses = (key, (total + loss, n + 1))
+                loss = (total + loss) / (n + 1)
             job.loss = loss
             self._set_loss(loss)
         if d.get("epoch_done"):

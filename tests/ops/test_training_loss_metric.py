@@ -69,3 +69,25 @@ def test_a_restart_keeps_the_loss_when_the_latest_job_failed_before_any_step(tmp
     (jobs / "bad.json").write_text(json.dumps({"job_id": "bad", "state": "failed", "error": "no price column",
                                                "created": "2026-11-25T11:00:00Z"}))
     assert SAMPLE.findall(scraped(build_service(cfg).metrics)) == ["1.02"]
+
+
+def test_during_a_job_the_loss_is_the_epoch_s_mean_so_far(tmp_path: Path) -> None:
+    """Each step's loss is one mini-batch's, which goes up and down with the data it holds, and an epoch's end gave
+    the epoch's mean, a jump from the last step's: deriv(training_loss) of a converging job could stay above 0 (the
+    convergence alert). The gauge and the job's loss are the epoch's mean so far: at its end, the epoch's mean."""
+    from cerebellar_norse.training.jobs import JobManager, JobStatus
+
+    gauge: list[float] = []
+    mgr = JobManager(_config(tmp_path / "state"), lambda version: None, gauge.append)
+    job = JobStatus(job_id="j1", state="running")
+    seen = []
+    for epoch, losses in ((1, [1.2, 1.0, 0.8]), (2, [0.9, 1.1])):
+        for step, loss in enumerate(losses, 1):
+            mgr._on_progress(job, {"epoch": epoch, "epochs": 2, "step": step, "steps": len(losses), "loss": loss})
+            seen.append(job.loss)
+        mean = sum(losses) / len(losses)
+        mgr._on_progress(job, {"epoch": epoch, "epochs": 2, "step": len(losses), "steps": len(losses), "loss": mean,
+                               "validation": None, "epoch_done": True})
+        seen.append(job.loss)
+    expected = [1.2, 1.1, 1.0, 1.0, 0.9, 1.0, 1.0]
+    assert seen == gauge and [round(x, 9) for x in gauge] == expected, gauge
