@@ -125,7 +125,7 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
               from_scratch: bool = False) -> int:
     """``cerebellar-norse train``: train offline on CSV files, score the test split, store the model."""
     from .jobs import run_training
-    from .report import format_summary
+    from .report import format_summary, headline, verdict
 
     if activate:
         _activate_offline(cfg, None)  # refused before hours of training rather than after
@@ -141,6 +141,14 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
     for w in res["warnings"]:
         if w not in printed:  # those the progress callback showed during the run are not said twice
             print(f"warning: {w}", file=sys.stderr)
+    test = res.get("test") or {}
+    until = (res.get("splits") or {}).get("validation_until")
+    seen = (res.get("lineage") or {}).get("seen_until")
+    partly_in_sample = isinstance(seen, int) and until is not None and seen > until
+    if test.get("samples"):
+        # the test split is unseen unless training started from a model that saw it (lineage)
+        in_sample = {"since": _unseen_since(seen)} if isinstance(seen, int) and partly_in_sample else None
+        test["verdict"] = verdict({**test, "edge": res["edge"], "in_sample": in_sample})
     if as_json:
         from .jobs import finite_or_none
 
@@ -154,20 +162,17 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
           f"accuracy {v['accuracy']:.3f} (majority baseline {v['majority_baseline_accuracy']:.3f}), "
           f"directional accuracy {v['directional_accuracy']:.3f} "
           f"(more common direction {v['directional_baseline_accuracy']:.3f})")
-    test = res.get("test") or {}
     if test.get("samples"):
-        until = (res.get("splits") or {}).get("validation_until")
-        seen = (res.get("lineage") or {}).get("seen_until")
-        if isinstance(seen, int) and until is not None and seen > until:
+        if partly_in_sample:
+            assert isinstance(seen, int)
             what = (f"partly in sample: the model started from {res['lineage']['from']}, trained and validated up to "
                     f"{_unseen_since(seen - 1)}; evaluate --since {_unseen_since(seen)} scores only unseen ticks")
         else:
             what = "unseen, used for nothing" + (f"; evaluate --since {_unseen_since(until)} scores only ticks after the "
                                                  "model's training and validation data" if until is not None else "")
         print(f"\ntest split ({what}):")
-        edge_line = edge_note(res["edge"])
-        if edge_line:
-            print(edge_line)
+        for line in headline({**test, "edge": res["edge"]}):
+            print(line)
         print(format_summary(test))
     return 0
 
@@ -237,6 +242,7 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     whose = ("the model was trained and validated on" if ancestor is None else
              f"the model it was trained from ({ancestor}, whose weights it started from) was trained and validated on")
     return {"ticks": n, "of": total, "markets": per_market, "validation_until": until, "from_model": ancestor,
+            "since": _unseen_since(until),
             "message": f"{n} of the {total} scored ticks are from the period {whose} "
                        f"(up to {iso_ms(until)}): these figures are in sample, not an estimate on unseen data; "
                        f"score only later ticks with --since {_unseen_since(until)}"}
@@ -247,7 +253,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
     from .calibration import base_rates
     from .data import load_csv_files, parse_time_ms
-    from .report import format_summary, render_html
+    from .report import format_summary, headline, render_html, verdict
     from .scoring import summarise
     from .trainer import market_list, prepare_for_scoring
 
@@ -294,6 +300,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
                     "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,
                     "since_utc": None if since_ms is None else iso_ms(since_ms),
                     "in_sample": in_sample, "unscored_markets": unscored, "data_checks": checks})
+    summary["verdict"] = verdict(summary)
     if unscored:
         print(f"note: {len(unscored)} market(s) have no scored tick and are not in the figures: {market_list(unscored)} (a "
               f"market's first neural.warmup_ticks = {cfg.neural.warmup_ticks} ticks only warm the network up, a scored "
@@ -310,35 +317,12 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         since_part = f"; from --since {since} = {iso_ms(since_ms)}" if since_ms is not None else ""
         print(f"model {version} on {summary['samples']} ticks ({summary['labels']}; first {cfg.neural.warmup_ticks} "
               f"ticks of each market excluded{since_part}; base rates from {base_source})")
-        if in_sample:
-            print(f"IN SAMPLE: {in_sample['message']}")
-        edge_line = edge_note(summary["edge"])
-        if edge_line:
-            print(edge_line)
+        for line in headline(summary):
+            print(line)
         print(format_summary(summary))
         if report:
             print(f"report written to {report}")
     return 0
-
-
-NO_EDGE_NOTE = ("training found no edge on its validation split, so the model serves its base rates: the same "
-                "probabilities at every tick, hence one direction traded at every tick; its trade figures are the base "
-                "rates' (the base-rates row), not a signal to act on")
-
-
-NO_DIRECTION_NOTE = ("training found an edge only in whether prices move (edge: flat), not in which way: the model's "
-                     "P(up) / P(down) is the same at every tick, so its sign strategy trades one direction at every tick; "
-                     "its directional figures and trade figures are those of a constant position (the always_up row, or "
-                     "its mirror when it is short), not a signal to act on")
-
-
-def edge_note(edge: Any) -> str | None:
-    """The line above the figures of a model without a directional edge (None for one with)."""
-    if edge == "none":
-        return f"NO EDGE: {NO_EDGE_NOTE}"
-    if edge == "flat":
-        return f"NO DIRECTIONAL EDGE: {NO_DIRECTION_NOTE}"
-    return None
 
 
 def cmd_inspect_data(cfg: Config, files: list[str], as_json: bool) -> int:

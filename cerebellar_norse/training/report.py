@@ -27,6 +27,117 @@ DIFF_METRICS = (("log_loss", "log loss"), ("direction_log_loss", "dir. log loss"
 PNL_FIELDS = (("trades", "trades"), ("hit_rate", "hit rate"), ("mean_trade_bp", "mean/trade bp"),
               ("total_bp", "total bp"), ("sharpe_per_trade", "Sharpe/trade"))
 MAX_PLOT_POINTS = 2000
+DIRECTION_BASELINES = ("base_rates", "persistence", "mean_reversion", "always_up", "logistic")  # those with a direction
+
+NO_EDGE_NOTE = ("training found no edge on its validation split, so the model serves its base rates: the same "
+                "probabilities at every tick, hence one direction traded at every tick; its trade figures are the base "
+                "rates' (the base-rates row), not a signal to act on")
+
+
+NO_DIRECTION_NOTE = ("training found an edge only in whether prices move (edge: flat), not in which way: the model's "
+                     "P(up) / P(down) is the same at every tick, so its sign strategy trades one direction at every tick; "
+                     "its directional figures and trade figures are those of a constant position (the always_up row, or "
+                     "its mirror when it is short), not a signal to act on")
+
+
+def edge_note(edge: Any) -> str | None:
+    """The line above the figures of a model without a directional edge (None for one with)."""
+    if edge == "none":
+        return f"NO EDGE: {NO_EDGE_NOTE}"
+    if edge == "flat":
+        return f"NO DIRECTIONAL EDGE: {NO_DIRECTION_NOTE}"
+    return None
+
+
+def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
+    """What the figures of ``summary`` (``evaluation.score``'s, with ``edge`` and ``in_sample`` where known) support:
+    ``{"action": "trade" | "do_not_trade" | "collect_more_data", "reason": ...}``.
+
+    In order: figures in sample, a model without a directional edge (``edge`` none or flat), no intervals, a
+    direction log loss worse than a directional baseline (``DIRECTION_BASELINES``) with its 95 % interval above
+    0, or one whose interval includes 0 and whose difference is not below 0 are ``do_not_trade``; better than
+    every one by the point estimates but with an interval including 0 is ``collect_more_data``; better than every one
+    (intervals below 0) but with no cost charged, a P&L after costs at or below 0 or at or below always-up's is
+    ``do_not_trade``; else ``trade``.
+    """
+    in_sample = summary.get("in_sample")
+    if isinstance(in_sample, Mapping):
+        which = (f"{in_sample['ticks']} of the {in_sample.get('of')} scored ticks are" if in_sample.get("ticks")
+                 else "some of the scored ticks are")
+        return {"action": "do_not_trade",
+                "reason": f"{which} from the period the model (or one it started from) was trained and validated on: "
+                          "in-sample figures cannot tell skill from fitting; decide on unseen ticks only"
+                          + (f" (evaluate --since {in_sample['since']})" if in_sample.get("since") else "")}
+    edge = summary.get("edge")
+    if edge == "none":
+        return {"action": "do_not_trade", "reason": "training found no edge: the model serves its base rates"}
+    if edge == "flat":
+        return {"action": "do_not_trade",
+                "reason": "training found no directional edge: the model's direction is the same at every tick"}
+    vs = summary.get("vs_baselines") or {}
+    cells = {name: (vs.get(name) or {}).get("direction_log_loss") or {} for name in DIRECTION_BASELINES if name in vs}
+    moving = summary.get("moving_samples") or 0
+    horizon = summary.get("horizon") or 1
+    spans = f"{moving} moving labels, about {moving // max(int(horizon), 1)} non-overlapping horizons"
+    if not cells or any(not c.get("ci95") or None in c["ci95"] for c in cells.values()):
+        return {"action": "do_not_trade",
+                "reason": "no confidence intervals (--bootstrap 0, or no moving labels): the figures cannot tell skill "
+                          "from chance; re-run with --bootstrap 1000"}
+    worse = [name for name, c in cells.items() if c["ci95"][0] > 0]
+    if worse:
+        return {"action": "do_not_trade",
+                "reason": "direction log loss worse than " + ", ".join(
+                    f"{name} ({_ci_text(cells[name], '-')})" for name in worse) + " (95 % intervals above 0)"}
+    unclear = [name for name, c in cells.items() if c["ci95"][1] >= 0]
+    level = [name for name in unclear if (cells[name].get("diff") or 0.0) >= 0]
+    if level:
+        return {"action": "do_not_trade",
+                "reason": "direction log loss no better than " + ", ".join(
+                    f"{name} ({_ci_text(cells[name], '-')})" for name in level)
+                          + f" even before its uncertainty, on {spans}: no edge shown"}
+    if unclear:
+        return {"action": "collect_more_data",
+                "reason": "direction log loss not distinguishable from " + ", ".join(
+                    f"{name} ({_ci_text(cells[name], '-')})" for name in unclear)
+                          + f" (95 % intervals include 0) on {spans}: better by its point estimates, but no edge "
+                          "shown yet; do not trade it before more unseen data confirms it"}
+    pnl = ((summary.get("model") or {}).get("pnl") or {})
+    total = pnl.get("total_bp")
+    always = (((summary.get("baselines") or {}).get("always_up") or {}).get("pnl") or {}).get("total_bp")
+    better = f"direction log loss better than every baseline (95 % intervals below 0, {spans})"
+    cost = summary.get("cost_bp") or 0.0
+    if not cost:
+        return {"action": "do_not_trade",
+                "reason": f"{better}, but the P&L charges no cost: re-run with --cost-bp of a round trip's spread and "
+                          "fees before deciding"}
+    if total is None or total <= 0:
+        return {"action": "do_not_trade",
+                "reason": f"{better}, but it does not pay its costs: total {_fmt(total, 2, '-')} bp after {cost:g} bp "
+                          "per trade"}
+    if always is not None and total <= always:
+        return {"action": "do_not_trade",
+                "reason": f"{better}, but after {cost:g} bp per trade its P&L ({total:.2f} bp) is no better than "
+                          f"always long's ({always:.2f} bp)"}
+    return {"action": "trade",
+            "reason": f"{better}, and after {cost:g} bp per trade its P&L ({total:.2f} bp) is positive and above always "
+                      f"long's ({_fmt(always, 2, '-')} bp); the P&L's own uncertainty is not in the intervals: confirm "
+                      "on later unseen data before sizing up"}
+
+
+def headline(summary: Mapping[str, Any]) -> list[str]:
+    """The lines above the figures, the same in the terminal and the HTML report: in sample (``IN SAMPLE``), a
+    model without a directional edge (``NO EDGE``, ``NO DIRECTIONAL EDGE``), what to do (``VERDICT``)."""
+    lines = []
+    in_sample = summary.get("in_sample")
+    if isinstance(in_sample, Mapping) and in_sample.get("message"):
+        lines.append(f"IN SAMPLE: {in_sample['message']}")
+    note = edge_note(summary.get("edge"))
+    if note:
+        lines.append(note)
+    v = summary.get("verdict")
+    if isinstance(v, Mapping) and v.get("action"):
+        lines.append(f"VERDICT: {str(v['action']).replace('_', ' ')}: {v.get('reason', '')}")
+    return lines
 
 
 def _fmt(value: Any, digits: int = 4, none: str = "—", signed: bool = False) -> str:
@@ -83,6 +194,23 @@ def _overview(summary: Mapping[str, Any]) -> str:
             f"ticks, cost {_fmt(summary.get('cost_bp'), 2, none='-')} bp")
 
 
+def _scope(summary: Mapping[str, Any]) -> str:
+    """What was scored (as ``evaluate``'s first line says it): the model, labels, warm-up, --since, base rates'
+    source; empty for a summary without them (``train``'s test split)."""
+    parts = []
+    if summary.get("labels"):
+        parts.append(str(summary["labels"]))
+    if summary.get("warmup_ticks") is not None:
+        parts.append(f"first {summary['warmup_ticks']} ticks of each market excluded")
+    if summary.get("since"):
+        parts.append(f"from --since {summary['since']} = {summary.get('since_utc')}")
+    if summary.get("base_rates_from"):
+        parts.append(f"base rates from {summary['base_rates_from']}")
+    if not summary.get("model_version"):
+        return ""
+    return f"model {summary['model_version']} on {summary.get('samples')} ticks ({'; '.join(parts)})"
+
+
 def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
     lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
@@ -129,6 +257,7 @@ th { background: #f2f2f2; }
 img { max-width: 100%; margin: 0.5em 1em 1em 0; border: 1px solid #eee; }
 .plots { display: flex; flex-wrap: wrap; }
 .note { color: #555; font-size: 0.9em; }
+.warning { color: #8a1c00; }
 """
 
 
@@ -245,7 +374,18 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
         plots.append(png(draw_curve))
 
     preds = _predictors(summary)
-    parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(_overview(summary))}</p>"]
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    scope = _scope(summary)
+    if scope:
+        parts.append(f"<p>{html.escape(scope)}</p>")
+    parts += [f'<p class="warning"><strong>{html.escape(line)}</strong></p>' for line in headline(summary)]
+    checks = summary.get("data_checks") or {}
+    if isinstance(checks, Mapping) and checks:
+        parts.append('<p class="note">data checks (told, not acted on: the scored ticks, the labels and the P&L '
+                     'include them):</p><ul class="note">' + "".join(
+                         f"<li>{html.escape(str(market))}: {html.escape(str(line))}</li>"
+                         for market, lines in checks.items() for line in (lines or [])) + "</ul>")
+    parts.append(f"<p>{html.escape(_overview(summary))}</p>")
     base_rates = summary.get("base_rates") or {}
     if base_rates:
         parts.append(_table(["base rates", *CLASS_NAMES],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -201,9 +202,14 @@ def test_evaluate_says_when_it_scores_ticks_the_model_was_trained_on(env: Path, 
     stored = ModelStore(env / "state").load(trained["model_version"]).metrics["data"]["splits"]
     assert stored == times
 
-    assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "0"]) == 0
+    report = env / "report.html"
+    assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "0", "--report", str(report)]) == 0
     captured = capsys.readouterr()
     full = json.loads(captured.out.strip().splitlines()[-1])
+    assert full["verdict"]["action"] == "do_not_trade" and "in-sample figures" in full["verdict"]["reason"]
+    page = report.read_text(encoding="utf-8")  # a report read alone says so too, as the terminal does
+    assert "IN SAMPLE: " + html.escape(full["in_sample"]["message"]) in page
+    assert "VERDICT: do not trade: " in page
     ticks = generate_ticks(4000, 2, seed=4)
     assert full["in_sample"]["ticks"] > full["samples"] // 2 and full["in_sample"]["of"] == full["samples"]
     assert set(full["in_sample"]["markets"]) == {t["market_id"] for t in ticks}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from cerebellar_norse.training.evaluation import ScoreInputs, cumulative_pnl, score
-from cerebellar_norse.training.report import format_summary, render_html
+from cerebellar_norse.training.report import format_summary, headline, render_html, verdict
 
 IMG = '<img src="data:image/png;base64,'
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -117,3 +118,65 @@ def test_importing_the_report_does_not_import_matplotlib() -> None:
     code = "import sys, cerebellar_norse.training.report; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _scored(skill: float, n: int = 4_000, seed: int = 1, cost_bp: float = 0.0, bootstrap: int = 200,
+            right: float = 1.0) -> dict:
+    """The summary of a model that puts ``skill`` more mass on the true class of random labels at a share ``right``
+    of the rows (on the opposite direction elsewhere; 0: noise around the base rates), the P&L of its labels' returns."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, n)
+    fwd = np.where(labels == 2, 1e-3, np.where(labels == 0, -1e-3, 0.0)) + rng.normal(0, 1e-4, n)
+    probs = np.full((n, 3), (1.0 - skill) / 3.0)
+    probs[np.arange(n), np.where(rng.random(n) < right, labels, 2 - labels)] += skill
+    if skill == 0:
+        probs = rng.dirichlet([50, 50, 50], n)  # no skill: noise around the base rates
+    inp = ScoreInputs(probs=probs, labels=labels, fwd_ret=fwd, past_ret=rng.normal(0, 1e-3, n),
+                      base_rates=np.array([1, 1, 1]) / 3, lr_probs=rng.dirichlet([50, 50, 50], n), horizon=1)
+    return score(inp, cost_bp=cost_bp, bootstrap=bootstrap)
+
+
+def test_verdict_says_what_the_figures_support() -> None:
+    skilled = _scored(0.3, cost_bp=1.0)
+    assert all(c["direction_log_loss"]["ci95"][1] < 0 for name, c in skilled["vs_baselines"].items()
+               if name != "majority")
+    v = verdict(skilled)
+    assert v["action"] == "trade" and "better than every baseline" in v["reason"]
+    assert verdict({**skilled, "edge": "direction"})["action"] == "trade"
+    # the same figures in sample, from a model without an edge, without a cost or without intervals: not a trade
+    in_sample = verdict({**skilled, "in_sample": {"ticks": 10, "of": 4000, "since": "2020-01-02T00:00:00Z"}})
+    assert in_sample["action"] == "do_not_trade" and "--since 2020-01-02T00:00:00Z" in in_sample["reason"]
+    assert verdict({**skilled, "edge": "none"})["action"] == "do_not_trade"
+    assert verdict({**skilled, "edge": "flat"})["action"] == "do_not_trade"
+    free = verdict(_scored(0.3))
+    assert free["action"] == "do_not_trade" and "--cost-bp" in free["reason"]
+    assert verdict(_scored(0.3, cost_bp=1.0, bootstrap=0))["action"] == "do_not_trade"
+    costly = verdict(_scored(0.3, cost_bp=50.0))
+    assert costly["action"] == "do_not_trade" and "does not pay its costs" in costly["reason"]
+    noise = verdict(_scored(0.0, cost_bp=1.0))
+    assert noise["action"] == "do_not_trade" and "worse than base_rates" in noise["reason"]
+
+
+def test_verdict_of_a_hint_too_small_for_its_interval_is_collect_more_data() -> None:
+    hint = verdict(_scored(0.1, n=600, cost_bp=1.0, right=0.58))
+    assert hint["action"] == "collect_more_data" and "intervals include 0" in hint["reason"]
+
+
+def test_html_says_what_the_text_says_above_the_figures(evaluated: tuple[dict, dict[str, np.ndarray]]) -> None:
+    """The in-sample warning, the no-edge note, the verdict and the data checks the terminal prints above the
+    figures are in the HTML report too: a report read alone does not pass in-sample figures off as unseen."""
+    summary, cum = evaluated
+    summary = {**summary, "edge": "none", "model_version": "20260101T000000Z-abcdef", "labels": "horizon 4 ticks",
+               "warmup_ticks": 500, "since": None, "base_rates_from": "the model's training and validation data",
+               "in_sample": {"ticks": 2000, "of": 3000, "since": "2020-01-02T00:00:00Z",
+                             "message": "2000 of the 3000 scored ticks are from the period <x> the model was trained on"},
+               "data_checks": {"EURUSD": ["a gap of 3d 01:00:00 before 2017-12-25T22:00:00Z"]}}
+    summary["verdict"] = verdict(summary)
+    lines = headline(summary)
+    assert [line.split(":", 1)[0] for line in lines] == ["IN SAMPLE", "NO EDGE", "VERDICT"]
+    assert lines[2].startswith("VERDICT: do not trade: 2000 of the 3000 scored ticks")
+    page = render_html(summary, cum, CURVE)
+    for line in lines:
+        assert html.escape(line) in page
+    assert "EURUSD: a gap of 3d 01:00:00 before 2017-12-25T22:00:00Z" in page
+    assert "model 20260101T000000Z-abcdef on 3000 ticks (horizon 4 ticks; first 500 ticks" in page
