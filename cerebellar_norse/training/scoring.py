@@ -7,7 +7,8 @@ the tick (the encoder's population code of its z-scored return, volume and gap).
 ``train`` fits it on the training split; ``evaluate`` has no training split and
 cross-fits it in time (the model for the second half of each market is fitted on
 the first half and vice versa, with one horizon dropped at the seam), which if
-anything flatters the baseline.
+anything flatters the baseline. Each fit's L2 penalty is chosen by cross-validation in
+time on its own rows (:func:`choose_l2`), never on the rows it scores.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from .evaluation import LogisticModel, ScoreInputs, cumulative_pnl, fit_logistic
 from .trainer import Prepared, PreparedMarket, network_logp
 
 MAX_LR_ROWS = 200_000  # rows the logistic baseline is fitted on at most
+L2_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # the logistic baseline's penalties tried (per row, standardised weights)
+L2_ROWS = 8_000  # rows its penalty is chosen on at most
 PREDICT_ROWS = 65_536  # rows the baseline predicts at a time
 
 
@@ -78,7 +81,36 @@ def _fit_on(markets: list[PreparedMarket], rows: list[np.ndarray], ys: list[np.n
         for a in range(0, part.size, PREDICT_ROWS):
             sub = part[a:a + PREDICT_ROWS]
             x[cuts[k] + a:cuts[k] + a + sub.size] = pm.mossy[sub]
-    return fit_logistic(x, y[keep])
+    return fit_logistic(x, y[keep], l2=choose_l2(x, y[keep]))
+
+
+def choose_l2(x: np.ndarray, y: np.ndarray) -> float:
+    """The logistic baseline's L2 penalty for rows ``x`` (n, d) labelled ``y``, in time order, by cross-validation in
+    time: on at most ``L2_ROWS`` rows spread evenly, each penalty of ``L2_GRID`` is fitted on the first half and
+    scored on the second, and vice versa; the lowest held-out log loss wins. The penalty is on the mean loss per row,
+    so it is scaled by those rows / n for the n rows of the fit (the same prior per weight).
+
+    With the weakest penalty alone, a fit on a few hundred rows (a daily file's scored ticks) of the 48 inputs
+    separated its rows: held-out log losses of 2-3.5 nats against the base rates' 1.1, so that a model "beat the
+    logistic regression" with an interval far below 0 against a baseline that was merely overfitted.
+    """
+    n = y.shape[0]
+    rows = np.arange(n) if n <= L2_ROWS else np.linspace(0, n - 1, L2_ROWS).astype(np.int64)
+    m = rows.size
+    if m < 20:
+        return L2_GRID[-1]
+    half = m // 2
+    first, second = rows[:half], rows[half:]
+    best, best_loss = L2_GRID[0], np.inf
+    for l2 in L2_GRID:
+        loss = 0.0
+        for fit_rows, test_rows in ((first, second), (second, first)):
+            model = fit_logistic(x[fit_rows], y[fit_rows], l2=l2)
+            p = model.predict_proba(x[test_rows])
+            loss += float(-np.log(np.clip(p[np.arange(test_rows.size), y[test_rows]], 1e-12, 1.0)).sum())
+        if loss < best_loss:
+            best, best_loss = l2, loss
+    return best * m / n
 
 
 def _predict(model: LogisticModel, pm: PreparedMarket, rows: np.ndarray) -> np.ndarray:

@@ -445,7 +445,7 @@ def test_logistic_baseline_copies_only_the_rows_it_fits_on(tmp_path: Path, make_
     x = np.concatenate([pm.mossy[pm.labels >= 0].astype(np.float64) for pm in prep.markets])
     y = np.concatenate([pm.labels[pm.labels >= 0] for pm in prep.markets]).astype(np.int64)
     keep = np.linspace(0, y.size - 1, scoring.MAX_LR_ROWS).astype(np.int64)
-    want = fit_logistic(x[keep], y[keep]).predict_proba(
+    want = fit_logistic(x[keep], y[keep], l2=scoring.choose_l2(x[keep], y[keep])).predict_proba(
         np.concatenate([pm.mossy[i].astype(np.float64) for pm, i in zip(prep.markets, idx, strict=True)]))
     assert got is not None and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)  # predicted in parts: the same up to rounding
@@ -468,7 +468,7 @@ def test_logistic_baseline_rows_filled_in_parts_fit_as_the_concatenated_rows(tmp
     x = np.concatenate([pm.mossy[r].astype(np.float64) for pm, r in zip(prep.markets, rows, strict=True)])
     y = np.concatenate(ys).astype(np.int64)
     keep = np.linspace(0, y.size - 1, scoring.MAX_LR_ROWS).astype(np.int64)
-    want = fit_logistic(x[keep], y[keep])
+    want = fit_logistic(x[keep], y[keep], l2=scoring.choose_l2(x[keep], y[keep]))
     assert got is not None
     np.testing.assert_array_equal(got.coef, want.coef)
     np.testing.assert_array_equal(got.intercept, want.intercept)
