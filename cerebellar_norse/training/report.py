@@ -189,9 +189,14 @@ def _ci_text(cell: Mapping[str, Any] | None, none: str) -> str:
 def _overview(summary: Mapping[str, Any]) -> str:
     counts = summary.get("class_counts") or {}
     parts = [f"{name} {_fmt(counts.get(name), none='-')}" for name in CLASS_NAMES]
-    return (f"samples {_fmt(summary.get('samples'), none='-')} ({', '.join(parts)}), "
-            f"moving {_fmt(summary.get('moving_samples'), none='-')}, horizon {_fmt(summary.get('horizon'), none='-')} "
-            f"ticks, cost {_fmt(summary.get('cost_bp'), 2, none='-')} bp")
+    samples, horizon = summary.get("samples"), summary.get("horizon")
+    spans = ""
+    if isinstance(samples, int) and isinstance(horizon, int) and horizon > 1:
+        # the labels of ticks less than a horizon apart share returns: the independent samples are about these
+        spans = f" (about {samples // horizon} non-overlapping horizons)"
+    return (f"samples {_fmt(samples, none='-')} ({', '.join(parts)}), "
+            f"moving {_fmt(summary.get('moving_samples'), none='-')}, horizon {_fmt(horizon, none='-')} "
+            f"ticks{spans}, cost {_fmt(summary.get('cost_bp'), 2, none='-')} bp")
 
 
 def _scope(summary: Mapping[str, Any]) -> str:

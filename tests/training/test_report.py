@@ -112,6 +112,9 @@ def test_format_summary_table(evaluated: tuple[dict, dict[str, np.ndarray]]) -> 
     cell = summary["vs_baselines"]["base_rates"]["accuracy"]
     assert f"{cell['diff']:+.4f} [{cell['ci95'][0]:+.4f}, {cell['ci95'][1]:+.4f}]" in text
     assert "samples 3000" in text
+    # overlapping horizons: 3000 labels of a 4-tick horizon are about 750 independent ones, and the report says so
+    assert "horizon 4 ticks (about 750 non-overlapping horizons)" in text
+    assert "horizon 4 ticks (about 750 non-overlapping horizons)" in render_html(summary)
 
 
 def test_importing_the_report_does_not_import_matplotlib() -> None:
