@@ -108,8 +108,8 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     cost = summary.get("cost_bp") or 0.0
     if not cost:
         return {"action": "do_not_trade",
-                "reason": f"{better}, but the P&L charges no cost: re-run with --cost-bp of a round trip's spread and "
-                          "fees before deciding"}
+                "reason": f"{better}, but the P&L charges no cost: score it with evaluate --cost-bp (a round trip's spread and "
+                          "fees) before deciding"}
     if total is None or total <= 0:
         return {"action": "do_not_trade",
                 "reason": f"{better}, but it does not pay its costs: total {_fmt(total, 2, '-')} bp after {cost:g} bp "
