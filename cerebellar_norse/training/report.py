@@ -57,8 +57,9 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     direction log loss worse than a directional baseline (``DIRECTION_BASELINES``) with its 95 % interval above
     0, or one whose interval includes 0 and whose difference is not below 0 are ``do_not_trade``; better than
     every one by the point estimates but with an interval including 0 is ``collect_more_data``; better than every one
-    (intervals below 0) but with no cost charged, a P&L after costs at or below 0 or at or below always-up's is
-    ``do_not_trade``; else ``trade``.
+    (intervals below 0) but with no cost charged, a P&L after costs at or below 0 or at or below that of a constant
+    position (always long, or always short: its mirror at the same cost per trade) is ``do_not_trade``; else
+    ``trade``.
     """
     in_sample = summary.get("in_sample")
     if isinstance(in_sample, Mapping):
@@ -114,14 +115,24 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
         return {"action": "do_not_trade",
                 "reason": f"{better}, but it does not pay its costs: total {_fmt(total, 2, '-')} bp after {cost:g} bp "
                           "per trade"}
-    if always is not None and total <= always:
+    constant = []  # the constant positions: a drift is not an edge, whichever way the market went
+    if always is not None:
+        constant.append(("always long", float(always)))
+        samples = summary.get("samples")
+        if isinstance(samples, int):
+            # short at every tick: the mirror of always long's returns, paying the same cost per trade
+            constant.append(("always short", -float(always) - 2.0 * samples * cost / max(int(horizon), 1)))
+    beaten = [(name, value) for name, value in constant if total <= value]
+    if beaten:
+        name, value = max(beaten, key=lambda c: c[1])
         return {"action": "do_not_trade",
                 "reason": f"{better}, but after {cost:g} bp per trade its P&L ({total:.2f} bp) is no better than "
-                          f"always long's ({always:.2f} bp)"}
+                          f"{name}'s ({value:.2f} bp)"}
     return {"action": "trade",
-            "reason": f"{better}, and after {cost:g} bp per trade its P&L ({total:.2f} bp) is positive and above always "
-                      f"long's ({_fmt(always, 2, '-')} bp); the P&L's own uncertainty is not in the intervals: confirm "
-                      "on later unseen data before sizing up"}
+            "reason": f"{better}, and after {cost:g} bp per trade its P&L ({total:.2f} bp) is positive and above "
+                      + " and ".join(f"{name}'s ({value:.2f} bp)" for name, value in constant)
+                      + "; the P&L's own uncertainty is not in the intervals: confirm on later unseen data before "
+                        "sizing up"}
 
 
 def headline(summary: Mapping[str, Any]) -> list[str]:

@@ -154,6 +154,12 @@ def test_verdict_says_what_the_figures_support() -> None:
     free = verdict(_scored(0.3))
     assert free["action"] == "do_not_trade" and "--cost-bp" in free["reason"]
     assert verdict(_scored(0.3, cost_bp=1.0, bootstrap=0))["action"] == "do_not_trade"
+    # a market that fell: always short's P&L (always long's mirror, at the same cost) above the model's is no edge
+    model_total = skilled["model"]["pnl"]["total_bp"]
+    fell = {**skilled, "baselines": {**skilled["baselines"], "always_up": {
+        **skilled["baselines"]["always_up"], "pnl": {"total_bp": -model_total - 10_000.0}}}}
+    short = verdict(fell)
+    assert short["action"] == "do_not_trade" and "no better than always short's" in short["reason"]
     costly = verdict(_scored(0.3, cost_bp=50.0))
     assert costly["action"] == "do_not_trade" and "does not pay its costs" in costly["reason"]
     noise = verdict(_scored(0.0, cost_bp=1.0))
