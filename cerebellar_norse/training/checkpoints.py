@@ -555,6 +555,37 @@ def split_until(metrics: dict[str, Any]) -> int | None:
     return until if isinstance(until, int) and not isinstance(until, bool) else None
 
 
+def seen_from(metrics: dict[str, Any], store: ModelStore | None = None) -> int | None:
+    """The start of the earliest period a model's weights were fitted on, its ancestors' included (the
+    ``data.splits.train_from`` of the model and of each stored model its training started from, as
+    :func:`seen_until` follows them); None when any of them did not record it, or an ancestor is no longer stored
+    (then nothing is known to be unseen before its period)."""
+    def own(m: dict[str, Any]) -> int | None:
+        data = m.get("data")
+        times = data.get("splits") if isinstance(data, dict) else None
+        t = times.get("train_from") if isinstance(times, dict) else None
+        return t if isinstance(t, int) and not isinstance(t, bool) else None
+
+    def started_from(m: dict[str, Any]) -> str | None:
+        started, parent = m.get("started"), m.get("parent_version")
+        if not isinstance(parent, str) or (isinstance(started, str) and not started.startswith("from the active model")):
+            return None
+        return parent
+
+    first = own(metrics)
+    seen: set[str] = set()
+    parent = started_from(metrics)
+    while first is not None and parent is not None and parent not in seen:
+        seen.add(parent)
+        pm = store.metrics_of(parent) if store is not None and parent in store.versions() else None
+        t = own(pm) if pm is not None else None
+        if t is None:
+            return None
+        first = min(first, t)
+        parent = started_from(pm) if pm is not None else None
+    return first
+
+
 def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tuple[int | None, str | None]:
     """The end of the latest period a model's weights were fitted or chosen on, its ancestors' included: a model
     trained from the active model (``parent_version``) inherits what that one learnt, so its parents' training and

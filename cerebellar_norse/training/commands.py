@@ -18,6 +18,7 @@ from .checkpoints import (
     MANIFEST,
     ModelStore,
     load_model_dir,
+    seen_from,
     seen_until,
     served_weights,
     shape_mismatch,
@@ -220,20 +221,22 @@ def _unseen_since(validation_until: int) -> str:
 
 
 def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = None) -> dict[str, Any] | None:
-    """The scored ticks from the period a model was trained and validated on (up to its ``validation_until``, whatever
-    the market: markets of one period move together), or that any model it was trained from was (``seen_until``),
-    from the split times stored with them; None when there are none or the model did not record them."""
+    """The scored ticks from the period a model was trained and validated on (from its ``train_from`` up to its
+    ``validation_until``, whatever the market: markets of one period move together), or that any model it was trained
+    from was (``seen_from``, ``seen_until``), from the split times stored with them; None when there are none or the
+    model did not record them. Without a recorded start (older models) every tick up to the end is counted."""
     from .datacheck import iso_ms
 
     until, ancestor = seen_until(metrics, store)
     if until is None:
         return None
+    start = seen_from(metrics, store)  # ticks before the first the model (or an ancestor) was fitted on are unseen
     per_market: dict[str, int] = {}
     total = 0
     for pm in prep.markets:
         total += int(pm.scored.sum())
         ts = np.fromiter((t.timestamp for t in pm.ticks), dtype=np.int64, count=len(pm.ticks))
-        k = int((pm.scored & (ts <= until)).sum())
+        k = int((pm.scored & (ts <= until) & (ts >= (start if start is not None else np.iinfo(np.int64).min))).sum())
         if k:
             per_market[pm.market_id] = k
     if not per_market:
@@ -241,10 +244,11 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     n = sum(per_market.values())
     whose = ("the model was trained and validated on" if ancestor is None else
              f"the model it was trained from ({ancestor}, whose weights it started from) was trained and validated on")
-    return {"ticks": n, "of": total, "markets": per_market, "validation_until": until, "from_model": ancestor,
+    return {"ticks": n, "of": total, "markets": per_market, "train_from": start, "validation_until": until,
+            "from_model": ancestor,
             "since": _unseen_since(until),
             "message": f"{n} of the {total} scored ticks are from the period {whose} "
-                       f"(up to {iso_ms(until)}): these figures are in sample, not an estimate on unseen data; "
+                       f"({'' if start is None else f'from {iso_ms(start)} '}up to {iso_ms(until)}): these figures are in sample, not an estimate on unseen data; "
                        f"score only later ticks with --since {_unseen_since(until)}"}
 
 

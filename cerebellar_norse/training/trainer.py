@@ -151,16 +151,18 @@ def common_cuts(series: list[np.ndarray], validation_fraction: float, test_fract
 
 
 def split_times(markets: list[PreparedMarket]) -> dict[str, int | None]:
-    """When the common splits lie (ms since the epoch): the last tick of the training part (``train_until``) and of the
-    validation part (``validation_until``: no label of training or validation uses a later price), the first tick of
-    the test part (``test_from``; None without one)."""
+    """When the common splits lie (ms since the epoch): the first tick of the training part (``train_from``: the
+    model saw nothing before it), the last tick of the training part (``train_until``) and of the validation part
+    (``validation_until``: no label of training or validation uses a later price), the first tick of the test part
+    (``test_from``; None without one)."""
     def last(split: int) -> int | None:
         got = [pm.ticks[int(np.nonzero(pm.split == split)[0][-1])].timestamp for pm in markets if (pm.split == split).any()]
         return max(got) if got else None
 
     firsts = [pm.ticks[int(np.argmax(pm.split == 2))].timestamp for pm in markets if (pm.split == 2).any()]
+    train_firsts = [pm.ticks[int(np.argmax(pm.split == 0))].timestamp for pm in markets if (pm.split == 0).any()]
     validation_until = last(1)
-    return {"train_until": last(0), "validation_until": validation_until if validation_until is not None else last(0),
+    return {"train_from": min(train_firsts) if train_firsts else None, "train_until": last(0), "validation_until": validation_until if validation_until is not None else last(0),
             "test_from": min(firsts) if firsts else None}
 
 

@@ -222,6 +222,18 @@ def test_evaluate_says_when_it_scores_ticks_the_model_was_trained_on(env: Path, 
     later = json.loads(captured.out.strip().splitlines()[-1])
     assert later["in_sample"] is None and "in sample" not in captured.err and later["samples"] > 0
 
+    # history from before the model's training data (another instrument's earlier years) was never seen: scored
+    # out of sample, not refused as in sample with a --since after the file's last tick
+    year = 365 * 86_400_000
+    write_csv(env / "earlier.csv", [{**t, "market_id": f"OLD{t['market_id']}", "timestamp": t["timestamp"] - 10 * year}
+                                    for t in ticks])
+    assert main(["evaluate", "earlier.csv", "--json", "--bootstrap", "0"]) == 0
+    captured = capsys.readouterr()
+    earlier = json.loads(captured.out.strip().splitlines()[-1])
+    assert earlier["samples"] > 0 and earlier["in_sample"] is None and "in sample" not in captured.err
+    assert "in-sample" not in earlier["verdict"]["reason"]
+    assert times["train_from"] == min(t["timestamp"] for t in ticks)  # where the model's data start, recorded
+
     assert main(["train", "ticks.csv", "--epochs", "1"]) == 0
     assert f"test split (unseen, used for nothing; evaluate --since {since} scores only ticks after" in capsys.readouterr().out
 

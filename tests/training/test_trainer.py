@@ -319,7 +319,9 @@ def test_markets_are_cut_at_common_times(tmp_path: Path, make_config: ConfigFact
     prep = prepare(cfg, replace(data, markets=[a, replace(b, timestamp=b.timestamp + int(shift * span) + 1)]))
     train_end, val_start, val_end, test_start = _split_bounds(prep)
     assert train_end < val_start and val_end < test_start
-    assert prep.times == {"train_until": train_end, "validation_until": val_end, "test_from": test_start}
+    train_start = min(float(a.timestamp[0]), float(b.timestamp[0]) + int(shift * span) + 1)
+    assert prep.times == {"train_from": train_start, "train_until": train_end, "validation_until": val_end,
+                          "test_from": test_start}
     ticks = sum(len(pm.ticks) for pm in prep.markets)
     assert abs(sum(int((pm.split == 2).sum()) for pm in prep.markets) - ticks * cfg.training.test_fraction) <= 2
     if shift < 1.0:  # the later market starts inside the earlier one's span: both train
