@@ -79,7 +79,8 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     cells = {name: (vs.get(name) or {}).get("direction_log_loss") or {} for name in DIRECTION_BASELINES if name in vs}
     moving = summary.get("moving_samples") or 0
     horizon = summary.get("horizon") or 1
-    spans = f"{moving} moving labels, about {moving // max(int(horizon), 1)} non-overlapping horizons"
+    samples = summary.get("samples") or 0
+    spans = f"{moving} moving labels over about {samples // max(int(horizon), 1)} non-overlapping horizons"
     if not cells or any(not c.get("ci95") or None in c["ci95"] for c in cells.values()):
         return {"action": "do_not_trade",
                 "reason": "no confidence intervals (--bootstrap 0, or no moving labels): the figures cannot tell skill "
@@ -118,8 +119,7 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     constant = []  # the constant positions: a drift is not an edge, whichever way the market went
     if always is not None:
         constant.append(("always long", float(always)))
-        samples = summary.get("samples")
-        if isinstance(samples, int):
+        if isinstance(samples, int) and samples:
             # short at every tick: the mirror of always long's returns, paying the same cost per trade
             constant.append(("always short", -float(always) - 2.0 * samples * cost / max(int(horizon), 1)))
     beaten = [(name, value) for name, value in constant if total <= value]

@@ -145,6 +145,8 @@ def test_verdict_says_what_the_figures_support() -> None:
                if name != "majority")
     v = verdict(skilled)
     assert v["action"] == "trade" and "better than every baseline" in v["reason"]
+    # the independent outcomes it rests on, counted as the figures' first line counts them
+    assert f"{skilled['moving_samples']} moving labels over about 4000 non-overlapping horizons" in v["reason"]
     assert verdict({**skilled, "edge": "direction"})["action"] == "trade"
     # the same figures in sample, from a model without an edge, without a cost or without intervals: not a trade
     in_sample = verdict({**skilled, "in_sample": {"ticks": 10, "of": 4000, "since": "2020-01-02T00:00:00Z"}})
