@@ -126,7 +126,7 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
               from_scratch: bool = False) -> int:
     """``cerebellar-norse train``: train offline on CSV files, score the test split, store the model."""
     from .jobs import run_training
-    from .report import format_summary, headline, verdict
+    from .report import format_summary, headline
 
     if activate:
         _activate_offline(cfg, None)  # refused before hours of training rather than after
@@ -146,10 +146,6 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
     until = (res.get("splits") or {}).get("validation_until")
     seen = (res.get("lineage") or {}).get("seen_until")
     partly_in_sample = isinstance(seen, int) and until is not None and seen > until
-    if test.get("samples"):
-        # the test split is unseen unless training started from a model that saw it (lineage)
-        in_sample = {"since": _unseen_since(seen)} if isinstance(seen, int) and partly_in_sample else None
-        test["verdict"] = verdict({**test, "edge": res["edge"], "in_sample": in_sample})
     if as_json:
         from .jobs import finite_or_none
 

@@ -153,7 +153,7 @@ _JOB_RECORD = TypeAdapter(JobStatus)
 def compact_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of an evaluation summary (model and baselines), for job status."""
     keys = ("accuracy", "directional_accuracy", "log_loss", "direction_log_loss", "brier", "ece", "direction_ece", "recall")
-    out: dict[str, Any] = {k: summary.get(k) for k in ("samples", "labels", "class_counts") if k in summary}
+    out: dict[str, Any] = {k: summary.get(k) for k in ("samples", "labels", "class_counts", "verdict") if k in summary}
     if "model" in summary:
         out["model"] = {k: summary["model"].get(k) for k in keys}
         out["baselines"] = {name: {k: b.get(k) for k in keys if k != "recall"} for name, b in summary.get("baselines", {}).items()}
@@ -261,6 +261,14 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     # the frequencies a model without an edge serves (its priors head): what knowing nothing before the test split is
     base = base_rates(prep.train_counts + prep.val_counts)
     test, _ = summarise(cfg, result.weights, prep, 2, base, bootstrap=300) if prep.test_counts.sum() else ({"samples": 0}, {})
+    if test.get("samples"):
+        # what the test split supports, as evaluate words it: unseen unless training started from a model that saw it
+        from .datacheck import iso_ms
+        from .report import verdict
+
+        seen, own_until = (lineage or {}).get("seen_until"), prep.times.get("validation_until")
+        in_sample = {"since": iso_ms(seen + 1)} if seen is not None and own_until is not None and seen > own_until else None
+        test["verdict"] = verdict({**test, "edge": result.edge, "in_sample": in_sample})
     warnings = list(result.warnings)
     if result.edge == "none":
         why = (result.validation.get("cv") or {}).get("reason")

@@ -16,6 +16,7 @@ from cerebellar_norse.config import load_config
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.training.checkpoints import ModelStore
 from cerebellar_norse.training.data import write_csv
+from cerebellar_norse.training.report import verdict
 
 
 @pytest.fixture
@@ -37,6 +38,10 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
     trained = _json(capsys)
     assert trained["activated"] and trained["edge"] in ("none", "flat", "direction")
     assert trained["test"]["samples"] > 0 and "logistic" in trained["test"]["baselines"]
+    # the test split's verdict, computed where the model is stored (so jobs and their records carry it too)
+    stored = ModelStore(env / "state").load(trained["model_version"]).metrics["test"]
+    assert trained["test"]["verdict"] == stored["verdict"] == verdict({**stored, "edge": trained["edge"]})
+    assert trained["test"]["verdict"]["action"] != "trade"  # (no cost is charged on the test split)
 
     assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "200"]) == 0
     full = _json(capsys)

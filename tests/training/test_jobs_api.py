@@ -355,6 +355,9 @@ def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
     assert st["edge"] in ("none", "flat", "direction") and val["edge"] == st["edge"]
     assert st["test"]["samples"] > 0 and {"base_rates", "logistic"} <= set(st["test"]["baselines"])
     new = st["model_version"]
+    # what the test split supports, as evaluate says it (the status carries the stored model's verdict)
+    assert st["test"]["verdict"] == js.store.load(new).metrics["test"]["verdict"]
+    assert st["test"]["verdict"]["action"] in ("do_not_trade", "collect_more_data") and st["test"]["verdict"]["reason"]
     assert new and new not in (VA, VB, VC)
     assert new in model_dirs(js.store)
     assert st["activated"] is True
