@@ -52,18 +52,24 @@ BAD_VERSION = "the request line's HTTP version is not HTTP/1.1 or HTTP/1.0 (the 
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
 
+def closing_headers(content_type: bytes, body: bytes, request_id: str,
+                    extra: Sequence[tuple[bytes, bytes]] = ()) -> list[tuple[bytes, bytes]]:
+    """Headers (``extra`` last) of an answer of ``body`` that closes the connection."""
+    return [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"), (b"x-request-id", request_id.encode("latin-1")), *extra]
+
+
 def json_answer(payload: dict[str, Any], request_id: str,
                 extra: Sequence[tuple[bytes, bytes]] = ()) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """Headers (``extra`` last) and body of a JSON answer that closes the connection."""
     body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close"), (b"x-request-id", request_id.encode("latin-1")), *extra]
-    return headers, body
+    return closing_headers(b"application/json", body, request_id, extra), body
 
 
-def error_answer(kind: str, message: str, request_id: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """Headers and body of an answer in the JSON error shape that closes the connection."""
-    return json_answer(error_payload(kind, message, request_id), request_id)
+def error_answer(kind: str, message: str, request_id: str,
+                 extra: Sequence[tuple[bytes, bytes]] = ()) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """Headers (``extra`` last) and body of an answer in the JSON error shape that closes the connection."""
+    return json_answer(error_payload(kind, message, request_id), request_id, extra)
 
 
 def timeout_response(request_id: str, timeout_s: float) -> tuple[list[tuple[bytes, bytes]], bytes]:
@@ -77,9 +83,10 @@ def raw_answer(status_line: bytes, headers: list[tuple[bytes, bytes]], body: byt
     return status_line + b"\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in headers) + b"\r\n" + body
 
 
-def refusal(status_line: bytes, kind: str, message: str) -> bytes:
-    """The whole answer to a request refused below the app: the JSON error shape with a fresh request id."""
-    headers, body = error_answer(kind, message, new_request_id())
+def refusal(status_line: bytes, kind: str, message: str, extra: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
+    """The whole answer to a request refused below the app: the JSON error shape with a fresh request id (and the
+    headers ``extra``)."""
+    headers, body = error_answer(kind, message, new_request_id(), extra)
     return raw_answer(status_line, headers, body)
 
 
@@ -319,12 +326,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 if on_refused is not None:
                     on_refused("capacity")
                 self._refused = True
-                headers, body = json_answer(
-                    error_payload("capacity", f"too many open connections ({max_open}, what the open-file limit "
-                                              "leaves room for); retry later", rid := new_request_id()),
-                    rid, [(b"retry-after", b"1")])
                 # closed at once (no linger as for a refused request): the descriptor is what is short
-                self.transport.write(raw_answer(b"HTTP/1.1 503 Service Unavailable", headers, body))
+                self.transport.write(refusal(b"HTTP/1.1 503 Service Unavailable", "capacity",
+                                             f"too many open connections ({max_open}, what the open-file limit leaves "
+                                             "room for); retry later", [(b"retry-after", b"1")]))
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:

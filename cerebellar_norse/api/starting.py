@@ -27,7 +27,7 @@ from .. import __version__
 from ..errors import StartupError
 from ..observability.context import new_request_id
 from ..observability.metrics import starting_exposition
-from .protocol import json_answer, raw_answer
+from .protocol import closing_headers, json_answer, raw_answer
 from .schemas import error_payload
 
 MAX_HEAD = 65_536  # request line and headers (bytes) read before answering anyway
@@ -117,8 +117,7 @@ class StartingResponder:
         route = path.split(b"?", 1)[0]
         if route == b"/metrics" and method in (b"GET", b"HEAD"):  # up, not ready: a start is not an outage
             body = starting_exposition(time.monotonic() - self.started)
-            headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close"), (b"x-request-id", rid.encode())]
+            headers = closing_headers(CONTENT_TYPE_LATEST.encode(), body, rid)
             return raw_answer(b"HTTP/1.1 200 OK", headers, b"" if method == b"HEAD" else body)
         if route == b"/health" and method in (b"GET", b"HEAD"):
             headers, body = json_answer({"status": "unavailable", "reason": reason, "version": __version__,

@@ -237,6 +237,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
         initial, start_note = active.weights, f"from the active model {active.version}"
     active_val = evaluate(cfg, active.weights, prep) if active is not None else None
     lineage: dict[str, Any] | None = None
+    test_seen_until: int | None = None  # the end of what the weights saw, when it lies past the validation period
     if active is not None and not from_scratch:
         # the weights start from the active model's: what it (or a model it started from) was trained and validated
         # on is in sample for this model too, and must not lie in this run's validation or test period
@@ -249,6 +250,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
             if own_until is not None and until > own_until:
                 from .datacheck import iso_ms
 
+                test_seen_until = until
                 w = (f"training starts from the active model {active.version}, whose weights were fitted on data up to "
                      f"{iso_ms(until)} ({lineage['from']}'s training and validation period), after this run's validation"
                      f" period (up to {iso_ms(own_until)}): the test split is partly in sample (those ticks were seen); "
@@ -266,8 +268,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
         from .datacheck import iso_ms
         from .report import verdict
 
-        seen, own_until = (lineage or {}).get("seen_until"), prep.times.get("validation_until")
-        in_sample = {"since": iso_ms(seen + 1)} if seen is not None and own_until is not None and seen > own_until else None
+        in_sample = {"since": iso_ms(test_seen_until + 1)} if test_seen_until is not None else None
         test["verdict"] = verdict({**test, "edge": result.edge, "in_sample": in_sample})
     warnings = list(result.warnings)
     if result.edge == "none":

@@ -274,6 +274,7 @@ def test_evaluate_counts_the_period_of_the_model_training_started_from_as_in_sam
     metrics = store.load(child).metrics
     assert metrics["parent_version"] == parent["model_version"]
     assert metrics["lineage"] == {"seen_until": parent["splits"]["validation_until"], "from": parent["model_version"]}
+    assert metrics["test"]["verdict"]["action"] == "do_not_trade" and "in-sample figures" in metrics["test"]["verdict"]["reason"]
     own_until = metrics["data"]["splits"]["validation_until"]
     assert own_until < parent["splits"]["validation_until"]
 
