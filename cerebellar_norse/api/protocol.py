@@ -249,7 +249,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if size > MAX_HEADER_BYTES:
                 self._too_large = HEAD_PART
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
-            if self.parser.get_http_version() == "2.0":  # HTTP/2's version on HTTP/1's framing: neither protocol
+            # HTTP/2's version on HTTP/1's framing is neither protocol; a request line without a version is HTTP/0.9's
+            # (llhttp reads it as 0.9), whose answer would be the bare body: neither is served as HTTP/1.1
+            if self.parser.get_http_version() in ("2.0", "0.9"):
                 self._bad_version = True
                 raise ValueError(BAD_VERSION)  # the parser stops: send_400_response
             if (self.parser.should_upgrade() and any(name == b"upgrade" for name, _ in self.headers)

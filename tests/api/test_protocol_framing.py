@@ -191,11 +191,19 @@ def test_malformed_requests_are_still_400() -> None:
         assert status == 400 and json.loads(body)["error"]["type"] == "bad_request", raw
 
 
-@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/3.0", b"HTTP/1.2", b"HTTP/9.9", b"PRI"])
+@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/3.0", b"HTTP/1.2", b"HTTP/9.9", b"PRI", b"", b"+headers"])
 def test_a_request_line_of_another_http_version_is_refused_naming_it(version: bytes) -> None:
-    """HTTP/2.0 parses (and was served as HTTP/1.1); the others (PRI: HTTP/2's connection preface) did not, and the
-    400 said only "could not parse"."""
-    head = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" if version == b"PRI" else b"GET /h " + version + b"\r\nHost: x\r\n\r\n"
+    """HTTP/2.0 and HTTP/0.9 (a request line without a version, with or without headers after it) parse and were
+    served as HTTP/1.1; the others (PRI: HTTP/2's connection preface) did not, and the 400 said only "could not
+    parse"."""
+    if version == b"PRI":
+        head = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    elif version == b"":
+        head = b"GET /h\r\n\r\n"
+    elif version == b"+headers":
+        head = b"GET /h\r\nHost: x\r\n\r\n"
+    else:
+        head = b"GET /h " + version + b"\r\nHost: x\r\n\r\n"
     ((status, body),) = answers([head])
     assert status == 400 and json.loads(body)["error"]["type"] == "bad_request"
     assert "HTTP version is not HTTP/1.1 or HTTP/1.0" in json.loads(body)["error"]["message"]
