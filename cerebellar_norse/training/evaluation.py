@@ -8,8 +8,8 @@ return over the previous horizon (``past_ret``).
 
 Units: probabilities are fractions in [0, 1]; log losses are in nats per row;
 returns are natural-log returns; P&L figures named ``*_bp`` are in basis points
-(1 bp = 1e-4 log-return units); ``cost_bp`` is the round-trip cost of one trade
-of size 1 in basis points.
+(1 bp = 1e-4 log-return units); ``cost_bp`` is the round-trip cost of a position of size 1 in
+basis points: half of it is paid on every unit bought or sold (the book's turnover, see :func:`score`).
 
 Baselines (the rules' tilts are fitted on the scored labels, one number each; no other baseline looks at them):
 
@@ -315,7 +315,11 @@ class ScoreInputs:
     previous horizon (NaN where unknown); ``base_rates`` (3,) class frequencies of the
     model's training data; ``lr_probs`` (n, 3) logistic-regression baseline probabilities
     or None; ``horizon`` the label horizon in ticks (bootstrap block length, P&L sizing);
-    ``markets`` (n,) per-row market ids (strings) or None.
+    ``markets`` (n,) per-row market ids (strings) or None (one market); ``times_ms`` (n,) each
+    row's tick time in ms since the epoch, or None (the Sharpe ratio is then not annualised);
+    ``spans`` (n,) the ticks from each row's tick to its horizon's end (with a horizon in ms they
+    vary), or None (``horizon`` for every row). The rows of one market are its consecutive ticks
+    in time order; markets may follow one another or be interleaved.
     """
 
     probs: np.ndarray
@@ -326,6 +330,8 @@ class ScoreInputs:
     lr_probs: np.ndarray | None = None
     horizon: int = 1
     markets: np.ndarray | None = None
+    times_ms: np.ndarray | None = None
+    spans: np.ndarray | None = None
 
 
 @dataclass
@@ -338,6 +344,10 @@ class _Checked:
     lr_probs: np.ndarray | None
     horizon: int
     markets: np.ndarray | None
+    times_ms: np.ndarray | None
+    spans: np.ndarray
+    books: list[np.ndarray]  # per market, its rows in order (a book each: positions never net across markets)
+    annualisation: dict[str, Any]  # _annualisation's
 
 
 def _prob_matrix(p: np.ndarray, n: int, name: str) -> np.ndarray:
@@ -379,7 +389,64 @@ def _check(inp: ScoreInputs) -> _Checked:
         markets = np.asarray(inp.markets).astype(str)
         if markets.shape != (n,):
             raise ValueError(f"markets must have shape ({n},), got {markets.shape}")
-    return _Checked(probs, labels, fwd, past, br / br.sum(), lr, horizon, markets)
+    times = None
+    if inp.times_ms is not None:
+        times = np.asarray(inp.times_ms, dtype=np.float64)
+        if times.shape != (n,) or not np.isfinite(times).all():
+            raise ValueError(f"times_ms must be {n} finite times in ms")
+    if inp.spans is None:
+        spans = np.full(n, horizon, dtype=np.int64)
+    else:
+        raw = np.asarray(inp.spans)
+        if raw.shape != (n,) or raw.dtype.kind not in "iu" or (n and raw.min() < 1):
+            raise ValueError(f"spans must be {n} integers >= 1 (ticks from each row to its horizon's end)")
+        spans = raw.astype(np.int64)
+    return _Checked(probs, labels, fwd, past, br / br.sum(), lr, horizon, markets, times, spans, _books(markets, n),
+                    _annualisation(times, n, horizon))
+
+
+MIN_ANNUALISED_DAYS = 30.0
+MIN_ANNUALISED_HORIZONS = 20.0
+DAY_MS = 86_400_000.0
+YEAR_DAYS = 365.25
+
+
+def _annualisation(times: np.ndarray | None, n: int, horizon: int) -> dict[str, Any]:
+    """How a per-trade Sharpe ratio is annualised: ``horizons_per_year`` = the non-overlapping horizons the scored
+    rows hold (n / horizon, every market's together) per year of their calendar span (first to last scored tick
+    time), or None with the reason in ``note`` when the span is under ``MIN_ANNUALISED_DAYS`` days, the horizons
+    fewer than ``MIN_ANNUALISED_HORIZONS`` or the times unknown. Nothing assumes trading hours or days a year."""
+    horizons = n / horizon
+    out: dict[str, Any] = {"horizons": _num(horizons), "span_days": None, "horizons_per_year": None}
+    if times is None or not n:
+        out["note"] = "not annualised: the tick times are not known"
+        return out
+    days = float(times.max() - times.min()) / DAY_MS
+    out["span_days"] = _num(days)
+    if days < MIN_ANNUALISED_DAYS:
+        out["note"] = (f"not annualised: the scored ticks span {days:.1f} days, under {MIN_ANNUALISED_DAYS:g}: too "
+                       "short to tell how many horizons a year holds")
+    elif horizons < MIN_ANNUALISED_HORIZONS:
+        out["note"] = (f"not annualised: the scored ticks hold about {horizons:.0f} non-overlapping horizons, fewer "
+                       f"than {MIN_ANNUALISED_HORIZONS:g}")
+    else:
+        per_year = horizons / (days / YEAR_DAYS)
+        out["horizons_per_year"] = per_year
+        out["note"] = (f"annualised by the square root of {per_year:.1f} non-overlapping horizons a year: "
+                       f"{horizons:.0f} horizons of {horizon} ticks (every market's) over the {days:.0f} days from "
+                       "the first to the last scored tick")
+    return out
+
+
+def _books(markets: np.ndarray | None, n: int) -> list[np.ndarray]:
+    """Per market (in order of first row), the indices of its rows in order: one book each."""
+    if markets is None:
+        return [np.arange(n)]
+    _, first, inverse = np.unique(markets, return_index=True, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse)
+    books = np.split(order, np.cumsum(counts)[:-1])
+    return [books[k] for k in np.argsort(first, kind="stable")]
 
 
 def _rule_views(past_ret: np.ndarray) -> dict[str, np.ndarray]:
@@ -486,22 +553,72 @@ def _positions(p: np.ndarray) -> np.ndarray:
     return np.sign(p[:, UP] - p[:, DOWN])
 
 
-def _trade_returns(pos: np.ndarray, fwd: np.ndarray, cost_bp: float) -> np.ndarray:
-    """Per-row log return of a position held for the horizon, after ``cost_bp`` per unit traded."""
-    return pos * fwd - cost_bp * 1e-4 * np.abs(pos)
+@dataclass
+class _Book:
+    """One sign strategy's P&L per row (log-return units), every figure's series.
+
+    ``gross`` (n,) the return of the row's trade of size 1 held to its horizon (position × fwd_ret); ``cost`` (n,)
+    the costs charged at the row's tick (the last row of a market also pays closing its book); ``net`` (n,)
+    gross / horizon − cost, summing to the strategy's total after costs; ``turnover`` Σ |P_t − P_{t−1}| over every
+    market's book, opening and closing included.
+    """
+
+    gross: np.ndarray
+    cost: np.ndarray
+    net: np.ndarray
+    turnover: float
 
 
-def _pnl(pos: np.ndarray, fwd: np.ndarray, horizon: int, cost_bp: float) -> dict[str, Any]:
-    ret = _trade_returns(pos, fwd, cost_bp)
+def _book(pos: np.ndarray, c: _Checked, cost_bp: float) -> _Book:
+    """The P&L of trading ``pos`` (n,) (each row's trade sign·1/horizon, held for its span of ticks) as one book per
+    market, costs on the book's turnover.
+
+    A market's position at tick t is the sum of its open trades, P_t = Σ sign_i / horizon over the trades opened and
+    not yet closed; the cost at t is ``cost_bp`` / 2 (a round trip is two units of turnover) × |P_t − P_{t−1}|, with
+    P = 0 before the market's first row and after its last trade closes (the closing is charged at its last row).
+    Trades that net against each other cost nothing; always long pays one round trip per market. With horizon 1
+    this is cost_bp / 2 × |pos_t − pos_{t−1}|.
+    """
+    n, h = pos.shape[0], c.horizon
+    gross = pos * c.fwd_ret
+    change = np.zeros(n)
+    turnover = 0.0
+    size = pos / h
+    for rows in c.books:
+        k = rows.size
+        if not k:
+            continue
+        span = c.spans[rows]
+        flow = np.zeros(k + int(span.max()))  # the position's change at each tick from the market's first row on
+        flow[:k] += size[rows]
+        np.add.at(flow, np.arange(k) + span, -size[rows])
+        moved = np.abs(flow)
+        moved[moved < ROUNDING] = 0.0  # trades opened and closed at one tick net exactly; sums of 1/h may not
+        per_row = moved[:k].copy()
+        per_row[-1] += moved[k:].sum()
+        change[rows] = per_row
+        turnover += float(moved.sum())
+    cost = change * (cost_bp * 1e-4 / 2.0)
+    return _Book(gross, cost, gross / h - cost, turnover)
+
+
+def _pnl(pos: np.ndarray, book: _Book, horizon: int, per_year: float | None) -> dict[str, Any]:
     traded = pos != 0
-    r = ret[traded]
+    g = book.gross[traded]
     trades = int(traded.sum())
-    sd = float(r.std(ddof=1)) if trades >= 2 else 0.0
+    n = book.net.shape[0]
+    sd = float(book.net.std(ddof=1)) if n >= 2 else 0.0
+    sharpe = _num(book.net.mean() / sd) if sd > 0 else None
     return {"trades": trades,
-            "hit_rate": float((r > 0).mean()) if trades else None,
-            "mean_trade_bp": _num(r.mean() * 1e4) if trades else None,
-            "total_bp": _num(r.sum() / horizon * 1e4),
-            "sharpe_per_trade": _num(r.mean() / sd) if sd > 0 else None}
+            "hit_rate": float((g > 0).mean()) if trades else None,
+            "mean_trade_bp": _num(g.mean() * 1e4) if trades else None,
+            "gross_bp": _num(book.gross.sum() / horizon * 1e4),
+            "turnover": _num(book.turnover),
+            "costs_bp": _num(book.cost.sum() * 1e4),
+            "total_bp": _num(book.net.sum() * 1e4),
+            "net_per_tick_bp": _num(book.net.mean() * 1e4) if n else None,
+            "sharpe_per_trade": sharpe,
+            "sharpe_annualised": _num(sharpe * math.sqrt(per_year)) if sharpe is not None and per_year else None}
 
 
 @dataclass
@@ -512,6 +629,7 @@ class _Rows:
     correct: np.ndarray
     direction_log_loss: np.ndarray
     direction_correct: np.ndarray
+    pnl: np.ndarray  # the sign strategy's net P&L per row (_Book.net)
 
 
 def _evaluate(p: np.ndarray, c: _Checked, cost_bp: float) -> tuple[dict[str, Any], _Rows]:
@@ -551,9 +669,11 @@ def _evaluate(p: np.ndarray, c: _Checked, cost_bp: float) -> tuple[dict[str, Any
         "ece": ece,
         "direction_ece": dece,
         "reliability": reliability,
-        "pnl": _pnl(_positions(p), c.fwd_ret, c.horizon, cost_bp),
     }
-    return metrics, _Rows(ll, correct, dll, dcorrect)
+    pos = _positions(p)
+    book = _book(pos, c, cost_bp)
+    metrics["pnl"] = _pnl(pos, book, c.horizon, c.annualisation["horizons_per_year"])
+    return metrics, _Rows(ll, correct, dll, dcorrect, book.net)
 
 
 def _confidence(p: np.ndarray) -> np.ndarray:
@@ -720,7 +840,7 @@ def _per_market(c: _Checked, rows: _Rows, cost_bp: float) -> dict[str, Any]:
     moving = c.labels != FLAT
     inv_moving = inverse[moving]
     pos = _positions(c.probs)
-    ret = _trade_returns(pos, c.fwd_ret, cost_bp)
+    book = _book(pos, c, cost_bp)
     table = []
     for k in order:
         sel = inverse == k
@@ -729,8 +849,40 @@ def _per_market(c: _Checked, rows: _Rows, cost_bp: float) -> dict[str, Any]:
                       "directional_accuracy": _mean(rows.direction_correct[sel_m]),
                       "log_loss": _mean(rows.log_loss[sel]),
                       "trades": int((pos[sel] != 0).sum()),
-                      "total_bp": _num(ret[sel].sum() / c.horizon * 1e4)})
+                      "costs_bp": _num(book.cost[sel].sum() * 1e4), "total_bp": _num(book.net[sel].sum() * 1e4)})
     return {"markets": int(ids.shape[0]), "reported": len(table), "table": table}
+
+
+def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.ndarray], block: int, resamples: int,
+                   rng: np.random.Generator, per_year: float | None) -> None:
+    """Add to the model's ``pnl`` the 95 % intervals of its net P&L (``total_bp_ci95``, ``net_per_tick_bp_ci95``), of
+    its Sharpe ratios, and its differences with the constant positions (``vs_always_long``, ``vs_always_short``:
+    ``{"diff_bp", "ci95"}`` of the totals, model minus constant).
+
+    The series are the model's net P&L per row and its per-row differences with each constant position's, resampled
+    by :func:`_extrapolated_bootstrap_prefix` (the same blocks as the other intervals, paired). A Sharpe ratio's
+    interval is the mean's over the sample sd (the sd's own uncertainty left out: small next to the mean's where
+    the ratio is near 0). None without resamples.
+    """
+    n = net.shape[0]
+    series = np.stack([net, net - constant["always_long"], net - constant["always_short"]])
+    series[1:][np.abs(series[1:]) < ROUNDING * 1e-4] = 0.0  # a model trading as a constant position differs by rounding
+    point = series.mean(axis=1)
+    ci: np.ndarray | None = None
+    if resamples > 0 and n:
+        means = _extrapolated_bootstrap_prefix(_prefix_sums(series), point, min(block, n), resamples, rng)
+        ci = np.percentile(means, [2.5, 97.5], axis=1)
+
+    def interval(j: int, scale: float) -> list[float | None] | None:
+        return None if ci is None else [_num(ci[0, j] * scale), _num(ci[1, j] * scale)]
+
+    sd = float(net.std(ddof=1)) if n >= 2 else 0.0
+    pnl["total_bp_ci95"] = interval(0, n * 1e4)
+    pnl["net_per_tick_bp_ci95"] = interval(0, 1e4)
+    pnl["sharpe_per_trade_ci95"] = interval(0, 1.0 / sd) if sd > 0 else None
+    pnl["sharpe_annualised_ci95"] = (interval(0, math.sqrt(per_year) / sd) if sd > 0 and per_year else None)
+    for j, key in ((1, "always_long"), (2, "always_short")):
+        pnl[f"vs_{key}"] = {"diff_bp": _num(point[j] * n * 1e4), "ci95": interval(j, n * 1e4)}
 
 
 def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
@@ -748,18 +900,23 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     ``recall`` per class, ``confusion`` (rows true, columns predicted), ``ece`` (top label,
     10 equal-width bins), ``direction_ece`` (q over moving labels, 10 bins), ``reliability``
     (the q bins: count, mean_predicted q, observed up frequency) and ``pnl``; the model also
-    has ``confidence_quartiles`` (confidence = 1 − H(p)/ln 3) and ``always_long`` (P&L of a
-    long position at every tick). ``vs_baselines[name][metric]`` = ``{"diff", "ci95"}``
+    has ``confidence_quartiles`` (confidence = 1 − H(p)/ln 3). ``vs_baselines[name][metric]`` = ``{"diff", "ci95"}``
     (model minus baseline, 95% moving-block bootstrap interval) for ``log_loss``,
     ``direction_log_loss``, ``accuracy``, ``directional_accuracy``; ``bootstrap`` describes
     the resampling; ``per_market`` (when markets are given) the model per market.
 
-    P&L: at every tick the position sign(P(up) − P(down)) ∈ {−1, 0, 1} is held for the
-    horizon; a trade's return is position × fwd_ret − cost_bp·1e-4·|position| (log-return
-    units). ``trades`` counts nonzero positions, ``hit_rate`` the fraction of trades with a
-    positive return, ``mean_trade_bp`` their mean (bp), ``total_bp`` their sum / horizon (bp;
-    each trade sized 1/horizon so the overlapping positions never exceed 1 in all) and
-    ``sharpe_per_trade`` mean / sd (ddof 1) of trade returns (None with < 2 trades or sd 0).
+    P&L: at every tick a trade of sign(P(up) − P(down)) ∈ {−1, 0, 1}, size 1/horizon, is opened and held for the
+    horizon; the trades of one market make its book (P_t = the sum of its open trades; markets never net), and
+    costs are paid on the book's turnover: ``cost_bp``/2 (a round trip is two units) × |P_t − P_{t−1}|, opening at
+    the market's first row and closing after its last included (:func:`_book`). ``trades`` counts nonzero signs,
+    ``hit_rate`` the fraction of them with a positive return and ``mean_trade_bp`` their mean return (bp, a size-1
+    trade over the horizon), both before costs; ``gross_bp`` the book's total before costs, ``turnover`` Σ|ΔP|,
+    ``costs_bp`` the costs, ``total_bp`` = gross − costs, ``net_per_tick_bp`` its mean per row;
+    ``sharpe_per_trade`` mean / sd (ddof 1) of the net P&L per row (each row's trade of size 1 less the costs paid
+    at it, over a horizon; None with sd 0) and ``sharpe_annualised`` that × √(horizons per year) (``annualisation``:
+    :func:`_annualisation`; None when it says so). The model's ``pnl`` also has bootstrap 95 % intervals
+    (:func:`_pnl_intervals`), and the model has the P&L of ``always_long`` and ``always_short`` (a constant position:
+    one round trip per market).
     """
     if bootstrap < 0:
         raise ValueError("bootstrap must be >= 0")
@@ -770,7 +927,13 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     counts = np.bincount(c.labels, minlength=3)
     model, model_rows = _evaluate(c.probs, c, cost_bp)
     model["confidence_quartiles"] = _confidence_quartiles(c.probs, model_rows, c.labels)
-    model["always_long"] = _pnl(np.ones(n), c.fwd_ret, c.horizon, cost_bp)
+    per_year = c.annualisation["horizons_per_year"]
+    constant = {}
+    for key, side in (("always_long", 1.0), ("always_short", -1.0)):
+        pos = np.full(n, side)
+        book = _book(pos, c, cost_bp)
+        model[key] = _pnl(pos, book, c.horizon, per_year)
+        constant[key] = book.net
     views = _rule_views(c.past_ret)  # the rules' calls, read once for both their tilts and their forecasts
     tilts = rule_tilts(c.past_ret, c.labels, views)
     each = _each_baseline_probs(c.base_rates, c.past_ret, tilts, views)
@@ -786,8 +949,10 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         for group in groups:
             group.add(name, model_rows, rows)
         del rows
-    vs, block = _diff_cells(groups, n, c.horizon, int(bootstrap), np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    vs, block = _diff_cells(groups, n, c.horizon, int(bootstrap), rng)
     del groups
+    _pnl_intervals(model["pnl"], model_rows.pnl, constant, block, int(bootstrap), rng, per_year)  # drawn after those
     moving = int(n - counts[FLAT])
     summary: dict[str, Any] = {
         "samples": int(n),
@@ -797,6 +962,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         "cost_bp": float(cost_bp),
         "base_rates": {name: float(c.base_rates[k]) for k, name in enumerate(CLASS_NAMES)},
         "rule_tilts": tilts,
+        "annualisation": c.annualisation,
         "model": model,
         "baselines": baselines,
         "vs_baselines": vs,
@@ -804,7 +970,9 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
                                 "the same blocks for every baseline, with blocks of block_length and twice that; the "
                                 "variance extrapolated to remove the block length's bias (2·v(2b) − v(b)), the "
                                 "percentiles of the longer blocks' resamples scaled to it (rows of fewer than four "
-                                "blocks: plain blocks of block_length); directional metrics over moving rows only",
+                                "blocks: plain blocks of block_length); directional metrics over moving rows only; "
+                                "the model's net P&L per row and its differences with always long and always short "
+                                "resampled the same way over all rows",
                       "resamples": int(bootstrap), "seed": int(seed), "block_length": block, "rows_used": int(n),
                       "moving_rows_used": moving, "subsampled": False,
                       "note": "all rows used (block sums from prefix sums, no subsampling)"},
@@ -815,14 +983,13 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
 
 
 def cumulative_pnl(inp: ScoreInputs, cost_bp: float = 0.0) -> dict[str, np.ndarray]:
-    """Cumulative P&L in bp over the rows in order (float64 (n,) each), for plotting.
+    """Cumulative P&L in bp after costs over the rows in order (float64 (n,) each), for plotting.
 
-    ``model`` trades sign(P(up) − P(down)) and ``always_long`` is long at every tick; each
-    row adds (position × fwd_ret − cost_bp·1e-4·|position|) / horizon · 1e4 bp, as in
-    ``score``'s ``total_bp`` (the last value equals it).
+    ``model`` trades sign(P(up) − P(down)) and ``always_long`` is long at every tick; each row adds its net P&L
+    (``score``'s accounting: the row's trade's return / horizon less the costs of its book's turnover at that tick),
+    so the last value equals ``score``'s ``total_bp``.
     """
     c = _check(inp)
-    scale = 1e4 / c.horizon
-    model = _trade_returns(_positions(c.probs), c.fwd_ret, cost_bp) * scale
-    long = _trade_returns(np.ones_like(c.fwd_ret), c.fwd_ret, cost_bp) * scale
+    model = _book(_positions(c.probs), c, cost_bp).net * 1e4
+    long = _book(np.ones(c.labels.shape[0]), c, cost_bp).net * 1e4
     return {"model": np.cumsum(model), "always_long": np.cumsum(long)}

@@ -50,12 +50,15 @@ def score_inputs(cfg: Config, weights: Weights, prep: Prepared, split: int, base
     fwd = _cat([pm.fwd_ret[i] for pm, i in zip(prep.markets, idx, strict=True)])
     past = _cat([pm.past_ret[i] for pm, i in zip(prep.markets, idx, strict=True)])
     markets = np.array([pm.market_id for pm, i in zip(prep.markets, idx, strict=True) for _ in range(i.size)], dtype=object)
+    times = np.array([pm.ticks[j].timestamp for pm, i in zip(prep.markets, idx, strict=True) for j in i.tolist()],
+                     dtype=np.float64)
+    spans = _cat([pm.end[i] - i for pm, i in zip(prep.markets, idx, strict=True)]).astype(np.int64)  # ticks held
     lr = None
     if logistic == "train":
         lr = _logistic_from_train(prep, idx)
     elif logistic == "crossfit":
         lr = _logistic_crossfit(prep, idx)
-    return ScoreInputs(probs, labels, fwd, past, base_rates, lr, prep.block, markets)
+    return ScoreInputs(probs, labels, fwd, past, base_rates, lr, prep.block, markets, times, spans)
 
 
 def _kept_rows(n: int) -> np.ndarray:

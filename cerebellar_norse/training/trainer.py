@@ -82,6 +82,7 @@ class PreparedMarket:
     scored: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     fwd_ret: np.ndarray = field(default_factory=lambda: np.zeros(0))
     past_ret: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    end: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # each tick's horizon end tick (-1: none)
 
 
 @dataclass
@@ -120,7 +121,7 @@ def _market(cfg: Config, m: MarketSeries, spec: LabelSpec) -> tuple[PreparedMark
     ticks = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp, strict=True)]
     scored = (lab.end >= 0) & (np.arange(len(m)) >= n.warmup_ticks)
     pm = PreparedMarket(m.market_id, mossy, np.full(len(m), -1, dtype=np.int64), 0, ticks, lab.labels,
-                        np.full(len(m), 2, dtype=np.int8), scored, lab.fwd_ret, past_returns(m.price, lab.end))
+                        np.full(len(m), 2, dtype=np.int8), scored, lab.fwd_ret, past_returns(m.price, lab.end), lab.end)
     return pm, lab
 
 

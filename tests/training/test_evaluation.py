@@ -206,18 +206,25 @@ def test_hand_computed_small_case() -> None:
     assert m["direction_log_loss"] == pytest.approx(-np.log([7 / 8, 6 / 7, 2 / 7, 0.5]).mean())
     assert m["brier"] == pytest.approx(0.5)
     assert m["ece"] == pytest.approx(0.22)
+    # signs +1, −1, +1, −1, 0, each trade 1/2 held 2 ticks: the book is +1/2, 0, 0, 0, −1/2, then closed, a turnover
+    # of 1/2 at rows 0, 1 and 4 and 1/2 closing after the last (charged there): 2.0 units at 2 bp / 2 each
     pnl = m["pnl"]
     assert pnl["trades"] == 4
     assert pnl["hit_rate"] == pytest.approx(0.75)
-    assert pnl["mean_trade_bp"] == pytest.approx(4.25)
-    assert pnl["total_bp"] == pytest.approx(8.5)
-    assert pnl["sharpe_per_trade"] == pytest.approx(4.25 / 12.5)
+    assert pnl["mean_trade_bp"] == pytest.approx((20 + 10 + 5 - 10) / 4)  # before costs
+    assert pnl["gross_bp"] == pytest.approx(12.5)
+    assert pnl["turnover"] == pytest.approx(2.0) and pnl["costs_bp"] == pytest.approx(2.0)
+    assert pnl["total_bp"] == pytest.approx(10.5)
+    net = np.array([10 - 0.5, 5 - 0.5, 2.5, -5, -1.0])  # bp per row: the trade's return / 2 less the row's costs
+    assert pnl["net_per_tick_bp"] == pytest.approx(net.mean())
+    assert pnl["sharpe_per_trade"] == pytest.approx(net.mean() / net.std(ddof=1))
     long = m["always_long"]
     assert long["trades"] == 5 and long["hit_rate"] == pytest.approx(0.6)
-    assert long["total_bp"] == pytest.approx(-7.5)
+    assert long["costs_bp"] == pytest.approx(2.0)  # one round trip, as buy and hold
+    assert long["total_bp"] == pytest.approx(-2.5 - 2.0)
     cum = cumulative_pnl(inp, cost_bp=2.0)
-    np.testing.assert_allclose(cum["model"], [9.0, 13.0, 14.5, 8.5, 8.5])
-    assert cum["always_long"][-1] == pytest.approx(-7.5)
+    np.testing.assert_allclose(cum["model"], np.cumsum(net))
+    assert cum["always_long"][-1] == pytest.approx(-4.5)
     assert s["vs_baselines"]["base_rates"]["accuracy"]["ci95"] is None
     bins = {b["lo"]: b for b in m["reliability"] if b["count"]}
     assert bins[0.8]["count"] == 1 and bins[0.8]["mean_predicted"] == pytest.approx(7 / 8)
@@ -556,3 +563,138 @@ def test_the_logistic_baseline_of_a_few_hundred_rows_is_not_overfitted() -> None
     assert held_out < math.log(3) + 0.02
     weakest = fit_logistic(mossy[:300].astype(np.float64), labels[:300]).predict_proba(mossy[300:].astype(np.float64))
     assert float(-np.log(weakest[np.arange(300), labels[300:]]).mean()) > 1.3  # what it was
+
+
+def book_by_hand(signs: list[float], fwd: list[float], horizon: int, cost_bp: float,
+                 spans: list[int] | None = None) -> tuple[float, float, float]:
+    """(gross bp, turnover, costs bp) of one market's book, tick by tick: the position at each tick is the sum of the
+    trades open then (sign / horizon each, opened at their row, closed ``span`` ticks later)."""
+    k = len(signs)
+    spans = spans or [horizon] * k
+    ticks = k + max(spans) + 1
+    position = [sum(s / horizon for i, s in enumerate(signs) if i <= t < i + spans[i]) for t in range(ticks)]
+    turnover = sum(abs(b - a) for a, b in zip([0.0, *position], position, strict=False))
+    gross = sum(s * r for s, r in zip(signs, fwd, strict=True)) / horizon
+    return gross * 1e4, turnover, cost_bp / 2 * turnover
+
+
+@pytest.mark.parametrize("horizon", [1, 3])
+def test_costs_are_paid_on_each_markets_turnover(horizon: int) -> None:
+    """Two markets interleaved, each with flips and holds: every market's book is its own, trades netting against
+    each other cost nothing, and the costs are cost_bp / 2 per unit of position bought or sold."""
+    # P(up) − P(down) signs: A holds long, flips short, holds, goes flat, long again; B holds short, then long
+    signs = {"A": [1, 1, 1, -1, -1, 0, 1, 1], "B": [-1, -1, -1, -1, 1, 1, 1]}
+    rng = np.random.default_rng(3)
+    fwd = {m: list(rng.normal(0, 1e-3, len(s))) for m, s in signs.items()}
+    order = ["A", "B", "B", "A", "A", "B", "A", "B", "A", "A", "B", "B", "A", "B", "A"]  # rows interleaved in time
+    seen = {"A": 0, "B": 0}
+    rows = []
+    for m in order:
+        rows.append((m, signs[m][seen[m]], fwd[m][seen[m]]))
+        seen[m] += 1
+    sign = np.array([s for _, s, _ in rows], dtype=float)
+    probs = np.tile([0.3, 0.4, 0.3], (len(rows), 1))
+    probs[:, 2] += 0.1 * sign
+    probs[:, 0] -= 0.1 * sign
+    inp = ScoreInputs(probs=probs, labels=np.where(sign > 0, 2, 0), fwd_ret=np.array([r for _, _, r in rows]),
+                      past_ret=np.full(len(rows), np.nan), base_rates=np.array([0.3, 0.4, 0.3]), horizon=horizon,
+                      markets=np.array([m for m, _, _ in rows]))
+    s = score(inp, cost_bp=2.0, bootstrap=0)
+    hand = {m: book_by_hand(signs[m], fwd[m], horizon, 2.0) for m in signs}
+    pnl = s["model"]["pnl"]
+    assert pnl["gross_bp"] == pytest.approx(sum(h[0] for h in hand.values()))
+    assert pnl["turnover"] == pytest.approx(sum(h[1] for h in hand.values()))
+    assert pnl["costs_bp"] == pytest.approx(sum(h[2] for h in hand.values()))
+    assert pnl["total_bp"] == pytest.approx(pnl["gross_bp"] - pnl["costs_bp"])
+    per_market = {r["market"]: r for r in s["per_market"]["table"]}
+    for m, (gross, _, costs) in hand.items():
+        assert per_market[m]["costs_bp"] == pytest.approx(costs)
+        assert per_market[m]["total_bp"] == pytest.approx(gross - costs)
+    if horizon == 1:  # the usual |pos_t − pos_{t−1}| turnover, opening and closing included
+        assert pnl["turnover"] == pytest.approx(1 + 2 + 1 + 1 + 1 + 1 + 2 + 1)
+    assert cumulative_pnl(inp, cost_bp=2.0)["model"][-1] == pytest.approx(pnl["total_bp"])
+    # charged per tick as before, every trade would pay: 15 trades a round trip each (of size 1 / horizon)
+    assert pnl["costs_bp"] < 14 * 2.0 / horizon
+
+
+def test_trades_of_a_horizon_in_time_close_when_their_span_ends() -> None:
+    """With a horizon in ms each row's trade is held its own span of ticks: the book closes each when it ends."""
+    sign, spans = [1.0, 1.0, -1.0, 1.0], [2, 3, 1, 2]
+    fwd = [1e-3, -2e-3, 5e-4, 1e-3]
+    probs = np.tile([0.3, 0.4, 0.3], (4, 1))
+    probs[:, 2] += 0.1 * np.array(sign)
+    probs[:, 0] -= 0.1 * np.array(sign)
+    inp = ScoreInputs(probs=probs, labels=np.array([2, 0, 2, 2]), fwd_ret=np.array(fwd), past_ret=np.full(4, np.nan),
+                      base_rates=np.array([0.3, 0.4, 0.3]), horizon=2, spans=np.array(spans))
+    pnl = score(inp, cost_bp=1.0, bootstrap=0)["model"]["pnl"]
+    gross, turnover, costs = book_by_hand(sign, fwd, 2, 1.0, spans)
+    assert (pnl["gross_bp"], pnl["turnover"], pnl["costs_bp"]) == pytest.approx((gross, turnover, costs))
+    with pytest.raises(ValueError, match="spans"):
+        score(ScoreInputs(**{**inp.__dict__, "spans": np.array([2, 0, 1, 2])}))
+
+
+def test_always_long_pays_its_round_trip_once_per_market() -> None:
+    n = 400
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 3, n)
+    for horizon in (1, 10):
+        s = score(inputs(np.tile([0.2, 0.3, 0.5], (n, 1)), labels, rng, horizon=horizon,
+                         markets=np.array(["A", "B"] * (n // 2))), cost_bp=3.0, bootstrap=0)
+        for pnl in (s["model"]["pnl"], s["model"]["always_long"], s["model"]["always_short"],
+                    s["baselines"]["always_up"]["pnl"]):
+            assert pnl["turnover"] == pytest.approx(4.0)  # in and out of each market's book: buy and hold, twice
+            assert pnl["costs_bp"] == pytest.approx(2 * 3.0)
+        assert s["model"]["pnl"]["total_bp"] == pytest.approx(s["model"]["always_long"]["total_bp"])
+        assert s["model"]["pnl"]["vs_always_long"]["diff_bp"] == 0.0
+        long, short = s["model"]["always_long"], s["model"]["always_short"]
+        assert short["gross_bp"] == pytest.approx(-long["gross_bp"])
+
+
+def test_pnl_interval_holds_its_point_estimate_and_widens_with_fewer_ticks() -> None:
+    widths = {}
+    for n in (8_000, 1_000):
+        rng = np.random.default_rng(11)
+        labels = rng.integers(0, 3, n)
+        probs = np.where(np.eye(3)[labels] > 0, 0.4, 0.3)
+        probs = np.where(rng.random(n)[:, None] < 0.6, probs, probs[::-1])
+        fwd = rng.normal(0, 1e-3, n) + np.where(labels == 2, 3e-4, np.where(labels == 0, -3e-4, 0.0))
+        inp = ScoreInputs(probs=probs, labels=labels, fwd_ret=fwd, past_ret=rng.normal(0, 1e-3, n),
+                          base_rates=np.full(3, 1 / 3), horizon=5)
+        pnl = score(inp, cost_bp=1.0, bootstrap=300)["model"]["pnl"]
+        for key in ("total_bp", "net_per_tick_bp", "sharpe_per_trade"):
+            lo, hi = pnl[f"{key}_ci95"]
+            assert lo < pnl[key] < hi, key
+        for key in ("vs_always_long", "vs_always_short"):
+            lo, hi = pnl[key]["ci95"]
+            assert lo < pnl[key]["diff_bp"] < hi
+        lo, hi = pnl["net_per_tick_bp_ci95"]
+        widths[n] = hi - lo
+        assert pnl["sharpe_per_trade_ci95"][0] == pytest.approx(lo / 1e4 / (np.std(
+            np.diff(np.concatenate([[0.0], cumulative_pnl(inp, 1.0)["model"]])) / 1e4, ddof=1)))
+    assert widths[1_000] > 2 * widths[8_000]
+
+
+def test_sharpe_is_annualised_by_the_span_of_the_scored_ticks() -> None:
+    n = 2_000
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, 3, n)
+    probs = np.eye(3)[labels] * 0.5 + 0.5 / 3
+    hour = 3_600_000
+    long = score(inputs(probs, labels, rng, horizon=4, times_ms=np.arange(n) * float(hour)), cost_bp=1.0, bootstrap=50)
+    ann = long["annualisation"]
+    per_year = (n / 4) / ((n - 1) / 24 / 365.25)  # non-overlapping horizons a year of the file's own calendar
+    assert ann["horizons_per_year"] == pytest.approx(per_year) and ann["span_days"] == pytest.approx((n - 1) / 24)
+    assert "annualised by the square root of" in ann["note"]
+    pnl = long["model"]["pnl"]
+    assert pnl["sharpe_annualised"] == pytest.approx(pnl["sharpe_per_trade"] * math.sqrt(per_year))
+    assert pnl["sharpe_annualised_ci95"][0] == pytest.approx(pnl["sharpe_per_trade_ci95"][0] * math.sqrt(per_year))
+    # the same ticks a minute apart span 33 hours: too short a span to say what a year holds
+    short = score(inputs(probs, labels, rng, horizon=4, times_ms=np.arange(n) * 60_000.0), cost_bp=1.0, bootstrap=50)
+    assert short["model"]["pnl"]["sharpe_annualised"] is None and short["model"]["pnl"]["sharpe_annualised_ci95"] is None
+    assert short["annualisation"]["horizons_per_year"] is None and "under 30" in short["annualisation"]["note"]
+    # daily ticks over a year but fewer than 20 horizons of 20 days
+    few = score(inputs(probs[:300], labels[:300], rng, horizon=20, times_ms=np.arange(300) * 86_400_000.0),
+                bootstrap=0)
+    assert few["model"]["pnl"]["sharpe_annualised"] is None and "fewer than 20" in few["annualisation"]["note"]
+    untimed = score(inputs(probs, labels, rng, horizon=4), bootstrap=0)
+    assert untimed["model"]["pnl"]["sharpe_annualised"] is None and "not known" in untimed["annualisation"]["note"]
