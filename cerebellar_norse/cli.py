@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--since", metavar="TIME", type=time_arg,
                     help="score only ticks at or after TIME (ms or ISO 8601; one without an offset in the files' zone, "
                          "the first of an hour it repeats, refused in an hour it skips); earlier ones warm the network up")
-    ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost per trade in basis points for the P&L, 0 to 10000 (default 0)")
+    ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost in basis points for the P&L, charged on turnover: half of it per unit of position bought or sold, 0 to 10000 (default 0)")
     ev.add_argument("--bootstrap", type=int_in(0, MAX_BOOTSTRAP), default=1000,
                     help=f"bootstrap resamples of the 95%% intervals, 0 (none) to {MAX_BOOTSTRAP} (default 1000)")
     _add_timezone(ev, " and of a --since TIME without one")

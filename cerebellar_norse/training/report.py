@@ -24,8 +24,13 @@ METRICS = (("accuracy", "accuracy"), ("directional_accuracy", "dir. accuracy"), 
            ("direction_log_loss", "dir. log loss"), ("brier", "Brier"), ("ece", "ECE"), ("direction_ece", "dir. ECE"))
 DIFF_METRICS = (("log_loss", "log loss"), ("direction_log_loss", "dir. log loss"), ("accuracy", "accuracy"),
                 ("directional_accuracy", "dir. accuracy"))
-PNL_FIELDS = (("trades", "trades"), ("hit_rate", "hit rate"), ("mean_trade_bp", "mean/trade bp"),
-              ("total_bp", "total bp"), ("sharpe_per_trade", "Sharpe/trade"))
+PNL_FIELDS = (("trades", "trades"), ("hit_rate", "hit rate"), ("mean_trade_bp", "gross/trade bp"),
+              ("turnover", "turnover"), ("costs_bp", "costs bp"), ("total_bp", "total bp"),
+              ("sharpe_per_trade", "Sharpe/trade"), ("sharpe_annualised", "Sharpe/year"))
+PNL_NOTE = ("P&L: at each tick a trade of sign(P(up) − P(down)), size 1/horizon, held for the horizon; one book per "
+            "market; hit rate and gross/trade (a size-1 trade's mean return) before costs; costs = cost_bp / 2 × "
+            "turnover (Σ|ΔP| of the books, opening and closing included: a round trip of the whole position is 2); "
+            "total = gross − costs; Sharpe/trade = mean / sd of the net P&L per tick")
 MAX_PLOT_POINTS = 2000
 DIRECTION_BASELINES = ("base_rates", "persistence", "mean_reversion", "always_up", "logistic")  # those with a direction
 
@@ -58,8 +63,9 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     0, or one whose interval includes 0 and whose difference is not below 0 are ``do_not_trade``; better than
     every one by the point estimates but with an interval including 0 is ``collect_more_data``; better than every one
     (intervals below 0) but with no cost charged, a P&L after costs at or below 0 or at or below that of a constant
-    position (always long, or always short: its mirror at the same cost per trade) is ``do_not_trade``; else
-    ``trade``.
+    position (always long or always short, by the point estimate of the model's difference with it) is
+    ``do_not_trade``; above those by the point estimates but with the 95 % interval of the P&L, or of a difference
+    with a constant position, not above 0 is ``collect_more_data``; else ``trade``.
     """
     in_sample = summary.get("in_sample")
     if isinstance(in_sample, Mapping):
@@ -105,34 +111,53 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
                           "shown yet; do not trade it before more unseen data confirms it"}
     pnl = ((summary.get("model") or {}).get("pnl") or {})
     total = pnl.get("total_bp")
-    always = (((summary.get("baselines") or {}).get("always_up") or {}).get("pnl") or {}).get("total_bp")
     better = f"direction log loss better than every baseline (95 % intervals below 0, {spans})"
     cost = summary.get("cost_bp") or 0.0
     if not cost:
         return {"action": "do_not_trade",
                 "reason": f"{better}, but the P&L charges no cost: score it with evaluate --cost-bp (a round trip's spread and "
                           "fees) before deciding"}
+    after = f"after {cost:g} bp per round trip on its turnover"
     if total is None or total <= 0:
         return {"action": "do_not_trade",
-                "reason": f"{better}, but it does not pay its costs: total {_fmt(total, 2, '-')} bp after {cost:g} bp "
-                          "per trade"}
-    constant = []  # the constant positions: a drift is not an edge, whichever way the market went
-    if always is not None:
-        constant.append(("always long", float(always)))
-        if isinstance(samples, int) and samples:
-            # short at every tick: the mirror of always long's returns, paying the same cost per trade
-            constant.append(("always short", -float(always) - 2.0 * samples * cost / max(int(horizon), 1)))
-    beaten = [(name, value) for name, value in constant if total <= value]
+                "reason": f"{better}, but it does not pay its costs: total {_fmt(total, 2, '-')} bp {after}"}
+    total_ci = pnl.get("total_bp_ci95")
+    total_text = f"{total:.2f} bp [{_fmt((total_ci or [None])[0], 2, '-')}, {_fmt((total_ci or [None, None])[1], 2, '-')}]"
+    constant = [(name, pnl.get(f"vs_{key}") or {}) for name, key in (("always long", "always_long"),
+                                                                       ("always short", "always_short"))]
+    # the constant positions: a drift is not an edge, whichever way the market went
+    beaten = [(name, cell) for name, cell in constant if cell.get("diff_bp") is None or cell["diff_bp"] <= 0]
     if beaten:
-        name, value = max(beaten, key=lambda c: c[1])
+        name, cell = beaten[0]
         return {"action": "do_not_trade",
-                "reason": f"{better}, but after {cost:g} bp per trade its P&L ({total:.2f} bp) is no better than "
-                          f"{name}'s ({value:.2f} bp)"}
+                "reason": f"{better}, but {after} its P&L ({total:.2f} bp) is no better than {name}'s (model − "
+                          f"{name}: {_fmt(cell.get('diff_bp'), 2, '-', signed=True)} bp)"}
+    if not total_ci or None in total_ci or total_ci[0] <= 0:
+        return {"action": "collect_more_data",
+                "reason": f"{better}, and {after} its P&L is positive by its point estimate, but its 95 % interval "
+                          f"includes 0 ({total_text}): no profit shown yet; do not trade it before more unseen data "
+                          "confirms it"}
+    drift = [(name, cell) for name, cell in constant if not cell.get("ci95") or None in cell["ci95"]
+             or cell["ci95"][0] <= 0]
+    if drift:
+        return {"action": "collect_more_data",
+                "reason": f"{better}, and {after} its P&L ({total_text}) is positive, but not distinguishable from "
+                          + " and ".join(f"{name}'s (model − {name}: {_pnl_ci_text(cell)} bp)" for name, cell in drift)
+                          + ": a drift is not an edge; do not trade it before more unseen data confirms it"}
     return {"action": "trade",
-            "reason": f"{better}, and after {cost:g} bp per trade its P&L ({total:.2f} bp) is positive and above "
-                      + " and ".join(f"{name}'s ({value:.2f} bp)" for name, value in constant)
-                      + "; the P&L's own uncertainty is not in the intervals: confirm on later unseen data before "
+            "reason": f"{better}, and {after} its P&L ({total_text}, 95 % interval) is above 0 and above "
+                      + " and ".join(f"{name}'s (model − {name}: {_pnl_ci_text(cell)} bp)" for name, cell in constant)
+                      + "; the intervals assume the future resembles these ticks: confirm on later unseen data before "
                         "sizing up"}
+
+
+def _pnl_ci_text(cell: Mapping[str, Any]) -> str:
+    """``+d [lo, hi]`` of a P&L difference in bp (2 decimals)."""
+    text = _fmt(cell.get("diff_bp"), 2, "-", signed=True)
+    ci = cell.get("ci95")
+    if ci and None not in ci:
+        text += f" [{_fmt(ci[0], 2, signed=True)}, {_fmt(ci[1], 2, signed=True)}]"
+    return text
 
 
 def headline(summary: Mapping[str, Any]) -> list[str]:
@@ -168,7 +193,35 @@ def _fmt(value: Any, digits: int = 4, none: str = "—", signed: bool = False) -
 def _pnl_fmt(key: str, value: Any, none: str) -> str:
     if key == "trades":
         return _fmt(value, none=none)
-    return _fmt(value, 2 if key.endswith("_bp") else 4, none=none)
+    return _fmt(value, 2 if key.endswith("_bp") or key == "turnover" else 4, none=none)
+
+
+def _interval_text(value: Any, ci: Any, digits: int, none: str) -> str:
+    text = _fmt(value, digits, none=none)
+    if isinstance(ci, Sequence) and len(ci) == 2 and None not in ci:
+        text += f" [{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]"
+    return text
+
+
+def pnl_lines(summary: Mapping[str, Any], none: str = "-") -> list[str]:
+    """The lines under the P&L table: what the figures are, the model's net P&L and Sharpe ratios with their 95 %
+    intervals, its differences with the constant positions, and how the Sharpe ratio was annualised."""
+    pnl = (summary.get("model") or {}).get("pnl") or {}
+    if not isinstance(pnl, Mapping) or "total_bp" not in pnl:
+        return []
+    lines = [PNL_NOTE]
+    if "total_bp_ci95" in pnl:
+        lines.append("model after costs (95% block-bootstrap CI): total "
+                     f"{_interval_text(pnl.get('total_bp'), pnl.get('total_bp_ci95'), 2, none)} bp, per tick "
+                     f"{_interval_text(pnl.get('net_per_tick_bp'), pnl.get('net_per_tick_bp_ci95'), 4, none)} bp, "
+                     f"Sharpe/trade {_interval_text(pnl.get('sharpe_per_trade'), pnl.get('sharpe_per_trade_ci95'), 4, none)}"
+                     f", Sharpe/year {_interval_text(pnl.get('sharpe_annualised'), pnl.get('sharpe_annualised_ci95'), 4, none)}")
+        lines.append("model − always long: " + _pnl_ci_text(pnl.get("vs_always_long") or {}) + " bp; model − always short: "
+                     + _pnl_ci_text(pnl.get("vs_always_short") or {}) + " bp")
+    note = (summary.get("annualisation") or {}).get("note")
+    if note:
+        lines.append(f"Sharpe/year: {note}")
+    return lines
 
 
 def _predictors(summary: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -184,6 +237,8 @@ def _pnl_rows(summary: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]
     model = summary.get("model") or {}
     if isinstance(model.get("always_long"), Mapping) and "always_up" not in (summary.get("baselines") or {}):
         rows.insert(1 if rows else 0, ("always_long", model["always_long"]))  # a summary from before that baseline
+    if isinstance(model.get("always_short"), Mapping):
+        rows.append(("always_short", model["always_short"]))
     return rows
 
 
@@ -251,6 +306,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines += _text_table(["P&L", *[label for _, label in PNL_FIELDS]],
                          [[name, *[_pnl_fmt(key, p.get(key), none) for key, _ in PNL_FIELDS]]
                           for name, p in _pnl_rows(summary)])
+    lines += pnl_lines(summary, none)
     vs = summary.get("vs_baselines") or {}
     if vs:
         lines.append("")
@@ -415,7 +471,8 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
     parts.append(_section("P&L (sign strategy, after costs)",
                           _table(["strategy", *[label for _, label in PNL_FIELDS]],
                                  [[name, *[_pnl_fmt(k, p.get(k), "—") for k, _ in PNL_FIELDS]]
-                                  for name, p in _pnl_rows(summary)])))
+                                  for name, p in _pnl_rows(summary)])
+                          + "".join(f'<p class="note">{html.escape(line)}</p>' for line in pnl_lines(summary, "—"))))
     vs = summary.get("vs_baselines") or {}
     if vs:
         note = summary.get("bootstrap") or {}
@@ -448,9 +505,9 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
     if per_market.get("table"):
         caption = f"{per_market.get('reported')} of {per_market.get('markets')} markets, most samples first"
         parts.append(_section("Model per market", f'<p class="note">{html.escape(caption)}</p>' + _table(
-            ["market", "samples", "accuracy", "dir. accuracy", "log loss", "trades", "total bp"],
+            ["market", "samples", "accuracy", "dir. accuracy", "log loss", "trades", "costs bp", "total bp"],
             [[r.get("market"), _fmt(r.get("samples")), _fmt(r.get("accuracy")), _fmt(r.get("directional_accuracy")),
-              _fmt(r.get("log_loss")), _fmt(r.get("trades")), _fmt(r.get("total_bp"), 2)]
+              _fmt(r.get("log_loss")), _fmt(r.get("trades")), _fmt(r.get("costs_bp"), 2), _fmt(r.get("total_bp"), 2)]
              for r in per_market["table"]])))
     if curve:
         parts.append(_section("Learning curve", _table(

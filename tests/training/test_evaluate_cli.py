@@ -53,16 +53,28 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
         assert lo <= row["log_loss"]["diff"] <= hi
     assert full["base_rates_from"] == "the model's training and validation data"
     assert sum(full["model"]["confusion"][0]) + sum(full["model"]["confusion"][1]) + sum(full["model"]["confusion"][2]) == full["samples"]
+    # the P&L: one book per market, costs on its turnover (always long: one round trip in each of the 2 markets)
+    assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "100", "--cost-bp", "2"]) == 0
+    costly = _json(capsys)
+    pnl, long = costly["model"]["pnl"], costly["model"]["always_long"]
+    assert long["turnover"] == pytest.approx(4.0) and long["costs_bp"] == pytest.approx(4.0)
+    assert pnl["total_bp"] == pytest.approx(pnl["gross_bp"] - pnl["costs_bp"])
+    assert pnl["costs_bp"] == pytest.approx(pnl["turnover"])  # 2 bp a round trip: 1 bp per unit bought or sold
+    assert sum(r["total_bp"] for r in costly["per_market"]["table"]) == pytest.approx(pnl["total_bp"])
+    assert pnl["total_bp_ci95"][0] <= pnl["total_bp"] <= pnl["total_bp_ci95"][1]
+    assert costly["annualisation"]["note"] and costly["annualisation"]["span_days"] > 0
 
     mid = datetime.fromtimestamp(generate_ticks(4000, 2, seed=4)[2000]["timestamp"] / 1000, tz=UTC).isoformat()
     report = env / "report.html"
     assert main(["evaluate", "ticks.csv", "--since", mid, "--report", str(report), "--cost-bp", "1"]) == 0
     text = capsys.readouterr().out
     assert "base_rates" in text and "logistic" in text and f"report written to {report}" in text
+    assert "model after costs (95% block-bootstrap CI): total " in text and "Sharpe/year: " in text
     mid_utc = datetime.fromisoformat(mid).strftime("%Y-%m-%dT%H:%M:%S")
     assert f"from --since {mid} = {mid_utc}" in text  # the time the ticks were cut at, as the service reads it
     html = report.read_text(encoding="utf-8")
     assert html.count("data:image/png;base64,") >= 3 and "http://" not in html and "https://" not in html
+    assert "model after costs (95% block-bootstrap CI): total " in html and "Sharpe/year: " in html
     assert main(["evaluate", "ticks.csv", "--since", mid, "--json", "--bootstrap", "0"]) == 0
     later = _json(capsys)
     assert 0 < later["samples"] < full["samples"] and later["cost_bp"] == 0.0

@@ -124,12 +124,12 @@ def test_importing_the_report_does_not_import_matplotlib() -> None:
 
 
 def _scored(skill: float, n: int = 4_000, seed: int = 1, cost_bp: float = 0.0, bootstrap: int = 200,
-            right: float = 1.0) -> dict:
+            right: float = 1.0, noise: float = 1e-4) -> dict:
     """The summary of a model that puts ``skill`` more mass on the true class of random labels at a share ``right``
     of the rows (on the opposite direction elsewhere; 0: noise around the base rates), the P&L of its labels' returns."""
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 3, n)
-    fwd = np.where(labels == 2, 1e-3, np.where(labels == 0, -1e-3, 0.0)) + rng.normal(0, 1e-4, n)
+    fwd = np.where(labels == 2, 1e-3, np.where(labels == 0, -1e-3, 0.0)) + rng.normal(0, noise, n)
     probs = np.full((n, 3), (1.0 - skill) / 3.0)
     probs[np.arange(n), np.where(rng.random(n) < right, labels, 2 - labels)] += skill
     if skill == 0:
@@ -145,6 +145,7 @@ def test_verdict_says_what_the_figures_support() -> None:
                if name != "majority")
     v = verdict(skilled)
     assert v["action"] == "trade" and "better than every baseline" in v["reason"]
+    assert skilled["model"]["pnl"]["total_bp_ci95"][0] > 0 and "95 % interval) is above 0" in v["reason"]
     # the independent outcomes it rests on, counted as the figures' first line counts them
     assert f"{skilled['moving_samples']} moving labels over about 4000 non-overlapping horizons" in v["reason"]
     assert verdict({**skilled, "edge": "direction"})["action"] == "trade"
@@ -157,15 +158,37 @@ def test_verdict_says_what_the_figures_support() -> None:
     assert free["action"] == "do_not_trade" and "--cost-bp" in free["reason"]
     assert verdict(_scored(0.3, cost_bp=1.0, bootstrap=0))["action"] == "do_not_trade"
     # a market that fell: always short's P&L (always long's mirror, at the same cost) above the model's is no edge
-    model_total = skilled["model"]["pnl"]["total_bp"]
-    fell = {**skilled, "baselines": {**skilled["baselines"], "always_up": {
-        **skilled["baselines"]["always_up"], "pnl": {"total_bp": -model_total - 10_000.0}}}}
+    pnl = skilled["model"]["pnl"]
+    fell = {**skilled, "model": {**skilled["model"], "pnl": {**pnl, "vs_always_short": {"diff_bp": -1.0, "ci95": [-9.0, 7.0]}}}}
     short = verdict(fell)
     assert short["action"] == "do_not_trade" and "no better than always short's" in short["reason"]
     costly = verdict(_scored(0.3, cost_bp=50.0))
     assert costly["action"] == "do_not_trade" and "does not pay its costs" in costly["reason"]
     noise = verdict(_scored(0.0, cost_bp=1.0))
     assert noise["action"] == "do_not_trade" and "worse than base_rates" in noise["reason"]
+
+
+def test_verdict_is_no_trade_while_the_pnl_interval_includes_0() -> None:
+    """Better than every baseline on direction log loss, a positive P&L after costs above the constant positions' by
+    its point estimates, but returns so noisy that its 95 % interval includes 0: no profit shown, not a trade."""
+    for seed in range(1, 40):
+        summary = _scored(0.3, seed=seed, cost_bp=1.0, noise=0.03)
+        pnl = summary["model"]["pnl"]
+        if (pnl["total_bp"] > 0 > pnl["total_bp_ci95"][0] and pnl["vs_always_long"]["diff_bp"] > 0
+                and pnl["vs_always_short"]["diff_bp"] > 0):
+            break
+    else:
+        raise AssertionError("no seed gave a positive P&L with an interval including 0")
+    v = verdict(summary)
+    assert v["action"] == "collect_more_data" and "its 95 % interval includes 0" in v["reason"]
+    assert f"{pnl['total_bp']:.2f} bp [" in v["reason"]
+    # the same P&L with an interval above 0, and above always short's by its point estimate only, is not a trade
+    sure = {**summary, "model": {**summary["model"], "pnl": {**pnl, "total_bp_ci95": [1.0, 2 * pnl["total_bp"]],
+                                                              "vs_always_long": {"diff_bp": 5.0, "ci95": [1.0, 9.0]},
+                                                              "vs_always_short": {"diff_bp": 5.0, "ci95": [-3.0, 13.0]}}}}
+    v = verdict(sure)
+    assert v["action"] == "collect_more_data" and "not distinguishable from always short's" in v["reason"]
+    assert "always long's" not in v["reason"]
 
 
 def test_verdict_of_a_hint_too_small_for_its_interval_is_collect_more_data() -> None:
