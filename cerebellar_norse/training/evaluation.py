@@ -580,26 +580,29 @@ def _book(pos: np.ndarray, c: _Checked, cost_bp: float) -> _Book:
     this is cost_bp / 2 × |pos_t − pos_{t−1}|.
     """
     n, h = pos.shape[0], c.horizon
-    gross = pos * c.fwd_ret
-    change = np.zeros(n)
+    cost = np.zeros(n)  # the turnover at each row, then its cost
     turnover = 0.0
-    size = pos / h
     for rows in c.books:
         k = rows.size
         if not k:
             continue
         span = c.spans[rows]
+        size = pos[rows] / h
         flow = np.zeros(k + int(span.max()))  # the position's change at each tick from the market's first row on
-        flow[:k] += size[rows]
-        np.add.at(flow, np.arange(k) + span, -size[rows])
-        moved = np.abs(flow)
+        flow[:k] = size
+        np.add.at(flow, np.arange(k) + span, -size)
+        del size, span
+        moved = np.abs(flow, out=flow)
         moved[moved < ROUNDING] = 0.0  # trades opened and closed at one tick net exactly; sums of 1/h may not
-        per_row = moved[:k].copy()
-        per_row[-1] += moved[k:].sum()
-        change[rows] = per_row
         turnover += float(moved.sum())
-    cost = change * (cost_bp * 1e-4 / 2.0)
-    return _Book(gross, cost, gross / h - cost, turnover)
+        moved[k - 1] += moved[k:].sum()
+        cost[rows] = moved[:k]
+        del flow, moved
+    cost *= cost_bp * 1e-4 / 2.0
+    gross = pos * c.fwd_ret
+    net = gross / h
+    net -= cost
+    return _Book(gross, cost, net, turnover)
 
 
 def _pnl(pos: np.ndarray, book: _Book, horizon: int, per_year: float | None) -> dict[str, Any]:
@@ -928,12 +931,6 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     model, model_rows = _evaluate(c.probs, c, cost_bp)
     model["confidence_quartiles"] = _confidence_quartiles(c.probs, model_rows, c.labels)
     per_year = c.annualisation["horizons_per_year"]
-    constant = {}
-    for key, side in (("always_long", 1.0), ("always_short", -1.0)):
-        pos = np.full(n, side)
-        book = _book(pos, c, cost_bp)
-        model[key] = _pnl(pos, book, c.horizon, per_year)
-        constant[key] = book.net
     views = _rule_views(c.past_ret)  # the rules' calls, read once for both their tilts and their forecasts
     tilts = rule_tilts(c.past_ret, c.labels, views)
     each = _each_baseline_probs(c.base_rates, c.past_ret, tilts, views)
@@ -952,6 +949,13 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     rng = np.random.default_rng(seed)
     vs, block = _diff_cells(groups, n, c.horizon, int(bootstrap), rng)
     del groups
+    constant = {}  # the constant positions' books, made once the baselines' rows are freed
+    for key, side in (("always_long", 1.0), ("always_short", -1.0)):
+        pos = np.full(n, side)
+        book = _book(pos, c, cost_bp)
+        model[key] = _pnl(pos, book, c.horizon, per_year)
+        constant[key] = book.net
+        del pos, book
     _pnl_intervals(model["pnl"], model_rows.pnl, constant, block, int(bootstrap), rng, per_year)  # drawn after those
     moving = int(n - counts[FLAT])
     summary: dict[str, Any] = {
