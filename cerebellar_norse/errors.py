@@ -149,6 +149,12 @@ class MarketMovingError(CapacityError):
         super().__init__(message, retry_after_s)
 
 
+class JournalWaitError(CapacityError):
+    """The journal's next file cannot be created for now (too many open files, EMFILE/ENFILE): ticks and the other
+    changes of state it must record are refused before they change anything, answered 503 with ``Retry-After``;
+    each refused call tries again to create the file, and serving goes on once it can."""
+
+
 class StartupError(CerebellarNorseError):
     """The service cannot start serving (its port cannot be bound); start-up exits 1 with this one line."""
 

@@ -35,7 +35,7 @@ from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape
 from ..training.jobs import JobManager
 from .app import create_app
 from .degradation import Degradation
-from .deps import ServiceState, current_degradation
+from .deps import ServiceState, current_degradation, journal_wait_reason
 from .exposure import check_exposure
 from .lifecycle import (
     announce_when_listening,
@@ -155,7 +155,8 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
     metrics.add_source(engine_families(engine, device, _cuda_memory(device), started))
     state = ServiceState(cfg=cfg, engine=engine, metrics=metrics, device=device, started=started)
     state.store = store
-    metrics.add_source(health_families(lambda: state.ready, lambda: current_degradation(state) is not None))
+    metrics.add_source(health_families(lambda: state.ready and journal_wait_reason(state) is None,
+                                       lambda: current_degradation(state) is not None))
     if store.fallback is not None:  # the active model could not be served: /health says "degraded"
         level = logging.WARNING if store.fallback == NOT_ACTIVATED else logging.ERROR
         log.log(level, "model fallback: %s; serving model %s instead", store.fallback, engine.model_version)

@@ -47,6 +47,7 @@ import numpy as np
 from ..config import Config, PerformanceConfig, pool_capacity
 from ..errors import (
     CapacityError,
+    CerebellarNorseError,
     CheckpointError,
     EngineFatalError,
     ForeignStateDirError,
@@ -304,11 +305,17 @@ class Engine:
         self.model_version = model_version
         self.learner = self._make_learner()
 
-    def write_refusal(self) -> StorageError | None:
+    def write_refusal(self) -> CerebellarNorseError | None:
         """Once a journal write has failed, the error refusing any further change of state (a new one per call, the
-        failure being logged once); None while state changes can be made durable (or nothing is journaled)."""
+        failure being logged once); while the journal waits for a file descriptor for its next file (and trying
+        again finds none), the 503 refusing it for now; None while state changes can be made durable (or nothing is
+        journaled)."""
         journal = self.journal
-        return None if journal is None or journal.failed is None else journal.refusal()
+        if journal is None:
+            return None
+        if journal.failed is not None:
+            return journal.refusal()
+        return journal.resume() if journal.stalled is not None else None
 
     def set_weights(self, weights: Weights, model_version: str, reset_states: bool = False) -> None:
         """Swap the model between batches (callers on the loop thread: no batch is running).
@@ -417,6 +424,10 @@ class Engine:
         journal = self.journal
         if journal is not None and journal.failed is not None:  # could not be journaled: refused before any change
             raise journal.refusal()  # (inline, not write_refusal(): this runs per request)
+        if journal is not None and journal.stalled is not None:  # no file descriptor for the journal's next file
+            refused = journal.resume()
+            if refused is not None:
+                raise refused
         if len(self._pending) + len(ticks) > self.queue_size:
             self.stats.rejected_full += len(ticks)
             raise CapacityError(f"queue full ({len(self._pending)} of {self.queue_size} ticks waiting)", retry_after_s=max(self.delay_s, 0.001))
@@ -539,8 +550,8 @@ class Engine:
             self.scorer.retain(self.pool.table)
         threshold = self.cfg.performance.garbage_collection_threshold
         keep = int(threshold * self.pool.capacity)
-        if self.pool.used <= keep:
-            return 0
+        if self.pool.used <= keep or (self.journal is not None and self.journal.stalled is not None):
+            return 0  # (a stalled journal takes no release records: evict later)
         gone = self.pool.table.evict_idle(keep, IDLE_EVICTION_S, now)
         if gone:
             self.idle_eviction_log.add(len(gone), threshold=threshold, markets=self.pool.used, capacity=self.pool.capacity)
@@ -554,6 +565,13 @@ class Engine:
             for _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(journal.refusal())
+            return
+        if journal is not None and journal.stalled is not None and journal.resume() is not None:
+            self.stats.failed_batches += 1  # queued before the journal stalled: refused unstepped, as at admission
+            self.stats.failed_ticks += len(batch)
+            for _, fut, _ in batch:
+                if not fut.done():
+                    fut.set_exception(journal.refusal() if journal.failed is not None else journal.wait_error())
             return
         ticks = [t for t, _, _ in batch]
         started = time.perf_counter_ns()

@@ -51,6 +51,16 @@ Failures
     service stops with exit code 1) and the error is logged with the path and errno. No
     final checkpoint is written then (the pool may hold the failed step): the previous
     checkpoint and the journal, kept, hold exactly the acknowledged ticks.
+
+    The one exception is a full segment whose next one finds no file descriptor (EMFILE,
+    ENFILE: it passes once some are closed). Every segment keeps room at its end for one
+    whole batch (:func:`.segments.batch_bound`): an append that ends past the rest starts
+    the next segment first, and when that finds no descriptor the record goes into the
+    room kept, the journal is :attr:`~Durability.stalled` (one WARNING), and nothing more
+    is appended until :meth:`~Durability.resume` creates the next segment: each new tick,
+    reset, model swap and import tries it and, failing, is refused
+    (:class:`~cerebellar_norse.errors.JournalWaitError`, 503 with ``Retry-After``) before
+    it changes anything. A segment therefore never grows past the size its header records.
 """
 
 from __future__ import annotations
@@ -70,7 +80,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zlib import crc32
 
-from ..errors import CheckpointError, ForeignStateDirError, StorageError
+from ..errors import CerebellarNorseError, CheckpointError, ForeignStateDirError, JournalWaitError, StorageError
 from ..ticks import Tick
 from .persistence import LEGACY_DIR, check_writable, fingerprint_json, quarantine, write_snapshot
 from .segments import (
@@ -85,6 +95,7 @@ from .segments import (
     SUFFIX,
     TICK,
     SegmentReader,
+    batch_bound,
     create_segment,
     list_segments,
     misplaced_entries,
@@ -145,6 +156,9 @@ class Durability:
         self.segment_size = int(perf.journal_segment_size)
         self.interval_s = perf.checkpoint_interval_s
         self.max_record = record_bound(engine.batch_size)
+        # what one batch appends at most: kept free at the end of every segment, so that the batch in whose middle
+        # the next segment cannot be created (no file descriptor) still has its place in this one
+        self.reserve = batch_bound(engine.batch_size) + REC.size
         self.on_fatal = on_fatal
         self.seq = 0  # last record written
         self.failed: StorageError | None = None
@@ -153,7 +167,13 @@ class Durability:
         self._mm: mmap.mmap | None = None
         self._pos = HEADER_SIZE
         self._size = 0
+        self._soft = 0  # an append ending past this offset starts the next segment first (the rest is the reserve)
         self._base = 0
+        # the next segment could not be created for want of a file descriptor (EMFILE, ENFILE): the open one is past
+        # its size target, and new batches (resets, model swaps, imports) are refused until it can (see resume())
+        self.stalled: StorageError | None = None
+        self._stalled_at = 0.0
+        self.stalls = 0  # how often that happened (a counter for /metrics)
         self._seg_fp: dict[str, Any] = {}  # the fingerprint in the open segment's header
         self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
         self._ids: dict[str, tuple[struct.Struct, bytes, int, int]] = {}
@@ -187,7 +207,7 @@ class Durability:
             n = len(body)
         pos = self._pos  # the append, inlined (the hot path): see _append
         end = pos + REC.size + n
-        if end + REC.size > self._size:
+        if end > self._soft:
             self._append(body, seq)
             return
         mm = self._mm
@@ -220,7 +240,11 @@ class Durability:
     def _append(self, body: bytes, seq: int) -> None:
         pos = self._pos
         end = pos + REC.size + len(body)
-        if end + REC.size > self._size:
+        if end > self._soft and self.stalled is None:  # the segment reached its size target: start the next one
+            self._roll(len(body), can_wait=True)  # no descriptor for it: stalled, the record goes into the reserve
+            pos = self._pos
+            end = pos + REC.size + len(body)
+        if end + REC.size > self._size:  # the reserve is used up too (stalled): without a new segment, fatal
             self._roll(len(body))
             pos = self._pos
             end = pos + REC.size + len(body)
@@ -241,11 +265,58 @@ class Durability:
         except OSError as exc:
             raise self._fail(StorageError.from_os_error("cannot flush the journal", self._segments[-1][1], exc)) from None
 
-    def _roll(self, need: int) -> None:
-        """The open segment is full: start the next one (and wake the checkpointer)."""
-        self._open_segment(max(self.segment_size, HEADER_SIZE + 2 * (need + 2 * REC.size)))
+    def _roll(self, need: int, can_wait: bool = False) -> None:
+        """The open segment is full: start the next one (and wake the checkpointer). ``can_wait``: the open one still
+        has its reserve, so a missing file descriptor stalls the journal (:meth:`_stall`) instead of failing it."""
+        try:
+            self._open_segment(self._segment_bytes(need), can_wait=can_wait)
+        except StorageError as exc:
+            if exc.reported:  # failed (logged, fatal)
+                raise
+            self._stall(exc)
+            return
         if self._wake is not None:
             self._wake.set()
+
+    def _segment_bytes(self, need: int = 0) -> int:
+        """The size of a new segment: ``journal_segment_size``, or more where a record of ``need`` bytes or the
+        reserve would not leave room for records."""
+        return max(self.segment_size, HEADER_SIZE + 2 * self.reserve, HEADER_SIZE + 2 * (need + 2 * REC.size))
+
+    def _stall(self, exc: StorageError) -> None:
+        """The next segment cannot be created for want of a file descriptor: one WARNING; the open segment's reserve
+        takes the rest of the batch, and :meth:`resume` tries again before anything more is appended."""
+        self.stalled = exc
+        self._stalled_at = time.monotonic()
+        self.stalls += 1
+        log.warning("%s; the journal file %s is full: ticks, market resets, model activations and imports are refused "
+                    "(503, Retry-After) until its next file can be created, tried again with each (every acknowledged "
+                    "tick is in the journal)", exc, self._segments[-1][1] if self._segments else self.dir,
+                    extra={"fields": {"path": exc.path, "errno": exc.errno}})
+
+    def wait_error(self) -> JournalWaitError:
+        """The error refusing one change of state while the journal is :attr:`stalled` (a new one per call)."""
+        return JournalWaitError(f"{self.stalled}: the journal cannot start its next file, so no tick or other change of "
+                                "state is accepted until it can; nothing was changed, try again", retry_after_s=1.0)
+
+    def resume(self) -> CerebellarNorseError | None:
+        """While :attr:`stalled`, try again to start the next segment (call between batches); None when appends can go
+        on, else the error refusing the caller's change (:meth:`wait_error`, or the journal's failure when the try
+        failed otherwise: full or read-only disk, as any failed state write)."""
+        if self.stalled is None or self.closed:
+            return None
+        if self.failed is not None:
+            return self.refusal()
+        try:
+            self._open_segment(self._segment_bytes(), can_wait=True)
+        except StorageError as exc:
+            if exc.reported:
+                return self.refusal()
+            self.stalled = exc
+            return self.wait_error()
+        if self._wake is not None:
+            self._wake.set()  # checkpoint the full segment (and remove it)
+        return None
 
     def _check_in_place(self) -> None:
         """Raise (and fail the journal, see :meth:`_fail`) when the state dir was moved or replaced while held: a
@@ -269,14 +340,19 @@ class Durability:
         except OSError as exc:
             err = StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)
             if can_wait and exc.errno in OUT_OF_DESCRIPTORS:
-                raise self._skipped(err) from None
+                raise err from None  # not logged, not fatal: the caller says what it does instead
             raise self._fail(err) from None
         if self._mm is not None:
             self._mm.close()
         if self._segments and self._segments[-1][0] == self.seq:
             self._segments.pop()  # the open segment held no record: the new one, of the same name, replaced it
         self._mm, self._pos, self._size, self._base, self._seg_fp = mm, HEADER_SIZE, size, self.seq, fp
+        self._soft = size - self.reserve
         self._segments.append((self.seq, path))
+        if self.stalled is not None:
+            log.info("journal file %s created: ticks are accepted again (refused for %.1f s)", path,
+                     time.monotonic() - self._stalled_at, extra={"fields": {"path": str(path)}})
+            self.stalled = None
 
     def refusal(self) -> StorageError:
         """A new error like :attr:`failed` (logged already) for one more refused call: raising the one failure again
@@ -350,7 +426,13 @@ class Durability:
             raise self.failed
         self._check_in_place()
         snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
-        self._rotate(fp)
+        try:
+            self._rotate(fp, can_wait=True)
+        except StorageError as exc:
+            if exc.reported:  # failed (logged, fatal)
+                raise
+            raise JournalWaitError(f"{exc}: the journal cannot start the file this change needs, so it is refused and "
+                                   "nothing was changed; try again", retry_after_s=1.0) from None
         try:
             self._write(snap, fp, seq, force=True)
         except OSError as exc:
@@ -367,7 +449,9 @@ class Durability:
         try:
             self._check_in_place()
             self._rotate(fp, can_wait=True)
-        except StorageError:
+        except StorageError as exc:
+            if not exc.reported and self.stalled is None:  # (while stalled, its WARNING said it)
+                self._skipped(exc)
             return False
         t0 = time.monotonic()
         try:
@@ -535,12 +619,13 @@ class Durability:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._seg_fp = eng.fingerprint()
+        size = self._segment_bytes()
         try:
-            path, self._mm = create_segment(self.dir, self.seq, self._seg_fp, self.segment_size, self.state_id,
+            path, self._mm = create_segment(self.dir, self.seq, self._seg_fp, size, self.state_id,
                                             eng.pool.capacity, self.max_record)
         except OSError as exc:
             raise StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc) from None
-        self._pos, self._size, self._base = HEADER_SIZE, self.segment_size, self.seq
+        self._pos, self._size, self._soft, self._base = HEADER_SIZE, size, size - self.reserve, self.seq
         self._segments = [(self.seq, path)]
         eng.journal = self
         eng.pool.table.on_release = self.release

@@ -245,6 +245,12 @@ def record_bound(batch_size: int) -> int:
     return REC.size + BODY.size + max(batch_size, 1) * _RECORD_TICK_MAX
 
 
+def batch_bound(batch_size: int) -> int:
+    """The most bytes one batch of ``batch_size`` ticks appends to a journal: a record per backend step (a batch with
+    more markets than the pool has slots is stepped in parts), one tick per part at worst."""
+    return max(batch_size, 1) * (REC.size + BODY.size + _RECORD_TICK_MAX)
+
+
 def batch_size_for_record(size: int) -> int:
     """The smallest ``performance.batch_size`` whose largest record (:func:`record_bound`) is ``size`` bytes or more."""
     return max(1, -(-(size - REC.size - BODY.size) // _RECORD_TICK_MAX))

@@ -519,7 +519,7 @@ async def test_a_journal_that_cannot_grow_stops_acknowledging(engine_config: Con
     await feed([e, twin], acked, chunk=1)
 
     monkeypatch.setattr(os, "posix_fallocate", disk_full)
-    d._size = d._pos + 40  # the open segment is full: the next append needs a new one
+    d._size = d._soft = d._pos + 40  # the open segment is full: the next append needs a new one
     with caplog.at_level(logging.ERROR), pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
         await e.submit(tick("A", T0 + 100))
     with pytest.raises(StorageError):
@@ -549,7 +549,7 @@ async def test_ticks_refused_after_a_failed_journal_write_are_never_kept(engine_
     await feed([e, twin], [tick(m, T0 + k) for k in range(6) for m in "AB"])
 
     monkeypatch.setattr(os, "posix_fallocate", disk_full)
-    d._size = d._pos + 40  # the open segment is full: the next append needs a new one
+    d._size = d._soft = d._pos + 40  # the open segment is full: the next append needs a new one
     with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):  # 3 steps of 4: the first fails, two were queued behind
         await e.submit_many([tick(m, T0 + 100 + k) for k in range(6) for m in "AB"])
     with pytest.raises(StorageError, match=r"errno 28 ENOSPC") as later:
@@ -1122,3 +1122,81 @@ async def test_a_periodic_checkpoint_without_a_file_descriptor_is_skipped_not_fa
     crash(d)
     again, _ = start(cfg, opened)
     assert_same_pool(again, twin)
+
+
+async def test_a_full_segment_whose_next_file_finds_no_descriptor_waits_instead_of_stopping(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """EMFILE when a full segment needs its next file: the tick being journaled is kept (the segment's reserve holds
+    it), later ticks and resets are refused with a 503-kind error before they change anything, one WARNING says
+    so; once a descriptor is free the next submission starts the file and is served, and a restart replays exactly
+    the acknowledged ticks."""
+    from cerebellar_norse.engine import journal as journal_mod
+    from cerebellar_norse.errors import JournalWaitError
+
+    cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
+    e = Engine(cfg)
+    fatal: list[StorageError] = []
+    d = Durability(e, on_fatal=fatal.append)
+    d.recover()
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(6) for m in "AB"])
+
+    monkeypatch.setattr(journal_mod, "create_segment", out_of_descriptors)
+    d._soft = d._pos  # the open segment reached its size target: the next append starts the next file
+    full = d._segments[-1][1]
+    with caplog.at_level(logging.INFO, logger="cerebellar_norse.journal"):
+        for eng in (e, twin):
+            await eng.submit(tick("A", T0 + 100))  # acknowledged: in the reserve of the full file
+        assert d.stalled is not None and d.failed is None and not fatal
+        for _ in range(3):
+            with pytest.raises(JournalWaitError, match=r"errno 24 EMFILE.*nothing was changed") as refused:
+                await e.submit(tick("B", T0 + 100))
+            assert refused.value.retry_after_s >= 1
+        with pytest.raises(JournalWaitError):
+            await e.submit_many([tick("C", T0 + 100), tick("C", T0 + 101)])
+        with pytest.raises(JournalWaitError):
+            e.reset_market("A")
+        assert e.pool.table.get("C") is None and e.pool.table.get("A") is not None  # refused: nothing changed
+        assert not await d.checkpoint()  # a periodic checkpoint cannot start its file either: no second WARNING
+        assert e.snapshot().accepting  # (the watchdog keeps being fed: the service is not stopping)
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert "errno 24 EMFILE" in warnings[0].getMessage() and str(full) in warnings[0].getMessage()
+        assert "no further tick is acknowledged" not in caplog.text
+
+        monkeypatch.undo()  # a descriptor is free again
+        for eng in (e, twin):
+            await eng.submit(tick("B", T0 + 100))
+    assert d.stalled is None and d._segments[-1][1] != full
+    assert "ticks are accepted again" in caplog.text
+    await feed([e, twin], [tick(m, T0 + 200 + k) for k in range(4) for m in "ABC"])
+    assert not fatal
+    crash(d)
+    e2 = Engine(cfg)
+    d2 = Durability(e2)
+    d2.recover()
+    assert_same_pool(e2, twin)  # every acknowledged tick, none of the refused ones
+    crash(d2)
+
+
+@pytest.mark.parametrize("reset", [False, True])
+async def test_a_swap_whose_journal_file_finds_no_descriptor_is_refused_not_fatal(
+        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
+    """EMFILE when a model swap starts its journal file: the swap is refused (503 kind) and undone, the journal goes
+    on, and the swap succeeds once a descriptor is free."""
+    from cerebellar_norse.engine import journal as journal_mod
+    from cerebellar_norse.errors import JournalWaitError
+
+    cfg, opened = journaled
+    w2, e, d, twin = await fed_with_another_model(cfg, opened)
+    version = e.model_version
+    monkeypatch.setattr(journal_mod, "create_segment", out_of_descriptors)
+    with pytest.raises(JournalWaitError, match=r"errno 24 EMFILE"):
+        e.set_weights(w2.copy(), "v2", reset_states=reset)
+    monkeypatch.undo()
+    assert d.failed is None and e.model_version == version
+    assert_same_pool(e, twin)
+    await feed([e, twin], [tick("A", T0 + 500)])  # still acknowledged
+    e.set_weights(w2.copy(), "v2", reset_states=reset)
+    assert e.model_version == "v2"

@@ -5,6 +5,11 @@
   (``capacity``, ``Retry-After``) at once, and the journal and checkpoints keep the
   descriptors they need: ticks are still acknowledged, the service keeps running, and
   one WARNING at start says what the limit allows;
+* no file descriptor left when a full journal file needs its next one (the limit lowered
+  on the running process): ticks are refused with 503 (``capacity``, ``Retry-After``)
+  before they change anything, ``/health`` says why (503) and ``/metrics`` too, one
+  WARNING; once descriptors are back the next tick is served, and every acknowledged tick
+  is in the saved state (``--verify-data`` passes);
 * stdout (journald's stream) that cannot be written (``/dev/full``, a reader gone): the
   service serves on and exits 0 at SIGTERM; stderr says so once, not a traceback per line.
 """
@@ -12,6 +17,8 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import resource
 import socket
 import subprocess
@@ -21,10 +28,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from live_helpers import BASE_TS, REPO_ROOT, LiveServer, free_port, server_environ
+
+from cerebellar_norse.engine.persistence import STATE_FILE
+from cerebellar_norse.neurons.encoder import S_N_TICKS
+from cerebellar_norse.storage import read_checksummed
 
 NOFILE = 160  # the open-file limit of the service under test (FD_RESERVE of it is kept for the state dir)
 
@@ -134,3 +146,66 @@ def test_unwritable_stdout_keeps_serving_and_says_so_once_on_stderr(tmp_path: Pa
     said = [line for line in err.splitlines() if "cannot write log lines to stdout" in line]
     assert said == ["cerebellar-norse: cannot write log lines to stdout: No space left on device (errno 28); they are "
                     "dropped (the service serves on) until stdout can be written again"], err[:3000]
+
+
+def saved_tick_counts(state_dir: Path) -> dict[str, int]:
+    """Ticks applied to each market, as saved in ``market_state.bin``."""
+    with np.load(io.BytesIO(read_checksummed(state_dir / STATE_FILE)), allow_pickle=False) as z:
+        return {str(m): int(z["enc"][j][S_N_TICKS]) for j, m in enumerate(z["markets"])}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="no prlimit")
+def test_a_full_journal_file_without_a_descriptor_for_the_next_refuses_ticks_until_there_is_one(tmp_path: Path) -> None:
+    env = {"CEREBELLAR_NORSE_PERFORMANCE__JOURNAL_SEGMENT_SIZE": "1MB",
+           "CEREBELLAR_NORSE_PERFORMANCE__CHECKPOINT_INTERVAL_S": "3600"}  # only a full file starts the next
+    srv = launch_limited(tmp_path / "state", tmp_path / "serve.log", env)
+    acked: dict[str, int] = {}
+    try:
+        with httpx.Client(base_url=srv.url, timeout=10) as c:  # one connection, opened while descriptors are free
+            assert c.get("/health").status_code == 200
+            soft, hard = resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE)
+            taken = {int(fd) for fd in os.listdir(f"/proc/{srv.proc.pid}/fd")}
+            lowest_free = next(fd for fd in range(soft) if fd not in taken)
+            resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, (lowest_free, hard))  # no open() can succeed
+            k, refused = 0, []
+            while len(refused) < 3:
+                assert k < 400 * 250, "the journal file never filled up"
+                ticks = [tick_of(f"J{j % 4}", k + j) for j in range(250)]
+                r = c.post("/neural/process/batch", json={"ticks": ticks})
+                if r.status_code == 200:
+                    for t in ticks:
+                        acked[str(t["market_id"])] = acked.get(str(t["market_id"]), 0) + 1
+                    k += 250
+                else:
+                    refused.append(r)
+            for r in refused:
+                assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+                err = r.json()["error"]
+                assert err["type"] == "capacity" and "errno 24 EMFILE" in err["message"], err
+            health = c.get("/health")
+            assert health.status_code == 503 and "journal waiting for a file descriptor" in health.json()["reason"]
+            metrics = c.get("/metrics").text
+            assert "cerebellar_norse_journal_waiting 1.0" in metrics and "cerebellar_norse_ready 0.0" in metrics
+            assert srv.proc.poll() is None
+            resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))  # descriptors are back
+            ticks = [tick_of(f"J{j % 4}", k + j) for j in range(8)]
+            r = c.post("/neural/process/batch", json={"ticks": ticks})
+            assert r.status_code == 200, r.text
+            for t in ticks:
+                acked[str(t["market_id"])] += 1
+            assert c.get("/health").status_code == 200
+            assert "cerebellar_norse_journal_waiting 0.0" in c.get("/metrics").text
+        assert srv.stop() == 0, srv.log()[-3000:]
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+    log = srv.log()
+    assert "Traceback" not in log and '"ERROR"' not in log, log[-3000:]
+    warnings = [line for line in log.splitlines() if '"WARNING"' in line and "EMFILE" in line]
+    assert len(warnings) == 1, warnings
+    assert saved_tick_counts(srv.state_dir) == acked  # every acknowledged tick, none of the refused ones
+    verify = subprocess.run([sys.executable, "-m", "cerebellar_norse.cli", "--verify-data", str(srv.state_dir)],
+                            cwd=REPO_ROOT, env=server_environ(srv.state_dir), capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0, verify.stdout + verify.stderr

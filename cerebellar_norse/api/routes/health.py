@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ... import __version__
-from ..deps import current_reason, service
+from ..deps import current_reason, journal_wait_reason, service
 from ..openapi import error_responses
 from ..schemas import ErrorOut, HealthOut, StartingOut
 
@@ -40,8 +40,10 @@ def _health(request: Request) -> JSONResponse:
         "uptime_s": round(time.monotonic() - svc.started, 3),
         **svc.engine.health(),
     }
-    if not svc.ready:
-        body["reason"] = svc.not_ready_reason
+    waiting = journal_wait_reason(svc) if svc.ready else None  # ticks refused for now: not ready, not stopping
+    if not svc.ready or waiting is not None:
+        body["status"] = "unavailable"
+        body["reason"] = waiting or svc.not_ready_reason
         return JSONResponse(body, status_code=503)
     reason = current_reason(svc)  # serving a fallback model, or the untrained network: 200, "degraded"
     if reason is not None:
