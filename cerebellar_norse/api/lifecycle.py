@@ -31,6 +31,7 @@ from ..engine.state_dir import StateDirLock
 from ..errors import ConfigError, StorageError
 from ..observability import systemd
 from ..observability.logging import LEVEL_ENV, effective_level, env_level, log_always
+from ..training.checkpoints import MODELS_DIR, models_dir_problem
 from .degradation import Degradation
 from .deps import ServiceState, current_degradation
 from .exposure import reload_auth_refusal
@@ -270,6 +271,9 @@ def check_state_dir(cfg: Config) -> StateDirLock:
     process (the kernel drops it when the process ends).
     """
     check_writable(Path(cfg.paths.state_dir))
+    problem = models_dir_problem(Path(cfg.paths.state_dir))
+    if problem is not None:  # its models unreachable: no untrained network served, no market state moved aside
+        raise StorageError(problem, str(Path(cfg.paths.state_dir) / MODELS_DIR))
     return StateDirLock(Path(cfg.paths.state_dir)).acquire()
 
 

@@ -639,6 +639,10 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             stored.setdefault(mpath.parent.parent, set()).add(m.version)
         except CheckpointError as exc:
             problems.append(str(exc))
+    for sdir in sorted({root, *(p.parent for p in _named_under(root, STATE_FILE))}):
+        problem = models_dir_problem(sdir)
+        if problem is not None:
+            problems.append(problem)
     for apath in _named_under(root, ACTIVE):
         if apath.parent.name == MODELS_DIR:
             problem = _active_problem(apath)
@@ -668,7 +672,7 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         saved_with = state.fingerprint.get("model_version") if isinstance(state.fingerprint, dict) else None
         models = ModelStore(spath.parent).root
         if (isinstance(saved_with, str) and not saved_with.startswith("seed-")
-                and not _model_stored(models, saved_with, stored)):
+                and not _model_stored(models, saved_with, stored) and models_dir_problem(spath.parent) is None):
             problems.append(f"{spath}: saved with model {saved_with}, which is not stored in {models} (or is not "
                             f"usable, above): the service moves it aside at start, every market starts from rest and "
                             f"/health says degraded; restore models/{saved_with} from a backup")
@@ -808,6 +812,23 @@ def _active_problem(path: Path) -> str | None:
     if problem is None and version is not None and not (path.parent / version / MANIFEST).is_file():
         problem = f"names model {version}, which is not stored beside it"
     return problem
+
+
+def models_dir_problem(state_dir: Path) -> str | None:
+    """What makes ``<state_dir>/models`` unusable while it is there: a symbolic link to nothing (dangling, or a loop:
+    a shared models directory not mounted, say) or something other than a directory; None when it is a directory or
+    absent (a new state dir). The service refuses to start on it rather than serve without its models and move the
+    market states saved with them aside; ``--verify-data`` names it."""
+    root = Path(state_dir) / MODELS_DIR
+    if root.is_symlink() and not root.exists():
+        what = _broken_link(root)
+    elif root.exists() and not root.is_dir():
+        what = "not a directory"
+    else:
+        return None
+    return (f"{root}: {what}: the stored models cannot be read (the service does not start on it, rather than serve "
+            "without them and move aside the market states saved with them); restore it (mount or create its target), "
+            "or remove it to start without models")
 
 
 def _broken_link(path: Path) -> str:

@@ -288,7 +288,12 @@ def refusals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ref
     root = tmp_path_factory.mktemp("refusals")
     (root / "a-file").write_text("not a directory")
     cases = {"under a file": Refusal(root / "a-file" / "state"), "read-only": Refusal(root / "ro"),
-             "full": Refusal(root / "full"), "in use": Refusal(root / "in-use")}
+             "full": Refusal(root / "full"), "in use": Refusal(root / "in-use"),
+             "models a link to nothing": Refusal(root / "models-dangling"), "models a file": Refusal(root / "models-file")}
+    cases["models a link to nothing"].state_dir.mkdir()
+    (cases["models a link to nothing"].state_dir / "models").symlink_to(root / "not-mounted")  # a shared dir not mounted
+    cases["models a file"].state_dir.mkdir()
+    (cases["models a file"].state_dir / "models").write_text("not a directory")
     mounted = []
     why = mount_tmpfs(cases["read-only"].state_dir, "64k", ro=True)
     if why is None:
@@ -307,7 +312,11 @@ def refusals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ref
                                         env=server_environ(c.state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for name, c in cases.items() if c.skipped is None}
         for name, proc in procs.items():
-            out, err = proc.communicate(timeout=120)
+            try:
+                out, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:  # it served instead of refusing: the test fails, leaving no process
+                proc.kill()
+                out, err = proc.communicate()
             cases[name].result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         yield cases
     finally:
@@ -345,6 +354,23 @@ def test_state_dir_in_use_fails_start_up_with_one_line(refusals: dict[str, Refus
     assert line == (f"cerebellar-norse: state dir {state} is in use by another cerebellar-norse process "
                     f"(pid {os.getpid()}); one service per state dir")
     assert sorted(p.name for p in state.iterdir()) == [".lock"]
+
+
+@pytest.mark.parametrize(("name", "what"), [
+    ("models a link to nothing", "a dangling symbolic link: its target '{root}/not-mounted' does not exist"),
+    ("models a file", "not a directory")])
+def test_a_models_dir_that_is_no_directory_fails_start_up_with_one_line_and_verify_data_says_so(
+        refusals: dict[str, Refusal], name: str, what: str) -> None:
+    """Not served without its models: no untrained network, no market state moved aside, nothing written."""
+    state, line = refusal_line(refusals, name)
+    problem = (f"{state / 'models'}: {what.format(root=state.parent)}: the stored models cannot be read (the service "
+               "does not start on it, rather than serve without them and move aside the market states saved with "
+               "them); restore it (mount or create its target), or remove it to start without models")
+    assert line == f"cerebellar-norse: {problem}"
+    assert sorted(p.name for p in state.iterdir()) == ["models"]  # not even the lock: refused before anything
+    verify = subprocess.run([sys.executable, "-m", "cerebellar_norse.cli", "--verify-data", str(state)], cwd=REPO_ROOT,
+                            env=server_environ(state), capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 1 and f"cerebellar-norse: {problem}" in verify.stderr.splitlines(), verify.stderr
 
 
 # -- a disk that fills up while serving ---------------------------------------------------------
