@@ -629,6 +629,12 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
     root = Path(root)
     if not root.exists():
         return ok, [f"{root}: does not exist"]
+    unreadable: list[OSError] = []  # directories the walks below pass over in silence (permissions)
+    for _ in os.walk(root, onerror=unreadable.append):
+        pass
+    for exc in unreadable:
+        problems.append(f"{StorageError.from_os_error('cannot read', exc.filename or root, exc)}: nothing in it was "
+                        "verified; make it readable (by the service's user too) and verify again")
     stored: dict[Path, set[str]] = {}  # a models dir -> the versions in it that load
     for mpath in sorted(root.rglob(MANIFEST)):
         if any(part.startswith(".tmp-") for part in mpath.parts):
@@ -701,8 +707,11 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
         try:
             ids[ipath.parent] = read_state_id(ipath.parent)
             ok.append(f"{ipath}: state dir identity OK")
-        except (CheckpointError, StorageError) as exc:
+        except CheckpointError as exc:
             problems.append(f"{exc}: the service moves it aside at start (ERROR) and takes the checkpoint's identity")
+        except StorageError as exc:  # intact but not ours to read: the start refuses it, moving nothing
+            problems.append(f"{exc}: the service does not start on it (nothing is moved aside): make it readable by "
+                            "the service's user (e.g. chown) and start again")
     journals: dict[Path, tuple[str | None, list[JournalPart]]] = {}
     for jdir in _named_under(root, JOURNAL_DIR):
         state_dir = (jdir.parent / STATE_ID_FILE).exists() or (jdir.parent / STATE_FILE).exists()

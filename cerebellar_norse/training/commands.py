@@ -440,7 +440,13 @@ def cmd_verify_data(root: str) -> int:
     if why is not None:
         print(f"cerebellar-norse: {root}: {why} (fix: {STATE_DIR_FIX})", file=sys.stderr)
         return 1
-    ok, problems = verify_tree(Path(root))
+    try:
+        ok, problems = verify_tree(Path(root))
+    except OSError as exc:  # a file or directory it cannot read (permissions): named as such, not as a failed write
+        where = exc.filename or root
+        print(f"cerebellar-norse: {StorageError.from_os_error('cannot read', where, exc)}: verification stopped there; make "
+              "it readable (by the service's user too) and verify again", file=sys.stderr)
+        return 1
     recordings = verify_recordings(Path(root))
     ok += recordings.ok
     problems += recordings.problems

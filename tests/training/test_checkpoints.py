@@ -617,3 +617,41 @@ def test_a_model_that_cannot_be_written_is_a_storage_error_naming_the_file(tmp_p
     assert str(info.value).startswith("cannot store the model: writing failed at ")
     assert "metrics.json: No space left on device (errno 28 ENOSPC)" in str(info.value)
     assert sorted(p.name for p in store.root.iterdir()) == [] and store.versions() == []
+
+
+def test_verify_data_names_what_it_cannot_read_as_unreadable_and_says_what_the_start_does(
+        default_models: tuple[Path, Path, Weights]) -> None:
+    """Permissions (a restore from backup without chown): a directory it cannot list is "cannot read", never "cannot
+    write"; an unreadable state-id is what the start refuses (nothing moved aside), not a damaged one."""
+    from cerebellar_norse.engine.state_dir import STATE_ID_FILE, write_state_id
+
+    prefix: list[str] = []
+    if os.geteuid() == 0:  # root reads anything: drop the capabilities that let it
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv")
+        prefix = [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--"]
+    good, _, _ = default_models
+    models, ident = good.parent / "models-locked", good.parent / "id-locked"
+    shutil.copytree(good, models)
+    shutil.copytree(good, ident)
+    write_state_id(ident, "0123456789abcdef0123456789abcdef")
+    (models / "models").chmod(0)
+    (ident / STATE_ID_FILE).chmod(0)
+    try:
+        out = {state: subprocess.run([*prefix, sys.executable, "-m", "cerebellar_norse.cli", "--verify-data", str(state)],
+                                     cwd=REPO_ROOT, env=server_environ(state), capture_output=True, text=True, timeout=120)
+               for state in (models, ident)}
+    finally:
+        (models / "models").chmod(0o755)
+        (ident / STATE_ID_FILE).chmod(0o600)
+    res = out[models]
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "cannot write" not in res.stderr
+    assert f"cerebellar-norse: cannot read {models / 'models'}" in res.stderr
+    assert "Permission denied (errno 13 EACCES): nothing in it was verified" in res.stderr
+    res = out[ident]
+    assert res.returncode == 1, res.stderr
+    assert (f"cerebellar-norse: cannot read the state dir identity {ident / STATE_ID_FILE}: Permission denied (errno 13 "
+            "EACCES): the service does not start on it (nothing is moved aside)") in res.stderr
+    assert "moves it aside" not in res.stderr
