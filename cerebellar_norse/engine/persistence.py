@@ -171,6 +171,12 @@ def read_state_payload(payload: bytes, where: str) -> StateFile:
     return StateFile(saved_fp, markets, seq, saved_id, data)
 
 
+def missing_field(name: str) -> str:
+    """Why a state file without the state field ``name`` cannot be restored."""
+    return (f"field {name!r} is missing: the file holds no such state (written by another version of the service, or "
+            "not a market state file)")
+
+
 def check_state_rows(sf: StateFile, where: str) -> None:
     """Raise unless every state field of ``sf`` has one row per market, no market appears twice and every state is
     one a market can reach (:func:`check_states`); what can be told without the network's config.
@@ -181,9 +187,10 @@ def check_state_rows(sf: StateFile, where: str) -> None:
     n = len(sf.markets)
     for name in STATE_FIELDS:
         arr = sf.data.get(name)
-        if arr is None or arr.ndim < 1 or arr.shape[0] != n:
-            shape = None if arr is None else arr.shape
-            raise CheckpointError(f"field {name!r} has shape {shape}, expected one row per market ({n})", where)
+        if arr is None:
+            raise CheckpointError(missing_field(name), where)
+        if arr.ndim < 1 or arr.shape[0] != n:
+            raise CheckpointError(f"field {name!r} has shape {arr.shape}, expected one row per market ({n})", where)
     if len(set(sf.markets)) != n:
         raise CheckpointError("a market id appears more than once", where)
     check_states(sf.data, where, sf.markets)
@@ -223,8 +230,10 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
     for name in STATE_FIELDS:
         arr = data.get(name)
         want = (n, *getattr(pool.arrays, name).shape[1:])
-        if arr is None or arr.shape != want:
-            raise CheckpointError(f"field {name!r} has shape {None if arr is None else arr.shape}, expected {want}", str(path))
+        if arr is None:
+            raise CheckpointError(missing_field(name), str(path))
+        if arr.shape != want:
+            raise CheckpointError(f"field {name!r} has shape {arr.shape}, expected {want}", str(path))
     check_state_rows(sf, str(path))
     if n > pool.capacity:
         markets = markets[n - pool.capacity:]  # keep the most recently used

@@ -273,3 +273,23 @@ def test_a_state_dir_that_is_a_regular_file_is_named_as_not_a_directory(tmp_path
     assert str(exc.value) == f"state dir is not writable: {state}: Not a directory (errno 20 ENOTDIR)"
     assert exc.value.errno == errno.ENOTDIR
     assert state.read_text() == "not a directory"
+
+
+def test_a_state_file_without_one_of_the_state_fields_names_it_as_missing(engine: Engine, tmp_path: Path) -> None:
+    """A checksummed file of another version (a state field it does not hold): said to be missing, at restore and
+    by --verify-data's reading, not "has shape None"."""
+    from cerebellar_norse.engine.persistence import check_state_rows, read_state_payload
+
+    path = tmp_path / STATE_FILE
+    save_pool(filled(engine, ["A", "B"]).pool, path, engine.fingerprint())
+    with np.load(io.BytesIO(read_checksummed(path)), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k != STATE_FIELDS[-1]}
+    write_checksummed(path, npz(**arrays))
+    fresh = Engine(engine.cfg)
+    want = f"field {STATE_FIELDS[-1]!r} is missing: the file holds no such state"
+    with pytest.raises(CheckpointError, match=want) as exc:
+        load_pool(fresh.pool, path, fresh.fingerprint())
+    assert "None" not in str(exc.value) and str(path) in str(exc.value)
+    assert fresh.pool.used == 0
+    with pytest.raises(CheckpointError, match=want):
+        check_state_rows(read_state_payload(read_checksummed(path), str(path)), str(path))
