@@ -185,7 +185,7 @@ class PerformanceConfig(_Section):
     garbage_collection_threshold: float = Field(0.8, gt=0, le=1, description="Pool usage fraction above which idle markets are evicted early.")
     journal: bool = Field(True, description="Append every applied batch of ticks to a journal in the state dir before its results are returned, and replay it over the last checkpoint at start: a crash (kill -9) loses no acknowledged tick.")
     journal_fsync: bool = Field(False, description="fsync the journal after every batch, so acknowledged ticks also survive power loss (costs one disk flush per batch); without it they survive a process crash.")
-    journal_segment_size: Bytes = Field(ByteSize(64_000_000), ge=1_000_000, description='Size of one journal file, reserved on disk when it is created (a full disk is found then, not mid-batch), e.g. "64MB"; a full file starts a checkpoint.')
+    journal_segment_size: Bytes = Field(ByteSize(64_000_000), ge=1_000_000, description='Size of one journal file, reserved on disk when it is created (a full disk is found then, not mid-batch), e.g. "64MB"; a full file starts a checkpoint. The last batch_size x 301 bytes of each file are kept for the batch during which the next file cannot be created (no file descriptor: docs/operations.md, "Durability and failure modes"); where that leaves less than as much again for records, files are made larger.')
     checkpoint_interval_s: float = Field(60.0, gt=0, le=86_400, description="Seconds between checkpoints of the market states (s); each removes the journal it covers, so it bounds the replay at start.")
 
     @field_validator("warm_step_interval_us")
