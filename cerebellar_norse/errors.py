@@ -7,7 +7,8 @@ and falls into one of four families, which map onto how callers react:
   and restart. Carries every problem found, each with its TOML key and a fix.
 * :class:`InputError` – one request, tick, CSV row or checkpoint is bad; the caller
   gets a 4xx naming the field and no state changes.
-* :class:`CapacityError` – the service is full right now (queue, pool); retry later.
+* :class:`CapacityError` – the service is full right now (queue, pool, a journal file
+  waiting for a file descriptor); retry later.
 * :class:`EngineFatalError` – the engine or device cannot go on (device lost,
   backend failed to start); the service reports itself not ready.
 """
