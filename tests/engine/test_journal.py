@@ -1200,3 +1200,27 @@ async def test_a_swap_whose_journal_file_finds_no_descriptor_is_refused_not_fata
     await feed([e, twin], [tick("A", T0 + 500)])  # still acknowledged
     e.set_weights(w2.copy(), "v2", reset_states=reset)
     assert e.model_version == "v2"
+
+
+async def test_a_crash_while_the_journal_waits_for_a_descriptor_keeps_the_ticks_in_the_reserve(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 while stalled: the records written into the full file's reserve are replayed like any other."""
+    from cerebellar_norse.engine import journal as journal_mod
+
+    cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
+    e = Engine(cfg)
+    d = Durability(e, on_fatal=lambda exc: None)
+    d.recover()
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(3) for m in "AB"])
+    monkeypatch.setattr(journal_mod, "create_segment", out_of_descriptors)
+    d._soft = d._pos
+    await feed([e, twin], [tick(m, T0 + 10 + k) for k in range(2) for m in "AB"], chunk=4)  # one batch: in the reserve
+    assert d.stalled is not None and d._pos > d._soft
+    monkeypatch.undo()
+    crash(d)
+    e2 = Engine(cfg)
+    d2 = Durability(e2)
+    d2.recover()
+    assert_same_pool(e2, twin)
+    crash(d2)
