@@ -488,3 +488,32 @@ def test_more_lanes_asked_for_than_the_ticks_fill_train_on_fewer_not_on_none(n_l
     lanes = trainer.make_lanes(SimpleNamespace(markets=[market]), n_lanes)  # type: ignore[arg-type]
     assert 1 <= lanes.labels.shape[0] <= min(n_lanes, n_train // (trainer.BURN_IN + 2))
     assert int((lanes.labels >= 0).sum()) == n_train - lanes.labels.shape[0] * trainer.BURN_IN  # every tick in a lane
+
+
+def test_prepared_markets_hold_their_ticks_as_arrays_not_a_tick_object_per_row(tmp_path: Path,
+                                                                                 make_config: ConfigFactory) -> None:
+    """``prepare``'s peak memory (traced) per tick beyond the encoded inputs stays near the ~70 bytes of its labels,
+    splits and returns: a list of one ``Tick`` per row added ~180 bytes more (0.9 GB for 5 million ticks). The
+    ticks the network is driven with are still the series' values, one ``Tick`` each, by index or by slice."""
+    import tracemalloc
+
+    from cerebellar_norse.ticks import Tick
+
+    cfg = tiny(make_config)
+    data = tick_data(tmp_path, 30_000, 2, seed=5)
+    prepare(cfg, data)  # warm the first call's caches
+    tracemalloc.start()
+    try:
+        prep = prepare(cfg, data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    n = data.ticks
+    mossy = sum(pm.mossy.nbytes for pm in prep.markets)
+    assert (peak - mossy) / n < 150, f"{(peak - mossy) / n:.0f} bytes per tick beyond the encoded inputs"
+    m, pm = data.markets[0], prep.markets[0]
+    expected = [Tick(float(p), float(v), int(s), m.market_id) for p, v, s in zip(m.price, m.volume, m.timestamp,
+                                                                                   strict=True)]
+    assert len(pm.ticks) == len(m)
+    assert pm.ticks[100:230] == expected[100:230] and pm.ticks[7] == expected[7] and list(pm.ticks) == expected
+    assert all(type(t.price) is float and type(t.timestamp) is int for t in pm.ticks[:5])
