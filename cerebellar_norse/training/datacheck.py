@@ -93,7 +93,7 @@ def labels_summary(cfg: Config, data: TickData) -> dict[str, Any]:
     from .trainer import prepare
 
     try:
-        prep = prepare(cfg, data)
+        prep = prepare(cfg, data, encode=False)  # labels only: encoded inputs took 192 bytes a tick, unread
     except CerebellarNorseError as exc:
         return {"refused": str(exc)}
     splits = {"train": prep.train_counts, "validation": prep.val_counts, "test": prep.test_counts}

@@ -137,11 +137,13 @@ def split_points(n: int, validation_fraction: float, test_fraction: float) -> tu
     return n_train, n_val_end
 
 
-def _market(cfg: Config, m: MarketSeries, spec: LabelSpec) -> tuple[PreparedMarket, Labels]:
-    """One market encoded and labelled: every tick scored in split 2, no training labels (callers split)."""
+def _market(cfg: Config, m: MarketSeries, spec: LabelSpec, encode: bool = True) -> tuple[PreparedMarket, Labels]:
+    """One market encoded and labelled: every tick scored in split 2, no training labels (callers split). With
+    ``encode`` False its ``mossy`` is empty, (0, M), for a caller that reads only labels and splits."""
     n = cfg.neural
-    mossy = np.zeros((len(m), n.mossy_size), dtype=numpy_dtype(n.precision))
-    _encode_series(m.price, m.volume, m.timestamp, encoder_parameters(n), mossy)
+    mossy = np.zeros((len(m) if encode else 0, n.mossy_size), dtype=numpy_dtype(n.precision))
+    if encode:
+        _encode_series(m.price, m.volume, m.timestamp, encoder_parameters(n), mossy)
     lab = label_series(m.timestamp, m.price, spec)
     ticks = SeriesTicks(m)
     scored = (lab.end >= 0) & (np.arange(len(m)) >= n.warmup_ticks)
@@ -208,8 +210,9 @@ def market_list(ticks: Mapping[str, int], limit: int = 10) -> str:
     return shown + (f" and {len(ticks) - limit} more" if len(ticks) > limit else "")
 
 
-def prepare(cfg: Config, data: TickData) -> Prepared:
-    """Encode, label and split ``data`` for ``cfg`` (see the module docstring)."""
+def prepare(cfg: Config, data: TickData, encode: bool = True) -> Prepared:
+    """Encode, label and split ``data`` for ``cfg`` (see the module docstring); with ``encode`` False the markets'
+    ``mossy`` inputs are left empty, (0, M) (the labels, splits and warnings are the same)."""
     n, t = cfg.neural, cfg.training
     spec = LabelSpec.from_config(cfg)
     h = n.horizon_ticks
@@ -220,7 +223,7 @@ def prepare(cfg: Config, data: TickData) -> Prepared:
     short = [m for m in data.markets if len(m) < need]
     cuts = common_cuts([np.asarray(m.timestamp) for m in usable], t.validation_fraction, t.test_fraction)
     for m, (n_train, n_val_end) in zip(usable, cuts, strict=True):
-        pm, lab = _market(cfg, m, spec)
+        pm, lab = _market(cfg, m, spec, encode)
         idx = np.arange(len(m))
         pm.split = np.where(idx < n_train, 0, np.where(idx < n_val_end, 1, 2)).astype(np.int8)
         split_end = np.where(pm.split == 0, n_train, np.where(pm.split == 1, n_val_end, len(m)))

@@ -172,3 +172,25 @@ def test_a_databento_order_book_is_shown_read_at_its_mid(data_dir: Path, capsys:
     d = json.loads(capsys.readouterr().out)
     assert (d["rows"], d["bad_rows"], d["skipped_rows"], d["ticks"]) == (3, 0, 1, 2)
     assert [(m["market_id"], m["ticks"]) for m in d["markets"]] == [("ESZ3", 2)]
+
+
+def test_label_counts_are_training_s_without_encoding_the_ticks(data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect-data reports the classes per split that training would see, without encoding every tick into the
+    network's inputs (192 bytes a tick it never read: ~1 GB for 5 million ticks)."""
+    from cerebellar_norse.config import load_config
+    from cerebellar_norse.training import trainer
+    from cerebellar_norse.training.data import load_csv_files
+
+    write_csv(data_dir / "gen.csv", generate_ticks(3000, 2, 4))
+    prep = trainer.prepare(load_config(None), load_csv_files([data_dir / "gen.csv"], 0.5))
+    expected = {name: dict(zip(("down", "flat", "up"), map(int, n), strict=True)) for name, n in
+                (("train", prep.train_counts), ("validation", prep.val_counts), ("test", prep.test_counts))}
+
+    def no_encoding(*args: object) -> None:
+        raise AssertionError("inspect-data encoded the ticks")
+
+    monkeypatch.setattr(trainer, "_encode_series", no_encoding)
+    assert main(["inspect-data", "gen.csv", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["training"]
+    assert {name: got[name] for name in expected} == expected and got["warnings"] == prep.warnings
