@@ -231,7 +231,7 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     total = 0
     for pm in prep.markets:
         total += int(pm.scored.sum())
-        ts = np.fromiter((t.timestamp for t in pm.ticks), dtype=np.int64, count=len(pm.ticks))
+        ts = pm.ticks.timestamp
         k = int((pm.scored & (ts <= until) & (ts >= (start if start is not None else np.iinfo(np.int64).min))).sum())
         if k:
             per_market[pm.market_id] = k

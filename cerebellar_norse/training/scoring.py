@@ -50,8 +50,7 @@ def score_inputs(cfg: Config, weights: Weights, prep: Prepared, split: int, base
     fwd = _cat([pm.fwd_ret[i] for pm, i in zip(prep.markets, idx, strict=True)])
     past = _cat([pm.past_ret[i] for pm, i in zip(prep.markets, idx, strict=True)])
     markets = np.array([pm.market_id for pm, i in zip(prep.markets, idx, strict=True) for _ in range(i.size)], dtype=object)
-    times = np.array([pm.ticks[j].timestamp for pm, i in zip(prep.markets, idx, strict=True) for j in i.tolist()],
-                     dtype=np.float64)
+    times = _cat([pm.ticks.timestamp[i] for pm, i in zip(prep.markets, idx, strict=True)]).astype(np.float64)
     spans = _cat([pm.end[i] - i for pm, i in zip(prep.markets, idx, strict=True)]).astype(np.int64)  # ticks held
     lr = None
     if logistic == "train":

@@ -101,7 +101,7 @@ class PreparedMarket:
     mossy: np.ndarray  # (T, M) network float type
     labels: np.ndarray  # (T,) int64
     n_train: int
-    ticks: Sequence[Tick]  # SeriesTicks: made per read from the series' arrays
+    ticks: SeriesTicks  # made per read from the series' arrays (``ticks.timestamp``: the times, ms)
     truth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     split: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
     scored: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
