@@ -77,6 +77,18 @@ def _progress_printer(enabled: bool, printed: set[str]) -> Any:
     return show
 
 
+def _stage_printer(enabled: bool) -> Any:
+    """``evaluate``'s stage lines on a terminal: what it does next and the seconds since it began (a file of millions
+    of ticks is read, stepped through the network and resampled for minutes); nothing when not ``enabled``."""
+    t0 = time.monotonic()
+
+    def stage(what: str) -> None:
+        if enabled:
+            print(f"[{time.monotonic() - t0:5.0f} s] {what}", file=sys.stderr, flush=True)
+
+    return stage
+
+
 def _resolve(cfg: Config, files: list[str]) -> list[Path]:
     from .data import resolve_data_file
 
@@ -267,6 +279,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     bad = shape_mismatch(model.neural, cfg.neural)
     if bad:
         raise InputError(f"model {version} does not fit this config ({', '.join(bad)} differ)", "--model")
+    stage = _stage_printer(sys.stderr.isatty() and not as_json)
+    stage(f"reading {len(files)} file(s)")
     data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction, cfg.training.data_zone)
     for note in data.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -282,6 +296,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         counts = np.bincount(prep.rows(2)[1], minlength=3)
         base_source = "the evaluated data (the model has no recorded training counts)"
     base = base_rates(counts)
+    stage(f"running model {version} and the baselines over {sum(len(pm.ticks) for pm in prep.markets):,} ticks of "
+          f"{len(prep.markets)} market(s), then {bootstrap} bootstrap resamples")
     summary, cumulative = summarise(cfg, model.weights, prep, 2, base, logistic="crossfit", cost_bp=cost_bp,
                                     bootstrap=bootstrap, release_mossy=True)
     if not summary.get("samples"):
@@ -301,6 +317,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
                     "since_utc": None if since_ms is None else iso_ms(since_ms),
                     "in_sample": in_sample, "unscored_markets": unscored, "data_checks": checks})
     summary["verdict"] = verdict(summary)
+    stage("scored")
     if unscored:
         print(f"note: {len(unscored)} market(s) have no scored tick and are not in the figures: {market_list(unscored)} (a "
               f"market's first neural.warmup_ticks = {cfg.neural.warmup_ticks} ticks only warm the network up, a scored "

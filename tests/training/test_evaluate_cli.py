@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -79,6 +80,21 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
     later = _json(capsys)
     assert 0 < later["samples"] < full["samples"] and later["cost_bp"] == 0.0
     assert later["since"] == mid and later["since_utc"].startswith(mid_utc) and full["since_utc"] is None
+    assert not any(line.startswith("[") for line in capsys.readouterr().err.splitlines())  # no terminal: no stages
+
+
+def test_evaluate_on_a_terminal_says_what_it_does_next(env: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file of millions of ticks is read, stepped and resampled for minutes: on a terminal each stage is said."""
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["evaluate", "ticks.csv", "--bootstrap", "50"]) == 0
+    stages = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert len(stages) == 3 and stages[0].endswith("] reading 1 file(s)"), stages
+    assert " over 4,000 ticks of 2 market(s), then 50 bootstrap resamples" in stages[1] and stages[2].endswith("] scored")
+    assert main(["evaluate", "ticks.csv", "--bootstrap", "0", "--json"]) == 0  # JSON for a program: no stage lines
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
 
 
 def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
