@@ -743,7 +743,9 @@ class Engine:
             spikes=(int(st.spikes[0]), int(st.spikes[1]), int(st.spikes[2])), busy_ns=st.busy_ns, warm_steps=st.warm_steps,
             online_judged=learner.judged if learner is not None else None,
             online_updates=learner.updates if learner is not None else None,
-            backend=self.backend.describe())
+            backend=self.backend.describe(),
+            journal_waiting=journal is not None and journal.stalled is not None,
+            journal_waits=journal.stalls if journal is not None else 0)
 
     def health(self) -> dict[str, Any]:
         """Pool usage, queue depth and counters for /health (the engine's part)."""

@@ -358,12 +358,11 @@ def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple
         yield CounterMetricFamily("cerebellar_norse_warm_steps", "Scratch steps between batches keeping the network in cache "
                                   "(performance.warm_step_interval_us); not ticks.", value=snap.warm_steps)
         yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", UPTIME_HELP, value=time.monotonic() - started)
-        journal = engine.journal  # (without a journal: 0)
         yield GaugeMetricFamily("cerebellar_norse_journal_waiting", "1 while the journal's next file cannot be created "
                                 "for want of a file descriptor (EMFILE, ENFILE): ticks are refused with 503.",
-                                value=float(journal is not None and journal.stalled is not None))
+                                value=float(snap.journal_waiting))
         yield CounterMetricFamily("cerebellar_norse_journal_waits", "Times a full journal file's next one could not be "
-                                  "created for want of a file descriptor.", value=journal.stalls if journal is not None else 0)
+                                  "created for want of a file descriptor.", value=snap.journal_waits)
         if snap.online_judged is not None and snap.online_updates is not None:
             yield CounterMetricFamily("cerebellar_norse_online_judged_ticks", "Ticks judged after their horizon by climbing-fibre learning.",
                                       value=snap.online_judged)
