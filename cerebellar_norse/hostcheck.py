@@ -51,6 +51,11 @@ def _meminfo() -> tuple[int | None, int | None]:
     return total, avail
 
 
+def available_ram_bytes() -> int | None:
+    """Memory available to new allocations now (bytes, /proc/meminfo's MemAvailable), None when unknown."""
+    return _meminfo()[1]
+
+
 def _cuda_facts() -> tuple[bool, int | None, str]:
     """Ask torch for CUDA device 0; no NVIDIA driver on the host, or a broken one, reads as no CUDA."""
     if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidiactl"):

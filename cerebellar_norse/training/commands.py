@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, fmt_bytes
 from ..errors import CheckpointError, InputError, StorageError
 from ..neurons.topology import HEAD_LAYERS, LAYERS, Weights
 from .checkpoints import (
@@ -87,6 +87,24 @@ def _stage_printer(enabled: bool) -> Any:
             print(f"[{time.monotonic() - t0:5.0f} s] {what}", file=sys.stderr, flush=True)
 
     return stage
+
+
+# What ``evaluate`` holds per tick beyond its encoded inputs (mossy_size values of the network's float type, until
+# the probabilities are made): probabilities, labels, per-row scores, the books (docs/training.md, "Large files": about
+# 550 bytes a tick in all with the built-in 48 float32 inputs).
+EVALUATE_BYTES_PER_TICK = 360
+
+
+def evaluate_memory_warning(ticks: int, cfg: Config, available: int | None) -> str | None:
+    """A warning when ``evaluate`` of ``ticks`` ticks needs more than the ``available`` bytes (None: unknown, no
+    warning): said before the work, not after an out-of-memory kill minutes into it."""
+    per_tick = cfg.neural.mossy_size * cfg.dtype_bytes + EVALUATE_BYTES_PER_TICK
+    need = ticks * per_tick
+    if available is None or need <= available:
+        return None
+    return (f"evaluating {ticks:,} ticks needs about {fmt_bytes(need)} of memory (about {per_tick} bytes a tick) and "
+            f"this host has {fmt_bytes(available)} available: it may be killed for want of memory; evaluate a few "
+            "markets or a shorter period at a time, as separate files (--since does not lower it)")
 
 
 def _resolve(cfg: Config, files: list[str]) -> list[Path]:
@@ -284,6 +302,11 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction, cfg.training.data_zone)
     for note in data.notes:
         print(f"note: {note}", file=sys.stderr)
+    from ..hostcheck import available_ram_bytes
+
+    short = evaluate_memory_warning(sum(len(m.price) for m in data.markets), cfg, available_ram_bytes())
+    if short is not None:
+        print(f"warning: {short}", file=sys.stderr)
     try:
         since_ms = parse_time_ms(since, "--since", cfg.training.data_zone) if since else None
     except ValueError as exc:

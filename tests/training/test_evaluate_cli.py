@@ -97,6 +97,30 @@ def test_evaluate_on_a_terminal_says_what_it_does_next(env: Path, capsys: pytest
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
 
 
+def test_evaluate_warns_before_the_work_when_the_ticks_need_more_memory_than_is_available(
+        env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An out-of-memory kill minutes into a file of millions of ticks says nothing: the estimate is said first."""
+    from cerebellar_norse import hostcheck
+    from cerebellar_norse.training.commands import evaluate_memory_warning
+
+    cfg = load_config(None)
+    per_tick = cfg.neural.mossy_size * cfg.dtype_bytes + 360  # 48 float32 inputs: 552 bytes, as measured
+    assert evaluate_memory_warning(1_000_000, cfg, None) is None  # unknown: no guess
+    assert evaluate_memory_warning(1_000_000, cfg, 1_000_000 * per_tick) is None
+    said = evaluate_memory_warning(5_000_000, cfg, 2 * 10**9)
+    assert said is not None and said.startswith(f"evaluating 5,000,000 ticks needs about {5 * per_tick / 1000:.2f}GB")
+    assert "this host has 2.00GB available" in said and "separate files" in said
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "ticks.csv", "--bootstrap", "0"]) == 0
+    assert "warning: evaluating" not in capsys.readouterr().err
+    monkeypatch.setattr(hostcheck, "available_ram_bytes", lambda: 100_000)
+    assert main(["evaluate", "ticks.csv", "--bootstrap", "0"]) == 0  # a warning, not a refusal: the estimate is rough
+    err = capsys.readouterr().err
+    assert f"warning: evaluating 4,000 ticks needs about {4000 * per_tick / 1e6:.2f}MB of memory" in err
+    assert "this host has 100.00KB available" in err
+
+
 def test_evaluate_errors_name_what_is_wrong(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["evaluate", "ticks.csv"]) == 1
     assert "no active model" in capsys.readouterr().err
