@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from live_helpers import server_environ
 
 from cerebellar_norse.config import load_config
