@@ -645,10 +645,12 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             stored.setdefault(mpath.parent.parent, set()).add(m.version)
         except CheckpointError as exc:
             problems.append(str(exc))
+    no_models: set[Path] = set()  # state dirs whose models dir is unusable: named here, the start refuses them
     for sdir in sorted({root, *(p.parent for p in _named_under(root, STATE_FILE))}):
         problem = models_dir_problem(sdir)
         if problem is not None:
             problems.append(problem)
+            no_models.add(sdir)
     for apath in _named_under(root, ACTIVE):
         if apath.parent.name == MODELS_DIR:
             problem = _active_problem(apath)
@@ -678,7 +680,7 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         saved_with = state.fingerprint.get("model_version") if isinstance(state.fingerprint, dict) else None
         models = ModelStore(spath.parent).root
         if (isinstance(saved_with, str) and not saved_with.startswith("seed-")
-                and not _model_stored(models, saved_with, stored) and models_dir_problem(spath.parent) is None):
+                and not _model_stored(models, saved_with, stored) and spath.parent not in no_models):
             problems.append(f"{spath}: saved with model {saved_with}, which is not stored in {models} (or is not "
                             f"usable, above): the service moves it aside at start, every market starts from rest and "
                             f"/health says degraded; restore models/{saved_with} from a backup")

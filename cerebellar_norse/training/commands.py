@@ -304,7 +304,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         print(f"note: {note}", file=sys.stderr)
     from ..hostcheck import available_ram_bytes
 
-    short = evaluate_memory_warning(sum(len(m.price) for m in data.markets), cfg, available_ram_bytes())
+    short = evaluate_memory_warning(data.ticks, cfg, available_ram_bytes())
     if short is not None:
         print(f"warning: {short}", file=sys.stderr)
     try:

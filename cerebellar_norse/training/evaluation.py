@@ -633,6 +633,7 @@ class _Rows:
     direction_log_loss: np.ndarray
     direction_correct: np.ndarray
     pnl: np.ndarray  # the sign strategy's net P&L per row (_Book.net)
+    pnl_cost: np.ndarray  # the costs charged at each row (_Book.cost)
 
 
 def _evaluate(p: np.ndarray, c: _Checked, cost_bp: float) -> tuple[dict[str, Any], _Rows]:
@@ -676,7 +677,7 @@ def _evaluate(p: np.ndarray, c: _Checked, cost_bp: float) -> tuple[dict[str, Any
     pos = _positions(p)
     book = _book(pos, c, cost_bp)
     metrics["pnl"] = _pnl(pos, book, c.horizon, c.annualisation["horizons_per_year"])
-    return metrics, _Rows(ll, correct, dll, dcorrect, book.net)
+    return metrics, _Rows(ll, correct, dll, dcorrect, book.net, book.cost)
 
 
 def _confidence(p: np.ndarray) -> np.ndarray:
@@ -836,14 +837,13 @@ def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int,
     return out, block_all
 
 
-def _per_market(c: _Checked, rows: _Rows, cost_bp: float) -> dict[str, Any]:
+def _per_market(c: _Checked, rows: _Rows) -> dict[str, Any]:
     assert c.markets is not None
     ids, inverse, counts = np.unique(c.markets, return_inverse=True, return_counts=True)
     order = np.argsort(-counts, kind="stable")[:MAX_MARKETS_REPORTED]
     moving = c.labels != FLAT
     inv_moving = inverse[moving]
     pos = _positions(c.probs)
-    book = _book(pos, c, cost_bp)
     table = []
     for k in order:
         sel = inverse == k
@@ -852,7 +852,7 @@ def _per_market(c: _Checked, rows: _Rows, cost_bp: float) -> dict[str, Any]:
                       "directional_accuracy": _mean(rows.direction_correct[sel_m]),
                       "log_loss": _mean(rows.log_loss[sel]),
                       "trades": int((pos[sel] != 0).sum()),
-                      "costs_bp": _num(book.cost[sel].sum() * 1e4), "total_bp": _num(book.net[sel].sum() * 1e4)})
+                      "costs_bp": _num(rows.pnl_cost[sel].sum() * 1e4), "total_bp": _num(rows.pnl[sel].sum() * 1e4)})
     return {"markets": int(ids.shape[0]), "reported": len(table), "table": table}
 
 
@@ -982,7 +982,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
                       "note": "all rows used (block sums from prefix sums, no subsampling)"},
     }
     if c.markets is not None:
-        summary["per_market"] = _per_market(c, model_rows, cost_bp)
+        summary["per_market"] = _per_market(c, model_rows)
     return summary
 
 

@@ -153,11 +153,7 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
 
 def _pnl_ci_text(cell: Mapping[str, Any]) -> str:
     """``+d [lo, hi]`` of a P&L difference in bp (2 decimals)."""
-    text = _fmt(cell.get("diff_bp"), 2, "-", signed=True)
-    ci = cell.get("ci95")
-    if ci and None not in ci:
-        text += f" [{_fmt(ci[0], 2, signed=True)}, {_fmt(ci[1], 2, signed=True)}]"
-    return text
+    return _interval_text(cell.get("diff_bp"), cell.get("ci95"), 2, "-", signed=True)
 
 
 def headline(summary: Mapping[str, Any]) -> list[str]:
@@ -196,10 +192,11 @@ def _pnl_fmt(key: str, value: Any, none: str) -> str:
     return _fmt(value, 2 if key.endswith("_bp") or key == "turnover" else 4, none=none)
 
 
-def _interval_text(value: Any, ci: Any, digits: int, none: str) -> str:
-    text = _fmt(value, digits, none=none)
+def _interval_text(value: Any, ci: Any, digits: int, none: str, signed: bool = False) -> str:
+    """``value [lo, hi]`` (the interval left out where there is none)."""
+    text = _fmt(value, digits, none=none, signed=signed)
     if isinstance(ci, Sequence) and len(ci) == 2 and None not in ci:
-        text += f" [{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]"
+        text += f" [{_fmt(ci[0], digits, signed=signed)}, {_fmt(ci[1], digits, signed=signed)}]"
     return text
 
 
