@@ -242,6 +242,10 @@ def _answer(r: httpx.Response, market: str, n_results: int | None) -> Any:
     return body
 
 
+CONNECT_RETRY_FIRST_S = 0.1
+"""Wait before the first retry of a connection that could not be made, seconds; doubled at each retry."""
+
+
 class Client:
     """A synchronous client of ``base_url`` (a replica, or HAProxy in front of the replicas).
 
@@ -249,9 +253,12 @@ class Client:
         base_url: e.g. ``http://127.0.0.1:8080``.
         token: bearer token for the guarded routes (not needed for ticks).
         timeout_s: per request, seconds.
-        retries: how often a 503 with ``Retry-After`` (queue full, market moving, starting) or a
-            proxy's 429 is retried, after waiting what the server asked (capped at ``max_wait_s``);
-            nothing else is retried (a refused connection, a timeout, any other 5xx).
+        retries: how often a request that was not delivered is tried again: a 503 with ``Retry-After``
+            (queue full, market moving, starting) or a proxy's 429 after waiting what the server asked
+            (capped at ``max_wait_s``); a refused connection, a connect or pool timeout (nothing was
+            sent: a replica restarting) after 0.1 s, 0.2 s, 0.4 s, ... (capped at ``max_wait_s``).
+            Nothing else is retried (a read timeout, a dropped connection, any other 5xx: the tick may
+            have been applied).
         max_wait_s: longest wait before one retry, seconds.
         transport: an httpx transport (tests).
     """
@@ -282,7 +289,13 @@ class Client:
                 r = self.http.post(path, content=data, headers={"X-Market-ID": market, "Content-Type": "application/json",
                                                                 "X-Request-ID": rid})
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
-                raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
+                if attempt < self.retries:
+                    time.sleep(min(CONNECT_RETRY_FIRST_S * 2 ** attempt, self.max_wait_s))
+                    attempt += 1
+                    continue
+                tries = f" ({attempt + 1} tries)" if attempt else ""
+                raise EngineFatalError(
+                    f"cannot reach {self.http.base_url}{tries}: {type(exc).__name__}: {exc}") from None
             except httpx.HTTPError as exc:
                 raise with_request_id(OutcomeUnknownError(
                     market, f"POST {path} of market {market!r} to {self.http.base_url}: no answer ({type(exc).__name__}: "
