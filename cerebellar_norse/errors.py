@@ -151,9 +151,10 @@ class MarketMovingError(CapacityError):
 
 
 class JournalWaitError(CapacityError):
-    """The journal's next file cannot be created for now (too many open files, EMFILE/ENFILE): ticks and the other
-    changes of state it must record are refused before they change anything, answered 503 with ``Retry-After``;
-    each refused call tries again to create the file, and serving goes on once it can."""
+    """The journal's next file cannot be created for now (too many open files, EMFILE/ENFILE; a full disk or quota,
+    ENOSPC/EDQUOT): ticks and the other changes of state it must record are refused before they change anything,
+    answered 503 with ``Retry-After``; each refused call tries again to create the file, and serving goes on once it
+    can."""
 
 
 class StartupError(CerebellarNorseError):

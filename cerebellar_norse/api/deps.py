@@ -231,13 +231,10 @@ class GuardedJsonBodyRoute(JsonBodyRoute):
 
 
 def journal_wait_reason(state: ServiceState) -> str | None:
-    """Why /health answers 503 while the journal waits for a file descriptor for its next file, or None."""
+    """Why /health answers 503 while the journal waits for a file descriptor or disk space for its next file, or
+    None."""
     journal = state.engine.journal
-    stalled = journal.stalled if journal is not None else None
-    if stalled is None:
-        return None
-    return (f"journal waiting for a file descriptor: {stalled}; ticks are refused (503, Retry-After) until its next "
-            "file can be created")
+    return journal.wait_reason() if journal is not None else None
 
 
 def current_degradation(state: ServiceState) -> Degradation | None:

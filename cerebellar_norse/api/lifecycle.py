@@ -283,8 +283,8 @@ def check_free_space(state_dir: Path, segment_size: int) -> None:
 
     After recovery the state dir holds a fresh checkpoint and an open journal file: the next
     checkpoint is written beside the current one before it replaces it, so it needs the
-    current one's size free, or the service would stop (exit 1) at its first checkpoint and,
-    under systemd, restart into the same failure while looking healthy between the two.
+    current one's size free, or the service would skip every checkpoint and, once its journal
+    file is full, refuse every tick while looking healthy at start.
 
     Raises:
         StorageError: less free space than the checkpoint's size (one line, exit code 1).
@@ -304,8 +304,8 @@ def check_free_space(state_dir: Path, segment_size: int) -> None:
                            f"checkpoints: docs/operations.md, Disk space)", str(state_dir))
     if free < need + segment_size:
         log.warning("state dir %s has %d bytes free: the next checkpoint fits, the journal's next file "
-                    "(performance.journal_segment_size = %d bytes) does not; the service will stop when it is needed "
-                    "unless space is freed", state_dir, free, segment_size,
+                    "(performance.journal_segment_size = %d bytes) does not; ticks will be refused (503) from when it is "
+                    "needed until space is freed", state_dir, free, segment_size,
                     extra={"fields": {"free_bytes": free, "checkpoint_bytes": need, "segment_bytes": segment_size}})
 
 

@@ -41,8 +41,9 @@ DESCRIPTIONS: dict[int, str] = {
     431: "The request line and headers, or the trailers of a chunked body, exceed 64 KiB (headers_too_large); the "
          "connection is closed.",
     500: "Unexpected error (internal); the details are in the log under the request id.",
-    503: "Try again later (capacity: server.max_connections reached, queue full or shutting down, with Retry-After; "
-         "engine: the engine failed).",
+    503: "Try again later (capacity: server.max_connections reached, queue full, shutting down, or a change of state "
+         "while the journal waits for a file descriptor or disk space for its next file, with Retry-After; engine: "
+         "the engine failed, or a state write failed and the service stops).",
 }
 HEADERS: dict[int, dict[str, Any]] = {
     401: {"WWW-Authenticate": {"description": "Bearer", "required": True, "schema": {"type": "string", "const": "Bearer"}}},

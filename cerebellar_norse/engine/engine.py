@@ -307,9 +307,9 @@ class Engine:
 
     def write_refusal(self) -> CerebellarNorseError | None:
         """Once a journal write has failed, the error refusing any further change of state (a new one per call, the
-        failure being logged once); while the journal waits for a file descriptor for its next file (and trying
-        again finds none), the 503 refusing it for now; None while state changes can be made durable (or nothing is
-        journaled)."""
+        failure being logged once); while the journal waits for a file descriptor or disk space for its next file
+        (and trying again finds none), the 503 refusing it for now; None while state changes can be made durable (or
+        nothing is journaled)."""
         journal = self.journal
         if journal is None:
             return None
@@ -424,7 +424,7 @@ class Engine:
         journal = self.journal
         if journal is not None and journal.failed is not None:  # could not be journaled: refused before any change
             raise journal.refusal()  # (inline, not write_refusal(): this runs per request)
-        if journal is not None and journal.stalled is not None:  # no file descriptor for the journal's next file
+        if journal is not None and journal.stalled is not None:  # no descriptor or space for the journal's next file
             refused = journal.resume()
             if refused is not None:
                 raise refused

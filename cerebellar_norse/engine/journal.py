@@ -45,17 +45,23 @@ How
       logged, never overwritten or deleted.
 
 Failures
-    A journal or checkpoint write that fails (full or read-only disk) is fatal: the
-    batch's callers get an error, nothing more is acknowledged or stepped (later ticks,
-    queued or new, are refused before they change a state), ``on_fatal`` is called (the
-    service stops with exit code 1) and the error is logged with the path and errno. No
-    final checkpoint is written then (the pool may hold the failed step): the previous
-    checkpoint and the journal, kept, hold exactly the acknowledged ticks.
+    A journal or checkpoint write that fails (an I/O error, a read-only file system,
+    permissions) is fatal: the batch's callers get an error, nothing more is acknowledged
+    or stepped (later ticks, queued or new, are refused before they change a state),
+    ``on_fatal`` is called (the service stops with exit code 1) and the error is logged
+    with the path and errno. No final checkpoint is written then (the pool may hold the
+    failed step): the previous checkpoint and the journal, kept, hold exactly the
+    acknowledged ticks. Writing to or flushing a segment already open (its blocks
+    reserved) fails only on an I/O error, which is fatal whatever its errno: after a
+    failed flush the page cache cannot be trusted to hold what was appended.
 
-    The one exception is a full segment whose next one finds no file descriptor (EMFILE,
-    ENFILE: it passes once some are closed). Every segment keeps room at its end for one
+    The exceptions are what passes once the host frees something: no file descriptor
+    (EMFILE, ENFILE) or no disk space (ENOSPC, EDQUOT) for a *new* file
+    (:data:`WAITABLE`; the file is removed again, nothing written before is touched).
+    A periodic checkpoint that finds none is skipped with one WARNING (:meth:`_skipped`)
+    and tried again at the next interval. Every segment keeps room at its end for one
     whole batch (:func:`.segments.batch_bound`): an append that ends past the rest starts
-    the next segment first, and when that finds no descriptor the record goes into the
+    the next segment first, and when that cannot be created the record goes into the
     room kept, the journal is :attr:`~Durability.stalled` (one WARNING), and nothing more
     is appended until :meth:`~Durability.resume` creates the next segment: each new tick,
     reset, model swap and import tries it and, failing, is refused
@@ -109,6 +115,23 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)  # too many open files: passes once some are closed
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)  # full disk, quota used up: passes once space is freed
+# creating a new file (a segment, a checkpoint's temporary file) failed for want of something the host gives back:
+# the journal waits (or a periodic checkpoint is skipped) instead of failing. A read-only file system (EROFS: usually
+# remounted so after I/O errors), permissions (EACCES, EPERM) and I/O errors (EIO) are fatal: they do not pass by
+# themselves, and the start that follows names them in one line.
+WAITABLE = OUT_OF_DESCRIPTORS + OUT_OF_SPACE
+
+
+def waiting_for(exc: StorageError, state_dir: Path) -> tuple[str, str]:
+    """(what the journal waits for, what frees it) when a new file failed with ``exc`` (an errno of :data:`WAITABLE`)."""
+    if exc.errno in OUT_OF_DESCRIPTORS:
+        return ("a file descriptor", "close files or connections of the process, or raise its open-file limit "
+                "(LimitNOFILE=)")
+    if exc.errno == errno.EDQUOT:
+        return ("disk space (disk quota exceeded)", f"free space in the state dir {state_dir} or raise the disk quota "
+                "of the service's user")
+    return ("disk space (no space left on device)", f"free space on the file system of the state dir {state_dir}")
 
 log = logging.getLogger("cerebellar_norse.journal")
 
@@ -157,7 +180,7 @@ class Durability:
         self.interval_s = perf.checkpoint_interval_s
         self.max_record = record_bound(engine.batch_size)
         # what one batch appends at most: kept free at the end of every segment, so that the batch in whose middle
-        # the next segment cannot be created (no file descriptor) still has its place in this one
+        # the next segment cannot be created (no file descriptor or disk space) still has its place in this one
         self.reserve = batch_bound(engine.batch_size) + REC.size
         self.on_fatal = on_fatal
         self.seq = 0  # last record written
@@ -169,11 +192,12 @@ class Durability:
         self._size = 0
         self._soft = 0  # an append ending past this offset starts the next segment first (the rest is the reserve)
         self._base = 0
-        # the next segment could not be created for want of a file descriptor (EMFILE, ENFILE): the open one is past
-        # its size target, and new batches (resets, model swaps, imports) are refused until it can (see resume())
+        # the next segment could not be created for want of a file descriptor or disk space (WAITABLE): the open one
+        # is past its size target, and new batches (resets, model swaps, imports) are refused until it can (resume())
         self.stalled: StorageError | None = None
         self._stalled_at = 0.0
         self.stalls = 0  # how often that happened (a counter for /metrics)
+        self._skips = 0  # periodic checkpoints skipped in a row (WAITABLE): the first one says so at WARNING
         self._seg_fp: dict[str, Any] = {}  # the fingerprint in the open segment's header
         self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
         self._ids: dict[str, tuple[struct.Struct, bytes, int, int]] = {}
@@ -267,7 +291,8 @@ class Durability:
 
     def _roll(self, need: int, can_wait: bool = False) -> None:
         """The open segment is full: start the next one (and wake the checkpointer). ``can_wait``: the open one still
-        has its reserve, so a missing file descriptor stalls the journal (:meth:`_stall`) instead of failing it."""
+        has its reserve, so a missing file descriptor or disk space stalls the journal (:meth:`_stall`) instead of
+        failing it."""
         try:
             self._open_segment(self._segment_bytes(need), can_wait=can_wait)
         except StorageError as exc:
@@ -284,25 +309,40 @@ class Durability:
         return max(self.segment_size, HEADER_SIZE + 2 * self.reserve, HEADER_SIZE + 2 * (need + 2 * REC.size))
 
     def _stall(self, exc: StorageError) -> None:
-        """The next segment cannot be created for want of a file descriptor: one WARNING; the open segment's reserve
-        takes the rest of the batch, and :meth:`resume` tries again before anything more is appended."""
+        """The next segment cannot be created for want of a file descriptor or disk space: one WARNING; the open
+        segment's reserve takes the rest of the batch, and :meth:`resume` tries again before anything more is
+        appended."""
         self.stalled = exc
         self._stalled_at = time.monotonic()
         self.stalls += 1
+        cause, remedy = waiting_for(exc, self.state_dir)
         log.warning("%s; the journal file %s is full: ticks, market resets, model activations and imports are refused "
                     "(503, Retry-After) until its next file can be created, tried again with each (every acknowledged "
-                    "tick is in the journal)", exc, self._segments[-1][1] if self._segments else self.dir,
+                    "tick is in the journal); waiting for %s: %s", exc,
+                    self._segments[-1][1] if self._segments else self.dir, cause, remedy,
                     extra={"fields": {"path": exc.path, "errno": exc.errno}})
+
+    def wait_reason(self) -> str | None:
+        """Why ticks are refused for now (``/health``'s reason) while :attr:`stalled`, else None."""
+        stalled = self.stalled
+        if stalled is None:
+            return None
+        cause, remedy = waiting_for(stalled, self.state_dir)
+        return (f"journal waiting for {cause}: {stalled}; {remedy}; ticks are refused (503, Retry-After) until its "
+                "next file can be created")
 
     def wait_error(self) -> JournalWaitError:
         """The error refusing one change of state while the journal is :attr:`stalled` (a new one per call)."""
+        assert self.stalled is not None
+        remedy = waiting_for(self.stalled, self.state_dir)[1]
         return JournalWaitError(f"{self.stalled}: the journal cannot start its next file, so no tick or other change of "
-                                "state is accepted until it can; nothing was changed, try again", retry_after_s=1.0)
+                                f"state is accepted until it can ({remedy}); nothing was changed, try again",
+                                retry_after_s=1.0)
 
     def resume(self) -> CerebellarNorseError | None:
         """While :attr:`stalled`, try again to start the next segment (call between batches); None when appends can go
         on, else the error refusing the caller's change (:meth:`wait_error`, or the journal's failure when the try
-        failed otherwise: full or read-only disk, as any failed state write)."""
+        failed otherwise: read-only disk, permissions, I/O error, as any failed state write)."""
         if self.stalled is None or self.closed:
             return None
         if self.failed is not None:
@@ -329,8 +369,9 @@ class Durability:
                 "paths.state_dir at it) and start the service again", str(self.state_dir)))
 
     def _open_segment(self, size: int | None = None, can_wait: bool = False) -> None:
-        """Start a new segment at the current position. ``can_wait``: nothing waits for it (a periodic checkpoint's
-        rotation), so running out of file descriptors is not fatal: see :meth:`_skipped`."""
+        """Start a new segment at the current position. ``can_wait``: the caller can wait for it (a periodic
+        checkpoint's rotation, a full segment with its reserve, a swap or import refused for now), so running out of
+        file descriptors or disk space (:data:`WAITABLE`) raises the error unlogged instead of failing the journal."""
         self._check_in_place()
         size = size or self.segment_size
         fp = self.engine.fingerprint()
@@ -339,7 +380,7 @@ class Durability:
                                       self.max_record)
         except OSError as exc:
             err = StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)
-            if can_wait and exc.errno in OUT_OF_DESCRIPTORS:
+            if can_wait and exc.errno in WAITABLE:
                 raise err from None  # not logged, not fatal: the caller says what it does instead
             raise self._fail(err) from None
         if self._mm is not None:
@@ -364,13 +405,26 @@ class Durability:
         return exc
 
     def _skipped(self, exc: StorageError) -> StorageError:
-        """A periodic checkpoint that found no file descriptor (EMFILE, ENFILE: too many open files, for a while):
-        skipped with a WARNING, not fatal; the open segment keeps every acknowledged tick and the next interval
-        tries again."""
-        log.warning("%s; checkpoint skipped, tried again in %g s (every acknowledged tick is in the journal)", exc,
-                    self.interval_s, extra={"fields": {"path": exc.path, "errno": exc.errno}})
+        """A periodic checkpoint that found no file descriptor or disk space (:data:`WAITABLE`, for a while): skipped,
+        not fatal; the open segment keeps every acknowledged tick and the next interval tries again. The first skip
+        of a run says so at WARNING, the others at DEBUG (a full disk for hours is one line, not one a minute);
+        :meth:`_written_again` says when one is written again."""
+        if self._skips == 0:
+            log.warning("%s; checkpoint skipped, tried again in %g s (every acknowledged tick is in the journal; %s; "
+                        "said once until a checkpoint is written again)", exc, self.interval_s,
+                        waiting_for(exc, self.state_dir)[1], extra={"fields": {"path": exc.path, "errno": exc.errno}})
+        else:
+            log.debug("%s; checkpoint skipped again", exc, extra={"fields": {"path": exc.path, "errno": exc.errno}})
+        self._skips += 1
         exc.reported = True
         return exc
+
+    def _written_again(self) -> None:
+        """A checkpoint was written: after skipped ones, one INFO line says so."""
+        if self._skips:
+            log.info("checkpoint written again after %d skipped", self._skips,
+                     extra={"fields": {"skipped": self._skips, "path": str(self.engine.state_path())}})
+            self._skips = 0
 
     def _fail(self, exc: StorageError) -> StorageError:
         if self.failed is None:
@@ -432,12 +486,14 @@ class Durability:
             if exc.reported:  # failed (logged, fatal)
                 raise
             raise JournalWaitError(f"{exc}: the journal cannot start the file this change needs, so it is refused and "
-                                   "nothing was changed; try again", retry_after_s=1.0) from None
+                                   f"nothing was changed ({waiting_for(exc, self.state_dir)[1]}); try again",
+                                   retry_after_s=1.0) from None
         try:
             self._write(snap, fp, seq, force=True)
         except OSError as exc:
             raise self._fail(StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc)) from None
         self.checkpoints += 1
+        self._written_again()
         self._drop_covered()
         return len(snap.markets)
 
@@ -458,7 +514,7 @@ class Durability:
             wrote = await asyncio.get_running_loop().run_in_executor(None, self._write, snap, fp, seq)
         except OSError as exc:
             err = StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc)
-            if exc.errno in OUT_OF_DESCRIPTORS:
+            if exc.errno in WAITABLE:  # market_state.bin's temporary file (removed again): the previous file is whole
                 self._skipped(err)
             else:
                 self._fail(err)
@@ -466,6 +522,7 @@ class Durability:
         if not wrote:
             return False
         self.checkpoints += 1
+        self._written_again()
         self._drop_covered()
         log.debug("checkpoint written", extra={"fields": {"seq": seq, "markets": len(snap.markets),
                                                           "seconds": round(time.monotonic() - t0, 4)}})

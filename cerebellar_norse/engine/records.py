@@ -132,7 +132,7 @@ class EngineSnapshot:
     online_judged: int | None  # climbing-fibre learning's judged ticks (None when learning is off)
     online_updates: int | None
     backend: dict[str, Any] | None
-    journal_waiting: bool = False  # the journal's next file cannot be created for want of a file descriptor
+    journal_waiting: bool = False  # the journal's next file cannot be created for want of a file descriptor or space
     journal_waits: int = 0  # times that happened
 
     def health(self) -> dict[str, Any]:

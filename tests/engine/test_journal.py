@@ -266,6 +266,16 @@ def disk_full(*_a: object) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def checkpoint_disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up after a checkpoint started its journal file, while it writes ``market_state.bin``."""
+    from cerebellar_norse.engine import journal as journal_mod
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "market_state.bin")
+
+    monkeypatch.setattr(journal_mod, "write_snapshot", full)
+
+
 async def exported_market(cfg: Config, market: str) -> bytes:
     """The exported state of ``market`` after 30 ticks on an engine of its own."""
     source = Engine(cfg)
@@ -278,13 +288,14 @@ async def exported_market(cfg: Config, market: str) -> bytes:
 @pytest.mark.parametrize("reset", [False, True])
 async def test_a_swap_whose_checkpoint_fails_changes_nothing(journaled: tuple[Config, list[Durability]],
                                                              monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
-    """A full disk at the swap's checkpoint: the swap is refused and undone (model and every market's state), so the
-    final save at shutdown keeps what the service had, not a refused model's label or a refused reset."""
+    """A full disk at the swap's checkpoint, once its journal file (of the new model) was started: the swap is refused
+    and undone (model and every market's state), so the final save at shutdown keeps what the service had, not a
+    refused model's label or a refused reset."""
     cfg, opened = journaled
     w2, e, _d, twin = await fed_with_another_model(cfg, opened)
     version = e.model_version
 
-    monkeypatch.setattr(os, "posix_fallocate", disk_full)
+    checkpoint_disk_full(monkeypatch)
     with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
         e.set_weights(w2.copy(), "v2", reset_states=reset)
     monkeypatch.undo()
@@ -321,7 +332,7 @@ async def test_a_refused_swap_keeps_each_markets_last_use_and_the_pending_learni
         pending = {m: list(q) for m, q in learner.pending.items()}
         judged, table = learner.judged, e.pool.table.bookkeeping()
         clock[0] = 250.0
-        monkeypatch.setattr(os, "posix_fallocate", disk_full)
+        checkpoint_disk_full(monkeypatch)
         with pytest.raises(StorageError):
             e.set_weights(generate_weights(cfg), "v2", reset_states=reset)
         assert e.learner is learner and learner.judged == judged
@@ -346,7 +357,7 @@ async def test_a_refused_swap_keeps_the_synapses_online_learning_changed(
         views = e.backend.learning_views()
         assert e.learner is not None and e.learner.updates > 0 and views is not None
         learned = views.pf_w.copy()
-        monkeypatch.setattr(os, "posix_fallocate", disk_full)
+        checkpoint_disk_full(monkeypatch)
         with pytest.raises(StorageError):
             e.set_weights(generate_weights(cfg), "v2", reset_states=reset)
         views = e.backend.learning_views()
@@ -379,15 +390,16 @@ async def test_a_model_swap_with_no_tick_since_the_last_checkpoint_survives_a_cr
 @pytest.mark.parametrize("held", [False, True])
 async def test_an_import_whose_checkpoint_fails_changes_nothing(journaled: tuple[Config, list[Durability]],
                                                                 monkeypatch: pytest.MonkeyPatch, held: bool) -> None:
-    """A full disk at the import's checkpoint: the import is refused and undone, so the final save at shutdown keeps
-    the market as it was here (no state, or the one it held), never a state whose import the caller saw fail."""
+    """A full disk at the import's checkpoint (its journal file started): the import is refused and undone, so the
+    final save at shutdown keeps the market as it was here (no state, or the one it held), never a state whose import
+    the caller saw fail."""
     cfg, opened = journaled
     blob = await exported_market(cfg, "X")
     e, _d = start(cfg, opened)
     twin = Engine(cfg)
     await feed([e, twin], [tick(m, T0 + k) for k in range(4) for m in (("A", "X") if held else ("A",))])
 
-    monkeypatch.setattr(os, "posix_fallocate", disk_full)
+    checkpoint_disk_full(monkeypatch)
     with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
         import_market(e, "X", blob)
     monkeypatch.undo()
@@ -1091,49 +1103,85 @@ async def test_verify_data_finds_the_model_of_market_state_in_a_models_dir_that_
     assert f"{root / STATE_FILE}: market state OK (2 markets)" in ok
 
 
-def out_of_descriptors(*_a: object, **_k: object) -> None:
-    """Opening a file with every file descriptor of the process taken."""
-    raise OSError(errno.EMFILE, "Too many open files")
+SHORTAGES = {  # what a new file can lack for a while: errno, its text, what the journal says it waits for
+    "EMFILE": (errno.EMFILE, "Too many open files", "a file descriptor"),
+    "ENOSPC": (errno.ENOSPC, "No space left on device", "disk space (no space left on device)"),
+    "EDQUOT": (errno.EDQUOT, "Disk quota exceeded", "disk space (disk quota exceeded)"),
+}
 
 
-@pytest.mark.parametrize("where", ["segment", "checkpoint"])
-async def test_a_periodic_checkpoint_without_a_file_descriptor_is_skipped_not_fatal(
-        journaled: tuple[Config, list[Durability]], streams: StreamFactory, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture, where: str) -> None:
-    """EMFILE when a periodic checkpoint starts its segment or writes its file: a WARNING, the service goes on
-    acknowledging ticks, and the next checkpoint (descriptors back) covers them all."""
+def no_new_file(monkeypatch: pytest.MonkeyPatch, shortage: str) -> None:
+    """The journal's next file cannot be created: no descriptor to open it (EMFILE), no room to reserve its blocks
+    (ENOSPC, EDQUOT: ``posix_fallocate`` fails, as on a full disk or a used-up quota)."""
     from cerebellar_norse.engine import journal as journal_mod
+
+    code, text, _ = SHORTAGES[shortage]
+
+    def fail(*_a: object, **_k: object) -> None:
+        raise OSError(code, text)
+
+    if code == errno.EMFILE:
+        monkeypatch.setattr(journal_mod, "create_segment", fail)
+    else:
+        monkeypatch.setattr(os, "posix_fallocate", fail)
+
+
+@pytest.mark.parametrize("shortage", sorted(SHORTAGES))
+@pytest.mark.parametrize("where", ["segment", "checkpoint"])
+async def test_a_periodic_checkpoint_without_a_file_descriptor_or_disk_space_is_skipped_not_fatal(
+        journaled: tuple[Config, list[Durability]], streams: StreamFactory, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, where: str, shortage: str) -> None:
+    """EMFILE, ENOSPC or EDQUOT when a periodic checkpoint starts its segment or writes its file: one WARNING however
+    many are skipped, the service goes on acknowledging ticks, and the next checkpoint (the shortage over) covers
+    them all, with an INFO line."""
+    from cerebellar_norse.engine import journal as journal_mod
+
+    code, text, _ = SHORTAGES[shortage]
+
+    def fail(*_a: object, **_k: object) -> None:
+        raise OSError(code, text)
 
     cfg, opened = journaled
     ticks = interleaved(streams(120, 3, seed=7))
     e, d = start(cfg, opened)
     twin = Engine(cfg)
     await feed([e, twin], ticks[:40])
-    monkeypatch.setattr(journal_mod, "create_segment" if where == "segment" else "write_snapshot", out_of_descriptors)
-    with caplog.at_level(logging.WARNING):
+    if where == "segment":
+        no_new_file(monkeypatch, shortage)
+    else:
+        monkeypatch.setattr(journal_mod, "write_snapshot", fail)
+    with caplog.at_level(logging.INFO, logger="cerebellar_norse.journal"):
         assert not await d.checkpoint()
-    assert d.failed is None
-    assert "errno 24 EMFILE" in caplog.text and "checkpoint skipped" in caplog.text
-    assert "no further tick is acknowledged" not in caplog.text
-    await feed([e, twin], ticks[40:80])  # still acknowledged
-    monkeypatch.undo()
-    assert await d.checkpoint()
+        await feed([e, twin], ticks[40:60])  # still acknowledged
+        assert not await d.checkpoint()  # skipped again: no second WARNING
+        assert d.failed is None
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert f"errno {code} {shortage}" in warnings[0] and "checkpoint skipped" in warnings[0]
+        if shortage != "EMFILE":
+            assert f"free space in the state dir {d.state_dir}" in warnings[0] or \
+                f"free space on the file system of the state dir {d.state_dir}" in warnings[0]
+        await feed([e, twin], ticks[60:80])  # still acknowledged
+        monkeypatch.undo()
+        assert await d.checkpoint()
+    assert "checkpoint written again after 2 skipped" in caplog.text
     await feed([e, twin], ticks[80:])
     crash(d)
     again, _ = start(cfg, opened)
     assert_same_pool(again, twin)
 
 
-async def test_a_full_segment_whose_next_file_finds_no_descriptor_waits_instead_of_stopping(
+@pytest.mark.parametrize("shortage", sorted(SHORTAGES))
+async def test_a_full_segment_whose_next_file_finds_no_descriptor_or_space_waits_instead_of_stopping(
         engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """EMFILE when a full segment needs its next file: the tick being journaled is kept (the segment's reserve holds
-    it), later ticks and resets are refused with a 503-kind error before they change anything, one WARNING says
-    so; once a descriptor is free the next submission starts the file and is served, and a restart replays exactly
-    the acknowledged ticks."""
-    from cerebellar_norse.engine import journal as journal_mod
+        caplog: pytest.LogCaptureFixture, shortage: str) -> None:
+    """EMFILE, ENOSPC or EDQUOT when a full segment needs its next file: the tick being journaled is kept (the
+    segment's reserve holds it), later ticks and resets are refused with a 503-kind error before they change
+    anything, one WARNING names the cause, the path and what to do; once the shortage is over the next submission
+    starts the file and is served, and a restart replays exactly the acknowledged ticks."""
     from cerebellar_norse.errors import JournalWaitError
 
+    code, _, cause = SHORTAGES[shortage]
     cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
     e = Engine(cfg)
     fatal: list[StorageError] = []
@@ -1142,7 +1190,7 @@ async def test_a_full_segment_whose_next_file_finds_no_descriptor_waits_instead_
     twin = Engine(cfg)
     await feed([e, twin], [tick(m, T0 + k) for k in range(6) for m in "AB"])
 
-    monkeypatch.setattr(journal_mod, "create_segment", out_of_descriptors)
+    no_new_file(monkeypatch, shortage)
     d._soft = d._pos  # the open segment reached its size target: the next append starts the next file
     full = d._segments[-1][1]
     with caplog.at_level(logging.INFO, logger="cerebellar_norse.journal"):
@@ -1150,7 +1198,7 @@ async def test_a_full_segment_whose_next_file_finds_no_descriptor_waits_instead_
             await eng.submit(tick("A", T0 + 100))  # acknowledged: in the reserve of the full file
         assert d.stalled is not None and d.failed is None and not fatal
         for _ in range(3):
-            with pytest.raises(JournalWaitError, match=r"errno 24 EMFILE.*nothing was changed") as refused:
+            with pytest.raises(JournalWaitError, match=rf"errno {code} {shortage}.*nothing was changed") as refused:
                 await e.submit(tick("B", T0 + 100))
             assert refused.value.retry_after_s >= 1
         with pytest.raises(JournalWaitError):
@@ -1162,7 +1210,12 @@ async def test_a_full_segment_whose_next_file_finds_no_descriptor_waits_instead_
         assert e.snapshot().accepting  # (the watchdog keeps being fed: the service is not stopping)
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1, [r.getMessage() for r in warnings]
-        assert "errno 24 EMFILE" in warnings[0].getMessage() and str(full) in warnings[0].getMessage()
+        said = warnings[0].getMessage()
+        assert f"errno {code} {shortage}" in said and str(full) in said and f"waiting for {cause}" in said
+        reason = d.wait_reason()
+        assert reason is not None and reason.startswith(f"journal waiting for {cause}: cannot create journal file")
+        if shortage != "EMFILE":
+            assert f"state dir {d.state_dir}" in said and f"state dir {d.state_dir}" in reason
         assert "no further tick is acknowledged" not in caplog.text
 
         monkeypatch.undo()  # a descriptor is free again
@@ -1180,19 +1233,19 @@ async def test_a_full_segment_whose_next_file_finds_no_descriptor_waits_instead_
     crash(d2)
 
 
+@pytest.mark.parametrize("shortage", ["EMFILE", "ENOSPC"])
 @pytest.mark.parametrize("reset", [False, True])
-async def test_a_swap_whose_journal_file_finds_no_descriptor_is_refused_not_fatal(
-        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
-    """EMFILE when a model swap starts its journal file: the swap is refused (503 kind) and undone, the journal goes
-    on, and the swap succeeds once a descriptor is free."""
-    from cerebellar_norse.engine import journal as journal_mod
+async def test_a_swap_whose_journal_file_finds_no_descriptor_or_space_is_refused_not_fatal(
+        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch, reset: bool, shortage: str) -> None:
+    """EMFILE or ENOSPC when a model swap starts its journal file: the swap is refused (503 kind) and undone, the
+    journal goes on, and the swap succeeds once the shortage is over."""
     from cerebellar_norse.errors import JournalWaitError
 
     cfg, opened = journaled
     w2, e, d, twin = await fed_with_another_model(cfg, opened)
     version = e.model_version
-    monkeypatch.setattr(journal_mod, "create_segment", out_of_descriptors)
-    with pytest.raises(JournalWaitError, match=r"errno 24 EMFILE"):
+    no_new_file(monkeypatch, shortage)
+    with pytest.raises(JournalWaitError, match=rf"errno {SHORTAGES[shortage][0]} {shortage}"):
         e.set_weights(w2.copy(), "v2", reset_states=reset)
     monkeypatch.undo()
     assert d.failed is None and e.model_version == version
@@ -1202,10 +1255,14 @@ async def test_a_swap_whose_journal_file_finds_no_descriptor_is_refused_not_fata
     assert e.model_version == "v2"
 
 
-async def test_a_crash_while_the_journal_waits_for_a_descriptor_keeps_the_ticks_in_the_reserve(
-        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """kill -9 while stalled: the records written into the full file's reserve are replayed like any other."""
-    from cerebellar_norse.engine import journal as journal_mod
+@pytest.mark.parametrize("how", ["crash", "stop"])
+@pytest.mark.parametrize("shortage", ["EMFILE", "ENOSPC"])
+async def test_a_crash_or_stop_while_the_journal_waits_for_a_descriptor_or_space_keeps_the_ticks_in_the_reserve(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shortage: str, how: str) -> None:
+    """kill -9 while stalled, or a stop whose final save finds the disk still full: the records written into the full
+    file's reserve are replayed like any other, and the refused ticks are in no state."""
+    from cerebellar_norse.engine import engine as engine_mod
+    from cerebellar_norse.errors import JournalWaitError
 
     cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
     e = Engine(cfg)
@@ -1213,12 +1270,101 @@ async def test_a_crash_while_the_journal_waits_for_a_descriptor_keeps_the_ticks_
     d.recover()
     twin = Engine(cfg)
     await feed([e, twin], [tick(m, T0 + k) for k in range(3) for m in "AB"])
-    monkeypatch.setattr(journal_mod, "create_segment", out_of_descriptors)
+    no_new_file(monkeypatch, shortage)
     d._soft = d._pos
     await feed([e, twin], [tick(m, T0 + 10 + k) for k in range(2) for m in "AB"], chunk=4)  # one batch: in the reserve
     assert d.stalled is not None and d._pos > d._soft
+    with pytest.raises(JournalWaitError):
+        await e.submit(tick("A", T0 + 20))
+    if how == "crash":
+        crash(d)
+    else:
+        def full(*_a: object, **_k: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(engine_mod, "save_pool", full)
+        with pytest.raises(StorageError, match=r"cannot save market state .*errno 28 ENOSPC"):
+            await e.drain(save=True)
+        assert list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)  # kept: they hold the acknowledged ticks
     monkeypatch.undo()
-    crash(d)
+    e2 = Engine(cfg)
+    d2 = Durability(e2)
+    d2.recover()
+    assert_same_pool(e2, twin)
+    crash(d2)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+async def test_a_journal_file_that_cannot_be_flushed_stops_the_service_whatever_the_errno(
+        engine_config: ConfigFactory, tmp_path: Path, code: int) -> None:
+    """journal_fsync: an msync of the open (reserved) journal file that fails, ENOSPC as EIO, is fatal, not a wait:
+    after a failed flush the page cache cannot be trusted to hold what was appended."""
+    cfg = engine_config(state_dir=tmp_path / "state", journal_fsync=True, max_markets=16)
+    fatal: list[StorageError] = []
+    e = Engine(cfg)
+    d = Durability(e, on_fatal=fatal.append)
+    d.recover()
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(3) for m in "AB"])
+    assert d._mm is not None
+
+    class Failing:
+        def __init__(self, mm: object) -> None:
+            self.mm = mm
+
+        def __setitem__(self, key: slice, value: bytes) -> None:
+            self.mm[key] = value  # type: ignore[index]
+
+        def flush(self, *_a: object) -> None:
+            raise OSError(code, os.strerror(code))
+
+        def close(self) -> None:
+            self.mm.close()  # type: ignore[attr-defined]
+
+    d._mm = Failing(d._mm)  # type: ignore[assignment]
+    with pytest.raises(StorageError, match=rf"cannot flush the journal .*errno {code} {errno.errorcode[code]}"):
+        await e.submit(tick("A", T0 + 50))
+    with pytest.raises(StorageError):  # refused, not waited for
+        await e.submit(tick("B", T0 + 50))
+    assert d.stalled is None and d.failed is not None and len(fatal) == 1
+    assert not e.snapshot().accepting
+    await e.drain(save=True)  # what the service does once on_fatal has stopped it: the journal is kept
+    e2 = Engine(cfg)
+    d2 = Durability(e2)
+    d2.recover()
+    assert e2.pool.last_timestamp("B") == twin.pool.last_timestamp("B") == T0 + 2
+    d2.close(save=True)
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES, errno.EIO])
+async def test_a_next_journal_file_refused_by_a_read_only_disk_permissions_or_an_io_error_stops_the_service(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """Only a shortage that passes (WAITABLE) is waited for: a file system remounted read-only (after I/O errors),
+    permissions taken away or an I/O error when the next journal file is created fail the journal: on_fatal once,
+    nothing more acknowledged, the acknowledged ticks replayed after the restart."""
+    from cerebellar_norse.engine import journal as journal_mod
+
+    cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
+    e = Engine(cfg)
+    fatal: list[StorageError] = []
+    d = Durability(e, on_fatal=fatal.append)
+    d.recover()
+    twin = Engine(cfg)
+    await feed([e, twin], [tick(m, T0 + k) for k in range(3) for m in "AB"])
+
+    def fail(*_a: object, **_k: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(journal_mod, "create_segment", fail)
+    d._soft = d._pos
+    with pytest.raises(StorageError, match=rf"cannot create journal file .*errno {code} {errno.errorcode[code]}"):
+        await e.submit(tick("A", T0 + 10))
+    with pytest.raises(StorageError):
+        await e.submit(tick("B", T0 + 10))
+    assert d.stalled is None and d.failed is not None and len(fatal) == 1 and d.wait_reason() is None
+    assert not await d.checkpoint()
+    monkeypatch.undo()
+    await e.drain(save=True)
     e2 = Engine(cfg)
     d2 = Durability(e2)
     d2.recover()

@@ -12,6 +12,7 @@ market it evicted.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
@@ -254,16 +255,28 @@ async def test_a_checkpoint_whose_identity_is_too_long_is_not_adopted(
     assert sid is not None and len(sid) <= 64 and d2.state_id == sid
 
 
+@pytest.mark.parametrize("where", ["journal file", "checkpoint"])
 async def test_an_import_into_a_full_pool_whose_checkpoint_fails_gives_the_evicted_market_back(
-        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A full disk when the import's journal file is created (refused for now, 503 capacity) or when its
+    market_state.bin is written (the journal fails): the import is undone either way."""
+    from cerebellar_norse.engine import journal as journal_mod
+    from cerebellar_norse.errors import JournalWaitError
+
     cfg = engine_config(state_dir=tmp_path / "state", max_markets=2)
     blob = await exported_market(cfg, "X")
     opened: list[Durability] = []
     e, _d = start(cfg, opened)
     twin = Engine(cfg)
     await feed([e, twin], [tick(m, T0 + k) for k in range(4) for m in "AB"])  # full: A least recently used
-    monkeypatch.setattr(os, "posix_fallocate", disk_full)
-    with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
+    if where == "journal file":
+        monkeypatch.setattr(os, "posix_fallocate", disk_full)
+    else:
+        def full(*_a: object, **_k: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(journal_mod, "write_snapshot", full)
+    with pytest.raises(JournalWaitError if where == "journal file" else StorageError, match=r"errno 28 ENOSPC"):
         import_market(e, "X", blob)
     monkeypatch.undo()
     assert_same_pool(e, twin)  # A back in its place, with its state, LRU order unchanged
