@@ -211,6 +211,30 @@ class StorageError(EngineFatalError):
 # -- the families' members raised by one part each (state files, handover, jobs, data, models, client, debug) --
 
 
+class ModelUnreadableError(CheckpointError):
+    """A stored model's file is there but the service may not read it (permissions, EACCES or EPERM: a restore from
+    backup without ``chown``, a mode changed by hand): an operator's mistake, not damage. The start refuses it in one
+    line (:meth:`storage_error`) before anything is touched, instead of serving another model (or the untrained
+    network) and moving aside the market states saved with this one; ``--verify-data`` says the same. Elsewhere (an
+    activation, a job) it is a model that cannot be loaded, as a corrupt one is.
+
+    Attributes:
+        errno: the operating system's error number.
+    """
+
+    def __init__(self, path: str, exc: OSError) -> None:
+        self.errno = exc.errno
+        self._storage = StorageError.from_os_error("cannot read model file", path, exc)
+        detail = str(self._storage)[len(f"cannot read model file {path}: "):]
+        super().__init__(f"cannot read: {detail}", path)
+
+    def storage_error(self) -> StorageError:
+        """The error a start refuses it with (one line: the file, the errno, what to do)."""
+        return StorageError(f"{self._storage}: the service does not start on a model it cannot read (nothing is moved "
+                            "aside): make it readable by the service's user (e.g. chown) and start again",
+                            self._storage.path, self.errno)
+
+
 class ForeignStateDirError(CheckpointError):
     """A readable state file written by another state dir (its ``state_id`` is not this dir's): moved aside as foreign.
 

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 
 from ..config import Config
 from ..engine.engine import Engine
-from ..errors import CheckpointError, StorageError
+from ..errors import CheckpointError, ModelUnreadableError, StorageError
 from ..neurons.topology import Weights, seed_version_weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
@@ -112,6 +112,8 @@ def stored_weights(cfg: Config, store: ModelStore) -> Callable[[str], Weights | 
             return seed_version_weights(cfg, version)
         try:
             model = store.load(version)
+        except ModelUnreadableError as exc:  # the states saved with it are not moved aside for a permission
+            raise exc.storage_error() from None
         except CheckpointError as exc:
             log.error("model %s cannot be loaded: %s", version, exc)
             return None

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import Config, NeuralConfig
-from ..errors import CheckpointError, InputError, StorageError, quoted
+from ..errors import CheckpointError, InputError, ModelUnreadableError, StorageError, quoted
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
 from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes
@@ -395,6 +395,10 @@ class ModelStore:
         one returned (missing, corrupt, unusable, or of another network shape), to
         ``NOT_ACTIVATED`` when there is no ``ACTIVE`` and a stored model is returned, else None.
         Nothing is deleted or rewritten: a refused model directory stays for inspection.
+
+        Raises:
+            StorageError: a model file it tries is there but may not be read (permissions): the operator's to fix,
+                so no other model is served in its place (see :class:`~cerebellar_norse.errors.ModelUnreadableError`).
         """
         self.clean_partial()
         self.fallback = None
@@ -411,6 +415,8 @@ class ModelStore:
         for version in order:
             try:
                 model = self.load(version)
+            except ModelUnreadableError as exc:
+                raise exc.storage_error() from None
             except CheckpointError as exc:
                 log.error("refusing corrupt model %s: %s", version, exc)
                 self.refused[version] = f"corrupt ({exc})"
@@ -511,6 +517,8 @@ def load_model_dir(path: Path) -> StoredModel:
         raise CheckpointError("not a model directory", str(path))
     try:
         text = mpath.read_bytes()
+    except PermissionError as exc:  # there, not ours to read: the operator's to fix, not damage
+        raise ModelUnreadableError(str(mpath), exc) from None
     except OSError as exc:
         raise CheckpointError(f"missing or unreadable manifest ({exc})", str(mpath)) from None
     manifest = parse_manifest(text, str(mpath))
@@ -525,7 +533,9 @@ def load_model_dir(path: Path) -> StoredModel:
             raise CheckpointError("missing", str(fpath))
         try:
             blob = fpath.read_bytes()
-        except OSError as exc:  # unreadable (permissions after a restore from backup, I/O error): name it
+        except PermissionError as exc:  # after a restore from backup without chown: the operator's to fix
+            raise ModelUnreadableError(str(fpath), exc) from None
+        except OSError as exc:  # unreadable (an I/O error): name it
             raise CheckpointError(f"cannot read: {exc.strerror or exc}", str(fpath)) from None
         if len(blob) != entry.get("bytes") or sha256_bytes(blob) != entry.get("sha256"):
             raise CheckpointError("checksum mismatch: the file is corrupt or was changed", str(fpath))
@@ -643,6 +653,8 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
             m = load_model_dir(mpath.parent)
             ok.append(f"{mpath.parent}: model {m.version} OK")
             stored.setdefault(mpath.parent.parent, set()).add(m.version)
+        except ModelUnreadableError as exc:  # what the start refuses, in the same words
+            problems.append(str(exc.storage_error()))
         except CheckpointError as exc:
             problems.append(str(exc))
     no_models: set[Path] = set()  # state dirs whose models dir is unusable: named here, the start refuses them
@@ -794,6 +806,8 @@ def _model_stored(models: Path, version: str, stored: dict[Path, set[str]]) -> b
         return True
     try:
         load_model_dir(models / version)
+    except ModelUnreadableError:  # stored, not readable: named above, and the start refuses it rather than move aside
+        return True
     except CheckpointError:
         return False
     return True

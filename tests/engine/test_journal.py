@@ -1003,6 +1003,49 @@ async def test_verify_data_names_market_state_saved_with_a_model_not_stored(
     assert e2.pool.used == 0 and len(list(root.glob(f"{STATE_FILE}.foreign-*"))) == 1
 
 
+async def test_market_state_saved_with_a_model_it_may_not_read_refuses_the_start_and_moves_nothing(
+        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model the market state was saved with is stored but may not be read (permissions): the restore under it
+    refuses the start with the file and the errno, and market_state.bin stays where it is (it was moved aside as
+    saved with a model "not stored or not usable", every market from rest); --verify-data says the same line."""
+    from cerebellar_norse.api.server import stored_weights
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    cfg, opened = journaled
+    root, store, version = await saved_with_a_stored_model(cfg, opened)
+    spath = root / STATE_FILE
+    before = spath.read_bytes()
+    locked = store.root / version / "weights.npz"
+    real = Path.read_bytes
+
+    def denied(path: Path) -> bytes:  # (the tests run as root, whom chmod does not stop)
+        if path == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    said = (f"cannot read model file {locked}: Permission denied (errno 13 EACCES): the service does not start on a "
+            "model it cannot read (nothing is moved aside): make it readable by the service's user (e.g. chown) and "
+            "start again")
+    _, problems = verify_tree(root)
+    assert problems == [said]
+    e2 = Engine(cfg, weights=generate_weights(cfg), model_version="20240102T000000Z-bbbbbb")
+    e2.model_for = stored_weights(cfg, store)
+    d2 = Durability(e2)
+    opened.append(d2)
+    with pytest.raises(StorageError) as refused:
+        d2.recover()
+    assert str(refused.value) == said
+    monkeypatch.undo()
+    assert spath.read_bytes() == before and not list(root.glob(f"{STATE_FILE}.*-*"))
+    again = Engine(cfg, weights=generate_weights(cfg), model_version="20240102T000000Z-bbbbbb")
+    again.model_for = stored_weights(cfg, store)
+    d3 = Durability(again)  # (the refused start let go of the state dir's lock)
+    opened.append(d3)
+    d3.recover()  # readable again: restored with its model, as before
+    assert again.pool.used == 2 and again.restore_problem is None
+
+
 async def served_with_a_twin(cfg: Config, opened: list[Durability], fatal: list[StorageError],
                              ticks: list[Tick]) -> tuple[Engine, Durability, Engine]:
     """A journaling engine whose fatal errors go to ``fatal`` and a twin without a journal, both fed ``ticks``."""

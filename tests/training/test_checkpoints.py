@@ -619,6 +619,44 @@ def test_a_model_that_cannot_be_written_is_a_storage_error_naming_the_file(tmp_p
     assert sorted(p.name for p in store.root.iterdir()) == [] and store.versions() == []
 
 
+def test_a_model_file_the_service_may_not_read_stops_the_start_in_one_line_and_verify_data_says_so(
+        default_models: tuple[Path, Path, Weights]) -> None:
+    """Permissions on a stored model's file (a restore from backup without chown): the start refused nothing and served
+    the untrained network instead, moving aside the market states saved with the model; it now exits 1 with one line
+    naming the file and the errno, before the state dir is touched, and --verify-data says the same."""
+    import socket
+
+    prefix: list[str] = []
+    if os.geteuid() == 0:  # root reads anything: drop the capabilities that let it
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv")
+        prefix = [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--"]
+    good, _, _ = default_models
+    state = good.parent / "model-locked"
+    shutil.copytree(good, state)
+    locked = state / "models" / V1 / "weights.npz"
+    locked.chmod(0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = sorted(p.relative_to(state) for p in state.rglob("*"))
+    try:
+        verify, serve = (subprocess.run([*prefix, sys.executable, "-m", "cerebellar_norse.cli", *args], cwd=REPO_ROOT,
+                                        env=server_environ(state), capture_output=True, text=True, timeout=120)
+                         for args in (["--verify-data", str(state)], ["--port", str(port)]))
+    finally:
+        locked.chmod(0o644)
+    said = (f"cerebellar-norse: cannot read model file {locked}: Permission denied (errno 13 EACCES): the service does "
+            "not start on a model it cannot read (nothing is moved aside): make it readable by the service's user (e.g. "
+            "chown) and start again")
+    assert serve.returncode == 1 and serve.stderr.strip().splitlines() == [said], serve.stdout[-2000:] + serve.stderr
+    assert "Traceback" not in serve.stdout + serve.stderr
+    assert verify.returncode == 1 and said in verify.stderr.splitlines(), verify.stderr
+    after = sorted(p.relative_to(state) for p in state.rglob("*") if p.name != ".lock")  # (the state dir's lock)
+    assert after == before  # nothing written, nothing moved aside
+
+
 def test_verify_data_names_what_it_cannot_read_as_unreadable_and_says_what_the_start_does(
         default_models: tuple[Path, Path, Weights]) -> None:
     """Permissions (a restore from backup without chown): a directory it cannot list is "cannot read", never "cannot

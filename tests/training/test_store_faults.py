@@ -3,6 +3,7 @@ a loop of symbolic links, job records read back in the order they ran."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -35,21 +36,37 @@ def store(cfg: Config) -> ModelStore:
     return s
 
 
-def test_an_unreadable_model_file_is_a_corrupt_model_not_a_crash(cfg: Config, store: ModelStore,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("which", ["weights.npz", "manifest.json"])
+@pytest.mark.parametrize("active", [True, False])
+def test_a_model_file_it_may_not_read_refuses_the_start_instead_of_falling_back(
+        cfg: Config, store: ModelStore, monkeypatch: pytest.MonkeyPatch, which: str, active: bool) -> None:
+    """A permission error is the operator's to fix, not damage: serving another model (or the untrained network) in
+    its place would move aside the market states saved with it. The model to serve (the active one, or the newest
+    once the active one is corrupt) refuses the start with the file and the errno; elsewhere it is a model that
+    cannot be loaded."""
+    from cerebellar_norse.errors import ModelUnreadableError, StorageError
+
+    if not active:  # the active model is corrupt: the newest (V2) is the one the service would serve instead
+        (store.root / V1 / "weights.npz").write_bytes(b"garbled")
+    locked = V1 if active else V2
     real = Path.read_bytes
 
     def denied(path: Path) -> bytes:  # (the tests run as root, whom chmod does not stop)
-        if V1 in str(path) and path.name == "weights.npz":
-            raise PermissionError(13, "Permission denied", str(path))
+        if locked in str(path) and path.name == which:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path)
 
     monkeypatch.setattr(Path, "read_bytes", denied)
-    with pytest.raises(CheckpointError, match="cannot read: Permission denied"):
-        load_model_dir(store.root / V1)
-    model = store.load_for_service(cfg)
-    assert model is not None and model.version == V2
-    assert store.fallback is not None and "Permission denied" in store.fallback
+    unreadable = store.root / locked / which
+    with pytest.raises(ModelUnreadableError, match=r"cannot read: Permission denied \(errno 13 EACCES\)") as load:
+        load_model_dir(store.root / locked)
+    assert isinstance(load.value, CheckpointError) and load.value.path == str(unreadable)
+    with pytest.raises(StorageError) as refused:
+        store.load_for_service(cfg)
+    assert str(refused.value) == (f"cannot read model file {unreadable}: Permission denied (errno 13 EACCES): the "
+                                  "service does not start on a model it cannot read (nothing is moved aside): make it "
+                                  "readable by the service's user (e.g. chown) and start again")
+    assert refused.value.errno == errno.EACCES and refused.value.path == str(unreadable)
 
 
 @pytest.mark.parametrize("damage", ["not UTF-8", "a directory"])
