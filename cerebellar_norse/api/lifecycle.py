@@ -323,6 +323,8 @@ def prepare_state(state: ServiceState) -> None:
         durability = Durability(eng, on_fatal=lambda exc: state_write_failed(state, exc), lock=lock)
         durability.recover()
         state.durability = durability
+        if state.jobs is not None:  # job records a full disk refused: written once a checkpoint is again
+            durability.on_checkpoint = state.jobs.write_pending
         check_free_space(Path(state.cfg.paths.state_dir), durability.segment_size)
     else:
         if lock is None:

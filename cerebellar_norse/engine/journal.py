@@ -198,6 +198,9 @@ class Durability:
         self._stalled_at = 0.0
         self.stalls = 0  # how often that happened (a counter for /metrics)
         self._skips = 0  # periodic checkpoints skipped in a row (WAITABLE): the first one says so at WARNING
+        # called on the loop after each periodic checkpoint written: the state dir took a file again (the service
+        # writes the job records a full disk refused then)
+        self.on_checkpoint: Callable[[], None] | None = None
         self._seg_fp: dict[str, Any] = {}  # the fingerprint in the open segment's header
         self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
         self._ids: dict[str, tuple[struct.Struct, bytes, int, int]] = {}
@@ -524,6 +527,8 @@ class Durability:
         self.checkpoints += 1
         self._written_again()
         self._drop_covered()
+        if self.on_checkpoint is not None:
+            self.on_checkpoint()
         log.debug("checkpoint written", extra={"fields": {"seq": seq, "markets": len(snap.markets),
                                                           "seconds": round(time.monotonic() - t0, 4)}})
         return True

@@ -45,7 +45,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 
 from ..config import Config
-from ..errors import CerebellarNorseError, InputError, JobConflictError, JobNotFoundError
+from ..errors import CerebellarNorseError, InputError, JobConflictError, JobNotFoundError, StorageError
 from ..firsterrors import FirstErrorsModel
 from ..storage import atomic_write_bytes
 from ..ticks import integral_number
@@ -423,6 +423,7 @@ class JobManager:
         self._task: asyncio.Task[None] | None = None
         self._active_at_start: str | None = None  # what models/ACTIVE named when the running job started
         self._cancelling: dict[str, str | None] = {}  # job id -> why, while a cancel is under way (None: a client's)
+        self._unwritten: set[str] = set()  # jobs whose newest record could not be written (a full disk): in memory
         self._ctx = mp.get_context("spawn")
         self.jobs_dir = Path(self.cfg.paths.state_dir) / "jobs"
         self._load_history()
@@ -583,12 +584,13 @@ class JobManager:
         return None if why is None else f"{why}; the job wrote no model"
 
     async def close(self) -> None:
-        """Stop a running job at shutdown."""
+        """Stop a running job at shutdown (and try once more the records that could not be written)."""
         for job in list(self.jobs.values()):  # (a request may add one while a cancel waits)
             if job.state in ("queued", "running"):
                 await self.cancel(job.job_id, "cancelled because the service stopped while the job was running")
         if self._task is not None:
             self._task.cancel()
+        self.write_pending()
 
     async def _monitor(self, job: JobStatus, out: Any, activate: str) -> None:
         loop = asyncio.get_running_loop()
@@ -690,10 +692,42 @@ class JobManager:
             self._on_end(state)
 
     def _write_record(self, job: JobStatus) -> None:
-        """Write ``jobs/<job_id>.json`` atomically; a failure is logged (path, errno), never silent."""
+        """Write ``jobs/<job_id>.json`` atomically, and then any record that could not be written before.
+
+        A record that cannot be written (a full disk) stays in memory, where ``GET /training/status/<job_id>``
+        answers it, and is written with the next record that can be, after the next checkpoint
+        (:meth:`write_pending`) or at shutdown; until then a restart forgets it. The failure is logged once at ERROR
+        (path, errno) however many records fail after it, and one INFO line says when they are written.
+        """
+        if self._write_one(job):
+            self.write_pending()
+
+    def _write_one(self, job: JobStatus) -> bool:
+        """Write one job's record as it is now; False (kept in memory, logged once) when it cannot be written."""
         path = self.jobs_dir / f"{job.job_id}.json"
         try:
             atomic_write_bytes(path, json.dumps(job.as_dict(), default=str).encode())
         except OSError as exc:
-            log.error("cannot write job record %s: %s (errno %s)", path, exc.strerror or exc, exc.errno,
-                      extra={"fields": {"job_id": job.job_id, "path": str(path), "errno": exc.errno}})
+            if not self._unwritten:  # the first of a run of failures: said once
+                err = StorageError.from_os_error("cannot write job record", path, exc)
+                log.error("%s; the job's record is kept in memory (GET /training/status/%s answers it) and written "
+                          "once the state dir can take it (with the next job record, after the next checkpoint or at "
+                          "shutdown): a restart before then forgets it", err, job.job_id,
+                          extra={"fields": {"job_id": job.job_id, "path": str(path), "errno": exc.errno}})
+            self._unwritten.add(job.job_id)
+            return False
+        if self._unwritten and job.job_id in self._unwritten:
+            self._unwritten.discard(job.job_id)
+            if not self._unwritten:
+                log.info("job records written again", extra={"fields": {"job_id": job.job_id, "path": str(path)}})
+        return True
+
+    def write_pending(self) -> None:
+        """Write the records that could not be written before (a full disk since freed); the first that still
+        cannot be written stops the try, silently (its failure was logged)."""
+        for job_id in sorted(self._unwritten):
+            job = self.jobs.get(job_id)
+            if job is None:
+                self._unwritten.discard(job_id)
+            elif not self._write_one(job):
+                return

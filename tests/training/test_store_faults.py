@@ -142,3 +142,107 @@ def test_a_temporary_active_file_left_by_a_killed_writer_is_removed_at_the_next_
     assert model is not None and model.version == V1 and store.fallback is None
     assert not left.exists() and live.exists()
     assert (store.root / "ACTIVE").read_text() == V1 + "\n"
+
+
+def test_a_job_record_a_full_disk_refuses_is_logged_once_kept_in_memory_and_written_when_space_returns(
+        make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A job that starts and fails on a full disk: 'cannot write job record' was logged for its start and again for
+    its end, and after a restart the job was gone. Now: one ERROR, the job answered from memory, and its failed
+    record written once the disk takes it (here by the next checkpoint's call), so a restart knows it."""
+    import logging
+
+    from cerebellar_norse.training import jobs as jobs_mod
+    from cerebellar_norse.training.jobs import JobManager, JobStatus
+
+    cfg = make_config()
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    real = jobs_mod.atomic_write_bytes
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full)
+    job = JobStatus(job_id="full1", state="running", files=["t.csv"])
+    mgr.jobs[job.job_id] = job
+    with caplog.at_level(logging.DEBUG, logger="cerebellar_norse.training"):
+        mgr._write_record(job)  # as start() writes it
+        mgr._finish(job, "failed", "cannot write the model: No space left on device")
+        mgr.write_pending()  # a checkpoint's call while the disk is still full: no line
+    said = [r.getMessage() for r in caplog.records if "cannot write job record" in r.getMessage()]
+    assert len(said) == 1, said
+    record = mgr.jobs_dir / "full1.json"
+    assert said[0].startswith(f"cannot write job record {record}: No space left on device (errno 28 ENOSPC); the "
+                              "job's record is kept in memory (GET /training/status/full1 answers it)")
+    assert mgr.get("full1").state == "failed" and not record.exists()
+    assert "full1" not in JobManager(cfg, lambda version: None, lambda loss: None).jobs  # (a restart now forgets it)
+
+    monkeypatch.setattr(jobs_mod, "atomic_write_bytes", real)  # space is back
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cerebellar_norse.training"):
+        mgr.write_pending()
+    assert "job records written again" in caplog.text
+    again = JobManager(cfg, lambda version: None, lambda loss: None).get("full1")
+    assert (again.state, again.error) == ("failed", "cannot write the model: No space left on device")
+
+
+def test_a_job_record_a_full_disk_refused_is_written_with_the_next_job_record(make_config: ConfigFactory,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from cerebellar_norse.training import jobs as jobs_mod
+    from cerebellar_norse.training.jobs import JobManager, JobStatus
+
+    cfg = make_config()
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    real = jobs_mod.atomic_write_bytes
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full)
+    first = JobStatus(job_id="first1", state="running", files=["t.csv"])
+    mgr.jobs[first.job_id] = first
+    mgr._finish(first, "failed", "no space")
+    monkeypatch.setattr(jobs_mod, "atomic_write_bytes", real)
+    second = JobStatus(job_id="second2", state="running", files=["t.csv"])
+    mgr.jobs[second.job_id] = second
+    mgr._write_record(second)
+    again = JobManager(cfg, lambda version: None, lambda loss: None).jobs
+    assert again["first1"].state == "failed" and again["first1"].error == "no space" and "second2" in again
+
+
+def test_the_service_writes_refused_job_records_after_its_next_checkpoint(make_config: ConfigFactory,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The periodic checkpoint is the service's sign that the state dir takes files again: it writes the job records
+    a full disk refused."""
+    import asyncio
+
+    from cerebellar_norse.api import lifecycle
+    from cerebellar_norse.api.server import build_service
+    from cerebellar_norse.ticks import Tick
+    from cerebellar_norse.training import jobs as jobs_mod
+    from cerebellar_norse.training.jobs import JobStatus
+
+    state = build_service(make_config(neural=TINY_NEURAL, training={"bootstrap_on_first_run": False}))
+    try:
+        lifecycle.prepare_state(state)
+        assert state.jobs is not None and state.durability is not None
+        real = jobs_mod.atomic_write_bytes
+
+        def full(path: Path, data: bytes) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+        monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full)
+        job = JobStatus(job_id="late1", state="running", files=["t.csv"])
+        state.jobs.jobs[job.job_id] = job
+        state.jobs._finish(job, "failed", "no space")
+        monkeypatch.setattr(jobs_mod, "atomic_write_bytes", real)
+
+        async def tick_and_checkpoint() -> bool:
+            await state.engine.submit(Tick(100.0, 10.0, 1_640_995_200_000, "M"))
+            assert state.durability is not None
+            return await state.durability.checkpoint()
+
+        assert asyncio.run(tick_and_checkpoint())
+        assert json.loads((state.jobs.jobs_dir / "late1.json").read_text())["state"] == "failed"
+    finally:
+        if state.durability is not None:
+            state.durability.close(save=False)
