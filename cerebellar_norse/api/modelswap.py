@@ -6,9 +6,10 @@ import contextlib
 import logging
 
 from ..config import NeuralConfig
-from ..errors import CheckpointError, ModelNotFoundError, StorageError
+from ..errors import CapacityError, CheckpointError, ModelNotFoundError, StorageError
 from ..observability import systemd
 from ..storage import atomic_write_bytes, fsync_dir
+from ..training.archive import STORE_RETRY_AFTER_S
 from ..training.checkpoints import ACTIVE, ModelStore, StoredModel, shape_mismatch
 from .deps import ServiceState
 from .lifecycle import serving_status
@@ -49,8 +50,10 @@ def swap_in(state: ServiceState, store: ModelStore, model: StoredModel) -> None:
 
     Runs on the event loop thread, where batches run, so the swap falls between two
     batches: every response is computed entirely with the old or the new weights.
-    ``models/ACTIVE`` is written before the swap: when it cannot be written
-    (:class:`~cerebellar_norse.errors.StorageError`, HTTP 503) the served model is unchanged.
+    ``models/ACTIVE`` is written before the swap: when it cannot be written the served model is
+    unchanged: no room or a read-only disk is a :class:`~cerebellar_norse.errors.CapacityError`
+    (503 ``capacity`` with ``Retry-After``, as a model upload's: the service itself is fine),
+    another failure a :class:`~cerebellar_norse.errors.StorageError` (503 ``engine``).
     """
     eng = state.engine
     old = eng.model_version
@@ -63,7 +66,11 @@ def swap_in(state: ServiceState, store: ModelStore, model: StoredModel) -> None:
     try:  # first, so that a model served is always the one a restart serves
         store.set_active(model.version)
     except OSError as exc:
-        raise StorageError.from_os_error("cannot write", store.root / ACTIVE, exc) from None
+        err = StorageError.from_os_error("cannot write", store.root / ACTIVE, exc)
+        if StorageError.is_write_failure(exc):  # no room or a read-only disk: activate it again once there is room
+            raise CapacityError(f"{err}; nothing was changed: make room in the state dir and activate it again",
+                                retry_after_s=STORE_RETRY_AFTER_S) from None
+        raise err from None
     try:
         eng.set_weights(model.weights, model.version, reset_states=state.cfg.training.reset_state_on_swap)
     except BaseException:  # not swapped (Engine.set_weights undid it): ACTIVE names what is served again

@@ -178,3 +178,30 @@ def test_a_write_that_fails_stores_nothing_and_says_why(tc: TestClient, tmp_path
     monkeypatch.setattr(archive_module, "atomic_write_bytes", real)
     again = tc.put(f"/models/{version}", content=archive, headers=BLOB)
     assert again.status_code == 200 and again.json()["stored"] is True
+
+
+@pytest.mark.parametrize(("code", "kind"), [(errno.ENOSPC, "capacity"), (errno.EDQUOT, "capacity"), (errno.EIO, "engine")])
+def test_an_activation_whose_active_file_cannot_be_written_changes_nothing_and_says_why(
+        tc: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, kind: str) -> None:
+    """models/ACTIVE on a full disk: 503 ``capacity`` with Retry-After, as an upload's (it was an ``engine`` error,
+    logged as one, for a service that is fine); another write failure stays ``engine``. The served model and
+    models/ACTIVE are unchanged, and the activation succeeds once the file can be written."""
+    version, archive = model(tmp_path)
+    assert tc.put(f"/models/{version}", content=archive, headers=BLOB).status_code == 200
+    real = ModelStore.set_active
+
+    def failing(self: ModelStore, v: str) -> None:
+        raise OSError(code, os.strerror(code), str(self.root / "ACTIVE"))
+
+    monkeypatch.setattr(ModelStore, "set_active", failing)
+    r = tc.post(f"/models/{version}/activate", headers=AUTH)
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["type"] == kind and f"cannot write {tmp_path / 'replica' / 'models' / 'ACTIVE'}: {os.strerror(code)}" \
+        in err["message"]
+    if kind == "capacity":
+        assert int(r.headers["Retry-After"]) == 60 and "nothing was changed" in err["message"]
+    assert tc.get("/health").json()["model_version"] == "seed-42"
+    assert not (tmp_path / "replica" / "models" / "ACTIVE").exists()
+    monkeypatch.setattr(ModelStore, "set_active", real)
+    assert tc.post(f"/models/{version}/activate", headers=AUTH).json()["active"] == version
