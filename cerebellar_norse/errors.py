@@ -153,8 +153,8 @@ class MarketMovingError(CapacityError):
 class JournalWaitError(CapacityError):
     """The journal's next file cannot be created for now (too many open files, EMFILE/ENFILE; a full disk or quota,
     ENOSPC/EDQUOT): ticks and the other changes of state it must record are refused before they change anything,
-    answered 503 with ``Retry-After``; each refused call tries again to create the file, and serving goes on once it
-    can."""
+    answered 503 with ``Retry-After``; each refused call tries again to create the file (for want of space, at most
+    every 0.25 s), and serving goes on once it can."""
 
 
 class StartupError(CerebellarNorseError):

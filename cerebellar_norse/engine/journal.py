@@ -64,7 +64,8 @@ Failures
     the next segment first, and when that cannot be created the record goes into the
     room kept, the journal is :attr:`~Durability.stalled` (one WARNING), and nothing more
     is appended until :meth:`~Durability.resume` creates the next segment: each new tick,
-    reset, model swap and import tries it and, failing, is refused
+    reset, model swap and import tries it (for want of disk space, at most every
+    :data:`SPACE_RETRY_S`) and, failing, is refused
     (:class:`~cerebellar_norse.errors.JournalWaitError`, 503 with ``Retry-After``) before
     it changes anything. A segment therefore never grows past the size its header records.
 """
@@ -121,6 +122,10 @@ OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)  # full disk, quota used up: passes 
 # remounted so after I/O errors), permissions (EACCES, EPERM) and I/O errors (EIO) are fatal: they do not pass by
 # themselves, and the start that follows names them in one line.
 WAITABLE = OUT_OF_DESCRIPTORS + OUT_OF_SPACE
+# while the journal waits for disk space, its next file is tried at most this often (s): a try reserves as much of the
+# file's size as the disk has and gives it back, work a refused tick per try would repeat thousands of times a second
+# (a missing descriptor costs one failed open: tried with every refused change)
+SPACE_RETRY_S = 0.25
 
 
 def waiting_for(exc: StorageError, state_dir: Path) -> tuple[str, str]:
@@ -196,6 +201,7 @@ class Durability:
         # is past its size target, and new batches (resets, model swaps, imports) are refused until it can (resume())
         self.stalled: StorageError | None = None
         self._stalled_at = 0.0
+        self._retry_at = 0.0  # while stalled for want of disk space: no try before this time (time.monotonic())
         self.stalls = 0  # how often that happened (a counter for /metrics)
         self._skips = 0  # periodic checkpoints skipped in a row (WAITABLE): the first one says so at WARNING
         # called on the loop after each periodic checkpoint written: the state dir took a file again (the service
@@ -317,6 +323,7 @@ class Durability:
         appended."""
         self.stalled = exc
         self._stalled_at = time.monotonic()
+        self._retry_at = self._stalled_at + SPACE_RETRY_S
         self.stalls += 1
         cause, remedy = waiting_for(exc, self.state_dir)
         log.warning("%s; the journal file %s is full: ticks, market resets, model activations and imports are refused "
@@ -345,17 +352,22 @@ class Durability:
     def resume(self) -> CerebellarNorseError | None:
         """While :attr:`stalled`, try again to start the next segment (call between batches); None when appends can go
         on, else the error refusing the caller's change (:meth:`wait_error`, or the journal's failure when the try
-        failed otherwise: read-only disk, permissions, I/O error, as any failed state write)."""
+        failed otherwise: read-only disk, permissions, I/O error, as any failed state write). For want of disk space
+        the file is tried at most every :data:`SPACE_RETRY_S`; a change in between is refused without a try."""
         if self.stalled is None or self.closed:
             return None
         if self.failed is not None:
             return self.refusal()
+        now = time.monotonic()
+        if self.stalled.errno in OUT_OF_SPACE and now < self._retry_at:
+            return self.wait_error()
         try:
             self._open_segment(self._segment_bytes(), can_wait=True)
         except StorageError as exc:
             if exc.reported:
                 return self.refusal()
             self.stalled = exc
+            self._retry_at = now + SPACE_RETRY_S
             return self.wait_error()
         if self._wake is not None:
             self._wake.set()  # checkpoint the full segment (and remove it)

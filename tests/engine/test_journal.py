@@ -1261,7 +1261,8 @@ async def test_a_full_segment_whose_next_file_finds_no_descriptor_or_space_waits
             assert f"state dir {d.state_dir}" in said and f"state dir {d.state_dir}" in reason
         assert "no further tick is acknowledged" not in caplog.text
 
-        monkeypatch.undo()  # a descriptor is free again
+        monkeypatch.undo()  # a descriptor or the space is free again
+        d._retry_at = 0.0  # (the next try for space is due: SPACE_RETRY_S after the last)
         for eng in (e, twin):
             await eng.submit(tick("B", T0 + 100))
     assert d.stalled is None and d._segments[-1][1] != full
@@ -1274,6 +1275,48 @@ async def test_a_full_segment_whose_next_file_finds_no_descriptor_or_space_waits
     d2.recover()
     assert_same_pool(e2, twin)  # every acknowledged tick, none of the refused ones
     crash(d2)
+
+
+@pytest.mark.parametrize("shortage", ["EMFILE", "ENOSPC"])
+async def test_a_journal_waiting_for_space_tries_its_next_file_at_most_every_quarter_second(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shortage: str) -> None:
+    """A try on a full disk reserves what the disk has of the file's size and gives it back: refused ticks between
+    two tries (SPACE_RETRY_S apart) do not repeat it; a missing descriptor (one failed open) is tried with each."""
+    from cerebellar_norse.engine import journal as journal_mod
+    from cerebellar_norse.engine import segments as segments_mod
+    from cerebellar_norse.errors import JournalWaitError
+
+    clock = [1000.0]
+    monkeypatch.setattr(journal_mod, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
+    e = Engine(cfg)
+    d = Durability(e, on_fatal=lambda exc: None)
+    d.recover()
+    await feed([e], [tick(m, T0 + k) for k in range(3) for m in "AB"])
+    code, text, _ = SHORTAGES[shortage]
+    tries: list[int] = []
+
+    def fail(*_a: object, **_k: object) -> None:
+        tries.append(1)
+        raise OSError(code, text)
+
+    monkeypatch.setattr(journal_mod, "create_segment", fail)
+    d._soft = d._pos
+    await e.submit(tick("A", T0 + 10))  # into the reserve: the journal waits
+    assert d.stalled is not None and len(tries) == 1
+    for _ in range(5):
+        with pytest.raises(JournalWaitError, match=rf"errno {code} {shortage}"):
+            await e.submit(tick("B", T0 + 10))
+    assert len(tries) == (1 if shortage == "ENOSPC" else 6)
+    clock[0] += journal_mod.SPACE_RETRY_S
+    with pytest.raises(JournalWaitError):
+        await e.submit(tick("B", T0 + 10))
+    assert len(tries) == (2 if shortage == "ENOSPC" else 7)
+    monkeypatch.setattr(journal_mod, "create_segment", segments_mod.create_segment)  # the space is back
+    clock[0] += journal_mod.SPACE_RETRY_S
+    await e.submit(tick("B", T0 + 10))
+    assert d.stalled is None
+    crash(d)
 
 
 @pytest.mark.parametrize("shortage", ["EMFILE", "ENOSPC"])

@@ -470,8 +470,13 @@ def test_disk_full_while_serving_refuses_ticks_until_space_returns_without_losin
         assert "cerebellar_norse_journal_waiting 1.0" in metrics and "cerebellar_norse_ready 0.0" in metrics
         assert "cerebellar_norse_journal_waits_total 1.0" in metrics
         assert srv.proc.poll() is None
-        filler.unlink()  # space is back: the next tick creates the file and is served
-        r = batch(c, 8)
+        filler.unlink()  # space is back: the next tick that tries the file (at most every 0.25 s) creates it
+        for _ in range(20):
+            r = batch(c, 8)
+            if r.status_code == 200:
+                break
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+            time.sleep(0.3)
         assert r.status_code == 200, r.text
         assert c.get("/health").status_code == 200
         assert "cerebellar_norse_journal_waiting 0.0" in c.get("/metrics").text
