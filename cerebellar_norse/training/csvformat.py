@@ -31,7 +31,9 @@ other column is ignored:
   repeats when the clocks go back is read as its first occurrence, unless its market's rows then go back
   (:func:`repeated_hour_time`); one that the zone skips when the clocks go forward is a bad row (:func:`~cerebellar_norse.training.csvtime._skipped_time`).
 * price (required, > 0): ``price``, ``close``, ``last``, ``mid``, ``close/last``, ``adj close``,
-  ``adj_close`` (so ``close`` is used, not ``adj close``, when a file has both); without
+  ``adj_close``, ``adj. close``, ``adjclose``, ``adjusted_close``, ``adjusted close`` (so ``close`` is used, not
+  ``adj close``, when a file has both, unless the file has a split ratio column: then its close is not adjusted
+  for splits and the adjusted close is used); without
   any, the mid of a bid and an ask column (``BID_COLUMNS``, ``ASK_COLUMNS``). In a Databento file written
   without pretty_px, prices are integers in units of 1e-9, scaled (:func:`~.databento.databento_fixed_point`). A Databento
   order book (mbp-1, mbp-10: book events, actions A, C, M, R, beside trades) is read at the mid of ``bid_px_00``
@@ -139,7 +141,15 @@ TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "g
                 # fastquant's dt, zipline's day, exchange APIs
                 "ts_recv", "ts_event", "sip_timestamp", "participant_timestamp", "time_exchange", "time_key", "dt",
                 "day", "ts", "t")
-PRICE_COLUMNS = ("price", "close", "last", "mid", "close/last", "adj close", "adj_close")  # close/last: Nasdaq.com
+# close/last: Nasdaq.com; the adjusted closes: Yahoo (adj close), Quandl WIKI (adj. close, adj_close), Tiingo
+# (adjclose), Alpha Vantage and EODHD (adjusted_close)
+ADJUSTED_PRICE_COLUMNS = ("adj close", "adj_close", "adj. close", "adjclose", "adjusted_close", "adjusted close")
+PRICE_COLUMNS = ("price", "close", "last", "mid", "close/last", *ADJUSTED_PRICE_COLUMNS)
+# A column of split ratios, as vendors write beside prices NOT adjusted for splits (Quandl WIKI's Split Ratio and
+# split_ratio, Tiingo's splitFactor, Alpha Vantage's split_coefficient): such a file's close falls by the ratio at
+# a split (a 2:1 split reads as -50 %), so its adjusted close is the price.
+SPLIT_COLUMNS = ("split ratio", "split_ratio", "splitfactor", "split_factor", "split factor", "split_coefficient",
+                 "split coefficient")
 # Quotes without a price column: the price is the mid of bid and ask, the volume the sum of both sides' volumes.
 # (bid_px_00 and ask_px_00: Databento's top of book, mbp-1, tbbo, bbo)
 BID_COLUMNS = ("bid", "bid price", "bid_price", "bidprice", "best bid", "best_bid", "bid_px_00")
@@ -425,6 +435,18 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
         t = 0
         notes.append(f"{path}: unnamed first column used as the time (a pandas index)")
     p = find_column(path, names, shown, PRICE_COLUMNS, "price", False)
+    split = find_column(path, names, shown, SPLIT_COLUMNS, "split ratio", False)
+    if p is not None and split is not None and names[p] not in ADJUSTED_PRICE_COLUMNS:
+        adjusted = find_column(path, names, shown, ADJUSTED_PRICE_COLUMNS, "adjusted price", False)
+        if adjusted is not None:
+            notes.append(f"{path}: price from {shown[adjusted]!r}, not {shown[p]!r}: a file with a split ratio column"
+                         f" ({shown[split]!r}) writes {shown[p]!r} not adjusted for splits, so a split would read as"
+                         f" a fall of its ratio (2:1 as -50 %)")
+            p = adjusted
+        else:
+            notes.append(f"{path}: {shown[p]!r} is not adjusted for splits in a file with a split ratio column"
+                         f" ({shown[split]!r}), and the file has no adjusted close: a split reads as a fall of its"
+                         f" ratio (2:1 as -50 %); adjust the prices, or add an 'Adj Close' column")
     bid = ask = bid_v = ask_v = None
     if p is None:  # quotes: the mid of bid and ask
         bid = find_column(path, names, shown, BID_COLUMNS, "bid", False)

@@ -69,7 +69,7 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
     path = write(tmp_path, "Date,Open,Volume\n2020-01-02,1,2\n")
     with pytest.raises(DataError) as exc:
         load_csv_files([path])
-    msg = f"{path}:1: no price column (expected one of price, close, last, mid, close/last, adj close, adj_close, or a bid and an ask column); header is Date,Open,Volume"
+    msg = f"{path}:1: no price column (expected one of price, close, last, mid, close/last, adj close, adj_close, adj. close, adjclose, adjusted_close, adjusted close, or a bid and an ask column); header is Date,Open,Volume"
     assert str(exc.value) == msg and exc.value.report == [msg]
     path = write(tmp_path, "Symbol,Close\nA,1\n")
     with pytest.raises(DataError) as exc:
