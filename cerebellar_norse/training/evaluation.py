@@ -401,8 +401,9 @@ def _check(inp: ScoreInputs) -> _Checked:
         if raw.shape != (n,) or raw.dtype.kind not in "iu" or (n and raw.min() < 1):
             raise ValueError(f"spans must be {n} integers >= 1 (ticks from each row to its horizon's end)")
         spans = raw.astype(np.int64)
-    return _Checked(probs, labels, fwd, past, br / br.sum(), lr, horizon, markets, times, spans, _books(markets, n),
-                    _annualisation(times, n, horizon))
+    books = _books(markets, n)
+    return _Checked(probs, labels, fwd, past, br / br.sum(), lr, horizon, markets, times, spans, books,
+                    _annualisation(times, n, horizon, books, markets))
 
 
 MIN_ANNUALISED_DAYS = 30.0
@@ -411,11 +412,16 @@ DAY_MS = 86_400_000.0
 YEAR_DAYS = 365.25
 
 
-def _annualisation(times: np.ndarray | None, n: int, horizon: int) -> dict[str, Any]:
-    """How a per-trade Sharpe ratio is annualised: ``horizons_per_year`` = the non-overlapping horizons the scored
-    rows hold (n / horizon, every market's together) per year of their calendar span (first to last scored tick
-    time), or None with the reason in ``note`` when the span is under ``MIN_ANNUALISED_DAYS`` days, the horizons
-    fewer than ``MIN_ANNUALISED_HORIZONS`` or the times unknown. Nothing assumes trading hours or days a year."""
+def _annualisation(times: np.ndarray | None, n: int, horizon: int, books: list[np.ndarray] | None = None,
+                   markets: np.ndarray | None = None) -> dict[str, Any]:
+    """How a per-trade Sharpe ratio is annualised: ``horizons_per_year`` = the non-overlapping horizons a year of the
+    scored rows, each market's (its rows / ``horizon``) per year of its own calendar span (its first to its last
+    scored tick time), summed over the markets (``books``: each market's rows), as a portfolio trading them together
+    would hold them. A market whose own span is under ``MIN_ANNUALISED_DAYS`` days or holds fewer than
+    ``MIN_ANNUALISED_HORIZONS`` horizons cannot tell its own rate and is counted over the whole scored span (first to
+    last scored tick of any market; with one market, or markets scored over one period, this is what each has).
+    None with the reason in ``note`` when the whole span is under ``MIN_ANNUALISED_DAYS`` days, the horizons fewer
+    than ``MIN_ANNUALISED_HORIZONS`` or the times unknown. Nothing assumes trading hours or days a year."""
     horizons = n / horizon
     out: dict[str, Any] = {"horizons": _num(horizons), "span_days": None, "horizons_per_year": None}
     if times is None or not n:
@@ -426,15 +432,41 @@ def _annualisation(times: np.ndarray | None, n: int, horizon: int) -> dict[str, 
     if days < MIN_ANNUALISED_DAYS:
         out["note"] = (f"not annualised: the scored ticks span {days:.1f} days, under {MIN_ANNUALISED_DAYS:g}: too "
                        "short to tell how many horizons a year holds")
-    elif horizons < MIN_ANNUALISED_HORIZONS:
+        return out
+    if horizons < MIN_ANNUALISED_HORIZONS:
         out["note"] = (f"not annualised: the scored ticks hold about {horizons:.0f} non-overlapping horizons, fewer "
                        f"than {MIN_ANNUALISED_HORIZONS:g}")
-    else:
-        per_year = horizons / (days / YEAR_DAYS)
-        out["horizons_per_year"] = per_year
+        return out
+    books = books if books is not None else [np.arange(n)]
+    rates: list[tuple[str, float, float, float, bool]] = []  # market, horizons, span days, a year, own span
+    for rows in books:
+        name = str(markets[rows[0]]) if markets is not None else ""
+        h = rows.shape[0] / horizon
+        own_days = float(times[rows].max() - times[rows].min()) / DAY_MS
+        own = own_days >= MIN_ANNUALISED_DAYS and h >= MIN_ANNUALISED_HORIZONS
+        rates.append((name, h, own_days, h / ((own_days if own else days) / YEAR_DAYS), own))
+    per_year = sum(r[3] for r in rates)
+    out["horizons_per_year"] = per_year
+    if len(rates) == 1:
         out["note"] = (f"annualised by the square root of {per_year:.1f} non-overlapping horizons a year: "
-                       f"{horizons:.0f} horizons of {horizon} ticks (every market's) over the {days:.0f} days from "
-                       "the first to the last scored tick")
+                       f"{horizons:.0f} horizons of {horizon} ticks over the {days:.0f} days from the first to the "
+                       "last scored tick")
+        return out
+    out["markets"] = {name: {"horizons": _num(h), "span_days": _num(d), "horizons_per_year": _num(rate),
+                             "own_span": own} for name, h, d, rate, own in rates}
+    shown = "; ".join(f"{name} {rate:.1f} ({h:.0f} over {d:.0f} days)" for name, h, d, rate, own in rates[:5] if own)
+    more = sum(r[4] for r in rates[5:])
+    note = (f"annualised by the square root of {per_year:.1f} non-overlapping horizons a year: each market's "
+            f"horizons of {horizon} ticks a year of its own span (first to last scored tick), summed over the "
+            f"{len(rates)} markets")
+    if shown:
+        note += f" ({shown}{f'; {more} more' if more else ''})"
+    short = [r for r in rates if not r[4]]
+    if short:
+        note += (f"; {len(short)} market{'s' if len(short) > 1 else ''} spanning under {MIN_ANNUALISED_DAYS:g} days"
+                 f" or holding fewer than {MIN_ANNUALISED_HORIZONS:g} horizons counted over the whole span of"
+                 f" {days:.0f} days ({', '.join(r[0] for r in short[:5])}{', …' if len(short) > 5 else ''})")
+    out["note"] = note
     return out
 
 

@@ -698,3 +698,35 @@ def test_sharpe_is_annualised_by_the_span_of_the_scored_ticks() -> None:
     assert few["model"]["pnl"]["sharpe_annualised"] is None and "fewer than 20" in few["annualisation"]["note"]
     untimed = score(inputs(probs, labels, rng, horizon=4), bootstrap=0)
     assert untimed["model"]["pnl"]["sharpe_annualised"] is None and "not known" in untimed["annualisation"]["note"]
+
+
+def test_markets_scored_over_different_periods_are_annualised_each_over_its_own_span() -> None:
+    # A: 2,000 hourly ticks in 2017; B: 2,000 daily ticks from 2004 on; C: 40 hourly ticks, under 30 days
+    rng = np.random.default_rng(3)
+    hour, day = 3_600_000.0, 86_400_000.0
+    t_a = 1_483_228_800_000.0 + np.arange(2_000) * hour
+    t_b = 1_072_915_200_000.0 + np.arange(2_000) * day
+    t_c = 1_483_228_800_000.0 + np.arange(40) * hour
+    times = np.concatenate([t_b, t_a, t_c])
+    markets = np.array(["B"] * 2_000 + ["A"] * 2_000 + ["C"] * 40)
+    n = times.shape[0]
+    labels = rng.integers(0, 3, n)
+    probs = np.eye(3)[labels] * 0.5 + 0.5 / 3
+    out = score(inputs(probs, labels, rng, horizon=10, times_ms=times, markets=markets), cost_bp=1.0, bootstrap=50)
+    ann = out["annualisation"]
+    whole = (times.max() - times.min()) / day
+    own_a = 200 / (1_999 / 24 / 365.25)  # A's horizons a year of its own 83 days, not of the 13 years of all three
+    own_b = 200 / (1_999 / 365.25)
+    pooled_c = 4 / (whole / 365.25)  # C cannot tell its own rate: counted over the whole span, as before
+    assert ann["horizons_per_year"] == pytest.approx(own_a + own_b + pooled_c)
+    assert ann["span_days"] == pytest.approx(whole)
+    assert ann["markets"]["A"]["horizons_per_year"] == pytest.approx(own_a) and ann["markets"]["A"]["own_span"]
+    assert not ann["markets"]["C"]["own_span"]
+    assert "summed over the 3 markets" in ann["note"] and "A 877.0 (200 over 83 days)" in ann["note"]
+    assert "1 market spanning under 30 days or holding fewer than 20 horizons counted over the whole span" in ann["note"]
+    pnl = out["model"]["pnl"]
+    assert pnl["sharpe_annualised"] == pytest.approx(pnl["sharpe_per_trade"] * math.sqrt(own_a + own_b + pooled_c))
+    # markets scored over one period: each market's own span is the whole span, as pooled before
+    same = score(inputs(probs[:4_000], labels[:4_000], rng, horizon=10, times_ms=np.concatenate([t_a, t_a]),
+                        markets=markets[:4_000]), bootstrap=0)
+    assert same["annualisation"]["horizons_per_year"] == pytest.approx(400 / (1_999 / 24 / 365.25))
