@@ -506,6 +506,33 @@ def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
     return later if ms < later < TS_MAX_MS else None
 
 
+CLOCKS_BACK_MS = 3_600_000  # a time going back by at most this much may be local time in the hour repeated
+
+
+def clocks_back_hint(row: list[str], cols: Columns, back_ms: int) -> str:
+    """Why a row whose time goes back by ``back_ms`` may be local time: ``"; …"`` when it goes back by at most an
+    hour and its time has no offset or zone of its own, read in a zone without daylight saving time (UTC, the
+    default, or a fixed offset), so that local times of the hour the clocks repeat when they go back would read so;
+    else ``""``."""
+    if not 0 < back_ms <= CLOCKS_BACK_MS or len(row) != cols.fields:
+        return ""
+    try:
+        text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
+        read = read_time(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
+    except ValueError:
+        return ""
+    zone = read.zone
+    if not read.file_zone or zone is None:
+        return ""
+    if isinstance(zone, ZoneInfo):
+        year = (EPOCH + read.ms * ONE_MS).year
+        if any(datetime(year, month, 1, tzinfo=zone).dst() for month in (1, 7)):
+            return ""  # a zone with daylight saving time reads its repeated hour (repeated_hour_time)
+    return (f"; the time has no offset and was read in {zone_name(zone)}: if the file's times are local times,"
+            " this may be the hour repeated when the clocks go back; give the file's time zone (--timezone,"
+            " training.data_timezone, or data_timezone in POST /training)")
+
+
 def _iso_time(text: str, cols: Columns) -> int:
     """The fast path for a column of ISO 8601 times (UTC, or with an offset); anything else, and a time without an
     offset in a file read in another zone, goes to :func:`_row_time`."""

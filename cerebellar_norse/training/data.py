@@ -52,6 +52,7 @@ from ..timezones import zone_name
 from .compressed import CorruptFileError, open_tick_file
 from .csvcolumns import FileFormat, without_trailing_separator
 from .csvformat import (
+    clocks_back_hint,
     file_format,
     leading_lines,
     not_utf8,
@@ -267,7 +268,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                                         later = repeated_hour_time(row, cols)
                                         if later is None or later < prev:
                                             raise ValueError(f"time goes backwards for market {market!r} ({iso_ms(ts)}"
-                                                             f" < {iso_ms(prev)}; ms {ts} < {prev})")
+                                                             f" < {iso_ms(prev)}; ms {ts} < {prev})"
+                                                             + clocks_back_hint(row, cols, prev - ts))
                                         ts, repeated = later, repeated + 1
                                     last_ts[code] = ts
                                 else:

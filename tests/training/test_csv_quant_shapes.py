@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from training_helpers import write_text_file as write
@@ -58,3 +59,39 @@ def test_without_a_split_ratio_column_the_close_stays_the_price(tmp_path: Path) 
     data = load_csv_files([path])
     assert data.markets[0].price.tolist() == pytest.approx([75.09, 74.36])
     assert not any("adjusted for splits" in n for n in data.notes)
+
+
+# --------------------------------------------------------------------------------------
+# Local times without an offset across the hour the clocks repeat, read in UTC
+# --------------------------------------------------------------------------------------
+
+CLOCKS_BACK_HINT = ("; the time has no offset and was read in UTC: if the file's times are local times, this may be the"
+                    " hour repeated when the clocks go back; give the file's time zone (--timezone,"
+                    " training.data_timezone, or data_timezone in POST /training)")
+
+
+def test_a_time_going_back_within_an_hour_without_an_offset_says_it_may_be_local_time(tmp_path: Path) -> None:
+    # minute bars of Frankfurt in local time: 02:00-02:59 comes twice on 2024-10-27
+    walls = ["02:57", "02:58", "02:59", "02:00", "02:01"] + [f"03:{m:02d}" for m in range(60)]
+    rows = [f"2024-10-27 {w},{100 + k * 0.01:.2f},1" for k, w in enumerate(walls)]
+    path = write(tmp_path, "time,close,volume\n" + "\n".join(rows) + "\n", "DAX.csv")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.report == [
+        f"{path}:5: time goes backwards for market 'DAX' (2024-10-27T02:00:00Z < 2024-10-27T02:59:00Z;"
+        f" ms 1729994400000 < 1729997940000){CLOCKS_BACK_HINT}",
+        f"{path}:6: time goes backwards for market 'DAX' (2024-10-27T02:01:00Z < 2024-10-27T02:59:00Z;"
+        f" ms 1729994460000 < 1729997940000){CLOCKS_BACK_HINT}"]
+    # read in the zone they were written in, they are the repeated hour's second run
+    data = load_csv_files([path], zone=ZoneInfo("Europe/Berlin"))
+    assert data.bad_rows == 0
+
+
+def test_a_time_going_back_that_local_time_does_not_explain_gets_no_hint(tmp_path: Path) -> None:
+    # with an offset of its own, by more than an hour, or a number since the epoch: no word of local time
+    texts = {"z.csv": "2024-10-27T02:59:00Z,1\n2024-10-27T02:00:00Z,2\n",
+             "far.csv": "2024-10-27 02:59,1\n2024-10-27 01:30,2\n",
+             "ms.csv": "1729997940000,1\n1729994400000,2\n"}
+    for name, text in texts.items():
+        path = write(tmp_path, "time,close\n" + text + "2024-10-27T04:00:00Z,3\n", name)
+        report = load_csv_files([path], max_bad_fraction=0.5).report
+        assert len(report) == 1 and "time goes backwards" in report[0] and "local" not in report[0], report
