@@ -506,6 +506,27 @@ def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
     return later if ms < later < TS_MAX_MS else None
 
 
+FOOTER_LINES_MAX = 5  # rows after a file's last tick, none with a time, skipped as its footer (a total, a disclaimer)
+
+
+def footer_text(row: list[str], cols: Columns) -> str | None:
+    """A row as a footer note shows it (its first 60 characters) when it could be a line of a file's footer (a
+    total, a disclaimer): its time field has no digit (``Total``, empty), or it is one field (a line without a
+    separator) that is no time; None otherwise (a row cut short after its time, a date that does not exist: a bad
+    row wherever it is)."""
+    if len(row) == 1 and cols.fields > 1:
+        try:
+            read_time(row[0], cols.time_name, cols.day_first, cols.time_unit, cols.zone)
+        except ValueError:
+            pass
+        else:
+            return None
+    elif cols.time < len(row) and _can_be_time(row[cols.time]):
+        return None
+    shown = cols.delimiter.join(row).strip()
+    return shown if len(shown) <= 60 else shown[:59] + "…"
+
+
 CLOCKS_BACK_MS = 3_600_000  # a time going back by at most this much may be local time in the hour repeated
 
 

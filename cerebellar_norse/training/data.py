@@ -52,8 +52,10 @@ from ..timezones import zone_name
 from .compressed import CorruptFileError, open_tick_file
 from .csvcolumns import FileFormat, without_trailing_separator
 from .csvformat import (
+    FOOTER_LINES_MAX,
     clocks_back_hint,
     file_format,
+    footer_text,
     leading_lines,
     not_utf8,
     parse_row,
@@ -238,6 +240,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
             here: dict[int, int] = {}  # market code -> its time in the file's latest good row
             repeated = 0  # rows read in the second run of an hour that their time zone repeats (clocks set back)
             before: dict[int, int] = {}  # market code -> its last time in earlier files
+            # the bad rows since the file's latest good row, while none holds a time: (line, fields, text); None once
+            # one does (a file's footer, a total or a disclaimer, is skipped when it is all that follows its ticks)
+            footer: list[tuple[int, int, str]] | None = []
             while True:
                 try:
                     for row in reader:
@@ -298,7 +303,11 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                             bad_bytes = not_utf8(cols.used_fields(row))
                             reason = f"unreadable row: {bad_bytes}" if bad_bytes else str(exc)
                             report.append(f"{path}:{reader.line_num}: {reason}")
+                            if footer is not None:
+                                text = footer_text(row, cols)
+                                footer = None if text is None else [*footer, (reader.line_num, len(row), text)]
                             continue
+                        footer = []
                         ts_all.append(ts)
                         price_all.append(price)
                         volume_all.append(volume)
@@ -314,8 +323,22 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                     rows += 1
                     bad += 1
                     report.append(f"{path}:{reader.line_num}: unreadable row: {exc}")
+                    footer = None
                 except CorruptFileError as exc:  # a truncated or damaged download
                     raise _corrupt(path, reader.line_num, exc) from None
+            if footer and len(footer) <= FOOTER_LINES_MAX and len(ts_all) > file_start:
+                del report[-len(footer):]
+                rows -= len(footer)
+                bad -= len(footer)
+                for _, width, _ in footer:
+                    if width != cols.fields:
+                        widths[width] -= 1
+                        if not widths[width]:
+                            del widths[width]
+                shown_lines = ", ".join(f"{line} {text!r}" for line, _, text in footer)
+                notes.append(f"{path}: {len(footer)} {'line' if len(footer) == 1 else 'lines'} after the last tick,"
+                             " without a time, skipped as the file's footer (a total, a disclaimer): line"
+                             f"{'' if len(footer) == 1 else 's'} {shown_lines}")
             if len(widths) == 1 and sum(widths.values()) == rows - file_rows:  # every row: the header is off
                 (width,) = widths
                 msg = (f"{path}:1: the header names {cols.fields} columns but every row has {width} fields: a column"

@@ -95,3 +95,34 @@ def test_a_time_going_back_that_local_time_does_not_explain_gets_no_hint(tmp_pat
         path = write(tmp_path, "time,close\n" + text + "2024-10-27T04:00:00Z,3\n", name)
         report = load_csv_files([path], max_bad_fraction=0.5).report
         assert len(report) == 1 and "time goes backwards" in report[0] and "local" not in report[0], report
+
+
+# --------------------------------------------------------------------------------------
+# A footer after the ticks: a total row, a disclaimer
+# --------------------------------------------------------------------------------------
+
+def _daily(n: int) -> str:
+    return "".join(f"2020-{1 + k // 28:02d}-{1 + k % 28:02d},{100 + k}.00,{100 + k}.50,1000\n" for k in range(n))
+
+
+def test_a_total_row_and_a_disclaimer_after_the_ticks_are_skipped_as_the_footer(tmp_path: Path) -> None:
+    # 60 daily rows: two bad rows would be 3 % of them, over the 1 % a load allows
+    footer = 'Total,,,60000\n"Data provided by Example Corp, for information only."\n'
+    path = write(tmp_path, "Date,Open,Close,Volume\n" + _daily(60) + footer, "X.csv")
+    data = load_csv_files([path])
+    assert data.rows == 60 and data.bad_rows == 0 and data.report == []
+    assert data.markets[0].price.shape == (60,)
+    assert (f"{path}: 2 lines after the last tick, without a time, skipped as the file's footer (a total, a"
+            f" disclaimer): lines 62 'Total,,,60000', 63 'Data provided by Example Corp, for information only.'"
+            in data.notes)
+
+
+def test_rows_without_a_time_elsewhere_or_a_row_cut_short_at_the_end_stay_bad(tmp_path: Path) -> None:
+    # a total between ticks is a bad row; so is a last row cut short after its time, and six lines of footer
+    rows = _daily(40).splitlines(keepends=True)
+    text = "Date,Open,Close,Volume\n" + "".join(rows[:30]) + "Total,,,1\n" + "".join(rows[30:]) + "2020-02-15,1\n"
+    path = write(tmp_path, text, "cut.csv")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert [r.split(": ", 1)[0] for r in data.report] == [f"{path}:32", f"{path}:43"]
+    path = write(tmp_path, "Date,Open,Close,Volume\n" + _daily(60) + "Note\n" * 6, "long.csv")
+    assert load_csv_files([path], max_bad_fraction=0.5).bad_rows == 6
