@@ -23,6 +23,7 @@ from ..errors import CerebellarNorseError
 from .csvcolumns import FileFormat
 from .csvtime import UNIT_WORDS
 from .data import CLASS_NAMES, MarketSeries, TickData, iso_ms
+from .labels import LabelSpec, label_series
 
 SHOWN_BAD_ROWS = 10
 
@@ -42,10 +43,12 @@ MOVE_FACTOR = 25.0  # a tick-to-tick move this many times the median move (and o
 MOVE_MIN = 0.05  # log-return units
 
 
-def market_checks(m: MarketSeries) -> list[str]:
+def market_checks(m: MarketSeries, spec: LabelSpec | None = None) -> list[str]:
     """What a trader would want to know before trusting a market's series: exact repeats of the previous tick
     (a file appended twice, a feed that resent), the longest gap when it dwarfs the median gap (a missing year),
-    and the largest tick-to-tick move when it dwarfs the median move (a fat-finger or unadjusted split)."""
+    and the largest tick-to-tick move when it dwarfs the median move (a fat-finger or unadjusted split); with the
+    labels' ``spec`` (a flat band scaled by the volatility), how much more often the labels after that move are flat
+    (:func:`_flat_after`)."""
     out: list[str] = []
     if len(m) < 2:
         return out
@@ -68,8 +71,34 @@ def market_checks(m: MarketSeries) -> list[str]:
     if moves[j] > MOVE_MIN and moves[j] > MOVE_FACTOR * median_move:
         times = f", {moves[j] / median_move:.0f} times the median move" if median_move > 0 else ""
         out.append(f"a move of {np.expm1(np.log(p[j + 1] / p[j])) * 100:+.1f}% at {iso_ms(float(t[j + 1]))} "
-                   f"({p[j]:g} -> {p[j + 1]:g}){times}: a bad print or an unadjusted split?")
+                   f"({p[j]:g} -> {p[j + 1]:g}){times}: a bad print or an unadjusted split?"
+                   + (_flat_after(m, j + 1, spec) if spec is not None and spec.volatility_band else ""))
     return out
+
+
+FLAT_AFTER_WINDOWS = 3  # the labels after an outsized move compared: this many volatility windows of ticks
+FLAT_AFTER_EXCESS = 0.1  # told when their flat share is this much above the share of the market's other labels
+
+
+def _flat_after(m: MarketSeries, at: int, spec: LabelSpec) -> str:
+    """``" The flat band …"``: the share of flat labels in the ``FLAT_AFTER_WINDOWS`` × ``volatility_window`` ticks
+    from tick ``at`` (an outsized move) on, against that of the market's other labels, when it is
+    ``FLAT_AFTER_EXCESS`` above it: the move's square weighs in the running volatility that scales the flat band
+    until the window forgets it, so a split read as a crash leaves the labels after it flat. Else ``""``."""
+    labels = label_series(m.timestamp, m.price, spec).labels
+    after = np.zeros(labels.shape[0], dtype=bool)
+    after[at:at + FLAT_AFTER_WINDOWS * spec.volatility_window] = True
+    labelled = labels >= 0
+    n_after, n_other = int(np.count_nonzero(after & labelled)), int(np.count_nonzero(~after & labelled))
+    if not n_after or not n_other:
+        return ""
+    share_after = np.count_nonzero(after & (labels == 1)) / n_after
+    share_other = np.count_nonzero(~after & (labels == 1)) / n_other
+    if share_after < share_other + FLAT_AFTER_EXCESS:
+        return ""
+    return (f" The flat band scales with the running volatility, which the move inflates: {share_after:.0%} of the"
+            f" {n_after} labels of the {FLAT_AFTER_WINDOWS * spec.volatility_window} ticks from it on are flat,"
+            f" against {share_other:.0%} of the others")
 
 
 def check_warning(market_id: str, check: str, included_in: str) -> str:
@@ -78,13 +107,13 @@ def check_warning(market_id: str, check: str, included_in: str) -> str:
     return f"data check: {market_id}: {check} (in the files; told, not acted on: where it falls in {included_in} include it)"
 
 
-def market_summary(m: MarketSeries) -> dict[str, Any]:
+def market_summary(m: MarketSeries, spec: LabelSpec | None = None) -> dict[str, Any]:
     """Ticks, first and last time, the median gap between ticks (ms; None for one tick) and the checks
-    (:func:`market_checks`) of a market."""
+    (:func:`market_checks`, with the labels' ``spec``) of a market."""
     gaps = np.diff(m.timestamp)
     return {"market_id": m.market_id, "ticks": len(m), "first": iso_ms(float(m.timestamp[0])),
             "last": iso_ms(float(m.timestamp[-1])), "median_gap_ms": float(np.median(gaps)) if gaps.size else None,
-            "checks": market_checks(m)}
+            "checks": market_checks(m, spec)}
 
 
 def labels_summary(cfg: Config, data: TickData) -> dict[str, Any]:
@@ -101,11 +130,11 @@ def labels_summary(cfg: Config, data: TickData) -> dict[str, Any]:
             **{name: {c: int(n[k]) for k, c in enumerate(CLASS_NAMES)} for name, n in splits.items()}}
 
 
-def summary(data: TickData, labels: dict[str, Any]) -> dict[str, Any]:
+def summary(data: TickData, labels: dict[str, Any], spec: LabelSpec | None = None) -> dict[str, Any]:
     """The JSON object ``inspect-data --json`` prints."""
     return {"files": [asdict(f) for f in data.formats], "rows": data.rows, "bad_rows": data.bad_rows,
             "skipped_rows": data.skipped_rows, "ticks": data.ticks, "report": data.report, "notes": data.notes,
-            "markets": [market_summary(m) for m in data.markets], "training": labels}
+            "markets": [market_summary(m, spec) for m in data.markets], "training": labels}
 
 
 def describe_format(f: FileFormat) -> list[str]:
@@ -125,7 +154,7 @@ def describe_format(f: FileFormat) -> list[str]:
     return [first, f"  time {time}{dates}{unit}, price {price}, volume {volume}, market {market}"]
 
 
-def format_text(data: TickData, labels: dict[str, Any]) -> str:
+def format_text(data: TickData, labels: dict[str, Any], spec: LabelSpec | None = None) -> str:
     """The text ``inspect-data`` prints."""
     out = [line for f in data.formats for line in describe_format(f)]
     skipped = f", skipped {data.skipped_rows}" if data.skipped_rows else ""
@@ -139,7 +168,7 @@ def format_text(data: TickData, labels: dict[str, Any]) -> str:
     if data.notes:
         out.append("notes:")
         out += [f"  {n}" for n in data.notes]
-    rows = [market_summary(m) for m in data.markets]
+    rows = [market_summary(m, spec) for m in data.markets]
     width = max([len("market"), *(len(r["market_id"]) for r in rows)])
     out.append(f"{'market':<{width}}  {'ticks':>8}  {'first':<24}  {'last':<24}  median gap")
     for r in rows:
@@ -166,5 +195,6 @@ def print_inspection(cfg: Config, files: list[Path], as_json: bool) -> int:
 
     data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone)
     labels = labels_summary(cfg, data)
-    print(json.dumps(summary(data, labels), allow_nan=False) if as_json else format_text(data, labels))
+    spec = LabelSpec.from_config(cfg)
+    print(json.dumps(summary(data, labels, spec), allow_nan=False) if as_json else format_text(data, labels, spec))
     return 0

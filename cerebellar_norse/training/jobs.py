@@ -278,7 +278,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     from .datacheck import check_warning, market_checks
 
     warnings += [check_warning(m.market_id, c, "the test split, its figures and P&L")
-                 for m in data.markets for c in market_checks(m)]
+                 for m in data.markets for c in market_checks(m, prep.spec)]
     metrics = {"validation": result.validation, "test": test, "edge": result.edge, "history": result.history,
                "best_epoch": result.best_epoch, "ticks_per_second": result.ticks_per_second,
                "stopped_early": result.stopped_early, "started": start_note, "labels": prep.spec.to_dict(),

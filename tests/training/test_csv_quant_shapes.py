@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import numpy as np
 import pytest
+from training_helpers import tiny_cli_environ
 from training_helpers import write_text_file as write
 
+from cerebellar_norse.cli import main
 from cerebellar_norse.training.data import load_csv_files
+from cerebellar_norse.training.datacheck import market_checks
 
 # --------------------------------------------------------------------------------------
 # Unadjusted closes beside a split ratio column and an adjusted close
@@ -126,3 +131,28 @@ def test_rows_without_a_time_elsewhere_or_a_row_cut_short_at_the_end_stay_bad(tm
     assert [r.split(": ", 1)[0] for r in data.report] == [f"{path}:32", f"{path}:43"]
     path = write(tmp_path, "Date,Open,Close,Volume\n" + _daily(60) + "Note\n" * 6, "long.csv")
     assert load_csv_files([path], max_bad_fraction=0.5).bad_rows == 6
+
+
+# --------------------------------------------------------------------------------------
+# An unadjusted split without a split ratio column: the labels after it
+# --------------------------------------------------------------------------------------
+
+def test_an_outsized_move_says_how_many_labels_after_it_are_flat(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for k, v in tiny_cli_environ(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    rng = np.random.default_rng(4)
+    price = 400.0 * np.exp(np.cumsum(rng.normal(0, 0.012, 800)))
+    price[500:] /= 10.0  # a 10:1 split, the close not adjusted: -90 % in one day
+    days = np.datetime64("2018-01-01") + np.arange(800)
+    write(tmp_path, "Date,Close\n" + "".join(f"{d},{p:.2f}\n" for d, p in zip(days, price, strict=True)), "X.csv")
+    assert main(["inspect-data", "X.csv", "--json"]) == 0
+    (market,) = json.loads(capsys.readouterr().out)["markets"]
+    (move,) = [c for c in market["checks"] if c.startswith("a move of -90.")]
+    # the band scales with a running volatility of 100 ticks' memory, which the split's square dwarfs for hundreds
+    # (the last 5 of the 300 ticks after it, within the tiny config's horizon, have no label)
+    assert " The flat band scales with the running volatility, which the move inflates: 100% of the 295 labels of" \
+           " the 300 ticks from it on are flat, against " in move, move
+    # without the labels' spec (or where the labels after a move are no flatter) the check says only the move
+    data = load_csv_files([tmp_path / "X.csv"])
+    assert market_checks(data.markets[0])[-1].endswith("a bad print or an unadjusted split?")
