@@ -140,7 +140,7 @@ TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "g
                 # (sip_timestamp, by which they are sorted, before participant_timestamp), CoinAPI, Futu's time_key,
                 # fastquant's dt, zipline's day, exchange APIs
                 "ts_recv", "ts_event", "sip_timestamp", "participant_timestamp", "time_exchange", "time_key", "dt",
-                "day", "ts", "t")
+                "day", "ts", "t", "observation_date")  # FRED's series
 # close/last: Nasdaq.com; the adjusted closes: Yahoo (adj close), Quandl WIKI (adj. close, adj_close), Tiingo
 # (adjclose), Alpha Vantage and EODHD (adjusted_close)
 ADJUSTED_PRICE_COLUMNS = ("adj close", "adj_close", "adj. close", "adjclose", "adjusted_close", "adjusted close")
@@ -177,6 +177,7 @@ _BINANCE_BOOLEANS = frozenset(("True", "False", "true", "false"))
 _BINANCE_NAME = re.compile(r"([A-Z0-9]{2,32}-[A-Za-z0-9]{1,16})-\d{4}-\d{2}(?:-\d{2})?")
 DATE_HOUR_SAMPLE = 10_000  # rows whose times must all be YYYYMMDDHH date-hours for a file to be read as such
 PLAUSIBLE_MS = 100_000_000_000  # 1973-03-03: in a file whose first time is later, an earlier one is of another unit
+FRED_MISSING = "the price is '.', as FRED marks a day without a value (a holiday)"  # why such rows are skipped
 TITLE_LINES_MAX = 5  # lines without a separator skipped before the header (a download site's name or URL)
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
 # a time of day in a column of its own: 9:30, 09:30:00.250, or digits only (stooq's 153500, 0930)
@@ -451,7 +452,11 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     if p is None:  # quotes: the mid of bid and ask
         bid = find_column(path, names, shown, BID_COLUMNS, "bid", False)
         ask = find_column(path, names, shown, ASK_COLUMNS, "ask", False)
-        if bid is None or ask is None:
+        if (bid is None or ask is None) and len(names) == 2 and not _known_column(names[1 - t]):
+            p = 1 - t  # a series as FRED writes it: DATE,DCOILWTICO
+            notes.append(f"{path}: price from {shown[p]!r}, the one column beside the time (a series as FRED"
+                         " writes it)")
+        elif bid is None or ask is None:
             find_column(path, names, shown, PRICE_COLUMNS, "price", True, ", or a bid and an ask column")
         else:
             p = bid
@@ -483,6 +488,21 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     return Columns(len(header), t, shown[t], p, shown[p], v, "" if v is None else shown[v],
                    m, "" if m is None else shown[m], default_market, ask=ask, ask_name="" if ask is None else shown[ask],
                    ask_volume=ask_v, ask_volume_name="" if ask_v is None else shown[ask_v])
+
+
+def _known_column(name: str) -> bool:
+    """Whether a header name is one of the columns read (other than the price) or a bid or ask column: a file of a
+    time and such a column has no price, not a series to read at it (``Date,Volume``)."""
+    return (name in TIME_COLUMNS or name in VOLUME_COLUMNS or name.startswith(VOLUME_PREFIX) or name in MARKET_COLUMNS
+            or name in BID_COLUMNS or name in ASK_COLUMNS or name in BID_VOLUME_COLUMNS or name in ASK_VOLUME_COLUMNS
+            or name in SPLIT_COLUMNS or name in ("open", "high", "low", "") or _returns_name(name))
+
+
+def _returns_name(name: str) -> bool:
+    """Whether a header name says its column holds returns or changes, not prices (``return``, ``pct_change``,
+    ``Change %``, ``ret``, ``pnl``)."""
+    return (any(word in name for word in ("return", "change", "pct", "%")) or
+            name in ("ret", "rets", "r", "chg", "diff", "pnl", "p&l"))
 
 
 def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
@@ -638,6 +658,9 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
     if cols.action is not None:
         return book_tick(row, cols, ts, market)
     if cols.ask is None:
+        if row[cols.price].strip() == ".":  # FRED's mark of a day without a value
+            cols.skipped[FRED_MISSING] = cols.skipped.get(FRED_MISSING, 0) + 1
+            return None
         price = fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
             row[cols.price], cols.price_name, cols.decimal_comma)
     else:

@@ -12,6 +12,7 @@ from training_helpers import tiny_cli_environ
 from training_helpers import write_text_file as write
 
 from cerebellar_norse.cli import main
+from cerebellar_norse.errors import DataError
 from cerebellar_norse.training.data import load_csv_files
 from cerebellar_norse.training.datacheck import market_checks
 
@@ -156,3 +157,34 @@ def test_an_outsized_move_says_how_many_labels_after_it_are_flat(
     # without the labels' spec (or where the labels after a move are no flatter) the check says only the move
     data = load_csv_files([tmp_path / "X.csv"])
     assert market_checks(data.markets[0])[-1].endswith("a bad print or an unadjusted split?")
+
+
+# --------------------------------------------------------------------------------------
+# A series as FRED writes it: a date and one column named after the series, '.' for no value
+# --------------------------------------------------------------------------------------
+
+FRED = ("observation_date,DCOILWTICO\n2020-04-16,19.87\n2020-04-17,18.27\n2020-04-20,-36.98\n2020-04-21,8.91\n"
+        "2020-04-22,13.64\n2020-05-25,.\n2020-05-26,34.35\n")
+
+
+def test_a_fred_series_is_read_at_its_one_column_and_skips_days_without_a_value(tmp_path: Path) -> None:
+    path = write(tmp_path, FRED, "DCOILWTICO.csv")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.markets[0].price.tolist() == [19.87, 18.27, 8.91, 13.64, 34.35]
+    assert data.formats[0].time == "observation_date" and data.formats[0].price == "DCOILWTICO"
+    assert f"{path}: price from 'DCOILWTICO', the one column beside the time (a series as FRED writes it)" in data.notes
+    assert data.skipped_rows == 1 and (f"{path}: 1 row skipped: the price is '.', as FRED marks a day without a value"
+                                       " (a holiday)") in data.notes
+    # WTI's close of 2020-04-20 is below 0: no log return reaches it, a bad row
+    assert data.report == [f"{path}:4: DCOILWTICO -36.98 is not > 0"]
+    # the older downloads' DATE header reads the same
+    path = write(tmp_path, FRED.replace("observation_date", "DATE"), "WTI.csv")
+    assert load_csv_files([path], max_bad_fraction=0.5).markets[0].price.tolist() == [19.87, 18.27, 8.91, 13.64, 34.35]
+
+
+def test_a_time_beside_a_column_that_is_no_price_is_still_refused(tmp_path: Path) -> None:
+    # (a column of returns, as pyfolio's benchmark files hold them, is no price either)
+    for header in ("Date,Volume", "Date,Open", "Date,Symbol", "Date,Bid", "date,return", "Date,Change %", "dt,ret"):
+        path = write(tmp_path, f"{header}\n2020-01-02,5\n", "x.csv")
+        with pytest.raises(DataError, match="no price column"):
+            load_csv_files([path])

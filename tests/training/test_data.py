@@ -77,7 +77,7 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
     assert str(exc.value) == (f"{path}:1: no time column (expected one of timestamp, unix, time, date, datetime, date_time, gmt time, utc time,"
                               " local time, open time, open_time, time (utc), timestamp (utc), date (utc), datetime (utc),"
                               " transact_time, window_start, datum, ts_recv, ts_event, sip_timestamp, participant_timestamp,"
-                              " time_exchange, time_key, dt, day, ts, t); header is Symbol,Close")
+                              " time_exchange, time_key, dt, day, ts, t, observation_date); header is Symbol,Close")
 
 
 def test_a_file_without_a_header_line_is_told_to_add_one(tmp_path: Path) -> None:
