@@ -38,6 +38,7 @@ def span(ms: float) -> str:
     return f"{days}d {text}" if days else text
 
 
+BAR_GAP_MS = 60_000  # a median gap of this or more: bars, two of which at one time are told
 GAP_FACTOR = 50.0  # a gap this many times the median gap (and over a day) is named
 MOVE_FACTOR = 25.0  # a tick-to-tick move this many times the median move (and over 5%) is named
 MOVE_MIN = 0.05  # log-return units
@@ -60,6 +61,14 @@ def market_checks(m: MarketSeries, spec: LabelSpec | None = None) -> list[str]:
     gaps = np.diff(t)
     k = int(np.argmax(gaps))
     median_gap = float(np.median(gaps))
+    if median_gap >= BAR_GAP_MS:  # bars: two at one time are no trades in a burst
+        same = np.flatnonzero((gaps == 0) & ((np.diff(p) != 0) | (np.diff(v) != 0)))
+        if same.size:
+            out.append(f"{same.size} tick{'s share their' if same.size != 1 else ' shares its'} time with the previous"
+                       f" one but not its price or volume (the first at {iso_ms(float(t[same[0] + 1]))}), though the"
+                       f" median gap is {span(median_gap)}: two bars at one time, as bars stamped in local time give in"
+                       " the hour the clocks go back (01:00 twice, which no time zone tells apart), or two sources"
+                       " merged?")
     if gaps[k] > 86_400_000 and gaps[k] > GAP_FACTOR * max(median_gap, 1.0):
         out.append(f"a gap of {span(float(gaps[k]))} before {iso_ms(float(t[k + 1]))}, {gaps[k] / max(median_gap, 1.0):.0f}"
                    f" times the median gap ({span(median_gap)})")

@@ -188,3 +188,24 @@ def test_a_time_beside_a_column_that_is_no_price_is_still_refused(tmp_path: Path
         path = write(tmp_path, f"{header}\n2020-01-02,5\n", "x.csv")
         with pytest.raises(DataError, match="no price column"):
             load_csv_files([path])
+
+
+def test_hourly_bars_of_local_time_read_in_utc_say_two_bars_share_a_time(tmp_path: Path) -> None:
+    # New York's hourly bars in local time: 01:00 comes twice on 2024-11-03, 02:00 never on 2024-03-10
+    walls = [f"2024-11-02 {h:02d}:00" for h in range(20, 24)] + [f"2024-11-03 {h:02d}:00" for h in (0, 1, 1, 2, 3)]
+    text = "time,close,volume\n" + "".join(f"{w},{100 + k},1\n" for k, w in enumerate(walls))
+    path = write(tmp_path, text, "SPY.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0  # read in UTC, the second 01:00 is a tick at the same time: nothing to refuse
+    assert market_checks(data.markets[0]) == [
+        "1 tick shares its time with the previous one but not its price or volume (the first at 2024-11-03T01:00:00Z),"
+        " though the median gap is 01:00:00: two bars at one time, as bars stamped in local time give in the hour the"
+        " clocks go back (01:00 twice, which no time zone tells apart), or two sources merged?"]
+    # read in their zone the two 01:00 are still one time (the first occurrence): told all the same
+    (check,) = market_checks(load_csv_files([path], zone=ZoneInfo("America/New_York")).markets[0])
+    assert "(the first at 2024-11-03T05:00:00Z)" in check
+    # ticks of a trade feed at one time are no bars and say nothing
+    ticks = "".join(f"2024-11-03T01:{s // 60:02d}:{s % 60:02d}Z,{100 + s % 3},{k}\n" for s in range(0, 600, 20)
+                    for k in (1, 2))
+    path = write(tmp_path, "time,close,volume\n" + ticks, "feed.csv")
+    assert not any("share" in c for c in market_checks(load_csv_files([path]).markets[0]))
