@@ -44,6 +44,39 @@ MOVE_FACTOR = 25.0  # a tick-to-tick move this many times the median move (and o
 MOVE_MIN = 0.05  # log-return units
 
 
+DAY_MS = 86_400_000
+CLOSED_SPAN_DAYS = 14  # a market whose ticks span this many days shows the days of the week it never trades
+WEEKDAY_NAMES = ("Mondays", "Tuesdays", "Wednesdays", "Thursdays", "Fridays", "Saturdays", "Sundays")
+
+
+def _closed_weekdays(t: np.ndarray) -> frozenset[int]:
+    """The days of the week (UTC, 0 Monday … 6 Sunday) on which a market has no tick, where its ticks span
+    ``CLOSED_SPAN_DAYS`` days or more (an exchange's weekend); none otherwise, or where it has a tick every day."""
+    if t[-1] - t[0] < CLOSED_SPAN_DAYS * DAY_MS:
+        return frozenset()
+    days = np.floor_divide(t, DAY_MS).astype(np.int64)
+    traded = set(((np.unique(days) + 3) % 7).tolist())  # 1970-01-01 was a Thursday (3)
+    return frozenset(range(7)) - traded if len(traded) < 7 else frozenset()
+
+
+def _closed_ms(start: float, end: float, closed: frozenset[int]) -> float:
+    """The ms from ``start`` to ``end`` that fall on the days of the week in ``closed`` (UTC)."""
+    if not closed:
+        return 0.0
+    total = 0.0
+    day = int(start // DAY_MS)
+    while day * DAY_MS < end:
+        if (day + 3) % 7 in closed:
+            total += min(end, (day + 1) * DAY_MS) - max(start, day * DAY_MS)
+        day += 1
+    return total
+
+
+def _day_names(closed: frozenset[int]) -> str:
+    names = [WEEKDAY_NAMES[d] for d in sorted(closed)]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def market_checks(m: MarketSeries, spec: LabelSpec | None = None) -> list[str]:
     """What a trader would want to know before trusting a market's series: exact repeats of the previous tick
     (a file appended twice, a feed that resent), the longest gap when it dwarfs the median gap (a missing year),
@@ -59,7 +92,6 @@ def market_checks(m: MarketSeries, spec: LabelSpec | None = None) -> list[str]:
         out.append(f"{repeats} tick{'s repeat' if repeats != 1 else ' repeats'} the previous one exactly (same time,"
                    " price and volume): a file read twice, or a feed that resent?")
     gaps = np.diff(t)
-    k = int(np.argmax(gaps))
     median_gap = float(np.median(gaps))
     if median_gap >= BAR_GAP_MS:  # bars: two at one time are no trades in a burst
         same = np.flatnonzero((gaps == 0) & ((np.diff(p) != 0) | (np.diff(v) != 0)))
@@ -69,9 +101,17 @@ def market_checks(m: MarketSeries, spec: LabelSpec | None = None) -> list[str]:
                        f" median gap is {span(median_gap)}: two bars at one time, as bars stamped in local time give in"
                        " the hour the clocks go back (01:00 twice, which no time zone tells apart), or two sources"
                        " merged?")
-    if gaps[k] > 86_400_000 and gaps[k] > GAP_FACTOR * max(median_gap, 1.0):
-        out.append(f"a gap of {span(float(gaps[k]))} before {iso_ms(float(t[k + 1]))}, {gaps[k] / max(median_gap, 1.0):.0f}"
-                   f" times the median gap ({span(median_gap)})")
+    floor = max(float(DAY_MS), GAP_FACTOR * max(median_gap, 1.0))
+    candidates = np.flatnonzero(gaps > floor)
+    if candidates.size:
+        closed = _closed_weekdays(t)
+        open_gaps = [(float(gaps[i]) - _closed_ms(float(t[i]), float(t[i + 1]), closed), int(i)) for i in candidates]
+        longest, k = max(open_gaps)
+        if longest > floor:
+            without = (f", {span(longest)} without the {_day_names(closed)} it spans, on which the market has no ticks"
+                       if longest < gaps[k] else "")
+            out.append(f"a gap of {span(float(gaps[k]))} before {iso_ms(float(t[k + 1]))},"
+                       f" {gaps[k] / max(median_gap, 1.0):.0f} times the median gap ({span(median_gap)}){without}")
     with np.errstate(divide="ignore", invalid="ignore"):
         moves = np.abs(np.diff(np.log(p)))
     moves = np.where(np.isfinite(moves), moves, 0.0)

@@ -209,3 +209,31 @@ def test_hourly_bars_of_local_time_read_in_utc_say_two_bars_share_a_time(tmp_pat
                     for k in (1, 2))
     path = write(tmp_path, "time,close,volume\n" + ticks, "feed.csv")
     assert not any("share" in c for c in market_checks(load_csv_files([path]).markets[0]))
+
+
+# --------------------------------------------------------------------------------------
+# Intraday bars of a market closed at weekends: the weekend is no gap to tell
+# --------------------------------------------------------------------------------------
+
+def _minute_bars(days: list[str]) -> str:
+    return "".join(f"{d} {9 + m // 60:02d}:{m % 60:02d},{100 + m % 7},1\n" for d in days for m in range(0, 390, 5))
+
+
+def test_a_weekend_in_intraday_bars_is_no_gap_but_a_missing_week_still_is(tmp_path: Path) -> None:
+    weekdays = [f"2024-01-{d:02d}" for d in range(1, 32) if (d - 1) % 7 < 5]  # 2024-01-01 was a Monday
+    path = write(tmp_path, "time,close,volume\n" + _minute_bars(weekdays), "ES.csv")
+    (market,) = load_csv_files([path]).markets
+    assert not any("gap" in c for c in market_checks(market))  # each Friday 15:25 to Monday 09:00
+    # the third week missing: the gap is told, with its length less the weekends it spans
+    path = write(tmp_path, "time,close,volume\n" + _minute_bars([d for d in weekdays if not "15" <= d[-2:] <= "19"]),
+                 "ES2.csv")
+    (market,) = load_csv_files([path]).markets
+    (gap,) = [c for c in market_checks(market) if "gap" in c]
+    assert gap.startswith("a gap of 9d 17:35:00 before 2024-01-22T09:00:00Z, 2803 times the median gap (00:05:00),"
+                          " 5d 17:35:00 without the Saturdays and Sundays it spans, on which the market has no ticks")
+    # a market trading every day (crypto) keeps its weekend gaps
+    days = [f"2024-01-{d:02d}" for d in range(1, 32) if d not in (13, 14)]
+    path = write(tmp_path, "time,close,volume\n" + _minute_bars(days), "BTC.csv")
+    (market,) = load_csv_files([path]).markets
+    (gap,) = [c for c in market_checks(market) if "gap" in c]
+    assert gap.startswith("a gap of 2d 17:35:00 before 2024-01-15T09:00:00Z") and "without" not in gap
