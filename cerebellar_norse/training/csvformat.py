@@ -171,6 +171,10 @@ BINANCE_KLINES = ("open_time", "open", "high", "low", "close", "volume", "close_
 BINANCE_AGG_TRADES = ("agg_trade_id", "price", "quantity", "first_trade_id", "last_trade_id", "transact_time",
                       "is_buyer_maker", "is_best_match")
 BINANCE_TRADES = ("id", "price", "qty", "quote_qty", "time", "is_buyer_maker", "is_best_match")
+# TrueFX's tick files, headerless: the pair, the time in UTC (20240102 00:00:00.071), the bid and the ask
+TRUEFX_QUOTES = ("pair", "time", "bid", "ask")
+_TRUEFX_PAIR = re.compile(r"[A-Z]{3}/[A-Z]{3}")
+_TRUEFX_TIME = re.compile(r"\d{8} \d{2}:\d{2}:\d{2}\.\d{3}")
 BINANCE_SAMPLE = 50  # headerless rows that must all fit a Binance layout for a file to be read as one
 _BINANCE_BOOLEANS = frozenset(("True", "False", "true", "false"))
 # BTCUSDT-1m-2024-01-01, BTCUSDT-trades-2024-01: symbol and interval or kind, then the date
@@ -828,6 +832,34 @@ def binance_layout(path: Path, first: list[str], delimiter: str = ",", skip: int
     return layout
 
 
+def _truefx_row(row: list[str]) -> bool:
+    """Whether one headerless row is a TrueFX quote exactly: ``EUR/USD,20240102 00:00:00.071,1.10425,1.10430``."""
+    return (len(row) == 4 and _TRUEFX_PAIR.fullmatch(row[0]) is not None and _TRUEFX_TIME.fullmatch(row[1]) is not None
+            and all(is_number(f) and math.isfinite(float(f)) for f in row[2:]))
+
+
+def truefx_layout(path: Path, first: list[str], delimiter: str = ",", skip: int = 0) -> bool:
+    """Whether a headerless file is TrueFX's tick file: its first line ``first`` (after ``skip`` lines) and every row
+    up to ``BINANCE_SAMPLE`` are TrueFX quotes (:func:`_truefx_row`) with times that do not go back."""
+    if not _truefx_row(first):
+        return False
+    prev = first[1]
+    try:
+        with open_tick_text(path) as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            for _ in range(skip + 1):
+                next(reader, None)
+            for _, row in zip(range(BINANCE_SAMPLE - 1), reader, strict=False):
+                if not row:
+                    continue
+                if not _truefx_row(row) or row[1] < prev:
+                    return False
+                prev = row[1]
+    except (OSError, csv.Error):
+        return False
+    return True
+
+
 def binance_symbol(path: Path) -> str:
     """The market of a file named as data.binance.vision names them: its name without the date
     (``BTCUSDT-1m-2024-01-01.csv`` is ``BTCUSDT-1m``, ``BTCUSDT-aggTrades-2024-01.csv`` ``BTCUSDT-aggTrades``), so
@@ -968,6 +1000,10 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
         if binance is not None:  # no header line: the first line is the first row
             header, lines = list(binance[1]), 0
             notes.append(f"{path}: no header line; read as Binance's {binance[0]} file ({','.join(binance[1])})")
+        elif truefx_layout(path, header, delimiter, skipped):
+            header, lines = list(TRUEFX_QUOTES), 0
+            notes.append(f"{path}: no header line; read as TrueFX's tick file ({','.join(TRUEFX_QUOTES)}; times in"
+                         " UTC)")
         names = tuple(match_name(header_name(h)) for h in header)
         if binance is not None or names in (BINANCE_KLINES, BINANCE_AGG_TRADES[:7], BINANCE_TRADES[:6]):
             ticker, ticker_from = binance_symbol(path), "the Binance file name without its date"

@@ -237,3 +237,21 @@ def test_a_weekend_in_intraday_bars_is_no_gap_but_a_missing_week_still_is(tmp_pa
     (market,) = load_csv_files([path]).markets
     (gap,) = [c for c in market_checks(market) if "gap" in c]
     assert gap.startswith("a gap of 2d 17:35:00 before 2024-01-15T09:00:00Z") and "without" not in gap
+
+
+# --------------------------------------------------------------------------------------
+# TrueFX's headerless tick files
+# --------------------------------------------------------------------------------------
+
+def test_a_headerless_truefx_file_is_read_as_its_quotes(tmp_path: Path) -> None:
+    rows = [f"EUR/USD,20240102 00:00:{k:02d}.071,{1.10425 + k * 1e-5:.5f},{1.10430 + k * 1e-5:.5f}\n" for k in range(60)]
+    path = write(tmp_path, "".join(rows), "EURUSD-2024-01.csv")
+    data = load_csv_files([path])
+    (market,) = data.markets
+    assert market.market_id == "EUR/USD" and data.rows == 60 and data.bad_rows == 0
+    assert market.timestamp[0] == 1_704_153_600_071 and market.price[0] == pytest.approx(1.104275)
+    assert f"{path}: no header line; read as TrueFX's tick file (pair,time,bid,ask; times in UTC)" in data.notes
+    # a row that is no TrueFX quote among the first 50: a file without a header line, told to add one
+    path = write(tmp_path, "".join(rows[:10]) + "EUR/USD,20240102,1.1,1.1\n" + "".join(rows[10:]), "odd.csv")
+    with pytest.raises(DataError, match="add a header line naming the columns"):
+        load_csv_files([path])

@@ -474,8 +474,8 @@ def test_other_headerless_files_are_still_told_to_add_a_header(tmp_path: Path, l
 
 
 def test_a_first_line_of_times_and_prices_is_told_to_be_data(tmp_path: Path) -> None:
-    """TrueFX's headerless ticks: a pair, a time, bid and ask."""
-    path = write(tmp_path, "EUR/USD,20230102 00:00:00.123,1.06950,1.06970\nEUR/USD,20230102 00:00:01.456,1.06951,1.06971\n")
+    """Headerless ticks of no known layout: a time, bid and ask (TrueFX's, with the pair first, are read as theirs)."""
+    path = write(tmp_path, "20230102 00:00:00.123,1.06950,1.06970\n20230102 00:00:01.456,1.06951,1.06971\n")
     with pytest.raises(DataError) as exc:
         load_csv_files([path])
     assert str(exc.value).endswith("(the first line looks like data: add a header line naming the columns)")
