@@ -381,7 +381,12 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                             + (f":\n{shown}{more}" if report else ""), report[:MAX_REPORTED])
         raise DataError(f"no valid tick rows in {files}: all {rows} rows are bad:\n{shown}{more}", report[:MAX_REPORTED])
     if bad > max_bad_fraction * rows:
-        raise DataError(f"{bad} of {rows} rows are bad ({bad / rows:.2%} > max_bad_row_fraction {max_bad_fraction:.2%}):\n{shown}{more}", report)
+        not_above_0 = sum(r.endswith(" is not > 0") for r in report)
+        hint = (f"\n{not_above_0} of the bad rows have a price of 0 or below: returns are log returns, which no price"
+                " of 0 or below has; a series that goes there (a spread, power prices, a contract that traded below"
+                " 0) cannot be read as it is: give its legs, or add a constant you choose to every price"
+                if not_above_0 * 2 > bad else "")
+        raise DataError(f"{bad} of {rows} rows are bad ({bad / rows:.2%} > max_bad_row_fraction {max_bad_fraction:.2%}):\n{shown}{more}{hint}", report)
     codes = np.frombuffer(code_all, dtype=np.int64)
     ts_arr = np.frombuffer(ts_all, dtype=np.float64)
     price_arr = np.frombuffer(price_all, dtype=np.float64)

@@ -255,3 +255,25 @@ def test_a_headerless_truefx_file_is_read_as_its_quotes(tmp_path: Path) -> None:
     path = write(tmp_path, "".join(rows[:10]) + "EUR/USD,20240102,1.1,1.1\n" + "".join(rows[10:]), "odd.csv")
     with pytest.raises(DataError, match="add a header line naming the columns"):
         load_csv_files([path])
+
+
+# --------------------------------------------------------------------------------------
+# A series at or below 0 (a calendar spread): refused saying why and what to do
+# --------------------------------------------------------------------------------------
+
+def test_a_spread_below_0_is_refused_saying_prices_need_to_be_above_0(tmp_path: Path) -> None:
+    settles = [0.42, 0.15, -0.08, -0.31, 0.05, -0.12, 0.0, 0.33, -0.5, -0.2]
+    path = write(tmp_path, "Date,Close\n" + "".join(f"2024-11-{k + 1:02d},{s}\n" for k, s in enumerate(settles)),
+                 "CLZ4-CLF5.csv")
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert f"{path}:4: Close -0.08 is not > 0" in str(err.value)
+    assert str(err.value).endswith(
+        "\n6 of the bad rows have a price of 0 or below: returns are log returns, which no price of 0 or below has; a"
+        " series that goes there (a spread, power prices, a contract that traded below 0) cannot be read as it is:"
+        " give its legs, or add a constant you choose to every price")
+    # bad rows of other kinds say nothing of it
+    path = write(tmp_path, "Date,Close\n2024-11-01,1\n2024-11-02,x\n2024-11-03,-1\n2024-11-04,y\n", "X.csv")
+    with pytest.raises(DataError) as err:
+        load_csv_files([path])
+    assert "log returns" not in str(err.value)
