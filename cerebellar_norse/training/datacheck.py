@@ -120,7 +120,7 @@ def market_checks(m: MarketSeries, spec: LabelSpec | None = None) -> list[str]:
     if moves[j] > MOVE_MIN and moves[j] > MOVE_FACTOR * median_move:
         times = f", {moves[j] / median_move:.0f} times the median move" if median_move > 0 else ""
         out.append(f"a move of {np.expm1(np.log(p[j + 1] / p[j])) * 100:+.1f}% at {iso_ms(float(t[j + 1]))} "
-                   f"({p[j]:g} -> {p[j + 1]:g}){times}: a bad print or an unadjusted split?"
+                   f"({p[j]:g} -> {p[j + 1]:g}){times}: a bad print, an unadjusted split or a futures roll?"
                    + (_flat_after(m, j + 1, spec) if spec is not None and spec.volatility_band else ""))
     return out
 

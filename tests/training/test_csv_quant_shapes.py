@@ -156,7 +156,7 @@ def test_an_outsized_move_says_how_many_labels_after_it_are_flat(
            " the 300 ticks from it on are flat, against " in move, move
     # without the labels' spec (or where the labels after a move are no flatter) the check says only the move
     data = load_csv_files([tmp_path / "X.csv"])
-    assert market_checks(data.markets[0])[-1].endswith("a bad print or an unadjusted split?")
+    assert market_checks(data.markets[0])[-1].endswith("a bad print, an unadjusted split or a futures roll?")
 
 
 # --------------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ def test_data_checks_name_repeats_gaps_and_outsized_moves(data_dir: Path, capsys
     assert checks[0] == "  Q: 1 tick repeats the previous one exactly (same time, price and volume): a file read twice, or a feed that resent?"
     assert checks[1].startswith("  Q: a gap of 366d 00:00:00 before 2021-02-08T00:00:00Z, 366 times the median gap (1d 00:00:00)")
     assert checks[2] == ("  Q: a move of +9910.0% at 2021-02-18T00:00:00Z (99.9 -> 10000), 2303 times the median move:"
-                         " a bad print or an unadjusted split?")
+                         " a bad print, an unadjusted split or a futures roll?")
     assert main(["inspect-data", "Q.csv", "--json"]) == 0
     (m,) = json.loads(capsys.readouterr().out)["markets"]
     assert [c.split(" ")[:3] for c in m["checks"]] == [["1", "tick", "repeats"], ["a", "gap", "of"], ["a", "move", "of"]]
