@@ -145,6 +145,9 @@ TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "g
 # (adjclose), Alpha Vantage and EODHD (adjusted_close)
 ADJUSTED_PRICE_COLUMNS = ("adj close", "adj_close", "adj. close", "adjclose", "adjusted_close", "adjusted close")
 PRICE_COLUMNS = ("price", "close", "last", "mid", "close/last", *ADJUSTED_PRICE_COLUMNS)
+# An adjusted close so named is written beside a close NOT adjusted for splits (EODHD's Adjusted_close, Alpha
+# Vantage's adjusted_close): the file is read at it, as beside a split ratio column (below)
+RAW_BESIDE_COLUMNS = ("adjusted_close", "adjusted close")
 # A column of split ratios, as vendors write beside prices NOT adjusted for splits (Quandl WIKI's Split Ratio and
 # split_ratio, Tiingo's splitFactor, Alpha Vantage's split_coefficient): such a file's close falls by the ratio at
 # a split (a 2:1 split reads as -50 %), so its adjusted close is the price.
@@ -441,7 +444,13 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
         notes.append(f"{path}: unnamed first column used as the time (a pandas index)")
     p = find_column(path, names, shown, PRICE_COLUMNS, "price", False)
     split = find_column(path, names, shown, SPLIT_COLUMNS, "split ratio", False)
-    if p is not None and split is not None and names[p] not in ADJUSTED_PRICE_COLUMNS:
+    raw = find_column(path, names, shown, RAW_BESIDE_COLUMNS, "adjusted price", False)
+    if p is not None and raw is not None and split is None and names[p] not in ADJUSTED_PRICE_COLUMNS:
+        notes.append(f"{path}: price from {shown[raw]!r}, not {shown[p]!r}: beside {shown[raw]!r} (EODHD's and Alpha"
+                     f" Vantage's name) {shown[p]!r} is not adjusted for splits, so a split would read as a fall of its"
+                     f" ratio (2:1 as -50 %)")
+        p = raw
+    elif p is not None and split is not None and names[p] not in ADJUSTED_PRICE_COLUMNS:
         adjusted = find_column(path, names, shown, ADJUSTED_PRICE_COLUMNS, "adjusted price", False)
         if adjusted is not None:
             notes.append(f"{path}: price from {shown[adjusted]!r}, not {shown[p]!r}: a file with a split ratio column"

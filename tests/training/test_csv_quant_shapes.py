@@ -277,3 +277,15 @@ def test_a_spread_below_0_is_refused_saying_prices_need_to_be_above_0(tmp_path: 
     with pytest.raises(DataError) as err:
         load_csv_files([path])
     assert "log returns" not in str(err.value)
+
+
+def test_a_close_beside_eodhds_adjusted_close_gives_way_to_it(tmp_path: Path) -> None:
+    # EODHD's end-of-day prices: Close as traded, Adjusted_close for splits and dividends, no split ratio column
+    text = ("Date,Open,High,Low,Close,Adjusted_close,Volume\n2020-08-28,504.05,505.77,498.31,499.23,124.19,46907479\n"
+            "2020-08-31,127.58,131.00,126.00,129.04,128.36,225702700\n")
+    path = write(tmp_path, text, "AAPL.US.csv")
+    data = load_csv_files([path])
+    assert data.markets[0].price.tolist() == [124.19, 128.36]  # not a fall of 74 % from 499.23 to 129.04
+    assert (f"{path}: price from 'Adjusted_close', not 'Close': beside 'Adjusted_close' (EODHD's and Alpha Vantage's"
+            " name) 'Close' is not adjusted for splits, so a split would read as a fall of its ratio (2:1 as -50 %)"
+            in data.notes)
