@@ -73,7 +73,7 @@ site's name) are skipped. A file written by yfinance (``yf.download(ticker).to_c
 symbol above its fields (``Symbol,JFC,…``, ``,open,…``, ``dt,,…``), is read with its first column as the time and
 the symbol as the market. A pandas index written without a name (an empty first
 header name) is the time column. A file without a header line is read only when it is one of
-Binance's (klines, aggTrades, trades: :func:`binance_layout`).
+Binance's (klines, aggTrades, trades) or TrueFX's quotes (:mod:`.csvheaderless`).
 
 :func:`file_format` works out how a file is written from its header line and, where the
 header cannot tell, from the file itself (each probe, :func:`yfinance_header`,
@@ -103,6 +103,14 @@ from ..ticks import MARKET_ID_MAX, TS_MAX_MS
 from ..timezones import zone_name
 from .compressed import open_tick_text, without_compressed_suffix
 from .csvcolumns import Columns, data_rows, find_column, header_name, match_name, mid_price, read_volume, signed_price
+from .csvheaderless import (
+    BINANCE_AGG_TRADES,
+    BINANCE_KLINES,
+    BINANCE_TRADES,
+    TRUEFX_QUOTES,
+    binance_layout,
+    truefx_layout,
+)
 from .csvnumbers import is_number
 from .csvtime import (
     EPOCH,
@@ -166,20 +174,6 @@ VOLUME_COLUMNS = ("volume", "tickvol", "tick_volume", "vol", "vol.", "size", "qt
 VOLUME_PREFIX = "volume"  # without any of VOLUME_COLUMNS, the first column named so (Volume BTC, Volume_(BTC))
 # instrument_id: Databento's numeric instrument, in a file saved without its symbol column (map_symbols off)
 MARKET_COLUMNS = ("market_id", "market", "symbol", "sym", "ticker", "instrument", "pair", "instrument_id")
-# data.binance.vision's files, headerless (spot, and futures before their files had a header), by layout: the column
-# names Binance's futures files give them (open_time, transact_time and time are time columns, close and price the
-# price, volume, quantity and qty the volume)
-BINANCE_KLINES = ("open_time", "open", "high", "low", "close", "volume", "close_time", "quote_volume", "count",
-                  "taker_buy_volume", "taker_buy_quote_volume", "ignore")
-BINANCE_AGG_TRADES = ("agg_trade_id", "price", "quantity", "first_trade_id", "last_trade_id", "transact_time",
-                      "is_buyer_maker", "is_best_match")
-BINANCE_TRADES = ("id", "price", "qty", "quote_qty", "time", "is_buyer_maker", "is_best_match")
-# TrueFX's tick files, headerless: the pair, the time in UTC (20240102 00:00:00.071), the bid and the ask
-TRUEFX_QUOTES = ("pair", "time", "bid", "ask")
-_TRUEFX_PAIR = re.compile(r"[A-Z]{3}/[A-Z]{3}")
-_TRUEFX_TIME = re.compile(r"\d{8} \d{2}:\d{2}:\d{2}\.\d{3}")
-BINANCE_SAMPLE = 50  # headerless rows that must all fit a Binance layout for a file to be read as one
-_BINANCE_BOOLEANS = frozenset(("True", "False", "true", "false"))
 # BTCUSDT-1m-2024-01-01, BTCUSDT-trades-2024-01: symbol and interval or kind, then the date
 _BINANCE_NAME = re.compile(r"([A-Z0-9]{2,32}-[A-Za-z0-9]{1,16})-\d{4}-\d{2}(?:-\d{2})?")
 DATE_HOUR_SAMPLE = 10_000  # rows whose times must all be YYYYMMDDHH date-hours for a file to be read as such
@@ -791,84 +785,6 @@ def quotes_for_empty_prices(path: Path, header: list[str], cols: Columns, notes:
     cols.price, cols.price_name, cols.ask, cols.ask_name = bid, shown[bid], ask, shown[ask]
 
 
-def _binance_row(row: list[str]) -> tuple[str, tuple[str, ...]] | None:
-    """The Binance layout (``klines``, ``aggTrades`` or ``trades``) and column names that one headerless row fits
-    exactly, or None: a kline's close_time is its open_time plus a whole number of seconds (ms or µs) less one, an
-    aggregate trade's and a trade's last fields are True/False, a trade's quote_qty is its price times its qty."""
-    def ints(*i: int) -> bool:
-        return all(row[k].isascii() and row[k].isdigit() for k in i)
-
-    def numbers(*i: int) -> bool:
-        return all(is_number(row[k]) and math.isfinite(float(row[k])) for k in i)
-
-    def flags(k: int) -> bool:
-        return all(f in _BINANCE_BOOLEANS for f in row[k:])
-
-    n = len(row)
-    if n == 12 and ints(0, 6, 8) and numbers(1, 2, 3, 4, 5, 7, 9, 10):
-        second = 1000 if int(row[0]) < 10**14 else 10**6  # ms before 2025, µs in spot files from 2025-01-01
-        span = int(row[6]) + 1 - int(row[0])
-        return ("klines", BINANCE_KLINES) if span > 0 and span % second == 0 else None
-    if n in (7, 8) and ints(0, 3, 4, 5) and numbers(1, 2) and flags(6) and int(row[3]) <= int(row[4]):
-        return "aggTrades", BINANCE_AGG_TRADES[:n]
-    if n in (6, 7) and ints(0, 4) and numbers(1, 2, 3) and flags(5):
-        price, qty, quote = float(row[1]), float(row[2]), float(row[3])
-        return ("trades", BINANCE_TRADES[:n]) if math.isclose(quote, price * qty, rel_tol=1e-6, abs_tol=1e-6) else None
-    return None
-
-
-def binance_layout(path: Path, first: list[str], delimiter: str = ",", skip: int = 0) -> tuple[str, tuple[str, ...]] | None:
-    """The layout and column names of a headerless file from data.binance.vision (klines, aggTrades or trades) whose
-    first line ``first`` (after ``skip`` lines) and every row up to ``BINANCE_SAMPLE`` fit that layout exactly (see
-    :func:`_binance_row`), ids or open times increasing; None for any other file."""
-    layout = _binance_row(first)
-    if layout is None:
-        return None
-    prev = int(first[0])
-    try:
-        with open_tick_text(path) as fh:
-            reader = csv.reader(fh, delimiter=delimiter)
-            for _ in range(skip + 1):
-                next(reader, None)
-            for _, row in zip(range(BINANCE_SAMPLE - 1), reader, strict=False):
-                if not row:
-                    continue
-                if _binance_row(row) != layout or int(row[0]) <= prev:
-                    return None
-                prev = int(row[0])
-    except (OSError, csv.Error):
-        return None
-    return layout
-
-
-def _truefx_row(row: list[str]) -> bool:
-    """Whether one headerless row is a TrueFX quote exactly: ``EUR/USD,20240102 00:00:00.071,1.10425,1.10430``."""
-    return (len(row) == 4 and _TRUEFX_PAIR.fullmatch(row[0]) is not None and _TRUEFX_TIME.fullmatch(row[1]) is not None
-            and all(is_number(f) and math.isfinite(float(f)) for f in row[2:]))
-
-
-def truefx_layout(path: Path, first: list[str], delimiter: str = ",", skip: int = 0) -> bool:
-    """Whether a headerless file is TrueFX's tick file: its first line ``first`` (after ``skip`` lines) and every row
-    up to ``BINANCE_SAMPLE`` are TrueFX quotes (:func:`_truefx_row`) with times that do not go back."""
-    if not _truefx_row(first):
-        return False
-    prev = first[1]
-    try:
-        with open_tick_text(path) as fh:
-            reader = csv.reader(fh, delimiter=delimiter)
-            for _ in range(skip + 1):
-                next(reader, None)
-            for _, row in zip(range(BINANCE_SAMPLE - 1), reader, strict=False):
-                if not row:
-                    continue
-                if not _truefx_row(row) or row[1] < prev:
-                    return False
-                prev = row[1]
-    except (OSError, csv.Error):
-        return False
-    return True
-
-
 def binance_symbol(path: Path) -> str:
     """The market of a file named as data.binance.vision names them: its name without the date
     (``BTCUSDT-1m-2024-01-01.csv`` is ``BTCUSDT-1m``, ``BTCUSDT-aggTrades-2024-01.csv`` ``BTCUSDT-aggTrades``), so
@@ -996,7 +912,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     order, from its header line (split at ``delimiter``, see :func:`delimiter_of`) and, where that cannot tell,
     from the file itself; a note in ``notes`` for each thing inferred. DataError for a header, or a date column,
     that cannot be read. The header is the line after ``skipped`` lines (see :func:`leading_lines`); the rows
-    start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`binance_layout`). Times
+    start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`.csvheaderless.binance_layout`). Times
     without an offset are read in ``zone``. ``books``, shared by the files of one load, carries a Databento order
     book's state from one file to the next (see :func:`~.databento.databento_book_events`, :func:`~.databento.databento_mbo`)."""
     levels = yfinance_header(path, header, delimiter, skipped)
