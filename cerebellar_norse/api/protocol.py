@@ -334,6 +334,28 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                                              "room for); retry later", [(b"retry-after", b"1")]))
                 self.transport.close()
 
+        def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows a bool
+            """A client that shuts down its sending side (TCP half-close) after whole requests gets their answers, the
+            last with ``Connection: close``, then the socket closes. uvicorn closed it at once: a tick read in full
+            was applied and its answer lost. A request still incomplete can no longer complete: it is not run (a
+            body being read by its app ends in a disconnect, as before); nothing left to answer closes at once."""
+            if self.transport.is_closing():
+                return None
+            if self._refused:  # a refusal waiting for the answers before it is written after them
+                return True if self._pending_refusal is not None else None
+            cycle = self.cycle
+            last = cycle
+            if cycle is not None and cycle.more_body and not cycle.response_complete:
+                if not any(c is cycle for c, _ in self.pipeline):
+                    return None  # its app reads the body that will not come: it sees a disconnect
+                self.pipeline = collections.deque(p for p in self.pipeline if p[0] is not cycle)  # never run
+                last = self.pipeline[0][0] if self.pipeline else self._running
+            if last is None or (last.response_complete and not self.pipeline):
+                return None
+            self._disarm()  # a head begun after the last whole request never completes: no 408 for it
+            last.keep_alive = False  # its answer says Connection: close, and closes the socket once written
+            return True
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)  # (marks only self.cycle disconnected)
