@@ -53,8 +53,9 @@ HEADERS: dict[int, dict[str, Any]] = {
 COMMON = (400, 408, 413, 431, 500, 503)  # every HTTP request can get these (see the module docstring)
 # What a common status means on an operation that does not list it itself (400 without a body to read: only bad_request).
 COMMON_DESCRIPTIONS: dict[int, str] = {
-    400: "An HTTP request the server cannot parse (bad_request: a bad request line or version, Content-Length with "
-         "Transfer-Encoding, a malformed chunked body); the connection is closed.",
+    400: "An HTTP request the server cannot parse or RFC 9112 refuses (bad_request: a bad request line or version, "
+         "Content-Length with Transfer-Encoding, a malformed chunked body, no Host in HTTP/1.1 or two, a transfer "
+         "coding other than chunked); the connection is closed.",
 }
 
 

@@ -49,7 +49,32 @@ STALLED_PEER_S = 20.0  # a stream peer past its pong deadline that reads nothing
 HEAD_PART, TRAILERS_PART = "the request line and headers", "the trailers of the chunked body"  # (431 messages)
 FRAMING_PART = "a chunk-size line or the trailers of the chunked body"  # bytes the parser buffers, not yet either
 BAD_VERSION = "the request line's HTTP version is not HTTP/1.1 or HTTP/1.0 (the versions served)"
+PARSER_SAYS = "the server could not parse it: "  # before the HTTP parser's own reason in a 400's message
+SHOWN_PARSER_ERROR = 120  # characters of the parser's reason shown
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
+
+
+def framing_problem(version: str, headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """What makes a request's head one that is refused although the HTTP parser reads it (RFC 9112), or None.
+
+    * ``Host``: an HTTP/1.1 request without one, or any request with more than one (section 3.2: a server
+      must answer 400): which host was meant is unknown, and a proxy before the service may have read another;
+    * ``Transfer-Encoding``: a coding other than ``chunked`` (``gzip, chunked``: the parser would read the chunks
+      and hand the body on still gzipped, where a proxy before the service may have decoded it), or in an
+      HTTP/1.0 request, whose framing is then faulty (section 6.1)."""
+    hosts = sum(1 for name, _ in headers if name == b"host")
+    if hosts > 1:
+        return f"the request has {hosts} Host headers: one is required"
+    if hosts == 0 and version == "1.1":
+        return "an HTTP/1.1 request must have a Host header"
+    codings = [c.strip().lower() for name, value in headers if name == b"transfer-encoding" for c in value.split(b",")]
+    codings = [c for c in codings if c]
+    if codings and version == "1.0":
+        return "an HTTP/1.0 request cannot have a Transfer-Encoding (its framing would be faulty)"
+    if codings and codings != [b"chunked"]:
+        shown = ", ".join(c.decode("latin-1") for c in codings)[:SHOWN_PARSER_ERROR]
+        return f"Transfer-Encoding {shown!r}: chunked (once) is the only transfer coding read"
+    return None
 
 
 def closing_headers(content_type: bytes, body: bytes, request_id: str,
@@ -123,7 +148,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._head_begun = False  # a byte other than CR or LF of the head has come (empty lines before it count)
             self._head_tail = b""  # the last 3 bytes of the head so far: its end may be split across reads
             self._too_large: str | None = None  # the part over MAX_HEADER_BYTES that stopped the parser
-            self._bad_version = False  # a request line of HTTP/2.0 stopped the parser
+            self._bad_reason: str | None = None  # what is wrong with the request that stopped the parser (the 400's)
             self._headers_seen = 0  # requests whose headers were complete
             self._trailer_bytes = 0
             self._framing_bytes = 0  # bytes of reads in a body that carried no body, chunk or message event (trailers)
@@ -178,8 +203,11 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             except httptools.HttpParserError as exc:
                 msg = "Invalid HTTP request received."
                 self.logger.warning(msg)
-                bad_version = self._bad_version or str(exc) in ("Invalid HTTP version", "Pause on PRI/Upgrade")  # (h2's preface)
-                self.send_400_response(BAD_VERSION if bad_version else msg)
+                if self._bad_reason is None and str(exc) in ("Invalid HTTP version", "Pause on PRI/Upgrade"):  # (h2's preface)
+                    self._bad_reason = BAD_VERSION
+                elif self._bad_reason is None and not isinstance(exc, httptools.HttpParserCallbackError) and str(exc):
+                    self._bad_reason = f"{PARSER_SAYS}{str(exc)[:SHOWN_PARSER_ERROR]}"  # llhttp's reason, always short
+                self.send_400_response(msg)
             except httptools.HttpParserUpgrade as exc:
                 if not self._ignored_upgrade:
                     if self._should_upgrade():
@@ -251,9 +279,14 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 raise ValueError("request line and headers over the limit")  # the parser stops: send_400_response
             # HTTP/2's version on HTTP/1's framing is neither protocol; a request line without a version is HTTP/0.9's
             # (llhttp reads it as 0.9), whose answer would be the bare body: neither is served as HTTP/1.1
-            if self.parser.get_http_version() in ("2.0", "0.9"):
-                self._bad_version = True
+            version = self.parser.get_http_version()
+            if version in ("2.0", "0.9"):
+                self._bad_reason = BAD_VERSION
                 raise ValueError(BAD_VERSION)  # the parser stops: send_400_response
+            framing = framing_problem(version, self.headers)
+            if framing is not None:
+                self._bad_reason = framing
+                raise ValueError(framing)  # the parser stops: send_400_response
             if (self.parser.should_upgrade() and any(name == b"upgrade" for name, _ in self.headers)
                     and not (self._should_upgrade() and self.parser.get_method() == b"GET")):
                 self._ignored_upgrade = True  # parsed again without Upgrade (see _feed): no request cycle for this one
@@ -268,10 +301,8 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if self._too_large is not None:
                 self._refuse_too_large(self._too_large)
                 return
-            if msg == BAD_VERSION:
-                self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", f"malformed HTTP request: {BAD_VERSION}")
-                return
-            self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", "malformed HTTP request: the server could not parse it")
+            reason = self._bad_reason or "the server could not parse it"
+            self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", f"malformed HTTP request: {reason}")
 
         def _refuse(self, status_line: bytes, kind: str, message: str) -> None:
             """Answer a request refused before it has a request cycle, then close the connection."""

@@ -2,6 +2,9 @@
 
 * A client that half-closes its socket (shuts down its sending side) after its requests gets their answers
   (uvicorn closed the socket at the client's EOF: a tick was applied and its answer lost).
+* A request whose framing or target the parser reads but RFC 9112 refuses (no ``Host`` in HTTP/1.1, two of them, a
+  transfer coding other than ``chunked``, ``Transfer-Encoding`` in HTTP/1.0) is a JSON ``400 bad_request`` naming
+  what is wrong, and the connection closes; so is one the parser refuses, with the parser's reason.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from typing import Any
 import httpx
 import pytest
 from live_helpers import LiveServer
-from test_protocol_framing import Transport, bodies, echo, request
+from test_protocol_framing import Transport, answers, bodies, echo, request
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from cerebellar_norse.api.protocol import guarded_protocol
+from cerebellar_norse.api.schemas import ErrorOut
 
 
 def now_ms() -> int:
@@ -130,3 +134,56 @@ def test_a_tick_from_a_half_closing_client_is_answered(live: LiveServer, client:
     assert json.loads(second_body)["market_id"] == m
     state = client.get(f"/debug/markets/{m}/state").json()
     assert state["last_tick"]["timestamp"] == ts
+
+
+def chunked(version: bytes = b"1.1", coding: bytes = b"chunked", host: bytes = b"Host: x\r\n") -> bytes:
+    return (b"POST /c HTTP/" + version + b"\r\n" + host + b"Transfer-Encoding: " + coding + b"\r\n\r\n"
+            b"5\r\nhello\r\n0\r\n\r\n")
+
+
+@pytest.mark.parametrize(("raw", "words"), [
+    (b"GET /h HTTP/1.1\r\n\r\n", "an HTTP/1.1 request must have a Host header"),
+    (b"GET /h HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "the request has 2 Host headers: one is required"),
+    (b"GET /h HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n", "the request has 2 Host headers: one is required"),
+    (chunked(coding=b"gzip, chunked"), "Transfer-Encoding 'gzip, chunked': chunked (once) is the only transfer coding"),
+    (chunked(coding=b"gzip\r\nTransfer-Encoding: chunked"), "Transfer-Encoding 'gzip, chunked'"),
+    (chunked(coding=b"chunked, chunked"), "the server could not parse it: Invalid `Transfer-Encoding` header value"),
+    (chunked(version=b"1.0"), "an HTTP/1.0 request cannot have a Transfer-Encoding"),
+    (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+     "the server could not parse it: Duplicate Content-Length"),
+    (b"GET /h HTTP/1.1\r\nHost: x\r\nX-A: a\r\n  folded\r\n\r\n", "the server could not parse it: Unexpected whitespace"),
+], ids=["no host", "two hosts", "two hosts in 1.0", "gzip then chunked", "gzip and chunked on two lines",
+        "chunked twice", "chunked in 1.0", "two lengths", "folded header"])
+def test_a_request_the_rfc_refuses_is_a_400_naming_why(raw: bytes, words: str) -> None:
+    got = answers([raw + request("/after")])  # what follows on the connection is not read
+    assert [status for status, _ in got] == [400], got
+    err = ErrorOut.model_validate(json.loads(got[0][1])).error
+    assert err.type == "bad_request" and words in err.message, err.message
+
+
+@pytest.mark.parametrize("raw", [b"GET /h HTTP/1.0\r\n\r\n", chunked(coding=b"Chunked"), chunked(coding=b" chunked ")],
+                         ids=["HTTP/1.0 without Host", "chunked in capitals", "chunked with spaces"])
+def test_requests_the_rfc_allows_are_served(raw: bytes) -> None:
+    assert [status for status, _ in answers([raw])] == [200]
+
+
+def test_a_tick_the_rfc_refuses_changes_nothing(live: LiveServer, client: httpx.Client) -> None:
+    """The tick of a refused request is not applied: its market holds no state, and no tick is counted."""
+    m = market("NOHOST")
+    body = json.dumps(live_tick(m, now_ms())).encode()
+    before = client.get("/neural/metrics").json()["neural_metrics"]["ticks"]
+    for head in (b"POST /neural/process HTTP/1.1\r\nContent-Length: %d\r\n" % len(body),
+                 b"POST /neural/process HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: %d\r\n" % len(body)):
+        chunk = hex(len(body))[2:].encode()
+        for framing in (head, b"POST /neural/process HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n"):
+            raw = framing + b"Content-Type: application/json\r\n\r\n"
+            raw += (chunk + b"\r\n" + body + b"\r\n0\r\n\r\n") if b"chunked" in framing else body
+            with socket.create_connection(("127.0.0.1", live.port)) as s:
+                s.sendall(raw)
+                answer, closed = read_until_closed(s, 10)
+            head_part, _, err_body = answer.partition(b"\r\n\r\n")
+            assert closed and head_part.startswith(b"HTTP/1.1 400 "), answer
+            assert b"connection: close" in head_part.lower()
+            assert json.loads(err_body)["error"]["type"] == "bad_request"
+    assert client.get(f"/debug/markets/{m}/state").status_code == 404
+    assert client.get("/neural/metrics").json()["neural_metrics"]["ticks"] == before
