@@ -18,6 +18,10 @@ A request that asks to switch to another protocol than WebSocket (``Upgrade: h2c
 end of its head, and uvicorn would answer it as if it had no body (or hand it to the
 WebSocket handshake, which refused it ``405`` or, with a body, never answered).
 
+An answer given before the request's body came (413 by ``Content-Length``, 415, the final answer to ``Expect:
+100-continue``) ends the connection, and a client that half-closes its socket after whole requests gets their
+answers (:class:`_EarlyAnswerCycle`, ``eof_received``).
+
 It also answers what uvicorn would answer in plain text, or not at all, with the JSON
 error shape: a request httptools cannot parse gets ``400 bad_request`` (uvicorn: plain
 text), and a request line and headers (or a chunked body's trailers) over
@@ -35,7 +39,7 @@ from typing import Any
 
 import httptools
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Response
 from websockets.server import ServerProtocol
@@ -127,6 +131,37 @@ class _PipelineFlow(FlowControl):
     def resume_reading(self) -> None:
         if not self._waiting():
             super().resume_reading()
+
+
+class _EndingTransport:
+    """The transport as a request's cycle sees it once it answered before the request's body came: its ``close``
+    ends the connection gracefully (``ending``) instead of at once."""
+
+    def __init__(self, transport: asyncio.Transport, ending: Callable[[], None]) -> None:
+        self._transport = transport
+        self.close = ending
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _EarlyAnswerCycle(RequestResponseCycle):
+    """uvicorn's request cycle, whose answer given before the request's body has come (413 by ``Content-Length``,
+    415, 401, the final answer to ``Expect: 100-continue`` instead of ``100 Continue``) ends the connection: it says
+    ``Connection: close``, and what the client still sends of the body is read and dropped for up to
+    :data:`LINGER_S` before the socket closes (it gets the answer rather than a reset).
+
+    uvicorn kept such a connection open to read the rest of the body: a client that, as the answer told it, sent no
+    body (``Expect: 100-continue``) and its next request on the same connection had that request read as the
+    old one's body, never answered, until ``server.request_timeout`` closed the connection."""
+
+    ending: Callable[[], None]  # the protocol's graceful end of the connection
+
+    async def send(self, message: Any) -> None:
+        if not self.response_started and self.more_body and not self.disconnected:
+            self.keep_alive = False
+            self.transport = _EndingTransport(self.transport, self.ending)  # type: ignore[assignment]
+        await super().send(message)
 
 
 def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None,
@@ -296,6 +331,21 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._trailer_bytes, self._framing_bytes = 0, 0
             self._body_progress = True  # the bytes of this read so far were the head's
             HttpToolsProtocol.on_headers_complete(self)
+            cycle = self.cycle
+            if cycle is not None and cycle.more_body and type(cycle) is RequestResponseCycle:
+                cycle.__class__ = _EarlyAnswerCycle  # (uvicorn makes the cycle; this adds its early answer's end)
+                cycle.ending = self._end_unread  # type: ignore[attr-defined]
+
+        def _end_unread(self) -> None:
+            """End the connection after an answer given before the request's body came (see _EarlyAnswerCycle)."""
+            if self.transport.is_closing():
+                return
+            self._refused = True  # what still comes is dropped
+            self._disarm()
+            self.flow.resume_reading()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
 
         def send_400_response(self, msg: str) -> None:
             if self._too_large is not None:

@@ -5,11 +5,14 @@
 * A request whose framing or target the parser reads but RFC 9112 refuses (no ``Host`` in HTTP/1.1, two of them, a
   transfer coding other than ``chunked``, ``Transfer-Encoding`` in HTTP/1.0) is a JSON ``400 bad_request`` naming
   what is wrong, and the connection closes; so is one the parser refuses, with the parser's reason.
+* An answer given before the request's body came (``Expect: 100-continue`` refused by its head: 413, 415) ends the
+  connection (uvicorn kept reading for the body, so the client's next request was read as that body, unanswered).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -187,3 +190,72 @@ def test_a_tick_the_rfc_refuses_changes_nothing(live: LiveServer, client: httpx.
             assert json.loads(err_body)["error"]["type"] == "bad_request"
     assert client.get(f"/debug/markets/{m}/state").status_code == 404
     assert client.get("/neural/metrics").json()["neural_metrics"]["ticks"] == before
+
+
+async def refuse_unread(scope: dict, receive: Any, send: Any) -> None:
+    """``/refuse`` answers 415 without reading its body; other paths are :func:`echo`."""
+    if scope["type"] == "http" and scope["path"] == "/refuse":
+        await send({"type": "http.response.start", "status": 415, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    await echo(scope, receive, send)
+
+
+def early_answer(reads: list[bytes]) -> tuple[bytes, bool]:
+    """What is written for ``reads`` (each a socket read), and whether the protocol still reads the client."""
+
+    async def run() -> tuple[bytes, bool]:
+        protocol = guarded_protocol(30.0)(config=Config(app=refuse_unread, lifespan="off", log_level="error"),
+                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        for data in reads:
+            protocol.data_received(data)
+            for _ in range(10):
+                await asyncio.sleep(0)
+        reading = not protocol._refused and not transport.closed
+        protocol.connection_lost(None)
+        return transport.written, reading
+
+    return asyncio.run(run())
+
+
+def test_an_answer_before_the_body_came_ends_the_connection() -> None:
+    head = b"POST /refuse HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+    written, reading = early_answer([head, request("/next")])  # no body: the client read the final answer
+    assert written.startswith(b"HTTP/1.1 415 ") and written.count(b"HTTP/1.1 ") == 1, written
+    assert b"connection: close" in written.lower() and b"100 Continue" not in written
+    assert not reading  # what the client still sends is dropped, not read as a body or a request
+
+
+def test_an_answer_after_the_whole_body_came_keeps_the_connection() -> None:
+    written, reading = early_answer([b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", request("/next")])
+    assert bodies(written) == [b"", b"/next 0"] and b"connection: close" not in written.lower()
+    assert reading
+
+
+def test_a_refused_expect_100_continue_ends_the_connection(live: LiveServer, client: httpx.Client) -> None:
+    """curl and .NET send Expect: 100-continue before large bodies; the final answer to the head ends the connection,
+    so a request sent next on it is not taken for the body."""
+    before = client.get("/neural/metrics").json()["neural_metrics"]["ticks"]
+    for ctype, length in ((b"text/plain", b"80"), (b"application/json", b"5000000")):
+        with socket.create_connection(("127.0.0.1", live.port)) as s:
+            s.sendall(b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
+                      + length + b"\r\nExpect: 100-continue\r\n\r\n")
+            answer, closed = read_until_closed(s, 5)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert closed, answer
+        assert head.split(b" ")[1] in (b"413", b"415") and b"connection: close" in head.lower(), answer
+        assert json.loads(body)["error"]["type"] in ("body_too_large", "unsupported_media_type")
+    assert client.get("/neural/metrics").json()["neural_metrics"]["ticks"] == before
+
+
+def test_a_body_over_the_limit_still_sent_gets_the_413_not_a_reset(live: LiveServer) -> None:
+    body = b"[" + b"1," * 700_000 + b"1]"  # 1.4 MB, over the 1 MB default
+    with socket.create_connection(("127.0.0.1", live.port)) as s:
+        s.sendall(b"POST /neural/process/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        with contextlib.suppress(OSError):  # the server may have stopped reading meanwhile: what it got is enough
+            s.sendall(body)
+        answer, closed = read_until_closed(s, 10)
+    assert closed and answer.startswith(b"HTTP/1.1 413 "), answer[:300]
