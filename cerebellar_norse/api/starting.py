@@ -170,8 +170,12 @@ class _Answer(asyncio.Protocol):
         length = 0
         for line in self.buf[:end].split(b"\r\n")[1:]:
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            name = name.strip().lower()
+            if name == b"content-length" and value.strip().isdigit():
                 length = int(value.strip())
+            elif name == b"expect" and value.strip().lower() == b"100-continue":
+                length = 0  # the client sends its body after a 100 Continue, never sent here: the 503 is the answer
+                break
         if len(self.buf) - end - 4 >= min(length, MAX_BODY):
             self._reply()
 

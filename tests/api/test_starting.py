@@ -58,6 +58,25 @@ def test_every_request_is_answered_503_naming_the_stage() -> None:
         sock.close()
 
 
+def test_a_request_expecting_100_continue_is_answered_without_its_body() -> None:
+    """A client that waits for 100 Continue before its body (curl, .NET, Java's HttpClient) gets the 503 at once; the
+    responder waited for the body, which such a client sends only after its own timeout, or never."""
+    sock = bind_listener("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    responder = StartingResponder(sock).start()
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /neural/process/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 500000\r\nExpect: 100-continue\r\n\r\n")
+            s.settimeout(5)  # under the responder's 10 s deadline for a request that never completes
+            answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"100 Continue" not in answer
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "capacity"
+    finally:
+        responder.stop()
+        sock.close()
+
+
 def test_metrics_while_starting_say_the_process_is_up_and_not_ready() -> None:
     """A scrape during a start (a minute of first-run training, a long journal replay) is not an outage: 200 with
     cerebellar_norse_ready 0, so that Prometheus' up stays 1 and CerebellarNorseDown does not page."""
