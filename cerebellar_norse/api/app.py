@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute, APIRouter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -216,6 +217,30 @@ class ServiceApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def add_head_routes(router: APIRouter) -> APIRouter:
+    """``router`` with a ``HEAD`` route beside each of its ``GET`` routes that has none (RFC 9110, section 9.3.2: the
+    status and headers of ``GET``, ``Content-Length`` included, without the body): FastAPI's ``GET`` routes answered
+    ``HEAD`` with ``405``. Each is documented as its own operation (``operationId`` with ``_head``), without content
+    (:mod:`.openapi`). Idempotent (the routers are the route modules' own, and an app may be built more than once)."""
+    heads = {route.path for route in router.routes if isinstance(route, APIRoute) and "HEAD" in (route.methods or ())}
+    shared = len(router.dependencies)  # the router's own, which add_api_route puts before the route's again
+    for route in list(router.routes):
+        if not isinstance(route, APIRoute) or "GET" not in (route.methods or ()) or route.path in heads:
+            continue
+        router.add_api_route(
+            route.path.removeprefix(router.prefix), route.endpoint, methods=["HEAD"], response_model=route.response_model,
+            status_code=route.status_code, tags=[t for t in route.tags if t not in router.tags],
+            dependencies=list(route.dependencies[shared:]),
+            summary=f"{route.summary or route.name.replace('_', ' ').title()} (headers only)",
+            description=f"The status and headers of `GET {route.path_format}`, without its body.",
+            responses=dict(route.responses), response_class=route.response_class, name=route.name,
+            operation_id=f"{route.operation_id}_head" if route.operation_id else None,
+            openapi_extra=route.openapi_extra, include_in_schema=route.include_in_schema,
+            route_class_override=type(route))
+        heads.add(route.path)
+    return router
+
+
 def create_app(state: ServiceState, extra_routers: list[Any] | None = None, lifespan: Any = None,
                fast_path: bool = True) -> ServiceApp:
     """Build the app around a service state (engine, metrics, config).
@@ -232,14 +257,9 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
         redirect_slashes=False,  # /health/ is no route (404), not a 307 to a Location built from the Host header
     )  # server.max_body_size is enforced by RequestContextMiddleware (JSON 413, X-Request-ID)
     app.state.service = state
-    app.include_router(health.router)
-    app.include_router(neural.router)
-    app.include_router(handover.router)  # before markets_router, whose {market_id:path} also matches …/export
-    app.include_router(neural.markets_router)
-    app.include_router(model_upload.router)
-    app.include_router(debug.router)
-    for r in extra_routers or []:
-        app.include_router(r)
+    for r in (health.router, neural.router, handover.router, neural.markets_router, model_upload.router, debug.router,
+              *(extra_routers or [])):  # (handover before markets_router, whose {market_id:path} also matches …/export)
+        app.include_router(add_head_routes(r))
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc(), frozenset({neural.STREAM_PATH}))
     install_openapi(app, state)
     if fast_path:

@@ -7,6 +7,7 @@
   what is wrong, and the connection closes; so is one the parser refuses, with the parser's reason.
 * An answer given before the request's body came (``Expect: 100-continue`` refused by its head: 413, 415) ends the
   connection (uvicorn kept reading for the body, so the client's next request was read as that body, unanswered).
+* ``HEAD`` is answered on every ``GET`` route, as ``GET`` with no body (FastAPI's ``GET`` routes answered ``405``).
 """
 
 from __future__ import annotations
@@ -259,3 +260,26 @@ def test_a_body_over_the_limit_still_sent_gets_the_413_not_a_reset(live: LiveSer
             s.sendall(body)
         answer, closed = read_until_closed(s, 10)
     assert closed and answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+
+
+VARYING = {"/health", "/metrics", "/neural/metrics", "/debug/backtrace"}  # bodies that change between two requests
+
+
+def test_head_of_every_get_route_is_the_get_without_its_body(live: LiveServer, client: httpx.Client) -> None:
+    m = market("HEAD")
+    assert client.post("/neural/process", json=live_tick(m, now_ms())).status_code == 200
+    doc = client.get("/openapi.json").json()
+    fill = {"market_id": m, "request_id": "none-such", "job_id": "latest"}
+    gets = [path for path, item in doc["paths"].items() if "get" in item]
+    assert {path for path, item in doc["paths"].items() if "head" in item} == set(gets)
+    for template in gets:
+        path = template.format(**fill)
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code, path
+        assert head.content == b"", path
+        assert head.headers["content-length"], path
+        for name in ("content-type", "content-length", "allow", "www-authenticate"):
+            if name == "content-length" and template in VARYING:
+                continue
+            assert head.headers.get(name) == got.headers.get(name), (path, name)
+    assert client.post("/neural/moves").headers["allow"] == "GET, HEAD"

@@ -302,7 +302,7 @@ def test_unknown_route_404(client: httpx.Client) -> None:
 
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("GET", "/neural/process", "POST"), ("PUT", "/neural/process/batch", "POST"),
-    ("POST", "/health", "GET, HEAD"), ("DELETE", "/metrics", "GET, HEAD"),
+    ("POST", "/health", "GET, HEAD"), ("DELETE", "/metrics", "GET, HEAD"), ("POST", "/neural/metrics", "GET, HEAD"),
     # the operations the OpenAPI document lists for the path's template (DELETE of "NO-SUCH/export" resets the
     # market of that id: another resource)
     ("GET", "/neural/markets/NO-SUCH/export", "POST"), ("POST", "/neural/markets/NO-SUCH/state", "PUT")])
