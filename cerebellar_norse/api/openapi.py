@@ -45,6 +45,18 @@ DESCRIPTIONS: dict[int, str] = {
          "while the journal waits for a file descriptor or disk space for its next file, with Retry-After; engine: "
          "the engine failed, or a state write failed and the service stops).",
 }
+# 503 of the operations that change a state the journal records (ticks, a market's reset, an import, a release, a model
+# activation): the journal waiting for a file descriptor or disk space refuses them too.
+RECORDED_503 = ("Try again later: capacity, with Retry-After (the journal waits for a file descriptor or disk space for "
+                "its next file, a model activation's models/ACTIVE finds no room or a read-only disk, "
+                "server.max_connections is reached, or the service is shutting down; nothing changed); or engine (the engine failed, or a state write).")
+TICK_503 = ("Try again later: capacity, with Retry-After (the engine's queue is full, the journal waits for a file "
+            "descriptor or disk space for its next file, server.max_connections is reached, or the service is shutting "
+            "down; nothing changed); market_moving, with Retry-After (the tick's market is moving to another replica: "
+            "error.field market_id; nothing changed); or engine (the engine failed: a batch may have been applied in "
+            "part, so read the market's last tick before sending it again).")
+UPLOAD_503 = ("Try again later: capacity, with Retry-After (no room in the state dir, or a read-only one: nothing "
+              "stored; server.max_connections is reached, or the service is shutting down).")
 HEADERS: dict[int, dict[str, Any]] = {
     401: {"WWW-Authenticate": {"description": "Bearer", "required": True, "schema": {"type": "string", "const": "Bearer"}}},
     503: {"Retry-After": {"description": "Seconds to wait before retrying (capacity errors).",

@@ -283,3 +283,21 @@ def test_head_of_every_get_route_is_the_get_without_its_body(live: LiveServer, c
                 continue
             assert head.headers.get(name) == got.headers.get(name), (path, name)
     assert client.post("/neural/moves").headers["allow"] == "GET, HEAD"
+
+
+@pytest.mark.parametrize(("method", "path", "words"), [
+    ("post", "/neural/process", ("market_moving", "the journal waits for a file descriptor", "queue is full")),
+    ("post", "/neural/process/batch", ("market_moving", "the journal waits for a file descriptor", "queue is full")),
+    ("delete", "/neural/markets/{market_id}", ("the journal waits for a file descriptor",)),
+    ("put", "/neural/markets/{market_id}/state", ("the journal waits for a file descriptor",)),
+    ("post", "/neural/markets/{market_id}/release", ("the journal waits for a file descriptor",)),
+    ("post", "/models/{version}/activate", ("the journal waits for a file descriptor",)),
+    ("put", "/models/{version}", ("no room in the state dir",)),
+])
+def test_the_document_names_the_503s_of_each_operation(client: httpx.Client, method: str, path: str,
+                                                       words: tuple[str, ...]) -> None:
+    """A tick of a moving market, or one refused while the journal waits for a descriptor, is a 503 with Retry-After:
+    the operation's 503 says so (it said only: connections, queue, shutting down)."""
+    described = client.get("/openapi.json").json()["paths"][path][method]["responses"]["503"]["description"]
+    for word in words:
+        assert word in described, described

@@ -21,7 +21,7 @@ from ...errors import InputError, NotMovingError
 from ...observability.context import request_id_var
 from ...ticks import check_market_id
 from ..deps import body_type_problem, require_token, service
-from ..openapi import error_responses
+from ..openapi import RECORDED_503, error_responses
 from .neural import MarketIdPath, MarketNotFoundError
 
 router = APIRouter(prefix="/neural", tags=["scale-out"], dependencies=[Depends(require_token)])
@@ -93,7 +93,7 @@ async def export_state(request: Request, market_id: MarketIdPath) -> Response:
             openapi_extra={"requestBody": {"required": True, "content": {
                 MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
                 "description": "Bytes of POST /neural/markets/{market_id}/export from another replica."}},
-            responses=error_responses(401, 409, 415, 422,
+            responses=error_responses(401, 409, 415, 422, s503=RECORDED_503,
                                       s409="The state was exported by another network or under another model version, "
                                            "or its last tick is older than the market's last tick here "
                                            "(conflict); nothing changed.",
@@ -120,7 +120,7 @@ async def import_state(request: Request, market_id: MarketIdPath) -> dict[str, A
 
 
 @router.post("/markets/{market_id:path}/release", operation_id="release_market", response_model=MoveOut,
-             responses=error_responses(401, 409, s409="The market is not frozen for a move here (export it first); "
+             responses=error_responses(401, 409, s503=RECORDED_503, s409="The market is not frozen for a move here (export it first); "
                                                       "nothing changed."))
 async def release(request: Request, market_id: MarketIdPath) -> dict[str, Any]:
     """Forget an exported market's state here (token), once another replica imported it and is routed to.

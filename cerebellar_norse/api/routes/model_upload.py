@@ -19,7 +19,7 @@ from ...observability.context import request_id_var
 from ...training.archive import MEDIA_TYPE, stage_archive
 from ...training.checkpoints import ModelStore
 from ..deps import body_type_problem, require_token, service
-from ..openapi import error_responses
+from ..openapi import UPLOAD_503, error_responses
 
 router = APIRouter(tags=["training"], dependencies=[Depends(require_token)])
 
@@ -43,7 +43,7 @@ class StagedOut(BaseModel):
             openapi_extra={"requestBody": {"required": True, "content": {
                 MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
                 "description": "A model archive (cerebellar-norse rollout)."}},
-            responses=error_responses(401, 404, 409, 415, 422,
+            responses=error_responses(401, 404, 409, 415, 422, s503=UPLOAD_503,
                                       s404="No such route: the version holds a '/' (sent as %2F), which no model "
                                            "version can (not_found).",
                                       s409="Another model is stored under this version (conflict); nothing changed.",

@@ -15,7 +15,7 @@ from ...observability.timelines import SENT, Timeline
 from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN
 from ..deps import SCOPE_TIMELINE, JsonBodyRoute, require_token, service
 from ..errors import service_error, validation_response
-from ..openapi import error_responses
+from ..openapi import RECORDED_503, TICK_503, error_responses
 from ..schemas import BatchIn, BatchOut, MarketResetOut, ResultOut, TickIn, parse_tick, tick_errors
 from ..tickpath import JSON_TYPE, answer_batch, answer_tick
 
@@ -26,6 +26,7 @@ TICK_ERRORS = error_responses(
     s409="The tick conflicts with the service's state, which is left unchanged: older than its market's last tick "
          "(out_of_order), or more than server.max_clock_skew_ms ahead of the server clock (future_timestamp).",
     s422="Invalid field, named in error.field (validation); for a batch also more ticks than performance.queue_size.",
+    s503=TICK_503,
 )
 
 
@@ -91,7 +92,7 @@ async def neural_metrics(request: Request) -> dict[str, Any]:
 
 
 @markets_router.delete("/markets/{market_id:path}", response_model=MarketResetOut, operation_id="reset_market",
-                       responses=error_responses(401, 404, s404="The market holds no state: never seen, evicted, "
+                       responses=error_responses(401, 404, s503=RECORDED_503, s404="The market holds no state: never seen, evicted, "
                                                                  "reset already, or not a valid market id."))
 async def reset_market(request: Request, market_id: MarketIdPath) -> dict[str, Any]:
     """Forget one market's state: its next tick starts from rest, with any timestamp (token).

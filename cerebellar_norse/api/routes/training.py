@@ -12,7 +12,7 @@ from ...training.checkpoints import ModelStore
 from ...training.jobs import TrainingRequest
 from ..deps import GuardedJsonBodyRoute, require_token, service
 from ..modelswap import swap_in, verified_model
-from ..openapi import error_responses
+from ..openapi import RECORDED_503, error_responses
 from ..schemas import TrainingStartedOut
 
 router = APIRouter(tags=["training"], dependencies=[Depends(require_token)], route_class=GuardedJsonBodyRoute)
@@ -71,7 +71,7 @@ def _listing(store: ModelStore) -> list[dict[str, Any]]:
 
 
 @router.post("/models/{version}/activate", responses=error_responses(
-    401, 404, 422, s404="No stored model of that version.",
+    401, 404, 422, s503=RECORDED_503, s404="No stored model of that version.",
     s422="The stored model is corrupt or does not fit the running network (validation)."))
 async def activate(version: str, request: Request) -> dict[str, Any]:
     """Serve a stored model (verified first); swapped in between batches."""
