@@ -271,7 +271,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if self._trailer_bytes > MAX_HEADER_BYTES:
                 self._too_large = TRAILERS_PART
                 raise ValueError("trailers over the limit")  # the parser stops: send_400_response
-            HttpToolsProtocol.on_header(self, name, value.rstrip(b" \t"))
+            # A trailer is not a header (RFC 9110 §6.5.1: kept apart, or dropped): uvicorn appended it to the request's
+            # headers, so a trailer Authorization passed the token check, and X-Market-ID or X-Request-ID were taken as
+            # the request's, none of which a proxy before the service sees as headers. The service reads no trailer:
+            # each is counted (the limit above) and dropped.
 
         def on_body(self, body: bytes) -> None:
             self._body_progress = True

@@ -157,6 +157,20 @@ def test_bad_bearer_never_authenticates(srv: LiveServer, header: str | None) -> 
     assert raw_request(srv.port, "GET", "/models", {"Authorization": f"bearer  {TOKEN} "})[0] == 200
 
 
+def test_a_token_sent_as_a_trailer_does_not_authenticate(srv: LiveServer) -> None:
+    """A chunked body's trailers are not headers: a proxy before the service does not see them as such."""
+    for path in ("/training", "/models/v-trailer/activate"):
+        raw = (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n"
+               b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            s.sendall(raw)
+            answer, _ = read_until_closed(s, 10)
+        status, headers, body = parse_response(answer)
+        assert status == 401 and headers["www-authenticate"] == "Bearer", answer
+        assert json.loads(body)["error"]["type"] == "unauthorized"
+
+
 CONFIG = """
 [server]
 host = "127.0.0.1"

@@ -301,3 +301,48 @@ def test_the_document_names_the_503s_of_each_operation(client: httpx.Client, met
     described = client.get("/openapi.json").json()["paths"][path][method]["responses"]["503"]["description"]
     for word in words:
         assert word in described, described
+
+
+async def headers_of(scope: dict, receive: Any, send: Any) -> None:
+    """Answers the request's header names, after reading its body."""
+    while (await receive()).get("more_body"):
+        pass
+    body = b",".join(name for name, _ in scope["headers"])
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+TRAILERS = b"Authorization: Bearer t\r\nX-Market-ID: OTHER\r\nX-Request-ID: from-trailer\r\nContent-Type: text/plain\r\n"
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["in one read", "trailers in a read of their own"])
+def test_trailers_are_not_headers(split: bool) -> None:
+    head = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n"
+    reads = [head, TRAILERS + b"\r\n"] if split else [head + TRAILERS + b"\r\n"]
+
+    async def run() -> bytes:
+        protocol = guarded_protocol(30.0)(config=Config(app=headers_of, lifespan="off", log_level="error"),
+                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        for data in reads:
+            protocol.data_received(data)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return transport.written
+
+    assert bodies(asyncio.run(run())) == [b"host,transfer-encoding"]
+
+
+def test_a_trailer_names_no_market_and_no_request_id(live: LiveServer) -> None:
+    m = market("TRAILER")
+    body = json.dumps({"ticks": [live_tick(m, now_ms())]}).encode()
+    with socket.create_connection(("127.0.0.1", live.port)) as s:
+        s.sendall(b"POST /neural/process/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n%x\r\n%s\r\n0\r\n%s\r\n" % (len(body), body, TRAILERS))
+        answer, _ = read_until_closed(s, 30)
+    head, _, got = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), answer[:500]
+    assert json.loads(got)["results"][0]["market_id"] == m
+    assert b"from-trailer" not in answer
