@@ -325,6 +325,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if framing is not None:
                 self._bad_reason = framing
                 raise ValueError(framing)  # the parser stops: send_400_response
+            if version == "1.0":
+                # RFC 9110: an HTTP/1.0 request's Expect: 100-continue is ignored, and an HTTP/1.0 client is sent no
+                # 1xx answer (it would read uvicorn's "100 Continue" as the answer, and the real one after it as junk)
+                self.expect_100_continue = False
             if (self.parser.should_upgrade() and any(name == b"upgrade" for name, _ in self.headers)
                     and not (self._should_upgrade() and self.parser.get_method() == b"GET")):
                 self._ignored_upgrade = True  # parsed again without Upgrade (see _feed): no request cycle for this one

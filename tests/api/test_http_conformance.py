@@ -346,3 +346,28 @@ def test_a_trailer_names_no_market_and_no_request_id(live: LiveServer) -> None:
     assert head.startswith(b"HTTP/1.1 200 "), answer[:500]
     assert json.loads(got)["results"][0]["market_id"] == m
     assert b"from-trailer" not in answer
+
+
+def test_an_http_1_0_client_gets_no_100_continue() -> None:
+    head = b"POST /p HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+    written = answers_written([head, b"hello"])
+    assert written.startswith(b"HTTP/1.1 200 ") and b"100 Continue" not in written, written
+    assert b"100 Continue" in answers_written([head.replace(b"HTTP/1.0", b"HTTP/1.1\r\nHost: x"), b"hello"])
+
+
+def answers_written(reads: list[bytes]) -> bytes:
+    """Everything written for ``reads`` (each a socket read) to :func:`echo`."""
+
+    async def run() -> bytes:
+        protocol = guarded_protocol(30.0)(config=Config(app=echo, lifespan="off", log_level="error"),
+                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        for data in reads:
+            protocol.data_received(data)
+            for _ in range(10):
+                await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return transport.written
+
+    return asyncio.run(run())
