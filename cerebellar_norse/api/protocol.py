@@ -325,6 +325,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if framing is not None:
                 self._bad_reason = framing
                 raise ValueError(framing)  # the parser stops: send_400_response
+            if version == "1.0" and self.parser.should_upgrade() and self._should_upgrade():
+                self._bad_reason = "a WebSocket handshake must be an HTTP/1.1 request (RFC 6455)"
+                raise ValueError(self._bad_reason)  # (uvicorn answered it 101, a 1xx an HTTP/1.0 client cannot read)
             if version == "1.0":
                 # RFC 9110: an HTTP/1.0 request's Expect: 100-continue is ignored, and an HTTP/1.0 client is sent no
                 # 1xx answer (it would read uvicorn's "100 Continue" as the answer, and the real one after it as junk)

@@ -8,6 +8,7 @@
 * An answer given before the request's body came (``Expect: 100-continue`` refused by its head: 413, 415) ends the
   connection (uvicorn kept reading for the body, so the client's next request was read as that body, unanswered).
 * ``HEAD`` is answered on every ``GET`` route, as ``GET`` with no body (FastAPI's ``GET`` routes answered ``405``).
+* The trailers of a chunked body are not headers; an HTTP/1.0 client gets no ``100 Continue`` and no ``101``.
 """
 
 from __future__ import annotations
@@ -371,3 +372,11 @@ def answers_written(reads: list[bytes]) -> bytes:
         return transport.written
 
     return asyncio.run(run())
+
+
+def test_a_websocket_handshake_in_http_1_0_is_refused() -> None:
+    handshake = (b"GET /neural/stream HTTP/1.0\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    got = answers([handshake])
+    assert [status for status, _ in got] == [400], got
+    assert "must be an HTTP/1.1 request" in json.loads(got[0][1])["error"]["message"]
