@@ -56,6 +56,23 @@ def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, bool]
     return data, True
 
 
+def connected(app: Any) -> tuple[Any, Transport]:
+    """The guarded protocol serving ``app`` on an in-memory transport (call inside a running event loop)."""
+    protocol = guarded_protocol(30.0)(config=Config(app=app, lifespan="off", log_level="error"),
+                                      server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol, transport
+
+
+async def feed(protocol: Any, reads: list[bytes]) -> None:
+    """Each of ``reads`` as one socket read, the loop run a few times after each."""
+    for data in reads:
+        protocol.data_received(data)
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+
 def half_closed(data: bytes) -> tuple[bool | None, list[bytes], bool, bytes]:
     """Feed ``data`` while ``/slow`` waits, then the client's EOF, then let ``/slow`` answer: what
     ``eof_received`` returned, the bodies answered, whether the transport was closed, and what was written."""
@@ -68,13 +85,8 @@ def half_closed(data: bytes) -> tuple[bool | None, list[bytes], bool, bytes]:
                 await release.wait()
             await echo(scope, receive, send)
 
-        protocol = guarded_protocol(30.0)(config=Config(app=app, lifespan="off", log_level="error"),
-                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
-        transport = Transport()
-        protocol.connection_made(transport)  # type: ignore[arg-type]
-        protocol.data_received(data)
-        for _ in range(10):
-            await asyncio.sleep(0)
+        protocol, transport = connected(app)
+        await feed(protocol, [data])
         kept = protocol.eof_received()
         if not kept:
             transport.close()  # what the event loop does when eof_received returns a false value
@@ -207,14 +219,8 @@ def early_answer(reads: list[bytes]) -> tuple[bytes, bool]:
     """What is written for ``reads`` (each a socket read), and whether the protocol still reads the client."""
 
     async def run() -> tuple[bytes, bool]:
-        protocol = guarded_protocol(30.0)(config=Config(app=refuse_unread, lifespan="off", log_level="error"),
-                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
-        transport = Transport()
-        protocol.connection_made(transport)  # type: ignore[arg-type]
-        for data in reads:
-            protocol.data_received(data)
-            for _ in range(10):
-                await asyncio.sleep(0)
+        protocol, transport = connected(refuse_unread)
+        await feed(protocol, reads)
         reading = not protocol._refused and not transport.closed
         protocol.connection_lost(None)
         return transport.written, reading
@@ -322,14 +328,8 @@ def test_trailers_are_not_headers(split: bool) -> None:
     reads = [head, TRAILERS + b"\r\n"] if split else [head + TRAILERS + b"\r\n"]
 
     async def run() -> bytes:
-        protocol = guarded_protocol(30.0)(config=Config(app=headers_of, lifespan="off", log_level="error"),
-                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
-        transport = Transport()
-        protocol.connection_made(transport)  # type: ignore[arg-type]
-        for data in reads:
-            protocol.data_received(data)
-        for _ in range(20):
-            await asyncio.sleep(0)
+        protocol, transport = connected(headers_of)
+        await feed(protocol, reads)
         protocol.connection_lost(None)
         return transport.written
 
@@ -360,14 +360,8 @@ def answers_written(reads: list[bytes]) -> bytes:
     """Everything written for ``reads`` (each a socket read) to :func:`echo`."""
 
     async def run() -> bytes:
-        protocol = guarded_protocol(30.0)(config=Config(app=echo, lifespan="off", log_level="error"),
-                                          server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
-        transport = Transport()
-        protocol.connection_made(transport)  # type: ignore[arg-type]
-        for data in reads:
-            protocol.data_received(data)
-            for _ in range(10):
-                await asyncio.sleep(0)
+        protocol, transport = connected(echo)
+        await feed(protocol, reads)
         protocol.connection_lost(None)
         return transport.written
 

@@ -144,6 +144,11 @@ def test_a_temporary_active_file_left_by_a_killed_writer_is_removed_at_the_next_
     assert (store.root / "ACTIVE").read_text() == V1 + "\n"
 
 
+def full_disk(path: Path, data: bytes) -> None:
+    """``atomic_write_bytes`` on a full disk."""
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
 def test_a_job_record_a_full_disk_refuses_is_logged_once_kept_in_memory_and_written_when_space_returns(
         make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A job that starts and fails on a full disk: 'cannot write job record' was logged for its start and again for
@@ -158,10 +163,7 @@ def test_a_job_record_a_full_disk_refuses_is_logged_once_kept_in_memory_and_writ
     mgr = JobManager(cfg, lambda version: None, lambda loss: None)
     real = jobs_mod.atomic_write_bytes
 
-    def full(path: Path, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
-
-    monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full)
+    monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full_disk)
     job = JobStatus(job_id="full1", state="running", files=["t.csv"])
     mgr.jobs[job.job_id] = job
     with caplog.at_level(logging.DEBUG, logger="cerebellar_norse.training"):
@@ -194,10 +196,7 @@ def test_a_job_record_a_full_disk_refused_is_written_with_the_next_job_record(ma
     mgr = JobManager(cfg, lambda version: None, lambda loss: None)
     real = jobs_mod.atomic_write_bytes
 
-    def full(path: Path, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
-
-    monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full)
+    monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full_disk)
     first = JobStatus(job_id="first1", state="running", files=["t.csv"])
     mgr.jobs[first.job_id] = first
     mgr._finish(first, "failed", "no space")
@@ -227,10 +226,7 @@ def test_the_service_writes_refused_job_records_after_its_next_checkpoint(make_c
         assert state.jobs is not None and state.durability is not None
         real = jobs_mod.atomic_write_bytes
 
-        def full(path: Path, data: bytes) -> None:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-
-        monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full)
+        monkeypatch.setattr(jobs_mod, "atomic_write_bytes", full_disk)
         job = JobStatus(job_id="late1", state="running", files=["t.csv"])
         state.jobs.jobs[job.job_id] = job
         state.jobs._finish(job, "failed", "no space")
