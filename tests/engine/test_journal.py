@@ -1226,12 +1226,8 @@ async def test_a_full_segment_whose_next_file_finds_no_descriptor_or_space_waits
 
     code, _, cause = SHORTAGES[shortage]
     cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
-    e = Engine(cfg)
     fatal: list[StorageError] = []
-    d = Durability(e, on_fatal=fatal.append)
-    d.recover()
-    twin = Engine(cfg)
-    await feed([e, twin], [tick(m, T0 + k) for k in range(6) for m in "AB"])
+    e, d, twin = await served_with_a_twin(cfg, [], fatal, [tick(m, T0 + k) for k in range(6) for m in "AB"])
 
     no_new_file(monkeypatch, shortage)
     d._soft = d._pos  # the open segment reached its size target: the next append starts the next file
@@ -1431,12 +1427,8 @@ async def test_a_next_journal_file_refused_by_a_read_only_disk_permissions_or_an
     from cerebellar_norse.engine import journal as journal_mod
 
     cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
-    e = Engine(cfg)
     fatal: list[StorageError] = []
-    d = Durability(e, on_fatal=fatal.append)
-    d.recover()
-    twin = Engine(cfg)
-    await feed([e, twin], [tick(m, T0 + k) for k in range(3) for m in "AB"])
+    e, d, twin = await served_with_a_twin(cfg, [], fatal, [tick(m, T0 + k) for k in range(3) for m in "AB"])
 
     def fail(*_a: object, **_k: object) -> None:
         raise OSError(code, os.strerror(code))

@@ -619,6 +619,17 @@ def test_a_model_that_cannot_be_written_is_a_storage_error_naming_the_file(tmp_p
     assert sorted(p.name for p in store.root.iterdir()) == [] and store.versions() == []
 
 
+def unprivileged() -> list[str]:
+    """The command prefix that makes a child obey file permissions: as root (which reads anything), ``setpriv``
+    without the capabilities that let it; the test is skipped as root without ``setpriv``."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv")
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--"]
+
+
 def test_a_model_file_the_service_may_not_read_stops_the_start_in_one_line_and_verify_data_says_so(
         default_models: tuple[Path, Path, Weights]) -> None:
     """Permissions on a stored model's file (a restore from backup without chown): the start refused nothing and served
@@ -626,12 +637,7 @@ def test_a_model_file_the_service_may_not_read_stops_the_start_in_one_line_and_v
     naming the file and the errno, before the state dir is touched, and --verify-data says the same."""
     import socket
 
-    prefix: list[str] = []
-    if os.geteuid() == 0:  # root reads anything: drop the capabilities that let it
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv")
-        prefix = [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--"]
+    prefix = unprivileged()
     good, _, _ = default_models
     state = good.parent / "model-locked"
     shutil.copytree(good, state)
@@ -663,12 +669,7 @@ def test_verify_data_names_what_it_cannot_read_as_unreadable_and_says_what_the_s
     write"; an unreadable state-id is what the start refuses (nothing moved aside), not a damaged one."""
     from cerebellar_norse.engine.state_dir import STATE_ID_FILE, write_state_id
 
-    prefix: list[str] = []
-    if os.geteuid() == 0:  # root reads anything: drop the capabilities that let it
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv")
-        prefix = [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--"]
+    prefix = unprivileged()
     good, _, _ = default_models
     models, ident = good.parent / "models-locked", good.parent / "id-locked"
     shutil.copytree(good, models)
