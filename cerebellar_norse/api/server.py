@@ -28,7 +28,7 @@ from ..neurons.topology import Weights, seed_version_weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.looplag import watch_loop_lag
-from ..observability.metrics import ServiceMetrics, engine_families, health_families
+from ..observability.metrics import ServiceMetrics, connection_families, engine_families, health_families
 from ..observability.ratelimit import SummaryLog
 from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
@@ -159,6 +159,9 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
     state.store = store
     metrics.add_source(health_families(lambda: state.ready and journal_wait_reason(state) is None,
                                        lambda: current_degradation(state) is not None))
+    metrics.add_source(connection_families(
+        lambda: len(state.server.server_state.connections) if state.server is not None else 0,  # (0: in-process app)
+        lambda: state.cfg.server.max_connections))
     if store.fallback is not None:  # the active model could not be served: /health says "degraded"
         level = logging.WARNING if store.fallback == NOT_ACTIVATED else logging.ERROR
         log.log(level, "model fallback: %s; serving model %s instead", store.fallback, engine.model_version)

@@ -439,3 +439,29 @@ def test_server_log_is_json_without_tracebacks(live: LiveServer, client: httpx.C
     for line in live.log().splitlines():
         rec = json.loads(line)
         assert rec["level"] != "ERROR", line
+
+
+def test_open_connections_are_a_gauge_beside_their_limit(live: LiveServer, client: httpx.Client) -> None:
+    """An operator watching for a leak of connections (clients that never close) sees them in /metrics."""
+    import socket
+    import time
+
+    def gauges() -> tuple[float, float]:
+        found = _samples(client.get("/metrics").text)
+        return found["cerebellar_norse_http_connections"][0].value, found["cerebellar_norse_http_connections_limit"][0].value
+
+    before, limit = gauges()
+    assert before >= 1 and limit == 10000  # the scrape's own connection; the built-in server.max_connections
+    held = [socket.create_connection(("127.0.0.1", live.port)) for _ in range(5)]
+    try:
+        deadline = time.monotonic() + 10
+        while gauges()[0] < before + 5 and time.monotonic() < deadline:
+            time.sleep(0.05)  # (each accepted by the event loop in its own time)
+        assert gauges()[0] == before + 5
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 10
+    while gauges()[0] > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gauges()[0] == before
