@@ -196,16 +196,21 @@ class StorageError(EngineFatalError):
 
         return exc.errno in (errno_names.ENOSPC, errno_names.EDQUOT, errno_names.EROFS, errno_names.EFBIG)
 
-    @classmethod
-    def from_os_error(cls, what: str, path: object, exc: OSError) -> StorageError:
-        """``"<what> <path>: <strerror> (errno N ENAME)"`` from an OSError raised while writing ``path``."""
+    @staticmethod
+    def os_reason(exc: OSError) -> str:
+        """``"<strerror> (errno N ENAME)"`` of an OSError."""
         import errno as errno_names
 
         code = exc.errno
         name = errno_names.errorcode.get(code, "") if code is not None else ""
         reason = exc.strerror or str(exc) or type(exc).__name__
         detail = f" (errno {code} {name})".replace(" )", ")") if code is not None else ""
-        return cls(f"{what} {path}: {reason}{detail}", str(path), code)
+        return f"{reason}{detail}"
+
+    @classmethod
+    def from_os_error(cls, what: str, path: object, exc: OSError) -> StorageError:
+        """``"<what> <path>: <strerror> (errno N ENAME)"`` from an OSError raised while writing ``path``."""
+        return cls(f"{what} {path}: {cls.os_reason(exc)}", str(path), exc.errno)
 
 
 # -- the families' members raised by one part each (state files, handover, jobs, data, models, client, debug) --
@@ -225,8 +230,7 @@ class ModelUnreadableError(CheckpointError):
     def __init__(self, path: str, exc: OSError) -> None:
         self.errno = exc.errno
         self._storage = StorageError.from_os_error("cannot read model file", path, exc)
-        detail = str(self._storage)[len(f"cannot read model file {path}: "):]
-        super().__init__(f"cannot read: {detail}", path)
+        super().__init__(f"cannot read: {StorageError.os_reason(exc)}", path)
 
     def storage_error(self) -> StorageError:
         """The error a start refuses it with (one line: the file, the errno, what to do)."""
