@@ -716,7 +716,7 @@ class JobManager:
                           extra={"fields": {"job_id": job.job_id, "path": str(path), "errno": exc.errno}})
             self._unwritten.add(job.job_id)
             return False
-        if self._unwritten and job.job_id in self._unwritten:
+        if job.job_id in self._unwritten:
             self._unwritten.discard(job.job_id)
             if not self._unwritten:
                 log.info("job records written again", extra={"fields": {"job_id": job.job_id, "path": str(path)}})
