@@ -327,9 +327,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         raise InputError(f"no tick to score: each market needs more than neural.warmup_ticks ({cfg.neural.warmup_ticks}) "
                          "ticks plus one horizon", "files")
     from .datacheck import check_warning, iso_ms, market_checks
-    from .labels import LabelSpec
 
-    checks = {m.market_id: market_checks(m, LabelSpec.from_config(cfg)) for m in data.markets}
+    checks = {m.market_id: market_checks(m, prep.spec) for m in data.markets}
     checks = {k: v for k, v in checks.items() if v}
     for market_id, lines in checks.items():
         for line in lines:
