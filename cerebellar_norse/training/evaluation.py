@@ -412,8 +412,8 @@ DAY_MS = 86_400_000.0
 YEAR_DAYS = 365.25
 
 
-def _annualisation(times: np.ndarray | None, n: int, horizon: int, books: list[np.ndarray] | None = None,
-                   markets: np.ndarray | None = None) -> dict[str, Any]:
+def _annualisation(times: np.ndarray | None, n: int, horizon: int, books: list[np.ndarray],
+                   markets: np.ndarray | None) -> dict[str, Any]:
     """How a per-trade Sharpe ratio is annualised: ``horizons_per_year`` = the non-overlapping horizons a year of the
     scored rows, each market's (its rows / ``horizon``) per year of its own calendar span (its first to its last
     scored tick time), summed over the markets (``books``: each market's rows), as a portfolio trading them together
@@ -437,7 +437,6 @@ def _annualisation(times: np.ndarray | None, n: int, horizon: int, books: list[n
         out["note"] = (f"not annualised: the scored ticks hold about {horizons:.0f} non-overlapping horizons, fewer "
                        f"than {MIN_ANNUALISED_HORIZONS:g}")
         return out
-    books = books if books is not None else [np.arange(n)]
     rates: list[tuple[str, float, float, float, bool]] = []  # market, horizons, span days, a year, own span
     for rows in books:
         name = str(markets[rows[0]]) if markets is not None else ""
