@@ -3,6 +3,9 @@
 * READY=1 is sent once the engine is warm and uvicorn listens on its socket.
 * WATCHDOG=1 is sent every WATCHDOG_USEC/2 while the engine is healthy (ready and
   accepting); a wedged event loop sends nothing, and systemd restarts the service.
+* STATUS= (the line of ``systemctl status``) names the model served, whether it is
+  degraded and whether the journal's wait refuses ticks; it is sent again within
+  :data:`STATUS_PERIOD_S` of any of these changing.
 * SIGHUP re-reads the config file. Keys that are safe to change live are applied;
   any other changed key is logged as needing a restart (and nothing of it applied);
   a file whose live keys would not fit the running values of the others (the
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, consistency_problems, load_checked_config, with_server
-from ..engine.journal import Durability
+from ..engine.journal import Durability, waiting_for
 from ..engine.persistence import STATE_FILE, check_writable
 from ..engine.state_dir import StateDirLock
 from ..errors import ConfigError, StorageError
@@ -37,6 +40,8 @@ from .deps import ServiceState, current_degradation
 from .exposure import reload_auth_refusal
 
 log = logging.getLogger("cerebellar_norse.lifecycle")
+
+STATUS_PERIOD_S = 1.0  # the status line is checked for a change this often (s) while under systemd
 
 # Keys applied by a reload; every other changed key needs a restart.
 LIVE_KEYS = (
@@ -132,11 +137,16 @@ def serving_status(state: ServiceState, note: str = "") -> str:
     """The status line of ``systemctl status`` while serving: the served model and the device, whether /health says
     "degraded" (and ``note``).
 
-    Sent at start, after every reload and after every model swap, so that it always names the model served.
+    Sent at start, after every reload and after every model swap, so that it always names the model served, and by
+    :func:`announce_when_listening` whenever it changes otherwise (the journal's wait begins or ends).
     """
     line = f"serving model {state.engine.model_version} on {state.device}"
     if current_degradation(state) is not None:
         line += ", degraded (GET /health says why)"
+    journal = state.engine.journal
+    if journal is not None and journal.stalled is not None:
+        line += (f", refusing ticks: the journal waits for {waiting_for(journal.stalled, journal.state_dir)[0]} "
+                 "(GET /health says why)")
     return f"{line} ({note})" if note else line
 
 
@@ -190,7 +200,8 @@ def reload_config(state: ServiceState, path: str | None) -> None:
 
 
 async def announce_when_listening(state: ServiceState, is_listening: Callable[[], bool], timeout_s: float = 300.0) -> None:
-    """Send READY=1 once the socket listens; then ping the watchdog while healthy."""
+    """Send READY=1 once the socket listens; then, under systemd, ping the watchdog while healthy and send the status
+    line again whenever it changes (checked every :data:`STATUS_PERIOD_S`)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not is_listening():
@@ -198,14 +209,24 @@ async def announce_when_listening(state: ServiceState, is_listening: Callable[[]
             log.error("socket not listening after %.0f s; not reporting ready", timeout_s)
             return
         await asyncio.sleep(0.01)
-    systemd.ready(serving_status(state))
-    interval = systemd.watchdog_interval_s()
-    if interval is None:
+    sent = serving_status(state)
+    systemd.ready(sent)
+    if not systemd.supervised():
         return
+    interval = systemd.watchdog_interval_s()
+    step = STATUS_PERIOD_S if interval is None else min(interval, STATUS_PERIOD_S)
+    next_ping = loop.time()
     while True:
-        if state.ready and state.engine.snapshot().accepting:
-            systemd.watchdog_ping()
-        await asyncio.sleep(interval)
+        if interval is not None and loop.time() >= next_ping:
+            if state.ready and state.engine.snapshot().accepting:
+                systemd.watchdog_ping()
+            next_ping = loop.time() + interval
+        line = serving_status(state)
+        # a reload's or a swap's own line (with its note) stays until the state changes again; a line that could not
+        # be sent (no descriptor free) is tried again
+        if line != sent and systemd.status(line):
+            sent = line
+        await asyncio.sleep(step)
 
 
 def ignore_sighup_while_starting() -> None:

@@ -17,6 +17,11 @@ import time
 from collections.abc import Mapping
 
 
+def supervised(environ: Mapping[str, str] | None = None) -> bool:
+    """True when a notify socket is set (the process runs under systemd with ``Type=notify``)."""
+    return bool((os.environ if environ is None else environ).get("NOTIFY_SOCKET", ""))
+
+
 def notify(message: str, environ: Mapping[str, str] | None = None) -> bool:
     """Send one sd_notify message; True when sent (False when not under systemd or on error)."""
     env = os.environ if environ is None else environ

@@ -32,6 +32,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -428,13 +429,26 @@ def saved_tick_counts(state_dir: Path) -> dict[str, int]:
 def test_disk_full_while_serving_refuses_ticks_until_space_returns_without_losing_any(
         tmp_path: Path, tmpfs: Mount, servers: list[LiveServer]) -> None:
     """The disk fills up while ticks flow: the journal's next file cannot be created, so ticks are refused (503
-    capacity, Retry-After) before they change anything, /health and /metrics say why, one WARNING; once the filler is
-    deleted the next tick is served without a restart, and every acknowledged tick is in the saved state."""
+    capacity, Retry-After) before they change anything, /health, /metrics and the ``systemctl status`` line say why,
+    one WARNING; once the filler is deleted the next tick is served without a restart, and every acknowledged tick is
+    in the saved state."""
     state = tmpfs("12m") / "state"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # systemd's end of sd_notify
+    notify_name = f"cerebellar-norse-test-{os.getpid()}-{time.monotonic_ns()}"
+    notify.bind("\0" + notify_name)
     env = {"CEREBELLAR_NORSE_PERFORMANCE__JOURNAL_SEGMENT_SIZE": "1MB",
-           "CEREBELLAR_NORSE_PERFORMANCE__CHECKPOINT_INTERVAL_S": "0.5"}  # periodic checkpoints meet the full disk too
+           "CEREBELLAR_NORSE_PERFORMANCE__CHECKPOINT_INTERVAL_S": "0.5",  # periodic checkpoints meet the full disk too
+           "NOTIFY_SOCKET": "@" + notify_name}
     srv = start(state, tmp_path / "a.log", env)
     servers.append(srv)
+
+    def status_line(refusing: bool) -> str:
+        """The next STATUS= sent that does (or does not) say ticks are refused."""
+        notify.settimeout(10)
+        while True:
+            for line in notify.recv(4096).decode().splitlines():
+                if line.startswith("STATUS=serving model") and ("refusing ticks" in line) == refusing:
+                    return line
     acked: dict[str, int] = {}
     k = 0
 
@@ -469,6 +483,8 @@ def test_disk_full_while_serving_refuses_ticks_until_space_returns_without_losin
         metrics = c.get("/metrics").text
         assert "cerebellar_norse_journal_waiting 1.0" in metrics and "cerebellar_norse_ready 0.0" in metrics
         assert "cerebellar_norse_journal_waits_total 1.0" in metrics
+        assert status_line(refusing=True).endswith(
+            ", refusing ticks: the journal waits for disk space (no space left on device) (GET /health says why)")
         assert srv.proc.poll() is None
         filler.unlink()  # space is back: the next tick that tries the file (at most every 0.25 s) creates it
         for _ in range(20):
@@ -480,6 +496,8 @@ def test_disk_full_while_serving_refuses_ticks_until_space_returns_without_losin
         assert r.status_code == 200, r.text
         assert c.get("/health").status_code == 200
         assert "cerebellar_norse_journal_waiting 0.0" in c.get("/metrics").text
+        assert "refusing" not in status_line(refusing=False)
+    notify.close()
     assert srv.stop() == 0, srv.log()[-3000:]
     log = srv.log()
     assert "Traceback" not in log and '"ERROR"' not in log, log[-3000:]
