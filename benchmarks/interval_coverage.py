@@ -13,9 +13,11 @@ per metric, the share of seeds whose model-minus-base-rates interval says the mo
 better, and the share that says it is worse. For directional accuracy the truth is no
 difference, so each share is a one-sided false-alarm rate, 2.5 % when the intervals are
 exact; for the log losses the leaning model is truly worse than the base rates, so the
-"worse" share is the power to say so.
+"worse" share is the power to say so. The model's P&L (``total_bp``, no cost) and its Sharpe ratio per trade
+have no edge either: the share whose interval lies above 0 (better) or below it (worse) is a false-alarm rate too.
 
     .venv/bin/python benchmarks/interval_coverage.py --kind garch --seeds 1500 --ticks 8000
+    .venv/bin/python benchmarks/interval_coverage.py --kind iid --seeds 400 --ticks 740
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ def one_seed(kind: str, seed: int, n: int, horizon: int, resamples: int, lean_la
         lo, hi = s["vs_baselines"]["base_rates"][metric]["ci95"]
         higher, lower = lo > 0.0, hi < 0.0  # model minus base rates: an accuracy is better higher, a loss lower
         out[metric] = (higher, lower) if metric == "directional_accuracy" else (lower, higher)
+    pnl = s["model"]["pnl"]
+    for metric in ("total_bp", "sharpe_per_trade"):
+        lo, hi = pnl[f"{metric}_ci95"]
+        out[f"pnl_{metric}" if metric == "total_bp" else metric] = (lo > 0.0, hi < 0.0)
     return out
 
 
