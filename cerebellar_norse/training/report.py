@@ -221,6 +221,20 @@ def pnl_lines(summary: Mapping[str, Any], none: str = "-") -> list[str]:
     return lines
 
 
+def interval_quantile_line(summary: Mapping[str, Any]) -> str | None:
+    """How wide the intervals were made for the rows' number: the Student t quantile and its degrees of freedom, or
+    None (no intervals, or a summary from before they were recorded)."""
+    note = summary.get("bootstrap") or {}
+    dof, t = note.get("degrees_of_freedom") or {}, note.get("t_quantile") or {}
+    if not note.get("resamples") or dof.get("all_rows") is None or t.get("all_rows") is None:
+        return None
+    line = (f"intervals: blocks of {note.get('block_length')} rows, percentiles widened by Student t over normal "
+            f"(all rows: {dof['all_rows']:g} degrees of freedom, t {t['all_rows']:.3f}")
+    if dof.get("moving_rows") is not None and t.get("moving_rows") is not None:
+        line += f"; moving rows: {dof['moving_rows']:g}, t {t['moving_rows']:.3f}"
+    return line + ", against 1.960): fewer blocks, wider intervals"
+
+
 def _predictors(summary: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     out: list[tuple[str, Mapping[str, Any]]] = []
     if isinstance(summary.get("model"), Mapping):
@@ -311,6 +325,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += _text_table(["baseline", *[label for _, label in DIFF_METRICS]],
                              [[str(name), *[_ci_text(cells.get(key), none) for key, _ in DIFF_METRICS]]
                               for name, cells in vs.items()])
+        quantile = interval_quantile_line(summary)
+        if quantile:
+            lines.append(quantile)
     return "\n".join(lines) + "\n"
 
 
@@ -480,6 +497,9 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
             parts.append('<p class="note">' + html.escape(
                 f"{note.get('method', '')}; {note.get('resamples')} resamples, block length "
                 f"{note.get('block_length')} rows, seed {note.get('seed')}; {note.get('note', '')}") + "</p>")
+            quantile = interval_quantile_line(summary)
+            if quantile:
+                parts.append(f'<p class="note">{html.escape(quantile)}</p>')
     quartiles = (model.get("confidence_quartiles") or {}).get("quartiles") or []
     if quartiles:
         parts.append(_section("Model by confidence quartile (confidence = 1 − H(p)/ln 3)", _table(

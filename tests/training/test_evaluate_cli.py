@@ -53,6 +53,10 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
         lo, hi = row["log_loss"]["ci95"]
         assert lo <= row["log_loss"]["diff"] <= hi
     assert full["base_rates_from"] == "the model's training and validation data"
+    boot = full["bootstrap"]  # the intervals' small-sample quantile: Student t of 3·rows / (8·block) degrees of freedom
+    for rows, count in (("all_rows", full["samples"]), ("moving_rows", full["moving_samples"])):
+        assert boot["degrees_of_freedom"][rows] == pytest.approx(3 * count / (8 * boot["block_length"]), abs=0.01)
+        assert boot["t_quantile"][rows] > 1.96
     assert sum(full["model"]["confusion"][0]) + sum(full["model"]["confusion"][1]) + sum(full["model"]["confusion"][2]) == full["samples"]
     # the P&L: one book per market, costs on its turnover (always long: one round trip in each of the 2 markets)
     assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "100", "--cost-bp", "2"]) == 0
@@ -71,11 +75,13 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
     text = capsys.readouterr().out
     assert "base_rates" in text and "logistic" in text and f"report written to {report}" in text
     assert "model after costs (95% block-bootstrap CI): total " in text and "Sharpe/year: " in text
+    assert "intervals: blocks of " in text and " degrees of freedom, t " in text
     mid_utc = datetime.fromisoformat(mid).strftime("%Y-%m-%dT%H:%M:%S")
     assert f"from --since {mid} = {mid_utc}" in text  # the time the ticks were cut at, as the service reads it
     html = report.read_text(encoding="utf-8")
     assert html.count("data:image/png;base64,") >= 3 and "http://" not in html and "https://" not in html
     assert "model after costs (95% block-bootstrap CI): total " in html and "Sharpe/year: " in html
+    assert "intervals: blocks of " in html and " degrees of freedom, t " in html
     assert main(["evaluate", "ticks.csv", "--since", mid, "--json", "--bootstrap", "0"]) == 0
     later = _json(capsys)
     assert 0 < later["samples"] < full["samples"] and later["cost_bp"] == 0.0

@@ -303,6 +303,81 @@ def test_interval_variance_is_freed_of_the_block_length_bias() -> None:
     assert np.mean(extrapolated) == pytest.approx(truth, rel=0.08)
 
 
+@pytest.mark.parametrize(("dof", "want"), [(1, 12.7062), (2, 4.3027), (5, 2.5706), (10, 2.2281), (28, 2.0484),
+                                          (30, 2.0423), (100, 1.9840), (1_000, 1.9623), (1e6, 1.9600)])
+def test_student_t_quantile_matches_the_tables(dof: float, want: float) -> None:
+    assert evaluation.student_t_quantile(0.975, dof) == pytest.approx(want, abs=1e-4)
+    assert evaluation.student_t_quantile(0.975, dof) > evaluation.student_t_quantile(0.975, dof * 1.01)
+
+
+def test_student_t_quantile_other_levels_and_bad_arguments() -> None:
+    assert evaluation.student_t_quantile(0.995, 5) == pytest.approx(4.0321, abs=1e-4)
+    assert evaluation.student_t_quantile(0.9, 1) == pytest.approx(3.0777, abs=1e-4)
+    assert evaluation.student_t_quantile(0.75, 3) == pytest.approx(0.7649, abs=1e-4)
+    for p, dof in ((0.5, 10), (1.0, 10), (0.975, 0.5), (0.975, float("nan"))):
+        with pytest.raises(ValueError, match="student_t_quantile"):
+            evaluation.student_t_quantile(p, dof)
+
+
+def test_interval_dof_is_that_of_the_flat_top_window() -> None:
+    assert evaluation.interval_dof(740, 10) == pytest.approx(27.75)
+    assert evaluation.interval_dof(8_000, 20) == pytest.approx(150.0)
+    assert evaluation.interval_dof(20, 10) == 1.0  # fewer than 8/3 blocks: at least one degree of freedom
+
+
+def _no_skill_walk(seed: int, n: int = 740, horizon: int = 10) -> ScoreInputs:
+    """An hourly file's test split: a Gaussian random walk of ``n`` scored ticks labelled with ``horizon``, the base
+    rates from the ``n`` before, scored for a model leaning 5 % of its moving mass on the last 3 ticks' return (no
+    information), as benchmarks/interval_coverage.py draws them."""
+    from cerebellar_norse.training.labels import LabelSpec, label_series, past_returns
+    rng = np.random.default_rng(seed)
+    price = 100.0 * np.exp(np.cumsum(rng.standard_normal(2 * n + 200) * 1e-3))
+    lab = label_series(np.arange(price.size, dtype=np.int64) * 1000, price, LabelSpec(horizon_ticks=horizon))
+    train = np.arange(100, n)
+    base = np.bincount(lab.labels[train[lab.end[train] >= 0]], minlength=3) / train.size
+    rows = np.arange(n + 100, 2 * n + 100)
+    rows = rows[lab.end[rows] >= 0]
+    lean = np.sign(np.log(price[rows]) - np.log(price[rows - 3]))
+    probs = np.tile(base / base.sum(), (rows.size, 1))
+    moving = probs[0, 0] + probs[0, 2]
+    probs[:, 2] = moving * (0.5 + 0.05 * lean)
+    probs[:, 0] = moving * (0.5 - 0.05 * lean)
+    return ScoreInputs(probs, lab.labels[rows], lab.fwd_ret[rows], past_returns(price, lab.end)[rows],
+                       base / base.sum(), None, horizon)
+
+
+def test_short_file_intervals_are_widened_by_the_student_t_of_their_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 20 no-skill walks of 740 scored ticks (horizon 10: about 74 horizons) every interval is the bootstrap's
+    percentiles moved away from the point by t/1.96, t the Student quantile of 3·rows / (8·block) degrees of
+    freedom (about 17 for the moving rows' directional accuracy: 6 % wider; 28 for the P&L's 740 rows: 4.5 %)."""
+    for seed in range(20):
+        inp = _no_skill_walk(seed)
+        s = score(inp, bootstrap=200, seed=seed)
+        boot = s["bootstrap"]
+        block, moving, n = boot["block_length"], s["moving_samples"], s["samples"]
+        assert block == 10 and n == 740
+        want = {"all_rows": 3 * n / 80, "moving_rows": 3 * moving / 80}
+        assert boot["degrees_of_freedom"] == pytest.approx(want, abs=0.01)
+        assert boot["t_quantile"]["moving_rows"] == pytest.approx(
+            evaluation.student_t_quantile(0.975, want["moving_rows"]), abs=1e-4)
+        with monkeypatch.context() as m:  # the same draws, the normal quantile: the percentiles as they were
+            m.setattr(evaluation, "student_t_quantile", lambda p, dof: evaluation._Z975)
+            plain = score(inp, bootstrap=200, seed=seed)
+        for rows, metric in (("moving_rows", "directional_accuracy"), ("moving_rows", "direction_log_loss"),
+                             ("all_rows", "log_loss")):
+            factor = evaluation.student_t_quantile(0.975, want[rows]) / 1.959964
+            got, was = s["vs_baselines"]["base_rates"][metric], plain["vs_baselines"]["base_rates"][metric]
+            assert got["diff"] == was["diff"]
+            for k in (0, 1):
+                assert got["ci95"][k] - got["diff"] == pytest.approx((was["ci95"][k] - was["diff"]) * factor, rel=1e-6)
+        got_pnl, was_pnl = s["model"]["pnl"], plain["model"]["pnl"]
+        factor = evaluation.student_t_quantile(0.975, want["all_rows"]) / 1.959964
+        assert 1.04 < factor < 1.05
+        for k in (0, 1):
+            assert got_pnl["total_bp_ci95"][k] - got_pnl["total_bp"] == pytest.approx(
+                (was_pnl["total_bp_ci95"][k] - was_pnl["total_bp"]) * factor, rel=1e-6)
+
+
 def test_block_length() -> None:
     assert block_length(1_000, 1) == 10
     assert block_length(1_001, 1) == 11
@@ -508,7 +583,9 @@ def whole_array_vs_baselines(inp: ScoreInputs, resamples: int, seed: int) -> dic
         v = np.maximum(2.0 * v_long - v_short, v_long)
         scale = np.sqrt(np.divide(v, v_long, out=np.ones_like(v), where=v_long > 0))
         means = series.mean(axis=1, keepdims=True) + (long - long.mean(axis=1, keepdims=True)) * scale[:, None]
-        ci = np.percentile(means, [2.5, 97.5], axis=1)
+        lo, hi = np.percentile(means, [2.5, 97.5], axis=1)
+        widen = evaluation.student_t_quantile(0.975, evaluation.interval_dof(series.shape[1], block)) / evaluation._Z975
+        ci = np.stack([point + (lo - point) * widen, point + (hi - point) * widen])
         for j, (name, f) in enumerate(keys):
             metric = {"correct": "accuracy", "direction_correct": "directional_accuracy"}.get(f, f)
             out[name][metric] = {"diff": float(point[j]), "ci95": [float(ci[0, j]), float(ci[1, j])]}
