@@ -790,14 +790,37 @@ def _extrapolated_bootstrap_prefix(prefix: np.ndarray, mean: np.ndarray, block: 
     """
     m = prefix.shape[0] - 1
     if 4 * block > m:
-        return _block_bootstrap_prefix(prefix, block, resamples, rng)
+        plain = _block_bootstrap_prefix(prefix, block, resamples, rng)
+        shortfall = _block_shortfall(m, block)
+        if shortfall <= 0.0:  # one start: nothing to spread
+            return plain
+        return mean[:, None] + (plain - plain.mean(axis=1, keepdims=True)) / math.sqrt(shortfall)
     short = _block_bootstrap_prefix(prefix, block, resamples, rng)
     long = _block_bootstrap_prefix(prefix, 2 * block, resamples, rng)
-    v_short, v_long = short.var(axis=1), long.var(axis=1)
+    v_short = short.var(axis=1) / _block_shortfall(m, block)
+    v_long_raw = long.var(axis=1)
+    v_long = v_long_raw / _block_shortfall(m, 2 * block)
     v = np.maximum(2.0 * v_long - v_short, v_long)
-    scale = np.sqrt(np.divide(v, v_long, out=np.ones_like(v), where=v_long > 0))
+    scale = np.sqrt(np.divide(v, v_long_raw, out=np.ones_like(v), where=v_long_raw > 0))
     centred = long - long.mean(axis=1, keepdims=True)
     return mean[:, None] + centred * scale[:, None]
+
+
+def _block_shortfall(m: int, block: int) -> float:
+    """The moving-block bootstrap's variance of the mean of ``m`` independent rows over the true one (exact), for
+    blocks of ``block`` rows: 1 − 1/m for single rows (the variance's divisor m, not m − 1), and less the more of the
+    rows each block holds (block sums from overlapping starts vary less about their own mean than about the truth)
+    and where ceil(m / block) blocks make a resample longer than m; 0 for a single start (``block`` = ``m``).
+
+    With N = m − block + 1 starts, row i in w_i of the blocks and k = ceil(m / block) blocks a resample:
+    m · (block − Σ w_i² / N²) / (k · block²). Blocks of 20 in 450 rows: 0.93 (blocks of 10: 0.98), so the
+    extrapolation 2·v(2b) − v(b) from the raw variances fell 11 % short; each is divided by its own.
+    """
+    n_starts = m - block + 1
+    k = math.ceil(m / block)
+    i = np.arange(m)
+    w = np.minimum(i, n_starts - 1) - np.maximum(i - block + 1, 0) + 1
+    return max(0.0, m * (block - float((w * w).sum()) / n_starts ** 2) / (k * block * block))
 
 
 def interval_dof(rows: int, block: int) -> float:
