@@ -982,14 +982,24 @@ def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.
     its Sharpe ratios, and its differences with the constant positions (``vs_always_long``, ``vs_always_short``:
     ``{"diff_bp", "ci95"}`` of the totals, model minus constant).
 
-    The series are the model's net P&L per row and its per-row differences with each constant position's, resampled
-    by :func:`_bootstrap_intervals` (the same blocks as the other intervals, paired). A Sharpe ratio's
-    interval is the mean's over the sample sd (the sd's own uncertainty left out: small next to the mean's where
-    the ratio is near 0). None without resamples.
+    The series are the model's net P&L per row, its per-row differences with each constant position's and the
+    Sharpe ratio's influence per row, resampled together by :func:`_bootstrap_intervals` (the same blocks as the
+    other intervals, paired). The Sharpe ratio S = μ/σ of rows x moves with the mean of
+    ψ_t = z_t − S/2 · (z_t² − 1), z_t = (x_t − μ)/σ (to first order: the mean's error over σ, less S/2 times the
+    variance's relative error), so its interval is S plus the interval of ψ's mean about its point: the sd's own
+    uncertainty counted, and the rows' autocorrelation (overlapping horizons) through the blocks. For independent
+    rows ψ's variance is 1 − S·skew + S²·(kurtosis − 1)/4 (Mertens 2002; 1 + S²/2 for normal ones, Lo 2002).
+    None without resamples, and the Sharpe ratios' with a net P&L of sd 0.
     """
     n = net.shape[0]
-    series = np.stack([net, net - constant["always_long"], net - constant["always_short"]])
-    series[1:][np.abs(series[1:]) < ROUNDING * 1e-4] = 0.0  # a model trading as a constant position differs by rounding
+    sd = float(net.std(ddof=1)) if n >= 2 else 0.0
+    rows = [net, net - constant["always_long"], net - constant["always_short"]]
+    sharpe = float(net.mean()) / sd if sd > 0 else None
+    if sharpe is not None:
+        z = (net - net.mean()) / sd
+        rows.append(z - 0.5 * sharpe * (z * z - 1.0))
+    series = np.stack(rows)
+    series[1:3][np.abs(series[1:3]) < ROUNDING * 1e-4] = 0.0  # a model trading as a constant position: rounding
     point = series.mean(axis=1)
     ci: np.ndarray | None = None
     if resamples > 0 and n:
@@ -998,11 +1008,15 @@ def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.
     def interval(j: int, scale: float) -> list[float | None] | None:
         return None if ci is None else [_num(ci[0, j] * scale), _num(ci[1, j] * scale)]
 
-    sd = float(net.std(ddof=1)) if n >= 2 else 0.0
+    def sharpe_interval(scale: float) -> list[float | None] | None:
+        if ci is None or sharpe is None:
+            return None
+        return [_num((sharpe + ci[0, 3] - point[3]) * scale), _num((sharpe + ci[1, 3] - point[3]) * scale)]
+
     pnl["total_bp_ci95"] = interval(0, n * 1e4)
     pnl["net_per_tick_bp_ci95"] = interval(0, 1e4)
-    pnl["sharpe_per_trade_ci95"] = interval(0, 1.0 / sd) if sd > 0 else None
-    pnl["sharpe_annualised_ci95"] = (interval(0, math.sqrt(per_year) / sd) if sd > 0 and per_year else None)
+    pnl["sharpe_per_trade_ci95"] = sharpe_interval(1.0)
+    pnl["sharpe_annualised_ci95"] = sharpe_interval(math.sqrt(per_year)) if per_year else None
     for j, key in ((1, "always_long"), (2, "always_short")):
         pnl[f"vs_{key}"] = {"diff_bp": _num(point[j] * n * 1e4), "ci95": interval(j, n * 1e4)}
 
@@ -1096,8 +1110,9 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
                                 "blocks: plain blocks of block_length), widened by t/z: the 97.5 % quantile of "
                                 "Student's t with degrees_of_freedom (3·rows / (8·block_length), at least 1) over the "
                                 "normal one's (t_quantile / 1.96); directional metrics over moving rows only; "
-                                "the model's net P&L per row and its differences with always long and always short "
-                                "resampled the same way over all rows",
+                                "the model's net P&L per row, its differences with always long and always short and "
+                                "its Sharpe ratio's influence per row (z − S/2·(z² − 1), z the standardised net P&L: "
+                                "the sd's uncertainty counted) resampled the same way over all rows",
                       "resamples": int(bootstrap), "seed": int(seed), "block_length": block,
                       "degrees_of_freedom": {"all_rows": _dof(n, block), "moving_rows": _dof(moving, block)},
                       "t_quantile": {"all_rows": _t975(n, block), "moving_rows": _t975(moving, block)},

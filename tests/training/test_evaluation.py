@@ -787,9 +787,55 @@ def test_pnl_interval_holds_its_point_estimate_and_widens_with_fewer_ticks() -> 
             assert lo < pnl[key]["diff_bp"] < hi
         lo, hi = pnl["net_per_tick_bp_ci95"]
         widths[n] = hi - lo
-        assert pnl["sharpe_per_trade_ci95"][0] == pytest.approx(lo / 1e4 / (np.std(
-            np.diff(np.concatenate([[0.0], cumulative_pnl(inp, 1.0)["model"]])) / 1e4, ddof=1)))
     assert widths[1_000] > 2 * widths[8_000]
+
+
+def _skewed_long(n: int, seed: int) -> tuple[ScoreInputs, np.ndarray]:
+    """A model long at every tick (horizon 1, no cost: its net P&L per tick is the tick's return) on independent
+    returns of Sharpe ratio 0.5 a tick, skew −2 and kurtosis 9 (a short-volatility seller's: 0.5 − (E − 1), E
+    exponential), and those returns."""
+    rng = np.random.default_rng(seed)
+    x = 1e-3 * (0.5 - (rng.exponential(1.0, n) - 1.0))
+    probs = np.tile([0.2, 0.3, 0.5], (n, 1))
+    return ScoreInputs(probs=probs, labels=np.where(x > 0, 2, 0), fwd_ret=x, past_ret=rng.normal(0, 1e-3, n),
+                       base_rates=np.array([0.3, 0.4, 0.3]), horizon=1), x
+
+
+def test_sharpe_interval_counts_the_sd_uncertainty_as_the_delta_method_does() -> None:
+    """For independent returns the Sharpe ratio's variance is (1 − S·skew + S²·(kurtosis − 1)/4) / n (Mertens 2002,
+    from the sample moments here, independent of the bootstrap): its interval is S ± t·√that, 1.58 times as wide as
+    the mean's interval over the sample sd for these returns (which left the sd's uncertainty out)."""
+    n = 50_000
+    inp, x = _skewed_long(n, 1)
+    s = score(inp, bootstrap=2000, seed=3)
+    pnl = s["model"]["pnl"]
+    sd = x.std(ddof=1)
+    sharpe = x.mean() / sd
+    z = (x - x.mean()) / sd
+    var = 1.0 - sharpe * np.mean(z ** 3) + sharpe ** 2 * (np.mean(z ** 4) - 1.0) / 4.0
+    assert var == pytest.approx(2.5, rel=0.05)
+    block = s["bootstrap"]["block_length"]
+    assert block == block_length(n, 1) == 37
+    t = evaluation.student_t_quantile(0.975, 3 * n / (8 * block))
+    half = t * math.sqrt(var / n)
+    lo, hi = pnl["sharpe_per_trade_ci95"]
+    assert pnl["sharpe_per_trade"] == pytest.approx(sharpe)
+    assert lo == pytest.approx(sharpe - half, abs=0.1 * half)
+    assert hi == pytest.approx(sharpe + half, abs=0.1 * half)
+    mean_lo, mean_hi = pnl["net_per_tick_bp_ci95"]
+    assert (hi - lo) / ((mean_hi - mean_lo) / 1e4 / sd) == pytest.approx(math.sqrt(var), rel=0.1)
+
+
+def test_annualised_sharpe_interval_is_the_per_trade_one_scaled() -> None:
+    n = 4_000
+    inp, _ = _skewed_long(n, 2)
+    hours = np.arange(n, dtype=np.float64) * 3_600_000.0
+    s = score(ScoreInputs(**{**vars(inp), "times_ms": hours}), bootstrap=300, seed=1)
+    pnl, per_year = s["model"]["pnl"], s["annualisation"]["horizons_per_year"]
+    assert per_year
+    lo, hi = pnl["sharpe_per_trade_ci95"]
+    assert lo < pnl["sharpe_per_trade"] < hi
+    assert pnl["sharpe_annualised_ci95"] == pytest.approx([lo * math.sqrt(per_year), hi * math.sqrt(per_year)])
 
 
 def test_sharpe_is_annualised_by_the_span_of_the_scored_ticks() -> None:
