@@ -947,14 +947,16 @@ def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int,
     return out, block_all
 
 
-def _dof(rows: int, block: int) -> float | None:
-    """:func:`interval_dof` of ``rows`` rows in blocks of ``block`` (at most the rows), rounded; None without rows."""
-    return round(interval_dof(rows, min(block, rows)), 2) if rows else None
+def _dof(rows: int, block: int, resamples: int) -> float | None:
+    """:func:`interval_dof` of ``rows`` rows in blocks of ``block`` (at most the rows), rounded; None without rows or
+    without resamples (no intervals)."""
+    return round(interval_dof(rows, min(block, rows)), 2) if rows and resamples else None
 
 
-def _t975(rows: int, block: int) -> float | None:
-    """The Student t quantile the intervals of ``rows`` rows in blocks of ``block`` use, rounded; None without rows."""
-    return round(student_t_quantile(0.975, interval_dof(rows, min(block, rows))), 4) if rows else None
+def _t975(rows: int, block: int, resamples: int) -> float | None:
+    """The Student t quantile the intervals of ``rows`` rows in blocks of ``block`` use, rounded; None as for
+    :func:`_dof`."""
+    return round(student_t_quantile(0.975, interval_dof(rows, min(block, rows))), 4) if rows and resamples else None
 
 
 def _per_market(c: _Checked, rows: _Rows) -> dict[str, Any]:
@@ -1105,7 +1107,8 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         "vs_baselines": vs,
         "bootstrap": {"method": "moving-block bootstrap of per-row model-minus-baseline contributions, "
                                 "the same blocks for every baseline, with blocks of block_length and twice that; the "
-                                "variance extrapolated to remove the block length's bias (2·v(2b) − v(b)), the "
+                                "variance of each divided by its shortfall for independent rows and extrapolated to "
+                                "remove the block length's bias (2·v(2b) − v(b)), the "
                                 "percentiles of the longer blocks' resamples scaled to it (rows of fewer than four "
                                 "blocks: plain blocks of block_length), widened by t/z: the 97.5 % quantile of "
                                 "Student's t with degrees_of_freedom (3·rows / (8·block_length), at least 1) over the "
@@ -1114,8 +1117,9 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
                                 "its Sharpe ratio's influence per row (z − S/2·(z² − 1), z the standardised net P&L: "
                                 "the sd's uncertainty counted) resampled the same way over all rows",
                       "resamples": int(bootstrap), "seed": int(seed), "block_length": block,
-                      "degrees_of_freedom": {"all_rows": _dof(n, block), "moving_rows": _dof(moving, block)},
-                      "t_quantile": {"all_rows": _t975(n, block), "moving_rows": _t975(moving, block)},
+                      "degrees_of_freedom": {"all_rows": _dof(n, block, bootstrap),
+                                             "moving_rows": _dof(moving, block, bootstrap)},
+                      "t_quantile": {"all_rows": _t975(n, block, bootstrap), "moving_rows": _t975(moving, block, bootstrap)},
                       "rows_used": int(n),
                       "moving_rows_used": moving, "subsampled": False,
                       "note": "all rows used (block sums from prefix sums, no subsampling)"},

@@ -360,6 +360,9 @@ def test_short_file_intervals_are_widened_by_the_student_t_of_their_blocks(monke
         assert boot["degrees_of_freedom"] == pytest.approx(want, abs=0.01)
         assert boot["t_quantile"]["moving_rows"] == pytest.approx(
             evaluation.student_t_quantile(0.975, want["moving_rows"]), abs=1e-4)
+        if seed == 0:  # no resamples, no intervals: no quantile either
+            none = score(inp, bootstrap=0)["bootstrap"]
+            assert none["degrees_of_freedom"] == none["t_quantile"] == {"all_rows": None, "moving_rows": None}
         with monkeypatch.context() as m:  # the same draws, the normal quantile: the percentiles as they were
             m.setattr(evaluation, "student_t_quantile", lambda p, dof: evaluation._Z975)
             plain = score(inp, bootstrap=200, seed=seed)
