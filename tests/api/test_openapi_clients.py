@@ -195,3 +195,22 @@ def test_every_integer_of_the_document_says_its_size(tc: TestClient) -> None:
     assert schemas["ImportOut"]["properties"]["last_timestamp"]["format"] == "int64"
     limit = next(p for p in doc["paths"]["/debug/markets"]["get"]["parameters"] if p["name"] == "limit")
     assert limit["schema"]["format"] == "int32"
+
+
+def test_every_operation_has_an_operation_id_of_its_own_words(tc: TestClient) -> None:
+    """Generators name a client's functions after the operationId: FastAPI's made-up ones
+    (``health_health_get``, ``activate_models__version__activate_post``) gave a Python client
+    ``health_health_get.sync(...)``; each is a plain name now, its HEAD twin the same with ``_head``."""
+    ops = operations(tc.get("/openapi.json").json())
+    ids = [op["operationId"] for _, _, op in ops]
+    assert len(ids) == len(set(ids)) > 25
+    for method, path, op in ops:
+        oid = op["operationId"]
+        assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", oid), (method, path, oid)
+        assert not oid.endswith(("_get", "_post", "_put", "_delete")) and "models_models" not in oid, (method, path, oid)
+        if method == "head":
+            get = tc.get("/openapi.json").json()["paths"][path]["get"]["operationId"]
+            assert oid == f"{get}_head", (path, oid)
+    named = {(method, path): op["operationId"] for method, path, op in ops}
+    assert named["get", "/health"] == "health" and named["post", "/neural/process"] == "process_tick"
+    assert named["post", "/models/{version}/activate"] == "activate_model" and named["get", "/models"] == "list_models"

@@ -53,13 +53,13 @@ def _health(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
-@router.get("/health", response_class=JSONResponse, responses=HEALTH_RESPONSES)
+@router.get("/health", operation_id="health", response_class=JSONResponse, responses=HEALTH_RESPONSES)
 async def health(request: Request) -> JSONResponse:
     """200 with model, device, uptime, pool and queue when ready; 503 with the reason when not."""
     return _health(request)
 
 
-@router.head("/health", response_class=JSONResponse, responses=HEALTH_RESPONSES)
+@router.head("/health", operation_id="health_head", response_class=JSONResponse, responses=HEALTH_RESPONSES)
 async def health_head(request: Request) -> JSONResponse:
     """The status of ``GET /health`` (200 ready, 503 not), with its headers and no body."""
     return _health(request)
@@ -69,13 +69,13 @@ def _metrics(request: Request) -> Response:
     return Response(service(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/metrics", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
+@router.get("/metrics", operation_id="prometheus_metrics", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
     return _metrics(request)
 
 
-@router.head("/metrics", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
+@router.head("/metrics", operation_id="prometheus_metrics_head", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
 async def metrics_head(request: Request) -> Response:
     """The headers of ``GET /metrics``, no body."""
     return _metrics(request)

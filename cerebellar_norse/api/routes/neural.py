@@ -46,7 +46,7 @@ router = APIRouter(prefix="/neural", tags=["neural"], route_class=JsonBodyRoute)
 markets_router = APIRouter(prefix="/neural", tags=["neural"], dependencies=[Depends(require_token)])
 
 
-@router.post("/process", response_model=ResultOut, responses={
+@router.post("/process", operation_id="process_tick", response_model=ResultOut, responses={
     **TICK_ERRORS, 200: {"description": "The network's answer.", "links": {"ResetMarket": {
         "operationId": "reset_market", "parameters": {"market_id": "$response.body#/market_id"},
         "description": "Forget the state of the tick's market."}}}})
@@ -60,14 +60,14 @@ async def process(tick: TickIn, request: Request) -> Response:
     return Response(body, media_type=JSON_TYPE)
 
 
-@router.post("/process/batch", response_model=BatchOut, responses=TICK_ERRORS)
+@router.post("/process/batch", operation_id="process_batch", response_model=BatchOut, responses=TICK_ERRORS)
 async def process_batch(batch: BatchIn, request: Request) -> Response:
     """Process many ticks in order; one bad tick fails the whole batch before any state changes."""
     body = await answer_batch(service(request), batch, request.headers.get("x-market-id"), request.scope.get(SCOPE_TIMELINE))
     return Response(body, media_type=JSON_TYPE)
 
 
-@router.get("/metrics", responses=error_responses())
+@router.get("/metrics", operation_id="neural_metrics", responses=error_responses())
 async def neural_metrics(request: Request) -> dict[str, Any]:
     """Spike counts per population, granule sparsity, live markets and the live evaluation (None when disabled)."""
     svc = service(request)

@@ -23,7 +23,7 @@ JOB_NOT_FOUND = "No such training job (or none yet, for latest)."
 JOB_LINK = {"job_id": "$response.body#/job_id"}
 
 
-@router.post("/training", status_code=202, responses={**error_responses(
+@router.post("/training", operation_id="start_training", status_code=202, responses={**error_responses(
     400, 401, 404, 409, 415, 422, s404="A file of the request is not in the data dir.",
     s409="A job is already running (conflict)."), 202: {"description": "The job started.", "model": TrainingStartedOut, "links": {
         "JobStatus": {"operationId": "training_status", "parameters": JOB_LINK},
@@ -50,7 +50,7 @@ async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
     return result
 
 
-@router.get("/models", responses=error_responses(401))
+@router.get("/models", operation_id="list_models", responses=error_responses(401))
 async def list_models(request: Request) -> dict[str, Any]:
     """Stored model versions with their validation metrics, and the active one."""
     svc = service(request)
@@ -70,7 +70,7 @@ def _listing(store: ModelStore) -> list[dict[str, Any]]:
     return models
 
 
-@router.post("/models/{version}/activate", responses=error_responses(
+@router.post("/models/{version}/activate", operation_id="activate_model", responses=error_responses(
     401, 404, 422, s503=RECORDED_503, s404="No stored model of that version.",
     s422="The stored model is corrupt or does not fit the running network (validation)."))
 async def activate(version: str, request: Request) -> dict[str, Any]:
