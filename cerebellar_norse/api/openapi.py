@@ -139,6 +139,19 @@ def _head_without_content(doc: dict[str, Any]) -> None:
             response.pop("content", None)
 
 
+# The document's top level: a tag declared (with what it groups) for each operation's, the server it is served by (the
+# service itself, wherever it is reached: through HAProxy too) and the licence of the API.
+TAGS: list[dict[str, Any]] = [
+    {"name": "neural", "description": "Ticks in, the network's signal out; a market's state forgotten."},
+    {"name": "scale-out", "description": "Moving a market's state between replicas (token); docs/scale-out.md."},
+    {"name": "training", "description": "Training jobs, stored models, staging and activating a model (token)."},
+    {"name": "operations", "description": "Readiness (GET /health) and Prometheus metrics (GET /metrics)."},
+    {"name": "debug", "description": "Markets, request timelines, thread stacks and the configuration (token)."},
+]
+SERVERS: list[dict[str, str]] = [{"url": "/", "description": "The service that serves this document."}]
+LICENSE: dict[str, str] = {"name": "Proprietary", "identifier": "LicenseRef-Proprietary"}
+
+
 INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -159,13 +172,20 @@ def _integer_formats(node: Any) -> None:
 
 
 def live_document(base: dict[str, Any], token: bool, queue_size: int) -> dict[str, Any]:
-    """The document for the running configuration: security only with a token, batch size up to the queue."""
+    """The document for the running configuration: security only with a token, batch size up to the queue.
+
+    An operation that asks for no token says so (``security: []``): linters (redocly's
+    ``security-defined``) and readers cannot otherwise tell an open operation from one whose
+    security was forgotten.
+    """
     doc = copy.deepcopy(base)
-    if not token:
-        for item in doc.get("paths", {}).values():
-            for op in item.values():
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            if not token:
                 op.pop("security", None)
                 op.get("responses", {}).pop("401", None)
+            op.setdefault("security", [])
+    if not token:
         doc.get("components", {}).pop("securitySchemes", None)
     ticks = doc.get("components", {}).get("schemas", {}).get("BatchIn", {}).get("properties", {}).get("ticks")
     if ticks is not None:
@@ -184,7 +204,8 @@ def install_openapi(app: FastAPI, state: ServiceState) -> None:
         if not base:
             # a copy: the passes below edit it, and FastAPI's document holds the routes' own dicts (HEADERS)
             base.update(copy.deepcopy(get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
-                                                  description=app.description, routes=app.routes)))
+                                                  description=app.description, routes=app.routes, tags=TAGS,
+                                                  servers=SERVERS, license_info=LICENSE)))
             _drop_framework_422(base)
             _errors_as_json(base)
             _head_without_content(base)

@@ -58,7 +58,7 @@ async def get_market_state(request: Request, market_id: MarketIdPath) -> dict[st
 
 
 @router.get("/markets/{market_id:path}/raster.png", operation_id="market_raster", response_class=Response,
-            responses={200: {"content": {"image/png": {}}, "description": "A PNG of the market's recorded ticks."},
+            responses={200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}, "description": "A PNG of the market's recorded ticks."},
                        **error_responses(401, 404, 422, s404="The market holds no state: never seen, evicted, reset, "
                                                              "or not a valid market id.")})
 async def get_market_raster(request: Request, market_id: MarketIdPath,
