@@ -197,6 +197,32 @@ class RequestContextMiddleware:
         await send({"type": "websocket.http.response.body", "body": body})
 
 
+SERVER_WIDE = "*"  # the asterisk-form request target (RFC 9112, section 3.2.4): the server as a whole, for OPTIONS only
+
+
+class ServerWide:
+    """ASGI app answering the requests whose target is ``*``: ``OPTIONS *`` (RFC 9110, section 9.3.7: what the
+    server as a whole supports) with ``200``, ``Allow`` listing every method some route answers and no content, as a
+    ping from a proxy or a monitor expects; any other method with ``*`` is ``400 bad_request`` (the asterisk form is
+    OPTIONS's alone). Wrapped in :class:`RequestContextMiddleware` as the hot path is: request id, metrics, limits."""
+
+    def __init__(self, state: ServiceState, methods: frozenset[str]) -> None:
+        self.state = state
+        self.allow = ", ".join(sorted(methods | {"OPTIONS"})).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SCOPE_ROUTE] = SERVER_WIDE
+        if scope["method"] == "OPTIONS":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"allow", self.allow), (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        self.state.metrics.errors.labels("bad_request").inc()
+        msg = (f"malformed HTTP request: the request target '*' is for OPTIONS only (RFC 9112, section 3.2.4), not "
+               f"{scope['method']}; name a path such as /health")
+        await JSONResponse(error_payload("bad_request", msg, request_id_var.get()), status_code=400)(scope, receive, send)
+
+
 class ServiceApp(FastAPI):
     """The FastAPI app, with ``POST /neural/process`` answered before FastAPI's own layers.
 
@@ -209,10 +235,14 @@ class ServiceApp(FastAPI):
     """
 
     hot: ASGIApp | None = None
+    server_wide: ASGIApp | None = None  # requests for the target ``*`` (:class:`ServerWide`)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.hot is not None and is_hot(scope):
             await self.hot(scope, receive, send)
+            return
+        if self.server_wide is not None and scope["type"] == "http" and scope["path"] == SERVER_WIDE:
+            await self.server_wide(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -257,12 +287,15 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
         redirect_slashes=False,  # /health/ is no route (404), not a 307 to a Location built from the Host header
     )  # server.max_body_size is enforced by RequestContextMiddleware (JSON 413, X-Request-ID)
     app.state.service = state
+    methods: set[str] = set()  # what some route answers: the Allow of OPTIONS *
     for r in (health.router, neural.router, handover.router, neural.markets_router, model_upload.router, debug.router,
               *(extra_routers or [])):  # (handover before markets_router, whose {market_id:path} also matches …/export)
         app.include_router(add_head_routes(r))
+        methods.update(m for route in r.routes if isinstance(route, APIRoute) for m in (route.methods or ()))
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc(), frozenset({neural.STREAM_PATH}))
     install_openapi(app, state)
     if fast_path:
         app.hot = RequestContextMiddleware(TickFastPath(state), state)
+    app.server_wide = RequestContextMiddleware(ServerWide(state, frozenset(methods)), state)
     app.add_middleware(RequestContextMiddleware, state=state)
     return app

@@ -374,3 +374,37 @@ def test_a_websocket_handshake_in_http_1_0_is_refused() -> None:
     got = answers([handshake])
     assert [status for status, _ in got] == [400], got
     assert "must be an HTTP/1.1 request" in json.loads(got[0][1])["error"]["message"]
+
+
+def raw_exchange(live: LiveServer, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``data`` (one request that asks to close), read the answer: status, headers (last of each), body."""
+    host, port = live.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(data)
+        raw, closed = read_until_closed(sock, 10)
+    assert closed, raw
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_options_asterisk_says_what_the_server_supports(live: LiveServer, client: httpx.Client) -> None:
+    """``OPTIONS *`` (RFC 9110, section 9.3.7: the server as a whole; a proxy's or monitor's ping) was a 404 naming
+    the path '*'. It is a 200 with Allow and no content; '*' with another method is a 400 (RFC 9112, 3.2.4)."""
+    status, headers, body = raw_exchange(live, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status == 200 and body == b"", (status, body)
+    assert headers["allow"] == "DELETE, GET, HEAD, OPTIONS, POST, PUT"
+    assert headers["content-length"] == "0" and "content-type" not in headers and headers["x-request-id"]
+    status, headers, body = raw_exchange(live, b"OPTIONS * HTTP/1.0\r\n\r\n")  # as a load balancer's check may send it
+    assert status == 200 and headers["allow"].startswith("DELETE, GET")
+    for method in (b"GET", b"POST", b"HEAD"):
+        status, headers, body = raw_exchange(live, method + b" * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert status == 400, (method, status)
+        if method != b"HEAD":
+            error = ErrorOut.model_validate_json(body).error
+            assert error.type == "bad_request" and "for OPTIONS only" in error.message, body
+            assert error.request_id == headers["x-request-id"]
+    assert client.options("/health").status_code == 405  # a path's OPTIONS is still refused with its Allow
+    text = client.get("/metrics").text
+    assert 'route="*"' in text and 'kind="bad_request"' in text
