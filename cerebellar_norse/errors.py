@@ -83,6 +83,15 @@ class InputError(CerebellarNorseError):
         super().__init__(f"{field}: {message}" if field else message)
 
 
+class RepeatedKeyError(InputError):
+    """A JSON object of a request body names one key twice (``{"price": 1, "price": 2}``): which value was meant is
+    unknown, so the body is refused (422 validation) rather than read with the last value. ``field``: where."""
+
+    def __init__(self, field: str) -> None:
+        key = field.rsplit(".", 1)[-1]
+        super().__init__(f"key {key!r} appears more than once in its object: send each key once", field)
+
+
 class TickOrderError(InputError):
     """A tick is older than the last tick applied to its market."""
 

@@ -88,15 +88,13 @@ class TickFastPath:
             await self._error(send, 422, "validation", "request body is missing")
             return
         try:
-            tick = parse_tick(body)
+            answer = await answer_tick(self.state, parse_tick(body), market, scope.get(SCOPE_TIMELINE))
         except ValidationError as exc:
             status, payload = validation_response(tick_errors(exc, body), body)
             self.state.metrics.errors.labels(payload["error"]["type"]).inc()
             await self._reply(send, status, json.dumps(payload).encode())
             return
-        try:
-            answer = await answer_tick(self.state, tick, market, scope.get(SCOPE_TIMELINE))
-        except CerebellarNorseError as exc:
+        except CerebellarNorseError as exc:  # a repeated key (parse_tick), or the tick refused
             err = service_error(exc)
             extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
             await self._error(send, err.status, err.kind, err.message, err.field, extra)

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..errors import InputError
+from ..errors import InputError, RepeatedKeyError
 from ..firsterrors import ERRORS_LISTED, FirstErrorsModel, cut_to_first_error
 from ..ticks import MARKET_ID_MAX, MARKET_ID_PATTERN, TS_MAX_MS, TS_MIN_MS, Tick, check_market_id, integral_number
 
@@ -45,8 +45,12 @@ class TickIn(BaseModel):
         return Tick(float(self.price), float(self.volume), int(self.timestamp), self.market_id)
 
 
+TICK_STRINGS = 5  # the JSON strings of a valid tick that names each key once: its four keys and the market id
+
+
 def parse_tick(body: str | bytes) -> TickIn:
-    """A tick from its JSON text; raises pydantic's ValidationError.
+    """A tick from its JSON text; raises pydantic's ValidationError, or RepeatedKeyError for a valid tick whose object
+    names a key twice (see :func:`refuse_repeated_keys`).
 
     pydantic's JSON parser refuses some JSON that Python's reads (a number with thousands
     of digits, read as infinity or a big integer): such a body is validated as the
@@ -54,7 +58,7 @@ def parse_tick(body: str | bytes) -> TickIn:
     (``Input should be a finite number``, not "invalid JSON").
     """
     try:
-        return TickIn.model_validate_json(body)
+        tick = TickIn.model_validate_json(body)
     except ValidationError as exc:
         if exc.error_count() != 1 or exc.errors(include_url=False)[0]["type"] != "json_invalid":
             raise
@@ -62,7 +66,67 @@ def parse_tick(body: str | bytes) -> TickIn:
             value = loads_utf8(body)
         except (ValueError, TypeError, RecursionError):
             raise exc from None
-        return TickIn.model_validate(value)
+        tick = TickIn.model_validate(value)
+    quotes = body.count(b'"') if isinstance(body, bytes) else body.count('"')
+    if quotes != 2 * TICK_STRINGS:  # see refuse_repeated_keys
+        refuse_repeated_keys(body)
+    return tick
+
+
+class _Repeats(dict[str, Any]):
+    """A decoded JSON object that named ``key`` twice (only while :func:`repeated_key` looks for one)."""
+
+    key = ""
+
+
+def repeated_key(body: str | bytes) -> str | None:
+    """Where the JSON ``body`` has an object that names a key twice, as a dotted path (``price``, ``ticks.2.price``;
+    of several, the outermost, then the first in the body), or None (also when ``body`` is not JSON: its parse
+    reports that)."""
+    found = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal found
+        obj = dict(items)
+        if len(obj) == len(items):
+            return obj
+        found = True
+        repeats, seen = _Repeats(obj), set()
+        repeats.key = next(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        return repeats
+
+    try:
+        text = body.decode("utf-8") if isinstance(body, bytes) else body
+        value = json.loads(text, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None
+    if not found:
+        return None
+    stack: list[tuple[Any, tuple[str, ...]]] = [(value, ())]
+    while stack:  # depth first, in the body's order
+        node, where = stack.pop()
+        if isinstance(node, _Repeats):
+            return ".".join((*where, node.key))
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack.extend(reversed([(v, (*where, str(k))) for k, v in children]))
+    return None
+
+
+def refuse_repeated_keys(body: str | bytes, strings: int | None = None) -> None:
+    """Raise RepeatedKeyError when an object of the JSON ``body`` names a key twice (JSON parsers, pydantic's and
+    Python's, keep the last value: a second ``price`` would hide the first).
+
+    ``strings``: the fewest JSON strings (keys and string values) the validated ``body`` can
+    hold, where the caller knows it (a tick: 5, its four keys and the market id). Every string
+    has two ``"`` (an escaped one inside it adds more), and a repeated key is one string more:
+    so a body of exactly ``2 * strings`` ``"`` repeats nothing and needs no parse. The hot
+    path's check is that count of one byte (:func:`parse_tick`).
+    """
+    if strings is not None and (body.count(b'"') if isinstance(body, bytes) else body.count('"')) == 2 * strings:
+        return
+    where = repeated_key(body)
+    if where is not None:
+        raise RepeatedKeyError(where)
 
 
 def tick_errors(exc: ValidationError, body: str | bytes) -> list[dict[str, Any]]:

@@ -16,7 +16,17 @@ from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN
 from ..deps import SCOPE_TIMELINE, JsonBodyRoute, require_token, service
 from ..errors import service_error, validation_response
 from ..openapi import RECORDED_503, TICK_503, error_responses
-from ..schemas import BatchIn, BatchOut, MarketResetOut, ResultOut, TickIn, parse_tick, tick_errors
+from ..schemas import (
+    TICK_STRINGS,
+    BatchIn,
+    BatchOut,
+    MarketResetOut,
+    ResultOut,
+    TickIn,
+    parse_tick,
+    refuse_repeated_keys,
+    tick_errors,
+)
 from ..tickpath import JSON_TYPE, answer_batch, answer_tick
 
 STREAM_PATH = "/neural/stream"
@@ -56,6 +66,7 @@ async def process(tick: TickIn, request: Request) -> Response:
     (Served by the ASGI fast path, which shares this route's implementation:
     :func:`~cerebellar_norse.api.tickpath.answer_tick`.)
     """
+    refuse_repeated_keys(await request.body(), TICK_STRINGS)
     body = await answer_tick(service(request), tick, request.headers.get("x-market-id"), request.scope.get(SCOPE_TIMELINE))
     return Response(body, media_type=JSON_TYPE)
 
@@ -63,6 +74,7 @@ async def process(tick: TickIn, request: Request) -> Response:
 @router.post("/process/batch", operation_id="process_batch", response_model=BatchOut, responses=TICK_ERRORS)
 async def process_batch(batch: BatchIn, request: Request) -> Response:
     """Process many ticks in order; one bad tick fails the whole batch before any state changes."""
+    refuse_repeated_keys(await request.body(), 1 + TICK_STRINGS * len(batch.ticks))  # "ticks", then each tick's
     body = await answer_batch(service(request), batch, request.headers.get("x-market-id"), request.scope.get(SCOPE_TIMELINE))
     return Response(body, media_type=JSON_TYPE)
 

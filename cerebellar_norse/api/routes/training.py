@@ -13,7 +13,7 @@ from ...training.jobs import TrainingRequest
 from ..deps import GuardedJsonBodyRoute, require_token, service
 from ..modelswap import swap_in, verified_model
 from ..openapi import RECORDED_503, error_responses
-from ..schemas import TrainingStartedOut
+from ..schemas import TrainingStartedOut, refuse_repeated_keys
 
 router = APIRouter(tags=["training"], dependencies=[Depends(require_token)], route_class=GuardedJsonBodyRoute)
 
@@ -30,6 +30,7 @@ JOB_LINK = {"job_id": "$response.body#/job_id"}
         "CancelJob": {"operationId": "cancel_training", "parameters": JOB_LINK}}}})
 async def start_training(req: TrainingRequest, request: Request) -> JSONResponse:
     """Start a training job on CSV files of the data dir; 202 with its job_id."""
+    refuse_repeated_keys(await request.body())
     job = service(request).job_manager().start(req)
     return JSONResponse({"job_id": job.job_id, "state": job.state, "status_url": f"/training/status/{job.job_id}"},
                         status_code=202)
