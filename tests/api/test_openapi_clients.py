@@ -18,15 +18,17 @@ import threading
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import pytest
 from fastapi.testclient import TestClient
 from live_helpers import NO_BOOTSTRAP
 
+from cerebellar_norse.api.routes.training import TrainingStatusOut
 from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_checked_config
+from cerebellar_norse.training.jobs import JobStateName, JobStatus
 
 TOKEN = "clients-t0ken-5c1e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -256,3 +258,31 @@ def test_spectral_finds_nothing(tc: TestClient, tmp_path: Path) -> None:
     r = subprocess.run([spectral, "lint", str(doc), "--ruleset", str(ruleset), "--fail-severity", "hint"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_answers_a_quant_reads_are_typed_in_the_document(tc: TestClient) -> None:
+    """``GET /models``, the activation and a training job's status were documented as any object: a generated client
+    handed them back as a bag of additional properties (openapi-python-client) or ``Record<string, unknown>``
+    (openapi-typescript), with no field, enum or date-time of its own. Each is a named schema now, its fields those the
+    service sends (a job's: every field of its record, the nullable ones present as null)."""
+    doc = tc.get("/openapi.json").json()
+    named = {("get", "/models", "200"): "ModelsOut", ("post", "/models/{version}/activate", "200"): "ActivatedOut",
+             ("get", "/training/status/{job_id}", "200"): "TrainingStatusOut",
+             ("delete", "/training/{job_id}", "200"): "TrainingStatusOut"}
+    for (method, path, status), name in named.items():
+        schema = doc["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": f"#/components/schemas/{name}"}, (method, path)
+    job = doc["components"]["schemas"]["TrainingStatusOut"]
+    assert set(job["properties"]) == set(JobStatus.__dataclass_fields__) == set(job["required"])
+    assert set(job["properties"]["state"]["enum"]) == set(get_args(JobStateName))
+    time_of = {"type": "string", "format": "date-time", "examples": ["2026-11-27T03:15:22Z"]}
+    assert job["properties"]["created"] == {**time_of, "title": "Created"}
+    for k in ("started", "finished"):  # the format on the string: openapi-python-client left one beside anyOf a str
+        assert job["properties"][k]["anyOf"] == [time_of, {"type": "null"}], job["properties"][k]
+    record = JobStatus(job_id="j1", state="succeeded", files=["a.csv"], started=1.8e9, finished=1.8e9 + 60, epoch=2,
+                       epochs=2, loss=float("nan"), loss_history=[0.9, float("inf")], validation={"accuracy": 0.4},
+                       model_version="m1", activated=True).as_dict()
+    out = TrainingStatusOut.model_validate(record).model_dump()
+    assert out == record and out["loss_history"] == [0.9, None] and out["finished"] == "2027-01-15T08:01:00Z"
+    models = tc.get("/models", headers=AUTH)
+    assert models.status_code == 200 and set(models.json()) == {"active", "models"}
