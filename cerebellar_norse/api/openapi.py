@@ -130,6 +130,34 @@ def _request_id_everywhere(doc: dict[str, Any]) -> None:
                 response["headers"] = {**response.get("headers", {}), "X-Request-ID": dict(REQUEST_ID_HEADER)}
 
 
+REQUEST_ID_PARAMETER: dict[str, Any] = {
+    "name": "X-Request-ID", "in": "header", "required": False,
+    "description": "The caller's id for the request, kept when it is 1-128 characters of A-Z a-z 0-9 . _ : - (else "
+                   "replaced by a fresh one): the X-Request-ID of the answer, the request_id of its body and of the log "
+                   "lines.",
+    "schema": {"type": "string", "examples": ["ord-7f3a"]},
+}
+MARKET_ID_PARAMETER: dict[str, Any] = {
+    "name": "X-Market-ID", "in": "header", "required": False,
+    "description": "The market the load balancer routed the request by (docs/scale-out.md): every tick of the body must "
+                   "be of it, else 422 validation (error.field market_id or ticks.N.market_id).",
+    "schema": {"type": "string", "examples": ["BTC/USD"]},
+}
+ROUTED_BY_MARKET = {("post", "/neural/process"), ("post", "/neural/process/batch")}  # they read X-Market-ID
+
+
+def _request_headers(doc: dict[str, Any]) -> None:
+    """The request headers the service reads besides the token: ``X-Request-ID`` on every operation, ``X-Market-ID`` on
+    the tick routes. A generated client could not send either (openapi-python-client, openapi-typescript: a function's
+    parameters are the document's), though docs/http.md has callers send them."""
+    for path, item in doc.get("paths", {}).items():
+        for method, op in item.items():
+            params = op.setdefault("parameters", [])
+            params.append(dict(REQUEST_ID_PARAMETER))
+            if (method, path) in ROUTED_BY_MARKET:
+                params.append(dict(MARKET_ID_PARAMETER))
+
+
 def _head_without_content(doc: dict[str, Any]) -> None:
     """An answer to HEAD has no content (RFC 9110, section 9.3.2: its status and headers are those of GET), whatever its
     status: FastAPI files the GET route's media types under HEAD too, and a client generated from them reads a JSON
@@ -210,6 +238,7 @@ def install_openapi(app: FastAPI, state: ServiceState) -> None:
             _errors_as_json(base)
             _head_without_content(base)
             _request_id_everywhere(base)
+            _request_headers(base)
             _integer_formats(base)
         key = (has_token(state.cfg), state.engine.queue_size)
         doc = cache.get(key)

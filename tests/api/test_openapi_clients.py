@@ -286,3 +286,19 @@ def test_the_answers_a_quant_reads_are_typed_in_the_document(tc: TestClient) -> 
     assert out == record and out["loss_history"] == [0.9, None] and out["finished"] == "2027-01-15T08:01:00Z"
     models = tc.get("/models", headers=AUTH)
     assert models.status_code == 200 and set(models.json()) == {"active", "models"}
+
+
+def test_the_request_headers_the_service_reads_are_parameters(tc: TestClient) -> None:
+    """X-Request-ID (every route) and X-Market-ID (the tick routes, behind HAProxy) were in docs/http.md only: a client
+    generated from the document had no way to send them with a call."""
+    doc = tc.get("/openapi.json").json()
+    for method, path, op in operations(doc):
+        headers = {p["name"]: p for p in op.get("parameters", []) if p["in"] == "header"}
+        assert headers["X-Request-ID"]["required"] is False, (method, path)
+        assert ("X-Market-ID" in headers) == ((method, path) in {("post", "/neural/process"),
+                                                                 ("post", "/neural/process/batch")}), (method, path)
+    tick = {"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "HDR"}
+    r = tc.post("/neural/process", json=tick, headers={"X-Request-ID": "ord-1", "X-Market-ID": "HDR"})
+    assert r.status_code == 200 and r.json()["request_id"] == r.headers["x-request-id"] == "ord-1"
+    r = tc.post("/neural/process/batch", json={"ticks": [{**tick, "timestamp": 1640995200001}]}, headers={"X-Market-ID": "OTHER"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "ticks.0.market_id"
