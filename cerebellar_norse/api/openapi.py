@@ -137,25 +137,16 @@ REQUEST_ID_PARAMETER: dict[str, Any] = {
                    "lines.",
     "schema": {"type": "string", "examples": ["ord-7f3a"]},
 }
-MARKET_ID_PARAMETER: dict[str, Any] = {
-    "name": "X-Market-ID", "in": "header", "required": False,
-    "description": "The market the load balancer routed the request by (docs/scale-out.md): every tick of the body must "
-                   "be of it, else 422 validation (error.field market_id or ticks.N.market_id).",
-    "schema": {"type": "string", "examples": ["BTC/USD"]},
-}
-ROUTED_BY_MARKET = {("post", "/neural/process"), ("post", "/neural/process/batch")}  # they read X-Market-ID
-
-
 def _request_headers(doc: dict[str, Any]) -> None:
-    """The request headers the service reads besides the token: ``X-Request-ID`` on every operation, ``X-Market-ID`` on
-    the tick routes. A generated client could not send either (openapi-python-client, openapi-typescript: a function's
-    parameters are the document's), though docs/http.md has callers send them."""
-    for path, item in doc.get("paths", {}).items():
-        for method, op in item.items():
-            params = op.setdefault("parameters", [])
-            params.append(dict(REQUEST_ID_PARAMETER))
-            if (method, path) in ROUTED_BY_MARKET:
-                params.append(dict(MARKET_ID_PARAMETER))
+    """``X-Request-ID`` as an optional header parameter of every operation: a generated client could not send it
+    (openapi-python-client, openapi-typescript: a function's parameters are the document's).
+
+    ``X-Market-ID`` (the tick routes, behind HAProxy) is left out on purpose: a schema-driven client generates it apart
+    from the body, so it names another market than the ticks and every such valid-looking tick is refused 422; callers
+    that route by it set it as a plain header (docs/http.md, docs/scale-out.md)."""
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            op.setdefault("parameters", []).append(dict(REQUEST_ID_PARAMETER))
 
 
 def _head_without_content(doc: dict[str, Any]) -> None:
