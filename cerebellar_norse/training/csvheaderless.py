@@ -1,7 +1,8 @@
-"""Headerless tick files of a known layout: data.binance.vision's (klines, aggTrades, trades) and TrueFX's quotes.
+"""Headerless tick files of a known layout: data.binance.vision's (klines, aggTrades, trades), TrueFX's quotes,
+MetaTrader 4's history export and NinjaTrader's (and HistData's) text files of bars and ticks.
 
 A file without a header is read only when its first rows fit one of these layouts exactly
-(:func:`binance_layout`, :func:`truefx_layout`); the column names each layout gives its fields are the names a
+(:func:`binance_layout`, :func:`truefx_layout`, :func:`metatrader4_layout`, :func:`ninjatrader_layout`); the column names each layout gives its fields are the names a
 header of that vendor would carry, so the rest of the reader finds the time, price and volume columns by name.
 """
 
@@ -28,6 +29,17 @@ BINANCE_TRADES = ("id", "price", "qty", "quote_qty", "time", "is_buyer_maker", "
 TRUEFX_QUOTES = ("pair", "time", "bid", "ask")
 _TRUEFX_PAIR = re.compile(r"[A-Z]{3}/[A-Z]{3}")
 _TRUEFX_TIME = re.compile(r"\d{8} \d{2}:\d{2}:\d{2}\.\d{3}")
+# MetaTrader 4's History Center export (File > Save As, .csv), headerless: 2020.01.02,00:00,O,H,L,C,V
+METATRADER4_BARS = ("date", "time", "open", "high", "low", "close", "volume")
+_MT4_DATE = re.compile(r"\d{4}\.\d{2}\.\d{2}")
+_MT4_TIME = re.compile(r"\d{2}:\d{2}(:\d{2})?")
+# NinjaTrader's text export (and HistData's ASCII files, the same layout), headerless, fields separated by ';': bars
+# (20200102 000000;O;H;L;C;V), NinjaTrader 7's ticks (20200102 093000;last;volume) and NinjaTrader 8's (20200102
+# 093000 1230000;last;bid;ask;volume: 100 ns after the seconds)
+NINJATRADER_BARS = ("time", "open", "high", "low", "close", "volume")
+NINJATRADER_TICKS = ("time", "last", "volume")
+NINJATRADER_QUOTED_TICKS = ("time", "last", "bid", "ask", "volume")
+_NINJATRADER_TIME = re.compile(r"\d{8} \d{6}( \d{7})?")
 HEADERLESS_SAMPLE = 50  # headerless rows that must all fit a layout for a file to be read as one
 _BINANCE_BOOLEANS = frozenset(("True", "False", "true", "false"))
 
@@ -101,3 +113,57 @@ def truefx_layout(path: Path, first: list[str], delimiter: str = ",", skip: int 
     up to ``HEADERLESS_SAMPLE`` are TrueFX quotes (:func:`_truefx_row`) with times that do not go back."""
     return _truefx_row(first) and _sample_fits(path, delimiter, skip,
                                                lambda row, prev: _truefx_row(row) and row[1] >= prev[1])
+
+
+def _finite(*fields: str) -> bool:
+    """Whether every field is a plain finite number."""
+    return all(is_number(f) and math.isfinite(float(f)) for f in fields)
+
+
+def _bar_fits(o: str, h: str, low: str, c: str) -> bool:
+    """Whether open, high, low and close form a bar: the high at or above the others, the low at or below them."""
+    fo, fh, fl, fc = float(o), float(h), float(low), float(c)
+    return fl <= min(fo, fc, fh) and fh >= max(fo, fc, fl)
+
+
+def _metatrader4_row(row: list[str]) -> bool:
+    """Whether one headerless row is a MetaTrader 4 bar exactly: ``2020.01.02,00:00,1.1212,1.1215,1.1210,1.1213,123``
+    (date with dots, time of day, open, high, low, close forming a bar, volume)."""
+    return (len(row) == 7 and _MT4_DATE.fullmatch(row[0]) is not None and _MT4_TIME.fullmatch(row[1]) is not None
+            and _finite(*row[2:]) and _bar_fits(*row[2:6]) and float(row[6]) >= 0)
+
+
+def metatrader4_layout(path: Path, first: list[str], delimiter: str = ",", skip: int = 0) -> bool:
+    """Whether a headerless file is MetaTrader 4's history export: its first line ``first`` (after ``skip`` lines) and
+    every row up to ``HEADERLESS_SAMPLE`` are MetaTrader 4 bars (:func:`_metatrader4_row`) whose times go forward."""
+    return _metatrader4_row(first) and _sample_fits(
+        path, delimiter, skip, lambda row, prev: _metatrader4_row(row) and (row[0], row[1]) > (prev[0], prev[1]))
+
+
+def _ninjatrader_row(row: list[str]) -> tuple[str, ...] | None:
+    """The NinjaTrader layout (column names) one headerless row fits exactly, or None: a time ``20200102 093000`` (or
+    ``20200102 093000 1230000``), then open, high, low, close forming a bar and a volume; or a price and a volume; or
+    a last, bid, ask and volume."""
+    if not row or _NINJATRADER_TIME.fullmatch(row[0]) is None or not _finite(*row[1:]):
+        return None
+    if len(row) == 6 and _bar_fits(*row[1:5]) and float(row[5]) >= 0:
+        return NINJATRADER_BARS
+    if len(row) == 3 and float(row[2]) >= 0:
+        return NINJATRADER_TICKS
+    if len(row) == 5 and float(row[2]) <= float(row[3]) and float(row[4]) >= 0:
+        return NINJATRADER_QUOTED_TICKS
+    return None
+
+
+def ninjatrader_layout(path: Path, first: list[str], delimiter: str = ";", skip: int = 0) -> tuple[str, ...] | None:
+    """The column names of a headerless NinjaTrader (or HistData) text file, separated by ``;``, whose first line
+    ``first`` (after ``skip`` lines) and every row up to ``HEADERLESS_SAMPLE`` fit one layout
+    (:func:`_ninjatrader_row`) with times that do not go back; None for any other file."""
+    if delimiter != ";":
+        return None
+    layout = _ninjatrader_row(first)
+    if layout is None:
+        return None
+    if not _sample_fits(path, delimiter, skip, lambda row, prev: _ninjatrader_row(row) == layout and row[0] >= prev[0]):
+        return None
+    return layout

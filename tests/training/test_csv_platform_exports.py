@@ -1,0 +1,88 @@
+"""Trading platforms' exports as quants bring them: MetaTrader 4's history and NinjaTrader's (HistData's) text
+files without a header line, Kaggle's Bitstamp minutes with rows of NaN for minutes without trades, tables of several
+series as columns, and holidays beside weekends in intraday bars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from training_helpers import utc_ms
+from training_helpers import write_text_file as write
+
+from cerebellar_norse.errors import DataError
+from cerebellar_norse.training.data import load_csv_files
+
+# --------------------------------------------------------------------------------------
+# MetaTrader 4's history export and NinjaTrader's text export: no header line
+# --------------------------------------------------------------------------------------
+
+LOOKS_LIKE_DATA = "(the first line looks like data: add a header line naming the columns)"
+
+
+def mt4_bars(n: int) -> list[str]:
+    """``n`` hourly MetaTrader 4 bars from 2020-01-02 00:00, close 1.1213 + k * 1e-4."""
+    return [f"2020.01.{2 + k // 24:02d},{k % 24:02d}:00,{1.1212 + k * 1e-4:.4f},{1.1216 + k * 1e-4:.4f},"
+            f"{1.1210 + k * 1e-4:.4f},{1.1213 + k * 1e-4:.4f},{100 + k}" for k in range(n)]
+
+
+def test_a_metatrader4_history_export_is_read_by_its_layout(tmp_path: Path) -> None:
+    path = write(tmp_path, "\r\n".join(mt4_bars(60)) + "\r\n", "EURUSD60.csv")
+    data = load_csv_files([path])
+    (market,) = data.markets
+    assert market.market_id == "EURUSD60" and data.rows == 60 and data.bad_rows == 0
+    assert market.timestamp[:2].tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 2, 1)]
+    assert market.timestamp[-1] == utc_ms(2020, 1, 4, 11)
+    assert market.price[0] == pytest.approx(1.1213) and market.price[59] == pytest.approx(1.1272)  # the close
+    assert market.volume[:2].tolist() == [100, 101]
+    assert data.formats[0].header_lines == 0
+    assert (f"{path}: no header line; read as MetaTrader 4's history export (date,time,open,high,low,close,volume;"
+            " times in the broker's time zone, read in UTC: give that zone if it is not)") in data.notes
+
+
+@pytest.mark.parametrize("lines", [
+    [b.rsplit(",", 1)[0] for b in mt4_bars(3)],  # no volume: 6 fields
+    mt4_bars(3)[::-1],  # times going back
+    [b.replace("1.1216", "1.1200", 1) for b in mt4_bars(3)],  # a high below the close: no bar
+    [b.replace("2020.01.", "2020-01-", 1) for b in mt4_bars(3)],  # another date
+])
+def test_rows_near_the_metatrader4_layout_are_still_told_to_add_a_header(tmp_path: Path, lines: list[str]) -> None:
+    path = write(tmp_path, "\n".join(lines) + "\n", "EURUSD60.csv")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert str(exc.value).endswith(LOOKS_LIKE_DATA)
+
+
+@pytest.mark.parametrize(("rows", "prices", "volumes", "first"), [
+    # bars, as NinjaTrader exports them and HistData ships its ASCII minutes
+    ([f"20200102 0{k}0000;3200.25;3210.00;3199.50;{3200.50 + k};{10 + k}" for k in range(5)],
+     [3200.5, 3201.5, 3202.5, 3203.5, 3204.5], [10, 11, 12, 13, 14], utc_ms(2020, 1, 2)),
+    # NinjaTrader 7's ticks: last and volume
+    ([f"20200102 09300{k};{3200.25 + k / 4};{k + 1}" for k in range(5)],
+     [3200.25, 3200.5, 3200.75, 3201.0, 3201.25], [1, 2, 3, 4, 5], utc_ms(2020, 1, 2, 9, 30)),
+    # NinjaTrader 8's ticks: 100 ns after the seconds, last, bid, ask and volume
+    ([f"20200102 093000 {k}000000;{3200.25 + k / 4};{3200.0 + k / 4};{3200.5 + k / 4};{k + 1}" for k in range(5)],
+     [3200.25, 3200.5, 3200.75, 3201.0, 3201.25], [1, 2, 3, 4, 5], utc_ms(2020, 1, 2, 9, 30)),
+])
+def test_a_ninjatrader_text_export_is_read_by_its_layout(tmp_path: Path, rows: list[str], prices: list[float],
+                                                           volumes: list[int], first: int) -> None:
+    path = write(tmp_path, "\n".join(rows) + "\n", "ES 03-20.Last.txt")
+    data = load_csv_files([path])
+    (market,) = data.markets
+    assert data.bad_rows == 0 and market.market_id == "ES 03-20.Last"
+    assert market.price.tolist() == prices and market.volume.tolist() == volumes
+    assert market.timestamp[0] == first
+    assert any(n.startswith(f"{path}: no header line; read as NinjaTrader's (or HistData's) text export (time;")
+               for n in data.notes)
+
+
+def test_ninjatrader_s_100_ns_are_read_and_other_semicolon_rows_are_refused(tmp_path: Path) -> None:
+    rows = [f"20200102 093000 {k}500000;3200.25;3200.0;3200.5;1" for k in range(3)]
+    data = load_csv_files([write(tmp_path, "\n".join(rows) + "\n", "ES.txt")])
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 1, 2, 9, 30) + 50 + 100 * k for k in range(3)]
+    for lines in (["20200102;3200.25;1", "20200103;3200.5;2"],  # a date without a time of day
+                  ["20200102 093000;3200.25;3200.5;3200.0;1"]):  # a bid above the ask
+        path = write(tmp_path, "\n".join(lines) + "\n", "odd.txt")
+        with pytest.raises(DataError) as exc:
+            load_csv_files([path])
+        assert str(exc.value).endswith(LOOKS_LIKE_DATA)
