@@ -183,6 +183,9 @@ _BINANCE_NAME = re.compile(r"([A-Z0-9]{2,32}-[A-Za-z0-9]{1,16})-\d{4}-\d{2}(?:-\
 DATE_HOUR_SAMPLE = 10_000  # rows whose times must all be YYYYMMDDHH date-hours for a file to be read as such
 PLAUSIBLE_MS = 100_000_000_000  # 1973-03-03: in a file whose first time is later, an earlier one is of another unit
 FRED_MISSING = "the price is '.', as FRED marks a day without a value (a holiday)"  # why such rows are skipped
+# why a row whose every field but its time (and market) is NaN or empty is skipped
+NO_VALUES = "every field but the time is NaN or empty, as a bar without trades is written (Kaggle's Bitstamp minutes)"
+_NO_VALUE = frozenset(("nan", ""))
 TITLE_LINES_MAX = 5  # lines without a separator skipped before the header (a download site's name or URL)
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
 # a time of day in a column of its own: 9:30, 09:30:00.250, or digits only (stooq's 153500, 0930)
@@ -669,8 +672,12 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
     if cols.action is not None:
         return book_tick(row, cols, ts, market)
     if cols.ask is None:
-        if row[cols.price].strip() == ".":  # FRED's mark of a day without a value
+        written = row[cols.price].strip()
+        if written == ".":  # FRED's mark of a day without a value
             cols.skipped[FRED_MISSING] = cols.skipped.get(FRED_MISSING, 0) + 1
+            return None
+        if written.lower() in _NO_VALUE and _no_values(row, cols):
+            cols.skipped[NO_VALUES] = cols.skipped.get(NO_VALUES, 0) + 1
             return None
         price = fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
             row[cols.price], cols.price_name, cols.decimal_comma)
@@ -687,6 +694,13 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
                              " not): no volume is that large")
         cols.blank_volumes = min(cols.blank_volumes, blanks + 1)  # a row counts once
     return ts, market, price, volume
+
+
+def _no_values(row: list[str], cols: Columns) -> bool:
+    """Whether every field of ``row`` but its time, time of day and market is NaN or empty: a bar without trades, no
+    tick (a row with a value anywhere else stays a bad row)."""
+    keep = (cols.time, cols.clock, cols.market)
+    return all(f.strip().lower() in _NO_VALUE for i, f in enumerate(row) if i not in keep)
 
 
 def _with_clock(row: list[str], cols: Columns) -> str:

@@ -86,3 +86,30 @@ def test_ninjatrader_s_100_ns_are_read_and_other_semicolon_rows_are_refused(tmp_
         with pytest.raises(DataError) as exc:
             load_csv_files([path])
         assert str(exc.value).endswith(LOOKS_LIKE_DATA)
+
+
+# --------------------------------------------------------------------------------------
+# Kaggle's Bitstamp minutes: a row of NaN for a minute without trades
+# --------------------------------------------------------------------------------------
+
+BITSTAMP = "Timestamp,Open,High,Low,Close,Volume_(BTC),Volume_(Currency),Weighted_Price\n"
+
+
+def test_rows_of_nan_for_minutes_without_trades_are_skipped_not_bad(tmp_path: Path) -> None:
+    rows = []
+    for k in range(100):
+        t = 1_325_317_920 + 60 * k
+        rows.append(f"{t},NaN,NaN,NaN,NaN,NaN,NaN,NaN" if k % 3 == 0 else f"{t},4.39,4.39,4.39,{4 + k / 100},0.5,2.2,4.39")
+    path = write(tmp_path, BITSTAMP + "\n".join(rows) + "\n", "bitstampUSD_1-min_data.csv")
+    data = load_csv_files([path])  # 34 % of the rows: as bad rows they refused the file
+    (market,) = data.markets
+    assert data.bad_rows == 0 and data.skipped_rows == 34 and data.ticks == 66
+    assert market.timestamp[:2].tolist() == [1_325_317_980_000, 1_325_318_040_000]
+    assert market.price[:2].tolist() == [4.01, 4.02]
+    assert (f"{path}: 34 rows skipped: every field but the time is NaN or empty, as a bar without trades is written"
+            " (Kaggle's Bitstamp minutes)") in data.notes
+    # a row with a value beside its NaN price, or a NaN price in a file of no other columns, is still bad
+    path = write(tmp_path, BITSTAMP + "1325317920,4.39,4.39,4.39,NaN,0.5,2.2,4.39\n"
+                 "1325317980,4.39,4.39,4.39,4.39,0.5,2.2,4.39\n", "half.csv")
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.report == [f"{path}:2: Close 'NaN' is not finite"] and data.skipped_rows == 0
