@@ -107,6 +107,9 @@ class Columns:
     skipped: dict[str, int] = field(default_factory=dict)  # why -> rows skipped so (neither ticks nor bad rows)
     zone: tzinfo = UTC  # the zone of times written without an offset or zone (training.data_timezone)
     zone_used: bool = False  # a row's time was read in ``zone`` (not UTC) for want of an offset of its own
+    # a table of several series as columns beside the time (Date,AAPL,MSFT): their columns, each read as its own market
+    # in a pass over the file of its own, ``price`` the one this pass reads; empty for any other file
+    series: tuple[int, ...] = ()
 
     def used_fields(self, row: list[str]) -> list[str]:
         """The fields of a row that are read (none when the row has the wrong field count)."""

@@ -186,6 +186,10 @@ FRED_MISSING = "the price is '.', as FRED marks a day without a value (a holiday
 # why a row whose every field but its time (and market) is NaN or empty is skipped
 NO_VALUES = "every field but the time is NaN or empty, as a bar without trades is written (Kaggle's Bitstamp minutes)"
 _NO_VALUE = frozenset(("nan", ""))
+WIDE_NAMES_SHOWN = 8  # series of a table of several series named in its note
+# words of header names that say a column holds no price (see _no_price_name)
+_NO_PRICE_WORDS = ("amount", "count", "trades", "transactions", "interest", "openint", "turnover", "notional", "qty",
+                   "quantity", "size", "spread", "shares", "_id", " id", "weight", "ratio")
 TITLE_LINES_MAX = 5  # lines without a separator skipped before the header (a download site's name or URL)
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
 # a time of day in a column of its own: 9:30, 09:30:00.250, or digits only (stooq's 153500, 0930)
@@ -433,10 +437,11 @@ def _market_from_file_name(path: Path) -> str:
 
 
 def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = "",
-               ticker_from: str = "the header's Ticker row") -> Columns:
+               ticker_from: str = "the header's Ticker row", series: int | None = None) -> Columns:
     """The columns of a file from its header line; notes for the optional columns it lacks. ``ticker`` is the
     market of a file without a market column when its header (yfinance's Ticker row) or name (``ticker_from``) says
-    it."""
+    it. In a table of several series as columns (:func:`series_columns`) the price is column ``series`` (the first
+    series when None), its market named by its header."""
     shown = [header_name(h) for h in header]
     names = [match_name(s) for s in shown]
     t = find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
@@ -466,10 +471,21 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     if p is None:  # quotes: the mid of bid and ask
         bid = find_column(path, names, shown, BID_COLUMNS, "bid", False)
         ask = find_column(path, names, shown, ASK_COLUMNS, "ask", False)
+        wide = series_columns(shown, names, t) if bid is None or ask is None else ()
         if (bid is None or ask is None) and len(names) == 2 and not _known_column(names[1 - t]):
             p = 1 - t  # a series as FRED writes it: DATE,DCOILWTICO
             notes.append(f"{path}: price from {shown[p]!r}, the one column beside the time (a series as FRED"
                          " writes it)")
+        elif wide:
+            p = wide[0] if series is None else series
+            listed = ", ".join(shown[i] for i in wide[:WIDE_NAMES_SHOWN]) + (", …" if len(wide) > WIDE_NAMES_SHOWN
+                                                                            else "")
+            notes.append(f"{path}: {len(wide)} series as columns beside the time ({listed}): each read as its own"
+                         " market, named by its column, at its values (its rows counted once per series); a row whose"
+                         " value is empty, NaN or '.' gives that market no tick")
+            cols = Columns(len(header), t, shown[t], p, shown[p], None, "", None, "", _market_name(shown[p]),
+                           series=wide)
+            return cols
         elif bid is None or ask is None:
             find_column(path, names, shown, PRICE_COLUMNS, "price", True, ", or a bid and an ask column")
         else:
@@ -502,6 +518,31 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     return Columns(len(header), t, shown[t], p, shown[p], v, "" if v is None else shown[v],
                    m, "" if m is None else shown[m], default_market, ask=ask, ask_name="" if ask is None else shown[ask],
                    ask_volume=ask_v, ask_volume_name="" if ask_v is None else shown[ask_v])
+
+
+def _market_name(text: str) -> str:
+    """``text`` as a market id: printable ASCII (others become ``_``), 1–64 characters."""
+    text = "".join(ch if " " <= ch <= "~" else "_" for ch in text).strip()
+    return text[:MARKET_ID_MAX].rstrip() or "_"
+
+
+def series_columns(shown: list[str], names: list[str], t: int) -> tuple[int, ...]:
+    """The columns of a table of several series as columns beside the time column ``t`` (``Date,Brent,WTI``, a pandas
+    ``to_csv()`` of closes ``Date,AAPL,MSFT,GOOG``, FRED's download of several series): every other column is named,
+    by a name of no column read (no open, high, low, volume, market, bid or ask) nor of returns, counts or amounts
+    (:func:`_known_column`, :func:`_no_price_name`), the names distinct once made market ids; () for any other header
+    (one other column is FRED's single series)."""
+    others = [i for i in range(len(names)) if i != t]
+    if len(others) < 2 or any(_known_column(names[i]) or _no_price_name(names[i]) for i in others):
+        return ()
+    markets = [_market_name(shown[i]) for i in others]
+    return tuple(others) if len(set(markets)) == len(markets) else ()
+
+
+def _no_price_name(name: str) -> bool:
+    """Whether a header name says its column holds no price (an amount, a count, open interest, an id, a spread, which
+    can be 0 or below): such a column in a table of series makes it no table of prices."""
+    return any(word in name for word in _NO_PRICE_WORDS) or name in ("id", "oi", "n") or name.startswith("unnamed:")
 
 
 def _known_column(name: str) -> bool:
@@ -678,6 +719,10 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
             return None
         if written.lower() in _NO_VALUE and _no_values(row, cols):
             cols.skipped[NO_VALUES] = cols.skipped.get(NO_VALUES, 0) + 1
+            return None
+        if cols.series and written.lower() in _NO_VALUE:  # a series of a table without a value that day
+            why = f"{cols.price_name} is empty or NaN, no value of that series (a table of series as columns)"
+            cols.skipped[why] = cols.skipped.get(why, 0) + 1
             return None
         price = fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
             row[cols.price], cols.price_name, cols.decimal_comma)
@@ -925,14 +970,15 @@ def _can_be_time(text: str) -> bool:
 
 
 def file_format(path: Path, header: list[str], delimiter: str, notes: list[str], skipped: int = 0,
-                zone: tzinfo = UTC, books: OrderBooks | None = None) -> Columns:
+                zone: tzinfo = UTC, books: OrderBooks | None = None, series: int | None = None) -> Columns:
     """How the file at ``path`` is written: the columns used, its header lines, date and number formats and row
     order, from its header line (split at ``delimiter``, see :func:`delimiter_of`) and, where that cannot tell,
     from the file itself; a note in ``notes`` for each thing inferred. DataError for a header, or a date column,
     that cannot be read. The header is the line after ``skipped`` lines (see :func:`leading_lines`); the rows
     start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`.csvheaderless.binance_layout`). Times
     without an offset are read in ``zone``. ``books``, shared by the files of one load, carries a Databento order
-    book's state from one file to the next (see :func:`~.databento.databento_book_events`, :func:`~.databento.databento_mbo`)."""
+    book's state from one file to the next (see :func:`~.databento.databento_book_events`, :func:`~.databento.databento_mbo`).
+    In a table of several series as columns (``cols.series``), the column ``series`` is read (the first when None)."""
     levels = yfinance_header(path, header, delimiter, skipped)
     ticker, lines, ticker_from = "", 1, "the header's Ticker row"
     binance = None
@@ -959,7 +1005,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
         names = tuple(match_name(header_name(h)) for h in header)
         if binance is not None or names in (BINANCE_KLINES, BINANCE_AGG_TRADES[:7], BINANCE_TRADES[:6]):
             ticker, ticker_from = binance_symbol(path), "the Binance file name without its date"
-    cols = columns_of(path, header, notes, ticker, ticker_from)
+    cols = columns_of(path, header, notes, ticker, ticker_from, series)
     cols.zone = zone
     cols.header_rows = skipped + lines
     if skipped:

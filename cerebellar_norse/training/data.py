@@ -187,7 +187,10 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
     rows = bad = 0
     skips: dict[str, int] = {}  # why -> rows that are neither ticks nor bad rows, over all files (see Columns.skipped)
     books = OrderBooks()  # Databento order books, carried from each file to the next (a request split into files)
-    for path in paths:
+    # (file, the series column to read of a table of several series as columns; None: as its header says), in order
+    pending: list[tuple[Path, int | None]] = [(path, None) for path in reversed(paths)]
+    while pending:
+        path, series = pending.pop()
         try:
             if not stat.S_ISREG(os.stat(path).st_mode):  # (checked when the job was asked for, then replaced):
                 raise DataError(f"{path} is not a regular file (a FIFO, socket, device or directory): training reads "
@@ -222,7 +225,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            cols = file_format(path, header, delimiter, notes, skipped, zone, books)
+            cols = file_format(path, header, delimiter, notes if series is None else [], skipped, zone, books, series)
+            if series is None and len(cols.series) > 1:  # each further series in a pass of its own, right after
+                pending.extend((path, k) for k in reversed(cols.series[1:]))
             if cols.header_rows == skipped:  # no header line (a Binance file): the line read as one is the first row
                 fh.seek(0)
                 reader = csv.reader(fh, delimiter=delimiter)
@@ -387,6 +392,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                 " 0) cannot be read as it is: give its legs, or add a constant you choose to every price"
                 if not_above_0 * 2 > bad else "")
         raise DataError(f"{bad} of {rows} rows are bad ({bad / rows:.2%} > max_bad_row_fraction {max_bad_fraction:.2%}):\n{shown}{more}{hint}", report)
+    notes = list(dict.fromkeys(notes))  # a table of several series: each pass notes what they share once
     codes = np.frombuffer(code_all, dtype=np.int64)
     ts_arr = np.frombuffer(ts_all, dtype=np.float64)
     price_arr = np.frombuffer(price_all, dtype=np.float64)

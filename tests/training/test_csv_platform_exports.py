@@ -113,3 +113,47 @@ def test_rows_of_nan_for_minutes_without_trades_are_skipped_not_bad(tmp_path: Pa
                  "1325317980,4.39,4.39,4.39,4.39,0.5,2.2,4.39\n", "half.csv")
     data = load_csv_files([path], max_bad_fraction=0.5)
     assert data.report == [f"{path}:2: Close 'NaN' is not finite"] and data.skipped_rows == 0
+
+
+# --------------------------------------------------------------------------------------
+# Tables of several series as columns: each column its own market
+# --------------------------------------------------------------------------------------
+
+def test_a_table_of_closes_as_columns_is_read_one_market_per_column(tmp_path: Path) -> None:
+    # df.to_csv() of closes: GOOG starts a day later (an empty field), MSFT has no value on one day (NaN)
+    text = ("Date,AAPL,MSFT,GOOG\n2020-01-02,75.09,160.62,\n2020-01-03,74.36,NaN,1360.66\n"
+            "2020-01-06,74.95,159.03,1394.21\n2020-01-07,74.60,157.58,1393.34\n")
+    path = write(tmp_path, text, "closes.csv")
+    data = load_csv_files([path])
+    by_id = {m.market_id: m for m in data.markets}
+    assert sorted(by_id) == ["AAPL", "GOOG", "MSFT"] and data.bad_rows == 0
+    assert by_id["AAPL"].price.tolist() == [75.09, 74.36, 74.95, 74.60]
+    assert by_id["MSFT"].price.tolist() == [160.62, 159.03, 157.58]
+    assert by_id["MSFT"].timestamp.tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 6), utc_ms(2020, 1, 7)]
+    assert by_id["GOOG"].price.tolist() == [1360.66, 1394.21, 1393.34]
+    assert data.rows == 12 and data.skipped_rows == 2 and data.ticks == 10
+    assert (f"{path}: 3 series as columns beside the time (AAPL, MSFT, GOOG): each read as its own market, named by"
+            " its column, at its values (its rows counted once per series); a row whose value is empty, NaN or '.'"
+            " gives that market no tick") in data.notes
+    assert [(f.price, f.default_market) for f in data.formats] == [("AAPL", "AAPL"), ("MSFT", "MSFT"), ("GOOG", "GOOG")]
+    assert len(data.notes) == len(set(data.notes))
+
+
+def test_fred_series_as_columns_newest_first_and_a_bad_value(tmp_path: Path) -> None:
+    text = ("observation_date,DCOILWTICO,DCOILBRENTEU\n2020-04-22,13.78,13.77\n2020-04-21,8.91,.\n"
+            "2020-04-20,x,17.36\n2020-04-17,18.27,21.20\n")
+    path = write(tmp_path, text, "fredgraph.csv")
+    data = load_csv_files([path], max_bad_fraction=0.2)
+    wti, brent = (next(m for m in data.markets if m.market_id == k) for k in ("DCOILWTICO", "DCOILBRENTEU"))
+    assert wti.price.tolist() == [18.27, 8.91, 13.78] and brent.price.tolist() == [21.20, 17.36, 13.77]
+    assert brent.timestamp.tolist() == [utc_ms(2020, 4, 17), utc_ms(2020, 4, 20), utc_ms(2020, 4, 22)]
+    assert data.report == [f"{path}:4: DCOILWTICO 'x' is not a number"]
+    assert data.formats[0].newest_first and data.formats[1].newest_first
+
+
+@pytest.mark.parametrize("header", ["Date,AAPL,Transactions", "Date,Open,WTI", "Date,Brent,Brent", "Date,AAPL,"])
+def test_a_table_with_a_column_that_is_no_price_is_still_refused(tmp_path: Path, header: str) -> None:
+    path = write(tmp_path, f"{header}\n2020-01-02,75.09,12\n2020-01-03,74.36,13\n", "t.csv")
+    with pytest.raises(DataError, match=r"t\.csv:1: no price column"):
+        load_csv_files([path])
+
