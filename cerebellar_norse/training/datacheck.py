@@ -46,6 +46,8 @@ MOVE_MIN = 0.05  # log-return units
 
 DAY_MS = 86_400_000
 CLOSED_SPAN_DAYS = 14  # a market whose ticks span this many days shows the days of the week it never trades
+HOLIDAYS_PER_GAP = 2  # whole trading days without a tick a gap may hold as holidays (Good Friday and Easter Monday)
+HOLIDAYS_PER_YEAR = 20  # ... and over the series, a year (exchanges close 8 to 19 weekdays a year)
 WEEKDAY_NAMES = ("Mondays", "Tuesdays", "Wednesdays", "Thursdays", "Fridays", "Saturdays", "Sundays")
 
 
@@ -70,6 +72,40 @@ def _closed_ms(start: float, end: float, closed: frozenset[int]) -> float:
             total += min(end, (day + 1) * DAY_MS) - max(start, day * DAY_MS)
         day += 1
     return total
+
+
+def _missing_open_days(start: float, end: float, closed: frozenset[int]) -> int:
+    """The whole days (UTC) strictly between ``start`` and ``end`` that are not in ``closed``: days the market trades
+    on other weeks but has no tick on here (a holiday, or data missing)."""
+    first = int(-(-start // DAY_MS))  # the first midnight at or after start
+    if first * DAY_MS == start:
+        first += 1  # a day that starts at the gap's first tick holds that tick
+    last = int(end // DAY_MS)  # the day holding end (or starting at it) is not whole inside the gap
+    return sum((day + 3) % 7 not in closed for day in range(first, last))
+
+
+def _judged_gaps(t: np.ndarray, gaps: np.ndarray, closed: frozenset[int]) -> tuple[dict[int, float], dict[int, float]]:
+    """For each gap over a day (by its index): its length less the closed days of the week it spans (``open``), and
+    the length it is judged by (``judged``): ``open`` less, for a gap that spans a closed day, the market's usual weekend
+    (the median ``open`` of such gaps: a futures market's Sunday evening, FX's Sunday until 22:00 UTC, an exchange's
+    night), and less up to ``HOLIDAYS_PER_GAP`` whole days of the week it trades on but has no tick in the gap
+    (holidays: Good Friday beside a weekend, a midweek holiday), as long as those come to ``HOLIDAYS_PER_YEAR`` a year
+    or less over the series (more would be data missing, not holidays); none for a market with no closed days."""
+    day_gaps = np.flatnonzero(gaps > DAY_MS).tolist()
+    open_: dict[int, float] = {}
+    weekend: list[int] = []
+    for i in day_gaps:
+        open_[i] = float(gaps[i]) - _closed_ms(float(t[i]), float(t[i + 1]), closed)
+        if open_[i] < gaps[i]:
+            weekend.append(i)
+    usual = float(np.median([open_[i] for i in weekend])) if len(weekend) >= 2 else 0.0
+    holidays = {i: min(HOLIDAYS_PER_GAP, _missing_open_days(float(t[i]), float(t[i + 1]), closed)) if closed else 0
+                for i in day_gaps}
+    years = max(1.0, (float(t[-1]) - float(t[0])) / (365.25 * DAY_MS))
+    if sum(holidays.values()) > HOLIDAYS_PER_YEAR * years:
+        holidays = dict.fromkeys(day_gaps, 0)
+    judged = {i: open_[i] - (min(usual, open_[i]) if i in weekend else 0.0) - holidays[i] * DAY_MS for i in day_gaps}
+    return open_, judged
 
 
 def _day_names(closed: frozenset[int]) -> str:
@@ -105,9 +141,12 @@ def market_checks(m: MarketSeries, spec: LabelSpec | None = None) -> list[str]:
     candidates = np.flatnonzero(gaps > floor)
     if candidates.size:
         closed = _closed_weekdays(t)
-        open_gaps = [(float(gaps[i]) - _closed_ms(float(t[i]), float(t[i + 1]), closed), int(i)) for i in candidates]
-        longest, k = max(open_gaps)
-        if longest > floor:
+        open_, judged = _judged_gaps(t, gaps, closed)
+        worst, k = max((judged[int(i)], int(i)) for i in candidates)
+        # what is left once a weekend or holidays are out is told from a day on: 3 trading days missing beside a
+        # weekend leave a day exactly
+        if worst > floor or (worst == floor and worst < open_[k]):
+            longest = open_[k]
             without = (f", {span(longest)} without the {_day_names(closed)} it spans, on which the market has no ticks"
                        if longest < gaps[k] else "")
             out.append(f"a gap of {span(float(gaps[k]))} before {iso_ms(float(t[k + 1]))},"

@@ -4,14 +4,17 @@ series as columns, and holidays beside weekends in intraday bars."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from training_helpers import utc_ms
 from training_helpers import write_text_file as write
 
 from cerebellar_norse.errors import DataError
-from cerebellar_norse.training.data import load_csv_files
+from cerebellar_norse.training.data import MarketSeries, load_csv_files
+from cerebellar_norse.training.datacheck import market_checks
 
 # --------------------------------------------------------------------------------------
 # MetaTrader 4's history export and NinjaTrader's text export: no header line
@@ -157,3 +160,85 @@ def test_a_table_with_a_column_that_is_no_price_is_still_refused(tmp_path: Path,
     with pytest.raises(DataError, match=r"t\.csv:1: no price column"):
         load_csv_files([path])
 
+
+# --------------------------------------------------------------------------------------
+# Gaps in intraday bars: weekends that open on Sunday evening, holidays, lunch breaks, half days
+# --------------------------------------------------------------------------------------
+
+DAY = 86_400_000
+MIN5 = 300_000
+
+
+def bars(days: range, session: Callable[[int], list[tuple[float, float]]]) -> MarketSeries:
+    """5-minute bars (UTC) over ``days`` (days since the epoch), each day's ``session(weekday)``: (from, to) hours."""
+    t = [day * DAY + int(h * 3_600_000) + k * MIN5 for day in days for start, end in session((day + 3) % 7)
+         for h in (start,) for k in range(int((end - start) * 12))]
+    ts = np.array(sorted(set(t)), dtype=np.float64)
+    return MarketSeries("M", ts, 100 + np.sin(np.arange(ts.size)) / 10, np.ones(ts.size))
+
+
+def gap_checks(series: MarketSeries) -> list[str]:
+    return [c for c in market_checks(series) if c.startswith("a gap")]
+
+
+JAN_2024 = utc_ms(2024, 1, 1) // DAY  # a Monday
+HALF_YEAR = range(JAN_2024, JAN_2024 + 182)
+
+
+def futures(weekday: int) -> list[tuple[float, float]]:
+    """CME's hours in UTC (winter): Sunday 23:00 to Friday 22:00, a break 22:00-23:00."""
+    return {5: [], 6: [(23, 24)], 4: [(0, 22)]}.get(weekday, [(0, 22), (23, 24)])
+
+
+def equities(weekday: int) -> list[tuple[float, float]]:
+    """NYSE's regular session in UTC (winter), weekdays."""
+    return [(14.5, 21)] if weekday < 5 else []
+
+
+def without(days: range, *missing: int) -> list[int]:
+    return [d for d in days if d not in missing]
+
+
+def test_a_weekend_that_opens_on_sunday_evening_is_no_gap(tmp_path: Path) -> None:
+    assert gap_checks(bars(HALF_YEAR, futures)) == []  # each Friday 22:00 to Sunday 23:00
+    fx = bars(HALF_YEAR, lambda wd: {5: [], 6: [(22, 24)], 4: [(0, 22)]}.get(wd, [(0, 24)]))
+    assert gap_checks(fx) == []  # Friday 22:00 to Sunday 22:00: two days, one of them a Saturday
+    # a week missing in futures is still told
+    (gap,) = gap_checks(bars(without(HALF_YEAR, *range(JAN_2024 + 35, JAN_2024 + 42)), futures))
+    assert gap.startswith("a gap of 7d 00:05:00 before 2024-02-12T00:00:00Z")
+
+
+def test_holidays_beside_a_weekend_or_midweek_are_no_gap_but_a_missing_week_is(tmp_path: Path) -> None:
+    # MLK day (Monday), Good Friday, Easter Monday beside it (a European exchange), Juneteenth (a Wednesday)
+    holidays = [JAN_2024 + 14, utc_ms(2024, 3, 29) // DAY, utc_ms(2024, 4, 1) // DAY, utc_ms(2024, 6, 19) // DAY]
+    assert gap_checks(bars(without(HALF_YEAR, *holidays), equities)) == []
+    # a Christmas Eve half day (a Tuesday closing at 18:00 UTC) before Christmas Day
+    dec = range(utc_ms(2024, 12, 2) // DAY, utc_ms(2025, 1, 31) // DAY)
+    half = bars(without(dec, utc_ms(2024, 12, 25) // DAY),
+                lambda wd: equities(wd))  # the half day: its bars end at 21:00 here; cut below
+    cut = (half.timestamp < utc_ms(2024, 12, 24, 18)) | (half.timestamp >= utc_ms(2024, 12, 25))
+    assert gap_checks(MarketSeries("M", half.timestamp[cut], half.price[cut], half.volume[cut])) == []
+    # a week missing (2024-04-08 to 04-12) is told, with its length less the weekends
+    (gap,) = gap_checks(bars(without(HALF_YEAR, *holidays, *range(JAN_2024 + 98, JAN_2024 + 103)), equities))
+    assert gap.startswith("a gap of 9d 17:35:00 before 2024-04-15T14:30:00Z") and "5d 17:35:00 without" in gap
+    # three days missing beside a weekend (Monday to Wednesday) are told
+    (gap,) = gap_checks(bars(without(HALF_YEAR, *holidays, *range(JAN_2024 + 98, JAN_2024 + 101)), equities))
+    assert gap.startswith("a gap of 5d 17:35:00 before 2024-04-11T14:30:00Z")
+    # a day missing every week (Monday, then Tuesday, …) is data missing, not holidays: more than an exchange closes
+    # in a year
+    day_a_week = [d for d in HALF_YEAR if (d + 3) % 7 == (d - JAN_2024) // 7 % 5]
+    assert len(day_a_week) == 26
+    (gap,) = gap_checks(bars(without(HALF_YEAR, *day_a_week), equities))
+    assert gap.startswith("a gap of 4d 17:35:00 before 2024-06-25T14:30:00Z")
+
+
+def test_a_lunch_break_or_a_golden_week_of_holidays_beside_a_weekend(tmp_path: Path) -> None:
+    def tokyo(weekday: int) -> list[tuple[float, float]]:
+        return [(0, 2.5), (3.5, 6)] if weekday < 5 else []  # 09:00-11:30 and 12:30-15:00 JST
+
+    golden = [utc_ms(2024, 4, 29) // DAY, utc_ms(2024, 5, 3) // DAY, utc_ms(2024, 5, 6) // DAY]
+    assert gap_checks(bars(without(HALF_YEAR, *golden), tokyo)) == []
+    # a market that trades every day keeps a missing day as a gap
+    crypto = bars(without(HALF_YEAR, JAN_2024 + 50), lambda wd: [(0, 24)])
+    (gap,) = gap_checks(crypto)
+    assert gap.startswith("a gap of 1d 00:05:00 before") and "without" not in gap
