@@ -154,6 +154,15 @@ def test_fred_series_as_columns_newest_first_and_a_bad_value(tmp_path: Path) -> 
     assert data.formats[0].newest_first and data.formats[1].newest_first
 
 
+def test_a_table_saved_after_reset_index_ignores_its_unnamed_index(tmp_path: Path) -> None:
+    text = ",Date,AAPL,MSFT\n0,2020-01-02,75.09,160.62\n1,2020-01-03,74.36,158.62\n"
+    path = write(tmp_path, text, "closes.csv")
+    data = load_csv_files([path])
+    assert {m.market_id: m.price.tolist() for m in data.markets} == {"AAPL": [75.09, 74.36], "MSFT": [160.62, 158.62]}
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2020, 1, 2), utc_ms(2020, 1, 3)]
+    assert any(n.endswith("; the unnamed first column (a pandas index) ignored") for n in data.notes)
+
+
 @pytest.mark.parametrize("header", ["Date,AAPL,Transactions", "Date,Open,WTI", "Date,Brent,Brent", "Date,AAPL,"])
 def test_a_table_with_a_column_that_is_no_price_is_still_refused(tmp_path: Path, header: str) -> None:
     path = write(tmp_path, f"{header}\n2020-01-02,75.09,12\n2020-01-03,74.36,13\n", "t.csv")
