@@ -73,8 +73,8 @@ site's name) are skipped. A file written by yfinance (``yf.download(ticker).to_c
 symbol above its fields (``Symbol,JFC,…``, ``,open,…``, ``dt,,…``), is read with its first column as the time and
 the symbol as the market. A pandas index written without a name (an empty first
 header name) is the time column. A file without a header line is read only when it is one of
-Binance's (klines, aggTrades, trades), TrueFX's quotes, MetaTrader 4's history export or NinjaTrader's (HistData's)
-bars or ticks (:mod:`.csvheaderless`).
+Binance's (klines, aggTrades, trades), TrueFX's quotes, MetaTrader 4's history export, NinjaTrader's (HistData's)
+bars or ticks, or HistData's ticks (:mod:`.csvheaderless`).
 
 :func:`file_format` works out how a file is written from its header line and, where the
 header cannot tell, from the file itself (each probe, :func:`yfinance_header`,
@@ -108,9 +108,11 @@ from .csvheaderless import (
     BINANCE_AGG_TRADES,
     BINANCE_KLINES,
     BINANCE_TRADES,
+    HISTDATA_TICKS,
     METATRADER4_BARS,
     TRUEFX_QUOTES,
     binance_layout,
+    histdata_ticks_layout,
     metatrader4_layout,
     ninjatrader_layout,
     truefx_layout,
@@ -1000,6 +1002,10 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
             header, lines = list(METATRADER4_BARS), 0
             notes.append(f"{path}: no header line; read as MetaTrader 4's history export ({','.join(METATRADER4_BARS)};"
                          " times in the broker's time zone, read in " + zone_name(zone) + ": give that zone if it is not)")
+        elif histdata_ticks_layout(path, header, delimiter, skipped):
+            header, lines = list(HISTDATA_TICKS), 0
+            notes.append(f"{path}: no header line; read as HistData's tick file ({','.join(HISTDATA_TICKS)}; times in"
+                         f" EST, UTC-05:00 all year, read in {zone_name(zone)}: give -05:00 if they are not)")
         elif (ninja := ninjatrader_layout(path, header, delimiter, skipped)) is not None:
             header, lines = list(ninja), 0
             notes.append(f"{path}: no header line; read as NinjaTrader's (or HistData's) text export"

@@ -1,8 +1,9 @@
 """Headerless tick files of a known layout: data.binance.vision's (klines, aggTrades, trades), TrueFX's quotes,
-MetaTrader 4's history export and NinjaTrader's (and HistData's) text files of bars and ticks.
+MetaTrader 4's history export, NinjaTrader's (and HistData's) text files of bars and ticks and HistData's ticks.
 
 A file without a header is read only when its first rows fit one of these layouts exactly
-(:func:`binance_layout`, :func:`truefx_layout`, :func:`metatrader4_layout`, :func:`ninjatrader_layout`); the column names each layout gives its fields are the names a
+(:func:`binance_layout`, :func:`truefx_layout`, :func:`metatrader4_layout`, :func:`ninjatrader_layout`,
+:func:`histdata_ticks_layout`); the column names each layout gives its fields are the names a
 header of that vendor would carry, so the rest of the reader finds the time, price and volume columns by name.
 """
 
@@ -40,6 +41,9 @@ NINJATRADER_BARS = ("time", "open", "high", "low", "close", "volume")
 NINJATRADER_TICKS = ("time", "last", "volume")
 NINJATRADER_QUOTED_TICKS = ("time", "last", "bid", "ask", "volume")
 _NINJATRADER_TIME = re.compile(r"\d{8} \d{6}( \d{7})?")
+# HistData's ASCII tick files, headerless: the time with ms run on (20190101 170008587), bid, ask, volume
+HISTDATA_TICKS = ("time", "bid", "ask", "volume")
+_HISTDATA_TIME = re.compile(r"\d{8} \d{9}")
 HEADERLESS_SAMPLE = 50  # headerless rows that must all fit a layout for a file to be read as one
 _BINANCE_BOOLEANS = frozenset(("True", "False", "true", "false"))
 
@@ -167,3 +171,18 @@ def ninjatrader_layout(path: Path, first: list[str], delimiter: str = ";", skip:
     if not _sample_fits(path, delimiter, skip, lambda row, prev: _ninjatrader_row(row) == layout and row[0] >= prev[0]):
         return None
     return layout
+
+
+def _histdata_tick_row(row: list[str]) -> bool:
+    """Whether one headerless row is a HistData tick exactly: ``20190101 170008587,1.146480,1.146680,0`` (the time
+    with its ms run on, a bid at or below the ask, a volume)."""
+    return (len(row) == 4 and _HISTDATA_TIME.fullmatch(row[0]) is not None and _finite(*row[1:])
+            and float(row[1]) <= float(row[2]) and float(row[3]) >= 0)
+
+
+def histdata_ticks_layout(path: Path, first: list[str], delimiter: str = ",", skip: int = 0) -> bool:
+    """Whether a headerless file is HistData's ASCII tick file: its first line ``first`` (after ``skip`` lines) and
+    every row up to ``HEADERLESS_SAMPLE`` are HistData ticks (:func:`_histdata_tick_row`) whose times do not go
+    back."""
+    return _histdata_tick_row(first) and _sample_fits(
+        path, delimiter, skip, lambda row, prev: _histdata_tick_row(row) and row[0] >= prev[0])

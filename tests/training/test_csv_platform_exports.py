@@ -5,6 +5,7 @@ series as columns, and holidays beside weekends in intraday bars."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +90,22 @@ def test_ninjatrader_s_100_ns_are_read_and_other_semicolon_rows_are_refused(tmp_
         with pytest.raises(DataError) as exc:
             load_csv_files([path])
         assert str(exc.value).endswith(LOOKS_LIKE_DATA)
+
+
+def test_a_histdata_tick_file_is_read_by_its_layout(tmp_path: Path) -> None:
+    rows = [f"20190101 1700{k:02d}587,{1.14648 + k * 1e-5:.6f},{1.14668 + k * 1e-5:.6f},0" for k in range(60)]
+    path = write(tmp_path, "\n".join(rows) + "\n", "DAT_ASCII_EURUSD_T_201901.csv")
+    data = load_csv_files([path], zone=timezone(timedelta(hours=-5)))
+    (market,) = data.markets
+    assert data.bad_rows == 0 and market.timestamp[0] == utc_ms(2019, 1, 1, 22) + 587
+    assert market.price[0] == pytest.approx(1.14658) and market.volume[0] == 0
+    assert (f"{path}: no header line; read as HistData's tick file (time,bid,ask,volume; times in EST, UTC-05:00 all"
+            " year, read in UTC-05:00: give -05:00 if they are not)") in data.notes
+    # a bid above the ask among the first 50 rows: no proof of the layout
+    path = write(tmp_path, "\n".join([*rows[:5], "20190101 170100587,1.2,1.1,0", *rows[5:]]) + "\n", "odd.csv")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert str(exc.value).endswith(LOOKS_LIKE_DATA)
 
 
 # --------------------------------------------------------------------------------------
