@@ -533,12 +533,16 @@ def series_columns(shown: list[str], names: list[str], t: int) -> tuple[int, ...
     """The columns of a table of several series as columns beside the time column ``t`` (``Date,Brent,WTI``, a pandas
     ``to_csv()`` of closes ``Date,AAPL,MSFT,GOOG``, FRED's download of several series): every other column is named,
     by a name of no column read (no open, high, low, volume, market, bid or ask) nor of returns, counts or amounts
-    (:func:`_known_column`, :func:`_no_price_name`), the names distinct once made market ids; () for any other header
+    (:func:`_known_column`, :func:`_no_price_name`) nor a number, the names distinct once made market ids; () for any
+    other header
     (one other column is FRED's single series). An unnamed first column beside a named time column (a pandas index
     saved after ``reset_index()``) is ignored."""
     # an unnamed first column beside a named time column is a pandas index (df.reset_index().to_csv()), no series
     others = [i for i in range(len(names)) if i != t and not (i == 0 and _unnamed_index(names))]
-    if len(others) < 2 or any(_known_column(names[i]) or _no_price_name(names[i]) for i in others):
+    # a name that is a number is an id (zipline's and pyfolio's sids: a table of volumes or market caps by asset) or
+    # a value, not a series' name
+    if len(others) < 2 or any(_known_column(names[i]) or _no_price_name(names[i]) or is_number(names[i])
+                              for i in others):
         return ()
     markets = [_market_name(shown[i]) for i in others]
     return tuple(others) if len(set(markets)) == len(markets) else ()

@@ -180,7 +180,8 @@ def test_a_table_saved_after_reset_index_ignores_its_unnamed_index(tmp_path: Pat
     assert any(n.endswith("; the unnamed first column (a pandas index) ignored") for n in data.notes)
 
 
-@pytest.mark.parametrize("header", ["Date,AAPL,Transactions", "Date,Open,WTI", "Date,Brent,Brent", "Date,AAPL,"])
+@pytest.mark.parametrize("header", ["Date,AAPL,Transactions", "Date,Open,WTI", "Date,Brent,Brent", "Date,AAPL,",
+                                    ",351,1419"])  # pyfolio's volumes by sid
 def test_a_table_with_a_column_that_is_no_price_is_still_refused(tmp_path: Path, header: str) -> None:
     path = write(tmp_path, f"{header}\n2020-01-02,75.09,12\n2020-01-03,74.36,13\n", "t.csv")
     with pytest.raises(DataError, match=r"t\.csv:1: no price column"):
