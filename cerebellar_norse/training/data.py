@@ -189,6 +189,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
     books = OrderBooks()  # Databento order books, carried from each file to the next (a request split into files)
     # (file, the series column to read of a table of several series as columns; None: as its header says), in order
     pending: list[tuple[Path, int | None]] = [(path, None) for path in reversed(paths)]
+    tables: list[str] = []  # a refusal's hint for each file read as a table of series: its columns may be no prices
     while pending:
         path, series = pending.pop()
         try:
@@ -228,6 +229,9 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
             cols = file_format(path, header, delimiter, notes if series is None else [], skipped, zone, books, series)
             if series is None and len(cols.series) > 1:  # each further series in a pass of its own, right after
                 pending.extend((path, k) for k in reversed(cols.series[1:]))
+                tables.append(f"{path} was read as a table of {len(cols.series)} series as columns, each a market's"
+                              " prices: if its columns hold no prices (returns, factors, weather, …), it is no file"
+                              " of prices to train on")
             if cols.header_rows == skipped:  # no header line (a Binance file): the line read as one is the first row
                 fh.seek(0)
                 reader = csv.reader(fh, delimiter=delimiter)
@@ -375,6 +379,7 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                 notes.append(f"{path}: rows run newest first; read in reverse")
     shown = "\n".join(report[:MAX_REPORTED])
     more = f"\n… and {len(report) - MAX_REPORTED} more" if len(report) > MAX_REPORTED else ""
+    more += "".join(f"\n{hint}" for hint in tables) if bad else ""
     if rows == 0 or not code_of:
         files = ", ".join(str(p) for p in paths)
         if rows == 0:

@@ -180,6 +180,17 @@ def test_a_table_saved_after_reset_index_ignores_its_unnamed_index(tmp_path: Pat
     assert any(n.endswith("; the unnamed first column (a pandas index) ignored") for n in data.notes)
 
 
+def test_a_table_of_returns_is_refused_saying_it_was_read_as_series(tmp_path: Path) -> None:
+    # Fama-French factors: returns, many below 0
+    text = "Date,Mkt-RF,SMB,HML\n2020-01-02,0.86,-0.97,-0.34\n2020-01-03,-0.67,0.30,0.01\n2020-01-06,0.36,-0.21,-0.55\n"
+    path = write(tmp_path, text, "F-F_Research_Data_Factors_daily.csv")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    assert f"{path}:2: SMB -0.97 is not > 0" in str(exc.value)
+    assert (f"\n{path} was read as a table of 3 series as columns, each a market's prices: if its columns hold no"
+            " prices (returns, factors, weather, …), it is no file of prices to train on") in str(exc.value)
+
+
 @pytest.mark.parametrize("header", ["Date,AAPL,Transactions", "Date,Open,WTI", "Date,Brent,Brent", "Date,AAPL,",
                                     ",351,1419"])  # pyfolio's volumes by sid
 def test_a_table_with_a_column_that_is_no_price_is_still_refused(tmp_path: Path, header: str) -> None:
