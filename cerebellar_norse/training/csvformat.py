@@ -486,9 +486,8 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
                          " market, named by its column, at its values (its rows counted once per series); a row whose"
                          " value is empty, NaN or '.' gives that market no tick"
                          + ("; the unnamed first column (a pandas index) ignored" if t != 0 and 0 not in wide else ""))
-            cols = Columns(len(header), t, shown[t], p, shown[p], None, "", None, "", _market_name(shown[p]),
+            return Columns(len(header), t, shown[t], p, shown[p], None, "", None, "", _market_name(shown[p]),
                            series=wide)
-            return cols
         elif bid is None or ask is None:
             find_column(path, names, shown, PRICE_COLUMNS, "price", True, ", or a bid and an ask column")
         else:
@@ -534,9 +533,8 @@ def series_columns(shown: list[str], names: list[str], t: int) -> tuple[int, ...
     ``to_csv()`` of closes ``Date,AAPL,MSFT,GOOG``, FRED's download of several series): every other column is named,
     by a name of no column read (no open, high, low, volume, market, bid or ask) nor of returns, counts or amounts
     (:func:`_known_column`, :func:`_no_price_name`) nor a number, the names distinct once made market ids; () for any
-    other header
-    (one other column is FRED's single series). An unnamed first column beside a named time column (a pandas index
-    saved after ``reset_index()``) is ignored."""
+    other header (one other column is FRED's single series). An unnamed first column beside a named time column (a
+    pandas index saved after ``reset_index()``) is ignored."""
     # an unnamed first column beside a named time column is a pandas index (df.reset_index().to_csv()), no series
     others = [i for i in range(len(names)) if i != t and not (i == 0 and _unnamed_index(names))]
     # a name that is a number is an id (zipline's and pyfolio's sids: a table of volumes or market caps by asset) or

@@ -1,8 +1,9 @@
 """Training data: CSV files of ticks and the labels computed from them.
 
-A file is a header naming the columns, then one tick per line (Binance's, TrueFX's, MetaTrader 4's and
-NinjaTrader's headerless files are read by their layout); how a file may be written (separators, column names, time and number formats, yfinance's, MetaTrader's,
-Databento's and Binance's layouts) is in :mod:`cerebellar_norse.training.csvformat`. A file compressed with gzip,
+A file is a header naming the columns, then one tick per line (Binance's, TrueFX's, MetaTrader 4's, NinjaTrader's
+and HistData's headerless files are read by their layout; a table of several series as columns is read a series at a
+time, each a market); how a file may be written (separators, column names, time and number formats, yfinance's,
+MetaTrader's, Databento's and Binance's layouts) is in :mod:`cerebellar_norse.training.csvformat`. A file compressed with gzip,
 bzip2 or xz, or a zip of one file, is read decompressed, noted (:mod:`cerebellar_norse.training.compressed`); a
 truncated or damaged one fails with ``file:line: unreadable after line N: …``.
 
