@@ -67,7 +67,10 @@ Failures
     reset, model swap and import tries it (for want of disk space, at most every
     :data:`SPACE_RETRY_S`) and, failing, is refused
     (:class:`~cerebellar_norse.errors.JournalWaitError`, 503 with ``Retry-After``) before
-    it changes anything. A segment therefore never grows past the size its header records.
+    it changes anything. A segment therefore never grows past the size its header records. A model swap or an import
+    whose checkpoint finds no descriptor or space (its segment started, or its ``market_state.bin`` not written) is
+    refused the same way and undone; a segment started for it, holding no record yet, takes the kept model's
+    fingerprint back in its header (:meth:`Durability._refingerprint`), so the journal goes on.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ from .segments import (
     record_bound,
     segment_name,
     segment_state_id,
+    set_fingerprint,
 )
 from .state_dir import STATE_ID_FILE, StateDirLock, read_state_id, write_state_id
 
@@ -126,6 +130,15 @@ WAITABLE = OUT_OF_DESCRIPTORS + OUT_OF_SPACE
 # file's size as the disk has and gives it back, work a refused tick per try would repeat thousands of times a second
 # (a missing descriptor costs one failed open: tried with every refused change)
 SPACE_RETRY_S = 0.25
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path`` (None when there is none or it cannot be read): a rename over it shows."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def waiting_for(exc: StorageError, state_dir: Path) -> tuple[str, str]:
@@ -454,9 +467,24 @@ class Durability:
     # -- checkpoints -------------------------------------------------------------------
 
     def _rotate(self, fingerprint: dict[str, Any], can_wait: bool = False) -> None:
-        """Start a new segment at the current position when the open one holds records or is of another model."""
-        if self._pos > HEADER_SIZE or self._seg_fp != fingerprint:
+        """Start a new segment at the current position when the open one holds records; one that holds none but is of
+        another model takes the new fingerprint in its header instead (:meth:`_refingerprint`)."""
+        if self._pos > HEADER_SIZE:
             self._open_segment(can_wait=can_wait)
+        elif self._seg_fp != fingerprint:
+            self._refingerprint(fingerprint)
+
+    def _refingerprint(self, fingerprint: dict[str, Any]) -> None:
+        """Give the open segment, which holds no record, ``fingerprint`` in its header, in place: no new file (it
+        would have the open one's name), so no descriptor or disk space is needed, and the way back for a refused swap
+        (:meth:`checkpoint_now`) is the same. A flush that fails is an I/O error: fatal."""
+        assert self._mm is not None and self._pos == HEADER_SIZE
+        try:
+            set_fingerprint(self._mm, fingerprint)
+        except OSError as exc:
+            raise self._fail(StorageError.from_os_error("cannot write the header of journal file", self._segments[-1][1],
+                                                        exc)) from None
+        self._seg_fp = fingerprint
 
     def _write(self, snap: Any, fingerprint: dict[str, Any], seq: int, force: bool = False) -> bool:
         """Write a checkpoint at ``seq`` unless one as new is already on disk (any thread).
@@ -495,6 +523,7 @@ class Durability:
             raise self.failed
         self._check_in_place()
         snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
+        kept_fp = self._seg_fp  # the served model's (before a swap): the journal goes on with it if this is refused
         try:
             self._rotate(fp, can_wait=True)
         except StorageError as exc:
@@ -503,10 +532,24 @@ class Durability:
             raise JournalWaitError(f"{exc}: the journal cannot start the file this change needs, so it is refused and "
                                    f"nothing was changed ({waiting_for(exc, self.state_dir)[1]}); try again",
                                    retry_after_s=1.0) from None
+        path = self.engine.state_path()
+        on_disk = _file_id(path)
         try:
             self._write(snap, fp, seq, force=True)
         except OSError as exc:
-            raise self._fail(StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc)) from None
+            err = StorageError.from_os_error("cannot write checkpoint", path, exc)
+            if exc.errno not in WAITABLE or _file_id(path) != on_disk:  # (renamed, then the directory's flush failed)
+                raise self._fail(err) from None
+            # no descriptor or space for market_state.bin's temporary file (removed again): the previous checkpoint is
+            # whole, and the open segment holds no record yet: it goes on with the model kept (the caller undoes the
+            # change), so the journal stays right for a replay; the change is refused for now, not fatal
+            if self._seg_fp != kept_fp:
+                self._refingerprint(kept_fp)
+            log.warning("%s; the change is refused (503, Retry-After) and undone, the service goes on (%s)", err,
+                        waiting_for(err, self.state_dir)[1], extra={"fields": {"path": err.path, "errno": err.errno}})
+            raise JournalWaitError(f"{err}: the checkpoint this change needs cannot be written, so it is refused and "
+                                   f"nothing was changed ({waiting_for(err, self.state_dir)[1]}); try again",
+                                   retry_after_s=1.0) from None
         self.checkpoints += 1
         self._written_again()
         self._drop_covered()

@@ -314,14 +314,11 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / segment_name(base)
     tmp = directory / f".{path.name}.tmp"
-    meta = json.dumps({"base_seq": base, "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "pid": os.getpid(), "size": size, **({} if state_id is None else {"state_id": state_id}),
-                       **({} if capacity is None else {"capacity": capacity}),
-                       **({} if max_record is None else {"max_record": max_record})},
-                      sort_keys=True).encode()
-    header = MAGIC + REC.pack(len(meta), crc32(meta)) + meta
-    if len(header) > HEADER_SIZE:
-        raise ValueError("journal header too long")
+    header = _header({"base_seq": base, "fingerprint": fingerprint,
+                      "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid(), "size": size,
+                      **({} if state_id is None else {"state_id": state_id}),
+                      **({} if capacity is None else {"capacity": capacity}),
+                      **({} if max_record is None else {"max_record": max_record})})
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.posix_fallocate(fd, 0, size)  # reserve the blocks now: appends never hit a full disk
@@ -337,3 +334,27 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     finally:
         os.close(fd)
     return path, mm
+
+
+def _header(head: dict[str, Any]) -> bytes:
+    """A segment's header bytes (:data:`MAGIC`, length, CRC-32, JSON), without its padding."""
+    meta = json.dumps(head, sort_keys=True).encode()
+    header = MAGIC + REC.pack(len(meta), crc32(meta)) + meta
+    if len(header) > HEADER_SIZE:
+        raise ValueError("journal header too long")
+    return header
+
+
+def set_fingerprint(mm: mmap.mmap, fingerprint: dict[str, Any]) -> None:
+    """Give an open segment (mapped as ``mm``, holding no record yet) another fingerprint in its header, in place (no
+    new blocks: a full disk does not refuse it), and flush it to the disk.
+
+    For a segment started for a model swap that was then refused: the records appended next are of the model kept.
+
+    Raises:
+        OSError: the flush failed (an I/O error).
+    """
+    head = parse_header(mm[:HEADER_SIZE])
+    head["fingerprint"] = fingerprint
+    mm[:HEADER_SIZE] = _header(head).ljust(HEADER_SIZE, b"\0")
+    mm.flush(0, HEADER_SIZE)

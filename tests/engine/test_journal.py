@@ -41,7 +41,7 @@ from cerebellar_norse.engine.segments import (
     SegmentReader,
     list_segments,
 )
-from cerebellar_norse.errors import StorageError
+from cerebellar_norse.errors import JournalWaitError, StorageError
 from cerebellar_norse.neurons.encoder import S_N_TICKS
 from cerebellar_norse.neurons.topology import Weights, generate_weights
 from cerebellar_norse.ticks import Tick
@@ -285,30 +285,46 @@ async def exported_market(cfg: Config, market: str) -> bytes:
     return blob
 
 
+@pytest.mark.parametrize("records", [0, 5])
 @pytest.mark.parametrize("reset", [False, True])
-async def test_a_swap_whose_checkpoint_fails_changes_nothing(journaled: tuple[Config, list[Durability]],
-                                                             monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
+async def test_a_swap_whose_checkpoint_finds_no_space_is_refused_for_now_and_the_journal_goes_on(
+        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        reset: bool, records: int) -> None:
     """A full disk at the swap's checkpoint, once its journal file (of the new model) was started: the swap is refused
-    and undone (model and every market's state), so the final save at shutdown keeps what the service had, not a
-    refused model's label or a refused reset."""
-    cfg, opened = journaled
-    w2, e, _d, twin = await fed_with_another_model(cfg, opened)
-    version = e.model_version
+    for now (503 capacity, Retry-After) and undone (model and every market's state), the journal file goes on with the
+    model kept, so the ticks acknowledged afterwards survive a crash; the swap succeeds once there is room. (It used to
+    stop the service: the journal file started for the swap carried the refused model.)"""
 
+
+    cfg, opened = journaled
+    w2, e, d, twin = await fed_with_another_model(cfg, opened)
+    version = e.model_version
+    if not records:
+        assert await d.checkpoint()  # the open journal file holds no record: the swap's is the same file
     checkpoint_disk_full(monkeypatch)
-    with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
-        e.set_weights(w2.copy(), "v2", reset_states=reset)
+    with caplog.at_level(logging.WARNING, logger="cerebellar_norse.journal"):
+        for _ in range(2):  # a second try is refused the same way: nothing failed for good
+            with pytest.raises(JournalWaitError, match=r"errno 28 ENOSPC.*nothing was changed") as refused:
+                e.set_weights(w2.copy(), "v2", reset_states=reset)
+            assert refused.value.retry_after_s >= 1
     monkeypatch.undo()
+    assert d.failed is None and e.snapshot().accepting
     assert e.model_version == version and e.fingerprint()["model_version"] == version
     assert_same_pool(e, twin)
-    with pytest.raises(StorageError):  # the journal has failed: a second try changes nothing either
-        e.set_weights(w2.copy(), "v2", reset_states=reset)
-    assert e.model_version == version
-    await e.drain(save=True)  # what the service does when the failure stops it
-    e2, _ = start(cfg, opened)
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2 and "no further tick" not in caplog.text
+    await feed([e, twin], [tick(m, T0 + 100 + k) for k in range(records + 1) for m in "AB"])  # acknowledged
+    crash(d)
+    e2, d2 = start(cfg, opened)
     assert_same_pool(e2, twin)
     state_dir = Path(cfg.paths.state_dir)
     assert not list(state_dir.glob("**/*.foreign-*")) and not list(state_dir.glob("**/*.corrupt-*"))
+    assert not list(state_dir.glob("**/*.tmp"))
+    for x in (e2, twin):  # with room again, the swap goes through
+        x.set_weights(w2.copy(), "v2", reset_states=reset)
+    await feed([e2, twin], [tick(m, T0 + 200) for m in "AB"])
+    crash(d2)
+    e3, _ = start(cfg, opened, weights=w2.copy(), model_version="v2")
+    assert_same_pool(e3, twin)
 
 
 @pytest.mark.parametrize("reset", [False, True])
@@ -333,7 +349,7 @@ async def test_a_refused_swap_keeps_each_markets_last_use_and_the_pending_learni
         judged, table = learner.judged, e.pool.table.bookkeeping()
         clock[0] = 250.0
         checkpoint_disk_full(monkeypatch)
-        with pytest.raises(StorageError):
+        with pytest.raises(JournalWaitError):
             e.set_weights(generate_weights(cfg), "v2", reset_states=reset)
         assert e.learner is learner and learner.judged == judged
         assert {m: list(q) for m, q in learner.pending.items()} == pending
@@ -358,7 +374,7 @@ async def test_a_refused_swap_keeps_the_synapses_online_learning_changed(
         assert e.learner is not None and e.learner.updates > 0 and views is not None
         learned = views.pf_w.copy()
         checkpoint_disk_full(monkeypatch)
-        with pytest.raises(StorageError):
+        with pytest.raises(JournalWaitError):
             e.set_weights(generate_weights(cfg), "v2", reset_states=reset)
         views = e.backend.learning_views()
         assert views is not None
@@ -388,28 +404,32 @@ async def test_a_model_swap_with_no_tick_since_the_last_checkpoint_survives_a_cr
 
 
 @pytest.mark.parametrize("held", [False, True])
-async def test_an_import_whose_checkpoint_fails_changes_nothing(journaled: tuple[Config, list[Durability]],
-                                                                monkeypatch: pytest.MonkeyPatch, held: bool) -> None:
-    """A full disk at the import's checkpoint (its journal file started): the import is refused and undone, so the
-    final save at shutdown keeps the market as it was here (no state, or the one it held), never a state whose import
-    the caller saw fail."""
+async def test_an_import_whose_checkpoint_finds_no_space_is_refused_for_now_and_changes_nothing(
+        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch, held: bool) -> None:
+    """A full disk at the import's checkpoint (its journal file started): the import is refused for now (503 capacity)
+    and undone, so neither a save nor a crash keeps a state whose import the caller saw fail; the journal goes on, and
+    the import succeeds once there is room."""
+
+
     cfg, opened = journaled
     blob = await exported_market(cfg, "X")
-    e, _d = start(cfg, opened)
+    e, d = start(cfg, opened)
     twin = Engine(cfg)
     await feed([e, twin], [tick(m, T0 + k) for k in range(4) for m in (("A", "X") if held else ("A",))])
 
     checkpoint_disk_full(monkeypatch)
-    with pytest.raises(StorageError, match=r"errno 28 ENOSPC"):
-        import_market(e, "X", blob)
+    for _ in range(2):
+        with pytest.raises(JournalWaitError, match=r"errno 28 ENOSPC"):
+            import_market(e, "X", blob)
     monkeypatch.undo()
+    assert d.failed is None
     assert_same_pool(e, twin)
-    with pytest.raises(StorageError):  # the journal has failed: a second try changes nothing either
-        import_market(e, "X", blob)
-    assert_same_pool(e, twin)
-    await e.drain(save=True)  # what the service does when the failure stops it
+    await feed([e, twin], [tick("A", T0 + 50)])
+    crash(d)
     e2, _ = start(cfg, opened)
     assert_same_pool(e2, twin)
+    import_market(e2, "X", blob)
+    assert e2.pool.table.get("X") is not None
 
 
 @pytest.mark.parametrize("before", ["just started", "after a checkpoint"])
@@ -1222,7 +1242,7 @@ async def test_a_full_segment_whose_next_file_finds_no_descriptor_or_space_waits
     segment's reserve holds it), later ticks and resets are refused with a 503-kind error before they change
     anything, one WARNING names the cause, the path and what to do; once the shortage is over the next submission
     starts the file and is served, and a restart replays exactly the acknowledged ticks."""
-    from cerebellar_norse.errors import JournalWaitError
+
 
     code, _, cause = SHORTAGES[shortage]
     cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
@@ -1280,7 +1300,7 @@ async def test_a_journal_waiting_for_space_tries_its_next_file_at_most_every_qua
     two tries (SPACE_RETRY_S apart) do not repeat it; a missing descriptor (one failed open) is tried with each."""
     from cerebellar_norse.engine import journal as journal_mod
     from cerebellar_norse.engine import segments as segments_mod
-    from cerebellar_norse.errors import JournalWaitError
+
 
     clock = [1000.0]
     monkeypatch.setattr(journal_mod, "time", SimpleNamespace(monotonic=lambda: clock[0]))
@@ -1321,7 +1341,7 @@ async def test_a_swap_whose_journal_file_finds_no_descriptor_or_space_is_refused
         journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch, reset: bool, shortage: str) -> None:
     """EMFILE or ENOSPC when a model swap starts its journal file: the swap is refused (503 kind) and undone, the
     journal goes on, and the swap succeeds once the shortage is over."""
-    from cerebellar_norse.errors import JournalWaitError
+
 
     cfg, opened = journaled
     w2, e, d, twin = await fed_with_another_model(cfg, opened)
@@ -1344,7 +1364,7 @@ async def test_a_crash_or_stop_while_the_journal_waits_for_a_descriptor_or_space
     """kill -9 while stalled, or a stop whose final save finds the disk still full: the records written into the full
     file's reserve are replayed like any other, and the refused ticks are in no state."""
     from cerebellar_norse.engine import engine as engine_mod
-    from cerebellar_norse.errors import JournalWaitError
+
 
     cfg = engine_config(state_dir=tmp_path / "state", journal_segment_size="1MB", batch_size=4, max_markets=16)
     e = Engine(cfg)

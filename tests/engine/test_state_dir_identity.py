@@ -42,7 +42,6 @@ from cerebellar_norse.engine.segments import (
     segment_name,
 )
 from cerebellar_norse.engine.state_dir import STATE_ID_FILE, read_state_id, write_state_id
-from cerebellar_norse.errors import StorageError
 from cerebellar_norse.storage import read_checksummed, write_checksummed
 
 pytestmark = pytest.mark.asyncio
@@ -258,8 +257,8 @@ async def test_a_checkpoint_whose_identity_is_too_long_is_not_adopted(
 @pytest.mark.parametrize("where", ["journal file", "checkpoint"])
 async def test_an_import_into_a_full_pool_whose_checkpoint_fails_gives_the_evicted_market_back(
         engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
-    """A full disk when the import's journal file is created (refused for now, 503 capacity) or when its
-    market_state.bin is written (the journal fails): the import is undone either way."""
+    """A full disk when the import's journal file is created or when its market_state.bin is written: refused for
+    now (503 capacity) and undone either way."""
     from cerebellar_norse.engine import journal as journal_mod
     from cerebellar_norse.errors import JournalWaitError
 
@@ -276,7 +275,7 @@ async def test_an_import_into_a_full_pool_whose_checkpoint_fails_gives_the_evict
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(journal_mod, "write_snapshot", full)
-    with pytest.raises(JournalWaitError if where == "journal file" else StorageError, match=r"errno 28 ENOSPC"):
+    with pytest.raises(JournalWaitError, match=r"errno 28 ENOSPC"):
         import_market(e, "X", blob)
     monkeypatch.undo()
     assert_same_pool(e, twin)  # A back in its place, with its state, LRU order unchanged
