@@ -500,14 +500,24 @@ class Durability:
             return True
 
     def _drop_covered(self) -> None:
-        """Delete the segments whose records the newest checkpoint includes (never the open one)."""
+        """Delete the segments whose records the newest checkpoint includes (never the open one).
+
+        One that cannot be deleted (an I/O error, a read-only file system, permissions taken away) fails the journal
+        as any failed state write does (:meth:`_fail`: one ERROR, the service stops): the checkpoint is written, and
+        the file is kept (a restart skips the records it covers).
+        """
         keep: list[tuple[int, Path]] = []
         segs = self._segments
         for i, (base, path) in enumerate(segs):
             nxt = segs[i + 1][0] if i + 1 < len(segs) else None
-            if nxt is not None and nxt <= self._written_seq:
-                with contextlib.suppress(FileNotFoundError):
+            if nxt is not None and nxt <= self._written_seq and self.failed is None:
+                try:
                     path.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    self._fail(StorageError.from_os_error("cannot delete journal file", path, exc))
+                    keep.append((base, path))
             else:
                 keep.append((base, path))
         self._segments = keep
@@ -601,7 +611,10 @@ class Durability:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
             self._wake.clear()
             if not self.closed:
-                await self.checkpoint()
+                try:
+                    await self.checkpoint()
+                except Exception as exc:  # never end the periodic checkpoints silently (the journal would only grow)
+                    log.exception("periodic checkpoint failed: %s; tried again in %g s", exc, self.interval_s)
 
     # -- start and stop ----------------------------------------------------------------
 

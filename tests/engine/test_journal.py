@@ -9,6 +9,7 @@ ticks. The real kill -9 of a service process is in tests/ops/test_faults_durabil
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -1468,3 +1469,71 @@ async def test_a_next_journal_file_refused_by_a_read_only_disk_permissions_or_an
     d2.recover()
     assert_same_pool(e2, twin)
     crash(d2)
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EACCES])
+async def test_a_covered_journal_file_that_cannot_be_deleted_fails_the_journal_in_one_line(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, code: int) -> None:
+    """The checkpoint is written but the journal file it covers cannot be deleted (an I/O error, permissions taken
+    away): one ERROR naming the file and the errno, the service stops as for any failed state write, and a restart
+    has every acknowledged tick. (The error escaped the periodic checkpoint task, which ended without a word: no
+    checkpoint was written again while the service served on.)"""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16)
+    fatal: list[StorageError] = []
+    opened: list[Durability] = []
+    e, d, twin = await served_with_a_twin(cfg, opened, fatal, [tick(m, T0 + k) for k in range(4) for m in "AB"])
+    covered = d._segments[-1][1]
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self == covered:
+            raise OSError(code, os.strerror(code), str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with caplog.at_level(logging.WARNING, logger="cerebellar_norse.journal"):
+        assert await d.checkpoint()
+    monkeypatch.undo()
+    assert len(fatal) == 1 and d.failed is not None and covered.exists()
+    (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.levelno == logging.ERROR and f"cannot delete journal file {covered}" in line.getMessage()
+    assert f"errno {code} {errno.errorcode[code]}" in line.getMessage()
+    with pytest.raises(StorageError):  # nothing more is acknowledged
+        await e.submit(tick("A", T0 + 50))
+    await e.drain(save=True)
+    e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)
+    for d_ in opened:
+        crash(d_)
+
+
+async def test_the_periodic_checkpoints_go_on_after_an_unexpected_error(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An error the checkpoint does not expect is logged at ERROR with its traceback and tried again at the next
+    interval: the task that writes them never ends silently (the journal would only grow, and the replay with it)."""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16, checkpoint_interval_s=0.01)
+    opened: list[Durability] = []
+    e, d = start(cfg, opened)
+    await feed([e], [tick("A", T0 + k) for k in range(3)])
+    calls: list[int] = []
+    real = d.checkpoint
+
+    async def checkpoint() -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("unexpected")
+        return await real()
+
+    monkeypatch.setattr(d, "checkpoint", checkpoint)
+    task = asyncio.ensure_future(d.run())
+    with caplog.at_level(logging.ERROR, logger="cerebellar_norse.journal"):
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if d.checkpoints:
+                break
+    assert d.checkpoints >= 1 and not task.done()
+    assert "periodic checkpoint failed: unexpected" in caplog.text
+    task.cancel()
+    crash(d)
