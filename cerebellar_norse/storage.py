@@ -10,6 +10,7 @@ refused (``CheckpointError`` naming the file).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -83,19 +84,31 @@ def unseal(data: bytes, where: str) -> bytes:
     return _verified(data, where)
 
 
+# reading a file failed because of what is at its path (a dangling or looping link, a directory): the file is as
+# good as damaged. Any other error (permissions, an I/O error, no file descriptor or memory) says nothing about its
+# bytes, which may hold acknowledged ticks: the start stops on it instead of moving the file aside.
+NOT_A_FILE = (errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR)
+
+
+def read_refused(exc: OSError) -> bool:
+    """Whether a failed read of a state file says nothing about its content (see :data:`NOT_A_FILE`)."""
+    return exc.errno not in NOT_A_FILE
+
+
 def read_state_file(path: Path, what: str) -> bytes | None:
-    """The bytes of a file of the state dir; None when it cannot be read (a dangling link, a directory, an I/O
-    error: the caller treats it as damaged).
+    """The bytes of a file of the state dir; None when what is at its path is no file (a dangling link, a
+    directory: the caller treats it as damaged).
 
     Raises:
-        StorageError: ``"cannot read <what> <path>: …"`` when its permissions forbid reading it: the file is
-            intact, just not ours to read (a restore from backup without ``chown``); fix that, lose nothing.
+        StorageError: ``"cannot read <what> <path>: …"`` when reading it failed otherwise (:func:`read_refused`):
+            its permissions forbid it (a restore from backup without ``chown``), an I/O error, no file descriptor
+            or memory: the file may be intact; fix that, lose nothing.
     """
     try:
         return Path(path).read_bytes()
-    except PermissionError as exc:
-        raise StorageError.from_os_error(f"cannot read {what}", path, exc) from None
-    except OSError:
+    except OSError as exc:
+        if read_refused(exc):
+            raise StorageError.from_os_error(f"cannot read {what}", path, exc) from None
         return None
 
 

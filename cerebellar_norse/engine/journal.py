@@ -91,6 +91,7 @@ from typing import TYPE_CHECKING, Any
 from zlib import crc32
 
 from ..errors import CerebellarNorseError, CheckpointError, ForeignStateDirError, JournalWaitError, StorageError
+from ..storage import read_refused
 from ..ticks import Tick
 from .persistence import LEGACY_DIR, check_writable, fingerprint_json, quarantine, write_snapshot
 from .segments import (
@@ -685,9 +686,13 @@ class Durability:
                 continue
             try:
                 reader = SegmentReader(path, self.max_record, last=path == segments[-1][1])
-            except PermissionError as exc:  # intact but not ours to read: moving it aside would drop acknowledged ticks
-                raise StorageError.from_os_error("cannot read journal file", path, exc) from None
-            except (OSError, ValueError) as exc:
+            except OSError as exc:  # maybe intact (permissions, an I/O error, no descriptor or memory): moving it
+                if read_refused(exc):  # aside would drop acknowledged ticks
+                    raise StorageError.from_os_error("cannot read journal file", path, exc) from None
+                bad = f"{path.name}: {exc}"
+                self._quarantine(path, "corrupt", str(exc), rep)
+                continue
+            except ValueError as exc:
                 bad = f"{path.name}: {exc}"
                 self._quarantine(path, "corrupt", str(exc), rep)
                 continue

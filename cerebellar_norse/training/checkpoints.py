@@ -36,7 +36,7 @@ from ..config import Config, NeuralConfig
 from ..errors import CheckpointError, InputError, ModelUnreadableError, StorageError, quoted
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
-from ..storage import atomic_write_bytes, fsync_dir, sha256_bytes
+from ..storage import atomic_write_bytes, fsync_dir, read_refused, sha256_bytes
 
 if TYPE_CHECKING:
     from ..engine.persistence import StateFile
@@ -741,10 +741,15 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
                 n = sum(1 for _ in reader.records())
             except FileNotFoundError:  # a running service's checkpoint covered it and deleted it meanwhile
                 continue
-            except PermissionError as exc:
-                problems.append(f"{path}: cannot read: {exc.strerror or exc}")
+            except OSError as exc:
+                if read_refused(exc):  # maybe intact: the start refuses it, moving nothing
+                    problems.append(f"{path}: cannot read: {exc.strerror or exc}: the service does not start on it "
+                                    f"(nothing is moved aside)")
+                else:
+                    problems.append(f"{path}: {exc.strerror or exc}: the service moves it aside at start and its ticks "
+                                    f"are lost")
                 continue
-            except (OSError, ValueError) as exc:
+            except ValueError as exc:
                 problems.append(f"{path}: {getattr(exc, 'strerror', None) or exc}: the service moves it aside at start "
                                 f"and its ticks are lost")
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -26,8 +27,14 @@ def test_a_state_file_link_to_nowhere_is_moved_aside_and_logged(engine_config: C
     assert len(moved) == 1 and os.readlink(moved[0]) == target
 
 
+# permissions (a restore without chown), and errors that say nothing of the bytes: an I/O error, no descriptor or
+# memory (these moved the file aside, and with it every acknowledged tick, on a single failed read at start)
+UNREADABLE = [errno.EACCES, errno.EIO, errno.EMFILE, errno.ENOMEM]
+
+
+@pytest.mark.parametrize("code", UNREADABLE, ids=[errno.errorcode[c] for c in UNREADABLE])
 def test_an_unreadable_state_file_stops_the_start_and_is_kept(engine_config: ConfigFactory, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                                              monkeypatch: pytest.MonkeyPatch, code: int) -> None:
     eng = Engine(engine_config(state_dir=tmp_path / "state", max_markets=8))
     path = eng.state_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,17 +44,18 @@ def test_an_unreadable_state_file_stops_the_start_and_is_kept(engine_config: Con
 
     def denied(p: Path) -> bytes:  # (the tests run as root, whom chmod does not stop)
         if p == path:
-            raise PermissionError(13, "Permission denied", str(p))
+            raise OSError(code, os.strerror(code), str(p))
         return real(p)
 
     monkeypatch.setattr(Path, "read_bytes", denied)
-    with pytest.raises(StorageError, match=r"cannot read the market state .*Permission denied"):
+    with pytest.raises(StorageError, match=rf"cannot read the market state .*errno {code} {errno.errorcode[code]}"):
         eng.restore_state()
     assert path.exists() and not list(path.parent.glob(f"{STATE_FILE}.corrupt-*"))
 
 
+@pytest.mark.parametrize("code", UNREADABLE, ids=[errno.errorcode[c] for c in UNREADABLE])
 def test_an_unreadable_journal_file_stops_the_start_and_is_kept(engine_config: ConfigFactory, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                monkeypatch: pytest.MonkeyPatch, code: int) -> None:
     from cerebellar_norse.engine import journal
 
     cfg = engine_config(state_dir=tmp_path / "state", max_markets=8)
@@ -57,11 +65,11 @@ def test_an_unreadable_journal_file_stops_the_start_and_is_kept(engine_config: C
     seg.write_bytes(b"\0" * 4096)
 
     def denied(path: Path, *a: object, **k: object) -> object:
-        raise PermissionError(13, "Permission denied", str(path))
+        raise OSError(code, os.strerror(code), str(path))
 
     monkeypatch.setattr(journal, "SegmentReader", denied)
     try:
-        with pytest.raises(StorageError, match=r"cannot read journal file .*Permission denied"):
+        with pytest.raises(StorageError, match=rf"cannot read journal file .*errno {code} {errno.errorcode[code]}"):
             d.recover()
     finally:
         d.closed = True
