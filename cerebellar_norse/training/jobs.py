@@ -45,12 +45,14 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 
 from ..config import Config
-from ..errors import CerebellarNorseError, InputError, JobConflictError, JobNotFoundError, StorageError
+from ..errors import CapacityError, CerebellarNorseError, InputError, JobConflictError, JobNotFoundError, StorageError
 from ..firsterrors import FirstErrorsModel
 from ..storage import atomic_write_bytes
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
+
+JOB_START_RETRY_S = 5.0  # Retry-After of a job whose process could not be started (no process, memory or descriptor)
 
 log = logging.getLogger("cerebellar_norse.training")
 
@@ -518,15 +520,26 @@ class JobManager:
             running = next(j.job_id for j in self.jobs.values() if j.state in ("queued", "running"))
             raise JobConflictError(f"job {running} is still running; one job at a time (cancel it with DELETE /training/{running})", "job")
         job = JobStatus(job_id=uuid.uuid4().hex[:12], files=list(req.files), epochs=cfg.training.epochs)
+        latest = self.latest
         self.jobs[job.job_id] = job
         self.latest = job.job_id
         self._active_at_start = self._active_named()  # the model the job compares itself with
-        out = self._ctx.Queue()
-        self._stop = self._ctx.Event()
-        self._proc = self._ctx.Process(target=_job_main, args=(cfg.model_dump_json(), [str(p) for p in paths],
-                                                               req.epochs, out, self._stop, os.getpid(), job.job_id),
-                                       name=f"cerebellar-norse-train-{job.job_id}", daemon=True)
-        self._proc.start()
+        try:
+            out = self._ctx.Queue()
+            self._stop = self._ctx.Event()
+            self._proc = self._ctx.Process(target=_job_main, args=(cfg.model_dump_json(), [str(p) for p in paths],
+                                                                   req.epochs, out, self._stop, os.getpid(), job.job_id),
+                                           name=f"cerebellar-norse-train-{job.job_id}", daemon=True)
+            self._proc.start()
+        except (OSError, RuntimeError) as exc:  # no process (EAGAIN: the task limit), memory or descriptor for it
+            del self.jobs[job.job_id]  # never started: no record of it, and the next request may start one
+            self.latest, self._proc = latest, None
+            reason = StorageError.os_reason(exc) if isinstance(exc, OSError) else str(exc)
+            log.warning("training job not started: cannot start its process: %s", reason,
+                        extra={"fields": {"errno": getattr(exc, "errno", None)}})
+            raise CapacityError(f"cannot start the training job's process: {reason}; nothing was started (the host is "
+                                f"short of processes, memory or file descriptors for now): try again",
+                                retry_after_s=JOB_START_RETRY_S) from None
         job.state = "running"
         job.started = time.time()
         self._write_record(job)

@@ -508,6 +508,40 @@ def test_auto_activation_skips_a_job_whose_comparison_an_operator_activation_mad
     assert job.state == "succeeded" and job.activated and activated == ["v-swapped"]
 
 
+@pytest.mark.parametrize("failure", [BlockingIOError(11, "Resource temporarily unavailable"),
+                                     RuntimeError("can't start new thread")], ids=["EAGAIN", "no thread"])
+def test_a_job_whose_process_cannot_start_is_refused_for_now_and_leaves_no_job_behind(
+        make_config: ConfigFactory, ticks_csv: CsvFactory, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, failure: Exception) -> None:
+    """The host has no process to give (fork EAGAIN at the task limit) or no thread: 503 capacity with Retry-After,
+    one WARNING, and no job recorded. (The job was left "queued" for ever: every later request was a 409 conflict
+    naming a job that never ran, until a restart.)"""
+    from cerebellar_norse.errors import CapacityError
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    ticks_csv(50, 1, name="t.csv")
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+
+    def no_process(self: object) -> None:
+        raise failure
+
+    monkeypatch.setattr(mgr._ctx.Process, "start", no_process)
+
+    async def refused() -> CapacityError:
+        try:
+            with caplog.at_level(logging.WARNING, logger="cerebellar_norse"), pytest.raises(CapacityError) as caught:
+                mgr.start(TrainingRequest.model_validate({"files": ["t.csv"]}))
+        finally:
+            await mgr.close()
+        return caught.value
+
+    err = asyncio.run(refused())
+    assert err.retry_after_s >= 1 and "cannot start the training job's process" in str(err)
+    assert mgr.jobs == {} and mgr.latest is None and not mgr.busy
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
 @pytest.mark.parametrize("text", ["[]", '{"job_id": 5, "state": "done", "created": 7}', "{", "[" * 50_000 + "]" * 50_000,
                                   '{"job_id": "j1"}', '{"job_id": "j2", "state": "succeeded", "loss_history": 5}',
                                   '{"job_id": "j3", "state": "succeeded", "validation": [1]}',
