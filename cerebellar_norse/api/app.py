@@ -21,7 +21,7 @@ from ..observability.context import accept_request_id, new_request_id, request_i
 from ..observability.timelines import SENT, Timeline
 from .bulk import bulk_body_limit
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, SCOPE_TIMELINE, ServiceState
-from .errors import install_error_handlers
+from .errors import HOST_SHORTAGE_RETRY_S, host_shortage, install_error_handlers
 from .fastpath import TickFastPath, is_hot
 from .openapi import install_openapi
 from .routes import debug, handover, health, model_upload, neural
@@ -160,9 +160,15 @@ class RequestContextMiddleware:
                                headers={"Connection": "close"})(scope, receive, send_wrapper)
         except ClientDisconnect:
             pass  # the client went away (or was cut off by the request timeout): nothing to answer
-        except Exception:
+        except Exception as exc:
             if started:
                 raise
+            short = host_shortage(exc)
+            if short is not None:  # no thread, process or memory for it now: 503, not an internal error
+                m.errors.labels("capacity").inc()
+                await JSONResponse(error_payload("capacity", short, rid), status_code=503,
+                                   headers={"Retry-After": str(round(HOST_SHORTAGE_RETRY_S))})(scope, receive, send_wrapper)
+                return
             m.errors.labels("internal").inc()
             log.exception("unexpected error")
             await JSONResponse(error_payload("internal", "internal error (logged with this request id)", rid),

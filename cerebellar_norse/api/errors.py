@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
 import sys
+import time
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
@@ -143,6 +145,35 @@ class ServiceErrorResponse:
         return error_payload(self.kind, self.message, request_id, self.field)
 
 
+HOST_SHORTAGE_RETRY_S = 5.0  # Retry-After of a request the host had no thread, process or memory for
+HOST_SHORTAGE_LOG_S = 60.0  # a shortage is said at WARNING at most this often (the others at DEBUG): no flood
+_shortage_said = [-HOST_SHORTAGE_LOG_S]
+
+
+def host_shortage(exc: BaseException) -> str | None:
+    """The message answering a request that failed because the host could not give it a thread, a process, memory or
+    a file descriptor for now (503 ``capacity``: ``RuntimeError("can't start new thread")``, ``MemoryError``, an
+    OSError EAGAIN, ENOMEM, EMFILE or ENFILE that nothing handled); None for any other error. Said in one WARNING
+    line, at most every :data:`HOST_SHORTAGE_LOG_S` (no traceback: nothing is wrong with the service's code)."""
+    if isinstance(exc, MemoryError):
+        reason = "out of memory"
+    elif isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
+        reason = "cannot start a thread (can't start new thread)"
+    elif isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE):
+        reason = StorageError.os_reason(exc)
+    else:
+        return None
+    now = time.monotonic()
+    level = logging.WARNING if now - _shortage_said[0] >= HOST_SHORTAGE_LOG_S else logging.DEBUG
+    if level == logging.WARNING:
+        _shortage_said[0] = now
+    log.log(level, "request refused (503 capacity): the host is short of threads, processes, memory or file "
+            "descriptors: %s; raise the service's task or open-file limit (TasksMax=, LimitNOFILE=) or free memory "
+            "if this persists (said at most once a minute)", reason)
+    return (f"the host cannot give this request a thread, a process, memory or a file descriptor now ({reason}): "
+            "try again")
+
+
 def service_error(exc: CerebellarNorseError) -> ServiceErrorResponse:
     """Status, ``error.type``, message, field and headers of an error from the errors tree."""
     if isinstance(exc, InputError):
@@ -235,6 +266,11 @@ def install_error_handlers(app: FastAPI, count_error: Any, websocket_paths: froz
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        short = host_shortage(exc)
+        if short is not None:  # no thread, process or memory for this request now: the service itself is fine
+            count_error("capacity")
+            return JSONResponse(error_payload("capacity", short, request_id_var.get()), status_code=503,
+                                headers={"Retry-After": str(round(HOST_SHORTAGE_RETRY_S))})
         count_error("internal")
         log.exception("unexpected error")
         return JSONResponse(error_payload("internal", "internal error (logged with this request id)", request_id_var.get()), status_code=500)
