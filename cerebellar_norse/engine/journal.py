@@ -144,6 +144,8 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def waiting_for(exc: StorageError, state_dir: Path) -> tuple[str, str]:
     """(what the journal waits for, what frees it) when a new file failed with ``exc`` (an errno of :data:`WAITABLE`)."""
+    if exc.errno == errno.EAGAIN:  # (a periodic checkpoint only: no thread to write it)
+        return ("a thread", "raise the service's task limit (TasksMax=, ulimit -u) or free memory")
     if exc.errno in OUT_OF_DESCRIPTORS:
         return ("a file descriptor", "close files or connections of the process, or raise its open-file limit "
                 "(LimitNOFILE=)")
@@ -581,6 +583,11 @@ class Durability:
         t0 = time.monotonic()
         try:
             wrote = await asyncio.get_running_loop().run_in_executor(None, self._write, snap, fp, seq)
+        except RuntimeError as exc:  # no thread for the write ("can't start new thread": the task limit): skipped
+            path = self.engine.state_path()
+            self._skipped(StorageError(f"cannot write checkpoint {path}: cannot start a thread to write it ({exc})",
+                                       str(path), errno.EAGAIN))
+            return False
         except OSError as exc:
             err = StorageError.from_os_error("cannot write checkpoint", self.engine.state_path(), exc)
             if exc.errno in WAITABLE:  # market_state.bin's temporary file (removed again): the previous file is whole

@@ -1537,3 +1537,34 @@ async def test_the_periodic_checkpoints_go_on_after_an_unexpected_error(
     assert "periodic checkpoint failed: unexpected" in caplog.text
     task.cancel()
     crash(d)
+
+
+async def test_a_periodic_checkpoint_without_a_thread_to_write_it_is_skipped_in_one_warning(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The host cannot start the worker thread that writes market_state.bin (clone EAGAIN at the task limit): the
+    checkpoint is skipped like one that finds no descriptor, one WARNING naming the file and what to do, then DEBUG;
+    the next one that gets a thread is written. (Each interval logged an ERROR with a traceback.)"""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16)
+    opened: list[Durability] = []
+    e, d = start(cfg, opened)
+    loop = asyncio.get_running_loop()
+
+    def no_thread(*_a: object, **_k: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with caplog.at_level(logging.DEBUG, logger="cerebellar_norse.journal"):
+        for k in range(2):
+            await feed([e], [tick("A", T0 + k)])
+            monkeypatch.setattr(loop, "run_in_executor", no_thread)
+            assert not await d.checkpoint()
+            monkeypatch.undo()
+        await feed([e], [tick("A", T0 + 5)])
+        assert await d.checkpoint()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(said) == 2 and said[0][0] == logging.WARNING and said[1][0] == logging.INFO
+    assert f"cannot write checkpoint {e.state_path()}: cannot start a thread" in said[0][1]
+    assert "checkpoint skipped" in said[0][1] and "TasksMax=" in said[0][1]
+    assert "checkpoint written again after 2 skipped" in said[1][1]
+    assert d.failed is None and not any(r.exc_info for r in caplog.records)
+    crash(d)
