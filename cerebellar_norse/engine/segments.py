@@ -41,7 +41,6 @@ from typing import Any
 from zlib import crc32
 
 from ..errors import quoted
-from ..storage import fsync_dir
 from ..ticks import Tick
 from .persistence import is_state_id
 
@@ -319,20 +318,30 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
                       **({} if state_id is None else {"state_id": state_id}),
                       **({} if capacity is None else {"capacity": capacity}),
                       **({} if max_record is None else {"max_record": max_record})})
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    # everything that can fail for want of a descriptor, space or memory happens before the rename: a segment whose
+    # creation fails is never left under its name (a stray file that holds the space reserved for it)
+    dfd = os.open(directory, os.O_RDONLY)
     try:
-        os.posix_fallocate(fd, 0, size)  # reserve the blocks now: appends never hit a full disk
-        os.pwrite(fd, header, 0)
-        os.fsync(fd)
-        os.replace(tmp, path)
-        fsync_dir(directory)
-        mm = mmap.mmap(fd, size)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        mm: mmap.mmap | None = None
+        try:
+            os.posix_fallocate(fd, 0, size)  # reserve the blocks now: appends never hit a full disk
+            os.pwrite(fd, header, 0)
+            os.fsync(fd)
+            mm = mmap.mmap(fd, size)
+            os.replace(tmp, path)
+            tmp = path  # (renamed: a failure from here removes it by its name; it holds no record)
+            os.fsync(dfd)
+        except BaseException:
+            if mm is not None:
+                mm.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        os.close(dfd)
     return path, mm
 
 

@@ -1568,3 +1568,42 @@ async def test_a_periodic_checkpoint_without_a_thread_to_write_it_is_skipped_in_
     assert "checkpoint written again after 2 skipped" in said[1][1]
     assert d.failed is None and not any(r.exc_info for r in caplog.records)
     crash(d)
+
+
+@pytest.mark.parametrize("what", ["directory open EMFILE", "mmap ENOMEM"])
+async def test_a_journal_file_whose_creation_fails_late_leaves_no_file_behind(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    """No descriptor to open the journal directory for its flush, or no memory to map the file, once the file had
+    been renamed to its name: the periodic checkpoint is skipped (EMFILE) or the journal fails (ENOMEM), and no
+    journal file is left under its name (a stray file held the space reserved for it until the next restart)."""
+    from cerebellar_norse.engine import segments as segments_mod
+
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16)
+    fatal: list[StorageError] = []
+    opened: list[Durability] = []
+    _e, d, twin = await served_with_a_twin(cfg, opened, fatal, [tick(m, T0 + k) for k in range(4) for m in "AB"])
+    jdir = Path(cfg.paths.state_dir) / JOURNAL_DIR
+    before = sorted(p.name for p in jdir.iterdir())
+    if what.startswith("directory"):
+        real_open = os.open
+
+        def no_descriptor(path: object, flags: int, *a: object, **k: object) -> int:
+            if Path(str(path)) == jdir:
+                raise OSError(errno.EMFILE, "Too many open files", str(path))
+            return real_open(path, flags, *a, **k)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(segments_mod.os, "open", no_descriptor)
+    else:
+        def no_memory(*_a: object, **_k: object) -> None:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+        monkeypatch.setattr(segments_mod.mmap, "mmap", no_memory)
+    assert not await d.checkpoint()
+    monkeypatch.undo()
+    assert sorted(p.name for p in jdir.iterdir()) == before
+    assert (len(fatal) == 1) == what.startswith("mmap")
+    for d_ in opened:
+        crash(d_)
+    e2, d2 = start(cfg, [])
+    assert_same_pool(e2, twin)
+    crash(d2)
