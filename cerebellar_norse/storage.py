@@ -14,9 +14,13 @@ import errno
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .errors import CheckpointError, StorageError
+
+T = TypeVar("T")
 
 MAGIC = b"CNSUM1 "
 HEADER_LEN = len(MAGIC) + 64 + 1
@@ -45,6 +49,17 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def retrying(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)``, called again while a signal interrupts it (EINTR): Python does that itself for most system
+    calls (PEP 475), not for rename and unlink, which a network or FUSE file system can interrupt. An interrupted
+    call is never an error."""
+    while True:
+        try:
+            return call(*args)
+        except InterruptedError:
+            continue
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync dir)."""
     path = Path(path)
@@ -55,10 +70,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        retrying(os.replace, tmp, path)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            retrying(os.unlink, tmp)
         # a failed write names no file, a failed rename the temporary file (gone by now): name the target
         # (a new error: the message of one whose second file name was set to None would end in "-> None")
         if isinstance(exc, OSError) and exc.errno is not None and (exc.filename is None or exc.filename == tmp):

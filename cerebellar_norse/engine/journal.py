@@ -91,7 +91,7 @@ from typing import TYPE_CHECKING, Any
 from zlib import crc32
 
 from ..errors import CerebellarNorseError, CheckpointError, ForeignStateDirError, JournalWaitError, StorageError
-from ..storage import read_refused
+from ..storage import read_refused, retrying
 from ..ticks import Tick
 from .persistence import LEGACY_DIR, check_writable, fingerprint_json, quarantine, write_snapshot
 from .segments import (
@@ -515,7 +515,7 @@ class Durability:
             nxt = segs[i + 1][0] if i + 1 < len(segs) else None
             if nxt is not None and nxt <= self._written_seq and self.failed is None:
                 try:
-                    path.unlink()
+                    retrying(path.unlink)
                 except FileNotFoundError:
                     pass
                 except OSError as exc:
@@ -759,7 +759,7 @@ class Durability:
             raise StorageError.from_os_error("cannot write checkpoint", eng.state_path(), exc) from None
         for path in replayed:
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                retrying(path.unlink)
         self._seg_fp = eng.fingerprint()
         size = self._segment_bytes()
         try:
@@ -868,7 +868,7 @@ class Durability:
                     self._mm = None
                 for _, path in self._segments:
                     with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
+                        retrying(path.unlink)
                 self._segments = []
         finally:
             self.closed = True

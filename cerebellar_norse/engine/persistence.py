@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, StorageError, quoted
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
-from ..storage import fsync_dir, read_checksummed, unseal, write_checksummed
+from ..storage import fsync_dir, read_checksummed, retrying, unseal, write_checksummed
 from ..ticks import TS_MAX_MS
 from .pool import StatePool
 
@@ -263,7 +263,7 @@ def quarantine(path: Path, reason: str = "corrupt") -> Path:
         target = path.with_name(f"{path.name}.{reason}-{stamp}-{k}")
         k += 1
     try:
-        os.rename(path, target)
+        retrying(os.rename, path, target)
         fsync_dir(path.parent)
     except OSError as exc:
         raise StorageError.from_os_error("cannot move aside", path, exc) from None

@@ -41,6 +41,7 @@ from typing import Any
 from zlib import crc32
 
 from ..errors import quoted
+from ..storage import retrying
 from ..ticks import Tick
 from .persistence import is_state_id
 
@@ -329,14 +330,14 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
             os.pwrite(fd, header, 0)
             os.fsync(fd)
             mm = mmap.mmap(fd, size)
-            os.replace(tmp, path)
+            retrying(os.replace, tmp, path)
             tmp = path  # (renamed: a failure from here removes it by its name; it holds no record)
             os.fsync(dfd)
         except BaseException:
             if mm is not None:
                 mm.close()
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                retrying(os.unlink, tmp)
             raise
         finally:
             os.close(fd)

@@ -36,7 +36,7 @@ from ..config import Config, NeuralConfig
 from ..errors import CheckpointError, InputError, ModelUnreadableError, StorageError, quoted
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
-from ..storage import atomic_write_bytes, fsync_dir, read_refused, sha256_bytes
+from ..storage import atomic_write_bytes, fsync_dir, read_refused, retrying, sha256_bytes
 
 if TYPE_CHECKING:
     from ..engine.persistence import StateFile
@@ -355,7 +355,7 @@ class ModelStore:
         manifest = {"version": version, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in payloads.items()}}
         atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-        os.rename(tmp, self.root / version)
+        retrying(os.rename, tmp, self.root / version)
         fsync_dir(self.root)
 
     def load(self, version: str) -> StoredModel:

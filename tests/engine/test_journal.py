@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -1604,6 +1604,42 @@ async def test_a_journal_file_whose_creation_fails_late_leaves_no_file_behind(
     assert (len(fatal) == 1) == what.startswith("mmap")
     for d_ in opened:
         crash(d_)
+    e2, d2 = start(cfg, [])
+    assert_same_pool(e2, twin)
+    crash(d2)
+
+
+async def test_renames_and_deletes_a_signal_interrupts_are_made_again_never_an_error(
+        engine_config: ConfigFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EINTR from rename or unlink (a network or FUSE file system; Python retries most calls itself, not these):
+    the call is made again. (The journal file's rename failed with EINTR and stopped the service, leaving its
+    temporary file behind.)"""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16)
+    fatal: list[StorageError] = []
+    opened: list[Durability] = []
+    e, d, twin = await served_with_a_twin(cfg, opened, fatal, [tick(m, T0 + k) for k in range(4) for m in "AB"])
+    interrupted: list[str] = []
+
+    def interrupting(name: str) -> Any:
+        real = getattr(os, name)
+
+        def call(*a: Any, **k: Any) -> Any:
+            if len(interrupted) < 20 and interrupted.count(f"{a[0]}") == 0:
+                interrupted.append(f"{a[0]}")
+                raise InterruptedError(errno.EINTR, "Interrupted system call")
+            return real(*a, **k)
+        return call
+
+    for name in ("replace", "rename", "unlink"):
+        monkeypatch.setattr(os, name, interrupting(name))
+    for k in range(3):  # journal files started, checkpoints written, covered files deleted
+        await feed([e, twin], [tick(m, T0 + 10 + k) for m in "AB"])
+        assert await d.checkpoint()
+    monkeypatch.undo()
+    assert interrupted and not fatal and d.failed is None
+    state_dir = Path(cfg.paths.state_dir)
+    assert not list(state_dir.rglob("*.tmp")) and len(list_segments(state_dir / JOURNAL_DIR)) == 1
+    crash(d)
     e2, d2 = start(cfg, [])
     assert_same_pool(e2, twin)
     crash(d2)
