@@ -153,14 +153,15 @@ _shortage_said = [-HOST_SHORTAGE_LOG_S]
 def host_shortage(exc: BaseException) -> str | None:
     """The message answering a request that failed because the host could not give it a thread, a process, memory or
     a file descriptor for now (503 ``capacity``: ``RuntimeError("can't start new thread")``, ``MemoryError``, an
-    OSError EAGAIN, ENOMEM, EMFILE or ENFILE that nothing handled); None for any other error. Said in one WARNING
+    OSError EAGAIN, ENOMEM, EMFILE or ENFILE that nothing handled, or EINTR: a system call a signal interrupted that
+    Python does not make again); None for any other error. Said in one WARNING
     line, at most every :data:`HOST_SHORTAGE_LOG_S` (no traceback: nothing is wrong with the service's code)."""
     if isinstance(exc, MemoryError):
         reason = "out of memory"
     elif isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
         reason = "cannot start a thread (can't start new thread)"
-    elif isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE):
-        reason = StorageError.os_reason(exc)
+    elif isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EINTR):
+        reason = StorageError.os_reason(exc)  # (EINTR: a call Python does not make again, e.g. listing a directory)
     else:
         return None
     now = time.monotonic()

@@ -26,7 +26,8 @@ def test_a_reported_storage_failure_is_not_logged_again_per_answer(caplog: pytes
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("can't start new thread"), BlockingIOError(11, "Resource temporarily "
-                                     "unavailable"), MemoryError()], ids=["no thread", "EAGAIN", "no memory"])
+                                     "unavailable"), MemoryError(), InterruptedError(4, "Interrupted system call")],
+                         ids=["no thread", "EAGAIN", "no memory", "EINTR"])
 def test_a_request_the_host_has_no_thread_or_memory_for_is_503_capacity_said_once(
         caplog: pytest.LogCaptureFixture, failure: Exception) -> None:
     """A thread or process the host cannot start (its task limit), or memory it cannot give: 503 capacity with
