@@ -64,22 +64,31 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync dir)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the directory is opened (for its flush) first: a missing descriptor then always leaves the previous file in
+    # place, never shows after the rename, when the new file is already there
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        retrying(os.replace, tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            retrying(os.unlink, tmp)
-        # a failed write names no file, a failed rename the temporary file (gone by now): name the target
-        # (a new error: the message of one whose second file name was set to None would end in "-> None")
-        if isinstance(exc, OSError) and exc.errno is not None and (exc.filename is None or exc.filename == tmp):
-            raise OSError(exc.errno, exc.strerror, str(path)) from None  # OSError picks the errno's subclass
-        raise
-    fsync_dir(path.parent)
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            retrying(os.replace, tmp, path)
+        except BaseException as exc:
+            with contextlib.suppress(FileNotFoundError):
+                retrying(os.unlink, tmp)
+            # a failed write names no file, a failed rename the temporary file (gone by now): name the target
+            # (a new error: the message of one whose second file name was set to None would end in "-> None")
+            if isinstance(exc, OSError) and exc.errno is not None and (exc.filename is None or exc.filename == tmp):
+                raise OSError(exc.errno, exc.strerror, str(path)) from None  # OSError picks the errno's subclass
+            raise
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def write_checksummed(path: Path, payload: bytes) -> str:

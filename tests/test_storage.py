@@ -119,3 +119,25 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
     assert exc.value.path == str(missing)
     with pytest.raises(CheckpointError, match="cannot read"):
         read_checksummed(tmp_path)  # a directory
+
+
+def test_a_write_that_finds_no_descriptor_for_the_directory_leaves_the_previous_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No descriptor to open the directory for its flush (EMFILE): the error is raised before the rename, so the
+    previous file is still the one in place (it was raised after it: the caller was told the write failed while the
+    new file was already there, and a refused model swap could not be undone)."""
+    target = tmp_path / "state.bin"
+    atomic_write_bytes(target, b"old")
+    real_open = os.open
+
+    def no_descriptor(p: object, flags: int, *a: object, **k: object) -> int:
+        if Path(str(p)) == tmp_path:
+            raise OSError(errno.EMFILE, "Too many open files", str(p))
+        return real_open(p, flags, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", no_descriptor)
+    with pytest.raises(OSError, match="Too many open files") as failed:
+        atomic_write_bytes(target, b"new")
+    monkeypatch.undo()
+    assert failed.value.errno == errno.EMFILE and failed.value.filename == str(target)
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["state.bin"]
