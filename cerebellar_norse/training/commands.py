@@ -423,8 +423,19 @@ def _write_output(path: Path, data: bytes) -> None:
 
 
 def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
-    """``--dump-weights``: statistics per layer of the served model (or all weights as npz), to stdout or ``output``."""
-    w, version = served_weights_named(cfg)
+    """``--dump-weights``: statistics per layer of the served model (or all weights as npz), to stdout or ``output``.
+
+    With no stored model to serve in the config's state dir it dumps the seed's untrained network, and says so on
+    stderr with the state dir it looked in: run without ``--config`` on a service's host, the built-in default's
+    state dir is ``./var`` of the working directory, not the service's."""
+    w, served = served_weights(cfg)
+    version = served or f"untrained (seed {cfg.neural.seed})"
+    if served is None:
+        models = Path(cfg.paths.state_dir) / "models"
+        print(f"cerebellar-norse: --dump-weights: no model to serve is stored in {models.resolve()}: these are the "
+              f"untrained network's weights of seed {cfg.neural.seed}, not a trained model's (fix: pass the service's "
+              "config, e.g. --config /etc/cerebellar-norse/production.toml, whose paths.state_dir holds its models)",
+              file=sys.stderr)
     if fmt == "npz":
         _dump(weights_to_bytes(w), output, f"weights of model {version}")
         return 0

@@ -573,8 +573,10 @@ def test_dump_weights_text_and_json(default_models: tuple[Path, Path, Weights], 
     monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(good))
 
     assert cli.main(["--dump-weights"]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert text.splitlines()[0] == f"model {V1}"
+    assert captured.err == ""  # a stored model is dumped without the untrained network's note
     # every layer analyze-weights names, the calibrated head included (a zero head gain serves the class priors only)
     for layer in ("mossy_granule", "parallel_fibre_purkinje", "purkinje_bias", "mossy_dcn", "purkinje_dcn", "dcn_bias",
                   "dcn_readout", "head_gain", "head_bias"):

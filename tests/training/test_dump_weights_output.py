@@ -3,6 +3,7 @@ umask's mode."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -60,3 +61,16 @@ def test_output_takes_every_format_and_stdout_stays_empty(fmt: str, tmp_path: Pa
     assert captured.out == ""
     assert out.read_text() == printed and "parallel_fibre_purkinje" in printed
     assert f"to {out}" in captured.err
+
+
+def test_the_untrained_network_is_named_on_stderr_with_the_state_dir_looked_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The operations guide's `cerebellar-norse --dump-weights`, typed on a service's host without --config: the
+    # built-in default's state dir is ./var of the working directory, which holds no model.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    assert main(["--dump-weights", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["model_version"] == "untrained (seed 42)"  # stdout stays the dump alone
+    assert f"no model to serve is stored in {tmp_path / 'var' / 'models'}" in captured.err
+    assert "untrained network's weights of seed 42" in captured.err and "--config" in captured.err
