@@ -226,3 +226,15 @@ def test_cuda_memory_help_says_what_the_value_counts() -> None:
     used = families["cuda_memory_used_bytes"]
     assert "every process" in used.documentation and "by the service" not in used.documentation
     assert [s.value for s in used.samples] == [0.0]
+
+
+def test_every_alert_has_a_panel_showing_one_of_its_metrics() -> None:
+    """An operator paged by an alert opens the dashboard: some panel plots a metric the alert's expression reads (the
+    connections near server.max_connections and the failed training jobs had none)."""
+    import yaml  # type: ignore[import-untyped]
+
+    metric = re.compile(r"\b(?:cerebellar_norse_\w+|processing_duration_seconds\w*|cuda_memory_\w+|training_loss)\b")
+    shown = {m for p in _dashboard()["panels"] for t in p.get("targets", []) for m in metric.findall(t["expr"])}
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    unshown = [r["alert"] for r in rules if metric.findall(r["expr"]) and not set(metric.findall(r["expr"])) & shown]
+    assert unshown == []
