@@ -288,7 +288,7 @@ class _CallbackCollector(Collector):
 
 
 READY_HELP = ("1 while GET /health answers 200 (ok or degraded), 0 while it answers 503 (starting, shutting down, "
-              "a state write failed).")
+              "a state write failed, the journal waiting for a file descriptor or disk space).")
 UPTIME_HELP = "Seconds since the service started."
 
 

@@ -238,3 +238,14 @@ def test_every_alert_has_a_panel_showing_one_of_its_metrics() -> None:
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
     unshown = [r["alert"] for r in rules if metric.findall(r["expr"]) and not set(metric.findall(r["expr"])) & shown]
     assert unshown == []
+
+
+def test_ready_help_names_every_reason_for_503() -> None:
+    """cerebellar_norse_ready is 0 while the journal waits for a file descriptor or disk space too (docs/http.md);
+    its HELP, what Prometheus' metadata and Grafana show, left that reason out."""
+    from cerebellar_norse.observability.metrics import health_families, starting_exposition
+
+    (ready,) = [f for f in health_families(lambda: False, lambda: False)() if f.name == "cerebellar_norse_ready"]
+    for reason in ("starting", "shutting down", "a state write failed", "journal waiting for a file descriptor or disk space"):
+        assert reason in ready.documentation, reason
+    assert f"# HELP cerebellar_norse_ready {ready.documentation}" in starting_exposition(1.0).decode()
