@@ -249,3 +249,26 @@ def test_ready_help_names_every_reason_for_503() -> None:
     for reason in ("starting", "shutting down", "a state write failed", "journal waiting for a file descriptor or disk space"):
         assert reason in ready.documentation, reason
     assert f"# HELP cerebellar_norse_ready {ready.documentation}" in starting_exposition(1.0).decode()
+
+
+def _documented_metrics() -> dict[str, str]:
+    """docs/http.md's metric table: each name (``…_x`` standing for ``cerebellar_norse_x``, labels dropped) and its type."""
+    doc = (ROOT / "docs" / "http.md").read_text()
+    section = doc[doc.index("## `GET /metrics`"):doc.index("## Debug routes")]
+    out: dict[str, str] = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            cells = line.split("|")
+            for name in re.findall(r"`([^`]+)`", cells[1]):
+                name = re.sub(r"\{.*\}", "", name)
+                out["cerebellar_norse_" + name[2:] if name.startswith("…_") else name] = cells[2].strip()
+    return out
+
+
+def test_metadata_of_every_scraped_metric_is_in_the_metric_table(live: Live) -> None:
+    """What Prometheus stores of each metric (its type) against docs/http.md's table: the live self-evaluation
+    metrics were missing from it."""
+    metadata = httpx.get(live.prometheus + "/api/v1/metadata", timeout=10.0).json()["data"]
+    documented = _documented_metrics()
+    assert "cerebellar_norse_ready" in metadata and "processing_duration_seconds" in metadata
+    assert {n: m[0]["type"] for n, m in metadata.items()} == {n: documented.get(n) for n in metadata}
