@@ -209,7 +209,7 @@ def load_weights(cfg: Config, ref: str | None) -> tuple[Weights, str]:
     if ref is None:
         from ..training.commands import served_weights_named
 
-        return served_weights_named(cfg)
+        return served_weights_named(cfg, "analyze-weights")
     p = Path(ref)
     if p.is_dir():
         m = load_model_dir(p)

@@ -384,9 +384,19 @@ def cmd_make_data(output: Path, ticks: int, markets: int, seed: int) -> int:
     return 0
 
 
-def served_weights_named(cfg: Config) -> tuple[Weights, str]:
-    """The served weights (:func:`checkpoints.served_weights`) with a name for people."""
+def served_weights_named(cfg: Config, command: str) -> tuple[Weights, str]:
+    """The served weights (:func:`checkpoints.served_weights`) with a name for people.
+
+    With no stored model to serve in the config's state dir these are the seed's untrained network, and ``command``
+    says so on stderr with the models directory it looked in: run without ``--config`` on a service's host, the
+    built-in default's state dir is ``./var`` of the working directory, not the service's."""
     w, version = served_weights(cfg)
+    if version is None:
+        models = Path(cfg.paths.state_dir) / "models"
+        print(f"cerebellar-norse: {command}: no model to serve is stored in {models.resolve()}: these are the "
+              f"untrained network's weights of seed {cfg.neural.seed}, not a trained model's (fix: pass the service's "
+              "config, e.g. --config /etc/cerebellar-norse/production.toml, whose paths.state_dir holds its models)",
+              file=sys.stderr)
     return w, version or f"untrained (seed {cfg.neural.seed})"
 
 
@@ -423,19 +433,9 @@ def _write_output(path: Path, data: bytes) -> None:
 
 
 def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
-    """``--dump-weights``: statistics per layer of the served model (or all weights as npz), to stdout or ``output``.
-
-    With no stored model to serve in the config's state dir it dumps the seed's untrained network, and says so on
-    stderr with the state dir it looked in: run without ``--config`` on a service's host, the built-in default's
-    state dir is ``./var`` of the working directory, not the service's."""
-    w, served = served_weights(cfg)
-    version = served or f"untrained (seed {cfg.neural.seed})"
-    if served is None:
-        models = Path(cfg.paths.state_dir) / "models"
-        print(f"cerebellar-norse: --dump-weights: no model to serve is stored in {models.resolve()}: these are the "
-              f"untrained network's weights of seed {cfg.neural.seed}, not a trained model's (fix: pass the service's "
-              "config, e.g. --config /etc/cerebellar-norse/production.toml, whose paths.state_dir holds its models)",
-              file=sys.stderr)
+    """``--dump-weights``: statistics per layer of the served model (or all weights as npz), to stdout or ``output``
+    (the untrained network's said on stderr, :func:`served_weights_named`)."""
+    w, version = served_weights_named(cfg, "--dump-weights")
     if fmt == "npz":
         _dump(weights_to_bytes(w), output, f"weights of model {version}")
         return 0

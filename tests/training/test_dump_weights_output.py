@@ -74,3 +74,13 @@ def test_the_untrained_network_is_named_on_stderr_with_the_state_dir_looked_in(
     assert json.loads(captured.out)["model_version"] == "untrained (seed 42)"  # stdout stays the dump alone
     assert f"no model to serve is stored in {tmp_path / 'var' / 'models'}" in captured.err
     assert "untrained network's weights of seed 42" in captured.err and "--config" in captured.err
+
+
+def test_analyze_weights_of_the_untrained_network_says_so_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    assert main(["analyze-weights", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)
+    assert f"analyze-weights: no model to serve is stored in {tmp_path / 'var' / 'models'}" in captured.err
