@@ -161,7 +161,7 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
                                        lambda: current_degradation(state) is not None))
     metrics.add_source(connection_families(
         lambda: len(state.server.server_state.connections) if state.server is not None else 0,  # (0: in-process app)
-        lambda: state.cfg.server.max_connections))
+        lambda: min(state.cfg.server.max_connections, state.connection_budget or state.cfg.server.max_connections)))
     if store.fallback is not None:  # the active model could not be served: /health says "degraded"
         level = logging.WARNING if store.fallback == NOT_ACTIVATED else logging.ERROR
         log.log(level, "model fallback: %s; serving model %s instead", store.fallback, engine.model_version)
@@ -375,8 +375,9 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
             raise StorageError.from_os_error(f"cannot start: {doing}", exc.filename or cfg.paths.state_dir, exc) from None
         raise
     state.starting = starting
+    state.connection_budget = connection_budget(cfg.server.max_connections)
     server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state),
-                                           connection_budget(cfg.server.max_connections)))
+                                           state.connection_budget))
     state.server = server
     state.config_path = config_path
     state.server_overrides = dict(server_overrides or {})

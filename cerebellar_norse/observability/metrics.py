@@ -326,15 +326,16 @@ def health_families(ready: Callable[[], bool], degraded: Callable[[], bool]) -> 
 def connection_families(open_connections: Callable[[], int],
                         limit: Callable[[], int]) -> Callable[[], Iterable[Metric]]:
     """Scrape-time gauges of the server's open connections (``open_connections()``: HTTP keep-alive and WebSocket
-    sockets, the scrape's own included) and of ``server.max_connections`` (``limit()``), beyond which a connection's
-    requests are answered 503 ``capacity``."""
+    sockets, the scrape's own included) and of the limit (``limit()``: ``server.max_connections``, or the fewer
+    connections the open-file limit leaves room for), beyond which a connection's requests are answered 503
+    ``capacity``."""
 
     def collect() -> Iterable[Metric]:
         yield GaugeMetricFamily("cerebellar_norse_http_connections", "Open client connections (HTTP keep-alive and "
                                 "/neural/stream websockets, the scrape's own included).", value=open_connections())
-        yield GaugeMetricFamily("cerebellar_norse_http_connections_limit", "server.max_connections: with this many "
-                                "connections open, a new one's requests are answered 503 capacity (the open-file "
-                                "limit may allow fewer: logged at start).", value=limit())
+        yield GaugeMetricFamily("cerebellar_norse_http_connections_limit", "Connections beyond which a new one's "
+                                "requests are answered 503 capacity: server.max_connections, or fewer where the "
+                                "open-file limit leaves room for fewer (logged at start).", value=limit())
 
     return collect
 

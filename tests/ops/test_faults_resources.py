@@ -127,6 +127,21 @@ def test_idle_connections_beyond_the_open_file_limit_are_refused_and_ticks_go_on
     assert len(warnings) == 1 and f"open-file limit {NOFILE} leaves room for" in warnings[0], warnings
 
 
+def test_the_connection_limit_gauge_is_the_room_the_open_file_limit_leaves(tmp_path: Path) -> None:
+    """With fewer descriptors than server.max_connections needs, connections beyond the open-file limit's room are
+    refused (test above): cerebellar_norse_http_connections_limit, what CerebellarNorseConnectionsNearLimit divides by,
+    is that room, not server.max_connections (10000 by default), against which the alert never fired."""
+    from cerebellar_norse.api.server import FD_RESERVE
+
+    srv = launch_limited(tmp_path / "state", tmp_path / "serve.log", {}, NOFILE)
+    try:
+        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        assert f"cerebellar_norse_http_connections_limit {float(NOFILE - FD_RESERVE)}" in text.splitlines()
+    finally:
+        srv.proc.kill()
+        srv.proc.wait()
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
 def test_unwritable_stdout_keeps_serving_and_says_so_once_on_stderr(tmp_path: Path) -> None:
     srv = launch_limited(tmp_path / "state", tmp_path / "stderr.log", {}, stdout="/dev/full")
