@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..synthetic import generate_ticks
-from .checkpoints import ModelStore, StoredModel
+from .checkpoints import GENERATED_DATA, ModelStore, StoredModel
 from .data import write_csv
 from .jobs import run_training
 
@@ -27,7 +27,7 @@ BOOTSTRAP_BUDGET_S = 60.0
 
 def bootstrap_model(cfg: Config, store: ModelStore) -> StoredModel:
     """Generate data, train the default model within the time budget, store and activate it."""
-    path = Path(cfg.paths.state_dir) / "bootstrap" / "ticks.csv"
+    path = Path(cfg.paths.state_dir).joinpath(*GENERATED_DATA)
     t0 = time.monotonic()
     if not path.exists():
         write_csv(path, generate_ticks(BOOTSTRAP_TICKS, BOOTSTRAP_MARKETS, seed=cfg.neural.seed))
@@ -38,7 +38,7 @@ def bootstrap_model(cfg: Config, store: ModelStore) -> StoredModel:
         if d.get("epoch_done"):
             log.info("bootstrap training epoch done", extra={"fields": {k: d.get(k) for k in ("epoch", "loss", "validation")}})
 
-    res = run_training(cfg, [path], BOOTSTRAP_EPOCHS, progress, None, time_budget_s=BOOTSTRAP_BUDGET_S)
+    res = run_training(cfg, [path], BOOTSTRAP_EPOCHS, progress, None, time_budget_s=BOOTSTRAP_BUDGET_S, generated=True)
     store.set_active(res["model_version"])
     model = store.load(res["model_version"])
     val = res["validation"]

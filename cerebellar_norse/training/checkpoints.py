@@ -565,34 +565,61 @@ def split_until(metrics: dict[str, Any]) -> int | None:
     return until if isinstance(until, int) and not isinstance(until, bool) else None
 
 
+GENERATED_DATA = ("bootstrap", "ticks.csv")  # where the first run writes the generated ticks it trains on
+
+
+def trained_on_generated(metrics: dict[str, Any]) -> bool:
+    """Whether a model was trained on generated ticks only (the first run's default model: ``data.generated``, or, for
+    models stored before that was recorded, every file being ``<state_dir>/bootstrap/ticks.csv``).
+
+    Their dates are the generator's, not a market's: no real tick of that period was seen, so a model trained from
+    it has nothing in sample for it (:func:`seen_until`, :func:`seen_from` pass over it)."""
+    data = metrics.get("data")
+    if not isinstance(data, dict):
+        return False
+    if data.get("generated") is True:
+        return True
+    files = data.get("files")
+    return (isinstance(files, list) and bool(files)
+            and all(isinstance(f, str) and Path(f).parts[-2:] == GENERATED_DATA for f in files))
+
+
+def _started_from(m: dict[str, Any]) -> str | None:
+    """The model whose weights training started from, if any (``parent_version`` otherwise only names the model
+    active at the time of a training from scratch)."""
+    started, parent = m.get("started"), m.get("parent_version")
+    if not isinstance(parent, str) or (isinstance(started, str) and not started.startswith("from the active model")):
+        return None
+    return parent
+
+
 def seen_from(metrics: dict[str, Any], store: ModelStore | None = None) -> int | None:
     """The start of the earliest period a model's weights were fitted on, its ancestors' included (the
     ``data.splits.train_from`` of the model and of each stored model its training started from, as
-    :func:`seen_until` follows them); None when any of them did not record it, or an ancestor is no longer stored
-    (then nothing is known to be unseen before its period)."""
+    :func:`seen_until` follows them, models trained on generated ticks passed over); None when any of them did not
+    record it, or an ancestor is no longer stored (then nothing is known to be unseen before its period)."""
     def own(m: dict[str, Any]) -> int | None:
         data = m.get("data")
         times = data.get("splits") if isinstance(data, dict) else None
         t = times.get("train_from") if isinstance(times, dict) else None
         return t if isinstance(t, int) and not isinstance(t, bool) else None
 
-    def started_from(m: dict[str, Any]) -> str | None:
-        started, parent = m.get("started"), m.get("parent_version")
-        if not isinstance(parent, str) or (isinstance(started, str) and not started.startswith("from the active model")):
-            return None
-        return parent
-
-    first = own(metrics)
+    first: int | None = None
     seen: set[str] = set()
-    parent = started_from(metrics)
-    while first is not None and parent is not None and parent not in seen:
+    m: dict[str, Any] | None = metrics
+    while m is not None:
+        if not trained_on_generated(m):
+            t = own(m)
+            if t is None:
+                return None
+            first = t if first is None else min(first, t)
+        parent = _started_from(m)
+        if parent is None or parent in seen:
+            break
         seen.add(parent)
-        pm = store.metrics_of(parent) if store is not None and parent in store.versions() else None
-        t = own(pm) if pm is not None else None
-        if t is None:
+        m = store.metrics_of(parent) if store is not None and parent in store.versions() else None
+        if m is None:
             return None
-        first = min(first, t)
-        parent = started_from(pm) if pm is not None else None
     return first
 
 
@@ -601,31 +628,34 @@ def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tupl
     trained from the active model (``parent_version``) inherits what that one learnt, so its parents' training and
     validation periods are in sample for it too. Returns ``(ms, version)``, the version being the ancestor whose
     period ends latest (None for the model itself), or ``(None, None)`` when nothing was recorded. The bound recorded
-    at training time (``lineage.seen_until``) is used, and stored parents are followed for older models."""
-    best, who = split_until(metrics), None
+    at training time (``lineage.seen_until``) is used, and stored parents are followed for older models. A model
+    trained on generated ticks (:func:`trained_on_generated`) saw no real period: its own is passed over, and so is
+    a recorded bound that names it."""
+    best, who = (None if trained_on_generated(metrics) else split_until(metrics)), None
     lineage = metrics.get("lineage")
     lineage = lineage if isinstance(lineage, dict) else {}
     rec, origin = lineage.get("seen_until"), lineage.get("from")
-    if isinstance(rec, int) and not isinstance(rec, bool) and (best is None or rec > best):
+
+    def generated(version: object) -> bool:
+        pm = (store.metrics_of(version) if store is not None and isinstance(version, str)
+              and version in store.versions() else None)
+        return pm is not None and trained_on_generated(pm)
+
+    if (isinstance(rec, int) and not isinstance(rec, bool) and (best is None or rec > best)
+            and not generated(origin)):
         best, who = rec, origin if isinstance(origin, str) else None
 
-    def started_from(m: dict[str, Any]) -> str | None:  # the model whose weights training started from, if any
-        started, parent = m.get("started"), m.get("parent_version")
-        if not isinstance(parent, str) or (isinstance(started, str) and not started.startswith("from the active model")):
-            return None  # trained from scratch (parent_version then only names the model active at the time)
-        return parent
-
     seen: set[str] = set()
-    parent = started_from(metrics)
+    parent = _started_from(metrics)
     while store is not None and parent is not None and parent not in seen and parent in store.versions():
         seen.add(parent)
         pm = store.metrics_of(parent)  # (its metrics only: the weights of every ancestor are not read for this)
         if pm is None:
             break
-        until = split_until(pm)
+        until = None if trained_on_generated(pm) else split_until(pm)
         if until is not None and (best is None or until > best):
             best, who = until, parent
-        parent = started_from(pm)
+        parent = _started_from(pm)
     return best, who
 
 

@@ -206,8 +206,12 @@ def _active_model(store: Any, cfg: Config) -> tuple[Any, str]:
 
 
 def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: Any, should_stop: Any,
-                 time_budget_s: float | None = None, from_scratch: bool = False, job_id: str | None = None) -> dict[str, Any]:
+                 time_budget_s: float | None = None, from_scratch: bool = False, job_id: str | None = None,
+                 generated: bool = False) -> dict[str, Any]:
     """Load, train, score on the test split, compare with the active model, save. Returns the job's summary.
+
+    ``generated``: the files hold generated ticks (the first run's), recorded as ``data.generated`` so that no later
+    model counts their dates as a period it saw (:func:`~cerebellar_norse.training.checkpoints.trained_on_generated`).
 
     ``job_id``, for a job of the service, is stored in the model's ``metrics.json``: a restart
     that finds the job's record still ``running`` can then tell whether it stored its model.
@@ -285,7 +289,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                "best_epoch": result.best_epoch, "ticks_per_second": result.ticks_per_second,
                "stopped_early": result.stopped_early, "started": start_note, "labels": prep.spec.to_dict(),
                "base_rates": base.tolist(),
-               "data": {"files": [str(f) for f in files], "rows": data.rows, "bad_rows": data.bad_rows,
+               "data": {"files": [str(f) for f in files], "generated": generated, "rows": data.rows, "bad_rows": data.bad_rows,
                         "skipped_rows": data.skipped_rows, "ticks": data.ticks,
                         "markets": len(data.markets), "notes": data.notes, "train_class_counts": prep.train_counts.tolist(),
                         "validation_class_counts": prep.val_counts.tolist(), "test_class_counts": prep.test_counts.tolist(),

@@ -356,3 +356,46 @@ def test_evaluate_counts_the_period_of_the_model_training_started_from_as_in_sam
     fresh_metrics = store.load(fresh["model_version"]).metrics
     assert fresh_metrics["parent_version"] == child
     assert seen_until(fresh_metrics, store) == (fresh["splits"]["validation_until"], None)
+
+
+def test_the_generated_ticks_of_the_first_run_put_no_real_period_in_sample(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first run's default model is trained on generated ticks dated by the generator. A model trained from it on
+    a market's earlier real ticks saw nothing of their period: its test split is unseen, and `evaluate` after its own
+    validation period counts no tick in sample (they were called partly in sample, `do_not_trade`, with a --since
+    after every tick of the file)."""
+    import os
+
+    from cerebellar_norse.training.checkpoints import seen_from, seen_until, trained_on_generated
+    from cerebellar_norse.training.jobs import run_training
+
+    cfg = load_config(None, environ=os.environ)
+    first_run = env / "state" / "bootstrap" / "ticks.csv"
+    write_csv(first_run, generate_ticks(3000, 2, seed=11))
+    store = ModelStore(env / "state")
+    generated = run_training(cfg, [first_run], 1, lambda d: None, None, generated=True)
+    store.set_active(generated["model_version"])
+    years = 3 * 365 * 86_400_000
+    earlier = [{**t, "timestamp": t["timestamp"] - years, "market_id": f"REAL{t['market_id']}"}
+               for t in generate_ticks(4000, 2, seed=4)]
+    write_csv(env / "earlier.csv", earlier)
+
+    assert main(["train", "earlier.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    child = _json(capsys)
+    assert child["lineage"] is None and not any("partly in sample" in w for w in child["warnings"])
+    assert "in-sample" not in child["test"]["verdict"]["reason"]
+    metrics = store.load(child["model_version"]).metrics
+    assert metrics["parent_version"] == generated["model_version"]  # trained from it, all the same
+    own = metrics["data"]["splits"]
+    assert seen_until(metrics, store) == (own["validation_until"], None)
+    assert seen_from(metrics, store) == own["train_from"]
+
+    assert main(["evaluate", "earlier.csv", "--since", str(own["validation_until"] + 1), "--json", "--bootstrap", "0"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["in_sample"] is None and "in sample" not in captured.err
+
+    # a default model stored before `generated` was recorded is known by its file, <state_dir>/bootstrap/ticks.csv
+    first_metrics = store.load(generated["model_version"]).metrics
+    assert first_metrics["data"]["generated"] is True and metrics["data"]["generated"] is False
+    older = {**first_metrics, "data": {k: v for k, v in first_metrics["data"].items() if k != "generated"}}
+    assert trained_on_generated(older) and not trained_on_generated(metrics)
