@@ -376,8 +376,8 @@ def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple
                                   "(performance.warm_step_interval_us); not ticks.", value=snap.warm_steps)
         yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", UPTIME_HELP, value=time.monotonic() - started)
         yield GaugeMetricFamily("cerebellar_norse_journal_waiting", "1 while the journal's next file cannot be created "
-                                "for want of a file descriptor (EMFILE, ENFILE) or disk space (ENOSPC, EDQUOT): ticks "
-                                "are refused with 503.", value=float(snap.journal_waiting))
+                                "for want of a file descriptor (EMFILE, ENFILE) or disk space (ENOSPC, EDQUOT): ticks, "
+                                "market resets, model activations and imports are refused with 503.", value=float(snap.journal_waiting))
         yield CounterMetricFamily("cerebellar_norse_journal_waits", "Times a full journal file's next one could not be "
                                   "created for want of a file descriptor or disk space.", value=snap.journal_waits)
         if snap.online_judged is not None and snap.online_updates is not None:
