@@ -539,7 +539,7 @@ def test_a_job_whose_process_cannot_start_is_refused_for_now_and_leaves_no_job_b
     err = asyncio.run(refused())
     assert err.retry_after_s >= 1 and "cannot start the training job's process" in str(err)
     assert mgr.jobs == {} and mgr.latest is None and not mgr.busy
-    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]  # (INFO: others')
 
 
 @pytest.mark.parametrize("text", ["[]", '{"job_id": 5, "state": "done", "created": 7}', "{", "[" * 50_000 + "]" * 50_000,
