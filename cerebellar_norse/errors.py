@@ -15,6 +15,7 @@ and falls into one of four families, which map onto how callers react:
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -226,9 +227,10 @@ class StorageError(EngineFatalError):
 
 
 class ModelUnreadableError(CheckpointError):
-    """A stored model's file is there but the service may not read it (permissions, EACCES or EPERM: a restore from
-    backup without ``chown``, a mode changed by hand): an operator's mistake, not damage. The start refuses it in one
-    line (:meth:`storage_error`) before anything is touched, instead of serving another model (or the untrained
+    """A stored model's file is there but reading it failed for a reason that says nothing about its bytes: the service
+    may not read it (permissions, EACCES or EPERM: a restore from backup without ``chown``, a mode changed by hand), an
+    I/O error (EIO), no file descriptor (EMFILE, ENFILE) or memory (ENOMEM): not known damage. The start refuses it in
+    one line (:meth:`storage_error`) before anything is touched, instead of serving another model (or the untrained
     network) and moving aside the market states saved with this one; ``--verify-data`` says the same. Elsewhere (an
     activation, a job) it is a model that cannot be loaded, as a corrupt one is.
 
@@ -243,9 +245,14 @@ class ModelUnreadableError(CheckpointError):
 
     def storage_error(self) -> StorageError:
         """The error a start refuses it with (one line: the file, the errno, what to do)."""
+        if self.errno in (errno.EACCES, errno.EPERM):
+            remedy = "make it readable by the service's user (e.g. chown) and start again"
+        elif self.errno == errno.EIO:
+            remedy = "check the disk (journalctl -k) and start again; a file the disk can no longer read: restore it"
+        else:
+            remedy = "free file descriptors or memory (LimitNOFILE=, other processes) and start again"
         return StorageError(f"{self._storage}: the service does not start on a model it cannot read (nothing is moved "
-                            "aside): make it readable by the service's user (e.g. chown) and start again",
-                            self._storage.path, self.errno)
+                            f"aside): {remedy}", self._storage.path, self.errno)
 
 
 class ForeignStateDirError(CheckpointError):

@@ -517,9 +517,9 @@ def load_model_dir(path: Path) -> StoredModel:
         raise CheckpointError("not a model directory", str(path))
     try:
         text = mpath.read_bytes()
-    except PermissionError as exc:  # there, not ours to read: the operator's to fix, not damage
-        raise ModelUnreadableError(str(mpath), exc) from None
     except OSError as exc:
+        if read_refused(exc):  # there, maybe intact, not read (permissions, I/O error, no descriptor): not damage
+            raise ModelUnreadableError(str(mpath), exc) from None
         raise CheckpointError(f"missing or unreadable manifest ({exc})", str(mpath)) from None
     manifest = parse_manifest(text, str(mpath))
     files = manifest["files"]
@@ -533,9 +533,9 @@ def load_model_dir(path: Path) -> StoredModel:
             raise CheckpointError("missing", str(fpath))
         try:
             blob = fpath.read_bytes()
-        except PermissionError as exc:  # after a restore from backup without chown: the operator's to fix
-            raise ModelUnreadableError(str(fpath), exc) from None
-        except OSError as exc:  # unreadable (an I/O error): name it
+        except OSError as exc:
+            if read_refused(exc):  # a restore without chown, an I/O error, no descriptor or memory: maybe intact
+                raise ModelUnreadableError(str(fpath), exc) from None
             raise CheckpointError(f"cannot read: {exc.strerror or exc}", str(fpath)) from None
         if len(blob) != entry.get("bytes") or sha256_bytes(blob) != entry.get("sha256"):
             raise CheckpointError("checksum mismatch: the file is corrupt or was changed", str(fpath))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -143,6 +144,37 @@ def test_a_missing_file_is_named(cfg: Config, store: ModelStore) -> None:
     with pytest.raises(CheckpointError, match="manifest") as exc:
         store.load(version)
     assert exc.value.path == str(store.root / version / MANIFEST)
+
+
+@pytest.mark.parametrize(("name", "err", "remedy"), [
+    ("weights.npz", errno.EIO, "check the disk (journalctl -k)"),
+    (MANIFEST, errno.EMFILE, "free file descriptors or memory"),
+    ("metrics.json", errno.ENOMEM, "free file descriptors or memory")])
+def test_a_model_file_whose_read_fails_for_no_fault_of_its_bytes_is_unreadable_not_corrupt(
+        cfg: Config, store: ModelStore, monkeypatch: pytest.MonkeyPatch, name: str, err: int, remedy: str) -> None:
+    """An I/O error, no descriptor or no memory says nothing about a model file's bytes: it is refused as unreadable
+    (the start stops in one line, nothing moved aside), as a permission is, not taken for a corrupt model (which
+    served another and moved aside the market states saved with it)."""
+    from cerebellar_norse.errors import ModelUnreadableError
+
+    version = store.save(generate_weights(cfg), cfg, METRICS)
+    target = store.root / version / name
+    real = Path.read_bytes
+
+    def failing(self: Path) -> bytes:
+        if self == target:
+            raise OSError(err, os.strerror(err), str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", failing)
+    with pytest.raises(ModelUnreadableError) as caught:
+        store.load(version)
+    assert caught.value.errno == err and caught.value.path == str(target)
+    line = str(caught.value.storage_error())
+    assert line.startswith(f"cannot read model file {target}: ") and f"(errno {err} {errno.errorcode[err]})" in line
+    assert "nothing is moved aside" in line and remedy in line
+    monkeypatch.undo()
+    assert store.load(version).version == version  # the file was intact all along
 
 
 def test_truncated_manifest_is_named(cfg: Config, store: ModelStore) -> None:
