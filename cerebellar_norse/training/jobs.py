@@ -85,6 +85,9 @@ class TrainingRequest(FirstErrorsModel):
                                               " (training.data_timezone): UTC, an IANA name or a fixed offset such as"
                                               " -05:00.")
     activate: Literal["auto", "always", "never"] = Field("auto", description="auto: when it beats the active model on validation.")
+    from_scratch: bool = Field(False, description="Start from the config's seed, not from the active model's weights "
+                               "(as train --from-scratch): the test split is then unseen whatever the active model "
+                               "was trained on.")
 
     @field_validator("epochs", "sequence_length", "batch_markets", "early_stopping_patience", mode="before")
     @classmethod
@@ -260,7 +263,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                 w = (f"training starts from the active model {active.version}, whose weights were fitted on data up to "
                      f"{iso_ms(until)} ({lineage['from']}'s training and validation period), after this run's validation"
                      f" period (up to {iso_ms(own_until)}): the test split is partly in sample (those ticks were seen); "
-                     "train with --from-scratch for an unseen test split")
+                     "train with --from-scratch (a job: \"from_scratch\": true) for an unseen test split")
                 prep.warnings.append(w)
                 progress({"warning": w})
     result = train(cfg, prep, initial, epochs, progress, should_stop, time_budget_s=time_budget_s)
@@ -351,7 +354,7 @@ def exit_error(code: int | None) -> str:
 
 
 def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any, parent_pid: int | None = None,
-              job_id: str | None = None) -> None:
+              job_id: str | None = None, from_scratch: bool = False) -> None:
     """Entry point of the job process (spawned)."""
     if parent_pid is not None:
         die_with_parent(parent_pid)
@@ -366,7 +369,8 @@ def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, sto
 
     out_of_memory = False
     try:
-        res = run_training(cfg, [Path(f) for f in files], epochs, progress, should_stop, job_id=job_id)
+        res = run_training(cfg, [Path(f) for f in files], epochs, progress, should_stop, job_id=job_id,
+                           from_scratch=from_scratch)
         out.put(("succeeded", res))
     except MemoryError:
         out_of_memory = True  # said below, once the frames of the failed step (and their arrays) are freed
@@ -532,7 +536,8 @@ class JobManager:
             out = self._ctx.Queue()
             self._stop = self._ctx.Event()
             self._proc = self._ctx.Process(target=_job_main, args=(cfg.model_dump_json(), [str(p) for p in paths],
-                                                                   req.epochs, out, self._stop, os.getpid(), job.job_id),
+                                                                   req.epochs, out, self._stop, os.getpid(), job.job_id,
+                                                                   req.from_scratch),
                                            name=f"cerebellar-norse-train-{job.job_id}", daemon=True)
             self._proc.start()
         except (OSError, RuntimeError) as exc:  # no process (EAGAIN: the task limit), memory or descriptor for it

@@ -334,6 +334,22 @@ def test_a_job_failed_by_its_data_is_a_warning_not_an_error(js: JobServer) -> No
     assert [rec["level"] for rec in lines] == ["WARNING"], lines
 
 
+def test_a_job_can_start_from_scratch_as_train_can(js: JobServer) -> None:
+    """A job started from the active model's weights, and its in-sample warning told to train with --from-scratch,
+    which a job could not ask for; "from_scratch": true starts it from the config's seed (a string is refused)."""
+    c = js.client
+    r = c.post("/training", json={"files": ["small.csv"], "from_scratch": "yes"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "from_scratch", r.text
+    r = c.post("/training", json={"files": ["small.csv"], "epochs": 1, "activate": "never", "from_scratch": True},
+               headers=AUTH)
+    assert r.status_code == 202, r.text
+    st, seen = wait_final(js, r.json()["job_id"])
+    assert seen[-1] == "succeeded", (seen, st)
+    assert js.store.active_version() is not None  # an active model there was to start from
+    metrics = js.store.load(st["model_version"]).metrics
+    assert metrics["started"] == "from scratch (--from-scratch)" and "lineage" not in metrics
+
+
 def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
     c = js.client
     before = jobs_ended(c)
