@@ -33,7 +33,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 from http_bench import (  # benchmarks/ is first on sys.path
@@ -60,6 +60,8 @@ async def _read_body(receive: Any) -> None:
 
 def _apply(variant: str) -> None:
     """Make ``variant``'s change in this process (before the service is built)."""
+    if variant not in VARIANTS:  # before the service's imports: seconds
+        raise SystemExit(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     from cerebellar_norse.api import fastpath, server
 
     if variant == "no-engine":
@@ -87,16 +89,14 @@ def _apply(variant: str) -> None:
             return app
 
         server.create_app = create_bare
-    elif variant != "full":
-        raise SystemExit(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
 
 
-def serve(variant: str, port: int) -> int:
-    """Run the service with ``variant``'s change (the child process of a measurement)."""
+def serve(variant: str, port: int) -> NoReturn:
+    """Run the service with ``variant``'s change (the child process of a measurement), and exit as the command does."""
     _apply(variant)
-    from cerebellar_norse.cli import main
+    from cerebellar_norse.cli import run
 
-    return main(["--port", str(port)])
+    run(["--port", str(port)])
 
 
 def mean_batch(metrics: str) -> float:
