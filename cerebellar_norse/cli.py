@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--activate", action="store_true", help="make the new model the active one")
     tr.add_argument("--from-scratch", action="store_true", help="start from the config's seed instead of the active model")
     _add_timezone(tr)
+    _add_split_adjust(tr)
     tr.add_argument("--json", action="store_true", help="print one JSON object")
 
     ev = sub.add_parser("evaluate", help="score a model on CSV ticks in time order against baselines")
@@ -101,12 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--bootstrap", type=int_in(0, MAX_BOOTSTRAP), default=1000,
                     help=f"bootstrap resamples of the 95%% intervals, 0 (none) to {MAX_BOOTSTRAP} (default 1000)")
     _add_timezone(ev, " and of a --since TIME without one")
+    _add_split_adjust(ev)
     ev.set_defaults(after_parse=_times_in_zone(ev, "--since"))
     ev.add_argument("--json", action="store_true", help="print one JSON object")
 
     ix = sub.add_parser("inspect-data", help="how tick CSV files are read: columns, formats, bad and skipped rows, markets")
     ix.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
     _add_timezone(ix)
+    _add_split_adjust(ix)
     ix.add_argument("--json", action="store_true", help="print one JSON object")
 
     md = sub.add_parser("make-data", help="write synthetic ticks with a learnable structure as CSV")
@@ -183,6 +186,13 @@ def _add_timezone(parser: argparse.ArgumentParser, more: str = "") -> None:
                         help="zone of the files' times written without an offset or zone" + more + ": UTC, an IANA name"
                              " (America/New_York) or a fixed offset (-05:00, UTC+02:00); overrides"
                              " training.data_timezone (default UTC)")
+
+
+def _add_split_adjust(parser: argparse.ArgumentParser) -> None:
+    """The ``--no-split-adjust`` option of a command that reads tick files for training or scoring."""
+    parser.add_argument("--no-split-adjust", action="store_true",
+                        help="read every price as written: no one-day move that matches a stock split ratio is taken"
+                             " for a split (overrides training.adjust_splits = true, the default)")
 
 
 def _times_in_zone(parser: argparse.ArgumentParser, *flags: str) -> Callable[[argparse.Namespace], None]:
@@ -274,10 +284,12 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _load_for_data(args: argparse.Namespace) -> Config:
-    """:func:`_load` for a command that reads tick files: ``--timezone`` overrides ``training.data_timezone``."""
-    from .config import with_data_timezone
+    """:func:`_load` for a command that reads tick files: ``--timezone`` overrides ``training.data_timezone``,
+    ``--no-split-adjust`` ``training.adjust_splits``."""
+    from .config import with_data_timezone, without_split_adjust
 
-    return with_data_timezone(_load(args), args.timezone)
+    cfg = with_data_timezone(_load(args), args.timezone)
+    return without_split_adjust(cfg) if getattr(args, "no_split_adjust", False) else cfg
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

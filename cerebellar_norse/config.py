@@ -212,6 +212,7 @@ class TrainingConfig(_Section):
     flat_band: float = Field(0.0005, ge=0, le=1, description="Fixed flat band (flat_band_mode fixed): |log return| over the horizon at or below this is class flat (0.0005 = 5 bp).")
     max_bad_row_fraction: float = Field(0.01, ge=0, le=1, description="A job fails when more rows than this fraction are bad.")
     data_timezone: str = Field(DEFAULT_ZONE, description='Time zone of tick files\' times written without an offset or zone (naive local times, as HistData, FirstRate Data or MetaTrader write them): "UTC", an IANA name such as "America/New_York" (daylight saving time included), or a fixed offset such as "-05:00" or "UTC+02:00". Times since the epoch and times with their own offset or zone are exact and not affected.')
+    adjust_splits: bool = Field(True, description="Read a one-day move of a stock's prices that matches a common split ratio (2:1, 3:2, 1:10, …) within a tight tolerance, and is over 5 % and 25 times the market's median move, between two days, with volumes, as a split: the prices before it divided by the ratio (the volumes multiplied by it where they are as traded), noted (docs/training.md). false reads every price as written (a genuine move that happens to match a ratio).")
     threads: int = Field(1, ge=1, le=1024, description="CPU threads of the training process.")
     auto_activate: bool = Field(True, description="Activate a trained model when it beats the active one on validation.")
     reset_state_on_swap: bool = Field(False, description="Reset market states when a new model is activated.")
@@ -663,6 +664,11 @@ def with_data_timezone(cfg: Config, zone: str | None) -> Config:
     if zone is None:
         return cfg
     return cfg.model_copy(update={"training": cfg.training.model_copy(update={"data_timezone": zone.strip()})})
+
+
+def without_split_adjust(cfg: Config) -> Config:
+    """``cfg`` with ``training.adjust_splits`` off (``--no-split-adjust``)."""
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update={"adjust_splits": False})})
 
 
 def config_json_schema() -> dict[str, Any]:

@@ -299,7 +299,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         raise InputError(f"model {version} does not fit this config ({', '.join(bad)} differ)", "--model")
     stage = _stage_printer(sys.stderr.isatty() and not as_json)
     stage(f"reading {len(files)} file(s)")
-    data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction, cfg.training.data_zone)
+    data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction, cfg.training.data_zone,
+                          cfg.training.adjust_splits)
     for note in data.notes:
         print(f"note: {note}", file=sys.stderr)
     from ..hostcheck import available_ram_bytes
@@ -338,7 +339,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
                     "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,
                     "since_utc": None if since_ms is None else iso_ms(since_ms),
-                    "in_sample": in_sample, "unscored_markets": unscored, "data_checks": checks})
+                    "in_sample": in_sample, "unscored_markets": unscored, "data_checks": checks,
+                    "stock_splits": data.stock_splits})
     summary["verdict"] = verdict(summary)
     stage("scored")
     if unscored:

@@ -468,7 +468,8 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
         else:
             notes.append(f"{path}: {shown[p]!r} is not adjusted for splits in a file with a split ratio column"
                          f" ({shown[split]!r}), and the file has no adjusted close: a split reads as a fall of its"
-                         f" ratio (2:1 as -50 %); adjust the prices, or add an 'Adj Close' column")
+                         f" ratio (2:1 as -50 %) unless it is found and taken out (training.adjust_splits); adjust the"
+                         " prices, or add an 'Adj Close' column")
     bid = ask = bid_v = ask_v = None
     if p is None:  # quotes: the mid of bid and ask
         bid = find_column(path, names, shown, BID_COLUMNS, "bid", False)

@@ -101,6 +101,8 @@ class TickData:
     notes: list[str] = field(default_factory=list)
     formats: list[FileFormat] = field(default_factory=list)  # how each file was read, in the order given
     skipped_rows: int = 0  # rows that are neither ticks nor bad rows (an order book without one side), noted
+    # the moves taken for stock splits and taken out of the prices (adjust_splits), each also a note
+    stock_splits: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ticks(self) -> int:
@@ -166,9 +168,12 @@ def _corrupt(path: Path, lines_read: int, exc: CorruptFileError) -> DataError:
     return DataError(msg, [msg])
 
 
-def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC) -> TickData:
+def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC,
+                   adjust_splits: bool = False) -> TickData:
     """Read tick CSV files (in the given order) into per-market series (format in the module docstring); dates and
-    date-times written without an offset or zone are wall-clock times in ``zone`` (``training.data_timezone``).
+    date-times written without an offset or zone are wall-clock times in ``zone`` (``training.data_timezone``); with
+    ``adjust_splits`` (``training.adjust_splits``), a move that is a stock split is taken out of its market's prices,
+    noted (:mod:`cerebellar_norse.training.splits`).
 
     Raises:
         DataError: a file cannot be opened or is not a regular file (a FIFO would block the reader), is empty, has no time or price column, or
@@ -407,11 +412,19 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
     order = np.argsort(codes, kind="stable")  # file order within each market
     ends = np.cumsum(np.bincount(codes, minlength=len(last_ts)))
     markets = []
+    stock_splits: list[dict[str, Any]] = []
     for market in sorted(code_of):
         c = code_of[market]
         sel = order[(ends[c - 1] if c else 0):ends[c]]
-        markets.append(MarketSeries(market, ts_arr[sel], price_arr[sel], volume_arr[sel]))
-    return TickData(markets, rows, bad, report, notes, formats, sum(skips.values()))
+        one = MarketSeries(market, ts_arr[sel], price_arr[sel], volume_arr[sel])
+        if adjust_splits:
+            from .splits import adjust_splits as adjusted
+
+            one, found = adjusted(one)
+            stock_splits += found
+            notes += [s["note"] for s in found]
+        markets.append(one)
+    return TickData(markets, rows, bad, report, notes, formats, sum(skips.values()), stock_splits)
 
 
 def class_counts(labels: list[np.ndarray]) -> np.ndarray:

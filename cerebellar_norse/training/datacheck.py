@@ -222,7 +222,7 @@ def summary(data: TickData, labels: dict[str, Any], spec: LabelSpec | None = Non
     """The JSON object ``inspect-data --json`` prints."""
     return {"files": [asdict(f) for f in data.formats], "rows": data.rows, "bad_rows": data.bad_rows,
             "skipped_rows": data.skipped_rows, "ticks": data.ticks, "report": data.report, "notes": data.notes,
-            "markets": [market_summary(m, spec) for m in data.markets], "training": labels}
+            "stock_splits": data.stock_splits, "markets": [market_summary(m, spec) for m in data.markets], "training": labels}
 
 
 def describe_format(f: FileFormat) -> list[str]:
@@ -281,7 +281,8 @@ def print_inspection(cfg: Config, files: list[Path], as_json: bool) -> int:
     fails raises its ``DataError`` (exit 1)."""
     from .data import load_csv_files
 
-    data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone)
+    data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone,
+                          cfg.training.adjust_splits)
     labels = labels_summary(cfg, data)
     spec = LabelSpec.from_config(cfg)
     print(json.dumps(summary(data, labels, spec), allow_nan=False) if as_json else format_text(data, labels, spec))

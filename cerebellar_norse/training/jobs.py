@@ -84,6 +84,8 @@ class TrainingRequest(FirstErrorsModel):
     data_timezone: RequestZone | None = Field(None, description="Zone of the files' times without an offset"
                                               " (training.data_timezone): UTC, an IANA name or a fixed offset such as"
                                               " -05:00.")
+    adjust_splits: bool | None = Field(None, description="Take a one-day move that matches a stock split ratio out of"
+                                       " the prices (training.adjust_splits); false reads every price as written.")
     activate: Literal["auto", "always", "never"] = Field("auto", description="auto: when it beats the active model on validation.")
     from_scratch: bool = Field(False, description="Start from the config's seed, not from the active model's weights "
                                "(as train --from-scratch): the test split is then unseen whatever the active model "
@@ -231,7 +233,8 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     from .trainer import evaluate, prepare, train
 
     store = ModelStore(Path(cfg.paths.state_dir))
-    data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone)
+    data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone,
+                          cfg.training.adjust_splits)
     prep = prepare(cfg, data)
     for w in data.notes:  # how the files were read: listed with the warnings, marked as notes
         progress({"warning": w, "note": True})
@@ -294,7 +297,8 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                "base_rates": base.tolist(),
                "data": {"files": [str(f) for f in files], "generated": generated, "rows": data.rows, "bad_rows": data.bad_rows,
                         "skipped_rows": data.skipped_rows, "ticks": data.ticks,
-                        "markets": len(data.markets), "notes": data.notes, "train_class_counts": prep.train_counts.tolist(),
+                        "markets": len(data.markets), "notes": data.notes, "stock_splits": data.stock_splits,
+                        "train_class_counts": prep.train_counts.tolist(),
                         "validation_class_counts": prep.val_counts.tolist(), "test_class_counts": prep.test_counts.tolist(),
                         "splits": prep.times},
                "warnings": warnings, "parent_version": active.version if active is not None else None,
@@ -307,7 +311,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
         raise InterruptedError("training cancelled")
     version = store.save(result.weights, cfg, metrics)
     return {"model_version": version, "validation": result.validation, "test": test, "edge": result.edge,
-            "splits": metrics["data"]["splits"], "lineage": lineage,
+            "splits": metrics["data"]["splits"], "stock_splits": data.stock_splits, "lineage": lineage,
             "started": start_note, "active_model_validation": active_val,
             "active_version": active.version if active is not None else None, "warnings": warnings}
 

@@ -471,6 +471,12 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
                      'include them):</p><ul class="note">' + "".join(
                          f"<li>{html.escape(str(market))}: {html.escape(str(line))}</li>"
                          for market, lines in checks.items() for line in (lines or [])) + "</ul>")
+    stock_splits = summary.get("stock_splits") or []
+    if isinstance(stock_splits, list) and stock_splits:
+        parts.append('<p class="note">prices adjusted for stock splits (the move taken out of the prices, the labels'
+                     ' and the P&L):</p><ul class="note">' + "".join(
+                         f"<li>{html.escape(str(s.get('note', '')))}</li>" for s in stock_splits
+                         if isinstance(s, Mapping)) + "</ul>")
     parts.append(f"<p>{html.escape(_overview(summary))}</p>")
     base_rates = summary.get("base_rates") or {}
     if base_rates:
