@@ -390,6 +390,8 @@ def test_job_runs_to_success_and_its_model_is_activated(js: JobServer) -> None:
     assert listed["active"] == new
     by_version = {m["version"]: m for m in listed["models"]}
     assert by_version[new]["valid"] and by_version[new]["validation"]["loss"] == pytest.approx(val["loss"])
+    # what a client serving it needs to know: whether it found an edge, and what its test split supports
+    assert by_version[new]["edge"] == st["edge"] and by_version[new]["verdict"] == st["test"]["verdict"]
     assert by_version[VC]["valid"] is False and "weights.npz" in by_version[VC]["error"]
 
 

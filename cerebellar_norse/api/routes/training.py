@@ -58,6 +58,11 @@ class StoredModelOut(BaseModel):
     version: str
     valid: bool = Field(description="False when its files do not verify: listed, never served.")
     validation: dict[str, Any] | None = Field(None, description="Its validation metrics (valid models).")
+    edge: str | None = Field(None, description='What training found on validation (valid models): "none" (no edge: '
+                             'the model answers its base rates, the same probabilities and prediction at every tick), '
+                             '"flat" or "direction"; null for a model stored without it.')
+    verdict: dict[str, Any] | None = Field(None, description='Its test split\'s verdict {"action", "reason"} (valid '
+                                           'models), as train and evaluate say it; null for a model stored without it.')
     error: str | None = Field(None, description="Why it is not valid (invalid models).")
 
 
@@ -119,7 +124,10 @@ def _listing(store: ModelStore) -> list[dict[str, Any]]:
     for v in store.versions():
         try:
             m = store.load(v)
-            models.append({"version": v, "valid": True, "validation": m.metrics.get("validation")})
+            test = m.metrics.get("test")
+            models.append({"version": v, "valid": True, "validation": m.metrics.get("validation"),
+                           "edge": m.metrics.get("edge"),
+                           "verdict": test.get("verdict") if isinstance(test, dict) else None})
         except Exception as exc:  # listed as invalid, never served
             models.append({"version": v, "valid": False, "error": str(exc)})
     return models
