@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "the first of an hour it repeats, refused in an hour it skips); earlier ones warm the network up")
     ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost in basis points for the P&L, charged on turnover: half of it per unit of position bought or sold, 0 to 10000 (default 0)")
     ev.add_argument("--bootstrap", type=int_in(0, MAX_BOOTSTRAP), default=1000,
-                    help=f"bootstrap resamples of the 95%% intervals, 0 (none) to {MAX_BOOTSTRAP} (default 1000)")
+                    help=f"0 for no 95%% intervals; otherwise 1 to {MAX_BOOTSTRAP} (default 1000): the intervals, whose "
+                         "moving-block bootstrap variance is computed exactly, are the same for any number")
     _add_timezone(ev, " and of a --since TIME without one")
     _add_split_adjust(ev)
     ev.set_defaults(after_parse=_times_in_zone(ev, "--since"))

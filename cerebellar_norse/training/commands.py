@@ -321,7 +321,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         base_source = "the evaluated data (the model has no recorded training counts)"
     base = base_rates(counts)
     stage(f"running model {version} and the baselines over {sum(len(pm.ticks) for pm in prep.markets):,} ticks of "
-          f"{len(prep.markets)} market(s), then {bootstrap} bootstrap resamples")
+          f"{len(prep.markets)} market(s)" + (", with bootstrap intervals" if bootstrap else ", no intervals"))
     summary, cumulative = summarise(cfg, model.weights, prep, 2, base, logistic="crossfit", cost_bp=cost_bp,
                                     bootstrap=bootstrap, release_mossy=True)
     if not summary.get("samples"):

@@ -58,7 +58,7 @@ NEWTON_TOL = 1e-10
 ROUNDING = 1e-12  # per-row model-minus-baseline differences below this are rounding
 MAX_MARKETS_REPORTED = 200
 BASELINE_NAMES = ("base_rates", "majority", "persistence", "mean_reversion", "always_up", "logistic")
-_BOOTSTRAP_CHUNK = 4_000_000
+_VARIANCE_CHUNK = 4_000_000  # elements of block sums a pass of _block_variance holds
 
 
 # --------------------------------------------------------------------------- logistic regression
@@ -748,62 +748,56 @@ def _prefix_sums(series: np.ndarray) -> np.ndarray:
     return prefix
 
 
-def _block_bootstrap_prefix(prefix: np.ndarray, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Means (k, resamples) of moving-block resamples of each series whose prefix sums are the columns of ``prefix``
-    (m + 1, k) (:func:`_prefix_sums`).
+def _block_variance(prefix: np.ndarray, block: int) -> np.ndarray:
+    """The moving-block bootstrap's variance (k,) of the mean of each series whose prefix sums are the columns of
+    ``prefix`` (m + 1, k) (:func:`_prefix_sums`), for blocks of ``block`` rows: exactly, not estimated from resamples.
 
-    Each resample concatenates ceil(m / block) blocks of ``block`` consecutive rows with
-    uniformly drawn starts (the same starts for every series: a paired bootstrap); a block's
-    sum is the difference of two prefix sums, taken for the drawn starts only (no (k, m)
-    array of every block's sum is held), so the cost is O(k·resamples·m/block).
+    A resample concatenates k = ceil(m / block) blocks with starts drawn uniformly from the N = m − block + 1
+    (the same starts for every series: paired), so its mean is the mean of k independent draws of a block sum over
+    ``block``: its variance is Var_N(S) / (k · block²), Var_N the population variance of the N block sums S. That is
+    what infinitely many resamples would give; a finite number of them only adds Monte-Carlo noise to the interval's
+    width (400 resamples: about ± 8 % on each end of an interval), which no degrees of freedom count. Block sums are the
+    differences of two prefix sums, taken ``_VARIANCE_CHUNK`` elements at a time (no (N, k) array is held).
     """
     m, k = prefix.shape[0] - 1, prefix.shape[1]
-    n_blocks = math.ceil(m / block)
-    out = np.empty((k, resamples))
-    chunk = max(1, _BOOTSTRAP_CHUNK // max(1, n_blocks * k))  # the draws depend on the chunk: keep its size
-    for a in range(0, resamples, chunk):
-        b = min(resamples, a + chunk)
-        starts = rng.integers(0, m - block + 1, size=(b - a, n_blocks))
-        sums = prefix[starts + block]
-        sums -= prefix[starts]
-        # summed through the (k, resamples, blocks) view whose series vary fastest in memory: numpy then adds the
-        # blocks one after another (not pairwise), the order the means' last bits depend on (the tests pin them)
-        out[:, a:b] = sums.transpose(2, 0, 1).sum(axis=2) / (n_blocks * block)
-    return out
+    n_starts = m - block + 1
+    step = max(1, _VARIANCE_CHUNK // max(1, k))
+    total = np.zeros(k)
+    for a in range(0, n_starts, step):
+        b = min(n_starts, a + step)
+        total += (prefix[a + block:b + block] - prefix[a:b]).sum(axis=0)
+    mean = total / n_starts
+    squares = np.zeros(k)
+    for a in range(0, n_starts, step):
+        b = min(n_starts, a + step)
+        sums = prefix[a + block:b + block] - prefix[a:b]
+        sums -= mean
+        squares += np.einsum("ij,ij->j", sums, sums)
+    return squares / n_starts / (math.ceil(m / block) * block * block)
 
 
-def _extrapolated_bootstrap_prefix(prefix: np.ndarray, mean: np.ndarray, block: int, resamples: int,
-                                   rng: np.random.Generator) -> np.ndarray:
-    """Means (k, resamples) of moving-block resamples of each series (prefix sums ``prefix`` (m + 1, k), means
-    ``mean`` (k,)), their spread freed of the block length's bias.
+def _interval_variance(prefix: np.ndarray, block: int) -> np.ndarray:
+    """The variance (k,) of each series' mean that its interval is made of (prefix sums ``prefix`` (m + 1, k)): the
+    moving-block bootstrap's, freed of the block length's bias.
 
     For dependent rows, the moving-block bootstrap's variance of a mean falls short of the
     true one by a term of order 1/block (the covariances at lags near the block length are
     cut): with the block of max(horizon, n^(1/3)) rows, a no-skill model's 95 % intervals
-    excluded 0 for 7-9 % of series of 8,000 rows. Resampled with blocks of ``block`` (variance v1) and
+    excluded 0 for 7-9 % of series of 8,000 rows. With blocks of ``block`` (variance v1) and
     ``2 * block`` (v2), each divided by its :func:`_block_shortfall`, v = 2·v2 − v1 cancels that term
-    (Richardson extrapolation; never below v2): the longer blocks' resamples, centred on the series' mean and
-    scaled to v, are returned (benchmarks/interval_coverage.py measures the result). A series shorter than
-    four blocks (``4 * block > m``) gets the plain resamples of ``block`` (spread by their shortfall): blocks of twice
-    that length would have too few distinct starts to spread (a single one, and a zero-width
-    interval, when ``2 * block >= m``), and the extrapolation assumes both blocks are short.
+    (Richardson extrapolation; never below v2; benchmarks/interval_coverage.py measures the result). A series
+    shorter than four blocks (``4 * block > m``) gets v1 alone (divided by its shortfall): blocks of twice that
+    length would have too few distinct starts to spread (a single one, and a zero-width interval, when
+    ``2 * block >= m``), and the extrapolation assumes both blocks are short.
     """
     m = prefix.shape[0] - 1
     if 4 * block > m:
-        plain = _block_bootstrap_prefix(prefix, block, resamples, rng)
+        plain = _block_variance(prefix, block)
         shortfall = _block_shortfall(m, block)
-        if shortfall <= 0.0:  # one start: nothing to spread
-            return plain
-        return mean[:, None] + (plain - plain.mean(axis=1, keepdims=True)) / math.sqrt(shortfall)
-    short = _block_bootstrap_prefix(prefix, block, resamples, rng)
-    long = _block_bootstrap_prefix(prefix, 2 * block, resamples, rng)
-    v_short = short.var(axis=1) / _block_shortfall(m, block)
-    v_long_raw = long.var(axis=1)
-    v_long = v_long_raw / _block_shortfall(m, 2 * block)
-    v = np.maximum(2.0 * v_long - v_short, v_long)
-    scale = np.sqrt(np.divide(v, v_long_raw, out=np.ones_like(v), where=v_long_raw > 0))
-    centred = long - long.mean(axis=1, keepdims=True)
-    return mean[:, None] + centred * scale[:, None]
+        return plain if shortfall <= 0.0 else plain / shortfall  # one start: nothing to spread
+    v_short = _block_variance(prefix, block) / _block_shortfall(m, block)
+    v_long = _block_variance(prefix, 2 * block) / _block_shortfall(m, 2 * block)
+    return np.maximum(2.0 * v_long - v_short, v_long)
 
 
 def _block_shortfall(m: int, block: int) -> float:
@@ -861,22 +855,23 @@ def student_t_quantile(p: float, dof: float) -> float:
 _Z975 = NormalDist().inv_cdf(0.975)
 
 
-def _bootstrap_intervals(prefix: np.ndarray, point: np.ndarray, block: int, resamples: int,
-                         rng: np.random.Generator) -> np.ndarray:
-    """95 % intervals (2, k) of the means of the series whose prefix sums are ``prefix`` (m + 1, k) and means ``point``.
+def _bootstrap_intervals(prefix: np.ndarray, point: np.ndarray, block: int) -> np.ndarray:
+    """95 % intervals (2, k) of the means of the series whose prefix sums are ``prefix`` (m + 1, k) and means ``point``:
+    point ± t · √v, v the :func:`_interval_variance` and t the 97.5 % quantile of Student's t with
+    :func:`interval_dof` degrees of freedom (1.96 for many blocks).
 
-    The resamples of :func:`_extrapolated_bootstrap_prefix`, their 2.5 and 97.5 percentiles
-    moved away from the point by t/z: the 97.5 % quantile of Student's t with
-    :func:`interval_dof` degrees of freedom over the normal one's (1.96). Percentiles alone
-    take the bootstrap's variance for the truth; estimated from few blocks it is itself
-    uncertain, and with percentiles a no-skill model's directional-accuracy interval excluded
-    0 for 8 % of series of 740 rows of horizon 10 (5 % nominal; benchmarks/interval_coverage.py).
+    The variance is the moving-block bootstrap's, computed exactly (:func:`_block_variance`). The intervals were the
+    2.5 and 97.5 percentiles of 400-1,000 resamples scaled to a variance estimated from resamples too, widened by
+    t / 1.96: the Monte-Carlo noise of both (about ± 8 % on each end of the interval with 400 resamples) is not in
+    the degrees of freedom: a no-skill model's directional-accuracy, P&L and Sharpe intervals excluded 0 for 5.7, 5.4
+    and 5.6 % of 3,000 GARCH series of 2,000 rows, 5.2, 4.5 and 5.3 % computed exactly (5 % nominal:
+    benchmarks/interval_coverage.py, 400 resamples). The percentiles' asymmetry, the
+    one thing they added, is of the order of the blocks' skewness over √blocks, and it points the wrong way for a
+    studentized mean (Hall 1988): the interval is symmetric.
     """
     m = prefix.shape[0] - 1
-    means = _extrapolated_bootstrap_prefix(prefix, point, block, resamples, rng)
-    lo, hi = np.percentile(means, [2.5, 97.5], axis=1)
-    widen = student_t_quantile(0.975, interval_dof(m, block)) / _Z975
-    return np.stack([point + (lo - point) * widen, point + (hi - point) * widen])
+    half = student_t_quantile(0.975, interval_dof(m, block)) * np.sqrt(_interval_variance(prefix, block))
+    return np.stack([point - half, point + half])
 
 
 _ROW_FIELDS = {"log_loss": "log_loss", "accuracy": "correct", "direction_log_loss": "direction_log_loss",
@@ -889,7 +884,7 @@ class _Differences:
     baseline is added.
 
     Each series (one per baseline and metric, in the order added) is kept only as its mean
-    and, when the bootstrap resamples it, its prefix sums (float64 (m + 1, k), m rows): the
+    and, when it gets an interval, its prefix sums (float64 (m + 1, k), m rows): the
     per-row differences of all baselines are never held at once, nor a copy of them.
     """
 
@@ -916,14 +911,14 @@ class _Differences:
             if self.prefix is not None:
                 np.cumsum(row, out=self.prefix[1:, j])
 
-    def cells(self, block_all: int, resamples: int, rng: np.random.Generator) -> list[tuple[str, str, dict[str, Any]]]:
+    def cells(self, block_all: int, resamples: int) -> list[tuple[str, str, dict[str, Any]]]:
         """``(baseline, metric, {"diff", "ci95"})`` per series added; the bootstrap's blocks are ``block_all`` rows
         (at most the group's rows). Frees the prefix sums."""
         if not self.rows:
             return [(name, f, {"diff": None, "ci95": None}) for name, f in self.keys]
         ci: np.ndarray | None = None
         if self.prefix is not None and resamples > 0:
-            ci = _bootstrap_intervals(self.prefix, self.point, min(block_all, self.rows), resamples, rng)
+            ci = _bootstrap_intervals(self.prefix, self.point, min(block_all, self.rows))
             self.prefix = None
         return [(name, f, {"diff": _num(self.point[j]), "ci95": None if ci is None else [_num(ci[0, j]), _num(ci[1, j])]})
                 for j, (name, f) in enumerate(self.keys)]
@@ -936,13 +931,13 @@ def _difference_groups(model: _Rows, baselines: int, resamples: int) -> tuple[_D
             _Differences(_FIELD_GROUPS[1], 2 * baselines, sizes[1], resamples > 0))
 
 
-def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int, resamples: int,
-                rng: np.random.Generator) -> tuple[dict[str, Any], int]:
+def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int,
+                resamples: int) -> tuple[dict[str, Any], int]:
     """``vs_baselines`` from the filled groups (all rows first: the draws are in that order) and the block length."""
     block_all = block_length(n, horizon)
     out: dict[str, dict[str, Any]] = {name: {} for name, _ in groups[0].keys}
     for group in groups:
-        for name, f, cell in group.cells(block_all, resamples, rng):
+        for name, f, cell in group.cells(block_all, resamples):
             out[name][f] = cell
     return out, block_all
 
@@ -979,14 +974,14 @@ def _per_market(c: _Checked, rows: _Rows) -> dict[str, Any]:
 
 
 def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.ndarray], block: int, resamples: int,
-                   rng: np.random.Generator, per_year: float | None) -> None:
+                   per_year: float | None) -> None:
     """Add to the model's ``pnl`` the 95 % intervals of its net P&L (``total_bp_ci95``, ``net_per_tick_bp_ci95``), of
     its Sharpe ratios, and its differences with the constant positions (``vs_always_long``, ``vs_always_short``:
     ``{"diff_bp", "ci95"}`` of the totals, model minus constant).
 
     The series are the model's net P&L per row, its per-row differences with each constant position's and the
-    Sharpe ratio's influence per row, resampled together by :func:`_bootstrap_intervals` (the same blocks as the
-    other intervals, paired). The Sharpe ratio S = μ/σ of rows x moves with the mean of
+    Sharpe ratio's influence per row, each given an interval by :func:`_bootstrap_intervals` (the same blocks as the
+    other intervals). The Sharpe ratio S = μ/σ of rows x moves with the mean of
     ψ_t = z_t − S/2 · (z_t² − 1), z_t = (x_t − μ)/σ (to first order: the mean's error over σ, less S/2 times the
     variance's relative error), so its interval is S plus the interval of ψ's mean about its point: the sd's own
     uncertainty counted, and the rows' autocorrelation (overlapping horizons) through the blocks. For independent
@@ -1005,7 +1000,7 @@ def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.
     point = series.mean(axis=1)
     ci: np.ndarray | None = None
     if resamples > 0 and n:
-        ci = _bootstrap_intervals(_prefix_sums(series), point, min(block, n), resamples, rng)
+        ci = _bootstrap_intervals(_prefix_sums(series), point, min(block, n))
 
     def interval(j: int, scale: float) -> list[float | None] | None:
         return None if ci is None else [_num(ci[0, j] * scale), _num(ci[1, j] * scale)]
@@ -1026,9 +1021,10 @@ def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.
 def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Score the model's probabilities and the baselines' on the same rows; a JSON-safe dict.
 
-    ``cost_bp`` round-trip cost per unit traded in basis points; ``bootstrap`` the number of
-    moving-block resamples for the model-minus-baseline intervals (0: no intervals); ``seed``
-    seeds them. Undefined values (no moving labels, no trades…) are None, never NaN.
+    ``cost_bp`` round-trip cost per unit traded in basis points; ``bootstrap`` > 0 asks for the
+    moving-block bootstrap's 95 % intervals (0: no intervals; the variance is computed exactly, as infinitely many
+    resamples would give it, so the number and ``seed``, recorded, no longer change them). Undefined values (no
+    moving labels, no trades…) are None, never NaN.
 
     Keys: ``samples``, ``class_counts``, ``moving_samples``, ``horizon``, ``cost_bp``,
     ``base_rates``, ``rule_tilts`` (:func:`rule_tilts`); ``model`` and ``baselines[name]`` with ``accuracy`` (argmax vs label),
@@ -1081,8 +1077,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         for group in groups:
             group.add(name, model_rows, rows)
         del rows
-    rng = np.random.default_rng(seed)
-    vs, block = _diff_cells(groups, n, c.horizon, int(bootstrap), rng)
+    vs, block = _diff_cells(groups, n, c.horizon, int(bootstrap))
     del groups
     constant = {}  # the constant positions' books, made once the baselines' rows are freed
     for key, side in (("always_long", 1.0), ("always_short", -1.0)):
@@ -1091,7 +1086,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         model[key] = _pnl(pos, book, c.horizon, per_year)
         constant[key] = book.net
         del pos, book
-    _pnl_intervals(model["pnl"], model_rows.pnl, constant, block, int(bootstrap), rng, per_year)  # drawn after those
+    _pnl_intervals(model["pnl"], model_rows.pnl, constant, block, int(bootstrap), per_year)
     moving = int(n - counts[FLAT])
     summary: dict[str, Any] = {
         "samples": int(n),
@@ -1106,16 +1101,17 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         "baselines": baselines,
         "vs_baselines": vs,
         "bootstrap": {"method": "moving-block bootstrap of per-row model-minus-baseline contributions, "
-                                "the same blocks for every baseline, with blocks of block_length and twice that; the "
-                                "variance of each divided by its shortfall for independent rows and extrapolated to "
-                                "remove the block length's bias (2·v(2b) − v(b)), the "
-                                "percentiles of the longer blocks' resamples scaled to it (rows of fewer than four "
-                                "blocks: plain blocks of block_length), widened by t/z: the 97.5 % quantile of "
-                                "Student's t with degrees_of_freedom (3·rows / (8·block_length), at least 1) over the "
-                                "normal one's (t_quantile / 1.96); directional metrics over moving rows only; "
-                                "the model's net P&L per row, its differences with always long and always short and "
-                                "its Sharpe ratio's influence per row (z − S/2·(z² − 1), z the standardised net P&L: "
-                                "the sd's uncertainty counted) resampled the same way over all rows",
+                                "the same blocks for every baseline, with blocks of block_length and twice that; each "
+                                "one's variance of the mean computed exactly (the variance of the block sums over all "
+                                "starts: the limit of infinitely many resamples, no Monte-Carlo noise), divided by its "
+                                "shortfall for independent rows and extrapolated to remove the block length's bias "
+                                "(2·v(2b) − v(b); rows of fewer than four blocks: blocks of block_length alone); the "
+                                "interval is the point ± t·√v, t the 97.5 % quantile of Student's t with "
+                                "degrees_of_freedom (3·rows / (8·block_length), at least 1); directional metrics over "
+                                "moving rows only; the model's net P&L per row, its differences with always long and "
+                                "always short and its Sharpe ratio's influence per row (z − S/2·(z² − 1), z the "
+                                "standardised net P&L: the sd's uncertainty counted) the same way over all rows; "
+                                "resamples > 0 asks for the intervals, their number and the seed no longer change them",
                       "resamples": int(bootstrap), "seed": int(seed), "block_length": block,
                       "degrees_of_freedom": {"all_rows": _dof(n, block, bootstrap),
                                              "moving_rows": _dof(moving, block, bootstrap)},

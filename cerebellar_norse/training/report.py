@@ -228,7 +228,7 @@ def interval_quantile_line(summary: Mapping[str, Any]) -> str | None:
     dof, t = note.get("degrees_of_freedom") or {}, note.get("t_quantile") or {}
     if not note.get("resamples") or dof.get("all_rows") is None or t.get("all_rows") is None:
         return None
-    line = (f"intervals: blocks of {note.get('block_length')} rows, percentiles widened by Student t over normal "
+    line = (f"intervals: blocks of {note.get('block_length')} rows, the point ± Student t × the bootstrap's exact sd "
             f"(all rows: {dof['all_rows']:g} degrees of freedom, t {t['all_rows']:.3f}")
     if dof.get("moving_rows") is not None and t.get("moving_rows") is not None:
         line += f"; moving rows: {dof['moving_rows']:g}, t {t['moving_rows']:.3f}"

@@ -98,7 +98,7 @@ def test_evaluate_on_a_terminal_says_what_it_does_next(env: Path, capsys: pytest
     assert main(["evaluate", "ticks.csv", "--bootstrap", "50"]) == 0
     stages = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
     assert len(stages) == 3 and stages[0].endswith("] reading 1 file(s)"), stages
-    assert " over 4,000 ticks of 2 market(s), then 50 bootstrap resamples" in stages[1] and stages[2].endswith("] scored")
+    assert " over 4,000 ticks of 2 market(s), with bootstrap intervals" in stages[1] and stages[2].endswith("] scored")
     assert main(["evaluate", "ticks.csv", "--bootstrap", "0", "--json"]) == 0  # JSON for a program: no stage lines
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
 
