@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1500)
     ap.add_argument("--ticks", type=int, default=8000, help="ticks per seed for the base rates, and as many scored")
     ap.add_argument("--horizon", type=int, default=10, help="label horizon in ticks")
-    ap.add_argument("--resamples", type=int, default=400, help="bootstrap resamples per interval")
+    ap.add_argument("--resamples", type=int, default=400,
+                    help="score's bootstrap argument (> 0: intervals; their variance is exact, any number gives the same)")
     ap.add_argument("--lean-lag", type=int, default=3, help="ticks of past return the no-skill lean follows (default 3)")
     args = ap.parse_args(argv)
     hits: dict[str, list[int]] = {}

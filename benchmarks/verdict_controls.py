@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost-bp", type=float, default=1.0)
     ap.add_argument("--lean-lag", type=int, default=3, help="ticks of past return the no-skill lean follows")
     ap.add_argument("--drift", type=float, default=1e-4, help="the regimes' drift a tick (log return)")
-    ap.add_argument("--resamples", type=int, default=400)
+    ap.add_argument("--resamples", type=int, default=400,
+                    help="score's bootstrap argument (> 0: intervals; their variance is exact, any number gives the same)")
     args = ap.parse_args(argv)
     actions: Counter[str] = Counter()
     above = gate = 0

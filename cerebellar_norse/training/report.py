@@ -501,8 +501,8 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
             [[name, *[_ci_text(cells.get(k), "—") for k, _ in DIFF_METRICS]] for name, cells in vs.items()])))
         if note:
             parts.append('<p class="note">' + html.escape(
-                f"{note.get('method', '')}; {note.get('resamples')} resamples, block length "
-                f"{note.get('block_length')} rows, seed {note.get('seed')}; {note.get('note', '')}") + "</p>")
+                f"{note.get('method', '')}; block length {note.get('block_length')} rows; "
+                f"{note.get('note', '')}") + "</p>")
             quantile = interval_quantile_line(summary)
             if quantile:
                 parts.append(f'<p class="note">{html.escape(quantile)}</p>')
