@@ -57,6 +57,10 @@ def test_train_then_evaluate(env: Path, capsys: pytest.CaptureFixture[str]) -> N
     for rows, count in (("all_rows", full["samples"]), ("moving_rows", full["moving_samples"])):
         assert boot["degrees_of_freedom"][rows] == pytest.approx(3 * count / (8 * boot["block_length"]), abs=0.01)
         assert boot["t_quantile"][rows] > 1.96
+    assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "3"]) == 0
+    few = _json(capsys)  # the bootstrap's variance is computed exactly: 3 resamples asked or 200, the same intervals
+    assert few["vs_baselines"] == full["vs_baselines"] and few["model"]["pnl"] == full["model"]["pnl"]
+    assert few["bootstrap"]["resamples"] == 3 and few["bootstrap"]["degrees_of_freedom"] == boot["degrees_of_freedom"]
     assert sum(full["model"]["confusion"][0]) + sum(full["model"]["confusion"][1]) + sum(full["model"]["confusion"][2]) == full["samples"]
     # the P&L: one book per market, costs on its turnover (always long: one round trip in each of the 2 markets)
     assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "100", "--cost-bp", "2"]) == 0
