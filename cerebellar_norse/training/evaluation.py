@@ -852,9 +852,6 @@ def student_t_quantile(p: float, dof: float) -> float:
     return math.sqrt(dof) * math.tan(phi)
 
 
-_Z975 = NormalDist().inv_cdf(0.975)
-
-
 def _bootstrap_intervals(prefix: np.ndarray, point: np.ndarray, block: int) -> np.ndarray:
     """95 % intervals (2, k) of the means of the series whose prefix sums are ``prefix`` (m + 1, k) and means ``point``:
     point ± t · √v, v the :func:`_interval_variance` and t the 97.5 % quantile of Student's t with

@@ -361,7 +361,7 @@ def test_short_file_intervals_are_widened_by_the_student_t_of_their_blocks(monke
             none = score(inp, bootstrap=0)["bootstrap"]
             assert none["degrees_of_freedom"] == none["t_quantile"] == {"all_rows": None, "moving_rows": None}
         with monkeypatch.context() as m:  # the same variance, the normal quantile
-            m.setattr(evaluation, "student_t_quantile", lambda p, dof: evaluation._Z975)
+            m.setattr(evaluation, "student_t_quantile", lambda p, dof: 1.959964)
             plain = score(inp, bootstrap=200, seed=seed)
         for rows, metric in (("moving_rows", "directional_accuracy"), ("moving_rows", "direction_log_loss"),
                              ("all_rows", "log_loss")):
