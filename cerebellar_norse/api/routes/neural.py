@@ -7,7 +7,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response, WebSocket, WebSocketDisconnect
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from ...errors import CerebellarNorseError, InputError
 from ...observability.context import new_request_id, request_id_var
@@ -79,7 +79,45 @@ async def process_batch(batch: BatchIn, request: Request) -> Response:
     return Response(body, media_type=JSON_TYPE)
 
 
-@router.get("/metrics", operation_id="neural_metrics", responses=error_responses())
+class PerPopulation(BaseModel):
+    """A figure of each spiking population."""
+
+    granule: int
+    purkinje: int
+    dcn: int
+
+
+class PerPopulationRate(BaseModel):
+    """A rate of each spiking population."""
+
+    granule: float
+    purkinje: float
+    dcn: float
+
+
+class NeuralFiguresOut(BaseModel):
+    """The figures of ``GET /neural/metrics``, since the start."""
+
+    spike_counts: PerPopulation = Field(description="Spikes of each population.")
+    spikes_per_tick: PerPopulationRate = Field(description="Spikes of each population per tick.")
+    sparsity: float | None = Field(description="Fraction of granule cells spiking per step (null before the first tick).")
+    target_sparsity: float = Field(description="neural.target_sparsity.")
+    markets: int = Field(description="Markets holding state.")
+    ticks: int
+    batches: int
+    mean_batch_size: float | None = Field(description="Ticks per engine batch (null before the first).")
+    model_version: str = Field(description="The model answering ticks.")
+    live_evaluation: dict[str, Any] | None = Field(
+        description="The served model's live scores on the ticks it answered (null when disabled).")
+
+
+class NeuralMetricsOut(BaseModel):
+    """Answer of ``GET /neural/metrics``."""
+
+    neural_metrics: NeuralFiguresOut
+
+
+@router.get("/metrics", operation_id="neural_metrics", response_model=NeuralMetricsOut, responses=error_responses())
 async def neural_metrics(request: Request) -> dict[str, Any]:
     """Spike counts per population, granule sparsity, live markets and the live evaluation (None when disabled)."""
     svc = service(request)
