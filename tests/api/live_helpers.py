@@ -46,8 +46,13 @@ NO_BOOTSTRAP = _no_bootstrap()
 
 
 def server_environ(state_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment without config overrides, plus the state dir, no first-run training, and ``extra``."""
+    """The caller's environment without config overrides (the kernels' cache kept), plus the state dir, no first-run
+    training, and ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_") and k != "STATE_DIRECTORY"}
+    # the compiled kernels' cache of this process (cerebellar_norse/__init__.py): without its base the server took
+    # NUMBA_CACHE_DIR (already keyed) as one and compiled every kernel afresh into a directory of its own
+    if "CEREBELLAR_NORSE_NUMBA_CACHE_BASE" in os.environ:
+        env["CEREBELLAR_NORSE_NUMBA_CACHE_BASE"] = os.environ["CEREBELLAR_NORSE_NUMBA_CACHE_BASE"]
     env["CEREBELLAR_NORSE_PATHS__STATE_DIR"] = str(state_dir)
     env.update(NO_BOOTSTRAP)
     env.update(extra or {})
