@@ -348,6 +348,7 @@ def cmd_analyze_weights(cfg: Config, source: str | None, model: str | None, comp
 
 TRACE_KEY = "market_trace"
 RING_TICKS = 2000
+PICTURES_KEPT = 8  # rasters kept drawn (about 100 KB each)
 WATCHED_MAX = 64
 TRACED = (("granule", "v_gr"), ("purkinje", "v_pc"), ("dcn", "v_dcn"))
 
@@ -364,6 +365,20 @@ class MarketTrace:
         self.rings: OrderedDict[str, deque[tuple[float, tuple[int, ...], tuple[float, ...], tuple[float, ...]]]] = \
             OrderedDict()
         self._deque = deque
+        self.pictures: OrderedDict[bytes, bytes] = OrderedDict()  # the last PNGs drawn, by what they show
+
+    def picture(self, key: bytes) -> bytes | None:
+        """The PNG drawn last for ``key`` (:func:`series_key`), or None."""
+        png = self.pictures.get(key)
+        if png is not None:
+            self.pictures.move_to_end(key)
+        return png
+
+    def keep_picture(self, key: bytes, png: bytes) -> None:
+        """Keep a drawn PNG: the same ticks asked for again (a HEAD then its GET, a page reloaded) are not drawn again."""
+        self.pictures[key] = png
+        while len(self.pictures) > PICTURES_KEPT:
+            self.pictures.popitem(last=False)
 
     @classmethod
     def attach(cls, engine: Engine, registry: dict[str, Any]) -> MarketTrace:
@@ -432,6 +447,18 @@ class MarketTrace:
             "v": np.array([r[2] for r in rows], dtype=np.float64).reshape(len(rows), len(TRACED)),
             "readout": readout,
         }
+
+
+def series_key(series: dict[str, Any]) -> bytes:
+    """A digest of everything :func:`raster_png` draws of ``series``: equal keys, equal pictures."""
+    import hashlib
+
+    h = hashlib.blake2b(repr((series["market_id"], series.get("since"))).encode(), digest_size=16)
+    for name in ("time_ms", "spikes", "v", "readout"):
+        a = np.ascontiguousarray(series[name])
+        h.update(f"{name}{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.digest()
 
 
 def raster_png(series: dict[str, Any]) -> bytes:

@@ -158,3 +158,31 @@ def test_trace_of_a_batch_with_repeated_markets_syncs_only_watched_slots() -> No
     for k in range(pictures.WATCHED_MAX):
         trace.watch(f"M{k}")
     assert "A" not in trace.rings and "C" not in trace.rings and len(trace.rings) == pictures.WATCHED_MAX
+
+
+def test_the_same_ticks_asked_for_again_are_not_drawn_again(tc: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A HEAD and its GET (or a reload) drew the same picture twice, about half a second each; it is kept and sent again,
+    and drawn anew once the market has new ticks or other ticks are asked for."""
+    from cerebellar_norse.api.routes import debug
+    from cerebellar_norse.observability.pictures import raster_png
+
+    drawn: list[int] = []
+
+    def counting(series: dict[str, Any]) -> bytes:
+        drawn.append(len(series["spikes"]))
+        return raster_png(series)
+
+    monkeypatch.setattr(debug, "raster_png", counting)
+    send(tc, ODD, range(3))
+    raster(tc, ODD, headers=AUTH)  # watched from here on
+    send(tc, ODD, range(3, 8))
+    first = raster(tc, ODD, headers=AUTH)
+    head = tc.head(f"/debug/markets/{quote(ODD, safe='')}/raster.png", headers=AUTH)
+    again = raster(tc, ODD, headers=AUTH)
+    assert first.status_code == head.status_code == again.status_code == 200
+    assert again.content == first.content and int(head.headers["content-length"]) == len(first.content)
+    assert drawn == [0, 5]
+    assert raster(tc, ODD, headers=AUTH, params={"ticks": 2}).status_code == 200  # other ticks: drawn
+    send(tc, ODD, range(8, 9))
+    newer = raster(tc, ODD, headers=AUTH)  # a new tick: drawn
+    assert newer.content != first.content and drawn == [0, 5, 2, 6]
