@@ -30,9 +30,15 @@ def _versioned_numba_cache() -> None:
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode())
         digest.update(path.read_bytes())
-    base = os.environ.get("CEREBELLAR_NORSE_NUMBA_CACHE_BASE") or os.environ.get("NUMBA_CACHE_DIR") or str(root / "__pycache__" / "numba")
+    key = digest.hexdigest()[:16]
+    inherited = os.environ.get("NUMBA_CACHE_DIR")
+    if inherited and os.path.basename(os.path.normpath(inherited)) == key:
+        # a child process started with this process's environment less its CEREBELLAR_NORSE_ variables: the
+        # directory is already keyed (nested under itself, every kernel would be compiled afresh there)
+        inherited = os.path.dirname(os.path.normpath(inherited))
+    base = os.environ.get("CEREBELLAR_NORSE_NUMBA_CACHE_BASE") or inherited or str(root / "__pycache__" / "numba")
     os.environ["CEREBELLAR_NORSE_NUMBA_CACHE_BASE"] = base
-    cache_dir = os.path.join(base, digest.hexdigest()[:16])
+    cache_dir = os.path.join(base, key)
     os.environ["NUMBA_CACHE_DIR"] = cache_dir
     import sys
 

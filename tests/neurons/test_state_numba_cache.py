@@ -37,3 +37,17 @@ def test_repeated_starts_share_a_numba_cache(tmp_path: Path) -> None:
         assert r.returncode == 0, f"start {start + 1} failed: {r.stderr[-2000:]}"
     variants = list(tmp_path.glob("*/neurons_*/state.state_views-*.nbc"))
     assert len(variants) <= 1, [p.name for p in variants]
+
+
+def test_a_child_given_the_keyed_directory_uses_it_as_it_is(tmp_path: Path) -> None:
+    """A process started with its parent's environment less the ``CEREBELLAR_NORSE_`` variables (as services are by
+    their tests and benchmarks) shares the parent's cache: it does not nest a second keyed directory inside."""
+    root = Path(__file__).resolve().parents[2]
+    show = "import os, cerebellar_norse; print(os.environ['NUMBA_CACHE_DIR'])"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CEREBELLAR_NORSE_", "NUMBA_CACHE_DIR"))}
+    first = subprocess.run([sys.executable, "-c", show], env=dict(env, NUMBA_CACHE_DIR=str(tmp_path)), cwd=root,
+                           capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+    assert Path(first).parent == tmp_path
+    child = subprocess.run([sys.executable, "-c", show], env=dict(env, NUMBA_CACHE_DIR=first), cwd=root,
+                           capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+    assert child == first
