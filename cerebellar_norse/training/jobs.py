@@ -450,6 +450,13 @@ class JobManager:
     def _load_history(self) -> None:
         if not self.jobs_dir.is_dir():
             return
+        for p in self.jobs_dir.glob(".*.json.*.tmp"):  # a record whose writing a crash cut off: the previous is whole
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove %s, left by a job record's write a crash cut off: %s", p, exc)
         order: dict[str, tuple[float, float]] = {}  # job id -> (created, record's mtime): the latest job is the newest
         for p in sorted(self.jobs_dir.glob("*.json")):
             try:

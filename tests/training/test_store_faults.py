@@ -242,3 +242,20 @@ def test_the_service_writes_refused_job_records_after_its_next_checkpoint(make_c
     finally:
         if state.durability is not None:
             state.durability.close(save=False)
+
+
+def test_a_job_record_whose_write_a_crash_cut_off_leaves_no_temporary_file_after_the_restart(
+        make_config: ConfigFactory) -> None:
+    """A kill between the creation of ``jobs/.<id>.json.<random>.tmp`` and its rename (the record's fsync, say): the
+    next start removes the temporary file and reads the record as it was before (it stayed in the state dir for good)."""
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    jobs = Path(cfg.paths.state_dir) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    (jobs / "abcd.json").write_text(json.dumps({"job_id": "abcd", "state": "failed", "created": "2026-11-25T10:00:00Z"}))
+    (jobs / ".abcd.json.x1y2z3.tmp").write_text('{"job_id": "abcd", "sta')  # cut off by the crash
+    (jobs / ".ef01.json.q9w8e7.tmp").write_text("")  # a new job's first record: created, nothing written yet
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    assert sorted(p.name for p in jobs.iterdir()) == ["abcd.json"]
+    assert list(mgr.jobs) == ["abcd"] and mgr.get("abcd").state == "failed"
