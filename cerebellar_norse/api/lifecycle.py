@@ -321,7 +321,7 @@ def check_free_space(state_dir: Path, segment_size: int) -> None:
     free = usage.free
     if free < need:
         raise StorageError(f"state dir {state_dir} has {free} bytes free, less than the {need} bytes its next "
-                           f"checkpoint needs beside {checkpoint.name} (keep free at least two journal files and two "
+                           f"checkpoint needs beside {checkpoint.name} (keep free at least three journal files and two "
                            f"checkpoints: docs/operations.md, Disk space)", str(state_dir))
     if free < need + segment_size:
         log.warning("state dir %s has %d bytes free: the next checkpoint fits, the journal's next file "

@@ -19,7 +19,13 @@ How
       memory: appending is a copy into the page cache, no system call. Its format, and
       what a crash in the middle of an append leaves (a torn tail, dropped) or damage
       (the records before it are applied and the file is quarantined), are in
-      :mod:`.segments`.
+      :mod:`.segments`. The next segment's file is made ahead of time by a worker thread
+      (:data:`.segments.SPARE`, reserved and flushed, holding no record): starting a segment
+      on the event loop (at a checkpoint, or when the open one is full) writes its header and
+      renames it, without waiting for the disk; its flushes are left to the next checkpoint's
+      worker thread, before that checkpoint is written (with ``journal_fsync``: at once, before
+      its first record). Without one (the first segment after a start, a file that could not be
+      made ahead) the segment is created on the loop, with the waits and failures below.
     * A checkpoint (every ``checkpoint_interval_s``, when a segment is full, when the
       model changes, when a market's state is imported, and at shutdown) copies the live
       states between two batches, starts a new segment, and writes ``market_state.bin``
@@ -80,6 +86,7 @@ import contextlib
 import errno
 import logging
 import mmap
+import os
 import struct
 import threading
 import time
@@ -103,17 +110,22 @@ from .segments import (
     KIND_TICKS,
     ONE,
     REC,
+    SPARE,
     SUFFIX,
     TICK,
     SegmentReader,
+    Unsynced,
+    adopt_spare,
     batch_bound,
     create_segment,
     list_segments,
     misplaced_entries,
+    prepare_spare,
     record_bound,
     segment_name,
     segment_state_id,
     set_fingerprint,
+    sync_segment,
 )
 from .state_dir import STATE_ID_FILE, StateDirLock, read_state_id, write_state_id
 
@@ -231,6 +243,12 @@ class Durability:
         self._write_lock = threading.Lock()
         self._written_seq = -1  # journal position of the newest checkpoint on disk
         self._wake: asyncio.Event | None = None
+        # the next segment's file, reserved and flushed ahead of time by a worker thread (segments.SPARE): starting a
+        # segment on the loop then waits for no disk; _spare_lock is held while it is made, taken or removed
+        self._spare = False
+        self._spare_lock = threading.Lock()
+        self._unsynced: list[Unsynced] = []  # segments started from the spare, not flushed yet (oldest first)
+        self._unsynced_lock = threading.Lock()
         self.state_id: str | None = None  # this state dir's identity (set by recover)
 
     # -- the hot path ------------------------------------------------------------------
@@ -407,8 +425,7 @@ class Durability:
         size = size or self.segment_size
         fp = self.engine.fingerprint()
         try:
-            path, mm = create_segment(self.dir, self.seq, fp, size, self.state_id, self.engine.pool.capacity,
-                                      self.max_record)
+            path, mm = self._new_segment(fp, size)
         except OSError as exc:
             err = StorageError.from_os_error("cannot create journal file", self.dir / segment_name(self.seq), exc)
             if can_wait and exc.errno in WAITABLE:
@@ -425,6 +442,82 @@ class Durability:
             log.info("journal file %s created: ticks are accepted again (refused for %.1f s)", path,
                      time.monotonic() - self._stalled_at, extra={"fields": {"path": str(path)}})
             self.stalled = None
+
+    def _new_segment(self, fp: dict[str, Any], size: int) -> tuple[Path, mmap.mmap]:
+        """The file of a new segment at the current position: the spare made ahead of time when there is one of
+        ``size`` bytes (no wait for the disk: its flush is left to the checkpoint's worker thread, see
+        :meth:`_sync_pending`; with ``journal_fsync`` it is flushed here, before any record of it is), else a new
+        file created, reserved and flushed here (:func:`.segments.create_segment`)."""
+        if self._spare and self._spare_lock.acquire(blocking=False):
+            try:
+                self._spare = False
+                got = adopt_spare(self.dir, self.seq, fp, size, self.state_id, self.engine.pool.capacity,
+                                  self.max_record)
+            finally:
+                self._spare_lock.release()
+            if got is not None:
+                path, mm, unsynced = got
+                with self._unsynced_lock:
+                    self._unsynced.append(unsynced)
+                if self.fsync:
+                    try:
+                        self._sync_pending()
+                    except StorageError as exc:
+                        mm.close()
+                        raise self._fail(exc) from None
+                return path, mm
+        return create_segment(self.dir, self.seq, fp, size, self.state_id, self.engine.pool.capacity, self.max_record)
+
+    def _sync_pending(self) -> None:
+        """Flush the segments started from the spare and not flushed yet (any thread): before the checkpoint that
+        covers the segments before them is written, at shutdown, and at once with ``journal_fsync``.
+
+        Raises:
+            StorageError: a flush failed (an I/O error): fatal, as a failed flush of the open segment.
+        """
+        while True:
+            with self._unsynced_lock:
+                if not self._unsynced:
+                    return
+                unsynced = self._unsynced.pop(0)
+            try:
+                sync_segment(unsynced)
+            except OSError as exc:
+                raise StorageError.from_os_error("cannot flush the journal", unsynced.path, exc) from None
+
+    def _prepare_spare(self) -> None:
+        """Make the next segment's file ahead of time (a worker thread), unless there is one. One that cannot be made
+        (no descriptor or disk space, a read-only disk) is not: the next segment is then created when it is needed,
+        where a failure has its effect (a wait, a skipped checkpoint, or a fatal error)."""
+        if self._spare or self.closed or self.failed is not None or self.stalled is not None:
+            return
+        if not self._spare_lock.acquire(blocking=False):
+            return
+        try:
+            if self.closed:
+                return
+            prepare_spare(self.dir, self._segment_bytes())
+            self._spare = True
+        except OSError as exc:
+            log.debug("next journal file not made ahead of time: %s", exc,
+                      extra={"fields": {"path": str(self.dir), "errno": exc.errno}})
+        finally:
+            self._spare_lock.release()
+
+    def _background(self, snap: Any, fingerprint: dict[str, Any], seq: int) -> bool:
+        """A periodic checkpoint's work in a worker thread: flush the segments started since the last one, write the
+        checkpoint (:meth:`_write`), then make the next segment's file ahead of time (:meth:`_prepare_spare`)."""
+        self._sync_pending()
+        wrote = self._write(snap, fingerprint, seq)
+        self._prepare_spare()
+        return wrote
+
+    def _drop_spare(self) -> None:
+        """Remove the file made ahead of time (at shutdown; a start removes one left behind too)."""
+        with self._spare_lock:
+            self._spare = False
+            with contextlib.suppress(OSError):
+                retrying((self.dir / SPARE).unlink)
 
     def refusal(self) -> StorageError:
         """A new error like :attr:`failed` (logged already) for one more refused call: raising the one failure again
@@ -545,6 +638,10 @@ class Durability:
             raise JournalWaitError(f"{exc}: the journal cannot start the file this change needs, so it is refused and "
                                    f"nothing was changed ({waiting_for(exc, self.state_dir)[1]}); try again",
                                    retry_after_s=1.0) from None
+        try:
+            self._sync_pending()
+        except StorageError as exc:
+            raise self._fail(exc) from None
         path = self.engine.state_path()
         on_disk = _file_id(path)
         try:
@@ -570,7 +667,12 @@ class Durability:
 
     async def checkpoint(self) -> bool:
         """Snapshot between batches on the loop, write it in a worker thread; True when one was written."""
-        if self.failed is not None or self.closed or self.seq == self._written_seq:
+        if self.failed is not None or self.closed:
+            return False
+        if self.seq == self._written_seq:
+            if not self._spare and self.stalled is None:  # nothing to checkpoint: make the next segment's file
+                with contextlib.suppress(RuntimeError):  # (no thread for it: made at a later interval)
+                    await asyncio.get_running_loop().run_in_executor(None, self._prepare_spare)
             return False
         snap, fp, seq = self.engine.snapshot_state(), self.engine.fingerprint(), self.seq
         try:
@@ -582,7 +684,10 @@ class Durability:
             return False
         t0 = time.monotonic()
         try:
-            wrote = await asyncio.get_running_loop().run_in_executor(None, self._write, snap, fp, seq)
+            wrote = await asyncio.get_running_loop().run_in_executor(None, self._background, snap, fp, seq)
+        except StorageError as exc:  # a flush of a segment started from the spare failed: fatal
+            self._fail(exc)
+            return False
         except RuntimeError as exc:  # no thread for the write ("can't start new thread": the task limit): skipped
             path = self.engine.state_path()
             self._skipped(StorageError(f"cannot write checkpoint {path}: cannot start a thread to write it ({exc})",
@@ -614,6 +719,8 @@ class Durability:
     async def run(self) -> None:
         """Checkpoint every ``checkpoint_interval_s``, and as soon as a segment fills up (run as a task)."""
         self._wake = asyncio.Event()
+        with contextlib.suppress(RuntimeError):  # the first segment started after the start's waits for no disk either
+            await asyncio.get_running_loop().run_in_executor(None, self._prepare_spare)
         while not self.closed and self.failed is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
@@ -656,6 +763,8 @@ class Durability:
         eng = self.engine
         for p in self.dir.glob(f".*{SUFFIX}.tmp") if self.dir.is_dir() else ():
             p.unlink()  # a segment whose creation a crash interrupted: never held a record
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            (self.dir / SPARE).unlink()  # the next segment's file made ahead of time by a service that crashed: no record
         for name in (eng.state_path().name, STATE_ID_FILE):
             for p in self.state_dir.glob(f".{name}.*.tmp"):
                 p.unlink()  # a checkpoint (identity) whose writing a crash interrupted (the previous file is whole)
@@ -841,6 +950,11 @@ class Durability:
         """
         if self.closed:
             return
+        if self.failed is None:
+            try:
+                self._sync_pending()
+            except StorageError as exc:
+                self._fail(exc)
         if save and self.failed is None:
             with contextlib.suppress(StorageError):  # logged by _fail; then handled as any failed state write below
                 self._check_in_place()
@@ -872,6 +986,13 @@ class Durability:
                 self._segments = []
         finally:
             self.closed = True
+            self._drop_spare()
+            with self._unsynced_lock:
+                unsynced, self._unsynced = self._unsynced, []
+            for u in unsynced:  # (a failed flush: the segment is kept, its descriptors closed)
+                for fd in (u.fd, u.dfd):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
             if self._mm is not None:
                 self._mm.close()
                 self._mm = None

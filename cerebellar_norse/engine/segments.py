@@ -346,6 +346,107 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     return path, mm
 
 
+SPARE = f".next{SUFFIX}.spare"
+"""The next segment's file, reserved and flushed ahead of time (:func:`prepare_spare`) by a worker thread, holding no
+record: kept while the service runs, removed at shutdown and at start (one a crash left behind)."""
+
+
+def prepare_spare(directory: Path, size: int) -> Path:
+    """Create the journal's next file ahead of time, in a worker thread: :data:`SPARE` of ``size`` bytes reserved on the
+    disk (``posix_fallocate``) and flushed with its directory, so that starting a segment on the event loop
+    (:func:`adopt_spare`) needs neither disk space nor a flush. A failure removes the file again.
+
+    Raises:
+        OSError: no descriptor, no disk space, a read-only file system, an I/O error.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / SPARE
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            os.fsync(fd)
+            os.fsync(dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                retrying(os.unlink, tmp)
+            raise
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+    return tmp
+
+
+@dataclass
+class Unsynced:
+    """A segment started from the spare whose header and name are not flushed to the disk yet (:func:`sync_segment`)."""
+
+    path: Path
+    fd: int
+    dfd: int
+
+
+def adopt_spare(directory: Path, base: int, fingerprint: dict[str, Any], size: int,
+                state_id: str | None = None, capacity: int | None = None,
+                max_record: int | None = None) -> tuple[Path, mmap.mmap, Unsynced] | None:
+    """Start the segment at ``base`` from the file :func:`prepare_spare` made (None when there is none of ``size``
+    bytes): its header written, mapped and renamed to its name, without waiting for the disk; the flush of the header
+    and of the directory is left to :func:`sync_segment` (in a worker thread, or before the first record the
+    segment holds is flushed). The arguments are :func:`create_segment`'s.
+
+    Raises:
+        OSError: no file descriptor, no memory for the map, a failed rename (the spare is left as it was).
+    """
+    spare = directory / SPARE
+    try:
+        fd = os.open(spare, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    mm: mmap.mmap | None = None
+    dfd = -1
+    try:
+        if os.fstat(fd).st_size != size:
+            os.close(fd)
+            fd = -1
+            with contextlib.suppress(FileNotFoundError):
+                retrying(os.unlink, spare)  # of another size (a larger record, another journal_segment_size)
+            return None
+        dfd = os.open(directory, os.O_RDONLY)
+        path = directory / segment_name(base)
+        os.pwrite(fd, _header({"base_seq": base, "fingerprint": fingerprint,
+                               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid(),
+                               "size": size, **({} if state_id is None else {"state_id": state_id}),
+                               **({} if capacity is None else {"capacity": capacity}),
+                               **({} if max_record is None else {"max_record": max_record})}), 0)
+        mm = mmap.mmap(fd, size)
+        retrying(os.replace, spare, path)
+    except BaseException:
+        if mm is not None:
+            mm.close()
+        for d in (fd, dfd):
+            if d >= 0:
+                os.close(d)
+        raise
+    return path, mm, Unsynced(path, fd, dfd)
+
+
+def sync_segment(unsynced: Unsynced) -> None:
+    """Flush a segment started by :func:`adopt_spare` (its header, then the directory holding its name) and close its
+    descriptors (any thread, once).
+
+    Raises:
+        OSError: the flush failed (an I/O error): what the segment holds cannot be trusted to reach the disk.
+    """
+    try:
+        os.fsync(unsynced.fd)
+        os.fsync(unsynced.dfd)
+    finally:
+        os.close(unsynced.fd)
+        os.close(unsynced.dfd)
+
+
 def _header(head: dict[str, Any]) -> bytes:
     """A segment's header bytes (:data:`MAGIC`, length, CRC-32, JSON), without its padding."""
     meta = json.dumps(head, sort_keys=True).encode()
