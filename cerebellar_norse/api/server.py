@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import STARTUP_FAILURE
 
 from ..config import Config
 from ..engine.engine import Engine
@@ -33,6 +35,7 @@ from ..observability.ratelimit import SummaryLog
 from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
 from ..training.jobs import JobManager
+from .accepting import Acceptor
 from .app import create_app
 from .degradation import Degradation
 from .deps import ServiceState, current_degradation, journal_wait_reason
@@ -320,6 +323,26 @@ class GracefulServer(uvicorn.Server):
     """uvicorn's server, exiting 0 after a graceful SIGTERM/SIGINT shutdown instead of re-raising the signal."""
 
     stopped_by: list[int]
+
+    async def startup(self, sockets: list[Any] | None = None) -> None:
+        """uvicorn's startup for the sockets given (the service's own), accepting on them with :class:`.Acceptor`
+        instead of the loop's server, whose failed accepts for want of a descriptor spin a core (see
+        :mod:`.accepting`)."""
+        if not sockets:
+            await super().startup(sockets)
+            return
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            sys.exit(STARTUP_FAILURE)
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state)
+
+        loop = asyncio.get_running_loop()
+        self.servers = [Acceptor(loop, sock, create_protocol).start() for sock in sockets]  # type: ignore[misc]
+        self.started = True
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
         """uvicorn's shutdown; after a forced quit (SIGINT while draining) too, the requests still running are

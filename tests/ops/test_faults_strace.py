@@ -5,6 +5,9 @@ as a tester outside the project would, rather than through the code's own seams.
   naming the file and the errno, nothing is moved aside, and the next start restores every acknowledged tick (a
   failed read used to move the file aside, and with it every market's state and the journal after it; a single one
   does so for ``market_state.bin``).
+* ``accept4`` failing with EMFILE while serving: the service tries again once a second, not at every turn of its
+  loop (it spun a core on failed accepts as long as the shortage lasted, thousands a second, saying nothing), says so
+  in one WARNING, and the connection that waited meanwhile is served once accepts succeed again.
 
 Skipped where ``strace`` is not installed or may not trace (no ptrace permission, e.g. in a container without
 CAP_SYS_PTRACE).
@@ -13,17 +16,21 @@ CAP_SYS_PTRACE).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-from live_helpers import BASE_TS, REPO_ROOT, free_port, server_environ
+from live_helpers import BASE_TS, REPO_ROOT, free_port, server_environ, start
 
 from cerebellar_norse.config import load_config
 from cerebellar_norse.engine.engine import Engine
@@ -105,3 +112,53 @@ def test_a_failed_read_of_a_state_file_at_start_stops_the_start_and_moves_nothin
         assert counts(engine2) == acked
     finally:
         durability2.close(save=False)
+
+
+def traced(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is traced (strace attached to it)."""
+    tasks = Path(f"/proc/{pid}/task")
+    for task in tasks.iterdir():
+        status = (task / "status").read_text()
+        if "TracerPid:\t0\n" in status:
+            return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.tools
+def test_accepts_failing_for_want_of_a_descriptor_are_retried_once_a_second_and_the_waiting_connection_is_served(
+        tmp_path: Path) -> None:
+    strace = strace_or_skip()
+    srv = start(tmp_path / "state", tmp_path / "service.log")
+    trace = tmp_path / "accepts.txt"
+    try:
+        tracer = subprocess.Popen([strace, "-f", "-qq", "-o", str(trace), "-p", str(srv.proc.pid), "-e", "trace=accept4",
+                                   "-e", "inject=accept4:error=EMFILE"], stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not traced(srv.proc.pid):  # strace attached to every thread: accepts fail from now on
+                assert tracer.poll() is None and time.monotonic() < deadline, tracer.communicate()[1]
+                time.sleep(0.05)
+            # a connection made while every accept fails: it waits in the backlog, its request sent
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as conn:
+                while "EMFILE" not in (trace.read_text() if trace.exists() else ""):  # the first failed accept
+                    assert tracer.poll() is None and time.monotonic() < deadline, "no accept tried"
+                    time.sleep(0.05)
+                time.sleep(2.5)
+                tracer.send_signal(signal.SIGINT)  # detach: accepts succeed again
+                tracer.wait(timeout=30)
+                failed = trace.read_text().count("EMFILE")
+                assert 1 <= failed <= 10, f"{failed} failed accepts in about 2.5 s: retried without a pause"
+                conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                assert conn.recv(64).startswith(b"HTTP/1.1 200 ")
+        finally:
+            if tracer.poll() is None:
+                tracer.kill()
+                tracer.wait()
+        assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 200
+    finally:
+        srv.stop()
+    records = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
+    said = [r["message"] for r in records if r["level"] == "WARNING" and "cannot accept connections" in r["message"]]
+    assert len(said) == 1 and "errno 24 EMFILE" in said[0], said
+    assert any("accepting connections again" in r["message"] for r in records)

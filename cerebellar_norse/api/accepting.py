@@ -1,0 +1,124 @@
+"""Accepting the service's connections: a failed accept for want of a descriptor backs off instead of spinning.
+
+uvloop's own server (libuv) answers an ``accept`` that fails for want of a file descriptor
+(EMFILE, ENFILE) by trying again at the next turn of the loop: the listening socket stays
+readable, so while the shortage lasted the service spun a whole core on failed accepts,
+and said nothing. :class:`Acceptor` accepts on the socket itself, as asyncio's own accept
+loop does: such a failure (or ENOBUFS, ENOMEM) stops accepting for :data:`ACCEPT_RETRY_S`
+(the connections wait in the socket's backlog), one WARNING says so per run of failures,
+and one INFO line when a connection is accepted again. Each accepted socket is handed to
+the loop (``connect_accepted_socket``) with uvicorn's protocol, as its server would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("cerebellar_norse.server")
+
+ACCEPT_RETRY_S = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
+SHORTAGE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)  # passes once the host frees something
+BATCH = 64  # connections accepted per readiness of the socket at most (then the loop turns)
+
+
+class Acceptor:
+    """Accepts connections on a listening ``sock`` for the running loop (an ``asyncio.Server`` to uvicorn: ``close``,
+    ``wait_closed``); ``protocol_factory`` makes each connection's protocol."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                 protocol_factory: Callable[[], asyncio.BaseProtocol]) -> None:
+        self._loop = loop
+        self.sock = sock
+        self._factory = protocol_factory
+        self._closed = False
+        self._reading = False
+        self._failing_since: float | None = None  # the first failed accept of the current run of failures
+        self._failures = 0
+        self.pauses = 0  # how often accepting stopped for ACCEPT_RETRY_S (a counter for tests)
+        self._retry: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> Acceptor:
+        self.sock.setblocking(False)
+        self._resume()
+        return self
+
+    def _resume(self) -> None:
+        self._retry = None
+        if not self._closed and not self._reading:
+            self._loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._reading = True
+
+    def _pause(self) -> None:
+        if self._reading:
+            self._loop.remove_reader(self.sock.fileno())
+            self._reading = False
+        self.pauses += 1
+        self._retry = self._loop.call_later(ACCEPT_RETRY_S, self._resume)
+
+    def _accept(self) -> tuple[socket.socket, object]:
+        """One ``accept`` (a seam for tests)."""
+        return self.sock.accept()
+
+    def _on_readable(self) -> None:
+        for _ in range(BATCH):
+            try:
+                conn, _addr = self._accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:  # the client gave up before it was accepted
+                continue
+            except OSError as exc:
+                self._failed(exc)
+                self._pause()
+                return
+            if self._failing_since is not None:
+                log.info("accepting connections again (accept failed %d times in %.1f s)", self._failures,
+                         time.monotonic() - self._failing_since, extra={"fields": {"failures": self._failures}})
+                self._failing_since, self._failures = None, 0
+            conn.setblocking(False)
+            task = self._loop.create_task(self._connect(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _failed(self, exc: OSError) -> None:
+        """A failed accept: the first of a run says so at WARNING; the connections wait in the backlog meanwhile."""
+        self._failures += 1
+        if self._failing_since is not None:
+            return
+        self._failing_since = time.monotonic()
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        if exc.errno in SHORTAGE:
+            why = ("close files or connections of the process, or raise its open-file limit (LimitNOFILE=)"
+                   if exc.errno in (errno.EMFILE, errno.ENFILE) else "free memory")
+        else:
+            why = "an unexpected error of the listening socket"
+        log.warning("cannot accept connections: %s (errno %s %s); new connections wait in the socket's backlog, "
+                    "accept tried again every %g s (%s; said once until a connection is accepted again)",
+                    exc.strerror, exc.errno, name, ACCEPT_RETRY_S, why,
+                    extra={"fields": {"errno": exc.errno, "retry_s": ACCEPT_RETRY_S}})
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(self._factory, conn)
+        except OSError:  # (reset before its transport was made)
+            conn.close()
+
+    def close(self) -> None:
+        """Accept no more (the socket itself is closed by its owner)."""
+        self._closed = True
+        if self._reading:
+            self._loop.remove_reader(self.sock.fileno())
+            self._reading = False
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+
+    async def wait_closed(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
