@@ -23,7 +23,6 @@ log = logging.getLogger("cerebellar_norse.server")
 
 ACCEPT_RETRY_S = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 SHORTAGE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)  # passes once the host frees something
-BATCH = 64  # connections accepted per readiness of the socket at most (then the loop turns)
 
 
 class Acceptor:
@@ -55,9 +54,7 @@ class Acceptor:
             self._reading = True
 
     def _pause(self) -> None:
-        if self._reading:
-            self._loop.remove_reader(self.sock.fileno())
-            self._reading = False
+        self._stop_reading()
         self.pauses += 1
         self._retry = self._loop.call_later(ACCEPT_RETRY_S, self._resume)
 
@@ -66,25 +63,37 @@ class Acceptor:
         return self.sock.accept()
 
     def _on_readable(self) -> None:
-        for _ in range(BATCH):
-            try:
-                conn, _addr = self._accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionAbortedError:  # the client gave up before it was accepted
-                continue
-            except OSError as exc:
-                self._failed(exc)
-                self._pause()
-                return
-            if self._failing_since is not None:
-                log.info("accepting connections again (accept failed %d times in %.1f s)", self._failures,
-                         time.monotonic() - self._failing_since, extra={"fields": {"failures": self._failures}})
-                self._failing_since, self._failures = None, 0
-            conn.setblocking(False)
-            task = self._loop.create_task(self._connect(conn))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        try:
+            conn, _addr = self._accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):  # (aborted: the client gave up first)
+            return
+        except OSError as exc:
+            self._failed(exc)
+            self._pause()
+            return
+        if self._failing_since is not None:
+            log.info("accepting connections again (accept failed %d times in %.1f s)", self._failures,
+                     time.monotonic() - self._failing_since, extra={"fields": {"failures": self._failures}})
+            self._failing_since, self._failures = None, 0
+        # One connection at a time: the next is accepted once this one's protocol holds it, and has refused it if it
+        # is over the connection budget (server.max_connections, or fewer that the open-file limit leaves room for).
+        # Accepting a burst first would hold a descriptor for each before any of them could be refused, and run the
+        # process out of descriptors below the budget that is there to prevent it.
+        self._stop_reading()
+        conn.setblocking(False)
+        task = self._loop.create_task(self._connect(conn))
+        self._tasks.add(task)
+        task.add_done_callback(self._connected)
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._loop.remove_reader(self.sock.fileno())
+            self._reading = False
+
+    def _connected(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._retry is None:
+            self._resume()
 
     def _failed(self, exc: OSError) -> None:
         """A failed accept: the first of a run says so at WARNING; the connections wait in the backlog meanwhile."""
@@ -112,9 +121,7 @@ class Acceptor:
     def close(self) -> None:
         """Accept no more (the socket itself is closed by its owner)."""
         self._closed = True
-        if self._reading:
-            self._loop.remove_reader(self.sock.fileno())
-            self._reading = False
+        self._stop_reading()
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
