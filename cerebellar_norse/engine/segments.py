@@ -314,11 +314,7 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / segment_name(base)
     tmp = directory / f".{path.name}.tmp"
-    header = _header({"base_seq": base, "fingerprint": fingerprint,
-                      "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid(), "size": size,
-                      **({} if state_id is None else {"state_id": state_id}),
-                      **({} if capacity is None else {"capacity": capacity}),
-                      **({} if max_record is None else {"max_record": max_record})})
+    header = _new_header(base, fingerprint, size, state_id, capacity, max_record)
     # everything that can fail for want of a descriptor, space or memory happens before the rename: a segment whose
     # creation fails is never left under its name (a stray file that holds the space reserved for it)
     dfd = os.open(directory, os.O_RDONLY)
@@ -415,11 +411,7 @@ def adopt_spare(directory: Path, base: int, fingerprint: dict[str, Any], size: i
             return None
         dfd = os.open(directory, os.O_RDONLY)
         path = directory / segment_name(base)
-        os.pwrite(fd, _header({"base_seq": base, "fingerprint": fingerprint,
-                               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid(),
-                               "size": size, **({} if state_id is None else {"state_id": state_id}),
-                               **({} if capacity is None else {"capacity": capacity}),
-                               **({} if max_record is None else {"max_record": max_record})}), 0)
+        os.pwrite(fd, _new_header(base, fingerprint, size, state_id, capacity, max_record), 0)
         mm = mmap.mmap(fd, size)
         retrying(os.replace, spare, path)
     except BaseException:
@@ -445,6 +437,16 @@ def sync_segment(unsynced: Unsynced) -> None:
     finally:
         os.close(unsynced.fd)
         os.close(unsynced.dfd)
+
+
+def _new_header(base: int, fingerprint: dict[str, Any], size: int, state_id: str | None, capacity: int | None,
+                max_record: int | None) -> bytes:
+    """The header bytes of a new segment (:func:`create_segment`'s arguments; this process, now)."""
+    return _header({"base_seq": base, "fingerprint": fingerprint,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid(), "size": size,
+                    **({} if state_id is None else {"state_id": state_id}),
+                    **({} if capacity is None else {"capacity": capacity}),
+                    **({} if max_record is None else {"max_record": max_record})})
 
 
 def _header(head: dict[str, Any]) -> bytes:
