@@ -802,13 +802,10 @@ class Durability:
                 continue
             try:
                 reader = SegmentReader(path, self.max_record, last=path == segments[-1][1])
-            except OSError as exc:  # maybe intact (permissions, an I/O error, no descriptor or memory): moving it
-                if read_refused(exc):  # aside would drop acknowledged ticks
+            except (OSError, ValueError) as exc:
+                if isinstance(exc, OSError) and read_refused(exc):  # maybe intact (permissions, an I/O error, no
+                    # descriptor or memory): moving it aside would drop acknowledged ticks
                     raise StorageError.from_os_error("cannot read journal file", path, exc) from None
-                bad = f"{path.name}: {exc}"
-                self._quarantine(path, "corrupt", str(exc), rep)
-                continue
-            except ValueError as exc:
                 bad = f"{path.name}: {exc}"
                 self._quarantine(path, "corrupt", str(exc), rep)
                 continue
