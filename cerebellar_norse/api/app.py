@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import re
 import time
 from typing import Any
@@ -21,14 +20,13 @@ from ..observability.context import accept_request_id, new_request_id, request_i
 from ..observability.timelines import SENT, Timeline
 from .bulk import bulk_body_limit
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, SCOPE_TIMELINE, ServiceState
-from .errors import HOST_SHORTAGE_RETRY_S, host_shortage, install_error_handlers
+from .errors import install_error_handlers, unexpected_error_response
 from .fastpath import TickFastPath, is_hot
 from .openapi import install_openapi
 from .routes import debug, handover, health, model_upload, neural
 from .routing import install_exact_paths
 from .schemas import error_payload
 
-log = logging.getLogger("cerebellar_norse.api")
 TIMED_ROUTES = frozenset({"/neural/process", "/neural/process/batch"})  # POST requests whose timelines are kept
 
 
@@ -163,16 +161,8 @@ class RequestContextMiddleware:
         except Exception as exc:
             if started:
                 raise
-            short = host_shortage(exc)
-            if short is not None:  # no thread, process or memory for it now: 503, not an internal error
-                m.errors.labels("capacity").inc()
-                await JSONResponse(error_payload("capacity", short, rid), status_code=503,
-                                   headers={"Retry-After": str(round(HOST_SHORTAGE_RETRY_S))})(scope, receive, send_wrapper)
-                return
-            m.errors.labels("internal").inc()
-            log.exception("unexpected error")
-            await JSONResponse(error_payload("internal", "internal error (logged with this request id)", rid),
-                               status_code=500)(scope, receive, send_wrapper)
+            await unexpected_error_response(exc, rid, lambda kind: m.errors.labels(kind).inc())(scope, receive,
+                                                                                              send_wrapper)
         finally:
             if scope.get(SCOPE_TIMED_OUT):
                 status = 408

@@ -8,6 +8,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
@@ -175,6 +176,22 @@ def host_shortage(exc: BaseException) -> str | None:
             "try again")
 
 
+def unexpected_error_response(exc: BaseException, request_id: str, count_error: Callable[[str], Any]) -> JSONResponse:
+    """The answer to an error nothing handled (call it where the error is being handled, for its traceback): 503
+    ``capacity`` with ``Retry-After`` when the host was short of a thread, process, memory or descriptor for the
+    request (:func:`host_shortage`: the service itself is fine), else 500 ``internal``, logged with its traceback.
+    ``count_error(kind)`` counts it."""
+    short = host_shortage(exc)
+    if short is not None:
+        count_error("capacity")
+        return JSONResponse(error_payload("capacity", short, request_id), status_code=503,
+                            headers={"Retry-After": str(round(HOST_SHORTAGE_RETRY_S))})
+    count_error("internal")
+    log.exception("unexpected error")
+    return JSONResponse(error_payload("internal", "internal error (logged with this request id)", request_id),
+                        status_code=500)
+
+
 def service_error(exc: CerebellarNorseError) -> ServiceErrorResponse:
     """Status, ``error.type``, message, field and headers of an error from the errors tree."""
     if isinstance(exc, InputError):
@@ -267,11 +284,4 @@ def install_error_handlers(app: FastAPI, count_error: Any, websocket_paths: froz
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        short = host_shortage(exc)
-        if short is not None:  # no thread, process or memory for this request now: the service itself is fine
-            count_error("capacity")
-            return JSONResponse(error_payload("capacity", short, request_id_var.get()), status_code=503,
-                                headers={"Retry-After": str(round(HOST_SHORTAGE_RETRY_S))})
-        count_error("internal")
-        log.exception("unexpected error")
-        return JSONResponse(error_payload("internal", "internal error (logged with this request id)", request_id_var.get()), status_code=500)
+        return unexpected_error_response(exc, request_id_var.get(), count_error)
