@@ -282,7 +282,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
                  as_json: bool, since: str | None = None) -> int:
     """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
     from .calibration import base_rates
-    from .data import load_csv_files, parse_time_ms
+    from .data import load_training_files, parse_time_ms
     from .report import format_summary, headline, render_html, verdict
     from .scoring import summarise
     from .trainer import market_list, prepare_for_scoring
@@ -299,8 +299,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         raise InputError(f"model {version} does not fit this config ({', '.join(bad)} differ)", "--model")
     stage = _stage_printer(sys.stderr.isatty() and not as_json)
     stage(f"reading {len(files)} file(s)")
-    data = load_csv_files(_resolve(cfg, files), cfg.training.max_bad_row_fraction, cfg.training.data_zone,
-                          cfg.training.adjust_splits)
+    data = load_training_files(_resolve(cfg, files), cfg.training)
     for note in data.notes:
         print(f"note: {note}", file=sys.stderr)
     from ..hostcheck import available_ram_bytes

@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -66,8 +66,11 @@ from .csvformat import (
 from .csvtime import SECONDS_HINT_MS, parse_time_ms, serial_date_hint
 from .orderbook import OrderBooks
 
+if TYPE_CHECKING:
+    from ..config import TrainingConfig
+
 __all__ = ["CLASS_NAMES", "COLUMNS", "DATA_FILE_PATTERN", "MIN_SAMPLES_PER_CLASS", "DataFileNotFoundError", "MarketSeries",
-           "TickData", "class_counts", "class_warnings", "csv_bytes", "iso_ms", "load_csv_files", "parse_time_ms", "resolve_data_file",
+           "TickData", "class_counts", "class_warnings", "csv_bytes", "iso_ms", "load_csv_files", "load_training_files", "parse_time_ms", "resolve_data_file",
            "write_csv"]
 
 COLUMNS = ("timestamp", "market_id", "price", "volume")  # the header write_csv writes
@@ -166,6 +169,12 @@ def _corrupt(path: Path, lines_read: int, exc: CorruptFileError) -> DataError:
     where = f"after line {lines_read}" if lines_read else "before its first line"
     msg = f"{path}:{lines_read + 1}: unreadable {where}: {exc}; the file is truncated or damaged, download it again"
     return DataError(msg, [msg])
+
+
+def load_training_files(paths: list[Path], training: TrainingConfig) -> TickData:
+    """:func:`load_csv_files` as the config's ``[training]`` section says: its bad-row fraction, data time zone and
+    stock split adjustment (``train``, ``evaluate``, ``inspect-data`` and jobs read files this way)."""
+    return load_csv_files(paths, training.max_bad_row_fraction, training.data_zone, training.adjust_splits)
 
 
 def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC,

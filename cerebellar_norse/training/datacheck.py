@@ -279,10 +279,9 @@ def format_text(data: TickData, labels: dict[str, Any], spec: LabelSpec | None =
 def print_inspection(cfg: Config, files: list[Path], as_json: bool) -> int:
     """Load ``files`` as training would with ``cfg`` and print how they were read and labelled; a load that
     fails raises its ``DataError`` (exit 1)."""
-    from .data import load_csv_files
+    from .data import load_training_files
 
-    data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone,
-                          cfg.training.adjust_splits)
+    data = load_training_files(files, cfg.training)
     labels = labels_summary(cfg, data)
     spec = LabelSpec.from_config(cfg)
     print(json.dumps(summary(data, labels, spec), allow_nan=False) if as_json else format_text(data, labels, spec))

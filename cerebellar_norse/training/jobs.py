@@ -228,13 +228,12 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     from ..neurons.topology import generate_weights
     from .calibration import base_rates
     from .checkpoints import ModelStore
-    from .data import load_csv_files
+    from .data import load_training_files
     from .scoring import summarise
     from .trainer import evaluate, prepare, train
 
     store = ModelStore(Path(cfg.paths.state_dir))
-    data = load_csv_files(files, cfg.training.max_bad_row_fraction, cfg.training.data_zone,
-                          cfg.training.adjust_splits)
+    data = load_training_files(files, cfg.training)
     prep = prepare(cfg, data)
     for w in data.notes:  # how the files were read: listed with the warnings, marked as notes
         progress({"warning": w, "note": True})
