@@ -908,47 +908,47 @@ class _Differences:
             if self.prefix is not None:
                 np.cumsum(row, out=self.prefix[1:, j])
 
-    def cells(self, block_all: int, resamples: int) -> list[tuple[str, str, dict[str, Any]]]:
-        """``(baseline, metric, {"diff", "ci95"})`` per series added; the bootstrap's blocks are ``block_all`` rows
-        (at most the group's rows). Frees the prefix sums."""
+    def cells(self, block_all: int) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(baseline, metric, {"diff", "ci95"})`` per series added (intervals when the group keeps prefix sums); the
+        bootstrap's blocks are ``block_all`` rows (at most the group's rows). Frees the prefix sums."""
         if not self.rows:
             return [(name, f, {"diff": None, "ci95": None}) for name, f in self.keys]
         ci: np.ndarray | None = None
-        if self.prefix is not None and resamples > 0:
+        if self.prefix is not None:
             ci = _bootstrap_intervals(self.prefix, self.point, min(block_all, self.rows))
             self.prefix = None
         return [(name, f, {"diff": _num(self.point[j]), "ci95": None if ci is None else [_num(ci[0, j]), _num(ci[1, j])]})
                 for j, (name, f) in enumerate(self.keys)]
 
 
-def _difference_groups(model: _Rows, baselines: int, resamples: int) -> tuple[_Differences, _Differences]:
-    """Empty :class:`_Differences` of the two metric groups (all rows, moving rows) for ``baselines`` baselines."""
+def _difference_groups(model: _Rows, baselines: int, intervals: bool) -> tuple[_Differences, _Differences]:
+    """Empty :class:`_Differences` of the two metric groups (all rows, moving rows) for ``baselines`` baselines (with
+    ``intervals``, keeping the prefix sums they are made of)."""
     sizes = (model.log_loss.shape[0], model.direction_log_loss.shape[0])
-    return (_Differences(_FIELD_GROUPS[0], 2 * baselines, sizes[0], resamples > 0),
-            _Differences(_FIELD_GROUPS[1], 2 * baselines, sizes[1], resamples > 0))
+    return (_Differences(_FIELD_GROUPS[0], 2 * baselines, sizes[0], intervals),
+            _Differences(_FIELD_GROUPS[1], 2 * baselines, sizes[1], intervals))
 
 
-def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int,
-                resamples: int) -> tuple[dict[str, Any], int]:
-    """``vs_baselines`` from the filled groups (all rows first: the draws are in that order) and the block length."""
+def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int) -> tuple[dict[str, Any], int]:
+    """``vs_baselines`` from the filled groups (all rows, then moving rows) and the block length."""
     block_all = block_length(n, horizon)
     out: dict[str, dict[str, Any]] = {name: {} for name, _ in groups[0].keys}
     for group in groups:
-        for name, f, cell in group.cells(block_all, resamples):
+        for name, f, cell in group.cells(block_all):
             out[name][f] = cell
     return out, block_all
 
 
-def _dof(rows: int, block: int, resamples: int) -> float | None:
+def _dof(rows: int, block: int, intervals: bool) -> float | None:
     """:func:`interval_dof` of ``rows`` rows in blocks of ``block`` (at most the rows), rounded; None without rows or
-    without resamples (no intervals)."""
-    return round(interval_dof(rows, min(block, rows)), 2) if rows and resamples else None
+    without intervals."""
+    return round(interval_dof(rows, min(block, rows)), 2) if rows and intervals else None
 
 
-def _t975(rows: int, block: int, resamples: int) -> float | None:
+def _t975(rows: int, block: int, intervals: bool) -> float | None:
     """The Student t quantile the intervals of ``rows`` rows in blocks of ``block`` use, rounded; None as for
     :func:`_dof`."""
-    return round(student_t_quantile(0.975, interval_dof(rows, min(block, rows))), 4) if rows and resamples else None
+    return round(student_t_quantile(0.975, interval_dof(rows, min(block, rows))), 4) if rows and intervals else None
 
 
 def _per_market(c: _Checked, rows: _Rows) -> dict[str, Any]:
@@ -970,7 +970,7 @@ def _per_market(c: _Checked, rows: _Rows) -> dict[str, Any]:
     return {"markets": int(ids.shape[0]), "reported": len(table), "table": table}
 
 
-def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.ndarray], block: int, resamples: int,
+def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.ndarray], block: int, intervals: bool,
                    per_year: float | None) -> None:
     """Add to the model's ``pnl`` the 95 % intervals of its net P&L (``total_bp_ci95``, ``net_per_tick_bp_ci95``), of
     its Sharpe ratios, and its differences with the constant positions (``vs_always_long``, ``vs_always_short``:
@@ -983,7 +983,7 @@ def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.
     variance's relative error), so its interval is S plus the interval of ψ's mean about its point: the sd's own
     uncertainty counted, and the rows' autocorrelation (overlapping horizons) through the blocks. For independent
     rows ψ's variance is 1 − S·skew + S²·(kurtosis − 1)/4 (Mertens 2002; 1 + S²/2 for normal ones, Lo 2002).
-    None without resamples, and the Sharpe ratios' with a net P&L of sd 0.
+    None without ``intervals``, and the Sharpe ratios' with a net P&L of sd 0.
     """
     n = net.shape[0]
     sd = float(net.std(ddof=1)) if n >= 2 else 0.0
@@ -996,7 +996,7 @@ def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.
     series[1:3][np.abs(series[1:3]) < ROUNDING * 1e-4] = 0.0  # a model trading as a constant position: rounding
     point = series.mean(axis=1)
     ci: np.ndarray | None = None
-    if resamples > 0 and n:
+    if intervals and n:
         ci = _bootstrap_intervals(_prefix_sums(series), point, min(block, n))
 
     def interval(j: int, scale: float) -> list[float | None] | None:
@@ -1066,7 +1066,8 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         each = itertools.chain(each, [("logistic", c.lr_probs)])
     # one baseline at a time: its (n, 3) probabilities made, scored and its per-row contributions reduced into the
     # model-minus-baseline differences before the next (holding every baseline's took gigabytes for millions of rows)
-    groups = _difference_groups(model_rows, 2 + len(views) + (c.lr_probs is not None), int(bootstrap))
+    intervals = bootstrap > 0
+    groups = _difference_groups(model_rows, 2 + len(views) + (c.lr_probs is not None), intervals)
     baselines: dict[str, Any] = {}
     for name, p in each:
         baselines[name], rows = _evaluate(p, c, cost_bp)
@@ -1074,7 +1075,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         for group in groups:
             group.add(name, model_rows, rows)
         del rows
-    vs, block = _diff_cells(groups, n, c.horizon, int(bootstrap))
+    vs, block = _diff_cells(groups, n, c.horizon)
     del groups
     constant = {}  # the constant positions' books, made once the baselines' rows are freed
     for key, side in (("always_long", 1.0), ("always_short", -1.0)):
@@ -1083,7 +1084,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         model[key] = _pnl(pos, book, c.horizon, per_year)
         constant[key] = book.net
         del pos, book
-    _pnl_intervals(model["pnl"], model_rows.pnl, constant, block, int(bootstrap), per_year)
+    _pnl_intervals(model["pnl"], model_rows.pnl, constant, block, intervals, per_year)
     moving = int(n - counts[FLAT])
     summary: dict[str, Any] = {
         "samples": int(n),
@@ -1110,9 +1111,9 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
                                 "standardised net P&L: the sd's uncertainty counted) the same way over all rows; "
                                 "resamples > 0 asks for the intervals, their number and the seed no longer change them",
                       "resamples": int(bootstrap), "seed": int(seed), "block_length": block,
-                      "degrees_of_freedom": {"all_rows": _dof(n, block, bootstrap),
-                                             "moving_rows": _dof(moving, block, bootstrap)},
-                      "t_quantile": {"all_rows": _t975(n, block, bootstrap), "moving_rows": _t975(moving, block, bootstrap)},
+                      "degrees_of_freedom": {"all_rows": _dof(n, block, intervals),
+                                             "moving_rows": _dof(moving, block, intervals)},
+                      "t_quantile": {"all_rows": _t975(n, block, intervals), "moving_rows": _t975(moving, block, intervals)},
                       "rows_used": int(n),
                       "moving_rows_used": moving, "subsampled": False,
                       "note": "all rows used (block sums from prefix sums, no subsampling)"},
