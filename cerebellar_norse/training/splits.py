@@ -128,8 +128,8 @@ def adjust_splits(m: MarketSeries) -> tuple[MarketSeries, list[dict[str, Any]]]:
         n = f"{float(k if k > 1 else 1 / k):g}"
         done = f"the prices before it {'divided' if k > 1 else 'multiplied'} by {n}"
         # volumes as traded change by about the ratio; volumes the vendor adjusted do not
-        volume_change = abs(np.log(_volume_change(m.volume, j)))
-        if abs(np.log(_volume_change(m.volume, j)) - np.log(float(k))) < volume_change:
+        log_volume_change = float(np.log(_volume_change(m.volume, j)))
+        if abs(log_volume_change - np.log(float(k))) < abs(log_volume_change):
             shares[:j + 1] *= float(k)
             done += f" and the volumes {'multiplied' if k > 1 else 'divided'} by {n}"
         else:
