@@ -311,33 +311,26 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     Raises:
         OSError: the directory is read-only or the disk cannot hold ``size`` bytes.
     """
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / segment_name(base)
     tmp = directory / f".{path.name}.tmp"
     header = _new_header(base, fingerprint, size, state_id, capacity, max_record)
     # everything that can fail for want of a descriptor, space or memory happens before the rename: a segment whose
     # creation fails is never left under its name (a stray file that holds the space reserved for it)
-    dfd = os.open(directory, os.O_RDONLY)
+    fd, dfd = _reserve(directory, tmp, size, header)
+    mm: mmap.mmap | None = None
     try:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        mm: mmap.mmap | None = None
-        try:
-            os.posix_fallocate(fd, 0, size)  # reserve the blocks now: appends never hit a full disk
-            os.pwrite(fd, header, 0)
-            os.fsync(fd)
-            mm = mmap.mmap(fd, size)
-            retrying(os.replace, tmp, path)
-            tmp = path  # (renamed: a failure from here removes it by its name; it holds no record)
-            os.fsync(dfd)
-        except BaseException:
-            if mm is not None:
-                mm.close()
-            with contextlib.suppress(OSError):
-                retrying(os.unlink, tmp)
-            raise
-        finally:
-            os.close(fd)
+        mm = mmap.mmap(fd, size)
+        retrying(os.replace, tmp, path)
+        tmp = path  # (renamed: a failure from here removes it by its name; it holds no record)
+        os.fsync(dfd)
+    except BaseException:
+        if mm is not None:
+            mm.close()
+        with contextlib.suppress(OSError):
+            retrying(os.unlink, tmp)
+        raise
     finally:
+        os.close(fd)
         os.close(dfd)
     return path, mm
 
@@ -355,22 +348,16 @@ def prepare_spare(directory: Path, size: int) -> Path:
     Raises:
         OSError: no descriptor, no disk space, a read-only file system, an I/O error.
     """
-    directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / SPARE
-    dfd = os.open(directory, os.O_RDONLY)
+    fd, dfd = _reserve(directory, tmp, size, b"")
     try:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
-            os.fsync(fd)
-            os.fsync(dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                retrying(os.unlink, tmp)
-            raise
-        finally:
-            os.close(fd)
+        os.fsync(dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            retrying(os.unlink, tmp)
+        raise
     finally:
+        os.close(fd)
         os.close(dfd)
     return tmp
 
@@ -437,6 +424,35 @@ def sync_segment(unsynced: Unsynced) -> None:
     finally:
         os.close(unsynced.fd)
         os.close(unsynced.dfd)
+
+
+def _reserve(directory: Path, tmp: Path, size: int, header: bytes) -> tuple[int, int]:
+    """Create ``tmp`` in ``directory`` (made if missing) with ``size`` bytes reserved on the disk and ``header`` at its
+    start, flushed; return its descriptor and the directory's (both open; the directory not flushed yet). A failure
+    closes both and removes ``tmp``.
+
+    Raises:
+        OSError: no descriptor, no disk space, a read-only file system, an I/O error.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    except BaseException:
+        os.close(dfd)
+        raise
+    try:
+        os.posix_fallocate(fd, 0, size)  # reserve the blocks now: appends never hit a full disk
+        if header:
+            os.pwrite(fd, header, 0)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.close(dfd)
+        with contextlib.suppress(OSError):
+            retrying(os.unlink, tmp)
+        raise
+    return fd, dfd
 
 
 def _new_header(base: int, fingerprint: dict[str, Any], size: int, state_id: str | None, capacity: int | None,
