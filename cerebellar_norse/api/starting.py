@@ -35,9 +35,10 @@ MAX_BODY = 1 << 20  # a body up to this is read before the answer, so that closi
 LINGER_S = 2.0  # a connection is closed this long after its answer, when the client has not closed it first
 HEAD_TIMEOUT_S = 10.0  # a request not complete this long after its connection is answered all the same
 RETRY_AFTER_S = 2
+BACKLOG = 2048  # connections the kernel completes and queues before they are accepted (uvicorn's --backlog default)
 
 
-def bind_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
+def bind_listener(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
     """A TCP socket listening on ``host``:``port`` (IPv6 when ``host`` has a colon); StartupError naming the address
     when it cannot be bound (in use, not an address of this host, a privileged port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -59,8 +60,9 @@ def bind_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
 class StartingResponder:
     """Answers ``503`` on ``sock`` from its own thread until :meth:`stop`; :attr:`reason` names the stage."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, backlog: int = BACKLOG) -> None:
         self.sock = sock
+        self.backlog = backlog  # the listening socket's, kept: serving it listens on it again
         self.reason = "starting"
         self.started = time.monotonic()
         self._loop = asyncio.new_event_loop()
@@ -79,8 +81,11 @@ class StartingResponder:
         asyncio.set_event_loop(self._loop)
 
         async def serve() -> None:
-            # a duplicate descriptor: closing this server leaves the socket itself listening for uvicorn
-            self._server = await self._loop.create_server(lambda: _Answer(self), sock=self.sock.dup())
+            # a duplicate descriptor: closing this server leaves the socket itself listening for uvicorn. The server
+            # calls listen() on it again, with its own backlog unless told (asyncio's 100): the socket's backlog would
+            # stay 100 for the life of the service, and a burst of connects beyond it waited for SYN retransmits
+            self._server = await self._loop.create_server(lambda: _Answer(self), sock=self.sock.dup(),
+                                                          backlog=self.backlog)
             self._ready.set()
 
         self._loop.run_until_complete(serve())

@@ -1,0 +1,76 @@
+"""The connections of the real service over its own accept loop: the listening socket's backlog, the shutdown of
+requests in flight, and the limits the ``[server]`` section sets.
+
+Each test starts the service in a subprocess (the untrained network, no first-run training) on a free loopback
+port and talks to it over real sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from live_helpers import LiveServer, start
+
+BURST = 400  # connects at once: more than asyncio's default backlog (100), fewer than the service's (2048)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("conn")
+    server = start(root / "state", root / "server.log")
+    try:
+        yield server
+    finally:
+        rc = server.stop()
+    assert rc == 0, server.log()[-4000:]
+
+
+def _connect_all(port: int, n: int, within_s: float) -> tuple[list[socket.socket], int]:
+    """``n`` non-blocking connects at once; the sockets and how many completed their handshake within ``within_s``."""
+    socks, done = [], 0
+    sel = selectors.DefaultSelector()
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            socks.append(s)
+            sel.register(s, selectors.EVENT_WRITE)
+        deadline = time.monotonic() + within_s
+        while done < n and time.monotonic() < deadline:
+            for key, _ in sel.select(0.1):
+                sel.unregister(key.fileobj)
+                if key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:  # type: ignore[union-attr]
+                    done += 1
+    finally:
+        sel.close()
+    return socks, done
+
+
+def test_a_burst_of_connects_waits_in_the_backlog_while_the_service_is_busy(srv: LiveServer) -> None:
+    """The kernel completes and queues the connects of a burst while the service accepts none (here: stopped); once
+    it runs again every one of them is served. With a backlog of 100 (what the start-up responder's server left on
+    the socket) the connects beyond it had their SYNs dropped and waited for retransmits, seconds each."""
+    os.kill(srv.proc.pid, signal.SIGSTOP)
+    try:
+        socks, connected = _connect_all(srv.port, BURST, 5.0)  # a SYN dropped is sent again after 1 s, then 3 s
+    finally:
+        os.kill(srv.proc.pid, signal.SIGCONT)
+    try:
+        assert connected == BURST
+        for s in socks[:: BURST // 8]:  # and they are served
+            s.setblocking(True)
+            s.settimeout(10)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert s.recv(12) == b"HTTP/1.1 200"
+    finally:
+        for s in socks:
+            s.close()
