@@ -288,8 +288,11 @@ def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] 
         log_config=None,
         access_log=False,
         proxy_headers=False,  # nothing reads the client address; the rewrite cost µs per request
-        timeout_keep_alive=max(1, round(cfg.server.keep_alive_timeout)),
-        timeout_graceful_shutdown=int(cfg.server.connection_timeout),
+        # the seconds as configured: uvicorn's settings say int, but it only hands them to call_later and wait_for;
+        # truncated, a connection_timeout of 0.5 s left in-flight requests 0.1 s at shutdown (int: 0) before they were
+        # cut off, and a keep_alive_timeout of 0.3 s kept idle connections a whole second
+        timeout_keep_alive=cfg.server.keep_alive_timeout,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=cfg.server.connection_timeout,  # type: ignore[arg-type]
     )
 
 

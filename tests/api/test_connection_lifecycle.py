@@ -74,3 +74,47 @@ def test_a_burst_of_connects_waits_in_the_backlog_while_the_service_is_busy(srv:
     finally:
         for s in socks:
             s.close()
+
+
+def _read_all(s: socket.socket, timeout_s: float = 10.0) -> bytes:
+    s.settimeout(timeout_s)
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def _tick_request(body: bytes) -> bytes:
+    return (b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+
+
+def test_a_connection_timeout_under_a_second_is_the_grace_of_requests_in_flight(tmp_path: Path) -> None:
+    """``server.connection_timeout = 0.9``: a request whose body is still coming when SIGTERM arrives is read and
+    answered within those 0.9 s. (It was truncated to 0 s: the request was cut off at once, answered 500.)"""
+    server = start(tmp_path / "state", tmp_path / "server.log", {"CEREBELLAR_NORSE_SERVER__CONNECTION_TIMEOUT": "0.9"})
+    try:
+        body = json.dumps({"price": 100.0, "volume": 1000.0, "timestamp": 1_640_995_200_000,
+                           "market_id": "GRACE"}).encode()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(_tick_request(body) + body[:10])
+            time.sleep(0.2)  # (the request is read: its app waits for the body)
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.4)
+            s.sendall(body[10:])
+            answer = _read_all(s)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["market_id"] == "GRACE"
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]
+
+
+def test_fractions_of_a_second_are_kept_for_the_server_timeouts() -> None:
+    from fastapi import FastAPI
+
+    from cerebellar_norse.api.server import uvicorn_config
+    from cerebellar_norse.config import Config
+
+    cfg = Config.model_validate({"server": {"keep_alive_timeout": 0.3, "connection_timeout": 2.5}})
+    config = uvicorn_config(FastAPI(), cfg)
+    assert (config.timeout_keep_alive, config.timeout_graceful_shutdown) == (0.3, 2.5)
