@@ -145,7 +145,25 @@ class _EndingTransport:
         return getattr(self._transport, name)
 
 
-class _EarlyAnswerCycle(RequestResponseCycle):
+CUT_OFF = ("the service shut down before this request was answered (server.connection_timeout passed, or a second "
+           "signal forced the quit): whether it was applied is unknown")  # (the 500's message)
+
+
+class _Cycle(RequestResponseCycle):
+    """uvicorn's request cycle, whose own ``500`` (a request cut off at shutdown, or an error that no layer of the app
+    answered) is the JSON error shape with the request's id: uvicorn's is plain text without ``X-Request-ID``."""
+
+    async def send_500_response(self) -> None:
+        task = asyncio.current_task()
+        cut_off = task is not None and task.cancelling() > 0  # (cancelled by the shutdown: see GracefulServer)
+        rid = str(self.scope.get(SCOPE_REQUEST_ID) or new_request_id())
+        headers, body = error_answer("internal", CUT_OFF if cut_off else "internal error (logged with this request id)",
+                                     rid)
+        await self.send({"type": "http.response.start", "status": 500, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _EarlyAnswerCycle(_Cycle):
     """uvicorn's request cycle, whose answer given before the request's body has come (413 by ``Content-Length``,
     415, 401, the final answer to ``Expect: 100-continue`` instead of ``100 Continue``) ends the connection: it says
     ``Connection: close``, and what the client still sends of the body is read and dropped for up to
@@ -342,9 +360,12 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._body_progress = True  # the bytes of this read so far were the head's
             HttpToolsProtocol.on_headers_complete(self)
             cycle = self.cycle
-            if cycle is not None and cycle.more_body and type(cycle) is RequestResponseCycle:
-                cycle.__class__ = _EarlyAnswerCycle  # (uvicorn makes the cycle; this adds its early answer's end)
-                cycle.ending = self._end_unread  # type: ignore[attr-defined]
+            if cycle is not None and type(cycle) is RequestResponseCycle:  # (uvicorn makes the cycle; this adds to it)
+                if cycle.more_body:  # its early answer's end
+                    cycle.__class__ = _EarlyAnswerCycle
+                    cycle.ending = self._end_unread  # type: ignore[attr-defined]
+                else:
+                    cycle.__class__ = _Cycle
 
         def _end_unread(self) -> None:
             """End the connection after an answer given before the request's body came (see _EarlyAnswerCycle)."""

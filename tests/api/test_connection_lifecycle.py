@@ -84,9 +84,12 @@ def _read_all(s: socket.socket, timeout_s: float = 10.0) -> bytes:
     return out
 
 
-def _tick_request(body: bytes) -> bytes:
-    return (b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body))
+def _send_head(s: socket.socket, body: bytes, request_id: str = "") -> None:
+    """Send the head of a tick request and wait until its app reads the body (uvicorn's ``100 Continue``)."""
+    rid = f"X-Request-ID: {request_id}\r\n".encode() if request_id else b""
+    s.sendall(b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sExpect: 100-continue\r\n"
+              b"Content-Length: %d\r\n\r\n" % (rid, len(body)))
+    assert s.recv(25) == b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 def test_a_connection_timeout_under_a_second_is_the_grace_of_requests_in_flight(tmp_path: Path) -> None:
@@ -97,11 +100,10 @@ def test_a_connection_timeout_under_a_second_is_the_grace_of_requests_in_flight(
         body = json.dumps({"price": 100.0, "volume": 1000.0, "timestamp": 1_640_995_200_000,
                            "market_id": "GRACE"}).encode()
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-            s.sendall(_tick_request(body) + body[:10])
-            time.sleep(0.2)  # (the request is read: its app waits for the body)
+            _send_head(s, body)
             server.proc.send_signal(signal.SIGTERM)
             time.sleep(0.4)
-            s.sendall(body[10:])
+            s.sendall(body)
             answer = _read_all(s)
         assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
         assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["market_id"] == "GRACE"
@@ -118,3 +120,28 @@ def test_fractions_of_a_second_are_kept_for_the_server_timeouts() -> None:
     cfg = Config.model_validate({"server": {"keep_alive_timeout": 0.3, "connection_timeout": 2.5}})
     config = uvicorn_config(FastAPI(), cfg)
     assert (config.timeout_keep_alive, config.timeout_graceful_shutdown) == (0.3, 2.5)
+
+
+def test_a_request_cut_off_by_a_forced_quit_is_answered_in_the_json_error_shape(tmp_path: Path) -> None:
+    """SIGTERM, then SIGINT while a request is still running (its body not sent): the request is cut off and
+    answered 500 in the service's error shape with its request id (uvicorn's own answer was plain text without one),
+    and the service still saves its state and exits 0."""
+    server = start(tmp_path / "state", tmp_path / "server.log")
+    try:
+        body = json.dumps({"price": 100.0, "volume": 1000.0, "timestamp": 1_640_995_200_000, "market_id": "CUT"}).encode()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            _send_head(s, body, "cut-1")  # and its body never comes
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            server.proc.send_signal(signal.SIGINT)
+            answer = _read_all(s)
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 500 "), answer[:300]
+        headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+        assert headers[b"content-type"] == b"application/json" and headers[b"x-request-id"] == b"cut-1"
+        err = json.loads(payload)["error"]
+        assert (err["type"], err["request_id"]) == ("internal", "cut-1")
+        assert "shut down before this request was answered" in err["message"]
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]
+    assert "forced quit" in server.log()
