@@ -38,22 +38,41 @@ RETRY_AFTER_S = 2
 BACKLOG = 2048  # connections the kernel completes and queues before they are accepted (uvicorn's --backlog default)
 
 
+def listen_address(host: str) -> str:
+    """``host`` as the socket takes it: an IPv6 address without the brackets of a URL (``[::1]`` is ``::1``)."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def shown_address(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it (``[::1]:8080``)."""
+    name = listen_address(host)
+    return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
+
+
 def bind_listener(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
-    """A TCP socket listening on ``host``:``port`` (IPv6 when ``host`` has a colon); StartupError naming the address
-    when it cannot be bound (in use, not an address of this host, a privileged port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    """A TCP socket listening on ``host``:``port`` (an IPv4 or IPv6 address, with or without brackets, or a name's IPv4
+    address; ``::`` takes IPv4 connections too); StartupError naming the address when it cannot be bound (in use, not
+    an address of this host, a privileged port, a name that does not resolve)."""
+    name = listen_address(host)
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET  # (a name listens on its IPv4 address)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        if family == socket.AF_INET6:  # dual stack on "::" whatever net.ipv6.bindv6only says
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((name, port))
         sock.listen(backlog)
+    except socket.gaierror as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {shown_address(host, port)}: {exc.strerror or exc} (server.host is neither "
+                           "an address nor a name with an IPv4 address on this host)") from None
     except OSError as exc:
         sock.close()
         why = exc.strerror or str(exc)
         hint = {errno.EADDRINUSE: f" (another process listens on it: `ss -ltnp | grep :{port}`)",
                 errno.EACCES: " (ports below 1024 need privileges)",
                 errno.EADDRNOTAVAIL: " (not an address of this host: check server.host)"}.get(exc.errno or 0, "")
-        raise StartupError(f"cannot listen on {host}:{port}: {why}{hint}") from None
+        raise StartupError(f"cannot listen on {shown_address(host, port)}: {why}{hint}") from None
     return sock
 
 

@@ -318,3 +318,60 @@ def test_a_start_up_os_error_says_writing_only_when_it_was_a_write(tmp_path: Pat
     with pytest.raises(StorageError) as exc:
         server.serve(load_checked_config(None, environ=environ))
     assert str(exc.value).startswith(said), str(exc.value)
+
+
+def _ipv6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+needs_ipv6 = pytest.mark.skipif(not _ipv6(), reason="no IPv6 loopback on this host")
+
+
+@needs_ipv6
+def test_an_ipv6_host_in_brackets_is_listened_on() -> None:
+    """``[::1]`` (as a URL writes it) is the IPv6 loopback (it could not be bound: ``Name or service not known``), and
+    the commands that call the service reach it there."""
+    from cerebellar_norse.config import Config
+    from cerebellar_norse.observability.debugtools import service_url
+
+    assert service_url(Config.model_validate({"server": {"host": "[::1]", "port": 8081}})) == "http://[::1]:8081"
+    sock = bind_listener("[::1]", 0)
+    try:
+        assert sock.family == socket.AF_INET6 and sock.getsockname()[0] == "::1"
+        with socket.create_connection(("::1", sock.getsockname()[1]), timeout=5):
+            pass
+    finally:
+        sock.close()
+
+
+@needs_ipv6
+def test_an_ipv6_address_in_use_is_named_in_brackets() -> None:
+    sock = bind_listener("::1", 0)
+    port = sock.getsockname()[1]
+    try:
+        with pytest.raises(StartupError, match=rf"^cannot listen on \[::1\]:{port}: Address already in use"):
+            bind_listener("::1", port)
+    finally:
+        sock.close()
+
+
+@needs_ipv6
+def test_the_ipv6_wildcard_takes_ipv4_connections_too() -> None:
+    sock = bind_listener("::", 0)
+    try:
+        assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+        with socket.create_connection(("127.0.0.1", sock.getsockname()[1]), timeout=5):
+            pass
+    finally:
+        sock.close()
+
+
+def test_a_host_that_does_not_resolve_is_refused_naming_it() -> None:
+    with pytest.raises(StartupError, match=r"^cannot listen on no-such-host\.invalid:8080: .* \(server\.host is neither an "
+                                           r"address nor a name"):
+        bind_listener("no-such-host.invalid", 8080)
