@@ -4,9 +4,11 @@ uvloop's own server (libuv) answers an ``accept`` that fails for want of a file 
 (EMFILE, ENFILE) by trying again at the next turn of the loop: the listening socket stays
 readable, so while the shortage lasted the service spun a whole core on failed accepts,
 and said nothing. :class:`Acceptor` accepts on the socket itself, as asyncio's own accept
-loop does: such a failure (or ENOBUFS, ENOMEM) stops accepting for :data:`ACCEPT_RETRY_S`
-(the connections wait in the socket's backlog), one WARNING says so per run of failures,
-and one INFO line when a connection is accepted again. Each accepted socket is handed to
+loop does: such a failure (or ENOBUFS, ENOMEM, or an error the socket should not have)
+stops accepting for :data:`ACCEPT_RETRY_S` (the connections wait in the socket's backlog),
+one WARNING says so per run of failures, and one INFO line when a connection is accepted
+again. An error of the one connection being accepted (a network error pending on it, a
+firewall's EPERM: :data:`CONNECTION_GONE`) passes that connection over and goes on. Each accepted socket is handed to
 the loop (``connect_accepted_socket``) with uvicorn's protocol, as its server would.
 """
 
@@ -23,6 +25,11 @@ log = logging.getLogger("cerebellar_norse.server")
 
 ACCEPT_RETRY_S = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 SHORTAGE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)  # passes once the host frees something
+# What Linux's accept() returns for one connection's own network error, pending on it before it was accepted
+# (accept(2): "treat them like EAGAIN by retrying"), and EPERM for one a firewall rule refuses: that connection is
+# gone, the next ones are accepted at once
+CONNECTION_GONE = (errno.ENETDOWN, errno.EPROTO, errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH,
+                   errno.EOPNOTSUPP, errno.ENETUNREACH, errno.EPERM)
 
 
 class Acceptor:
@@ -68,6 +75,9 @@ class Acceptor:
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):  # (aborted: the client gave up first)
             return
         except OSError as exc:
+            if exc.errno in CONNECTION_GONE:  # (the socket stays readable while more connections wait)
+                log.debug("a connection failed before it was accepted: %s (errno %s)", exc.strerror, exc.errno)
+                return
             self._failed(exc)
             self._pause()
             return

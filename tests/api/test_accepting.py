@@ -74,3 +74,44 @@ async def test_a_failed_accept_backs_off_says_so_once_and_accepting_goes_on(
         acceptor.close()
         await acceptor.wait_closed()
         listener.close()
+
+
+class FailsOnce(Acceptor):
+    """An acceptor whose first accept fails with ``code``, as Linux's accept() reports a network error pending on the
+    connection it was about to return (that connection is gone; the next ones are not)."""
+
+    def __init__(self, *a: object, code: int) -> None:
+        super().__init__(*a)  # type: ignore[arg-type]
+        self.code = code
+        self.tries = 0
+
+    def _accept(self) -> tuple[socket.socket, object]:
+        self.tries += 1
+        if self.tries == 1:
+            raise OSError(self.code, "connection's own error")
+        return super()._accept()
+
+
+@pytest.mark.parametrize("code", [errno.EPROTO, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EPERM])
+async def test_an_error_of_the_connection_being_accepted_passes_it_over_without_pausing(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int) -> None:
+    """One client's network error (accept(2): pending errors are returned by accept and are to be treated as EAGAIN)
+    does not stop accepting for the others for a second, nor say that the service cannot accept connections."""
+    monkeypatch.setattr(accepting, "ACCEPT_RETRY_S", 30.0)  # a pause would hold the connection below past the test
+    loop = asyncio.get_running_loop()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    acceptor = FailsOnce(loop, listener, Echo, code=code).start()
+    try:
+        with caplog.at_level(logging.INFO, logger="cerebellar_norse.server"):
+            reader, writer = await asyncio.open_connection(*listener.getsockname())
+            writer.write(b"hi")
+            assert await asyncio.wait_for(reader.readexactly(5), 10) == b"ok:hi"
+            writer.close()
+        assert acceptor.tries >= 2 and acceptor.pauses == 0
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        acceptor.close()
+        await acceptor.wait_closed()
+        listener.close()
