@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = sub.add_parser("debug-bundle", help="write a .tar.gz with config, versions, models and service state for support")
     db.add_argument("--output", dest="bundle_output", metavar="PATH", help="archive to write (default: <state_dir>/debug-bundle-<time>.tar.gz)")
-    db.add_argument("--url", default=None, help="running service to snapshot (default: http://<server.host>:<server.port>; 'none' to skip)")
+    db.add_argument("--url", default=None, help="running service to snapshot (default: http://<server.host>:<server.port>, a wildcard host as loopback; 'none' to skip)")
 
     st = sub.add_parser("state", help="one market's state from the running service (dump), or compare two dumps (diff)")
     st_sub = st.add_subparsers(dest="state_command", metavar="{dump,diff}", parser_class=_Parser, required=True)
@@ -375,9 +375,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_debug_bundle(args: argparse.Namespace) -> int:
     from .observability.bundle import cmd_debug_bundle
+    from .observability.debugtools import service_url
 
     cfg = _load(args)
-    url = args.url if args.url is not None else f"http://{cfg.server.host}:{cfg.server.port}"
+    url = args.url if args.url is not None else service_url(cfg)  # (an IPv6 host in brackets, a wildcard as loopback)
     return cmd_debug_bundle(cfg, Path(args.bundle_output) if args.bundle_output else None, None if url == "none" else url)
 
 

@@ -109,3 +109,11 @@ def test_bundle_without_a_service_when_asked(tmp_path: Path) -> None:
     files = _members(out)
     assert not any(k.startswith("service/") for k in files)
     assert json.loads(files["summary.json"])["parts"]["service"] == "skipped: --url none"
+
+
+def test_the_default_url_of_an_ipv6_host_is_a_url(tmp_path: Path) -> None:
+    """With ``server.host = "::1"`` the bundle looks for the service at ``http://[::1]:PORT`` (it was
+    ``http://::1:PORT``, not a URL)."""
+    r, _ = _bundle(tmp_path, "--host", "::1", "--port", "1", "debug-bundle")
+    assert r.returncode == 1
+    assert "cannot reach the service at http://[::1]:1" in r.stderr and "is not a URL" not in r.stderr
