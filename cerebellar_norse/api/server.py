@@ -316,10 +316,14 @@ def refusal_counter(state: ServiceState) -> Callable[[str], None]:
     return lambda kind: errors.labels(kind).inc()
 
 
+UVICORN_CUT_OFF = "Cancel %s running task(s), timeout graceful shutdown exceeded"  # (its ERROR line, said by ours)
+
+
 def _not_a_cancellation(record: logging.LogRecord) -> bool:
-    """False for uvicorn's ERROR about a request it cancelled (said once by the forced quit's WARNING instead)."""
+    """False for uvicorn's ERRORs about the requests it cancels at shutdown (said once by the WARNING of the forced quit
+    or of server.connection_timeout instead): a traceback per request, and its own line for the timeout."""
     exc = record.exc_info[1] if record.exc_info else None
-    return not isinstance(exc, asyncio.CancelledError)
+    return not isinstance(exc, asyncio.CancelledError) and record.msg != UVICORN_CUT_OFF
 
 
 class GracefulServer(uvicorn.Server):
@@ -351,17 +355,32 @@ class GracefulServer(uvicorn.Server):
         """uvicorn's shutdown; after a forced quit (SIGINT while draining) too, the requests still running are
         cancelled here and the app's shutdown (drain, save) runs in order, where uvicorn would skip it and leave the
         save to the cancelled lifespan, each cancellation logged as an ERROR traceback."""
+        logging.getLogger("uvicorn.error").addFilter(_not_a_cancellation)  # (each cut-off is said by one WARNING)
         await super().shutdown(sockets)
         if not self.force_exit:
             return
         cut = [t for t in self.server_state.tasks if not t.done()]
         log.warning("forced quit (a second signal while draining): %d request(s) still running are cut off, their ticks "
                     "not acknowledged; the market state is saved", len(cut), extra={"fields": {"requests": len(cut)}})
-        logging.getLogger("uvicorn.error").addFilter(_not_a_cancellation)
         for t in cut:
             t.cancel()
         await asyncio.gather(*cut, return_exceptions=True)
         await self.lifespan.shutdown()
+
+    async def _wait_tasks_to_complete(self) -> None:
+        """uvicorn's wait for the open connections at shutdown, cancelled once ``server.connection_timeout`` has passed
+        (uvicorn then cancels the requests still running): one WARNING says so, as for a forced quit."""
+        try:
+            await super()._wait_tasks_to_complete()
+        except asyncio.CancelledError:
+            if not self.force_exit:
+                running = sum(1 for t in self.server_state.tasks if not t.done())
+                open_now = len(self.server_state.connections)
+                log.warning("server.connection_timeout (%g s) passed at shutdown: %d request(s) still running are cut "
+                            "off, their ticks not acknowledged, and %d connection(s) still open are dropped; the market "
+                            "state is saved", self.config.timeout_graceful_shutdown, running, open_now,
+                            extra={"fields": {"requests": running, "connections": open_now}})
+            raise
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -145,3 +145,23 @@ def test_a_request_cut_off_by_a_forced_quit_is_answered_in_the_json_error_shape(
     finally:
         assert server.stop() == 0, server.log()[-4000:]
     assert "forced quit" in server.log()
+
+
+def test_requests_still_running_when_the_connection_timeout_passes_are_cut_off_with_one_warning(tmp_path: Path) -> None:
+    """A request still running (its body never sent) when ``server.connection_timeout`` has passed at shutdown is
+    answered 500 in the error shape and said once, at WARNING, with the count; uvicorn's own ERROR line and a
+    CancelledError traceback per request are not in the log."""
+    server = start(tmp_path / "state", tmp_path / "server.log", {"CEREBELLAR_NORSE_SERVER__CONNECTION_TIMEOUT": "0.5"})
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            _send_head(s, b"{}" * 10, "late-1")
+            server.proc.send_signal(signal.SIGTERM)
+            answer = _read_all(s)
+        assert answer.startswith(b"HTTP/1.1 500 "), answer[:300]
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["request_id"] == "late-1"
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]
+    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    assert [(r["level"], r["fields"]["requests"]) for r in lines if "connection_timeout" in r["message"]] == [("WARNING", 1)]
+    assert not [r for r in lines if r["level"] in ("ERROR", "CRITICAL")], [r for r in lines if r["level"] == "ERROR"]
+    assert "Traceback" not in server.log()
