@@ -55,7 +55,10 @@ def bind_listener(host: str, port: int, backlog: int = BACKLOG) -> socket.socket
     an address of this host, a privileged port, a name that does not resolve)."""
     name = listen_address(host)
     family = socket.AF_INET6 if ":" in name else socket.AF_INET  # (a name listens on its IPv4 address)
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:  # an IPv6 address on a kernel without IPv6, no descriptor left
+        raise StartupError(f"cannot listen on {shown_address(host, port)}: {exc.strerror or exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:  # dual stack on "::" whatever net.ipv6.bindv6only says

@@ -375,3 +375,19 @@ def test_a_host_that_does_not_resolve_is_refused_naming_it() -> None:
     with pytest.raises(StartupError, match=r"^cannot listen on no-such-host\.invalid:8080: .* \(server\.host is neither an "
                                            r"address nor a name"):
         bind_listener("no-such-host.invalid", 8080)
+
+
+def test_a_socket_the_host_cannot_make_is_refused_naming_the_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An IPv6 address on a kernel without IPv6 (socket() fails with EAFNOSUPPORT): one line naming the address, as
+    for every other failure to listen (it was a bare `OSError: …` naming neither)."""
+    import errno
+
+    def no_ipv6(family: int = socket.AF_INET, *a: object, **k: object) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *a, **k)  # type: ignore[arg-type]
+
+    real = socket.socket
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    with pytest.raises(StartupError, match=r"^cannot listen on \[::1\]:8080: Address family not supported by protocol$"):
+        bind_listener("::1", 8080)
