@@ -2,14 +2,16 @@
 
 uvicorn times out idle keep-alive connections only after a first response: a socket that
 connects and never sends, or sends part of a request's headers or body and stalls,
-holds its connection (and a slot of ``server.max_connections``) forever. This protocol
-adds two deadlines:
+holds its connection (and a slot of ``server.max_connections``) forever, and so does one
+that stops reading answers larger than the socket buffers. This protocol adds three deadlines:
 
 * a connection with no request begun is closed after ``server.keep_alive_timeout``, as
   an idle keep-alive connection is;
 * once a request's first byte arrives, its headers and body must be complete within
   ``server.request_timeout``; otherwise it is answered ``408`` with the JSON error
-  shape (``request_timeout``, with ``X-Request-ID``) and the connection is closed.
+  shape (``request_timeout``, with ``X-Request-ID``) and the connection is closed;
+* while answers wait to be written, the peer must take a byte of them within
+  ``server.request_timeout``; otherwise the connection is cut off.
 
 A request that asks to switch to another protocol than WebSocket (``Upgrade: h2c``, which
 ``curl --http2`` sends with every request), or to WebSocket with another method than GET
@@ -212,6 +214,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._pending_refusal: tuple[bytes, str, str] | None = None  # written once the answers before it are
             self._running: Any = None  # the cycle whose app runs (self.cycle is the one read last, maybe queued)
             self._ignored_upgrade = False  # the head parsed last asks for a protocol switch that is not made
+            self._write_stall: asyncio.TimerHandle | None = None  # the deadline of a peer that takes no answer byte
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -468,8 +471,42 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             last.keep_alive = False  # its answer says Connection: close, and closes the socket once written
             return True
 
+        def pause_writing(self) -> None:
+            """The peer does not take its answers as fast as they are written: it gets ``server.request_timeout`` to
+            take a byte of them, else the connection is cut off (see :meth:`_write_stalled`)."""
+            super().pause_writing()
+            self._arm_write_stall(self.transport.get_write_buffer_size())
+
+        def resume_writing(self) -> None:
+            self._disarm_write_stall()
+            super().resume_writing()
+
+        def _arm_write_stall(self, queued: int) -> None:
+            self._disarm_write_stall()
+            self._write_stall = self.loop.call_later(request_timeout, self._write_stalled, queued)
+
+        def _disarm_write_stall(self) -> None:
+            if self._write_stall is not None:
+                self._write_stall.cancel()
+                self._write_stall = None
+
+        def _write_stalled(self, queued: int) -> None:
+            """No byte of the answers waiting to be written was taken by the peer for ``server.request_timeout``: cut
+            the connection off. Its answer would wait forever (neither deadline runs while an answer is written, and
+            a graceful close waits for the buffer to drain), holding its slot of ``server.max_connections``, its
+            request's task and the buffered answer; a peer that reads, however slowly, is given the time it takes."""
+            self._write_stall = None
+            left = self.transport.get_write_buffer_size()
+            if left and left < queued:
+                self._arm_write_stall(left)  # it took some: another deadline from here
+                return
+            if left:
+                self.logger.debug("connection cut off: the peer took no byte of its answer in %g s", request_timeout)
+                self.transport.abort()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._disarm_write_stall()
             super().connection_lost(exc)  # (marks only self.cycle disconnected)
             running = self._running
             if running is not None and running is not self.cycle and not running.response_complete:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from live_helpers import LiveServer, start
 
@@ -165,3 +166,39 @@ def test_requests_still_running_when_the_connection_timeout_passes_are_cut_off_w
     assert [(r["level"], r["fields"]["requests"]) for r in lines if "connection_timeout" in r["message"]] == [("WARNING", 1)]
     assert not [r for r in lines if r["level"] in ("ERROR", "CRITICAL")], [r for r in lines if r["level"] == "ERROR"]
     assert "Traceback" not in server.log()
+
+
+def _open_connections(server: LiveServer) -> float:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        text = _read_all(s).decode()
+    return next(float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("cerebellar_norse_http_connections "))
+
+
+def test_a_client_that_takes_no_byte_of_its_answers_is_cut_off(tmp_path: Path) -> None:
+    """A client that asks for more than the socket buffers hold and then reads nothing: once no byte of the answers
+    waiting for it was taken for ``server.request_timeout``, its connection is cut off, and its slot of
+    ``server.max_connections`` is free again. (It was held for as long as the client lived: no deadline ran while an
+    answer was being written.)"""
+    server = start(tmp_path / "state", tmp_path / "server.log", {"CEREBELLAR_NORSE_SERVER__REQUEST_TIMEOUT": "1"})
+    try:
+        size = len(httpx.get(f"{server.url}/openapi.json", timeout=10).content)
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(("127.0.0.1", server.port))
+        reader.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 60)  # more than the socket buffers hold
+        deadline = time.monotonic() + 30
+        while _open_connections(server) > 1 and time.monotonic() < deadline:  # (the scrape's own is open)
+            time.sleep(0.5)
+        assert _open_connections(server) == 1
+        got = 0  # what the kernels held already comes, then the end: not the 60 answers
+        try:
+            got = len(_read_all(reader))
+        except ConnectionResetError:
+            pass
+        finally:
+            reader.close()
+        assert got < 60 * size
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]
