@@ -214,7 +214,13 @@ def _times_in_zone(parser: argparse.ArgumentParser, *flags: str) -> Callable[[ar
 
 
 def _err(msg: str) -> None:
-    print(f"cerebellar-norse: {msg}", file=sys.stderr)
+    """One error line on stderr; under systemd (stderr is journald's stream) prefixed with ``<3>``, which journald takes
+    as the line's priority (err) and strips, so that ``journalctl -u cerebellar-norse -p err`` shows why a start
+    failed, as it shows the service's ERROR log lines."""
+    from .observability.logging import SYSLOG_PRIORITY, is_journal_stream
+
+    prefix = f"<{SYSLOG_PRIORITY['ERROR']}>" if is_journal_stream(sys.stderr) else ""
+    print(f"{prefix}cerebellar-norse: {msg}", file=sys.stderr)
 
 
 def _print_problems(problems: Sequence[ConfigProblem], source: str) -> None:

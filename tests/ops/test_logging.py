@@ -171,3 +171,29 @@ async def test_every_figure_of_the_processing_summary_covers_the_same_interval(
     assert cold["ticks"] == 1 and cold["processing_time_ns"] == cold["processing_time_ns_p99"] == 5_000_000
     assert quiet["ticks"] == 10 and quiet["ticks_per_second"] == round(10 / 60, 1)
     assert quiet["processing_time_ns"] == quiet["processing_time_ns_p99"] == 9_000  # exact, the minute's own ticks
+
+
+def test_a_failed_start_on_journalds_stream_is_an_error_line(tmp_path: Path) -> None:
+    """Under systemd a start that fails says why in one stderr line: on journald's stream it carries priority err
+    (``<3>``), so ``journalctl -u cerebellar-norse -p err`` shows it; on any other stream it is the bare line."""
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "models").write_text("")  # not a directory: the start is refused with one line
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[paths]\nstate_dir = "{state}"\n[training]\nbootstrap_on_first_run = false\n')
+    argv = [sys.executable, "-m", "cerebellar_norse.cli", "--config", str(cfg), "--port", "9"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
+    with open(tmp_path / "stderr", "w+", encoding="utf-8") as err:
+        st = os.fstat(err.fileno())
+        proc = subprocess.run(argv, stderr=err, stdout=subprocess.DEVNULL, timeout=120,
+                              env={**env, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+        err.seek(0)
+        journal_lines = err.read().splitlines()
+    assert proc.returncode == 1, journal_lines
+    assert journal_lines and journal_lines[-1].startswith(f"<3>cerebellar-norse: {state / 'models'}: not a directory")
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, "JOURNAL_STREAM": "1:2"})
+    assert plain.returncode == 1
+    assert plain.stderr.splitlines()[-1].startswith(f"cerebellar-norse: {state / 'models'}: not a directory")
