@@ -484,6 +484,11 @@ class JobManager:
                         st.error = (f"the service stopped before the end of the job was recorded; the job had stored its "
                                     f"model {stored}, which was not activated (activate it with POST /models/{stored}"
                                     f"/activate)")
+                    # the job's end, logged as a job that fails while the service runs is (ERROR): the alert
+                    # CerebellarNorseTrainingJobFailed points at `journalctl … | grep 'training job failed'`
+                    log.error("training job failed", extra={"fields": {
+                        "job_id": st.job_id, "error": st.error, "model_version": st.model_version,
+                        "activated": st.activated}})
                     self._write_record(st)
                     if self._on_end is not None:
                         self._on_end(st.state)

@@ -608,6 +608,32 @@ def test_a_job_that_stored_its_model_before_the_service_died_says_so(make_config
     assert again.jobs["stored1"].as_dict()["error"] == stored["error"]
 
 
+def test_a_job_left_running_by_a_stopped_service_is_logged_as_failed_at_the_next_start(
+        make_config: ConfigFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """The job a crashed service left running ends "failed" at the next start: counted (the alert), and logged as a
+    job that fails while the service runs is (ERROR ``training job failed`` with its id and error), which the alert's
+    ``journalctl … | grep 'training job failed'`` and ``journalctl -p err`` find; a finished job is not logged again."""
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config(neural=TINY_NEURAL)
+    jobs = Path(cfg.paths.state_dir) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    (jobs / "died1.json").write_text(json.dumps({"job_id": "died1", "state": "running", "files": ["t.csv"]}))
+    (jobs / "done2.json").write_text(json.dumps({"job_id": "done2", "state": "failed", "files": ["t.csv"],
+                                                  "error": "earlier"}))
+    with caplog.at_level(logging.INFO, logger="cerebellar_norse.training"):
+        JobManager(cfg, lambda version: None, lambda loss: None)
+    (rec,) = [r for r in caplog.records if r.getMessage() == "training job failed"]
+    assert rec.levelno == logging.ERROR
+    fields = rec.fields  # type: ignore[attr-defined]
+    assert fields["job_id"] == "died1" and "the service stopped while the job was running" in fields["error"]
+    assert fields["model_version"] is None and fields["activated"] is False
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cerebellar_norse.training"):
+        JobManager(cfg, lambda version: None, lambda loss: None)  # its record now says failed: not logged again
+    assert not [r for r in caplog.records if r.getMessage() == "training job failed"]
+
+
 def test_a_cancel_that_reaches_a_job_after_it_stored_its_model_names_the_model(make_config: ConfigFactory) -> None:
     """DELETE /training/{id} while the job saves: the process ends on its own, its "succeeded" not yet read. The job
     is cancelled, and its status (and record, after a restart) names the stored model, not activated, instead of
