@@ -186,3 +186,23 @@ def test_the_same_ticks_asked_for_again_are_not_drawn_again(tc: TestClient, monk
     send(tc, ODD, range(8, 9))
     newer = raster(tc, ODD, headers=AUTH)  # a new tick: drawn
     assert newer.content != first.content and drawn == [0, 5, 2, 6]
+
+
+def test_a_raster_is_drawn_in_the_pool_of_server_worker_threads(tc: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drawing a picture (about half a second of CPU) is blocking work off the hot path: it runs in the thread pool that
+    ``server.worker_threads`` sizes, as the config's description and docs/operations.md say, not in a pool of its own."""
+    import threading
+
+    from cerebellar_norse.api.routes import debug
+    from cerebellar_norse.observability.pictures import raster_png
+
+    threads: list[str] = []
+
+    def where(series: dict[str, Any]) -> bytes:
+        threads.append(threading.current_thread().name)
+        return raster_png(series)
+
+    monkeypatch.setattr(debug, "raster_png", where)
+    send(tc, "W", range(3))
+    assert raster(tc, "W", headers=AUTH).status_code == 200
+    assert len(threads) == 1 and threads[0].startswith("cerebellar-norse-worker"), threads

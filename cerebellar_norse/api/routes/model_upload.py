@@ -6,6 +6,7 @@ does that, on every replica once every replica has staged it.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,7 +14,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi import Path as FPath
 from fastapi.exceptions import HTTPException
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
 
 from ...observability.context import request_id_var
 from ...training.archive import MEDIA_TYPE, stage_archive
@@ -58,5 +58,5 @@ async def stage_model(version: VersionPath, request: Request) -> dict[str, Any]:
         raise HTTPException(415, problem)
     svc = service(request)
     store = svc.store or ModelStore(Path(svc.cfg.paths.state_dir))
-    stored = await run_in_threadpool(stage_archive, store, version, await request.body(), svc.cfg)
+    stored = await asyncio.to_thread(stage_archive, store, version, await request.body(), svc.cfg)  # server.worker_threads
     return {"version": version, "stored": stored, "active": svc.engine.model_version, "request_id": request_id_var.get()}
