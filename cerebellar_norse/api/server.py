@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,6 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.config import STARTUP_FAILURE
 
 from ..config import Config
 from ..engine.engine import Engine
@@ -339,8 +337,9 @@ class GracefulServer(uvicorn.Server):
             await super().startup(sockets)
             return
         await self.lifespan.startup()
-        if self.lifespan.should_exit:
-            sys.exit(STARTUP_FAILURE)
+        if self.lifespan.should_exit:  # the app's startup failed (logged): not started, so serve() exits 1
+            self.should_exit = True  # (uvicorn's own startup exits with its code 3 instead, outside the exit codes)
+            return
         config = self.config
 
         def create_protocol() -> asyncio.Protocol:

@@ -73,3 +73,19 @@ def test_graceful_shutdown_saves_and_restart_continues(tmp_path: Path, start_ser
     assert second.stop() == 0, second.log()[-4000:]
 
     assert [signal_of(r) for r in before + after] == [signal_of(r) for r in expected.result(timeout=120)]
+
+
+def test_a_start_whose_app_startup_fails_exits_1(tmp_path: Path) -> None:
+    """The app's startup failing (here the kernels' warm-up, as a host out of memory fails it) ends the start with the
+    logged `Application startup failed` and exit code 1, a check failed as every other refused start, not uvicorn's own
+    code 3; nothing listens afterwards."""
+    port = free_port()
+    inject = ("import sys\nfrom cerebellar_norse.engine.engine import Engine\n"
+              "def warm_up(self): raise MemoryError('no memory for the warm-up (injected)')\n"
+              "Engine.warm_up = warm_up\nfrom cerebellar_norse import cli\ncli.run(sys.argv[1:])\n")
+    proc = subprocess.run([sys.executable, "-c", inject, "--port", str(port)], cwd=REPO_ROOT,
+                          env=server_environ(tmp_path / "state"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "Application startup failed" in proc.stdout + proc.stderr
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0)
