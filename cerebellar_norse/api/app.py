@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, APIRouter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
@@ -21,6 +22,7 @@ from ..observability.timelines import SENT, Timeline
 from .bulk import bulk_body_limit
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, SCOPE_TIMELINE, ServiceState
 from .errors import install_error_handlers, unexpected_error_response
+from .fastpath import PATH as HOT_PATH
 from .fastpath import TickFastPath, is_hot
 from .openapi import install_openapi
 from .routes import debug, handover, health, model_upload, neural
@@ -38,6 +40,27 @@ def route_label(path: str) -> str:
     """The ``route`` label of a request metric: the route's template as the API documents it, without Starlette's
     converters (``/neural/markets/{market_id:path}`` is ``/neural/markets/{market_id}``)."""
     return _CONVERTER.sub(r"{\1}", path)
+
+
+def route_of(scope: Scope) -> str:
+    """The ``route`` label of a request: the route that served it, or, for one answered before routing (over the
+    connection limit, a body declared too large), the route its path and method would have reached; ``other`` for a
+    path no route has."""
+    route = scope.get("route")
+    if route is None and is_hot(scope):  # the hot path's own middleware refused it (no router in its scope)
+        return HOT_PATH
+    if route is None:
+        partial = None
+        for candidate in getattr(scope.get("app"), "route_table", ()):
+            match, _ = candidate.matches(scope)
+            if match is Match.FULL:
+                route = candidate
+                break
+            if match is Match.PARTIAL and partial is None:
+                partial = candidate  # the path is a route's, the method is not (405)
+        route = route or partial
+    path = getattr(route, "path", None)
+    return route_label(path) if isinstance(path, str) else "other"
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -168,7 +191,7 @@ class RequestContextMiddleware:
                 status = 408
             elif not started and status == 500:
                 status = 499  # closed by the client before an answer (nginx's convention)
-            label = scope.get(SCOPE_ROUTE) or route_label(getattr(scope.get("route"), "path", None) or "other")
+            label = scope.get(SCOPE_ROUTE) or route_of(scope)
             m.count_request(label, scope["method"], status, (time.perf_counter_ns() - t0) / 1e9)
             if timeline is not None:
                 timeline.status = status
@@ -233,6 +256,11 @@ class ServiceApp(FastAPI):
     hot: ASGIApp | None = None
     server_wide: ASGIApp | None = None  # requests for the target ``*`` (:class:`ServerWide`)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the included routers' routes, in order: what a request answered before routing would have reached
+        self.route_table: list[BaseRoute] = []
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.hot is not None and is_hot(scope):
             await self.hot(scope, receive, send)
@@ -287,6 +315,7 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     for r in (health.router, neural.router, handover.router, neural.markets_router, model_upload.router, debug.router,
               *(extra_routers or [])):  # (handover before markets_router, whose {market_id:path} also matches …/export)
         app.include_router(add_head_routes(r))
+        app.route_table.extend(r.routes)  # included without a prefix: the same paths, in the same order
         methods.update(m for route in r.routes if isinstance(route, APIRoute) for m in (route.methods or ()))
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc(), frozenset({neural.STREAM_PATH}))
     install_openapi(app, state)

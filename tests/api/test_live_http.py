@@ -263,6 +263,26 @@ def test_body_too_large_with_content_length(client: httpx.Client) -> None:
     assert client.get("/health").status_code == 200  # the connection pool still works
 
 
+def test_a_request_answered_before_routing_is_counted_under_its_route(client: httpx.Client) -> None:
+    """A body declared too large is refused before the request reaches its route; the request metric still names the
+    route (as the API documents it), not ``other``, which is for paths no route has."""
+    def count(route: str) -> float:
+        return sum(s.value for s in _samples(client.get("/metrics").text)["cerebellar_norse_http_requests_total"]
+                   if s.labels == {"route": route, "method": "POST", "status": "413"})
+
+    before, other = count("/neural/process"), count("other")
+    r = client.post("/neural/process", content=_big_body(1_100_000), headers={"Content-Type": "application/json"})
+    assert_error(r, 413, "body_too_large", None)
+    assert count("/neural/process") == before + 1 and count("other") == other
+    assert client.post("/no/such/route", content=_big_body(1_100_000),
+                       headers={"Content-Type": "application/json"}).status_code == 413
+    assert count("other") == other + 1  # a path without a route stays other
+    before = count("/training")  # a route behind FastAPI's router, refused by its middleware the same way
+    assert client.post("/training", content=_big_body(1_100_000),
+                       headers={"Content-Type": "application/json"}).status_code == 413
+    assert count("/training") == before + 1 and count("other") == other + 1
+
+
 def test_body_too_large_chunked(client: httpx.Client) -> None:
     body = _big_body(1_100_000)
 
