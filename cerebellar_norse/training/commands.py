@@ -250,7 +250,9 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     """The scored ticks from the period a model was trained and validated on (from its ``train_from`` up to its
     ``validation_until``, whatever the market: markets of one period move together), or that any model it was trained
     from was (``seen_from``, ``seen_until``), from the split times stored with them; None when there are none or the
-    model did not record them. Without a recorded start (older models) every tick up to the end is counted."""
+    model did not record them. Without a recorded start (older models) every tick up to the end is counted. A tick
+    before the period whose horizon ends in it is counted too: its label is a return the model was fitted on in part
+    (the first training labels' returns), as a training label reaching into validation would be (the embargo)."""
     from .datacheck import iso_ms
 
     until, ancestor = seen_until(metrics, store)
@@ -262,7 +264,8 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     for pm in prep.markets:
         total += int(pm.scored.sum())
         ts = pm.ticks.timestamp
-        k = int((pm.scored & (ts <= until) & (ts >= (start if start is not None else np.iinfo(np.int64).min))).sum())
+        end_ts = ts[np.maximum(pm.end, 0)]  # the time of each tick's horizon end (scored ticks all have one)
+        k = int((pm.scored & (ts <= until) & (end_ts >= (start if start is not None else np.iinfo(np.int64).min))).sum())
         if k:
             per_market[pm.market_id] = k
     if not per_market:
@@ -274,7 +277,8 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
             "from_model": ancestor,
             "since": _unseen_since(until),
             "message": f"{n} of the {total} scored ticks are from the period {whose} "
-                       f"({'' if start is None else f'from {iso_ms(start)} '}up to {iso_ms(until)}): these figures are in sample, not an estimate on unseen data; "
+                       f"({'' if start is None else f'from {iso_ms(start)} '}up to {iso_ms(until)}"
+                       f"{'' if start is None else ', or their horizon ends in it'}): these figures are in sample, not an estimate on unseen data; "
                        f"score only later ticks with --since {_unseen_since(until)}"}
 
 

@@ -305,6 +305,32 @@ def test_evaluate_says_when_it_scores_ticks_the_model_was_trained_on(env: Path, 
     assert f"test split (unseen, used for nothing; evaluate --since {since} scores only ticks after" in capsys.readouterr().out
 
 
+def test_evaluate_counts_ticks_whose_horizon_reaches_the_training_period_as_in_sample(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model trained on the later half of a file, evaluated on the whole file: a tick just before its training
+    period is labelled by a return that ends inside it, a return the model was fitted to predict in part. Those
+    ticks (a horizon of them per market) are in sample as much as the training period's own; they were counted as
+    unseen, since their own time lies before the model's data."""
+    ticks = generate_ticks(4000, 2, seed=4)
+    write_csv(env / "later.csv", ticks[2000:])
+    assert main(["train", "later.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    splits = _json(capsys)["splits"]
+    start, until = splits["train_from"], splits["validation_until"]
+    assert main(["evaluate", "ticks.csv", "--json", "--bootstrap", "0"]) == 0
+    got = _json(capsys)["in_sample"]
+    h, warmup = 5, 50  # the tiny network's horizon and warm-up (tiny_cli_environ)
+    expected = {}
+    for market in sorted({t["market_id"] for t in ticks}):
+        times = [t["timestamp"] for t in ticks if t["market_id"] == market]
+        # scored: past the warm-up, with an end tick h later; in sample: up to the validation end, ending at or after
+        # the start of the training data
+        expected[market] = sum(1 for i in range(warmup, len(times) - h) if times[i] <= until and times[i + h] >= start)
+        before = sum(1 for i in range(warmup, len(times) - h) if times[i] < start <= times[i + h])
+        assert before == h  # the horizon's worth of ticks before the period
+    assert got["markets"] == expected and got["ticks"] == sum(expected.values())
+    assert "or their horizon ends in it" in got["message"]
+
+
 def test_evaluate_names_the_markets_it_could_not_score(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A file too short to get past the warm-up is read but has no scored tick: it is named, not silently absent."""
     assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
