@@ -252,34 +252,58 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     from was (``seen_from``, ``seen_until``), from the split times stored with them; None when there are none or the
     model did not record them. Without a recorded start (older models) every tick up to the end is counted. A tick
     before the period whose horizon ends in it is counted too: its label is a return the model was fitted on in part
-    (the first training labels' returns), as a training label reaching into validation would be (the embargo)."""
+    (the first training labels' returns), as a training label reaching into validation would be (the embargo). So are
+    the scored ticks, of any time, of a span that repeats the model's own training and validation data under other
+    dates or another name (:func:`.fingerprint.copied`; ``repeats``: per such market, its stretches matched of those
+    picked)."""
     from .datacheck import iso_ms
+    from .fingerprint import WINDOW, copied, stretch_hashes
+    from .trainer import market_list
 
     until, ancestor = seen_until(metrics, store)
-    if until is None:
-        return None
     start = seen_from(metrics, store)  # ticks before the first the model (or an ancestor) was fitted on are unseen
-    per_market: dict[str, int] = {}
+    data = metrics.get("data")
+    stored = data.get("fingerprint") if isinstance(data, dict) else None
+    by_time: dict[str, int] = {}
+    copies: dict[str, tuple[int, int, int]] = {}  # market -> ticks, stretches matched, stretches picked
     total = 0
     for pm in prep.markets:
         total += int(pm.scored.sum())
-        ts = pm.ticks.timestamp
-        end_ts = ts[np.maximum(pm.end, 0)]  # the time of each tick's horizon end (scored ticks all have one)
-        k = int((pm.scored & (ts <= until) & (end_ts >= (start if start is not None else np.iinfo(np.int64).min))).sum())
-        if k:
-            per_market[pm.market_id] = k
+        seen = np.zeros_like(pm.scored)
+        if until is not None:
+            ts = pm.ticks.timestamp
+            end_ts = ts[np.maximum(pm.end, 0)]  # the time of each tick's horizon end (scored ticks all have one)
+            seen = pm.scored & (ts <= until) & (end_ts >= (start if start is not None else np.iinfo(np.int64).min))
+        if seen.any():
+            by_time[pm.market_id] = int(seen.sum())
+        copy = copied(stored, stretch_hashes(pm.ticks.price), pm.scored & ~seen)
+        if copy is not None and copy[0].any():
+            copies[pm.market_id] = (int(copy[0].sum()), copy[1], copy[2])
+    per_market = {pm.market_id: by_time.get(pm.market_id, 0) + copies.get(pm.market_id, (0, 0, 0))[0]
+                  for pm in prep.markets if pm.market_id in by_time or pm.market_id in copies}
     if not per_market:
         return None
     n = sum(per_market.values())
-    whose = ("the model was trained and validated on" if ancestor is None else
-             f"the model it was trained from ({ancestor}, whose weights it started from) was trained and validated on")
+    parts = []
+    if by_time:
+        assert until is not None
+        whose = ("the model was trained and validated on" if ancestor is None else
+                 f"the model it was trained from ({ancestor}, whose weights it started from) was trained and validated on")
+        parts.append(f"{sum(by_time.values())} are from the period {whose} ({'' if start is None else f'from {iso_ms(start)} '}"
+                     f"up to {iso_ms(until)}{'' if start is None else ', or their horizon ends in it'})")
+    if copies:
+        matched = sum(c[1] for c in copies.values())
+        picked = sum(c[2] for c in copies.values())
+        parts.append(f"{sum(c[0] for c in copies.values())}, of {market_list({m: c[0] for m, c in copies.items()})}, "
+                     f"repeat the ticks the model was trained and validated on under other dates or names ({matched} "
+                     f"of {picked} stretches of {WINDOW} returns picked from them are the training data's)")
+    since = _unseen_since(until) if until is not None and not copies else None
     return {"ticks": n, "of": total, "markets": per_market, "train_from": start, "validation_until": until,
-            "from_model": ancestor,
-            "since": _unseen_since(until),
-            "message": f"{n} of the {total} scored ticks are from the period {whose} "
-                       f"({'' if start is None else f'from {iso_ms(start)} '}up to {iso_ms(until)}"
-                       f"{'' if start is None else ', or their horizon ends in it'}): these figures are in sample, not an estimate on unseen data; "
-                       f"score only later ticks with --since {_unseen_since(until)}"}
+            "from_model": ancestor, "since": since,
+            "repeats": {m: {"ticks": c[0], "matched": c[1], "picked": c[2]} for m, c in copies.items()} or None,
+            "message": f"of the {total} scored ticks, {'; '.join(parts)}: these figures are in sample, not an estimate "
+                       "on unseen data; " + (f"score only later ticks with --since {since}" if since else
+                                            "score the model on ticks it was not trained on")}
 
 
 def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,

@@ -229,6 +229,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     from .calibration import base_rates
     from .checkpoints import ModelStore
     from .data import load_training_files
+    from .fingerprint import fingerprint, stretch_hashes
     from .scoring import summarise
     from .trainer import evaluate, prepare, train
 
@@ -299,7 +300,9 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
                         "markets": len(data.markets), "notes": data.notes, "stock_splits": data.stock_splits,
                         "train_class_counts": prep.train_counts.tolist(),
                         "validation_class_counts": prep.val_counts.tolist(), "test_class_counts": prep.test_counts.tolist(),
-                        "splits": prep.times},
+                        "splits": prep.times,
+                        "fingerprint": fingerprint(stretch_hashes(pm.ticks.price)[pm.split <= 1]
+                                                   for pm in prep.markets)},
                "warnings": warnings, "parent_version": active.version if active is not None else None,
                "parent_validation": active_val}
     if lineage is not None:

@@ -69,11 +69,13 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     """
     in_sample = summary.get("in_sample")
     if isinstance(in_sample, Mapping):
-        which = (f"{in_sample['ticks']} of the {in_sample.get('of')} scored ticks are" if in_sample.get("ticks")
-                 else "some of the scored ticks are")
+        which = (f"{in_sample['ticks']} of the {in_sample.get('of')} scored ticks" if in_sample.get("ticks")
+                 else "some of the scored ticks")
+        what = ("repeat the ticks the model was trained and validated on (under other dates or names)"
+                if in_sample.get("repeats") else
+                "are from the period the model (or one it started from) was trained and validated on")
         return {"action": "do_not_trade",
-                "reason": f"{which} from the period the model (or one it started from) was trained and validated on: "
-                          "in-sample figures cannot tell skill from fitting; decide on unseen ticks only"
+                "reason": f"{which} {what}: in-sample figures cannot tell skill from fitting; decide on unseen ticks only"
                           + (f" (evaluate --since {in_sample['since']})" if in_sample.get("since") else "")}
     edge = summary.get("edge")
     if edge == "none":

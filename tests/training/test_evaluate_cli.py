@@ -293,7 +293,7 @@ def test_evaluate_says_when_it_scores_ticks_the_model_was_trained_on(env: Path, 
     # out of sample, not refused as in sample with a --since after the file's last tick
     year = 365 * 86_400_000
     write_csv(env / "earlier.csv", [{**t, "market_id": f"OLD{t['market_id']}", "timestamp": t["timestamp"] - 10 * year}
-                                    for t in ticks])
+                                    for t in generate_ticks(4000, 2, seed=5)])
     assert main(["evaluate", "earlier.csv", "--json", "--bootstrap", "0"]) == 0
     captured = capsys.readouterr()
     earlier = json.loads(captured.out.strip().splitlines()[-1])
@@ -329,6 +329,36 @@ def test_evaluate_counts_ticks_whose_horizon_reaches_the_training_period_as_in_s
         assert before == h  # the horizon's worth of ticks before the period
     assert got["markets"] == expected and got["ticks"] == sum(expected.values())
     assert "or their horizon ends in it" in got["message"]
+
+
+def test_evaluate_counts_a_copy_of_the_training_data_under_other_dates_and_names_as_in_sample(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ticks a model was trained on, moved ten years back and saved under other market names, are the same data:
+    by time alone they read as another instrument's unseen history, and the model scored what it fitted. The model
+    keeps a sample of its data's stretches of returns, and `evaluate` counts a market that repeats them in sample;
+    another series of the same dates and names is not."""
+    year = 365 * 86_400_000
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    version = _json(capsys)["model_version"]
+    kept = ModelStore(env / "state").load(version).metrics["data"]["fingerprint"]
+    assert kept["window"] == 16 and 100 < len(kept["hashes"]) <= 4096
+    ticks = generate_ticks(4000, 2, seed=4)
+    write_csv(env / "moved.csv", [{**t, "market_id": f"OLD{t['market_id']}", "timestamp": t["timestamp"] - 10 * year,
+                                   "price": float(t["price"]) * 2.5} for t in ticks])  # another currency, too
+    assert main(["evaluate", "moved.csv", "--json", "--bootstrap", "0"]) == 0
+    captured = capsys.readouterr()
+    got = json.loads(captured.out.strip().splitlines()[-1])
+    assert got["in_sample"] is not None and set(got["in_sample"]["repeats"]) == {"OLDM000", "OLDM001"}
+    # the copy's training and validation part (85 %, to the sampled stretches' spacing), not its test split
+    assert 0.75 * got["samples"] < got["in_sample"]["ticks"] < 0.9 * got["samples"] and got["in_sample"]["since"] is None
+    assert got["in_sample"]["of"] == got["samples"]
+    assert "repeat the ticks the model was trained and validated on under other dates or names" in captured.err
+    assert got["verdict"]["action"] == "do_not_trade" and "repeat the ticks the model was trained" in got["verdict"]["reason"]
+
+    write_csv(env / "other.csv", [{**t, "market_id": f"OLD{t['market_id']}", "timestamp": t["timestamp"] - 10 * year}
+                                  for t in generate_ticks(4000, 2, seed=5)])
+    assert main(["evaluate", "other.csv", "--json", "--bootstrap", "0"]) == 0
+    assert _json(capsys)["in_sample"] is None
 
 
 def test_evaluate_names_the_markets_it_could_not_score(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
