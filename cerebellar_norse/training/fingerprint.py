@@ -52,8 +52,9 @@ def stretch_hashes(price: np.ndarray) -> np.ndarray:
     m = r.size - WINDOW + 1
     h = np.zeros(m, dtype=np.uint64)
     uq = q.view(np.uint64)
-    for j in range(WINDOW):
-        h = h * _PRIME + uq[j:j + m]
+    for j in range(WINDOW):  # in place: a market of millions of ticks holds a few arrays of its length, no more
+        h *= _PRIME
+        h += uq[j:j + m]
     h = _mix(h) >> np.uint64(64 - _KEEP_BITS)
     moving = np.convolve((q != 0).astype(np.int64), np.ones(WINDOW, dtype=np.int64), "valid") >= WINDOW // 2
     h[~moving] = 0
