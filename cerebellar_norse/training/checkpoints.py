@@ -623,6 +623,22 @@ def seen_from(metrics: dict[str, Any], store: ModelStore | None = None) -> int |
     return first
 
 
+def lineage_metrics(metrics: dict[str, Any], store: ModelStore | None = None) -> list[dict[str, Any]]:
+    """The ``metrics.json`` of a model and of each stored model its training started from, in that order (as
+    :func:`seen_until` follows them; a chain stops at a model no longer stored)."""
+    out = [metrics]
+    seen: set[str] = set()
+    parent = _started_from(metrics)
+    while store is not None and parent is not None and parent not in seen and parent in store.versions():
+        seen.add(parent)
+        pm = store.metrics_of(parent)
+        if pm is None:
+            break
+        out.append(pm)
+        parent = _started_from(pm)
+    return out
+
+
 def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tuple[int | None, str | None]:
     """The end of the latest period a model's weights were fitted or chosen on, its ancestors' included: a model
     trained from the active model (``parent_version``) inherits what that one learnt, so its parents' training and

@@ -17,6 +17,7 @@ from ..neurons.topology import HEAD_LAYERS, LAYERS, Weights
 from .checkpoints import (
     MANIFEST,
     ModelStore,
+    lineage_metrics,
     load_model_dir,
     seen_from,
     seen_until,
@@ -253,17 +254,16 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     model did not record them. Without a recorded start (older models) every tick up to the end is counted. A tick
     before the period whose horizon ends in it is counted too: its label is a return the model was fitted on in part
     (the first training labels' returns), as a training label reaching into validation would be (the embargo). So are
-    the scored ticks, of any time, of a span that repeats the model's own training and validation data under other
-    dates or another name (:func:`.fingerprint.copied`; ``repeats``: per such market, its stretches matched of those
-    picked)."""
+    the scored ticks, of any time, of a span that repeats the training and validation data of the model, or of a
+    stored model its training started from, under other dates or another name (:func:`.fingerprint.copied`;
+    ``repeats``: per such market, its ticks and its stretches matched of those picked)."""
     from .datacheck import iso_ms
     from .fingerprint import WINDOW, copied, stretch_hashes
     from .trainer import market_list
 
     until, ancestor = seen_until(metrics, store)
     start = seen_from(metrics, store)  # ticks before the first the model (or an ancestor) was fitted on are unseen
-    data = metrics.get("data")
-    stored = data.get("fingerprint") if isinstance(data, dict) else None
+    prints = [m["data"].get("fingerprint") for m in lineage_metrics(metrics, store) if isinstance(m.get("data"), dict)]
     by_time: dict[str, int] = {}
     copies: dict[str, tuple[int, int, int]] = {}  # market -> ticks, stretches matched, stretches picked
     total = 0
@@ -276,9 +276,12 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
             seen = pm.scored & (ts <= until) & (end_ts >= (start if start is not None else np.iinfo(np.int64).min))
         if seen.any():
             by_time[pm.market_id] = int(seen.sum())
-        copy = copied(stored, stretch_hashes(pm.ticks.price), pm.scored & ~seen)
-        if copy is not None and copy[0].any():
-            copies[pm.market_id] = (int(copy[0].sum()), copy[1], copy[2])
+        hashes = stretch_hashes(pm.ticks.price)
+        found = [c for c in (copied(fp, hashes, pm.scored & ~seen) for fp in prints) if c is not None]
+        if found:  # the model's own data, or a model's it started from (whose weights it holds)
+            mask = np.logical_or.reduce([c[0] for c in found])
+            if mask.any():
+                copies[pm.market_id] = (int(mask.sum()), sum(c[1] for c in found), sum(c[2] for c in found))
     per_market = {pm.market_id: by_time.get(pm.market_id, 0) + copies.get(pm.market_id, (0, 0, 0))[0]
                   for pm in prep.markets if pm.market_id in by_time or pm.market_id in copies}
     if not per_market:
@@ -295,8 +298,9 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
         matched = sum(c[1] for c in copies.values())
         picked = sum(c[2] for c in copies.values())
         parts.append(f"{sum(c[0] for c in copies.values())}, of {market_list({m: c[0] for m, c in copies.items()})}, "
-                     f"repeat the ticks the model was trained and validated on under other dates or names ({matched} "
-                     f"of {picked} stretches of {WINDOW} returns picked from them are the training data's)")
+                     "repeat the ticks the model (or one it started from) was trained and validated on under other "
+                     f"dates or names ({matched} of {picked} stretches of {WINDOW} returns picked from them are the "
+                     "training data's)")
     since = _unseen_since(until) if until is not None and not copies else None
     return {"ticks": n, "of": total, "markets": per_market, "train_from": start, "validation_until": until,
             "from_model": ancestor, "since": since,

@@ -71,7 +71,8 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     if isinstance(in_sample, Mapping):
         which = (f"{in_sample['ticks']} of the {in_sample.get('of')} scored ticks" if in_sample.get("ticks")
                  else "some of the scored ticks")
-        what = ("repeat the ticks the model was trained and validated on (under other dates or names)"
+        what = ("repeat the ticks the model (or one it started from) was trained and validated on (under other dates"
+                " or names)"
                 if in_sample.get("repeats") else
                 "are from the period the model (or one it started from) was trained and validated on")
         return {"action": "do_not_trade",

@@ -352,13 +352,22 @@ def test_evaluate_counts_a_copy_of_the_training_data_under_other_dates_and_names
     # the copy's training and validation part (85 %, to the sampled stretches' spacing), not its test split
     assert 0.75 * got["samples"] < got["in_sample"]["ticks"] < 0.9 * got["samples"] and got["in_sample"]["since"] is None
     assert got["in_sample"]["of"] == got["samples"]
-    assert "repeat the ticks the model was trained and validated on under other dates or names" in captured.err
-    assert got["verdict"]["action"] == "do_not_trade" and "repeat the ticks the model was trained" in got["verdict"]["reason"]
+    said = "repeat the ticks the model (or one it started from) was trained and validated on under other dates or names"
+    assert said in captured.err
+    assert got["verdict"]["action"] == "do_not_trade" and "repeat the ticks the model" in got["verdict"]["reason"]
 
-    write_csv(env / "other.csv", [{**t, "market_id": f"OLD{t['market_id']}", "timestamp": t["timestamp"] - 10 * year}
+    write_csv(env / "other.csv", [{**t, "market_id": f"OLD{t['market_id']}", "timestamp": t["timestamp"] - 5 * year}
                                   for t in generate_ticks(4000, 2, seed=5)])
     assert main(["evaluate", "other.csv", "--json", "--bootstrap", "0"]) == 0
     assert _json(capsys)["in_sample"] is None
+
+    # a model trained from this one on other data holds what this one learnt: the copy is in sample for it too
+    assert main(["train", "other.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    assert _json(capsys)["started"] == f"from the active model {version}"
+    assert main(["evaluate", "moved.csv", "--json", "--bootstrap", "0"]) == 0
+    child = _json(capsys)["in_sample"]
+    assert child is not None and set(child["repeats"]) == {"OLDM000", "OLDM001"}
+    assert child["repeats"] == got["in_sample"]["repeats"]
 
 
 def test_evaluate_names_the_markets_it_could_not_score(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
