@@ -12,7 +12,9 @@ by maximum likelihood on validation ticks:
 
 Choice. Each family is scored by blocked ``FOLDS``-fold cross-validation over the
 validation ticks in time order (fit on the other folds, score the held-out one), so
-the decision never sees a tick's label when fitting the head that scores it. The
+the decision never sees a tick's label when fitting the head that scores it; the ticks
+within a horizon of the held-out fold are left out of the fit too (purged), as their
+labels' returns overlap those of the fold's first and last ticks. The
 per-tick differences to ``priors`` get a standard error from blocks of
 ``max(horizon, 20)`` ticks (neighbouring labels overlap). ``shared`` is chosen when its
 *direction* log loss beats the priors' by more than ``max(MIN_GAIN, Z * se)``
@@ -143,11 +145,13 @@ def choose_head(logp: np.ndarray, labels: np.ndarray, train_counts: np.ndarray, 
         only = ("down", "flat", "up")[int(seen[0])]
         return HeadChoice(prior_head(all_counts), "none",
                           {"reason": f"every validation label is {only}: there is nothing to predict"})
-    folds = np.array_split(np.arange(n), FOLDS)
+    rows = np.arange(n)
+    folds = np.array_split(rows, FOLDS)
     ll = {k: np.empty(n) for k in KINDS}
     dl = {k: np.empty(n) for k in KINDS}
     for idx in folds:
-        rest = np.setdiff1d(np.arange(n), idx, assume_unique=True)
+        # purged: a tick within a horizon of the fold shares part of its label's return with the fold's edge ticks
+        rest = rows[(rows < idx[0] - horizon) | (rows > idx[-1] + horizon)]
         for kind in KINDS:
             if kind == "priors":
                 head = prior_head(np.asarray(train_counts) + np.bincount(labels[rest], minlength=3))

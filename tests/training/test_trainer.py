@@ -395,6 +395,31 @@ def test_one_class_in_every_validation_label_is_no_edge() -> None:
     assert "reason" not in choose_head(logp, mixed, np.array([700, 600, 700]), horizon=10).cv
 
 
+def test_no_head_is_fitted_on_a_tick_within_a_horizon_of_the_fold_it_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head's cross-validation is purged: the labels of ticks less than a horizon apart share returns, so a fold is
+    scored by heads fitted on the ticks more than a horizon away from it, on either side."""
+    from cerebellar_norse.training import calibration
+
+    n, horizon = 600, 10
+    rng = np.random.Generator(np.random.PCG64(5))
+    logp = np.log(rng.dirichlet(np.ones(3), n))
+    logp[:, 0] = -(np.arange(n) + 1.0) * 1e-3  # each row names itself
+    fitted: list[np.ndarray] = []
+    real = calibration.fit_head
+
+    def recording(lp: np.ndarray, labels: np.ndarray, kind: str, max_iter: int = 100) -> calibration.Head:
+        fitted.append(np.rint(-lp[:, 0] * 1e3 - 1.0).astype(int))
+        return real(lp, labels, kind, max_iter)
+
+    monkeypatch.setattr(calibration, "fit_head", recording)
+    calibration.choose_head(logp, rng.integers(0, 3, n), np.array([700, 600, 700]), horizon=horizon)
+    folds = np.array_split(np.arange(n), calibration.FOLDS)
+    for k, fold in enumerate(folds):
+        for rows in fitted[2 * k:2 * k + 2]:  # the flat and the shared head of fold k
+            assert rows.size and not ((rows >= fold[0] - horizon) & (rows <= fold[-1] + horizon)).any()
+            assert rows.size == n - fold.size - (horizon if k == 0 or k == len(folds) - 1 else 2 * horizon)
+
+
 def test_network_logp_steps_a_long_market_in_bounded_chunks(tiny_prep: tuple[Config, Prepared],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """process_ticks answers one dict per tick: a market of millions of ticks stepped in one call held
