@@ -6,7 +6,7 @@ regression baseline sees the same inputs as the network: the mossy-fibre current
 the tick (the encoder's population code of its z-scored return, volume and gap).
 ``train`` fits it on the training split; ``evaluate`` has no training split and
 cross-fits it in time (the model for the second half of each market is fitted on
-the first half and vice versa, with one horizon dropped at the seam), which if
+the first half and vice versa, with one horizon dropped on each side of the seam), which if
 anything flatters the baseline. Each fit's L2 penalty is chosen by cross-validation in
 time on its own rows (:func:`choose_l2`), never on the rows it scores.
 """
@@ -135,13 +135,14 @@ def _logistic_from_train(prep: Prepared, idx: list[np.ndarray]) -> np.ndarray | 
 
 
 def _logistic_crossfit(prep: Prepared, idx: list[np.ndarray]) -> np.ndarray | None:
-    """Each market's scored ticks split in two halves by time; each half scored by a fit on the other."""
+    """Each market's scored ticks split in two halves by time; each half scored by a fit on the other, less the
+    horizon of ticks beside the seam (their labels share returns with the other half's ticks there)."""
     parts: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     where: list[tuple[np.ndarray, np.ndarray]] = []
     for i in idx:
         cut = i.size // 2
         parts[0].append(i[:max(cut - prep.block, 0)])
-        parts[1].append(i[cut:])
+        parts[1].append(i[cut + prep.block:])
         where.append((i[:cut], i[cut:]))
     fits = []
     for rows in parts:

@@ -189,3 +189,32 @@ def test_no_training_or_validation_label_uses_a_price_of_a_later_split(
         assert train.size and (pm.split[train] == 0).all() and ts[pm.end[train]].max() < first_val
         val = np.flatnonzero(pm.scored & (pm.split == 1))
         assert val.size and ts[pm.end[val]].max() < first_test
+
+
+def test_the_logistic_baseline_of_evaluate_is_not_fitted_on_labels_that_overlap_the_half_it_scores(
+        tmp_path: Path, make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`evaluate` cross-fits the logistic baseline: each half of a market scored by a fit on the other. A label is the
+    return over the next horizon, so the horizon of ticks on either side of the seam is left out of both fits."""
+    from cerebellar_norse.training import scoring
+
+    cfg = make_config(neural=TINY_NEURAL)
+    write_csv(tmp_path / "t.csv", _rows(1200))
+    prep = prepare_for_scoring(cfg, load_training_files([tmp_path / "t.csv"], cfg.training))
+    fits: list[list[np.ndarray]] = []
+    real = scoring._fit_on
+
+    def recording(markets: Any, rows: list[np.ndarray], ys: list[np.ndarray]) -> Any:
+        fits.append([r.copy() for r in rows])
+        return real(markets, rows, ys)
+
+    monkeypatch.setattr(scoring, "_fit_on", recording)
+    idx, _ = prep.rows(2)
+    assert scoring._logistic_crossfit(prep, idx) is not None
+    first_fit, second_fit = fits  # for the second halves, for the first halves
+    for k, i in enumerate(idx):
+        seam = i.size // 2
+        first, second = i[:seam], i[seam:]
+        assert first_fit[k].size and first_fit[k].max() < second[0] - prep.block + 1
+        assert second_fit[k].size and second_fit[k].min() > first[-1] + prep.block - 1
+        # what each half's fit lacks is the horizon by the seam, no more
+        assert first_fit[k].size == first.size - prep.block and second_fit[k].size == second.size - prep.block
