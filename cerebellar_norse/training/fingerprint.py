@@ -85,8 +85,10 @@ def copied(stored: Mapping[str, Any] | None, hashes: np.ndarray, candidates: np.
     if not isinstance(stored, Mapping) or stored.get("window") != WINDOW or stored.get("quantum") != QUANTUM:
         return None
     modulus, known = stored.get("modulus"), stored.get("hashes")
-    if not isinstance(modulus, int) or modulus < 1 or not isinstance(known, list) or not known:
+    if not isinstance(modulus, int) or isinstance(modulus, bool) or modulus < 1 or not isinstance(known, list) or not known:
         return None
+    if not all(type(x) is int and 0 < x < 1 << _KEEP_BITS for x in known):
+        return None  # not a record this module wrote (an edited or damaged metrics.json): no evidence either way
     idx = np.flatnonzero(candidates & (hashes != 0))
     picked = idx[hashes[idx] % np.uint64(modulus) == 0]
     matched = picked[np.isin(hashes[picked], np.asarray(known, dtype=np.uint64))]
