@@ -476,15 +476,27 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
 def read_toml_file(path: Path) -> dict[str, Any]:
     """Read and parse a TOML file; unreadable files are ConfigErrors."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError([ConfigProblem("", f"config file {path} does not exist", "pass an existing file to --config")], str(path)) from None
+    except OSError as exc:
+        raise ConfigError([ConfigProblem("", f"cannot read config file {path}: {exc}", "check the path and its permissions")], str(path)) from None
+    wide = next((name for bom, name in _WIDE_BOMS if data.startswith(bom)), None)
+    if wide is not None:
+        raise ConfigError([ConfigProblem("", f"config file {path} is {wide} text (it starts with a {wide} byte-order "
+                                             "mark), not UTF-8", "save the file as UTF-8")], str(path))
+    try:
+        # a UTF-8 byte-order mark (Windows editors write one) is no part of the TOML: ignored, as in tick files
+        text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise ConfigError([ConfigProblem("", f"config file {path} is not UTF-8 text: {_undecodable_place(exc)}",
                                          "save the file as UTF-8")], str(path)) from None
-    except OSError as exc:
-        raise ConfigError([ConfigProblem("", f"cannot read config file {path}: {exc}", "check the path and its permissions")], str(path)) from None
     return parse_toml(text, str(path))
+
+
+# Byte-order marks of the encodings other than UTF-8 an editor may save a file in (UTF-32's first: its little-endian
+# mark begins with UTF-16's).
+_WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
 
 
 def _undecodable_place(exc: UnicodeDecodeError) -> str:

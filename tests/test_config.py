@@ -584,3 +584,22 @@ def test_a_config_file_that_is_not_utf8_says_so_and_where(tmp_path: Path) -> Non
     (problem,) = info.value.problems
     assert problem.message == f"config file {path} is not UTF-8 text: byte 0xe9 at line 3 (byte offset 26)"
     assert problem.fix == "save the file as UTF-8"
+
+
+def test_a_config_file_with_a_utf8_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """A file saved by a Windows editor starts with EF BB BF; it was refused as "TOML syntax error: Invalid statement
+    (at line 1, column 1)", a line with nothing wrong to see."""
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"\xef\xbb\xbf[server]\nport = 8181\n")
+    assert load_config(path, environ={}).server.port == 8181
+
+
+@pytest.mark.parametrize(("encoding", "name"), [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")])
+def test_a_config_file_in_utf16_or_utf32_says_so(tmp_path: Path, encoding: str, name: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_bytes(("\ufeff" if encoding == "utf-16-be" else "").encode(encoding) + "[server]\nport = 8181\n".encode(encoding))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    (problem,) = info.value.problems
+    assert problem.message == f"config file {path} is {name} text (it starts with a {name} byte-order mark), not UTF-8"
+    assert problem.fix == "save the file as UTF-8"
