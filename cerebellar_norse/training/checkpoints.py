@@ -509,6 +509,25 @@ def _json_object(path: Path, data: bytes | None = None) -> dict[str, Any]:
     return value
 
 
+# The keys of metrics.json that GET /models and the training answers pass on as they are, with their types (None is
+# also allowed: a model stored without them).
+SERVED_METRICS: tuple[tuple[tuple[str, ...], type, str], ...] = (
+    (("validation",), dict, "an object"), (("edge",), str, "a string"), (("test",), dict, "an object"),
+    (("test", "verdict"), dict, "an object"))
+
+
+def served_metrics_problem(metrics: dict[str, Any]) -> str | None:
+    """What is wrong with a model's ``metrics.json`` for what the service passes on of it (:data:`SERVED_METRICS`), or
+    None: a value of another type would fail every listing of the stored models, not only this model's entry."""
+    for keys, kind, what in SERVED_METRICS:
+        value: Any = metrics
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, kind):
+            return f"{'.'.join(keys)} is {quoted(json.dumps(value), 40)}, expected {what} or null"
+    return None
+
+
 def load_model_dir(path: Path) -> StoredModel:
     """Verify the manifest (every file's SHA-256 and size) and load a model directory."""
     path = Path(path)
@@ -542,6 +561,9 @@ def load_model_dir(path: Path) -> StoredModel:
         blobs[name] = blob
     weights = weights_from_bytes(blobs["weights.npz"], str(path / "weights.npz"))
     neural, metrics = (_json_object(path / name, blobs[name]) for name in ("config.json", "metrics.json"))
+    problem = served_metrics_problem(metrics)
+    if problem is not None:
+        raise CheckpointError(problem, str(path / "metrics.json"))
     try:
         shape = network_shape(NeuralConfig.model_validate(neural))
     except Exception as exc:

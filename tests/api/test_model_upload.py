@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -205,3 +206,28 @@ def test_an_activation_whose_active_file_cannot_be_written_changes_nothing_and_s
     assert not (tmp_path / "replica" / "models" / "ACTIVE").exists()
     monkeypatch.setattr(ModelStore, "set_active", real)
     assert tc.post(f"/models/{version}/activate", headers=AUTH).json()["active"] == version
+
+
+@pytest.mark.parametrize(("metrics", "named"), [
+    ({"validation": [1]}, "validation is '[1]', expected an object or null"),
+    ({"edge": 5}, "edge is '5', expected a string or null"),
+    ({"test": {"verdict": "hold"}}, 'test.verdict is \'"hold"\', expected an object or null'),
+])
+def test_a_model_whose_listed_metrics_have_another_type_is_refused(tc: TestClient, tmp_path: Path,
+                                                                    metrics: dict[str, object], named: str) -> None:
+    """Such a model was staged (200), and from then on every GET /models answered 500: its metrics are passed on as
+    they are, and the answer's schema refused them."""
+    cfg = load_checked_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "src")})
+    store = ModelStore(tmp_path / "src")
+    version = store.save(generate_weights(cfg), cfg, metrics)
+    buf = io.BytesIO()  # packed as pack_model does (which refuses to pack it now)
+    np.savez(buf, **{n: np.frombuffer((store.root / version / n).read_bytes(), dtype=np.uint8) for n in (*FILES, MANIFEST)})
+    r = tc.put(f"/models/{version}", content=seal(buf.getvalue()), headers=BLOB)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"] == f"request body: metrics.json: {named}"
+    listing = tc.get("/models", headers=AUTH)
+    assert listing.status_code == 200 and listing.json()["models"] == []  # nothing stored
+    (tmp_path / "replica" / "models").mkdir(exist_ok=True)  # one put there by hand is listed as invalid, never a 500
+    shutil.copytree(store.root / version, tmp_path / "replica" / "models" / version)
+    (entry,) = tc.get("/models", headers=AUTH).json()["models"]
+    assert entry["valid"] is False and entry["error"].endswith(f"metrics.json: {named}")
