@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, StorageError, quoted
-from ..neurons.encoder import S_LAST_TS, S_N_TICKS
+from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 from ..neurons.state import STATE_FIELDS
 from ..storage import fsync_dir, read_checksummed, retrying, unseal, write_checksummed
 from ..ticks import TS_MAX_MS
@@ -76,6 +76,10 @@ def snapshot_pool(pool: StatePool) -> PoolSnapshot:
     return PoolSnapshot([m for m, _ in items], arrays)
 
 
+# The largest |feature| of a tick (its log return, between two positive finite float64 prices: below 710 - (-745)).
+FEATURE_BOUND = 1500.0
+
+
 def check_states(arrays: Mapping[str, np.ndarray], where: str, markets: Sequence[str] | None = None) -> None:
     """Raise unless market states hold only values a market can reach (nothing is changed).
 
@@ -109,6 +113,24 @@ def check_states(arrays: Mapping[str, np.ndarray], where: str, markets: Sequence
         k = np.unravel_index(int(np.argmin(ok)), ok.shape)
         raise CheckpointError(f"{whose(ok)}the state's tick count {float(ticks[k])!r} or last timestamp {float(last_ts[k])!r} "
                               f"is out of range (a count >= 0; ms since the epoch before {TS_MAX_MS})", where)
+    # The running normaliser: a market that has seen a tick holds its price (> 0); each feature's mean lies among the
+    # values it averaged (|x| <= FEATURE_BOUND) and its variance in [0, (2 FEATURE_BOUND)^2]; its count is whole, >= 0.
+    # Any other state is stepped into non-finite numbers by the next tick (log of a price <= 0, the square root of a
+    # negative variance), answered with plausible probabilities, then checkpointed: the next start would refuse the
+    # whole market_state.bin.
+    price = enc[..., S_LAST_PRICE]
+    mean, var, count = (enc[..., at:at + 3] for at in (S_MEAN, S_VAR, S_COUNT))
+    checks = (("last price", price, (ticks == 0) | (price > 0), "> 0 once a tick was seen"),
+              ("feature means", mean, (np.abs(mean) <= FEATURE_BOUND).all(axis=-1), f"within +/-{FEATURE_BOUND:g}"),
+              ("feature variances", var, ((var >= 0) & (var <= (2 * FEATURE_BOUND) ** 2)).all(axis=-1),
+               f"in [0, {(2 * FEATURE_BOUND) ** 2:g}]"),
+              ("feature counts", count, ((count >= 0) & (count == np.floor(count))).all(axis=-1), "whole numbers >= 0"))
+    for what, values, ok, rule in checks:
+        if not ok.all():
+            k = np.unravel_index(int(np.argmin(ok)), ok.shape)
+            shown = values[k].tolist()
+            raise CheckpointError(f"{whose(ok)}the state's encoder {what} {shown!r} are out of range ({rule}): no "
+                                  "market's ticks lead to it", where)
 
 
 def write_snapshot(snap: PoolSnapshot, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0,

@@ -6,6 +6,7 @@ target); a third service fed every tick without a move is the reference.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from cerebellar_norse.api.deps import ServiceState
 from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.config import load_checked_config
 from cerebellar_norse.engine.handover import MEDIA_TYPE
+from cerebellar_norse.storage import seal, unseal
 
 TOKEN = "handover-token-5d1"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -283,3 +285,29 @@ def test_an_older_state_is_refused_and_changes_nothing(trio: tuple[TestClient, T
     b.delete("/neural/markets/S", headers=AUTH)
     r = b.put("/neural/markets/S/state", content=old, headers=BLOB)  # reset here: the old state is all there is
     assert r.status_code == 200 and r.json()["replaced"] is False, r.text
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    (0, 0.0, "encoder last price 0.0 are out of range (> 0 once a tick was seen)"),
+    (0, -5.0, "encoder last price -5.0 are out of range"),
+    (6, -1.0, "encoder feature variances [-1.0,"),
+    (3, 1e300, "encoder feature means [1e+300,"),
+    (9, -1.0, "encoder feature counts [-1.0,"),
+])
+def test_an_import_whose_encoder_no_tick_can_reach_is_refused(trio: tuple[TestClient, TestClient, TestClient],
+                                                              field: int, value: float, words: str) -> None:
+    """Such a state (finite, so it passed) was imported, and the market's next tick stepped it into NaN (the log of a
+    price <= 0, the root of a negative variance) while its answer still looked like probabilities; the next checkpoint
+    then held a state the next start refuses, with every other market's in the same file."""
+    a, b, _ = trio
+    send(a, "Q", range(30))
+    blob = a.post("/neural/markets/Q/export", headers=AUTH).content
+    with np.load(io.BytesIO(unseal(blob, "export")), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["enc"][field] = value
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    r = b.put("/neural/markets/Q/state", content=seal(buf.getvalue()), headers=BLOB)
+    assert r.status_code == 422, r.text
+    assert words in r.json()["error"]["message"] and "no market's ticks lead to it" in r.json()["error"]["message"]
+    assert b.get("/debug/markets/Q/state", headers=AUTH).status_code == 404  # nothing imported

@@ -17,7 +17,7 @@ from engine_helpers import ConfigFactory, assert_same_state
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.persistence import STATE_FILE, check_writable, load_pool, save_pool
 from cerebellar_norse.errors import CheckpointError, StorageError
-from cerebellar_norse.neurons.encoder import S_LAST_TS, S_N_TICKS
+from cerebellar_norse.neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_N_TICKS, S_VAR
 from cerebellar_norse.neurons.state import STATE_FIELDS
 from cerebellar_norse.storage import MAGIC, read_checksummed, sha256_bytes, write_checksummed
 
@@ -27,7 +27,8 @@ T0 = 1_640_995_200_000
 def filled(engine: Engine, markets: list[str], seed: int = 0) -> Engine:
     """Give each market a slot with distinct random state (LRU order = list order).
 
-    The encoder's tick count and last tick time are whole numbers in range, as after real ticks.
+    The encoder is one real ticks can lead to: its tick count, feature counts and last tick time whole numbers in
+    range, its last price > 0 and its feature variances >= 0.
     """
     rng = np.random.default_rng(seed)
     for m in markets:
@@ -37,6 +38,9 @@ def filled(engine: Engine, markets: list[str], seed: int = 0) -> Engine:
             arr[slot] = rng.standard_normal(arr.shape[1:]).astype(arr.dtype)
         engine.arrays.enc[slot, S_N_TICKS] = rng.integers(1, 1000)
         engine.arrays.enc[slot, S_LAST_TS] = T0 + rng.integers(0, 10**9)
+        engine.arrays.enc[slot, S_LAST_PRICE] = 1.0 + abs(engine.arrays.enc[slot, S_LAST_PRICE])
+        engine.arrays.enc[slot, S_VAR:S_VAR + 3] = np.abs(engine.arrays.enc[slot, S_VAR:S_VAR + 3])
+        engine.arrays.enc[slot, S_COUNT:S_COUNT + 3] = rng.integers(0, 1000, 3)
     return engine
 
 
