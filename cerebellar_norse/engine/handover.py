@@ -38,7 +38,7 @@ from ..errors import CheckpointError, InputError, MarketMovingError, StaleStateE
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import seal, unseal
-from ..ticks import Tick, check_market_id
+from ..ticks import FutureTickError, Tick, check_market_id
 from .persistence import check_states, network_of
 
 if TYPE_CHECKING:
@@ -182,9 +182,21 @@ def check_not_older(engine: Engine, market_id: str, meta: dict[str, Any]) -> Non
                               f"here first); nothing changed", "market_id")
 
 
-def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]:
+def check_not_future(meta: dict[str, Any], now_ms: int, max_skew_ms: int) -> None:
+    """Raise FutureTickError when the export's last tick is more than ``max_skew_ms`` ahead of ``now_ms``: the service
+    refuses such a tick (``server.max_clock_skew_ms``), and a market holding one would refuse every tick until then
+    as out of order."""
+    got = int(meta["last_timestamp"])
+    if got > now_ms + max_skew_ms:
+        raise FutureTickError(f"the state's last tick at {got} is {got - now_ms} ms ahead of the server clock ({now_ms}); "
+                              f"at most server.max_clock_skew_ms = {max_skew_ms} ms is allowed: the market would "
+                              "refuse every tick until then; nothing changed", "market_id")
+
+
+def import_market(engine: Engine, market_id: str, data: bytes, max_skew_ms: int | None = None) -> dict[str, Any]:
     """Load an exported state as ``market_id``'s (replacing any state it holds here, unless that one is newer);
-    returns a summary.
+    returns a summary. ``max_skew_ms``: refuse a state whose last tick is further ahead of the clock than this
+    (``server.max_clock_skew_ms``, as for a tick); None: no such check.
 
     Every check runs before anything changes. The new state is made durable at once
     (a checkpoint, when the engine journals): replaying the journal alone could not
@@ -193,6 +205,8 @@ def import_market(engine: Engine, market_id: str, data: bytes) -> dict[str, Any]
     meta, arrays = read_export(data)
     check_import(engine, market_id, meta, arrays)
     check_not_older(engine, market_id, meta)
+    if max_skew_ms is not None:
+        check_not_future(meta, time.time_ns() // 1_000_000, max_skew_ms)
     refused = engine.write_refusal()
     if refused is not None:  # the import could not be made durable: change nothing
         raise refused

@@ -7,6 +7,7 @@ target); a third service fed every tick without a move is the reference.
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from cerebellar_norse.api.deps import ServiceState
 from cerebellar_norse.api.server import build_service, make_app
 from cerebellar_norse.config import load_checked_config
 from cerebellar_norse.engine.handover import MEDIA_TYPE
+from cerebellar_norse.neurons.encoder import S_LAST_TS
 from cerebellar_norse.storage import seal, unseal
 
 TOKEN = "handover-token-5d1"
@@ -311,3 +313,25 @@ def test_an_import_whose_encoder_no_tick_can_reach_is_refused(trio: tuple[TestCl
     assert r.status_code == 422, r.text
     assert words in r.json()["error"]["message"] and "no market's ticks lead to it" in r.json()["error"]["message"]
     assert b.get("/debug/markets/Q/state", headers=AUTH).status_code == 404  # nothing imported
+
+
+def test_an_import_whose_last_tick_is_ahead_of_the_clock_is_refused(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    """A state whose last tick lies years ahead (a tick the service refuses as future_timestamp) was imported; the
+    market then refused every real tick as out of order until that time."""
+    a, b, _ = trio
+    send(a, "Q", range(5))
+    blob = a.post("/neural/markets/Q/export", headers=AUTH).content
+    with np.load(io.BytesIO(unseal(blob, "export")), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    ahead = 4_000_000_000_000  # 2096
+    arrays["enc"][S_LAST_TS] = ahead
+    arrays["meta"] = np.array(json.dumps({**json.loads(str(arrays["meta"])), "last_timestamp": ahead}, sort_keys=True))
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    r = b.put("/neural/markets/Q/state", content=seal(buf.getvalue()), headers=BLOB)
+    assert r.status_code == 409, r.text
+    err = r.json()["error"]
+    assert err["type"] == "future_timestamp" and err["field"] == "market_id"
+    assert f"last tick at {ahead} is" in err["message"] and "server.max_clock_skew_ms = 300000 ms" in err["message"]
+    assert b.get("/debug/markets/Q/state", headers=AUTH).status_code == 404  # nothing imported
+    assert send(b, "Q", range(5, 6))  # the market takes ticks

@@ -96,7 +96,8 @@ async def export_state(request: Request, market_id: MarketIdPath) -> Response:
             responses=error_responses(401, 409, 415, 422, s503=RECORDED_503,
                                       s409="The state was exported by another network or under another model version, "
                                            "or its last tick is older than the market's last tick here "
-                                           "(conflict); nothing changed.",
+                                           "(conflict), or more than server.max_clock_skew_ms ahead of the server "
+                                           "clock (future_timestamp); nothing changed.",
                                       s415="Body not sent as application/octet-stream, or sent with a Content-Encoding "
                                            "(unsupported_media_type).",
                                       s422="Corrupt or truncated state (checksum), another market's, or of the wrong "
@@ -114,7 +115,7 @@ async def import_state(request: Request, market_id: MarketIdPath) -> dict[str, A
     svc = service(request)
     body = await request.body()
     svc.engine.flush_now()  # the market's admitted ticks are in the state the import is compared with (and replaces)
-    summary = import_market(svc.engine, market_id, body)
+    summary = import_market(svc.engine, market_id, body, svc.cfg.server.max_clock_skew_ms)
     svc.moves.thaw(market_id)
     return {**summary, "request_id": request_id_var.get()}
 
