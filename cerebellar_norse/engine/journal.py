@@ -97,9 +97,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zlib import crc32
 
-from ..errors import CerebellarNorseError, CheckpointError, ForeignStateDirError, JournalWaitError, StorageError
+from ..errors import (
+    CerebellarNorseError,
+    CheckpointError,
+    ForeignStateDirError,
+    JournalWaitError,
+    StorageError,
+    TickOrderError,
+)
 from ..storage import read_refused, retrying
-from ..ticks import Tick
+from ..ticks import Tick, check_order
 from .persistence import LEGACY_DIR, check_writable, fingerprint_json, quarantine, write_snapshot
 from .segments import (
     BODY,
@@ -925,6 +932,12 @@ class Durability:
                 if rec.seq <= seq:
                     continue
                 if rec.kind == KIND_TICKS:
+                    try:  # the engine admitted every journaled batch in order: one that is not was never journaled
+                        check_order(rec.ticks, eng.pool.last_timestamp, batch=True)
+                    except TickOrderError as exc:
+                        reader.damage = (f"record {rec.seq} holds a tick older than its market's last tick ({exc}), "
+                                         "which no service journals")
+                        break
                     for k in range(0, len(rec.ticks), eng.batch_size):
                         eng.process_now(rec.ticks[k:k + eng.batch_size])
                     rep.ticks += len(rec.ticks)

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 from zlib import crc32
 
-from ..errors import quoted
+from ..errors import InputError, quoted
 from ..storage import retrying
-from ..ticks import Tick
+from ..ticks import TS_MAX_MS, Tick, check_market_id, check_price, check_volume
 from .persistence import is_state_id
 
 JOURNAL_DIR = "journal"
@@ -196,6 +196,10 @@ class SegmentReader:
             except (struct.error, UnicodeDecodeError, ValueError) as exc:
                 self.damage = f"undecodable record at offset {pos}: {exc}"
                 return
+            problem = _unservable(rec)
+            if problem is not None:  # its checksum holds, yet it was never written by a service (nothing refused)
+                self.damage = f"record {rec.seq} at offset {pos} holds {problem}, which no service journals"
+                return
             if rec.seq != expect:
                 self.damage = f"record {rec.seq} at offset {pos} where {expect} was due"
                 return
@@ -235,6 +239,26 @@ def _decode(body: bytes) -> Record:
     if off != len(body):
         raise ValueError(f"{len(body) - off} bytes left after the record's items")
     return rec
+
+
+def _unservable(rec: Record) -> str | None:
+    """What in a decoded record no request could have carried into the journal (a tick's price not finite and > 0,
+    a volume not finite and >= 0, a time before 1970 or from 2100 on, a market id no tick can name), or None."""
+    for k, t in enumerate(rec.ticks):
+        try:
+            check_price(t.price, f"ticks.{k}.price")
+            check_volume(t.volume, f"ticks.{k}.volume")
+            check_market_id(t.market_id, f"ticks.{k}.market_id")
+        except InputError as exc:
+            return f"a tick no request can carry ({exc})"
+        if not 0 <= t.timestamp < TS_MAX_MS:
+            return f"a tick no request can carry (ticks.{k}.timestamp: {t.timestamp} is not ms since the epoch before 2100)"
+    for k, m in enumerate(rec.markets):
+        try:
+            check_market_id(m, f"markets.{k}")
+        except InputError as exc:
+            return f"a market id no tick can name ({exc})"
+    return None
 
 
 _RECORD_TICK_MAX = TICK.size + 255  # a tick in a record, with the longest market id (bytes)

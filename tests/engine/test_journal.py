@@ -222,6 +222,35 @@ async def test_a_damaged_record_applies_the_records_before_it_and_quarantines_th
     assert "checksum mismatch" in caplog.text and str(moved) in caplog.text
 
 
+@pytest.mark.parametrize(("price", "at", "market", "named"), [
+    (float("nan"), 99, b"A", "ticks.0.price: must be finite, got nan"),
+    (-1.0, 99, b"A", "ticks.0.price: must be > 0, got -1.0"),
+    (101.0, 99, b"", "ticks.0.market_id: must be 1 to 64 characters, got 0"),
+    (101.0, -T0 - 5, b"A", "ticks.0.timestamp: -5 is not ms since the epoch before 2100"),
+    (101.0, 1, b"A", f"ticks.0.timestamp: tick at {T0 + 1} is older than the market's last tick at {T0 + 4}"),
+])
+async def test_a_record_whose_checksum_holds_but_no_service_wrote_is_damage(
+        journaled: tuple[Config, list[Durability]], caplog: pytest.LogCaptureFixture,
+        price: float, at: int, market: bytes, named: str) -> None:
+    """Such a record (a tick no request can carry, or one older than its market's last) was replayed: a NaN price
+    made the market's state NaN, a time before 1970 or an older tick set its clock back, an empty id made a market no
+    tick can name; the start-up checkpoint then saved that state, and the next start refused it with every market."""
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick("A", T0 + k) for k in range(5)])
+    assert d._mm is not None
+    body = ONE.pack(d.seq + 1, KIND_TICKS, 1, price, 5.0, T0 + at, len(market)) + market
+    d._mm[d._pos:d._pos + REC.size + len(body)] = REC.pack(len(body), zlib.crc32(body)) + body
+    (_, path), = list_segments(Path(cfg.paths.state_dir) / JOURNAL_DIR)
+    crash(d)
+    with caplog.at_level(logging.ERROR):
+        e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)  # the records before it, not it
+    (moved,) = path.parent.glob(f"{path.name}.corrupt-*")
+    assert named in caplog.text and "which no service journals" in caplog.text and str(moved) in caplog.text
+
+
 async def test_corrupt_checkpoint_is_quarantined_with_the_journal_that_continues_it(
         journaled: tuple[Config, list[Durability]], caplog: pytest.LogCaptureFixture) -> None:
     cfg, opened = journaled
