@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, StorageError, quoted
+from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, InputError, StorageError, quoted
 from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 from ..neurons.state import STATE_FIELDS
 from ..storage import fsync_dir, read_checksummed, retrying, unseal, write_checksummed
-from ..ticks import TS_MAX_MS
+from ..ticks import TS_MAX_MS, check_market_id
 from .pool import StatePool
 
 STATE_FILE = "market_state.bin"
@@ -215,6 +215,11 @@ def check_state_rows(sf: StateFile, where: str) -> None:
             raise CheckpointError(f"field {name!r} has shape {arr.shape}, expected one row per market ({n})", where)
     if len(set(sf.markets)) != n:
         raise CheckpointError("a market id appears more than once", where)
+    for market in sf.markets:  # one no tick can name would hold its slot, and be saved again, for good
+        try:
+            check_market_id(market)
+        except InputError as exc:
+            raise CheckpointError(f"market id {quoted(market, 80)} is no market id ({exc.message})", where) from None
     check_states(sf.data, where, sf.markets)
 
 

@@ -226,6 +226,12 @@ def _duplicate(data: dict[str, np.ndarray]) -> None:
     data["markets"] = np.array(["A", "A"])
 
 
+def _renamed(market: str) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(data: dict[str, np.ndarray]) -> None:
+        data["markets"] = np.array(["A", market])
+    return change
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (_set("v_gr", (0, slice(None)), np.nan), "market 'A': state field 'v_gr' holds non-finite values"),
     (_set("i_out", (1, 0), np.inf), "market 'B': state field 'i_out' holds non-finite values"),
@@ -233,7 +239,14 @@ def _duplicate(data: dict[str, np.ndarray]) -> None:
     (_set("enc", (0, S_N_TICKS), 6.5), "market 'A': the state's tick count 6.5 .* out of range"),
     (_set("enc", (0, S_LAST_TS), 1e30), "market 'A': .* last timestamp 1e\\+30 is out of range"),
     (_duplicate, "a market id appears more than once"),
-], ids=["nan", "inf", "negative count", "fractional count", "time out of range", "duplicate id"])
+    # each stepped into NaN by the market's next tick (and saved so by the next checkpoint)
+    (_set("enc", (1, S_LAST_PRICE), 0.0), "market 'B': the state's encoder last price 0.0 .* out of range"),
+    (_set("enc", (0, S_VAR + 1), -1.0), "market 'A': the state's encoder feature variances .* out of range"),
+    (_set("enc", (0, S_COUNT), -1.0), "market 'A': the state's encoder feature counts .* out of range"),
+    (_renamed(""), "market id '' is no market id"),  # no tick can name it: it held its slot for good
+    (_renamed(" B"), "market id ' B' is no market id .must be printable ASCII without leading"),
+], ids=["nan", "inf", "negative count", "fractional count", "time out of range", "duplicate id", "price 0",
+        "negative variance", "negative feature count", "empty id", "id with a leading space"])
 def test_states_no_market_can_reach_are_refused_naming_the_market(
         engine: Engine, engine_config: ConfigFactory, tmp_path: Path,
         change: Callable[[dict[str, np.ndarray]], None], message: str) -> None:
