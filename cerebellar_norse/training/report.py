@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -368,6 +369,12 @@ def _downsample(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return idx, y[idx]
 
 
+def _number(value: Any, otherwise: float = float("nan")) -> float:
+    """``value`` as a float when it is a finite number (a bool is not), else ``otherwise``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else otherwise
+
+
 def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | None = None,
                 learning_curve: list[dict[str, Any]] | None = None,
                 title: str = "cerebellar-norse evaluation") -> str:
@@ -447,14 +454,15 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
 
         plots.append(png(draw_pnl, (6.0, 4.0)))
 
-    curve = [e for e in learning_curve or [] if isinstance(e, Mapping)]
+    # a stored model's metrics.json "history": read as far as it is what training writes (a list of objects with numbers)
+    curve = [e for e in learning_curve if isinstance(e, Mapping)] if isinstance(learning_curve, list) else []
+    epochs = [_number(e.get("epoch"), float(k + 1)) for k, e in enumerate(curve)]
+    train = [_number(e.get("train_loss")) for e in curve]
+    val = [_number(e["validation"].get("loss")) if isinstance(e.get("validation"), Mapping) else np.nan for e in curve]
     if curve:
         def draw_curve(ax: Any) -> None:
-            epochs = [e.get("epoch") for e in curve]
-            train = [e.get("train_loss") for e in curve]
-            val = [(e.get("validation") or {}).get("loss") for e in curve]
-            ax.plot(epochs, [np.nan if v is None else v for v in train], "o-", label="train loss")
-            ax.plot(epochs, [np.nan if v is None else v for v in val], "s-", label="validation loss")
+            ax.plot(epochs, train, "o-", label="train loss")
+            ax.plot(epochs, val, "s-", label="validation loss")
             ax.set_xlabel("epoch")
             ax.set_ylabel("loss (nats)")
             ax.set_title("Learning curve")
@@ -538,8 +546,7 @@ def render_html(summary: dict[str, Any], cumulative: dict[str, np.ndarray] | Non
     if curve:
         parts.append(_section("Learning curve", _table(
             ["epoch", "train loss", "validation loss"],
-            [[_fmt(e.get("epoch")), _fmt(e.get("train_loss")), _fmt((e.get("validation") or {}).get("loss"))]
-             for e in curve])))
+            [[_fmt(int(e) if e.is_integer() else e), _fmt(t), _fmt(v)] for e, t, v in zip(epochs, train, val, strict=True)])))
     body = "\n".join(parts)
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
             f"<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")

@@ -85,6 +85,20 @@ def test_html_skips_absent_plots(evaluated: tuple[dict, dict[str, np.ndarray]]) 
     assert "Learning curve" not in page
 
 
+@pytest.mark.parametrize("history", [
+    5, {"epoch": 1}, "epochs",  # not a list
+    [{"epoch": 1, "train_loss": 1.0, "validation": [1]}],  # an epoch's validation not an object
+    [{"epoch": "one", "train_loss": "x", "validation": {"loss": None}}, 7, {"epoch": True, "train_loss": float("nan")}],
+], ids=["int", "object", "string", "validation a list", "odd values"])
+def test_html_of_a_stored_history_that_is_not_a_learning_curve(evaluated: tuple[dict, dict[str, np.ndarray]],
+                                                              history: object) -> None:
+    """``evaluate --report`` passes the stored model's metrics.json "history" as it is: an int or an epoch whose
+    validation was a list ended the command in a traceback (TypeError, AttributeError)."""
+    summary, cum = evaluated
+    page = render_html(summary, cum, history)  # type: ignore[arg-type]
+    assert page.startswith("<!DOCTYPE html>") and page.count(IMG) in (3, 4)
+
+
 def test_html_of_a_degenerate_summary() -> None:
     inp = ScoreInputs(probs=np.array([[0.2, 0.5, 0.3]]), labels=np.array([1]), fwd_ret=np.zeros(1),
                       past_ret=np.full(1, np.nan), base_rates=np.array([0.2, 0.6, 0.2]), horizon=1)
