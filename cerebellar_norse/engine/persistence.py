@@ -125,11 +125,12 @@ def check_states(arrays: Mapping[str, np.ndarray], where: str, markets: Sequence
               ("feature variances", var, ((var >= 0) & (var <= (2 * FEATURE_BOUND) ** 2)).all(axis=-1),
                f"in [0, {(2 * FEATURE_BOUND) ** 2:g}]"),
               ("feature counts", count, ((count >= 0) & (count == np.floor(count))).all(axis=-1), "whole numbers >= 0"))
-    for what, values, ok, rule in checks:
+    for what, values, rows_ok, rule in checks:
+        ok = np.asarray(rows_ok)
         if not ok.all():
             k = np.unravel_index(int(np.argmin(ok)), ok.shape)
             shown = values[k].tolist()
-            raise CheckpointError(f"{whose(ok)}the state's encoder {what} {shown!r} are out of range ({rule}): no "
+            raise CheckpointError(f"{whose(ok)}the state's encoder {what} {shown!r}: out of range ({rule}): no "
                                   "market's ticks lead to it", where)
 
 

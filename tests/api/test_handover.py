@@ -290,8 +290,8 @@ def test_an_older_state_is_refused_and_changes_nothing(trio: tuple[TestClient, T
 
 
 @pytest.mark.parametrize(("field", "value", "words"), [
-    (0, 0.0, "encoder last price 0.0 are out of range (> 0 once a tick was seen)"),
-    (0, -5.0, "encoder last price -5.0 are out of range"),
+    (0, 0.0, "encoder last price 0.0: out of range (> 0 once a tick was seen)"),
+    (0, -5.0, "encoder last price -5.0: out of range"),
     (6, -1.0, "encoder feature variances [-1.0,"),
     (3, 1e300, "encoder feature means [1e+300,"),
     (9, -1.0, "encoder feature counts [-1.0,"),

@@ -240,7 +240,7 @@ def _renamed(market: str) -> Callable[[dict[str, np.ndarray]], None]:
     (_set("enc", (0, S_LAST_TS), 1e30), "market 'A': .* last timestamp 1e\\+30 is out of range"),
     (_duplicate, "a market id appears more than once"),
     # each stepped into NaN by the market's next tick (and saved so by the next checkpoint)
-    (_set("enc", (1, S_LAST_PRICE), 0.0), "market 'B': the state's encoder last price 0.0 .* out of range"),
+    (_set("enc", (1, S_LAST_PRICE), 0.0), "market 'B': the state's encoder last price 0.0: out of range"),
     (_set("enc", (0, S_VAR + 1), -1.0), "market 'A': the state's encoder feature variances .* out of range"),
     (_set("enc", (0, S_COUNT), -1.0), "market 'A': the state's encoder feature counts .* out of range"),
     (_renamed(""), "market id '' is no market id"),  # no tick can name it: it held its slot for good
