@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import Config, NeuralConfig
-from ..errors import CheckpointError, InputError, ModelUnreadableError, StorageError, quoted
+from ..errors import CerebellarNorseError, CheckpointError, InputError, ModelUnreadableError, StorageError, quoted
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
 from ..storage import atomic_write_bytes, fsync_dir, read_refused, retrying, sha256_bytes
@@ -700,6 +700,7 @@ def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tupl
 def verify_tree(root: Path) -> tuple[list[str], list[str]]:
     """Verify every model directory and state file under ``root``; returns (ok, problems) lines."""
     from ..engine.persistence import STATE_FILE, check_state_rows, read_state_payload
+    from ..engine.state_dir import read_state_id
     from ..storage import read_checksummed
 
     ok: list[str] = []
@@ -765,10 +766,14 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
                             f"usable, above): the service moves it aside at start, every market starts from rest and "
                             f"/health says degraded; restore models/{saved_with} from a backup")
             continue
-        n = len(state.markets)
-        ok.append(f"{spath}: market state OK ({n} {'market' if n == 1 else 'markets'})")
+        n, found = len(state.markets), len(problems)
         if spath.parent in journals:
             _verify_journal_chain(spath, state, *journals[spath.parent], problems)
+        else:  # no journal: the checkpoint's state id is still compared with the dir's, as at start
+            with contextlib.suppress(CerebellarNorseError):  # a damaged or unreadable state-id: named above
+                _verify_journal_chain(spath, state, read_state_id(spath.parent), [], problems)
+        if len(problems) == found or not problems[-1].startswith(f"{spath}:"):
+            ok.append(f"{spath}: market state OK ({n} {'market' if n == 1 else 'markets'})")
     return ok, problems
 
 

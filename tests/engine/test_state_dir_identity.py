@@ -304,6 +304,28 @@ async def test_verify_data_reports_a_checkpoint_of_another_state_dir_that_would_
     assert any(str(sd(a) / STATE_FILE) in p and "another state dir" in p for p in problems), problems
 
 
+async def test_verify_data_reports_a_checkpoint_of_another_state_dir_after_a_clean_stop(
+        two_dirs: tuple[Config, Config, list[Durability]]) -> None:
+    """The same copy into a dir a clean stop left without journal files: --verify-data said "market state OK" (exit 0),
+    and the start moved the file aside as another state dir's, every market from rest."""
+    from cerebellar_norse.training.checkpoints import verify_tree
+
+    a, b, opened = two_dirs
+    for cfg, market in ((a, "A"), (b, "B")):
+        e, d = start(cfg, opened)
+        await feed([e], [tick(market, T0 + k) for k in range(3)], chunk=1)
+        d.close(save=True)
+    assert not list((sd(a) / JOURNAL_DIR).glob("*.journal"))
+    assert verify_tree(sd(a))[1] == []
+    shutil.copy2(sd(b) / STATE_FILE, sd(a) / STATE_FILE)
+    ok, problems = verify_tree(sd(a))
+    (problem,) = problems
+    assert problem.startswith(f"{sd(a) / STATE_FILE}: written by another state dir (its state id is {read_state_id(sd(b))}")
+    assert not any(line.startswith(str(sd(a) / STATE_FILE)) for line in ok)  # not also "OK"
+    e2, _ = start(a, opened)
+    assert not len(e2.pool.table) and list(sd(a).glob(f"{STATE_FILE}.foreign-*"))  # as the start does
+
+
 async def test_verify_data_reports_a_journal_that_does_not_continue_the_checkpoint(
         two_dirs: tuple[Config, Config, list[Durability]]) -> None:
     """Only ``market_state.bin`` restored from an older backup: the journal after the newer checkpoint follows a gap, the
