@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, InputError, StorageError, quoted
-from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
+from ..neurons.encoder import N_ENC_STATE, S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 from ..neurons.state import STATE_FIELDS
 from ..storage import fsync_dir, read_checksummed, retrying, unseal, write_checksummed
 from ..ticks import TS_MAX_MS, check_market_id
@@ -200,6 +200,18 @@ def missing_field(name: str) -> str:
             "not a market state file)")
 
 
+def fingerprint_rows(fingerprint: Any) -> dict[str, tuple[int, ...]] | None:
+    """One market's shape of each state field in the network a fingerprint names (its ``shape``: mossy, granule,
+    Purkinje, DCN, classes, ...), or None when the fingerprint names none."""
+    shape = fingerprint.get("shape") if isinstance(fingerprint, dict) else None
+    if not (isinstance(shape, list) and len(shape) >= 5
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)):
+        return None
+    g, p, n, k = shape[1:5]
+    return {"enc": (N_ENC_STATE,), "v_gr": (g,), "i_gr": (g,), "golgi": (), "v_pc": (p,), "i_pc": (p,), "v_dcn": (n,),
+            "i_dcn": (n,), "v_out": (k,), "i_out": (k,)}
+
+
 def check_state_rows(sf: StateFile, where: str) -> None:
     """Raise unless every state field of ``sf`` has one row per market, no market appears twice and every state is
     one a market can reach (:func:`check_states`); what can be told without the network's config.
@@ -214,6 +226,12 @@ def check_state_rows(sf: StateFile, where: str) -> None:
             raise CheckpointError(missing_field(name), where)
         if arr.ndim < 1 or arr.shape[0] != n:
             raise CheckpointError(f"field {name!r} has shape {arr.shape}, expected one row per market ({n})", where)
+    rows = fingerprint_rows(sf.fingerprint)  # the network the file says it holds: its rows must have that shape
+    for name, want in (rows or {}).items():
+        arr = sf.data[name]
+        if arr.shape[1:] != want:
+            raise CheckpointError(f"field {name!r} has shape {arr.shape}, expected {(n, *want)} (the network its "
+                                  "fingerprint names)", where)
     if len(set(sf.markets)) != n:
         raise CheckpointError("a market id appears more than once", where)
     for market in sf.markets:  # one no tick can name would hold its slot, and be saved again, for good
