@@ -932,10 +932,9 @@ class Durability:
                 if rec.seq <= seq:
                     continue
                 if rec.kind == KIND_TICKS:
-                    try:  # the engine admitted every journaled batch in order: one that is not was never journaled
-                        check_order(rec.ticks, eng.pool.last_timestamp, batch=True)
-                    except TickOrderError as exc:
-                        reader.damage = (f"record {rec.seq} holds a tick older than its market's last tick ({exc}), "
+                    problem = self._out_of_order(reader, rec.ticks)
+                    if problem is not None:
+                        reader.damage = (f"record {rec.seq} holds a tick older than its market's last tick ({problem}), "
                                          "which no service journals")
                         break
                     for k in range(0, len(rec.ticks), eng.batch_size):
@@ -950,6 +949,31 @@ class Durability:
             eng._scratch = False
             eng.stats = stats
         return seq
+
+    def _out_of_order(self, reader: SegmentReader, ticks: list[Tick]) -> str | None:
+        """Why a journaled batch cannot have been admitted in order (its first tick older than its market's last), or
+        None.
+
+        The engine admitted every journaled batch in order. A market the service evicted to make room (least recently
+        used, not journaled) started from rest and may then have taken ticks older than its last one; a pool larger
+        than the one the ticks were served with (``performance.max_markets`` raised while stopped, or a file that does
+        not record it) still holds such a market, so there it is released before the batch, as the service had it.
+        """
+        pool = self.engine.pool
+        try:
+            check_order(ticks, pool.last_timestamp, batch=True)
+            return None
+        except TickOrderError as exc:
+            if reader.capacity is not None and reader.capacity >= pool.capacity:
+                return str(exc)  # the same (or fewer) slots: replaying evicts what serving evicted
+        for m in {t.market_id for t in ticks if (last := pool.last_timestamp(t.market_id)) is not None
+                  and t.timestamp < last}:
+            pool.table.release(m)
+        try:  # within one batch the order was checked at admission whatever the pool
+            check_order(ticks, pool.last_timestamp, batch=True)
+            return None
+        except TickOrderError as exc:
+            return str(exc)
 
     def close(self, save: bool) -> None:
         """At shutdown, after the last batch: write the final checkpoint (``save``), then remove the journal it covers.

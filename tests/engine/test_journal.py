@@ -660,6 +660,33 @@ async def test_replaying_the_evictions_the_service_made_itself_is_no_warning(eng
             crash(d)
 
 
+async def test_a_market_evicted_while_serving_that_took_older_ticks_replays_into_a_larger_pool(
+        engine_config: ConfigFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A market evicted to make room starts from rest and may take ticks older than its last one; replayed into a pool
+    that still holds it (performance.max_markets raised while stopped, as the eviction warning advises), that batch is
+    no damage: every record is applied, nothing is moved aside."""
+    small = engine_config(state_dir=tmp_path / "state", max_markets=2)
+    opened: list[Durability] = []
+    try:
+        e, d = start(small, opened)
+        await feed([e], [tick("A", T0 + 100), tick("B", T0 + 100), tick("C", T0 + 100)], chunk=1)  # C evicts A
+        await feed([e], [tick("A", T0 + 50), tick("A", T0 + 60)], chunk=1)  # A from rest: older ticks are accepted
+        assert e.pool.table.evictions >= 1 and e.pool.last_timestamp("A") == T0 + 60
+        crash(d)
+        large = engine_config(state_dir=tmp_path / "state", max_markets=8)
+        with caplog.at_level(logging.WARNING):
+            e2, _ = start(large, opened)
+        journal = Path(large.paths.state_dir) / JOURNAL_DIR
+        assert not list(journal.glob("*.corrupt-*")), caplog.text
+        assert "which no service journals" not in caplog.text
+        assert e2.pool.last_timestamp("A") == T0 + 60 and e2.pool.last_timestamp("C") == T0 + 100
+        a = e2.arrays.read_slot(e2.pool.table.get("A"))
+        assert a["enc"][S_N_TICKS] == 2  # from rest at the older ticks, as served
+    finally:
+        for d in opened:
+            crash(d)
+
+
 async def test_a_failed_final_save_keeps_the_previous_checkpoint_and_the_journal(
         journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, opened = journaled
