@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from .errors import ConfigError, ConfigProblem
+from .textmarks import wide_encoding
 from .timezones import DEFAULT_ZONE, parse_zone
 
 ENV_PREFIX = "CEREBELLAR_NORSE_"
@@ -481,8 +482,9 @@ def read_toml_file(path: Path) -> dict[str, Any]:
         raise ConfigError([ConfigProblem("", f"config file {path} does not exist", "pass an existing file to --config")], str(path)) from None
     except OSError as exc:
         raise ConfigError([ConfigProblem("", f"cannot read config file {path}: {exc}", "check the path and its permissions")], str(path)) from None
-    wide = next((name for bom, name in _WIDE_BOMS if data.startswith(bom)), None)
+    wide = wide_encoding(data)
     if wide is not None:
+        wide = wide.upper()
         raise ConfigError([ConfigProblem("", f"config file {path} is {wide} text (it starts with a {wide} byte-order "
                                              "mark), not UTF-8", "save the file as UTF-8")], str(path))
     try:
@@ -492,11 +494,6 @@ def read_toml_file(path: Path) -> dict[str, Any]:
         raise ConfigError([ConfigProblem("", f"config file {path} is not UTF-8 text: {_undecodable_place(exc)}",
                                          "save the file as UTF-8")], str(path)) from None
     return parse_toml(text, str(path))
-
-
-# Byte-order marks of the encodings other than UTF-8 an editor may save a file in (UTF-32's first: its little-endian
-# mark begins with UTF-16's).
-_WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
 
 
 def _undecodable_place(exc: UnicodeDecodeError) -> str:

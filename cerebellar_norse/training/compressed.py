@@ -10,7 +10,8 @@ archive, plain or compressed with any of gzip, bzip2 or xz (``.tar.gz``, ``.tgz`
 macOS' ``._`` entries aside), and refused when it is compressed itself.
 
 :func:`open_tick_text` opens any of them as text exactly as a plain file is opened (UTF-8, a byte-order mark
-dropped, bytes that are not UTF-8 kept as lone surrogates, newlines untranslated), seekable back to the start.
+dropped, bytes that are not UTF-8 kept as lone surrogates, newlines untranslated; UTF-16 or UTF-32 when the text
+starts with that encoding's byte-order mark, in a file not compressed), seekable back to the start.
 Data that turns out damaged while it is read (a truncated download) raises :class:`CorruptFileError`, an
 ``OSError``, whatever the decompressor raised.
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 from ..errors import DataError
+from ..textmarks import wide_encoding
 
 # first bytes -> the compression's name, as notes and errors write it
 MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"),
@@ -57,8 +59,13 @@ class _LineBoundedText(io.TextIOWrapper):
     image, gigabytes of NUL bytes) fails at its first line instead of being read into memory whole as one line."""
 
     def __init__(self, raw: _Guarded | io.BufferedReader, path: Path) -> None:
-        super().__init__(raw, newline="", encoding="utf-8-sig", errors="surrogateescape")
+        # (a plain file's mark only: reading ahead in compressed data would meet its damage before its first line)
+        wide = wide_encoding(raw.peek(4)[:4]) if isinstance(raw, io.BufferedReader) else None
+        # a wide file's undecodable units cannot be kept as lone surrogates (only bytes >= 0x80 can): each becomes
+        # U+FFFD, which costs its own row as an unreadable number does
+        super().__init__(raw, newline="", encoding=wide or "utf-8-sig", errors="replace" if wide else "surrogateescape")
         self.path = path
+        self.wide = wide
 
     def readline(self, size: int | None = -1) -> str:  # type: ignore[override]  # (typeshed: _IOBase's is bytes)
         bound = LINE_MAX_CHARS + 1 if size is None or size < 0 else min(size, LINE_MAX_CHARS + 1)
@@ -175,6 +182,7 @@ def open_tick_file(path: Path) -> tuple[TextIO, str]:
             one file is compressed itself; while it is read, a line longer than ``LINE_MAX_CHARS``.
     """
     kind = compression_of(path)
+    raw: _Guarded | io.BufferedReader
     if kind == "zstd":
         msg = f"{path} is zstd-compressed: decompress it first (zstd -d {path})"
         raise DataError(msg, [msg])
@@ -186,10 +194,11 @@ def open_tick_file(path: Path) -> tuple[TextIO, str]:
         how = f", {kind}-compressed" if kind else ""
         note = f"{path}: read as a tar archive{how} (its one file, {member!r})"
     elif kind is None:
-        return _LineBoundedText(open(path, "rb"), path), ""
+        raw, note = open(path, "rb"), ""  # noqa: SIM115 (closed with the text stream over it)
     else:
         raw, note = _Guarded(_OPENERS[kind](path), kind, path), f"{path}: read as {kind}-compressed"
-    return _LineBoundedText(raw, path), note
+    text = _LineBoundedText(raw, path)
+    return text, f"{path}: read as {text.wide.upper()} text" if text.wide else note
 
 
 @contextlib.contextmanager

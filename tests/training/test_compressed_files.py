@@ -337,3 +337,35 @@ def test_links_in_a_tar_archive_are_not_taken_for_more_files(tmp_path: Path) -> 
     data = load_csv_files([path], max_bad_fraction=0.5)
     assert data.notes[0] == f"{path}: read as a tar archive (its one file, 'EURUSD.csv')"
     assert data.ticks == 29
+
+
+WIDE_TEXT = ("Date\tPrice\tVolume\r\n" + "".join(f"{d:02d}/01/2020\t{100 + d * 0.25}\t{d}\r\n" for d in range(1, 29))
+             + "29/01/2020\tabc\t1\r\n31/01/2020\t107.75\t31\r\n")
+
+
+@pytest.mark.parametrize(("codec", "name"), [("utf-16", "UTF-16"), ("utf-32", "UTF-32")])
+def test_a_wide_unicode_file_with_its_mark_reads_as_its_utf8_twin(tmp_path: Path, codec: str, name: str) -> None:
+    """Excel's "Unicode Text" saves tab-separated UTF-16 with a byte-order mark: it was refused at its header as
+    not UTF-8 (byte 0xff). (Compressed, it still is: its mark is not looked for.)"""
+    plain_path = tmp_path / "EURUSD.txt"
+    plain_path.write_bytes(WIDE_TEXT.encode("utf-8"))
+    wide = WIDE_TEXT.encode(codec)  # (Python's codec writes the mark)
+    path = tmp_path / "EURUSD.csv"
+    path.write_bytes(wide)
+    plain = load_csv_files([plain_path], max_bad_fraction=0.5)
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert plain.ticks == 29 and plain.bad_rows == 1
+    _same(data, plain, path, plain_path)
+    note = next(n for n in data.notes if n.startswith(str(path)))
+    assert note == f"{path}: read as {name} text"
+
+
+def test_a_unit_that_does_not_decode_in_a_utf16_file_costs_its_row(tmp_path: Path) -> None:
+    raw = bytearray(WIDE_TEXT.encode("utf-16-le"))
+    at = raw.index("107.75".encode("utf-16-le"))
+    raw[at:at + 2] = b"\x00\xd8"  # a high surrogate followed by a digit: no character
+    path = tmp_path / "EURUSD.csv"
+    path.write_bytes(b"\xff\xfe" + bytes(raw))
+    data = load_csv_files([path], max_bad_fraction=0.5)
+    assert data.ticks == 28 and data.bad_rows == 2
+    assert f"{path}:31: Price" in "\n".join(data.report)
