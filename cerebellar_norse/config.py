@@ -243,6 +243,7 @@ class ServerConfig(_Section):
     api_token: SecretStr | None = Field(None, description="Bearer token for state-changing routes; required off loopback. Empty or blank means no token; surrounding whitespace is ignored.")
     worker_threads: int = Field(4, ge=1, le=1024, description="Threads of the pool for blocking work off the hot path (job monitoring, file I/O).")
     connection_timeout: float = Field(30.0, gt=0, le=3600, description="Seconds open connections get to finish their requests at shutdown (s).")
+    drain_s: float = Field(0.0, ge=0, le=3600, description="Seconds a stop (SIGTERM) keeps serving before it stops accepting: every request is answered as usual, but GET /health answers 503 (reason: stopping) and every answer says Connection: close, so that a load balancer takes the service out and closes its kept connections first. 0: stop at once. Behind HAProxy at least its check inter x fall plus a margin (5 for the shipped checks). A second SIGTERM, or a SIGINT, ends it early. A reload applies it.")
     keep_alive_timeout: float = Field(75.0, gt=0, le=3600, description="Idle keep-alive connection lifetime (s).")
     max_connections: int = Field(10_000, ge=1, le=1_000_000, description="Concurrent connections before new ones get 503.")
     max_body_size: Bytes = Field(ByteSize(1_000_000), ge=512, description='Largest request body (and stream message), e.g. "1MB"; at least "512B": one tick with the longest market id and numbers takes under 300 bytes of JSON (0 would refuse every body).')

@@ -74,6 +74,7 @@ class ServiceState:
     state_prepared: bool = False
     durability: Durability | None = None
     exit_code: int = 0
+    draining: bool = False  # a stop's drain (server.drain_s) runs: /health 503, every answer closes its connection
     timelines: TimelineBook = field(default_factory=TimelineBook)
     trackers: dict[str, Any] = field(default_factory=dict)  # debug sinks attached on first use (spike tracker, trace)
 

@@ -52,6 +52,8 @@ LIVE_KEYS = (
     "performance.warm_step_interval_us",
     "performance.warm_window_ms",
     "server.api_token",
+    "server.drain_s",
+
     "debug.record_requests",
     "training.auto_activate",
     "training.reset_state_on_swap",

@@ -164,6 +164,14 @@ class _Cycle(RequestResponseCycle):
         await self.send({"type": "http.response.start", "status": 500, "headers": headers})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
+    closing: Callable[[], bool] | None = None  # True: the answer about to start ends the connection (a stop's drain)
+
+    async def send(self, message: Any) -> None:
+        if (not self.response_started and self.keep_alive and self.closing is not None
+                and message["type"] == "http.response.start" and self.closing()):
+            self.keep_alive = False  # the answer says Connection: close, and the socket closes once it is written
+        await super().send(message)
+
 
 class _EarlyAnswerCycle(_Cycle):
     """uvicorn's request cycle, whose answer given before the request's body has come (413 by ``Content-Length``,
@@ -186,10 +194,16 @@ class _EarlyAnswerCycle(_Cycle):
 
 def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None,
                      on_refused: Callable[[str], None] | None = None,
-                     max_open: int | None = None) -> type[HttpToolsProtocol]:
+                     max_open: int | None = None,
+                     draining: Callable[[], bool] | None = None) -> type[HttpToolsProtocol]:
     """The protocol class for ``uvicorn.Config(http=...)``; ``on_timeout(phase)`` is called per cut-off request
     (``phase`` is ``"headers"`` or ``"body"``), ``on_refused(kind)`` per request refused here (``"bad_request"``,
     ``"headers_too_large"``, ``"capacity"``).
+
+    ``draining``: True while a stop's drain (``server.drain_s``) runs: every answer begun then, unless a later request
+    on its connection has been read already (it is answered, and closes the connection, in its turn), says
+    ``Connection: close`` and closes its connection once written, so that a proxy's kept connection is never closed
+    by the stop with a request on its way.
 
     ``max_open``: the most connections the open-file limit leaves room for (see :func:`.server.connection_budget`).
     A connection beyond it is answered 503 (``capacity``, ``Retry-After``) as soon as it is accepted and closed, so
@@ -369,6 +383,8 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                     cycle.ending = self._end_unread  # type: ignore[attr-defined]
                 else:
                     cycle.__class__ = _Cycle
+                if draining is not None:
+                    cycle.closing = lambda: draining() and self.cycle is cycle  # type: ignore[attr-defined]
 
         def _end_unread(self) -> None:
             """End the connection after an answer given before the request's body came (see _EarlyAnswerCycle)."""

@@ -2,7 +2,9 @@
 
 Startup: check the host/token rule, pick the device, build the engine, restore the
 saved market states, warm the kernel up, then report ready. Shutdown (SIGTERM or
-SIGINT, handled by uvicorn): stop accepting, drain queued ticks, save market states.
+SIGINT, handled by uvicorn): with ``server.drain_s``, a SIGTERM first keeps serving that
+long while /health answers 503 and every answer closes its connection (see
+:class:`GracefulServer`); then stop accepting, drain queued ticks, save market states.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -266,20 +269,22 @@ def connection_budget(max_connections: int) -> int | None:
 
 
 def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] | None = None,
-                   on_refused: Callable[[str], None] | None = None, max_open: int | None = None) -> uvicorn.Config:
+                   on_refused: Callable[[str], None] | None = None, max_open: int | None = None,
+                   draining: Callable[[], bool] | None = None) -> uvicorn.Config:
     """uvicorn settings from ``[server]`` (uvloop, httptools, no access log on the hot path).
 
     The protocol is httptools with request deadlines (``server.request_timeout``, see
     :mod:`.protocol`); ``server.max_connections`` is enforced by the app's request
     middleware, which answers with the JSON error shape, ``Retry-After`` and a request id
-    (uvicorn's own limit answers plain text).
+    (uvicorn's own limit answers plain text). ``draining`` says whether a stop's drain runs (every answer then closes
+    its connection).
     """
     return uvicorn.Config(
         app,
         host=cfg.server.host,
         port=cfg.server.port,
         loop="uvloop",
-        http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused, max_open),
+        http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused, max_open, draining),
         ws=websocket_protocol(on_refused),
         ws_max_size=int(cfg.server.max_body_size),  # a stream message is bounded as a request body is (close 1009)
         lifespan="on",
@@ -324,10 +329,61 @@ def _not_a_cancellation(record: logging.LogRecord) -> bool:
     return not isinstance(exc, asyncio.CancelledError) and record.msg != UVICORN_CUT_OFF
 
 
+DRAIN_REASON = ("stopping: draining for {s:g} s (server.drain_s) before the service stops; requests are still "
+                "answered, each with Connection: close")
+
+
 class GracefulServer(uvicorn.Server):
-    """uvicorn's server, exiting 0 after a graceful SIGTERM/SIGINT shutdown instead of re-raising the signal."""
+    """uvicorn's server, exiting 0 after a graceful SIGTERM/SIGINT shutdown instead of re-raising the signal.
+
+    With ``server.drain_s`` > 0 (read from ``service``'s running config, so a reload applies it), a SIGTERM to a
+    started, ready service first drains (lame duck): for ``drain_s`` seconds the socket still accepts and every request
+    is answered as usual, but ``/health`` answers 503 (reason ``stopping: …``, ``cerebellar_norse_ready`` 0) and every
+    answer says ``Connection: close`` and closes its connection. A load balancer's health check takes the service out
+    and its kept connections are closed by the answers, each after a whole exchange, so that the stop that follows
+    finds none on which a request could be on its way. A second SIGTERM, or a SIGINT, ends the drain at once (and
+    the stop goes on as without it; a further SIGINT is the forced quit).
+    """
 
     stopped_by: list[int]
+    service: ServiceState | None = None
+    drain_ends: float | None = None  # time.monotonic() at which the drain begun by a SIGTERM ends
+    drain_s = 0.0  # the drain's length, as configured when it began (s)
+    drain_said = False  # the drain's start has been logged (not from the signal handler: logging takes locks)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        svc = self.service
+        drain_s = svc.cfg.server.drain_s if svc is not None else 0.0
+        if (svc is not None and sig == signal.SIGTERM and drain_s > 0 and self.drain_ends is None
+                and not self.should_exit and self.started and svc.ready):
+            self._captured_signals.append(sig)
+            self.drain_ends = time.monotonic() + drain_s
+            self.drain_s = drain_s
+            svc.ready = False
+            svc.not_ready_reason = DRAIN_REASON.format(s=drain_s)
+            svc.draining = True
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        ends = self.drain_ends
+        if ends is not None and not self.drain_said:
+            self.drain_said = True
+            log.info("stopping: draining for %g s (server.drain_s) before the service stops accepting; /health "
+                     "answers 503, every answer closes its connection (a second SIGTERM or a SIGINT ends the drain)",
+                     self.drain_s, extra={"fields": {"drain_s": self.drain_s}})
+            systemd.stopping(f"stopping: draining for {self.drain_s:g} s (server.drain_s), /health 503")
+        if ends is not None and not self.should_exit and time.monotonic() >= ends:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        if self.drain_ends is not None:
+            left = self.drain_ends - time.monotonic()
+            if left > 0.05:
+                log.info("drain ended %.1f s early by a second signal", left,
+                         extra={"fields": {"drain_left_s": round(left, 3)}})
+        await self._shutdown(sockets)
 
     async def startup(self, sockets: list[Any] | None = None) -> None:
         """uvicorn's startup for the sockets given (the service's own), accepting on them with :class:`.Acceptor`
@@ -350,7 +406,7 @@ class GracefulServer(uvicorn.Server):
         self.servers = [Acceptor(loop, sock, create_protocol).start() for sock in sockets]  # type: ignore[misc]
         self.started = True
 
-    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+    async def _shutdown(self, sockets: list[Any] | None = None) -> None:
         """uvicorn's shutdown; after a forced quit (SIGINT while draining) too, the requests still running are
         cancelled here and the app's shutdown (drain, save) runs in order, where uvicorn would skip it and leave the
         save to the cancelled lifespan, each cancellation logged as an ERROR traceback."""
@@ -421,7 +477,8 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
     state.starting = starting
     state.connection_budget = connection_budget(cfg.server.max_connections)
     server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state),
-                                           state.connection_budget))
+                                           state.connection_budget, lambda: state.draining))
+    server.service = state
     state.server = server
     state.config_path = config_path
     state.server_overrides = dict(server_overrides or {})

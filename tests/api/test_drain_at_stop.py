@@ -1,0 +1,124 @@
+"""``server.drain_s``: a SIGTERM first keeps serving (lame duck) before the stop goes on.
+
+During the drain the listening socket still accepts and every request is answered, ``/health`` answers 503 with a
+reason saying the service is stopping (``cerebellar_norse_ready`` 0), and every answer says ``Connection: close``; a
+connection kept open from before the stop is answered too (without the drain the stop closes it at once, and a
+request sent on it then is never read). A second SIGTERM, or a SIGINT, ends the drain. A reload applies the key.
+
+Each test starts the real service in a subprocess and talks to it over real sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+import httpx
+from live_helpers import LiveServer, start, tick
+
+DRAIN = {"CEREBELLAR_NORSE_SERVER__DRAIN_S": "300"}  # far longer than any test: a second signal ends it
+
+
+def _exchange(sock: socket.socket, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send one request on ``sock`` and read its answer (status, headers, body by Content-Length)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed without an answer (read so far: {data!r})"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    while len(body) < int(headers.get("content-length", "0")):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed in the middle of an answer"
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def _tick_request(k: int) -> bytes:
+    body = json.dumps(tick("DRAIN", k)).encode()
+    return (b"POST /neural/process HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _wait_draining(srv: LiveServer) -> httpx.Response:
+    """The first ``/health`` on a new connection that answers 503 after the SIGTERM (the service still accepts)."""
+    deadline = time.monotonic() + 20
+    while True:
+        assert srv.proc.poll() is None, srv.log()[-3000:]
+        r = httpx.get(f"{srv.url}/health", timeout=5)  # a refused connection fails the test: it must still accept
+        if r.status_code == 503:
+            return r
+        assert time.monotonic() < deadline, "GET /health still 200 after the SIGTERM"
+        time.sleep(0.05)
+
+
+def test_a_stop_drains_answering_every_request_with_connection_close_and_a_second_sigterm_ends_it(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "service.toml"
+    cfg.write_text("[server]\ndrain_s = 0\n")
+    srv = start(tmp_path / "state", tmp_path / "server.log", args=["--config", str(cfg)])
+    try:
+        # the key is applied by a reload (the running service started without a drain)
+        cfg.write_text("[server]\ndrain_s = 300\n")
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while '"server.drain_s"' not in srv.log():
+            assert time.monotonic() < deadline, srv.log()[-3000:]
+            time.sleep(0.05)
+        assert '"applied": ["server.drain_s"]' in srv.log()
+
+        kept = socket.create_connection(("127.0.0.1", srv.port))  # a proxy's kept connection, idle at the stop
+        status, headers, _ = _exchange(kept, _tick_request(0))
+        assert status == 200 and headers.get("connection") != "close"
+
+        srv.proc.send_signal(signal.SIGTERM)
+        health = _wait_draining(srv)
+        assert health.headers["connection"] == "close"
+        assert health.json()["status"] == "unavailable"
+        assert health.json()["reason"].startswith("stopping: draining for 300 s (server.drain_s)")
+        metrics = httpx.get(f"{srv.url}/metrics", timeout=5)
+        assert "cerebellar_norse_ready 0.0" in metrics.text and metrics.headers["connection"] == "close"
+
+        # the kept connection is answered, says Connection: close, and is closed after its answer
+        status, headers, body = _exchange(kept, _tick_request(1))
+        assert status == 200, body
+        assert headers["connection"] == "close"
+        assert _closed_by_peer(kept)
+        kept.close()
+        # new connections are accepted and their ticks applied as usual
+        r = httpx.post(f"{srv.url}/neural/process", json=tick("DRAIN", 2), timeout=5)
+        assert r.status_code == 200 and r.headers["connection"] == "close"
+        assert srv.proc.poll() is None
+
+        srv.proc.send_signal(signal.SIGTERM)  # a second SIGTERM ends the drain: the stop goes on as without one
+        assert srv.proc.wait(timeout=60) == 0, srv.log()[-3000:]
+        assert "drain ended" in srv.log() and "early by a second signal" in srv.log()
+        assert '"ticks": 3' in srv.log()  # every tick answered was applied (and saved: "service stopped")
+    finally:
+        srv.stop()
+
+
+def test_a_sigint_ends_the_drain(tmp_path: Path) -> None:
+    srv = start(tmp_path / "state", tmp_path / "server.log", DRAIN)
+    try:
+        srv.proc.send_signal(signal.SIGTERM)
+        assert _wait_draining(srv).json()["reason"].startswith("stopping: draining for 300 s")
+        srv.proc.send_signal(signal.SIGINT)
+        assert srv.proc.wait(timeout=60) == 0, srv.log()[-3000:]
+        assert "early by a second signal" in srv.log() and "service stopped" in srv.log()
+    finally:
+        srv.stop()
