@@ -6,9 +6,12 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+
+from cerebellar_norse.scaleout.haproxy import Replica, render_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "systemd" / "cerebellar-norse@.service"
@@ -63,3 +66,21 @@ def test_each_instance_logs_to_its_own_logs_directory() -> None:
     text = TEMPLATE.read_text()
     assert "ProtectSystem=strict" in text and "LogsDirectory=cerebellar-norse/%i" in text
     assert "Environment=CEREBELLAR_NORSE_LOGGING__FILE=/var/log/cerebellar-norse/%i/application.log" in text
+
+
+def test_a_replica_drains_long_enough_for_haproxy_and_its_stop_fits_timeoutstopsec() -> None:
+    """The replica's ``server.drain_s`` covers HAProxy's checks (inter x fall of the rendered and the shipped config)
+    with a margin, and TimeoutStopSec= covers the drain, ``connection_timeout`` of production.toml and the save."""
+    text = TEMPLATE.read_text()
+    drain = re.search(r"^Environment=CEREBELLAR_NORSE_SERVER__DRAIN_S=([0-9.]+)$", text, re.M)
+    assert drain, "the replica unit sets no server.drain_s"
+    drain_s = float(drain.group(1))
+    for cfg in (render_config([Replica(1, "127.0.0.1", 8081)]), (ROOT / "deploy/haproxy/cerebellar-norse.cfg").read_text()):
+        m = re.search(r"default-server check inter (\d+) fall (\d+)", cfg)
+        assert m, cfg
+        assert drain_s >= int(m.group(1)) * int(m.group(2)) / 1000 + 1
+    production = tomllib.loads((ROOT / "config" / "production.toml").read_text())["server"]
+    for unit in (TEMPLATE, SERVICE):
+        stop = re.search(r"^TimeoutStopSec=(\d+)$", unit.read_text(), re.M)
+        assert stop, unit
+        assert int(stop.group(1)) >= drain_s + production["connection_timeout"] + production["drain_s"] + 10, unit
