@@ -350,6 +350,7 @@ class GracefulServer(uvicorn.Server):
     drain_ends: float | None = None  # time.monotonic() at which the drain begun by a SIGTERM ends
     drain_s = 0.0  # the drain's length, as configured when it began (s)
     drain_said = False  # the drain's start has been logged (not from the signal handler: logging takes locks)
+    drain_cut_by: int | None = None  # the signal that ended the drain early
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         svc = self.service
@@ -363,6 +364,8 @@ class GracefulServer(uvicorn.Server):
             svc.not_ready_reason = DRAIN_REASON.format(s=drain_s)
             svc.draining = True
             return
+        if self.drain_ends is not None and not self.should_exit:
+            self.drain_cut_by = sig
         super().handle_exit(sig, frame)
 
     async def on_tick(self, counter: int) -> bool:
@@ -376,14 +379,6 @@ class GracefulServer(uvicorn.Server):
         if ends is not None and not self.should_exit and time.monotonic() >= ends:
             self.should_exit = True
         return await super().on_tick(counter)
-
-    async def shutdown(self, sockets: list[Any] | None = None) -> None:
-        if self.drain_ends is not None:
-            left = self.drain_ends - time.monotonic()
-            if left > 0.05:
-                log.info("drain ended %.1f s early by a second signal", left,
-                         extra={"fields": {"drain_left_s": round(left, 3)}})
-        await self._shutdown(sockets)
 
     async def startup(self, sockets: list[Any] | None = None) -> None:
         """uvicorn's startup for the sockets given (the service's own), accepting on them with :class:`.Acceptor`
@@ -406,10 +401,20 @@ class GracefulServer(uvicorn.Server):
         self.servers = [Acceptor(loop, sock, create_protocol).start() for sock in sockets]  # type: ignore[misc]
         self.started = True
 
-    async def _shutdown(self, sockets: list[Any] | None = None) -> None:
-        """uvicorn's shutdown; after a forced quit (SIGINT while draining) too, the requests still running are
-        cancelled here and the app's shutdown (drain, save) runs in order, where uvicorn would skip it and leave the
-        save to the cancelled lifespan, each cancellation logged as an ERROR traceback."""
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        """uvicorn's shutdown (after the drain, if one ran: its end is logged); after a forced quit (SIGINT while
+        draining) too, the requests still running are cancelled here and the app's shutdown (drain, save) runs in
+        order, where uvicorn would skip it and leave the save to the cancelled lifespan, each cancellation logged as
+        an ERROR traceback."""
+        if self.drain_ends is not None:
+            left = self.drain_ends - time.monotonic()
+            if self.drain_cut_by is not None:
+                log.info("drain ended %.1f s early by a second signal (%s): stopping", max(0.0, left),
+                         signal.Signals(self.drain_cut_by).name, extra={"fields": {"drain_left_s": round(left, 3)}})
+            elif left > 0:
+                log.info("drain ended %.1f s early: stopping", left, extra={"fields": {"drain_left_s": round(left, 3)}})
+            else:
+                log.info("drain over (%g s): stopping", self.drain_s, extra={"fields": {"drain_s": self.drain_s}})
         logging.getLogger("uvicorn.error").addFilter(_not_a_cancellation)  # (each cut-off is said by one WARNING)
         await super().shutdown(sockets)
         if not self.force_exit:

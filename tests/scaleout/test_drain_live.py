@@ -89,6 +89,7 @@ def test_a_replica_stopped_under_a_stream_of_ticks_loses_no_request(tmp_path: Pa
         health = httpx.get(f"{r1.url}/health", timeout=5)  # ... while it still accepts and answers
         assert health.status_code == 503 and health.json()["reason"].startswith("stopping: draining")
         assert r1.proc.wait(timeout=60) == 0, r1.log()[-3000:]
+        assert "drain over (2 s): stopping" in r1.log()
         before = sum(outcomes.values())
         time.sleep(0.5)
         assert sum(outcomes.values()) > before  # the stream went on at replica 2
