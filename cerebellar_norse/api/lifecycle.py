@@ -1,7 +1,7 @@
 """Service lifecycle under systemd: readiness, watchdog, reload on SIGHUP.
 
 * READY=1 is sent once the engine is warm and uvicorn listens on its socket.
-* WATCHDOG=1 is sent every WATCHDOG_USEC/2 while the engine is healthy (ready and
+* WATCHDOG=1 is sent every WATCHDOG_USEC/2 while the engine is healthy (ready, or draining at a stop, and
   accepting); a wedged event loop sends nothing, and systemd restarts the service.
 * STATUS= (the line of ``systemctl status``) names the model served, whether it is
   degraded and whether the journal's wait refuses ticks; it is sent again within
@@ -220,7 +220,8 @@ async def announce_when_listening(state: ServiceState, is_listening: Callable[[]
     next_ping = loop.time()
     while True:
         if interval is not None and loop.time() >= next_ping:
-            if state.ready and state.engine.snapshot().accepting:
+            # (also while a stop drains, server.drain_s: a drain longer than WatchdogSec= must not end in a kill)
+            if (state.ready or state.draining) and state.engine.snapshot().accepting:
                 systemd.watchdog_ping()
             next_ping = loop.time() + interval
         line = serving_status(state)

@@ -79,3 +79,31 @@ def test_service_sends_ready_watchdog_stopping_and_exits_zero(notify_socket, tmp
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_draining_stop_says_stopping_and_keeps_the_watchdog_fed(notify_socket, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``server.drain_s``: STOPPING=1 with the drain in its status at once, and WATCHDOG=1 still sent while it runs (a
+    drain longer than WatchdogSec= is no wedged service); a second SIGTERM ends it."""
+    path, s = notify_socket
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
+    env.update(NOTIFY_SOCKET=path, WATCHDOG_USEC="200000", CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"),
+               CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="false", CEREBELLAR_NORSE_SERVER__DRAIN_S="300")
+    proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(_free_port())], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert s.recv(4096).decode().startswith("READY=1")
+        assert s.recv(4096).decode() == "WATCHDOG=1"
+        proc.send_signal(signal.SIGTERM)
+        msg = s.recv(4096).decode()
+        while msg == "WATCHDOG=1":  # (sent before the drain began)
+            msg = s.recv(4096).decode()
+        assert msg.startswith("STOPPING=1") and "draining for 300 s (server.drain_s)" in msg, msg
+        after = [s.recv(4096).decode() for _ in range(3)]
+        assert after == ["WATCHDOG=1"] * 3, after
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read().decode() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
