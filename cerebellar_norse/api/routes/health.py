@@ -20,8 +20,9 @@ HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     **error_responses(),
     200: {"model": HealthOut, "description": "Ready."},
     503: {"model": HealthOut | StartingOut | ErrorOut, "description": (
-        "Not ready (shutting down, engine unusable, the journal waiting for a file descriptor or disk space): the "
-        "health body with status \"unavailable\" and its reason; "
+        "Not ready (draining at a stop: server.drain_s, requests still answered; shutting down; engine unusable; "
+        "the journal waiting for a file descriptor or disk space): the health body with status \"unavailable\" and "
+        "its reason; "
         "while starting, before the model is loaded, the short body of StartingOut; or the error shape when "
         "server.max_connections is reached (capacity, with Retry-After).")},
 }
