@@ -15,6 +15,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 from live_helpers import LiveServer, start, tick
@@ -22,22 +23,27 @@ from live_helpers import LiveServer, start, tick
 DRAIN = {"CEREBELLAR_NORSE_SERVER__DRAIN_S": "300"}  # far longer than any test: a second signal ends it
 
 
-def _exchange(sock: socket.socket, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send one request on ``sock`` and read its answer (status, headers, body by Content-Length)."""
-    sock.sendall(request)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed without an answer (read so far: {data!r})"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+def _read_answer(f: BinaryIO) -> tuple[int, dict[str, str], bytes]:
+    """One answer read from ``f`` (a socket's file): status, headers, body (by Content-Length)."""
+    status_line = f.readline()
+    assert status_line, "connection closed without an answer"
+    headers = {}
+    while (line := f.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = b""
     while len(body) < int(headers.get("content-length", "0")):
-        chunk = sock.recv(65536)
+        chunk = f.read(int(headers["content-length"]) - len(body))
         assert chunk, "connection closed in the middle of an answer"
         body += chunk
-    return int(lines[0].split()[1]), headers, body
+    return int(status_line.split()[1]), headers, body
+
+
+def _exchange(sock: socket.socket, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send one request on ``sock`` and read its answer."""
+    sock.sendall(request)
+    with sock.makefile("rb", buffering=0) as f:
+        return _read_answer(f)  # (unbuffered: nothing after the answer is taken from the socket)
 
 
 def _tick_request(k: int) -> bytes:
@@ -117,6 +123,14 @@ def test_a_sigint_ends_the_drain(tmp_path: Path) -> None:
     try:
         srv.proc.send_signal(signal.SIGTERM)
         assert _wait_draining(srv).json()["reason"].startswith("stopping: draining for 300 s")
+        # two requests pipelined on one connection: both answered, the connection closed after the last one only
+        with socket.create_connection(("127.0.0.1", srv.port)) as sock:
+            sock.sendall(_tick_request(10) + _tick_request(11))
+            with sock.makefile("rb") as f:
+                first, second = _read_answer(f), _read_answer(f)
+            assert (first[0], second[0]) == (200, 200)
+            assert first[1].get("connection") != "close" and second[1]["connection"] == "close"
+            assert _closed_by_peer(sock)
         srv.proc.send_signal(signal.SIGINT)
         assert srv.proc.wait(timeout=60) == 0, srv.log()[-3000:]
         assert "early by a second signal (SIGINT)" in srv.log() and "service stopped" in srv.log()
