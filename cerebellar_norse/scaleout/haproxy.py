@@ -141,6 +141,9 @@ backend {BACKEND}
     hash-type consistent sdbm avalanche
     option httpchk GET /health
     http-check expect status 200
+    # A stopping replica answers /health 503 for server.drain_s while it still serves (5 s in the replica unit): keep
+    # drain_s above inter x fall. No retry-on / option redispatch: a tick sent again is applied again, and one sent to
+    # another replica lands where its market's state is not (docs/scale-out.md, "Restarting a replica").
     default-server check inter {check_interval_ms} fall 2 rise 1
     http-response set-header X-Served-By %[srv_name]
 {servers}
