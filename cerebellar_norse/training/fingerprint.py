@@ -11,7 +11,13 @@ market from its first picked stretch among the model's to its last repeats the m
 
 Returns and not prices are hashed, so prices scaled by a constant (another currency, a split adjustment) still match
 to within their rounding; a stretch in which fewer than half the returns move is not hashed (a quiet market repeats
-runs of unchanged prices by chance). Two different series do not share stretches of 16 returns to 1e-9.
+runs of unchanged prices by chance). Two different series do not share stretches of 16 returns to 1e-9, unless their
+returns take few values: a market bouncing between bid and ask, moving in ticks at the same price levels, repeats its
+own stretches again and again, so a later, unseen period holds many of its earlier ones. So a market whose later half
+repeats more than ``CHANCE_SHARE`` of its earlier half's stretches (:func:`distinct`) says nothing by its
+stretches: such a market of the model's data keeps none, and such a scored market is not judged by them; and a
+stretch that occurs twice or more in a market of the model's data is not kept, nor one that occurs twice or more in
+the ticks judged of a scored market (a copy of the model's data holds its once-only stretches once, as the data did).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ WINDOW = 16  # returns per stretch
 QUANTUM = 1e-9  # log returns are rounded to this before hashing
 TARGET = 2048  # stretches a model keeps, about
 REPEAT_SHARE = 0.5  # a market repeats the training data when at least this share of its picked stretches are the model's
+CHANCE_SHARE = 0.01  # a market whose later half repeats more of its earlier half's stretches than this repeats by itself
 MIN_PICKED = 10  # picked stretches below which a market's share says nothing
 _PRIME = np.uint64(0x100000001B3)
 _KEEP_BITS = 53  # hashes are stored in 53 bits: exact as JSON numbers for any reader
@@ -62,10 +69,37 @@ def stretch_hashes(price: np.ndarray) -> np.ndarray:
     return out
 
 
+def distinct(hashes: np.ndarray) -> np.ndarray | None:
+    """A market's hashed stretches (``hashes``, 0 for none, in time order) that tell where they come from: None when
+    more than ``CHANCE_SHARE`` of the stretches of its later half occur in its earlier half (about 0 for prices that
+    move by amounts of their own; much more where the returns take a few values, a bounce between bid and ask: a later
+    period would repeat the data by chance as well); else ``hashes`` with every stretch that occurs more than once
+    among them set to 0 (passed over). One sort of the market's stretches."""
+    where = np.flatnonzero(hashes)
+    if where.size < 2:
+        return hashes
+    order = np.argsort(hashes[where], kind="stable")
+    ordered = hashes[where[order]]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    group = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, ordered.size]))
+    first = order[starts][group]  # per sorted stretch: where (among the hashed) its value first occurs
+    half = where.size // 2
+    if int(((order >= half) & (first < half)).sum()) > CHANCE_SHARE * (where.size - half):
+        return None
+    repeated = np.diff(np.r_[starts, ordered.size])[group] > 1
+    if not repeated.any():
+        return hashes
+    out = hashes.copy()
+    out[where[order[repeated]]] = 0
+    return out
+
+
 def fingerprint(parts: Iterable[np.ndarray]) -> dict[str, Any]:
     """The stretches a model keeps of its data: ``parts`` are :func:`stretch_hashes` of each market, already limited
-    to the ticks the model was trained and validated on. ``{"window", "quantum", "modulus", "hashes"}``."""
-    parts = list(parts)
+    to the ticks the model was trained and validated on; a market that repeats its own stretches by chance keeps
+    none, and a stretch that occurs more than once in its market is not kept (:func:`distinct`).
+    ``{"window", "quantum", "modulus", "hashes"}``."""
+    parts = [d for d in (distinct(p) for p in parts) if d is not None]
     every = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
     every = every[every != 0]
     modulus = 1
@@ -79,7 +113,9 @@ def copied(stored: Mapping[str, Any] | None, hashes: np.ndarray, candidates: np.
     """Which of a market's ticks repeat the model's data (``stored``: :func:`fingerprint`'s record; ``hashes``: the
     market's :func:`stretch_hashes`; ``candidates``: a mask of the ticks to judge): the span from the first picked
     stretch among the model's to the last (back to that stretch's first price), when at least ``REPEAT_SHARE`` of the
-    stretches picked in it are the model's and ``MIN_PICKED`` were picked. Returns the mask of the candidates in that
+    stretches picked in it are the model's and ``MIN_PICKED`` were picked; a stretch that occurs more than once among
+    the candidates is passed over, and candidates that repeat their own stretches by chance are not judged
+    (:func:`distinct`). Returns the mask of the candidates in that
     span, and how many stretches matched of those picked in it; None without such a span, without a record, or with
     one of another window or rounding."""
     if not isinstance(stored, Mapping) or stored.get("window") != WINDOW or stored.get("quantum") != QUANTUM:
@@ -90,7 +126,12 @@ def copied(stored: Mapping[str, Any] | None, hashes: np.ndarray, candidates: np.
     if not all(type(x) is int and 0 < x < 1 << _KEEP_BITS for x in known):
         return None  # not a record this module wrote (an edited or damaged metrics.json): no evidence either way
     idx = np.flatnonzero(candidates & (hashes != 0))
-    picked = idx[hashes[idx] % np.uint64(modulus) == 0]
+    idx = idx[hashes[idx] % np.uint64(modulus) == 0]
+    # judged on the picked stretches alone: they are picked by value, so a value repeats among them as among all
+    judged = distinct(hashes[idx])
+    if judged is None:
+        return None
+    picked = idx[judged != 0]
     matched = picked[np.isin(hashes[picked], np.asarray(known, dtype=np.uint64))]
     if not matched.size:
         return None
