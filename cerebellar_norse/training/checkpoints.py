@@ -697,6 +697,32 @@ def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tupl
     return best, who
 
 
+def seen_periods(metrics: dict[str, Any], store: ModelStore | None = None) -> list[tuple[int | None, int, str | None]]:
+    """The periods a model's weights were fitted or chosen on, one per model of its lineage (itself, then each
+    stored model its training started from, as :func:`seen_until` follows them; models trained on generated ticks
+    passed over): ``(train_from, validation_until, version)``, ``train_from`` None where a model did not record it
+    (every tick up to its end is counted) and ``version`` None for the model itself. Ticks between two such periods
+    were seen by none of them. A bound recorded at training time (``lineage.seen_until``) that no stored model's
+    period reaches (its model is no longer stored) is a period with no known start."""
+    def own_from(m: dict[str, Any]) -> int | None:
+        data = m.get("data")
+        times = data.get("splits") if isinstance(data, dict) else None
+        t = times.get("train_from") if isinstance(times, dict) else None
+        return t if isinstance(t, int) and not isinstance(t, bool) else None
+
+    chain = lineage_metrics(metrics, store)
+    versions = [None] + [_started_from(m) for m in chain[:-1]]
+    out: list[tuple[int | None, int, str | None]] = []
+    for m, version in zip(chain, versions, strict=True):
+        until = None if trained_on_generated(m) else split_until(m)
+        if until is not None:
+            out.append((own_from(m), until, version))
+    rec, who = seen_until(metrics, store)
+    if rec is not None and all(until < rec for _, until, _ in out):
+        out.append((None, rec, who))
+    return out
+
+
 def verify_tree(root: Path) -> tuple[list[str], list[str]]:
     """Verify every model directory and state file under ``root``; returns (ok, problems) lines."""
     from ..engine.persistence import STATE_FILE, check_state_rows, read_state_payload

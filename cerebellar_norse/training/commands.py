@@ -19,8 +19,8 @@ from .checkpoints import (
     ModelStore,
     lineage_metrics,
     load_model_dir,
-    seen_from,
-    seen_until,
+    seen_periods,
+    seen_until,  # noqa: F401  (imported from here by callers)
     served_weights,
     shape_mismatch,
     verify_tree,
@@ -175,7 +175,7 @@ def cmd_train(cfg: Config, files: list[str], epochs: int | None, activate: bool,
             print(f"warning: {w}", file=sys.stderr)
     test = res.get("test") or {}
     until = (res.get("splits") or {}).get("validation_until")
-    seen = (res.get("lineage") or {}).get("seen_until")
+    seen = res.get("test_seen_until")  # the end of a period the starting weights saw that reaches into the test split
     partly_in_sample = isinstance(seen, int) and until is not None and seen > until
     if as_json:
         from .jobs import finite_or_none
@@ -249,8 +249,9 @@ def _unseen_since(validation_until: int) -> str:
 
 def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = None) -> dict[str, Any] | None:
     """The scored ticks from the period a model was trained and validated on (from its ``train_from`` up to its
-    ``validation_until``, whatever the market: markets of one period move together), or that any model it was trained
-    from was (``seen_from``, ``seen_until``), from the split times stored with them; None when there are none or the
+    ``validation_until``, whatever the market: markets of one period move together), or from the period any model it
+    was trained from was (:func:`.checkpoints.seen_periods`; ticks between those periods are unseen), from the split
+    times stored with them; None when there are none or the
     model did not record them. Without a recorded start (older models) every tick up to the end is counted. A tick
     before the period whose horizon ends in it is counted too: its label is a return the model was fitted on in part
     (the first training labels' returns), as a training label reaching into validation would be (the embargo). So are
@@ -261,8 +262,8 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     from .fingerprint import WINDOW, copied, stretch_hashes
     from .trainer import market_list
 
-    until, ancestor = seen_until(metrics, store)
-    start = seen_from(metrics, store)  # ticks before the first the model (or an ancestor) was fitted on are unseen
+    periods = seen_periods(metrics, store)  # ticks outside every one (before, between, after) are unseen
+    hit: set[int] = set()  # the periods that hold scored ticks
     prints = [m["data"].get("fingerprint") for m in lineage_metrics(metrics, store) if isinstance(m.get("data"), dict)]
     by_time: dict[str, int] = {}
     copies: dict[str, tuple[int, int, int]] = {}  # market -> ticks, stretches matched, stretches picked
@@ -270,10 +271,13 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
     for pm in prep.markets:
         total += int(pm.scored.sum())
         seen = np.zeros_like(pm.scored)
-        if until is not None:
-            ts = pm.ticks.timestamp
-            end_ts = ts[np.maximum(pm.end, 0)]  # the time of each tick's horizon end (scored ticks all have one)
-            seen = pm.scored & (ts <= until) & (end_ts >= (start if start is not None else np.iinfo(np.int64).min))
+        ts = pm.ticks.timestamp
+        end_ts = ts[np.maximum(pm.end, 0)]  # the time of each tick's horizon end (scored ticks all have one)
+        for i, (first, last, _) in enumerate(periods):
+            inside = pm.scored & (ts <= last) & (end_ts >= (first if first is not None else np.iinfo(np.int64).min))
+            if inside.any():
+                hit.add(i)
+                seen |= inside
         if seen.any():
             by_time[pm.market_id] = int(seen.sum())
         hashes = stretch_hashes(pm.ticks.price)
@@ -288,12 +292,21 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
         return None
     n = sum(per_market.values())
     parts = []
+    used = [periods[i] for i in sorted(hit)]
+    until = max((last for _, last, _ in used), default=None)  # the end of the latest period holding scored ticks
+    start = min((first for first, _, _ in used if first is not None), default=None)
+    if any(first is None for first, _, _ in used):
+        start = None
+    ancestor = next((who for _, last, who in used if last == until), None)
     if by_time:
         assert until is not None
-        whose = ("the model was trained and validated on" if ancestor is None else
-                 f"the model it was trained from ({ancestor}, whose weights it started from) was trained and validated on")
-        parts.append(f"{sum(by_time.values())} are from the period {whose} ({'' if start is None else f'from {iso_ms(start)} '}"
-                     f"up to {iso_ms(until)}{'' if start is None else ', or their horizon ends in it'})")
+        whose = ("the model was trained and validated on" if ancestor is None and len(used) == 1 else
+                 f"the model it was trained from ({ancestor}, whose weights it started from) was trained and validated on"
+                 if len(used) == 1 else
+                 "the model and the models it was trained from (whose weights it started from) were trained and validated on")
+        spans = ", ".join(f"{'' if first is None else f'from {iso_ms(first)} '}up to {iso_ms(last)}" for first, last, _ in used)
+        parts.append(f"{sum(by_time.values())} are from the period{'s' if len(used) > 1 else ''} {whose} ({spans}"
+                     f"{'' if start is None else ', or their horizon ends in it'})")
     if copies:
         matched = sum(c[1] for c in copies.values())
         picked = sum(c[2] for c in copies.values())
@@ -301,7 +314,7 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
                      "repeat the ticks the model (or one it started from) was trained and validated on under other "
                      f"dates or names ({matched} of {picked} stretches of {WINDOW} returns picked from them are the "
                      "training data's)")
-    since = _unseen_since(until) if until is not None and not copies else None
+    since = _unseen_since(until) if until is not None and by_time and not copies else None
     return {"ticks": n, "of": total, "markets": per_market, "train_from": start, "validation_until": until,
             "from_model": ancestor, "since": since,
             "repeats": {m: {"ticks": c[0], "matched": c[1], "picked": c[2]} for m, c in copies.items()} or None,

@@ -253,18 +253,25 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     if active is not None and not from_scratch:
         # the weights start from the active model's: what it (or a model it started from) was trained and validated
         # on is in sample for this model too, and must not lie in this run's validation or test period
-        from .checkpoints import seen_until
+        from .checkpoints import seen_periods, seen_until
 
         until, ancestor = seen_until(active.metrics, store)
         if until is not None:
             lineage = {"seen_until": until, "from": ancestor or active.version}
             own_until = prep.times.get("validation_until")
-            if own_until is not None and until > own_until:
+            # the test split is partly in sample when a period the weights saw reaches into it: one that ends after
+            # this run's validation period and starts before the test split's last tick (a period wholly after the
+            # files' ticks, another market's later years, holds none of them)
+            last_tick = max((int(m.ticks.timestamp[-1]) for m in prep.markets if len(m.ticks)), default=None)
+            reaching = [(last, who or active.version) for first, last, who in seen_periods(active.metrics, store)
+                        if own_until is not None and last > own_until
+                        and (first is None or last_tick is None or first <= last_tick)]
+            if own_until is not None and reaching:
                 from .datacheck import iso_ms
 
-                test_seen_until = until
+                test_seen_until, whose = max(reaching)
                 w = (f"training starts from the active model {active.version}, whose weights were fitted on data up to "
-                     f"{iso_ms(until)} ({lineage['from']}'s training and validation period), after this run's validation"
+                     f"{iso_ms(test_seen_until)} ({whose}'s training and validation period), after this run's validation"
                      f" period (up to {iso_ms(own_until)}): the test split is partly in sample (those ticks were seen); "
                      "train with --from-scratch (a job: \"from_scratch\": true) for an unseen test split")
                 prep.warnings.append(w)
@@ -314,6 +321,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
     version = store.save(result.weights, cfg, metrics)
     return {"model_version": version, "validation": result.validation, "test": test, "edge": result.edge,
             "splits": metrics["data"]["splits"], "stock_splits": data.stock_splits, "lineage": lineage,
+            "test_seen_until": test_seen_until,
             "started": start_note, "active_model_validation": active_val,
             "active_version": active.version if active is not None else None, "warnings": warnings}
 

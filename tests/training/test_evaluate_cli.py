@@ -468,3 +468,27 @@ def test_the_generated_ticks_of_the_first_run_put_no_real_period_in_sample(
     assert first_metrics["data"]["generated"] is True and metrics["data"]["generated"] is False
     older = {**first_metrics, "data": {k: v for k, v in first_metrics["data"].items() if k != "generated"}}
     assert trained_on_generated(older) and not trained_on_generated(metrics)
+
+
+def test_the_period_of_a_model_trained_from_on_later_dates_leaves_an_earlier_test_split_unseen(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Training starts from the active model, fitted on another market's later years: the new model's test split,
+    before those years and after its own validation period, was seen by neither model. `train` calls it unseen (no
+    `--since` after the other model's years, which would be after the file's last tick), and `evaluate` from the new
+    model's own validation end on finds nothing in sample; the other model's years still are."""
+    later = [{**t, "timestamp": t["timestamp"] + 10 * 365 * 86_400_000} for t in generate_ticks(4000, 2, seed=9)]
+    write_csv(env / "later.csv", later)
+    assert main(["train", "later.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    parent = _json(capsys)
+    assert main(["train", "ticks.csv", "--epochs", "1", "--json"]) == 0
+    child = _json(capsys)
+    assert child["lineage"] == {"seen_until": parent["splits"]["validation_until"], "from": parent["model_version"]}
+    assert not any("partly in sample" in w for w in child["warnings"])
+    assert "in-sample" not in child["test"]["verdict"]["reason"]
+    own_until = child["splits"]["validation_until"]
+    assert main(["evaluate", "ticks.csv", "--model", child["model_version"], "--since", str(own_until + 1), "--json",
+                 "--bootstrap", "0"]) == 0
+    assert _json(capsys)["in_sample"] is None
+    assert main(["evaluate", "later.csv", "--model", child["model_version"], "--json", "--bootstrap", "0"]) == 0
+    got = _json(capsys)["in_sample"]
+    assert got is not None and got["from_model"] == parent["model_version"] and got["train_from"] == parent["splits"]["train_from"]
