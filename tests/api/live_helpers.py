@@ -124,6 +124,27 @@ def start(state_dir: Path, log_path: Path, env: Mapping[str, str] | None = None,
     raise AssertionError(f"server not healthy within {STARTUP_TIMEOUT_S}s\n{srv.log()[-4000:]}")
 
 
+def start_all(root: Path, n: int, env: Mapping[str, str] | None = None) -> list[LiveServer]:
+    """Start ``n`` servers at once (startup overlaps; state dirs ``root/s<j>``), each healthy before returning."""
+    servers = []
+    for j in range(n):
+        port = free_port()
+        servers.append(LiveServer(launch(root / f"s{j}", root / f"s{j}.log", port, env), port, root / f"s{j}",
+                                  root / f"s{j}.log"))
+    deadline = time.monotonic() + 60 * n  # startups overlap; a loaded machine slows each one down
+    for srv in servers:
+        while True:
+            assert srv.proc.poll() is None, srv.log()[-3000:]
+            try:
+                if httpx.get(f"{srv.url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, srv.log()[-3000:]
+            time.sleep(0.05)
+    return servers
+
+
 def market(prefix: str = "M") -> str:
     """A market id no other test uses (the module's server keeps state between tests)."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"

@@ -13,25 +13,12 @@ import selectors
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from live_helpers import LiveServer, start
 
 BURST = 400  # connects at once: more than asyncio's default backlog (100), fewer than the service's (2048)
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    root = tmp_path_factory.mktemp("conn")
-    server = start(root / "state", root / "server.log")
-    try:
-        yield server
-    finally:
-        rc = server.stop()
-    assert rc == 0, server.log()[-4000:]
 
 
 def _connect_all(port: int, n: int, within_s: float) -> tuple[list[socket.socket], int]:
@@ -56,15 +43,15 @@ def _connect_all(port: int, n: int, within_s: float) -> tuple[list[socket.socket
     return socks, done
 
 
-def test_a_burst_of_connects_waits_in_the_backlog_while_the_service_is_busy(srv: LiveServer) -> None:
+def test_a_burst_of_connects_waits_in_the_backlog_while_the_service_is_busy(live: LiveServer) -> None:
     """The kernel completes and queues the connects of a burst while the service accepts none (here: stopped); once
     it runs again every one of them is served. With a backlog of 100 (what the start-up responder's server left on
     the socket) the connects beyond it had their SYNs dropped and waited for retransmits, seconds each."""
-    os.kill(srv.proc.pid, signal.SIGSTOP)
+    os.kill(live.proc.pid, signal.SIGSTOP)
     try:
-        socks, connected = _connect_all(srv.port, BURST, 5.0)  # a SYN dropped is sent again after 1 s, then 3 s
+        socks, connected = _connect_all(live.port, BURST, 5.0)  # a SYN dropped is sent again after 1 s, then 3 s
     finally:
-        os.kill(srv.proc.pid, signal.SIGCONT)
+        os.kill(live.proc.pid, signal.SIGCONT)
     try:
         assert connected == BURST
         for s in socks[:: BURST // 8]:  # and they are served

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from haproxy_helpers import needs_haproxy, start_haproxy
-from live_helpers import LiveServer, free_port, launch, tick
+from live_helpers import start_all, tick
 
 from cerebellar_norse.scaleout.haproxy import Replica
 
@@ -31,28 +31,8 @@ pytestmark = [needs_haproxy, pytest.mark.tools, pytest.mark.slow]
 ENV = {"CEREBELLAR_NORSE_SERVER__DRAIN_S": "2"}  # HAProxy's inter x fall (0.6 s) and a margin for a loaded machine
 
 
-def _start(root: Path, n: int) -> list[LiveServer]:
-    servers = []
-    for j in range(n):
-        port = free_port()
-        servers.append(LiveServer(launch(root / f"s{j}", root / f"s{j}.log", port, ENV), port, root / f"s{j}",
-                                  root / f"s{j}.log"))
-    deadline = time.monotonic() + 60 * n
-    for srv in servers:
-        while True:
-            assert srv.proc.poll() is None, srv.log()[-3000:]
-            try:
-                if httpx.get(f"{srv.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, srv.log()[-3000:]
-            time.sleep(0.05)
-    return servers
-
-
 def test_a_replica_stopped_under_a_stream_of_ticks_loses_no_request(tmp_path: Path) -> None:
-    replicas = _start(tmp_path, 2)
+    replicas = start_all(tmp_path, 2, ENV)
     hap = start_haproxy(tmp_path, [Replica(j + 1, "127.0.0.1", s.port) for j, s in enumerate(replicas)],
                         check_interval_ms=300)
     outcomes: Counter[str] = Counter()

@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 import pytest
 from haproxy_helpers import HAProxy, needs_haproxy, start_haproxy
-from live_helpers import REPO_ROOT, LiveServer, free_port, launch, signal_of, tick
+from live_helpers import REPO_ROOT, LiveServer, signal_of, start_all, tick
 
 from cerebellar_norse.cli import main
 from cerebellar_norse.client import Client
@@ -43,27 +43,6 @@ TOKEN = "scaleout-token-0b7"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ENV = {"CEREBELLAR_NORSE_SERVER__API_TOKEN": TOKEN}
 MARKETS = [f"M{k:03d}" for k in range(100)]
-
-
-def start_all(root: Path, n: int) -> list[LiveServer]:
-    """Start ``n`` servers at once (startup overlaps), each healthy before returning."""
-    servers = []
-    for j in range(n):
-        port = free_port()
-        servers.append(LiveServer(launch(root / f"s{j}", root / f"s{j}.log", port, ENV), port, root / f"s{j}",
-                                  root / f"s{j}.log"))
-    deadline = time.monotonic() + 60 * n  # startups overlap; a loaded machine slows each one down
-    for srv in servers:
-        while True:
-            assert srv.proc.poll() is None, srv.log()[-3000:]
-            try:
-                if httpx.get(f"{srv.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, srv.log()[-3000:]
-            time.sleep(0.05)
-    return servers
 
 
 @dataclass
@@ -104,7 +83,7 @@ class Feed:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[list[LiveServer], HAProxy]]:
-    replicas = start_all(tmp_path, 3)
+    replicas = start_all(tmp_path, 3, ENV)
     hap = start_haproxy(tmp_path, [Replica(j + 1, "127.0.0.1", s.port) for j, s in enumerate(replicas)])
     try:
         hap.api.wait_ring({1, 2, 3})
