@@ -42,6 +42,12 @@ def _health(request: Request) -> JSONResponse:
         "uptime_s": round(time.monotonic() - svc.started, 3),
         **svc.engine.health(),
     }
+    journal = svc.engine.journal
+    if svc.ready and journal is not None and journal.stalled is not None:
+        # The journal waits for a file descriptor or disk space: try its next file again here too (at most every
+        # 0.25 s for space), not only with the next tick. Behind HAProxy the 503 below takes the replica out of the
+        # ring, so no tick reaches it any more: its health checks are what notice that space has returned.
+        journal.resume()
     waiting = journal_wait_reason(svc) if svc.ready else None  # ticks refused for now: not ready, not stopping
     if not svc.ready or waiting is not None:
         body["status"] = "unavailable"
