@@ -133,16 +133,22 @@ def start_all(root: Path, n: int, env: Mapping[str, str] | None = None) -> list[
                                   root / f"s{j}.log"))
     deadline = time.monotonic() + 60 * n  # startups overlap; a loaded machine slows each one down
     for srv in servers:
-        while True:
-            assert srv.proc.poll() is None, srv.log()[-3000:]
-            try:
-                if httpx.get(f"{srv.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, srv.log()[-3000:]
-            time.sleep(0.05)
+        wait_healthy(srv, deadline)
     return servers
+
+
+def wait_healthy(srv: LiveServer, deadline: float) -> None:
+    """Wait until ``srv``'s /health answers 200, failing the test with its log if it exits or ``deadline``
+    (``time.monotonic()``) passes first."""
+    while True:
+        assert srv.proc.poll() is None, srv.log()[-3000:]
+        try:
+            if httpx.get(f"{srv.url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, srv.log()[-3000:]
+        time.sleep(0.05)
 
 
 def market(prefix: str = "M") -> str:

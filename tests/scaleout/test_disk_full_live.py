@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from haproxy_helpers import needs_haproxy, start_haproxy
-from live_helpers import LiveServer, free_port, launch, tick
+from live_helpers import LiveServer, free_port, launch, tick, wait_healthy
 
 from cerebellar_norse.scaleout.haproxy import Replica
 
@@ -54,19 +54,6 @@ def _fill(directory: Path) -> Path:
     return path
 
 
-def _up(srv: LiveServer) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        assert srv.proc.poll() is None, srv.log()[-3000:]
-        try:
-            if httpx.get(f"{srv.url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, srv.log()[-3000:]
-        time.sleep(0.05)
-
-
 def test_a_replica_whose_disk_filled_rejoins_the_ring_once_space_returns(tmp_path: Path, small_disk: Path) -> None:
     replicas = []
     for j, root in enumerate((small_disk / "s0", tmp_path / "s1")):
@@ -74,7 +61,7 @@ def test_a_replica_whose_disk_filled_rejoins_the_ring_once_space_returns(tmp_pat
         replicas.append(LiveServer(launch(root, tmp_path / f"s{j}.log", port, ENV), port, root, tmp_path / f"s{j}.log"))
     try:
         for srv in replicas:
-            _up(srv)
+            wait_healthy(srv, time.monotonic() + 60)
         hap = start_haproxy(tmp_path, [Replica(j + 1, "127.0.0.1", s.port) for j, s in enumerate(replicas)],
                             check_interval_ms=300)
         try:
