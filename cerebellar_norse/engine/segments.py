@@ -340,22 +340,15 @@ def create_segment(directory: Path, base: int, fingerprint: dict[str, Any], size
     header = _new_header(base, fingerprint, size, state_id, capacity, max_record)
     # everything that can fail for want of a descriptor, space or memory happens before the rename: a segment whose
     # creation fails is never left under its name (a stray file that holds the space reserved for it)
-    fd, dfd = _reserve(directory, tmp, size, header)
-    mm: mmap.mmap | None = None
-    try:
-        mm = mmap.mmap(fd, size)
-        retrying(os.replace, tmp, path)
-        tmp = path  # (renamed: a failure from here removes it by its name; it holds no record)
-        os.fsync(dfd)
-    except BaseException:
-        if mm is not None:
+    with _new_file(directory, tmp, size, header) as new:
+        mm = mmap.mmap(new.fd, size)
+        try:
+            retrying(os.replace, tmp, path)
+            new.name = path  # (renamed: a failure from here removes it by its name; it holds no record)
+            os.fsync(new.dfd)
+        except BaseException:
             mm.close()
-        with contextlib.suppress(OSError):
-            retrying(os.unlink, tmp)
-        raise
-    finally:
-        os.close(fd)
-        os.close(dfd)
+            raise
     return path, mm
 
 
@@ -373,16 +366,8 @@ def prepare_spare(directory: Path, size: int) -> Path:
         OSError: no descriptor, no disk space, a read-only file system, an I/O error.
     """
     tmp = directory / SPARE
-    fd, dfd = _reserve(directory, tmp, size, b"")
-    try:
-        os.fsync(dfd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            retrying(os.unlink, tmp)
-        raise
-    finally:
-        os.close(fd)
-        os.close(dfd)
+    with _new_file(directory, tmp, size, b"") as new:
+        os.fsync(new.dfd)
     return tmp
 
 
@@ -450,10 +435,21 @@ def sync_segment(unsynced: Unsynced) -> None:
         os.close(unsynced.dfd)
 
 
-def _reserve(directory: Path, tmp: Path, size: int, header: bytes) -> tuple[int, int]:
+@dataclass
+class _NewFile:
+    """A file :func:`_new_file` is making: its descriptor, its directory's, and the name a failure removes (its final
+    name once renamed)."""
+
+    fd: int
+    dfd: int
+    name: Path
+
+
+@contextlib.contextmanager
+def _new_file(directory: Path, tmp: Path, size: int, header: bytes) -> Iterator[_NewFile]:
     """Create ``tmp`` in ``directory`` (made if missing) with ``size`` bytes reserved on the disk and ``header`` at its
-    start, flushed; return its descriptor and the directory's (both open; the directory not flushed yet). A failure
-    closes both and removes ``tmp``.
+    start, flushed, for the body of the ``with`` to finish (the directory is not flushed here). Both descriptors are
+    closed at the end; a failure, here or in the body, removes the file by its :attr:`_NewFile.name`.
 
     Raises:
         OSError: no descriptor, no disk space, a read-only file system, an I/O error.
@@ -462,21 +458,21 @@ def _reserve(directory: Path, tmp: Path, size: int, header: bytes) -> tuple[int,
     dfd = os.open(directory, os.O_RDONLY)
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    except BaseException:
+        new = _NewFile(fd, dfd, tmp)
+        try:
+            os.posix_fallocate(fd, 0, size)  # reserve the blocks now: appends never hit a full disk
+            if header:
+                os.pwrite(fd, header, 0)
+            os.fsync(fd)
+            yield new
+        except BaseException:
+            with contextlib.suppress(OSError):
+                retrying(os.unlink, new.name)
+            raise
+        finally:
+            os.close(fd)
+    finally:
         os.close(dfd)
-        raise
-    try:
-        os.posix_fallocate(fd, 0, size)  # reserve the blocks now: appends never hit a full disk
-        if header:
-            os.pwrite(fd, header, 0)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.close(dfd)
-        with contextlib.suppress(OSError):
-            retrying(os.unlink, tmp)
-        raise
-    return fd, dfd
 
 
 def _new_header(base: int, fingerprint: dict[str, Any], size: int, state_id: str | None, capacity: int | None,
