@@ -182,8 +182,13 @@ def check_not_future(ticks: Sequence[Tick], now_ms: int, max_skew_ms: int, batch
     """
     bound = now_ms + max_skew_ms
     for j, t in enumerate(ticks):
-        if t.timestamp <= bound:
-            continue
-        field = f"ticks.{j}.timestamp" if batch else "timestamp"
-        raise FutureTickError(f"tick at {t.timestamp} is {t.timestamp - now_ms} ms ahead of the server clock ({now_ms}); "
-                              f"at most server.max_clock_skew_ms = {max_skew_ms} ms is allowed", field)
+        if t.timestamp > bound:
+            raise future_error("tick", t.timestamp, now_ms, max_skew_ms, f"ticks.{j}.timestamp" if batch else "timestamp")
+
+
+def future_error(what: str, timestamp: int, now_ms: int, max_skew_ms: int, field: str,
+                 consequence: str = "") -> FutureTickError:
+    """The refusal of ``what`` (a tick, an imported state's last tick) at ``timestamp`` (ms), more than ``max_skew_ms``
+    ahead of the server clock ``now_ms``; ``consequence`` ends the message."""
+    return FutureTickError(f"{what} at {timestamp} is {timestamp - now_ms} ms ahead of the server clock ({now_ms}); "
+                           f"at most server.max_clock_skew_ms = {max_skew_ms} ms is allowed{consequence}", field)

@@ -38,7 +38,7 @@ from ..errors import CheckpointError, InputError, MarketMovingError, StaleStateE
 from ..neurons.encoder import S_LAST_TS, S_N_TICKS
 from ..neurons.state import STATE_FIELDS
 from ..storage import seal, unseal
-from ..ticks import FutureTickError, Tick, check_market_id
+from ..ticks import Tick, check_market_id, future_error
 from .persistence import check_states, network_of
 
 if TYPE_CHECKING:
@@ -188,9 +188,8 @@ def check_not_future(meta: dict[str, Any], now_ms: int, max_skew_ms: int) -> Non
     as out of order."""
     got = int(meta["last_timestamp"])
     if got > now_ms + max_skew_ms:
-        raise FutureTickError(f"the state's last tick at {got} is {got - now_ms} ms ahead of the server clock ({now_ms}); "
-                              f"at most server.max_clock_skew_ms = {max_skew_ms} ms is allowed: the market would "
-                              "refuse every tick until then; nothing changed", "market_id")
+        raise future_error("the state's last tick", got, now_ms, max_skew_ms, "market_id",
+                           ": the market would refuse every tick until then; nothing changed")
 
 
 def import_market(engine: Engine, market_id: str, data: bytes, max_skew_ms: int | None = None) -> dict[str, Any]:
