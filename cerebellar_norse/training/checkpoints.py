@@ -581,10 +581,19 @@ def load_model_dir(path: Path) -> StoredModel:
 
 def split_until(metrics: dict[str, Any]) -> int | None:
     """A model's own ``data.splits.validation_until`` (None when it did not record it)."""
+    return _split_time(metrics, "validation_until")
+
+
+def split_from(metrics: dict[str, Any]) -> int | None:
+    """A model's own ``data.splits.train_from`` (None when it did not record it)."""
+    return _split_time(metrics, "train_from")
+
+
+def _split_time(metrics: dict[str, Any], key: str) -> int | None:
     data = metrics.get("data")
     times = data.get("splits") if isinstance(data, dict) else None
-    until = times.get("validation_until") if isinstance(times, dict) else None
-    return until if isinstance(until, int) and not isinstance(until, bool) else None
+    t = times.get(key) if isinstance(times, dict) else None
+    return t if isinstance(t, int) and not isinstance(t, bool) else None
 
 
 GENERATED_DATA = ("bootstrap", "ticks.csv")  # where the first run writes the generated ticks it trains on
@@ -620,18 +629,12 @@ def seen_from(metrics: dict[str, Any], store: ModelStore | None = None) -> int |
     ``data.splits.train_from`` of the model and of each stored model its training started from, as
     :func:`seen_until` follows them, models trained on generated ticks passed over); None when any of them did not
     record it, or an ancestor is no longer stored (then nothing is known to be unseen before its period)."""
-    def own(m: dict[str, Any]) -> int | None:
-        data = m.get("data")
-        times = data.get("splits") if isinstance(data, dict) else None
-        t = times.get("train_from") if isinstance(times, dict) else None
-        return t if isinstance(t, int) and not isinstance(t, bool) else None
-
     first: int | None = None
     seen: set[str] = set()
     m: dict[str, Any] | None = metrics
     while m is not None:
         if not trained_on_generated(m):
-            t = own(m)
+            t = split_from(m)
             if t is None:
                 return None
             first = t if first is None else min(first, t)
@@ -645,18 +648,18 @@ def seen_from(metrics: dict[str, Any], store: ModelStore | None = None) -> int |
     return first
 
 
-def lineage_metrics(metrics: dict[str, Any], store: ModelStore | None = None) -> list[dict[str, Any]]:
-    """The ``metrics.json`` of a model and of each stored model its training started from, in that order (as
-    :func:`seen_until` follows them; a chain stops at a model no longer stored)."""
-    out = [metrics]
+def lineage_metrics(metrics: dict[str, Any], store: ModelStore | None = None) -> list[tuple[str | None, dict[str, Any]]]:
+    """``(version, metrics.json)`` of a model (version None) and of each stored model its training started from, in
+    that order; the chain stops at a model no longer stored (or met before)."""
+    out: list[tuple[str | None, dict[str, Any]]] = [(None, metrics)]
     seen: set[str] = set()
     parent = _started_from(metrics)
     while store is not None and parent is not None and parent not in seen and parent in store.versions():
         seen.add(parent)
-        pm = store.metrics_of(parent)
+        pm = store.metrics_of(parent)  # (its metrics only: the weights of every ancestor are not read for this)
         if pm is None:
             break
-        out.append(pm)
+        out.append((parent, pm))
         parent = _started_from(pm)
     return out
 
@@ -683,17 +686,10 @@ def seen_until(metrics: dict[str, Any], store: ModelStore | None = None) -> tupl
             and not generated(origin)):
         best, who = rec, origin if isinstance(origin, str) else None
 
-    seen: set[str] = set()
-    parent = _started_from(metrics)
-    while store is not None and parent is not None and parent not in seen and parent in store.versions():
-        seen.add(parent)
-        pm = store.metrics_of(parent)  # (its metrics only: the weights of every ancestor are not read for this)
-        if pm is None:
-            break
+    for parent, pm in lineage_metrics(metrics, store)[1:]:
         until = None if trained_on_generated(pm) else split_until(pm)
         if until is not None and (best is None or until > best):
             best, who = until, parent
-        parent = _started_from(pm)
     return best, who
 
 
@@ -704,19 +700,11 @@ def seen_periods(metrics: dict[str, Any], store: ModelStore | None = None) -> li
     (every tick up to its end is counted) and ``version`` None for the model itself. Ticks between two such periods
     were seen by none of them. A bound recorded at training time (``lineage.seen_until``) that no stored model's
     period reaches (its model is no longer stored) is a period with no known start."""
-    def own_from(m: dict[str, Any]) -> int | None:
-        data = m.get("data")
-        times = data.get("splits") if isinstance(data, dict) else None
-        t = times.get("train_from") if isinstance(times, dict) else None
-        return t if isinstance(t, int) and not isinstance(t, bool) else None
-
-    chain = lineage_metrics(metrics, store)
-    versions = [None] + [_started_from(m) for m in chain[:-1]]
     out: list[tuple[int | None, int, str | None]] = []
-    for m, version in zip(chain, versions, strict=True):
+    for version, m in lineage_metrics(metrics, store):
         until = None if trained_on_generated(m) else split_until(m)
         if until is not None:
-            out.append((own_from(m), until, version))
+            out.append((split_from(m), until, version))
     rec, who = seen_until(metrics, store)
     if rec is not None and all(until < rec for _, until, _ in out):
         out.append((None, rec, who))

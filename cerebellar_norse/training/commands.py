@@ -264,7 +264,7 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
 
     periods = seen_periods(metrics, store)  # ticks outside every one (before, between, after) are unseen
     hit: set[int] = set()  # the periods that hold scored ticks
-    prints = [m["data"].get("fingerprint") for m in lineage_metrics(metrics, store) if isinstance(m.get("data"), dict)]
+    prints = [m["data"].get("fingerprint") for _, m in lineage_metrics(metrics, store) if isinstance(m.get("data"), dict)]
     by_time: dict[str, int] = {}
     copies: dict[str, tuple[int, int, int]] = {}  # market -> ticks, stretches matched, stretches picked
     total = 0
