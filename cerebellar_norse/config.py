@@ -660,6 +660,11 @@ def load_checked_config(path: str | Path | None = None, environ: Mapping[str, st
     return cfg
 
 
+def listen_address(host: str) -> str:
+    """``server.host`` as a socket takes it: an IPv6 address without the brackets of a URL (``[::1]`` is ``::1``)."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def with_server(cfg: Config, updates: Mapping[str, Any]) -> Config:
     """``cfg`` with the ``[server]`` keys of ``updates`` replaced (values already checked: ``--host``/``--port``, a
     reloaded token), everything else shared."""

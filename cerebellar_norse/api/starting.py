@@ -24,6 +24,7 @@ import time
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
+from ..config import listen_address
 from ..errors import StartupError
 from ..observability.context import new_request_id
 from ..observability.metrics import starting_exposition
@@ -36,11 +37,6 @@ LINGER_S = 2.0  # a connection is closed this long after its answer, when the cl
 HEAD_TIMEOUT_S = 10.0  # a request not complete this long after its connection is answered all the same
 RETRY_AFTER_S = 2
 BACKLOG = 2048  # connections the kernel completes and queues before they are accepted (uvicorn's --backlog default)
-
-
-def listen_address(host: str) -> str:
-    """``host`` as the socket takes it: an IPv6 address without the brackets of a URL (``[::1]`` is ``::1``)."""
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def shown_address(host: str, port: int) -> str:

@@ -317,9 +317,9 @@ def redacted_config(cfg: Config, secret_keys: frozenset[str] = frozenset({"api_t
 
 def service_url(cfg: Config) -> str:
     """``http://<server.host>:<server.port>``, with a wildcard listen address replaced by loopback."""
-    host = cfg.server.host
-    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it (the service listens on it)
-        host = host[1:-1]
+    from ..config import listen_address
+
+    host = listen_address(cfg.server.host)  # (an IPv6 address may be written with a URL's brackets)
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     if ":" in host:
         host = f"[{host}]"
