@@ -53,7 +53,6 @@ LIVE_KEYS = (
     "performance.warm_window_ms",
     "server.api_token",
     "server.drain_s",
-
     "debug.record_requests",
     "training.auto_activate",
     "training.reset_state_on_swap",
