@@ -495,14 +495,9 @@ class JobManager:
                         st.error = (f"the service stopped before the end of the job was recorded; the job had stored its "
                                     f"model {stored}, which was not activated (activate it with POST /models/{stored}"
                                     f"/activate)")
-                    # the job's end, logged as a job that fails while the service runs is (ERROR): the alert
+                    # logged as a job that fails while the service runs is (ERROR): the alert
                     # CerebellarNorseTrainingJobFailed points at `journalctl … | grep 'training job failed'`
-                    log.error("training job failed", extra={"fields": {
-                        "job_id": st.job_id, "error": st.error, "model_version": st.model_version,
-                        "activated": st.activated}})
-                    self._write_record(st)
-                    if self._on_end is not None:
-                        self._on_end(st.state)
+                    self._ended(st, logging.ERROR)
                 self.jobs[st.job_id] = st
                 order[st.job_id] = (st.created if d.get("created") else 0.0, p.stat().st_mtime)
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # a damaged record costs its history only
@@ -731,13 +726,16 @@ class JobManager:
         job.error = error
         job.finished = time.time()
         self._proc = None
-        level = logging.INFO if state != "failed" else logging.WARNING if input_error else logging.ERROR
-        log.log(level, "training job %s", state,
-                extra={"fields": {"job_id": job.job_id, "error": error, "model_version": job.model_version,
+        self._ended(job, logging.INFO if state != "failed" else logging.WARNING if input_error else logging.ERROR)
+
+    def _ended(self, job: JobStatus, level: int) -> None:
+        """Log a job's end (``training job <state>`` at ``level``), write its record and tell ``on_end``."""
+        log.log(level, "training job %s", job.state,
+                extra={"fields": {"job_id": job.job_id, "error": job.error, "model_version": job.model_version,
                                   "activated": job.activated}})
         self._write_record(job)
         if self._on_end is not None:
-            self._on_end(state)
+            self._on_end(job.state)
 
     def _write_record(self, job: JobStatus) -> None:
         """Write ``jobs/<job_id>.json`` atomically, and then any record that could not be written before.
