@@ -45,8 +45,10 @@ import copy
 import json
 import math
 import numbers
+import os
 import time
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypedDict
@@ -242,6 +244,19 @@ def _answer(r: httpx.Response, market: str, n_results: int | None) -> Any:
     return body
 
 
+_OPEN_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+"""Every :class:`Client` of this process, for :func:`_forked`."""
+
+
+def _forked() -> None:
+    """In the child of ``os.fork()`` (``multiprocessing``'s ``fork`` start method too): every client opens new
+    connections at its next request instead of sharing its parent's sockets."""
+    for client in list(_OPEN_CLIENTS):
+        client._inherited = True
+
+
+os.register_at_fork(after_in_child=_forked)
+
 CONNECT_RETRY_FIRST_S = 0.1
 """Wait before the first retry of a connection that could not be made, seconds; doubled at each retry."""
 
@@ -265,9 +280,13 @@ class Client:
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0, retries: int = 0,
                  max_wait_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=bearer(token), transport=transport)
+        self._opts: dict[str, Any] = {"base_url": base_url, "timeout": timeout_s, "headers": bearer(token),
+                                      "transport": transport}
+        self.http = httpx.Client(**self._opts)
+        self._inherited = False  # set in a child process forked from the one that opened self.http's connections
         self.retries = retries
         self.max_wait_s = max_wait_s
+        _OPEN_CLIENTS.add(self)
 
     def __enter__(self) -> Client:
         return self
@@ -276,17 +295,33 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Close the connections."""
-        self.http.close()
+        """Close the connections (in a forked child that has not sent a request yet: none of its own to close; the
+        parent's stay open for the parent)."""
+        if not self._inherited:
+            self.http.close()
+
+    def _connections(self) -> httpx.Client:
+        """``self.http``; in a process forked after it opened connections, a new pool of its own first.
+
+        The parent's kept-alive sockets are shared with the child after ``os.fork()``: two processes writing
+        requests to one socket and reading each other's answers (a tick's result handed to the wrong process,
+        a garbled answer). The child leaves the inherited pool alone (not closed: its lock may be held by a
+        thread of the parent that the child does not have) and opens connections of its own.
+        """
+        if self._inherited:
+            self._inherited = False
+            self.http = httpx.Client(**self._opts)
+        return self.http
 
     def _post(self, path: str, data: bytes, market: str, n_results: int | None) -> Any:
         """POST ``data`` to ``path``; the answer's JSON, checked to be one result (``n_results`` None) or a batch of
         ``n_results`` results."""
+        http = self._connections()
         attempt = 0
         while True:
             rid = uuid.uuid4().hex  # each try its own id: the service's log and /debug/requests tell them apart
             try:
-                r = self.http.post(path, content=data, headers={"X-Market-ID": market, "Content-Type": "application/json",
+                r = http.post(path, content=data, headers={"X-Market-ID": market, "Content-Type": "application/json",
                                                                 "X-Request-ID": rid})
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
                 if attempt < self.retries:
@@ -347,7 +382,7 @@ class Client:
         refusal at ``server.max_connections``) raises the error it is.
         """
         try:
-            r = self.http.get("/health")
+            r = self._connections().get("/health")
         except httpx.HTTPError as exc:
             raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from decimal import Decimal
 from typing import Any, get_type_hints
 
@@ -136,3 +137,42 @@ def test_the_answer_has_exactly_the_typed_fields_of_the_client(live: LiveServer)
         assert math.isclose(sum(answer["probabilities"].values()), 1.0, abs_tol=1e-6)
         assert math.isclose(answer["prediction"], answer["probabilities"]["up"] - answer["probabilities"]["down"],
                             abs_tol=1e-6)
+
+
+def test_a_client_used_on_both_sides_of_a_fork_answers_each_process_its_own_ticks(live: LiveServer) -> None:
+    """A client made before ``os.fork()`` (a ``multiprocessing`` pool of the ``fork`` start method) holds a kept-alive
+    connection; parent and child then sending at once must not share that socket: each gets the results of its own
+    ticks, never the other's or a garbled answer."""
+    rounds, per_round = 4, 25
+    with Client(live.url) as c:
+        c.process(tick(market("CLFW"), 0))  # a connection in the pool, inherited by the children
+        for _ in range(rounds):
+            go_r, go_w = os.pipe()
+            out_r, out_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover (the child reports through the pipe)
+                status = 1
+                try:
+                    os.close(go_w)
+                    os.read(go_r, 1)  # start with the parent
+                    m = market("CLFC")
+                    wrong = [r["market_id"] for r in (c.process(tick(m, k)) for k in range(per_round)) if r["market_id"] != m]
+                    os.write(out_w, repr(wrong).encode())
+                    status = 0
+                except BaseException as exc:  # anything the child meets goes to the parent
+                    os.write(out_w, f"{type(exc).__name__}: {exc}".encode())
+                finally:
+                    os._exit(status)
+            os.close(go_r)
+            os.close(out_w)
+            m = market("CLFP")
+            os.write(go_w, b"x")
+            try:
+                mine = [c.process(tick(m, k))["market_id"] for k in range(per_round)]
+            finally:
+                os.close(go_w)
+                with os.fdopen(out_r, "rb") as child_out:
+                    child = child_out.read().decode()
+                _, status = os.waitpid(pid, 0)
+            assert child == "[]" and os.waitstatus_to_exitcode(status) == 0, child
+            assert mine == [m] * per_round
