@@ -51,7 +51,7 @@ import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 import httpx
 
@@ -67,6 +67,11 @@ from .errors import (
 )
 from .httpcalls import bearer
 from .ticks import check_market_id
+
+__all__ = [
+    "BatchPartError", "CapacityError", "CerebellarNorseError", "Client", "EngineFatalError", "Health", "InputError",
+    "MarketMovingError", "OutcomeUnknownError", "PoolHealth", "Probabilities", "Tick", "TickAnswer", "TickOrderError",
+]
 
 Tick = Mapping[str, Any]
 
@@ -91,6 +96,35 @@ class TickAnswer(TypedDict):
     warming_up: bool  # the market has seen fewer than neural.warmup_ticks ticks
     model_version: str
     request_id: str
+
+
+class PoolHealth(TypedDict):
+    """The market state pool of ``GET /health``."""
+
+    markets: int  # markets holding a state slot
+    capacity: int  # state slots
+    usage: float  # markets / capacity
+    evictions: int  # markets evicted since start
+    bytes: int  # memory of the pool, bytes
+
+
+class Health(TypedDict):
+    """``GET /health``, as docs/http.md documents it: a plain ``dict`` at run time (the service may add fields).
+
+    While the service starts (before the model is loaded) only ``status``, ``reason``, ``version`` and ``uptime_s``
+    are present; ``reason`` is present when ``status`` is not ``"ok"``.
+    """
+
+    status: str  # "ok", "degraded" (200, with reason) or "unavailable" (503, with reason)
+    version: str  # of cerebellar-norse
+    uptime_s: float  # since the service started, seconds
+    reason: NotRequired[str]
+    model_version: NotRequired[str]
+    device: NotRequired[str]  # "cpu" or "cuda"
+    pool: NotRequired[PoolHealth]
+    queue_depth: NotRequired[int]  # ticks waiting for a batch
+    queue_capacity: NotRequired[int]  # performance.queue_size
+    accepting: NotRequired[bool]  # False once shutdown has begun
 
 
 def _json_number(o: Any) -> Any:
@@ -375,7 +409,7 @@ class Client:
             applied.append(market)
         return [r for r in out if r is not None]
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         """``GET /health`` (200 or 503) as JSON: ``status``, and ``reason`` when not ready.
 
         An answer that is not the service's health (a proxy's error page, the service's
@@ -392,5 +426,5 @@ class Client:
         if not isinstance(body, dict) or "status" not in body:
             raise error_from_response(r) if r.status_code >= 400 else EngineFatalError(
                 f"GET /health: HTTP {r.status_code} that is not the service's health: {r.text[:200]!r}")
-        return body
+        return cast(Health, body)  # the service's JSON, as documented
 

@@ -16,9 +16,12 @@ and falls into one of four families, which map onto how callers react:
 from __future__ import annotations
 
 import errno
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import TickAnswer
 
 
 def quoted(text: str, limit: int) -> str:
@@ -351,7 +354,7 @@ class BatchPartError(CerebellarNorseError):
     """
 
     def __init__(self, cause: CerebellarNorseError, applied: list[str], failed: str,
-                 results: Sequence[Mapping[str, Any] | None] | None = None) -> None:
+                 results: Sequence[TickAnswer | None] | None = None) -> None:
         self.cause = cause
         self.applied = applied
         self.failed = failed

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from live_helpers import LiveServer, market, signal_of, tick
 
-from cerebellar_norse.client import BatchPartError, Client, Probabilities, TickAnswer
+from cerebellar_norse.client import BatchPartError, Client, Health, PoolHealth, Probabilities, TickAnswer
 from cerebellar_norse.errors import CapacityError, EngineFatalError, InputError, TickOrderError
 
 
@@ -137,6 +137,21 @@ def test_the_answer_has_exactly_the_typed_fields_of_the_client(live: LiveServer)
         assert math.isclose(sum(answer["probabilities"].values()), 1.0, abs_tol=1e-6)
         assert math.isclose(answer["prediction"], answer["probabilities"]["up"] - answer["probabilities"]["down"],
                             abs_tol=1e-6)
+
+
+def test_health_has_the_typed_fields_of_the_client(live: LiveServer) -> None:
+    """``health()`` is typed ``Health``: the service's answer has its required keys, and no key or type it does not
+    declare."""
+    fields, pool = get_type_hints(Health), get_type_hints(PoolHealth)
+    with Client(live.url) as c:
+        health = c.health()
+    assert Health.__required_keys__ <= set(health) <= set(fields), set(health) ^ set(fields)
+    for key, value in health.items():
+        if key == "pool":
+            assert set(health["pool"]) == set(pool)
+            assert all(type(health["pool"][k]) is t for k, t in pool.items())  # type: ignore[literal-required]
+        else:
+            assert type(value) is fields[key], (key, value)
 
 
 def test_a_client_used_on_both_sides_of_a_fork_answers_each_process_its_own_ticks(live: LiveServer) -> None:
