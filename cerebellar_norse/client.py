@@ -211,11 +211,10 @@ def with_request_id(exc: CerebellarNorseError, request_id: str) -> CerebellarNor
 
 def error_from_response(r: httpx.Response) -> CerebellarNorseError:
     """The service's error of an unsuccessful response, as an exception of :mod:`cerebellar_norse.errors`
-    carrying the request's id (:attr:`~cerebellar_norse.errors.CerebellarNorseError.request_id`)."""
-    return with_request_id(_error_of(r), request_id_of(r))
-
-
-def _error_of(r: httpx.Response) -> CerebellarNorseError:
+    carrying the request's id (:attr:`~cerebellar_norse.errors.CerebellarNorseError.request_id`), the service's
+    ``error.type`` (:attr:`~cerebellar_norse.errors.CerebellarNorseError.error_type`, ``""`` for an answer that
+    is not the service's error) and the HTTP status
+    (:attr:`~cerebellar_norse.errors.CerebellarNorseError.http_status`)."""
     try:
         body = r.json()
     except ValueError:
@@ -223,6 +222,14 @@ def _error_of(r: httpx.Response) -> CerebellarNorseError:
     err = body.get("error") if isinstance(body, dict) else None
     if not isinstance(err, dict):  # not the service's error shape (a proxy's JSON or HTML): its status decides
         err = {}
+    exc = _error_of(r, err)
+    kind = err.get("type")
+    exc.error_type = kind if isinstance(kind, str) else ""
+    exc.http_status = r.status_code
+    return with_request_id(exc, request_id_of(r))
+
+
+def _error_of(r: httpx.Response, err: dict[str, Any]) -> CerebellarNorseError:
     kind = str(err.get("type") or "http")
     message = f"HTTP {r.status_code} {kind}: {err.get('message') or r.text[:200]}"
     field = str(err.get("field") or "")

@@ -36,9 +36,17 @@ class CerebellarNorseError(Exception):
     Attributes:
         request_id: the ``X-Request-ID`` of the HTTP request that failed (the service's logs and
             ``GET /debug/requests/{request_id}`` find it), or ``""`` when the error is not about one request.
+        error_type: raised by :mod:`cerebellar_norse.client` for an error answer of the service: its
+            ``error.type`` (``validation``, ``out_of_order``, ``future_timestamp``, ``capacity``, ``market_moving``,
+            ``engine``, ``internal``, …: docs/http.md, "Errors"); ``""`` otherwise (no answer, or an answer that is
+            not the service's error, such as a proxy's page).
+        http_status: the HTTP status of that answer (``429`` of a proxy's rate limit, ``503``, ``409``, …), or ``0``
+            when no answer came.
     """
 
     request_id: str = ""
+    error_type: str = ""
+    http_status: int = 0
 
 
 @dataclass(frozen=True)

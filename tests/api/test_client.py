@@ -139,6 +139,28 @@ def test_the_answer_has_exactly_the_typed_fields_of_the_client(live: LiveServer)
                             abs_tol=1e-6)
 
 
+def test_an_error_carries_the_services_error_type_and_status(live: LiveServer) -> None:
+    """Two 409s of the tick route (``out_of_order``, ``future_timestamp``) and a 422 are told apart by the error's
+    ``error_type``, not by parsing its message."""
+    import time
+
+    m = market("CLET")
+    with Client(live.url) as c:
+        c.process(tick(m, 5))
+        with pytest.raises(TickOrderError) as order:
+            c.process(tick(m, 1))
+        with pytest.raises(InputError) as future:
+            c.process({**tick(m, 6), "timestamp": int(time.time() * 1000) + 86_400_000})
+        with pytest.raises(InputError) as invalid:
+            c.process({**tick(m, 6), "price": -1.0})
+        with pytest.raises(InputError) as part:  # a split batch's renamed error keeps them
+            c.process_batch([tick(m, 7), tick(market("CLEU"), 0), {**tick(m, 8), "price": -1.0}])
+    assert (order.value.error_type, order.value.http_status) == ("out_of_order", 409)
+    assert (future.value.error_type, future.value.http_status, future.value.field) == ("future_timestamp", 409, "timestamp")
+    assert (invalid.value.error_type, invalid.value.http_status) == ("validation", 422)
+    assert (part.value.error_type, part.value.http_status, part.value.field) == ("validation", 422, "ticks.2.price")
+
+
 def test_health_has_the_typed_fields_of_the_client(live: LiveServer) -> None:
     """``health()`` is typed ``Health``: the service's answer has its required keys, and no key or type it does not
     declare."""

@@ -164,6 +164,12 @@ def test_a_proxys_429_is_retried_after_its_retry_after() -> None:
             pytest.raises(CapacityError) as exc:
         c.process(tick("A", 0))
     assert exc.value.retry_after_s == 7.0
+    assert (exc.value.http_status, exc.value.error_type) == (429, "")  # a proxy's, not the service's error
+    full = {"error": {"type": "capacity", "message": "queue full", "field": None, "request_id": "r"}}
+    with client(httpx.MockTransport(lambda r: httpx.Response(503, json=full, headers={"Retry-After": "1"}))) as c, \
+            pytest.raises(CapacityError) as exc2:
+        c.process(tick("A", 0))
+    assert (exc2.value.http_status, exc2.value.error_type, exc2.value.retry_after_s) == (503, "capacity", 1.0)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), np.float64("nan"), Decimal("NaN")])
