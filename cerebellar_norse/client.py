@@ -302,13 +302,45 @@ CONNECT_RETRY_FIRST_S = 0.1
 """Wait before the first retry of a connection that could not be made, seconds; doubled at each retry."""
 
 
+def _real(value: object, name: str) -> float:
+    """``value`` as a float when it is a finite real number (not a bool), else an InputError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise InputError(f"must be a finite number of seconds, got {value!r}", name)
+    return float(value)
+
+
+def _check_arguments(base_url: object, token: object, timeout_s: object, retries: object, max_wait_s: object) -> None:
+    """InputError naming the argument of :class:`Client` that no request could be sent with, at construction: a
+    URL without ``http://`` or a token with a line break cannot fail at the first tick as if it had been sent."""
+    if not isinstance(base_url, str):
+        raise InputError(f"must be a URL string such as 'http://127.0.0.1:8080', got {type(base_url).__name__}",
+                         "base_url")
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise InputError(f"is not a URL ({exc}): {base_url!r}", "base_url") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise InputError(f"must start with http:// or https:// and name a host, e.g. 'http://127.0.0.1:8080', got "
+                         f"{base_url!r}", "base_url")
+    if token is not None and not (isinstance(token, str) and token.isascii() and token.isprintable()):
+        raise InputError("must be a string of printable ASCII characters (an HTTP header carries it) or None",
+                         "token")
+    if _real(timeout_s, "timeout_s") <= 0:
+        raise InputError(f"must be > 0 seconds, got {timeout_s!r}", "timeout_s")
+    if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
+        raise InputError(f"must be a whole number >= 0, got {retries!r}", "retries")
+    if _real(max_wait_s, "max_wait_s") < 0:
+        raise InputError(f"must be >= 0 seconds, got {max_wait_s!r}", "max_wait_s")
+
+
 class Client:
     """A synchronous client of ``base_url`` (a replica, or HAProxy in front of the replicas).
 
     Args:
         base_url: e.g. ``http://127.0.0.1:8080``.
         token: bearer token for the guarded routes (not needed for ticks).
-        timeout_s: per request, seconds.
+        timeout_s: seconds, > 0: the longest wait of each phase of a request (connecting, sending, each wait for
+            bytes of the answer), not of the whole call.
         retries: how often a request that was not delivered is tried again: a 503 with ``Retry-After``
             (queue full, market moving, starting) or a proxy's 429 after waiting what the server asked
             (capped at ``max_wait_s``); a refused connection, a connect or pool timeout (nothing was
@@ -321,6 +353,7 @@ class Client:
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0, retries: int = 0,
                  max_wait_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
+        _check_arguments(base_url, token, timeout_s, retries, max_wait_s)
         self._opts: dict[str, Any] = {"base_url": base_url, "timeout": timeout_s, "headers": bearer(token),
                                       "transport": transport}
         self.http = httpx.Client(**self._opts)

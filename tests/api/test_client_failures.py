@@ -250,3 +250,33 @@ def test_an_empty_batch_sends_nothing_and_has_no_results() -> None:
 
     with client(httpx.MockTransport(service)) as c:
         assert c.process_batch([]) == [] and sent == []
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"base_url": "127.0.0.1:8080"}, "base_url"),  # no scheme: httpx's UnsupportedProtocol at the first tick
+    ({"base_url": "localhost:8080"}, "base_url"),
+    ({"base_url": "ftp://127.0.0.1:8080"}, "base_url"),
+    ({"base_url": "http://[::1"}, "base_url"),  # httpx.InvalidURL, outside the tree
+    ({"token": "abc\ndef"}, "token"),  # h11's LocalProtocolError at the first tick
+    ({"token": "clé"}, "token"),  # UnicodeEncodeError
+    ({"timeout_s": -1}, "timeout_s"),
+    ({"timeout_s": 0}, "timeout_s"),
+    ({"timeout_s": float("nan")}, "timeout_s"),
+    ({"timeout_s": "5"}, "timeout_s"),
+    ({"retries": -1}, "retries"),
+    ({"retries": 1.5}, "retries"),
+    ({"max_wait_s": -1}, "max_wait_s"),  # a bare ValueError of time.sleep at the first retry
+])
+def test_an_argument_no_request_can_be_sent_with_is_an_input_error_naming_it(kw: dict[str, object], field: str) -> None:
+    """Refused when the client is made, before anything is sent: never an error saying the tick may have been
+    applied, nor an exception outside the tree."""
+    sent: list[str] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return httpx.Response(200, json={"market_id": "A"})
+
+    args: dict[str, object] = {"base_url": "http://svc", "transport": httpx.MockTransport(service), **kw}
+    with pytest.raises(InputError) as exc:
+        Client(**args)  # type: ignore[arg-type]
+    assert exc.value.field == field and not isinstance(exc.value, OutcomeUnknownError) and sent == []
