@@ -457,8 +457,11 @@ class Client:
         """
         try:
             r = self._connections().get("/health")
-        except httpx.HTTPError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise EngineFatalError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
+        except httpx.HTTPError as exc:  # connected, and the service (stopped, stalled) did not answer in time
+            raise EngineFatalError(f"GET /health of {self.http.base_url}: no answer ({type(exc).__name__}: "
+                                   f"{exc or 'no detail'}); the service took the connection but did not answer") from None
         try:
             body = r.json()
         except ValueError:

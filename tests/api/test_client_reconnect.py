@@ -12,7 +12,7 @@ import pytest
 
 import cerebellar_norse.client as client_module
 from cerebellar_norse.client import Client
-from cerebellar_norse.errors import EngineFatalError
+from cerebellar_norse.errors import EngineFatalError, OutcomeUnknownError
 
 TICK = {"price": 100.0, "volume": 1.0, "timestamp": 1_700_000_000_000, "market_id": "M"}
 
@@ -72,3 +72,17 @@ def test_a_refused_connection_is_retried_until_the_replica_listens(monkeypatch: 
     assert answer["market_id"] == "M"
     assert waits == [0.1]  # refused once, answered at the first retry
     assert len(seen) == 1 and json.loads(seen[0]) == TICK  # delivered once
+
+
+def test_a_service_that_takes_the_connection_and_never_answers_is_no_answer_not_unreachable() -> None:
+    """A stopped (SIGSTOP) or stalled service: the kernel accepts the connection, nothing answers. A tick is an
+    unknown outcome after ``timeout_s``; a health check says no answer came, not that the service cannot be reached."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)  # never accepted: connects complete in the kernel's backlog, nothing is read
+    with sock, Client(f"http://127.0.0.1:{sock.getsockname()[1]}", timeout_s=0.2) as c:
+        with pytest.raises(EngineFatalError) as health:
+            c.health()
+        assert "no answer" in str(health.value) and "cannot reach" not in str(health.value)
+        with pytest.raises(OutcomeUnknownError, match="no answer"):
+            c.process(TICK)
