@@ -213,3 +213,29 @@ def test_a_client_used_on_both_sides_of_a_fork_answers_each_process_its_own_tick
                 _, status = os.waitpid(pid, 0)
             assert child == "[]" and os.waitstatus_to_exitcode(status) == 0, child
             assert mine == [m] * per_round
+
+
+
+def test_the_client_examples_of_the_documentation_run_as_written(live: LiveServer) -> None:
+    """docs/scale-out.md's example and the client module's own run against a service (its URL for the port)."""
+    import contextlib
+    import io
+    import re
+    import textwrap
+    from pathlib import Path
+
+    import cerebellar_norse.client as client_module
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "scale-out.md").read_text(encoding="utf-8")
+    section = doc.split("### The Python client\n", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 1
+    module_example = textwrap.dedent((client_module.__doc__ or "").split("Example::\n", 1)[1])
+    printed = []
+    for name, code in [("docs/scale-out.md", blocks[0]), ("cerebellar_norse/client.py", module_example)]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code.replace("http://127.0.0.1:8080", live.url), name, "exec"), {"__name__": "example"})
+        printed.append(out.getvalue())
+    assert printed[0].startswith("['BTC-USD', 'ETH-USD', 'BTC-USD'] ")
+    assert -1.0 <= float(printed[1]) <= 1.0
