@@ -236,7 +236,11 @@ def error_from_response(r: httpx.Response) -> CerebellarNorseError:
 
 def _error_of(r: httpx.Response, err: dict[str, Any]) -> CerebellarNorseError:
     kind = str(err.get("type") or "http")
-    message = f"HTTP {r.status_code} {kind}: {err.get('message') or r.text[:200]}"
+    said = err.get("message") or (f"{r.request.method} {r.request.url} answered {r.text[:200]!r}, not the service's "
+                                  f"error (another server or a proxy: check the URL)" if r.text.strip() else
+                                  f"{r.request.method} {r.request.url} answered with an empty body, not the service's "
+                                  f"error (another server or a proxy: check the URL)")
+    message = f"HTTP {r.status_code} {kind}: {said}"
     field = str(err.get("field") or "")
     market = r.request.headers.get("x-market-id", "")
     if r.status_code in (429, 503):

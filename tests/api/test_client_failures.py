@@ -280,3 +280,14 @@ def test_an_argument_no_request_can_be_sent_with_is_an_input_error_naming_it(kw:
     with pytest.raises(InputError) as exc:
         Client(**args)  # type: ignore[arg-type]
     assert exc.value.field == field and not isinstance(exc.value, OutcomeUnknownError) and sent == []
+
+
+@pytest.mark.parametrize("body", ["", "<html>Not Found</html>"], ids=["empty", "html"])
+def test_an_answer_that_is_not_the_services_error_names_the_url(body: str) -> None:
+    """A 404 of another server (a base_url with the wrong port or path): the error says what was asked of whom,
+    not an empty ``HTTP 404 http:``."""
+    answer = httpx.MockTransport(lambda r: httpx.Response(404, text=body))
+    with client(answer) as c, pytest.raises(InputError) as exc:
+        c.process(tick("A", 0))
+    assert exc.value.http_status == 404 and exc.value.error_type == ""
+    assert "POST http://svc/neural/process answered" in str(exc.value) and "not the service's error" in str(exc.value)
