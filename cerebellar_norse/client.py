@@ -318,7 +318,8 @@ def _real(value: object, name: str) -> float:
     return float(value)
 
 
-def _check_arguments(base_url: object, token: object, timeout_s: object, retries: object, max_wait_s: object) -> None:
+def _check_arguments(base_url: object, token: object, timeout_s: object, retries: object, max_wait_s: object,
+                     keepalive_s: object) -> None:
     """InputError naming the argument of :class:`Client` that no request could be sent with, at construction: a
     URL without ``http://`` or a token with a line break cannot fail at the first tick as if it had been sent."""
     if not isinstance(base_url, str):
@@ -340,6 +341,8 @@ def _check_arguments(base_url: object, token: object, timeout_s: object, retries
         raise InputError(f"must be a whole number >= 0, got {retries!r}", "retries")
     if _real(max_wait_s, "max_wait_s") < 0:
         raise InputError(f"must be >= 0 seconds, got {max_wait_s!r}", "max_wait_s")
+    if _real(keepalive_s, "keepalive_s") < 0:
+        raise InputError(f"must be >= 0 seconds, got {keepalive_s!r}", "keepalive_s")
 
 
 class Client:
@@ -357,13 +360,20 @@ class Client:
             Nothing else is retried (a read timeout, a dropped connection, any other 5xx: the tick may
             have been applied).
         max_wait_s: longest wait before one retry, seconds.
+        keepalive_s: seconds an idle connection is kept for the next request; an older one is closed and a new one
+            opened. Keep it below the idle timeout of what the client talks to (``server.keep_alive_timeout``, 75 s;
+            HAProxy's ``timeout http-keep-alive``, else its ``timeout http-request``, 10 s as shipped): a request sent
+            on a connection the server closes at that moment is never read, and raises
+            :class:`OutcomeUnknownError` (nothing tells it from a service that died after reading it).
         transport: an httpx transport (tests).
     """
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0, retries: int = 0,
-                 max_wait_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
-        _check_arguments(base_url, token, timeout_s, retries, max_wait_s)
+                 max_wait_s: float = 5.0, transport: httpx.BaseTransport | None = None, keepalive_s: float = 5.0) -> None:
+        _check_arguments(base_url, token, timeout_s, retries, max_wait_s, keepalive_s)
         self._opts: dict[str, Any] = {"base_url": base_url, "timeout": timeout_s, "headers": bearer(token),
+                                      "limits": httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                                                            keepalive_expiry=keepalive_s),
                                       "transport": transport}
         self.http = httpx.Client(**self._opts)
         self._inherited = False  # set in a child process forked from the one that opened self.http's connections

@@ -266,6 +266,7 @@ def test_an_empty_batch_sends_nothing_and_has_no_results() -> None:
     ({"retries": -1}, "retries"),
     ({"retries": 1.5}, "retries"),
     ({"max_wait_s": -1}, "max_wait_s"),  # a bare ValueError of time.sleep at the first retry
+    ({"keepalive_s": float("inf")}, "keepalive_s"),
 ])
 def test_an_argument_no_request_can_be_sent_with_is_an_input_error_naming_it(kw: dict[str, object], field: str) -> None:
     """Refused when the client is made, before anything is sent: never an error saying the tick may have been

@@ -86,3 +86,45 @@ def test_a_service_that_takes_the_connection_and_never_answers_is_no_answer_not_
         assert "no answer" in str(health.value) and "cannot reach" not in str(health.value)
         with pytest.raises(OutcomeUnknownError, match="no answer"):
             c.process(TICK)
+
+
+def serve_keep_alive(sock: socket.socket, accepted: list[int], requests: int) -> None:
+    """Answer ``requests`` requests with a tick's result on kept-alive connections (each until the client closes
+    it); count the connections accepted."""
+    sock.listen(8)
+    sock.settimeout(20)
+    out = json.dumps({"market_id": "M", "prediction": 0.0}).encode()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(out), out)
+    served = 0
+    while served < requests:
+        conn, _ = sock.accept()
+        accepted.append(1)
+        conn.settimeout(20)
+        with conn:
+            data = b""
+            while served < requests and (chunk := conn.recv(65536)):
+                data += chunk
+                head, sep, rest = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), 0)
+                if sep and len(rest) >= length:
+                    data = rest[length:]
+                    conn.sendall(answer)
+                    served += 1
+
+
+@pytest.mark.parametrize(("keepalive_s", "connections"), [(0.1, 2), (60.0, 1)])
+def test_an_idle_connection_older_than_keepalive_s_is_not_reused(keepalive_s: float, connections: int) -> None:
+    """A service or proxy whose idle timeout is below the client's would close a kept-alive connection just as the
+    client sends on it (an unknown outcome for a tick never read): ``keepalive_s`` puts the client's below it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    accepted: list[int] = []
+    server = threading.Thread(target=serve_keep_alive, args=(sock, accepted, 2), daemon=True)
+    server.start()
+    with sock, Client(f"http://127.0.0.1:{sock.getsockname()[1]}", keepalive_s=keepalive_s) as c:
+        c.process(TICK)
+        time.sleep(0.3)  # idle longer than 0.1 s, far less than 60 s
+        c.process({**TICK, "timestamp": TICK["timestamp"] + 1000})  # type: ignore[operator]
+    server.join(10)
+    assert len(accepted) == connections
