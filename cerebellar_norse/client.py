@@ -415,7 +415,7 @@ class Client:
             rid = os.urandom(16).hex()  # each try its own id: the service's log and /debug/requests tell them apart
             try:
                 r = http.post(path, content=data, headers={"X-Market-ID": market, "Content-Type": "application/json",
-                                                                "X-Request-ID": rid})
+                                                           "X-Request-ID": rid})
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
                 if attempt < self.retries:
                     time.sleep(min(CONNECT_RETRY_FIRST_S * 2 ** attempt, self.max_wait_s))
