@@ -61,6 +61,7 @@ def test_a_trading_script_using_the_client_passes_mypy_strict(tmp_path: Path, re
 
     script = tmp_path / "trading.py"
     script.write_text(textwrap.dedent(USER_SCRIPT), encoding="utf-8")
-    cache = request.config.cache.mkdir("client-typing-mypy") if request.config.cache else tmp_path / "cache"
+    cache_provider = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    cache = cache_provider.mkdir("client-typing-mypy") if cache_provider else tmp_path / "cache"
     out, err, status = api.run(["--strict", "--no-error-summary", "--cache-dir", str(cache), str(script)])
     assert status == 0, out + err
