@@ -266,6 +266,25 @@ class ModelUnreadableError(CheckpointError):
                             f"aside): {remedy}", self._storage.path, self.errno)
 
 
+class NewerFormatError(StorageError):
+    """A state dir file written by a newer version of the service, in a format this version does not read.
+
+    The start stops with this one line and leaves the file as it is: moved aside, what it holds would be lost to the
+    version that wrote it (an upgrade rolled back). Start that version again, or move the file away on purpose.
+
+    Attributes:
+        found: the file's format number.
+        supported: the newest format this version reads.
+    """
+
+    def __init__(self, path: str, what: str, found: int, supported: int, remedy: str) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(f"{path}: written by a newer version of cerebellar-norse ({what} format {found}; this version "
+                         f"reads format {supported} and older): the service does not start on it and leaves it as it "
+                         f"is: start the version that wrote it (or a later one), or {remedy}", path)
+
+
 class ForeignStateDirError(CheckpointError):
     """A readable state file written by another state dir (its ``state_id`` is not this dir's): moved aside as foreign.
 

@@ -31,7 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, ForeignStateDirError, ForeignStateError, InputError, StorageError, quoted
+from ..errors import (
+    CheckpointError,
+    ForeignStateDirError,
+    ForeignStateError,
+    InputError,
+    NewerFormatError,
+    StorageError,
+    quoted,
+)
 from ..neurons.encoder import N_ENC_STATE, S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 from ..neurons.state import STATE_FIELDS
 from ..storage import fsync_dir, read_checksummed, retrying, unseal, write_checksummed
@@ -39,6 +47,10 @@ from ..ticks import TS_MAX_MS, check_market_id
 from .pool import StatePool
 
 STATE_FILE = "market_state.bin"
+# The format of market_state.bin's payload (its ``format`` entry; a file without one, written before the entry, is 1).
+# Raise it when a change means an older version would misread the file: that version then refuses it (NewerFormatError)
+# instead of loading it, and moves nothing aside.
+STATE_FORMAT = 1
 
 
 def fingerprint_json(fingerprint: dict[str, Any]) -> Any:
@@ -58,6 +70,22 @@ STATE_ID_MAX = 64  # characters of a state dir identity (one is 32: a UUID's hex
 def is_state_id(sid: object) -> bool:
     """Whether ``sid`` can be a state dir identity: 1 to ``STATE_ID_MAX`` ASCII letters and digits."""
     return isinstance(sid, str) and 0 < len(sid) <= STATE_ID_MAX and sid.isascii() and sid.isalnum()
+
+
+def check_format(value: object, supported: int, path: str, what: str, remedy: str) -> None:
+    """Raise unless ``value``, a file's format marker (None: written before markers, format 1), is one this version
+    reads.
+
+    Raises:
+        CheckpointError: the marker is garbled (the file is damaged).
+        NewerFormatError: a newer version wrote the file; nothing is to be moved aside.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{what} format {quoted(str(value), 40)} is no format number", path)
+    if value > supported:
+        raise NewerFormatError(path, what, value, supported, remedy)
 
 
 @dataclass(frozen=True)
@@ -146,8 +174,9 @@ def write_snapshot(snap: PoolSnapshot, path: Path, fingerprint: dict[str, Any], 
     """
     buf = io.BytesIO()
     extra = {} if state_id is None else {"state_id": np.array(state_id, dtype=np.str_)}
-    np.savez(buf, markets=np.array(snap.markets, dtype=np.str_), fingerprint=np.array(json.dumps(fingerprint, sort_keys=True)),
-             journal_seq=np.array(journal_seq, dtype=np.int64), **extra, **snap.arrays)  # type: ignore[arg-type]
+    np.savez(buf, format=np.array(STATE_FORMAT, dtype=np.int64), markets=np.array(snap.markets, dtype=np.str_),
+             fingerprint=np.array(json.dumps(fingerprint, sort_keys=True)), journal_seq=np.array(journal_seq, dtype=np.int64),
+             **extra, **snap.arrays)  # type: ignore[arg-type]
     write_checksummed(path, buf.getvalue())
     return len(snap.markets)
 
@@ -175,13 +204,17 @@ def read_state_payload(payload: bytes, where: str) -> StateFile:
     """The checkpoint in a verified ``payload`` (the npz :func:`save_pool` seals); ``where`` names it in errors.
 
     Raises:
-        CheckpointError: no npz, or its fingerprint, markets, journal position or identity cannot be read.
+        CheckpointError: no npz, or its format, fingerprint, markets, journal position or identity cannot be read.
+        NewerFormatError: a newer version wrote it (checked first: its other entries may mean something else).
     """
     try:
         with np.load(io.BytesIO(payload), allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
     except Exception as exc:  # a valid checksum over an unreadable npz: written by something else
         raise CheckpointError(f"unreadable state payload: {exc}", where) from None
+    fmt = data.get("format")
+    check_format(None if fmt is None else (fmt.item() if fmt.ndim == 0 and fmt.dtype.kind in "iu" else str(fmt)),
+                 STATE_FORMAT, where, "market state", "move the file away to start every market from rest")
     try:
         saved_fp = json.loads(str(data["fingerprint"]))
         markets = [str(m) for m in data["markets"]]

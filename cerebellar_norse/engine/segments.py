@@ -8,7 +8,8 @@ Layout
 Format (sizes in bytes, integers little-endian)
     A segment of ``size`` bytes is reserved on disk when it is created
     (:func:`create_segment`). It starts with a header (:data:`MAGIC`, then a record
-    ``<u32 length><u32 CRC-32>`` + JSON: network fingerprint, base sequence number, size
+    ``<u32 length><u32 CRC-32>`` + JSON: the format (:data:`FORMAT`; none in files
+    written before it, which are format 1), network fingerprint, base sequence number, size
     reserved, the state dir's identity, the pool's capacity, the largest record its
     writer appends) padded to :data:`HEADER_SIZE`; records follow, each
     ``<u32 length><u32 CRC-32>`` + body, body ``<u64 seq><u8 kind><u32 count>`` + items
@@ -40,14 +41,17 @@ from pathlib import Path
 from typing import Any
 from zlib import crc32
 
-from ..errors import InputError, quoted
+from ..errors import CheckpointError, InputError, quoted
 from ..storage import retrying
 from ..ticks import TS_MAX_MS, Tick, check_market_id, check_price, check_volume
-from .persistence import is_state_id
+from .persistence import check_format, is_state_id
 
 JOURNAL_DIR = "journal"
 SUFFIX = ".journal"
 MAGIC = b"CNJRNL1\n"
+# The format of a segment (its header's ``format``). Raise it when a change means an older version would misread the
+# file: that version then refuses to start on it (NewerFormatError) instead of moving it aside as damaged.
+FORMAT = 1
 HEADER_SIZE = 4096
 KIND_TICKS = 1
 KIND_RELEASE = 2
@@ -59,11 +63,13 @@ ONE = struct.Struct("<QBIddqB")  # the body of a one-tick record, up to the mark
 ID = struct.Struct("<B")
 
 
-def parse_header(data: bytes) -> dict[str, Any]:
-    """The JSON object in a segment's header (``data``: the file, or at least its first HEADER_SIZE bytes).
+def parse_header(data: bytes, path: Path | str = "") -> dict[str, Any]:
+    """The JSON object in a segment's header (``data``: the file, or at least its first HEADER_SIZE bytes; ``path``
+    names it in errors).
 
     Raises:
         ValueError: not a journal file, or its header is damaged.
+        NewerFormatError: a newer version of the service wrote it (:data:`FORMAT`).
     """
     if len(data) < HEADER_SIZE or not data.startswith(MAGIC):
         raise ValueError("not a journal file (bad magic or shorter than its header)")
@@ -78,6 +84,11 @@ def parse_header(data: bytes) -> dict[str, Any]:
         raise ValueError(f"unreadable journal header: {exc}") from None
     if not isinstance(head, dict):
         raise ValueError(f"unreadable journal header: a {type(head).__name__}, not an object")
+    try:
+        check_format(head.get("format"), FORMAT, str(path), "journal", "move the journal files away on purpose (the ticks "
+                     "they hold after market_state.bin are then lost)")
+    except CheckpointError as exc:
+        raise ValueError(f"unreadable journal header: {exc.reason}") from None
     return head
 
 
@@ -85,7 +96,7 @@ def segment_state_id(path: Path) -> tuple[bool, str | None]:
     """(readable, identity) of a segment from its header alone; (False, None) when the header cannot be read."""
     try:
         with open(path, "rb") as f:
-            sid = parse_header(f.read(HEADER_SIZE)).get("state_id")
+            sid = parse_header(f.read(HEADER_SIZE), path).get("state_id")
     except (OSError, ValueError):
         return False, None
     if sid is not None and not is_state_id(sid):
@@ -135,7 +146,7 @@ class SegmentReader:
         self.bound_recorded = False  # whether the header has its writer's max_record (else the caller's is used)
         self.cut_by_bound = False  # whether ``unfinished`` was told by ``max_record`` (a cut before the record's header)
         self.last_seq: int | None = None
-        head = parse_header(self.data)
+        head = parse_header(self.data, path)
         try:
             self.base = int(head["base_seq"])
             self.fingerprint: dict[str, Any] = dict(head["fingerprint"])
@@ -478,7 +489,7 @@ def _new_file(directory: Path, tmp: Path, size: int, header: bytes) -> Iterator[
 def _new_header(base: int, fingerprint: dict[str, Any], size: int, state_id: str | None, capacity: int | None,
                 max_record: int | None) -> bytes:
     """The header bytes of a new segment (:func:`create_segment`'s arguments; this process, now)."""
-    return _header({"base_seq": base, "fingerprint": fingerprint,
+    return _header({"format": FORMAT, "base_seq": base, "fingerprint": fingerprint,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid(), "size": size,
                     **({} if state_id is None else {"state_id": state_id}),
                     **({} if capacity is None else {"capacity": capacity}),

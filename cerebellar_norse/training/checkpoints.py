@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import Config, NeuralConfig
-from ..errors import CerebellarNorseError, CheckpointError, InputError, ModelUnreadableError, StorageError, quoted
+from ..errors import (
+    CerebellarNorseError,
+    CheckpointError,
+    InputError,
+    ModelUnreadableError,
+    NewerFormatError,
+    StorageError,
+    quoted,
+)
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
 from ..storage import atomic_write_bytes, fsync_dir, read_refused, retrying, sha256_bytes
@@ -772,6 +780,9 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         except CheckpointError as exc:
             problems.append(f"{exc}: the service moves it aside at start and every market starts from rest")
             continue
+        except NewerFormatError as exc:  # the start refuses it, moving nothing: the message says so
+            problems.append(str(exc))
+            continue
         saved_with = state.fingerprint.get("model_version") if isinstance(state.fingerprint, dict) else None
         models = ModelStore(spath.parent).root
         if (isinstance(saved_with, str) and not saved_with.startswith("seed-")
@@ -839,6 +850,9 @@ def _verify_journals(root: Path, ok: list[str], problems: list[str]) -> dict[Pat
             except ValueError as exc:
                 problems.append(f"{path}: {getattr(exc, 'strerror', None) or exc}: the service moves it aside at start "
                                 f"and its ticks are lost")
+                continue
+            except NewerFormatError as exc:  # the start refuses it, moving nothing: the message says so
+                problems.append(str(exc))
                 continue
             if reader.state_id is not None and dir_id is not None and reader.state_id != dir_id:
                 problems.append(f"{path}: written by another state dir (its state id is {reader.state_id}; "

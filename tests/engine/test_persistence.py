@@ -15,7 +15,7 @@ import pytest
 from engine_helpers import ConfigFactory, assert_same_state
 
 from cerebellar_norse.engine.engine import Engine
-from cerebellar_norse.engine.persistence import STATE_FILE, check_writable, load_pool, save_pool
+from cerebellar_norse.engine.persistence import STATE_FILE, STATE_FORMAT, check_writable, load_pool, save_pool
 from cerebellar_norse.errors import CheckpointError, StorageError
 from cerebellar_norse.neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_N_TICKS, S_VAR
 from cerebellar_norse.neurons.state import STATE_FIELDS
@@ -68,7 +68,7 @@ def test_round_trip_keeps_states_and_lru_order(engine: Engine, engine_config: Co
 
 
 def test_file_format(engine: Engine, tmp_path: Path) -> None:
-    """SHA-256 header, then an .npz with market ids, fingerprint and one array per state field."""
+    """SHA-256 header, then an .npz with its format, market ids, fingerprint and one array per state field."""
     filled(engine, ["A", "B"])
     path = tmp_path / STATE_FILE
     save_pool(engine.pool, path, engine.fingerprint())
@@ -77,7 +77,8 @@ def test_file_format(engine: Engine, tmp_path: Path) -> None:
     header, payload = raw.split(b"\n", 1)
     assert header[len(MAGIC):].decode() == sha256_bytes(payload)
     with np.load(io.BytesIO(payload), allow_pickle=False) as z:
-        assert set(z.files) == {"markets", "fingerprint", "journal_seq", *STATE_FIELDS}
+        assert set(z.files) == {"format", "markets", "fingerprint", "journal_seq", *STATE_FIELDS}
+        assert int(z["format"]) == STATE_FORMAT
         assert int(z["journal_seq"]) == 0  # no journal: nothing after the file to replay
         assert z["markets"].tolist() == ["A", "B"]
         assert json.loads(str(z["fingerprint"])) == json.loads(json.dumps(engine.fingerprint()))
