@@ -135,8 +135,13 @@ def read_export(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         # (numpy's own words for bytes that are no npz archive advise loading them with pickle, never done here)
         why = "not an npz archive of arrays" if "pickle" in str(exc) else f"{type(exc).__name__}: {exc}"
         raise CheckpointError(f"not an exported market state ({why})", where) from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"unknown export format {meta.get('format') if isinstance(meta, dict) else meta!r} "
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > FORMAT:
+        raise CheckpointError(f"exported by a newer version of cerebellar-norse (export format {fmt}; this version reads "
+                              f"format {FORMAT}): import it into a replica running that version, or upgrade this one "
+                              "first", where)
+    if not isinstance(meta, dict) or fmt != FORMAT:
+        raise CheckpointError(f"unknown export format {fmt if isinstance(meta, dict) else meta!r} "
                               f"(this service reads format {FORMAT})", where)
     return meta, arrays
 

@@ -245,6 +245,22 @@ def test_an_export_resealed_with_bad_values_is_refused(trio: tuple[TestClient, T
     assert r.status_code == 200 and (r.json()["ticks"], r.json()["last_timestamp"]) == (6, ts), r.text
 
 
+def test_an_export_of_a_newer_format_is_refused_as_such(trio: tuple[TestClient, TestClient, TestClient]) -> None:
+    """During a rolling upgrade a market moved from a replica of a newer version (its export format raised) to one of
+    this version is refused saying so (it read 'unknown export format 2'), and a garbled format as before."""
+    a, b, _ = trio
+    send(a, "R", range(3))
+    blob = a.post("/neural/markets/R/export", headers=AUTH).content
+    r = b.put("/neural/markets/R/state", content=_resealed(blob, {"format": 2}), headers=BLOB)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"].startswith(
+        "request body: exported by a newer version of cerebellar-norse (export format 2; this version reads format 1): "
+        "import it into a replica running that version"), r.text
+    r = b.put("/neural/markets/R/state", content=_resealed(blob, {"format": "2"}), headers=BLOB)
+    assert r.status_code == 422 and "unknown export format '2' (this service reads format 1)" in r.text, r.text
+    assert b.get("/debug/markets/R/state", headers=AUTH).status_code == 404  # nothing was imported
+
+
 @pytest.mark.parametrize("bad_id", ["R\n1", " R", "R" * 65, "R\u00e9"])
 def test_an_import_under_an_invalid_market_id_is_refused(trio: tuple[TestClient, TestClient, TestClient],
                                                          bad_id: str) -> None:
