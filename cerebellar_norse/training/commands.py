@@ -23,6 +23,7 @@ from .checkpoints import (
     seen_until,  # noqa: F401  (imported from here by callers)
     served_weights,
     shape_mismatch,
+    trained_on_generated,
     verify_tree,
     weights_to_bytes,
 )
@@ -323,6 +324,19 @@ def _in_sample(metrics: dict[str, Any], prep: Any, store: ModelStore | None = No
                                             "score the model on ticks it was not trained on")}
 
 
+def _in_sample_unknown(metrics: dict[str, Any], version: str, store: ModelStore | None = None) -> str | None:
+    """Why the in-sample check (:func:`_in_sample`) cannot be made for a model, or None when it can: a model stored by
+    an earlier version that recorded neither the split times of its data (``data.splits``) nor its fingerprint, nor
+    does any model its training started from. Its training ticks would be scored as unseen, without a word."""
+    data = metrics.get("data")
+    if trained_on_generated(metrics) or seen_periods(metrics, store) or (isinstance(data, dict) and data.get("fingerprint")):
+        return None
+    return (f"model {version} records neither the period nor a fingerprint of the data it was trained and validated on "
+            "(its metrics.json has no data.splits: it was stored by an earlier version of cerebellar-norse), so whether "
+            "the scored ticks are in sample cannot be told; score it only on ticks it cannot have been trained on, or "
+            "train it again with this version")
+
+
 def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,
                  as_json: bool, since: str | None = None) -> int:
     """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
@@ -379,11 +393,12 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         for line in lines:
             print(f"warning: {check_warning(market_id, line, 'the scored ticks, the labels and the P&L')}", file=sys.stderr)
     in_sample = _in_sample(model.metrics, prep, store)
+    in_sample_unknown = None if in_sample else _in_sample_unknown(model.metrics, version, store)
     unscored = {pm.market_id: len(pm.ticks) for pm in prep.markets if not pm.scored.any()}
     summary.update({"model_version": version, "edge": model.metrics.get("edge"), "base_rates_from": base_source,
                     "warmup_ticks": cfg.neural.warmup_ticks, "files": [str(f) for f in files], "since": since,
                     "since_utc": None if since_ms is None else iso_ms(since_ms),
-                    "in_sample": in_sample, "unscored_markets": unscored, "data_checks": checks,
+                    "in_sample": in_sample, "in_sample_unknown": in_sample_unknown, "unscored_markets": unscored, "data_checks": checks,
                     "stock_splits": data.stock_splits})
     summary["verdict"] = verdict(summary)
     stage("scored")
@@ -394,6 +409,8 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
               file=sys.stderr)
     if in_sample:
         print(f"warning: {in_sample['message']}", file=sys.stderr)
+    if in_sample_unknown:
+        print(f"warning: {in_sample_unknown}", file=sys.stderr)
     if report:
         html = render_html(summary, cumulative, model.metrics.get("history"), title=f"cerebellar-norse evaluation of {version}")
         _write_output(Path(report), html.encode("utf-8"))

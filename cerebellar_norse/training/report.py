@@ -59,7 +59,8 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     """What the figures of ``summary`` (``evaluation.score``'s, with ``edge`` and ``in_sample`` where known) support:
     ``{"action": "trade" | "do_not_trade" | "collect_more_data", "reason": ...}``.
 
-    In order: figures in sample, a model without a directional edge (``edge`` none or flat), no intervals, a
+    In order: figures in sample, figures whose being in sample cannot be told (``in_sample_unknown``: a model stored
+    by an earlier version without the period or fingerprint of its data), a model without a directional edge (``edge`` none or flat), no intervals, a
     direction log loss worse than a directional baseline (``DIRECTION_BASELINES``) with its 95 % interval above
     0, or one whose interval includes 0 and whose difference is not below 0 are ``do_not_trade``; better than
     every one by the point estimates but with an interval including 0 is ``collect_more_data``; better than every one
@@ -79,6 +80,10 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
         return {"action": "do_not_trade",
                 "reason": f"{which} {what}: in-sample figures cannot tell skill from fitting; decide on unseen ticks only"
                           + (f" (evaluate --since {in_sample['since']})" if in_sample.get("since") else "")}
+    if summary.get("in_sample_unknown"):
+        return {"action": "do_not_trade",
+                "reason": "whether the scored ticks are in sample cannot be told (the model records neither the period "
+                          "nor a fingerprint of the data it was trained on): decide on ticks known to be unseen only"}
     edge = summary.get("edge")
     if edge == "none":
         return {"action": "do_not_trade", "reason": "training found no edge: the model serves its base rates"}
@@ -167,6 +172,8 @@ def headline(summary: Mapping[str, Any]) -> list[str]:
     in_sample = summary.get("in_sample")
     if isinstance(in_sample, Mapping) and in_sample.get("message"):
         lines.append(f"IN SAMPLE: {in_sample['message']}")
+    if summary.get("in_sample_unknown"):
+        lines.append(f"IN SAMPLE UNKNOWN: {summary['in_sample_unknown']}")
     note = edge_note(summary.get("edge"))
     if note:
         lines.append(note)

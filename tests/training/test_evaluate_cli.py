@@ -240,6 +240,31 @@ def test_evaluate_takes_the_training_base_rates_of_a_model_that_recorded_no_vali
     assert [summary["base_rates"][c] for c in ("down", "flat", "up")] == pytest.approx(list((train + 1) / (train.sum() + 3)))
 
 
+def test_evaluate_says_it_cannot_tell_what_is_in_sample_for_a_model_stored_without_its_data_period(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Models stored by earlier versions recorded neither their data's split times (data.splits) nor its fingerprint.
+    Evaluated on the file they were trained on, their in-sample figures were reported as an estimate on unseen data,
+    with no warning and a verdict that could say trade; now the summary says the check cannot be made, and so does
+    the verdict."""
+    assert main(["train", "ticks.csv", "--epochs", "1", "--json"]) == 0
+    version = _json(capsys)["model_version"]
+    store = ModelStore(env / "state")
+    model = store.load(version)
+    for key in ("splits", "fingerprint"):  # as a model of an earlier version has it
+        model.metrics["data"].pop(key, None)
+    model.metrics.pop("lineage", None)
+    older = store.save(model.weights, load_config(None), model.metrics)
+    assert main(["evaluate", "ticks.csv", "--model", older, "--json", "--bootstrap", "0"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["in_sample"] is None
+    assert summary["in_sample_unknown"].startswith(f"model {older} records neither the period nor a fingerprint of the "
+                                                   "data it was trained and validated on")
+    assert f"warning: {summary['in_sample_unknown']}" in captured.err
+    assert summary["verdict"]["action"] == "do_not_trade"
+    assert summary["verdict"]["reason"].startswith("whether the scored ticks are in sample cannot be told")
+
+
 def test_activate_is_refused_while_a_service_holds_the_state_dir(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from cerebellar_norse.engine.state_dir import StateDirLock
 
