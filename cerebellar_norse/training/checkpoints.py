@@ -5,7 +5,8 @@ A model directory holds:
 * ``weights.npz`` – every array of :class:`~cerebellar_norse.neurons.topology.Weights`;
 * ``config.json`` – the ``[neural]`` section it was trained with (its network shape);
 * ``metrics.json`` – validation metrics, history, data summary;
-* ``manifest.json`` – SHA-256 and size of each file above, the version and creation time.
+* ``manifest.json`` – SHA-256 and size of each file above, the version and creation time, and the format
+  (:data:`MODEL_FORMAT`; none in models stored before it, which are format 1).
 
 It is written into ``models/.tmp-<version>-<pid>/`` (each file fsynced), then renamed
 to ``models/<version>/`` and the directory fsynced: a killed writer leaves only a
@@ -53,6 +54,10 @@ log = logging.getLogger("cerebellar_norse.models")
 
 FILES = ("weights.npz", "config.json", "metrics.json")
 MANIFEST = "manifest.json"
+# The format of a model directory (its manifest's ``format``; a manifest without one, written before it, is 1). Raise it
+# when a change means an older version would misread the model: that version then refuses it, naming the format,
+# instead of serving it.
+MODEL_FORMAT = 1
 ACTIVE = "ACTIVE"
 MODELS_DIR = "models"  # the model store's directory in a state dir
 # ModelStore.fallback when models are stored but none was ever activated: the newest valid one is served
@@ -360,7 +365,7 @@ class ModelStore:
         }
         for name, data in payloads.items():
             atomic_write_bytes(tmp / name, data)
-        manifest = {"version": version, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        manifest = {"format": MODEL_FORMAT, "version": version, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in payloads.items()}}
         atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
         retrying(os.rename, tmp, self.root / version)
@@ -503,6 +508,13 @@ def parse_manifest(text: str | bytes, where: str) -> dict[str, Any]:
                               where)
     if not isinstance(manifest.get("version", ""), str):
         raise CheckpointError(f"the manifest's version is not a string: {manifest['version']!r}", where)
+    fmt = manifest.get("format")
+    if fmt is not None and (isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1):
+        raise CheckpointError(f"the manifest's format {quoted(str(fmt), 40)} is no format number", where)
+    if fmt is not None and fmt > MODEL_FORMAT:
+        raise CheckpointError(f"written by a newer version of cerebellar-norse (model format {fmt}; this version reads "
+                              f"format {MODEL_FORMAT} and older): serve it with that version (or a later one), or "
+                              "activate a model this version stored", where)
     return manifest
 
 

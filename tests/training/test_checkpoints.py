@@ -25,6 +25,7 @@ from cerebellar_norse.neurons.topology import Weights, generate_weights
 from cerebellar_norse.training.checkpoints import (
     FILES,
     MANIFEST,
+    MODEL_FORMAT,
     WEIGHT_FIELDS,
     ModelStore,
     StoredModel,
@@ -211,6 +212,37 @@ def test_manifest_of_the_wrong_shape_is_named(cfg: Config, store: ModelStore, te
     with pytest.raises(CheckpointError, match="manifest") as exc:
         parse_manifest(text, "request body: manifest.json")
     assert exc.value.path == "request body: manifest.json"
+
+
+def test_a_model_of_a_newer_format_is_refused_as_such_and_one_without_a_format_is_served(
+        cfg: Config, store: ModelStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model directory carried no format marker: a model a newer version stored in a changed format (found after a
+    rollback, or uploaded to a replica not yet upgraded) would have been served as if it were of this version's. Its
+    manifest says its format now; a newer one is refused naming it, at start (another model is served) as on upload
+    and by --validate-model; a manifest without one (models stored before the marker) is format 1."""
+    w = generate_weights(cfg)
+    store.save(w, cfg, METRICS, version=V1)
+    store.save(perturbed(w, 0.1), cfg, METRICS, version=V2)
+    store.set_active(V2)
+    mpath = store.root / V2 / MANIFEST
+    manifest = json.loads(mpath.read_text())
+    assert manifest["format"] == MODEL_FORMAT == 1
+    del manifest["format"]  # as models stored before the marker
+    mpath.write_text(json.dumps(manifest))
+    assert store.load_for_service(cfg).version == V2  # type: ignore[union-attr]
+    mpath.write_text(json.dumps({**manifest, "format": 2}))
+    newer = (f"{mpath}: written by a newer version of cerebellar-norse (model format 2; this version reads format 1 "
+             "and older)")
+    with pytest.raises(CheckpointError) as exc:
+        load_model_dir(store.root / V2)
+    assert str(exc.value).startswith(newer)
+    assert store.load_for_service(cfg).version == V1  # type: ignore[union-attr]
+    assert "written by a newer version" in store.refused[V2]
+    with pytest.raises(CheckpointError, match="model format 2"):
+        parse_manifest(mpath.read_bytes(), "request body: manifest.json")
+    assert cmd_validate_model(str(store.root / V2)) == 1
+    assert newer in capsys.readouterr().err
+    assert json.loads(mpath.read_text())["format"] == 2  # left as it is
 
 
 @pytest.mark.parametrize("version", ["A" * 5000, "v1\nERROR forged log line", "../v1", ".v1", ""],
