@@ -12,6 +12,7 @@
   consistency checks of a start, run on that mix) is refused as a whole;
   a changed ``logging.level`` while ``CEREBELLAR_NORSE_LOG`` is set is logged as
   overridden by it. The reload's outcome is logged whatever the level in force.
+  Once a stop has begun (its drain included) a SIGHUP is logged and ignored.
 * Market state: restored (and the tick journal replayed) before the socket opens,
   checkpointed periodically while serving, saved at shutdown. A state write that
   fails stops the service with exit code 1 (see :func:`state_write_failed`).
@@ -151,6 +152,11 @@ def serving_status(state: ServiceState, note: str = "") -> str:
     return f"{line} ({note})" if note else line
 
 
+def stopping(state: ServiceState) -> bool:
+    """True once a stop has begun: a SIGTERM's drain (``server.drain_s``) runs, or the server is shutting down."""
+    return state.draining or bool(getattr(state.server, "should_exit", False))
+
+
 def reload_config(state: ServiceState, path: str | None) -> None:
     """Handle SIGHUP: re-read ``path``, apply what is safe, log what needs a restart.
 
@@ -158,7 +164,15 @@ def reload_config(state: ServiceState, path: str | None) -> None:
     that raises the level to WARNING, or one made while it is ERROR, still leaves its line
     in the journal. A changed ``logging.level`` while ``CEREBELLAR_NORSE_LOG`` sets the
     level is listed as ``overridden``, not ``applied``: the variable still wins.
+
+    Once a stop has begun (a drain, ``server.drain_s``, or the shutdown after it) a reload is
+    ignored, saying so: the running config stays in force until the process exits, and
+    systemd is not told the service is ready and serving again while it stops.
     """
+    if stopping(state):
+        log_always(log, logging.WARNING, "reload requested while the service is stopping: ignored (the running config "
+                                         "stays in force until it exits; start it again to use the file)")
+        return
     if path is None:
         log_always(log, logging.INFO, "reload requested but the service runs on the built-in default config: "
                                       "nothing to reload")

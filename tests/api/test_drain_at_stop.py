@@ -10,6 +10,7 @@ Each test starts the real service in a subprocess and talks to it over real sock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -136,3 +137,39 @@ def test_a_sigint_ends_the_drain(tmp_path: Path) -> None:
         assert "early by a second signal (SIGINT)" in srv.log() and "service stopped" in srv.log()
     finally:
         srv.stop()
+
+
+def test_a_reload_while_draining_is_ignored_and_never_tells_systemd_the_service_serves(tmp_path: Path) -> None:
+    """A SIGHUP during the drain applied the file's live keys and sent READY=1 with a ``serving model …`` status line
+    after STOPPING=1: ``systemctl status`` said the stopping service served. Now it is logged and ignored."""
+    notify = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.setblocking(False)
+    cfg = tmp_path / "service.toml"
+    cfg.write_text("[server]\ndrain_s = 300\n[performance]\nqueue_size = 4096\n")
+    srv = start(tmp_path / "state", tmp_path / "server.log", {"NOTIFY_SOCKET": str(notify)}, args=["--config", str(cfg)])
+    try:
+        srv.proc.send_signal(signal.SIGTERM)
+        _wait_draining(srv)
+        cfg.write_text("[server]\ndrain_s = 1\n[performance]\nqueue_size = 1000\n")
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "reload requested while the service is stopping: ignored" not in srv.log():
+            assert time.monotonic() < deadline and srv.proc.poll() is None, srv.log()[-3000:]
+            time.sleep(0.05)
+        health = httpx.get(f"{srv.url}/health", timeout=5)
+        assert health.status_code == 503 and health.json()["queue_capacity"] == 4096  # the running config kept
+        assert "config reloaded" not in srv.log()
+        sent = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                sent.append(sock.recv(4096).decode())
+        after_stop = sent[next(i for i, m in enumerate(sent) if "STOPPING=1" in m):]
+        assert not any("READY=1" in m or "RELOADING=1" in m or "serving model" in m for m in after_stop), sent
+        srv.proc.send_signal(signal.SIGTERM)  # ends the drain: still the 300 s one, not the file's 1 s
+        assert srv.proc.wait(timeout=60) == 0, srv.log()[-3000:]
+        assert "early by a second signal (SIGTERM)" in srv.log()
+    finally:
+        srv.stop()
+        sock.close()
