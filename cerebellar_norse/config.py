@@ -43,6 +43,22 @@ from .timezones import DEFAULT_ZONE, parse_zone
 ENV_PREFIX = "CEREBELLAR_NORSE_"
 LEVEL_NAMES = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+# Keys a reload (SIGHUP) applies to the running service; every other changed key needs a restart (README.md's
+# reference table says which, from this tuple). server.api_token: only added where there was none.
+LIVE_KEYS = (
+    "logging.level",
+    "performance.max_batch_delay_us",
+    "performance.queue_size",
+    "performance.busy_poll_us",
+    "performance.warm_step_interval_us",
+    "performance.warm_window_ms",
+    "server.api_token",
+    "server.drain_s",
+    "debug.record_requests",
+    "training.auto_activate",
+    "training.reset_state_on_swap",
+)
+
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]+)?\s*")
 _SIZE_UNITS = sorted(ByteSize.byte_sizes, key=lambda u: (-len(u), u))  # longest first, for the schema's alternation
 

@@ -24,7 +24,7 @@ import annotated_types
 from pydantic import BaseModel, ByteSize, SecretStr
 from pydantic.fields import FieldInfo
 
-from cerebellar_norse.config import Config
+from cerebellar_norse.config import LIVE_KEYS, Config
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -39,7 +39,22 @@ class Row(NamedTuple):
     key: str
     type: str
     default: str
+    reload: str
     meaning: str
+
+
+# What a reload (SIGHUP) does with a changed key whose handling is not simply "applied at once" or "restart".
+RELOAD_NOTES = {
+    "server.api_token": "adding one applies at once; removing or changing it is refused (restart)",
+    "server.drain_s": "applies at once (to the next stop)",
+}
+
+
+def reload_effect(key: str) -> str:
+    """What a reload (SIGHUP) does with a changed ``key``: applied at once (``LIVE_KEYS``), or restart."""
+    if key in RELOAD_NOTES:
+        return RELOAD_NOTES[key]
+    return "applies at once" if key in LIVE_KEYS else "restart"
 
 
 def _type_name(annotation: Any) -> str:
@@ -111,7 +126,7 @@ def _rows(model: BaseModel, prefix: str, context: str = "") -> list[Row]:
         meaning = field.description or ""
         if context and meaning:
             meaning = context + meaning[0].lower() + meaning[1:]
-        rows.append(Row(key, typ, _default(value), meaning))
+        rows.append(Row(key, typ, _default(value), reload_effect(key), meaning))
     return rows
 
 
@@ -135,9 +150,9 @@ def _cell(text: str) -> str:
 
 def markdown_table() -> str:
     """The reference as one Markdown table (no trailing newline)."""
-    lines = ["| Key | Type | Default | Meaning |", "|---|---|---|---|"]
+    lines = ["| Key | Type | Default | Reload | Meaning |", "|---|---|---|---|---|"]
     for r in reference_rows():
-        lines.append(f"| `{r.key}` | {_cell(r.type)} | `{_cell(r.default)}` | {_cell(r.meaning)} |")
+        lines.append(f"| `{r.key}` | {_cell(r.type)} | `{_cell(r.default)}` | {_cell(r.reload)} | {_cell(r.meaning)} |")
     return "\n".join(lines)
 
 

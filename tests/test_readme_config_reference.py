@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cerebellar_norse.config import Config
+from cerebellar_norse.config import LIVE_KEYS, Config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "scripts" / "config_reference.py"
@@ -64,7 +64,7 @@ def test_script_prints_the_table_as_a_command() -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT)], cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "| Key | Type | Default | Meaning |"
+    assert lines[0] == "| Key | Type | Default | Reload | Meaning |"
     assert all(re.match(r"^\| `[a-z_.]+` \| ", line) for line in lines[2:])
 
 
@@ -92,3 +92,24 @@ def test_readme_documents_every_cli_flag_and_command(readme: str) -> None:
     cli_section = readme.split("## CLI reference", 1)[1]
     missing = sorted(x for x in flags | commands if x not in cli_section)
     assert not missing, f"README.md's CLI reference lacks {missing}"
+
+
+def test_the_table_says_what_a_reload_does_with_every_key(readme: str) -> None:
+    """Operators read the table to know whether ``systemctl reload`` applies a key: it said so for two keys only
+    (server.drain_s and logging.level), nothing for the other nine a reload applies nor for the ones needing a restart."""
+    table = readme.split("<!-- config-reference:start", 1)[1].split("<!-- config-reference:end", 1)[0].splitlines()[1:]
+    columns = [c.strip() for c in table[0].strip("|").split("|")]
+    assert "Reload" in columns, table[0]
+    cells = {}
+    for line in table:
+        m = re.match(r"^\| `([a-z_.]+)` \| ", line)
+        if m:
+            cells[m[1]] = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))][columns.index("Reload")]
+    assert set(cells) == _leaf_keys(Config().model_dump())
+    for key, cell in cells.items():
+        if key == "server.api_token":
+            assert cell.startswith("adding one applies at once") and "restart" in cell
+        elif key in LIVE_KEYS:
+            assert cell.startswith("applies at once"), (key, cell)
+        else:
+            assert cell == "restart", (key, cell)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, consistency_problems, load_checked_config, with_server
+from ..config import LIVE_KEYS, Config, consistency_problems, load_checked_config, with_server
 from ..engine.journal import Durability, waiting_for
 from ..engine.persistence import STATE_FILE, check_writable
 from ..engine.state_dir import StateDirLock
@@ -44,20 +44,6 @@ log = logging.getLogger("cerebellar_norse.lifecycle")
 
 STATUS_PERIOD_S = 1.0  # the status line is checked for a change this often (s) while under systemd
 
-# Keys applied by a reload; every other changed key needs a restart.
-LIVE_KEYS = (
-    "logging.level",
-    "performance.max_batch_delay_us",
-    "performance.queue_size",
-    "performance.busy_poll_us",
-    "performance.warm_step_interval_us",
-    "performance.warm_window_ms",
-    "server.api_token",
-    "server.drain_s",
-    "debug.record_requests",
-    "training.auto_activate",
-    "training.reset_state_on_swap",
-)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
