@@ -10,8 +10,9 @@
   any other changed key is logged as needing a restart (and nothing of it applied);
   a file whose live keys would not fit the running values of the others (the
   consistency checks of a start, run on that mix) is refused as a whole;
-  a changed ``logging.level`` while ``CEREBELLAR_NORSE_LOG`` is set is logged as
-  overridden by it. The reload's outcome is logged whatever the level in force.
+  a changed ``logging.level`` while ``CEREBELLAR_NORSE_LOG`` is set, and a key the file
+  sets to another value than a ``CEREBELLAR_NORSE_<SECTION>__<KEY>`` variable, are logged
+  as overridden (the environment wins, as at start). The reload's outcome is logged whatever the level in force.
   Once a stop has begun (its drain included) a SIGHUP is logged and ignored.
 * Market state: restored (and the tick journal replayed) before the socket opens,
   checkpointed periodically while serving, saved at shutdown. A state write that
@@ -22,13 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import LIVE_KEYS, Config, consistency_problems, load_checked_config, with_server
+from ..config import (
+    LIVE_KEYS,
+    Config,
+    build_config,
+    consistency_problems,
+    env_overrides,
+    load_checked_config,
+    read_toml_file,
+    with_server,
+)
 from ..engine.journal import Durability, waiting_for
 from ..engine.persistence import STATE_FILE, check_writable
 from ..engine.state_dir import StateDirLock
@@ -57,16 +68,37 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _plain(c: Config) -> dict[str, Any]:
+    """Every key of ``c``, dotted, with its value (the token's by value)."""
+    d = _flatten(c.model_dump(mode="json"))
+    token = c.server.api_token
+    d["server.api_token"] = token.get_secret_value() if token is not None else None
+    return d
+
+
 def changed_keys(old: Config, new: Config) -> list[str]:
     """Dotted keys whose values differ between two configs (secrets compared by value)."""
-    def plain(c: Config) -> dict[str, Any]:
-        d = _flatten(c.model_dump(mode="json"))
-        token = c.server.api_token
-        d["server.api_token"] = token.get_secret_value() if token is not None else None
-        return d
-
-    a, b = plain(old), plain(new)
+    a, b = _plain(old), _plain(new)
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def env_overridden(path: str, running: Config, cli_keys: Any = ()) -> dict[str, str]:
+    """The keys the file at ``path`` sets to another value than the one in force because a
+    ``CEREBELLAR_NORSE_<SECTION>__<KEY>`` variable of the service's environment overrides it (the variable wins, at
+    start as at a reload), each with its variable's name; ``cli_keys`` (``--host``/``--port``) win over both and are
+    left out. Empty when the file alone does not load."""
+    _, names = env_overrides(os.environ)
+    if not names:
+        return {}
+    variables = set(names.values())
+    try:
+        data = read_toml_file(Path(path))
+        file_only = build_config(data, path, {k: v for k, v in os.environ.items() if k not in variables})
+    except ConfigError:
+        return {}
+    in_file, mine, now = _flatten(data), _plain(file_only), _plain(running)
+    return {key: var for key, var in sorted(names.items())
+            if key in in_file and key not in {f"server.{k}" for k in cli_keys} and mine.get(key) != now.get(key)}
 
 
 def split_changes(running: Config, new: Config) -> tuple[list[str], list[str]]:
@@ -183,18 +215,24 @@ def reload_config(state: ServiceState, path: str | None) -> None:
         return
     apply_reload(state, new, live)
     applied = list(live)  # less a level the environment overrides (below)
-    overridden: list[str] = []
+    by_variable = env_overridden(path, state.cfg, state.server_overrides)
+    overridden = list(by_variable)
     forced = env_level()
     if forced is not None and "logging.level" in applied:
         applied.remove("logging.level")
-        overridden.append("logging.level")
+        overridden = sorted({*overridden, "logging.level"})
     log_always(log, logging.INFO, "config reloaded",
                fields={"applied": applied, "need_restart": restart, "overridden": overridden})
-    if overridden:
+    if forced is not None and "logging.level" in overridden:
         log_always(log, logging.WARNING, "logging.level changed to %s in the config file, but %s=%s overrides it: the "
                                          "level stays %s (remove the variable from the service's environment and "
                                          "restart to use the file's level)",
                    state.cfg.logging.level, LEVEL_ENV, forced, forced)
+    if by_variable:
+        log_always(log, logging.WARNING, "environment variables override keys the config file sets to other values: "
+                                         "%s; the variables' values stay in force (remove the variables from the "
+                                         "service's environment and restart to use the file's values)",
+                   ", ".join(f"{k} ({v})" for k, v in by_variable.items()), fields={"overridden_by": by_variable})
     if restart:
         log_always(log, logging.WARNING, "these changed keys need a restart to take effect: %s", ", ".join(restart))
     systemd.ready(serving_status(state))

@@ -477,3 +477,21 @@ def test_a_reload_whose_live_keys_do_not_fit_the_running_restart_keys_is_refused
         assert state.cfg.performance.queue_size == 300 and state.cfg.performance.batch_size == 256
         assert state.engine.snapshot().queue_capacity == 300
     sock.close()
+
+
+def test_a_reload_of_a_key_an_environment_variable_overrides_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key the file changes while a CEREBELLAR_NORSE_<SECTION>__<KEY> variable sets it keeps the variable's value
+    (it wins, as at start); the reload said nothing of it (applied, need_restart and overridden all empty)."""
+    var = "CEREBELLAR_NORSE_PERFORMANCE__MAX_BATCH_DELAY_US"
+    with logged_reloads(tmp_path, monkeypatch, "INFO", **{var: "500"}) as (state, reload):
+        assert state.engine.delay_s == 0.0005
+        lines = reload("INFO", delay=300)
+        assert state.cfg.performance.max_batch_delay_us == 500 and state.engine.delay_s == 0.0005
+        (line,) = [x for x in lines if x["message"] == "config reloaded"]
+        assert line["fields"] == {"applied": [], "need_restart": [], "overridden": ["performance.max_batch_delay_us"]}
+        (warn,) = [x for x in lines if x["level"] == "WARNING"]
+        assert f"performance.max_batch_delay_us ({var})" in warn["message"]
+        assert warn["fields"] == {"overridden_by": {"performance.max_batch_delay_us": var}}
+        lines = reload("WARNING", delay=500)  # the file agrees with the variable: nothing overridden
+        (line,) = [x for x in lines if x["message"] == "config reloaded"]
+        assert line["fields"] == {"applied": ["logging.level"], "need_restart": [], "overridden": []}
