@@ -214,6 +214,7 @@ def reload_config(state: ServiceState, path: str | None) -> None:
         systemd.ready(serving_status(state, "last reload refused: config inconsistent with the running one"))
         return
     apply_reload(state, new, live)
+    state.need_restart = list(restart)  # (GET /debug/config): what the file holds that a restart would apply
     applied = list(live)  # less a level the environment overrides (below)
     by_variable = env_overridden(path, state.cfg, state.server_overrides)
     overridden = list(by_variable)

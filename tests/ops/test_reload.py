@@ -103,6 +103,10 @@ def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()
         assert health["queue_capacity"] == 1000
         assert health["pool"]["capacity"] != 8  # max_markets needs a restart
+        effective = httpx.get(f"http://127.0.0.1:{port}/debug/config", timeout=5).json()
+        assert effective["need_restart"] == ["performance.max_markets"]  # pending, and said so
+        assert effective["config"]["performance"]["max_markets"] == 1024
+        assert effective["config"]["performance"]["queue_size"] == 1000
         cfg.write_text("[server\n")  # invalid: refused, running config kept
         proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)

@@ -199,6 +199,8 @@ class ConfigOut(BaseModel):
 
     config_path: str | None = Field(description="The TOML file read (null: the built-in default).")
     config: dict[str, Any] = Field(description="Every section and key in force, secrets as ***.")
+    need_restart: list[str] = Field(description="Keys the config file, as last reloaded (SIGHUP), sets to other values "
+                                                "than those in force: they take effect at the next restart.")
 
 
 @router.get("/markets", operation_id="busiest_markets", response_model=BusiestMarketsOut, responses=error_responses(401, 422))
@@ -296,4 +298,5 @@ async def get_config(request: Request) -> dict[str, Any]:
     """The effective configuration (token): file, environment overrides and reloads applied, secrets as ``***``."""
     svc = service(request)
     path = svc.config_path
-    return {"config_path": str(path) if path else None, "config": redacted_config(svc.cfg)}
+    return {"config_path": str(path) if path else None, "config": redacted_config(svc.cfg),
+            "need_restart": list(svc.need_restart)}
