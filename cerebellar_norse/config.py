@@ -554,6 +554,18 @@ def env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str,
     return tree, names
 
 
+# Variables of the prefix that are no configuration key and that the package reads: the log level (observability.
+# logging) and the base of the compiled kernels' cache (cerebellar_norse/__init__.py).
+OTHER_ENV_NAMES = frozenset({"CEREBELLAR_NORSE_LOG", "CEREBELLAR_NORSE_NUMBA_CACHE_BASE"})
+
+
+def unread_env_names(environ: Mapping[str, str]) -> list[str]:
+    """``CEREBELLAR_NORSE_`` variables the service does not read: no ``__`` (so no configuration key), and none of
+    :data:`OTHER_ENV_NAMES` (``CEREBELLAR_NORSE_LGO``, ``CEREBELLAR_NORSE_LOG_LEVEL``): a misspelt name."""
+    return sorted(name for name in environ
+                  if name.startswith(ENV_PREFIX) and "__" not in name and name not in OTHER_ENV_NAMES)
+
+
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():

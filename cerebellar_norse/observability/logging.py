@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import LoggingConfig
+from ..config import LoggingConfig, unread_env_names
 from ..errors import ConfigError, ConfigProblem
 from .context import request_id_var
 
@@ -210,3 +210,7 @@ def setup_logging(cfg: LoggingConfig, stream: Any = None) -> None:
         log_always(logging.getLogger("cerebellar_norse.logging"), logging.WARNING,
                    "%s=%r is not a log level (%s): ignored, the level is %s from [logging] level", LEVEL_ENV, raw,
                    ", ".join(LEVELS), cfg.level)
+    for name in unread_env_names(os.environ):  # a misspelt variable would otherwise change nothing without a word
+        log_always(logging.getLogger("cerebellar_norse.logging"), logging.WARNING,
+                   "environment variable %s is not one the service reads: ignored (a configuration key's variable is "
+                   "CEREBELLAR_NORSE_<SECTION>__<KEY>, with two underscores; the log level's is %s)", name, LEVEL_ENV)

@@ -197,3 +197,24 @@ def test_a_failed_start_on_journalds_stream_is_an_error_line(tmp_path: Path) -> 
     plain = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, "JOURNAL_STREAM": "1:2"})
     assert plain.returncode == 1
     assert plain.stderr.splitlines()[-1].startswith(f"cerebellar-norse: {state / 'models'}: not a directory")
+
+
+def test_a_misspelt_variable_of_the_prefix_is_said_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CEREBELLAR_NORSE_LOG_LEVEL=debug (meant: CEREBELLAR_NORSE_LOG) was ignored without a word: no config key (no
+    ``__``), not a variable the service reads. A WARNING names it; the variables the service reads get none."""
+    root_level = logging.getLogger().level
+    try:
+        for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+            monkeypatch.delenv(k)
+        monkeypatch.setenv("CEREBELLAR_NORSE_LOG_LEVEL", "debug")
+        monkeypatch.setenv("CEREBELLAR_NORSE_LOG", "info")
+        monkeypatch.setenv("CEREBELLAR_NORSE_NUMBA_CACHE_BASE", "/tmp/x")
+        monkeypatch.setenv("CEREBELLAR_NORSE_SERVER__PORT", "9090")
+        buf = io.StringIO()
+        setup_logging(LoggingConfig(level="ERROR"), stream=buf)
+        (line,) = _lines(buf)
+        assert line["level"] == "WARNING"
+        assert line["message"].startswith("environment variable CEREBELLAR_NORSE_LOG_LEVEL is not one the service reads")
+        assert "CEREBELLAR_NORSE_<SECTION>__<KEY>" in line["message"] and "CEREBELLAR_NORSE_LOG)" in line["message"]
+    finally:
+        logging.getLogger().setLevel(root_level)
