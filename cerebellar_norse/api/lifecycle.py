@@ -264,8 +264,8 @@ async def announce_when_listening(state: ServiceState, is_listening: Callable[[]
             next_ping = loop.time() + interval
         line = serving_status(state)
         # a reload's or a swap's own line (with its note) stays until the state changes again; a line that could not
-        # be sent (no descriptor free) is tried again
-        if line != sent and systemd.status(line):
+        # be sent (no descriptor free) is tried again; once a stop has begun, its own line (STOPPING=1) stays
+        if line != sent and not stopping(state) and systemd.status(line):
             sent = line
         await asyncio.sleep(step)
 

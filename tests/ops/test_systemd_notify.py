@@ -107,3 +107,39 @@ def test_a_draining_stop_says_stopping_and_keeps_the_watchdog_fed(notify_socket,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.asyncio
+async def test_the_status_line_is_not_set_back_to_serving_once_a_stop_has_begun(
+        notify_socket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """While a stop drains, a change of what the serving line says (here the served model no longer degraded) sent
+    ``serving model …`` again over the drain's ``stopping: …`` line: ``systemctl status`` said it served."""
+    import asyncio
+
+    from cerebellar_norse.api import lifecycle
+    from cerebellar_norse.api.server import build_service
+    from cerebellar_norse.config import load_config
+
+    path, s = notify_socket
+    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    monkeypatch.setattr(lifecycle, "STATUS_PERIOD_S", 0.01)
+    state = build_service(load_config(environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state"),
+                                               "CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN": "false"}))
+    assert state.degraded is not None  # the untrained network is served
+    s.setblocking(False)
+    announcer = asyncio.create_task(lifecycle.announce_when_listening(state, lambda: True))
+    try:
+        await asyncio.sleep(0.1)
+        assert s.recv(4096).decode().startswith("READY=1\nSTATUS=serving model")
+        state.draining = True  # (a SIGTERM's drain: GracefulServer.handle_exit)
+        state.degraded = None
+        await asyncio.sleep(0.2)
+        with pytest.raises(BlockingIOError):
+            s.recv(4096)
+        state.draining = False  # (no stop: the change is sent, as before)
+        await asyncio.sleep(0.2)
+        assert "STATUS=serving model" in s.recv(4096).decode()
+    finally:
+        announcer.cancel()
