@@ -67,7 +67,10 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     (intervals below 0) but with no cost charged, a P&L after costs at or below 0 or at or below that of a constant
     position (always long or always short, by the point estimate of the model's difference with it) is
     ``do_not_trade``; above those by the point estimates but with the 95 % interval of the P&L, or of a difference
-    with a constant position, not above 0 is ``collect_more_data``; else ``trade``.
+    with a constant position, not above 0 is ``collect_more_data``; and where the scored prices bounce between bid and
+    ask (``summary["bounce"]``, :func:`evaluation.bid_ask_bounce`), a cost charged below the spread that bounce implies
+    is ``do_not_trade`` before the P&L is read: at the printed prices the bounce pays a direction what a taker pays to
+    trade it; else ``trade``.
     """
     in_sample = summary.get("in_sample")
     if isinstance(in_sample, Mapping):
@@ -122,10 +125,16 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     total = pnl.get("total_bp")
     better = f"direction log loss better than every baseline (95 % intervals below 0, {spans})"
     cost = summary.get("cost_bp") or 0.0
+    spread, bounce = _bounce(summary.get("bounce"))
     if not cost:
         return {"action": "do_not_trade",
                 "reason": f"{better}, but the P&L charges no cost: score it with evaluate --cost-bp (a round trip's spread and "
-                          "fees) before deciding"}
+                          "fees) before deciding" + (f"; {bounce}: charge at least that" if bounce else "")}
+    if spread is not None and cost < spread:
+        return {"action": "do_not_trade",
+                "reason": f"{better}, but the {cost:g} bp charged per round trip is less than the spread its prices imply: "
+                          f"{bounce}; at the printed prices a direction that lives on the bounce earns what a taker pays "
+                          f"to trade it: score it with evaluate --cost-bp {math.ceil(spread * 100) / 100:.2f} or more"}
     after = f"after {cost:g} bp per round trip on its turnover"
     if total is None or total <= 0:
         return {"action": "do_not_trade",
@@ -158,6 +167,17 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
                       + " and ".join(f"{name}'s (model − {name}: {_pnl_ci_text(cell)} bp)" for name, cell in constant)
                       + "; the intervals assume the future resembles these ticks: confirm on later unseen data before "
                         "sizing up"}
+
+
+def _bounce(bounce: Any) -> tuple[float | None, str | None]:
+    """The round-trip spread in bp that the scored prices' bid-ask bounce implies (``evaluation.bid_ask_bounce``) and
+    the words saying so; (None, None) where they show none."""
+    if not isinstance(bounce, Mapping) or bounce.get("spread_bp") is None:
+        return None, None
+    spread = float(bounce["spread_bp"])
+    return spread, (f"the scored prices bounce between bid and ask (lag-1 autocorrelation of their returns "
+                    f"{float(bounce.get('lag1_autocorrelation') or 0.0):+.3f} over {bounce.get('returns')} returns): an "
+                    f"effective spread of about {spread:.2f} bp per round trip (Roll's estimate, 2 √(−autocovariance))")
 
 
 def _pnl_ci_text(cell: Mapping[str, Any]) -> str:
@@ -229,6 +249,12 @@ def pnl_lines(summary: Mapping[str, Any], none: str = "-") -> list[str]:
     note = (summary.get("annualisation") or {}).get("note")
     if note:
         lines.append(f"Sharpe/year: {note}")
+    spread, bounce = _bounce(summary.get("bounce"))
+    if spread is not None:
+        cost = float(summary.get("cost_bp") or 0.0)
+        lines.append(f"bid-ask bounce: {bounce}; the P&L fills at the printed prices, so "
+                     + (f"the {cost:g} bp charged pays less than a taker's round trip" if cost < spread
+                        else f"the {cost:g} bp charged covers it"))
     return lines
 
 

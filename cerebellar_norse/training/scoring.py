@@ -20,7 +20,7 @@ import numpy as np
 from ..config import Config
 from ..neurons.topology import Weights
 from .calibration import apply_head
-from .evaluation import LogisticModel, ScoreInputs, cumulative_pnl, fit_logistic, score
+from .evaluation import LogisticModel, ScoreInputs, bid_ask_bounce, cumulative_pnl, fit_logistic, score
 from .trainer import Prepared, PreparedMarket, network_logp
 
 MAX_LR_ROWS = 200_000  # rows the logistic baseline is fitted on at most
@@ -58,6 +58,15 @@ def score_inputs(cfg: Config, weights: Weights, prep: Prepared, split: int, base
     elif logistic == "crossfit":
         lr = _logistic_crossfit(prep, idx)
     return ScoreInputs(probs, labels, fwd, past, base_rates, lr, prep.block, markets, times, spans)
+
+
+def _scored_returns(prep: Prepared, split: int) -> list[np.ndarray]:
+    """Per market, the per-tick log returns from its first scored tick of ``split`` to its last one."""
+    out = []
+    for pm, i in zip(prep.markets, prep.rows(split)[0], strict=True):
+        if i.size:
+            out.append(np.diff(np.log(np.asarray(pm.ticks.price[i[0]:i[-1] + 1], dtype=np.float64))))
+    return out
 
 
 def _kept_rows(n: int) -> np.ndarray:
@@ -176,4 +185,5 @@ def summarise(cfg: Config, weights: Weights, prep: Prepared, split: int, base_ra
         return {"samples": 0}, {}
     summary = score(inp, cost_bp=cost_bp, bootstrap=bootstrap)
     summary["labels"] = prep.spec.describe()
+    summary["bounce"] = bid_ask_bounce(_scored_returns(prep, split))
     return summary, cumulative_pnl(inp, cost_bp)

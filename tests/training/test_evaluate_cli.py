@@ -517,3 +517,22 @@ def test_the_period_of_a_model_trained_from_on_later_dates_leaves_an_earlier_tes
     assert main(["evaluate", "later.csv", "--model", child["model_version"], "--json", "--bootstrap", "0"]) == 0
     got = _json(capsys)["in_sample"]
     assert got is not None and got["from_model"] == parent["model_version"] and got["train_from"] == parent["splits"]["train_from"]
+
+
+def test_evaluate_reads_the_spread_a_bounce_between_bid_and_ask_implies(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The scored prices' bid-ask bounce (Roll's spread from their lag-1 autocovariance) is in evaluate's JSON, which
+    the verdict holds the cost charged against; prices without a bounce get none."""
+    rng = np.random.default_rng(5)
+    n = 1500
+    logp = np.log(40.0) + np.cumsum(rng.normal(0, 0.5e-4, n)) + 4e-4 * rng.choice([-1.0, 1.0], n)  # half-spread 4 bp
+    write_csv(env / "bounce.csv", [{"timestamp": 1_700_000_000_000 + 1000 * k, "market_id": "XYZ", "price": float(p),
+                                    "volume": 100.0} for k, p in enumerate(np.exp(logp))])
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    _json(capsys)
+    assert main(["evaluate", "bounce.csv", "--json", "--bootstrap", "20", "--cost-bp", "1"]) == 0
+    got = _json(capsys)
+    assert got["bounce"]["spread_bp"] == pytest.approx(8.0, rel=0.1)
+    assert got["bounce"]["returns"] == got["samples"] - 1 and got["bounce"]["lag1_autocorrelation"] < -0.4
+    _drifting_walk(env / "walk.csv")
+    assert main(["evaluate", "walk.csv", "--json", "--bootstrap", "20"]) == 0
+    assert _json(capsys)["bounce"]["spread_bp"] is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import re
 import subprocess
 import sys
@@ -11,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from cerebellar_norse.training.evaluation import ScoreInputs, cumulative_pnl, score
-from cerebellar_norse.training.report import format_summary, headline, render_html, verdict
+from cerebellar_norse.training.evaluation import ScoreInputs, bid_ask_bounce, cumulative_pnl, score
+from cerebellar_norse.training.report import format_summary, headline, pnl_lines, render_html, verdict
 
 IMG = '<img src="data:image/png;base64,'
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -228,3 +229,61 @@ def test_html_says_what_the_text_says_above_the_figures(evaluated: tuple[dict, d
         assert html.escape(line) in page
     assert "EURUSD: a gap of 3d 01:00:00 before 2017-12-25T22:00:00Z" in page
     assert "model 20260101T000000Z-abcdef on 3000 ticks (horizon 4 ticks; first 500 ticks" in page
+
+
+def _bounce_scored(cost_bp: float, seed: int = 0) -> tuple[dict, np.ndarray, np.ndarray]:
+    """A quiet mid (0.5 bp a tick) printed at its bid or ask (3 bp either side, at random): no edge a taker can
+    trade. The model leans against the print's side (below or above the last 8 prints' mean), which is right about
+    the next prints; its summary at ``cost_bp``, the prints' and the mid's per-tick log returns."""
+    rng = np.random.default_rng(seed)
+    n, horizon = 6_000, 10
+    mid = np.cumsum(rng.normal(0, 0.5e-4, n))
+    logp = mid + 3e-4 * rng.choice([-1.0, 1.0], n)
+    labels_all = np.full(n, -1)
+    fwd_all = np.full(n, np.nan)
+    fwd_all[:-horizon] = logp[horizon:] - logp[:-horizon]
+    band = 0.43 * np.std(np.diff(logp)) * np.sqrt(horizon)
+    labels_all[:-horizon] = np.where(fwd_all[:-horizon] > band, 2, np.where(fwd_all[:-horizon] < -band, 0, 1))
+    base = np.bincount(labels_all[100:n // 2 - horizon], minlength=3) / (n // 2 - horizon - 100)
+    rows = np.arange(n // 2, n - horizon)
+    view = -np.sign(logp[rows] - np.array([logp[r - 8:r].mean() for r in rows]))
+    probs = np.tile(base, (rows.size, 1))
+    moving = base[0] + base[2]
+    probs[:, 2], probs[:, 0] = moving * (0.5 + 0.1 * view), moving * (0.5 - 0.1 * view)
+    past = logp[rows] - logp[rows - horizon]
+    inp = ScoreInputs(probs=probs, labels=labels_all[rows], fwd_ret=fwd_all[rows], past_ret=past, base_rates=base,
+                      horizon=horizon)
+    span = slice(rows[0], rows[-1] + 1)
+    return (score(inp, cost_bp=cost_bp, bootstrap=200), np.diff(logp[span]), np.diff(mid[span]))
+
+
+def test_a_bounce_between_bid_and_ask_is_no_trade_below_the_spread_it_implies() -> None:
+    """Prints alternating between bid and ask make a direction that leans against the last print right, and at the
+    printed prices it earns the half-spread a taker pays: charged a round trip below the spread (here the
+    half-spread, 3 bp), the P&L and every interval pass, but it is no trade; the verdict names the spread."""
+    summary, prints, mid = _bounce_scored(3.0)
+    bounce = bid_ask_bounce([prints])
+    assert bounce is not None and bounce["spread_bp"] == pytest.approx(6.0, rel=0.1)
+    assert bounce["lag1_autocorrelation"] < -0.4
+    # the same figures on prices without a bounce would be a trade: the P&L's gate passes at 3 bp
+    assert bid_ask_bounce([mid])["spread_bp"] is None
+    assert verdict({**summary, "bounce": bid_ask_bounce([mid])})["action"] == "trade"
+    v = verdict({**summary, "bounce": bounce})
+    assert v["action"] == "do_not_trade"
+    assert "less than the spread its prices imply" in v["reason"] and f"{bounce['spread_bp']:.2f} bp" in v["reason"]
+    assert f"--cost-bp {math.ceil(bounce['spread_bp'] * 100) / 100:.2f}" in v["reason"]
+    # no cost charged: not a trade, and the reason says what to charge
+    free, _, _ = _bounce_scored(0.0)
+    v = verdict({**free, "bounce": bounce})
+    assert v["action"] == "do_not_trade" and "charges no cost" in v["reason"] and "bounce between bid and ask" in v["reason"]
+    # charged the whole spread, the bounce does not pay
+    full, _, _ = _bounce_scored(6.5)
+    assert verdict({**full, "bounce": bounce})["action"] == "do_not_trade"
+
+
+def test_the_pnl_lines_say_the_spread_a_bounce_implies() -> None:
+    summary, prints, mid = _bounce_scored(3.0)
+    lines = pnl_lines({**summary, "bounce": bid_ask_bounce([prints])})
+    assert any(line.startswith("bid-ask bounce: the scored prices bounce") and "the 3 bp charged pays less" in line
+               for line in lines)
+    assert not any("bounce" in line for line in pnl_lines({**summary, "bounce": bid_ask_bounce([mid])}))
