@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .. import __version__
 from ..config import listen_address
 from ..errors import StartupError
-from ..observability.context import new_request_id
+from ..observability.context import accept_request_id
 from ..observability.metrics import starting_exposition
 from .protocol import closing_headers, json_answer, raw_answer
 from .schemas import error_payload
@@ -133,9 +133,10 @@ class StartingResponder:
         self._loop.call_soon_threadsafe(stop_accepting)
         self._thread.join(10.0)
 
-    def answer(self, method: bytes, path: bytes) -> bytes:
-        """The whole HTTP response to a request line's ``method`` and ``path``."""
-        rid = new_request_id()
+    def answer(self, method: bytes, path: bytes, request_id: str | None = None) -> bytes:
+        """The whole HTTP response to a request line's ``method`` and ``path``; ``request_id``: the request's
+        ``X-Request-ID`` header (kept when valid, as the service does: a client's error names its own id)."""
+        rid = accept_request_id(request_id)
         reason = f"starting: {self.reason}" if self.reason != "starting" else "starting"
         route = path.split(b"?", 1)[0]
         if route == b"/metrics" and method in (b"GET", b"HEAD"):  # up, not ready: a start is not an outage
@@ -149,6 +150,15 @@ class StartingResponder:
             headers, body = json_answer(error_payload("capacity", f"the service is {reason}; retry later", rid), rid,
                                         [(b"retry-after", str(RETRY_AFTER_S).encode())])
         return raw_answer(b"HTTP/1.1 503 Service Unavailable", headers, b"" if method == b"HEAD" else body)
+
+
+def _request_id(header_lines: list[bytes]) -> str | None:
+    """The value of the first ``X-Request-ID`` among a request's header lines, or None."""
+    for line in header_lines:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"x-request-id":
+            return value.strip().decode("latin-1")
+    return None
 
 
 class _Answer(asyncio.Protocol):
@@ -205,8 +215,9 @@ class _Answer(asyncio.Protocol):
     def _reply(self) -> None:
         assert self.transport is not None
         self.answered = True
-        parts = self.buf.split(b"\r\n", 1)[0].split(b" ")
-        self.transport.write(self.responder.answer(parts[0], parts[1] if len(parts) > 1 else b""))
+        lines = self.buf.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+        parts = lines[0].split(b" ")
+        self.transport.write(self.responder.answer(parts[0], parts[1] if len(parts) > 1 else b"", _request_id(lines[1:])))
         if self.transport.can_write_eof():
             self.transport.write_eof()  # the client reads the answer, then closes
         asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)

@@ -58,6 +58,30 @@ def test_every_request_is_answered_503_naming_the_stage() -> None:
         sock.close()
 
 
+def test_a_clients_request_id_is_kept_in_the_starting_answer() -> None:
+    """A client that names its request (``X-Request-ID``) finds that id in the 503 of a start, as in every other
+    answer of the service; an id the service would not take (spaces, too long) is replaced by one of its own."""
+    sock = bind_listener("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    responder = StartingResponder(sock).start()
+    try:
+        tick = {"price": 1.0, "volume": 1.0, "timestamp": 1640995200000, "market_id": "A"}
+        r = httpx.post(f"http://127.0.0.1:{port}/neural/process", json=tick, headers={"X-Request-ID": "order-42.a"},
+                       timeout=5)
+        assert r.status_code == 503 and r.headers["x-request-id"] == "order-42.a"
+        assert r.json()["error"]["request_id"] == "order-42.a"
+        r = httpx.get(f"http://127.0.0.1:{port}/health", headers={"x-request-id": "h-1"}, timeout=5)
+        assert r.status_code == 503 and r.headers["x-request-id"] == "h-1"
+        raw = _request(port, b"GET /health HTTP/1.1\r\nhost: x\r\nX-Request-ID: two words\r\n\r\n")
+        head = raw.split(b"\r\n\r\n", 1)[0].lower()
+        assert b"x-request-id: two words" not in head and b"x-request-id: " in head
+        r = httpx.get(f"http://127.0.0.1:{port}/health", headers={"X-Request-ID": "x" * 129}, timeout=5)
+        assert r.headers["x-request-id"] != "x" * 129 and len(r.headers["x-request-id"]) == 32
+    finally:
+        responder.stop()
+        sock.close()
+
+
 def test_a_request_expecting_100_continue_is_answered_without_its_body() -> None:
     """A client that waits for 100 Continue before its body (curl, .NET, Java's HttpClient) gets the 503 at once; the
     responder waited for the body, which such a client sends only after its own timeout, or never."""
