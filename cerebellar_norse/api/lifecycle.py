@@ -46,6 +46,7 @@ from ..engine.state_dir import StateDirLock
 from ..errors import ConfigError, StorageError
 from ..observability import systemd
 from ..observability.logging import LEVEL_ENV, effective_level, env_level, log_always
+from ..observability.ratelimit import ALIKE_WINDOW_S, installed_alike_limit
 from ..training.checkpoints import MODELS_DIR, models_dir_problem
 from .degradation import Degradation
 from .deps import ServiceState, current_degradation
@@ -324,6 +325,16 @@ async def periodic_summary(state: ServiceState, interval_s: float = 60.0) -> Non
         ticks, batches = sum(m.processing.counts), m.recent.added
         if fields is not None:
             log.info("processing summary", extra={"fields": fields})
+
+
+async def sweep_alike_lines() -> None:
+    """Say, within a window of :class:`AlikeLinesLimit` after a flood of alike lines ends, how many were not
+    written (the limit itself says it only at the next line of its loggers)."""
+    while True:
+        limit = installed_alike_limit()
+        await asyncio.sleep(limit.window_s if limit is not None else ALIKE_WINDOW_S)
+        if limit is not None:
+            limit.sweep()
 
 
 def check_state_dir(cfg: Config) -> StateDirLock:

@@ -32,7 +32,7 @@ from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.looplag import watch_loop_lag
 from ..observability.metrics import ServiceMetrics, connection_families, engine_families, health_families
-from ..observability.ratelimit import SummaryLog
+from ..observability.ratelimit import SummaryLog, installed_alike_limit
 from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
 from ..training.jobs import JobManager
@@ -50,6 +50,7 @@ from .lifecycle import (
     prepare_state,
     start_checkpoints,
     stop_engine,
+    sweep_alike_lines,
 )
 from .modelswap import activate_version
 from .protocol import guarded_protocol, websocket_protocol
@@ -206,6 +207,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
         server = state.server
         announcer = None
         summary = asyncio.create_task(periodic_summary(state))
+        alike = asyncio.create_task(sweep_alike_lines())
         lag_watch = asyncio.create_task(watch_loop_lag(state.metrics.loop_lag))
         checkpoints = start_checkpoints(state)
         if server is not None:
@@ -219,6 +221,7 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             if jobs is not None:
                 await jobs.close()
             summary.cancel()
+            alike.cancel()
             lag_watch.cancel()
             if checkpoints is not None:
                 checkpoints.cancel()
@@ -230,6 +233,9 @@ def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool =
             # An instance that never got its socket (e.g. port taken) must not overwrite the saved states.
             served = server is None or bool(getattr(server, "started", False))
             await stop_engine(state, save=save_on_shutdown and served)
+            limit = installed_alike_limit()
+            if limit is not None:  # the counts of lines held back so far, before the last line
+                limit.flush()
             log.info("service stopped", extra={"fields": {"ticks": eng.stats.ticks}})
 
     return create_app(state, extra_routers=[training_routes.router], lifespan=lifespan)

@@ -31,6 +31,7 @@ from typing import Any
 from ..config import LoggingConfig, unread_env_names
 from ..errors import ConfigError, ConfigProblem
 from .context import request_id_var
+from .ratelimit import install_alike_limit
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -205,6 +206,7 @@ def setup_logging(cfg: LoggingConfig, stream: Any = None) -> None:
     root.setLevel(effective_level(cfg))
     for noisy in ("numba", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    install_alike_limit()  # lines any client causes per connection: at most a few alike ones per window
     raw = os.environ.get(LEVEL_ENV, "")
     if raw.strip() and env_level() is None:  # a typo in the unit's Environment= would otherwise pass without a word
         log_always(logging.getLogger("cerebellar_norse.logging"), logging.WARNING,

@@ -67,3 +67,98 @@ class SummaryLog:
         self._pending = 0
         self._occurrences = 0
         self._since = None
+
+
+# Loggers whose lines a client causes at will, one or more per connection or request: uvicorn's (a malformed request,
+# each WebSocket opened, refused or closed; the websockets library logs through it too) and the protocol layer's own.
+CLIENT_LOGGERS = ("uvicorn.error",)
+ALIKE_BURST = 10  # lines of one message written per window before the rest are counted
+ALIKE_WINDOW_S = 10.0
+
+
+class AlikeLinesLimit(logging.Filter):
+    """At most ``burst`` lines of one message (its template: ``"Invalid HTTP request received."``, ``'%s - "WebSocket
+    %s" [accepted]'``, …) per ``window_s``; the others are counted, and one line says how many were not written once
+    the window is over (at the next line of those loggers, or at the service's next :meth:`sweep`, within a window;
+:meth:`flush` at shutdown).
+
+    Installed on the loggers any client can make write (:data:`CLIENT_LOGGERS`): a client sending malformed requests
+    or opening WebSockets in a loop wrote one to three lines per connection, thousands a second, to journald. A few
+    connections a minute still show each line.
+    """
+
+    def __init__(self, burst: int = ALIKE_BURST, window_s: float = ALIKE_WINDOW_S,
+                 report: logging.Logger | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.burst = burst
+        self.window_s = window_s
+        self.report = report or logging.getLogger("cerebellar_norse.logging")
+        self.clock = clock
+        self.suppressed_total = 0
+        # message template -> [window start, lines written, lines held back, highest level held back, logger name]
+        self._windows: dict[str, list[Any]] = {}
+        self._next_sweep = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self.clock()
+        if now >= self._next_sweep:
+            self.sweep(now)
+        key = str(record.msg)
+        w = self._windows.get(key)
+        if w is not None and now - w[0] >= self.window_s:
+            self._close(key, w, now)
+            w = None
+        if w is None:
+            self._windows[key] = [now, 1, 0, record.levelno, record.name]
+            return True
+        if w[1] < self.burst:
+            w[1] += 1
+            return True
+        w[2] += 1
+        w[3] = max(w[3], record.levelno)
+        self.suppressed_total += 1
+        return False
+
+    def flush(self) -> None:
+        """Say now how many lines every window held back so far (and start those windows afresh)."""
+        now = self.clock()
+        for key, w in list(self._windows.items()):
+            self._close(key, w, now)
+
+    def sweep(self, now: float | None = None) -> None:
+        """Close the windows that are over (their counts said, nothing kept of them): the table holds the messages
+        of the last window only. The service calls it every window, so that a count is said when its flood ends."""
+        now = self.clock() if now is None else now
+        self._next_sweep = now + min(1.0, self.window_s)
+        for key, w in list(self._windows.items()):
+            if now - w[0] >= self.window_s:
+                self._close(key, w, now)
+
+    def _close(self, key: str, w: list[Any], now: float) -> None:
+        del self._windows[key]
+        if w[2]:
+            self.report.log(w[3], "%d log lines like %r were not written (at most %d alike lines per %g s are)",
+                            w[2], key, self.burst, self.window_s,
+                            extra={"fields": {"suppressed": w[2], "like": key, "logger": w[4],
+                                              "window_s": round(now - w[0], 3)}})
+
+
+def install_alike_limit(limit: AlikeLinesLimit | None = None) -> AlikeLinesLimit:
+    """Put ``limit`` (a new one by default) on :data:`CLIENT_LOGGERS`, replacing one installed before; returns it."""
+    limit = limit or AlikeLinesLimit()
+    for name in CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, AlikeLinesLimit)]:
+            if old is not limit:
+                old.flush()  # (logging set up again: the counts so far are said, not lost)
+            logger.removeFilter(old)
+        logger.addFilter(limit)
+    return limit
+
+
+def installed_alike_limit() -> AlikeLinesLimit | None:
+    """The limit on the client loggers (None when none is installed)."""
+    for f in logging.getLogger(CLIENT_LOGGERS[0]).filters:
+        if isinstance(f, AlikeLinesLimit):
+            return f
+    return None
