@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ MIN_TIMER_DELAY_S = 0.0005
 
 IDLE_EVICTION_S = 300.0  # markets idle this long may be evicted above the pool threshold
 EVICTION_LOG_INTERVAL_S = 60.0  # evictions are logged at most once per this interval, with their count
+# the warm steps' pause and resumption are logged at most once per this interval (a pool that fills up again after
+# every reset, release or idle eviction paused and resumed them each time, two lines each)
+WARM_PAUSE_LOG_INTERVAL_S = 60.0
 
 
 @dataclass
@@ -141,7 +145,10 @@ class Engine:
         self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
         self._warm_until = 0.0
         self._warm_handle: asyncio.TimerHandle | None = None
-        self._warm_paused = False  # the last round found every state slot taken (logged once per pause)
+        self._warm_paused = False  # the last round found every state slot taken
+        self._warm_said_paused = False  # what the last line about it said
+        self._warm_said_at = -math.inf  # when (monotonic s)
+        self._warm_pauses = 0  # pauses since that line
         self.learner = self._make_learner()
         self.scorer = LiveScorer.from_config(cfg, self.pool.capacity) if cfg.training.live_evaluation else None
         self.recorder: TickRecorder | None = None
@@ -518,10 +525,24 @@ class Engine:
                 return
             if stepped == self._warm_paused:
                 self._warm_paused = not stepped
-                log.info("warm steps resumed: a state slot is free" if stepped else
-                         "warm steps paused: every state slot holds a market (raise performance.max_markets by one to keep them)",
-                         extra={"fields": {"markets": self.pool.used, "capacity": self.pool.capacity}})
+                self._warm_pauses += not stepped
+            self._say_warm_pause()
         self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
+
+    def _say_warm_pause(self) -> None:
+        """Log that the warm steps paused or resumed, when that differs from the last line about them and that line
+        is at least :data:`WARM_PAUSE_LOG_INTERVAL_S` old; ``pauses`` counts the pauses since it (a pool that keeps
+        filling up pauses them at every market reset, release or idle eviction)."""
+        if self._warm_paused == self._warm_said_paused:
+            return
+        now = time.monotonic()
+        if now - self._warm_said_at < WARM_PAUSE_LOG_INTERVAL_S:
+            return
+        log.info("warm steps paused: every state slot holds a market (raise performance.max_markets by one to keep them)"
+                 if self._warm_paused else "warm steps resumed: a state slot is free",
+                 extra={"fields": {"markets": self.pool.used, "capacity": self.pool.capacity,
+                                   "pauses": self._warm_pauses}})
+        self._warm_said_paused, self._warm_said_at, self._warm_pauses = self._warm_paused, now, 0
 
     def warm_step(self) -> bool:
         """Step the last batch's first tick again on a state slot no market holds (call between batches).

@@ -13,6 +13,7 @@ import time
 import pytest
 from engine_helpers import T0, ConfigFactory, assert_same_state, core, moving_ticks, sequential, tick
 
+from cerebellar_norse.engine import engine as engine_mod
 from cerebellar_norse.engine.engine import Engine
 
 pytestmark = pytest.mark.asyncio
@@ -130,7 +131,9 @@ async def test_a_queued_tick_goes_before_the_warm_step(engine_config: ConfigFact
 
 
 async def test_a_full_pool_pauses_the_warm_steps_and_says_so_once(engine_config: ConfigFactory,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+                                                                   caplog: pytest.LogCaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_mod, "WARM_PAUSE_LOG_INTERVAL_S", 0.0)
     engine = Engine(engine_config(max_markets=2, memory_pool_enabled=False, warm_window_ms=3_600_000))
     await engine.submit(tick("A", T0))
     await engine.submit(tick("B", T0))
@@ -145,6 +148,29 @@ async def test_a_full_pool_pauses_the_warm_steps_and_says_so_once(engine_config:
     assert engine.stats.warm_steps > steps
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("warm steps resumed")] == [
         "warm steps resumed: a state slot is free"]
+    await engine.drain(save=False)
+
+
+async def test_a_pool_that_keeps_filling_up_logs_its_pauses_once_per_interval(
+        engine_config: ConfigFactory, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full pool whose slot is freed and taken again over and over (a market reset, released or evicted as idle,
+    then a new one) paused and resumed the warm steps each time, two lines each: now one line per interval, which
+    counts the pauses, and the state is said again once the interval is over."""
+    engine = Engine(engine_config(max_markets=2, memory_pool_enabled=False, warm_window_ms=3_600_000))
+    caplog.set_level("INFO", logger="cerebellar_norse.engine")
+    await engine.submit(tick("A", T0))
+    for k in range(20):
+        await engine.submit(tick(f"B{k}", T0))  # the pool is full: paused
+        engine._warm_timer()
+        assert engine.reset_market(f"B{k}")  # a slot is free again: resumed
+        engine._warm_timer()
+    said = [r for r in caplog.records if r.getMessage().startswith("warm steps")]
+    assert [r.getMessage()[:17] for r in said] == ["warm steps paused"], [r.getMessage() for r in said]
+    monkeypatch.setattr(engine_mod, "WARM_PAUSE_LOG_INTERVAL_S", 0.0)  # the interval is over
+    engine._warm_timer()
+    said = [r for r in caplog.records if r.getMessage().startswith("warm steps")]
+    assert [r.getMessage() for r in said][1:] == ["warm steps resumed: a state slot is free"]
+    assert said[1].fields["pauses"] == 19  # type: ignore[attr-defined]  # (the first one had its own line)
     await engine.drain(save=False)
 
 
