@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, APIRouter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
@@ -26,7 +26,7 @@ from .fastpath import PATH as HOT_PATH
 from .fastpath import TickFastPath, is_hot
 from .openapi import install_openapi
 from .routes import debug, handover, health, model_upload, neural
-from .routing import install_exact_paths
+from .routing import install_exact_paths, keep_route_words_as_sent
 from .schemas import error_payload
 
 TIMED_ROUTES = frozenset({"/neural/process", "/neural/process/batch"})  # POST requests whose timelines are kept
@@ -265,6 +265,9 @@ class ServiceApp(FastAPI):
         if self.hot is not None and is_hot(scope):
             await self.hot(scope, receive, send)
             return
+        if b"%" in (scope.get("raw_path") or b""):  # a route's words percent-encoded are no route (routing.py)
+            keep_route_words_as_sent(scope, (*self.route_table, *(r for r in self.router.routes
+                                                                   if isinstance(r, (Route, WebSocketRoute)))))
         if self.server_wide is not None and scope["type"] == "http" and scope["path"] == SERVER_WIDE:
             await self.server_wide(scope, receive, send)
             return

@@ -32,6 +32,7 @@ from ..errors import (
 from ..observability.context import request_id_var
 from ..ticks import TS_MAX_MS, TS_MIN_MS, FutureTickError
 from .deps import AuthError
+from .routing import SCOPE_AS_SENT
 from .schemas import NotUtf8Error, error_payload, loads_utf8
 
 log = logging.getLogger("cerebellar_norse.api")
@@ -272,6 +273,8 @@ def install_error_handlers(app: FastAPI, count_error: Any, websocket_paths: froz
         headers = getattr(exc, "headers", None)
         if exc.status_code == 404 and message == "Not Found":  # the router's: no route has this path
             message = f"no route has the path {shown_path(request)} (the API's routes: /openapi.json)"
+            if request.scope.get(SCOPE_AS_SENT):  # a route's words percent-encoded (routing.keep_route_words_as_sent)
+                message += "; a route's own words are matched as sent: percent-encode only the ids in a path"
             if request.scope["path"] in websocket_paths:
                 message = f"{shown_path(request)} is a WebSocket: open it with a handshake (GET with Upgrade: websocket)"
         if exc.status_code == 405:  # Starlette names the methods of the first route of the path only (GET, not HEAD)

@@ -31,11 +31,13 @@ from .schemas import error_payload, parse_tick, tick_errors
 from .tickpath import answer_tick
 
 PATH = "/neural/process"
+RAW_PATH = PATH.encode()
 
 
 def is_hot(scope: Scope) -> bool:
-    """True for the request :class:`TickFastPath` answers: ``POST /neural/process``."""
-    return scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST"
+    """True for the request :class:`TickFastPath` answers: ``POST /neural/process``, spelled so (its path as sent:
+    ``/neural/%70rocess`` is no route, see :func:`.routing.keep_route_words_as_sent`)."""
+    return scope["type"] == "http" and scope.get("raw_path") == RAW_PATH and scope["method"] == "POST"
 
 
 class TickFastPath:

@@ -110,3 +110,56 @@ def test_a_refusal_by_the_router_names_the_path_and_the_methods(tc: TestClient, 
     err = _error(r)
     assert r.status_code in (404, 405) and err["type"] in ("not_found", "method_not_allowed")
     assert words in err["message"] and len(err["message"]) < 300, err
+
+
+TICK = {"price": 101.0, "volume": 5.0, "timestamp": 1_640_995_201_000, "market_id": "ABC"}
+
+
+SPELLED_OTHERWISE = [
+    ("POST", "/neural/%70rocess", TICK),
+    ("POST", "/neural%2Fprocess", TICK),
+    ("POST", "/%6Eeural/process", TICK),
+    ("POST", "/neural/process/%62atch", {"ticks": [TICK]}),
+    ("POST", "/neural/markets/ABC/%65xport", None),
+    ("POST", "/neural/markets/ABC%2Fexport", None),
+    ("DELETE", "/neural/m%61rkets/ABC", None),
+    ("GET", "/h%65alth", None),
+    ("GET", "/%64ocs", None),
+]
+
+
+def test_a_route_s_own_words_percent_encoded_are_no_route(tc: TestClient, state: ServiceState) -> None:
+    """A proxy routes by the path as sent (HAProxy's ``path /neural/process`` sends a tick to its market's replica):
+    a route's words spelled otherwise reach no route here either, and change nothing (the tick is not applied to a
+    replica its market does not live on, the market is neither exported nor reset)."""
+    last = state.engine.pool.table.get("ABC")
+    for method, path, body in SPELLED_OTHERWISE:
+        r = tc.request(method, path, json=body)
+        err = _error(r)
+        assert r.status_code in (404, 405) and err["type"] in ("not_found", "method_not_allowed"), (path, r.text)
+        assert repr(path) in err["message"], err  # the path as it was sent
+        if r.status_code == 404:
+            assert "percent-encode only the ids in a path" in err["message"], err
+        assert state.engine.pool.table.get("ABC") is last, path  # not stepped, not reset
+        assert tc.get("/debug/markets/ABC/state").json()["last_tick"]["timestamp"] == 1_640_995_200_000, path
+        assert tc.get("/neural/moves").json()["markets"] == [], path  # not frozen for an export
+
+
+def test_percent_encoded_ids_keep_their_route(tc: TestClient, state: ServiceState) -> None:
+    r = tc.get("/debug/markets/%41BC/state")
+    assert r.status_code == 200 and r.json()["market_id"] == "ABC", r.text
+    r = tc.get("/neural/nope%25")  # no route either way: the path decoded, and no word about encodings
+    assert r.status_code == 404 and "'/neural/nope%'" in _error(r)["message"], r.text
+    assert "percent-encode" not in _error(r)["message"]
+    r = tc.get("/debug/markets/A%2FB/state")  # the id A/B, decoded
+    assert r.status_code == 404 and "'A/B'" in _error(r)["message"], r.text
+    r = tc.post("/neural/process?note=%41", json={**TICK, "timestamp": 1_640_995_202_000})  # a query is no route word
+    assert r.status_code == 200, r.text
+    assert tc.delete("/neural/markets/%41BC").json()["reset"] is True
+    assert state.engine.pool.table.get("ABC") is None
+
+
+def test_a_stream_at_a_percent_encoded_path_is_refused(tc: TestClient) -> None:
+    with pytest.raises(Exception) as refused, tc.websocket_connect("/neural/%73tream?market_id=ABC"):
+        pass
+    assert "404" in str(refused.value) or getattr(refused.value, "status_code", None) == 404, refused.value
