@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,22 +58,38 @@ FRAMING_PART = "a chunk-size line or the trailers of the chunked body"  # bytes 
 BAD_VERSION = "the request line's HTTP version is not HTTP/1.1 or HTTP/1.0 (the versions served)"
 PARSER_SAYS = "the server could not parse it: "  # before the HTTP parser's own reason in a 400's message
 SHOWN_PARSER_ERROR = 120  # characters of the parser's reason shown
+# RFC 9112, section 3.2: Host = uri-host [ ":" port ]; an IP literal in brackets or a reg-name (IPv4 is one), the
+# latter possibly empty (a target without an authority)
+HOST_VALUE = re.compile(rb"(?:\[[0-9A-Za-z._~!$&'()*+,;=:%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
 
 def framing_problem(version: str, headers: Sequence[tuple[bytes, bytes]]) -> str | None:
     """What makes a request's head one that is refused although the HTTP parser reads it (RFC 9112), or None.
 
-    * ``Host``: an HTTP/1.1 request without one, or any request with more than one (section 3.2: a server
-      must answer 400): which host was meant is unknown, and a proxy before the service may have read another;
+    * ``Host``: an HTTP/1.1 request without one, any request with more than one, or one whose value is not a host
+      and optional port (section 3.2: a server must answer 400; ``a b``, ``user@host``, ``host/path``): which host
+      was meant is unknown, and a proxy before the service may have read another;
     * ``Transfer-Encoding``: a coding other than ``chunked`` (``gzip, chunked``: the parser would read the chunks
       and hand the body on still gzipped, where a proxy before the service may have decoded it), or in an
       HTTP/1.0 request, whose framing is then faulty (section 6.1)."""
-    hosts = sum(1 for name, _ in headers if name == b"host")
-    if hosts > 1:
-        return f"the request has {hosts} Host headers: one is required"
-    if hosts == 0 and version == "1.1":
-        return "an HTTP/1.1 request must have a Host header"
+    hosts: list[bytes] = []
+    coded = False
+    for name, value in headers:  # one plain pass: run for every request (the tick route's too)
+        if name == b"host":
+            hosts.append(value)
+        elif name == b"transfer-encoding":
+            coded = True
+    if len(hosts) > 1:
+        return f"the request has {len(hosts)} Host headers: one is required"
+    if not hosts:
+        if version == "1.1":
+            return "an HTTP/1.1 request must have a Host header"
+    elif HOST_VALUE.fullmatch(hosts[0]) is None:
+        shown = hosts[0].decode("latin-1")[:SHOWN_PARSER_ERROR]
+        return f"the Host header {shown!r} is not a host with an optional port (such as example.com:8080 or [::1])"
+    if not coded:
+        return None
     codings = [c.strip().lower() for name, value in headers if name == b"transfer-encoding" for c in value.split(b",")]
     codings = [c for c in codings if c]
     if codings and version == "1.0":

@@ -162,6 +162,9 @@ def chunked(version: bytes = b"1.1", coding: bytes = b"chunked", host: bytes = b
     (b"GET /h HTTP/1.1\r\n\r\n", "an HTTP/1.1 request must have a Host header"),
     (b"GET /h HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "the request has 2 Host headers: one is required"),
     (b"GET /h HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n", "the request has 2 Host headers: one is required"),
+    (b"GET /h HTTP/1.1\r\nHost: a b\r\n\r\n", "the Host header 'a b' is not a host with an optional port"),
+    (b"GET /h HTTP/1.1\r\nHost: user@x:80\r\n\r\n", "the Host header 'user@x:80' is not a host"),
+    (b"GET /h HTTP/1.0\r\nHost: x/y\r\n\r\n", "the Host header 'x/y' is not a host"),
     (chunked(coding=b"gzip, chunked"), "Transfer-Encoding 'gzip, chunked': chunked (once) is the only transfer coding"),
     (chunked(coding=b"gzip\r\nTransfer-Encoding: chunked"), "Transfer-Encoding 'gzip, chunked'"),
     (chunked(coding=b"chunked, chunked"), "the server could not parse it: Invalid `Transfer-Encoding` header value"),
@@ -169,7 +172,8 @@ def chunked(version: bytes = b"1.1", coding: bytes = b"chunked", host: bytes = b
     (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
      "the server could not parse it: Duplicate Content-Length"),
     (b"GET /h HTTP/1.1\r\nHost: x\r\nX-A: a\r\n  folded\r\n\r\n", "the server could not parse it: Unexpected whitespace"),
-], ids=["no host", "two hosts", "two hosts in 1.0", "gzip then chunked", "gzip and chunked on two lines",
+], ids=["no host", "two hosts", "two hosts in 1.0", "host with a space", "host with userinfo", "host with a path",
+        "gzip then chunked", "gzip and chunked on two lines",
         "chunked twice", "chunked in 1.0", "two lengths", "folded header"])
 def test_a_request_the_rfc_refuses_is_a_400_naming_why(raw: bytes, words: str) -> None:
     got = answers([raw + request("/after")])  # what follows on the connection is not read
@@ -178,8 +182,11 @@ def test_a_request_the_rfc_refuses_is_a_400_naming_why(raw: bytes, words: str) -
     assert err.type == "bad_request" and words in err.message, err.message
 
 
-@pytest.mark.parametrize("raw", [b"GET /h HTTP/1.0\r\n\r\n", chunked(coding=b"Chunked"), chunked(coding=b" chunked ")],
-                         ids=["HTTP/1.0 without Host", "chunked in capitals", "chunked with spaces"])
+@pytest.mark.parametrize("raw", [b"GET /h HTTP/1.0\r\n\r\n", chunked(coding=b"Chunked"), chunked(coding=b" chunked "),
+                                 *(b"GET /h HTTP/1.1\r\nHost:" + host + b"\r\n\r\n" for host in
+                                   (b"", b" example.com:8080 ", b"[::1]:80", b"10.0.0.1", b"my_host.local."))],
+                         ids=["HTTP/1.0 without Host", "chunked in capitals", "chunked with spaces", "empty host",
+                              "name and port", "IPv6 and port", "IPv4", "name with _ and final dot"])
 def test_requests_the_rfc_allows_are_served(raw: bytes) -> None:
     assert [status for status, _ in answers([raw])] == [200]
 
