@@ -61,6 +61,7 @@ SHOWN_PARSER_ERROR = 120  # characters of the parser's reason shown
 # RFC 9112, section 3.2: Host = uri-host [ ":" port ]; an IP literal in brackets or a reg-name (IPv4 is one), the
 # latter possibly empty (a target without an authority)
 HOST_VALUE = re.compile(rb"(?:\[[0-9A-Za-z._~!$&'()*+,;=:%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+TARGET_FORMS = "send a path (/health), an absolute URL with one (http://host/health), or * with OPTIONS"
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 
 
@@ -294,6 +295,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                     self._bad_reason = BAD_VERSION
                 elif self._bad_reason is None and not isinstance(exc, httptools.HttpParserCallbackError) and str(exc):
                     self._bad_reason = f"{PARSER_SAYS}{str(exc)[:SHOWN_PARSER_ERROR]}"  # llhttp's reason, always short
+                elif self._bad_reason is None and self.url[:1] not in (b"/", b"*"):
+                    # uvicorn could not take a path from the target (an absolute URL without one, CONNECT's host:port)
+                    shown = self.url.decode("latin-1")[:SHOWN_PARSER_ERROR]
+                    self._bad_reason = f"the request target {shown!r} names no path that can be read: {TARGET_FORMS}"
                 self.send_400_response(msg)
             except httptools.HttpParserUpgrade as exc:
                 if not self._ignored_upgrade:

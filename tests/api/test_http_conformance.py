@@ -172,9 +172,13 @@ def chunked(version: bytes = b"1.1", coding: bytes = b"chunked", host: bytes = b
     (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
      "the server could not parse it: Duplicate Content-Length"),
     (b"GET /h HTTP/1.1\r\nHost: x\r\nX-A: a\r\n  folded\r\n\r\n", "the server could not parse it: Unexpected whitespace"),
+    (b"OPTIONS http://x HTTP/1.1\r\nHost: x\r\n\r\n", "the request target 'http://x' names no path that can be read: send"),
+    (b"CONNECT x:80 HTTP/1.1\r\nHost: x\r\n\r\n", "the request target 'x:80' names no path that can be read"),
+    (b"GET http://x:99999/h HTTP/1.1\r\nHost: x\r\n\r\n", "or * with OPTIONS"),
 ], ids=["no host", "two hosts", "two hosts in 1.0", "host with a space", "host with userinfo", "host with a path",
         "gzip then chunked", "gzip and chunked on two lines",
-        "chunked twice", "chunked in 1.0", "two lengths", "folded header"])
+        "chunked twice", "chunked in 1.0", "two lengths", "folded header", "absolute URL without a path",
+        "authority form", "absolute URL with a bad port"])
 def test_a_request_the_rfc_refuses_is_a_400_naming_why(raw: bytes, words: str) -> None:
     got = answers([raw + request("/after")])  # what follows on the connection is not read
     assert [status for status, _ in got] == [400], got
