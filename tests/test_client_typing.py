@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -63,5 +64,9 @@ def test_a_trading_script_using_the_client_passes_mypy_strict(tmp_path: Path, re
     script.write_text(textwrap.dedent(USER_SCRIPT), encoding="utf-8")
     cache_provider = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     cache = cache_provider.mkdir("client-typing-mypy") if cache_provider else tmp_path / "cache"
-    out, err, status = api.run(["--strict", "--no-error-summary", "--cache-dir", str(cache), str(script)])
+    limit = sys.getrecursionlimit()
+    try:
+        out, err, status = api.run(["--strict", "--no-error-summary", "--cache-dir", str(cache), str(script)])
+    finally:  # mypy raises the interpreter's recursion limit for good; later tests of deep inputs rely on the default
+        sys.setrecursionlimit(limit)
     assert status == 0, out + err
