@@ -84,7 +84,11 @@ class Feed:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[list[LiveServer], HAProxy]]:
     replicas = start_all(tmp_path, 3, ENV)
-    hap = start_haproxy(tmp_path, [Replica(j + 1, "127.0.0.1", s.port) for j, s in enumerate(replicas)])
+    # checks every second (the shipped interval): a check's answer may take up to that long. At the helpers' 200 ms a
+    # replica starved of CPU by the rest of the suite failed two checks in a row, left the ring, and its markets'
+    # ticks went to another replica: a failover, which tests/scaleout/test_drain_live.py exercises, not a rebalance
+    hap = start_haproxy(tmp_path, [Replica(j + 1, "127.0.0.1", s.port) for j, s in enumerate(replicas)],
+                        check_interval_ms=1000)
     try:
         hap.api.wait_ring({1, 2, 3})
         yield replicas, hap
