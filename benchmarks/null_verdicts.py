@@ -140,13 +140,16 @@ def write_csv(path: Path, ts: np.ndarray, price: np.ndarray, volume: np.ndarray)
             f.write(f"{int(t)},{p:.6f},{int(v)}\n")
 
 
+def family_series(kind: str, seed: int, args: argparse.Namespace, cut: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(timestamps ms, prices, volumes) of ``kind``'s series ``seed``; ``cut``: the first tick after training."""
+    if kind in ("regime", "planted"):
+        return regimes(seed, args.ticks, args.phi, cut if kind == "regime" else args.ticks)
+    return series(kind, seed, args.ticks, tick_bp=args.tick_bp, half_spread_bp=args.half_spread_bp, sd_bp=args.sd_bp)
+
+
 def run_one(kind: str, seed: int, args: argparse.Namespace, work: Path) -> dict:
     cut = int(0.7 * args.ticks)
-    if kind in ("regime", "planted"):
-        ts, price, volume = regimes(seed, args.ticks, args.phi, cut if kind == "regime" else args.ticks)
-    else:
-        ts, price, volume = series(kind, seed, args.ticks, tick_bp=args.tick_bp, half_spread_bp=args.half_spread_bp,
-                                   sd_bp=args.sd_bp)
+    ts, price, volume = family_series(kind, seed, args, cut)
     d = work / f"{kind}{seed}"
     d.mkdir()
     (d / "state").mkdir()
@@ -182,11 +185,7 @@ def score_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
     from cerebellar_norse.training.report import verdict
 
     cut = int(0.7 * args.ticks)
-    if kind in ("regime", "planted"):
-        ts, price, volume = regimes(seed, args.ticks, args.phi, cut if kind == "regime" else args.ticks)
-    else:
-        ts, price, volume = series(kind, seed, args.ticks, tick_bp=args.tick_bp, half_spread_bp=args.half_spread_bp,
-                                   sd_bp=args.sd_bp)
+    ts, price, volume = family_series(kind, seed, args, cut)
     lab = label_series(ts, price, LabelSpec(horizon_ticks=HORIZON))
     seen = np.arange(500, cut)
     seen = seen[(lab.end[seen] >= 0) & (lab.end[seen] < cut)]
