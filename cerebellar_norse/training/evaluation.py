@@ -1148,12 +1148,22 @@ def bid_ask_bounce(returns: list[np.ndarray]) -> dict[str, Any] | None:
     direction that lives on that bounce earns at the printed prices what a taker pays to trade it, so a P&L charged
     less than this spread is not one a trader gets. Pooled over the markets (each demeaned); ``z`` is the
     autocovariance over its standard error from the products' spread (robust to volatility clusters and heavy
-    tails). ``spread_bp`` is set only where the autocovariance is below 0 by more than ``BOUNCE_Z`` of them (a
-    martingale shows it on about 2.5 % of samples), else None. None without two returns in a row.
+    tails).
+
+    A bounce is a fixed gap between bid and ask, so it turns the sign of the next move back in calm stretches as often
+    as in busy ones; a reversal that lives in a few large moves (a crash's overreaction in daily closes) drags the
+    autocovariance below 0 as far, but not the signs. ``reversals`` is the share of consecutive non-zero returns (in
+    each market) whose signs differ, ``reversal_z`` its distance above 1/2 in binomial standard errors (signs do not
+    see the size of a move: a martingale with symmetric moves has 1/2 whatever its volatility). ``spread_bp`` is set
+    only where the autocovariance is below 0 by more than ``BOUNCE_Z`` standard errors and the share of reversals
+    above 1/2 by more than ``BOUNCE_Z`` (a martingale shows either on about 2.5 % of samples), else None. None without
+    two returns in a row.
     """
     prods: list[np.ndarray] = []
     squares = 0.0
     count = 0
+    pairs = 0  # consecutive non-zero returns, and those of them whose signs differ
+    turns = 0
     for r in returns:
         r = np.asarray(r, dtype=np.float64)
         r = r[np.isfinite(r)]
@@ -1163,11 +1173,17 @@ def bid_ask_bounce(returns: list[np.ndarray]) -> dict[str, Any] | None:
         prods.append(x[1:] * x[:-1])
         squares += float(np.dot(x, x))
         count += int(x.size)
+        signs = np.sign(r[r != 0.0])
+        pairs += max(int(signs.size) - 1, 0)
+        turns += int(np.count_nonzero(signs[1:] != signs[:-1]))
     if not prods or squares <= 0.0:
         return None
     p = np.concatenate(prods)
     cov1 = float(p.mean())
     se = float(p.std()) / math.sqrt(p.size)
     z = cov1 / se if se > 0 else 0.0
-    spread = 2.0 * math.sqrt(-cov1) * 1e4 if z < -BOUNCE_Z else None
-    return {"returns": count, "lag1_autocorrelation": cov1 / (squares / count), "z": z, "spread_bp": spread}
+    share = turns / pairs if pairs else None
+    turn_z = (turns / pairs - 0.5) * 2.0 * math.sqrt(pairs) if pairs else 0.0
+    spread = 2.0 * math.sqrt(-cov1) * 1e4 if z < -BOUNCE_Z and turn_z > BOUNCE_Z else None
+    return {"returns": count, "lag1_autocorrelation": cov1 / (squares / count), "z": z, "reversals": share,
+            "reversal_z": turn_z, "spread_bp": spread}

@@ -175,8 +175,11 @@ def _bounce(bounce: Any) -> tuple[float | None, str | None]:
     if not isinstance(bounce, Mapping) or bounce.get("spread_bp") is None:
         return None, None
     spread = float(bounce["spread_bp"])
+    turned = (f", {float(bounce['reversals']):.0%} of their moves turned back by the next one"
+              if bounce.get("reversals") is not None else "")
     return spread, (f"the scored prices bounce between bid and ask (lag-1 autocorrelation of their returns "
-                    f"{float(bounce.get('lag1_autocorrelation') or 0.0):+.3f} over {bounce.get('returns')} returns): an "
+                    f"{float(bounce.get('lag1_autocorrelation') or 0.0):+.3f} over {bounce.get('returns')} returns"
+                    f"{turned}): an "
                     f"effective spread of about {spread:.2f} bp per round trip (Roll's estimate, 2 √(−autocovariance))")
 
 

@@ -287,3 +287,23 @@ def test_the_pnl_lines_say_the_spread_a_bounce_implies() -> None:
     assert any(line.startswith("bid-ask bounce: the scored prices bounce") and "the 3 bp charged pays less" in line
                for line in lines)
     assert not any("bounce" in line for line in pnl_lines({**summary, "bounce": bid_ask_bounce([mid])}))
+
+
+def test_a_reversal_in_a_few_large_moves_is_no_bounce() -> None:
+    """Daily closes of a liquid index fund: a martingale of 1 % days, but a crash whose big days overreact and turn
+    back (−8 % then +7 %, a dozen times). The lag-1 autocovariance is below 0 by more than 1.96 standard errors and
+    Roll's estimate would be a spread of tens of bp, but the signs of the moves turn back no more often than a coin's:
+    that is no bounce between bid and ask, and no spread is set. A bounce of 3 bp on the same calm days is one."""
+    rng = np.random.default_rng(7)
+    calm = rng.normal(0.0, 0.01, 2000)
+    days = calm.copy()
+    for k in range(12):
+        days[1000 + 8 * k:1002 + 8 * k] = (-0.08, 0.07)
+    assert bid_ask_bounce([calm])["spread_bp"] is None
+    crash = bid_ask_bounce([days])
+    assert crash["z"] < -1.96 and crash["lag1_autocorrelation"] < -0.05
+    assert crash["spread_bp"] is None
+    assert crash["reversal_z"] < 1.96
+    prints = np.diff(np.cumsum(rng.normal(0.0, 0.5e-4, 2001)) + 3e-4 * rng.choice([-1.0, 1.0], 2001))
+    bounce = bid_ask_bounce([prints])
+    assert bounce["reversals"] > 0.6 and bounce["spread_bp"] == pytest.approx(6.0, rel=0.1)
