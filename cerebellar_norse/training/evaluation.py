@@ -1139,7 +1139,7 @@ def cumulative_pnl(inp: ScoreInputs, cost_bp: float = 0.0) -> dict[str, np.ndarr
 BOUNCE_Z = 1.96  # how far below 0 the lag-1 autocovariance must lie (in robust standard errors) to read as a bounce
 
 
-def bid_ask_bounce(returns: list[np.ndarray]) -> dict[str, Any] | None:
+def bid_ask_bounce(returns: list[np.ndarray], markets: list[str] | None = None) -> dict[str, Any] | None:
     """Whether the scored prices bounce between bid and ask, and the round-trip spread that implies.
 
     ``returns``: per market, the per-tick log returns over its scored ticks, in time order. Prints that alternate
@@ -1158,7 +1158,33 @@ def bid_ask_bounce(returns: list[np.ndarray]) -> dict[str, Any] | None:
     only where the autocovariance is below 0 by more than ``BOUNCE_Z`` standard errors and the share of reversals
     above 1/2 by more than ``BOUNCE_Z`` (a martingale shows either on about 2.5 % of samples), else None. None without
     two returns in a row.
+
+    With ``markets`` (the names of the markets of ``returns``, two or more), each market is also tested on its own:
+    pooled, a market that bounces is diluted by quieter or busier ones (its products drown in theirs) and its spread
+    is averaged with theirs. The markets are tested as one family at 2.5 % (each at the normal quantile of
+    1 − 0.025 / k for k markets tested, Bonferroni), so a file of many quiet markets does not flag one by chance;
+    ``markets`` (added) holds the figures of those that bounce, largest spread first, ``pooled_spread_bp`` the pooled
+    test's spread and ``market_z`` the threshold, and ``spread_bp`` is the largest of the flagged markets' spreads and
+    the pooled one: a cost below it leaves some market's P&L living on its bounce.
     """
+    pooled = _bounce_of(returns, BOUNCE_Z)
+    if pooled is None or markets is None or len(returns) < 2:
+        return pooled
+    k = sum(_bounce_of([r], BOUNCE_Z) is not None for r in returns)
+    cut = NormalDist().inv_cdf(1.0 - 0.025 / max(k, 1))
+    flagged = {}
+    for name, r in zip(markets, returns, strict=True):
+        b = _bounce_of([r], cut)
+        if b is not None and b["spread_bp"] is not None:
+            flagged[name] = b
+    order = sorted(flagged, key=lambda name: -flagged[name]["spread_bp"])
+    spreads = [flagged[name]["spread_bp"] for name in order] + ([pooled["spread_bp"]] if pooled["spread_bp"] else [])
+    return {**pooled, "pooled_spread_bp": pooled["spread_bp"], "market_z": cut,
+            "markets": {name: flagged[name] for name in order}, "spread_bp": max(spreads) if spreads else None}
+
+
+def _bounce_of(returns: list[np.ndarray], threshold: float) -> dict[str, Any] | None:
+    """``bid_ask_bounce``'s figures of ``returns`` taken together, the tests at ``threshold`` standard errors."""
     prods: list[np.ndarray] = []
     squares = 0.0
     count = 0
@@ -1184,6 +1210,6 @@ def bid_ask_bounce(returns: list[np.ndarray]) -> dict[str, Any] | None:
     z = cov1 / se if se > 0 else 0.0
     share = turns / pairs if pairs else None
     turn_z = (turns / pairs - 0.5) * 2.0 * math.sqrt(pairs) if pairs else 0.0
-    spread = 2.0 * math.sqrt(-cov1) * 1e4 if z < -BOUNCE_Z and turn_z > BOUNCE_Z else None
+    spread = 2.0 * math.sqrt(-cov1) * 1e4 if z < -threshold and turn_z > threshold else None
     return {"returns": count, "lag1_autocorrelation": cov1 / (squares / count), "z": z, "reversals": share,
             "reversal_z": turn_z, "spread_bp": spread}

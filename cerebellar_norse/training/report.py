@@ -171,16 +171,32 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
 
 def _bounce(bounce: Any) -> tuple[float | None, str | None]:
     """The round-trip spread in bp that the scored prices' bid-ask bounce implies (``evaluation.bid_ask_bounce``) and
-    the words saying so; (None, None) where they show none."""
+    the words saying so; (None, None) where they show none. Where markets were tested on their own and some bounce,
+    the words name them (the five of the largest spreads) with their own figures."""
     if not isinstance(bounce, Mapping) or bounce.get("spread_bp") is None:
         return None, None
     spread = float(bounce["spread_bp"])
+    roll = "Roll's estimate, 2 √(−autocovariance)"
+    own = bounce.get("markets")
+    if isinstance(own, Mapping) and own:
+        names = list(own)
+        shown = "; ".join(f"{name}: {_bounce_figures(own[name])}, about {float(own[name]['spread_bp']):.2f} bp"
+                          for name in names[:5])
+        more = f"; and {len(names) - 5} more" if len(names) > 5 else ""
+        pooled = bounce.get("pooled_spread_bp")
+        return spread, (f"the scored prices of {len(names)} of the markets bounce between bid and ask, each tested on "
+                        f"its own ({shown}{more}; {roll}): an effective spread of up to about {spread:.2f} bp per "
+                        "round trip" + (f" (pooled over every market: {float(pooled):.2f} bp)" if pooled else ""))
+    return spread, (f"the scored prices bounce between bid and ask ({_bounce_figures(bounce)}): an effective spread "
+                    f"of about {spread:.2f} bp per round trip ({roll})")
+
+
+def _bounce_figures(bounce: Mapping[str, Any]) -> str:
+    """``lag-1 autocorrelation of their returns … over … returns, …% of their moves turned back by the next one``."""
     turned = (f", {float(bounce['reversals']):.0%} of their moves turned back by the next one"
               if bounce.get("reversals") is not None else "")
-    return spread, (f"the scored prices bounce between bid and ask (lag-1 autocorrelation of their returns "
-                    f"{float(bounce.get('lag1_autocorrelation') or 0.0):+.3f} over {bounce.get('returns')} returns"
-                    f"{turned}): an "
-                    f"effective spread of about {spread:.2f} bp per round trip (Roll's estimate, 2 √(−autocovariance))")
+    return (f"lag-1 autocorrelation of their returns {float(bounce.get('lag1_autocorrelation') or 0.0):+.3f} over "
+            f"{bounce.get('returns')} returns{turned}")
 
 
 def _pnl_ci_text(cell: Mapping[str, Any]) -> str:

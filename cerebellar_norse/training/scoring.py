@@ -60,13 +60,15 @@ def score_inputs(cfg: Config, weights: Weights, prep: Prepared, split: int, base
     return ScoreInputs(probs, labels, fwd, past, base_rates, lr, prep.block, markets, times, spans)
 
 
-def _scored_returns(prep: Prepared, split: int) -> list[np.ndarray]:
-    """Per market, the per-tick log returns from its first scored tick of ``split`` to its last one."""
-    out = []
+def _scored_returns(prep: Prepared, split: int) -> tuple[list[np.ndarray], list[str]]:
+    """Per market, the per-tick log returns from its first scored tick of ``split`` to its last one, and the
+    markets' names."""
+    out, names = [], []
     for pm, i in zip(prep.markets, prep.rows(split)[0], strict=True):
         if i.size:
             out.append(np.diff(np.log(np.asarray(pm.ticks.price[i[0]:i[-1] + 1], dtype=np.float64))))
-    return out
+            names.append(pm.market_id)
+    return out, names
 
 
 def _kept_rows(n: int) -> np.ndarray:
@@ -185,5 +187,5 @@ def summarise(cfg: Config, weights: Weights, prep: Prepared, split: int, base_ra
         return {"samples": 0}, {}
     summary = score(inp, cost_bp=cost_bp, bootstrap=bootstrap)
     summary["labels"] = prep.spec.describe()
-    summary["bounce"] = bid_ask_bounce(_scored_returns(prep, split))
+    summary["bounce"] = bid_ask_bounce(*_scored_returns(prep, split))
     return summary, cumulative_pnl(inp, cost_bp)

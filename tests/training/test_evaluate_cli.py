@@ -533,6 +533,14 @@ def test_evaluate_reads_the_spread_a_bounce_between_bid_and_ask_implies(env: Pat
     got = _json(capsys)
     assert got["bounce"]["spread_bp"] == pytest.approx(8.0, rel=0.1)
     assert got["bounce"]["returns"] == got["samples"] - 1 and got["bounce"]["lag1_autocorrelation"] < -0.4
+    # beside a market moving 30 bp a tick at random, pooled, its bounce drowns; each market is tested on its own
+    busy = np.log(40.0) + np.cumsum(rng.normal(0, 30e-4, n))
+    write_csv(env / "two.csv", [{"timestamp": 1_700_000_000_000 + 1000 * k, "market_id": m, "price": float(np.exp(p)),
+                                 "volume": 100.0} for k in range(n) for m, p in (("XYZ", logp[k]), ("ABC", busy[k]))])
+    assert main(["evaluate", "two.csv", "--json", "--bootstrap", "20", "--cost-bp", "1"]) == 0
+    got = _json(capsys)["bounce"]
+    assert list(got["markets"]) == ["XYZ"] and got["spread_bp"] == pytest.approx(8.0, rel=0.1)
+    assert got["pooled_spread_bp"] is None
     _drifting_walk(env / "walk.csv")
     assert main(["evaluate", "walk.csv", "--json", "--bootstrap", "20"]) == 0
     assert _json(capsys)["bounce"]["spread_bp"] is None

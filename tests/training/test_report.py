@@ -307,3 +307,25 @@ def test_a_reversal_in_a_few_large_moves_is_no_bounce() -> None:
     prints = np.diff(np.cumsum(rng.normal(0.0, 0.5e-4, 2001)) + 3e-4 * rng.choice([-1.0, 1.0], 2001))
     bounce = bid_ask_bounce([prints])
     assert bounce["reversals"] > 0.6 and bounce["spread_bp"] == pytest.approx(6.0, rel=0.1)
+
+
+def test_a_market_that_bounces_is_not_drowned_by_a_busier_one() -> None:
+    """Two markets in one file: prints of a quiet one bouncing between bid and ask 2 bp apart, and a busy one moving
+    20 bp a tick at random. Pooled, the busy market's products drown the quiet one's and no bounce shows; each tested
+    on its own, the quiet one bounces, the spread to charge is its own (about 2 bp), and the words name it."""
+    rng = np.random.default_rng(3)
+    n = 1500
+    quiet = np.diff(np.cumsum(rng.normal(0.0, 0.3e-4, n + 1)) + 1e-4 * rng.choice([-1.0, 1.0], n + 1))
+    busy = rng.normal(0.0, 20e-4, n)
+    assert bid_ask_bounce([quiet, busy])["spread_bp"] is None  # pooled only
+    bounce = bid_ask_bounce([quiet, busy], ["EURUSD", "BTCUSD"])
+    assert list(bounce["markets"]) == ["EURUSD"]
+    assert bounce["spread_bp"] == pytest.approx(2.0, rel=0.15) and bounce["pooled_spread_bp"] is None
+    assert bounce["market_z"] == pytest.approx(2.2414, abs=1e-3)  # two markets tested as one family at 2.5 %
+    summary, _, _ = _bounce_scored(1.5)
+    assert verdict({**summary, "bounce": bid_ask_bounce([quiet, busy])})["action"] == "trade"
+    v = verdict({**summary, "bounce": bounce})
+    assert v["action"] == "do_not_trade" and "of 1 of the markets" in v["reason"] and "EURUSD:" in v["reason"]
+    # a market too quiet to show a bounce on its own is not flagged: the markets' test keeps its 2.5 %
+    calm = [rng.normal(0.0, 1e-4, 300) for _ in range(40)]
+    assert not bid_ask_bounce(calm, [f"M{k}" for k in range(40)])["markets"]
