@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="score only ticks at or after TIME (ms or ISO 8601; one without an offset in the files' zone, "
                          "the first of an hour it repeats, refused in an hour it skips); earlier ones warm the network up")
     ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost in basis points for the P&L, charged on turnover: half of it per unit of position bought or sold, 0 to 10000 (default 0)")
+    ev.add_argument("--mid-prices", action="store_true",
+                    help="the files' prices are mids (of bid and ask) or index levels, with no spread to bounce "
+                         "across: read no bid-ask bounce from them (--cost-bp must still charge the spread a trade "
+                         "crosses)")
     ev.add_argument("--bootstrap", type=int_in(0, MAX_BOOTSTRAP), default=1000,
                     help=f"0 for no 95%% intervals; otherwise 1 to {MAX_BOOTSTRAP} (default 1000): the intervals, whose "
                          "moving-block bootstrap variance is computed exactly, are the same for any number")
@@ -337,7 +341,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         _err(f"--cost-bp must be a number from 0 to {MAX_COST_BP:g} (100% per round trip; got {args.cost_bp})")
         return EXIT_USAGE
     cost_bp = args.cost_bp + 0.0  # -0 is 0 (not "cost -0.00 bp")
-    return cmd_evaluate(_load_for_data(args), args.files, args.model, args.report, cost_bp, args.bootstrap, args.json, args.since)
+    return cmd_evaluate(_load_for_data(args), args.files, args.model, args.report, cost_bp, args.bootstrap, args.json, args.since,
+                        mid_prices=args.mid_prices)
 
 
 def _cmd_inspect_data(args: argparse.Namespace) -> int:

@@ -338,8 +338,12 @@ def _in_sample_unknown(metrics: dict[str, Any], version: str, store: ModelStore 
 
 
 def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str | None, cost_bp: float, bootstrap: int,
-                 as_json: bool, since: str | None = None) -> int:
-    """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines."""
+                 as_json: bool, since: str | None = None, mid_prices: bool = False) -> int:
+    """``cerebellar-norse evaluate``: score a stored model on CSV ticks (warm-up excluded) against baselines.
+
+    ``mid_prices`` (``--mid-prices``): the prices are mids or index levels, so no bid-ask bounce is read from them:
+    ``summary["bounce"]`` keeps its figures with ``mid_prices`` true and no spread, and the verdict holds no spread
+    against ``cost_bp``."""
     from .calibration import base_rates
     from .data import load_training_files, parse_time_ms
     from .report import format_summary, headline, render_html, verdict
@@ -400,6 +404,9 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
                     "since_utc": None if since_ms is None else iso_ms(since_ms),
                     "in_sample": in_sample, "in_sample_unknown": in_sample_unknown, "unscored_markets": unscored, "data_checks": checks,
                     "stock_splits": data.stock_splits})
+    if mid_prices and isinstance(summary.get("bounce"), dict):
+        summary["bounce"] = {**summary["bounce"], "mid_prices": True, "spread_bp": None, "pooled_spread_bp": None,
+                             "markets": {}}
     summary["verdict"] = verdict(summary)
     stage("scored")
     if unscored:

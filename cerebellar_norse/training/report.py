@@ -268,7 +268,11 @@ def pnl_lines(summary: Mapping[str, Any], none: str = "-") -> list[str]:
     note = (summary.get("annualisation") or {}).get("note")
     if note:
         lines.append(f"Sharpe/year: {note}")
-    spread, bounce = _bounce(summary.get("bounce"))
+    given = summary.get("bounce")
+    if isinstance(given, Mapping) and given.get("mid_prices"):
+        lines.append("bid-ask bounce: not read, the prices are mids or index levels (--mid-prices); the P&L fills at "
+                     "them, so --cost-bp must charge the spread a trade crosses")
+    spread, bounce = _bounce(given)
     if spread is not None:
         cost = float(summary.get("cost_bp") or 0.0)
         lines.append(f"bid-ask bounce: {bounce}; the P&L fills at the printed prices, so "

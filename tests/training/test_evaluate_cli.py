@@ -541,6 +541,13 @@ def test_evaluate_reads_the_spread_a_bounce_between_bid_and_ask_implies(env: Pat
     got = _json(capsys)["bounce"]
     assert list(got["markets"]) == ["XYZ"] and got["spread_bp"] == pytest.approx(8.0, rel=0.1)
     assert got["pooled_spread_bp"] is None
+    # prices the user says are mids (or index levels) have no spread to bounce across: none is read from them
+    assert main(["evaluate", "bounce.csv", "--json", "--bootstrap", "20", "--cost-bp", "1", "--mid-prices"]) == 0
+    got = _json(capsys)["bounce"]
+    assert got["mid_prices"] is True and got["spread_bp"] is None and got["lag1_autocorrelation"] < -0.4
+    assert main(["evaluate", "bounce.csv", "--bootstrap", "0", "--mid-prices"]) == 0
+    text = capsys.readouterr().out
+    assert "bid-ask bounce: not read, the prices are mids" in text and "effective spread" not in text
     _drifting_walk(env / "walk.csv")
     assert main(["evaluate", "walk.csv", "--json", "--bootstrap", "20"]) == 0
     assert _json(capsys)["bounce"]["spread_bp"] is None
