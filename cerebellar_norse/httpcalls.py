@@ -10,13 +10,25 @@ the network modules, so that the scale-out tools stay light.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 if TYPE_CHECKING:
     import httpx
 
 BODY_LIMIT = 200  # characters of an answer's body quoted in an error message
 E = TypeVar("E", bound=Exception)
+
+
+DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}  # an id spelt as a dot-segment, which a URL's path resolves away
+
+
+def path_id(value: str) -> str:
+    """``value`` (a market id, a request id) as one segment of a URL path: every character but the unreserved ones
+    percent-encoded (``/`` too), and the ids ``.`` and ``..`` as ``%2E`` and ``%2E%2E``. Written as themselves they
+    are dot-segments, which httpx (as any client following RFC 3986 §5.2.4) removes with the segment before them:
+    ``/debug/markets/../state`` was sent as ``/debug/state``, a 404 of no route, and a ``DELETE`` of the market ``..``
+    went to ``/neural``. The service reads the id decoded."""
+    return DOT_SEGMENTS.get(value) or quote(value, safe="")
 
 
 def bearer(token: str | None) -> dict[str, str]:

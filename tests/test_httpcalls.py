@@ -78,3 +78,38 @@ def test_client_sends_the_token_as_a_bearer_header_and_waits_timeout_seconds() -
     for no_token in (None, ""):
         with client(no_token, 1.0) as http:
             assert "Authorization" not in http.headers
+
+
+@pytest.mark.parametrize(("market", "segment"), [
+    ("..", "%2E%2E"), (".", "%2E"), ("BTC/USD", "BTC%2FUSD"), ("a b?#%", "a%20b%3F%23%25"), ("./..", ".%2F.."),
+    ("a.b", "a.b"),
+])
+def test_every_market_route_of_the_tools_sends_the_id_as_one_segment(market: str, segment: str) -> None:
+    """``.`` and ``..`` are valid market ids; written as themselves httpx resolved them away as dot-segments
+    (``/debug/markets/../state`` went out as ``/debug/state``, a ``DELETE`` of ``..`` as ``DELETE /neural``)."""
+    from cerebellar_norse.observability.debugtools import market_state_path
+    from cerebellar_norse.observability.pictures import raster_path
+    from cerebellar_norse.scaleout.rebalance import Replicas
+
+    sent: list[tuple[str, bytes]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        sent.append((req.method, req.url.raw_path))
+        return httpx.Response(200, content=b"npz")
+
+    replicas = Replicas(None)
+    replicas.http = httpx.Client(transport=httpx.MockTransport(handler))
+    replicas.export(URL, market)
+    replicas.import_(URL, market, b"npz")
+    replicas.release(URL, market)
+    replicas.thaw(URL, market)
+    replicas.reset(URL, market)
+    replicas.close()
+    with httpx.Client(base_url=URL, transport=httpx.MockTransport(handler)) as http:
+        http.get(market_state_path(market))
+        http.get(raster_path(market, 5))
+    s = segment.encode()
+    assert sent == [("POST", b"/neural/markets/" + s + b"/export"), ("PUT", b"/neural/markets/" + s + b"/state"),
+                    ("POST", b"/neural/markets/" + s + b"/release"), ("POST", b"/neural/markets/" + s + b"/thaw"),
+                    ("DELETE", b"/neural/markets/" + s), ("GET", b"/debug/markets/" + s + b"/state"),
+                    ("GET", b"/debug/markets/" + s + b"/raster.png?ticks=5")]

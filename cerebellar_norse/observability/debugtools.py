@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 
 from ..errors import ServiceCallError
-from ..httpcalls import answer_message, bearer, call_failure, request_errors
+from ..httpcalls import answer_message, bearer, call_failure, path_id, request_errors
 from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 
 if TYPE_CHECKING:
@@ -358,12 +358,11 @@ def cmd_trace(cfg: Config, request_id: str | None, url: str | None, token: str |
               as_json: bool) -> int:
     """``cerebellar-norse trace REQUEST_ID`` (or ``--slow N``): a request's timeline from the running service, drawn as text."""
     import json
-    from urllib.parse import quote
 
     from .timelines import ascii_timeline
 
     url = url or service_url(cfg)
-    path = f"/debug/requests?slow=true&limit={slow}" if slow else f"/debug/requests/{quote(request_id or '', safe='')}"
+    path = f"/debug/requests?slow=true&limit={slow}" if slow else f"/debug/requests/{path_id(request_id or '')}"
     try:
         doc = fetch_json(url, path, token if token is not None else config_token(cfg))
     except ServiceCallError as exc:
@@ -384,9 +383,7 @@ def cmd_trace(cfg: Config, request_id: str | None, url: str | None, token: str |
 
 def market_state_path(market_id: str) -> str:
     """The URL path of a market's state (the id percent-encoded)."""
-    from urllib.parse import quote
-
-    return f"/debug/markets/{quote(market_id, safe='')}/state"
+    return f"/debug/markets/{path_id(market_id)}/state"
 
 
 def cmd_state_dump(cfg: Config, market: str, url: str | None, token: str | None) -> int:

@@ -509,9 +509,9 @@ def raster_png(series: dict[str, Any]) -> bytes:
 
 def raster_path(market_id: str, ticks: int) -> str:
     """The URL path of a market's raster (the id percent-encoded)."""
-    from urllib.parse import quote
+    from ..httpcalls import path_id
 
-    return f"/debug/markets/{quote(market_id, safe='')}/raster.png?ticks={ticks}"
+    return f"/debug/markets/{path_id(market_id)}/raster.png?ticks={ticks}"
 
 
 def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None, output: str, ticks: int) -> int:

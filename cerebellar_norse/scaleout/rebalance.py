@@ -39,12 +39,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
 from ..errors import CerebellarNorseError, InputError
-from ..httpcalls import client, request
+from ..httpcalls import client, path_id, request
 from . import REPLICA_TIMEOUT_S
 from .haproxy import BACKEND, Replica, RuntimeAPI, parse_replica
 from .ring import Ring
@@ -134,25 +133,25 @@ class Replicas:
 
     def export(self, base: str, market: str) -> bytes:
         """Freeze and export one market."""
-        return self._call("POST", f"{base}/neural/markets/{quote(market, safe='')}/export").content
+        return self._call("POST", f"{base}/neural/markets/{path_id(market)}/export").content
 
     def import_(self, base: str, market: str, data: bytes) -> None:
         """Import one market's state."""
-        self._call("PUT", f"{base}/neural/markets/{quote(market, safe='')}/state", content=data,
+        self._call("PUT", f"{base}/neural/markets/{path_id(market)}/state", content=data,
                    headers={"Content-Type": MEDIA_TYPE})
 
     def release(self, base: str, market: str) -> None:
         """Forget a moved market at its old holder."""
-        self._call("POST", f"{base}/neural/markets/{quote(market, safe='')}/release")
+        self._call("POST", f"{base}/neural/markets/{path_id(market)}/release")
 
     def thaw(self, base: str, market: str) -> None:
         """Serve a frozen market again at its holder (a move given back)."""
-        self._call("POST", f"{base}/neural/markets/{quote(market, safe='')}/thaw")
+        self._call("POST", f"{base}/neural/markets/{path_id(market)}/thaw")
 
     def reset(self, base: str, market: str) -> None:
         """Forget an imported copy at the would-be owner (a move given back)."""
         try:
-            self._call("DELETE", f"{base}/neural/markets/{quote(market, safe='')}")
+            self._call("DELETE", f"{base}/neural/markets/{path_id(market)}")
         except RebalanceError as exc:
             if "HTTP 404" not in str(exc):
                 raise
