@@ -130,6 +130,9 @@ frontend cerebellar_norse
     acl stream_path path /neural/stream
     # A tick without the header is routed by its body's market_id.
     http-request set-header X-Market-ID %[req.body,json_query('$.market_id')] if tick_path METH_POST !has_market
+    # json_query reads no \\/ escape (PHP's json_encode writes one for every /): where it read nothing, read the body
+    # again with \\/ written as /.
+    http-request set-header X-Market-ID %[req.body,regsub('\\\\\\\\/',/,g),json_query('$.market_id')] if tick_path METH_POST !has_market
     # A stream is routed by ?market_id= when it has no header.
     http-request set-header X-Market-ID %[url_param(market_id)] if stream_path !has_market {{ url_param(market_id) -m found }}
     http-request return status 400 content-type application/json string '{MISSING_HEADER}' if batch_path METH_POST !has_market

@@ -6,6 +6,7 @@
 * Which route a path names: HAProxy selects ticks and batches by their path as sent (``path /neural/process``) and
   routes them by market; a route's words percent-encoded (``/neural/%70rocess``) are balanced to any replica, which
   answers ``404`` and applies nothing (it served them as the route, and a market's ticks landed on two replicas).
+* Which market a tick names: a body's ``market_id`` written with ``\\/`` (JSON for ``/``) routes as the market.
 * What ``Host`` is: a value that is not a host and port passes HAProxy and is refused ``400`` by the replica.
 """
 
@@ -16,6 +17,7 @@ import re
 import socket
 import uuid
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -118,6 +120,32 @@ def test_a_host_that_is_not_a_host_is_refused_behind_haproxy(cluster: tuple[list
         assert statuses(answer) == [400], (host, answer[:400])
         assert b"is not a host with an optional port" in answer
     assert holders(replicas, market) == []
+
+
+@pytest.mark.parametrize("spelt", ["{p}\\/USD", "\\/{p}\\/\\/", "{p}\\\\\\/x"])
+def test_a_tick_whose_market_id_escapes_a_slash_is_routed_by_it(cluster: tuple[list[LiveServer], HAProxy],
+                                                                 spelt: str) -> None:
+    """``\\/`` is JSON for ``/`` (PHP's ``json_encode`` writes it so); HAProxy's ``json_query`` read no market from
+    such a body: the tick was balanced to any replica with an empty ``X-Market-ID`` and refused 422 there."""
+    replicas, hap = cluster
+    prefix = f"ESC-{uuid.uuid4().hex[:10]}"
+    raw = spelt.format(p=prefix)
+    market = json.loads(f'"{raw}"')
+    assert "/" in market
+    first = httpx.post(f"{hap.url}/neural/process", json=json.loads(tick_body(market, 0)),
+                       headers={"X-Market-ID": market}, timeout=10)
+    assert first.status_code == 200, first.text
+    owner = holders(replicas, market)
+    for k in range(1, 5):
+        body = tick_body(market, k).replace(json.dumps(market).encode(), f'"{raw}"'.encode())
+        assert f'"{raw}"'.encode() in body
+        answer = exchange(hap.port, tick_request(b"/neural/process", body))
+        assert statuses(answer) == [200], answer[:400]
+        assert f"x-served-by: r{owner[0]}\r\n".encode() in answer.lower(), answer[:400]
+    assert holders(replicas, market) == owner
+    state = httpx.get(f"{replicas[owner[0] - 1].url}/debug/markets/{quote(market, safe='')}/state", timeout=10).json()
+    assert state["market_id"] == market
+    assert state["warmup"]["ticks_seen"] == 5  # every tick applied where its market lives
 
 
 SMUGGLED = b"GET /models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
