@@ -47,7 +47,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.http11 import Response
 from websockets.server import ServerProtocol
 
-from ..observability.context import new_request_id
+from ..observability.context import accept_request_id, new_request_id
 from .deps import SCOPE_REQUEST_ID, SCOPE_TIMED_OUT
 from .schemas import error_payload
 
@@ -132,10 +132,11 @@ def raw_answer(status_line: bytes, headers: list[tuple[bytes, bytes]], body: byt
     return status_line + b"\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in headers) + b"\r\n" + body
 
 
-def refusal(status_line: bytes, kind: str, message: str, extra: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
-    """The whole answer to a request refused below the app: the JSON error shape with a fresh request id (and the
-    headers ``extra``)."""
-    headers, body = error_answer(kind, message, new_request_id(), extra)
+def refusal(status_line: bytes, kind: str, message: str, extra: Sequence[tuple[bytes, bytes]] = (),
+            request_id: str | None = None) -> bytes:
+    """The whole answer to a request refused below the app: the JSON error shape with ``request_id`` (a fresh one
+    for none) and the headers ``extra``."""
+    headers, body = error_answer(kind, message, request_id or new_request_id(), extra)
     return raw_answer(status_line, headers, body)
 
 
@@ -243,7 +244,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._in_headers = True
             self._message_open = False  # the parser has begun a request (its first byte) and not completed it
             self._refused = False
-            self._pending_refusal: tuple[bytes, str, str] | None = None  # written once the answers before it are
+            self._pending_refusal: tuple[bytes, str, str, str] | None = None  # written once the answers before it are
             self._running: Any = None  # the cycle whose app runs (self.cycle is the one read last, maybe queued)
             self._ignored_upgrade = False  # the head parsed last asks for a protocol switch that is not made
             self._write_stall: asyncio.TimerHandle | None = None  # the deadline of a peer that takes no answer byte
@@ -426,8 +427,19 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             reason = self._bad_reason or "the server could not parse it"
             self._refuse(b"HTTP/1.1 400 Bad Request", "bad_request", f"malformed HTTP request: {reason}")
 
+        def _refused_request_id(self) -> str:
+            """The id of the request being refused: the caller's ``X-Request-ID`` (the first, when valid) where the
+            parser has begun this request and read that header of it, else a fresh one (``self.headers`` are the
+            last request's until the next one begins)."""
+            if self._message_open:
+                for name, value in self.headers:
+                    if name == b"x-request-id":
+                        return accept_request_id(value.decode("latin-1"))
+            return new_request_id()
+
         def _refuse(self, status_line: bytes, kind: str, message: str) -> None:
             """Answer a request refused before it has a request cycle, then close the connection."""
+            rid = self._refused_request_id()
             if on_refused is not None:
                 on_refused(kind)
             self._refused = True
@@ -436,22 +448,22 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if cycle is not None and cycle.more_body and any(c is cycle for c, _ in self.pipeline):
                 # the refused bytes are the body of a request still queued behind others: it is never run
                 self.pipeline = collections.deque(p for p in self.pipeline if p[0] is not cycle)
-                self._pending_refusal = (status_line, kind, message)
+                self._pending_refusal = (status_line, kind, message, rid)
                 return
             in_flight = cycle is not None and not cycle.response_complete
             if self.pipeline or (in_flight and cycle is not None and not cycle.more_body):
                 # whole requests before it are still being answered: answer them first, in order, then this one
-                self._pending_refusal = (status_line, kind, message)
+                self._pending_refusal = (status_line, kind, message, rid)
                 return
             if in_flight and cycle is not None:  # the bad bytes are this request's own body: its app may still write
                 if not cycle.response_started:
-                    self.transport.write(refusal(status_line, kind, message))
+                    self.transport.write(refusal(status_line, kind, message, request_id=rid))
                 self.transport.close()
                 return
-            self._write_refusal(status_line, kind, message)
+            self._write_refusal(status_line, kind, message, rid)
 
-        def _write_refusal(self, status_line: bytes, kind: str, message: str) -> None:
-            self.transport.write(refusal(status_line, kind, message))
+        def _write_refusal(self, status_line: bytes, kind: str, message: str, rid: str) -> None:
+            self.transport.write(refusal(status_line, kind, message, request_id=rid))
             # Closing now, with the client's bytes unread, would reset the connection and could lose the answer:
             # end our side, drop what still comes, and close when the client does (or after LINGER_S).
             if self.transport.can_write_eof():

@@ -72,6 +72,11 @@ class Transport:
 
 def answers(reads: Sequence[bytes]) -> list[tuple[int, bytes]]:
     """Status and body of every answer to ``reads`` fed as separate socket reads."""
+    return [(status, body) for status, _, body in answers_with_heads(reads)]
+
+
+def answers_with_heads(reads: Sequence[bytes]) -> list[tuple[int, bytes, bytes]]:
+    """Status, head and body of every answer to ``reads`` fed as separate socket reads."""
 
     async def run() -> bytes:
         protocol_class = guarded_protocol(30.0)
@@ -93,7 +98,7 @@ def answers(reads: Sequence[bytes]) -> list[tuple[int, bytes]]:
         head, _, rest = raw.partition(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
-        out.append((int(lines[0].split()[1]), rest[:length]))
+        out.append((int(lines[0].split()[1]), head, rest[:length]))
         raw = rest[length:]
     return out
 
@@ -189,6 +194,48 @@ def test_malformed_requests_are_still_400() -> None:
                 b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n"):
         ((status, body),) = answers([raw])
         assert status == 400 and json.loads(body)["error"]["type"] == "bad_request", raw
+
+
+RID = b"ord-7f3a"
+
+
+def refused_ids(reads: Sequence[bytes]) -> list[tuple[int, bytes, str]]:
+    """Status, ``X-Request-ID`` header and body ``request_id`` of every answer."""
+    out = []
+    for status, head, body in answers_with_heads(reads):
+        header = next((line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"x-request-id:")), b"")  # (the echo app sets none)
+        out.append((status, header, json.loads(body)["error"]["request_id"] if status >= 400 else ""))
+    return out
+
+
+@pytest.mark.parametrize("reads", [
+    [b"GET /h HTTP/1.1\r\nX-Request-ID: ord-7f3a\r\nHost: a b\r\n\r\n"],
+    [b"GET /h HTTP/1.1\r\nX-Request-ID: ord-7f3a\r\n\r\n"],
+    [b"GET /h HTTP/1.1\r\nHost: a\r\nHost: b\r\nX-Request-ID: ord-7f3a\r\n\r\n"],
+    [b"POST /c HTTP/1.1\r\nHost: x\r\nX-Request-ID: ord-7f3a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"],
+    [b"POST /c HTTP/1.1\r\nHost: x\r\nX-Request-ID: ord-7f3a\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n\r\n"],
+    [b"GET /h HTTP/1.1\r\nHost: x\r\nX-Request-ID: ord-7f3a\r\nX-Big: b", b"b" * MAX_HEADER_BYTES + b"\r\n\r\n"],
+], ids=["host not a host", "no host", "two hosts", "gzip coding", "bad chunk", "head over the limit"])
+def test_a_request_refused_below_the_app_keeps_the_callers_request_id(reads: list[bytes]) -> None:
+    """The 400 of a request whose headers were read (a Host that is not one, a coding) and the 431 of a head read in
+    part carry the caller's X-Request-ID, as every other answer does: it named a fresh id of its own."""
+    ((status, header, body_id),) = refused_ids(reads)
+    assert status in (400, 431)
+    assert header == RID and body_id == RID.decode()
+
+
+def test_a_refused_request_never_takes_the_id_of_the_request_before_it() -> None:
+    """Behind an answered request with an id, a request without one, or one the parser cannot read from its first
+    line, gets a fresh id (the headers read last were the other request's)."""
+    first = b"GET /h HTTP/1.1\r\nHost: x\r\nX-Request-ID: ord-7f3a\r\n\r\n"
+    for bad in (b"GET /h HTTP/1.1\r\nHost: a b\r\n\r\n", b"GET /h HTTP/9.9\r\nX-Request-ID: ord-7f3a\r\n\r\n",
+                b"GET /h HTTP/1.1\r\nX-Big: " + b"b" * MAX_HEADER_BYTES + b"\r\n\r\n"):
+        for reads in ([first + bad], [first, bad]):
+            got = refused_ids(reads)
+            assert got[0][0] == 200, got
+            status, header, body_id = got[1]
+            assert status in (400, 431) and header != RID and header.decode() == body_id, got
 
 
 @pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/3.0", b"HTTP/1.2", b"HTTP/9.9", b"PRI", b"", b"+headers"])
