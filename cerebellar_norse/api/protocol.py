@@ -44,7 +44,7 @@ import httptools
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.http11 import Response
+from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
 from ..observability.context import accept_request_id, new_request_id
@@ -642,11 +642,17 @@ class JsonRefusingServerProtocol(ServerProtocol):
     instead of plain text."""
 
     on_refused: Callable[[str], None] | None = None  # called with the error type of each refusal (the errors metric)
+    handshake: Request | None = None  # the handshake request being answered (None until its head is read)
+
+    def accept(self, request: Request) -> Response:
+        self.handshake = request
+        return super().accept(request)
 
     def reject(self, status: Any, text: str) -> Response:
         response = super().reject(status, text)
         reason = text.strip().removeprefix(_WEBSOCKETS_PREFIX).strip().rstrip(".") or response.reason_phrase.lower()
-        request_id = new_request_id()
+        sent = self.handshake.headers.get_all("X-Request-ID") if self.handshake is not None else []
+        request_id = accept_request_id(sent[0].strip() if sent else None)  # the caller's, as in every answer
         kind = HANDSHAKE_REFUSALS.get(response.status_code, "bad_request")
         if self.on_refused is not None:
             self.on_refused(kind)

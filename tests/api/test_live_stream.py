@@ -144,9 +144,9 @@ def test_a_websocket_to_a_path_without_one_is_a_json_404(live: LiveServer, clien
 def test_a_malformed_websocket_handshake_is_a_json_error(live: LiveServer, client: httpx.Client, headers: dict[str, str],
                                                          status: int, reason: str) -> None:
     """The websockets library refuses these before the app sees them; the answer still has the service's shape, and
-    is counted as every error is."""
+    is counted as every error is. A handshake websockets read keeps the caller's X-Request-ID (it had one of its own)."""
     before = errors_of_kind(client, "bad_request")
-    lines = ["GET /neural/stream HTTP/1.1", "Host: x", "Upgrade: websocket", "Connection: Upgrade"]
+    lines = ["GET /neural/stream HTTP/1.1", "Host: x", "Upgrade: websocket", "Connection: Upgrade", "X-Request-ID: ws-7f3a"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     with socket.create_connection(("127.0.0.1", live.port), timeout=10) as s:
         s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
@@ -160,6 +160,8 @@ def test_a_malformed_websocket_handshake_is_a_json_error(live: LiveServer, clien
     assert got["content-type"] == "application/json" and int(got["content-length"]) == len(body)
     err = json.loads(body)["error"]
     assert err["type"] == "bad_request" and err["request_id"] == got["x-request-id"]
+    read = "Content-Length" not in headers and "Transfer-Encoding" not in headers  # (the last two are not)
+    assert (got["x-request-id"] == "ws-7f3a") is read, got
     assert err["message"].startswith("WebSocket handshake refused: ") and reason in err["message"], err
     assert errors_of_kind(client, "bad_request") == before + 1
     with connect(f"{live.ws_url}/neural/stream", open_timeout=10) as ws:  # a good handshake still works
