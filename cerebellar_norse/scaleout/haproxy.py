@@ -22,9 +22,9 @@ from ..errors import ConfigError, ConfigProblem, InputError
 
 BACKEND = "replicas"
 MISSING_HEADER = ('{"error":{"type":"validation","message":"a batch needs the X-Market-ID header naming its one '
-                  'market (split batches per market)","field":"X-Market-ID","request_id":null}}')
+                  'market (split batches per market)","field":"X-Market-ID","request_id":"%[var(txn.rid)]"}}')
 MISSING_STREAM_MARKET = ('{"error":{"type":"validation","message":"a stream needs X-Market-ID or ?market_id= naming '
-                         'its one market","field":"X-Market-ID","request_id":null}}')
+                         'its one market","field":"X-Market-ID","request_id":"%[var(txn.rid)]"}}')
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,13 @@ frontend cerebellar_norse
     http-request set-header X-Market-ID %[req.body,regsub('\\\\\\\\/',/,g),json_query('$.market_id')] if tick_path METH_POST !has_market
     # A stream is routed by ?market_id= when it has no header.
     http-request set-header X-Market-ID %[url_param(market_id)] if stream_path !has_market {{ url_param(market_id) -m found }}
-    http-request return status 400 content-type application/json string '{MISSING_HEADER}' if batch_path METH_POST !has_market
-    http-request return status 400 content-type application/json string '{MISSING_STREAM_MARKET}' if stream_path !has_market
+    # The refusals below carry the caller's X-Request-ID where it is a valid one (1-128 of A-Z a-z 0-9 . _ : -), as the
+    # replicas' answers do, else a fresh id.
+    acl refused_here path /neural/process/batch /neural/stream
+    http-request set-var(txn.rid) req.hdr(X-Request-ID,1) if refused_here {{ req.hdr(X-Request-ID,1) -m reg ^[A-Za-z0-9._:-]{{1,128}}$ }}
+    http-request set-var(txn.rid) uuid if refused_here !{{ var(txn.rid) -m found }}
+    http-request return status 400 content-type application/json lf-string '{MISSING_HEADER}' hdr X-Request-ID %[var(txn.rid)] if batch_path METH_POST !has_market
+    http-request return status 400 content-type application/json lf-string '{MISSING_STREAM_MARKET}' hdr X-Request-ID %[var(txn.rid)] if stream_path !has_market
     default_backend {BACKEND}
 
 backend {BACKEND}

@@ -7,6 +7,7 @@
   routes them by market; a route's words percent-encoded (``/neural/%70rocess``) are balanced to any replica, which
   answers ``404`` and applies nothing (it served them as the route, and a market's ticks landed on two replicas).
 * Which market a tick names: a body's ``market_id`` written with ``\\/`` (JSON for ``/``) routes as the market.
+* What HAProxy answers itself (a batch or stream naming no market): the error shape with the caller's request id.
 * What ``Host`` is: a value that is not a host and port passes HAProxy and is refused ``400`` by the replica.
 """
 
@@ -146,6 +147,24 @@ def test_a_tick_whose_market_id_escapes_a_slash_is_routed_by_it(cluster: tuple[l
     state = httpx.get(f"{replicas[owner[0] - 1].url}/debug/markets/{quote(market, safe='')}/state", timeout=10).json()
     assert state["market_id"] == market
     assert state["warmup"]["ticks_seen"] == 5  # every tick applied where its market lives
+
+
+def test_haproxys_own_refusals_carry_the_callers_request_id(cluster: tuple[list[LiveServer], HAProxy]) -> None:
+    """A batch without X-Market-ID and a stream naming no market are answered by HAProxy: with the error shape of the
+    OpenAPI document and X-Request-ID, the caller's where it is valid, else a fresh one (it had ``request_id: null``
+    and no X-Request-ID)."""
+    from cerebellar_norse.api.schemas import ErrorOut
+
+    _, hap = cluster
+    for sent, kept in (("ord-7f3a", True), ("not valid!", False), (None, False)):
+        headers = {} if sent is None else {"X-Request-ID": sent}
+        for r in (httpx.post(f"{hap.url}/neural/process/batch", json={"ticks": []}, headers=headers, timeout=10),
+                  httpx.get(f"{hap.url}/neural/stream", headers=headers, timeout=10)):
+            assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
+            err = ErrorOut.model_validate(r.json()).error
+            assert err.field == "X-Market-ID" and err.request_id == r.headers["x-request-id"], r.text
+            assert (err.request_id == sent) is kept, r.text
+            assert re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", err.request_id)
 
 
 SMUGGLED = b"GET /models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
