@@ -113,3 +113,21 @@ def test_every_market_route_of_the_tools_sends_the_id_as_one_segment(market: str
                     ("POST", b"/neural/markets/" + s + b"/release"), ("POST", b"/neural/markets/" + s + b"/thaw"),
                     ("DELETE", b"/neural/markets/" + s), ("GET", b"/debug/markets/" + s + b"/state"),
                     ("GET", b"/debug/markets/" + s + b"/raster.png?ticks=5")]
+
+
+@pytest.mark.parametrize(("request_id", "segment"), [("..", "%2E%2E"), (".", "%2E"), ("ord:7f.3a", "ord%3A7f.3a")])
+def test_trace_asks_for_the_request_id_as_one_segment(monkeypatch: pytest.MonkeyPatch, request_id: str,
+                                                      segment: str) -> None:
+    """``..`` and ``.`` are valid request ids: ``trace ..`` asked ``/debug`` (404)."""
+    from cerebellar_norse.config import Config
+    from cerebellar_norse.observability import debugtools
+
+    asked: list[str] = []
+
+    def fetch(url: str, path: str, token: str | None) -> object:
+        asked.append(str(httpx.URL(url + path).raw_path, "ascii"))
+        raise debugtools.ServiceCallError("stop")
+
+    monkeypatch.setattr(debugtools, "fetch_json", fetch)
+    assert debugtools.cmd_trace(Config(), request_id, URL, None, None, False) == 1
+    assert asked == [f"/debug/requests/{segment}"]
