@@ -133,8 +133,8 @@ frontend cerebellar_norse
     # json_query reads no \\/ escape (PHP's json_encode writes one for every /): where it read nothing, read the body
     # again with \\/ written as /.
     http-request set-header X-Market-ID %[req.body,regsub('\\\\\\\\/',/,g),json_query('$.market_id')] if tick_path METH_POST !has_market
-    # A stream is routed by ?market_id= when it has no header.
-    http-request set-header X-Market-ID %[url_param(market_id)] if stream_path !has_market {{ url_param(market_id) -m found }}
+    # A stream is routed by ?market_id= when it has no header: decoded as the replica reads it (%2F is /, + a space).
+    http-request set-header X-Market-ID %[url_param(market_id),url_dec(1)] if stream_path !has_market {{ url_param(market_id) -m found }}
     # The refusals below carry the caller's X-Request-ID where it is a valid one (1-128 of A-Z a-z 0-9 . _ : -), as the
     # replicas' answers do, else a fresh id.
     acl refused_here path /neural/process/batch /neural/stream

@@ -8,6 +8,7 @@
   answers ``404`` and applies nothing (it served them as the route, and a market's ticks landed on two replicas).
 * Which market a tick names: a body's ``market_id`` written with ``\\/`` (JSON for ``/``) routes as the market.
 * What HAProxy answers itself (a batch or stream naming no market): the error shape with the caller's request id.
+* Which market a stream names: ``?market_id=`` decoded (``%2F``, ``+``) as the replica reads it.
 * What ``Host`` is: a value that is not a host and port passes HAProxy and is refused ``400`` by the replica.
 """
 
@@ -165,6 +166,29 @@ def test_haproxys_own_refusals_carry_the_callers_request_id(cluster: tuple[list[
             assert err.field == "X-Market-ID" and err.request_id == r.headers["x-request-id"], r.text
             assert (err.request_id == sent) is kept, r.text
             assert re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", err.request_id)
+
+
+@pytest.mark.parametrize(("query", "name"), [("{p}%2FUSD", "{p}/USD"), ("{p}+A%20B", "{p} A B"), ("{p}%25", "{p}%")])
+def test_a_stream_named_by_an_encoded_query_is_routed_by_its_market(cluster: tuple[list[LiveServer], HAProxy],
+                                                                    query: str, name: str) -> None:
+    """``?market_id=`` is read decoded, by HAProxy as by the replica: HAProxy routed ``BTC%2FUSD`` by the letters sent
+    and told the replica so in X-Market-ID, which refused every tick of ``BTC/USD`` 422."""
+    from websockets.sync.client import connect
+
+    replicas, hap = cluster
+    prefix = f"WSQ-{uuid.uuid4().hex[:10]}"
+    market = name.format(p=prefix)
+    first = httpx.post(f"{hap.url}/neural/process", json=json.loads(tick_body(market, 0)), timeout=10)
+    assert first.status_code == 200, first.text
+    owner = holders(replicas, market)
+    with connect(f"ws://127.0.0.1:{hap.port}/neural/stream?market_id={query.format(p=prefix)}", open_timeout=10) as ws:
+        for k in range(1, 4):
+            ws.send(tick_body(market, k).decode())
+            answer = json.loads(ws.recv(timeout=10))
+            assert answer.get("market_id") == market, answer
+    assert holders(replicas, market) == owner
+    state = httpx.get(f"{replicas[owner[0] - 1].url}/debug/markets/{quote(market, safe='')}/state", timeout=10).json()
+    assert state["warmup"]["ticks_seen"] == 4
 
 
 SMUGGLED = b"GET /models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
