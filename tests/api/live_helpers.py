@@ -168,3 +168,15 @@ SIGNAL_KEYS = ("prediction", "probabilities", "confidence", "spike_count")
 def signal_of(result: Mapping[str, Any]) -> dict[str, Any]:
     """The network's answer without per-request fields (ids, timing)."""
     return {k: result[k] for k in SIGNAL_KEYS}
+
+
+def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, bool]:
+    """Everything the server sends until it closes the connection (False: it did not within ``limit_s``)."""
+    sock.settimeout(limit_s)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return data, False
+    return data, True

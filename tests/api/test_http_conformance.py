@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from live_helpers import LiveServer
+from live_helpers import LiveServer, read_until_closed
 from test_protocol_framing import Transport, answers, bodies, echo, request
 from uvicorn.config import Config
 from uvicorn.server import ServerState
@@ -42,18 +42,6 @@ def market(prefix: str) -> str:
 
 def live_tick(market_id: str, ts: int) -> dict[str, Any]:
     return {"price": 100.0, "volume": 10.0, "timestamp": ts, "market_id": market_id}
-
-
-def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, bool]:
-    """Everything the server sends until it closes the connection (False: it did not within ``limit_s``)."""
-    sock.settimeout(limit_s)
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except TimeoutError:
-        return data, False
-    return data, True
 
 
 def connected(app: Any) -> tuple[Any, Transport]:

@@ -24,7 +24,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from haproxy_helpers import HAProxy, needs_haproxy, start_haproxy
-from live_helpers import LiveServer, start_all
+from live_helpers import LiveServer, read_until_closed, start_all
 
 from cerebellar_norse.scaleout.haproxy import Replica
 
@@ -50,14 +50,7 @@ def exchange(port: int, data: bytes, limit_s: float = 10.0) -> bytes:
     """Send ``data`` on one connection and read until the other side closes it (or ``limit_s`` passes)."""
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(data)
-        s.settimeout(limit_s)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except TimeoutError:
-            pass
-    return out
+        return read_until_closed(s, limit_s)[0]
 
 
 def statuses(answer: bytes) -> list[int]:
