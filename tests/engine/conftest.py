@@ -9,14 +9,15 @@ The caller's environment is never read.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import ConfigFactory, StreamFactory
+from engine_helpers import ConfigFactory, StreamFactory, crash
 
 from cerebellar_norse.config import Config, load_config
+from cerebellar_norse.engine.journal import Durability
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.ticks import Tick, validate_ticks
 
@@ -61,3 +62,13 @@ def streams() -> StreamFactory:
         return dict(by_market)
 
     return make
+
+
+@pytest.fixture
+def journaled(engine_config: ConfigFactory, tmp_path: Path) -> Iterator[tuple[Config, list[Durability]]]:
+    """(config with a state dir, list to register Durability objects for cleanup)."""
+    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16)
+    opened: list[Durability] = []
+    yield cfg, opened
+    for d in opened:
+        crash(d)

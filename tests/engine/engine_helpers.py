@@ -12,6 +12,7 @@ import pytest
 from cerebellar_norse.cli import main
 from cerebellar_norse.config import Config
 from cerebellar_norse.engine.engine import Engine
+from cerebellar_norse.engine.journal import Durability
 from cerebellar_norse.engine.records import TickResult
 from cerebellar_norse.neurons.network import CerebellarNetwork
 from cerebellar_norse.ticks import Tick
@@ -81,3 +82,12 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str
     code = main([str(a) for a in argv])
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def crash(d: Durability) -> None:
+    """Abandon the engine as kill -9 would: no checkpoint, no cleanup of the journal (the lock goes with the process)."""
+    if d._mm is not None:
+        d._mm.close()  # the written pages stay in the page cache, as after a process death
+        d._mm = None
+    d.closed = True
+    d._unlock()

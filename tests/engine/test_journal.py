@@ -18,14 +18,13 @@ import re
 import shutil
 import time
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from engine_helpers import T0, ConfigFactory, StreamFactory, assert_same_state, tick
+from engine_helpers import T0, ConfigFactory, StreamFactory, assert_same_state, crash, tick
 
 from cerebellar_norse.config import Config
 from cerebellar_norse.engine import pool as pool_mod
@@ -52,15 +51,6 @@ if TYPE_CHECKING:
     from cerebellar_norse.training.checkpoints import ModelStore
 
 pytestmark = pytest.mark.asyncio
-
-
-def crash(d: Durability) -> None:
-    """Abandon the engine as kill -9 would: no checkpoint, no cleanup of the journal (the lock goes with the process)."""
-    if d._mm is not None:
-        d._mm.close()  # the written pages stay in the page cache, as after a process death
-        d._mm = None
-    d.closed = True
-    d._unlock()
 
 
 def states(engine: Engine) -> dict[str, dict[str, np.ndarray]]:
@@ -91,16 +81,6 @@ async def feed(engines: list[Engine], ticks: list[Tick], chunk: int = 37) -> Non
             else:
                 await e.submit_many(part)
         k += chunk
-
-
-@pytest.fixture
-def journaled(engine_config: ConfigFactory, tmp_path: Path) -> Iterator[tuple[Config, list[Durability]]]:
-    """(config with a state dir, list to register Durability objects for cleanup)."""
-    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16)
-    opened: list[Durability] = []
-    yield cfg, opened
-    for d in opened:
-        crash(d)
 
 
 def start(cfg: Config, opened: list[Durability], **kw: object) -> tuple[Engine, Durability]:

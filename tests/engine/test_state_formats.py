@@ -15,13 +15,13 @@ from __future__ import annotations
 import io
 import json
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_helpers import ConfigFactory, run
-from test_journal import assert_same_pool, crash, start
+from engine_helpers import run
+from test_journal import assert_same_pool, start
 from test_state_dir_identity import crashed_with_journal, sd
 
 from cerebellar_norse.config import Config
@@ -32,15 +32,6 @@ from cerebellar_norse.errors import NewerFormatError
 from cerebellar_norse.storage import read_checksummed, write_checksummed
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest.fixture
-def state(engine_config: ConfigFactory, tmp_path: Path) -> Iterator[tuple[Config, list[Durability]]]:
-    cfg = engine_config(state_dir=tmp_path / "state", max_markets=16)
-    opened: list[Durability] = []
-    yield cfg, opened
-    for d in opened:
-        crash(d)
 
 
 def set_checkpoint_format(state_dir: Path, value: int | None) -> None:
@@ -78,9 +69,9 @@ def snapshot(state_dir: Path) -> dict[str, bytes]:
             if p.is_file() and p.name != ".lock"}
 
 
-async def test_a_state_dir_whose_files_carry_no_format_recovers_as_before(state: tuple[Config, list[Durability]]) -> None:
+async def test_a_state_dir_whose_files_carry_no_format_recovers_as_before(journaled: tuple[Config, list[Durability]]) -> None:
     """Files written before the markers (none in the checkpoint or the journal headers) are format 1."""
-    cfg, opened = state
+    cfg, opened = journaled
     twin = await crashed_with_journal(cfg, opened, "AB", 4)
     assert STATE_FORMAT == 1 and FORMAT == 1  # what this version writes (raised with a change of format)
     set_checkpoint_format(sd(cfg), None)
@@ -95,10 +86,10 @@ Rewrite = Callable[[Path, int | None], object]
 
 @pytest.mark.parametrize("which", ["checkpoint", "journal"])
 async def test_a_file_of_a_newer_format_stops_the_start_and_is_left_as_it_is(
-        state: tuple[Config, list[Durability]], capsys: pytest.CaptureFixture[str], which: str) -> None:
+        journaled: tuple[Config, list[Durability]], capsys: pytest.CaptureFixture[str], which: str) -> None:
     """A rollback onto a state dir that a newer version wrote: refused, naming the file, nothing moved or rewritten;
     once the file is of a format this version reads again, every acknowledged tick is there."""
-    cfg, opened = state
+    cfg, opened = journaled
     twin = await crashed_with_journal(cfg, opened, "AB", 4)
     rewrite: Rewrite = set_checkpoint_format if which == "checkpoint" else set_journal_format
     rewrite(sd(cfg), 2)
