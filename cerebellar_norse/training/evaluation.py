@@ -1167,24 +1167,35 @@ def bid_ask_bounce(returns: list[np.ndarray], markets: list[str] | None = None) 
     test's spread and ``market_z`` the threshold, and ``spread_bp`` is the largest of the flagged markets' spreads and
     the pooled one: a cost below it leaves some market's P&L living on its bounce.
     """
-    pooled = _bounce_of(returns, BOUNCE_Z)
+    pooled = _at(_bounce_of(returns), BOUNCE_Z)
     if pooled is None or markets is None or len(returns) < 2:
         return pooled
-    k = sum(_bounce_of([r], BOUNCE_Z) is not None for r in returns)
-    cut = NormalDist().inv_cdf(1.0 - 0.025 / max(k, 1))
+    each = {name: b for name, r in zip(markets, returns, strict=True) if (b := _bounce_of([r])) is not None}
+    cut = NormalDist().inv_cdf(1.0 - 0.025 / max(len(each), 1))
     flagged = {}
-    for name, r in zip(markets, returns, strict=True):
-        b = _bounce_of([r], cut)
-        if b is not None and b["spread_bp"] is not None:
-            flagged[name] = b
+    for name, figures in each.items():
+        found = _at(figures, cut)
+        if found is not None and found["spread_bp"] is not None:
+            flagged[name] = found
     order = sorted(flagged, key=lambda name: -flagged[name]["spread_bp"])
     spreads = [flagged[name]["spread_bp"] for name in order] + ([pooled["spread_bp"]] if pooled["spread_bp"] else [])
     return {**pooled, "pooled_spread_bp": pooled["spread_bp"], "market_z": cut,
             "markets": {name: flagged[name] for name in order}, "spread_bp": max(spreads) if spreads else None}
 
 
-def _bounce_of(returns: list[np.ndarray], threshold: float) -> dict[str, Any] | None:
-    """``bid_ask_bounce``'s figures of ``returns`` taken together, the tests at ``threshold`` standard errors."""
+def _at(figures: tuple[dict[str, Any], float] | None, threshold: float) -> dict[str, Any] | None:
+    """``bid_ask_bounce``'s figures (of :func:`_bounce_of`) with ``spread_bp`` of the tests at ``threshold`` standard
+    errors."""
+    if figures is None:
+        return None
+    out, cov1 = figures
+    bounce = out["z"] < -threshold and out["reversal_z"] > threshold
+    return {**out, "spread_bp": 2.0 * math.sqrt(-cov1) * 1e4 if bounce else None}
+
+
+def _bounce_of(returns: list[np.ndarray]) -> tuple[dict[str, Any], float] | None:
+    """``bid_ask_bounce``'s figures of ``returns`` taken together (all but ``spread_bp``), and the lag-1
+    autocovariance; None without two returns in a row."""
     prods: list[np.ndarray] = []
     squares = 0.0
     count = 0
@@ -1210,6 +1221,5 @@ def _bounce_of(returns: list[np.ndarray], threshold: float) -> dict[str, Any] | 
     z = cov1 / se if se > 0 else 0.0
     share = turns / pairs if pairs else None
     turn_z = (turns / pairs - 0.5) * 2.0 * math.sqrt(pairs) if pairs else 0.0
-    spread = 2.0 * math.sqrt(-cov1) * 1e4 if z < -threshold and turn_z > threshold else None
     return {"returns": count, "lag1_autocorrelation": cov1 / (squares / count), "z": z, "reversals": share,
-            "reversal_z": turn_z, "spread_bp": spread}
+            "reversal_z": turn_z}, cov1
