@@ -58,13 +58,18 @@ def one_line(text: str, limit: int = BODY_LIMIT) -> str:
     return " ".join(text[:limit].split()) or "(empty answer)"
 
 
-def answer_message(response: httpx.Response) -> str:
-    """The ``error.message`` of a cerebellar-norse error answer; for any other body, the body on one line."""
+def service_error_message(response: httpx.Response) -> str | None:
+    """The ``error.message`` of a cerebellar-norse error answer; None for any other body (another server's)."""
     try:
         message = response.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):  # not JSON (ValueError), or JSON of another shape
-        message = None
-    return message if isinstance(message, str) and message else one_line(response.text)
+        return None
+    return message if isinstance(message, str) and message else None
+
+
+def answer_message(response: httpx.Response) -> str:
+    """The ``error.message`` of a cerebellar-norse error answer; for any other body, the body on one line."""
+    return service_error_message(response) or one_line(response.text)
 
 
 def token_problem(whose: str = "the token") -> str:

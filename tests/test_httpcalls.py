@@ -131,3 +131,41 @@ def test_trace_asks_for_the_request_id_as_one_segment(monkeypatch: pytest.Monkey
     monkeypatch.setattr(debugtools, "fetch_json", fetch)
     assert debugtools.cmd_trace(Config(), request_id, URL, None, None, False) == 1
     assert asked == [f"/debug/requests/{segment}"]
+
+
+@pytest.mark.parametrize(("body", "hint"), [
+    (b'{"error": {"type": "not_found", "message": "market \'NOPE\' holds no state", "field": "market_id"}}', False),
+    (b"<html><body>404 Not Found</body></html>", True),
+])
+def test_a_404_of_the_service_itself_is_not_doubted(body: bytes, hint: bool) -> None:
+    """``state dump`` and ``trace`` ended the service's own 404 (no such market, no timeline kept) with "(is the
+    service at URL cerebellar-norse?)", as if another server had answered; only another server's answer is doubted."""
+    import http.server
+    import threading
+
+    from cerebellar_norse.errors import ServiceCallError
+    from cerebellar_norse.observability.debugtools import fetch_json
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+            self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(ServiceCallError) as caught:
+            fetch_json(url, "/debug/markets/NOPE/state", None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    said = str(caught.value)
+    assert said.startswith(f"{url}/debug/markets/NOPE/state: 404: ")
+    assert ("holds no state" in said) is not hint and ("404 Not Found" in said) is hint
+    assert (f"(is the service at {url} cerebellar-norse?)" in said) is hint

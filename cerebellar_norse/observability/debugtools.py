@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 
 from ..errors import ServiceCallError
-from ..httpcalls import answer_message, bearer, call_failure, path_id, request_errors
+from ..httpcalls import answer_message, bearer, call_failure, path_id, request_errors, service_error_message
 from ..neurons.encoder import S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 
 if TYPE_CHECKING:
@@ -347,6 +347,9 @@ def fetch_json(url: str, path: str, token: str | None, timeout_s: float = 10.0) 
         raise ServiceCallError(f"{target}: 401 unauthorized: pass the service's token (--token, or server.api_token "
                                "in --config, or CEREBELLAR_NORSE_SERVER__API_TOKEN)")
     if r.status_code != 200:
+        said = service_error_message(r)
+        if said is not None:  # the service's own error answer (404: no such market or request): it is the service
+            raise ServiceCallError(f"{target}: {r.status_code}: {said}")
         raise ServiceCallError(f"{target}: {r.status_code}: {answer_message(r)} (is the service at {url} cerebellar-norse?)")
     try:
         return r.json()

@@ -224,6 +224,7 @@ def test_state_dump_command_against_the_running_service(start_server: Any, tmp_p
     assert r.returncode == 1 and "401" in r.stderr and "wrong-token" not in r.stderr
     r = cli("--market", "NOPE")
     assert r.returncode == 1 and "404" in r.stderr and "holds no state" in r.stderr
+    assert "is the service at" not in r.stderr  # the service answered: no doubt that it is the service
     r = cli("--market", ODD, "--url", "http://127.0.0.1:1")
     assert r.returncode == 1 and "cannot reach the service at http://127.0.0.1:1" in r.stderr
     assert TOKEN not in r.stderr
