@@ -147,7 +147,7 @@ def test_a_404_of_the_service_itself_is_not_doubted(body: bytes, hint: bool) -> 
     from cerebellar_norse.observability.debugtools import fetch_json
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+        def do_GET(self) -> None:
             self.send_response(404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -485,3 +487,87 @@ def test_open_connections_are_a_gauge_beside_their_limit(live: LiveServer, clien
     while gauges()[0] > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gauges()[0] == before
+
+
+HTTP_DOC = Path(__file__).resolve().parents[2] / "docs" / "http.md"
+
+
+def _documented_curls(text: str) -> list[tuple[int, str, str]]:
+    """(line, command, documented output or "") of each ``curl`` of the doc's ``bash`` blocks, in the doc's order;
+    the output is the ``# …`` lines right after the command (a ``#`` line after a blank one says what comes next),
+    or a ``json`` block right after the block that ends with the command."""
+    found: list[tuple[int, str, str]] = []
+    lines = text.splitlines()
+    in_block, command, start, last_block_end = False, "", 0, -1
+    for number, line in enumerate(lines, 1):
+        if line.startswith("```"):
+            if line.strip() == "```json" and found and not found[-1][2] and not in_block and last_block_end == number - 2:
+                sample = "\n".join(lines[number:lines.index("```", number)]) + "\n"
+                try:  # a sample answer shown as the block after the command's: its keys and their types
+                    json.loads(sample)
+                    found[-1] = (found[-1][0], found[-1][1], sample)
+                except ValueError:  # elided ({…}): not an answer to compare with
+                    pass
+            if in_block:
+                last_block_end = number
+            in_block, command = line.strip() == "```bash", ""
+            continue
+        if not in_block:
+            continue
+        if line.startswith("# ") and command and found and found[-1][:2] == (start, command):
+            found[-1] = (start, command, found[-1][2] + line[2:] + "\n")
+            continue
+        if command and (command.endswith("\\\n") or line.startswith((" ", "\t"))) and line.strip():
+            command += line + "\n"
+            found[-1] = (start, command, "")
+        elif line.startswith("curl "):
+            command, start = line + "\n", number
+            found.append((start, command, ""))
+        else:
+            command = ""
+    return found
+
+
+def _matches(documented: str, printed: str) -> bool:
+    """``printed`` is what ``documented`` shows: ``…`` stands for any text, whitespace does not count; a JSON
+    object shown without ``…``, with sample values, matches one with those keys (and maybe more) with values of the same types."""
+    pattern = ".*".join(re.escape(part) for part in re.sub(r"\s+", "", documented).split("…"))
+    if re.fullmatch(pattern, re.sub(r"\s+", "", printed), re.DOTALL):
+        return True
+    if "…" in documented:  # an answer written out, but for what varies: the rest as shown
+        return False
+    try:
+        shown, got = json.loads(documented), json.loads(printed)
+    except ValueError:
+        return False
+    return (isinstance(shown, dict) and isinstance(got, dict) and shown.keys() <= got.keys()
+            and all(_kind(shown[k]) == _kind(got[k]) for k in shown))
+
+
+def _kind(value: Any) -> str:
+    """The JSON type of a value (an integral float such as 0.0 may print as 0)."""
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+
+
+@pytest.mark.skipif(shutil.which("curl") is None or shutil.which("jq") is None, reason="needs curl and jq")
+def test_http_doc_examples_print_what_the_doc_shows(start_server: Any, tmp_path: Path) -> None:
+    """Every ``curl`` of docs/http.md runs, in the doc's order, against a real server with a token (the doc's
+    ``$CEREBELLAR_NORSE_SERVER__API_TOKEN``, ``$TOKEN`` and ``$AUTH``), and each one followed by its output
+    (``# …``) prints that output: a sample pasted long ago, or a field renamed, shows here."""
+    token = "doc-examples-token"
+    srv = start_server(tmp_path / "state", env={"CEREBELLAR_NORSE_SERVER__API_TOKEN": token})
+    curls = [c for c in _documented_curls(HTTP_DOC.read_text(encoding="utf-8"))
+             if "<" not in c[1] and "/training" not in c[1]]  # no placeholders to fill in, no training job
+    shown = [c for c in curls if c[2]]
+    assert len(curls) >= 20 and len(shown) >= 7, shown  # the error, order, status, batch, reset, auth and metrics
+    # the reset example forgets BTC/USD, a market the doc's reader has been sending ticks for
+    httpx.post(f"{srv.url}/neural/process", json={**GUIDE_TICK, "market_id": "BTC/USD"}, timeout=10).raise_for_status()
+    env = {**os.environ, "CEREBELLAR_NORSE_SERVER__API_TOKEN": token, "TOKEN": token,
+           "AUTH": f"Authorization: Bearer {token}"}
+    for line, command, documented in curls:
+        run = command.replace("http://localhost:8080", srv.url)
+        r = subprocess.run(["bash", "-o", "pipefail", "-c", run], env=env, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, f"docs/http.md:{line}: {command}{r.stderr}"
+        if documented:
+            assert _matches(documented, r.stdout), f"docs/http.md:{line}: {command}shows\n{documented}printed\n{r.stdout}"
