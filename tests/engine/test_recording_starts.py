@@ -15,6 +15,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from cerebellar_norse.errors import DataError
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.ticks import Tick
 from cerebellar_norse.training.checkpoints import ModelStore
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 # legal market ids that need escaping somewhere: CSV quoting, JSON, file-system-like names
 ODD_IDS = ["ES", "a,b", 'q"x', "x/y", "../up", "\\", "'", "#c", "sp ace", "{}", "~" * 64]
@@ -295,6 +298,7 @@ async def test_a_damaged_companion_is_refused_by_verify_and_replay(cfg: Config, 
     code, out, err = run(capsys, "--verify-data", state_dir)
     assert code == 0, err
     assert f"{path}: recording OK ({len(read_recording(path).records)} ticks, 2 starting states, checksum verified)" in out
+    assert_verify_lines_as_documented(out, path, len(read_recording(path).records), sealed=True)
 
     good = companion.read_bytes()
     damaged = bytearray(good)
@@ -360,3 +364,27 @@ def test_a_companion_cut_by_a_crash_is_a_warning(tmp_path: Path) -> None:
     companion.write_bytes(companion.read_bytes() + b'{"line":9,')  # a record cut short after the last one
     scan = read_recording(path)
     assert len(scan.states) == 1 and any("last record" in w and "incomplete" in w for w in scan.warnings)
+
+
+def assert_verify_lines_as_documented(out: str, path: Path, ticks: int, sealed: bool) -> None:
+    """``--verify-data`` printed its line for the recording as docs/operations.md's table (Recordings, Verify)
+    shows it, with N ticks and K starting states written out."""
+    row = "| closed file matches its checksum" if sealed else "| the open file"
+    (shown,) = [line.split("`")[1] for line in OPERATIONS.read_text(encoding="utf-8").splitlines() if line.startswith(row)]
+    shown = re.sub(r"-\d{4}\.csv", path.name[-9:], shown)  # the doc's sample file, …-0003.csv, as this one
+    shown = shown.replace("(N ticks", f"({ticks} ticks").replace("K starting states", "2 starting states")
+    pattern = ".*".join(re.escape(part) for part in shown.split("…"))
+    assert any(re.fullmatch(pattern, line) and line.startswith(str(path)) for line in out.splitlines()), (shown, out)
+
+
+@pytest.mark.asyncio
+async def test_an_open_recording_with_starting_states_verifies_as_documented(cfg: Config, capsys: pytest.CaptureFixture[str]) -> None:
+    """The open file (the newest one without a checksum: left by a crash) with starting states; the doc showed its
+    line without them."""
+    await warm_then_record(cfg, ["LIVE", "a,b"], [])
+    (path,) = recordings(cfg)
+    checksum_path(path).unlink()
+    checksum_path(states_path(path)).unlink()
+    code, out, err = run(capsys, "--verify-data", Path(cfg.paths.state_dir))
+    assert code == 0, err
+    assert_verify_lines_as_documented(out, path, len(read_recording(path).records), sealed=False)
