@@ -31,25 +31,30 @@ DOC = ROOT / "docs" / "troubleshooting.md"
 TEXT = DOC.read_text(encoding="utf-8")
 
 
-def _shell_lines() -> list[str]:
-    """Lines of the fenced code blocks and the inline code spans of the doc."""
+def _shell_lines(text: str = TEXT) -> list[str]:
+    """Lines of the fenced code blocks (a line ending in ``\\`` joined with the next) and the inline code spans of a
+    doc (by default docs/troubleshooting.md)."""
     lines: list[str] = []
-    in_block = False
-    for line in TEXT.splitlines():
+    in_block, held = False, ""
+    for line in text.splitlines():
         if line.strip().startswith("```"):
-            in_block = not in_block
+            in_block, held = not in_block, ""
             continue
         if in_block:
-            lines.append(line.strip())
+            if line.rstrip().endswith("\\"):
+                held += line.rstrip()[:-1] + " "
+                continue
+            lines.append((held + line).strip())
+            held = ""
         else:
             lines.extend(re.findall(r"`([^`]+)`", line))
     return lines
 
 
-def _cli_commands() -> list[str]:
+def _cli_commands(text: str = TEXT) -> list[str]:
     """Each shell command segment that runs ``cerebellar-norse`` (its arguments, redirections cut)."""
     found: list[str] = []
-    for line in _shell_lines():
+    for line in _shell_lines(text):
         for seg in re.split(r"\|\||&&|\||;", line):
             seg = re.sub(r"^(sudo(\s+-u\s+\S+)?\s+)", "", seg.strip())
             seg = re.split(r"\s\d?>", seg)[0]
@@ -59,10 +64,10 @@ def _cli_commands() -> list[str]:
     return found
 
 
-def _curl_requests() -> list[tuple[str, str]]:
+def _curl_requests(text: str = TEXT) -> list[tuple[str, str]]:
     """(method, path) of every curl line against the service."""
     found: list[tuple[str, str]] = []
-    for line in _shell_lines():
+    for line in _shell_lines(text):
         if not line.startswith("curl") and " curl " not in line:
             continue
         for m in re.finditer(r"localhost:8080(/[^\s'\"|)]*)", line):
@@ -71,13 +76,13 @@ def _curl_requests() -> list[tuple[str, str]]:
     return found
 
 
-def _metric_greps() -> list[str]:
+def _metric_greps(text: str = TEXT) -> list[str]:
     """The patterns of ``curl … /metrics | grep [-E] PATTERN`` lines."""
     found: list[str] = []
-    for line in _shell_lines():
+    for line in _shell_lines(text):
         m = re.search(r"localhost:8080/metrics\s*\|\s*grep\s+(.*)$", line)
         if m:
-            args = shlex.split(m.group(1))
+            args = shlex.split(m.group(1), comments=True)
             found.append(next(a for a in args if not a.startswith("-")))
     return found
 
@@ -177,3 +182,73 @@ def test_log_fields_named_exist() -> None:
     for key in ("processing_time_ns", "processing_time_ns_p99", "ticks_per_second", "queue_depth", "markets", "model_version"):
         assert f'"{key}"' in lifecycle, key
     assert '"processing summary"' in lifecycle
+
+
+# -- the other docs an operator copies commands from ------------------------------------------------------------
+
+OTHER_DOCS = ["README.md", "docs/operations.md", "docs/install.md", "docs/http.md", "docs/training.md"]
+NOT_COMMANDS = {"cerebellar-norse recording states v1"}  # the first line of a recording's .states file
+UNLISTED_ROUTES = {"/openapi.json", "/docs", "/redoc"}  # served beside the API, not operations of its document
+
+
+def _doc(name: str) -> str:
+    return (ROOT / name).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", OTHER_DOCS)
+def test_every_cli_command_of_the_other_docs_parses(name: str) -> None:
+    """Every command line of the doc parses with the real parser: its flags, subcommands and values exist. A
+    synopsis (``[--flag N]``, ``<placeholder>``, ``…``) is not a command line, and a command named in prose
+    without the arguments it needs (``cerebellar-norse train``) need only name a real command."""
+    parser = build_parser()
+    commands = [c for c in _cli_commands(_doc(name)) if c not in NOT_COMMANDS]
+    assert commands
+    for cmd in commands:
+        args = shlex.split(cmd, comments=True)[1:]
+        if re.search(r"\[-|<|…|\{", cmd):
+            continue
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                parser.parse_args(args)
+            except SystemExit as exc:
+                if "the following arguments are required" not in err.getvalue():
+                    pytest.fail(f"{name}: {cmd!r} does not parse (exit {exc.code}): {err.getvalue().strip()}")
+
+
+@pytest.mark.parametrize("name", OTHER_DOCS)
+def test_every_curl_path_of_the_other_docs_is_a_route(name: str, served: tuple[TestClient, str]) -> None:
+    client, _ = served
+    paths = client.app.openapi()["paths"]  # type: ignore[attr-defined]
+    routes = [(re.compile("^" + re.sub(r"\\{[^}]+\\}", ".+", re.escape(template)) + "$"), {m.upper() for m in ops})
+              for template, ops in paths.items()]
+    for method, path in _curl_requests(_doc(name)):
+        if path in UNLISTED_ROUTES:
+            continue
+        assert any(rx.match(path) and method in methods for rx, methods in routes), f"{name}: curl {method} {path}: no such route"
+
+
+@pytest.mark.parametrize("name", OTHER_DOCS)
+def test_every_metric_named_in_the_other_docs_is_scraped(name: str, served: tuple[TestClient, str]) -> None:
+    """Every metric name is in /metrics (a counter also by the name OpenMetrics gives it, without ``_total``; a name
+    cut at ``_`` is a prefix in a regular expression), and every ``grep`` of /metrics finds a sample line (of a metric
+    with no sample before its first event, such as ``training_loss``, at least its name)."""
+    _, scrape = served
+    exported = set(re.findall(r"^(?:# (?:HELP|TYPE) )?([a-zA-Z_:][a-zA-Z0-9_:]*)", scrape, re.MULTILINE))
+    text = _doc(name)
+    for metric in sorted(set(METRIC_NAME.findall(text))):
+        known = {metric, metric.removesuffix("_total"), metric + "_total", metric.rstrip("_")}
+        assert known & exported or any(e.startswith(metric) for e in exported if metric.endswith("_")), \
+            f"{name}: {metric} is not in /metrics"
+    lines = scrape.splitlines() + [f"{n} 0" for n in exported]
+    for pattern in _metric_greps(text):
+        assert any(re.search(pattern, line) for line in lines), f"{name}: grep {pattern!r} finds nothing"
+
+
+@pytest.mark.parametrize("name", OTHER_DOCS)
+def test_every_alert_named_in_the_other_docs_is_a_rule(name: str) -> None:
+    rules = yaml.safe_load((ROOT / "monitoring" / "alerts.yml").read_text(encoding="utf-8"))
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    named = {n for n in ALERT_NAME.findall(_doc(name))
+             if n.startswith(("CerebellarNorse", "LiveSignal", "HighProcessing", "CUDAMemory", "NeuralConvergence"))}
+    assert named <= alerts, f"{name}: {sorted(named - alerts)} are not rules of monitoring/alerts.yml"
