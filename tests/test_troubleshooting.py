@@ -252,3 +252,27 @@ def test_every_alert_named_in_the_other_docs_is_a_rule(name: str) -> None:
     named = {n for n in ALERT_NAME.findall(_doc(name))
              if n.startswith(("CerebellarNorse", "LiveSignal", "HighProcessing", "CUDAMemory", "NeuralConvergence"))}
     assert named <= alerts, f"{name}: {sorted(named - alerts)} are not rules of monitoring/alerts.yml"
+
+
+def test_the_install_puts_the_command_the_docs_run_on_the_path(tmp_path: Path) -> None:
+    """The docs run ``cerebellar-norse …`` by its name (``sudo -u cerebellar cerebellar-norse … debug-bundle`` at
+    3 a.m.), but the install put it only in /opt/cerebellar-norse/.venv/bin: every such line was "command not found".
+    docs/install.md links the unit's ExecStart into /usr/local/bin (on every login's and sudo's PATH), and the
+    console script runs through such a link."""
+    import os
+    import subprocess
+    import sys
+
+    exec_start = re.search(r"^ExecStart=(\S+)", (ROOT / "systemd" / "cerebellar-norse.service").read_text(encoding="utf-8"),
+                           re.MULTILINE)
+    assert exec_start
+    links = [shlex.split(line)[-2:] for line in _shell_lines(_doc("docs/install.md"))
+             if re.match(r"(sudo\s+)?ln\s+-sf?\s", line)]
+    assert [exec_start.group(1), "/usr/local/bin/cerebellar-norse"] in links, links
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cerebellar-norse").symlink_to(Path(sys.executable).with_name("cerebellar-norse"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
+    r = subprocess.run(["cerebellar-norse", "--validate-only"], env={**env, "PATH": f"{bin_dir}:/usr/bin:/bin"},
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "<built-in default>: schema OK", r.stderr
