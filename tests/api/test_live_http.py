@@ -549,6 +549,8 @@ def _kind(value: Any) -> str:
     return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
 
 
+@pytest.mark.slow
+@pytest.mark.tools
 @pytest.mark.skipif(shutil.which("curl") is None or shutil.which("jq") is None, reason="needs curl and jq")
 def test_http_doc_examples_print_what_the_doc_shows(start_server: Any, tmp_path: Path) -> None:
     """Every ``curl`` of docs/http.md runs, in the doc's order, against a real server with a token (the doc's
