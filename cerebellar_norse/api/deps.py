@@ -68,6 +68,8 @@ class ServiceState:
     config_path: str | None = None  # the TOML file a SIGHUP reloads (None: the built-in default)
     server_overrides: dict[str, Any] = field(default_factory=dict)  # --host/--port: kept over the file on reload
     need_restart: list[str] = field(default_factory=list)  # keys the file, as last reloaded, changes for a restart only
+    # the file's values of the keys CEREBELLAR_NORSE_<SECTION>__<KEY> variables override, as last read (start, reload)
+    file_overridden: dict[str, Any] = field(default_factory=dict)
     # connections the open-file limit leaves room for (serve(): server.connection_budget; None: no lower bound than
     # server.max_connections); beyond it a connection is answered 503 as beyond max_connections
     connection_budget: int | None = None

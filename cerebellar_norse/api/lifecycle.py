@@ -83,11 +83,11 @@ def changed_keys(old: Config, new: Config) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
-def env_overridden(path: str, running: Config, cli_keys: Any = ()) -> dict[str, str]:
+def env_overridden(path: str, running: Config, cli_keys: Any = ()) -> dict[str, tuple[str, Any]]:
     """The keys the file at ``path`` sets to another value than the one in force because a
     ``CEREBELLAR_NORSE_<SECTION>__<KEY>`` variable of the service's environment overrides it (the variable wins, at
-    start as at a reload), each with its variable's name; ``cli_keys`` (``--host``/``--port``) win over both and are
-    left out. Empty when the file alone does not load."""
+    start as at a reload), each with its variable's name and the file's value; ``cli_keys`` (``--host``/``--port``)
+    win over both and are left out. Empty when the file alone does not load."""
     _, names = env_overrides(os.environ)
     if not names:
         return {}
@@ -98,8 +98,16 @@ def env_overridden(path: str, running: Config, cli_keys: Any = ()) -> dict[str, 
     except ConfigError:
         return {}
     in_file, mine, now = _flatten(data), _plain(file_only), _plain(running)
-    return {key: var for key, var in sorted(names.items())
+    return {key: (var, mine.get(key)) for key, var in sorted(names.items())
             if key in in_file and key not in {f"server.{k}" for k in cli_keys} and mine.get(key) != now.get(key)}
+
+
+def file_values_overridden(path: str | None, running: Config, cli_keys: Any = ()) -> dict[str, Any]:
+    """The file's values of the keys an environment variable overrides (:func:`env_overridden`), as the service read
+    them (at start, then at each reload): a later reload warns only of those whose value in the file changed since."""
+    if path is None:
+        return {}
+    return {key: value for key, (_, value) in env_overridden(path, running, cli_keys).items()}
 
 
 def split_changes(running: Config, new: Config) -> tuple[list[str], list[str]]:
@@ -217,8 +225,13 @@ def reload_config(state: ServiceState, path: str | None) -> None:
     apply_reload(state, new, live)
     state.need_restart = list(restart)  # (GET /debug/config): what the file holds that a restart would apply
     applied = list(live)  # less a level the environment overrides (below)
-    by_variable = env_overridden(path, state.cfg, state.server_overrides)
-    overridden = list(by_variable)
+    found = env_overridden(path, state.cfg, state.server_overrides)
+    overridden = list(found)
+    # a variable set for good (a replica's port, state dir) overrides its key at every reload: only a value the file
+    # changed since it was last read is news to warn of
+    by_variable = {key: var for key, (var, value) in found.items()
+                   if key not in state.file_overridden or state.file_overridden[key] != value}
+    state.file_overridden = {key: value for key, (_, value) in found.items()}
     forced = env_level()
     if forced is not None and "logging.level" in applied:
         applied.remove("logging.level")
@@ -231,7 +244,7 @@ def reload_config(state: ServiceState, path: str | None) -> None:
                                          "restart to use the file's level)",
                    state.cfg.logging.level, LEVEL_ENV, forced, forced)
     if by_variable:
-        log_always(log, logging.WARNING, "environment variables override keys the config file sets to other values: "
+        log_always(log, logging.WARNING, "the config file changes keys that environment variables override: "
                                          "%s; the variables' values stay in force (remove the variables from the "
                                          "service's environment and restart to use the file's values)",
                    ", ".join(f"{k} ({v})" for k, v in by_variable.items()), fields={"overridden_by": by_variable})

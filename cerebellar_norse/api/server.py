@@ -44,6 +44,7 @@ from .exposure import check_exposure
 from .lifecycle import (
     announce_when_listening,
     check_state_dir,
+    file_values_overridden,
     ignore_sighup_while_starting,
     install_sighup,
     periodic_summary,
@@ -493,6 +494,7 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
     state.server = server
     state.config_path = config_path
     state.server_overrides = dict(server_overrides or {})
+    state.file_overridden = file_values_overridden(config_path, cfg, state.server_overrides)
     try:
         server.run(sockets=[sock])
     finally:

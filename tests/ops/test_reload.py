@@ -54,11 +54,13 @@ def test_changed_keys_lists_dotted_keys(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _service(tmp_path: Path, cfg: Path, port: int, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """The service on ``cfg`` (plus ``args``) in a process of its own, once /health on ``port`` answers 200; killed
-    on the way out if a test left it running."""
+def _service(tmp_path: Path, cfg: Path, port: int, *args: str,
+             extra_env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
+    """The service on ``cfg`` (plus ``args`` and ``extra_env``) in a process of its own, once /health on ``port``
+    answers 200; killed on the way out if a test left it running."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CEREBELLAR_NORSE_")}
     env.update(CEREBELLAR_NORSE_PATHS__STATE_DIR=str(tmp_path / "state"), CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN="false")
+    env.update(extra_env or {})
     proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--config", str(cfg), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -117,6 +119,41 @@ def test_sighup_applies_live_keys_and_reports_the_rest(tmp_path: Path) -> None:
     assert set(reloaded[0]["fields"]["applied"]) == {"logging.level", "performance.queue_size", "performance.busy_poll_us"}
     assert reloaded[0]["fields"]["need_restart"] == ["performance.max_markets"]
     assert any(x["message"].startswith("config reload refused") for x in lines)
+
+
+def _reload_to(proc: subprocess.Popen[str], port: int, cfg: Path, text: str, queue_size: int) -> None:
+    """Write ``text`` to ``cfg``, SIGHUP, and wait until /health shows the reloaded ``queue_size``."""
+    cfg.write_text(text)
+    proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["queue_capacity"] != queue_size:
+        time.sleep(0.1)
+
+
+def test_a_replica_reload_warns_only_of_an_overridden_key_the_file_changed(tmp_path: Path) -> None:
+    """A replica's unit sets server.port (and its state dir, drain and log file) by variables at every start, to
+    other values than the shared file: every reload warned of them as if the operator had just changed the file in
+    vain. They stay listed in ``overridden``; the WARNING names only a key whose value in the file changed since
+    the service last read it (at start or the last reload)."""
+    port = _free_port()
+    cfg = tmp_path / "service.toml"
+    shared = BASE.format(port=_free_port())  # the file's port is not the replica's
+    cfg.write_text(shared)
+    poll = "CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US"
+    with _service(tmp_path, cfg, port, extra_env={"CEREBELLAR_NORSE_SERVER__PORT": str(port), poll: "0"}) as proc:
+        _reload_to(proc, port, cfg, shared.replace("queue_size = 4096", "queue_size = 1000"), 1000)
+        _reload_to(proc, port, cfg, shared.replace("queue_size = 4096", "queue_size = 1500\nbusy_poll_us = 2000"), 1500)
+        _reload_to(proc, port, cfg, shared.replace("queue_size = 4096", "queue_size = 2000\nbusy_poll_us = 2000"), 2000)
+        out, lines = _stop(proc)
+    reloaded = [x for x in lines if x["message"] == "config reloaded"]
+    assert [x["fields"] for x in reloaded] == [
+        {"applied": ["performance.queue_size"], "need_restart": [], "overridden": ["server.port"]},
+        {"applied": ["performance.queue_size"], "need_restart": [], "overridden": ["performance.busy_poll_us", "server.port"]},
+        {"applied": ["performance.queue_size"], "need_restart": [], "overridden": ["performance.busy_poll_us", "server.port"]},
+    ], out
+    warned = [x for x in lines if x["level"] == "WARNING" and "overridden_by" in x.get("fields", {})]
+    assert [x["fields"]["overridden_by"] for x in warned] == [{"performance.busy_poll_us": poll}], out
+    assert "server.port" not in warned[0]["message"]
 
 
 JOB_TOML = """
