@@ -60,6 +60,24 @@ def retrying(call: Callable[..., T], *args: Any) -> T:
             continue
 
 
+def write_output(path: Path, data: bytes) -> None:
+    """Write a command's output file (a report, a picture, a dump): a regular file (or a new one, its missing
+    parent directories made) atomically, never half-written on a full disk, with the mode the umask gives; through a
+    link to its target; a device, FIFO or pipe (/dev/stdout) written into, not replaced by a file."""
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError):
+        target = path
+    if target.exists() and not target.is_file():
+        with open(target, "wb") as fh:
+            fh.write(data)
+        return
+    atomic_write_bytes(target, data)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(target, 0o666 & ~mask)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync dir)."""
     path = Path(path)

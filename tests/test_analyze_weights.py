@@ -78,7 +78,7 @@ def test_command_on_stored_models_with_compare_and_png(config_path: Path, tmp_pa
     changed.pf_w[5] = 0.0
     changed.w_md *= 0.5
     new = store.save(changed, cfg, {}, version="20240102T000000Z-bbbbbb")
-    png = tmp_path / "w.png"
+    png = tmp_path / "pictures" / "w.png"  # a directory not made yet: made, as every command's --output does
     code, out, _ = run(capsys, config_path, "analyze-weights", "--model", new, "--compare", base, "--output", str(png),
                        "--json")
     assert code == 0

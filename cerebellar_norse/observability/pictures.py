@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import InputError
 from ..neurons.topology import HEAD_LAYERS
 from ..neurons.topology import LAYERS as WEIGHT_LAYERS
+from ..storage import write_output
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -325,7 +326,7 @@ def cmd_analyze_weights(cfg: Config, source: str | None, model: str | None, comp
         other = load_weights(cfg, compare) if compare is not None else None
         report = analyze(weights, version, other, threshold)
         if output is not None:
-            Path(output).write_bytes(histogram_png(weights, version, other))
+            write_output(Path(output), histogram_png(weights, version, other))
     if as_json:
         print(json.dumps(report))
     else:
@@ -539,6 +540,6 @@ def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None
                 why = f"{r.status_code}: not a PNG"
         print(f"cerebellar-norse: {url.rstrip('/')}{raster_path(market, ticks).split('?')[0]}: {why}", file=sys.stderr)
         return 1
-    Path(output).write_bytes(r.content)
+    write_output(Path(output), r.content)
     print(f"raster of {market} written to {output}")
     return 0

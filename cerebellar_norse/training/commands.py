@@ -14,6 +14,7 @@ import numpy as np
 from ..config import Config, fmt_bytes
 from ..errors import CheckpointError, InputError, StorageError
 from ..neurons.topology import HEAD_LAYERS, LAYERS, Weights
+from ..storage import write_output
 from .checkpoints import (
     MANIFEST,
     ModelStore,
@@ -420,7 +421,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
         print(f"warning: {in_sample_unknown}", file=sys.stderr)
     if report:
         html = render_html(summary, cumulative, model.metrics.get("history"), title=f"cerebellar-norse evaluation of {version}")
-        _write_output(Path(report), html.encode("utf-8"))
+        write_output(Path(report), html.encode("utf-8"))
     if as_json:
         print(json.dumps(summary, allow_nan=False))
     else:
@@ -449,7 +450,7 @@ def cmd_make_data(output: Path, ticks: int, markets: int, seed: int) -> int:
 
     # like every output file: through a link to its target, into a device or pipe (/dev/stdout), the umask's mode;
     # the ticks are turned into lines as they are generated (no list of them all: about 0.2 KB per tick at most)
-    _write_output(output, csv_bytes(iter_ticks(ticks, markets, seed)))
+    write_output(output, csv_bytes(iter_ticks(ticks, markets, seed)))
     print(f"wrote {ticks} ticks of {markets} markets to {output}")
     return 0
 
@@ -478,28 +479,6 @@ def layer_stats(w: Any) -> dict[str, dict[str, float]]:
         out[name] = {"count": int(a.size), "mean": float(a.mean()), "std": float(a.std()), "min": float(a.min()),
                      "max": float(a.max()), "abs_mean": float(np.abs(a).mean()), "zero_fraction": float(np.mean(a == 0))}
     return out
-
-
-def _write_output(path: Path, data: bytes) -> None:
-    """Write an output file: a regular file (or a new one) atomically, never half-written on a full disk, with the
-    mode the umask gives; through a link to its target; a device, FIFO or pipe (/dev/stdout) written into, not
-    replaced by a file."""
-    import os
-
-    from ..storage import atomic_write_bytes
-
-    try:
-        target = path.resolve()
-    except (OSError, RuntimeError):
-        target = path
-    if target.exists() and not target.is_file():
-        with open(target, "wb") as fh:
-            fh.write(data)
-        return
-    atomic_write_bytes(target, data)
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(target, 0o666 & ~mask)
 
 
 def cmd_dump_weights(cfg: Config, fmt: str, output: str | None) -> int:
@@ -531,7 +510,7 @@ def _dump(data: str | bytes, output: str | None, what: str) -> None:
         else:
             sys.stdout.buffer.write(data)
         return
-    _write_output(Path(output), data.encode() if isinstance(data, str) else data)
+    write_output(Path(output), data.encode() if isinstance(data, str) else data)
     print(f"wrote {what} to {output}", file=sys.stderr)
 
 

@@ -109,7 +109,7 @@ def test_plot_market_writes_the_png(tc: TestClient, tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(httpx, "get", get)
     send(tc, ODD, range(5))
-    out = tmp_path / "m.png"
+    out = tmp_path / "plots" / "m.png"  # a directory not made yet: made, as every command's --output does
     argv = ["plot-market", "--market", ODD, "--url", base, "--output", str(out), "--ticks", "50"]
     assert main([*argv, "--token", TOKEN]) == 0
     assert out.read_bytes()[:8] == PNG_MAGIC
