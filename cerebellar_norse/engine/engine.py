@@ -65,6 +65,7 @@ from ..observability.timelines import Timeline
 from ..storage import read_state_file
 from ..ticks import Tick, check_order
 from ..training.climbing_fibre import OnlineLearner
+from .peak import RecentPeak
 from .persistence import (
     STATE_FILE,
     PoolSnapshot,
@@ -93,6 +94,9 @@ EVICTION_LOG_INTERVAL_S = 60.0  # evictions are logged at most once per this int
 # the warm steps' pause and resumption are logged at most once per this interval (a pool that fills up again after
 # every reset, release or idle eviction paused and resumed them each time, two lines each)
 WARM_PAUSE_LOG_INTERVAL_S = 60.0
+# the queue's high-water mark covers the last 15 to 30 s: every tick admitted between two scrapes 15 s apart (the
+# shipped scrape interval) is in one of them
+QUEUE_PEAK_WINDOW_S = 15.0
 
 
 @dataclass
@@ -170,6 +174,7 @@ class Engine:
         self.sinks: list[RecordSink] = []  # called with every backend step's record (metrics, timelines, trackers)
         self._pending: list[Pending] = []
         self._pending_ts: dict[str, int] = {}
+        self.queue_peak = RecentPeak(QUEUE_PEAK_WINDOW_S)  # most ticks queued at once lately (noted at each flush)
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
         self._last_batch_end = 0.0
         self._last_gc = 0.0
@@ -479,12 +484,14 @@ class Engine:
 
     def _flush(self) -> None:
         self._flush_handle = None
+        depth = len(self._pending)  # the queue only grows between flushes: this is its most since the last one
         while self._pending:
             batch = self._pending[:self.batch_size]
             del self._pending[:self.batch_size]
             self._run_batch(batch)
         self._pending_ts.clear()
         self._last_batch_end = time.monotonic()
+        self.queue_peak.note(depth, self._last_batch_end)
         if self._last_batch_end - self._last_gc >= 1.0:
             self.collect_idle(self._last_batch_end)
         if self.warm_interval_s > 0.0 and self._accepting:
@@ -759,6 +766,7 @@ class Engine:
         return EngineSnapshot(
             pool=PoolFigures(self.pool.used, self.pool.capacity, self.pool.table.evictions, self.arrays.nbytes),
             queue_depth=self.queue_depth, queue_capacity=self.queue_size, accepting=accepting,
+            queue_peak=max(self.queue_peak.peak(time.monotonic()), self.queue_depth),
             model_version=self.model_version, ticks=st.ticks, batches=st.batches, failed_batches=st.failed_batches,
             failed_ticks=st.failed_ticks, rejected_full=st.rejected_full, rejected_order=st.rejected_order,
             spikes=(int(st.spikes[0]), int(st.spikes[1]), int(st.spikes[2])), busy_ns=st.busy_ns, warm_steps=st.warm_steps,

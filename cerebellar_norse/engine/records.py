@@ -134,6 +134,7 @@ class EngineSnapshot:
     backend: dict[str, Any] | None
     journal_waiting: bool = False  # the journal's next file cannot be created for want of a file descriptor or space
     journal_waits: int = 0  # times that happened
+    queue_peak: int = 0  # most ticks queued at once over the last 15 to 30 s (engine.QUEUE_PEAK_WINDOW_S)
 
     def health(self) -> dict[str, Any]:
         """The engine's part of /health."""

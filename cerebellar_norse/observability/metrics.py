@@ -365,6 +365,10 @@ def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple
         yield spk
         yield GaugeMetricFamily("cerebellar_norse_queue_depth_ticks", "Ticks waiting for a batch.", value=snap.queue_depth)
         yield GaugeMetricFamily("cerebellar_norse_queue_capacity_ticks", "Queue capacity (ticks).", value=snap.queue_capacity)
+        yield GaugeMetricFamily("cerebellar_norse_queue_peak_ticks", "Most ticks waiting for a batch at once over the last "
+                                "15 to 30 s: ticks wait only until the event loop's next turn, so the depth at the "
+                                "moment of a scrape is nearly always 0 even while ticks are refused for want of room.",
+                                value=snap.queue_peak)
         pool = snap.pool
         yield GaugeMetricFamily("cerebellar_norse_pool_markets", "Markets holding a state slot.", value=pool.markets)
         yield GaugeMetricFamily("cerebellar_norse_pool_capacity_markets", "State slots.", value=pool.capacity)
