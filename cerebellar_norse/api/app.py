@@ -70,12 +70,19 @@ class BodyTooLarge(StarletteHTTPException):
         super().__init__(413, message)
 
 
+# Answered over server.max_connections: refused, the scrape made Prometheus see the service down (CerebellarNorseDown,
+# "cannot scrape") and took away the connection gauges that say why (CerebellarNorseConnectionsNearLimit went
+# without data) just when clients that hold connections open had used the limit up.
+OVER_LIMIT_ANSWERED = frozenset({("GET", "/metrics"), ("HEAD", "/metrics")})
+
+
 class RequestContextMiddleware:
     """Pure ASGI middleware: request id in and out (``X-Request-ID``), request count and latency by route.
 
     It also enforces ``server.max_body_size`` (413 with the JSON error shape: at once when
     ``Content-Length`` is too large, while reading for bodies without one) and
-    ``server.max_connections`` (503 with ``Retry-After``), and turns an unexpected
+    ``server.max_connections`` (503 with ``Retry-After``; ``GET``/``HEAD /metrics`` excepted, see
+    :data:`OVER_LIMIT_ANSWERED`), and turns an unexpected
     exception into the JSON 500 with the request id, so that every response, errors
     included, carries ``X-Request-ID`` and a body whose ``request_id`` matches it.
     """
@@ -161,7 +168,7 @@ class RequestContextMiddleware:
 
         m = self.state.metrics
         try:
-            if self._over_connection_limit():
+            if self._over_connection_limit() and (scope["method"], scope["path"]) not in OVER_LIMIT_ANSWERED:
                 m.errors.labels("capacity").inc()
                 msg = f"too many open connections (server.max_connections = {self.max_connections}); retry later"
                 await JSONResponse(error_payload("capacity", msg, rid), status_code=503,

@@ -323,7 +323,7 @@ def test_connection_limit_answers_json_503_and_frees_up(tmp_path: Path, start_se
     stalled.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
     try:
         time.sleep(0.2)
-        for path in ("/health", "/metrics", "/neural/process"):
+        for path in ("/health", "/neural/process"):
             with httpx.Client(base_url=server.url, timeout=10.0) as c:
                 r = c.request("POST" if path == "/neural/process" else "GET", path,
                               json=live_tick("LIMIT", now_ms()) if path == "/neural/process" else None,
@@ -332,6 +332,12 @@ def test_connection_limit_answers_json_503_and_frees_up(tmp_path: Path, start_se
             assert int(r.headers["retry-after"]) >= 1
             assert err["request_id"] == f"limit{path.replace('/', '-')}"
             assert "server.max_connections" in err["message"]
+        # the scrape is answered, with the figures that say why the others are not: refused, Prometheus saw the
+        # service down and the connection gauges vanished just when the limit was used up
+        with httpx.Client(base_url=server.url, timeout=10.0) as c:
+            assert c.head("/metrics").status_code == 200
+            assert sample_value(c, "cerebellar_norse_http_connections") > limit
+            assert sample_value(c, "cerebellar_norse_http_connections_limit") == limit
         with pytest.raises(InvalidStatus) as refused:  # a stream handshake gets the same answer
             connect(f"{server.ws_url}/neural/stream", open_timeout=10)
         assert refused.value.response.status_code == 503
