@@ -272,3 +272,23 @@ def test_metadata_of_every_scraped_metric_is_in_the_metric_table(live: Live) -> 
     documented = _documented_metrics()
     assert "cerebellar_norse_ready" in metadata and "processing_duration_seconds" in metadata
     assert {n: m[0]["type"] for n, m in metadata.items()} == {n: documented.get(n) for n in metadata}
+
+
+def test_every_metric_the_rules_and_the_dashboard_read_is_exported(live: Live) -> None:
+    """The promtool tests feed each rule series named by hand, so a rule (or a panel) reading a metric the service does
+    not export passes them and stays silent against the service: every name the rules' expressions and annotation
+    queries, and the dashboard's queries and variables, read is one Prometheus scraped from the live service (a
+    series, or the metadata of a gauge without a sample yet)."""
+    import yaml  # type: ignore[import-untyped]
+
+    name = re.compile(r"\b(?:cerebellar_norse_\w+|processing_duration_seconds\w*|cuda_memory_\w+|training_loss|up)\b")
+    texts = [text for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+             for text in (r["expr"], *r.get("annotations", {}).values())]
+    dash = _dashboard()
+    texts += [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    texts += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    scraped = set(httpx.get(live.prometheus + "/api/v1/label/__name__/values", timeout=10.0).json()["data"])
+    scraped |= set(httpx.get(live.prometheus + "/api/v1/metadata", timeout=10.0).json()["data"])
+    read = {m for text in texts for m in name.findall(text)}
+    assert {"cerebellar_norse_queue_peak_ticks", "training_loss", "up"} <= read
+    assert sorted(read - scraped) == []
