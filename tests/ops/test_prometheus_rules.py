@@ -66,3 +66,18 @@ def test_dashboard_queries_use_exported_metrics() -> None:
     for metric in ("processing_duration_seconds_bucket", "cuda_memory_used_bytes", "training_loss",
                    "cerebellar_norse_spikes_total", "cerebellar_norse_pool_usage_ratio", "cerebellar_norse_http_requests_total"):
         assert metric in exprs
+
+
+def test_dashboard_rate_windows_hold_samples_at_any_scrape_interval() -> None:
+    """rate() and increase() need two samples in their window: a fixed [1m] is empty at Prometheus' default 1 minute
+    scrape interval (the panels went blank). Each window is Grafana's $__rate_interval (four scrape intervals) or at
+    least 4 minutes."""
+    import json
+    import re
+
+    dash = json.loads((ROOT / "monitoring" / "grafana-dashboard.json").read_text())["dashboard"]
+    seconds = {"s": 1, "m": 60, "h": 3600}
+    short = [(p["title"], t["refId"], w) for p in dash["panels"] for t in p["targets"]
+             for w in re.findall(r"\[([^\]]+)\]", t["expr"])
+             if w != "$__rate_interval" and not (re.fullmatch(r"\d+[smh]", w) and int(w[:-1]) * seconds[w[-1]] >= 240)]
+    assert short == []
