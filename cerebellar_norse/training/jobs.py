@@ -367,11 +367,22 @@ def exit_error(code: int | None) -> str:
     return OUT_OF_MEMORY if code == EXIT_OUT_OF_MEMORY else f"training process exited with code {code}"
 
 
+JOB_NICENESS = 10  # added to the job process's nice value: serving ticks comes first when the cores are busy
+
+
+def lower_priority(increment: int = JOB_NICENESS) -> None:
+    """Make this process yield the CPU to the service's own threads (``nice``; never an error: at the lowest
+    priority already, or where the call is refused, the job runs as it is)."""
+    with contextlib.suppress(OSError):
+        os.nice(increment)
+
+
 def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any, parent_pid: int | None = None,
               job_id: str | None = None, from_scratch: bool = False) -> None:
     """Entry point of the job process (spawned)."""
     if parent_pid is not None:
         die_with_parent(parent_pid)
+    lower_priority()
     cfg = Config.model_validate_json(cfg_json)
     limit_threads(cfg.training.threads)
 

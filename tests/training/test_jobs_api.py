@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.training.checkpoints import ModelStore
 from cerebellar_norse.training.data import write_csv
-from cerebellar_norse.training.jobs import JobStatus, TrainingRequest, job_config, run_training
+from cerebellar_norse.training.jobs import JOB_NICENESS, JobStatus, TrainingRequest, job_config, run_training
 
 TOKEN = "secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -108,6 +109,21 @@ def wait_final(js: JobServer, job_id: str, by_latest: bool = False) -> tuple[dic
         k += 1
         time.sleep(0.1)
     raise AssertionError(f"job {job_id} not finished within {JOB_TIMEOUT_S}s\n{js.srv.log()[-4000:]}")
+
+
+def job_processes(parent: int) -> list[int]:
+    """The pids of ``parent``'s children started by multiprocessing's spawn (a job process; not its resource
+    tracker)."""
+    pids = []
+    for children in Path(f"/proc/{parent}/task").glob("*/children"):
+        for pid in children.read_text().split():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmdline:
+                pids.append(int(pid))
+    return pids
 
 
 def model_dirs(store: ModelStore) -> list[str]:
@@ -298,6 +314,9 @@ def test_second_job_conflicts_and_cancel_leaves_no_model(js: JobServer) -> None:
         assert time.monotonic() < deadline, js.srv.log()[-4000:]
         time.sleep(0.1)
     assert st["epochs"] == 1000 and st["epoch"] == 1 and st["ticks_per_second"] > 0
+    # the job yields the CPU to the service's event loop: its process runs JOB_NICENESS lower
+    served = os.getpriority(os.PRIO_PROCESS, js.srv.proc.pid)
+    assert JOB_NICENESS in {os.getpriority(os.PRIO_PROCESS, pid) - served for pid in job_processes(js.srv.proc.pid)}
 
     r3 = c.delete(f"/training/{job_id}", headers=AUTH)
     assert r3.status_code == 200, r3.text
