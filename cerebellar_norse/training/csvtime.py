@@ -37,9 +37,10 @@ _MONTHS = {name: i for i, names in enumerate((("jan", "january"), ("feb", "febru
            ("sep", "sept", "september"), ("oct", "october"), ("nov", "november"), ("dec", "december")), 1)
            for name in names}
 # dates with an English month name and a four-digit year, maybe followed by a time: "Jan 1 2000" (vega_datasets),
-# "Jan 02, 2020" (Investing.com), "02-Jan-2020", "2 January 2020"
+# "Jan 02, 2020" (Investing.com), "02-Jan-2020", "2 January 2020"; day first also with a two-digit year, as
+# spreadsheets write dates by default ("3-Jan-22", d-mmm-yy) and StockCharts' and Oracle's exports do ("03-JAN-22")
 _NAMED_MONTH_FIRST = re.compile(r"([A-Za-z]{3,9})\.? (\d{1,2}),? (\d{4})(?:( )(.*))?$")
-_NAMED_DAY_FIRST = re.compile(r"(\d{1,2})([ -])([A-Za-z]{3,9})\2(\d{4})(?:( )(.*))?$")
+_NAMED_DAY_FIRST = re.compile(r"(\d{1,2})([ -])([A-Za-z]{3,9})\2(\d{4}|\d{2})(?:( )(.*))?$")
 # the time after a date written with slashes, as spreadsheets write it: 0:15, 1:00:00 AM, 13:05:09.5
 _ONE_DIGIT_HOUR = re.compile(r"\d:\d{2}")  # 9:30 after a date (pandas-ta-style unpadded date-times)
 _SHEET_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*([AaPp][Mm])?$")
@@ -246,7 +247,7 @@ def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzi
 def _iso_date(text: str) -> str:
     """A date written year first with dots, slashes or dashes and maybe one-digit month and day (``2020.01.02``,
     ``2020/6/19``, ``2020-6-19``), or with an English month name and a four-digit year (``Jan 1 2000``, ``Jan 02,
-    2020``, ``02-Jan-2020``), as ISO 8601 (``2020-06-19``), any time after it kept; other text unchanged."""
+    2020``, ``02-Jan-2020``) or, day first, a two-digit one (``3-Jan-22``, see :func:`century_year`), as ISO 8601 (``2020-06-19``), any time after it kept; other text unchanged."""
     ymd = _YMD_DATE.match(text)
     if ymd is not None:
         return f"{ymd[1]}-{int(ymd[3]):02d}-{int(ymd[4]):02d}" + _time_after(ymd[5], ymd[6])
@@ -258,9 +259,20 @@ def _iso_date(text: str) -> str:
         if named is None:
             return text
         month, day, year, sep, rest = _MONTHS.get(named[3].lower()), named[1], named[4], named[5], named[6]
+        if len(year) == 2:
+            year = str(century_year(int(year)))
     if month is None:
         return text
     return f"{year}-{month:02d}-{int(day):02d}" + _time_after(sep, rest)
+
+
+def century_year(yy: int) -> int:
+    """The year of a two-digit year ``yy`` (0-99): the latest year ending in those digits that is not after the
+    current year (UTC), as market data lies in the past: in 2026, 22 is 2022 and 27 is 1927 (a date before 1970 is
+    then refused as such, not read a century on)."""
+    this_year = datetime.now(UTC).year
+    year = this_year - (this_year - yy) % 100
+    return year
 
 
 def _time_after(sep: str | None, rest: str | None) -> str:

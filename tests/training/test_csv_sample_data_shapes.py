@@ -4,6 +4,7 @@ from)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from training_helpers import utc_ms
 from training_helpers import write_text_file as write
 
 from cerebellar_norse.errors import DataError
+from cerebellar_norse.training.csvtime import century_year
 from cerebellar_norse.training.data import load_csv_files
 
 
@@ -58,6 +60,31 @@ def test_dates_with_a_month_name(tmp_path: Path) -> None:
 def test_month_name_forms(tmp_path: Path, written: str) -> None:
     path = write(tmp_path, f"date,close\n{written},1\n")
     assert load_csv_files([path]).markets[0].timestamp.tolist() == [utc_ms(2020, 1, 2)]
+
+
+def test_day_first_month_names_with_two_digit_years(tmp_path: Path) -> None:
+    """ta 0.11.0's test data (``test/data/cs-tsi.csv``, StockCharts' spreadsheets: ``Date,Close,…`` with dates
+    ``1-Sep-10``) and mplfinance's ``examples/scratch_pad/issues/issue568.csv`` (``3-Jan-22``): a spreadsheet's
+    default date format, d-mmm-yy, was no time, so every row was bad and the file refused."""
+    path = write(tmp_path, "Date,Close,Momentum\n1-Sep-10,1080.29,\n2-Sep-10,1090.10,9.81\n03-JAN-22,17625.70,1\n"
+                           "31-Oct-22,18012.20,2\n", "cs-tsi.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2010, 9, 1), utc_ms(2010, 9, 2), utc_ms(2022, 1, 3),
+                                                  utc_ms(2022, 10, 31)]
+    assert data.markets[0].price.tolist() == [1080.29, 1090.10, 17625.70, 18012.20]
+
+
+def test_a_two_digit_year_is_the_latest_not_after_this_year(tmp_path: Path) -> None:
+    """A two-digit year lies in the hundred years up to this one: 95 is 1995, never 2095; this year's digits are
+    this year, next year's are a century back (before 1970, so refused as such, not read as a date to come)."""
+    year = datetime.now(UTC).year
+    assert century_year(95) == 1995 and century_year(9) == 2009
+    assert century_year(year % 100) == year and century_year((year + 1) % 100) == year + 1 - 100
+    path = write(tmp_path, f"date,close\n15-Mar-95,1\n02-Jan-{(year + 1) % 100:02d},2\n")
+    data = load_csv_files([path], max_bad_fraction=1.0)
+    assert data.markets[0].timestamp.tolist() == [utc_ms(1995, 3, 15)]
+    assert data.bad_rows == 1 and any("is before 1970-01-01" in line for line in data.report)
 
 
 def test_a_month_name_that_is_none_is_a_bad_row(tmp_path: Path) -> None:
