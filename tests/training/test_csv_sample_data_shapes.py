@@ -152,3 +152,30 @@ def test_yfinance_grouped_by_ticker_is_read(tmp_path: Path) -> None:
     tick = load_csv_files([path]).markets[0]
     assert tick.market_id == "AAPL" and tick.price.tolist() == [185.64] and tick.volume.tolist() == [82488700]
     assert tick.timestamp.tolist() == [utc_ms(2024, 1, 2)]
+
+
+@pytest.mark.parametrize("text", [
+    # finta 1.3's test data, tests/data/xau-usd.json (OANDA's candles as pandas writes them): one line of 400 kB
+    '[{"time": "2019-03-31T23:00:00.000000000Z", "volume": 510, "high": "1292.489", "close": "1291.729"},'
+    ' {"time": "2019-04-01T01:00:00.000000000Z", "volume": 1079, "high": "1293.742", "close": "1293.079"}]',
+    # the same pretty-printed, JSON Lines, and an exchange API's klines (arrays of arrays)
+    '[\n  {\n    "time": 1556668800000,\n    "close": 5.1\n  }\n]\n',
+    '{"time": 1556668800000, "close": 5.1}\n{"time": 1556668860000, "close": 5.2}\n',
+    '[[1556668800000, "5000.1", "5010.0", "4990.2", "5005.3", "12.5"]]',
+])
+def test_a_json_file_is_refused_saying_it_is_json_and_how_to_convert_it(tmp_path: Path, text: str) -> None:
+    """A JSON file was refused as a CSV file with "no time column", its first line (the whole file, for finta's
+    one-line file) echoed back as the header: the message said nothing of JSON."""
+    path = write(tmp_path, text, "xau-usd.json")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    message = str(exc.value)
+    assert message.startswith(f"{path}:1: JSON, not CSV (the file starts with ")
+    assert "pd.read_json(FILE).to_csv(" in message and "no time column" not in message
+    assert len(message) < 400
+
+
+def test_a_csv_header_in_brackets_is_not_taken_for_json(tmp_path: Path) -> None:
+    path = write(tmp_path, "[time],close\n2020-01-02,1\n")
+    with pytest.raises(DataError, match=r"no time column"):
+        load_csv_files([path])
