@@ -30,6 +30,8 @@ from .checkpoints import (
 )
 
 if TYPE_CHECKING:
+    from datetime import tzinfo
+
     from .data import TickData
 
 
@@ -226,9 +228,20 @@ def _recorded_counts(metrics: dict[str, Any]) -> tuple[np.ndarray | None, str]:
     return train + val, "the model's training and validation data"
 
 
+def _since_ms(text: str, data: TickData, zone: tzinfo) -> int:
+    """``--since`` as ms since the epoch: written in the files' own compact form (``20130305`` where every file's
+    times are YYYYMMDD dates, and likewise YYYYMMDDHH and YYYYMMDDHHMM[SS]), as they are read, in ``zone``; else a
+    number is ms since the epoch and a date or date-time ISO 8601 (see :func:`~.csvtime.parse_time_ms`)."""
+    from .csvtime import compact_form_ms, parse_time_ms
+
+    units = {f.time_unit for f in data.formats}
+    compact = compact_form_ms(text, next(iter(units)), zone) if len(units) == 1 and None not in units else None
+    return compact if compact is not None else parse_time_ms(text, "--since", zone)
+
+
 def _check_since(text: str | None, since_ms: int, data: TickData) -> None:
     """``--since`` after the files' last tick is an InputError; before their first tick it selects nothing, noted
-    (a number is ms since the epoch, whatever unit the files' times are in)."""
+    (a number is ms since the epoch, whatever unit the files' times are in, unless written as their dates are)."""
     from .datacheck import iso_ms
 
     first = min(float(m.timestamp[0]) for m in data.markets)
@@ -346,7 +359,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     ``summary["bounce"]`` keeps its figures with ``mid_prices`` true and no spread, and the verdict holds no spread
     against ``cost_bp``."""
     from .calibration import base_rates
-    from .data import load_training_files, parse_time_ms
+    from .data import load_training_files
     from .report import format_summary, headline, render_html, verdict
     from .scoring import summarise
     from .trainer import market_list, prepare_for_scoring
@@ -372,7 +385,7 @@ def cmd_evaluate(cfg: Config, files: list[str], version: str | None, report: str
     if short is not None:
         print(f"warning: {short}", file=sys.stderr)
     try:
-        since_ms = parse_time_ms(since, "--since", cfg.training.data_zone) if since else None
+        since_ms = _since_ms(since, data, cfg.training.data_zone) if since else None
     except ValueError as exc:
         raise InputError(str(exc).removeprefix("--since "), "--since") from None
     if since_ms is not None:

@@ -175,6 +175,15 @@ def _compact_ms(s: str, raw: str, name: str, unit: str, zone: tzinfo) -> int:
     return ms
 
 
+def compact_form_ms(text: str, unit: str, zone: tzinfo) -> int | None:
+    """ms since the epoch of ``text`` written in the compact form ``unit`` (``date``: ``20130305``, ``datehour``,
+    ``datetime``: a key of ``_COMPACT_UNITS``) read in ``zone``, as a file of such times reads them; None when
+    ``unit`` is no such form or ``text`` is not written in it. ValueError for one the zone skips."""
+    if unit not in _COMPACT_UNITS or _compact_datetime(text.strip(), _COMPACT_UNITS[unit][0]) is None:
+        return None
+    return _compact_ms(text.strip(), text, "time", unit, zone)
+
+
 def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzinfo) -> TimeRead:
     """:func:`time_any`, with the zone the time's wall-clock time was read in (see :class:`TimeRead`)."""
     s = raw = text.strip()

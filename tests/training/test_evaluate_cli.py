@@ -551,3 +551,32 @@ def test_evaluate_reads_the_spread_a_bounce_between_bid_and_ask_implies(env: Pat
     _drifting_walk(env / "walk.csv")
     assert main(["evaluate", "walk.csv", "--json", "--bootstrap", "20"]) == 0
     assert _json(capsys)["bounce"]["spread_bp"] is None
+
+
+def test_since_written_as_the_files_yyyymmdd_dates_is_read_as_that_date(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file of dates written ``YYYYMMDD`` (stockstats' test data, stooq's files): ``--since 20130305``, copied from
+    the file, was read as 20,130,305 ms (1970-01-01T05:35Z), so every tick was scored, the model's own training
+    period too. It is read as the files' dates are, the same as ``--since 2013-03-05``; a number stays ms in a file
+    of other times."""
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    capsys.readouterr()
+    rng = np.random.default_rng(5)
+    days = np.arange(np.datetime64("2010-01-04"), np.datetime64("2014-06-30"))
+    days = days[np.is_busday(days)]
+    price = 30.0 * np.exp(np.cumsum(rng.normal(0.0, 0.015, len(days))))
+    lines = ["date,close,volume"] + [f"{str(d).replace('-', '')},{p:.2f},{rng.integers(10**5, 10**6)}"
+                                     for d, p in zip(days, price, strict=True)]
+    (env / "daily.csv").write_text("\n".join(lines) + "\n")
+    scored = {}
+    for since in ("20130305", "2013-03-05"):
+        assert main(["evaluate", "daily.csv", "--since", since, "--json", "--bootstrap", "0"]) == 0
+        captured = capsys.readouterr()
+        scored[since] = json.loads(captured.out.strip().splitlines()[-1])
+        assert scored[since]["since_utc"] == "2013-03-05T00:00:00Z"
+        assert "every tick is scored" not in captured.err
+    assert scored["20130305"]["samples"] == scored["2013-03-05"]["samples"]
+    later = int(np.sum(days >= np.datetime64("2013-03-05")))
+    assert 0 < scored["20130305"]["samples"] <= later
+    assert main(["evaluate", "ticks.csv", "--since", "20130305", "--json", "--bootstrap", "0"]) == 0  # ms times: ms
+    assert _json(capsys)["since_utc"] == "1970-01-01T05:35:30.305Z"
