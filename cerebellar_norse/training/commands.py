@@ -234,8 +234,8 @@ def _since_ms(text: str, data: TickData, zone: tzinfo) -> int:
     number is ms since the epoch and a date or date-time ISO 8601 (see :func:`~.csvtime.parse_time_ms`)."""
     from .csvtime import compact_form_ms, parse_time_ms
 
-    units = {f.time_unit for f in data.formats}
-    compact = compact_form_ms(text, next(iter(units)), zone) if len(units) == 1 and None not in units else None
+    units = {f.time_unit or "" for f in data.formats}  # "" for ISO dates: no compact form
+    compact = compact_form_ms(text, units.pop(), zone) if len(units) == 1 else None
     return compact if compact is not None else parse_time_ms(text, "--since", zone)
 
 
