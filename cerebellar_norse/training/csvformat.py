@@ -149,6 +149,7 @@ from .orderbook import OrderBooks
 # Header names per column, in order of preference (compared in lower case).
 TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
                 "open time", "open_time", "time (utc)", "timestamp (utc)", "date (utc)", "datetime (utc)",
+                "timestamp_utc", "time_utc", "datetime_utc", "date_utc",  # the same written as one word (CME bars)
                 "transact_time", "window_start", "datum",  # Dukascopy exports, Binance trades, Polygon flat files
                 # Databento (ts_recv, by which its files are sorted, before ts_event), Polygon's trades and quotes
                 # (sip_timestamp, by which they are sorted, before participant_timestamp), CoinAPI, Futu's time_key,

@@ -179,3 +179,15 @@ def test_a_csv_header_in_brackets_is_not_taken_for_json(tmp_path: Path) -> None:
     path = write(tmp_path, "[time],close\n2020-01-02,1\n")
     with pytest.raises(DataError, match=r"no time column"):
         load_csv_files([path])
+
+
+def test_a_time_column_named_timestamp_utc(tmp_path: Path) -> None:
+    """nautilus_trader's CME bars (``tests/test_data/xcme/6EH4.XCME_1min_bars_20240101_20240131.csv.gz``,
+    ``timestamp_utc,open,high,low,close,volume``): the name of `timestamp (utc)` written as one word was no time
+    column, so the file was refused."""
+    for name in ("timestamp_utc", "time_utc", "datetime_utc", "Date_UTC"):
+        path = write(tmp_path, f"{name},open,high,low,close,volume\n2024-01-01 23:01:00,1.1076,1.10785,1.1076,1.1078,205\n"
+                               "2024-01-01 23:02:00,1.10775,1.1078,1.1077,1.10775,86\n", "6EH4.XCME.csv")
+        data = load_csv_files([path])
+        assert data.markets[0].timestamp.tolist() == [utc_ms(2024, 1, 1, 23, 1), utc_ms(2024, 1, 1, 23, 2)], name
+        assert data.markets[0].price.tolist() == [1.1078, 1.10775] and data.markets[0].volume.tolist() == [205, 86]
