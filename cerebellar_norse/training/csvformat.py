@@ -173,12 +173,15 @@ SPLIT_COLUMNS = ("split ratio", "split_ratio", "splitfactor", "split_factor", "s
 BID_COLUMNS = ("bid", "bid price", "bid_price", "bidprice", "best bid", "best_bid", "bid_px_00")
 ASK_COLUMNS = ("ask", "ask price", "ask_price", "askprice", "offer", "offer price", "best ask", "best_ask", "ask_px_00")
 BID_VOLUME_COLUMNS = ("bidvolume", "bid volume", "bid_volume", "bid size", "bid_size", "bidsize", "bid vol", "bid_vol",
-                      "bid_sz_00")
+                      "bid_sz_00", "bid_amount")  # bid_amount: Tardis' quotes
 ASK_VOLUME_COLUMNS = ("askvolume", "ask volume", "ask_volume", "ask size", "ask_size", "asksize", "ask vol", "ask_vol",
-                      "offer size", "offer_size", "ask_sz_00")
+                      "offer size", "offer_size", "ask_sz_00", "ask_amount")
 # MetaTrader: <TICKVOL> over <VOL>; quantity: Binance's aggTrades
 VOLUME_COLUMNS = ("volume", "tickvol", "tick_volume", "vol", "vol.", "size", "qty", "quantity")
 VOLUME_PREFIX = "volume"  # without any of VOLUME_COLUMNS, the first column named so (Volume BTC, Volume_(BTC))
+# without any of those either: the quantity traded as Tardis' and ccxt's trades name it (a turnover in some files,
+# beside which they write a volume column, read first)
+AMOUNT_VOLUME = "amount"
 # instrument_id: Databento's numeric instrument, in a file saved without its symbol column (map_symbols off)
 MARKET_COLUMNS = ("market_id", "market", "symbol", "sym", "ticker", "instrument", "pair", "instrument_id")
 # BTCUSDT-1m-2024-01-01, BTCUSDT-trades-2024-01: symbol and interval or kind, then the date
@@ -506,6 +509,8 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
             ask_v = None
     if v is None:
         v = next((i for i, n in enumerate(names) if n.startswith(VOLUME_PREFIX)), None)
+        if v is None:
+            v = find_column(path, names, shown, (AMOUNT_VOLUME,), "volume", False)
         if v is not None:
             notes.append(f"{path}: volume from {shown[v]!r}")
     m = find_column(path, names, shown, MARKET_COLUMNS, "market", False)

@@ -191,3 +191,25 @@ def test_a_time_column_named_timestamp_utc(tmp_path: Path) -> None:
         data = load_csv_files([path])
         assert data.markets[0].timestamp.tolist() == [utc_ms(2024, 1, 1, 23, 1), utc_ms(2024, 1, 1, 23, 2)], name
         assert data.markets[0].price.tolist() == [1.1078, 1.10775] and data.markets[0].volume.tolist() == [205, 86]
+
+
+def test_tardis_trades_and_quotes_read_their_amounts_as_volume(tmp_path: Path) -> None:
+    """nautilus_trader's ``tests/test_data/tardis/bitmex_trades_XBTUSD.csv`` and ``huobi-dm-swap_quotes_BTC-USD.csv``
+    (Tardis' CSV): the quantity traded is ``amount`` (``bid_amount`` and ``ask_amount`` in quotes), which was no
+    volume column, so every tick had volume 0."""
+    trades = write(tmp_path, "exchange,symbol,timestamp,local_timestamp,id,side,price,amount\n"
+                             "bitmex,XBTUSD,1583020803145000,1583020803307160,ccc3c1fa,sell,8531.5,2152\n"
+                             "bitmex,XBTUSD,1583020803276000,1583020803460000,2f1a0b7e,buy,8532,7\n", "trades.csv")
+    data = load_csv_files([trades])
+    assert data.markets[0].market_id == "XBTUSD" and data.markets[0].volume.tolist() == [2152, 7]
+    assert f"{trades}: volume from 'amount'" in data.notes
+    quotes = write(tmp_path, "exchange,symbol,timestamp,local_timestamp,ask_amount,ask_price,bid_price,bid_amount\n"
+                             "huobi-dm-swap,BTC-USD,1588291201099000,1588291201234268,5494,8629.3,8629.2,806\n", "q.csv")
+    tick = load_csv_files([quotes]).markets[0]
+    assert tick.price.tolist() == [8629.25] and tick.volume.tolist() == [806 + 5494]
+
+
+def test_a_volume_column_is_read_before_an_amount(tmp_path: Path) -> None:
+    """stockstats' ``test_data/002032.csv``: ``amount`` is the turnover beside ``volume``, which stays the volume."""
+    path = write(tmp_path, "date,amount,close,high,low,open,volume\n20040817,90923240.0,11.2,12.21,11.03,12.21,7877900\n")
+    assert load_csv_files([path]).markets[0].volume.tolist() == [7877900]
