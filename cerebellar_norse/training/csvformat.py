@@ -212,13 +212,15 @@ def not_utf8(fields: list[str]) -> str:
     return ""
 
 
-def slash_order(path: Path, cols: Columns) -> bool | None:
+def slash_order(path: Path, cols: Columns, notes: list[str] | None = None) -> bool | None:
     """Whether a file's dates written with slashes or dots are day first (True) or month first (False), decided
-    over its whole time column; None when its first time is not such a date. Dates with dots that do not tell are
-    day first (as dates with dots are written); DataError when dates with slashes do not tell, or the column mixes
-    both orders."""
+    over its whole time column; None when its first time is not such a date. Where no day is above 12, the order in
+    which its successive dates are days apart, not months (see :func:`_order_by_gaps`), noted in ``notes``; else
+    dates with dots are day first (as dates with dots are written); DataError when dates with slashes do not tell,
+    or the column mixes both orders."""
     day_first = month_first = False
     example = {True: "", False: ""}
+    dates: list[tuple[int, int, int]] = []  # the column's successive distinct dates (first two fields, year)
     try:
         with data_rows(path, cols) as reader:
             seen = False
@@ -233,6 +235,9 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
                     seen, first, dots = True, text, m[2] == "."
                 if m is None:
                     continue  # reported as a bad row by the reading pass
+                date = (int(m[1]), int(m[3]), int(m[4]))
+                if len(dates) < _GAP_DATES and (not dates or dates[-1] != date):
+                    dates.append(date)
                 if int(m[1]) > 12 and not day_first:
                     day_first, example[True] = True, text
                 if int(m[3]) > 12 and not month_first:
@@ -247,12 +252,43 @@ def slash_order(path: Path, cols: Columns) -> bool | None:
                " write them as ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
     if not (day_first or month_first):
+        by_gaps = _order_by_gaps(dates)
+        if by_gaps is not None:
+            if notes is not None:
+                other = "month/day" if by_gaps else "day/month"
+                notes.append(f"{path}: {name}: no day above 12, but read as {other} its successive dates would be"
+                             f" a month or more apart ({first!r} and the next), read the other way days apart")
+            return by_gaps
         if dots:
             return True  # dates with dots are written day first (Dukascopy's 02.01.2020)
         msg = (f"{path}: {name} dates such as {first!r} could be month/day or day/month (no day above 12 in the file);"
                " write them as ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
     return day_first
+
+
+_GAP_DATES = 2000  # successive distinct dates of a file kept to tell the order of its slash dates by their gaps
+_DAILY_GAP_DAYS = 4  # successive trading days are at most this far apart (a long weekend)
+
+
+def _order_by_gaps(dates: list[tuple[int, int, int]]) -> bool | None:
+    """Day first (True) or month first (False) for a column's successive distinct slash dates (first field, second
+    field, year) where no day is above 12: the one order in which every two successive dates are at most
+    ``_DAILY_GAP_DAYS`` apart, as days of bars and ticks are, while in the other some two are further apart (read
+    the wrong way round, dates a day apart are a month apart: ``11/5/2019``, ``11/6/2019``). None when fewer than three
+    dates, or both orders or neither do."""
+    if len(dates) < 3:
+        return None
+
+    def daily(day_first: bool) -> bool:
+        try:
+            days = [datetime(y, b, a) if day_first else datetime(y, a, b) for a, b, y in dates]
+        except ValueError:
+            return False
+        return all(abs((later - earlier).days) <= _DAILY_GAP_DAYS for earlier, later in itertools.pairwise(days))
+
+    fits = [order for order in (True, False) if daily(order)]
+    return fits[0] if len(fits) == 1 else None
 
 
 def _unnamed_index(names: list[str]) -> bool:
@@ -1049,7 +1085,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
         named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
         notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"
                                                               if cols.decimal_comma else ""))
-    cols.day_first = slash_order(path, cols)
+    cols.day_first = slash_order(path, cols, notes)
     if cols.day_first is not None:
         notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
     unit_note = time_unit_of(path, cols)

@@ -1209,3 +1209,35 @@ def test_loading_holds_a_few_numbers_per_row_not_python_objects(tmp_path: Path, 
         tracemalloc.stop()
     assert data.ticks == n and all(np.all(np.diff(m.timestamp) > 0) for m in data.markets)
     assert peak / n < 100, f"{peak / n:.0f} bytes per row"
+
+
+def test_slash_dates_without_a_day_above_12_are_read_in_the_order_that_makes_them_days_apart(tmp_path: Path) -> None:
+    """mplfinance's ``examples/data/SP500_NOV2019_IDay.csv`` (minutes of 5-8 November 2019 written ``11/5/2019 9:30``)
+    was refused: no day above 12 tells the order. Read day first its successive dates are a month apart (May 11, June
+    11, …), month first a day apart, as days of bars are: it is read month first, noted; a day-first file of the same
+    days is read day first."""
+    minutes = ["9:30", "9:31", "15:59"]
+    rows = [f"11/{d}/2019 {t},{3080 + d}" for d in (5, 6, 7, 8) for t in minutes]
+    path = write(tmp_path, "Date,Close\n" + "\n".join(rows) + "\n", "SP500.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0 and data.markets[0].timestamp.tolist()[::3] == [
+        utc_ms(2019, 11, d, 9, 30) for d in (5, 6, 7, 8)]
+    assert (f"{path}: Date: no day above 12, but read as day/month its successive dates would be a month or more apart"
+            " ('11/5/2019 9:30' and the next), read the other way days apart") in data.notes
+    assert f"{path}: Date: dates read as month/day/year" in data.notes
+    rows = [f"{d:02d}/11/2019 {t},{3080 + d}" for d in (5, 6, 7, 8) for t in minutes]
+    path = write(tmp_path, "Date,Close\n" + "\n".join(rows) + "\n", "DAX.csv")
+    assert load_csv_files([path]).markets[0].timestamp.tolist()[::3] == [utc_ms(2019, 11, d, 9, 30) for d in (5, 6, 7, 8)]
+    path = write(tmp_path, "date,price\n01/03/2020,1\n02/03/2020,2\n03/03/2020,3\n04/03/2020,4\n", "d.csv")  # 1-4 March
+    assert load_csv_files([path]).markets[0].timestamp.tolist() == [utc_ms(2020, 3, d) for d in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("dates", [
+    ["01/03/2020", "02/03/2020"],  # two dates: too few to tell
+    ["01/03/2020", "03/05/2020", "05/07/2020"],  # months apart read either way
+    ["01/01/2020", "02/02/2020", "03/03/2020"],  # a month apart read either way
+])
+def test_slash_dates_whose_gaps_do_not_tell_the_order_are_still_refused(tmp_path: Path, dates: list[str]) -> None:
+    path = write(tmp_path, "date,price\n" + "".join(f"{d},1\n" for d in dates))
+    with pytest.raises(DataError, match="could be month/day or day/month"):
+        load_csv_files([path])
