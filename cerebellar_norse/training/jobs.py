@@ -327,6 +327,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
 
 
 CANCEL_GRACE_S = 5.0  # how long a cancelled job process has to stop at its next step before it is terminated
+KILL_GRACE_S = 2.0  # how long a terminated job process has to end before it is killed (s)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_POLL_S = 0.5
 
@@ -430,6 +431,16 @@ def eta_s(first: tuple[float, float], now: float, progress: float) -> float | No
     if progress <= p0 or now <= t0:
         return None
     return (now - t0) * (1.0 - progress) / (progress - p0)
+
+
+async def _ended_within(proc: Any, seconds: float) -> bool:
+    """Whether process ``proc`` (a ``multiprocessing.Process``) ends within ``seconds`` s (polled on the loop)."""
+    deadline = time.monotonic() + seconds
+    while proc.is_alive():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 class JobManager:
@@ -617,8 +628,7 @@ class JobManager:
             while proc is not None and proc.is_alive() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             if proc is not None and proc.is_alive():
-                proc.terminate()
-                await asyncio.sleep(0.1)
+                await self._end_process(proc)
             stored = None if job.state in FINAL else self._model_of_job(job.job_id)
             if stored is not None:  # its "succeeded" was still on its way to _monitor: never answer "no model" then
                 job.model_version = stored
@@ -627,6 +637,23 @@ class JobManager:
             if first:
                 self._cancelling.pop(job.job_id, None)
         return job
+
+    @staticmethod
+    async def _end_process(proc: Any) -> None:
+        """End a job process that did not stop by itself: SIGTERM, then SIGKILL after :data:`KILL_GRACE_S` s.
+
+        A stopped process (``kill -STOP``, a cgroup freezer, a debugger holding it) keeps a SIGTERM pending without
+        ending: the cancel answered "cancelled, no model written" while the process lived on (and could write its
+        model once continued), and at shutdown the interpreter's wait for its child hung the stop until systemd's
+        ``TimeoutStopSec`` killed the service. SIGKILL ends it stopped or not.
+        """
+        proc.terminate()
+        if await _ended_within(proc, KILL_GRACE_S):
+            return
+        log.warning("training job process %s did not end %g s after SIGTERM (stopped?): killed (SIGKILL)", proc.pid,
+                    KILL_GRACE_S, extra={"fields": {"pid": proc.pid}})
+        proc.kill()
+        await _ended_within(proc, KILL_GRACE_S)
 
     def _cancel_error(self, job_id: str, stored: str | None = None) -> str | None:
         """The ``error`` of a job cancelled by the cancel under way: its reason (None for a client's), and the model

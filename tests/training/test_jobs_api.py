@@ -801,3 +801,38 @@ def test_eta_counts_the_epochs_pace_not_the_loading_before_them() -> None:
     assert eta_s((loaded, 0.01), loaded, 0.01) is None  # one report gives no pace
     assert eta_s((loaded, 0.01), loaded + 10.0, 0.11) == pytest.approx(10.0 * 0.89 / 0.10)
     assert eta_s((loaded, 0.01), loaded + 99.0, 1.0) == 0.0
+
+
+def test_a_cancel_kills_a_stopped_job_process(make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DELETE of a job whose process is stopped (``kill -STOP``, a cgroup freezer): SIGTERM stays pending in a stopped
+    process, so the cancel answered "cancelled" while the process lived on, able to write its model once continued
+    (and the service's stop hung waiting for it). The process is killed (SIGKILL) when SIGTERM does not end it."""
+    import multiprocessing
+    import os
+    import signal
+
+    from cerebellar_norse.training import jobs
+    from cerebellar_norse.training.jobs import JobManager
+
+    monkeypatch.setattr(jobs, "CANCEL_GRACE_S", 0.2)
+    monkeypatch.setattr(jobs, "KILL_GRACE_S", 0.5, raising=False)
+    mgr = JobManager(make_config(), lambda version: None, lambda loss: None)
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=time.sleep, args=(600.0,), daemon=True)  # a job process, busy between two steps
+    proc.start()
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the process did not stop"
+            time.sleep(0.01)
+        mgr.jobs["frozen1"] = JobStatus(job_id="frozen1", state="running", files=["t.csv"], epoch=1)
+        mgr.latest, mgr._proc, mgr._stop = "frozen1", proc, ctx.Event()
+        st = asyncio.run(asyncio.wait_for(mgr.cancel("frozen1"), 30)).as_dict()
+        assert not proc.is_alive(), "the cancelled job's process is still there"
+        assert proc.exitcode == -signal.SIGKILL
+        assert (st["state"], st["error"], st["model_version"]) == ("cancelled", None, None), st
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
