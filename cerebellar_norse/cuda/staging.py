@@ -28,6 +28,7 @@ from typing import Literal
 import numba as nb
 import numpy as np
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..neurons.backends import unique_waves
 from ..neurons.encoder import encode_tick_to_mossy
 from ..neurons.parameters import NetworkShape

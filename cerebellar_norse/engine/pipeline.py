@@ -18,6 +18,7 @@ from typing import Any
 import numba as nb
 import numpy as np
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..neurons.backends import Backend
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.fused import softmax_row

@@ -40,6 +40,7 @@ from typing import Any
 import numba as nb
 import numpy as np
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..config import Config
 from ..ticks import Tick
 from ..training.labels import LabelSpec, Resolved, StreamLabeler

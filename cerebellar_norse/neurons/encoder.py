@@ -30,6 +30,8 @@ import math
 import numba as nb
 import numpy as np
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
+
 # Layout of one market's encoder state (float64).
 S_LAST_PRICE, S_LAST_TS, S_N_TICKS = 0, 1, 2
 S_MEAN, S_VAR, S_COUNT = 3, 6, 9  # three entries each, one per feature

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from .encoder import encode_tick_to_mossy
 from .layout import (
     A_ACTIVE,

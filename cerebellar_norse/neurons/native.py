@@ -22,6 +22,8 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
+
 ENTRY = 3  # int64 per array: address, first and second dimension (1 for 1-D)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from .encoder import N_ENC_STATE
 from .native import reshaped
 from .parameters import NetworkParameters, numpy_dtype

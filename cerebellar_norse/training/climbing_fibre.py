@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..neurons.topology import Weights
 
 LTP_RATIO = 0.25

@@ -36,6 +36,7 @@ from typing import Generic, NamedTuple, TypeVar
 import numba as nb
 import numpy as np
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..config import Config
 
 T = TypeVar("T")

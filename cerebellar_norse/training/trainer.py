@@ -37,6 +37,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..config import Config
 from ..errors import DataError
 from ..neurons.encoder import N_ENC_STATE, encode_tick_to_mossy
