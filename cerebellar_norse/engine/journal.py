@@ -150,6 +150,10 @@ WAITABLE = OUT_OF_DESCRIPTORS + OUT_OF_SPACE
 # file's size as the disk has and gives it back, work a refused tick per try would repeat thousands of times a second
 # (a missing descriptor costs one failed open: tried with every refused change)
 SPACE_RETRY_S = 0.25
+# a periodic checkpoint's write (a worker thread: flushes of the segments and market_state.bin, the rename) still under
+# way after this long (s) is said at WARNING: a disk that does not answer (a hung network mount, a failing device)
+# otherwise showed nowhere while the journal grew, only in DEBUG lines once the checkpoint ended
+SLOW_CHECKPOINT_S = 30.0
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -691,7 +695,8 @@ class Durability:
             return False
         t0 = time.monotonic()
         try:
-            wrote = await asyncio.get_running_loop().run_in_executor(None, self._background, snap, fp, seq)
+            wrote = await self._watched(asyncio.get_running_loop().run_in_executor(None, self._background, snap, fp, seq),
+                                        t0)
         except StorageError as exc:  # a flush of a segment started from the spare failed: fatal
             self._fail(exc)
             return False
@@ -717,6 +722,29 @@ class Durability:
         log.debug("checkpoint written", extra={"fields": {"seq": seq, "markets": len(snap.markets),
                                                           "seconds": round(time.monotonic() - t0, 4)}})
         return True
+
+    async def _watched(self, write: asyncio.Future[bool], t0: float) -> bool:
+        """The result of a periodic checkpoint's ``write`` (started at ``t0``, ``time.monotonic()``), saying at WARNING
+        once it has taken :data:`SLOW_CHECKPOINT_S` s, and at INFO when such a slow one ends (written or not)."""
+        done, _ = await asyncio.wait({write}, timeout=SLOW_CHECKPOINT_S)
+        if done:
+            return write.result()
+        path = self.engine.state_path()
+        log.warning("checkpoint of %s still not written after %g s: the disk of the state dir %s is slow or does not "
+                    "answer (a flush waits for it); ticks are still served and journaled, and the journal grows until "
+                    "a checkpoint is written (a restart after a crash replays it all): look at the disk (iostat -x 1, "
+                    "journalctl -k)", path, SLOW_CHECKPOINT_S, self.state_dir,
+                    extra={"fields": {"path": str(path), "seconds": SLOW_CHECKPOINT_S}})
+        cancelled = False
+        try:
+            return await write
+        except asyncio.CancelledError:  # (the service stops; the write goes on in its thread)
+            cancelled = True
+            raise
+        finally:
+            if not cancelled:
+                log.info("slow checkpoint of %s ended after %.1f s", path, time.monotonic() - t0,
+                         extra={"fields": {"path": str(path), "seconds": round(time.monotonic() - t0, 1)}})
 
     def model_changed(self) -> None:
         """The served model changed: checkpoint now, so no record is ever replayed under another model."""

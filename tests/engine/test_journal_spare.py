@@ -6,6 +6,8 @@ crash at any point of it loses no acknowledged tick and leaves no file behind on
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -132,3 +134,38 @@ async def test_shutdown_removes_the_journal_file_made_ahead(cfg: Config, opened:
     assert spare.is_file()
     d.close(save=True)
     assert not spare.exists() and list_segments(spare.parent) == []
+
+
+async def test_a_checkpoint_the_disk_does_not_answer_is_said_at_warning_and_ticks_go_on(
+        cfg: Config, opened: list[Durability], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A flush of the checkpoint's worker thread that does not return (a hung network mount, a failing disk): the
+    checkpoint showed nowhere below DEBUG while the journal grew. It is said at WARNING once it has taken
+    SLOW_CHECKPOINT_S, ticks are served meanwhile, and one INFO line says when it ends."""
+    from cerebellar_norse.engine import journal
+
+    monkeypatch.setattr(journal, "SLOW_CHECKPOINT_S", 0.3, raising=False)
+    e, d = recovered(cfg, opened)
+    await feed([e], [tick(m, T0 + k) for k in range(5) for m in "AB"])
+    loop_thread = threading.get_ident()
+    answering = threading.Event()
+    real_fsync = os.fsync
+
+    def hung_fsync(fd: int) -> None:
+        if threading.get_ident() != loop_thread:
+            assert answering.wait(30), "the test never let the disk answer"
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", hung_fsync)
+    with caplog.at_level(logging.INFO, logger="cerebellar_norse.journal"):
+        pending = asyncio.ensure_future(d.checkpoint())
+        await asyncio.sleep(0.8)
+        assert not pending.done()
+        slow = [r for r in caplog.records if "still not written" in r.getMessage()]
+        assert len(slow) == 1 and slow[0].levelno == logging.WARNING, [r.getMessage() for r in caplog.records]
+        assert str(Path(cfg.paths.state_dir) / "market_state.bin") in slow[0].getMessage()
+        await feed([e], [tick(m, T0 + 10 + k) for k in range(5) for m in "AB"])  # served while the disk hangs
+        answering.set()
+        assert await asyncio.wait_for(pending, 30)
+    ended = [r for r in caplog.records if "slow checkpoint" in r.getMessage() and "ended after" in r.getMessage()]
+    assert len(ended) == 1 and ended[0].levelno == logging.INFO, [r.getMessage() for r in caplog.records]
+    assert len([r for r in caplog.records if "still not written" in r.getMessage()]) == 1
