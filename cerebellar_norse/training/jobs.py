@@ -433,6 +433,14 @@ def eta_s(first: tuple[float, float], now: float, progress: float) -> float | No
     return (now - t0) * (1.0 - progress) / (progress - p0)
 
 
+def hand_over(out: Any) -> None:
+    """Close the service's copy of the write end of a job's queue ``out`` (a ``multiprocessing.Queue``), once the
+    started job process holds its own: the pipe then ends when that process does, however it dies (a SIGKILL, the OOM
+    killer), even in the middle of a message, and the service's read of it ends (EOFError) instead of waiting for the
+    rest for good."""
+    out._writer.close()
+
+
 async def _ended_within(proc: Any, seconds: float) -> bool:
     """Whether process ``proc`` (a ``multiprocessing.Process``) ends within ``seconds`` s (polled on the loop)."""
     deadline = time.monotonic() + seconds
@@ -583,6 +591,7 @@ class JobManager:
                                                                    req.from_scratch),
                                            name=f"cerebellar-norse-train-{job.job_id}", daemon=True)
             self._proc.start()
+            hand_over(out)
         except (OSError, RuntimeError) as exc:  # no process (EAGAIN: the task limit), memory or descriptor for it
             del self.jobs[job.job_id]  # never started: no record of it, and the next request may start one
             self.latest, self._proc = latest, None
@@ -684,6 +693,15 @@ class JobManager:
                         and job.job_id not in self._cancelling):  # (a cancel terminates it: that cancel records it)
                     self._finish(job, "failed", exit_error(self._proc.exitcode))
                 continue
+            except (EOFError, OSError):
+                # The job process ended and nothing more can come (killed, maybe in the middle of its result: a read
+                # of the rest waited forever, the job "running" for good and the service's stop hung on that read).
+                proc = self._proc
+                if proc is not None:
+                    await _ended_within(proc, KILL_GRACE_S)
+                if job.state not in FINAL and job.job_id not in self._cancelling:
+                    self._finish(job, "failed", exit_error(proc.exitcode if proc is not None else None))
+                return
             if kind == "progress":
                 self._on_progress(job, data)
                 if "warning" not in data:

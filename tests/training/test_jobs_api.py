@@ -836,3 +836,50 @@ def test_a_cancel_kills_a_stopped_job_process(make_config: ConfigFactory, monkey
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+KILLED_MID_RESULT = """
+import asyncio, multiprocessing, os, signal, sys, time
+from cerebellar_norse.config import load_config
+from cerebellar_norse.training.jobs import JobManager, JobStatus, hand_over
+
+if __name__ == "__main__":
+    mgr = JobManager(load_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": sys.argv[1]}), print, print)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    # a result of 4 MB: the child's queue thread fills the pipe (64 KiB) and waits for the reader
+    proc = ctx.Process(target=out.put, args=(("succeeded", {"model_version": "x" * 4_000_000}),), daemon=True)
+    proc.start()
+    hand_over(out)  # as JobManager.start does
+    while not out._reader.poll(0.05):
+        pass
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)  # in the middle of its result
+    proc.join()
+    job = mgr.jobs["cut1"] = JobStatus(job_id="cut1", state="running", files=["t.csv"])
+    mgr.latest, mgr._proc = "cut1", proc
+    asyncio.run(asyncio.wait_for(mgr._monitor(job, out, "auto"), 20))
+    print("RESULT", job.state, job.model_version, job.error, flush=True)
+    os._exit(0)
+"""
+
+
+def test_a_job_process_killed_in_the_middle_of_its_result_is_recorded_failed(tmp_path: Path) -> None:
+    """A job process killed (SIGKILL, the OOM killer) while its result, larger than the pipe holds, was being sent:
+    the service's read waited for the rest for good, the job stayed "running" (every further job 409) and the
+    service's stop hung on that read. The service holds no write end of the queue once the process started
+    (jobs.hand_over), so the read ends, and the job is recorded failed with the process's exit. Run in a process of
+    its own: the read that never ends would hang the test's process."""
+    import subprocess
+    import sys
+
+    from training_helpers import REPO_ROOT
+
+    try:
+        res = subprocess.run([sys.executable, "-c", KILLED_MID_RESULT, str(tmp_path / "state")], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the job's monitor waited for the rest of a killed process's result") from None
+    results = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
+    assert results == ["RESULT failed None training process exited with code -9"], (res.stdout[-2000:],
+                                                                                      res.stderr[-2000:])
