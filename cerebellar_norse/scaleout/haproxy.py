@@ -171,6 +171,7 @@ listen stats
 # keeps that bit on a server declared `disabled` in the configuration after `set server … state ready` has
 # put it in service (its maintenance mask SRV_ADMF_MAINT is 0x23), so it says nothing about the ring.
 ADMIN_OFF = 0x01 | 0x02 | 0x08 | 0x10 | 0x20
+ADMIN_DRAIN = 0x08 | 0x10
 OP_RUNNING = 2
 
 
@@ -190,6 +191,13 @@ class ServerState:
     def in_ring(self) -> bool:
         """Up, not in maintenance or drain, weight above 0: it holds points on the ring."""
         return self.op_state == OP_RUNNING and not self.admin_state & ADMIN_OFF and self.weight > 0
+
+    @property
+    def admin_word(self) -> str:
+        """Its administrative state as ``set server … state`` takes it: ``maint``, ``drain`` or ``ready``."""
+        if self.admin_state & ADMIN_OFF & ~ADMIN_DRAIN:
+            return "maint"
+        return "drain" if self.admin_state & ADMIN_DRAIN else "ready"
 
 
 class RuntimeAPI:

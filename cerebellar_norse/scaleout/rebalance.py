@@ -28,6 +28,13 @@ The moves (no market restarts from rest, no tick gets a wrong answer)
     Ticks of a moving market are refused from step 1 until HAProxy routes it to the
     new owner in step 2: clients retry after ``Retry-After`` (the Python client does
     with ``retries``).
+
+A run that failed or was interrupted
+    A failed switch gives nothing back (HAProxy may have routed moved markets to their new
+    replicas meanwhile): the markets stay frozen at their old holders. Running the same
+    command again finishes the move from where the states are: of equal copies (frozen at
+    the old holder, imported at the owner) the owner's is kept, and copies frozen by the
+    earlier run are released (older copies) or thawed (at their owner) after the switch.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,7 +52,7 @@ import httpx
 from ..errors import CerebellarNorseError, InputError
 from ..httpcalls import client, path_id, request
 from . import REPLICA_TIMEOUT_S
-from .haproxy import BACKEND, Replica, RuntimeAPI, parse_replica
+from .haproxy import BACKEND, Replica, RuntimeAPI, ServerState, parse_replica
 from .ring import Ring
 
 LIST_LIMIT = 10_000  # most markets GET /debug/markets lists per replica
@@ -73,13 +80,16 @@ class Plan:
     markets: int = 0
     unhashable: list[str] = field(default_factory=list)  # empty routing key: HAProxy balances them round robin
     stale: list[dict[str, str]] = field(default_factory=list)  # older copies of a market held elsewhere: not moved
+    thaws: list[dict[str, str]] = field(default_factory=list)  # frozen at their owner by an interrupted run: served again
+    releases: list[dict[str, str]] = field(default_factory=list)  # older copies frozen by an interrupted run: released
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"markets": self.markets, "moves": [asdict(m) for m in self.moves], "unhashable": self.unhashable,
-                "stale": self.stale, "added": self.added, "removed": self.removed}
+                "stale": self.stale, "thaws": self.thaws, "releases": self.releases, "added": self.added,
+                "removed": self.removed}
 
 
 def resolve(entries: list[str], api: RuntimeAPI | None, backend: str = BACKEND) -> list[Replica]:
@@ -131,6 +141,15 @@ class Replicas:
             raise RebalanceError(f"{base} holds {total} markets, more than the {LIST_LIMIT} one listing returns")
         return held
 
+    def frozen(self, base: str) -> set[str]:
+        """Markets frozen for a move on a replica (``GET /neural/moves``, state ``moving``): their state is still there."""
+        try:
+            body = self._call("GET", f"{base}/neural/moves").json()
+            return {m["market_id"] for m in body["markets"] if m["state"] == "moving"}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise RebalanceError(f"GET {base}/neural/moves: the answer is not a listing of moving markets (is {base} "
+                                 "a cerebellar-norse replica?)") from None
+
     def export(self, base: str, market: str) -> bytes:
         """Freeze and export one market."""
         return self._call("POST", f"{base}/neural/markets/{path_id(market)}/export").content
@@ -157,14 +176,17 @@ class Replicas:
                 raise
 
 
-def make_plan(old: list[Replica], new: list[Replica], holdings: Mapping[str, Mapping[str, tuple[int, int]]]) -> Plan:
+def make_plan(old: list[Replica], new: list[Replica], holdings: Mapping[str, Mapping[str, tuple[int, int]]],
+              frozen: Mapping[str, Collection[str]] | None = None) -> Plan:
     """Moves from where the states are (``holdings``: replica URL → market → (last tick time, ticks seen)) to their
     owners on the new ring; a market held by several replicas moves (or stays) as its newest copy, the others are
-    ``stale``."""
+    ``stale``. ``frozen`` (replica URL → markets frozen there for a move, left so by an interrupted run) adds what
+    finishes that run: a frozen newest copy already at its owner is thawed, a frozen older copy elsewhere released."""
     ring = Ring({r.server_id: r.weight for r in new})
     by_id = {r.server_id: r for r in new}
     old_urls = {r.url for r in old}
     new_urls = {r.url for r in new}
+    frozen = frozen or {}
     plan = Plan(added=sorted(new_urls - old_urls), removed=sorted(old_urls - new_urls))
     copies: dict[str, list[tuple[tuple[int, int], str]]] = {}
     for url, markets in holdings.items():
@@ -172,19 +194,42 @@ def make_plan(old: list[Replica], new: list[Replica], holdings: Mapping[str, Map
             copies.setdefault(market, []).append((age, url))
     for market, held in copies.items():
         plan.markets += 1
-        url = max(held, key=lambda c: c[0])[1]  # the newest copy (the first listed on a tie)
+        owner = ring.owner(market)
+        target = None if owner is None else by_id[owner].url
+        # the newest copy; of equal copies (an interrupted run imported the market at its owner) the owner's, else the
+        # first listed
+        url = max(held, key=lambda c: (c[0], c[1] == target))[1]
         for _, other in held:
             if other != url:
                 plan.stale.append({"market_id": market, "replica": other, "newest_at": url})
-        owner = ring.owner(market)
-        if owner is None:
+                if other != target and market in frozen.get(other, ()):  # (an import at the owner replaces its copy)
+                    plan.releases.append({"market_id": market, "replica": other})
+        if target is None:
             plan.unhashable.append(market)
             continue
-        target = by_id[owner].url
         if target != url:
             plan.moves.append(Move(market, url, target))
+        elif market in frozen.get(url, ()):
+            plan.thaws.append({"market_id": market, "replica": url})
     plan.moves.sort(key=lambda m: (m.source, m.market_id))
     return plan
+
+
+def give_back(done: list[Move], frozen: Move | None, calls: Replicas) -> list[str]:
+    """Undo the moves of a run that failed before the switch: thaw each market at its holder, forget each imported copy.
+    Every call is tried; returns the ones that failed, each as the call to make and why."""
+    left = []
+    for mv in [*done, *([frozen] if frozen else [])]:  # first: the market is served again where HAProxy routes it
+        try:
+            calls.thaw(mv.source, mv.market_id)
+        except RebalanceError as exc:
+            left.append(f"{mv.market_id} stays frozen at {mv.source} ({exc})")
+    for mv in done:
+        try:
+            calls.reset(mv.target, mv.market_id)
+        except RebalanceError as exc:
+            left.append(f"{mv.market_id}: its imported copy stays at {mv.target} ({exc})")
+    return left
 
 
 def execute(plan: Plan, calls: Replicas, switch: Callable[[], None], log: Callable[[str], None]) -> None:
@@ -200,21 +245,50 @@ def execute(plan: Plan, calls: Replicas, switch: Callable[[], None], log: Callab
             frozen = None
     except RebalanceError as exc:
         log(f"move failed: {exc}; giving back {len(done) + (frozen is not None)} market(s)")
-        for mv in done:
-            calls.reset(mv.target, mv.market_id)
-        for mv in [*done, *([frozen] if frozen else [])]:
-            calls.thaw(mv.source, mv.market_id)
+        left = give_back(done, frozen, calls)
+        if left:
+            raise RebalanceError(f"{exc}; the routing is unchanged, but giving the moves back left {len(left)} "
+                                 f"market(s) as they are: {'; '.join(left)}. Run the same rebalance again once every "
+                                 "replica answers: it finishes the move (or run it with --new set to the --old "
+                                 "replicas to give every market back)") from None
         raise
     log(f"moved {len(done)} market state(s); switching the routing")
-    switch()
-    for mv in done:
-        calls.release(mv.source, mv.market_id)
-    log(f"released {len(done)} market(s) at their old replicas")
+    try:
+        switch()
+    except (RebalanceError, InputError) as exc:
+        # Not given back: HAProxy may have sent the moved markets' ticks to their new replicas meanwhile, and
+        # forgetting those copies would lose acknowledged ticks. Frozen at the old replicas, they get 503, never a
+        # wrong answer, and a run started again finishes the move.
+        raise RebalanceError(f"the switch failed: {exc}. {len(done)} market(s) stay frozen at their old replicas "
+                             "(their ticks get 503 + Retry-After) with their states imported at the new ones. Fix the "
+                             "cause and run the same rebalance again: it finishes the move (or run it with --new set "
+                             "to the --old replicas to move them back)") from None
+    left = []
+    releases = [(mv.source, mv.market_id) for mv in done] + [(r["replica"], r["market_id"]) for r in plan.releases]
+    for url, market in releases:
+        try:
+            calls.release(url, market)
+        except RebalanceError as exc:
+            left.append(f"{market} at {url} ({exc})")
+    for t in plan.thaws:
+        try:
+            calls.thaw(t["replica"], t["market_id"])
+        except RebalanceError as exc:
+            left.append(f"{t['market_id']} frozen at its owner {t['replica']} ({exc})")
+    if left:
+        raise RebalanceError(f"the routing is switched, but {len(left)} market(s) were not released or thawed: "
+                             f"{'; '.join(left)}. Run the same rebalance again once every replica answers")
+    log(f"released {len(releases)} market(s) at their old replicas" + (f", thawed {len(plan.thaws)} at their owners"
+                                                                        if plan.thaws else ""))
 
 
 def haproxy_switch(api: RuntimeAPI, old: list[Replica], new: list[Replica], backend: str = BACKEND,
-                   timeout_s: float = 30.0) -> Callable[[], None]:
-    """A switch through HAProxy's runtime API: new servers ready, removed ones in maintenance, wait for the ring."""
+                   timeout_s: float = 30.0, log: Callable[[str], None] | None = None) -> Callable[[], None]:
+    """A switch through HAProxy's runtime API: new servers ready, removed ones in maintenance, wait for the ring.
+
+    If the ring does not become the new set, the servers changed are set back as they were before the error is
+    raised. Done, it logs the ``haproxy-config --replicas`` argument that renders the new server lines: the runtime
+    API changes HAProxy's memory only, and a reload reads the server lines of its configuration again."""
 
     def switch() -> None:
         servers = {s.server_id: s for s in api.servers(backend)}
@@ -223,12 +297,32 @@ def haproxy_switch(api: RuntimeAPI, old: list[Replica], new: list[Replica], back
                 raise RebalanceError(f"HAProxy's backend {backend} has no server of id {r.server_id} ({r.url}): "
                                      f"add a server line for it and reload HAProxy first")
         keep = {r.server_id for r in new}
-        for r in new:
-            api.set_state(servers[r.server_id].name, "ready", backend)
-        for r in old:
-            if r.server_id not in keep and r.server_id in servers:
-                api.set_state(servers[r.server_id].name, "maint", backend)
-        api.wait_ring(keep, backend, timeout_s)
+        changed: list[ServerState] = []
+        try:
+            for r in new:
+                api.set_state(servers[r.server_id].name, "ready", backend)
+                changed.append(servers[r.server_id])
+            for r in old:
+                if r.server_id not in keep and r.server_id in servers:
+                    api.set_state(servers[r.server_id].name, "maint", backend)
+                    changed.append(servers[r.server_id])
+            api.wait_ring(keep, backend, timeout_s)
+        except InputError as exc:
+            undone = []
+            for s in reversed(changed):
+                try:
+                    api.set_state(s.name, s.admin_word, backend)
+                except InputError:
+                    undone.append(s.name)
+            back = (f"setting {backend}/{', '.join(undone)} back failed as well" if undone
+                    else "HAProxy's servers are set back as they were")
+            raise RebalanceError(f"{exc}; {back}") from None
+        if log is not None:
+            lines = ",".join(f"{s.server_id}={s.host}:{s.port}{'' if s.server_id in keep else '~'}"
+                             for s in sorted(servers.values(), key=lambda s: s.server_id))
+            log(f"HAProxy routes by the new servers until its next reload or restart, which reads its configuration's "
+                f"server lines again: make them `cerebellar-norse haproxy-config --replicas {lines}` renders (weights "
+                f"as they are) before reloading")
 
     return switch
 
@@ -239,7 +333,8 @@ def command_switch(command: str) -> Callable[[], None]:
     def switch() -> None:
         proc = subprocess.run(shlex.split(command), capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise RebalanceError(f"--switch-command exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:300]}")
+            said = (proc.stderr or proc.stdout).strip()[:300]
+            raise RebalanceError(f"--switch-command exited {proc.returncode}" + (f": {said}" if said else ""))
 
     return switch
 
@@ -266,7 +361,8 @@ def cmd_rebalance(old_text: str, new_text: str, token: str | None, dry_run: bool
 
     try:
         holdings = {r.url: calls.markets(r.url) for r in old}
-        plan = make_plan(old, new, holdings)
+        frozen = {r.url: calls.frozen(r.url) for r in old}
+        plan = make_plan(old, new, holdings, frozen)
         if not as_json:
             print(f"{plan.markets} market(s) on {len(old)} replica(s); {len(plan.moves)} move(s) to the new ring of "
                   f"{len(new)} replica(s)")
@@ -274,10 +370,17 @@ def cmd_rebalance(old_text: str, new_text: str, token: str | None, dry_run: bool
                 print(f"  {mv.market_id}: {mv.source} -> {mv.target}")
             if plan.unhashable:
                 print(f"  not hashable by HAProxy (routed round robin): {plan.unhashable}")
+            released = {(t["market_id"], t["replica"]) for t in plan.releases}
             for st in plan.stale:
+                if (st["market_id"], st["replica"]) in released:
+                    continue
                 print(f"  {st['market_id']}: older copy at {st['replica']} left in place (newest at {st['newest_at']})")
+            for t in plan.releases:
+                print(f"  {t['market_id']}: frozen older copy at {t['replica']} released after the switch")
+            for t in plan.thaws:
+                print(f"  {t['market_id']}: frozen at its owner {t['replica']}, thawed after the switch")
         if not dry_run:
-            switch = haproxy_switch(api, old, new, backend) if api is not None else command_switch(switch_command or "")
+            switch = haproxy_switch(api, old, new, backend, log=log) if api is not None else command_switch(switch_command or "")
             execute(plan, calls, switch, log)
     finally:
         calls.close()
