@@ -38,3 +38,28 @@ def test_markets_held_once_move_to_their_owner() -> None:
     m1, m2 = market_of(1), market_of(2)
     plan = make_plan([R1], [R1, R2], {R1.url: {m1: (5, 1), m2: (7, 2)}})
     assert plan.moves == [Move(m2, R1.url, R2.url)] and plan.stale == [] and plan.markets == 2
+
+
+def test_equal_copies_left_by_an_interrupted_run_keep_the_owners_and_release_the_frozen_one() -> None:
+    # A run imported the market at r1 (its new owner) and stopped before the switch: r2 holds the same state, frozen.
+    m = market_of(1)
+    holdings = {R1.url: {m: (1_700_000_055_250, 222)}, R2.url: {m: (1_700_000_055_250, 222)}}
+    plan = make_plan([R1, R2], [R1, R2], holdings, {R2.url: {m}})
+    assert plan.moves == [] and plan.releases == [{"market_id": m, "replica": R2.url}] and plan.thaws == []
+    # whatever the order the replicas are listed in
+    plan = make_plan([R2, R1], [R1, R2], dict(reversed(holdings.items())), {R2.url: {m}})
+    assert plan.moves == [] and plan.releases == [{"market_id": m, "replica": R2.url}]
+
+
+def test_a_market_frozen_at_its_owner_is_thawed_and_an_older_copy_not_frozen_is_left_in_place() -> None:
+    # Given back by hand (--new set to the old replicas): r1 owns the market and holds it frozen; r2's copy is an import.
+    m = market_of(1)
+    plan = make_plan([R1, R2], [R1, R2], {R1.url: {m: (9, 4)}, R2.url: {m: (9, 4)}}, {R1.url: {m}})
+    assert plan.moves == [] and plan.thaws == [{"market_id": m, "replica": R1.url}] and plan.releases == []
+    assert plan.stale == [{"market_id": m, "replica": R2.url, "newest_at": R1.url}]
+
+
+def test_a_frozen_copy_at_the_owner_is_not_released_when_a_newer_copy_moves_over_it() -> None:
+    m = market_of(1)
+    plan = make_plan([R1, R2], [R1, R2], {R1.url: {m: (5, 1)}, R2.url: {m: (9, 4)}}, {R1.url: {m}})
+    assert plan.moves == [Move(m, R2.url, R1.url)] and plan.releases == [] and plan.thaws == []
