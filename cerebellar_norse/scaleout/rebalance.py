@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 
 from ..errors import CerebellarNorseError, InputError
-from ..httpcalls import client, path_id, request
+from ..httpcalls import client, path_id, request, request_errors
 from . import REPLICA_TIMEOUT_S
 from .haproxy import BACKEND, Replica, RuntimeAPI, ServerState, parse_replica
 from .ring import Ring
@@ -149,6 +149,18 @@ class Replicas:
         except (ValueError, KeyError, TypeError, AttributeError):
             raise RebalanceError(f"GET {base}/neural/moves: the answer is not a listing of moving markets (is {base} "
                                  "a cerebellar-norse replica?)") from None
+
+    def model_version(self, base: str) -> str | None:
+        """The model a replica serves (``/health``, whatever its status), or None where it does not say."""
+        try:
+            answer = self.http.get(f"{base}/health")
+        except request_errors():  # no answer: the calls that need the replica fail on it, naming it
+            return None
+        try:
+            v = answer.json().get("model_version")
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            return None
+        return v if isinstance(v, str) else None
 
     def export(self, base: str, market: str) -> bytes:
         """Freeze and export one market."""
@@ -339,6 +351,18 @@ def command_switch(command: str) -> Callable[[], None]:
     return switch
 
 
+def check_one_model(calls: Replicas, new: list[Replica]) -> None:
+    """Raise RebalanceError, before any market is frozen, when the replicas of ``new`` do not all serve one model: a
+    market's state is imported only under the model it was exported under (409 otherwise), and a market whose replica
+    fails is served by whichever replica follows on the ring. (A replica leaving may serve another model: what it
+    holds can only move where that model is served, which its imports check.)"""
+    served = {r.url: calls.model_version(r.url) for r in new}
+    if len({v for v in served.values() if v is not None}) > 1:
+        raise RebalanceError("the replicas of --new serve different models (" + ", ".join(
+            f"{u}: {v or 'unknown'}" for u, v in served.items()) + "); nothing was moved: activate one model on every "
+            "replica first (cerebellar-norse rollout VERSION --replicas …), then run rebalance again")
+
+
 def cmd_rebalance(old_text: str, new_text: str, token: str | None, dry_run: bool, as_json: bool,
                   socket_path: str | None, backend: str, switch_command: str | None,
                   timeout_s: float = REPLICA_TIMEOUT_S) -> int:
@@ -380,6 +404,7 @@ def cmd_rebalance(old_text: str, new_text: str, token: str | None, dry_run: bool
             for t in plan.thaws:
                 print(f"  {t['market_id']}: frozen at its owner {t['replica']}, thawed after the switch")
         if not dry_run:
+            check_one_model(calls, new)
             switch = haproxy_switch(api, old, new, backend, log=log) if api is not None else command_switch(switch_command or "")
             execute(plan, calls, switch, log)
     finally:

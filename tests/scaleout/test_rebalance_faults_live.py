@@ -6,6 +6,7 @@ a market refused for good.
   the move: the frozen copies left at the old replicas are released, not kept frozen as "older copies".
 * A target killed (SIGKILL) in the middle of the moves: the moves are given back, every market served again at its
   holder, though the dead target's copies cannot be forgotten; the error names what was left.
+* A replica of ``--new`` serving another model: refused before any market is frozen, naming each replica's model.
 
 The switch is ``--switch-command`` (exit 0: HAProxy routes by the new list), so HAProxy itself is not needed: the
 ticks go to the replicas directly.
@@ -21,10 +22,14 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from live_helpers import REPO_ROOT, LiveServer, start_all, tick
 
+from cerebellar_norse.config import load_checked_config
+from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.scaleout.ring import Ring
+from cerebellar_norse.training.checkpoints import ModelStore
 
 pytestmark = [pytest.mark.slow]
 
@@ -128,3 +133,29 @@ def test_a_target_killed_during_the_moves_leaves_no_market_frozen_at_its_holder(
     finally:
         source.stop()
         target.stop()
+
+
+def test_a_replica_serving_another_model_is_named_before_any_market_is_frozen(tmp_path: Path) -> None:
+    r1, r2 = start_all(tmp_path, 2, ENV)
+    try:
+        markets = [f"V{k:03d}" for k in range(40)]
+        feed(r1, markets, 2)
+        # replica 2 restarted with another model active (here: activated on it alone)
+        cfg = load_checked_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "store")})
+        w = generate_weights(cfg)
+        w.head_bias[:] = np.asarray(w.head_bias) + 0.01
+        version = ModelStore(tmp_path / "store").save(w, cfg, {"validation": {"loss": 1.0}})
+        rollout = subprocess.run([sys.executable, "-m", "cerebellar_norse.cli", "rollout", version, "--replicas", r2.url,
+                                  "--model-dir", str(tmp_path / "store" / "models" / version), "--token", TOKEN],
+                                 cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert rollout.returncode == 0, rollout.stderr
+
+        proc = rebalance(f"1={r1.url}", f"1={r1.url},2={r2.url}", "true")  # add replica 2
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert (f"the replicas of --new serve different models ({r1.url}: seed-42, {r2.url}: {version}); nothing was "
+                "moved") in proc.stderr
+        assert "move failed" not in proc.stderr  # refused before the first export
+        assert refused(r1) == {} and held(r1) == dict.fromkeys(markets, 2) and held(r2) == {}
+    finally:
+        r1.stop()
+        r2.stop()
