@@ -119,6 +119,10 @@ defaults
     timeout http-request 10s
     timeout tunnel 1h
     timeout client-fin 5s
+    # At a reload the old process would close its clients' idle keep-alive connections at once, and a request already
+    # on its way on one got no answer (the client cannot tell whether it was applied): it answers it instead, with
+    # `Connection: close` (docs/scale-out.md, "Reloading HAProxy").
+    option idle-close-on-response
 
 frontend cerebellar_norse
     bind {bind}
