@@ -256,14 +256,27 @@ class RuntimeAPI:
         if answer:
             raise InputError(f"HAProxy refused to set {backend}/{name} {state}: {answer}", "haproxy-socket")
 
-    def wait_ring(self, members: set[int], backend: str = BACKEND, timeout_s: float = 30.0) -> list[ServerState]:
-        """Wait until exactly ``members`` (server ids) are in the ring (health checks passed); returns the states."""
+    def wait_ring(self, members: set[int], backend: str = BACKEND, timeout_s: float = 30.0,
+                  settle_s: float = 0.0) -> list[ServerState]:
+        """Wait until exactly ``members`` (server ids) are in the ring, and stay so for ``settle_s`` seconds; returns
+        the states.
+
+        A server put back in service (``set server … state ready``) is up at once, before its first health check:
+        only a ring that stays the same over a check interval or two says that the checks pass. A ring that leaves
+        ``members`` within ``settle_s`` raises at once."""
         deadline = time.monotonic() + timeout_s
+        since: float | None = None
         while True:
             states = self.servers(backend)
             now = {s.server_id for s in states if s.in_ring}
             if now == members:
-                return states
+                since = time.monotonic() if since is None else since
+                if time.monotonic() - since >= settle_s:
+                    return states
+            elif since is not None:
+                raise InputError(f"HAProxy's ring became {sorted(now)} {time.monotonic() - since:.1f} s after it was "
+                                 f"{sorted(members)}: a health check failed (does each server line's address reach "
+                                 f"its replica?)", "haproxy-socket")
             if time.monotonic() > deadline:
                 raise InputError(f"HAProxy's ring is {sorted(now)} after {timeout_s:g} s, expected {sorted(members)} "
                                  f"(are the new replicas healthy?)", "haproxy-socket")

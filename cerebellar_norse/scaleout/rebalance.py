@@ -56,6 +56,7 @@ from .haproxy import BACKEND, Replica, RuntimeAPI, ServerState, parse_replica
 from .ring import Ring
 
 LIST_LIMIT = 10_000  # most markets GET /debug/markets lists per replica
+SETTLE_S = 2.5  # seconds the new ring must hold before the release: the shipped checks' inter x fall (2 s) and a margin
 MEDIA_TYPE = "application/octet-stream"
 
 
@@ -318,7 +319,7 @@ def haproxy_switch(api: RuntimeAPI, old: list[Replica], new: list[Replica], back
                 if r.server_id not in keep and r.server_id in servers:
                     api.set_state(servers[r.server_id].name, "maint", backend)
                     changed.append(servers[r.server_id])
-            api.wait_ring(keep, backend, timeout_s)
+            api.wait_ring(keep, backend, timeout_s, SETTLE_S)
         except InputError as exc:
             undone = []
             for s in reversed(changed):
