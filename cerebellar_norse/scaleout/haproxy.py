@@ -139,6 +139,9 @@ frontend cerebellar_norse
     http-request set-header X-Market-ID %[req.body,regsub('\\\\\\\\/',/,g),json_query('$.market_id')] if tick_path METH_POST !has_market
     # A stream is routed by ?market_id= when it has no header: decoded as the replica reads it (%2F is /, + a space).
     http-request set-header X-Market-ID %[url_param(market_id),url_dec(1)] if stream_path !has_market {{ url_param(market_id) -m found }}
+    # A market's state read (GET /debug/markets/<id>/state: what a client checks before resending a tick whose outcome
+    # is unknown) is routed by the id in its path when it has no header, decoded as the replica reads it (%2F is /).
+    http-request set-header X-Market-ID %[path,regsub(^/debug/markets/,),regsub(/state$,),url_dec] if METH_GET {{ path_reg ^/debug/markets/.+/state$ }} !has_market
     # The refusals below carry the caller's X-Request-ID where it is a valid one (1-128 of A-Z a-z 0-9 . _ : -), as the
     # replicas' answers do, else a fresh id.
     acl refused_here path /neural/process/batch /neural/stream
