@@ -132,8 +132,15 @@ def start_all(root: Path, n: int, env: Mapping[str, str] | None = None) -> list[
         servers.append(LiveServer(launch(root / f"s{j}", root / f"s{j}.log", port, env), port, root / f"s{j}",
                                   root / f"s{j}.log"))
     deadline = time.monotonic() + 60 * n  # startups overlap; a loaded machine slows each one down
-    for srv in servers:
-        wait_healthy(srv, deadline)
+    try:
+        for srv in servers:
+            wait_healthy(srv, deadline)
+    except BaseException:  # one did not start: none is left running (they would slow every later test down)
+        for srv in servers:
+            if srv.proc.poll() is None:
+                srv.proc.kill()
+                srv.proc.wait()
+        raise
     return servers
 
 
