@@ -37,6 +37,7 @@ def test_a_memory_error_in_training_is_reported_as_out_of_memory_and_exits_with_
         raise SystemExit(code)
 
     monkeypatch.setattr(jobs, "run_training", no_memory)
+    monkeypatch.setattr(jobs, "lower_priority", lambda: None)  # a job process's own priority: not pytest's
     monkeypatch.setattr(jobs.os, "_exit", exit_)
     out = Reports()
     with pytest.raises(SystemExit) as ended:
