@@ -9,7 +9,14 @@ tiny C helper compiled on the fly), and prints instructions per tick for each ba
 size. Cache misses and branch mispredictions are not in the count: it measures the work,
 not the wait.
 
-    .venv/bin/python benchmarks/kernel_instructions.py [--batches 1,256] [--calls 2000,40]
+    .venv/bin/python benchmarks/kernel_instructions.py [--batches 1,256] [--calls 2000,40] [--window]
+
+With ``--window`` it counts the engine's processing window instead: what
+``processing_time_ns`` (and ``processing_duration_seconds``) times, from the clock read
+before the backend call to the one after the finishing pass, in ``Engine.process_now``
+of ticks over 20 markets (batch 1) or ``batch`` distinct markets. The clock reads that
+toggle collection are counted too; their own cost, measured in a run with nothing
+between them, is printed beside the window and taken off it.
 
 Needs ``valgrind`` (with its headers, ``valgrind/callgrind.h``) and a C compiler. To
 compare two revisions, run the script with ``PYTHONPATH`` set to the other checkout: on
@@ -27,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HELPER_C = """
@@ -35,6 +43,7 @@ void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; }
 void cg_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
 """
 WARM_CALLS = 60
+WINDOW_MARKETS = 20  # markets the single ticks of --window take turns over
 
 
 def _measure(helper: str, batch: int, calls: int) -> None:
@@ -63,14 +72,69 @@ def _measure(helper: str, batch: int, calls: int) -> None:
             cg.cg_toggle()
 
 
+class _TogglingClock:
+    """``time`` for the engine's pipeline module: ``perf_counter_ns`` toggles collection once ``on``."""
+
+    def __init__(self, cg: ctypes.CDLL) -> None:
+        self.cg, self.on = cg, False
+
+    def perf_counter_ns(self) -> int:
+        if self.on:
+            self.cg.cg_toggle()
+        return time.perf_counter_ns()
+
+
+def _measure_window(helper: str, batch: int, calls: int, empty: bool) -> None:
+    """Inside valgrind: ``Engine.process_now`` of ``calls`` batches, collection on only inside the processing window.
+
+    With ``empty``, the two clock reads back to back, no engine (the toggles' own instructions).
+    """
+    import numpy as np
+
+    cg = ctypes.CDLL(helper)
+    clock = _TogglingClock(cg)
+    if empty:
+        cg.cg_start()
+        clock.on = True
+        for _ in range(calls):
+            clock.perf_counter_ns()
+            clock.perf_counter_ns()
+        return
+    from cerebellar_norse.config import load_config
+    from cerebellar_norse.engine import pipeline
+    from cerebellar_norse.engine.engine import Engine
+    from cerebellar_norse.ticks import Tick
+
+    eng = Engine(load_config(None))
+    eng.warm_up()
+    pipeline.time = clock  # type: ignore[assignment]
+    markets, k = max(batch, WINDOW_MARKETS), 0
+    for n in range(WARM_CALLS + calls):
+        if n == WARM_CALLS:
+            cg.cg_start()
+            clock.on = True
+        ticks = []
+        for _ in range(batch):
+            k += 1
+            ticks.append(Tick(100.0 * (1.0 + 0.001 * float(np.sin(k / 7.0))), 1000.0 + k % 17,
+                              1_700_000_000_000 + 10 * k, f"M{k % markets:03d}"))
+        eng.process_now(ticks)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,256", help="batch sizes (default 1,256)")
     ap.add_argument("--calls", default="2000,40", help="counted calls per batch size (default 2000,40)")
-    ap.add_argument("--inner", nargs=3, metavar=("HELPER", "BATCH", "CALLS"), help=argparse.SUPPRESS)
+    ap.add_argument("--window", action="store_true",
+                    help="count the engine's processing window (processing_time_ns) instead of the backend call")
+    ap.add_argument("--inner", nargs=4, metavar=("MODE", "HELPER", "BATCH", "CALLS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
-        _measure(args.inner[0], int(args.inner[1]), int(args.inner[2]))
+        mode, helper, b_, n_ = args.inner
+        if mode == "kernel":
+            _measure(helper, int(b_), int(n_))
+        else:
+            _measure_window(helper, int(b_), int(n_), mode == "empty")
         return 0
     batches = [int(b) for b in args.batches.split(",")]
     calls = [int(c) for c in args.calls.split(",")]
@@ -78,10 +142,17 @@ def main() -> int:
         raise SystemExit("--calls needs one count per batch size")
     with tempfile.TemporaryDirectory(prefix="cn-icount-") as tmp:
         lib = helper_library(Path(tmp))
-        print(f"{'batch':>6} {'calls':>6} {'instructions/tick':>18}")
+        if not args.window:
+            print(f"{'batch':>6} {'calls':>6} {'instructions/tick':>18}")
+            for b, n in zip(batches, calls, strict=True):
+                collected = callgrind_count([__file__, "--inner", "kernel", str(lib), str(b), str(n)], Path(tmp) / f"out.{b}")
+                print(f"{b:>6} {n:>6} {collected / (b * n):>18,.0f}")
+            return 0
+        clocks = callgrind_count([__file__, "--inner", "empty", str(lib), "1", "1000"], Path(tmp) / "out.empty") / 1000
+        print(f"{'batch':>6} {'calls':>6} {'window/call':>12} {'clock reads/call':>17} {'window/tick, net':>17}")
         for b, n in zip(batches, calls, strict=True):
-            collected = callgrind_count([__file__, "--inner", str(lib), str(b), str(n)], Path(tmp) / f"out.{b}")
-            print(f"{b:>6} {n:>6} {collected / (b * n):>18,.0f}")
+            collected = callgrind_count([__file__, "--inner", "window", str(lib), str(b), str(n)], Path(tmp) / f"out.w{b}")
+            print(f"{b:>6} {n:>6} {collected / n:>12,.0f} {clocks:>17,.0f} {(collected / n - clocks) / b:>17,.0f}")
     return 0
 
 
