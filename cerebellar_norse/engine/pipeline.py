@@ -96,7 +96,7 @@ def _finish_batch(slots: np.ndarray, enc: np.ndarray, scratch: np.ndarray, seen:
  F_POPULATIONS) = range(11)
 
 
-@nb.njit(cache=True, nogil=True, error_model="numpy")
+@nb.njit(cache=True, error_model="numpy")  # holds the GIL, as the kernel's call (fused.tick_batch_table)
 def _finish_batch_table(address: int, n_args: int, b: int, apply_head: bool) -> None:
     """:func:`_finish_batch` of the first ``b`` ticks, its arrays read from an argument table (order ``F_*``)."""
     t = table_at(address, n_args)

@@ -320,7 +320,11 @@ def tick_batch(slots, ticks, state_f, enc, wf, wi, dims, coef, enc_par, steps,
          work_f, work_i, work_z, probs, spikes, active)
 
 
-@nb.njit(cache=True, nogil=True, error_model="numpy")
+# The serving path's call (this, and the engine's finishing pass) holds the GIL: one released for a few µs
+# is taken by any other Python thread that wants it (a checkpoint's write, a request's worker thread), and
+# the step then waits up to sys.getswitchinterval() (5 ms) to get it back, inside the tick's measured
+# processing time. (numba's parallel launch, tick_batch_parallel, releases it whatever the flag says.)
+@nb.njit(cache=True, error_model="numpy")
 def tick_batch_table(address, n_args, b, steps, fzero):
     """:func:`tick_batch` of the first ``b`` staged ticks, its arrays read from an argument table.
 
