@@ -187,3 +187,20 @@ def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, bool]
     except TimeoutError:
         return data, False
     return data, True
+
+
+def mount_tmpfs(point: Path, size: str, ro: bool = False) -> str | None:
+    """Mount a tmpfs of ``size`` on ``point``; None when done, else why it could not be mounted."""
+    point.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if ro else "")
+    try:
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)], capture_output=True, text=True,
+                             timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot mount a tmpfs here: {exc}"
+    return None if res.returncode == 0 else f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}"
+
+
+def unmount(point: Path) -> None:
+    """Unmount what :func:`mount_tmpfs` mounted on ``point`` (lazily: a process still in it does not stop it)."""
+    subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)

@@ -46,7 +46,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-from live_helpers import BASE_TS, REPO_ROOT, LiveServer, free_port, launch, server_environ, start
+from live_helpers import BASE_TS, REPO_ROOT, LiveServer, free_port, launch, mount_tmpfs, server_environ, start, unmount
 
 from cerebellar_norse.config import load_config
 from cerebellar_norse.engine.engine import Engine
@@ -131,22 +131,6 @@ def servers() -> Iterator[list[LiveServer]]:
 
 
 Mount = Callable[..., Path]
-
-
-def mount_tmpfs(point: Path, size: str, ro: bool = False) -> str | None:
-    """Mount a tmpfs of ``size`` on ``point``; None when done, else why it could not be mounted."""
-    point.mkdir(parents=True, exist_ok=True)
-    opts = f"size={size}" + (",ro" if ro else "")
-    try:
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)], capture_output=True, text=True,
-                             timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot mount a tmpfs here: {exc}"
-    return None if res.returncode == 0 else f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}"
-
-
-def unmount(point: Path) -> None:
-    subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-from live_helpers import BASE_TS, LiveServer, free_port, launch
+from live_helpers import BASE_TS, LiveServer, free_port, launch, mount_tmpfs, unmount
 
 START_TIMEOUT_S = 300.0  # every kernel is compiled afresh (nothing can be cached): minutes on a loaded host
 
@@ -30,11 +29,9 @@ START_TIMEOUT_S = 300.0  # every kernel is compiled afresh (nothing can be cache
 def full_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory on a tmpfs with no space left."""
     point = tmp_path / "cache"
-    point.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(point)], capture_output=True,
-                         text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
+    why = mount_tmpfs(point, "256k")
+    if why is not None:
+        pytest.skip(why)
     try:
         (point / "numba").mkdir()
         with open(point / "filler", "wb", buffering=0) as fh, contextlib.suppress(OSError):
@@ -45,7 +42,7 @@ def full_dir(tmp_path: Path) -> Iterator[Path]:
         assert full.value.errno == errno.ENOSPC
         yield point / "numba"
     finally:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+        unmount(point)
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ Skipped where a tmpfs cannot be mounted (not root, no CAP_SYS_ADMIN) or haproxy 
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from haproxy_helpers import needs_haproxy, start_haproxy
-from live_helpers import LiveServer, free_port, launch, tick, wait_healthy
+from live_helpers import LiveServer, free_port, launch, mount_tmpfs, tick, unmount, wait_healthy
 
 from cerebellar_norse.scaleout.haproxy import Replica
 
@@ -34,13 +33,11 @@ ENV = {"CEREBELLAR_NORSE_PERFORMANCE__JOURNAL_SEGMENT_SIZE": "1MB",
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 6 MB tmpfs under tmp_path (skips the test where it cannot be mounted)."""
     point = tmp_path / "disk"
-    point.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(point)], capture_output=True,
-                         text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
+    why = mount_tmpfs(point, "6m")
+    if why is not None:
+        pytest.skip(why)
     yield point
-    subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+    unmount(point)
 
 
 def _fill(directory: Path) -> Path:
