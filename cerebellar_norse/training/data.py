@@ -64,6 +64,7 @@ from .csvformat import (
     split_number_hint,
 )
 from .csvtime import SECONDS_HINT_MS, parse_time_ms, serial_date_hint
+from .notcsv import binary_refusal, json_refusal, json_start
 from .orderbook import OrderBooks
 
 if TYPE_CHECKING:
@@ -177,18 +178,6 @@ def load_training_files(paths: list[Path], training: TrainingConfig) -> TickData
     return load_csv_files(paths, training.max_bad_row_fraction, training.data_zone, training.adjust_splits)
 
 
-def _json_start(head: str) -> str:
-    """The first characters of a file (``head``, its first few dozen) that open a JSON document (``[{"time": …``,
-    ``{"candles": …``, an array of arrays ``[[1556668800000, …``, pretty-printed or not) or JSON Lines, as exchanges'
-    and brokers' APIs return candles; "" for any other text (a CSV header never starts with ``{``, nor with ``[``
-    followed by a quote, brace or bracket)."""
-    text = head.lstrip("\ufeff \t\r\n")
-    if text.startswith("{") or (text[:1] == "[" and text[1:].lstrip(" \t\r\n")[:1] in ('{', '[', '"')):
-        first = " ".join(text.split())
-        return first[:24] + ("…" if len(first) > 24 else "")
-    return ""
-
-
 def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC,
                    adjust_splits: bool = False) -> TickData:
     """Read tick CSV files (in the given order) into per-market series (format in the module docstring); dates and
@@ -230,20 +219,20 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
         if compressed:
             notes.append(compressed)
         with fh:
-            json_start = ""
+            head = refusal = ""
             try:
-                json_start = _json_start(fh.read(64))
+                head = fh.read(64)
+                refusal = binary_refusal(path, head)
+                if not refusal and json_start(head):  # enough of it to hold the first row of an array of arrays
+                    refusal = json_refusal(path, head + fh.read(4032))
                 fh.seek(0)
                 skipped, delimiter = leading_lines(fh)
             except CorruptFileError as exc:  # not retried: gzip reads a file cut inside its header as empty the 2nd time
                 raise _corrupt(path, 0, exc) from None
             except (OSError, ValueError):
                 skipped, delimiter = 0, ","
-            if json_start:
-                msg = (f"{path}:1: JSON, not CSV (the file starts with {json_start!r}): tick files are CSV with a"
-                       " header line naming the columns; convert it, e.g. with pandas: pd.read_json(FILE).to_csv("
-                       "'ticks.csv', index=False) (JSON Lines, one object a line: pd.read_json(FILE, lines=True))")
-                raise DataError(msg, [msg])
+            if refusal:
+                raise DataError(refusal, [refusal])
             fh.seek(0)
             reader = csv.reader(fh, delimiter=delimiter)
             try:

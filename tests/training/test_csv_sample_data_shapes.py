@@ -4,6 +4,8 @@ from)."""
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -173,6 +175,71 @@ def test_a_json_file_is_refused_saying_it_is_json_and_how_to_convert_it(tmp_path
     assert message.startswith(f"{path}:1: JSON, not CSV (the file starts with ")
     assert "pd.read_json(FILE).to_csv(" in message and "no time column" not in message
     assert len(message) < 400
+
+
+@pytest.mark.parametrize(("rows", "names"), [
+    # freqtrade's candles (tests/testdata/UNITTEST_BTC-1m.json, ccxt's order) and trades (XRP_ETH-trades.json.gz)
+    ([[1509836520000, 0.00162008, 0.00162008, 0.00162008, 0.00162008, 108.14853839],
+      [1509836580000, 0.00161, 0.00161, 0.00161, 0.00161, 82.390199]], "timestamp open high low close volume"),
+    ([[1570752011620, "13519807", None, "sell", 0.00141342, 23.0, 0.03250866],
+      [1570752017964, "13519809", None, "sell", 0.00141266, 8.0, 0.01130128]],
+     "timestamp id type side price amount cost"),
+])
+def test_a_json_array_of_arrays_is_refused_with_a_conversion_that_names_its_columns(
+        tmp_path: Path, rows: list[list[object]], names: str) -> None:
+    """freqtrade's ``--data-format-ohlcv json`` candles and trades are arrays without field names. The refusal's line,
+    ``pd.read_json(FILE).to_csv('ticks.csv', index=False)``, writes their columns as ``0,1,2,…``, which name no time
+    or price, so the converted file was refused as one without a header line: the line now names the columns, and the
+    file it writes is read at the right time and price."""
+    path = write(tmp_path, json.dumps(rows), "UNITTEST_BTC-1m.json")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    message = str(exc.value)
+    assert message.startswith(f"{path}:1: JSON, not CSV") and "no time column" not in message
+    header = re.search(r"header='([^']*)'\.split\(\)", message)
+    assert header is not None and header[1] == names
+    # the file as the message's pandas line writes it: the named columns, then each array's fields
+    fields = [["" if v is None else str(v) for v in row] for row in rows]
+    csv_path = write(tmp_path, "\n".join([",".join(header[1].split()), *(",".join(f) for f in fields)]) + "\n",
+                     "UNITTEST_BTC-1m.csv")
+    data = load_csv_files([csv_path])
+    assert data.bad_rows == 0
+    assert data.markets[0].timestamp.tolist() == [row[0] for row in rows]
+    assert data.markets[0].price.tolist() == [row[4] for row in rows]  # close of a candle, price of a trade
+    assert data.markets[0].volume.tolist() == [row[5] for row in rows]
+
+
+def test_a_json_array_of_arrays_of_an_unknown_width_is_told_to_name_its_columns(tmp_path: Path) -> None:
+    path = write(tmp_path, "[[1509836520000, 0.00162, 108.1], [1509836580000, 0.00161, 82.4]]", "x.json")
+    with pytest.raises(DataError, match=r"arrays of 3 unnamed fields: name them"):
+        load_csv_files([path])
+
+
+@pytest.mark.parametrize(("head", "name", "reader"), [
+    # freqtrade's default candle format (tests/testdata/*.feather): Arrow IPC, 'ARROW1', two NULs, then flatbuffers
+    (b"ARROW1\x00\x00\xff\xff\xff\xff\xf1\x01\x00\x00\x10\x00", "Feather", "pd.read_feather(FILE)"),
+    (b"PAR1\x15\x04\x15\x80\x01\x15\x84\x01L\x15\x10\x15\x00", "Parquet", "pd.read_parquet(FILE)"),
+    (b"\x89HDF\r\n\x1a\n\x00\x00\x00\x00\x00\x08\x08\x00", "HDF5", "pd.read_hdf(FILE)"),
+    (b"\x80\x05\x95\x8c\x02\x00\x00\x00\x00\x00\x00\x8c\x11pandas", "pickle", "pd.read_pickle(FILE)"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1\x00\x00\x00\x00", "Excel 97-2003", "pd.read_excel(FILE)"),
+])
+def test_a_binary_table_is_refused_naming_its_format_and_the_conversion(
+        tmp_path: Path, head: bytes, name: str, reader: str) -> None:
+    """A Feather file (freqtrade's candles) was refused as a CSV file whose header is "not UTF-8 text (byte 0xf1);
+    save the file as UTF-8", which no tool does to a Feather file: the refusal names the format and the pandas line
+    that writes it as CSV (with its index, which the reader takes as the time or ignores as row numbers)."""
+    path = tmp_path / "ADA_BTC-5m.feather"
+    path.write_bytes(head + bytes(range(256)) * 4)
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    message = str(exc.value)
+    assert message.startswith(f"{path}:1: ") and name in message and "UTF-8" not in message
+    assert f"{reader}.to_csv('ticks.csv')" in message
+
+
+def test_a_csv_header_starting_like_a_binary_format_is_read_as_csv(tmp_path: Path) -> None:
+    path = write(tmp_path, "PAR1,time,close\nx,2020-01-02,1.5\n")
+    assert load_csv_files([path]).markets[0].price.tolist() == [1.5]
 
 
 def test_a_csv_header_in_brackets_is_not_taken_for_json(tmp_path: Path) -> None:
