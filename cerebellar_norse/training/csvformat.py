@@ -291,9 +291,35 @@ def _order_by_gaps(dates: list[tuple[int, int, int]]) -> bool | None:
     return fits[0] if len(fits) == 1 else None
 
 
+# names of a first column that holds a table's index: none (pandas' to_csv, R's write.csv row names), pandas'
+# Unnamed: 0 (a file read and written again), and Index, as R's write.zoo writes a zoo or xts series' dates
+INDEX_NAMES = ("", "unnamed: 0", "index")
+
+
 def _unnamed_index(names: list[str]) -> bool:
-    """True when the first header name is empty or pandas' ``Unnamed: 0`` (an index written by ``to_csv``)."""
-    return bool(names) and (names[0] == "" or names[0] == "unnamed: 0")
+    """True when the first header name is one of ``INDEX_NAMES`` (an index written by pandas' ``to_csv`` or R's
+    ``write.csv`` or ``write.zoo``)."""
+    return bool(names) and names[0] in INDEX_NAMES
+
+
+def symbol_prefixed(header: list[str]) -> tuple[list[str], str] | None:
+    """The header without the symbol before each field name, and that symbol, for a header whose columns after the
+    first are all ``SYMBOL.Field`` of one symbol and name no price as written while their fields do: R's quantmod
+    writes its series so (``write.zoo(getSymbols("MSFT", auto.assign = FALSE))``: ``Index,MSFT.Open,MSFT.High,
+    MSFT.Low,MSFT.Close,MSFT.Volume,MSFT.Adjusted``); None for any other header."""
+    if len(header) < 3:
+        return None
+    shown = [header_name(h) for h in header]
+    if any(match_name(h) in PRICE_COLUMNS for h in shown):
+        return None
+    parts = [h.rpartition(".") for h in shown[1:]]
+    symbols = {symbol for symbol, dot, field in parts if dot and symbol.strip() and field.strip()}
+    if len(symbols) != 1 or any(not dot for _, dot, _ in parts):
+        return None
+    fields = [field.strip() for _, _, field in parts]
+    if not any(match_name(f) in PRICE_COLUMNS for f in fields):
+        return None
+    return [shown[0], *fields], symbols.pop().strip()
 
 
 def leading_lines(fh: TextIO) -> tuple[int, str]:
@@ -489,7 +515,9 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
     t = find_column(path, names, shown, TIME_COLUMNS, "time", not _unnamed_index(names))
     if t is None:  # pandas' to_csv writes a date index as an unnamed first column
         t = 0
-        notes.append(f"{path}: unnamed first column used as the time (a pandas index)")
+        what = "unnamed first column" if names[0] != "index" else f"first column {shown[0]!r}"
+        notes.append(f"{path}: {what} used as the time (an index, as pandas' to_csv and R's write.csv and write.zoo"
+                     " write it)")
     p = find_column(path, names, shown, PRICE_COLUMNS, "price", False)
     split = find_column(path, names, shown, SPLIT_COLUMNS, "split ratio", False)
     raw = find_column(path, names, shown, RAW_BESIDE_COLUMNS, "adjusted price", False)
@@ -937,8 +965,10 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
     # (df.iloc[5:]); consecutive integers below 1970-01-02 in ms are no times
     counts_rows = all(v.isascii() and v.isdigit() for v in firsts) and [int(v) for v in firsts] == list(
         range(int(firsts[0]), int(firsts[0]) + len(firsts))) and int(firsts[0]) < SECONDS_HINT_MS
-    if cols.time == 0 and cols.time_name.strip().lower() in ("", "unnamed: 0") and counts_rows:
-        msg = (f"{path}:1: the unnamed first column counts the rows ({', '.join(firsts)}, …: a pandas RangeIndex), it"
+    if cols.time == 0 and cols.time_name.strip().lower() in INDEX_NAMES and counts_rows:
+        named = cols.time_name.strip().lower() == "index"
+        what = f"first column {cols.time_name.strip()!r}" if named else "unnamed first column"
+        msg = (f"{path}:1: the {what} counts the rows ({', '.join(firsts)}, …: a pandas RangeIndex, R's row names), it"
                " holds no times and there is no time column; save the file with its times (a column named e.g."
                " 'date' or 'timestamp', or the dates as the index)")
         raise DataError(msg, [msg])
@@ -1056,6 +1086,9 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
             notes.append(f"{path}: no header line; read as NinjaTrader's (or HistData's) text export"
                          f" ({';'.join(ninja)}; times in the zone it exported them in, read in {zone_name(zone)}: give that"
                          " zone if it is not)")
+        elif (prefixed := symbol_prefixed(header)) is not None:
+            header, ticker = prefixed
+            ticker_from = f"the prefix of its columns' names (as R's quantmod writes them: {ticker}.Close)"
         names = tuple(match_name(header_name(h)) for h in header)
         if binance is not None or names in (BINANCE_KLINES, BINANCE_AGG_TRADES[:7], BINANCE_TRADES[:6]):
             ticker, ticker_from = binance_symbol(path), "the Binance file name without its date"

@@ -1,0 +1,73 @@
+"""Market files as R writes them: ``write.zoo`` of a zoo or xts series (its dates in a column named ``Index``),
+quantmod's columns named after their symbol (``MSFT.Close``), ``write.csv`` with quoted names and row names (each
+test names the R call its lines come from)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from training_helpers import utc_ms
+from training_helpers import write_text_file as write
+
+from cerebellar_norse.errors import DataError
+from cerebellar_norse.training.data import load_csv_files
+
+# timeSeries' MSFT data set (R package timeSeries 4021.105), its first three days
+MSFT_DAYS = ['"2000-09-27",63.4375,63.5625,59.8125,60.625,53077800',
+             '"2000-09-28",60.8125,61.875,60.625,61.3125,26180200',
+             '"2000-09-29",61,61.3125,58.625,60.3125,37026800']
+MSFT_TIMES = [utc_ms(2000, 9, 27), utc_ms(2000, 9, 28), utc_ms(2000, 9, 29)]
+
+
+def test_write_zoo_index_column_is_the_time(tmp_path: Path) -> None:
+    """``write.zoo(as.xts(MSFT), "MSFT.csv", sep = ",")`` names the dates' column ``"Index"``, which was no time
+    column: the file was refused."""
+    path = write(tmp_path, '"Index","Open","High","Low","Close","Volume"\n' + "\n".join(MSFT_DAYS) + "\n", "MSFT.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0
+    assert data.markets[0].timestamp.tolist() == MSFT_TIMES
+    assert data.markets[0].price.tolist() == [60.625, 61.3125, 60.3125]
+    assert data.markets[0].volume.tolist() == [53077800, 26180200, 37026800]
+    assert any("first column 'Index' used as the time" in n for n in data.notes)
+
+
+def test_quantmod_columns_prefixed_by_their_symbol(tmp_path: Path) -> None:
+    """``write.zoo(getSymbols("MSFT", auto.assign = FALSE), "MSFT.csv", sep = ",")``: quantmod names each column
+    ``MSFT.Open``, …, ``MSFT.Adjusted``, none of them a price column, so the file was refused; it is read at
+    ``Close`` (Yahoo's, adjusted for splits) with the symbol as its market."""
+    header = '"Index","MSFT.Open","MSFT.High","MSFT.Low","MSFT.Close","MSFT.Volume","MSFT.Adjusted"'
+    rows = [f"{r},{r.split(',')[4]}" for r in MSFT_DAYS]  # Adjusted: the close again, as in the data set's years
+    path = write(tmp_path, header + "\n" + "\n".join(rows) + "\n", "prices.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0 and [m.market_id for m in data.markets] == ["MSFT"]
+    assert data.markets[0].timestamp.tolist() == MSFT_TIMES
+    assert data.markets[0].price.tolist() == [60.625, 61.3125, 60.3125]
+    assert data.markets[0].volume.tolist() == [53077800, 26180200, 37026800]
+
+
+def test_columns_of_several_symbols_are_not_stripped(tmp_path: Path) -> None:
+    """``merge(Cl(MSFT), Cl(AAPL))`` has columns of two symbols: no one market, so no prefix is taken off; it is a
+    table of closes, each column a market of its own."""
+    path = write(tmp_path, '"Index","MSFT.Close","AAPL.Close"\n"2000-09-27",60.625,25.1\n"2000-09-28",61.3,25.4\n',
+                 "m.csv")
+    data = load_csv_files([path])
+    assert sorted(m.market_id for m in data.markets) == ["AAPL.Close", "MSFT.Close"]
+
+
+@pytest.mark.parametrize("name", ['"Index"', "index"])
+def test_an_index_column_that_counts_rows_is_refused_as_such(tmp_path: Path, name: str) -> None:
+    """An ``index`` column of row numbers (pandas' ``reset_index()`` of a RangeIndex) is no time: refused saying it
+    counts the rows, as an unnamed one is, not read as ms of 1970."""
+    path = write(tmp_path, f"{name},close\n0,1.5\n1,1.6\n2,1.7\n")
+    with pytest.raises(DataError, match=r"the first column '[Ii]ndex' counts the rows \(0, 1, 2"):
+        load_csv_files([path])
+
+
+def test_write_csv_row_names_are_named_as_such(tmp_path: Path) -> None:
+    """``write.csv(EuStockMarkets, "EuStockMarkets.csv")``: a ts object has no dates, and its row names count the
+    rows from 1; the refusal names R's row names beside pandas' RangeIndex."""
+    path = write(tmp_path, '"","DAX","SMI","CAC","FTSE"\n"1",1628.75,1678.1,1772.8,2443.6\n'
+                           '"2",1613.63,1688.5,1750.5,2460.2\n"3",1606.51,1678.6,1718,2448.2\n')
+    with pytest.raises(DataError, match=r"counts the rows \(1, 2, 3, …: a pandas RangeIndex, R's row names\)"):
+        load_csv_files([path])
