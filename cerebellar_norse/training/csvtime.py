@@ -239,7 +239,7 @@ def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzi
                     raise ValueError(f"{name} {raw!r} is a date YYYYMMDD with a fraction, which is no time format read here:"
                                      " write the time of day in its own column (HHMMSS or HH:MM:SS) or the times as"
                                      " ISO 8601 (2008-01-02T12:00:00)") from None
-                hint = serial_date_hint(x) or (
+                hint = serial_date_hint(x) or decimal_year_hint(x) or (
                     "; if the file's times are seconds, multiply them by 1000" if 0 < x < TS_MAX_MS // 1000 else "")
                 raise ValueError(f"{name} {raw!r} is not a whole number of ms since epoch{hint}") from None
             ms = int(x)
@@ -331,6 +331,17 @@ def serial_date_hint(x: float) -> str:
     when = _SERIAL_EPOCH + timedelta(seconds=round(x * 86_400))
     return (f"; if the file's times are spreadsheet serial dates (days since 1899-12-30: this one is"
             f" {when:%Y-%m-%d %H:%M:%S}), format the column as dates (YYYY-MM-DD HH:MM:SS) before saving it")
+
+
+def decimal_year_hint(x: float) -> str:
+    """A hint for a number of a time column that is a year with a fraction (``1991.49615384615``), as R's ``time()``
+    of a ``ts`` object gives a series' times (``EuStockMarkets``: 260 equal parts of each year, not its trading
+    days); "" for any other (a whole year, a number outside 1970..2099)."""
+    if not 1970 <= x < 2100 or x.is_integer():
+        return ""
+    return (f"; it looks like a decimal year ({x:.4f}: a year and a fraction of it, as R's time() of a ts object"
+            " gives), which is no date: write the dates themselves (in R, a zoo or xts series written with write.zoo,"
+            " or a column of as.Date values)")
 
 
 def _compact_datetime(text: str, digits: re.Pattern[str]) -> datetime | None:

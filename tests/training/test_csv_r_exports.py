@@ -71,3 +71,16 @@ def test_write_csv_row_names_are_named_as_such(tmp_path: Path) -> None:
                            '"2",1613.63,1688.5,1750.5,2460.2\n"3",1606.51,1678.6,1718,2448.2\n')
     with pytest.raises(DataError, match=r"counts the rows \(1, 2, 3, …: a pandas RangeIndex, R's row names\)"):
         load_csv_files([path])
+
+
+def test_decimal_years_are_named_as_such(tmp_path: Path) -> None:
+    """``write.csv(data.frame(time = time(EuStockMarkets), EuStockMarkets), row.names = FALSE)``: a ts object's times
+    are years with a fraction; each row was bad with the hint to multiply seconds by 1000, which was no help."""
+    rows = "".join(f"{1991.49615384615 + i / 260:.11f},{1628.75 + i},{1678.1 + i}\n" for i in range(50))
+    path = write(tmp_path, '"time","DAX","SMI"\n' + rows, "EuStockMarkets.csv")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    message = str(exc.value)
+    assert f"{path}:2: time '1991.49615384615' is not a whole number of ms since epoch; it looks like a decimal year" \
+        in message
+    assert "write the dates themselves" in message and "multiply them by 1000" not in message
