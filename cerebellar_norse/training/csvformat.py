@@ -113,6 +113,7 @@ from .csvheaderless import (
     TRUEFX_QUOTES,
     binance_layout,
     histdata_ticks_layout,
+    kraken_layout,
     metatrader4_layout,
     ninjatrader_layout,
     truefx_layout,
@@ -1086,6 +1087,11 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
             notes.append(f"{path}: no header line; read as NinjaTrader's (or HistData's) text export"
                          f" ({';'.join(ninja)}; times in the zone it exported them in, read in {zone_name(zone)}: give that"
                          " zone if it is not)")
+        elif (kraken := kraken_layout(path, header, delimiter, skipped)) is not None:
+            header, lines = list(kraken), 0
+            what = "trades (time and sales)" if len(kraken) == 3 else "OHLCVT bars"
+            notes.append(f"{path}: no header line; read as Kraken's downloadable {what} ({','.join(kraken)}; times in"
+                         " seconds since the epoch)")
         elif (prefixed := symbol_prefixed(header)) is not None:
             header, ticker = prefixed
             ticker_from = f"the prefix of its columns' names (as R's quantmod writes them: {ticker}.Close)"

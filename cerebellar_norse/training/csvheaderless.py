@@ -1,9 +1,10 @@
 """Headerless tick files of a known layout: data.binance.vision's (klines, aggTrades, trades), TrueFX's quotes,
-MetaTrader 4's history export, NinjaTrader's (and HistData's) text files of bars and ticks and HistData's ticks.
+MetaTrader 4's history export, NinjaTrader's (and HistData's) text files of bars and ticks, HistData's ticks, and
+Kraken's downloadable trades (time and sales) and OHLCVT bars.
 
 A file without a header is read only when its first rows fit one of these layouts exactly
 (:func:`binance_layout`, :func:`truefx_layout`, :func:`metatrader4_layout`, :func:`ninjatrader_layout`,
-:func:`histdata_ticks_layout`); the column names each layout gives its fields are the names a
+:func:`histdata_ticks_layout`, :func:`kraken_layout`); the column names each layout gives its fields are the names a
 header of that vendor would carry, so the rest of the reader finds the time, price and volume columns by name.
 """
 
@@ -44,6 +45,11 @@ _NINJATRADER_TIME = re.compile(r"\d{8} \d{6}( \d{7})?")
 # HistData's ASCII tick files, headerless: the time with ms run on (20190101 170008587), bid, ask, volume
 HISTDATA_TICKS = ("time", "bid", "ask", "volume")
 _HISTDATA_TIME = re.compile(r"\d{8} \d{9}")
+# Kraken's downloadable history, one file per pair: trades (time and sales, XBTUSD.csv) and OHLCVT bars (XBTUSD_1.csv),
+# times in whole seconds since the epoch
+KRAKEN_TRADES = ("timestamp", "price", "volume")
+KRAKEN_OHLCVT = ("timestamp", "open", "high", "low", "close", "volume", "trades")
+_KRAKEN_SECONDS = re.compile(r"1[3-9]\d{8}|[2-3]\d{9}")  # 2011-03-13 up to 2096, as plain digits
 HEADERLESS_SAMPLE = 50  # headerless rows that must all fit a layout for a file to be read as one
 _BINANCE_BOOLEANS = frozenset(("True", "False", "true", "false"))
 
@@ -186,3 +192,30 @@ def histdata_ticks_layout(path: Path, first: list[str], delimiter: str = ",", sk
     back."""
     return _histdata_tick_row(first) and _sample_fits(
         path, delimiter, skip, lambda row, prev: _histdata_tick_row(row) and row[0] >= prev[0])
+
+
+def _kraken_row(row: list[str]) -> tuple[str, ...] | None:
+    """The layout of one headerless row of Kraken's downloadable history, None for any other row: a trade
+    ``1672531436,90.540000,1.10448420`` (whole seconds, a price above 0, a volume) or an OHLCVT bar
+    ``1672531200,90.5,90.6,90.3,90.4,12.5,7`` (whole seconds, open, high, low and close forming a bar, a volume, a
+    whole count of trades)."""
+    if not row or _KRAKEN_SECONDS.fullmatch(row[0]) is None or not _finite(*row[1:]):
+        return None
+    if len(row) == 3 and float(row[1]) > 0 and float(row[2]) >= 0:
+        return KRAKEN_TRADES
+    if (len(row) == 7 and _bar_fits(*row[1:5]) and float(row[4]) > 0 and float(row[5]) >= 0
+            and row[6].isdigit()):
+        return KRAKEN_OHLCVT
+    return None
+
+
+def kraken_layout(path: Path, first: list[str], delimiter: str = ",", skip: int = 0) -> tuple[str, ...] | None:
+    """The layout of a headerless file of Kraken's downloadable history (``KRAKEN_TRADES`` or ``KRAKEN_OHLCVT``): its
+    first line ``first`` (after ``skip`` lines) and every row up to ``HEADERLESS_SAMPLE`` are rows of that layout
+    (:func:`_kraken_row`) whose times do not go back; None for any other file."""
+    layout = _kraken_row(first) if delimiter == "," else None
+    if layout is None:
+        return None
+    fits = _sample_fits(path, delimiter, skip,
+                        lambda row, prev: _kraken_row(row) == layout and int(row[0]) >= int(prev[0]))
+    return layout if fits else None

@@ -280,3 +280,38 @@ def test_a_lunch_break_or_a_golden_week_of_holidays_beside_a_weekend(tmp_path: P
     crypto = bars(without(HALF_YEAR, JAN_2024 + 50), lambda wd: [(0, 24)])
     (gap,) = gap_checks(crypto)
     assert gap.startswith("a gap of 1d 00:05:00 before") and "without" not in gap
+
+
+def test_kraken_trades_without_a_header_are_read_by_their_layout(tmp_path: Path) -> None:
+    """Kraken's downloadable trading history (time and sales), one headerless file per pair, as freqtrade's
+    ``tests/testdata/kraken/trades_csv/BCHEUR.csv`` holds it: ``timestamp,price,volume`` in whole seconds. It was
+    refused as a file whose first line looks like data."""
+    rows = [(1672531436 + 35 * i, 90.54 - 0.01 * (i % 7), 1.1044842 + i) for i in range(60)]
+    path = write(tmp_path, "".join(f"{t},{p:.6f},{v:.8f}\n" for t, p, v in rows), "BCHEUR.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0 and [m.market_id for m in data.markets] == ["BCHEUR"]
+    assert data.markets[0].timestamp.tolist() == [t * 1000 for t, _, _ in rows]
+    assert np.allclose(data.markets[0].price, [round(p, 6) for _, p, _ in rows])
+    assert np.allclose(data.markets[0].volume, [round(v, 8) for _, _, v in rows])
+    assert any("read as Kraken's downloadable trades" in n for n in data.notes)
+
+
+def test_kraken_ohlcvt_bars_without_a_header_are_read_at_their_close(tmp_path: Path) -> None:
+    """Kraken's OHLCVT downloads (``XBTUSD_1.csv``: time, open, high, low, close, volume, trades)."""
+    path = write(tmp_path, "1381095240,122.0,122.0,122.0,122.0,0.1,1\n1381179000,123.61,123.61,123.61,123.61,0.1,1\n"
+                           "1381201080,123.91,124.19,123.9,124.18,3.99,4\n", "XBTUSD_1.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0
+    assert data.markets[0].timestamp.tolist() == [1381095240000, 1381179000000, 1381201080000]
+    assert data.markets[0].price.tolist() == [122.0, 123.61, 124.18]
+    assert data.markets[0].volume.tolist() == [0.1, 0.1, 3.99]
+
+
+@pytest.mark.parametrize("text", [
+    "1672531436000,90.54,1.1\n1672531471000,90.45,1.0\n",  # ms: no Kraken file
+    "1672531436,90.54,1.1\n1672531400,90.45,1.0\n",  # time goes back
+    "1672531436,90.54,1.1,7\n1672531471,90.45,1.0,8\n",  # four fields
+])
+def test_other_headerless_numbers_are_still_refused_asking_for_a_header(tmp_path: Path, text: str) -> None:
+    with pytest.raises(DataError, match=r"the first line looks like data: add a header line"):
+        load_csv_files([write(tmp_path, text, "x.csv")])

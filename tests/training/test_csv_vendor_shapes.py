@@ -460,7 +460,8 @@ def test_binance_futures_files_with_a_header(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("lines", [
-    [f"{BN_MS // 1000 + k * 60},42000.0,42003.0,41986.5,{42000 + k},0.5,7" for k in range(3)],  # Kraken OHLCVT
+    # Kraken's OHLCVT layout (read as such, tests/training/test_csv_platform_exports.py) but with times in ms
+    [f"{BN_MS + k * 60_000},42000.0,42003.0,41986.5,{42000 + k},0.5,7" for k in range(3)],
     [kline(BN_MS, "1", "1").replace(str(BN_MS + 59_999), str(BN_MS + 59_000)), kline(BN_MS + 60_000, "1", "1")],
     [f"2500000001,42290.1,1.5,3300000000,3300000001,{BN_MS},True,True",  # aggregate trade ids not increasing
      f"2500000000,42295.0,2.25,3300000002,3300000002,{BN_MS + 1},False,True"],
