@@ -190,9 +190,10 @@ _BINANCE_NAME = re.compile(r"([A-Z0-9]{2,32}-[A-Za-z0-9]{1,16})-\d{4}-\d{2}(?:-\
 DATE_HOUR_SAMPLE = 10_000  # rows whose times must all be YYYYMMDDHH date-hours for a file to be read as such
 PLAUSIBLE_MS = 100_000_000_000  # 1973-03-03: in a file whose first time is later, an earlier one is of another unit
 FRED_MISSING = "the price is '.', as FRED marks a day without a value (a holiday)"  # why such rows are skipped
-# why a row whose every field but its time (and market) is NaN or empty is skipped
-NO_VALUES = "every field but the time is NaN or empty, as a bar without trades is written (Kaggle's Bitstamp minutes)"
-_NO_VALUE = frozenset(("nan", ""))
+# why a row whose every field but its time (and market) is NaN, NA or empty is skipped
+NO_VALUES = ("every field but the time is NaN, NA or empty, as a bar without trades is written (Kaggle's Bitstamp"
+             " minutes) and R writes a missing value")
+_NO_VALUE = frozenset(("nan", "", "na"))  # pandas' NaN and empty field, R's NA (write.csv, write.zoo)
 WIDE_NAMES_SHOWN = 8  # series of a table of several series named in its note
 # words of header names that say a column holds no price (see _no_price_name)
 _NO_PRICE_WORDS = ("amount", "count", "trades", "transactions", "interest", "openint", "turnover", "notional", "qty",
@@ -800,7 +801,7 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
             cols.skipped[NO_VALUES] = cols.skipped.get(NO_VALUES, 0) + 1
             return None
         if cols.series and written.lower() in _NO_VALUE:  # a series of a table without a value that day
-            why = f"{cols.price_name} is empty or NaN, no value of that series (a table of series as columns)"
+            why = f"{cols.price_name} is empty, NaN or NA, no value of that series (a table of series as columns)"
             cols.skipped[why] = cols.skipped.get(why, 0) + 1
             return None
         price = fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
@@ -821,7 +822,7 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
 
 
 def _no_values(row: list[str], cols: Columns) -> bool:
-    """Whether every field of ``row`` but its time, time of day and market is NaN or empty: a bar without trades, no
+    """Whether every field of ``row`` but its time, time of day and market is NaN, NA or empty: a bar without trades, no
     tick (a row with a value anywhere else stays a bad row)."""
     keep = (cols.time, cols.clock, cols.market)
     return all(f.strip().lower() in _NO_VALUE for i, f in enumerate(row) if i not in keep)

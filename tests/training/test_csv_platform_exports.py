@@ -126,8 +126,8 @@ def test_rows_of_nan_for_minutes_without_trades_are_skipped_not_bad(tmp_path: Pa
     assert data.bad_rows == 0 and data.skipped_rows == 34 and data.ticks == 66
     assert market.timestamp[:2].tolist() == [1_325_317_980_000, 1_325_318_040_000]
     assert market.price[:2].tolist() == [4.01, 4.02]
-    assert (f"{path}: 34 rows skipped: every field but the time is NaN or empty, as a bar without trades is written"
-            " (Kaggle's Bitstamp minutes)") in data.notes
+    assert (f"{path}: 34 rows skipped: every field but the time is NaN, NA or empty, as a bar without trades is"
+            " written (Kaggle's Bitstamp minutes) and R writes a missing value") in data.notes
     # a row with a value beside its NaN price, or a NaN price in a file of no other columns, is still bad
     path = write(tmp_path, BITSTAMP + "1325317920,4.39,4.39,4.39,NaN,0.5,2.2,4.39\n"
                  "1325317980,4.39,4.39,4.39,4.39,0.5,2.2,4.39\n", "half.csv")

@@ -84,3 +84,24 @@ def test_decimal_years_are_named_as_such(tmp_path: Path) -> None:
     assert f"{path}:2: time '1991.49615384615' is not a whole number of ms since epoch; it looks like a decimal year" \
         in message
     assert "write the dates themselves" in message and "multiply them by 1000" not in message
+
+
+def test_r_missing_values_written_na_are_no_values(tmp_path: Path) -> None:
+    """R writes a missing value as ``NA`` (``write.zoo`` of an xts series with days without a value, ``write.csv``
+    of a table of closes of tickers not yet listed); each such row was bad (``Close 'NA' is not a number``) and a
+    few of them refused the file. A row of NA only, and a series' NA in a table of series, are skipped as pandas'
+    NaN and empty fields are; an NA price beside values is still a bad row."""
+    bars = write(tmp_path, '"Index","Open","High","Low","Close"\n"2007-01-05",50.37,50.37,50.22,50.33\n'
+                           '"2007-01-06",NA,NA,NA,NA\n"2007-01-07",NA,NA,NA,NA\n"2007-01-08",50.03,50.10,49.97,49.99\n'
+                           '"2007-01-09",49.99,49.99,49.80,NA\n', "sample_matrix.csv")
+    data = load_csv_files([bars], max_bad_fraction=0.5)
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2007, 1, 5), utc_ms(2007, 1, 8)]
+    assert data.skipped_rows == 2 and data.bad_rows == 1
+    assert any("Close 'NA' is not a number" in r for r in data.report)
+    table = write(tmp_path, '"","Date","AAPL","MSFT"\n"1",2020-01-01,1,NA\n"2",2020-01-02,2,2\n"3",2020-01-03,NA,3\n',
+                  "closes.csv")
+    data = load_csv_files([table])
+    assert data.bad_rows == 0 and data.skipped_rows == 2
+    by_market = {m.market_id: m.timestamp.tolist() for m in data.markets}
+    assert by_market == {"AAPL": [utc_ms(2020, 1, 1), utc_ms(2020, 1, 2)],
+                         "MSFT": [utc_ms(2020, 1, 2), utc_ms(2020, 1, 3)]}
