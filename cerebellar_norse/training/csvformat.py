@@ -167,6 +167,9 @@ RAW_BESIDE_COLUMNS = ("adjusted_close", "adjusted close")
 # A column of split ratios, as vendors write beside prices NOT adjusted for splits (Quandl WIKI's Split Ratio and
 # split_ratio, Tiingo's splitFactor, Alpha Vantage's split_coefficient): such a file's close falls by the ratio at
 # a split (a 2:1 split reads as -50 %), so its adjusted close is the price.
+# A volume adjusted for splits, as vendors write beside their adjusted close (Quandl WIKI's Adj. Volume and adj_volume,
+# Tiingo's adjVolume): read with that close, as the volume as traded jumps by the split's ratio where the price does not
+ADJUSTED_VOLUME_COLUMNS = ("adj. volume", "adj_volume", "adjvolume", "adj volume", "adjusted_volume", "adjusted volume")
 SPLIT_COLUMNS = ("split ratio", "split_ratio", "splitfactor", "split_factor", "split factor", "split_coefficient",
                  "split coefficient")
 # Quotes without a price column: the price is the mid of bid and ask, the volume the sum of both sides' volumes.
@@ -521,6 +524,7 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
         notes.append(f"{path}: {what} used as the time (an index, as pandas' to_csv and R's write.csv and write.zoo"
                      " write it)")
     p = find_column(path, names, shown, PRICE_COLUMNS, "price", False)
+    adjusted_v = None  # the volume adjusted for splits, read beside a close adjusted for them
     split = find_column(path, names, shown, SPLIT_COLUMNS, "split ratio", False)
     raw = find_column(path, names, shown, RAW_BESIDE_COLUMNS, "adjusted price", False)
     if p is not None and raw is not None and split is None and names[p] not in ADJUSTED_PRICE_COLUMNS:
@@ -535,6 +539,7 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
                          f" ({shown[split]!r}) writes {shown[p]!r} not adjusted for splits, so a split would read as"
                          f" a fall of its ratio (2:1 as -50 %)")
             p = adjusted
+            adjusted_v = find_column(path, names, shown, ADJUSTED_VOLUME_COLUMNS, "adjusted volume", False)
         else:
             notes.append(f"{path}: {shown[p]!r} is not adjusted for splits in a file with a split ratio column"
                          f" ({shown[split]!r}), and the file has no adjusted close: a split reads as a fall of its"
@@ -555,7 +560,7 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
                                                                             else "")
             notes.append(f"{path}: {len(wide)} series as columns beside the time ({listed}): each read as its own"
                          " market, named by its column, at its values (its rows counted once per series); a row whose"
-                         " value is empty, NaN or '.' gives that market no tick"
+                         " value is empty, NaN, NA or '.' gives that market no tick"
                          + ("; the unnamed first column (a pandas index) ignored" if t != 0 and 0 not in wide else ""))
             return Columns(len(header), t, shown[t], p, shown[p], None, "", None, "", _market_name(shown[p]),
                            series=wide)
@@ -565,6 +570,11 @@ def columns_of(path: Path, header: list[str], notes: list[str], ticker: str = ""
             p = bid
             notes.append(f"{path}: price is the mid of {shown[bid]!r} and {shown[ask]!r}")
     v = find_column(path, names, shown, VOLUME_COLUMNS, "volume", False)
+    if adjusted_v is not None:
+        if v is not None:
+            notes.append(f"{path}: volume from {shown[adjusted_v]!r}, not {shown[v]!r}: beside the close adjusted for"
+                         f" splits, the volume adjusted for them ({shown[v]!r}, as traded, jumps by a split's ratio)")
+        v = adjusted_v
     if v is None and bid is not None:
         bid_v = find_column(path, names, shown, BID_VOLUME_COLUMNS, "bid volume", False)
         ask_v = find_column(path, names, shown, ASK_VOLUME_COLUMNS, "ask volume", False)

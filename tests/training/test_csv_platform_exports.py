@@ -153,8 +153,8 @@ def test_a_table_of_closes_as_columns_is_read_one_market_per_column(tmp_path: Pa
     assert by_id["GOOG"].price.tolist() == [1360.66, 1394.21, 1393.34]
     assert data.rows == 12 and data.skipped_rows == 2 and data.ticks == 10
     assert (f"{path}: 3 series as columns beside the time (AAPL, MSFT, GOOG): each read as its own market, named by"
-            " its column, at its values (its rows counted once per series); a row whose value is empty, NaN or '.'"
-            " gives that market no tick") in data.notes
+            " its column, at its values (its rows counted once per series); a row whose value is empty, NaN, NA or"
+            " '.' gives that market no tick") in data.notes
     assert [(f.price, f.default_market) for f in data.formats] == [("AAPL", "AAPL"), ("MSFT", "MSFT"), ("GOOG", "GOOG")]
     assert len(data.notes) == len(set(data.notes))
 

@@ -51,6 +51,23 @@ def test_a_close_beside_a_split_ratio_column_gives_way_to_the_adjusted_close(
            in data.notes
 
 
+@pytest.mark.parametrize(("text", "volumes", "adjusted"), [
+    (WIKI, [70000, 84000, 75000], "Adj. Volume"),
+    (TIINGO, [70000, 84000, 75000], "adjVolume"),
+    (ALPHA_VANTAGE, [10000, 12000, 75000], None),  # no adjusted volume: the volume as traded
+])
+def test_the_volume_adjusted_for_splits_goes_with_the_adjusted_close(
+        tmp_path: Path, text: str, volumes: list[int], adjusted: str | None) -> None:
+    """zipline's Quandl sample (``tests/resources/quandl_samples/QUANDL_ARCHIVE.zip``, WIKI's table with AAPL's 7:1
+    split of 2014-06-09): the price was the adjusted close but the volume the one as traded, which jumps 7-fold at the
+    split where the price runs on; the adjusted volume (Quandl's, Tiingo's) goes with the adjusted close."""
+    path = write(tmp_path, text, "AAPL.csv")
+    data = load_csv_files([path])
+    assert data.markets[0].price.tolist() == pytest.approx([92.48, 92.22, 93.70])
+    assert data.markets[0].volume.tolist() == volumes
+    assert any(n.startswith(f"{path}: volume from {adjusted!r}") for n in data.notes) == (adjusted is not None)
+
+
 def test_a_split_ratio_column_without_an_adjusted_close_is_told(tmp_path: Path) -> None:
     path = write(tmp_path, "Date,Close,Split Ratio\n2014-06-06,645.57,1.0\n2014-06-09,93.70,7.0\n", "AAPL.csv")
     data = load_csv_files([path])
