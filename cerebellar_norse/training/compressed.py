@@ -32,6 +32,7 @@ from typing import IO, Any, TextIO
 
 from ..errors import DataError
 from ..textmarks import wide_encoding
+from .notcsv import workbook_refusal
 
 # first bytes -> the compression's name, as notes and errors write it
 MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"),
@@ -143,6 +144,9 @@ def _one_member(names: list[str], kind: str, path: Path) -> int:
 def zip_member(archive: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo:
     """The one file of a zip archive (folders and macOS' entries aside); DataError as :func:`_one_member`'s."""
     files = [i for i in archive.infolist() if not i.is_dir()]
+    workbook = workbook_refusal(path, [i.filename for i in files])
+    if workbook:
+        raise DataError(workbook, [workbook])
     return files[_one_member([i.filename for i in files], "zip", path)]
 
 

@@ -96,3 +96,18 @@ def binary_refusal(path: object, head: str) -> str:
             return (f"{path}:1: {name}, not CSV: tick files are CSV text with a header line naming the columns;"
                     f" convert it, e.g. with pandas: {call}.to_csv('ticks.csv'){(' ' + extra) if extra else ''}")
     return ""
+
+
+def workbook_refusal(path: object, names: list[str]) -> str:
+    """The refusal of a zip archive that is a spreadsheet workbook (``names``: its files): Excel's ``.xlsx``
+    (``xl/workbook.xml``) or an OpenDocument spreadsheet (``content.xml`` beside ``mimetype``), naming it and how to
+    save it as CSV; "" for any other archive."""
+    if "xl/workbook.xml" in names:
+        what, call = "an Excel workbook (.xlsx)", "pd.read_excel(FILE)"
+    elif "mimetype" in names and "content.xml" in names:
+        what, call = "an OpenDocument spreadsheet (.ods)", "pd.read_excel(FILE, engine='odf')"
+    else:
+        return ""
+    return (f"{path}: {what}, not CSV: tick files are CSV text with a header line naming the columns; save the sheet as"
+            f" CSV (UTF-8) from the spreadsheet, or convert it, e.g. with pandas: {call}.to_csv('ticks.csv',"
+            " index=False)")

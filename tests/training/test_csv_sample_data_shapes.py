@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -235,6 +236,26 @@ def test_a_binary_table_is_refused_naming_its_format_and_the_conversion(
     message = str(exc.value)
     assert message.startswith(f"{path}:1: ") and name in message and "UTF-8" not in message
     assert f"{reader}.to_csv('ticks.csv')" in message
+
+
+@pytest.mark.parametrize(("members", "name"), [
+    # the parts of an .xlsx that Excel and openpyxl write, and of an .ods (LibreOffice)
+    (("[Content_Types].xml", "_rels/.rels", "xl/workbook.xml", "xl/worksheets/sheet1.xml", "xl/styles.xml"),
+     "an Excel workbook (.xlsx)"),
+    (("mimetype", "content.xml", "styles.xml", "meta.xml", "META-INF/manifest.xml"), "an OpenDocument spreadsheet (.ods)"),
+])
+def test_a_spreadsheet_workbook_is_refused_as_one(tmp_path: Path, members: tuple[str, ...], name: str) -> None:
+    """A workbook is a zip archive: it was refused as one that holds several files, "unpack it and name its files",
+    which gives XML, no tick file."""
+    path = tmp_path / "prices.xlsx"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member in members:
+            archive.writestr(member, "<?xml version=\"1.0\"?><x/>")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    message = str(exc.value)
+    assert message.startswith(f"{path}: {name}, not CSV") and "unpack" not in message
+    assert "save the sheet as CSV" in message and ".to_csv('ticks.csv'" in message
 
 
 def test_a_csv_header_starting_like_a_binary_format_is_read_as_csv(tmp_path: Path) -> None:
