@@ -445,6 +445,30 @@ def has_decimal_commas(path: Path, cols: Columns) -> bool:
 YF_ROW_NUMBER = "(row number)"  # the first column of yfinance's download after reset_index(): no price
 
 
+ROW_NAMES_SAMPLE = 20  # rows that must all have one field more than the header for it to lack the row names' name
+
+
+def row_names_header(path: Path, header: list[str], delimiter: str = ",", skip: int = 0) -> list[str] | None:
+    """The header with an unnamed first column before its names, for a file whose header names no time column and
+    whose first ``ROW_NAMES_SAMPLE`` rows each have one field more than it: R's ``write.table`` (``row.names = TRUE``,
+    its default) writes the row names, a series' dates, in a first column that its header does not name
+    (``"Open","High",…`` then ``"2000-09-27",63.4375,…``). None for any other file (the header is the line after
+    ``skip`` lines)."""
+    if not header or any(match_name(header_name(h)) in TIME_COLUMNS for h in header):
+        return None
+    try:
+        with open_tick_text(path) as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            for _ in range(skip + 1):
+                next(reader, None)
+            rows = [row for _, row in zip(range(ROW_NAMES_SAMPLE), reader, strict=False) if row]
+    except (OSError, csv.Error):
+        return None
+    if not rows or any(len(row) != len(header) + 1 for row in rows):
+        return None
+    return ["", *header]
+
+
 def yfinance_header(path: Path, header: list[str], delimiter: str = ",",
                     skip: int = 0) -> tuple[list[str], str, int] | None:
     """The column names, the ticker and the header lines of a file whose columns pandas wrote in two levels, a field
@@ -1098,6 +1122,10 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
             notes.append(f"{path}: no header line; read as NinjaTrader's (or HistData's) text export"
                          f" ({';'.join(ninja)}; times in the zone it exported them in, read in {zone_name(zone)}: give that"
                          " zone if it is not)")
+        elif (with_row_names := row_names_header(path, header, delimiter, skipped)) is not None:
+            header = with_row_names
+            notes.append(f"{path}: every row has one field more than the header names: the first, unnamed, is the rows'"
+                         " names (as R's write.table writes them)")
         elif (kraken := kraken_layout(path, header, delimiter, skipped)) is not None:
             header, lines = list(kraken), 0
             what = "trades (time and sales)" if len(kraken) == 3 else "OHLCVT bars"

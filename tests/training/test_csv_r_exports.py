@@ -105,3 +105,23 @@ def test_r_missing_values_written_na_are_no_values(tmp_path: Path) -> None:
     by_market = {m.market_id: m.timestamp.tolist() for m in data.markets}
     assert by_market == {"AAPL": [utc_ms(2020, 1, 1), utc_ms(2020, 1, 2)],
                          "MSFT": [utc_ms(2020, 1, 2), utc_ms(2020, 1, 3)]}
+
+
+def test_write_table_row_names_without_a_name_in_the_header(tmp_path: Path) -> None:
+    """``write.table(as.data.frame(MSFT), "MSFT.csv", sep = ",")``: R writes the row names (the dates) as a first
+    field that the header does not name, so the header named no time column and the file was refused."""
+    path = write(tmp_path, '"Open","High","Low","Close","Volume"\n' + "\n".join(MSFT_DAYS) + "\n", "MSFT.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0
+    assert data.markets[0].timestamp.tolist() == MSFT_TIMES
+    assert data.markets[0].price.tolist() == [60.625, 61.3125, 60.3125]
+    assert data.markets[0].volume.tolist() == [53077800, 26180200, 37026800]
+    assert any("every row has one field more than the header names" in n for n in data.notes)
+
+
+def test_a_header_with_a_time_column_and_one_name_missing_is_still_refused(tmp_path: Path) -> None:
+    """A header that names its time but misses another name (backtrader's minute bars lack ``Time``) is no file of
+    row names: refused as before, naming the missing column name."""
+    path = write(tmp_path, "Date,Open,Close\n2006-01-02,09:01:00,3578.73,3580.0\n2006-01-02,09:02:00,3580.0,3581.5\n")
+    with pytest.raises(DataError, match="a column name is missing from the header"):
+        load_csv_files([path])
