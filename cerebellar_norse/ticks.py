@@ -2,8 +2,9 @@
 
 A tick is ``{"price": float, "volume": float, "timestamp": int, "market_id": str}``
 with price in quote currency (finite, > 0), volume in traded units (finite, >= 0),
-timestamp in milliseconds since the Unix epoch (an integer between 2000-01-01 and
-2100-01-01, so seconds or microseconds by mistake are caught), market_id 1–64
+timestamp in milliseconds since the Unix epoch (an integer between 1971-01-01 and
+2100-01-01, so seconds or microseconds by mistake are caught: a time of 1971..2100 in
+seconds, read as ms, falls in the first weeks of 1970), market_id 1–64
 printable ASCII characters.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from .errors import InputError, TickOrderError
 
-TS_MIN_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+TS_MIN_MS = 31_536_000_000  # 1971-01-01T00:00:00Z: any time up to 2100 in seconds, read as ms, is earlier
 TS_MAX_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
 MARKET_ID_MAX = 64
 # check_market_id as a regular expression (for schemas): printable ASCII, no space at either end.
@@ -80,7 +81,7 @@ def check_volume(value: Any, field: str = "volume") -> float:
 
 
 def check_timestamp(value: Any, field: str = "timestamp") -> int:
-    """An integer time in ms since the epoch within [2000-01-01, 2100-01-01)."""
+    """An integer time in ms since the epoch within [1971-01-01, 2100-01-01)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
@@ -88,7 +89,7 @@ def check_timestamp(value: Any, field: str = "timestamp") -> int:
             raise InputError(f"must be an integer (ms since epoch), got {value!r}", field)
     v = int(value)
     if not TS_MIN_MS <= v < TS_MAX_MS:
-        raise InputError(f"{v} is not a plausible time in ms since epoch (2000-01-01 .. 2100-01-01)", field)
+        raise InputError(f"{v} is not a plausible time in ms since epoch (1971-01-01 .. 2100-01-01)", field)
     return v
 
 

@@ -121,9 +121,9 @@ _OTHER_UNITS = (("seconds", 1000.0, "multiply it by 1000"), ("µs", 0.001, "divi
 
 
 def timestamp_hint(value: Any) -> str:
-    """Words added to the refusal of a tick timestamp out of range (ms since the Unix epoch, 2000..2100): the unit
+    """Words added to the refusal of a tick timestamp out of range (ms since the Unix epoch, 1971..2100): the unit
     ``value`` is most likely in and how to convert it, when it is a time of that range in seconds, µs or ns."""
-    hint = "; a timestamp is ms since the Unix epoch (2000..2100)"
+    hint = "; a timestamp is ms since the Unix epoch (1971..2100)"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return hint
     for unit, to_ms, fix in _OTHER_UNITS:

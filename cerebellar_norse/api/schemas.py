@@ -22,7 +22,7 @@ class TickIn(BaseModel):
     price: float = Field(gt=0, allow_inf_nan=False, description="Price (quote currency), finite and > 0.")
     volume: float = Field(ge=0, allow_inf_nan=False, description="Traded volume (units), finite and >= 0.")
     timestamp: int = Field(ge=TS_MIN_MS, lt=TS_MAX_MS, description=(
-        "Tick time, ms since the Unix epoch (2000..2100); an integral number (1640995200000 or 1640995200000.0). "
+        "Tick time, ms since the Unix epoch (1971..2100); an integral number (1640995200000 or 1640995200000.0). "
         "A tick more than server.max_clock_skew_ms ahead of the server clock is refused with 409 future_timestamp."))
     market_id: str = Field(min_length=1, max_length=MARKET_ID_MAX, json_schema_extra={"pattern": MARKET_ID_PATTERN},
                            description="Market identifier, 1-64 printable ASCII characters, no space at either end.")

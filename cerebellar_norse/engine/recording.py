@@ -148,7 +148,7 @@ def _parse(fields: list[str], version: int, line: int) -> RecordedTick:
         raise ValueError(f"timestamp {ts_text!r} is not an integer (ms since epoch)")
     ts = int(ts_text)
     if not TS_MIN_MS <= ts < TS_MAX_MS:
-        raise ValueError(f"timestamp {ts} is not between 2000-01-01 and 2100-01-01 in ms")
+        raise ValueError(f"timestamp {ts} is not between 1971-01-01 and 2100-01-01 in ms")
     if not 1 <= len(market) <= MARKET_ID_MAX or NON_PRINTABLE.search(market):
         raise ValueError(f"market_id {market!r} is not 1-{MARKET_ID_MAX} printable ASCII characters")
     price = _float(price_text, "price")

@@ -190,6 +190,8 @@ def test_process_invalid_tick(client: httpx.Client, body: dict[str, Any], field:
 
 @pytest.mark.parametrize(("timestamp", "hint"), [
     (1_640_995_200, "this one looks like seconds, multiply it by 1000"),
+    (31_536_000, "this one looks like seconds, multiply it by 1000"),  # 1971-01-01 in seconds
+    (4_102_444_799, "this one looks like seconds, multiply it by 1000"),  # the last second before 2100
     (1_640_995_200.0, "this one looks like seconds, multiply it by 1000"),
     (1_640_995_200_000_000, "this one looks like µs, divide it by 1000"),
     (1_640_995_200_000_000_000, "this one looks like ns, divide it by 1000000"),
@@ -198,14 +200,27 @@ def test_process_invalid_tick(client: httpx.Client, body: dict[str, Any], field:
 def test_a_timestamp_out_of_range_is_refused_with_the_unit_it_looks_like(client: httpx.Client, timestamp: float,
                                                                           hint: str | None) -> None:
     """Trading systems send seconds or ns as often as ms: the refusal said only "Input should be greater than or equal
-    to 946684800000"; it now says the unit and, for a time of 2000..2100 in seconds, µs or ns, how to convert it
+    to 946684800000"; it now says the unit and, for a time of 1971..2100 in seconds, µs or ns, how to convert it
     (single ticks and batches, through the tick route and the FastAPI routes alike)."""
-    want = "; a timestamp is ms since the Unix epoch (2000..2100)" + (f": {hint}" if hint else "")
+    want = "; a timestamp is ms since the Unix epoch (1971..2100)" + (f": {hint}" if hint else "")
     err = assert_error(post_tick(client, {**GUIDE_TICK, "timestamp": timestamp}), 422, "validation", "timestamp")
     assert err["message"].endswith(want), err["message"]
     batch = {"ticks": [GUIDE_TICK, {**GUIDE_TICK, "timestamp": timestamp}]}
     err = assert_error(client.post("/neural/process/batch", json=batch), 422, "validation", "ticks.1.timestamp")
     assert err["message"].endswith(want), err["message"]
+
+
+def test_a_history_from_before_2000_is_served(client: httpx.Client) -> None:
+    """Daily closes since the 1980s or 1990s are what ``train`` and ``evaluate`` read: the service refused every tick
+    before 2000-01-01, so such a history could not be replayed through it. From 1971 on (a time in seconds, read as
+    ms, is earlier) it is served."""
+    hist = market("HIST")
+    for ts in (31_536_000_000, 504_921_600_000, 788_918_400_000):  # 1971, 1986, 1995
+        r = post_tick(client, {**GUIDE_TICK, "timestamp": ts, "market_id": hist})
+        assert r.status_code == 200, r.text
+    err = assert_error(post_tick(client, {**GUIDE_TICK, "timestamp": 31_535_999_999, "market_id": market("HIST")}), 422,
+                       "validation", "timestamp")
+    assert "(1971..2100)" in err["message"]
 
 
 @pytest.mark.parametrize(("raw", "field"), [
