@@ -8,6 +8,12 @@ cache only saves compiling again at the next start: a save that fails is said on
 errno) and the kernel runs as compiled. The cache's files are written to a temporary file and renamed, so a failed
 save leaves no damaged entry.
 
+Where no directory can hold the cache at all (``NUMBA_CACHE_DIR``, the package's ``__pycache__`` and the user's
+``~/.cache`` all unwritable: a command run as the service's user, ``sudo -u cerebellar cerebellar-norse …``, on an
+install under ``/opt`` before the service first created its home), numba raised ``RuntimeError: cannot cache
+function …: no locator available`` at import, a traceback instead of the command's answer; such a kernel is now
+compiled without a cache, said once at WARNING.
+
 Importing this module installs the guard (once per process); each module defining kernels with ``cache=True``
 imports it, so it is in place before any of them compiles.
 """
@@ -18,7 +24,7 @@ import logging
 import threading
 from typing import Any
 
-from numba.core import caching
+from numba.core import caching, config, dispatcher
 
 from .errors import StorageError
 
@@ -28,13 +34,20 @@ _lock = threading.Lock()
 _said = False
 
 
-def _failed_save(cache: Any, exc: OSError) -> None:
-    """Say (once per process) that the compiled kernels' cache cannot be written."""
+def _first() -> bool:
+    """True the first time in this process: the cache's trouble is said once, whatever it is."""
     global _said
     with _lock:
         if _said:
-            return
+            return False
         _said = True
+        return True
+
+
+def _failed_save(cache: Any, exc: OSError) -> None:
+    """Say (once per process) that the compiled kernels' cache cannot be written."""
+    if not _first():
+        return
     where = getattr(cache, "_cache_path", None) or exc.filename or "NUMBA_CACHE_DIR"
     log.warning("cannot write the compiled kernels' cache %s: %s; the kernels run as compiled, without it (the next "
                 "start compiles them again, which takes longer): free space there, or set NUMBA_CACHE_DIR to a "
@@ -42,8 +55,32 @@ def _failed_save(cache: Any, exc: OSError) -> None:
                 extra={"fields": {"path": str(where), "errno": exc.errno}})
 
 
+def _no_cache_dir(exc: RuntimeError) -> None:
+    """Say (once per process) that no directory can hold the compiled kernels' cache."""
+    if not _first():
+        return
+    where = getattr(config, "CACHE_DIR", "") or "NUMBA_CACHE_DIR"
+    log.warning("no writable directory for the compiled kernels' cache (%s, the package's __pycache__ and ~/.cache "
+                "cannot be written): the kernels run as compiled, without it (each run compiles them again, which "
+                "takes longer): set NUMBA_CACHE_DIR to a writable directory; said once", where,
+                extra={"fields": {"path": str(where), "reason": str(exc)}})
+
+
 def install() -> None:
-    """Make numba's ``Cache.save_overload`` keep a kernel whose cache entry cannot be written (idempotent)."""
+    """Make numba keep a kernel whose cache cannot be written, or has no directory to go to (idempotent)."""
+    enable = dispatcher.Dispatcher.enable_caching
+    if not getattr(enable, "_cerebellar_norse_guard", False):
+
+        def enable_caching(self: Any) -> None:
+            try:
+                enable(self)
+            except RuntimeError as exc:
+                if "no locator available" not in str(exc):
+                    raise
+                _no_cache_dir(exc)  # self._cache stays the dispatcher's NullCache: compiled, never saved
+
+        enable_caching._cerebellar_norse_guard = True  # type: ignore[attr-defined]
+        dispatcher.Dispatcher.enable_caching = enable_caching  # type: ignore[method-assign]
     save = caching.Cache.save_overload
     if getattr(save, "_cerebellar_norse_guard", False):
         return

@@ -84,3 +84,44 @@ def test_every_module_with_cached_kernels_installs_the_guard() -> None:
     missing = [str(p.relative_to(package)) for p in cached
                if "from .. import kernelcache" not in p.read_text(encoding="utf-8")]
     assert not missing, missing
+
+
+_KERNEL_MODULE = '''
+import numba as nb
+import numpy as np
+
+from cerebellar_norse import kernelcache  # noqa: F401  (what each module of the package with cached kernels does)
+
+
+@nb.njit(cache=True)
+def twice(x):
+    return x * 2.0
+
+
+print("result", twice(np.float64(21.0)))
+'''
+
+
+def test_a_kernel_with_no_writable_cache_directory_runs_uncached_with_one_warning(tmp_path: Path) -> None:
+    """``sudo -u cerebellar cerebellar-norse --validate-config`` on an install under ``/opt`` before the first start:
+    NUMBA_CACHE_DIR unset, the package's ``__pycache__`` and the user's ``~/.cache`` not writable. numba raised
+    ``RuntimeError: … no locator available`` at import (a traceback, exit 1); the kernel now runs, uncached.
+
+    Every location numba tries is blocked by a regular file where a directory must go (root, who runs the tests,
+    may write anywhere else)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "kmod.py").write_text(_KERNEL_MODULE)
+    (src / "__pycache__").write_text("a file where numba's in-tree cache directory would go")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": f"{src}:{Path(__file__).parents[2]}",
+           "NUMBA_CACHE_DIR": str(blocker / "numba"), "HOME": str(blocker / "home"),
+           "XDG_CACHE_HOME": str(blocker / "cache")}
+    res = subprocess.run([sys.executable, "-c", "import cerebellar_norse, kmod"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "no locator available" not in res.stderr, res.stderr[-3000:]
+    assert "result 42.0" in res.stdout, res.stdout
+    assert res.stderr.count("no writable directory for the compiled kernels' cache") == 1, res.stderr[-3000:]
+    assert str(blocker / "numba") in res.stderr, res.stderr[-3000:]
