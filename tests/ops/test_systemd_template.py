@@ -84,3 +84,35 @@ def test_a_replica_drains_long_enough_for_haproxy_and_its_stop_fits_timeoutstops
         stop = re.search(r"^TimeoutStopSec=(\d+)$", unit.read_text(), re.M)
         assert stop, unit
         assert int(stop.group(1)) >= drain_s + production["connection_timeout"] + production["drain_s"] + 10, unit
+
+
+def _writable_roots(text: str, instance: str) -> list[str]:
+    """The directories a unit leaves writable under ProtectSystem=strict: its State/Cache/Logs directories and
+    ReadWritePaths (the service's PrivateTmp /tmp aside)."""
+    bases = {"StateDirectory": "/var/lib", "CacheDirectory": "/var/cache", "LogsDirectory": "/var/log"}
+    roots = []
+    for line in text.replace("%i", instance).splitlines():
+        key, _, value = line.partition("=")
+        if key in bases:
+            roots += [f"{bases[key]}/{d}" for d in value.split()]
+        elif key == "ReadWritePaths":
+            roots += value.split()
+    return roots
+
+
+@pytest.mark.parametrize("unit", [SERVICE, TEMPLATE], ids=lambda p: p.name)
+def test_every_cache_the_service_writes_lies_in_a_directory_the_unit_makes_writable(unit: Path) -> None:
+    """numba's kernels, matplotlib's font cache (imported by the service) and any ~/.cache go where the unit lets
+    the service write. The user's home (docs/install.md's useradd --home) is read-only to a replica, whose only
+    writable state dir is /var/lib/cerebellar-norse/<port>: without MPLCONFIGDIR matplotlib warned at each start
+    (`/var/lib/cerebellar-norse/.config/matplotlib is not a writable directory`, not a JSON line) and rebuilt its
+    font cache in a temporary directory."""
+    text = unit.read_text()
+    roots = _writable_roots(text, "8081")
+    home = re.search(r"useradd .*--home (\S+)", (ROOT / "docs" / "install.md").read_text())
+    assert home, "docs/install.md has no useradd --home line"
+    env = dict(re.findall(r"^Environment=(\w+)=(\S+)$", text.replace("%i", "8081"), re.MULTILINE))
+    for var in ("NUMBA_CACHE_DIR", "MPLCONFIGDIR", "XDG_CACHE_HOME"):
+        assert var in env, f"{unit.name} does not set {var}: it would default to a path under {home.group(1)}"
+        path = env[var]
+        assert any(path == r or path.startswith(r + "/") for r in roots), (var, path, roots)
