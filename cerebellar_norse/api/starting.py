@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .. import __version__
 from ..config import listen_address
 from ..errors import StartupError
+from ..observability import systemd
 from ..observability.context import accept_request_id
 from ..observability.metrics import starting_exposition
 from .protocol import closing_headers, json_answer, raw_answer
@@ -76,18 +77,33 @@ def bind_listener(host: str, port: int, backlog: int = BACKLOG) -> socket.socket
 
 
 class StartingResponder:
-    """Answers ``503`` on ``sock`` from its own thread until :meth:`stop`; :attr:`reason` names the stage."""
+    """Answers ``503`` on ``sock`` from its own thread until :meth:`stop`; :attr:`reason` names the stage.
+
+    Each stage set is also the status line of ``systemctl status`` (sd_notify ``STATUS=starting: …``): a start that
+    trains its first model or compiles its kernels takes a minute or more, shown as ``activating (start)`` with no line
+    saying why.
+    """
 
     def __init__(self, sock: socket.socket, backlog: int = BACKLOG) -> None:
         self.sock = sock
         self.backlog = backlog  # the listening socket's, kept: serving it listens on it again
-        self.reason = "starting"
+        self._reason = "starting"
         self.started = time.monotonic()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
         self.open: set[_Answer] = set()  # connections accepted and not yet closed (on the responder's loop)
         self._thread = threading.Thread(target=self._run, name="starting-503", daemon=True)
+
+    @property
+    def reason(self) -> str:
+        """The stage of the start, as ``/health`` and the status line name it (``starting: <reason>``)."""
+        return self._reason
+
+    @reason.setter
+    def reason(self, text: str) -> None:
+        self._reason = text
+        systemd.status(f"starting: {text}")
 
     def start(self) -> StartingResponder:
         """Start answering (returns once the socket is served)."""

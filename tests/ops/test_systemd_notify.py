@@ -60,8 +60,13 @@ def test_service_sends_ready_watchdog_stopping_and_exits_zero(notify_socket, tmp
     proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(_free_port())], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        first = s.recv(4096).decode()
-        assert first.startswith("READY=1"), first
+        before = []  # the start's stages, the status line while `systemctl status` says "activating (start)"
+        while not (msg := s.recv(4096).decode()).startswith("READY=1"):
+            before.append(msg)
+        assert all(m.startswith("STATUS=starting: ") for m in before), before
+        assert "STATUS=starting: loading the model" in before, before
+        assert "STATUS=starting: warming up the kernels" in before, before
+        assert msg.startswith("READY=1\nSTATUS=serving model "), msg
         pings = [s.recv(4096).decode() for _ in range(3)]
         assert pings == ["WATCHDOG=1"] * 3
         proc.send_signal(signal.SIGTERM)
@@ -91,7 +96,9 @@ def test_a_draining_stop_says_stopping_and_keeps_the_watchdog_fed(notify_socket,
     proc = subprocess.Popen([sys.executable, "-m", "cerebellar_norse.cli", "--port", str(_free_port())], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        assert s.recv(4096).decode().startswith("READY=1")
+        while (msg := s.recv(4096).decode()).startswith("STATUS=starting: "):
+            pass
+        assert msg.startswith("READY=1"), msg
         assert s.recv(4096).decode() == "WATCHDOG=1"
         proc.send_signal(signal.SIGTERM)
         msg = s.recv(4096).decode()
