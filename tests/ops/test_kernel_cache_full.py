@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
