@@ -234,6 +234,44 @@ class StorageError(EngineFatalError):
         return cls(f"{what} {path}: {cls.os_reason(exc)}", str(path), exc.errno)
 
 
+HOST_SHORTAGE_ERRNOS = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+"""Error numbers that say the host is short of something for now (a thread or process, memory, a file descriptor),
+nothing about the files or the model concerned."""
+
+
+def host_shortage_reason(exc: BaseException) -> str | None:
+    """What the host was short of when ``exc`` was raised (``MemoryError``, ``RuntimeError("can't start new thread")``,
+    an OSError EAGAIN, ENOMEM, EMFILE or ENFILE), as ``"out of memory (MemoryError)"`` or ``"<strerror> (errno N
+    ENAME)"``; None for any other error (one that may say something about the input)."""
+    if isinstance(exc, MemoryError):
+        return f"out of memory (MemoryError{': ' + str(exc) if str(exc) else ''})"
+    if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
+        return "cannot start a thread (can't start new thread)"
+    if isinstance(exc, OSError) and exc.errno in HOST_SHORTAGE_ERRNOS:
+        return StorageError.os_reason(exc)
+    return None
+
+
+class EngineHostError(StorageError):
+    """The engine of a stored model could not be built at start for a host reason (no memory, no file descriptor, no
+    thread: :func:`host_shortage_reason`), not for anything in the model: the start stops with this one line and
+    moves nothing aside, as for a model file it cannot read (:class:`ModelUnreadableError`), instead of serving
+    another model (or the untrained network) and moving aside the market states saved with this one.
+
+    Attributes:
+        version: the model whose engine could not be built.
+        reason: what the host was short of.
+    """
+
+    def __init__(self, version: str, path: str, reason: str, errno: int | None = None) -> None:
+        self.version = version
+        self.reason = reason
+        super().__init__(f"cannot build the engine of model {version} ({path}): {reason}: the host is short of memory, "
+                         "file descriptors or threads, nothing is wrong with the model; the service does not start (nothing "
+                         "is moved aside): free memory or raise the service's limits (MemoryMax=, LimitNOFILE=, TasksMax=; "
+                         "ulimit -v/-n/-u) and start again", path, errno)
+
+
 # -- the families' members raised by one part each (state files, handover, jobs, data, models, client, debug) --
 
 

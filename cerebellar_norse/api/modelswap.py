@@ -6,12 +6,20 @@ import contextlib
 import logging
 
 from ..config import NeuralConfig
-from ..errors import CapacityError, CheckpointError, ModelNotFoundError, StorageError
+from ..errors import (
+    HOST_SHORTAGE_ERRNOS,
+    CapacityError,
+    CheckpointError,
+    ModelNotFoundError,
+    ModelUnreadableError,
+    StorageError,
+)
 from ..observability import systemd
 from ..storage import atomic_write_bytes, fsync_dir
 from ..training.archive import STORE_RETRY_AFTER_S
 from ..training.checkpoints import ACTIVE, ModelStore, StoredModel, shape_mismatch
 from .deps import ServiceState
+from .errors import HOST_SHORTAGE_RETRY_S
 from .lifecycle import serving_status
 
 log = logging.getLogger("cerebellar_norse.models")
@@ -27,9 +35,11 @@ def verified_model(store: ModelStore, version: str, neural: NeuralConfig) -> Sto
     """Stored model ``version``, checksums verified and shape compared with ``neural``; reads files only.
 
     Safe in a worker thread: a large model is read and hashed off the event loop.
-    Raises :class:`~cerebellar_norse.errors.ModelNotFoundError`, or
+    Raises :class:`~cerebellar_norse.errors.ModelNotFoundError`,
     :class:`~cerebellar_norse.errors.CheckpointError` (field ``version``) for a corrupt one
-    or one of another network shape.
+    or one of another network shape, or :class:`~cerebellar_norse.errors.CapacityError`
+    (503 ``capacity``, ``Retry-After``) when a file of it could not be read for want of a
+    file descriptor or memory (EMFILE, ENFILE, ENOMEM, EAGAIN): the host's, not the model's.
     """
     if version not in store.versions():
         raise ModelNotFoundError(f"no stored model {version!r}", "version")
@@ -39,6 +49,12 @@ def verified_model(store: ModelStore, version: str, neural: NeuralConfig) -> Sto
         if bad:
             raise CheckpointError(f"model {version} does not fit the running network ({', '.join(bad)} differ)",
                                   str(model.path))
+    except ModelUnreadableError as exc:
+        if exc.errno in HOST_SHORTAGE_ERRNOS:  # no descriptor or memory for now: nothing is wrong with the model
+            raise CapacityError(f"model {version} cannot be read now: {exc}: the host is short of file descriptors or "
+                                "memory; nothing was changed: activate it again", retry_after_s=HOST_SHORTAGE_RETRY_S) from None
+        exc.field = "version"
+        raise
     except CheckpointError as exc:
         exc.field = "version"  # the request's one input: the version in the path
         raise

@@ -37,10 +37,12 @@ from ..config import Config, NeuralConfig
 from ..errors import (
     CerebellarNorseError,
     CheckpointError,
+    EngineHostError,
     InputError,
     ModelUnreadableError,
     NewerFormatError,
     StorageError,
+    host_shortage_reason,
     quoted,
 )
 from ..neurons.parameters import network_shape
@@ -412,6 +414,8 @@ class ModelStore:
         Raises:
             StorageError: a model file it tries is there but may not be read (permissions): the operator's to fix,
                 so no other model is served in its place (see :class:`~cerebellar_norse.errors.ModelUnreadableError`).
+            EngineHostError: ``usable`` failed for a host reason (no memory, file descriptor or thread:
+                :func:`~cerebellar_norse.errors.host_shortage_reason`): likewise the operator's to fix.
         """
         self.clean_partial()
         self.fallback = None
@@ -447,6 +451,10 @@ class ModelStore:
                 try:
                     usable(model)
                 except Exception as exc:  # whatever stops it being served: the next model is tried
+                    short = host_shortage_reason(exc)
+                    if short is not None:  # the host's to fix, not the model's: serving another would move states aside
+                        errno_of = exc.errno if isinstance(exc, OSError) else None
+                        raise EngineHostError(version, str(model.path), short, errno_of) from None
                     reason = f"{type(exc).__name__}: {exc}"
                     log.error("refusing model %s: it cannot be served (%s)", version, reason)
                     self.refused[version] = f"cannot be served ({reason})"

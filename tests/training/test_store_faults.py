@@ -15,7 +15,7 @@ from training_helpers import TINY_NEURAL, ConfigFactory
 from cerebellar_norse.config import Config
 from cerebellar_norse.errors import CheckpointError
 from cerebellar_norse.neurons.topology import generate_weights
-from cerebellar_norse.training.checkpoints import NOT_ACTIVATED, ModelStore, load_model_dir
+from cerebellar_norse.training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, load_model_dir
 from cerebellar_norse.training.data import DataFileNotFoundError, resolve_data_file
 
 V1, V2 = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb"
@@ -259,3 +259,82 @@ def test_a_job_record_whose_write_a_crash_cut_off_leaves_no_temporary_file_after
     mgr = JobManager(cfg, lambda version: None, lambda loss: None)
     assert sorted(p.name for p in jobs.iterdir()) == ["abcd.json"]
     assert list(mgr.jobs) == ["abcd"] and mgr.get("abcd").state == "failed"
+
+
+@pytest.mark.parametrize("fault", [MemoryError("Unable to allocate 64.0 MiB"),
+                                   OSError(errno.EMFILE, "Too many open files"),
+                                   OSError(errno.ENFILE, "Too many open files in system"),
+                                   OSError(errno.ENOMEM, "Cannot allocate memory"),
+                                   OSError(errno.EAGAIN, "Resource temporarily unavailable"),
+                                   RuntimeError("can't start new thread")], ids=repr)
+def test_a_host_failure_building_the_engine_of_the_model_to_serve_refuses_the_start(
+        cfg: Config, store: ModelStore, fault: Exception) -> None:
+    """The host was short of memory, a descriptor or a thread while the active model's engine was built: the next
+    model would build (the failure passes), but serving it would move aside the market states saved with the active
+    one. The start is refused naming the model, the cause and what to do; nothing is refused as unusable."""
+    from cerebellar_norse.errors import EngineHostError, StorageError
+
+    built: list[str] = []
+
+    def build_once(model: StoredModel) -> None:
+        version = model.version
+        if not built:
+            built.append(version)
+            raise fault
+        built.append(version)
+
+    with pytest.raises(EngineHostError) as refused:
+        store.load_for_service(cfg, build_once)
+    assert built == [V1]  # no other model was tried
+    assert isinstance(refused.value, StorageError) and refused.value.path == str(store.root / V1)
+    text = str(refused.value)
+    assert text.startswith(f"cannot build the engine of model {V1} ({store.root / V1}): ")
+    assert "nothing is moved aside" in text and "start again" in text
+    assert refused.value.errno == (fault.errno if isinstance(fault, OSError) else None)
+    assert store.active_version() == V1 and (store.root / V1 / "weights.npz").is_file()
+
+
+def test_a_model_whose_engine_cannot_be_built_for_a_reason_of_its_own_is_still_refused(
+        cfg: Config, store: ModelStore) -> None:
+    """An error that says something about the model (here a ValueError) is no host failure: the next model is
+    served, degraded, as before."""
+    def misfit(model: StoredModel) -> None:
+        if model.version == V1:
+            raise ValueError("weights do not fit the kernel")
+
+    served = store.load_for_service(cfg, misfit)
+    assert served is not None and served.version == V2
+    assert store.fallback is not None and "cannot be served (ValueError: weights do not fit the kernel)" in store.fallback
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOMEM])
+def test_activating_a_model_the_host_has_no_descriptor_or_memory_to_read_is_a_capacity_refusal(
+        cfg: Config, store: ModelStore, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """Reading the model failed for want of a descriptor or memory: 503 capacity with Retry-After (try again), not 422
+    as a corrupt model; a permission error stays a model that cannot be loaded (422)."""
+    from cerebellar_norse.api.modelswap import verified_model
+    from cerebellar_norse.errors import CapacityError
+
+    real = Path.read_bytes
+
+    def short(path: Path) -> bytes:
+        if V2 in str(path) and path.name == "weights.npz":
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", short)
+    with pytest.raises(CapacityError) as refused:
+        verified_model(store, V2, cfg.neural)
+    assert not isinstance(refused.value, CheckpointError)
+    assert refused.value.retry_after_s == 5.0
+    assert f"(errno {code} {errno.errorcode[code]})" in str(refused.value) and "activate it again" in str(refused.value)
+
+    def denied(path: Path) -> bytes:
+        if V2 in str(path) and path.name == "weights.npz":
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(CheckpointError) as bad:
+        verified_model(store, V2, cfg.neural)
+    assert bad.value.field == "version"

@@ -1,0 +1,82 @@
+"""Fault injection at start: the engine of the model to serve cannot be built for a host reason.
+
+A real service process whose address space is limited (``RLIMIT_AS``, as ``prlimit --as``, ``ulimit -v`` or
+``LimitAS=`` set it) below what its market-state pool needs meets a real ``MemoryError`` while building the engine of
+the active model. That is the host's to fix, not the model's: the start stops (exit 1) with one line naming the model,
+the cause and what to do, and nothing in the state dir is moved aside or rewritten (serving another model, or the
+untrained network, would move aside the market state saved with this one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
+from live_helpers import REPO_ROOT, free_port, server_environ
+
+from cerebellar_norse.config import load_config
+from cerebellar_norse.neurons.topology import generate_weights
+from cerebellar_norse.training.checkpoints import ModelStore
+
+VERSION = "20240101T000000Z-aaaaaa"
+POOL_MARKETS = 240_000  # about 1.1 GB of market states (4,572 B each with the built-in network)
+MARGIN = 256 << 20  # address space left above what the process maps once its modules are imported (bytes)
+
+# The service's entry, with RLIMIT_AS set once the modules are imported (their mappings alone take about 1 GB): the
+# engine build that follows is the first large allocation.
+LIMITED_ENTRY = f"""
+import resource, sys
+import cerebellar_norse.api.server
+from cerebellar_norse.cli import run
+size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (size + {MARGIN}, resource.RLIM_INFINITY))
+sys.argv = ["cerebellar-norse", *sys.argv[1:]]
+sys.exit(run())
+"""
+
+
+def tree_of(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: its relative path and the SHA-256 of its bytes ("dir" for a directory)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs /proc (Linux)")
+@pytest.mark.skipif(ram_bytes() < 6 << 30, reason="the pool of this test (about 1.1 GB, limit 4 GB) needs 6 GB of RAM")
+def test_no_memory_for_the_engine_of_the_active_model_stops_the_start_and_moves_nothing_aside(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cfg = load_config(None, environ={})
+    store = ModelStore(state)
+    store.save(generate_weights(cfg), cfg, {"validation": {"loss": 0.9}}, version=VERSION)
+    store.set_active(VERSION)
+    (state / "market_state.bin").write_bytes(b"saved with the active model")  # must not be moved aside or rewritten
+    before = tree_of(state)
+    env = server_environ(state, {"CEREBELLAR_NORSE_PERFORMANCE__MAX_MARKETS": str(POOL_MARKETS),
+                                 "CEREBELLAR_NORSE_PERFORMANCE__MEMORY_POOL_SIZE": "2GB",
+                                 "CEREBELLAR_NORSE_PERFORMANCE__MEMORY_LIMIT": "4GB"})
+    done = subprocess.run([sys.executable, "-c", LIMITED_ENTRY, "--port", str(free_port())], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("cerebellar-norse: ")]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[0].startswith(f"cerebellar-norse: cannot build the engine of model {VERSION} "
+                               f"({state / 'models' / VERSION}): out of memory (MemoryError"), lines[0]
+    assert "nothing is moved aside" in lines[0] and "MemoryMax=" in lines[0], lines[0]
+    after = tree_of(state)
+    after.pop(".lock", None)  # the state dir's lock, taken before the model is loaded
+    assert after == before
