@@ -56,6 +56,7 @@ LIVE_KEYS = (
     "server.drain_s",
     "debug.record_requests",
     "training.auto_activate",
+    "training.stall_warning_s",
     "training.reset_state_on_swap",
 )
 
@@ -231,6 +232,7 @@ class TrainingConfig(_Section):
     data_timezone: str = Field(DEFAULT_ZONE, description='Time zone of tick files\' times written without an offset or zone (naive local times, as HistData, FirstRate Data or MetaTrader write them): "UTC", an IANA name such as "America/New_York" (daylight saving time included), or a fixed offset such as "-05:00" or "UTC+02:00". Times since the epoch and times with their own offset or zone are exact and not affected.')
     adjust_splits: bool = Field(True, description="Read a one-day move of a stock's prices that matches a common split ratio (2:1, 3:2, 1:10, …) within a tight tolerance, and is over 5 % and 25 times the market's median move, between two days, with volumes, as a split: the prices before it divided by the ratio (the volumes multiplied by it where they are as traded), noted (docs/training.md). false reads every price as written (a genuine move that happens to match a ratio).")
     threads: int = Field(1, ge=1, le=1024, description="CPU threads of the training process.")
+    stall_warning_s: float = Field(300.0, ge=1, le=86_400, description="A running job whose process has reported no progress and used no CPU time for this long (s) is stalled (stopped, frozen, hung on a dead mount): one WARNING, stalled_s in its status, cerebellar_norse_training_job_stalled 1; end it with DELETE /training/{job_id}.")
     auto_activate: bool = Field(True, description="Activate a trained model when it beats the active one on validation.")
     reset_state_on_swap: bool = Field(False, description="Reset market states when a new model is activated.")
     online_learning: bool = Field(False, description="Climbing-fibre online adaptation while serving.")

@@ -31,7 +31,13 @@ from ..neurons.topology import Weights, seed_version_weights
 from ..observability import systemd
 from ..observability.logging import setup_logging
 from ..observability.looplag import watch_loop_lag
-from ..observability.metrics import ServiceMetrics, connection_families, engine_families, health_families
+from ..observability.metrics import (
+    ServiceMetrics,
+    connection_families,
+    engine_families,
+    health_families,
+    training_job_families,
+)
 from ..observability.ratelimit import SummaryLog, installed_alike_limit
 from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
@@ -179,6 +185,8 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
     # the jobs read state.cfg when they need it, so what a SIGHUP reload applies holds for them too
     state.jobs = JobManager(lambda: state.cfg, lambda v: activate_version(state, store, v), metrics.training_loss.set,
                             metrics.job_ended)
+    jobs = state.jobs
+    metrics.add_source(training_job_families(lambda: jobs.stalled))
     loss = last_training_loss(state.jobs, model)
     if loss is not None:
         metrics.training_loss.set(loss)

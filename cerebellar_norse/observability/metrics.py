@@ -323,6 +323,19 @@ def health_families(ready: Callable[[], bool], degraded: Callable[[], bool]) -> 
     return collect
 
 
+def training_job_families(stalled: Callable[[], bool]) -> Callable[[], Iterable[Metric]]:
+    """Scrape-time gauge of whether the running training job is stalled (``stalled()``: no progress and no CPU time
+    for ``training.stall_warning_s``, :mod:`cerebellar_norse.training.stall`)."""
+
+    def collect() -> Iterable[Metric]:
+        yield GaugeMetricFamily("cerebellar_norse_training_job_stalled", "1 while the running training job has "
+                                "reported no progress and its process used no CPU time for training.stall_warning_s "
+                                "(stopped, frozen or hung: every new job is refused 409 meanwhile); 0 otherwise.",
+                                value=float(stalled()))
+
+    return collect
+
+
 def connection_families(open_connections: Callable[[], int],
                         limit: Callable[[], int]) -> Callable[[], Iterable[Metric]]:
     """Scrape-time gauges of the server's open connections (``open_connections()``: HTTP keep-alive and WebSocket

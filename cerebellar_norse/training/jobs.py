@@ -51,6 +51,7 @@ from ..storage import atomic_write_bytes
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
+from .stall import StallWatch
 
 JOB_START_RETRY_S = 5.0  # Retry-After of a job whose process could not be started (no process, memory or descriptor)
 
@@ -138,13 +139,16 @@ class JobStatus:
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
     report: list[str] = field(default_factory=list)
+    last_progress_at: float | None = None  # s since the epoch: the last progress the running job reported (or its start)
+    stalled_s: float | None = None  # s without progress or CPU time, once at least training.stall_warning_s (running)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (times as ISO-8601 UTC)."""
         d = asdict(self)
-        for k in ("created", "started", "finished"):
+        for k in ("created", "started", "finished", "last_progress_at"):
             v = d[k]
             d[k] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(v)) if v else None
+        d["stalled_s"] = None if self.stalled_s is None else round(self.stalled_s, 1)
         d["loss"] = finite_or_none(d["loss"])
         d["loss_history"] = finite_or_none(d["loss_history"])
         return d
@@ -475,6 +479,7 @@ class JobManager:
         self._epoch_losses: tuple[tuple[str, int] | None, tuple[float, int]] = (None, (0.0, 0))
         self._stop: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._watch: StallWatch | None = None  # whether the running job still makes progress
         self._active_at_start: str | None = None  # what models/ACTIVE named when the running job started
         self._cancelling: dict[str, str | None] = {}  # job id -> why, while a cancel is under way (None: a client's)
         self._unwritten: set[str] = set()  # jobs whose newest record could not be written (a full disk): in memory
@@ -602,7 +607,8 @@ class JobManager:
                                 f"short of processes, memory or file descriptors for now): try again",
                                 retry_after_s=JOB_START_RETRY_S) from None
         job.state = "running"
-        job.started = time.time()
+        job.started = job.last_progress_at = time.time()
+        self._watch = StallWatch(job.job_id, time.monotonic())
         self._write_record(job)
         self._task = asyncio.get_running_loop().create_task(self._monitor(job, out, req.activate))
         log.info("training job started", extra={"fields": {"job_id": job.job_id, "files": req.files}})
@@ -689,6 +695,7 @@ class JobManager:
             try:
                 kind, data = await loop.run_in_executor(None, out.get, True, 0.2)
             except queue.Empty:
+                self._check_stall(job)
                 if (self._proc is not None and not self._proc.is_alive() and job.state not in FINAL
                         and job.job_id not in self._cancelling):  # (a cancel terminates it: that cancel records it)
                     self._finish(job, "failed", exit_error(self._proc.exitcode))
@@ -702,6 +709,7 @@ class JobManager:
                 if job.state not in FINAL and job.job_id not in self._cancelling:
                     self._finish(job, "failed", exit_error(proc.exitcode if proc is not None else None))
                 return
+            self._reported(job)
             if kind == "progress":
                 self._on_progress(job, data)
                 if "warning" not in data:
@@ -715,6 +723,26 @@ class JobManager:
             else:
                 job.report = list(data.get("report", []))
                 self._finish(job, "failed", data.get("error", "unknown error"), bool(data.get("input")))
+
+    def _reported(self, job: JobStatus) -> None:
+        """The job's process sent something (progress, a warning, its result): it is not stalled."""
+        job.last_progress_at = time.time()
+        job.stalled_s = None
+        if self._watch is not None:
+            self._watch.reported(time.monotonic())
+
+    def _check_stall(self, job: JobStatus) -> None:
+        """Whether the running job is stalled (:mod:`.stall`): sets its ``stalled_s`` (None when not)."""
+        if self._watch is None or job.state != "running":
+            return
+        proc = self._proc
+        job.stalled_s = self._watch.check(proc.pid if proc is not None else None, time.monotonic(),
+                                          self.cfg.training.stall_warning_s)
+
+    @property
+    def stalled(self) -> bool:
+        """Whether a running job is stalled (the ``cerebellar_norse_training_job_stalled`` gauge)."""
+        return any(j.state == "running" and j.stalled_s is not None for j in self.jobs.values())
 
     def _on_progress(self, job: JobStatus, d: dict[str, Any]) -> None:
         if "warning" in d:
@@ -781,6 +809,7 @@ class JobManager:
         job.state = state
         job.error = error
         job.finished = time.time()
+        job.stalled_s = None
         self._proc = None
         self._ended(job, logging.INFO if state != "failed" else logging.WARNING if input_error else logging.ERROR)
 

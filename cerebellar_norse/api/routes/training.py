@@ -50,6 +50,14 @@ class TrainingStatusOut(BaseModel):
     warnings: list[str]
     error: str | None = Field(description="Why the job failed.")
     report: list[str] = Field(description="What was read of the data, line by line.")
+    last_progress_at: UtcTime | None = Field(
+        description="When the job's process last reported progress (after each training step; its start before the "
+                    "first), UTC; null for a job that never ran. A long gap is normal during an epoch's validation "
+                    "pass or while a large file is read: see stalled_s.")
+    stalled_s: float | None = Field(
+        description="Seconds the running job has reported no progress and its process used no CPU time (stopped, "
+                    "frozen in a cgroup, hung in D state on a dead mount), once at least training.stall_warning_s; "
+                    "null otherwise. End a stalled job with DELETE /training/{job_id}.")
 
 
 class StoredModelOut(BaseModel):

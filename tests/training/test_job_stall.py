@@ -1,0 +1,119 @@
+"""A training job whose process stops making progress (SIGSTOP, a cgroup freezer, a debugger, a hang in D state) is
+told apart from one that computes between two progress reports: it is stalled once it has reported nothing and used no
+CPU time for ``training.stall_warning_s``. Its status says since when (``stalled_s``, ``last_progress_at``), one
+WARNING names it with its process's state, the gauge ``cerebellar_norse_training_job_stalled`` is 1, and a DELETE ends
+it. Real processes, stopped and continued with real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from training_helpers import ConfigFactory
+
+from cerebellar_norse.training.jobs import JobManager, JobStatus
+from cerebellar_norse.training.stall import CHECK_EVERY_S, StallWatch, process_activity
+
+STALL_S = 1.5  # training.stall_warning_s of these tests
+
+
+def state_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def until(what: Callable[[], bool], limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_a_stopped_job_is_said_stalled_a_computing_one_is_not_and_a_delete_ends_it(
+        make_config: ConfigFactory, caplog: pytest.LogCaptureFixture) -> None:
+    from cerebellar_norse.training import jobs
+
+    cfg = make_config(training={"stall_warning_s": STALL_S})
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    # a job process computing between two progress reports (an epoch's validation pass): CPU time, no report
+    proc = ctx.Process(target=sum, args=(range(10**13),), daemon=True)
+    proc.start()
+    saved = jobs.KILL_GRACE_S
+
+    async def scenario() -> None:
+        job = mgr.jobs["stall1"] = JobStatus(job_id="stall1", state="running", files=["t.csv"], epoch=1,
+                                             started=time.time(), last_progress_at=time.time())
+        mgr.latest, mgr._proc, mgr._stop = "stall1", proc, ctx.Event()
+        mgr._watch = StallWatch("stall1", time.monotonic())
+        monitor = asyncio.create_task(mgr._monitor(job, out, "never"))
+        await asyncio.sleep(3 * STALL_S)  # silent, but computing: not stalled
+        assert job.stalled_s is None and not mgr.stalled and job.as_dict()["stalled_s"] is None
+        assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+        os.kill(proc.pid, signal.SIGSTOP)
+        await until(lambda: job.stalled_s is not None)
+        assert job.stalled_s is not None and job.stalled_s >= STALL_S and mgr.stalled
+        status = job.as_dict()
+        assert status["state"] == "running" and status["stalled_s"] >= STALL_S
+        assert status["last_progress_at"] is not None and status["last_progress_at"].endswith("Z")
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and warned[0].startswith("training job stall1 is stalled: no progress and no CPU time"), warned
+        assert f"its process {proc.pid} is stopped" in warned[0] and "DELETE /training/stall1" in warned[0]
+        await asyncio.sleep(2 * CHECK_EVERY_S)
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1  # said once per stall
+
+        os.kill(proc.pid, signal.SIGCONT)  # continued: computing again
+        await until(lambda: job.stalled_s is None)
+        assert not mgr.stalled
+        assert any("training job stall1 makes progress again after" in r.getMessage() for r in caplog.records)
+
+        os.kill(proc.pid, signal.SIGSTOP)  # stopped again; the operator ends it
+        await until(lambda: job.stalled_s is not None)
+        ended = (await asyncio.wait_for(mgr.cancel("stall1"), 30)).as_dict()
+        assert ended["state"] == "cancelled" and ended["stalled_s"] is None and not mgr.stalled
+        assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
+        monitor.cancel()
+
+    try:
+        jobs.KILL_GRACE_S = 0.5
+        with caplog.at_level(logging.INFO, logger="cerebellar_norse.training"):
+            asyncio.run(scenario())
+    finally:
+        jobs.KILL_GRACE_S = saved
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.join()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_the_activity_of_a_process_is_its_cpu_time_and_state() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=sum, args=(range(10**13),), daemon=True)
+    proc.start()
+    try:
+        first = process_activity(proc.pid)
+        time.sleep(1.0)
+        second = process_activity(proc.pid)
+        assert first is not None and second is not None and second[0] > first[0] and second[1] in "RS"
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while state_of(proc.pid) != "T":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        stopped = process_activity(proc.pid)
+        time.sleep(0.5)
+        assert stopped is not None and stopped[1] == "T" and process_activity(proc.pid) == stopped
+    finally:
+        proc.kill()
+        proc.join()
+    assert process_activity(proc.pid) is None  # gone (reaped)
