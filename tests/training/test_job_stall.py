@@ -117,3 +117,72 @@ def test_the_activity_of_a_process_is_its_cpu_time_and_state() -> None:
         proc.kill()
         proc.join()
     assert process_activity(proc.pid) is None  # gone (reaped)
+
+
+FREEZER_V1 = Path("/sys/fs/cgroup/freezer")
+
+
+def freezer_or_skip(tmp_name: str) -> Path:
+    """A new cgroup v1 freezer group (its tasks frozen show in D state, and a SIGKILL waits for the thaw); skips where
+    there is none or it may not be made (no root, cgroup v2 only)."""
+    if not (FREEZER_V1 / "freezer.state").exists() and not (FREEZER_V1 / "tasks").exists():
+        pytest.skip("no cgroup v1 freezer here")
+    group = FREEZER_V1 / tmp_name
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a freezer cgroup: {exc}")
+    return group
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_a_job_hung_in_d_state_is_said_stalled_and_a_delete_records_it_cancelled_and_says_its_process_lingers(
+        make_config: ConfigFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """A process frozen by the cgroup v1 freezer is in D state (as one hung on a dead mount): it uses no CPU time and
+    even SIGKILL waits for the thaw. The job is stalled, its WARNING says D state; a DELETE records it cancelled (the
+    next job may start) and one WARNING says the process ends when its wait does; thawed, it dies of the SIGKILL."""
+    from cerebellar_norse.training import jobs
+
+    group = freezer_or_skip(f"cerebellar-norse-test-{os.getpid()}")
+    cfg = make_config(training={"stall_warning_s": STALL_S})
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=sum, args=(range(10**13),), daemon=True)
+    proc.start()
+    saved = (jobs.KILL_GRACE_S, jobs.CANCEL_GRACE_S)
+
+    async def scenario() -> None:
+        job = mgr.jobs["hung1"] = JobStatus(job_id="hung1", state="running", files=["t.csv"], epoch=1,
+                                            started=time.time(), last_progress_at=time.time())
+        mgr.latest, mgr._proc, mgr._stop = "hung1", proc, ctx.Event()
+        mgr._watch = StallWatch("hung1", time.monotonic())
+        monitor = asyncio.create_task(mgr._monitor(job, out, "never"))
+        (group / "cgroup.procs").write_text(str(proc.pid))
+        (group / "freezer.state").write_text("FROZEN")
+        await until(lambda: state_of(proc.pid) == "D")
+        await until(lambda: job.stalled_s is not None)
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and "is in an uninterruptible wait (D state" in warned[0], warned
+        ended = (await asyncio.wait_for(mgr.cancel("hung1"), 30)).as_dict()
+        assert ended["state"] == "cancelled" and not mgr.busy and not mgr.stalled
+        assert proc.is_alive() and state_of(proc.pid) == "D"  # the kernel holds it until the thaw
+        lingering = [r.getMessage() for r in caplog.records if "after SIGKILL either" in r.getMessage()]
+        assert len(lingering) == 1 and f"training job process {proc.pid} did not end" in lingering[0], lingering
+        assert "uninterruptible wait" in lingering[0] and "can write no model" in lingering[0]
+        monitor.cancel()
+
+    try:
+        jobs.KILL_GRACE_S, jobs.CANCEL_GRACE_S = 0.5, 0.2
+        with caplog.at_level(logging.INFO, logger="cerebellar_norse.training"):
+            asyncio.run(scenario())
+        (group / "freezer.state").write_text("THAWED")
+        proc.join(10)
+        assert proc.exitcode == -signal.SIGKILL  # the SIGKILL waited for the thaw: no user code ran after the cancel
+    finally:
+        jobs.KILL_GRACE_S, jobs.CANCEL_GRACE_S = saved
+        (group / "freezer.state").write_text("THAWED")
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        group.rmdir()
