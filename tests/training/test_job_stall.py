@@ -7,9 +7,11 @@ it. Real processes, stopped and continued with real signals."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -186,3 +188,79 @@ def test_a_job_hung_in_d_state_is_said_stalled_and_a_delete_records_it_cancelled
             proc.kill()
             proc.join()
         group.rmdir()
+
+
+def job_process_of(service_pid: int) -> int:
+    """The pid of the service's training job process (its spawned child; not the resource tracker)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == service_pid and b"spawn_main" in cmdline:
+            return int(entry.name)
+    raise AssertionError("no job process")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_a_stopped_job_of_a_live_service_shows_in_its_status_and_metrics_and_a_delete_ends_it(tmp_path: Path) -> None:
+    import httpx
+    from training_helpers import start
+
+    from cerebellar_norse.synthetic import generate_ticks
+    from cerebellar_norse.training.data import write_csv
+
+    data = tmp_path / "data"
+    write_csv(data / "ticks.csv", generate_ticks(20000, 2, seed=3))
+    srv = start(tmp_path / "state", tmp_path / "server.log", {"CEREBELLAR_NORSE_PATHS__DATA_DIR": str(data),
+                                                             "CEREBELLAR_NORSE_TRAINING__STALL_WARNING_S": "2"})
+    pid = 0
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30.0) as c:
+            r = c.post("/training", json={"files": ["ticks.csv"], "epochs": 200, "activate": "never"})
+            assert r.status_code == 202, r.text
+            job_id = r.json()["job_id"]
+
+            def status() -> dict[str, object]:
+                got = c.get(f"/training/status/{job_id}")
+                assert got.status_code == 200, got.text
+                answer: dict[str, object] = got.json()
+                return answer
+
+            def gauge() -> float:
+                m = re.search(r"^cerebellar_norse_training_job_stalled (\S+)$", c.get("/metrics").text, re.M)
+                assert m is not None
+                return float(m[1])
+
+            deadline = time.monotonic() + 120
+            while float(status()["progress"]) <= 0:  # type: ignore[arg-type]
+                assert time.monotonic() < deadline, status()
+                time.sleep(0.2)
+            st = status()
+            assert st["state"] == "running" and st["stalled_s"] is None and isinstance(st["last_progress_at"], str)
+            assert gauge() == 0.0
+            pid = job_process_of(srv.proc.pid)
+            os.kill(pid, signal.SIGSTOP)
+            deadline = time.monotonic() + 30
+            while status()["stalled_s"] is None:
+                assert time.monotonic() < deadline, status()
+                time.sleep(0.2)
+            st = status()
+            assert st["state"] == "running" and float(st["stalled_s"]) >= 2.0  # type: ignore[arg-type]
+            assert gauge() == 1.0
+            assert c.post("/training", json={"files": ["ticks.csv"], "epochs": 1}).status_code == 409
+            ended = c.delete(f"/training/{job_id}")
+            assert ended.status_code == 200 and ended.json()["state"] == "cancelled", ended.text
+            assert ended.json()["stalled_s"] is None and gauge() == 0.0
+            assert not Path(f"/proc/{pid}").exists() or state_of(pid) == "Z"
+        assert f"training job {job_id} is stalled: no progress and no CPU time for" in srv.log()
+    finally:
+        if pid and Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        rc = srv.stop()
+    assert rc == 0, srv.log()[-3000:]
