@@ -511,7 +511,7 @@ class JobManager:
                 kept = {k: d[k] for k in _RECORD_FIELDS if k in d}
                 st = _JOB_RECORD.validate_python({"job_id": d["job_id"], "state": d["state"], "files": d.get("files", []),
                                                   **kept})  # each field of its type: a record is read back as written
-                for k in ("created", "started", "finished"):  # as_dict wrote them as ISO-8601 UTC
+                for k in ("created", "started", "finished", "last_progress_at"):  # as_dict wrote them as ISO-8601 UTC
                     if d.get(k):
                         setattr(st, k, calendar.timegm(time.strptime(d[k], "%Y-%m-%dT%H:%M:%SZ")))
                 if st.state in ("queued", "running"):  # its service died with it: the job process died too

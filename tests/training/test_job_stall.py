@@ -264,3 +264,13 @@ def test_a_stopped_job_of_a_live_service_shows_in_its_status_and_metrics_and_a_d
                 os.kill(pid, signal.SIGKILL)
         rc = srv.stop()
     assert rc == 0, srv.log()[-3000:]
+
+
+def test_the_last_progress_time_of_a_finished_job_is_read_back_after_a_restart(make_config: ConfigFactory) -> None:
+    cfg = make_config()
+    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
+    job = mgr.jobs["done1"] = JobStatus(job_id="done1", state="running", files=["t.csv"], started=1_790_000_000.0,
+                                        last_progress_at=1_790_000_321.0)
+    mgr._finish(job, "succeeded", None)
+    again = JobManager(cfg, lambda version: None, lambda loss: None).get("done1").as_dict()
+    assert again["last_progress_at"] == "2026-09-21T14:18:41Z" and again["stalled_s"] is None
