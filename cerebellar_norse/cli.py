@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .argtypes import int_in, non_negative, time_arg, zone_arg, zoned_time_problem
-from .errors import CerebellarNorseError, CheckpointError, ConfigError, ConfigProblem, InputError, StorageError
+from .errors import (
+    CerebellarNorseError,
+    CheckpointError,
+    ConfigError,
+    ConfigProblem,
+    InputError,
+    StorageError,
+    host_shortage_reason,
+)
 from .scaleout.cli import add_parsers as add_scaleout_parsers
 from .scaleout.cli import commands as scaleout_commands
 from .scaleout.cli import misused_flag as scaleout_misused_flag
@@ -509,8 +517,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`… | head`): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         return EXIT_BROKEN_PIPE
-    except OSError as exc:  # an output file that cannot be written (full or read-only disk): one line, no traceback
-        if exc.filename or StorageError.is_write_failure(exc):
+    except (OSError, MemoryError) as exc:  # an output file that cannot be written (full or read-only disk): one line
+        short = host_shortage_reason(exc)
+        if short is not None:  # no descriptor, memory or process for this command: the host's, not a file's fault
+            where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
+            _err(f"the host is short of file descriptors, memory or processes: {where}{short}: raise the limit "
+                 "(LimitNOFILE=, MemoryMax=, TasksMax=; ulimit -n/-v/-u) or free them, and start again")
+        elif not isinstance(exc, OSError):
+            raise
+        elif exc.filename or StorageError.is_write_failure(exc):
             _err(str(StorageError.from_os_error("cannot write", exc.filename or "output", exc)))
         else:  # no file and no full disk: a socket (a timeout), not a write
             _err(f"{type(exc).__name__}: {exc.strerror or exc}")

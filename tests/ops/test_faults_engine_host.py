@@ -80,3 +80,26 @@ def test_no_memory_for_the_engine_of_the_active_model_stops_the_start_and_moves_
     after = tree_of(state)
     after.pop(".lock", None)  # the state dir's lock, taken before the model is loaded
     assert after == before
+
+
+@pytest.mark.parametrize(("fault", "said"), [
+    (OSError(24, "Too many open files"), "Too many open files (errno 24 EMFILE)"),
+    (OSError(24, "Too many open files", "/usr/lib/python3/site-packages/numpy/entry_points.txt"),
+     "/usr/lib/python3/site-packages/numpy/entry_points.txt: Too many open files (errno 24 EMFILE)"),
+    (MemoryError("Unable to allocate 4.17 GiB"), "out of memory (MemoryError: Unable to allocate 4.17 GiB)"),
+], ids=["EMFILE without a file (the event loop's socketpair)", "EMFILE reading a module's file", "MemoryError"])
+def test_a_start_the_host_has_no_descriptor_or_memory_for_is_one_line_naming_the_cause(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fault: BaseException, said: str) -> None:
+    """Outside the model's engine (the event loop's self-pipe, a module's file read at import): under a low ``ulimit -n``
+    the start said ``OSError: Too many open files`` (or ``cannot write <a file it only read>``), and a MemoryError was a
+    traceback. One line now names the cause and what to do."""
+    from cerebellar_norse import cli
+
+    def failing(args: object) -> int:
+        raise fault
+
+    monkeypatch.setattr(cli, "_dispatch", lambda args: failing)
+    assert cli.main([]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"cerebellar-norse: the host is short of file descriptors, memory or processes: {said}: raise the "
+                   "limit (LimitNOFILE=, MemoryMax=, TasksMax=; ulimit -n/-v/-u) or free them, and start again"], err
