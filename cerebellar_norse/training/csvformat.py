@@ -448,6 +448,19 @@ YF_ROW_NUMBER = "(row number)"  # the first column of yfinance's download after 
 ROW_NAMES_SAMPLE = 20  # rows that must all have one field more than the header for it to lack the row names' name
 
 
+def rows_after_header(path: Path, delimiter: str, skip: int, count: int) -> list[list[str]] | None:
+    """Up to ``count`` rows of a tick file after its header (the line after ``skip`` lines), as ``csv`` reads them
+    (empty rows included); None when the file cannot be read."""
+    try:
+        with open_tick_text(path) as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            for _ in range(skip + 1):
+                next(reader, None)
+            return [row for _, row in zip(range(count), reader, strict=False)]
+    except (OSError, csv.Error):
+        return None
+
+
 def row_names_header(path: Path, header: list[str], delimiter: str = ",", skip: int = 0) -> list[str] | None:
     """The header with an unnamed first column before its names, for a file whose header names no time column and
     whose first ``ROW_NAMES_SAMPLE`` rows each have one field more than it: R's ``write.table`` (``row.names = TRUE``,
@@ -456,14 +469,8 @@ def row_names_header(path: Path, header: list[str], delimiter: str = ",", skip: 
     ``skip`` lines)."""
     if not header or any(match_name(header_name(h)) in TIME_COLUMNS for h in header):
         return None
-    try:
-        with open_tick_text(path) as fh:
-            reader = csv.reader(fh, delimiter=delimiter)
-            for _ in range(skip + 1):
-                next(reader, None)
-            rows = [row for _, row in zip(range(ROW_NAMES_SAMPLE), reader, strict=False) if row]
-    except (OSError, csv.Error):
-        return None
+    read = rows_after_header(path, delimiter, skip, ROW_NAMES_SAMPLE)
+    rows = [row for row in read or [] if row]
     if not rows or any(len(row) != len(header) + 1 for row in rows):
         return None
     return ["", *header]
@@ -481,14 +488,10 @@ def yfinance_header(path: Path, header: list[str], delimiter: str = ",",
     column named once per symbol)."""
     if not header:
         return None
-    try:
-        with open_tick_text(path) as fh:
-            reader = csv.reader(fh, delimiter=delimiter)
-            for _ in range(skip + 1):
-                next(reader, None)
-            second, third = next(reader, None), next(reader, None)
-    except (OSError, csv.Error):
+    read = rows_after_header(path, delimiter, skip, 2)
+    if read is None:
         return None
+    second, third = [*read, None, None][:2]
     if second is None or len(second) != len(header):
         return None
     tops = header_name(header[0]).lower(), header_name(second[0]).lower()
