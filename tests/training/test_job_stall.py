@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from training_helpers import ConfigFactory
@@ -37,18 +38,24 @@ async def until(what: Callable[[], bool], limit_s: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def busy_job(make_config: ConfigFactory) -> tuple[JobManager, Any, Any, Any]:
+    """A job manager with ``training.stall_warning_s`` = STALL_S, a spawn context, a report queue and a started process
+    that computes (uses CPU time) and never reports: the manager's job process in the tests below."""
+    mgr = JobManager(make_config(training={"stall_warning_s": STALL_S}), lambda version: None, lambda loss: None)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=sum, args=(range(10**13),), daemon=True)
+    proc.start()
+    return mgr, ctx, out, proc
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
 def test_a_stopped_job_is_said_stalled_a_computing_one_is_not_and_a_delete_ends_it(
         make_config: ConfigFactory, caplog: pytest.LogCaptureFixture) -> None:
     from cerebellar_norse.training import jobs
 
-    cfg = make_config(training={"stall_warning_s": STALL_S})
-    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
     # a job process computing between two progress reports (an epoch's validation pass): CPU time, no report
-    proc = ctx.Process(target=sum, args=(range(10**13),), daemon=True)
-    proc.start()
+    mgr, ctx, out, proc = busy_job(make_config)
     saved = jobs.KILL_GRACE_S
 
     async def scenario() -> None:
@@ -146,12 +153,7 @@ def test_a_job_hung_in_d_state_is_said_stalled_and_a_delete_records_it_cancelled
     from cerebellar_norse.training import jobs
 
     group = freezer_or_skip(f"cerebellar-norse-test-{os.getpid()}")
-    cfg = make_config(training={"stall_warning_s": STALL_S})
-    mgr = JobManager(cfg, lambda version: None, lambda loss: None)
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=sum, args=(range(10**13),), daemon=True)
-    proc.start()
+    mgr, ctx, out, proc = busy_job(make_config)
     saved = (jobs.KILL_GRACE_S, jobs.CANCEL_GRACE_S)
 
     async def scenario() -> None:
