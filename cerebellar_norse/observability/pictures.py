@@ -519,7 +519,7 @@ def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None
     """``cerebellar-norse plot-market``: fetch a market's raster PNG from the running service and write it."""
     import httpx
 
-    from ..httpcalls import bearer, call_failure, request_errors
+    from ..httpcalls import bearer, call_failure, request_errors, service_error_message
     from .debugtools import config_token, service_url
 
     url = url or service_url(cfg)
@@ -534,10 +534,7 @@ def cmd_plot_market(cfg: Config, market: str, url: str | None, token: str | None
         if r.status_code == 401:
             why = "401 unauthorized: pass the service's token (--token, or server.api_token in --config)"
         else:
-            try:
-                why = f"{r.status_code}: {r.json()['error']['message']}"
-            except (ValueError, KeyError, TypeError):
-                why = f"{r.status_code}: not a PNG"
+            why = f"{r.status_code}: {service_error_message(r) or 'not a PNG'}"
         print(f"cerebellar-norse: {url.rstrip('/')}{raster_path(market, ticks).split('?')[0]}: {why}", file=sys.stderr)
         return 1
     write_output(Path(output), r.content)

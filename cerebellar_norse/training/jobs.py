@@ -51,7 +51,7 @@ from ..storage import atomic_write_bytes
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
-from .stall import STATE_WORDS, StallWatch, process_activity
+from .stall import StallWatch, process_activity, state_words
 
 JOB_START_RETRY_S = 5.0  # Retry-After of a job whose process could not be started (no process, memory or descriptor)
 
@@ -671,7 +671,7 @@ class JobManager:
         if await _ended_within(proc, KILL_GRACE_S):
             return
         seen = process_activity(proc.pid)  # in an uninterruptible wait (D state: a dead mount, a frozen cgroup v1)
-        state = STATE_WORDS.get(seen[1], seen[1]) if seen is not None else "unknown"
+        state = state_words(seen)
         log.warning("training job process %s did not end %g s after SIGKILL either (it is %s): it ends when its wait "
                     "does (restore the mount, thaw its cgroup); the job is recorded cancelled, it can write no model, "
                     "and the next job may start", proc.pid, KILL_GRACE_S, state,

@@ -20,6 +20,11 @@ STATE_WORDS = {"R": "running", "S": "sleeping", "D": "in an uninterruptible wait
 CHECK_EVERY_S = 1.0  # how often the process's CPU time is read (s)
 
 
+def state_words(seen: tuple[float, str] | None) -> str:
+    """The process state of a :func:`process_activity` reading in words (``"unknown"`` where none was read)."""
+    return "unknown" if seen is None else STATE_WORDS.get(seen[1], seen[1])
+
+
 def process_activity(pid: int) -> tuple[float, str] | None:
     """CPU time used so far by process ``pid`` (user + system, s) and its state letter (``R``, ``S``, ``D``, ``T``,
     …), from ``/proc/<pid>/stat``; None where it cannot be read (no /proc, the process gone)."""
@@ -74,7 +79,7 @@ class StallWatch:
             idle = now - self.last_active
             if idle >= limit_s and self.stalled_since is None:
                 self.stalled_since = self.last_active
-                state = STATE_WORDS.get(seen[1], seen[1]) if seen is not None else "unknown"
+                state = state_words(seen)
                 log.warning("training job %s is stalled: no progress and no CPU time for %.0f s (its process %s is %s); "
                             "every new job is refused (409) while it runs: continue it (kill -CONT, thaw its cgroup, "
                             "restore the mount) or end it with DELETE /training/%s", self.job_id, idle, pid, state,
