@@ -228,20 +228,23 @@ def make_plan(old: list[Replica], new: list[Replica], holdings: Mapping[str, Map
     return plan
 
 
+def _tried(call: Callable[[str, str], None], url: str, market: str, left: list[str], unless: str) -> None:
+    """``call(url, market)``; where it fails, ``unless`` (what stays as it is) and why are added to ``left`` instead
+    of raised, so that every other call is still made."""
+    try:
+        call(url, market)
+    except RebalanceError as exc:
+        left.append(f"{unless} ({exc})")
+
+
 def give_back(done: list[Move], frozen: Move | None, calls: Replicas) -> list[str]:
     """Undo the moves of a run that failed before the switch: thaw each market at its holder, forget each imported copy.
     Every call is tried; returns the ones that failed, each as the call to make and why."""
-    left = []
+    left: list[str] = []
     for mv in [*done, *([frozen] if frozen else [])]:  # first: the market is served again where HAProxy routes it
-        try:
-            calls.thaw(mv.source, mv.market_id)
-        except RebalanceError as exc:
-            left.append(f"{mv.market_id} stays frozen at {mv.source} ({exc})")
+        _tried(calls.thaw, mv.source, mv.market_id, left, f"{mv.market_id} stays frozen at {mv.source}")
     for mv in done:
-        try:
-            calls.reset(mv.target, mv.market_id)
-        except RebalanceError as exc:
-            left.append(f"{mv.market_id}: its imported copy stays at {mv.target} ({exc})")
+        _tried(calls.reset, mv.target, mv.market_id, left, f"{mv.market_id}: its imported copy stays at {mv.target}")
     return left
 
 
@@ -279,15 +282,9 @@ def execute(plan: Plan, calls: Replicas, switch: Callable[[], None], log: Callab
     left = []
     releases = [(mv.source, mv.market_id) for mv in done] + [(r["replica"], r["market_id"]) for r in plan.releases]
     for url, market in releases:
-        try:
-            calls.release(url, market)
-        except RebalanceError as exc:
-            left.append(f"{market} at {url} ({exc})")
+        _tried(calls.release, url, market, left, f"{market} at {url}")
     for t in plan.thaws:
-        try:
-            calls.thaw(t["replica"], t["market_id"])
-        except RebalanceError as exc:
-            left.append(f"{t['market_id']} frozen at its owner {t['replica']} ({exc})")
+        _tried(calls.thaw, t["replica"], t["market_id"], left, f"{t['market_id']} frozen at its owner {t['replica']}")
     if left:
         raise RebalanceError(f"the routing is switched, but {len(left)} market(s) were not released or thawed: "
                              f"{'; '.join(left)}. Run the same rebalance again once every replica answers")
