@@ -27,6 +27,7 @@ from ..errors import (
     MarketMovingError,
     StorageError,
     TickOrderError,
+    host_shortage_reason,
     quoted,
 )
 from ..observability.context import request_id_var
@@ -158,13 +159,10 @@ def host_shortage(exc: BaseException) -> str | None:
     OSError EAGAIN, ENOMEM, EMFILE or ENFILE that nothing handled, or EINTR: a system call a signal interrupted that
     Python does not make again); None for any other error. Said in one WARNING
     line, at most every :data:`HOST_SHORTAGE_LOG_S` (no traceback: nothing is wrong with the service's code)."""
-    if isinstance(exc, MemoryError):
-        reason = "out of memory"
-    elif isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
-        reason = "cannot start a thread (can't start new thread)"
-    elif isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EINTR):
-        reason = StorageError.os_reason(exc)  # (EINTR: a call Python does not make again, e.g. listing a directory)
-    else:
+    reason = host_shortage_reason(exc)
+    if reason is None and isinstance(exc, OSError) and exc.errno == errno.EINTR:
+        reason = StorageError.os_reason(exc)  # a call Python does not make again, e.g. listing a directory
+    if reason is None:
         return None
     now = time.monotonic()
     level = logging.WARNING if now - _shortage_said[0] >= HOST_SHORTAGE_LOG_S else logging.DEBUG
