@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from datetime import UTC, tzinfo
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:
@@ -62,14 +63,22 @@ def _checked(text: str, check: Callable[[str], object]) -> str:
 
 
 def time_arg(text: str) -> str:
-    """An argparse type: a time as ``--since`` takes it (ms since the epoch or ISO 8601), kept as written.
+    """An argparse type: a time as ``--since`` takes it (ms since the epoch or ISO 8601, or a date written with
+    slashes or dots, ``3/8/2011``, read later in the order of the files' dates), kept as written.
 
     A time without an offset is checked here in UTC (a type sees no other option); in the zone of ``--timezone``
     it is checked after parsing, by :func:`zoned_time_problem`.
     """
-    from .training.csvtime import parse_time_ms
+    return _checked(text, lambda t: _since_time(t, UTC))
 
-    return _checked(text, lambda t: parse_time_ms(t, "time"))
+
+def _since_time(text: str, zone: tzinfo) -> None:
+    """ValueError when ``text`` is no time ``--since`` takes in ``zone``: a date with slashes or dots must be a time
+    in at least one order of day and month, anything else ms or ISO 8601."""
+    from .training.csvtime import parse_time_ms, slash_readings
+
+    if not slash_readings(text, "time", zone):
+        parse_time_ms(text, "time", zone)
 
 
 def zoned_time_problem(text: str, zone_text: str) -> str | None:
@@ -78,10 +87,9 @@ def zoned_time_problem(text: str, zone_text: str) -> str | None:
     when its clocks go forward, or one outside 1970..2100 there; None when it is a time. A time of the hour a zone
     repeats is its first occurrence, as in the tick files."""
     from .timezones import parse_zone
-    from .training.csvtime import parse_time_ms
 
     try:
-        parse_time_ms(text, "time", parse_zone(zone_text))
+        _since_time(text, parse_zone(zone_text))
     except ValueError as exc:
         return f"in --timezone {zone_text}, {exc}"
     return None

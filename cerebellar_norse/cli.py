@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", metavar="VERSION", help="stored model version (default: the active model)")
     ev.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with plots")
     ev.add_argument("--since", metavar="TIME", type=time_arg,
-                    help="score only ticks at or after TIME (ms or ISO 8601, or YYYYMMDD in files of such dates; one "
+                    help="score only ticks at or after TIME (ms or ISO 8601, or YYYYMMDD in files of such dates, or 3/8/2011 in the "
+                         "order of the files' dates; one "
                          "without an offset in the files' zone, "
                          "the first of an hour it repeats, refused in an hour it skips); earlier ones warm the network up")
     ev.add_argument("--cost-bp", type=float, default=0.0, help="round-trip cost in basis points for the P&L, charged on turnover: half of it per unit of position bought or sold, 0 to 10000 (default 0)")

@@ -231,12 +231,33 @@ def _recorded_counts(metrics: dict[str, Any]) -> tuple[np.ndarray | None, str]:
 def _since_ms(text: str, data: TickData, zone: tzinfo) -> int:
     """``--since`` as ms since the epoch: written in the files' own compact form (``20130305`` where every file's
     times are YYYYMMDD dates, and likewise YYYYMMDDHH and YYYYMMDDHHMM[SS]), as they are read, in ``zone``; else a
-    number is ms since the epoch and a date or date-time ISO 8601 (see :func:`~.csvtime.parse_time_ms`)."""
-    from .csvtime import compact_form_ms, parse_time_ms
+    number is ms since the epoch and a date or date-time ISO 8601 (see :func:`~.csvtime.parse_time_ms`). A date
+    written with slashes or dots (``3/8/2011``) is read in the order of the files' own such dates (month/day/year
+    where they are so); where they have none, or both orders, only when both orders read it alike (``3/3/2011``)
+    or one alone is a date (``13/8/2011``); else ValueError naming the ISO 8601 forms of both."""
+    from .csvtime import compact_form_ms, parse_time_ms, slash_readings
 
     units = {f.time_unit or "" for f in data.formats}  # "" for ISO dates: no compact form
     compact = compact_form_ms(text, units.pop(), zone) if len(units) == 1 else None
-    return compact if compact is not None else parse_time_ms(text, "--since", zone)
+    if compact is not None:
+        return compact
+    readings = slash_readings(text, "--since", zone)
+    if not readings:
+        return parse_time_ms(text, "--since", zone)
+    orders = {f.dates for f in data.formats if f.dates is not None}
+    if len(orders) == 1:
+        day_first = orders.pop() == "day/month/year"
+        if day_first not in readings:
+            order = "D/M/YYYY" if day_first else "M/D/YYYY"
+            raise ValueError(f"--since {text!r} is not a valid date read as {order}, as the files' dates are written")
+        return readings[day_first]
+    if len(set(readings.values())) == 1:
+        return next(iter(readings.values()))
+    from .csvtime import from_slash
+
+    why = "the files write both orders" if orders else "the files' dates do not say which comes first"
+    raise ValueError(f"--since {text!r} could be day/month or month/day ({why}): write it as ISO 8601, "
+                     f"{from_slash(text.strip(), False)} (month/day) or {from_slash(text.strip(), True)} (day/month)")
 
 
 def _check_since(text: str | None, since_ms: int, data: TickData) -> None:

@@ -301,6 +301,24 @@ def parse_time_ms(text: str, name: str = "time", zone: tzinfo = UTC) -> int:
     return ms
 
 
+def slash_readings(text: str, name: str = "time", zone: tzinfo = UTC) -> dict[bool, int]:
+    """A date written with slashes or dots (``3/8/2011``, ``08.03.2011 09:30``) read in each order it is a valid time
+    in (``zone`` for one without an offset): day first (True) and month first (False) -> ms since the epoch; empty
+    when ``text`` is no such date, ValueError naming ``name`` when it is one but no order reads it as a time."""
+    if SLASH_DATE.match(text.strip()) is None:
+        return {}
+    readings: dict[bool, int] = {}
+    problem = ""
+    for day_first in (True, False):
+        try:
+            readings[day_first] = time_any(text, name, day_first, zone=zone)
+        except ValueError as exc:
+            problem = problem or str(exc)
+    if not readings:
+        raise ValueError(f"{name} {text!r} is not a valid date read as D/M/YYYY or as M/D/YYYY ({problem})")
+    return readings
+
+
 def from_slash(text: str, day_first: bool) -> str:
     """A date ``M/D/YYYY`` or ``D/M/YYYY`` (slashes or dots, maybe with a time) as ISO 8601; unchanged when not one."""
     m = SLASH_DATE.match(text)

@@ -580,3 +580,57 @@ def test_since_written_as_the_files_yyyymmdd_dates_is_read_as_that_date(
     assert 0 < scored["20130305"]["samples"] <= later
     assert main(["evaluate", "ticks.csv", "--since", "20130305", "--json", "--bootstrap", "0"]) == 0  # ms times: ms
     assert _json(capsys)["since_utc"] == "1970-01-01T05:35:30.305Z"
+
+
+def _slash_dates(path: Path, day_first: bool) -> np.ndarray:
+    """A daily file (``Date,Close``) of 2010-2012 business days written ``3/8/2011`` (month first, as ffn's and
+    Excel's US exports) or ``8/3/2011`` (day first); returns the days."""
+    rng = np.random.default_rng(6)
+    days = np.arange(np.datetime64("2010-01-04"), np.datetime64("2012-12-31"))
+    days = days[np.is_busday(days)]
+    price = 30.0 * np.exp(np.cumsum(rng.normal(0.0, 0.015, len(days))))
+    lines = ["Date,Close"]
+    for d, p in zip(days, price, strict=True):
+        y, m, dd = str(d).split("-")
+        lines.append(f"{int(dd)}/{int(m)}/{y},{p:.2f}" if day_first else f"{int(m)}/{int(dd)}/{y},{p:.2f}")
+    path.write_text("\n".join(lines) + "\n")
+    return days
+
+
+def test_since_written_as_the_files_slash_dates_is_read_in_their_order(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user of a file of ``3/8/2011`` dates (month first; ffn's test data) types ``--since 3/8/2011``: it was
+    refused as no time (ms or ISO 8601). It is read in the order of the files' dates, the same as ``--since
+    2011-03-08``; in a file of day-first dates ``8/3/2011`` is that day too. Where the files' dates do not say the
+    order, an ambiguous one is refused naming both ISO 8601 forms, an unambiguous one read."""
+    assert main(["train", "ticks.csv", "--epochs", "1", "--activate", "--json"]) == 0
+    capsys.readouterr()
+    days = _slash_dates(env / "us.csv", day_first=False)
+    _slash_dates(env / "eu.csv", day_first=True)
+    scored = {}
+    for file, since in (("us.csv", "3/8/2011"), ("us.csv", "2011-03-08"), ("eu.csv", "8/3/2011"), ("eu.csv", "08.03.2011")):
+        assert main(["evaluate", file, "--since", since, "--json", "--bootstrap", "0"]) == 0
+        captured = capsys.readouterr()
+        scored[since] = json.loads(captured.out.strip().splitlines()[-1])
+        assert scored[since]["since_utc"] == "2011-03-08T00:00:00Z", since
+        assert "every tick is scored" not in captured.err
+    assert len({scored[s]["samples"] for s in scored}) == 1
+    assert 0 < scored["3/8/2011"]["samples"] <= int(np.sum(days >= np.datetime64("2011-03-08")))
+    # the order of the files' dates decides, not what the text could be alone
+    assert main(["evaluate", "us.csv", "--since", "8/3/2011", "--json", "--bootstrap", "0"]) == 0
+    assert _json(capsys)["since_utc"] == "2011-08-03T00:00:00Z"
+    assert main(["evaluate", "us.csv", "--since", "13/8/2011", "--bootstrap", "0"]) == 1
+    assert "--since: '13/8/2011' is not a valid date read as M/D/YYYY, as the files' dates are written" in (
+        capsys.readouterr().err)
+    # files of ms times: 3/8/2011 could be either; 13/8/2011 and 3/3/2011 only one day
+    assert main(["evaluate", "ticks.csv", "--since", "3/8/2011", "--bootstrap", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "'3/8/2011' could be day/month or month/day (the files' dates do not say which comes first)" in err
+    assert "write it as ISO 8601, 2011-03-08 (month/day) or 2011-08-03 (day/month)" in err
+    assert main(["evaluate", "ticks.csv", "--since", "13/8/2011", "--json", "--bootstrap", "0"]) == 0
+    assert _json(capsys)["since_utc"] == "2011-08-13T00:00:00Z"
+    # no date in either order: a usage error before any file is read
+    with pytest.raises(SystemExit) as exit_:
+        main(["evaluate", "us.csv", "--since", "13/13/2011"])
+    assert exit_.value.code == 2
+    assert "'13/13/2011' is not a valid date read as D/M/YYYY or as M/D/YYYY" in capsys.readouterr().err
