@@ -122,7 +122,7 @@ class Columns:
     def describe(self, path: Path) -> FileFormat:
         """How the file at ``path`` was read, for people (``cerebellar-norse inspect-data``)."""
         return FileFormat(
-            path=str(path), separator={",": ",", ";": ";", "\t": "tab", "|": "|"}[self.delimiter],
+            path=str(path), separator={",": ",", ";": ";", "\t": "tab", "|": "|", " ": "blank"}[self.delimiter],
             header_lines=self.header_rows,
             time=self.time_name + (f" + {self.clock_name}" if self.clock is not None else ""),
             time_unit=None if self.iso and self.time_unit == "ms" else self.time_unit,

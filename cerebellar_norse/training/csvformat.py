@@ -203,6 +203,7 @@ _NO_PRICE_WORDS = ("amount", "count", "trades", "transactions", "interest", "ope
                    "quantity", "size", "spread", "shares", "_id", " id", "weight", "ratio")
 TITLE_LINES_MAX = 5  # lines without a separator skipped before the header (a download site's name or URL)
 DELIMITERS = (",", ";", "\t", "|")  # field separators a file may use; a comma unless its header has none
+# (then single blanks where its first lines split so, see blank_separated: R's write.table and write.zoo)
 # a time of day in a column of its own: 9:30, 09:30:00.250, or digits only (stooq's 153500, 0930)
 _CLOCK = re.compile(r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?$|\d{6}$|\d{4}$")
 _INF = math.inf
@@ -342,7 +343,46 @@ def leading_lines(fh: TextIO) -> tuple[int, str]:
         if any(d in line for d in DELIMITERS):
             return len(lines), delimiter_of(line)
         lines.append(line)
+    if len(lines) > 1 and blank_separated(lines[0], lines[1]):
+        return 0, " "
     return 0, delimiter_of(lines[0] if lines else "")
+
+
+def blank_separated(header: str, row: str) -> bool:
+    """Whether a file whose first lines have none of ``DELIMITERS`` separates its fields by single blanks, as R's
+    ``write.table`` and ``write.zoo`` write them by default (``"Open" "High" "Low" "Close"``, then ``"2007-01-02"
+    50.04 50.12 …``): its header splits into at least two fields, none empty (no runs of blanks, no fixed-width
+    table), and its first row into as many or one more (R's row names have no name in the header)."""
+    names, fields = _blank_fields(header), _blank_fields(row)
+    # (two more: date-times written without quotes split at their blank, refused by blank_split_times)
+    return len(names) >= 2 and all(n.strip() for n in names) and len(names) <= len(fields) <= len(names) + 2 and all(
+        f.strip() for f in fields)
+
+
+_SPLIT_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_SPLIT_CLOCK = re.compile(r"\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?")
+
+
+def blank_split_times(path: Path, skip: int) -> None:
+    """DataError for a file separated by single blanks (see :func:`blank_separated`) whose first row holds a date
+    and a time of day as two fields (``"1" 2020-01-02 09:30:00 99.37``): R's ``write.table`` writes the date-times
+    of a POSIXct column without quotes, so their blank separates date from time as it separates the fields."""
+    rows = rows_after_header(path, " ", skip, 1)
+    row = rows[0] if rows else []
+    for date, clock in itertools.pairwise(f.strip() for f in row):
+        if _SPLIT_DATE.fullmatch(date) and _SPLIT_CLOCK.fullmatch(clock):
+            msg = (f"{path}:{skip + 2}: fields are separated by single blanks and the date-time '{date} {clock}' is"
+                   " written without quotes, so its blank splits the date from the time (R's write.table writes a"
+                   " POSIXct column so): save it with write.csv(x), or write.table(x, sep = \",\")")
+            raise DataError(msg, [msg])
+
+
+def _blank_fields(line: str) -> list[str]:
+    """``line`` split at single blanks as ``csv`` reads it (a quoted field keeps its blanks); [] when it cannot."""
+    try:
+        return next(csv.reader([line.rstrip("\r\n")], delimiter=" "), [])
+    except csv.Error:
+        return []
 
 
 def delimiter_of(first_line: str) -> str:
@@ -465,14 +505,20 @@ def row_names_header(path: Path, header: list[str], delimiter: str = ",", skip: 
     """The header with an unnamed first column before its names, for a file whose header names no time column and
     whose first ``ROW_NAMES_SAMPLE`` rows each have one field more than it: R's ``write.table`` (``row.names = TRUE``,
     its default) writes the row names, a series' dates, in a first column that its header does not name
-    (``"Open","High",…`` then ``"2000-09-27",63.4375,…``). None for any other file (the header is the line after
-    ``skip`` lines)."""
-    if not header or any(match_name(header_name(h)) in TIME_COLUMNS for h in header):
+    (``"Open","High",…`` then ``"2000-09-27",63.4375,…``). Likewise for a header that names a time column when the
+    extra first fields count the rows (``"Date" "Close"`` then ``"1" 1985-01-02 3.08``: a data frame's row numbers,
+    rising whole numbers); a row whose extra field is anywhere else (a name missing from the header) is no such
+    file. None for any other file (the header is the line after ``skip`` lines)."""
+    if not header:
         return None
     read = rows_after_header(path, delimiter, skip, ROW_NAMES_SAMPLE)
     rows = [row for row in read or [] if row]
     if not rows or any(len(row) != len(header) + 1 for row in rows):
         return None
+    if any(match_name(header_name(h)) in TIME_COLUMNS for h in header):
+        numbers = [row[0].strip() for row in rows]
+        if not all(n.isdigit() for n in numbers) or any(int(b) <= int(a) for a, b in itertools.pairwise(numbers)):
+            return None
     return ["", *header]
 
 
@@ -1098,6 +1144,8 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     without an offset are read in ``zone``. ``books``, shared by the files of one load, carries a Databento order
     book's state from one file to the next (see :func:`~.databento.databento_book_events`, :func:`~.databento.databento_mbo`).
     In a table of several series as columns (``cols.series``), the column ``series`` is read (the first when None)."""
+    if delimiter == " ":
+        blank_split_times(path, skipped)
     levels = yfinance_header(path, header, delimiter, skipped)
     ticker, lines, ticker_from = "", 1, "the header's Ticker row"
     binance = None
@@ -1163,7 +1211,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
         if hour_note:
             notes.append(hour_note)
     if delimiter != ",":
-        named = {";": "';'", "\t": "tabs", "|": "'|'"}[delimiter]
+        named = {";": "';'", "\t": "tabs", "|": "'|'", " ": "single blanks (as R's write.table writes them)"}[delimiter]
         notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"
                                                               if cols.decimal_comma else ""))
     cols.day_first = slash_order(path, cols, notes)

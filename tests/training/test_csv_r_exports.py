@@ -125,3 +125,59 @@ def test_a_header_with_a_time_column_and_one_name_missing_is_still_refused(tmp_p
     path = write(tmp_path, "Date,Open,Close\n2006-01-02,09:01:00,3578.73,3580.0\n2006-01-02,09:02:00,3580.0,3581.5\n")
     with pytest.raises(DataError, match="a column name is missing from the header"):
         load_csv_files([path])
+
+
+# TTR's ttrc data set (R package TTR 0.24), its first three days, as write.table(ttrc) writes them with its defaults:
+# fields separated by single blanks, names quoted, the row numbers as an unnamed first column
+TTRC_HEADER = '"Date" "Open" "High" "Low" "Close" "Volume"'
+TTRC_DAYS = ['"1" 1985-01-02 3.18 3.18 3.08 3.08 1870906', '"2" 1985-01-03 3.09 3.15 3.09 3.11 3099506',
+             '"3" 1985-01-04 3.11 3.12 3.08 3.09 2274157']
+TTRC_TIMES = [utc_ms(1985, 1, 2), utc_ms(1985, 1, 3), utc_ms(1985, 1, 4)]
+
+
+@pytest.mark.parametrize(("lines", "row_names"), [
+    ([TTRC_HEADER, *TTRC_DAYS], True),  # write.table(ttrc)
+    ([TTRC_HEADER, *(d.split(" ", 1)[1] for d in TTRC_DAYS)], False),  # write.table(ttrc, row.names = FALSE)
+    (['"Index" "Open" "High" "Low" "Close" "Volume"',  # write.zoo(zoo(ttrc[, -1], ttrc$Date))
+      *(f'"{d.split(" ")[1]}" ' + " ".join(d.split(" ")[2:]) for d in TTRC_DAYS)], False),
+])
+def test_write_table_default_blank_separator(tmp_path: Path, lines: list[str], row_names: bool) -> None:
+    """R's ``write.table`` and ``write.zoo`` separate fields by single blanks unless told ``sep = ","``: such a file
+    was read as one column and refused (no time column: the header ``"Date" "Open" …`` is one name). Its fields are
+    split at the blanks (noted), the row numbers ``write.table`` writes beside a named time column are its row names,
+    not a missing column name."""
+    path = write(tmp_path, "\n".join(lines) + "\n", "ttrc.txt")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0 and data.formats[0].separator == "blank"
+    assert data.markets[0].timestamp.tolist() == TTRC_TIMES
+    assert data.markets[0].price.tolist() == [3.08, 3.11, 3.09]
+    assert data.markets[0].volume.tolist() == [1870906, 3099506, 2274157]
+    assert any("fields separated by single blanks" in n for n in data.notes)
+    assert any("every row has one field more than the header names" in n for n in data.notes) is row_names
+
+
+def test_write_table_row_numbers_beside_a_named_time_column_with_commas(tmp_path: Path) -> None:
+    """``write.table(ttrc, sep = ",")``: the row numbers beside the ``Date`` column made every row one field longer
+    than the header, refused as a missing column name; rising whole numbers in that field are row names."""
+    path = write(tmp_path, TTRC_HEADER.replace(" ", ",") + "\n" + "\n".join(d.replace(" ", ",") for d in TTRC_DAYS)
+                 + "\n", "ttrc.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0 and data.markets[0].timestamp.tolist() == TTRC_TIMES
+    assert data.markets[0].price.tolist() == [3.08, 3.11, 3.09]
+
+
+def test_blank_separated_date_times_without_quotes_are_refused_saying_how_to_save(tmp_path: Path) -> None:
+    """``write.table(d)`` of a data frame with a POSIXct column writes its date-times without quotes, so the blank
+    inside each splits it in two fields: refused naming the date-time and the R call that writes the file readably,
+    not as a missing column name."""
+    path = write(tmp_path, '"time" "close"\n"1" 2020-01-02 09:30:00 99.37\n"2" 2020-01-02 09:31:00 99.55\n', "m.txt")
+    with pytest.raises(DataError, match=r"the date-time '2020-01-02 09:30:00' is written without quotes.*"
+                                        r"save it with write.csv\(x\)"):
+        load_csv_files([path])
+
+
+def test_a_line_of_words_is_not_taken_for_blank_separated_fields(tmp_path: Path) -> None:
+    """A title line of words above a comma-separated header is still a title skipped (its blanks are no separator)."""
+    path = write(tmp_path, "Prices from the exchange\ndate,close\n2020-01-02,1.5\n2020-01-03,1.6\n", "t.csv")
+    data = load_csv_files([path])
+    assert data.formats[0].separator == "," and data.markets[0].price.tolist() == [1.5, 1.6]
