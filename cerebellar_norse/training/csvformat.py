@@ -120,6 +120,7 @@ from .csvheaderless import (
 )
 from .csvnumbers import is_number
 from .csvtime import (
+    BEFORE_1970,
     EPOCH,
     EPOCH_NAIVE,
     ONE_MS,
@@ -148,7 +149,7 @@ from .databento import (
 from .orderbook import OrderBooks
 
 # Header names per column, in order of preference (compared in lower case).
-TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "gmt time", "utc time", "local time",
+TIME_COLUMNS = ("timestamp", "unix", "time", "date", "datetime", "date_time", "date time", "gmt time", "utc time", "local time",
                 "open time", "open_time", "time (utc)", "timestamp (utc)", "date (utc)", "datetime (utc)",
                 "timestamp_utc", "time_utc", "datetime_utc", "date_utc",  # the same written as one word (CME bars)
                 "transact_time", "window_start", "datum",  # Dukascopy exports, Binance trades, Polygon flat files
@@ -196,6 +197,9 @@ FRED_MISSING = "the price is '.', as FRED marks a day without a value (a holiday
 # why a row whose every field but its time (and market) is NaN, NA or empty is skipped
 NO_VALUES = ("every field but the time is NaN, NA or empty, as a bar without trades is written (Kaggle's Bitstamp"
              " minutes) and R writes a missing value")
+_FOUR_DIGIT_YEAR = re.compile(r"(?<!\d)(19\d\d)(?!\d)")
+BEFORE_EPOCH = ("dated before 1970-01-01, the earliest time read (a history that starts earlier is read from 1970 on;"
+                " a time in ms or seconds before it is a bad row)")
 _NO_VALUE = frozenset(("nan", "", "na"))  # pandas' NaN and empty field, R's NA (write.csv, write.zoo)
 WIDE_NAMES_SHOWN = 8  # series of a table of several series named in its note
 # words of header names that say a column holds no price (see _no_price_name)
@@ -844,7 +848,13 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
     if iso is None and text.strip():  # the first time value decides the fast path of the file
         iso = cols.iso = not is_number(text)
     if iso:
-        ts = _iso_time(text, cols)
+        try:
+            ts = _iso_time(text, cols)
+        except ValueError as exc:
+            if not str(exc).endswith(BEFORE_1970) or not _FOUR_DIGIT_YEAR.search(text):
+                raise  # (a two-digit year a century back, 27 as 1927, is a misread more likely than a history)
+            cols.skipped[BEFORE_EPOCH] = cols.skipped.get(BEFORE_EPOCH, 0) + 1  # a long history's first years
+            return None
     else:
         if cols.time_unit != "ms":
             ts = _row_time(text, cols, None, cols.time_unit)

@@ -56,6 +56,7 @@ SLASH_DATE = re.compile(r"(\d{1,2})([/.])(\d{1,2})\2(\d{4})(?:([ T])(.*))?$")
 _COMPACT_UNITS = {"date": (_DATE_DIGITS, "a date written YYYYMMDD"), "datehour": (_DATEHOUR_DIGITS, "a date-hour"
                   " written YYYYMMDDHH"), "datetime": (_DATETIME_DIGITS, "a date-time written YYYYMMDDHHMM or YYYYMMDDHHMMSS")}
 
+BEFORE_1970 = "is before 1970-01-01"  # how a date before the first time read ends its error
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 EPOCH_NAIVE = datetime(1970, 1, 1)
 ONE_MS = timedelta(milliseconds=1)
@@ -244,7 +245,7 @@ def read_time(text: str, name: str, day_first: bool | None, unit: str, zone: tzi
                 raise ValueError(f"{name} {raw!r} is not a whole number of ms since epoch{hint}") from None
             ms = int(x)
     if ms < 0:
-        raise ValueError(f"{name} {raw!r} is before 1970-01-01" + ("" if iso else " (negative ms since epoch)"))
+        raise ValueError(f"{name} {raw!r} {BEFORE_1970}" + ("" if iso else " (negative ms since epoch)"))
     if ms >= TS_MAX_MS:
         if iso:
             raise ValueError(f"{name} {raw!r} is not before 2100-01-01")

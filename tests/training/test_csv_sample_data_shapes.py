@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import zipfile
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -301,3 +301,31 @@ def test_a_volume_column_is_read_before_an_amount(tmp_path: Path) -> None:
     """stockstats' ``test_data/002032.csv``: ``amount`` is the turnover beside ``volume``, which stays the volume."""
     path = write(tmp_path, "date,amount,close,high,low,open,volume\n20040817,90923240.0,11.2,12.21,11.03,12.21,7877900\n")
     assert load_csv_files([path]).markets[0].volume.tolist() == [7877900]
+
+
+@pytest.mark.parametrize("newest_first", [False, True])
+def test_a_history_that_starts_before_1970_is_read_from_1970_on(tmp_path: Path, newest_first: bool) -> None:
+    """A weekly gold fixing from 1968 (pyalgotrade's Quandl sample, newest first), a FRED series from the 1960s: its
+    rows before 1970-01-01 were bad rows, 4 % of the file, so the whole file was refused (> 1 % bad) with no word on
+    what to do. They are skipped, counted in a note, and the history is read from 1970 on; a two-digit year read a
+    century back (``02-Jan-27`` as 1927) stays a bad row, as does a time in ms before 1970 (tests/training/test_data.py)."""
+    weeks = [datetime(1968, 1, 7, tzinfo=UTC) + timedelta(weeks=k) for k in range(150)]
+    rows = [f"{w:%Y-%m-%d},{35.0 + 0.1 * k:.2f}" for k, w in enumerate(weeks)]
+    path = write(tmp_path, "Date,USD\n" + "\n".join(reversed(rows) if newest_first else rows) + "\n")
+    data = load_csv_files([path])
+    before = sum(w.year < 1970 for w in weeks)
+    assert before == 104 and data.bad_rows == 0 and data.skipped_rows == before
+    assert data.markets[0].timestamp.tolist() == [int(w.timestamp() * 1000) for w in weeks if w.year >= 1970]
+    assert data.markets[0].price[0] == pytest.approx(35.0 + 0.1 * before)
+    assert any(f"{before} rows skipped: dated before 1970-01-01" in n for n in data.notes)
+
+
+def test_a_date_time_column_named_with_a_blank_is_the_time(tmp_path: Path) -> None:
+    """pyalgotrade's bar files (its generic CSV feed, ``30min-bitstampUSD-2.csv``) name the time ``Date Time``, which
+    was no time column name: the file was refused."""
+    path = write(tmp_path, "Date Time,Open,High,Low,Close,Volume,Adj Close\n2014-06-23 22:00:00,585.46,588.5,585.14,"
+                           "586.54,30.63408917,\n2014-06-23 22:30:00,588.24,588.5,585.79,588.5,24.74637228,\n")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0 and data.formats[0].time == "Date Time"
+    assert data.markets[0].timestamp.tolist() == [utc_ms(2014, 6, 23, 22), utc_ms(2014, 6, 23, 22, 30)]
+    assert data.markets[0].price.tolist() == [586.54, 588.5]

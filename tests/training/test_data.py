@@ -74,7 +74,7 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
     path = write(tmp_path, "Symbol,Close\nA,1\n")
     with pytest.raises(DataError) as exc:
         load_csv_files([path])
-    assert str(exc.value) == (f"{path}:1: no time column (expected one of timestamp, unix, time, date, datetime, date_time, gmt time, utc time,"
+    assert str(exc.value) == (f"{path}:1: no time column (expected one of timestamp, unix, time, date, datetime, date_time, date time, gmt time, utc time,"
                               " local time, open time, open_time, time (utc), timestamp (utc), date (utc), datetime (utc),"
                               " timestamp_utc, time_utc, datetime_utc, date_utc, transact_time, window_start, datum, ts_recv, ts_event, sip_timestamp, participant_timestamp,"
                               " time_exchange, time_key, dt, day, ts, t, observation_date); header is Symbol,Close")
