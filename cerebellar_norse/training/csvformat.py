@@ -109,11 +109,14 @@ from .csvheaderless import (
     BINANCE_KLINES,
     BINANCE_TRADES,
     HISTDATA_TICKS,
+    LEAN_BARS,
     METATRADER4_BARS,
     TRUEFX_QUOTES,
     binance_layout,
     histdata_ticks_layout,
     kraken_layout,
+    lean_bars_layout,
+    lean_intraday_refusal,
     metatrader4_layout,
     ninjatrader_layout,
     truefx_layout,
@@ -1183,6 +1186,14 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
             notes.append(f"{path}: no header line; read as NinjaTrader's (or HistData's) text export"
                          f" ({';'.join(ninja)}; times in the zone it exported them in, read in {zone_name(zone)}: give that"
                          " zone if it is not)")
+        elif lean_bars_layout(path, header, delimiter, skipped):
+            header, lines = list(LEAN_BARS), 0
+            notes.append(f"{path}: no header line; read as QuantConnect Lean's daily or hour bars ({','.join(LEAN_BARS)};"
+                         f" times in the exchange's zone, New York for US equities, read in {zone_name(zone)}: give that"
+                         " zone if it is not; an equity's prices are in 1/10,000 of a dollar, as Lean stores them, which"
+                         " changes no return)")
+        elif lean_refusal := lean_intraday_refusal(path, header):
+            raise DataError(lean_refusal, [lean_refusal])
         elif (with_row_names := row_names_header(path, header, delimiter, skipped)) is not None:
             header = with_row_names
             notes.append(f"{path}: every row has one field more than the header names: the first, unnamed, is the rows'"

@@ -1,10 +1,10 @@
 """Headerless tick files of a known layout: data.binance.vision's (klines, aggTrades, trades), TrueFX's quotes,
-MetaTrader 4's history export, NinjaTrader's (and HistData's) text files of bars and ticks, HistData's ticks, and
-Kraken's downloadable trades (time and sales) and OHLCVT bars.
+MetaTrader 4's history export, NinjaTrader's (and HistData's) text files of bars and ticks, HistData's ticks,
+Kraken's downloadable trades (time and sales) and OHLCVT bars, and QuantConnect Lean's daily and hour bars.
 
 A file without a header is read only when its first rows fit one of these layouts exactly
 (:func:`binance_layout`, :func:`truefx_layout`, :func:`metatrader4_layout`, :func:`ninjatrader_layout`,
-:func:`histdata_ticks_layout`, :func:`kraken_layout`); the column names each layout gives its fields are the names a
+:func:`histdata_ticks_layout`, :func:`kraken_layout`, :func:`lean_bars_layout`); the column names each layout gives its fields are the names a
 header of that vendor would carry, so the rest of the reader finds the time, price and volume columns by name.
 """
 
@@ -42,6 +42,10 @@ NINJATRADER_BARS = ("time", "open", "high", "low", "close", "volume")
 NINJATRADER_TICKS = ("time", "last", "volume")
 NINJATRADER_QUOTED_TICKS = ("time", "last", "bid", "ask", "volume")
 _NINJATRADER_TIME = re.compile(r"\d{8} \d{6}( \d{7})?")
+# QuantConnect Lean's daily and hour trade bars (data/<kind>/<market>/daily/spy.zip, unzipped: spy.csv), headerless:
+# 20131011 00:00,O,H,L,C,V in the exchange's time zone; an equity's prices in 1/10,000 of a dollar
+LEAN_BARS = ("time", "open", "high", "low", "close", "volume")
+_LEAN_TIME = re.compile(r"\d{8} \d{2}:\d{2}")
 # HistData's ASCII tick files, headerless: the time with ms run on (20190101 170008587), bid, ask, volume
 HISTDATA_TICKS = ("time", "bid", "ask", "volume")
 _HISTDATA_TIME = re.compile(r"\d{8} \d{9}")
@@ -177,6 +181,46 @@ def ninjatrader_layout(path: Path, first: list[str], delimiter: str = ";", skip:
     if not _sample_fits(path, delimiter, skip, lambda row, prev: _ninjatrader_row(row) == layout and row[0] >= prev[0]):
         return None
     return layout
+
+
+def _lean_bar_row(row: list[str]) -> bool:
+    """Whether one headerless row is a Lean daily or hour trade bar exactly: ``19980102 00:00,973100,975300,965300,
+    973600,2150000`` (date and time of day, open, high, low, close forming a bar, a volume)."""
+    return (len(row) == 6 and _LEAN_TIME.fullmatch(row[0]) is not None and _finite(*row[1:])
+            and _bar_fits(*row[1:5]) and float(row[5]) >= 0)
+
+
+def lean_bars_layout(path: Path, first: list[str], delimiter: str = ",", skip: int = 0) -> bool:
+    """Whether a headerless file is QuantConnect Lean's daily or hour trade bars: its first line ``first`` (after
+    ``skip`` lines) and every row up to ``HEADERLESS_SAMPLE`` are Lean bars (:func:`_lean_bar_row`) whose times go
+    forward."""
+    return delimiter == "," and _lean_bar_row(first) and _sample_fits(
+        path, delimiter, skip, lambda row, prev: _lean_bar_row(row) and row[0] > prev[0])
+
+
+LEAN_QUOTE_BARS = ("time", "bid_open", "bid_high", "bid_low", "bid", "bid_size", "ask_open", "ask_high", "ask_low",
+                   "ask", "ask_size")
+_LEAN_DAY_FILE = re.compile(r"(\d{8})_")  # 20171217_trade.zip, 20171217_btcusd_minute_trade.csv
+DAY_MS = 86_400_000
+
+
+def lean_intraday_refusal(path: Path, first: list[str]) -> str:
+    """Why a headerless QuantConnect Lean minute or second file cannot be read, with the pandas lines that write it
+    readably; "" for any other file. Such a file (``20171217_btcusd_minute_trade.csv``, or its zip
+    ``20171217_trade.zip``) holds trade bars (6 fields) or quote bars (11: bid and ask bars and sizes) whose first
+    field is ms since midnight of the date in its name, in the exchange's zone: no time of its own."""
+    day = _LEAN_DAY_FILE.match(path.name)
+    if day is None or len(first) not in (6, 11) or not first[0].strip().isdigit() or not _finite(*first):
+        return ""
+    if int(first[0]) >= DAY_MS:
+        return ""
+    d = day[1]
+    names = LEAN_BARS if len(first) == 6 else LEAN_QUOTE_BARS
+    return (f"{path}: no header line, and the first field ({first[0].strip()}) is no time: a QuantConnect Lean minute or"
+            f" second file holds ms since midnight of the date in its name ({d[:4]}-{d[4:6]}-{d[6:]}), in the"
+            " exchange's zone; write the times out, e.g. with pandas: df = pd.read_csv(FILE, header=None);"
+            f" df[0] = pd.Timestamp('{d[:4]}-{d[4:6]}-{d[6:]}') + pd.to_timedelta(df[0], unit='ms');"
+            f" df.to_csv('ticks.csv', index=False, header={list(names)!r}) (and give --timezone the exchange's zone)")
 
 
 def _histdata_tick_row(row: list[str]) -> bool:

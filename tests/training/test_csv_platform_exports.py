@@ -315,3 +315,49 @@ def test_kraken_ohlcvt_bars_without_a_header_are_read_at_their_close(tmp_path: P
 def test_other_headerless_numbers_are_still_refused_asking_for_a_header(tmp_path: Path, text: str) -> None:
     with pytest.raises(DataError, match=r"the first line looks like data: add a header line"):
         load_csv_files([write(tmp_path, text, "x.csv")])
+
+
+def _lean_days(n: int) -> list[str]:
+    """``n`` QuantConnect Lean daily bars of an equity from 1998-01-02 (its prices in 1/10,000 of a dollar)."""
+    days = np.arange(np.datetime64("1998-01-02"), np.datetime64("1998-12-31"))
+    days = days[np.is_busday(days)][:n]
+    return [f"{str(d).replace('-', '')} 00:00,{973100 + 100 * k},{975300 + 100 * k},{965300 + 100 * k},"
+            f"{973600 + 100 * k},{2150000 + k}" for k, d in enumerate(days)]
+
+
+def test_a_lean_daily_or_hour_bar_file_is_read_by_its_layout(tmp_path: Path) -> None:
+    """QuantConnect Lean's daily and hour bars (``data/equity/usa/daily/spy.zip``, unzipped to ``spy.csv``) have no
+    header line: the file was refused, telling to add one. A file whose first 50 rows are Lean bars with times going
+    forward is read with the columns ``time,open,high,low,close,volume`` (noted: times in the exchange's zone, prices
+    as Lean stores them); a row that breaks the layout leaves the file refused as before."""
+    rows = _lean_days(60)
+    path = write(tmp_path, "\n".join(rows) + "\n", "spy.csv")
+    data = load_csv_files([path])
+    assert data.bad_rows == 0 and data.rows == 60 and [m.market_id for m in data.markets] == ["spy"]
+    assert data.markets[0].timestamp.tolist()[:2] == [utc_ms(1998, 1, 2), utc_ms(1998, 1, 5)]
+    assert data.markets[0].price.tolist()[:2] == [973600.0, 973700.0]
+    assert data.markets[0].volume.tolist()[:2] == [2150000.0, 2150001.0]
+    assert any("read as QuantConnect Lean's daily or hour bars (time,open,high,low,close,volume; times in the"
+               " exchange's zone" in n for n in data.notes)
+    fields = rows[10].split(",")
+    broken = [*rows[:10], ",".join([*fields[:2], "1", *fields[3:]]), *rows[11:]]  # a high below the close
+    with pytest.raises(DataError, match="add a header line"):
+        load_csv_files([write(tmp_path, "\n".join(broken) + "\n", "spy2.csv")])
+
+
+@pytest.mark.parametrize(("fields", "names"), [
+    ("0,19650.02,19650.02,19505,19516.96,61.34", "['time', 'open', 'high', 'low', 'close', 'volume']"),
+    ("0,19650,19650,19650,19650,0.03,19650.01,19650.01,19650.01,19650.01,14.5", "['time', 'bid_open', 'bid_high',"),
+])
+def test_a_lean_minute_file_is_refused_naming_the_date_its_times_count_from(tmp_path: Path, fields: str,
+                                                                             names: str) -> None:
+    """Lean's minute and second files (``20171217_btcusd_minute_trade.csv``) hold ms since midnight of the date in
+    their name: refused as a file without a header (adding one would read 0, 60000, … as 1970-01-01); the refusal
+    names the date and the pandas lines that write the times, with the column names that are read."""
+    lines = [f"{60000 * k}," + fields.split(",", 1)[1] for k in range(5)]
+    path = write(tmp_path, "\n".join(lines) + "\n", "20171217_btcusd_minute_trade.csv")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    msg = str(exc.value)
+    assert "ms since midnight of the date in its name (2017-12-17)" in msg
+    assert "pd.Timestamp('2017-12-17') + pd.to_timedelta(df[0], unit='ms')" in msg and names in msg
