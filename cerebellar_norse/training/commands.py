@@ -235,7 +235,7 @@ def _since_ms(text: str, data: TickData, zone: tzinfo) -> int:
     written with slashes or dots (``3/8/2011``) is read in the order of the files' own such dates (month/day/year
     where they are so); where they have none, or both orders, only when both orders read it alike (``3/3/2011``)
     or one alone is a date (``13/8/2011``); else ValueError naming the ISO 8601 forms of both."""
-    from .csvtime import compact_form_ms, parse_time_ms, slash_readings
+    from .csvtime import compact_form_ms, from_slash, parse_time_ms, slash_readings
 
     units = {f.time_unit or "" for f in data.formats}  # "" for ISO dates: no compact form
     compact = compact_form_ms(text, units.pop(), zone) if len(units) == 1 else None
@@ -253,8 +253,6 @@ def _since_ms(text: str, data: TickData, zone: tzinfo) -> int:
         return readings[day_first]
     if len(set(readings.values())) == 1:
         return next(iter(readings.values()))
-    from .csvtime import from_slash
-
     why = "the files write both orders" if orders else "the files' dates do not say which comes first"
     raise ValueError(f"--since {text!r} could be day/month or month/day ({why}): write it as ISO 8601, "
                      f"{from_slash(text.strip(), False)} (month/day) or {from_slash(text.strip(), True)} (day/month)")

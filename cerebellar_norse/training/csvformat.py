@@ -200,7 +200,7 @@ FRED_MISSING = "the price is '.', as FRED marks a day without a value (a holiday
 # why a row whose every field but its time (and market) is NaN, NA or empty is skipped
 NO_VALUES = ("every field but the time is NaN, NA or empty, as a bar without trades is written (Kaggle's Bitstamp"
              " minutes) and R writes a missing value")
-_FOUR_DIGIT_YEAR = re.compile(r"(?<!\d)(19\d\d)(?!\d)")
+_FOUR_DIGIT_YEAR = re.compile(r"(?<!\d)1\d{3}(?!\d)")  # a year before 2000 written in full (1969, 1871)
 BEFORE_EPOCH = ("dated before 1970-01-01, the earliest time read (a history that starts earlier is read from 1970 on;"
                 " a time in ms or seconds before it is a bad row)")
 _NO_VALUE = frozenset(("nan", "", "na"))  # pandas' NaN and empty field, R's NA (write.csv, write.zoo)
@@ -359,9 +359,9 @@ def blank_separated(header: str, row: str) -> bool:
     """Whether a file whose first lines have none of ``DELIMITERS`` separates its fields by single blanks, as R's
     ``write.table`` and ``write.zoo`` write them by default (``"Open" "High" "Low" "Close"``, then ``"2007-01-02"
     50.04 50.12 …``): its header splits into at least two fields, none empty (no runs of blanks, no fixed-width
-    table), and its first row into as many or one more (R's row names have no name in the header)."""
+    table), and its first row into as many or one more (R's row names have no name in the header), or two more
+    (unquoted date-times split at their blank: refused by :func:`blank_split_times`, which names them)."""
     names, fields = _blank_fields(header), _blank_fields(row)
-    # (two more: date-times written without quotes split at their blank, refused by blank_split_times)
     return len(names) >= 2 and all(n.strip() for n in names) and len(names) <= len(fields) <= len(names) + 2 and all(
         f.strip() for f in fields)
 
