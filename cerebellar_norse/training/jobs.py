@@ -28,7 +28,6 @@ import gc
 import json
 import logging
 import math
-import multiprocessing as mp
 import numbers
 import os
 import queue
@@ -51,6 +50,7 @@ from ..storage import atomic_write_bytes
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
+from .jobprocess import start_job_process
 from .stall import StallWatch, process_activity, state_words
 
 JOB_START_RETRY_S = 5.0  # Retry-After of a job whose process could not be started (no process, memory or descriptor)
@@ -332,6 +332,7 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
 
 CANCEL_GRACE_S = 5.0  # how long a cancelled job process has to stop at its next step before it is terminated
 KILL_GRACE_S = 2.0  # how long a terminated job process has to end before it is killed (s)
+EXIT_WAIT_S = 60.0  # how long the process of an ended job is watched, to be reaped as it exits (its teardown: s)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_POLL_S = 0.5
 
@@ -382,9 +383,10 @@ def lower_priority(increment: int = JOB_NICENESS) -> None:
         os.nice(increment)
 
 
-def _job_main(cfg_json: str, files: list[str], epochs: int | None, out: Any, stop: Any, parent_pid: int | None = None,
+def _job_main(out: Any, stop: Any, cfg_json: str, files: list[str], epochs: int | None, parent_pid: int | None = None,
               job_id: str | None = None, from_scratch: bool = False) -> None:
-    """Entry point of the job process (spawned)."""
+    """Entry point of the job process (:func:`~.jobprocess.start_job_process`): ``out`` takes its reports (``put``),
+    ``stop`` says when to stop (``is_set``)."""
     if parent_pid is not None:
         die_with_parent(parent_pid)
     lower_priority()
@@ -437,21 +439,14 @@ def eta_s(first: tuple[float, float], now: float, progress: float) -> float | No
     return (now - t0) * (1.0 - progress) / (progress - p0)
 
 
-def hand_over(out: Any) -> None:
-    """Close the service's copy of the write end of a job's queue ``out`` (a ``multiprocessing.Queue``), once the
-    started job process holds its own: the pipe then ends when that process does, however it dies (a SIGKILL, the OOM
-    killer), even in the middle of a message, and the service's read of it ends (EOFError) instead of waiting for the
-    rest for good."""
-    out._writer.close()
-
-
-async def _ended_within(proc: Any, seconds: float) -> bool:
-    """Whether process ``proc`` (a ``multiprocessing.Process``) ends within ``seconds`` s (polled on the loop)."""
+async def _ended_within(proc: Any, seconds: float, every_s: float = 0.02) -> bool:
+    """Whether process ``proc`` (a :class:`~.jobprocess.JobProcess`) ends within ``seconds`` s (polled on the loop
+    every ``every_s`` s)."""
     deadline = time.monotonic() + seconds
     while proc.is_alive():
         if time.monotonic() >= deadline:
             return False
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(every_s)
     return True
 
 
@@ -483,7 +478,7 @@ class JobManager:
         self._active_at_start: str | None = None  # what models/ACTIVE named when the running job started
         self._cancelling: dict[str, str | None] = {}  # job id -> why, while a cancel is under way (None: a client's)
         self._unwritten: set[str] = set()  # jobs whose newest record could not be written (a full disk): in memory
-        self._ctx = mp.get_context("spawn")
+        self._retired: list[Any] = []  # processes of ended jobs not yet seen to end (reaped at the next start, close)
         self.jobs_dir = Path(self.cfg.paths.state_dir) / "jobs"
         self._load_history()
 
@@ -588,15 +583,11 @@ class JobManager:
         self.jobs[job.job_id] = job
         self.latest = job.job_id
         self._active_at_start = self._active_named()  # the model the job compares itself with
+        self._reap()
         try:
-            out = self._ctx.Queue()
-            self._stop = self._ctx.Event()
-            self._proc = self._ctx.Process(target=_job_main, args=(cfg.model_dump_json(), [str(p) for p in paths],
-                                                                   req.epochs, out, self._stop, os.getpid(), job.job_id,
-                                                                   req.from_scratch),
-                                           name=f"cerebellar-norse-train-{job.job_id}", daemon=True)
-            self._proc.start()
-            hand_over(out)
+            self._proc, out, self._stop = start_job_process(
+                f"{__name__}:_job_main", (cfg.model_dump_json(), [str(p) for p in paths], req.epochs, os.getpid(),
+                                          job.job_id, req.from_scratch))
         except (OSError, RuntimeError) as exc:  # no process (EAGAIN: the task limit), memory or descriptor for it
             del self.jobs[job.job_id]  # never started: no record of it, and the next request may start one
             self.latest, self._proc = latest, None
@@ -693,9 +684,41 @@ class JobManager:
                 await self.cancel(job.job_id, "cancelled because the service stopped while the job was running")
         if self._task is not None:
             self._task.cancel()
+            await asyncio.wait({self._task}, timeout=CANCEL_GRACE_S)  # (its end closes the job's pipes)
+        await self._wait_retired()
         self.write_pending()
 
     async def _monitor(self, job: JobStatus, out: Any, activate: str) -> None:
+        """Read the job's reports until it ends; then close the service's ends of its pipes (``out``, the stop
+        pipe) and keep its process to be reaped (:meth:`_reap`), so that nothing of a job outlives it."""
+        proc, stop = self._proc, self._stop
+        try:
+            await self._read_reports(job, out, activate)
+        finally:
+            for end in (out, stop):
+                close = getattr(end, "close", None)  # (a multiprocessing.Queue's close: the feeder thread's end)
+                if close is not None:
+                    close()
+            if stop is self._stop:
+                self._stop = None
+            if proc is not None:
+                self._retired.append(proc)
+                await _ended_within(proc, EXIT_WAIT_S, every_s=0.1)  # reaped as it ends: no zombie between jobs
+            self._reap()
+
+    def _reap(self) -> None:
+        """Forget the processes of ended jobs that have ended (``is_alive`` reaps them: no zombie is left)."""
+        self._retired = [p for p in self._retired if p.is_alive()]
+
+    async def _wait_retired(self) -> None:
+        """At shutdown: let the processes of ended jobs end (a finished job's exits within moments), else end them
+        (:meth:`_end_process`), so that none outlives the service (systemd would kill it at the stop)."""
+        for proc in list(self._retired):
+            if not await _ended_within(proc, KILL_GRACE_S):
+                await self._end_process(proc)
+        self._reap()
+
+    async def _read_reports(self, job: JobStatus, out: Any, activate: str) -> None:
         loop = asyncio.get_running_loop()
         first: tuple[float, float] | None = None  # (time.monotonic(), progress) of the first step reported
         while job.state not in FINAL:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from typing import Any, NoReturn
 
 import pytest
@@ -28,6 +27,13 @@ class Reports:
         self.flushed = self.closed
 
 
+class StopFlag:
+    """The job's stop flag, never set."""
+
+    def is_set(self) -> bool:
+        return False
+
+
 def test_a_memory_error_in_training_is_reported_as_out_of_memory_and_exits_with_its_code(
         make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_memory(*_a: Any, **_k: Any) -> NoReturn:
@@ -41,7 +47,7 @@ def test_a_memory_error_in_training_is_reported_as_out_of_memory_and_exits_with_
     monkeypatch.setattr(jobs.os, "_exit", exit_)
     out = Reports()
     with pytest.raises(SystemExit) as ended:
-        jobs._job_main(make_config().model_dump_json(), [], None, out, mp.get_context("spawn").Event())
+        jobs._job_main(out, StopFlag(), make_config().model_dump_json(), [], None)
     assert ended.value.code == jobs.EXIT_OUT_OF_MEMORY  # what the service reads when the report below was lost
     assert out.sent == [("failed", {"error": jobs.OUT_OF_MEMORY})]
     assert "ran out of memory" in jobs.OUT_OF_MEMORY and "raise the limit" in jobs.OUT_OF_MEMORY

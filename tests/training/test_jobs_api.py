@@ -112,8 +112,7 @@ def wait_final(js: JobServer, job_id: str, by_latest: bool = False) -> tuple[dic
 
 
 def job_processes(parent: int) -> list[int]:
-    """The pids of ``parent``'s children started by multiprocessing's spawn (a job process; not its resource
-    tracker)."""
+    """The pids of ``parent``'s job processes (:func:`cerebellar_norse.training.jobprocess.start_job_process`)."""
     pids = []
     for children in Path(f"/proc/{parent}/task").glob("*/children"):
         for pid in children.read_text().split():
@@ -121,7 +120,7 @@ def job_processes(parent: int) -> list[int]:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"spawn_main" in cmdline:
+            if b"cerebellar_norse.training.jobprocess" in cmdline:
                 pids.append(int(pid))
     return pids
 
@@ -561,10 +560,13 @@ def test_a_job_whose_process_cannot_start_is_refused_for_now_and_leaves_no_job_b
     ticks_csv(50, 1, name="t.csv")
     mgr = JobManager(cfg, lambda version: None, lambda loss: None)
 
-    def no_process(self: object) -> None:
+    def no_process(*_args: object, **_kwargs: object) -> None:
         raise failure
 
-    monkeypatch.setattr(mgr._ctx.Process, "start", no_process)
+    from cerebellar_norse.training import jobprocess
+
+    monkeypatch.setattr(jobprocess.subprocess, "Popen", no_process)
+    open_before = len(os.listdir("/proc/self/fd"))
 
     async def refused() -> CapacityError:
         try:
@@ -577,6 +579,7 @@ def test_a_job_whose_process_cannot_start_is_refused_for_now_and_leaves_no_job_b
     err = asyncio.run(refused())
     assert err.retry_after_s >= 1 and "cannot start the training job's process" in str(err)
     assert mgr.jobs == {} and mgr.latest is None and not mgr.busy
+    assert len(os.listdir("/proc/self/fd")) == open_before  # the pipes made for it are closed
     assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]  # (INFO: others')
 
 
@@ -839,26 +842,31 @@ def test_a_cancel_kills_a_stopped_job_process(make_config: ConfigFactory, monkey
             proc.join()
 
 
+SENDS_A_LARGE_RESULT = """
+import time
+
+def job(out, stop):
+    out.put(("succeeded", {"model_version": "x" * 4_000_000}))  # 4 MB: fills the pipe (64 KiB), waits for the reader
+    time.sleep(600)
+"""
+
 KILLED_MID_RESULT = """
-import asyncio, multiprocessing, os, signal, sys, time
+import asyncio, os, signal, sys, time
 from cerebellar_norse.config import load_config
-from cerebellar_norse.training.jobs import JobManager, JobStatus, hand_over
+from cerebellar_norse.training.jobprocess import start_job_process
+from cerebellar_norse.training.jobs import JobManager, JobStatus
 
 if __name__ == "__main__":
     mgr = JobManager(load_config(None, environ={"CEREBELLAR_NORSE_PATHS__STATE_DIR": sys.argv[1]}), print, print)
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    # a result of 4 MB: the child's queue thread fills the pipe (64 KiB) and waits for the reader
-    proc = ctx.Process(target=out.put, args=(("succeeded", {"model_version": "x" * 4_000_000}),), daemon=True)
-    proc.start()
-    hand_over(out)  # as JobManager.start does
-    while not out._reader.poll(0.05):
+    sys.path.insert(0, sys.argv[2])  # (the job process takes this sys.path)
+    proc, out, stop = start_job_process("large_result:job", ())
+    while not out._conn.poll(0.05):
         pass
     time.sleep(0.5)
     os.kill(proc.pid, signal.SIGKILL)  # in the middle of its result
     proc.join()
     job = mgr.jobs["cut1"] = JobStatus(job_id="cut1", state="running", files=["t.csv"])
-    mgr.latest, mgr._proc = "cut1", proc
+    mgr.latest, mgr._proc, mgr._stop = "cut1", proc, stop
     asyncio.run(asyncio.wait_for(mgr._monitor(job, out, "auto"), 20))
     print("RESULT", job.state, job.model_version, job.error, flush=True)
     os._exit(0)
@@ -868,17 +876,18 @@ if __name__ == "__main__":
 def test_a_job_process_killed_in_the_middle_of_its_result_is_recorded_failed(tmp_path: Path) -> None:
     """A job process killed (SIGKILL, the OOM killer) while its result, larger than the pipe holds, was being sent:
     the service's read waited for the rest for good, the job stayed "running" (every further job 409) and the
-    service's stop hung on that read. The service holds no write end of the queue once the process started
-    (jobs.hand_over), so the read ends, and the job is recorded failed with the process's exit. Run in a process of
-    its own: the read that never ends would hang the test's process."""
+    service's stop hung on that read. The service holds no write end of the report pipe once the process started
+    (jobprocess.start_job_process), so the read ends, and the job is recorded failed with the process's exit. Run in a
+    process of its own: the read that never ends would hang the test's process."""
     import subprocess
     import sys
 
     from training_helpers import REPO_ROOT
 
+    (tmp_path / "large_result.py").write_text(SENDS_A_LARGE_RESULT)
     try:
-        res = subprocess.run([sys.executable, "-c", KILLED_MID_RESULT, str(tmp_path / "state")], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=120, check=False)
+        res = subprocess.run([sys.executable, "-c", KILLED_MID_RESULT, str(tmp_path / "state"), str(tmp_path)],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
     except subprocess.TimeoutExpired:
         raise AssertionError("the job's monitor waited for the rest of a killed process's result") from None
     results = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
