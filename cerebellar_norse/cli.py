@@ -518,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`… | head`): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         return EXIT_BROKEN_PIPE
-    except (OSError, MemoryError) as exc:  # an output file that cannot be written (full or read-only disk): one line
+    except (OSError, MemoryError, RuntimeError) as exc:  # an output file that cannot be written (a full disk), no memory
         short = host_shortage_reason(exc)
         if short is not None:  # no descriptor, memory or process for this command: the host's, not a file's fault
             where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""

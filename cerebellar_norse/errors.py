@@ -16,6 +16,7 @@ and falls into one of four families, which map onto how callers react:
 from __future__ import annotations
 
 import errno
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -239,12 +240,27 @@ HOST_SHORTAGE_ERRNOS = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 nothing about the files or the model concerned."""
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says memory ran out: ``MemoryError`` (host memory), or torch's ``OutOfMemoryError`` (GPU memory:
+    ``torch.cuda.OutOfMemoryError`` is the same class; a ``RuntimeError``, not a ``MemoryError``). torch is not
+    imported for this: an error of torch's can only come once it was."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    return isinstance(oom, type) and isinstance(exc, oom)
+
+
 def host_shortage_reason(exc: BaseException) -> str | None:
-    """What the host was short of when ``exc`` was raised (``MemoryError``, ``RuntimeError("can't start new thread")``,
-    an OSError EAGAIN, ENOMEM, EMFILE or ENFILE), as ``"out of memory (MemoryError)"`` or ``"<strerror> (errno N
-    ENAME)"``; None for any other error (one that may say something about the input)."""
+    """What the host was short of when ``exc`` was raised (``MemoryError``, torch's ``OutOfMemoryError`` of GPU
+    memory, ``RuntimeError("can't start new thread")``, an OSError EAGAIN, ENOMEM, EMFILE or ENFILE), as ``"out of
+    memory (MemoryError)"``, ``"out of GPU memory (OutOfMemoryError: ...)"`` or ``"<strerror> (errno N ENAME)"``;
+    None for any other error (one that may say something about the input)."""
     if isinstance(exc, MemoryError):
         return f"out of memory (MemoryError{': ' + str(exc) if str(exc) else ''})"
+    if is_out_of_memory(exc):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # (torch adds lines of allocator advice)
+        return f"out of GPU memory ({type(exc).__name__}{': ' + first if first else ''})"
     if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
         return "cannot start a thread (can't start new thread)"
     if isinstance(exc, OSError) and exc.errno in HOST_SHORTAGE_ERRNOS:
@@ -267,8 +283,8 @@ class EngineHostError(StorageError):
         self.version = version
         self.reason = reason
         super().__init__(f"cannot build the engine of model {version} ({path}): {reason}: the host is short of memory, "
-                         "file descriptors or threads, nothing is wrong with the model; the service does not start (nothing "
-                         "is moved aside): free memory or raise the service's limits (MemoryMax=, LimitNOFILE=, TasksMax=; "
+                         "GPU memory, file descriptors or threads, nothing is wrong with the model; the service does not start "
+                         "(nothing is moved aside): free memory or raise the service's limits (MemoryMax=, LimitNOFILE=, TasksMax=; "
                          "ulimit -v/-n/-u) and start again", path, errno)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from cerebellar_norse.api.errors import service_error
 from cerebellar_norse.errors import EngineFatalError, StorageError
@@ -26,8 +27,9 @@ def test_a_reported_storage_failure_is_not_logged_again_per_answer(caplog: pytes
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("can't start new thread"), BlockingIOError(11, "Resource temporarily "
-                                     "unavailable"), MemoryError(), InterruptedError(4, "Interrupted system call")],
-                         ids=["no thread", "EAGAIN", "no memory", "EINTR"])
+                                     "unavailable"), MemoryError(), InterruptedError(4, "Interrupted system call"),
+                                     torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")],
+                         ids=["no thread", "EAGAIN", "no memory", "EINTR", "no GPU memory"])
 def test_a_request_the_host_has_no_thread_or_memory_for_is_503_capacity_said_once(
         caplog: pytest.LogCaptureFixture, failure: Exception) -> None:
     """A thread or process the host cannot start (its task limit), or memory it cannot give: 503 capacity with

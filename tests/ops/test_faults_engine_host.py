@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from live_helpers import REPO_ROOT, free_port, server_environ
@@ -87,7 +88,11 @@ def test_no_memory_for_the_engine_of_the_active_model_stops_the_start_and_moves_
     (OSError(24, "Too many open files", "/usr/lib/python3/site-packages/numpy/entry_points.txt"),
      "/usr/lib/python3/site-packages/numpy/entry_points.txt: Too many open files (errno 24 EMFILE)"),
     (MemoryError("Unable to allocate 4.17 GiB"), "out of memory (MemoryError: Unable to allocate 4.17 GiB)"),
-], ids=["EMFILE without a file (the event loop's socketpair)", "EMFILE reading a module's file", "MemoryError"])
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.17 GiB.\nIf reserved but unallocated memory is "
+                            "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+     "out of GPU memory (OutOfMemoryError: CUDA out of memory. Tried to allocate 4.17 GiB.)"),
+], ids=["EMFILE without a file (the event loop's socketpair)", "EMFILE reading a module's file", "MemoryError",
+        "torch.OutOfMemoryError"])
 def test_a_start_the_host_has_no_descriptor_or_memory_for_is_one_line_naming_the_cause(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fault: BaseException, said: str) -> None:
     """Outside the model's engine (the event loop's self-pipe, a module's file read at import): under a low ``ulimit -n``

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from training_helpers import TINY_NEURAL, ConfigFactory
 
 from cerebellar_norse.config import Config
@@ -261,12 +262,18 @@ def test_a_job_record_whose_write_a_crash_cut_off_leaves_no_temporary_file_after
     assert list(mgr.jobs) == ["abcd"] and mgr.get("abcd").state == "failed"
 
 
+# torch's own class (torch.cuda.OutOfMemoryError is the same one), as CUDA raises it: a RuntimeError, no MemoryError
+CUDA_OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 "
+                                  "GiB of which 1.06 GiB is free.\nIf reserved but unallocated memory is large try setting"
+                                  " PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
 @pytest.mark.parametrize("fault", [MemoryError("Unable to allocate 64.0 MiB"),
                                    OSError(errno.EMFILE, "Too many open files"),
                                    OSError(errno.ENFILE, "Too many open files in system"),
                                    OSError(errno.ENOMEM, "Cannot allocate memory"),
                                    OSError(errno.EAGAIN, "Resource temporarily unavailable"),
-                                   RuntimeError("can't start new thread")], ids=repr)
+                                   RuntimeError("can't start new thread"), CUDA_OOM], ids=repr)
 def test_a_host_failure_building_the_engine_of_the_model_to_serve_refuses_the_start(
         cfg: Config, store: ModelStore, fault: Exception) -> None:
     """The host was short of memory, a descriptor or a thread while the active model's engine was built: the next
@@ -291,6 +298,9 @@ def test_a_host_failure_building_the_engine_of_the_model_to_serve_refuses_the_st
     assert text.startswith(f"cannot build the engine of model {V1} ({store.root / V1}): ")
     assert "nothing is moved aside" in text and "start again" in text
     assert refused.value.errno == (fault.errno if isinstance(fault, OSError) else None)
+    if fault is CUDA_OOM:  # its first line only: the allocator's advice follows on lines of its own
+        assert ": out of GPU memory (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB." in text, text
+        assert "\n" not in text
     assert store.active_version() == V1 and (store.root / V1 / "weights.npz").is_file()
 
 
