@@ -193,7 +193,7 @@ def test_a_job_hung_in_d_state_is_said_stalled_and_a_delete_records_it_cancelled
 
 
 def job_process_of(service_pid: int) -> int:
-    """The pid of the service's training job process (its spawned child; not the resource tracker)."""
+    """The pid of the service's training job process."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -202,7 +202,7 @@ def job_process_of(service_pid: int) -> int:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == service_pid and b"spawn_main" in cmdline:
+        if ppid == service_pid and b"cerebellar_norse.training.jobprocess" in cmdline:
             return int(entry.name)
     raise AssertionError("no job process")
 
