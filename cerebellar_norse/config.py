@@ -683,10 +683,20 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
 
 def load_checked_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Load a configuration and run the consistency checks; raise ConfigError on any problem."""
-    cfg = load_config(path, environ)
+    return checked_config(load_config(path, environ), str(path) if path else "<built-in default>")
+
+
+def build_checked_config(data: Mapping[str, Any], source: str, environ: Mapping[str, str] | None = None) -> Config:
+    """:func:`build_config` of TOML already read (``data``, from ``source``), then the consistency checks: for a
+    caller that uses the same reading of the file again (a reload), which a second read could find changed."""
+    return checked_config(build_config(data, source, environ), source)
+
+
+def checked_config(cfg: Config, source: str) -> Config:
+    """``cfg`` when it passes the consistency checks; else ConfigError listing every problem (from ``source``)."""
     problems = consistency_problems(cfg)
     if problems:
-        raise ConfigError(problems, str(path) if path else "<built-in default>")
+        raise ConfigError(problems, source)
     return cfg
 
 

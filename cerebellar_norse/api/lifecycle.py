@@ -33,10 +33,10 @@ from typing import Any
 from ..config import (
     LIVE_KEYS,
     Config,
+    build_checked_config,
     build_config,
     consistency_problems,
     env_overrides,
-    load_checked_config,
     read_toml_file,
     with_server,
 )
@@ -83,8 +83,9 @@ def changed_keys(old: Config, new: Config) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
-def env_overridden(path: str, running: Config, cli_keys: Any = ()) -> dict[str, tuple[str, Any]]:
-    """The keys the file at ``path`` sets to another value than the one in force because a
+def env_overridden(data: dict[str, Any], path: str, running: Config, cli_keys: Any = ()) -> dict[str, tuple[str, Any]]:
+    """The keys the file at ``path`` (read as ``data``: the reading the running config was built from, never a second
+    one, which may find the file changed meanwhile) sets to another value than the one in force because a
     ``CEREBELLAR_NORSE_<SECTION>__<KEY>`` variable of the service's environment overrides it (the variable wins, at
     start as at a reload), each with its variable's name and the file's value; ``cli_keys`` (``--host``/``--port``)
     win over both and are left out. Empty when the file alone does not load."""
@@ -93,7 +94,6 @@ def env_overridden(path: str, running: Config, cli_keys: Any = ()) -> dict[str, 
         return {}
     variables = set(names.values())
     try:
-        data = read_toml_file(Path(path))
         file_only = build_config(data, path, {k: v for k, v in os.environ.items() if k not in variables})
     except ConfigError:
         return {}
@@ -107,7 +107,11 @@ def file_values_overridden(path: str | None, running: Config, cli_keys: Any = ()
     them (at start, then at each reload): a later reload warns only of those whose value in the file changed since."""
     if path is None:
         return {}
-    return {key: value for key, (_, value) in env_overridden(path, running, cli_keys).items()}
+    try:
+        data = read_toml_file(Path(path))
+    except ConfigError:
+        return {}
+    return {key: value for key, (_, value) in env_overridden(data, path, running, cli_keys).items()}
 
 
 def split_changes(running: Config, new: Config) -> tuple[list[str], list[str]]:
@@ -205,8 +209,9 @@ def reload_config(state: ServiceState, path: str | None) -> None:
                                       "nothing to reload")
         return
     systemd.reloading()
-    try:
-        new = with_server(load_checked_config(Path(path)), state.server_overrides)  # --host/--port win, as at start
+    try:  # the file is read once: what is checked is what is applied and what the lines below report
+        data = read_toml_file(Path(path))
+        new = with_server(build_checked_config(data, path), state.server_overrides)  # --host/--port win, as at start
     except ConfigError as exc:
         log_always(log, logging.ERROR, "config reload refused, keeping the running config: %s", exc)
         systemd.ready(serving_status(state, "last reload refused: config invalid"))
@@ -225,7 +230,7 @@ def reload_config(state: ServiceState, path: str | None) -> None:
     apply_reload(state, new, live)
     state.need_restart = list(restart)  # (GET /debug/config): what the file holds that a restart would apply
     applied = list(live)  # less a level the environment overrides (below)
-    found = env_overridden(path, state.cfg, state.server_overrides)
+    found = env_overridden(data, path, state.cfg, state.server_overrides)
     overridden = list(found)
     # a variable set for good (a replica's port, state dir) overrides its key at every reload: only a value the file
     # changed since it was last read is news to warn of

@@ -536,3 +536,33 @@ def test_a_reload_of_a_key_an_environment_variable_overrides_says_so(tmp_path: P
         lines = reload("WARNING", delay=500)  # the file agrees with the variable: nothing overridden
         (line,) = [x for x in lines if x["message"] == "config reloaded"]
         assert line["fields"] == {"applied": ["logging.level"], "need_restart": [], "overridden": []}
+
+
+def test_a_reload_reads_the_file_once_so_a_change_during_it_cannot_mix_two_versions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload read the file twice (to build and check the new config, then again for the keys environment variables
+    override): a file saved between the two reads (an editor, a config-management run) gave a report, and the values
+    remembered for the next reload's warning, of a file that was neither checked nor applied. It is read once now:
+    the file rewritten right after that read changes nothing in this reload."""
+    var = "CEREBELLAR_NORSE_PERFORMANCE__MAX_BATCH_DELAY_US"
+    with logged_reloads(tmp_path, monkeypatch, "INFO", **{var: "500"}) as (state, reload):
+        cfg_path = tmp_path / "service.toml"
+        reads: list[bytes] = []
+        read_bytes = Path.read_bytes
+
+        def read_then_saved_again(self: Path) -> bytes:
+            data = read_bytes(self)
+            if self == cfg_path:
+                reads.append(data)
+                if len(reads) == 1:  # saved again at once: the variable's value now, and another level
+                    self.write_text(LOGGING_TOML.format(state_dir=tmp_path / "state", level="ERROR", delay=500))
+            return data
+
+        monkeypatch.setattr(Path, "read_bytes", read_then_saved_again)
+        lines = reload("WARNING", delay=300)
+        assert len(reads) == 1, "the file was read more than once"
+        (line,) = [x for x in lines if x["message"] == "config reloaded"]
+        assert line["fields"] == {"applied": ["logging.level"], "need_restart": [],
+                                  "overridden": ["performance.max_batch_delay_us"]}
+        assert state.cfg.logging.level == "WARNING" and state.cfg.performance.max_batch_delay_us == 500
+        assert state.file_overridden == {"performance.max_batch_delay_us": 300}
