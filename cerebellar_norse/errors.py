@@ -240,27 +240,51 @@ HOST_SHORTAGE_ERRNOS = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 nothing about the files or the model concerned."""
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says memory ran out: ``MemoryError`` (host memory), or torch's ``OutOfMemoryError`` (GPU memory:
-    ``torch.cuda.OutOfMemoryError`` is the same class; a ``RuntimeError``, not a ``MemoryError``). torch is not
-    imported for this: an error of torch's can only come once it was."""
-    if isinstance(exc, MemoryError):
-        return True
+# how torch's CPU allocator words a failed allocation (a plain RuntimeError: "[enforce fail at alloc_cpu.cpp:N] ...
+# DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes. Error code 12 (Cannot allocate memory)")
+_TORCH_CPU_ALLOCATOR = "DefaultCPUAllocator: "
+_TORCH_CPU_NO_MEMORY = ("can't allocate memory", "not enough memory")
+
+
+def _torch_gpu_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's ``OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` is the same class). torch is
+    not imported for this: an error of torch's can only come once it was."""
     torch = sys.modules.get("torch")
     oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
     return isinstance(oom, type) and isinstance(exc, oom)
 
 
+def _torch_cpu_allocation_failure(exc: BaseException) -> str | None:
+    """The words of torch's CPU allocator when ``exc`` is its failed allocation (``DefaultCPUAllocator: can't allocate
+    memory: you tried to allocate N bytes``), else None."""
+    if not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc)
+    at = text.find(_TORCH_CPU_ALLOCATOR)
+    if at < 0 or not any(w in text[at:] for w in _TORCH_CPU_NO_MEMORY):
+        return None
+    return text[at:].split(". ", 1)[0].strip().rstrip(".")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says memory ran out: ``MemoryError`` (host memory), torch's CPU allocator failing (a
+    ``RuntimeError``), or torch's ``OutOfMemoryError`` (GPU memory; a ``RuntimeError`` too, not a ``MemoryError``)."""
+    return isinstance(exc, MemoryError) or _torch_gpu_out_of_memory(exc) or _torch_cpu_allocation_failure(exc) is not None
+
+
 def host_shortage_reason(exc: BaseException) -> str | None:
     """What the host was short of when ``exc`` was raised (``MemoryError``, torch's ``OutOfMemoryError`` of GPU
-    memory, ``RuntimeError("can't start new thread")``, an OSError EAGAIN, ENOMEM, EMFILE or ENFILE), as ``"out of
+    memory or its CPU allocator's failure, ``RuntimeError("can't start new thread")``, an OSError EAGAIN, ENOMEM, EMFILE or ENFILE), as ``"out of
     memory (MemoryError)"``, ``"out of GPU memory (OutOfMemoryError: ...)"`` or ``"<strerror> (errno N ENAME)"``;
     None for any other error (one that may say something about the input)."""
     if isinstance(exc, MemoryError):
         return f"out of memory (MemoryError{': ' + str(exc) if str(exc) else ''})"
-    if is_out_of_memory(exc):
+    if _torch_gpu_out_of_memory(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # (torch adds lines of allocator advice)
         return f"out of GPU memory ({type(exc).__name__}{': ' + first if first else ''})"
+    cpu = _torch_cpu_allocation_failure(exc)
+    if cpu is not None:
+        return f"out of memory ({cpu})"
     if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
         return "cannot start a thread (can't start new thread)"
     if isinstance(exc, OSError) and exc.errno in HOST_SHORTAGE_ERRNOS:

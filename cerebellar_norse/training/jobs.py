@@ -44,7 +44,15 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 
 from ..config import Config
-from ..errors import CapacityError, CerebellarNorseError, InputError, JobConflictError, JobNotFoundError, StorageError
+from ..errors import (
+    CapacityError,
+    CerebellarNorseError,
+    InputError,
+    JobConflictError,
+    JobNotFoundError,
+    StorageError,
+    is_out_of_memory,
+)
 from ..firsterrors import FirstErrorsModel
 from ..storage import atomic_write_bytes
 from ..ticks import integral_number
@@ -363,9 +371,10 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-EXIT_OUT_OF_MEMORY = 75  # the job process's exit code after a MemoryError
-OUT_OF_MEMORY = ("training ran out of memory (MemoryError; the service's memory limit, LimitAS=/MemoryMax= or "
-                 "ulimit -v, holds for its jobs too): train on fewer or smaller files, fewer epochs, or raise the limit")
+EXIT_OUT_OF_MEMORY = 75  # the job process's exit code after a MemoryError (or torch's allocation failure)
+OUT_OF_MEMORY = ("training ran out of memory (MemoryError, or torch could not allocate; the service's memory limit, "
+                 "LimitAS=/MemoryMax= or ulimit -v, holds for its jobs too): train on fewer or smaller files, fewer epochs, "
+                 "or raise the limit")
 
 
 def exit_error(code: int | None) -> str:
@@ -412,7 +421,10 @@ def _job_main(out: Any, stop: Any, cfg_json: str, files: list[str], epochs: int 
         out.put(("failed", {"error": str(exc), "report": getattr(exc, "report", [])[:200],
                             "input": isinstance(exc, InputError)}))  # the data or the request, not the service
     except Exception as exc:  # reported to the service, which keeps running
-        out.put(("failed", {"error": f"{type(exc).__name__}: {exc}"}))
+        if is_out_of_memory(exc):  # torch's allocator (a RuntimeError): as a MemoryError
+            out_of_memory = True
+        else:
+            out.put(("failed", {"error": f"{type(exc).__name__}: {exc}"}))
     if out_of_memory:
         # Even the report may not fit in memory now (the queue pickles it in a thread that drops what fails): the
         # exit code says it too, and the service names the cause from it.

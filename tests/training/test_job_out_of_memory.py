@@ -34,10 +34,23 @@ class StopFlag:
         return False
 
 
+def torch_cannot_allocate(*_a: Any, **_k: Any) -> NoReturn:
+    """torch's CPU allocator failing, for real: 1 EiB is beyond any address space (overcommit or not)."""
+    import torch
+
+    torch.empty(1 << 60, dtype=torch.uint8)
+    raise AssertionError("torch allocated 1 EiB")
+
+
+def memory_error(*_a: Any, **_k: Any) -> NoReturn:
+    raise MemoryError
+
+
+@pytest.mark.parametrize("no_memory", [memory_error, torch_cannot_allocate], ids=["MemoryError", "torch allocator"])
 def test_a_memory_error_in_training_is_reported_as_out_of_memory_and_exits_with_its_code(
-        make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_memory(*_a: Any, **_k: Any) -> NoReturn:
-        raise MemoryError
+        make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch, no_memory: Any) -> None:
+    """A MemoryError, or torch's CPU allocator failing (a RuntimeError: ``DefaultCPUAllocator: can't allocate
+    memory``, which the job reported as an unexplained failure), ends the job as out of memory, naming the fix."""
 
     def exit_(code: int) -> NoReturn:
         raise SystemExit(code)

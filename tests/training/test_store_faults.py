@@ -268,7 +268,16 @@ CUDA_OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 Gi
                                   " PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
 
 
-@pytest.mark.parametrize("fault", [MemoryError("Unable to allocate 64.0 MiB"),
+def torch_cpu_allocation_failure() -> RuntimeError:
+    """torch's CPU allocator failing, for real (1 EiB is beyond any address space): a RuntimeError, no MemoryError."""
+    try:
+        torch.empty(1 << 60, dtype=torch.uint8)
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("torch allocated 1 EiB")
+
+
+@pytest.mark.parametrize("fault", [MemoryError("Unable to allocate 64.0 MiB"), torch_cpu_allocation_failure(),
                                    OSError(errno.EMFILE, "Too many open files"),
                                    OSError(errno.ENFILE, "Too many open files in system"),
                                    OSError(errno.ENOMEM, "Cannot allocate memory"),
@@ -298,6 +307,8 @@ def test_a_host_failure_building_the_engine_of_the_model_to_serve_refuses_the_st
     assert text.startswith(f"cannot build the engine of model {V1} ({store.root / V1}): ")
     assert "nothing is moved aside" in text and "start again" in text
     assert refused.value.errno == (fault.errno if isinstance(fault, OSError) else None)
+    if isinstance(fault, RuntimeError) and "DefaultCPUAllocator" in str(fault):
+        assert ": out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate" in text, text
     if fault is CUDA_OOM:  # its first line only: the allocator's advice follows on lines of its own
         assert ": out of GPU memory (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB." in text, text
         assert "\n" not in text
