@@ -491,6 +491,7 @@ class JobManager:
         self._cancelling: dict[str, str | None] = {}  # job id -> why, while a cancel is under way (None: a client's)
         self._unwritten: set[str] = set()  # jobs whose newest record could not be written (a full disk): in memory
         self._retired: list[Any] = []  # processes of ended jobs not yet seen to end (reaped at the next start, close)
+        self._lingering: set[int] = set()  # pids of those SIGKILLed that did not end (an uninterruptible wait)
         self.jobs_dir = Path(self.cfg.paths.state_dir) / "jobs"
         self._load_history()
 
@@ -645,8 +646,8 @@ class JobManager:
             deadline = time.monotonic() + (CANCEL_GRACE_S if job.epoch > 0 else 0.0)
             while proc is not None and proc.is_alive() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            if proc is not None and proc.is_alive():
-                await self._end_process(proc)
+            if proc is not None and proc.is_alive() and not await self._end_process(proc):
+                self._lingering.add(proc.pid)  # SIGKILLed and said so: a stop does not do it all again
             stored = None if job.state in FINAL else self._model_of_job(job.job_id)
             if stored is not None:  # its "succeeded" was still on its way to _monitor: never answer "no model" then
                 job.model_version = stored
@@ -657,28 +658,31 @@ class JobManager:
         return job
 
     @staticmethod
-    async def _end_process(proc: Any) -> None:
+    async def _end_process(proc: Any) -> bool:
         """End a job process that did not stop by itself: SIGTERM, then SIGKILL after :data:`KILL_GRACE_S` s.
 
         A stopped process (``kill -STOP``, a cgroup freezer, a debugger holding it) keeps a SIGTERM pending without
         ending: the cancel answered "cancelled, no model written" while the process lived on (and could write its
         model once continued), and at shutdown the interpreter's wait for its child hung the stop until systemd's
         ``TimeoutStopSec`` killed the service. SIGKILL ends it stopped or not.
+
+        Returns whether it ended (False: it lingers in an uninterruptible wait, said in one WARNING).
         """
         proc.terminate()
         if await _ended_within(proc, KILL_GRACE_S):
-            return
+            return True
         log.warning("training job process %s did not end %g s after SIGTERM (stopped?): killed (SIGKILL)", proc.pid,
                     KILL_GRACE_S, extra={"fields": {"pid": proc.pid}})
         proc.kill()
         if await _ended_within(proc, KILL_GRACE_S):
-            return
+            return True
         seen = process_activity(proc.pid)  # in an uninterruptible wait (D state: a dead mount, a frozen cgroup v1)
         state = state_words(seen)
         log.warning("training job process %s did not end %g s after SIGKILL either (it is %s): it ends when its wait "
                     "does (restore the mount, thaw its cgroup); the job is recorded cancelled, it can write no model, "
                     "and the next job may start", proc.pid, KILL_GRACE_S, state,
                     extra={"fields": {"pid": proc.pid, "process_state": seen[1] if seen is not None else None}})
+        return False
 
     def _cancel_error(self, job_id: str, stored: str | None = None) -> str | None:
         """The ``error`` of a job cancelled by the cancel under way: its reason (None for a client's), and the model
@@ -721,12 +725,14 @@ class JobManager:
     def _reap(self) -> None:
         """Forget the processes of ended jobs that have ended (``is_alive`` reaps them: no zombie is left)."""
         self._retired = [p for p in self._retired if p.is_alive()]
+        self._lingering &= {p.pid for p in self._retired}
 
     async def _wait_retired(self) -> None:
         """At shutdown: let the processes of ended jobs end (a finished job's exits within moments), else end them
-        (:meth:`_end_process`), so that none outlives the service (systemd would kill it at the stop)."""
+        (:meth:`_end_process`), so that none outlives the service (systemd would kill it at the stop); one already
+        SIGKILLed by its cancel (in an uninterruptible wait) is not ended, nor said to linger, a second time."""
         for proc in list(self._retired):
-            if not await _ended_within(proc, KILL_GRACE_S):
+            if not await _ended_within(proc, KILL_GRACE_S) and proc.pid not in self._lingering:
                 await self._end_process(proc)
         self._reap()
 

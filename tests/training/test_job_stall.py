@@ -174,6 +174,9 @@ def test_a_job_hung_in_d_state_is_said_stalled_and_a_delete_records_it_cancelled
         lingering = [r.getMessage() for r in caplog.records if "after SIGKILL either" in r.getMessage()]
         assert len(lingering) == 1 and f"training job process {proc.pid} did not end" in lingering[0], lingering
         assert "uninterruptible wait" in lingering[0] and "can write no model" in lingering[0]
+        await asyncio.wait_for(mgr.close(), 30)  # a stop now: it does not end it, nor say so, all over again
+        said = [r.getMessage() for r in caplog.records if "did not end" in r.getMessage()]
+        assert proc.is_alive() and len(said) == 2, said  # once after SIGTERM, once after SIGKILL: by the cancel
         monitor.cancel()
 
     try:
