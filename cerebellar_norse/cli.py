@@ -314,10 +314,16 @@ def _load_for_data(args: argparse.Namespace) -> Config:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    cfg = _load(args)
+    from .config import build_checked_config, load_checked_config, read_toml_file, with_server
+
+    # the file is read once: the service also remembers from this reading the values of the keys that environment
+    # variables override (a second reading could find the file saved again meanwhile)
+    data = read_toml_file(Path(args.config)) if args.config else None
+    base = build_checked_config(data, args.config) if data is not None else load_checked_config(None)
+    cfg = with_server(base, _server_overrides(args))
     from .api.server import serve
 
-    return serve(cfg, args.config, _server_overrides(args))
+    return serve(cfg, args.config, _server_overrides(args), config_data=data)
 
 
 def _cmd_crossval(args: argparse.Namespace) -> int:

@@ -102,15 +102,17 @@ def env_overridden(data: dict[str, Any], path: str, running: Config, cli_keys: A
             if key in in_file and key not in {f"server.{k}" for k in cli_keys} and mine.get(key) != now.get(key)}
 
 
-def file_values_overridden(path: str | None, running: Config, cli_keys: Any = ()) -> dict[str, Any]:
+def file_values_overridden(path: str | None, running: Config, cli_keys: Any = (),
+                           data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The file's values of the keys an environment variable overrides (:func:`env_overridden`), as the service read
     them (at start, then at each reload): a later reload warns only of those whose value in the file changed since."""
     if path is None:
         return {}
-    try:
-        data = read_toml_file(Path(path))
-    except ConfigError:
-        return {}
+    if data is None:  # (``data``: the file as read to build ``running``)
+        try:
+            data = read_toml_file(Path(path))
+        except ConfigError:
+            return {}
     return {key: value for key, (_, value) in env_overridden(data, path, running, cli_keys).items()}
 
 

@@ -467,11 +467,13 @@ class GracefulServer(uvicorn.Server):
                 self._captured_signals.clear()
 
 
-def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[str, Any] | None = None) -> int:
+def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[str, Any] | None = None,
+          config_data: dict[str, Any] | None = None) -> int:
     """Run the service until SIGTERM/SIGINT (SIGHUP reloads ``config_path``); returns the exit code.
 
     ``server_overrides`` are the ``[server]`` keys given on the command line (``--host``,
-    ``--port``): a reload keeps them over the file's values, as the start did.
+    ``--port``): a reload keeps them over the file's values, as the start did. ``config_data``: the file as read
+    to build ``cfg`` (read again when not given).
     """
     setup_logging(cfg.logging)
     ignore_sighup_while_starting()
@@ -502,7 +504,7 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
     state.server = server
     state.config_path = config_path
     state.server_overrides = dict(server_overrides or {})
-    state.file_overridden = file_values_overridden(config_path, cfg, state.server_overrides)
+    state.file_overridden = file_values_overridden(config_path, cfg, state.server_overrides, config_data)
     try:
         server.run(sockets=[sock])
     finally:

@@ -566,3 +566,50 @@ def test_a_reload_reads_the_file_once_so_a_change_during_it_cannot_mix_two_versi
                                   "overridden": ["performance.max_batch_delay_us"]}
         assert state.cfg.logging.level == "WARNING" and state.cfg.performance.max_batch_delay_us == 500
         assert state.file_overridden == {"performance.max_batch_delay_us": 300}
+
+
+def test_the_start_reads_the_config_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start read the file to build the config, then the service read it again for the values of the keys
+    environment variables override, which the next reload compares with: a file saved in between left values the
+    service never started with, and that reload warned (or stayed silent) about a change that was not one. The real
+    start, in this process, up to where uvicorn would serve."""
+    from cerebellar_norse import cli
+    from cerebellar_norse.api import server as server_mod
+
+    for k in [k for k in os.environ if k.startswith("CEREBELLAR_NORSE_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("CEREBELLAR_NORSE_PERFORMANCE__MAX_BATCH_DELAY_US", "500")
+    cfg_path = tmp_path / "service.toml"
+    cfg_path.write_text(LOGGING_TOML.format(state_dir=tmp_path / "state", level="INFO", delay=300))
+    reads: list[bytes] = []
+    read_bytes = Path.read_bytes
+
+    def read_then_saved_again(self: Path) -> bytes:
+        data = read_bytes(self)
+        if self == cfg_path:
+            reads.append(data)
+            if len(reads) == 1:
+                self.write_text(LOGGING_TOML.format(state_dir=tmp_path / "state", level="INFO", delay=400))
+        return data
+
+    remembered: list[dict[str, Any]] = []
+
+    def run(self: Any, sockets: Any = None) -> None:  # where uvicorn would serve: what the service remembers
+        remembered.append(dict(self.service.file_overridden))
+
+    monkeypatch.setattr(Path, "read_bytes", read_then_saved_again)
+    monkeypatch.setattr(server_mod.GracefulServer, "run", run)
+    root = logging.getLogger()
+    root_level, root_handlers = root.level, list(root.handlers)
+    hup = signal.getsignal(signal.SIGHUP)
+    try:
+        cli.main(["--config", str(cfg_path), "--port", str(_free_port())])
+    finally:
+        signal.signal(signal.SIGHUP, hup)
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in root_handlers:
+            root.addHandler(h)
+        root.setLevel(root_level)
+    assert remembered == [{"performance.max_batch_delay_us": 300}]
+    assert len(reads) == 1, "the file was read more than once"
