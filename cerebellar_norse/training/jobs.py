@@ -3,7 +3,7 @@
 The job process limits itself to ``training.threads`` threads (torch, numba, BLAS),
 so serving keeps its cores. It loads the CSV files, trains from the active model's
 weights, evaluates the active model on the same held-out split, and writes the new
-model directory atomically; progress goes to the service through a queue.
+model directory atomically; progress goes to the service through a pipe (:mod:`.jobprocess`).
 
 The job process dies with the service: on Linux the kernel kills it when the service
 process ends (``PR_SET_PDEATHSIG``), and a watchdog thread in it exits as soon as its
@@ -426,8 +426,8 @@ def _job_main(out: Any, stop: Any, cfg_json: str, files: list[str], epochs: int 
         else:
             out.put(("failed", {"error": f"{type(exc).__name__}: {exc}"}))
     if out_of_memory:
-        # Even the report may not fit in memory now (the queue pickles it in a thread that drops what fails): the
-        # exit code says it too, and the service names the cause from it.
+        # Even the report may not fit in memory now (pickling it may fail): the exit code says it too, and the service
+        # names the cause from it.
         gc.collect()
         with contextlib.suppress(BaseException):
             out.put(("failed", {"error": OUT_OF_MEMORY}))
@@ -712,7 +712,7 @@ class JobManager:
             await self._read_reports(job, out, activate)
         finally:
             for end in (out, stop):
-                close = getattr(end, "close", None)  # (a multiprocessing.Queue's close: the feeder thread's end)
+                close = getattr(end, "close", None)  # (the pipes' ends; a stand-in without close has nothing open)
                 if close is not None:
                     close()
             if stop is self._stop:
