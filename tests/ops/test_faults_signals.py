@@ -67,9 +67,9 @@ def test_sigint_while_a_sigterm_drains_cuts_requests_off_with_one_line_and_saves
 
 
 def job_process(service_pid: int) -> int:
-    """The pid of the service's training job process (a spawned child; the resource tracker is another child)."""
+    """The pid of the service's training job process."""
     for pid in Path(f"/proc/{service_pid}/task/{service_pid}/children").read_text().split():
-        if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if b"cerebellar_norse.training.jobprocess" in Path(f"/proc/{pid}/cmdline").read_bytes():
             return int(pid)
     raise AssertionError("no training job process")
 
