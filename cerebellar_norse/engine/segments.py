@@ -21,10 +21,10 @@ Reading
     mapped file; a crash in the middle of it leaves an incomplete last record (zero
     header, or a failing CRC) followed by zeros only: that record was never
     acknowledged and is dropped (a torn tail, at most :func:`record_bound` bytes). Any
-    other bad record (bad length or CRC with data after it, a wrong sequence number) is
-    damage (power loss, disk fault), and so is a file shorter than the size its header
-    records (truncated: its last records are gone, even when the cut falls between two
-    records).
+    other bad record (bad length or CRC with data after it, an intact record inside its
+    extent, a wrong sequence number) is damage (power loss, disk fault), and so is a file
+    shorter than the size its header records (truncated: its last records are gone, even
+    when the cut falls between two records) and a header whose zero padding is not zeros.
 """
 
 from __future__ import annotations
@@ -92,6 +92,17 @@ def parse_header(data: bytes, path: Path | str = "") -> dict[str, Any]:
     return head
 
 
+def _padding_damage(data: bytes) -> str | None:
+    """What is wrong with the zeros that pad a segment's header to :data:`HEADER_SIZE` (a file whose header
+    :func:`parse_header` read), or None when they are all zeros."""
+    start = len(MAGIC) + REC.size + REC.unpack_from(data, len(MAGIC))[0]
+    pad = data[start:HEADER_SIZE]
+    if pad.count(0) == len(pad):
+        return None
+    at = start + next(i for i, b in enumerate(pad) if b)
+    return f"non-zero bytes in the padding of its header (offset {at}), which is written as zeros only"
+
+
 def segment_state_id(path: Path) -> tuple[bool, str | None]:
     """(readable, identity) of a segment from its header alone; (False, None) when the header cannot be read."""
     try:
@@ -147,6 +158,7 @@ class SegmentReader:
         self.cut_by_bound = False  # whether ``unfinished`` was told by ``max_record`` (a cut before the record's header)
         self.last_seq: int | None = None
         head = parse_header(self.data, path)
+        self.padding_damage = _padding_damage(self.data)
         try:
             self.base = int(head["base_seq"])
             self.fingerprint: dict[str, Any] = dict(head["fingerprint"])
@@ -178,6 +190,8 @@ class SegmentReader:
         change a segment's length, so the records after the cut are lost.
         """
         yield from self._records()
+        if self.padding_damage is not None:  # outside the header's checksum, never written but as zeros: bit rot
+            self.damage = self.padding_damage if self.damage is None else f"{self.padding_damage}; {self.damage}"
         if self.size is not None and len(self.data) < self.size:
             cut = (f"the file is {len(self.data)} bytes, shorter than the {self.size} bytes reserved when it was created "
                    f"(truncated): the records after offset {len(self.data)}")
@@ -222,11 +236,36 @@ class SegmentReader:
             self.damage = f"{size - pos} stray bytes at the end of the file"
 
     def _tail(self, pos: int, extent_end: int, problem: str) -> None:
-        """The record at ``pos`` is incomplete: a dropped unfinished append if only zeros follow its extent, else damage."""
-        if self.last and self._zeros_from(extent_end):
+        """The record at ``pos`` is incomplete: a dropped unfinished append if only zeros follow its extent and no
+        intact record lies inside it, else damage.
+
+        An append cut short by a crash is the last thing written: an intact record of the journal after its start
+        means the bytes at ``pos`` were damaged (a flipped bit in a length, a byte inserted), and dropping the extent
+        as unfinished would silently lose acknowledged records.
+        """
+        found = self._intact_record_in(pos, extent_end)
+        if found is not None:
+            seq, at = found
+            self.damage = f"{problem}, yet the intact record {seq} follows at offset {at}: not an append a crash cut short"
+        elif self.last and self._zeros_from(extent_end):
             self.unfinished = len(self.data[pos:extent_end].rstrip(b"\x00"))
         else:
             self.damage = problem
+
+    def _intact_record_in(self, pos: int, extent_end: int) -> tuple[int, int] | None:
+        """(seq, offset) of a record with a valid checksum and the sequence number due at ``pos`` or the next one,
+        starting after ``pos`` and before ``extent_end``; None when there is none."""
+        d, due = self.data, (self.base + 1 if self.last_seq is None else self.last_seq + 1)
+        for seq in (due, due + 1):
+            key = seq.to_bytes(8, "little")
+            at = d.find(key, pos + 1 + REC.size, extent_end + REC.size)
+            while at != -1:
+                q = at - REC.size
+                n, crc = REC.unpack_from(d, q)
+                if BODY.size <= n and q + REC.size + n <= len(d) and crc32(d[at:at + n]) == crc:
+                    return seq, q
+                at = d.find(key, at + 1, extent_end + REC.size)
+        return None
 
 
 def _decode(body: bytes) -> Record:
