@@ -375,7 +375,7 @@ class ModelStore:
 
     def load(self, version: str) -> StoredModel:
         """Verify and load one model (CheckpointError naming the corrupt file)."""
-        return load_model_dir(self.root / version)
+        return load_stored_model(self.root / version)
 
     def metrics_of(self, version: str) -> dict[str, Any] | None:
         """A stored model's ``metrics.json`` alone (its lineage, its job), unverified and without its weights; None
@@ -607,6 +607,19 @@ def load_model_dir(path: Path) -> StoredModel:
     return StoredModel(version, path, weights, neural, metrics)
 
 
+def load_stored_model(path: Path) -> StoredModel:
+    """:func:`load_model_dir` of a model stored under its version's name (``models/<version>``): a manifest naming
+    another version is refused as damaged (CheckpointError naming it). Served under that other name, the model was
+    one ``models/ACTIVE``, ``POST /models/<version>/activate`` and the market state saved with it could not name."""
+    model = load_model_dir(path)
+    if model.version != Path(path).name:
+        raise CheckpointError(f"the manifest names model {quoted(model.version, 80)}, not {Path(path).name!r}, the "
+                              "directory it is stored in (the manifest is damaged, or the directory was renamed): "
+                              "restore the model from a backup, or give the directory its version's name",
+                              str(Path(path) / MANIFEST))
+    return model
+
+
 def split_until(metrics: dict[str, Any]) -> int | None:
     """A model's own ``data.splits.validation_until`` (None when it did not record it)."""
     return _split_time(metrics, "validation_until")
@@ -761,7 +774,7 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         if any(part.startswith(".tmp-") for part in mpath.parts):
             continue
         try:
-            m = load_model_dir(mpath.parent)
+            m = (load_stored_model if mpath.parent.parent.name == MODELS_DIR else load_model_dir)(mpath.parent)
             ok.append(f"{mpath.parent}: model {m.version} OK")
             stored.setdefault(mpath.parent.parent, set()).add(m.version)
         except ModelUnreadableError as exc:  # what the start refuses, in the same words
@@ -931,7 +944,7 @@ def _model_stored(models: Path, version: str, stored: dict[Path, set[str]]) -> b
     if version in stored.get(models, set()):
         return True
     try:
-        load_model_dir(models / version)
+        load_stored_model(models / version)
     except ModelUnreadableError:  # stored, not readable: named above, and the start refuses it rather than move aside
         return True
     except CheckpointError:

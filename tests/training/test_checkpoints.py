@@ -760,3 +760,24 @@ def test_verify_data_names_what_it_cannot_read_as_unreadable_and_says_what_the_s
     assert (f"cerebellar-norse: cannot read the state dir identity {ident / STATE_ID_FILE}: Permission denied (errno 13 "
             "EACCES): the service does not start on it (nothing is moved aside)") in res.stderr
     assert "moves it aside" not in res.stderr
+
+
+def test_a_manifest_naming_another_version_than_its_directory_is_refused_as_damaged(
+        cfg: Config, store: ModelStore, capsys: pytest.CaptureFixture[str]) -> None:
+    """A flipped bit in the manifest's version (it has no checksum of its own) was served as the model's name: one
+    ``models/ACTIVE``, ``POST /models/<version>/activate`` and ``GET /models`` did not know, and ``--verify-data``
+    said OK."""
+    stored = store.save(generate_weights(cfg), cfg, METRICS)
+    store.set_active(stored)
+    mpath = store.root / stored / MANIFEST
+    raw = bytearray(mpath.read_bytes())
+    at = raw.index(stored.encode()) + len(stored) - 1
+    raw[at] ^= 0x01  # the last character of the version
+    mpath.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"the manifest names model .*, not .*, the directory it is stored in") as exc:
+        store.load(stored)
+    assert exc.value.path == str(mpath)
+    assert load_model_dir(store.root / stored).version != stored  # a model directory checked alone is what it says
+    assert cmd_verify_data(str(store.root.parent)) == 1
+    assert f"{mpath}: the manifest names model" in capsys.readouterr().err
+    assert mpath.read_bytes() == bytes(raw)  # left as it is
