@@ -13,6 +13,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -126,6 +127,32 @@ def unseal(data: bytes, where: str) -> bytes:
     return _verified(data, where)
 
 
+class NotARegularFileError(OSError):
+    """What is at a path the service reads a file of its own from is a FIFO, socket or device: reading it would wait
+    for a writer that never comes (a FIFO) or never end (``/dev/zero``). Treated as what is at the path being no file
+    (:data:`NOT_A_FILE`): damaged."""
+
+
+def read_file(path: Path | str) -> bytes:
+    """The bytes of the regular file at ``path`` (links followed).
+
+    Opened without waiting (``O_NONBLOCK``: a FIFO's open would wait for a writer) and checked to be a regular file
+    before anything is read.
+
+    Raises:
+        NotARegularFileError: a FIFO, socket or device is there (its errno EINVAL).
+        OSError: it could not be opened or read (ENOENT, EISDIR, EACCES, EIO, …).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFileError(errno.EINVAL, "not a regular file (a FIFO, socket or device is there)", str(path))
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
 # reading a file failed because of what is at its path (a dangling or looping link, a directory): the file is as
 # good as damaged. Any other error (permissions, an I/O error, no file descriptor or memory) says nothing about its
 # bytes, which may hold acknowledged ticks: the start stops on it instead of moving the file aside.
@@ -134,7 +161,7 @@ NOT_A_FILE = (errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR)
 
 def read_refused(exc: OSError) -> bool:
     """Whether a failed read of a state file says nothing about its content (see :data:`NOT_A_FILE`)."""
-    return exc.errno not in NOT_A_FILE
+    return exc.errno not in NOT_A_FILE and not isinstance(exc, NotARegularFileError)
 
 
 def read_state_file(path: Path, what: str) -> bytes | None:
@@ -147,7 +174,7 @@ def read_state_file(path: Path, what: str) -> bytes | None:
             or memory: the file may be intact; fix that, lose nothing.
     """
     try:
-        return Path(path).read_bytes()
+        return read_file(path)
     except OSError as exc:
         if read_refused(exc):
             raise StorageError.from_os_error(f"cannot read {what}", path, exc) from None
@@ -157,7 +184,7 @@ def read_state_file(path: Path, what: str) -> bytes | None:
 def read_checksummed(path: Path) -> bytes:
     """Read a file written by :func:`write_checksummed`; CheckpointError if corrupt."""
     try:
-        data = Path(path).read_bytes()
+        data = read_file(path)
     except OSError as exc:
         raise CheckpointError(f"cannot read: {exc.strerror}", str(path)) from None
     return _verified(data, str(path))

@@ -5,7 +5,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,8 +16,12 @@ from cerebellar_norse.errors import CheckpointError
 from cerebellar_norse.storage import (
     HEADER_LEN,
     MAGIC,
+    NotARegularFileError,
     atomic_write_bytes,
     read_checksummed,
+    read_file,
+    read_refused,
+    read_state_file,
     sha256_bytes,
     sha256_file,
     write_checksummed,
@@ -141,3 +148,45 @@ def test_a_write_that_finds_no_descriptor_for_the_directory_leaves_the_previous_
     monkeypatch.undo()
     assert failed.value.errno == errno.EMFILE and failed.value.filename == str(target)
     assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["state.bin"]
+
+
+def within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()`` in a thread: its result or exception, or a failed test when it has not returned within ``seconds``
+    (a read that waits for a FIFO's writer, or reads ``/dev/zero`` without end)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed back to the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"still reading after {seconds} s"
+    return out[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "/dev/null"])
+def test_a_state_file_that_is_a_fifo_or_a_device_is_refused_at_once_as_no_file(tmp_path: Path, kind: str) -> None:
+    """A FIFO as market_state.bin (or state-id, ACTIVE, a manifest) made --verify-data and the service's start wait
+    for a writer for ever; a link to /dev/zero made them read until memory ran out."""
+    path = tmp_path / "market_state.bin"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(kind)
+    exc = within(5, lambda: read_file(path))
+    assert isinstance(exc, NotARegularFileError) and exc.filename == str(path)
+    assert not read_refused(exc)  # what is at the path is no file: damaged, moved aside, never "fix and restart"
+    assert within(5, lambda: read_state_file(path, "the market state")) is None
+    err = within(5, lambda: read_checksummed(path))
+    assert isinstance(err, CheckpointError) and "not a regular file" in str(err) and str(path) in str(err)
+
+
+def test_read_file_reads_a_regular_file_whole(tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)
+    (tmp_path / "f").write_bytes(data)
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    assert read_file(tmp_path / "f") == read_file(tmp_path / "link") == data

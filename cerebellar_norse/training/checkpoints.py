@@ -47,7 +47,7 @@ from ..errors import (
 )
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
-from ..storage import atomic_write_bytes, fsync_dir, read_refused, retrying, sha256_bytes
+from ..storage import atomic_write_bytes, fsync_dir, read_file, read_refused, retrying, sha256_bytes
 
 if TYPE_CHECKING:
     from ..engine.persistence import StateFile
@@ -381,7 +381,7 @@ class ModelStore:
         """A stored model's ``metrics.json`` alone (its lineage, its job), unverified and without its weights; None
         when it cannot be read or holds no object."""
         try:
-            value = json.loads((self.root / version / "metrics.json").read_bytes())
+            value = json.loads(read_file(self.root / version / "metrics.json"))
         except (OSError, ValueError, RecursionError):
             return None
         return value if isinstance(value, dict) else None
@@ -529,7 +529,7 @@ def parse_manifest(text: str | bytes, where: str) -> dict[str, Any]:
 def _json_object(path: Path, data: bytes | None = None) -> dict[str, Any]:
     """A model file holding one JSON object (CheckpointError naming the file otherwise); ``data``: its bytes, read."""
     try:
-        value = json.loads(path.read_bytes() if data is None else data)
+        value = json.loads(read_file(path) if data is None else data)
     except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"unreadable JSON ({type(exc).__name__}: {exc})", str(path)) from None
     if not isinstance(value, dict):
@@ -563,11 +563,11 @@ def load_model_dir(path: Path) -> StoredModel:
     if not path.is_dir():
         raise CheckpointError("not a model directory", str(path))
     try:
-        text = mpath.read_bytes()
+        text = read_file(mpath)
     except OSError as exc:
         if read_refused(exc):  # there, maybe intact, not read (permissions, I/O error, no descriptor): not damage
             raise ModelUnreadableError(str(mpath), exc) from None
-        raise CheckpointError(f"missing or unreadable manifest ({exc})", str(mpath)) from None
+        raise CheckpointError(f"missing or unreadable manifest ({exc.strerror or exc})", str(mpath)) from None
     manifest = parse_manifest(text, str(mpath))
     files = manifest["files"]
     blobs: dict[str, bytes] = {}  # each file read once: what is checked is what is loaded
@@ -577,9 +577,10 @@ def load_model_dir(path: Path) -> StoredModel:
         if entry is None:
             raise CheckpointError("not listed in the manifest", str(fpath))
         if not fpath.is_file():
-            raise CheckpointError("missing", str(fpath))
+            raise CheckpointError("missing" if not fpath.exists() else "not a regular file (a directory, FIFO, socket "
+                                  "or device is there)", str(fpath))
         try:
-            blob = fpath.read_bytes()
+            blob = read_file(fpath)
         except OSError as exc:
             if read_refused(exc):  # a restore without chown, an I/O error, no descriptor or memory: maybe intact
                 raise ModelUnreadableError(str(fpath), exc) from None
@@ -956,7 +957,7 @@ def read_active(path: Path) -> tuple[str | None, str | None]:
     """``(version, problem)`` of a ``models/ACTIVE`` file: the version it names (None for no file or an empty one), or
     what is wrong with it (``cannot be read (…)``, ``does not name a model version``)."""
     try:
-        version = path.read_text(encoding="utf-8").strip()
+        version = read_file(path).decode("utf-8").strip()
         if version:
             check_version(version)
     except FileNotFoundError:

@@ -54,7 +54,7 @@ from ..errors import (
     is_out_of_memory,
 )
 from ..firsterrors import FirstErrorsModel
-from ..storage import atomic_write_bytes
+from ..storage import atomic_write_bytes, read_file
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
@@ -513,7 +513,7 @@ class JobManager:
         order: dict[str, tuple[float, float]] = {}  # job id -> (created, record's mtime): the latest job is the newest
         for p in sorted(self.jobs_dir.glob("*.json")):
             try:
-                d = json.loads(p.read_text(encoding="utf-8"))
+                d = json.loads(read_file(p).decode("utf-8"))
                 if not isinstance(d, dict):
                     raise ValueError(f"a job record is a JSON object, not {type(d).__name__}")
                 kept = {k: d[k] for k in _RECORD_FIELDS if k in d}

@@ -781,3 +781,29 @@ def test_a_manifest_naming_another_version_than_its_directory_is_refused_as_dama
     assert cmd_verify_data(str(store.root.parent)) == 1
     assert f"{mpath}: the manifest names model" in capsys.readouterr().err
     assert mpath.read_bytes() == bytes(raw)  # left as it is
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "special"), [
+    ("market_state.bin", "fifo"), ("state-id", "/dev/zero"), ("models/ACTIVE", "fifo"),
+    ("models/{v}/manifest.json", "/dev/zero"), ("models/{v}/manifest.json", "fifo"), ("models/{v}/weights.npz", "fifo")])
+def test_verify_data_names_a_state_file_that_is_a_fifo_or_a_device_instead_of_waiting_on_it(
+        cfg: Config, store: ModelStore, target: str, special: str) -> None:
+    """--verify-data (and the service's start) waited for a writer for ever on a FIFO where market_state.bin,
+    state-id, models/ACTIVE or a manifest goes, and read a link to /dev/zero until memory ran out."""
+    from cerebellar_norse.engine.state_dir import write_state_id
+
+    version = store.save(generate_weights(cfg), cfg, METRICS)
+    store.set_active(version)
+    state_dir = store.root.parent
+    write_state_id(state_dir, "0123456789abcdef0123456789abcdef")
+    path = state_dir / target.format(v=version)
+    path.unlink(missing_ok=True)
+    if special == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(special)
+    res = subprocess.run([sys.executable, "-m", "cerebellar_norse.cli", "--verify-data", str(state_dir)], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 1, res.stderr
+    assert f"{path}: " in res.stderr and "not a regular file" in res.stderr and "Traceback" not in res.stderr
