@@ -97,6 +97,16 @@ def no_nul(path: Path | None) -> Path | None:
     return path
 
 
+def not_empty(value: Any) -> Any:
+    """An empty string where a path goes is refused before it becomes ``Path("")``, the current directory: an
+    environment override left empty (``CEREBELLAR_NORSE_PATHS__STATE_DIR=$UNSET``) made the service keep its state in
+    whatever directory it was started from."""
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("an empty or blank path, which would name the directory the service is started from: write "
+                         "the path, or leave the key out for its default")
+    return value
+
+
 class LIFConfig(_Section):
     """LIF parameters of one population (Norse ``LIFParameters``), in physical units."""
 
@@ -296,6 +306,7 @@ class LoggingConfig(_Section):
         return v.upper() if isinstance(v, str) else v
 
     _file = field_validator("file")(no_nul)
+    _file_given = field_validator("file", mode="before")(not_empty)
 
 
 class PathsConfig(_Section):
@@ -308,6 +319,7 @@ class PathsConfig(_Section):
     data_dir: Path = Field(Path("/data/training"), strict=False, description="Training CSV files.")
 
     _paths = field_validator("state_dir", "data_dir")(no_nul)
+    _paths_given = field_validator("state_dir", "data_dir", mode="before")(not_empty)
 
 
 class DebugConfig(_Section):

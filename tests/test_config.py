@@ -129,6 +129,23 @@ def test_a_path_with_a_nul_character_names_the_key(section: str, key: str) -> No
     assert "NUL" in info.value.problems[0].message
 
 
+@pytest.mark.parametrize(("section", "key"), [("paths", "state_dir"), ("paths", "data_dir"), ("logging", "file")])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_path_names_the_key_rather_than_meaning_the_current_directory(section: str, key: str,
+                                                                               value: str) -> None:
+    """``CEREBELLAR_NORSE_PATHS__STATE_DIR=$UNSET`` (or ``state_dir = ""``) was ``Path("")``: the service kept its
+    market state, journal and models in whatever directory it was started from, and --validate-config said valid."""
+    with pytest.raises(ConfigError) as info:
+        cfg_with({section: {key: value}})
+    assert problem_keys(info.value) == [f"{section}.{key}"]
+    assert "an empty or blank path" in info.value.problems[0].message
+    env = f"CEREBELLAR_NORSE_{section.upper()}__{key.upper()}"
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={env: value})
+    assert problem_keys(info.value) == [f"{section}.{key}"] and env in str(info.value)
+    assert str(load_config(None, environ={env: "."}).model_dump()[section][key]) == "."  # said on purpose: taken
+
+
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         cfg_with({"server": {"port": 0, "colour": "red"}, "performance": {"device": "tpu"}})
