@@ -259,9 +259,9 @@ def _cmd_validate(args: argparse.Namespace, host_checks: bool) -> int:
         print(f"{source}: schema OK")
         return EXIT_OK
     from .api.exposure import exposure_problems
-    from .hostcheck import gather_host_facts, host_problems, resolve_device
+    from .hostcheck import gather_host_facts, host_problems, resolve_device, with_state_dir
 
-    host = gather_host_facts()
+    host = with_state_dir(gather_host_facts(), cfg.paths.state_dir)
     problems = cfgmod.consistency_problems(cfg) + exposure_problems(cfg) + host_problems(cfg, host)
     if problems:
         _print_problems(problems, source)

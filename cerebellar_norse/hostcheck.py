@@ -7,12 +7,18 @@ pure functions and can be tested with any host description.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from .config import Config, estimate_memory, fmt_bytes, fmt_bytes_at_least
 from .errors import ConfigProblem
+
+# journal files in the state dir at a time: the open one, the next one made ahead, the one a checkpoint is about to
+# delete (docs/operations.md, Disk space)
+JOURNAL_FILES_KEPT = 3
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,8 @@ class HostFacts:
         cuda_available: a CUDA device can be used.
         gpu_memory_total_bytes: memory of CUDA device 0 (bytes), None without CUDA.
         gpu_name: name of CUDA device 0, "" without CUDA.
+        state_fs_bytes: size (bytes) of the file system that holds the state dir (or would: its nearest existing
+            parent), None when unknown or not looked at.
     """
 
     ram_total_bytes: int | None
@@ -32,6 +40,7 @@ class HostFacts:
     cuda_available: bool
     gpu_memory_total_bytes: int | None = None
     gpu_name: str = ""
+    state_fs_bytes: int | None = None
 
 
 def _meminfo() -> tuple[int | None, int | None]:
@@ -73,11 +82,28 @@ def _cuda_facts() -> tuple[bool, int | None, str]:
         return False, None, ""
 
 
+def file_system_bytes(path: Path) -> int | None:
+    """Size (bytes) of the file system holding ``path``, or its nearest existing parent's; None when unknown."""
+    for where in (path, *path.absolute().parents):
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        return st.f_blocks * st.f_frsize
+    return None
+
+
 def gather_host_facts() -> HostFacts:
-    """Read the facts of this host (RAM from /proc/meminfo, CUDA through torch)."""
+    """Read the facts of this host (RAM from /proc/meminfo, CUDA through torch); ``state_fs_bytes`` is left to
+    :func:`with_state_dir`."""
     total, avail = _meminfo()
     cuda, gpu_mem, gpu_name = _cuda_facts()
     return HostFacts(total, avail, cuda, gpu_mem, gpu_name)
+
+
+def with_state_dir(host: HostFacts, state_dir: Path) -> HostFacts:
+    """``host`` with the size of the file system of ``state_dir`` (:func:`file_system_bytes`)."""
+    return dataclasses.replace(host, state_fs_bytes=file_system_bytes(Path(state_dir)))
 
 
 def resolve_device(cfg: Config, host: HostFacts) -> str:
@@ -134,6 +160,18 @@ def host_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
             "performance.memory_limit",
             f"memory_limit {fmt_bytes(int(cfg.performance.memory_limit))} exceeds host RAM {fmt_bytes(host.ram_total_bytes)}",
             f"set it below {fmt_bytes(host.ram_total_bytes)}, leaving room for the system",
+        ))
+    segments = JOURNAL_FILES_KEPT * int(cfg.performance.journal_segment_size)
+    if cfg.performance.journal and host.state_fs_bytes is not None and segments > host.state_fs_bytes:
+        out.append(ConfigProblem(
+            "performance.journal_segment_size",
+            f"journal_segment_size {fmt_bytes(int(cfg.performance.journal_segment_size))}: the {JOURNAL_FILES_KEPT} "
+            f"journal files the state dir holds at a time ({fmt_bytes(segments)}, each reserved on disk when it is "
+            f"created) exceed the whole file system of the state dir {cfg.paths.state_dir} "
+            f"({fmt_bytes(host.state_fs_bytes)}): the service could not create them (it refuses to start, or refuses "
+            "ticks once its first file is full)",
+            f"set it below {fmt_bytes(host.state_fs_bytes // (2 * JOURNAL_FILES_KEPT))} (the default is \"64MB\"), "
+            "leaving room for market_state.bin and the models (docs/operations.md, Disk space)",
         ))
     if device == "cuda":
         out += cuda_plan_problems(cfg, host)

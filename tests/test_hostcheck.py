@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cerebellar_norse.config import Config, build_config, estimate_memory, fmt_bytes, load_config
-from cerebellar_norse.hostcheck import HostFacts, gather_host_facts, host_problems, resolve_device
+from cerebellar_norse.hostcheck import HostFacts, gather_host_facts, host_problems, resolve_device, with_state_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GB = 10**9
@@ -180,3 +180,22 @@ def test_validate_config_prints_the_cuda_plan(monkeypatch: pytest.MonkeyPatch, c
     monkeypatch.setattr(hostcheck, "gather_host_facts", lambda: CPU_HOST)
     assert cli.main(["--validate-config", "--config", str(REPO_ROOT / "config" / "default.toml")]) == 0
     assert "cuda plan" not in capsys.readouterr().out
+
+
+def test_journal_files_larger_than_the_state_dirs_file_system_are_a_problem_naming_the_key(
+        tmp_path: Path, run_cli: Any) -> None:
+    """journal_segment_size = "1000TB" passed --validate-config, and the start then failed with `cannot create journal
+    file …: File too large (errno 27 EFBIG)`, naming no key."""
+    small = HostFacts(ram_total_bytes=32 * GB, ram_available_bytes=30 * GB, cuda_available=False, state_fs_bytes=10 * GB)
+    fits = cfg_with({"performance": {"journal_segment_size": "3GB"}})
+    assert host_problems(fits, small) == []
+    big = cfg_with({"performance": {"journal_segment_size": "4GB"}})
+    (problem,) = host_problems(big, small)
+    assert problem.key == "performance.journal_segment_size" and "exceed the whole file system" in problem.message
+    assert host_problems(cfg_with({"performance": {"journal_segment_size": "4GB", "journal": False}}), small) == []
+    assert host_problems(big, CPU_HOST) == []  # the file system not looked at: nothing said
+    facts = with_state_dir(CPU_HOST, tmp_path / "not" / "made" / "yet")  # the nearest existing parent's file system
+    assert facts.state_fs_bytes is not None and facts.state_fs_bytes > 0
+    res = run_cli("--validate-config", env={"CEREBELLAR_NORSE_PERFORMANCE__JOURNAL_SEGMENT_SIZE": "1000000TB",
+                                            "CEREBELLAR_NORSE_PATHS__STATE_DIR": str(tmp_path / "state")})
+    assert res.returncode == 1 and "performance.journal_segment_size" in res.stderr and "Traceback" not in res.stderr
