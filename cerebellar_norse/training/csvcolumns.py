@@ -215,8 +215,15 @@ def _header_shown(shown: list[str]) -> str:
     names it has (a header of a million names is not echoed back whole)."""
     text = ",".join(shown)
     if len(text) <= HEADER_SHOWN:
-        return text
-    return f"{text[:HEADER_SHOWN]}… ({len(shown)} names, {len(text)} characters)"
+        return _printable(text)
+    return f"{_printable(text[:HEADER_SHOWN])}… ({len(shown)} names, {len(text)} characters)"
+
+
+def _printable(text: str) -> str:
+    """``text`` with each character that is not printable (a NUL, an escape sequence's ESC, a carriage return)
+    written as its escape (``\\x00``): a header is echoed to a terminal and the journal, which must not take the file's
+    bytes as control codes, nor hide them."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _looks_like_data(name: str) -> bool:

@@ -80,6 +80,19 @@ def test_missing_time_or_price_column_names_what_is_expected(tmp_path: Path) -> 
                               " time_exchange, time_key, dt, day, ts, t, observation_date); header is Symbol,Close")
 
 
+def test_a_header_with_control_characters_is_echoed_with_them_escaped(tmp_path: Path) -> None:
+    """A NUL byte after each name (a file written by a tool padding its fields) or a terminal's escape sequence in the
+    header was echoed raw into the message: NULs in the journal and on the terminal, colours and cursor moves the
+    file's bytes chose, and names that looked right but matched no column."""
+    path = tmp_path / "padded.csv"
+    path.write_bytes(b"timestamp\x00,price\x1b[2J,volume\n1640995200000,1,2\n")
+    with pytest.raises(DataError) as exc:
+        load_csv_files([path])
+    msg = str(exc.value)
+    assert msg.endswith(r"header is timestamp\x00,price\x1b[2J,volume"), msg
+    assert msg.isprintable() and exc.value.report == [msg]
+
+
 def test_a_file_without_a_header_line_is_told_to_add_one(tmp_path: Path) -> None:
     """As Binance's kline files are written: data from the first line."""
     path = write(tmp_path, "1502942400000,4261.48,4485.39,4200.74,4285.08,795.150377,1503028799999\n", "BTCUSDT-1d.csv")
