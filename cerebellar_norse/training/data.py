@@ -120,6 +120,15 @@ _COMPONENT = r"(?:[^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+|\.)"
 DATA_FILE_PATTERN = r"^(?:[^/\x00.\\][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+|\.)(?:/" + _COMPONENT + "?)*$"
 
 
+
+def unclosed_quote(breaks: int, last_line: int) -> str:
+    """Why a row whose fields hold ``breaks`` line breaks, ending at line ``last_line``, is refused: a quote that opens a
+    field and is not closed made the reader take every line up to the next quote (or the end of the file) into it."""
+    return (f"a quote (\") opens a field that is not closed before the end of the line: the next {breaks} "
+            f"{'line' if breaks == 1 else 'lines'} (to line {last_line}) were read into that field, not as rows; "
+            "remove the quote, or close it in its field")
+
+
 def resolve_data_file(data_dir: Path, name: str) -> Path:
     """A file name relative to the data dir; absolute paths and ``..`` are refused, a missing file is not found."""
     if not name or "\x00" in name:
@@ -330,6 +339,14 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
                                 rows -= 1
                                 continue
                             bad += 1
+                            breaks = sum(c.count("\n") for c in row)
+                            if breaks:  # one field read over line breaks: a quote that opens it and is never closed
+                                # (run to the end of the file, the field holds the last line's break too)
+                                start = reader.line_num - breaks + row[-1].endswith("\n")
+                                rows, bad = rows + reader.line_num - start, bad + reader.line_num - start  # each line lost
+                                report.append(f"{path}:{start}: {unclosed_quote(reader.line_num - start, reader.line_num)}")
+                                footer = None
+                                continue
                             if len(row) != cols.fields:
                                 widths[len(row)] = widths.get(len(row), 0) + 1
                                 split_hint = split_hint or split_number_hint(row, cols)

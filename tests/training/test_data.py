@@ -93,6 +93,34 @@ def test_a_header_with_control_characters_is_echoed_with_them_escaped(tmp_path: 
     assert msg.isprintable() and exc.value.report == [msg]
 
 
+@pytest.mark.parametrize("closed", [False, True], ids=["never closed", "closed 30 lines later"])
+def test_a_quote_left_open_in_a_row_names_the_line_it_opens_on_and_the_lines_it_swallowed(tmp_path: Path,
+                                                                                          closed: bool) -> None:
+    """A stray quote opening a field read every line after it (to the next quote, or the end of the file) into that
+    field: half a file's ticks went missing as one bad row reported at the last line ("expected 4 fields, got 2"), or,
+    in the first row, as "the header names 4 columns but every row has 2 fields: a column name is one too many"."""
+    rows = good_rows(100)
+    rows[40] = rows[40].replace(",A,", ',"A,')  # file line 42
+    if closed:
+        rows[70] = rows[70].replace(",A,", ',A",')  # line 72
+    path = write(tmp_path, "\n".join(["timestamp,market_id,price,volume", *rows]) + "\n")
+    with pytest.raises(DataError) as exc:  # every line swallowed is a bad row: far above max_bad_row_fraction
+        load_csv_files([path])
+    end, swallowed = (72, 30) if closed else (101, 59)
+    assert str(exc.value).startswith(f"{1 + swallowed} of 100 rows are bad")
+    data = load_csv_files([path], max_bad_fraction=1.0)
+    assert data.report == [f"{path}:42: a quote (\") opens a field that is not closed before the end of the line: the next "
+                           f"{swallowed} lines (to line {end}) were read into that field, not as rows; remove the quote, or"
+                           " close it in its field"]
+    assert data.bad_rows == 1 + swallowed and sum(len(m.price) for m in data.markets) == 100 - 1 - swallowed
+    path = write(tmp_path, "\n".join(["timestamp,market_id,price,volume", rows[40], *good_rows(5)]) + "\n", "first.csv")
+    with pytest.raises(DataError) as exc:  # in the first row: no longer taken for a header one name too long
+        load_csv_files([path])
+    assert exc.value.report == [f"{path}:2: a quote (\") opens a field that is not closed before the end of the line: the "
+                                "next 5 lines (to line 7) were read into that field, not as rows; remove the quote, or "
+                                "close it in its field"]
+
+
 def test_a_file_without_a_header_line_is_told_to_add_one(tmp_path: Path) -> None:
     """As Binance's kline files are written: data from the first line."""
     path = write(tmp_path, "1502942400000,4261.48,4485.39,4200.74,4285.08,795.150377,1503028799999\n", "BTCUSDT-1d.csv")
