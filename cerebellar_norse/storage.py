@@ -134,23 +134,17 @@ class NotARegularFileError(OSError):
 
 
 def read_file(path: Path | str) -> bytes:
-    """The bytes of the regular file at ``path`` (links followed).
-
-    Opened without waiting (``O_NONBLOCK``: a FIFO's open would wait for a writer) and checked to be a regular file
-    before anything is read.
+    """The bytes of the regular file at ``path`` (links followed), checked to be one before it is opened: opening a
+    FIFO would wait for a writer, reading a device (``/dev/zero``) might never end.
 
     Raises:
         NotARegularFileError: a FIFO, socket or device is there (its errno EINVAL).
-        OSError: it could not be opened or read (ENOENT, EISDIR, EACCES, EIO, …).
+        OSError: it could not be looked at, opened or read (ENOENT, EISDIR, EACCES, EIO, …).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotARegularFileError(errno.EINVAL, "not a regular file (a FIFO, socket or device is there)", str(path))
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read()
-    finally:
-        os.close(fd)
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # (a directory: EISDIR from the read, as before)
+        raise NotARegularFileError(errno.EINVAL, "not a regular file (a FIFO, socket or device is there)", str(path))
+    return Path(path).read_bytes()
 
 
 # reading a file failed because of what is at its path (a dangling or looping link, a directory): the file is as
