@@ -556,8 +556,13 @@ def served_metrics_problem(metrics: dict[str, Any]) -> str | None:
     return None
 
 
-def load_model_dir(path: Path) -> StoredModel:
-    """Verify the manifest (every file's SHA-256 and size) and load a model directory."""
+def load_model_dir(path: Path, stored: bool = False) -> StoredModel:
+    """Verify the manifest (every file's SHA-256 and size) and load a model directory.
+
+    ``stored``: the directory is a model store's ``models/<version>``, whose manifest must name that version (every
+    manifest the store writes does): one naming another, or none, is damaged (CheckpointError naming it). Served under
+    another name, the model was one ``models/ACTIVE``, ``POST /models/<version>/activate`` and the market state saved
+    with it could not name."""
     path = Path(path)
     mpath = path / MANIFEST
     if not path.is_dir():
@@ -600,6 +605,11 @@ def load_model_dir(path: Path) -> StoredModel:
     if weights.shape != shape:
         raise CheckpointError(f"weights of shape {weights.shape} do not match the stored config {shape}", str(path / "weights.npz"))
     version = manifest.get("version", path.name)
+    if stored and manifest.get("version") != path.name:
+        named = f"names model {quoted(version, 80)}" if "version" in manifest else "names no model version"
+        raise CheckpointError(f"the manifest {named}, not {path.name!r}, the directory it is stored in (the manifest "
+                              "is damaged, or the directory was renamed): restore the model from a backup, or give the "
+                              "directory its version's name", str(mpath))
     try:
         check_version(version)  # served as the model's name: in logs, answers, and each journal file's header
     except InputError:
@@ -609,16 +619,8 @@ def load_model_dir(path: Path) -> StoredModel:
 
 
 def load_stored_model(path: Path) -> StoredModel:
-    """:func:`load_model_dir` of a model stored under its version's name (``models/<version>``): a manifest naming
-    another version is refused as damaged (CheckpointError naming it). Served under that other name, the model was
-    one ``models/ACTIVE``, ``POST /models/<version>/activate`` and the market state saved with it could not name."""
-    model = load_model_dir(path)
-    if model.version != Path(path).name:
-        raise CheckpointError(f"the manifest names model {quoted(model.version, 80)}, not {Path(path).name!r}, the "
-                              "directory it is stored in (the manifest is damaged, or the directory was renamed): "
-                              "restore the model from a backup, or give the directory its version's name",
-                              str(Path(path) / MANIFEST))
-    return model
+    """:func:`load_model_dir` of a model stored under its version's name (``models/<version>``)."""
+    return load_model_dir(path, stored=True)
 
 
 def split_until(metrics: dict[str, Any]) -> int | None:

@@ -781,6 +781,10 @@ def test_a_manifest_naming_another_version_than_its_directory_is_refused_as_dama
     assert cmd_verify_data(str(store.root.parent)) == 1
     assert f"{mpath}: the manifest names model" in capsys.readouterr().err
     assert mpath.read_bytes() == bytes(raw)  # left as it is
+    raw = bytearray(mpath.read_bytes().replace(b'"version"', b'"vershon"'))  # a flipped bit in the key: no version
+    mpath.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"the manifest names no model version, not .*, the directory"):
+        store.load(stored)
 
 
 @pytest.mark.slow
