@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -123,6 +124,9 @@ def _resolve(cfg: Config, files: list[str]) -> list[Path]:
                 paths.append(p.resolve())
             except RuntimeError:  # a loop of symbolic links (Python 3.11/3.12; OSError ELOOP from 3.13)
                 raise InputError(f"{f}: cannot open: a loop of symbolic links", "files") from None
+            if p.is_symlink() and not p.exists():  # named as given: the target alone is a path never typed
+                raise InputError(f"{f}: cannot open: a symbolic link to {os.readlink(p)!r}, which does not exist",
+                                 "files")
         else:
             paths.append(resolve_data_file(Path(cfg.paths.data_dir), f))
     return paths

@@ -194,3 +194,16 @@ def test_label_counts_are_training_s_without_encoding_the_ticks(data_dir: Path, 
     assert main(["inspect-data", "gen.csv", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["training"]
     assert {name: got[name] for name in expected} == expected and got["warnings"] == prep.warnings
+
+
+@pytest.mark.parametrize("command", ["inspect-data", "train"])
+def test_a_link_to_nothing_is_named_as_given_not_by_its_target(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              command: str) -> None:
+    """A dangling symbolic link given by its path was named by its target alone (`/mnt/ticks/es.csv: cannot open: No
+    such file or directory`), a path the user never typed."""
+    link = tmp_path / "es.csv"
+    link.symlink_to(tmp_path / "unmounted" / "es.csv")
+    assert main([command, str(link)]) == 1
+    err = capsys.readouterr().err
+    assert f"{link}: cannot open: a symbolic link to '{tmp_path / 'unmounted' / 'es.csv'}', which does not exist" in err
+    assert "Traceback" not in err
