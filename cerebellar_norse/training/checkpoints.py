@@ -759,7 +759,7 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
     """Verify every model directory and state file under ``root``; returns (ok, problems) lines."""
     from ..engine.persistence import STATE_FILE, check_state_rows, read_state_payload
     from ..engine.state_dir import read_state_id
-    from ..storage import read_checksummed
+    from ..storage import read_checksummed, read_state_file, unseal
 
     ok: list[str] = []
     problems: list[str] = []
@@ -805,8 +805,13 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
                             f"it aside at start and every market starts from rest); point it at the state file, or "
                             f"remove it")
             continue
-        try:
-            payload = read_checksummed(spath)
+        try:  # read as the start reads it: a read refused for no fault of its bytes stops the start, moving nothing
+            data = read_state_file(spath, "the market state")
+            payload = read_checksummed(spath) if data is None else unseal(data, str(spath))
+        except StorageError as exc:
+            problems.append(f"{exc}: the service does not start on it (nothing is moved aside): make it readable by "
+                            "the service's user (e.g. chown) and start again")
+            continue
         except CheckpointError as exc:
             problems.append(str(exc))
             continue

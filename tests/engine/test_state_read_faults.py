@@ -75,3 +75,28 @@ def test_an_unreadable_journal_file_stops_the_start_and_is_kept(engine_config: C
         d.closed = True
         d._unlock()
     assert seg.exists() and not list(seg.parent.glob("*.corrupt-*"))  # every acknowledged tick is still there
+
+
+@pytest.mark.parametrize("code", UNREADABLE, ids=[errno.errorcode[c] for c in UNREADABLE])
+def test_verify_data_says_of_an_unreadable_state_file_what_the_start_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          code: int) -> None:
+    """--verify-data said `market_state.bin: cannot read: Permission denied`, as of a damaged file, where the start
+    stops on it and moves nothing aside (the file may hold every acknowledged tick): the fix is the owner, not a
+    restore."""
+    from cerebellar_norse.training.commands import cmd_verify_data
+
+    path = tmp_path / STATE_FILE
+    path.write_bytes(b"intact, but not ours to read")
+    real = Path.read_bytes
+
+    def denied(p: Path) -> bytes:
+        if p == path:
+            raise OSError(code, os.strerror(code), str(p))
+        return real(p)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    assert cmd_verify_data(str(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert f"cannot read the market state {path}: {os.strerror(code)} (errno {code} {errno.errorcode[code]}): the " \
+           "service does not start on it (nothing is moved aside)" in err
