@@ -22,7 +22,9 @@ import fcntl
 import hashlib
 import json
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
+from ..storage import read_file
 from ..ticks import MARKET_ID_MAX, TS_MAX_MS, TS_MIN_MS, Tick
 from .recording_format import (
     CHECKSUM_SUFFIX,
@@ -121,6 +124,8 @@ class Scan:
 def is_recording(path: Path) -> bool:
     """True for a file named like a recording or starting with its header (else it is a plain tick CSV)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO's open would wait for a writer
+            return False
         with open(path, "rb") as fh:
             head = fh.read(max(len(HEADER), len(HEADER_V1)))
     except OSError:
@@ -179,12 +184,12 @@ def _parse(fields: list[str], version: int, line: int) -> RecordedTick:
 def _check_sidecar(path: Path, digest: str) -> tuple[str, str | None]:
     """(``ok``/``mismatch``/``missing``/a problem with the sidecar, the mismatch problem or None)."""
     side = checksum_path(path)
-    if not side.exists():
+    if not side.exists() and not side.is_symlink():  # (a link to nothing is an unreadable checksum file, not none)
         return "missing", None
     try:
-        text = side.read_text(encoding="ascii")
+        text = read_file(side).decode("ascii")
     except (OSError, UnicodeDecodeError) as exc:
-        return f"{side}: unreadable checksum file ({exc})", None
+        return f"{side}: unreadable checksum file ({getattr(exc, 'strerror', None) or exc})", None
     m = _SIDECAR_RE.fullmatch(text)
     if m is None:
         return f"{side}: not a sha256sum line for {path.name}", None
@@ -237,7 +242,7 @@ def scan_states(path: Path, check_sum: bool = True) -> tuple[dict[int, StartStat
     problems: list[str] = []
     warnings: list[str] = []
     try:
-        data = path.read_bytes()
+        data = read_file(path)
     except OSError as exc:
         return states, [f"{path}: cannot read: {exc.strerror}"], warnings, None
     status: str | None = None
@@ -302,7 +307,7 @@ def scan_recording(path: Path, check_sum: bool = True) -> Scan:
     path = Path(path)
     scan = Scan(path)
     try:
-        data = path.read_bytes()
+        data = read_file(path)
     except OSError as exc:
         scan.problems.append(f"{path}: cannot read: {exc.strerror}")
         return scan
@@ -439,7 +444,7 @@ def verify_recordings(root: Path) -> Verification:
         files.sort(key=file_sort_key)
         newest = files[-1]
         for path in files:
-            sealed = checksum_path(path).exists()
+            sealed = checksum_path(path).exists() or checksum_path(path).is_symlink()  # (a link to nothing: unreadable)
             open_now = not sealed and (path == newest or _in_use(path))
             if not sealed and not open_now:
                 out.problems.append(f"{path}: checksum file {checksum_path(path).name} missing "

@@ -366,6 +366,51 @@ def test_a_companion_cut_by_a_crash_is_a_warning(tmp_path: Path) -> None:
     assert len(scan.states) == 1 and any("last record" in w and "incomplete" in w for w in scan.warnings)
 
 
+class _OnePool:  # the slot table and arrays before_step reads: market "W" holds a state, others none
+    class table:  # noqa: N801
+        @staticmethod
+        def get(m: str) -> int | None:
+            return 0 if m == "W" else None
+
+    class arrays:  # noqa: N801
+        @staticmethod
+        def read_slot(slot: int) -> dict[str, np.ndarray]:
+            return {"enc": np.arange(4.0)}
+
+
+@pytest.mark.parametrize("what", ["dangling link", "FIFO", "/dev/zero"])
+@pytest.mark.parametrize("name", ["{rec}.sha256", "{stem}.states", "{stem}.states.sha256"])
+def test_a_recordings_file_that_is_no_regular_file_is_named_not_waited_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, what: str) -> None:
+    """A FIFO or a link to /dev/zero as a recording's checksum or starting-state file made --verify-data wait for a
+    writer (or read) for ever; a dangling link as the recording's checksum file made the closed recording pass for the
+    open one (verified line by line, exit 0)."""
+    import os
+    import threading
+
+    rdir = tmp_path / "recordings"
+    rec = TickRecorder(rdir)
+    batch = [Tick(100.0, 1.0, T0, "W"), Tick(100.0, 1.0, T0, "N")]
+    rec.before_step(_OnePool(), batch)  # type: ignore[arg-type]
+    rec.record(batch)
+    rec.close()
+    (path,) = sorted(rdir.glob("ticks-*.csv"))
+    target = rdir / name.format(rec=path.name, stem=path.stem)
+    assert target.exists()
+    target.unlink()
+    if what == "FIFO":
+        os.mkfifo(target)
+    else:
+        target.symlink_to(tmp_path / "gone" if what == "dangling link" else Path(what))
+    got: list[tuple[int, str, str]] = []
+    t = threading.Thread(target=lambda: got.append(run(capsys, "--verify-data", tmp_path)), daemon=True)
+    t.start()
+    t.join(30)
+    assert got, "--verify-data still running after 30 s"
+    code, _, err = got[0]
+    assert code == 1 and str(target) in err and "Traceback" not in err
+
+
 def assert_verify_lines_as_documented(out: str, path: Path, ticks: int, sealed: bool) -> None:
     """``--verify-data`` printed its line for the recording as docs/operations.md's table (Recordings, Verify)
     shows it, with N ticks and K starting states written out."""
