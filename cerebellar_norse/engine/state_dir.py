@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import stat
 import time
 from pathlib import Path
 
 from ..errors import CheckpointError, StorageError, quoted
-from ..storage import read_checksummed, read_state_file, unseal, write_checksummed
-from .persistence import is_state_id
+from ..storage import read_checksummed, read_file, read_state_file, unseal, write_checksummed
+from .persistence import is_state_id, quarantine
+
+log = logging.getLogger("cerebellar_norse.engine")
+
+
+def _kind(mode: int) -> str:
+    """What a file of ``mode`` is, in words, for one that is no regular file."""
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a device"
 
 LOCK_FILE = ".lock"
 STATE_ID_FILE = "state-id"  # the state dir's identity (not a dot file: ``cp -r backup/* <state_dir>/`` copies it too)
@@ -79,13 +92,14 @@ class StateDirLock:
         except OSError:
             os.close(fd)
             try:
-                other = self.path.read_text(encoding="ascii", errors="replace").strip()[:32] or "?"
+                other = read_file(self.path).decode("ascii", errors="replace").strip()[:32] or "?"
             except OSError:
                 other = "?"
             raise StorageError(f"state dir {self.dir} is in use by another cerebellar-norse process (pid {other}); "
                                "one service per state dir", str(self.path)) from None
         try:
-            pid_fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._misplaced_pid_file_aside()
+            pid_fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
             try:
                 os.write(pid_fd, f"{os.getpid()}\n".encode())
             finally:
@@ -96,6 +110,20 @@ class StateDirLock:
         st = os.fstat(fd)
         self.fd, self._identity = fd, (st.st_dev, st.st_ino)
         return self
+
+    def _misplaced_pid_file_aside(self) -> None:
+        """Move aside (``.lock.misplaced-<UTC time>``, WARNING) what stands where the pid file goes and is no regular
+        file: a FIFO made the start wait for a reader for ever, without a line; a symbolic link would have the pid
+        written wherever it points. It holds no state (the lock is on the directory), so nothing is lost."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode):
+            return
+        moved = quarantine(self.path, "misplaced")
+        log.warning("%s is not a regular file (%s): moved aside to %s; the pid file is written anew", self.path,
+                    _kind(st.st_mode), moved)
 
     def moved(self) -> str | None:
         """Why the state dir's path no longer names the directory locked ("no longer exists", "now names another
