@@ -12,6 +12,7 @@ Unknown keys are errors in every layer.
 from __future__ import annotations
 
 import copy
+import errno
 import math
 import os
 import re
@@ -512,7 +513,9 @@ def read_toml_file(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError([ConfigProblem("", f"config file {path} does not exist", "pass an existing file to --config")], str(path)) from None
     except OSError as exc:
-        raise ConfigError([ConfigProblem("", f"cannot read config file {path}: {exc}", "check the path and its permissions")], str(path)) from None
+        why = f"{exc.strerror} (errno {exc.errno} {errno.errorcode.get(exc.errno, '?')})" if exc.errno else str(exc)
+        raise ConfigError([ConfigProblem("", f"cannot read config file {path}: {why}", "check the path and its permissions "
+                                         "(the service's user must be able to read it)")], str(path)) from None
     wide = wide_encoding(data)
     if wide is not None:
         wide = wide.upper()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,27 @@ def test_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path, environ={})
     assert "line 3" in str(info.value)
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EIO])
+def test_a_config_file_that_cannot_be_read_is_named_with_the_reason_in_words(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """The line was `cannot read config file x.toml: [Errno 13] Permission denied: 'x.toml'`: Python's repr of the
+    error, the path twice."""
+    path = tmp_path / "x.toml"
+    path.write_text("[server]\nport = 1\n", encoding="utf-8")
+    real = Path.read_bytes
+
+    def denied(p: Path) -> bytes:  # (the tests run as root, whom chmod does not stop)
+        if p == path:
+            raise OSError(code, os.strerror(code), str(p))
+        return real(p)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert info.value.problems[0].message == (f"cannot read config file {path}: {os.strerror(code)} "
+                                              f"(errno {code} {errno.errorcode[code]})")
 
 
 def test_toml_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None:
