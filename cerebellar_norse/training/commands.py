@@ -605,7 +605,12 @@ def cmd_validate_model(path: str) -> int:
     if why is not None:
         print(f"cerebellar-norse: {path}: {why} (fix: {MODEL_DIR_FIX})", file=sys.stderr)
         return 1
-    dirs = [p] if (p / MANIFEST).exists() else sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))
+    try:
+        dirs = [p] if (p / MANIFEST).exists() else sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))
+    except OSError as exc:  # a directory it may not list (permissions): named as a read, not as a failed write
+        print(f"cerebellar-norse: {StorageError.from_os_error('cannot read', path, exc)}: nothing in it "
+              "was verified; make it readable (by the service's user too) and verify again", file=sys.stderr)
+        return 1
     if not dirs:
         print(f"cerebellar-norse: {path}: no model directory found: neither {MANIFEST} nor a model directory in it "
               f"(fix: {MODEL_DIR_FIX})", file=sys.stderr)

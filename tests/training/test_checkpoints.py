@@ -811,3 +811,22 @@ def test_verify_data_names_a_state_file_that_is_a_fifo_or_a_device_instead_of_wa
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 1, res.stderr
     assert f"{path}: " in res.stderr and "not a regular file" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_validate_model_names_a_directory_it_may_not_list_as_unreadable(
+        cfg: Config, store: ModelStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A models directory the user may not list was said as `cannot write …/models/manifest.json: Permission denied`:
+    a write, of a file that is not there."""
+    store.save(generate_weights(cfg), cfg, METRICS)
+    real = Path.exists
+
+    def denied(p: Path, *a: object, **k: object) -> bool:  # (the tests run as root, whom chmod does not stop)
+        if p.parent == store.root:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(p))
+        return real(p)
+
+    monkeypatch.setattr(Path, "exists", denied)
+    assert cmd_validate_model(str(store.root)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"cerebellar-norse: cannot read {store.root}: Permission denied (errno 13 EACCES): nothing in it "
+                          "was verified")
