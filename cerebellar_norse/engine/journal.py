@@ -798,7 +798,7 @@ class Durability:
         eng = self.engine
         for p in self.dir.glob(f".*{SUFFIX}.tmp") if self.dir.is_dir() else ():
             p.unlink()  # a segment whose creation a crash interrupted: never held a record
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError, IsADirectoryError):  # (a directory: moved aside)
             (self.dir / SPARE).unlink()  # the next segment's file made ahead of time by a service that crashed: no record
         for name in (eng.state_path().name, STATE_ID_FILE):
             for p in self.state_dir.glob(f".{name}.*.tmp"):

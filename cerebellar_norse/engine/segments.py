@@ -338,14 +338,15 @@ def _segment_base(name: str) -> int | None:
 
 def misplaced_entries(directory: Path) -> list[tuple[Path, str]]:
     """What stands where the journal's files must be and is not one: ``directory`` itself when it is not a directory,
-    and each entry named as a segment file that is not a regular file; (path, what it is instead) each. The service
+    and each entry named as a segment file that is not a regular file, or a directory where :data:`SPARE` goes; (path, what it is instead) each. The service
     moves them aside at start (it could neither create its journal files nor read them)."""
     if not directory.is_dir():
         if directory.exists() or directory.is_symlink():
             return [(directory, f"{_kind_of(directory)}, not the journal's directory")]
         return []
     return sorted((p, f"{_kind_of(p)}, not a journal file") for p in directory.iterdir()
-                  if _segment_base(p.name) is not None and not p.is_file())
+                  if (_segment_base(p.name) is not None and not p.is_file())
+                  or (p.name == SPARE and p.is_dir() and not p.is_symlink()))  # (removed at start, unless a directory)
 
 
 def _kind_of(path: Path) -> str:

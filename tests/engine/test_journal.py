@@ -39,6 +39,7 @@ from cerebellar_norse.engine.segments import (
     MAGIC,
     ONE,
     REC,
+    SPARE,
     SegmentReader,
     list_segments,
 )
@@ -713,6 +714,30 @@ async def test_deleting_or_replacing_the_pid_file_does_not_free_the_state_dir(tm
     again = StateDirLock(tmp_path).acquire()  # released: free again, and the pid file names the new holder
     assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
     again.release()
+
+
+async def test_a_directory_where_the_next_journal_file_goes_is_moved_aside_and_named_by_verify_data(
+        journaled: tuple[Config, list[Durability]], capsys: pytest.CaptureFixture[str]) -> None:
+    """A directory as ``journal/.next.journal.spare`` (the file made ahead of time, removed at start) stopped every start
+    (`cannot use …: Is a directory`) while --verify-data said OK."""
+    from cerebellar_norse.training.commands import cmd_verify_data
+
+    cfg, opened = journaled
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    await feed([e, twin], [tick("A", T0 + k) for k in range(5)])
+    crash(d)
+    spare = Path(cfg.paths.state_dir) / JOURNAL_DIR / SPARE
+    if spare.exists():
+        spare.unlink()
+    spare.mkdir()
+    (spare / "kept").write_text("x")
+    assert cmd_verify_data(cfg.paths.state_dir) == 1
+    assert f"{spare}: a directory, not a journal file: the service moves it aside at start" in capsys.readouterr().err
+    e2, _ = start(cfg, opened)
+    assert_same_pool(e2, twin)  # every acknowledged tick
+    (moved,) = spare.parent.glob(f"{SPARE}.misplaced-*")
+    assert (moved / "kept").read_text() == "x"
 
 
 @pytest.mark.parametrize("what", ["FIFO", "directory", "link to /dev/null"])
