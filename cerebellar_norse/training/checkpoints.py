@@ -790,6 +790,10 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         if problem is not None:
             problems.append(problem)
             no_models.add(sdir)
+        jobs = sdir / "jobs"
+        if (jobs.exists() or jobs.is_symlink()) and not jobs.is_dir():
+            problems.append(f"{jobs}: not a directory (the job records' directory goes there): the service moves it "
+                            "aside at start (WARNING); no job record could be written while it stands")
     for apath in _named_under(root, ACTIVE):
         if apath.parent.name == MODELS_DIR:
             problem = _active_problem(apath)

@@ -502,6 +502,8 @@ class JobManager:
 
     def _load_history(self) -> None:
         if not self.jobs_dir.is_dir():
+            if self.jobs_dir.exists() or self.jobs_dir.is_symlink():  # a file (or a link to nothing) where it goes
+                self._misplaced_jobs_dir_aside()
             return
         for p in self.jobs_dir.glob(".*.json.*.tmp"):  # a record whose writing a crash cut off: the previous is whole
             try:
@@ -548,6 +550,22 @@ class JobManager:
         # job ids are random: the file names' order says nothing of which job ran last
         self.jobs = dict(sorted(self.jobs.items(), key=lambda kv: order[kv[0]]))
         self.latest = next(reversed(self.jobs), None)
+
+    def _misplaced_jobs_dir_aside(self) -> None:
+        """Move aside (``jobs.misplaced-<UTC time>``, WARNING) what stands where the job records' directory goes and is
+        none: every job's record failed to be written (`File exists`), said as waiting for room that never came. It
+        holds no record of this service's, so nothing is lost; a move that fails is said, and the records are kept in
+        memory as for a full disk."""
+        from ..engine.persistence import quarantine
+
+        what = "a link to nothing" if self.jobs_dir.is_symlink() and not self.jobs_dir.exists() else "not a directory"
+        try:
+            moved = quarantine(self.jobs_dir, "misplaced")
+        except CerebellarNorseError as exc:
+            log.warning("%s is %s, and moving it aside failed (%s): job records cannot be written until it is removed",
+                        self.jobs_dir, what, exc)
+            return
+        log.warning("%s is %s, not the directory of the job records: moved aside to %s", self.jobs_dir, what, moved)
 
     def _model_of_job(self, job_id: str) -> str | None:
         """The version of the stored model a job wrote (its ``metrics.json`` names the job), else None."""

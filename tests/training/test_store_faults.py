@@ -359,3 +359,31 @@ def test_activating_a_model_the_host_has_no_descriptor_or_memory_to_read_is_a_ca
     with pytest.raises(CheckpointError) as bad:
         verified_model(store, V2, cfg.neural)
     assert bad.value.field == "version"
+
+
+@pytest.mark.parametrize("what", ["file", "dangling link"])
+def test_a_file_where_the_job_records_go_is_moved_aside_at_start_and_named_by_verify_data(
+        make_config: ConfigFactory, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+        what: str) -> None:
+    """A file called ``jobs`` in the state dir made every job record fail (`File exists`), said as a record waiting for
+    room in the state dir that never came, while --verify-data said OK."""
+    import logging
+
+    from cerebellar_norse.training.commands import cmd_verify_data
+    from cerebellar_norse.training.jobs import JobManager
+
+    cfg = make_config()
+    state = Path(cfg.paths.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    jobs = state / "jobs"
+    if what == "file":
+        jobs.write_text("not a directory\n")
+    else:
+        jobs.symlink_to(state / "gone")
+    (state / "market_state.bin").write_bytes(b"")  # a state dir as --verify-data finds one
+    assert cmd_verify_data(str(state)) == 1
+    assert f"{jobs}: not a directory (the job records' directory goes there)" in capsys.readouterr().err
+    with caplog.at_level(logging.WARNING):
+        JobManager(cfg, lambda version: None, lambda loss: None)
+    (moved,) = state.glob("jobs.misplaced-*")
+    assert f"moved aside to {moved}" in caplog.text and not jobs.exists() and not jobs.is_symlink()
