@@ -17,7 +17,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from .errors import CheckpointError, StorageError
 
@@ -81,6 +81,12 @@ def write_output(path: Path, data: bytes) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync dir)."""
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` atomically with ``write(file)``, which writes the whole content into the open temporary file
+    (temp file, fsync, rename, fsync dir): a file too large to be built in memory first is written in parts."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # the directory is opened (for its flush) first: a missing descriptor then always leaves the previous file in
@@ -93,7 +99,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                write(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             retrying(os.replace, tmp, path)
@@ -112,8 +118,45 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def write_checksummed(path: Path, payload: bytes) -> str:
     """Atomically write ``payload`` with a SHA-256 header; returns the digest."""
-    digest = sha256_bytes(payload)
-    atomic_write_bytes(path, MAGIC + digest.encode("ascii") + b"\n" + payload)
+    return write_checksummed_stream(path, lambda out: out.write(payload))
+
+
+class _Hashing:
+    """A write-only file that hashes what it passes on (no ``seek``: a zip written into it is written in order)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.sha = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def write_checksummed_stream(path: Path, write: Callable[[Any], object]) -> str:
+    """Atomically write the payload ``write(out)`` writes into ``out`` (a write-only file object, no ``seek``),
+    behind the SHA-256 header of :func:`write_checksummed`; returns the digest.
+
+    The payload goes to the file as it is written, its digest computed on the way and the header written over a
+    placeholder at the end, so the payload is never held in memory whole: a checkpoint of the market states cost
+    twice their size again in memory (the payload built in a buffer, then copied behind its header).
+    """
+    digest = ""
+
+    def fill(fh: BinaryIO) -> None:
+        nonlocal digest
+        fh.write(b"\0" * HEADER_LEN)
+        out = _Hashing(fh)
+        write(out)
+        digest = out.sha.hexdigest()
+        fh.seek(0)
+        fh.write(MAGIC + digest.encode("ascii") + b"\n")
+        fh.seek(0, os.SEEK_END)
+
+    atomic_write(path, fill)
     return digest
 
 

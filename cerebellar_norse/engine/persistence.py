@@ -24,6 +24,7 @@ import io
 import json
 import os
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from ..errors import (
 )
 from ..neurons.encoder import N_ENC_STATE, S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 from ..neurons.state import STATE_FIELDS
-from ..storage import fsync_dir, read_checksummed, retrying, unseal, write_checksummed
+from ..storage import fsync_dir, read_checksummed, retrying, unseal, write_checksummed_stream
 from ..ticks import TS_MAX_MS, check_market_id
 from .pool import StatePool
 
@@ -172,13 +173,26 @@ def write_snapshot(snap: PoolSnapshot, path: Path, fingerprint: dict[str, Any], 
     Raises:
         OSError: the file could not be written (the previous file is left as it was).
     """
-    buf = io.BytesIO()
     extra = {} if state_id is None else {"state_id": np.array(state_id, dtype=np.str_)}
-    np.savez(buf, format=np.array(STATE_FORMAT, dtype=np.int64), markets=np.array(snap.markets, dtype=np.str_),
-             fingerprint=np.array(json.dumps(fingerprint, sort_keys=True)), journal_seq=np.array(journal_seq, dtype=np.int64),
-             **extra, **snap.arrays)  # type: ignore[arg-type]
-    write_checksummed(path, buf.getvalue())
+    arrays = {"format": np.array(STATE_FORMAT, dtype=np.int64), "markets": np.array(snap.markets, dtype=np.str_),
+              "fingerprint": np.array(json.dumps(fingerprint, sort_keys=True)),
+              "journal_seq": np.array(journal_seq, dtype=np.int64), **extra, **snap.arrays}
+    write_checksummed_stream(path, lambda out: write_npz(out, arrays))
     return len(snap.markets)
+
+
+def write_npz(out: Any, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` as an uncompressed ``.npz`` (what ``np.savez`` writes, read back by ``np.load``) into ``out``, a
+    write-only file object, each array in parts of at most 16 MiB.
+
+    A checkpoint built its payload in memory (``np.savez`` into a buffer) and copied it behind its checksum header:
+    twice the market states' size on top of their snapshot, every ``checkpoint_interval_s`` (+250 MB for an 83 MB
+    pool). ``np.savez`` itself cannot be given such a file (it wants a readable one).
+    """
+    with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as fid:
+                np.lib.format.write_array(fid, np.asanyarray(value), allow_pickle=False)
 
 
 def save_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], journal_seq: int = 0,

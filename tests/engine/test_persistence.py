@@ -311,3 +311,33 @@ def test_a_state_file_without_one_of_the_state_fields_names_it_as_missing(engine
     assert fresh.pool.used == 0
     with pytest.raises(CheckpointError, match=want):
         check_state_rows(read_state_payload(read_checksummed(path), str(path)), str(path))
+
+
+def test_a_checkpoint_needs_no_copy_of_the_states_beyond_their_snapshot(tmp_path: Path) -> None:
+    """Writing the state file built its payload in memory and copied it behind its checksum header: twice the states'
+    size again, on top of the snapshot, at every checkpoint (measured: +250 MB of resident memory each minute for an
+    83 MB pool). Now it is written into the file in parts: at most about one part (16 MiB) more, whatever the size."""
+    import tracemalloc
+
+    from cerebellar_norse.engine.persistence import PoolSnapshot, read_state_payload, write_snapshot
+
+    rng = np.random.default_rng(3)
+    markets = [f"M{i}" for i in range(600)]
+    arrays = {name: rng.standard_normal((600, 20_000)).astype(np.float32) for name in ("v_gr", "i_gr")}  # 96 MB
+    size = sum(a.nbytes for a in arrays.values())
+    path = tmp_path / STATE_FILE
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        write_snapshot(PoolSnapshot(markets, arrays), path, {"net": 1}, journal_seq=9, state_id=None)
+        extra = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert extra < size / 4, f"writing {size} bytes of states took {extra} bytes more"
+    raw = path.read_bytes()
+    header, payload = raw.split(b"\n", 1)
+    assert header == MAGIC + sha256_bytes(payload).encode()
+    back = read_state_payload(read_checksummed(path), str(path))
+    assert back.markets == markets and back.journal_seq == 9
+    for name, a in arrays.items():
+        assert np.array_equal(back.data[name], a)
