@@ -59,6 +59,7 @@ LIVE_KEYS = (
     "training.auto_activate",
     "training.stall_warning_s",
     "training.reset_state_on_swap",
+    "training.keep_job_records",
 )
 
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]+)?\s*")
@@ -245,6 +246,7 @@ class TrainingConfig(_Section):
     threads: int = Field(1, ge=1, le=1024, description="CPU threads of the training process.")
     stall_warning_s: float = Field(300.0, ge=1, le=86_400, description="A running job whose process has reported no progress and used no CPU time for this long (s) is stalled (stopped, frozen, hung on a dead mount): one WARNING, stalled_s in its status, cerebellar_norse_training_job_stalled 1; end it with DELETE /training/{job_id}.")
     auto_activate: bool = Field(True, description="Activate a trained model when it beats the active one on validation.")
+    keep_job_records: int = Field(500, ge=1, le=1_000_000, description="Records of finished training jobs kept (jobs/<job_id>.json, about 5 kB each, every one read at start and held in memory for GET /training/status/<job_id>): when a job ends, and at start, the records of the oldest finished jobs beyond this many are deleted. Models are not touched.")
     reset_state_on_swap: bool = Field(False, description="Reset market states when a new model is activated.")
     online_learning: bool = Field(False, description="Climbing-fibre online adaptation while serving.")
     climbing_fibre_rate: float = Field(1e-4, ge=0, le=1, description="Step size of the climbing-fibre LTD/LTP rule.")

@@ -550,6 +550,29 @@ class JobManager:
         # job ids are random: the file names' order says nothing of which job ran last
         self.jobs = dict(sorted(self.jobs.items(), key=lambda kv: order[kv[0]]))
         self.latest = next(reversed(self.jobs), None)
+        self._prune_records()
+
+    def _prune_records(self) -> None:
+        """Forget the oldest finished jobs beyond ``training.keep_job_records``: their records deleted, then dropped
+        from memory (a job every few minutes made ``jobs/`` and the service's memory grow for good, and every start
+        read them all). The running job and the latest are never dropped. A record that cannot be deleted is kept,
+        in memory too, and tried again when the next job ends (one WARNING per try)."""
+        excess = len(self.jobs) - self.cfg.training.keep_job_records
+        if excess <= 0:
+            return
+        oldest = [jid for jid, job in self.jobs.items() if job.state in FINAL and jid != self.latest][:excess]
+        for job_id in oldest:
+            path = self.jobs_dir / f"{job_id}.json"
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("cannot delete the record %s of an old training job (training.keep_job_records = %d): "
+                            "%s; it is kept and tried again when the next job ends", path,
+                            self.cfg.training.keep_job_records, StorageError.os_reason(exc),
+                            extra={"fields": {"job_id": job_id, "path": str(path), "errno": exc.errno}})
+                return
+            del self.jobs[job_id]
+            self._unwritten.discard(job_id)
 
     def _misplaced_jobs_dir_aside(self) -> None:
         """Move aside (``jobs.misplaced-<UTC time>``, WARNING) what stands where the job records' directory goes and is
@@ -878,6 +901,7 @@ class JobManager:
         job.stalled_s = None
         self._proc = None
         self._ended(job, logging.INFO if state != "failed" else logging.WARNING if input_error else logging.ERROR)
+        self._prune_records()
 
     def _ended(self, job: JobStatus, level: int) -> None:
         """Log a job's end (``training job <state>`` at ``level``), write its record and tell ``on_end``."""
