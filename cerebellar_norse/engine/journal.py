@@ -195,6 +195,8 @@ class RecoveryReport:
     seconds: float = 0.0
 
 
+ID_CACHE_MIN = 1024  # market ids whose journal encoding is kept at least (the pool's slots x 2 when more)
+
 class Durability:
     """The journal and checkpoints of one engine's market states.
 
@@ -249,6 +251,9 @@ class Durability:
         self._seg_fp: dict[str, Any] = {}  # the fingerprint in the open segment's header
         self._segments: list[tuple[int, Path]] = []  # oldest first; the last is the open one
         self._ids: dict[str, tuple[struct.Struct, bytes, int, int]] = {}
+        # ids of markets the pool no longer holds stay in _ids until it is cleared: about 600 bytes each, which a
+        # churn of new market ids (one a second) piled up to 60 MB over a day under a cap of 100,000
+        self._ids_cap = max(ID_CACHE_MIN, 2 * engine.pool.capacity)
         self._lock = lock  # the state dir's lock: taken by recover() unless the caller holds it
         self._owns_lock = False
         self._write_lock = threading.Lock()
@@ -306,7 +311,7 @@ class Durability:
 
     def _id(self, market: str) -> tuple[struct.Struct, bytes, int, int]:
         """(struct of a one-tick body with this id, the id's bytes, that body's size, the id's length), per market."""
-        if len(self._ids) > 100_000:
+        if len(self._ids) >= self._ids_cap:
             self._ids.clear()
         b = market.encode("utf-8")
         if len(b) > 255:

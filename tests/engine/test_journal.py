@@ -1795,3 +1795,19 @@ async def test_no_single_flipped_bit_or_shifted_byte_of_the_newest_file_passes_f
         where = f"{kind} at offset {pos} (bit {bit})"
         assert pos >= last_record, f"{where}: read as intact or cut by a crash: {len(got)} records, {reader.unfinished}"
         assert len(got) >= 59, where  # only the last append may pass for one a crash cut short
+
+
+async def test_the_journal_keeps_no_encoding_of_market_ids_long_gone(journaled: tuple[Config, list[Durability]]) -> None:
+    """The journal kept each market id's packed encoding until 100,000 ids had been seen (about 600 bytes each): a
+    churn of new market ids grew the service's memory by some 2 MB an hour, to 60 MB. Now at most twice the pool's
+    slots, at least 1024, are kept, and the ticks of ids dropped from it are journaled as before."""
+    cfg, opened = journaled  # 16 slots: at most 1024 ids are kept
+    e, d = start(cfg, opened)
+    twin = Engine(cfg)
+    ticks = [tick(f"CHURN{k:05d}", T0 + k) for k in range(1024 + 512)]
+    for k in range(0, len(ticks), 256):
+        await feed([e, twin], ticks[k:k + 256])
+        assert len(d._ids) <= 1024
+    crash(d)
+    again, _ = start(cfg, opened)
+    assert_same_pool(again, twin)
