@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 # What the job process runs: read its arguments from stdin (plain builtins, so unpickling imports nothing), then take
@@ -35,6 +36,25 @@ from typing import Any
 _BOOT = ("import pickle, sys; d = pickle.load(sys.stdin.buffer); sys.path[:] = d['path']; "
          "from cerebellar_norse.training.jobprocess import child_main; child_main(d)")
 CLOSE_WAIT_S = 1.0  # how long closing a reader waits for a read under way before leaving the close to that read
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def package_fingerprint(root: Path = PACKAGE_DIR) -> str:
+    """What identifies the installed package's code on disk: its number of ``.py`` files and their latest
+    modification time (ns), ``"<count>:<mtime_ns>"``; ``""`` when it cannot be read. An upgrade (``pip install``)
+    replaces the files, so the fingerprint changes."""
+    try:
+        times = [p.stat().st_mtime_ns for p in root.rglob("*.py")]
+    except OSError:
+        return ""
+    return f"{len(times)}:{max(times, default=0)}"
+
+
+# the code the service runs, as it was on disk when the service started (this module is imported at its start)
+STARTED_WITH = package_fingerprint()
+PACKAGE_CHANGED = ("the installed cerebellar-norse changed on disk since the service started (an upgrade without a "
+                   "restart): a job runs the code on disk, which may not fit the running service; restart the service "
+                   "(systemctl restart cerebellar-norse), then start the job again")
 
 
 class Reports:
@@ -191,7 +211,8 @@ def start_job_process(target: str, args: tuple[Any, ...]) -> tuple[JobProcess, R
     # the process holds its own ends now: the report pipe ends when the process does, the stop pipe when we close it
     os.close(out_w)
     os.close(stop_r)
-    payload = {"path": list(sys.path), "target": target, "args": args, "reports": out_w, "stop": stop_r}
+    payload = {"path": list(sys.path), "target": target, "args": args, "reports": out_w, "stop": stop_r,
+               "package": STARTED_WITH}
     assert popen.stdin is not None
     try:
         with popen.stdin:
@@ -206,10 +227,14 @@ def child_main(payload: dict[str, Any]) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)  # stdin was the arguments' pipe: nothing more comes from it
     os.dup2(devnull, 0)
     os.close(devnull)
-    module, _, name = payload["target"].partition(":")
-    func = getattr(importlib.import_module(module), name)
     reports = Reports(payload["reports"])
     try:
+        started_with = payload.get("package", "")
+        if started_with and package_fingerprint() not in ("", started_with):
+            reports.put(("failed", {"error": PACKAGE_CHANGED}))
+            os._exit(1)
+        module, _, name = payload["target"].partition(":")
+        func = getattr(importlib.import_module(module), name)
         func(reports, StopFlag(payload["stop"]), *payload["args"])
     finally:
         reports.close()
