@@ -79,3 +79,20 @@ def load_script(path: Path) -> ModuleType:
 def script(request: pytest.FixtureRequest) -> ModuleType:
     """The script named by the test module's ``SCRIPT`` path, imported once per module."""
     return load_script(request.module.SCRIPT)
+
+
+@pytest.fixture
+def unreadable(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path, int], None]:
+    """``unreadable(path, code)``: every ``Path.read_bytes`` of ``path`` fails with OSError ``code`` (EACCES, EIO, …)
+    for the rest of the test; other paths read as ever. (The tests run as root, whom chmod does not stop.)"""
+    real = Path.read_bytes
+
+    def make(path: Path, code: int) -> None:
+        def failing(p: Path) -> bytes:
+            if p == path:
+                raise OSError(code, os.strerror(code), str(p))
+            return real(p)
+
+        monkeypatch.setattr(Path, "read_bytes", failing)
+
+    return make

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,19 +116,12 @@ def test_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EIO])
 def test_a_config_file_that_cannot_be_read_is_named_with_the_reason_in_words(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+        tmp_path: Path, unreadable: Callable[[Path, int], None], code: int) -> None:
     """The line was `cannot read config file x.toml: [Errno 13] Permission denied: 'x.toml'`: Python's repr of the
     error, the path twice."""
     path = tmp_path / "x.toml"
     path.write_text("[server]\nport = 1\n", encoding="utf-8")
-    real = Path.read_bytes
-
-    def denied(p: Path) -> bytes:  # (the tests run as root, whom chmod does not stop)
-        if p == path:
-            raise OSError(code, os.strerror(code), str(p))
-        return real(p)
-
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    unreadable(path, code)
     with pytest.raises(ConfigError) as info:
         load_config(path, environ={})
     assert info.value.problems[0].message == (f"cannot read config file {path}: {os.strerror(code)} "

@@ -18,6 +18,7 @@ import re
 import shutil
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -1137,7 +1138,7 @@ async def test_verify_data_names_market_state_saved_with_a_model_not_stored(
 
 
 async def test_market_state_saved_with_a_model_it_may_not_read_refuses_the_start_and_moves_nothing(
-        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch) -> None:
+        journaled: tuple[Config, list[Durability]], monkeypatch: pytest.MonkeyPatch, unreadable: Callable[[Path, int], None]) -> None:
     """The model the market state was saved with is stored but may not be read (permissions): the restore under it
     refuses the start with the file and the errno, and market_state.bin stays where it is (it was moved aside as
     saved with a model "not stored or not usable", every market from rest); --verify-data says the same line."""
@@ -1149,14 +1150,7 @@ async def test_market_state_saved_with_a_model_it_may_not_read_refuses_the_start
     spath = root / STATE_FILE
     before = spath.read_bytes()
     locked = store.root / version / "weights.npz"
-    real = Path.read_bytes
-
-    def denied(path: Path) -> bytes:  # (the tests run as root, whom chmod does not stop)
-        if path == locked:
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real(path)
-
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    unreadable(locked, errno.EACCES)
     said = (f"cannot read model file {locked}: Permission denied (errno 13 EACCES): the service does not start on a "
             "model it cannot read (nothing is moved aside): make it readable by the service's user (e.g. chown) and "
             "start again")

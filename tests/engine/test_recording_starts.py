@@ -340,20 +340,8 @@ async def test_a_damaged_companion_is_refused_by_verify_and_replay(cfg: Config, 
 
 def test_a_companion_cut_by_a_crash_is_a_warning(tmp_path: Path) -> None:
     rec = TickRecorder(tmp_path)
-
-    class Pool:  # the slot table and arrays before_step reads
-        class table:  # noqa: N801
-            @staticmethod
-            def get(m: str) -> int | None:
-                return 0 if m == "W" else None
-
-        class arrays:  # noqa: N801
-            @staticmethod
-            def read_slot(slot: int) -> dict[str, np.ndarray]:
-                return {"enc": np.arange(4.0)}
-
     batch = [Tick(100.0, 1.0, T0, "W"), Tick(100.0, 1.0, T0, "N")]
-    rec.before_step(Pool(), batch)  # type: ignore[arg-type]
+    rec.before_step(_OnePool(), batch)  # type: ignore[arg-type]
     rec.record(batch)
     rec.close()
     (path,) = sorted(tmp_path.glob("ticks-*.csv"))

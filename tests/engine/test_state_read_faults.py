@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,20 +35,13 @@ UNREADABLE = [errno.EACCES, errno.EIO, errno.EMFILE, errno.ENOMEM]
 
 @pytest.mark.parametrize("code", UNREADABLE, ids=[errno.errorcode[c] for c in UNREADABLE])
 def test_an_unreadable_state_file_stops_the_start_and_is_kept(engine_config: ConfigFactory, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+                                                              unreadable: Callable[[Path, int], None], code: int) -> None:
     eng = Engine(engine_config(state_dir=tmp_path / "state", max_markets=8))
     path = eng.state_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"intact, but not ours to read")
 
-    real = Path.read_bytes
-
-    def denied(p: Path) -> bytes:  # (the tests run as root, whom chmod does not stop)
-        if p == path:
-            raise OSError(code, os.strerror(code), str(p))
-        return real(p)
-
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    unreadable(path, code)
     with pytest.raises(StorageError, match=rf"cannot read the market state .*errno {code} {errno.errorcode[code]}"):
         eng.restore_state()
     assert path.exists() and not list(path.parent.glob(f"{STATE_FILE}.corrupt-*"))
@@ -78,7 +72,7 @@ def test_an_unreadable_journal_file_stops_the_start_and_is_kept(engine_config: C
 
 
 @pytest.mark.parametrize("code", UNREADABLE, ids=[errno.errorcode[c] for c in UNREADABLE])
-def test_verify_data_says_of_an_unreadable_state_file_what_the_start_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_verify_data_says_of_an_unreadable_state_file_what_the_start_does(tmp_path: Path, unreadable: Callable[[Path, int], None],
                                                                           capsys: pytest.CaptureFixture[str],
                                                                           code: int) -> None:
     """--verify-data said `market_state.bin: cannot read: Permission denied`, as of a damaged file, where the start
@@ -88,14 +82,7 @@ def test_verify_data_says_of_an_unreadable_state_file_what_the_start_does(tmp_pa
 
     path = tmp_path / STATE_FILE
     path.write_bytes(b"intact, but not ours to read")
-    real = Path.read_bytes
-
-    def denied(p: Path) -> bytes:
-        if p == path:
-            raise OSError(code, os.strerror(code), str(p))
-        return real(p)
-
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    unreadable(path, code)
     assert cmd_verify_data(str(tmp_path)) == 1
     err = capsys.readouterr().err
     assert f"cannot read the market state {path}: {os.strerror(code)} (errno {code} {errno.errorcode[code]}): the " \

@@ -152,7 +152,7 @@ def test_a_missing_file_is_named(cfg: Config, store: ModelStore) -> None:
     (MANIFEST, errno.EMFILE, "free file descriptors or memory"),
     ("metrics.json", errno.ENOMEM, "free file descriptors or memory")])
 def test_a_model_file_whose_read_fails_for_no_fault_of_its_bytes_is_unreadable_not_corrupt(
-        cfg: Config, store: ModelStore, monkeypatch: pytest.MonkeyPatch, name: str, err: int, remedy: str) -> None:
+        cfg: Config, store: ModelStore, monkeypatch: pytest.MonkeyPatch, unreadable: Callable[[Path, int], None], name: str, err: int, remedy: str) -> None:
     """An I/O error, no descriptor or no memory says nothing about a model file's bytes: it is refused as unreadable
     (the start stops in one line, nothing moved aside), as a permission is, not taken for a corrupt model (which
     served another and moved aside the market states saved with it)."""
@@ -160,14 +160,7 @@ def test_a_model_file_whose_read_fails_for_no_fault_of_its_bytes_is_unreadable_n
 
     version = store.save(generate_weights(cfg), cfg, METRICS)
     target = store.root / version / name
-    real = Path.read_bytes
-
-    def failing(self: Path) -> bytes:
-        if self == target:
-            raise OSError(err, os.strerror(err), str(self))
-        return real(self)
-
-    monkeypatch.setattr(Path, "read_bytes", failing)
+    unreadable(target, err)
     with pytest.raises(ModelUnreadableError) as caught:
         store.load(version)
     assert caught.value.errno == err and caught.value.path == str(target)
