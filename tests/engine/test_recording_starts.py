@@ -339,12 +339,7 @@ async def test_a_damaged_companion_is_refused_by_verify_and_replay(cfg: Config, 
 
 
 def test_a_companion_cut_by_a_crash_is_a_warning(tmp_path: Path) -> None:
-    rec = TickRecorder(tmp_path)
-    batch = [Tick(100.0, 1.0, T0, "W"), Tick(100.0, 1.0, T0, "N")]
-    rec.before_step(_OnePool(), batch)  # type: ignore[arg-type]
-    rec.record(batch)
-    rec.close()
-    (path,) = sorted(tmp_path.glob("ticks-*.csv"))
+    path = _one_state_one_rest(tmp_path)
     assert [r.start for r in read_recording(path).records] == ["state", "rest"]
     companion = states_path(path)
     for side in (checksum_path(path), checksum_path(companion)):
@@ -366,6 +361,17 @@ class _OnePool:  # the slot table and arrays before_step reads: market "W" holds
             return {"enc": np.arange(4.0)}
 
 
+def _one_state_one_rest(rdir: Path) -> Path:
+    """A closed recording in ``rdir`` of one batch: market "W" from a held state, "N" from rest."""
+    rec = TickRecorder(rdir)
+    batch = [Tick(100.0, 1.0, T0, "W"), Tick(100.0, 1.0, T0, "N")]
+    rec.before_step(_OnePool(), batch)  # type: ignore[arg-type]
+    rec.record(batch)
+    rec.close()
+    (path,) = sorted(rdir.glob("ticks-*.csv"))
+    return path
+
+
 @pytest.mark.parametrize("what", ["dangling link", "FIFO", "/dev/zero"])
 @pytest.mark.parametrize("name", ["{rec}.sha256", "{stem}.states", "{stem}.states.sha256"])
 def test_a_recordings_file_that_is_no_regular_file_is_named_not_waited_on(
@@ -377,12 +383,7 @@ def test_a_recordings_file_that_is_no_regular_file_is_named_not_waited_on(
     import threading
 
     rdir = tmp_path / "recordings"
-    rec = TickRecorder(rdir)
-    batch = [Tick(100.0, 1.0, T0, "W"), Tick(100.0, 1.0, T0, "N")]
-    rec.before_step(_OnePool(), batch)  # type: ignore[arg-type]
-    rec.record(batch)
-    rec.close()
-    (path,) = sorted(rdir.glob("ticks-*.csv"))
+    path = _one_state_one_rest(rdir)
     target = rdir / name.format(rec=path.name, stem=path.stem)
     assert target.exists()
     target.unlink()
