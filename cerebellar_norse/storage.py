@@ -220,18 +220,32 @@ def read_state_file(path: Path, what: str) -> bytes | None:
 
 def read_checksummed(path: Path) -> bytes:
     """Read a file written by :func:`write_checksummed`; CheckpointError if corrupt."""
+    return read_sealed(path)[HEADER_LEN:]
+
+
+def read_sealed(path: Path) -> bytes:
+    """The whole file written by :func:`write_checksummed`, its header included (the payload starts at
+    :data:`HEADER_LEN`), once its checksum is verified: a large file's payload is not copied out of it (a restore of
+    the market states held the file, its payload and the arrays read from it at once). CheckpointError if corrupt."""
     try:
         data = read_file(path)
     except OSError as exc:
         raise CheckpointError(f"cannot read: {exc.strerror}", str(path)) from None
-    return _verified(data, str(path))
+    check_sealed(data, str(path))
+    return data
+
+
+def check_sealed(data: bytes, where: str) -> None:
+    """CheckpointError naming ``where`` unless ``data``, a whole file of :func:`write_checksummed` (or bytes of
+    :func:`seal`), has its header and a payload matching its checksum (hashed in place, no copy)."""
+    if len(data) < HEADER_LEN or not data.startswith(MAGIC) or data[HEADER_LEN - 1:HEADER_LEN] != b"\n":
+        raise CheckpointError("not a checksummed cerebellar-norse file (bad header)", where)
+    expected = data[len(MAGIC):HEADER_LEN - 1].decode("ascii", "replace")
+    with memoryview(data) as whole:
+        if hashlib.sha256(whole[HEADER_LEN:]).hexdigest() != expected:
+            raise CheckpointError("checksum mismatch: the file is corrupt or truncated", where)
 
 
 def _verified(data: bytes, path: str) -> bytes:
-    if len(data) < HEADER_LEN or not data.startswith(MAGIC) or data[HEADER_LEN - 1:HEADER_LEN] != b"\n":
-        raise CheckpointError("not a checksummed cerebellar-norse file (bad header)", str(path))
-    expected = data[len(MAGIC):HEADER_LEN - 1].decode("ascii", "replace")
-    payload = data[HEADER_LEN:]
-    if sha256_bytes(payload) != expected:
-        raise CheckpointError("checksum mismatch: the file is corrupt or truncated", str(path))
-    return payload
+    check_sealed(data, path)
+    return data[HEADER_LEN:]

@@ -43,7 +43,14 @@ from ..errors import (
 )
 from ..neurons.encoder import N_ENC_STATE, S_COUNT, S_LAST_PRICE, S_LAST_TS, S_MEAN, S_N_TICKS, S_VAR
 from ..neurons.state import STATE_FIELDS
-from ..storage import fsync_dir, read_checksummed, retrying, unseal, write_checksummed_stream
+from ..storage import (
+    HEADER_LEN,
+    check_sealed,
+    fsync_dir,
+    read_sealed,
+    retrying,
+    write_checksummed_stream,
+)
 from ..ticks import TS_MAX_MS, check_market_id
 from .pool import StatePool
 
@@ -214,15 +221,18 @@ class StateFile:
     data: dict[str, np.ndarray]
 
 
-def read_state_payload(payload: bytes, where: str) -> StateFile:
-    """The checkpoint in a verified ``payload`` (the npz :func:`save_pool` seals); ``where`` names it in errors.
+def read_state_payload(payload: bytes, where: str, offset: int = 0) -> StateFile:
+    """The checkpoint in a verified ``payload`` (the npz :func:`save_pool` seals), from byte ``offset`` on (the
+    whole sealed file with ``HEADER_LEN``: read in place, no copy of it); ``where`` names it in errors.
 
     Raises:
         CheckpointError: no npz, or its format, fingerprint, markets, journal position or identity cannot be read.
         NewerFormatError: a newer version wrote it (checked first: its other entries may mean something else).
     """
     try:
-        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+        src = io.BytesIO(payload)
+        src.seek(offset)  # (a zip read after bytes that precede it, as a self-extracting archive is)
+        with np.load(src, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
     except Exception as exc:  # a valid checksum over an unreadable npz: written by something else
         raise CheckpointError(f"unreadable state payload: {exc}", where) from None
@@ -308,8 +318,11 @@ def load_pool(pool: StatePool, path: Path, fingerprint: dict[str, Any], meta: di
             holds states no market can reach (:func:`check_states`). Nothing is loaded in
             that case.
     """
-    payload = read_checksummed(path) if raw is None else unseal(raw, str(path))
-    sf = read_state_payload(payload, str(path))
+    if raw is None:
+        raw = read_sealed(path)
+    else:
+        check_sealed(raw, str(path))
+    sf = read_state_payload(raw, str(path), HEADER_LEN)
     data, markets, seq, saved_id, saved_fp = sf.data, sf.markets, sf.journal_seq, sf.state_id, sf.fingerprint
     if state_id is not None and saved_id is not None and saved_id != state_id:
         this = ("this state dir was written before state dir identities" if state_id == LEGACY_DIR

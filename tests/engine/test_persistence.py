@@ -341,3 +341,31 @@ def test_a_checkpoint_needs_no_copy_of_the_states_beyond_their_snapshot(tmp_path
     assert back.markets == markets and back.journal_seq == 9
     for name, a in arrays.items():
         assert np.array_equal(back.data[name], a)
+
+
+def test_a_restore_needs_no_copy_of_the_payload_beyond_the_file_and_its_arrays(engine_config: ConfigFactory,
+                                                                                 tmp_path: Path) -> None:
+    """A start's restore held the file's bytes, a copy of its payload (sliced from behind the checksum header) and
+    the arrays read from it at once: three times the states' size. The payload is read in place now: about two (the
+    file, and the arrays before they go into the pool)."""
+    import tracemalloc
+
+    cfg = engine_config(max_markets=6000)
+    saved, other = filled(Engine(cfg), [f"M{i}" for i in range(6000)]), Engine(cfg)
+    path = tmp_path / STATE_FILE
+    save_pool(saved.pool, path, saved.fingerprint())
+    size = path.stat().st_size
+    assert size > 20_000_000  # large enough for the copies to stand out of the interpreter's own allocations
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        raw = path.read_bytes()  # as the engine's start reads it (to tell an unreadable file from a damaged one)
+        assert load_pool(other.pool, path, other.fingerprint(), raw=raw) == 6000
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * size, f"restoring {size} bytes took {peak} bytes at the peak"
+    got, want = states(other), states(saved)
+    assert list(got) == list(want)
+    for m in want:
+        assert_same_state(got[m], want[m])
