@@ -190,6 +190,21 @@ def read_file(path: Path | str) -> bytes:
     return Path(path).read_bytes()
 
 
+def what_is_at(path: Path | str, follow_links: bool = True) -> str:
+    """What stands at ``path``, in words, for messages about one that is not what it should be: "a regular file",
+    "a directory", "a FIFO", "a socket", "a device", "nothing"; with ``follow_links`` a link is taken for what it
+    points at ("a link to nothing" when that is nothing, or a loop of links), else it is "a symbolic link"."""
+    try:
+        mode = (os.stat if follow_links else os.lstat)(path).st_mode
+    except OSError:
+        return "a link to nothing" if os.path.islink(path) else "nothing"
+    for test, what in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a device"
+
+
 # reading a file failed because of what is at its path (a dangling or looping link, a directory): the file is as
 # good as damaged. Any other error (permissions, an I/O error, no file descriptor or memory) says nothing about its
 # bytes, which may hold acknowledged ticks: the start stops on it instead of moving the file aside.

@@ -42,7 +42,7 @@ from typing import Any
 from zlib import crc32
 
 from ..errors import CheckpointError, InputError, quoted
-from ..storage import retrying
+from ..storage import retrying, what_is_at
 from ..ticks import TS_MAX_MS, Tick, check_market_id, check_price, check_volume
 from .persistence import check_format, is_state_id
 
@@ -342,22 +342,11 @@ def misplaced_entries(directory: Path) -> list[tuple[Path, str]]:
     moves them aside at start (it could neither create its journal files nor read them)."""
     if not directory.is_dir():
         if directory.exists() or directory.is_symlink():
-            return [(directory, f"{_kind_of(directory)}, not the journal's directory")]
+            return [(directory, f"{what_is_at(directory)}, not the journal's directory")]
         return []
-    return sorted((p, f"{_kind_of(p)}, not a journal file") for p in directory.iterdir()
+    return sorted((p, f"{what_is_at(p)}, not a journal file") for p in directory.iterdir()
                   if (_segment_base(p.name) is not None and not p.is_file())
                   or (p.name == SPARE and p.is_dir() and not p.is_symlink()))  # (removed at start, unless a directory)
-
-
-def _kind_of(path: Path) -> str:
-    """What ``path`` is, in words ("a directory", "a regular file", "a link to nothing", …)."""
-    if path.is_symlink() and not path.exists():
-        return "a link to nothing"
-    if path.is_dir():
-        return "a directory"
-    if path.is_file():
-        return "a regular file"
-    return "a special file (FIFO, socket or device)"
 
 
 def list_segments(directory: Path) -> list[tuple[int, Path]]:

@@ -16,19 +16,10 @@ import time
 from pathlib import Path
 
 from ..errors import CheckpointError, StorageError, quoted
-from ..storage import read_checksummed, read_file, read_state_file, unseal, write_checksummed
+from ..storage import read_checksummed, read_file, read_state_file, unseal, what_is_at, write_checksummed
 from .persistence import is_state_id, quarantine
 
 log = logging.getLogger("cerebellar_norse.engine")
-
-
-def _kind(mode: int) -> str:
-    """What a file of ``mode`` is, in words, for one that is no regular file."""
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "a device"
 
 LOCK_FILE = ".lock"
 STATE_ID_FILE = "state-id"  # the state dir's identity (not a dot file: ``cp -r backup/* <state_dir>/`` copies it too)
@@ -121,9 +112,10 @@ class StateDirLock:
             return
         if stat.S_ISREG(st.st_mode):
             return
+        what = what_is_at(self.path, follow_links=False)
         moved = quarantine(self.path, "misplaced")
         log.warning("%s is not a regular file (%s): moved aside to %s; the pid file is written anew", self.path,
-                    _kind(st.st_mode), moved)
+                    what, moved)
 
     def moved(self) -> str | None:
         """Why the state dir's path no longer names the directory locked ("no longer exists", "now names another
