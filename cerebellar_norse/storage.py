@@ -167,7 +167,8 @@ def seal(payload: bytes) -> bytes:
 
 def unseal(data: bytes, where: str) -> bytes:
     """The payload of bytes made by :func:`seal`; CheckpointError naming ``where`` if they are corrupt."""
-    return _verified(data, where)
+    check_sealed(data, where)
+    return data[HEADER_LEN:]
 
 
 class NotARegularFileError(OSError):
@@ -259,8 +260,3 @@ def check_sealed(data: bytes, where: str) -> None:
     with memoryview(data) as whole:
         if hashlib.sha256(whole[HEADER_LEN:]).hexdigest() != expected:
             raise CheckpointError("checksum mismatch: the file is corrupt or truncated", where)
-
-
-def _verified(data: bytes, path: str) -> bytes:
-    check_sealed(data, path)
-    return data[HEADER_LEN:]
