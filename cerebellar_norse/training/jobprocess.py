@@ -19,6 +19,7 @@ where ``ps`` would show the config (its ``api_token``) to every user of the host
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import pickle
@@ -50,8 +51,13 @@ def package_fingerprint(root: Path = PACKAGE_DIR) -> str:
     return f"{len(times)}:{max(times, default=0)}"
 
 
-# the code the service runs, as it was on disk when the service started (this module is imported at its start)
-STARTED_WITH = package_fingerprint()
+@functools.cache
+def package_at_start() -> str:
+    """:func:`package_fingerprint` as it was when this process first asked (the service: when it built its job
+    manager, at start), to tell a job process whether the code on disk is still the code the service runs."""
+    return package_fingerprint()
+
+
 PACKAGE_CHANGED = ("the installed cerebellar-norse changed on disk since the service started (an upgrade without a "
                    "restart): a job runs the code on disk, which may not fit the running service; restart the service "
                    "(systemctl restart cerebellar-norse), then start the job again")
@@ -189,9 +195,11 @@ class JobProcess:
             self._popen.wait(timeout)
 
 
-def start_job_process(target: str, args: tuple[Any, ...]) -> tuple[JobProcess, ReportReader, StopSender]:
+def start_job_process(target: str, args: tuple[Any, ...], package: str = "") -> tuple[JobProcess, ReportReader, StopSender]:
     """Start ``target`` (``"module:function"``) in a new process of this Python as ``function(reports, stop, *args)``
     (``reports``: :class:`Reports`, ``stop``: :class:`StopFlag`); ``args`` are builtins (str, int, list, ...).
+    ``package``: the :func:`package_fingerprint` the caller runs; the process reports :data:`PACKAGE_CHANGED` as its
+    failure instead when the package on disk has another ("": not checked).
 
     Returns the process and the service's ends of its pipes. OSError (no process, memory or descriptor: EAGAIN,
     ENOMEM, EMFILE) leaves nothing open.
@@ -212,7 +220,7 @@ def start_job_process(target: str, args: tuple[Any, ...]) -> tuple[JobProcess, R
     os.close(out_w)
     os.close(stop_r)
     payload = {"path": list(sys.path), "target": target, "args": args, "reports": out_w, "stop": stop_r,
-               "package": STARTED_WITH}
+               "package": package}
     assert popen.stdin is not None
     try:
         with popen.stdin:

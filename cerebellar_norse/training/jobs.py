@@ -58,7 +58,7 @@ from ..storage import atomic_write_bytes, read_file
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
-from .jobprocess import start_job_process
+from .jobprocess import package_at_start, start_job_process
 from .stall import StallWatch, process_activity, state_words
 
 JOB_START_RETRY_S = 5.0  # Retry-After of a job whose process could not be started (no process, memory or descriptor)
@@ -493,6 +493,7 @@ class JobManager:
         self._retired: list[Any] = []  # processes of ended jobs not yet seen to end (reaped at the next start, close)
         self._lingering: set[int] = set()  # pids of those SIGKILLed that did not end (an uninterruptible wait)
         self.jobs_dir = Path(self.cfg.paths.state_dir) / "jobs"
+        self._package = package_at_start()  # the code on disk the service started with (its jobs run the code on disk)
         self._load_history()
 
     @property
@@ -641,7 +642,7 @@ class JobManager:
         try:
             self._proc, out, self._stop = start_job_process(
                 f"{__name__}:_job_main", (cfg.model_dump_json(), [str(p) for p in paths], req.epochs, os.getpid(),
-                                          job.job_id, req.from_scratch))
+                                          job.job_id, req.from_scratch), self._package)
         except (OSError, RuntimeError) as exc:  # no process (EAGAIN: the task limit), memory or descriptor for it
             del self.jobs[job.job_id]  # never started: no record of it, and the next request may start one
             self.latest, self._proc = latest, None

@@ -7,14 +7,24 @@ traceback on stderr only. The process compares the package's fingerprint with th
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from training_helpers import ConfigFactory
 
+from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.training import jobprocess
-from cerebellar_norse.training.jobprocess import PACKAGE_CHANGED, package_fingerprint, start_job_process
+from cerebellar_norse.training.data import write_csv
+from cerebellar_norse.training.jobprocess import (
+    PACKAGE_CHANGED,
+    package_at_start,
+    package_fingerprint,
+    start_job_process,
+)
+from cerebellar_norse.training.jobs import FINAL, JobManager, JobStatus, TrainingRequest
 
 REPORTS_DONE = """
 def job(out, stop, word):
@@ -39,7 +49,7 @@ def _reports(out: jobprocess.ReportReader) -> list[object]:
 
 
 def test_a_job_runs_when_the_package_is_as_the_service_started_with_it(target: str) -> None:
-    proc, out, stop = start_job_process(target, ("v1",))
+    proc, out, stop = start_job_process(target, ("v1",), package_at_start())
     try:
         assert _reports(out) == [("succeeded", {"model_version": "v1"})]
         proc.join(60)
@@ -49,9 +59,8 @@ def test_a_job_runs_when_the_package_is_as_the_service_started_with_it(target: s
         stop.close()
 
 
-def test_a_job_after_the_package_changed_fails_naming_the_restart(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jobprocess, "STARTED_WITH", "1:1")  # the service started with other files
-    proc, out, stop = start_job_process(target, ("v1",))
+def test_a_job_after_the_package_changed_fails_naming_the_restart(target: str) -> None:
+    proc, out, stop = start_job_process(target, ("v1",), "1:1")  # the service started with other files
     try:
         assert _reports(out) == [("failed", {"error": PACKAGE_CHANGED})]
         proc.join(60)
@@ -76,3 +85,26 @@ def test_the_fingerprint_changes_when_a_file_is_replaced(tmp_path: Path) -> None
     (pkg / "c.py").write_text("")
     assert package_fingerprint(pkg).startswith("3:")
     assert package_fingerprint(tmp_path / "missing") == "0:0"
+
+
+def test_the_job_manager_gives_its_jobs_the_package_it_started_with(make_config: ConfigFactory, tmp_path: Path) -> None:
+    """The service's job manager passes the fingerprint taken when it was built: a job started after the files
+    changed (here: a manager that started with other files) fails naming the restart, and no model is written."""
+    write_csv(tmp_path / "data" / "small.csv", generate_ticks(600, 1, seed=1))
+    mgr = JobManager(make_config(data_dir=tmp_path / "data"), lambda version: None, lambda loss: None)
+    assert mgr._package == package_fingerprint()  # the files as they are: jobs run
+    mgr._package = "1:1"
+
+    async def scenario() -> JobStatus:
+        try:
+            job = mgr.start(TrainingRequest(files=["small.csv"]))
+            for _ in range(600):
+                if job.state in FINAL:
+                    break
+                await asyncio.sleep(0.1)
+            return job
+        finally:
+            await mgr.close()
+
+    job = asyncio.run(scenario())
+    assert job.state == "failed" and job.error == PACKAGE_CHANGED and job.model_version is None
