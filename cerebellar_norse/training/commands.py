@@ -239,6 +239,7 @@ def _since_ms(text: str, data: TickData, zone: tzinfo) -> int:
     written with slashes or dots (``3/8/2011``) is read in the order of the files' own such dates (month/day/year
     where they are so); where they have none, or both orders, only when both orders read it alike (``3/3/2011``)
     or one alone is a date (``13/8/2011``); else ValueError naming the ISO 8601 forms of both."""
+    from .csvcolumns import DATE_ORDER
     from .csvtime import compact_form_ms, from_slash, parse_time_ms, slash_readings
 
     units = {f.time_unit or "" for f in data.formats}  # "" for ISO dates: no compact form
@@ -250,7 +251,7 @@ def _since_ms(text: str, data: TickData, zone: tzinfo) -> int:
         return parse_time_ms(text, "--since", zone)
     orders = {f.dates for f in data.formats if f.dates is not None}
     if len(orders) == 1:
-        day_first = orders.pop() == "day/month/year"
+        day_first = orders.pop() == DATE_ORDER[True]
         if day_first not in readings:
             order = "D/M/YYYY" if day_first else "M/D/YYYY"
             raise ValueError(f"--since {text!r} is not a valid date read as {order}, as the files' dates are written")

@@ -60,6 +60,9 @@ class MboColumns:
         return notes
 
 
+DATE_ORDER = {True: "day/month/year", False: "month/day/year"}  # a file's slash dates' order (day first?), in words
+
+
 @dataclass(slots=True)
 class Columns:
     """Where one file's columns are (indexes into a row) and how its header spells them."""
@@ -126,7 +129,7 @@ class Columns:
             header_lines=self.header_rows,
             time=self.time_name + (f" + {self.clock_name}" if self.clock is not None else ""),
             time_unit=None if self.iso and self.time_unit == "ms" else self.time_unit,
-            dates=None if self.day_first is None else ("day/month/year" if self.day_first else "month/day/year"),
+            dates=None if self.day_first is None else DATE_ORDER[self.day_first],
             price=self.price_name, ask=self.ask_name or None, volume=self.volume_name if self.volume is not None else None,
             ask_volume=self.ask_volume_name or None,
             market=self.market_name if self.market is not None else None,
