@@ -538,6 +538,24 @@ def test_a_reload_of_a_key_an_environment_variable_overrides_says_so(tmp_path: P
         assert line["fields"] == {"applied": ["logging.level"], "need_restart": [], "overridden": []}
 
 
+def saved_again_after_first_read(monkeypatch: pytest.MonkeyPatch, path: Path, text: str) -> list[bytes]:
+    """Make the file at ``path`` be saved again with ``text`` right after its first read (an editor or a
+    config-management run in between); returns the list of its reads (``Path.read_bytes``), filled as they happen."""
+    reads: list[bytes] = []
+    read_bytes = Path.read_bytes
+
+    def read_then_saved_again(self: Path) -> bytes:
+        data = read_bytes(self)
+        if self == path:
+            reads.append(data)
+            if len(reads) == 1:
+                self.write_text(text)
+        return data
+
+    monkeypatch.setattr(Path, "read_bytes", read_then_saved_again)
+    return reads
+
+
 def test_a_reload_reads_the_file_once_so_a_change_during_it_cannot_mix_two_versions(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reload read the file twice (to build and check the new config, then again for the keys environment variables
@@ -546,19 +564,9 @@ def test_a_reload_reads_the_file_once_so_a_change_during_it_cannot_mix_two_versi
     the file rewritten right after that read changes nothing in this reload."""
     var = "CEREBELLAR_NORSE_PERFORMANCE__MAX_BATCH_DELAY_US"
     with logged_reloads(tmp_path, monkeypatch, "INFO", **{var: "500"}) as (state, reload):
-        cfg_path = tmp_path / "service.toml"
-        reads: list[bytes] = []
-        read_bytes = Path.read_bytes
-
-        def read_then_saved_again(self: Path) -> bytes:
-            data = read_bytes(self)
-            if self == cfg_path:
-                reads.append(data)
-                if len(reads) == 1:  # saved again at once: the variable's value now, and another level
-                    self.write_text(LOGGING_TOML.format(state_dir=tmp_path / "state", level="ERROR", delay=500))
-            return data
-
-        monkeypatch.setattr(Path, "read_bytes", read_then_saved_again)
+        # saved again at once after the reload's read: the variable's value now, and another level
+        reads = saved_again_after_first_read(monkeypatch, tmp_path / "service.toml", LOGGING_TOML.format(
+            state_dir=tmp_path / "state", level="ERROR", delay=500))
         lines = reload("WARNING", delay=300)
         assert len(reads) == 1, "the file was read more than once"
         (line,) = [x for x in lines if x["message"] == "config reloaded"]
@@ -581,23 +589,13 @@ def test_the_start_reads_the_config_file_once(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("CEREBELLAR_NORSE_PERFORMANCE__MAX_BATCH_DELAY_US", "500")
     cfg_path = tmp_path / "service.toml"
     cfg_path.write_text(LOGGING_TOML.format(state_dir=tmp_path / "state", level="INFO", delay=300))
-    reads: list[bytes] = []
-    read_bytes = Path.read_bytes
-
-    def read_then_saved_again(self: Path) -> bytes:
-        data = read_bytes(self)
-        if self == cfg_path:
-            reads.append(data)
-            if len(reads) == 1:
-                self.write_text(LOGGING_TOML.format(state_dir=tmp_path / "state", level="INFO", delay=400))
-        return data
-
     remembered: list[dict[str, Any]] = []
 
     def run(self: Any, sockets: Any = None) -> None:  # where uvicorn would serve: what the service remembers
         remembered.append(dict(self.service.file_overridden))
 
-    monkeypatch.setattr(Path, "read_bytes", read_then_saved_again)
+    reads = saved_again_after_first_read(monkeypatch, cfg_path, LOGGING_TOML.format(
+        state_dir=tmp_path / "state", level="INFO", delay=400))
     monkeypatch.setattr(server_mod.GracefulServer, "run", run)
     root = logging.getLogger()
     root_level, root_handlers = root.level, list(root.handlers)
