@@ -157,6 +157,16 @@ class CapacityError(CerebellarNorseError):
         super().__init__(message)
 
 
+class DeviceMemoryError(CapacityError):
+    """The GPU had no memory for an allocation the CUDA backend's budget allowed (another process holds it, or the
+    driver's own overhead grew): the device's to free, not the model's or the config's budget. A host shortage
+    (:func:`host_shortage_reason`): building the engine of a stored model stops the start instead of refusing the
+    model (:class:`EngineHostError`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after_s=0.0)
+
+
 class MarketMovingError(CapacityError):
     """A market's state is moving between replicas (scale-out handover): its ticks are refused for now.
 
@@ -274,11 +284,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def host_shortage_reason(exc: BaseException) -> str | None:
     """What the host was short of when ``exc`` was raised (``MemoryError``, torch's ``OutOfMemoryError`` of GPU
-    memory or its CPU allocator's failure, ``RuntimeError("can't start new thread")``, an OSError EAGAIN, ENOMEM, EMFILE or ENFILE), as ``"out of
-    memory (MemoryError)"``, ``"out of GPU memory (OutOfMemoryError: ...)"`` or ``"<strerror> (errno N ENAME)"``;
+    memory or the CUDA backend's :class:`DeviceMemoryError` made of it, torch's CPU allocator's failure,
+    ``RuntimeError("can't start new thread")``, an OSError EAGAIN, ENOMEM, EMFILE or ENFILE), as ``"out of memory
+    (MemoryError)"``, ``"out of GPU memory (OutOfMemoryError: ...)"`` or ``"<strerror> (errno N ENAME)"``;
     None for any other error (one that may say something about the input)."""
     if isinstance(exc, MemoryError):
         return f"out of memory (MemoryError{': ' + str(exc) if str(exc) else ''})"
+    if isinstance(exc, DeviceMemoryError):
+        return f"out of GPU memory ({exc})"
     if _torch_gpu_out_of_memory(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # (torch adds lines of allocator advice)
         return f"out of GPU memory ({type(exc).__name__}{': ' + first if first else ''})"

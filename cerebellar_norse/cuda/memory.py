@@ -15,7 +15,10 @@ Two layers:
   ``uint8`` tensor on the device (the arena; the memory is really held from start,
   so a later allocation cannot fail for lack of it), hands out typed views of the
   arena for pool allocations and plain tensors (device or pinned host) for the rest,
-  each charged to the budget first.
+  each charged to the budget first. The device refusing an allocation the budget
+  allowed (another process holds its memory) raises
+  :class:`~cerebellar_norse.errors.DeviceMemoryError`: a host shortage, not a fault
+  of the model or of the config.
 
 All sizes are bytes. Pinned host staging counts against the limit too: it is memory
 the backend pins for its own use.
@@ -31,7 +34,7 @@ from typing import Literal
 import torch
 
 from ..config import fmt_bytes
-from ..errors import CapacityError
+from ..errors import CapacityError, DeviceMemoryError
 
 ALIGN = 256  # bytes; the alignment cudaMalloc guarantees, kept for views of the arena
 
@@ -233,10 +236,9 @@ class DeviceMemory:
             except torch.cuda.OutOfMemoryError:
                 size = self.budget.pool_size
                 self.budget.release_pool()
-                raise CapacityError(
+                raise DeviceMemoryError(
                     f"cannot reserve performance.memory_pool_size {fmt_bytes(size)} ({size} bytes) on {device}: "
                     "the device is out of memory; lower memory_pool_size or free the GPU",
-                    retry_after_s=0.0,
                 ) from None
 
     @property
@@ -270,8 +272,7 @@ class DeviceMemory:
                 t = torch.empty(tuple(shape), dtype=dtype, device=self.device)
         except torch.cuda.OutOfMemoryError:
             self.budget.release(name)
-            raise CapacityError(f"{name}: the device ran out of memory allocating {fmt_bytes(n)} ({n} bytes)",
-                                retry_after_s=0.0) from None
+            raise DeviceMemoryError(f"{name}: the device ran out of memory allocating {fmt_bytes(n)} ({n} bytes)") from None
         except BaseException:
             self.budget.release(name)
             raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -43,6 +44,15 @@ def _no_bootstrap() -> dict[str, str]:
 
 
 NO_BOOTSTRAP = _no_bootstrap()
+
+
+def tree_of(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: its relative path and the SHA-256 of its bytes ("dir" for a directory)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
 
 
 def server_environ(state_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -34,7 +34,13 @@ from cerebellar_norse.cuda.staging import (
     workspace_bytes,
 )
 from cerebellar_norse.engine.engine import Engine
-from cerebellar_norse.errors import CapacityError, DeviceUnavailableError, EngineFatalError
+from cerebellar_norse.errors import (
+    CapacityError,
+    DeviceMemoryError,
+    DeviceUnavailableError,
+    EngineFatalError,
+    host_shortage_reason,
+)
 from cerebellar_norse.neurons.functional import cerebellum_tick
 from cerebellar_norse.neurons.parameters import encoder_parameters, network_parameters, network_shape
 from cerebellar_norse.neurons.reference import CerebellarReference
@@ -238,6 +244,31 @@ def test_device_memory_without_pool() -> None:
     mem = DeviceMemory(torch.device("cpu"), limit=1_000_000, pool_size=10**9, pool_enabled=False, pin=False)
     t = mem.empty("state", (1000,), torch.float64, from_pool=True)  # no pool: a plain, charged allocation
     assert mem.arena is None and mem.used == 8000 and t.shape == (1000,)
+
+
+def test_the_device_refusing_memory_the_budget_allowed_is_a_shortage_of_gpu_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process holding the GPU's memory makes torch raise its OutOfMemoryError for an allocation within
+    ``memory_limit``: a DeviceMemoryError (a host shortage, so the start stops instead of refusing the model being
+    built), its charge released."""
+    real_empty = torch.empty
+
+    def device_full(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if args and args[0] in (4096, (4096,)):  # the pool or the tensor below; anything else allocates as usual
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 KiB.")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", device_full)
+    with pytest.raises(DeviceMemoryError) as pool:
+        DeviceMemory(torch.device("cpu"), limit=1_000_000, pool_size=4096, pool_enabled=True, pin=False)
+    assert isinstance(pool.value, CapacityError)
+    assert host_shortage_reason(pool.value) == ("out of GPU memory (cannot reserve performance.memory_pool_size 4.10KB "
+                                                "(4096 bytes) on cpu: the device is out of memory; lower "
+                                                "memory_pool_size or free the GPU)")
+    mem = DeviceMemory(torch.device("cpu"), limit=1_000_000, pool_size=4096, pool_enabled=False, pin=False)
+    with pytest.raises(DeviceMemoryError, match=r"^weights: the device ran out of memory allocating 4.10KB \(4096 bytes\)$"):
+        mem.empty("weights", (4096,), torch.uint8)
+    assert mem.used == 0 and "weights" not in mem.budget.items()
+    assert mem.empty("weights", (4095,), torch.uint8).shape == (4095,)
 
 
 # -- staging, rotation, waves, graphs --------------------------------------------------------

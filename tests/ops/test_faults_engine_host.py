@@ -9,7 +9,6 @@ untrained network, would move aside the market state saved with this one).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-from live_helpers import REPO_ROOT, free_port, server_environ
+from live_helpers import REPO_ROOT, free_port, server_environ, tree_of
 
 from cerebellar_norse.config import load_config
 from cerebellar_norse.neurons.topology import generate_weights
@@ -40,15 +39,6 @@ resource.setrlimit(resource.RLIMIT_AS, (size + {MARGIN}, resource.RLIM_INFINITY)
 sys.argv = ["cerebellar-norse", *sys.argv[1:]]
 sys.exit(run())
 """
-
-
-def tree_of(root: Path) -> dict[str, str]:
-    """Every entry under ``root``: its relative path and the SHA-256 of its bytes ("dir" for a directory)."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def ram_bytes() -> int:

@@ -14,7 +14,7 @@ import torch
 from training_helpers import TINY_NEURAL, ConfigFactory
 
 from cerebellar_norse.config import Config
-from cerebellar_norse.errors import CheckpointError
+from cerebellar_norse.errors import CheckpointError, DeviceMemoryError
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, load_model_dir
 from cerebellar_norse.training.data import DataFileNotFoundError, resolve_data_file
@@ -268,6 +268,11 @@ CUDA_OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 Gi
                                   " PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
 
 
+# the CUDA backend's own words for the same (its pool or a tensor it places refused by the device)
+DEVICE_OOM = DeviceMemoryError("cannot reserve performance.memory_pool_size 64.00MB (67108864 bytes) on cuda:0: the "
+                               "device is out of memory; lower memory_pool_size or free the GPU")
+
+
 def torch_cpu_allocation_failure() -> RuntimeError:
     """torch's CPU allocator failing, for real (1 EiB is beyond any address space): a RuntimeError, no MemoryError."""
     try:
@@ -282,7 +287,7 @@ def torch_cpu_allocation_failure() -> RuntimeError:
                                    OSError(errno.ENFILE, "Too many open files in system"),
                                    OSError(errno.ENOMEM, "Cannot allocate memory"),
                                    OSError(errno.EAGAIN, "Resource temporarily unavailable"),
-                                   RuntimeError("can't start new thread"), CUDA_OOM], ids=repr)
+                                   RuntimeError("can't start new thread"), CUDA_OOM, DEVICE_OOM], ids=repr)
 def test_a_host_failure_building_the_engine_of_the_model_to_serve_refuses_the_start(
         cfg: Config, store: ModelStore, fault: Exception) -> None:
     """The host was short of memory, a descriptor or a thread while the active model's engine was built: the next
@@ -312,6 +317,8 @@ def test_a_host_failure_building_the_engine_of_the_model_to_serve_refuses_the_st
     if fault is CUDA_OOM:  # its first line only: the allocator's advice follows on lines of its own
         assert ": out of GPU memory (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB." in text, text
         assert "\n" not in text
+    if fault is DEVICE_OOM:
+        assert ": out of GPU memory (cannot reserve performance.memory_pool_size 64.00MB" in text, text
     assert store.active_version() == V1 and (store.root / V1 / "weights.npz").is_file()
 
 
