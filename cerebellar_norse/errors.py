@@ -157,6 +157,9 @@ class CapacityError(CerebellarNorseError):
         super().__init__(message)
 
 
+HOST_SHORTAGE_RETRY_S = 5.0  # Retry-After of a request the host had no thread, process or memory for (s)
+
+
 class DeviceMemoryError(CapacityError):
     """The GPU had no memory for an allocation the CUDA backend's budget allowed (another process holds it, or the
     driver's own overhead grew): the device's to free, not the model's or the config's budget. A host shortage
@@ -164,7 +167,7 @@ class DeviceMemoryError(CapacityError):
     model (:class:`EngineHostError`)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, retry_after_s=0.0)
+        super().__init__(message, retry_after_s=HOST_SHORTAGE_RETRY_S)
 
 
 class MarketMovingError(CapacityError):

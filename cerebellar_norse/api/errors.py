@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..errors import (
+    HOST_SHORTAGE_RETRY_S,
     CapacityError,
     CerebellarNorseError,
     EngineFatalError,
@@ -148,7 +149,6 @@ class ServiceErrorResponse:
         return error_payload(self.kind, self.message, request_id, self.field)
 
 
-HOST_SHORTAGE_RETRY_S = 5.0  # Retry-After of a request the host had no thread, process or memory for
 HOST_SHORTAGE_LOG_S = 60.0  # a shortage is said at WARNING at most this often (the others at DEBUG): no flood
 _shortage_said = [-HOST_SHORTAGE_LOG_S]
 

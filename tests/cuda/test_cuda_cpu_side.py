@@ -35,6 +35,7 @@ from cerebellar_norse.cuda.staging import (
 )
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.errors import (
+    HOST_SHORTAGE_RETRY_S,
     CapacityError,
     DeviceMemoryError,
     DeviceUnavailableError,
@@ -260,7 +261,7 @@ def test_the_device_refusing_memory_the_budget_allowed_is_a_shortage_of_gpu_memo
     monkeypatch.setattr(torch, "empty", device_full)
     with pytest.raises(DeviceMemoryError) as pool:
         DeviceMemory(torch.device("cpu"), limit=1_000_000, pool_size=4096, pool_enabled=True, pin=False)
-    assert isinstance(pool.value, CapacityError)
+    assert isinstance(pool.value, CapacityError) and pool.value.retry_after_s == HOST_SHORTAGE_RETRY_S  # as host shortages
     assert host_shortage_reason(pool.value) == ("out of GPU memory (cannot reserve performance.memory_pool_size 4.10KB "
                                                 "(4096 bytes) on cpu: the device is out of memory; lower "
                                                 "memory_pool_size or free the GPU)")
