@@ -100,7 +100,14 @@ from norse.torch.functional.leaky_integrator import LIState
 from norse.torch.functional.lif import LIFFeedForwardState
 
 from ..config import Config, fmt_bytes, fmt_bytes_at_least
-from ..errors import CapacityError, DeviceUnavailableError, EngineFatalError
+from ..errors import (
+    CapacityError,
+    DeviceMemoryError,
+    DeviceUnavailableError,
+    EngineFatalError,
+    host_shortage_reason,
+    is_out_of_memory,
+)
 from ..neurons.backends import StagedBuffers
 from ..neurons.encoder import S_N_TICKS
 from ..neurons.functional import CerebellumState, CerebellumWeights, TickOutput, cerebellum_step
@@ -309,6 +316,7 @@ class CudaBackend(StagedBuffers):
             self._fields[name] = self._flat[off:off + arr.size].view(arr.shape)
         self._row_sizes = [int(np.prod(getattr(st, n).shape[1:])) for n in FLOAT_FIELDS]
         self._seen = st.enc.copy()  # encoder rows as the backend last left them (device ownership)
+        self._scattered = 0  # waves of the batch being enqueued whose states were written back (eager steps)
         # Weights, allocated once (graphs keep their addresses): the sparse projections as gathers, the rest dense.
         self._wt = {name: self.mem.empty(f"weights.{name}", shp, torch.int64 if index else self.dtype)
                     for name, shp, index in weight_tensors(s)}
@@ -513,6 +521,11 @@ class CudaBackend(StagedBuffers):
                 readout=LIState(v=sel(f["v_out"]), i=sel(f["i_out"])),
             )
             out, new = device_tick(lane.mossy_d[a:e], state, w, p)
+            # every allocation of the wave comes before its scatter: a wave the device has no memory for changes no
+            # state (the batch can be tried again, see submit)
+            probs = torch.softmax(out.logits.double(), dim=1)
+            spikes = out.spikes.round().long()
+            self._scattered += 1
             f["v_gr"].index_copy_(0, idx, new.granule.v)
             f["i_gr"].index_copy_(0, idx, new.granule.i)
             f["golgi"].index_copy_(0, idx, new.golgi.squeeze(1))
@@ -522,8 +535,8 @@ class CudaBackend(StagedBuffers):
             f["i_dcn"].index_copy_(0, idx, new.dcn.i)
             f["v_out"].index_copy_(0, idx, new.readout.v)
             f["i_out"].index_copy_(0, idx, new.readout.i)
-            lane.probs_d[a:e].copy_(torch.softmax(out.logits.double(), dim=1))
-            lane.spikes_d[a:e].copy_(out.spikes.round().long())
+            lane.probs_d[a:e].copy_(probs)
+            lane.spikes_d[a:e].copy_(spikes)
 
     def _capture(self, lane: _Lane, b: int) -> bool:
         """Capture the single-wave step of ``b`` ticks on ``lane``; False when refused or failed."""
@@ -612,12 +625,18 @@ class CudaBackend(StagedBuffers):
             seen_before = self._seen[slots]
             encode_batch(order, slots, ticks, self.state.enc, self.enc_par, self._z, lane.slots_h, lane.mossy_h)
             self._seen[slots] = self.state.enc[slots]
+            self._scattered = 0
             try:
                 self._enqueue(lane, b, bounds, stale)
             except BaseException as exc:
                 # Nothing of this batch reached the state: put the encoder rows back.
                 self.state.enc[slots] = enc_before
                 self._seen[slots] = seen_before
+                if is_out_of_memory(exc) and self._scattered == 0:  # no memory before any wave changed a state
+                    raise DeviceMemoryError(
+                        f"the GPU ran out of memory stepping a batch of {b} tick(s) on {self.device} "
+                        f"({host_shortage_reason(exc)}); nothing of the batch was applied: another process may hold "
+                        "the GPU's memory (nvidia-smi); try again") from None
                 if isinstance(exc, RuntimeError) and not isinstance(exc, CapacityError):
                     raise EngineFatalError(f"cuda backend: step failed on {self.device}: {exc}") from exc
                 raise

@@ -610,7 +610,10 @@ class Engine:
             self.stats.failed_batches += 1
             self.stats.failed_ticks += len(batch)
             if isinstance(exc, StorageError):  # logged once by the journal, with path and errno
-                err: EngineFatalError = exc
+                err: CerebellarNorseError = exc
+            elif isinstance(exc, CapacityError):  # not applied, for want of something the host may have again (GPU
+                log.warning("batch of %d ticks refused (503 capacity): %s", len(batch), exc)  # memory): no traceback
+                err = exc
             else:
                 log.exception("batch of %d ticks failed", len(batch))
                 err = EngineFatalError(f"batch failed: {type(exc).__name__}: {exc}")

@@ -7,6 +7,7 @@ waves, staging order and host/device state ownership without a GPU.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Callable
@@ -621,6 +622,51 @@ def test_cuda_engine_on_cpu_saves_what_the_fused_engine_saves(cuda_cfg: CfgFacto
     assert eng.health()["cuda"]["backend"] == "cuda"
     eng.close()
     restored.close()
+
+
+def test_a_batch_the_device_has_no_memory_for_is_refused_unapplied_and_can_be_sent_again(
+        cuda_cfg: CfgFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's OutOfMemoryError inside a step (another process took the GPU's memory since the warm-up) refuses the
+    batch with a DeviceMemoryError (503 capacity, Retry-After) before any state changed; sent again once the memory
+    is back, every answer and state is that of an engine that never failed. Once a wave's states were written back
+    the batch is no longer whole: that stays an engine error."""
+    _, ref, eng = fused_and_cuda_on_cpu(cuda_cfg, tmp_path)
+    ticks = validate_ticks(generate_ticks(80, 5, 3))
+    head, failing, tail = ticks[:32], ticks[32:48], ticks[48:]  # 16 ticks of 5 markets: several waves
+    for part in (head[:16], head[16:]):
+        ref.process_now(part)
+        eng.process_now(part)
+    real, calls = cuda_backend.device_tick, []
+
+    def no_memory_at(call: int) -> Callable[..., Any]:
+        def device_tick(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            if len(calls) == call:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+            return real(*args, **kwargs)
+        return device_tick
+
+    monkeypatch.setattr(cuda_backend, "device_tick", no_memory_at(1))
+    with pytest.raises(DeviceMemoryError, match=r"^the GPU ran out of memory stepping a batch of 16 tick\(s\) on cpu "
+                       r"\(out of GPU memory \(OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB.\)\); "
+                       "nothing of the batch was applied") as refused:
+        asyncio.run(eng.submit_many(failing))
+    assert refused.value.retry_after_s == HOST_SHORTAGE_RETRY_S and eng.stats.failed_batches == 1
+    monkeypatch.setattr(cuda_backend, "device_tick", real)
+    for part in (failing, tail[:16], tail[16:]):
+        a, b = ref.process_now(part), eng.process_now(part)
+        assert [r.spike_count for r in a] == [r.spike_count for r in b]
+        assert [r.prediction for r in a] == pytest.approx([r.prediction for r in b], abs=1e-12)
+    eng.save_state(tmp_path / "cuda.npz")
+    for name in FLOAT_FIELDS:
+        assert np.abs(getattr(ref.arrays, name) - getattr(eng.arrays, name)).max() <= 1e-12
+    assert np.array_equal(ref.arrays.enc, eng.arrays.enc)
+    calls.clear()
+    monkeypatch.setattr(cuda_backend, "device_tick", no_memory_at(2))  # the first wave is written back already
+    with pytest.raises(EngineFatalError, match="batch failed"):
+        asyncio.run(eng.submit_many(validate_ticks(generate_ticks(100, 5, 3))[80:96]))
+    eng.close()
+    ref.close()
 
 
 def test_debug_state_and_handover_export_read_the_device_state(cuda_cfg: CfgFactory, tmp_path: Path) -> None:
