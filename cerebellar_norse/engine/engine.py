@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -460,12 +460,27 @@ class Engine:
         return await fut
 
     async def submit_many(self, ticks: Sequence[Tick], timeline: Timeline | None = None) -> list[TickResult]:
-        """Process validated ticks in order; all are admitted (order, capacity) or none is."""
+        """Process validated ticks in order; all are admitted (order, capacity) or none is.
+
+        They may run in several steps (``batch_size`` ticks each). When a step is refused unapplied
+        (:class:`~cerebellar_norse.errors.CapacityError`: no GPU memory, the journal waiting) after another was applied,
+        "try again" no longer holds for the whole: :class:`~cerebellar_norse.errors.EngineFatalError` (outcome partly
+        applied) instead.
+        """
         if not ticks:
             return []
         self._admit(ticks, batch=True)
         futs = [self._enqueue(t, timeline) for t in ticks]
-        return list(await asyncio.gather(*futs))
+        done = await asyncio.gather(*futs, return_exceptions=True)
+        failed = next((r for r in done if isinstance(r, BaseException)), None)
+        if failed is None:
+            return cast("list[TickResult]", done)
+        applied = sum(not isinstance(r, BaseException) for r in done)
+        if applied and isinstance(failed, CapacityError):
+            raise EngineFatalError(
+                f"{applied} of the {len(ticks)} ticks were applied, the others refused: {failed}; read the markets' "
+                "last ticks (GET /debug/markets/{id}/state) before sending the rest again") from failed
+        raise failed
 
     def _enqueue(self, tick: Tick, timeline: Timeline | None) -> asyncio.Future[TickResult]:
         loop = asyncio.get_running_loop()

@@ -669,6 +669,33 @@ def test_a_batch_the_device_has_no_memory_for_is_refused_unapplied_and_can_be_se
     ref.close()
 
 
+def test_a_request_refused_for_want_of_gpu_memory_after_a_step_of_it_was_applied_is_an_engine_error(
+        cuda_cfg: CfgFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request of more ticks than ``batch_size`` runs in several steps: the second refused for want of GPU memory
+    after the first was applied is no "try again" (503 capacity) for the request, whose resent first half would be
+    refused as already seen, but an engine error naming what was applied."""
+    _, _, eng = fused_and_cuda_on_cpu(cuda_cfg, tmp_path)  # batch_size 16
+    real, enqueued = eng.backend._enqueue, []
+
+    def second_has_no_memory(*args: Any, **kwargs: Any) -> None:
+        enqueued.append(1)
+        if len(enqueued) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(eng.backend, "_enqueue", second_has_no_memory)
+    with pytest.raises(EngineFatalError, match=r"^16 of the 32 ticks were applied, the others refused: the GPU ran out "
+                       r"of memory stepping a batch of 16 tick\(s\)") as partly:
+        asyncio.run(eng.submit_many(validate_ticks(generate_ticks(32, 4, 6))))
+    assert isinstance(partly.value.__cause__, DeviceMemoryError)
+    with pytest.raises(DeviceMemoryError):  # nothing of it applied: try again
+        enqueued.clear()
+        asyncio.run(eng.submit_many(validate_ticks(generate_ticks(64, 4, 6))[48:56]))
+        asyncio.run(eng.submit_many(validate_ticks(generate_ticks(64, 4, 6))[56:]))
+    assert len(enqueued) == 2
+    eng.close()
+
+
 def test_debug_state_and_handover_export_read_the_device_state(cuda_cfg: CfgFactory, tmp_path: Path) -> None:
     from cerebellar_norse.engine.handover import export_market, read_export
     from cerebellar_norse.observability.debugtools import market_state
