@@ -55,6 +55,30 @@ def tree_of(root: Path) -> dict[str, str]:
     return out
 
 
+def with_active_model(state: Path, version: str) -> dict[str, str]:
+    """``state`` holding the built-in network stored as model ``version``, activated, and a ``market_state.bin`` saved
+    with it; returns :func:`tree_of` it (a start that must change nothing compares it afterwards, less ``.lock``)."""
+    from cerebellar_norse.config import load_config
+    from cerebellar_norse.neurons.topology import generate_weights
+    from cerebellar_norse.training.checkpoints import ModelStore
+
+    cfg = load_config(None, environ={})
+    store = ModelStore(state)
+    store.save(generate_weights(cfg), cfg, {"validation": {"loss": 0.9}}, version=version)
+    store.set_active(version)
+    (state / "market_state.bin").write_bytes(b"saved with the active model")  # must not be moved aside or rewritten
+    return tree_of(state)
+
+
+def failed_start_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one ``cerebellar-norse: …`` line of a start that stopped with exit code 1 and no traceback."""
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("cerebellar-norse: ")]
+    assert len(lines) == 1, done.stderr[-3000:]
+    return lines[0]
+
+
 def server_environ(state_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The caller's environment without config overrides (the kernels' cache kept), plus the state dir, no first-run
     training, and ``extra``."""

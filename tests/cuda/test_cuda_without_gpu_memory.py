@@ -24,16 +24,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-from live_helpers import REPO_ROOT, free_port, server_environ, tree_of
+from live_helpers import REPO_ROOT, failed_start_line, free_port, server_environ, tree_of, with_active_model
 
-from cerebellar_norse.config import Config, load_config
+from cerebellar_norse.config import Config
 from cerebellar_norse.cuda.backend import make_cuda_engine
 from cerebellar_norse.errors import DeviceMemoryError
 from cerebellar_norse.neurons.state import FLOAT_FIELDS
-from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.ticks import validate_ticks
-from cerebellar_norse.training.checkpoints import ModelStore
 
 pytestmark = [
     pytest.mark.cuda,
@@ -59,23 +57,10 @@ def start_on_a_full_gpu(state: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
-def one_line(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode == 1, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    lines = [line for line in done.stderr.splitlines() if line.startswith("cerebellar-norse: ")]
-    assert len(lines) == 1, done.stderr[-3000:]
-    return lines[0]
-
-
 def test_no_gpu_memory_for_the_engine_of_the_active_model_stops_the_start_and_moves_nothing_aside(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    cfg = load_config(None, environ={})
-    store = ModelStore(state)
-    store.save(generate_weights(cfg), cfg, {"validation": {"loss": 0.9}}, version=VERSION)
-    store.set_active(VERSION)
-    (state / "market_state.bin").write_bytes(b"saved with the active model")  # must not be moved aside or rewritten
-    before = tree_of(state)
-    line = one_line(start_on_a_full_gpu(state))
+    before = with_active_model(state, VERSION)
+    line = failed_start_line(start_on_a_full_gpu(state))
     assert line.startswith(f"cerebellar-norse: cannot build the engine of model {VERSION} "
                            f"({state / 'models' / VERSION}): out of GPU memory ("), line
     assert "nothing is moved aside" in line, line
@@ -85,7 +70,7 @@ def test_no_gpu_memory_for_the_engine_of_the_active_model_stops_the_start_and_mo
 
 
 def test_no_gpu_memory_for_the_untrained_network_is_one_line(tmp_path: Path) -> None:
-    line = one_line(start_on_a_full_gpu(tmp_path / "state"))
+    line = failed_start_line(start_on_a_full_gpu(tmp_path / "state"))
     assert "out of memory" in line and ("GPU" in line or "device" in line), line
 
 
