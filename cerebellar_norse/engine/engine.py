@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -471,16 +471,15 @@ class Engine:
             return []
         self._admit(ticks, batch=True)
         futs = [self._enqueue(t, timeline) for t in ticks]
-        done = await asyncio.gather(*futs, return_exceptions=True)
-        failed = next((r for r in done if isinstance(r, BaseException)), None)
-        if failed is None:
-            return cast("list[TickResult]", done)
-        applied = sum(not isinstance(r, BaseException) for r in done)
-        if applied and isinstance(failed, CapacityError):
+        try:
+            return list(await asyncio.gather(*futs))
+        except CapacityError as exc:  # (a flush steps every queued batch at once: each future is settled by now)
+            applied = sum(f.done() and not f.cancelled() and f.exception() is None for f in futs)
+            if not applied:
+                raise
             raise EngineFatalError(
-                f"{applied} of the {len(ticks)} ticks were applied, the others refused: {failed}; read the markets' "
-                "last ticks (GET /debug/markets/{id}/state) before sending the rest again") from failed
-        raise failed
+                f"{applied} of the {len(ticks)} ticks were applied, the others refused: {exc}; read the markets' "
+                "last ticks (GET /debug/markets/{id}/state) before sending the rest again") from exc
 
     def _enqueue(self, tick: Tick, timeline: Timeline | None) -> asyncio.Future[TickResult]:
         loop = asyncio.get_running_loop()
