@@ -277,6 +277,33 @@ def check_version(version: str) -> None:
                          f"model)", "version")
 
 
+@dataclass(frozen=True)
+class ModelSummary:
+    """What a listing says of one stored model: its metrics when it verified (``error`` None), else why it did not."""
+
+    version: str
+    metrics: dict[str, Any]
+    error: str | None = None
+
+
+FileIdentity = tuple[tuple[str, int, int, int, int], ...]  # (name, inode, size, st_mtime_ns, st_ctime_ns) per entry
+
+
+def _identity(path: Path) -> tuple[FileIdentity, int] | None:
+    """The identity of a model directory's entries and the newest of their change times (ns); None when it cannot be
+    listed or an entry not stat-ed."""
+    try:
+        out = []
+        for entry in os.scandir(path):
+            st = entry.stat()
+            out.append((entry.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        st = path.stat()
+    except OSError:
+        return None
+    out.append((".", st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(sorted(out)), max(max(e[3], e[4]) for e in out)
+
+
 class ModelStore:
     """The models directory of a state dir."""
 
@@ -286,6 +313,7 @@ class ModelStore:
         self.active_problem: str | None = None  # set by active_version: why models/ACTIVE names no version
         self.refused: dict[str, str] = {}  # set by load_for_service: the versions it passed over, and why
         self._listing: tuple[tuple[int, int], list[str]] | None = None  # (inode, st_mtime_ns) of root, versions()
+        self._summaries: dict[str, tuple[FileIdentity, ModelSummary]] = {}  # summaries(): by version
 
     def versions(self) -> list[str]:
         """Stored versions (complete directories), oldest first."""
@@ -312,6 +340,40 @@ class ModelStore:
         settled = time.time_ns() - st.st_mtime_ns >= SETTLED_NS
         self._listing = (key, stored) if settled else None
         return list(stored)
+
+    def summaries(self) -> list[ModelSummary]:
+        """Every stored model, verified (:meth:`load`): its metrics, or why it is invalid; oldest first.
+
+        A model's verdict is remembered while its directory's entries keep their identity (inode, size, modification
+        and change times): a stored model is written once, under a temporary name, and renamed in, so a file that
+        changes is a model replaced or damaged, and is verified again. Only what stays true is remembered (a model
+        that verified, or failed its checksums); a file that could not be read for now (permissions, no file
+        descriptor) is tried again at the next call, as is a model whose files changed within ``SETTLED_NS`` (a
+        change in the same timestamp tick may not show). Reads every stored model the first time: call it off the
+        event loop.
+        """
+        versions = self.versions()
+        for gone in set(self._summaries) - set(versions):
+            del self._summaries[gone]
+        out = []
+        for version in versions:
+            seen = _identity(self.root / version)
+            known = self._summaries.get(version)
+            if seen is not None and known is not None and known[0] == seen[0]:
+                out.append(known[1])
+                continue
+            try:
+                summary = ModelSummary(version, self.load(version).metrics)
+                lasting = True
+            except Exception as exc:  # listed as invalid, never served
+                summary = ModelSummary(version, {}, str(exc))
+                lasting = isinstance(exc, CheckpointError) and not isinstance(exc, ModelUnreadableError)
+            if lasting and seen is not None and time.time_ns() - seen[1] >= SETTLED_NS and _identity(self.root / version) == seen:
+                self._summaries[version] = (seen[0], summary)
+            else:
+                self._summaries.pop(version, None)
+            out.append(summary)
+        return out
 
     def clean_partial(self) -> list[str]:
         """Remove ``.tmp-*`` directories and ``.ACTIVE.*.tmp`` files left by killed writers; returns their names.

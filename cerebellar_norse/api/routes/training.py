@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, WithJsonSchema
 
-from ...training.checkpoints import ModelStore
+from ...training.checkpoints import ModelSummary
 from ...training.jobs import JobStateName, TrainingRequest
 from ..deps import GuardedJsonBodyRoute, require_token, service
 from ..modelswap import swap_in, verified_model
@@ -122,23 +122,17 @@ async def cancel_training(job_id: str, request: Request) -> dict[str, Any]:
 async def list_models(request: Request) -> dict[str, Any]:
     """Stored model versions with their validation metrics, and the active one."""
     svc = service(request)
-    models = await asyncio.to_thread(_listing, svc.model_store())  # each read and hashed: off the event loop
-    return {"active": svc.engine.model_version, "models": models}
+    summaries = await asyncio.to_thread(svc.model_store().summaries)  # read and hashed (once each): off the event loop
+    return {"active": svc.engine.model_version, "models": [_listed(m) for m in summaries]}
 
 
-def _listing(store: ModelStore) -> list[dict[str, Any]]:
-    """Every stored model, verified: its validation metrics, or why it is invalid."""
-    models = []
-    for v in store.versions():
-        try:
-            m = store.load(v)
-            test = m.metrics.get("test")
-            models.append({"version": v, "valid": True, "validation": m.metrics.get("validation"),
-                           "edge": m.metrics.get("edge"),
-                           "verdict": test.get("verdict") if isinstance(test, dict) else None})
-        except Exception as exc:  # listed as invalid, never served
-            models.append({"version": v, "valid": False, "error": str(exc)})
-    return models
+def _listed(m: ModelSummary) -> dict[str, Any]:
+    """A stored model as GET /models lists it: its validation metrics, edge and verdict, or why it is invalid."""
+    if m.error is not None:
+        return {"version": m.version, "valid": False, "error": m.error}
+    test = m.metrics.get("test")
+    return {"version": m.version, "valid": True, "validation": m.metrics.get("validation"), "edge": m.metrics.get("edge"),
+            "verdict": test.get("verdict") if isinstance(test, dict) else None}
 
 
 @router.post("/models/{version}/activate", operation_id="activate_model", response_model=ActivatedOut, responses=error_responses(
