@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from training_helpers import ConfigFactory, CsvFactory, config_environ
+from training_helpers import TINY_NEURAL, ConfigFactory, CsvFactory, config_environ
 
 from cerebellar_norse.config import Config, consistency_problems, load_config
 from cerebellar_norse.synthetic import generate_ticks
@@ -35,6 +35,12 @@ def make_config(tmp_path: Path) -> ConfigFactory:
         return cfg
 
     return make
+
+
+@pytest.fixture
+def cfg(make_config: ConfigFactory) -> Config:
+    """The built-in config with the tiny network (``TINY_NEURAL``), its paths under the test's tmp_path."""
+    return make_config(neural=TINY_NEURAL)
 
 
 @pytest.fixture

@@ -65,11 +65,6 @@ def assert_same_weights(a: Weights, b: Weights) -> None:
 
 
 @pytest.fixture
-def cfg(make_config: ConfigFactory) -> Config:
-    return make_config(neural=TINY_NEURAL)
-
-
-@pytest.fixture
 def store(cfg: Config) -> ModelStore:
     return ModelStore(Path(cfg.paths.state_dir))
 

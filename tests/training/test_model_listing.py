@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from training_helpers import TINY_NEURAL, ConfigFactory
 
 from cerebellar_norse.config import Config
 from cerebellar_norse.neurons.topology import generate_weights
@@ -17,11 +16,6 @@ from cerebellar_norse.training import checkpoints
 from cerebellar_norse.training.checkpoints import ModelStore, StoredModel
 
 V1, V2, V3 = "20240101T000000Z-aaaaaa", "20240102T000000Z-bbbbbb", "20240103T000000Z-cccccc"
-
-
-@pytest.fixture
-def cfg(make_config: ConfigFactory) -> Config:
-    return make_config(neural=TINY_NEURAL)
 
 
 @pytest.fixture

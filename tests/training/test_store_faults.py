@@ -24,11 +24,6 @@ METRICS = {"validation": {"loss": 0.95}}
 
 
 @pytest.fixture
-def cfg(make_config: ConfigFactory) -> Config:
-    return make_config(neural=TINY_NEURAL)
-
-
-@pytest.fixture
 def store(cfg: Config) -> ModelStore:
     s = ModelStore(Path(cfg.paths.state_dir))
     s.save(generate_weights(cfg), cfg, METRICS, version=V1)
