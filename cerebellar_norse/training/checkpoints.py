@@ -353,8 +353,8 @@ class ModelStore:
         event loop.
         """
         versions = self.versions()
-        for gone in set(self._summaries) - set(versions):
-            del self._summaries[gone]
+        for gone in set(self._summaries) - set(versions):  # (two listings may run at once, each in a thread)
+            self._summaries.pop(gone, None)
         out = []
         for version in versions:
             seen = _identity(self.root / version)
