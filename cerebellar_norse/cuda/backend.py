@@ -637,7 +637,8 @@ class CudaBackend(StagedBuffers):
                         f"the GPU ran out of memory stepping a batch of {b} tick(s) on {self.device} "
                         f"({host_shortage_reason(exc)}); nothing of the batch was applied: another process may hold "
                         "the GPU's memory (nvidia-smi); try again") from None
-                if isinstance(exc, RuntimeError) and not isinstance(exc, CapacityError):
+                applied_in_part = isinstance(exc, CapacityError) and self._scattered  # (a refusal says: not applied)
+                if (isinstance(exc, RuntimeError) and not isinstance(exc, CapacityError)) or applied_in_part:
                     raise EngineFatalError(f"cuda backend: step failed on {self.device}: {exc}") from exc
                 raise
             handle = CudaHandle(seq, lane.index, b, perm)
@@ -653,8 +654,11 @@ class CudaBackend(StagedBuffers):
             if stale.size:
                 self._upload_rows(stale)
             action = self.graph_policy.decide((lane.index, b), eligible=len(bounds) == 1)
-            if action == "capture" and self._capture(lane, b):
-                action = "replay"
+            if action == "capture":
+                captured = self._capture(lane, b)
+                self._scattered = 0  # a capture records the step and runs nothing
+                if captured:
+                    action = "replay"
             if action == "replay":
                 lane.graphs[b].replay()
             else:

@@ -638,11 +638,11 @@ def test_a_batch_the_device_has_no_memory_for_is_refused_unapplied_and_can_be_se
         eng.process_now(part)
     real, calls = cuda_backend.device_tick, []
 
-    def no_memory_at(call: int) -> Callable[..., Any]:
+    def no_memory_at(call: int, exc: Exception | None = None) -> Callable[..., Any]:
         def device_tick(*args: Any, **kwargs: Any) -> Any:
             calls.append(1)
             if len(calls) == call:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+                raise exc or torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
             return real(*args, **kwargs)
         return device_tick
 
@@ -665,6 +665,10 @@ def test_a_batch_the_device_has_no_memory_for_is_refused_unapplied_and_can_be_se
     monkeypatch.setattr(cuda_backend, "device_tick", no_memory_at(2))  # the first wave is written back already
     with pytest.raises(EngineFatalError, match="batch failed"):
         asyncio.run(eng.submit_many(validate_ticks(generate_ticks(100, 5, 3))[80:96]))
+    calls.clear()  # nor is the backend's own refusal (its budget, a tensor it places) once a wave was written back
+    monkeypatch.setattr(cuda_backend, "device_tick", no_memory_at(2, DeviceMemoryError("weights: the device ran out")))
+    with pytest.raises(EngineFatalError, match="batch failed: EngineFatalError: cuda backend: step failed on cpu: weights"):
+        asyncio.run(eng.submit_many(validate_ticks(generate_ticks(120, 5, 3))[100:116]))
     eng.close()
     ref.close()
 
