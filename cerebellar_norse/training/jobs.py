@@ -54,7 +54,7 @@ from ..errors import (
     is_out_of_memory,
 )
 from ..firsterrors import FirstErrorsModel
-from ..storage import atomic_write_bytes, read_file
+from ..storage import atomic_write_bytes, read_file, what_is_at
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
@@ -582,7 +582,7 @@ class JobManager:
         memory as for a full disk."""
         from ..engine.persistence import quarantine
 
-        what = "a link to nothing" if self.jobs_dir.is_symlink() and not self.jobs_dir.exists() else "not a directory"
+        what = what_is_at(self.jobs_dir)
         try:
             moved = quarantine(self.jobs_dir, "misplaced")
         except CerebellarNorseError as exc:

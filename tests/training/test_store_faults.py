@@ -389,3 +389,5 @@ def test_a_file_where_the_job_records_go_is_moved_aside_at_start_and_named_by_ve
         JobManager(cfg, lambda version: None, lambda loss: None)
     (moved,) = state.glob("jobs.misplaced-*")
     assert f"moved aside to {moved}" in caplog.text and not jobs.exists() and not jobs.is_symlink()
+    said = "a regular file" if what == "file" else "a link to nothing"
+    assert f"{jobs} is {said}, not the directory of the job records" in caplog.text
