@@ -65,7 +65,7 @@ PACKAGE_CHANGED = ("the installed cerebellar-norse changed on disk since the ser
 
 class Reports:
     """The job process's end of the report pipe: ``put(item)`` sends one picklable item (blocking while the pipe is
-    full, until the service reads)."""
+    full, until the service reads), written when it returns."""
 
     def __init__(self, fd: int) -> None:
         self._conn: Connection | None = Connection(fd, readable=False)
@@ -80,10 +80,6 @@ class Reports:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-    def join_thread(self) -> None:
-        """Nothing to wait for: :meth:`put` has written each item when it returns (``multiprocessing.Queue``'s
-        interface, whose writes a thread does)."""
 
 
 class StopFlag:
@@ -150,10 +146,6 @@ class StopSender:
             self._set = True
             with contextlib.suppress(OSError):  # (EPIPE: the process ended)
                 os.write(self._fd, b"\x01")
-
-    def is_set(self) -> bool:
-        """Whether :meth:`set` was called."""
-        return self._set
 
     def close(self) -> None:
         """Close the service's end (the process reads that as a stop too)."""

@@ -431,8 +431,7 @@ def _job_main(out: Any, stop: Any, cfg_json: str, files: list[str], epochs: int 
         gc.collect()
         with contextlib.suppress(BaseException):
             out.put(("failed", {"error": OUT_OF_MEMORY}))
-            out.close()
-            out.join_thread()
+            out.close()  # (each put was written when it returned: closing sends nothing more, it ends the pipe)
         os._exit(EXIT_OUT_OF_MEMORY)
 
 

@@ -11,20 +11,18 @@ from cerebellar_norse.training import jobs
 
 
 class Reports:
-    """The job's report queue: what was put, and whether it was flushed before the process exits."""
+    """The job's report pipe: what was put, and whether it was closed before the process exits."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
-        self.closed = self.flushed = False
+        self.closed = False
 
     def put(self, item: tuple[str, dict[str, Any]]) -> None:
+        assert not self.closed, "put after close"
         self.sent.append(item)
 
     def close(self) -> None:
         self.closed = True
-
-    def join_thread(self) -> None:
-        self.flushed = self.closed
 
 
 class StopFlag:
@@ -64,7 +62,7 @@ def test_a_memory_error_in_training_is_reported_as_out_of_memory_and_exits_with_
     assert ended.value.code == jobs.EXIT_OUT_OF_MEMORY  # what the service reads when the report below was lost
     assert out.sent == [("failed", {"error": jobs.OUT_OF_MEMORY})]
     assert "ran out of memory" in jobs.OUT_OF_MEMORY and "raise the limit" in jobs.OUT_OF_MEMORY
-    assert out.flushed  # sent before the exit, which skips the queue's own flush
+    assert out.closed  # sent and the pipe closed before the exit, which skips every cleanup
 
 
 def test_a_job_process_that_exited_out_of_memory_without_a_report_names_the_cause() -> None:
