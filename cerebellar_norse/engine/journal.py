@@ -197,6 +197,7 @@ class RecoveryReport:
 
 ID_CACHE_MIN = 1024  # market ids whose journal encoding is kept at least (the pool's slots x 2 when more)
 
+
 class Durability:
     """The journal and checkpoints of one engine's market states.
 

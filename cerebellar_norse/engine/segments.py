@@ -338,8 +338,9 @@ def _segment_base(name: str) -> int | None:
 
 def misplaced_entries(directory: Path) -> list[tuple[Path, str]]:
     """What stands where the journal's files must be and is not one: ``directory`` itself when it is not a directory,
-    and each entry named as a segment file that is not a regular file, or a directory where :data:`SPARE` goes; (path, what it is instead) each. The service
-    moves them aside at start (it could neither create its journal files nor read them)."""
+    each entry named as a segment file that is not a regular file, and a directory where :data:`SPARE` goes; (path,
+    what it is instead) each. The service moves them aside at start (it could neither create its journal files nor
+    read them)."""
     if not directory.is_dir():
         if directory.exists() or directory.is_symlink():
             return [(directory, f"{what_is_at(directory)}, not the journal's directory")]

@@ -120,7 +120,6 @@ _COMPONENT = r"(?:[^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+|\.)"
 DATA_FILE_PATTERN = r"^(?:[^/\x00.\\][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+|\.)(?:/" + _COMPONENT + "?)*$"
 
 
-
 def unclosed_quote(breaks: int, last_line: int) -> str:
     """Why a row whose fields hold ``breaks`` line breaks, ending at line ``last_line``, is refused: a quote that opens a
     field and is not closed made the reader take every line up to the next quote (or the end of the file) into it."""
