@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import stat
 import tempfile
@@ -260,3 +261,40 @@ def check_sealed(data: bytes, where: str) -> None:
     with memoryview(data) as whole:
         if hashlib.sha256(whole[HEADER_LEN:]).hexdigest() != expected:
             raise CheckpointError("checksum mismatch: the file is corrupt or truncated", where)
+
+
+JSON_CHECKSUM_KEY = "sha256"
+
+
+def dump_checksummed_json(obj: dict[str, Any]) -> bytes:
+    """``obj`` as a JSON object whose last member, ``"sha256"``, is the hex SHA-256 of the JSON of the others (as
+    ``json.dumps`` writes them): a file an operator still reads with ``jq``, whose damage is seen when it is read
+    back (:func:`load_checksummed_json`). Values JSON has no type for are written as their ``str``."""
+    if JSON_CHECKSUM_KEY in obj:
+        raise ValueError(f"{JSON_CHECKSUM_KEY!r} is the checksum's member and cannot be a field")
+    body = json.dumps(obj, default=str)
+    digest = sha256_bytes(body.encode("utf-8"))
+    tail = f', "{JSON_CHECKSUM_KEY}": "{digest}"}}' if obj else f'"{JSON_CHECKSUM_KEY}": "{digest}"}}'
+    return (body[:-1] + tail).encode("utf-8")
+
+
+def load_checksummed_json(data: bytes, where: str) -> tuple[dict[str, Any], bool]:
+    """The JSON object of ``data`` without its checksum member, and whether it had one (a file written before
+    checksums has none and is taken as it is).
+
+    Raises:
+        CheckpointError: naming ``where``: not UTF-8 JSON, not an object, or its checksum does not match (a byte
+            changed since it was written: bit rot, an edit by hand, a truncation that left valid JSON).
+    """
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"not a JSON file ({type(exc).__name__}: {exc})", where) from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"a JSON object was expected, not {type(obj).__name__}", where)
+    if JSON_CHECKSUM_KEY not in obj:
+        return obj, False
+    expected = obj.pop(JSON_CHECKSUM_KEY)
+    if not isinstance(expected, str) or sha256_bytes(json.dumps(obj).encode("utf-8")) != expected:
+        raise CheckpointError("checksum mismatch: the file was changed or damaged since it was written", where)
+    return obj, True

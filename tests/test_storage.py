@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import threading
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from cerebellar_norse.storage import (
     MAGIC,
     NotARegularFileError,
     atomic_write_bytes,
+    dump_checksummed_json,
+    load_checksummed_json,
     read_checksummed,
     read_file,
     read_refused,
@@ -190,3 +193,53 @@ def test_read_file_reads_a_regular_file_whole(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(data)
     (tmp_path / "link").symlink_to(tmp_path / "f")
     assert read_file(tmp_path / "f") == read_file(tmp_path / "link") == data
+
+
+CHECKSUMMED_RECORD: dict[str, Any] = {
+    "job_id": "j1", "state": "succeeded", "epoch": 3, "loss": 0.6931471805599453, "loss_history": [1.1, float("nan")],
+    "error": None, "activated": True, "warnings": ["é, \"quoted\"\n"], "validation": {"accuracy": 0.5, "n": 10},
+    "created": "2026-11-25T10:00:00Z", "empty": {},
+}
+
+
+def test_checksummed_json_reads_back_what_was_written_and_stays_plain_json() -> None:
+    data = dump_checksummed_json(CHECKSUMMED_RECORD)
+    plain = json.loads(data)  # what `jq` reads: the fields, and the checksum as one more member
+    assert list(plain)[-1] == "sha256" and len(plain["sha256"]) == 64
+    back, checked = load_checksummed_json(data, "rec.json")
+    assert checked and json.dumps(back) == json.dumps(CHECKSUMMED_RECORD)
+    assert load_checksummed_json(dump_checksummed_json({}), "e.json") == ({}, True)
+    legacy = json.dumps({"job_id": "old", "state": "failed"}).encode()  # written before records had a checksum
+    assert load_checksummed_json(legacy, "old.json") == ({"job_id": "old", "state": "failed"}, False)
+    with pytest.raises(ValueError, match="sha256"):
+        dump_checksummed_json({"sha256": "x"})
+
+
+def test_no_bit_flipped_in_a_checksummed_json_file_changes_what_is_read() -> None:
+    """Each of the file's bits flipped in turn: the read is refused naming the file, or (a flip in the checksum
+    member's name, which leaves a file without a checksum) gives the same fields."""
+    data = dump_checksummed_json(CHECKSUMMED_RECORD)
+    want = json.dumps(CHECKSUMMED_RECORD)
+    refused = 0
+    for i in range(len(data)):
+        for bit in range(8):
+            bad = bytearray(data)
+            bad[i] ^= 1 << bit
+            try:
+                back, _ = load_checksummed_json(bytes(bad), "rec.json")
+            except CheckpointError as exc:
+                assert exc.path == "rec.json"
+                refused += 1
+                continue
+            assert json.dumps({k: v for k, v in back.items() if k in CHECKSUMMED_RECORD}) == want, (i, bit)
+    assert refused >= 8 * len(data) - 8 * len('"sha256"')
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"\xff{}", "not a JSON file"), (b'{"a": ', "not a JSON file"), (b"[1]", "a JSON object was expected, not list"),
+    (b'{"a": 1, "sha256": 5}', "checksum mismatch"), (b'{"a": 1, "sha256": "00"}', "checksum mismatch"),
+])
+def test_a_damaged_checksummed_json_file_is_refused_saying_what_is_wrong(data: bytes, message: str) -> None:
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_checksummed_json(data, "jobs/x.json")
+    assert str(err.value).startswith("jobs/x.json: ")

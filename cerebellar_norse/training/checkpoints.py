@@ -47,7 +47,15 @@ from ..errors import (
 )
 from ..neurons.parameters import network_shape
 from ..neurons.topology import Weights, generate_weights
-from ..storage import atomic_write_bytes, fsync_dir, read_file, read_refused, retrying, sha256_bytes
+from ..storage import (
+    atomic_write_bytes,
+    fsync_dir,
+    load_checksummed_json,
+    read_file,
+    read_refused,
+    retrying,
+    sha256_bytes,
+)
 
 if TYPE_CHECKING:
     from ..engine.persistence import StateFile
@@ -817,6 +825,23 @@ def seen_periods(metrics: dict[str, Any], store: ModelStore | None = None) -> li
     return out
 
 
+def _verify_job_records(jobs: Path, ok: list[str], problems: list[str]) -> None:
+    """Check each job record's checksum (records written before checksums have none and are taken as they are)."""
+    n = 0
+    for path in sorted(jobs.glob("*.json")):
+        try:
+            load_checksummed_json(read_file(path), str(path))
+            n += 1
+        except CheckpointError as exc:
+            problems.append(f"{exc}: the service ignores this job record at start (WARNING), so that job's history "
+                            "is lost; delete the file")
+        except OSError as exc:
+            problems.append(f"{StorageError.from_os_error('cannot read job record', path, exc)}: the service ignores "
+                            "it at start (WARNING); make it readable by the service's user, or delete it")
+    if n:
+        ok.append(f"{jobs}: {n} job {'record' if n == 1 else 'records'} OK")
+
+
 def verify_tree(root: Path) -> tuple[list[str], list[str]]:
     """Verify every model directory and state file under ``root``; returns (ok, problems) lines."""
     from ..engine.persistence import STATE_FILE, check_state_rows, read_state_payload
@@ -856,6 +881,8 @@ def verify_tree(root: Path) -> tuple[list[str], list[str]]:
         if (jobs.exists() or jobs.is_symlink()) and not jobs.is_dir():
             problems.append(f"{jobs}: not a directory (the job records' directory goes there): the service moves it "
                             "aside at start (WARNING); no job record could be written while it stands")
+        elif jobs.is_dir():
+            _verify_job_records(jobs, ok, problems)
     for apath in _named_under(root, ACTIVE):
         if apath.parent.name == MODELS_DIR:
             problem = _active_problem(apath)

@@ -25,7 +25,6 @@ import calendar
 import contextlib
 import ctypes
 import gc
-import json
 import logging
 import math
 import numbers
@@ -47,6 +46,7 @@ from ..config import Config
 from ..errors import (
     CapacityError,
     CerebellarNorseError,
+    CheckpointError,
     InputError,
     JobConflictError,
     JobNotFoundError,
@@ -54,7 +54,7 @@ from ..errors import (
     is_out_of_memory,
 )
 from ..firsterrors import FirstErrorsModel
-from ..storage import atomic_write_bytes, read_file, what_is_at
+from ..storage import atomic_write_bytes, dump_checksummed_json, load_checksummed_json, read_file, what_is_at
 from ..ticks import integral_number
 from ..timezones import request_zone, request_zone_schema
 from .data import DATA_FILE_PATTERN
@@ -515,9 +515,7 @@ class JobManager:
         order: dict[str, tuple[float, float]] = {}  # job id -> (created, record's mtime): the latest job is the newest
         for p in sorted(self.jobs_dir.glob("*.json")):
             try:
-                d = json.loads(read_file(p).decode("utf-8"))
-                if not isinstance(d, dict):
-                    raise ValueError(f"a job record is a JSON object, not {type(d).__name__}")
+                d, _ = load_checksummed_json(read_file(p), str(p))
                 kept = {k: d[k] for k in _RECORD_FIELDS if k in d}
                 st = _JOB_RECORD.validate_python({"job_id": d["job_id"], "state": d["state"], "files": d.get("files", []),
                                                   **kept})  # each field of its type: a record is read back as written
@@ -545,7 +543,7 @@ class JobManager:
                     self._ended(st, logging.ERROR)
                 self.jobs[st.job_id] = st
                 order[st.job_id] = (st.created if d.get("created") else 0.0, p.stat().st_mtime)
-            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # a damaged record costs its history only
+            except (OSError, CheckpointError, ValueError, KeyError, TypeError) as exc:  # a damaged record costs its history only
                 log.warning("ignoring unreadable job record %s (%s: %s)", p, type(exc).__name__, exc)
         # job ids are random: the file names' order says nothing of which job ran last
         self.jobs = dict(sorted(self.jobs.items(), key=lambda kv: order[kv[0]]))
@@ -927,7 +925,7 @@ class JobManager:
         """Write one job's record as it is now; False (kept in memory, logged once) when it cannot be written."""
         path = self.jobs_dir / f"{job.job_id}.json"
         try:
-            atomic_write_bytes(path, json.dumps(job.as_dict(), default=str).encode())
+            atomic_write_bytes(path, dump_checksummed_json(job.as_dict()))
         except OSError as exc:
             if not self._unwritten:  # the first of a run of failures: said once
                 err = StorageError.from_os_error("cannot write job record", path, exc)
