@@ -117,9 +117,10 @@ def validation_response(errors: list[dict[str, Any]], body: str | bytes | None =
     return 422, error_payload("validation", msg, rid, field or None)
 
 
-# what a tick timestamp out of range most likely was: a time in another unit, and how to make it ms
-_OTHER_UNITS = (("seconds", 1000.0, "multiply it by 1000"), ("µs", 0.001, "divide it by 1000"),
-                ("ns", 0.000001, "divide it by 1000000"))
+# what a tick timestamp out of range most likely was: a time in another unit, and how to make it ms (ms per unit as
+# a fraction: an integer of hundreds of digits, which JSON allows, times a float overflowed)
+_OTHER_UNITS = (("seconds", 1000, 1, "multiply it by 1000"), ("µs", 1, 1000, "divide it by 1000"),
+                ("ns", 1, 1_000_000, "divide it by 1000000"))
 
 
 def timestamp_hint(value: Any) -> str:
@@ -128,8 +129,8 @@ def timestamp_hint(value: Any) -> str:
     hint = "; a timestamp is ms since the Unix epoch (1971..2100)"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return hint
-    for unit, to_ms, fix in _OTHER_UNITS:
-        if TS_MIN_MS <= value * to_ms < TS_MAX_MS:
+    for unit, num, den, fix in _OTHER_UNITS:
+        if TS_MIN_MS * den <= value * num < TS_MAX_MS * den:
             return f"{hint}: this one looks like {unit}, {fix}"
     return hint
 

@@ -196,6 +196,8 @@ def test_process_invalid_tick(client: httpx.Client, body: dict[str, Any], field:
     (1_640_995_200_000_000, "this one looks like µs, divide it by 1000"),
     (1_640_995_200_000_000_000, "this one looks like ns, divide it by 1000000"),
     (5, None),
+    pytest.param(10**400, None, id="401 digits"),  # beyond any float: the unit guess multiplied it by one (a 500)
+    pytest.param(-(10**400), None, id="-401 digits"),
 ])
 def test_a_timestamp_out_of_range_is_refused_with_the_unit_it_looks_like(client: httpx.Client, timestamp: float,
                                                                           hint: str | None) -> None:

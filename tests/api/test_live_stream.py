@@ -66,6 +66,8 @@ BAD_MESSAGES: list[tuple[str, str | bytes, str, str | None]] = [
     ("nested too deeply", "[" * 50_000 + "]" * 50_000, "malformed_json", None),
     ("thousands of digits", '{"price": 1' + "0" * 5000 + '.5, "volume": 1.0, "timestamp": 1640995200000, "market_id": "X"}',
      "validation", "price"),
+    ("timestamp of 400 digits", '{"price": 1.0, "volume": 1.0, "timestamp": 1' + "0" * 400 + ', "market_id": "X"}',
+     "validation", "timestamp"),  # closed the socket with a traceback (an int no float holds)
 ]
 
 
