@@ -309,6 +309,18 @@ def test_the_document_names_the_503s_of_each_operation(client: httpx.Client, met
         assert word in described, described
 
 
+def test_every_operation_declares_the_retry_after_of_its_503(client: httpx.Client) -> None:
+    """At ``server.max_connections`` every request, ``/health`` included, is answered 503 ``capacity`` with
+    ``Retry-After``: each operation's 503 declares the header (``/health``'s said so in words only, so a client generated
+    from the document had no header to read)."""
+    doc = client.get("/openapi.json").json()
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            header = op["responses"]["503"].get("headers", {}).get("Retry-After")
+            assert header is not None, (method, path)
+            assert header["schema"]["type"] == "integer", (method, path)
+
+
 async def headers_of(scope: dict, receive: Any, send: Any) -> None:
     """Answers the request's header names, after reading its body."""
     while (await receive()).get("more_body"):

@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ... import __version__
 from ..deps import current_reason, journal_wait_reason, service
-from ..openapi import error_responses
+from ..openapi import HEADERS, error_responses
 from ..schemas import ErrorOut, HealthOut, StartingOut
 
 router = APIRouter(tags=["operations"])
@@ -24,7 +24,7 @@ HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
         "the journal waiting for a file descriptor or disk space): the health body with status \"unavailable\" and "
         "its reason; "
         "while starting, before the model is loaded, the short body of StartingOut; or the error shape when "
-        "server.max_connections is reached (capacity, with Retry-After).")},
+        "server.max_connections is reached (capacity, with Retry-After)."), "headers": HEADERS[503]},
 }
 METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
     **error_responses(),
