@@ -173,6 +173,13 @@ def test_a_stream_routed_by_its_query_names_the_query_not_a_header(trio: tuple[T
     with a.websocket_connect("/neural/stream", headers={"X-Market-ID": "Q1"}) as ws:
         ws.send_json(tick("Q2", 0))
         assert "X-Market-ID header 'Q1'" in ws.receive_json()["error"]["message"]
+    # a ?market_id= given twice counts by its first, as HAProxy's url_param routes it: a tick of the second market
+    # would be applied on the replica of the first
+    with a.websocket_connect("/neural/stream?market_id=Q3&market_id=Q4") as ws:
+        ws.send_json(tick("Q4", 0))
+        err = ws.receive_json()["error"]
+        assert err["field"] == "market_id" and "?market_id= of the stream 'Q3'" in err["message"], err
+    assert a.get("/debug/markets/Q4/state", headers=AUTH).status_code == 404
     # an empty header is a header, as on HTTP: it names the market "", not "no routing" (?market_id= not used)
     with a.websocket_connect("/neural/stream?market_id=Q2", headers={"X-Market-ID": ""}) as ws:
         ws.send_json(tick("Q2", 0))

@@ -163,7 +163,10 @@ async def stream(ws: WebSocket) -> None:
     """
     svc = ws.app.state.service
     header = ws.headers.get("x-market-id")  # how the load balancer routed it; an empty one names the market "", as on
-    market = header if header is not None else ws.query_params.get("market_id")  # HTTP (every tick then refused)
+    # HTTP (every tick then refused). A ?market_id= given twice counts by its first, as HAProxy's url_param reads it
+    # (the query's last, as Starlette reads it, admitted the ticks of a market HAProxy had routed by the first).
+    queried = ws.query_params.getlist("market_id")
+    market = header if header is not None else (queried[0] if queried else None)
     routed_by = "X-Market-ID header" if header is not None else "?market_id= of the stream"
     await ws.accept()
     svc.metrics.stream_connections.inc()
