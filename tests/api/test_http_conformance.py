@@ -321,6 +321,91 @@ def test_every_operation_declares_the_retry_after_of_its_503(client: httpx.Clien
             assert header["schema"]["type"] == "integer", (method, path)
 
 
+HUGE = 10**400  # an integer no float holds: valid JSON, and up to 4,300 digits are read as a number
+# the least valid JSON body of each operation that takes one (``{market}`` filled in), so that a number put in it is the
+# only thing wrong; an operation with a JSON body that is missing here fails the test below
+LEAST_BODIES: dict[tuple[str, str], Any] = {
+    ("post", "/neural/process"): {"price": 100.0, "volume": 10.0, "timestamp": 1640995200000, "market_id": "{market}"},
+    ("post", "/neural/process/batch"): {"ticks": [{"price": 100.0, "volume": 10.0, "timestamp": 1640995200000,
+                                                   "market_id": "{market}"}]},
+    ("post", "/training"): {"files": ["no-such-file.csv"]},
+}
+
+
+def _resolved(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+def _numeric(doc: dict[str, Any], schema: dict[str, Any]) -> bool:
+    schema = _resolved(doc, schema)
+    return schema.get("type") in ("integer", "number") or any(_numeric(doc, b) for b in schema.get("anyOf", ()))
+
+
+def numeric_places(doc: dict[str, Any], schema: dict[str, Any], value: Any, place: tuple[str | int, ...] = ()
+                   ) -> list[tuple[str | int, ...]]:
+    """Where ``value`` (a body) holds or may hold a number, by its schema: each place a key or list index path."""
+    schema = _resolved(doc, schema)
+    if isinstance(value, list):
+        return [p for k, item in enumerate(value) for p in numeric_places(doc, schema.get("items", {}), item, (*place, k))]
+    out: list[tuple[str | int, ...]] = []
+    for name, prop in schema.get("properties", {}).items():
+        if _numeric(doc, prop):
+            out.append((*place, name))
+        elif isinstance(value, dict) and name in value:
+            out += numeric_places(doc, prop, value[name], (*place, name))
+    return out
+
+
+def put_at(body: Any, place: tuple[str | int, ...], value: Any) -> Any:
+    """A copy of ``body`` with ``value`` at ``place``."""
+    out = json.loads(json.dumps(body))
+    target = out
+    for step in place[:-1]:
+        target = target[step]
+    target[place[-1]] = value
+    return out
+
+
+def test_a_number_no_float_holds_is_refused_naming_its_field_on_every_operation(live: LiveServer,
+                                                                                client: httpx.Client) -> None:
+    """Every number of every operation's JSON body or query, given as an integer of 401 digits, is a documented 4xx
+    naming its field, and changes nothing: a tick's timestamp of that size was multiplied by a float to guess its unit
+    (OverflowError): a 500 on the tick routes, and the stream closed with a traceback."""
+    doc = client.get("/openapi.json").json()
+    logged = len(live.log())
+    checked = 0
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            documented = set(op["responses"])
+            url = path.replace("{market_id}", "NOPE").replace("{request_id}", "nope").replace("{job_id}", "nope") \
+                .replace("{version}", "nope")
+            for param in op.get("parameters", []):
+                if param["in"] == "query" and _numeric(doc, param["schema"]):
+                    for value in (HUGE, -HUGE):
+                        r = client.request(method, url, params={param["name"]: str(value)})
+                        assert 400 <= r.status_code < 500 and str(r.status_code) in documented, (method, path, r.text)
+                        checked += 1
+            content = op.get("requestBody", {}).get("content", {})
+            if "application/json" not in content:
+                continue
+            assert (method, path) in LEAST_BODIES, f"{method} {path}: add its least valid body to LEAST_BODIES"
+            mid = market("HUGE")
+            least = json.loads(json.dumps(LEAST_BODIES[method, path]).replace("{market}", mid))
+            places = numeric_places(doc, content["application/json"]["schema"], least)
+            assert places, (method, path)
+            for place in places:
+                for value in (HUGE, -HUGE):
+                    r = client.request(method, url, json=put_at(least, place, value))
+                    assert r.status_code == 422, (method, path, place, r.text)
+                    assert r.json()["error"]["field"] == ".".join(map(str, place)), (method, path, r.text)
+                    checked += 1
+            assert client.get(f"/debug/markets/{mid}/state").status_code == 404  # nothing applied
+    assert checked >= 20, checked
+    assert "Traceback" not in live.log()[logged:]
+
+
 async def headers_of(scope: dict, receive: Any, send: Any) -> None:
     """Answers the request's header names, after reading its body."""
     while (await receive()).get("more_body"):
