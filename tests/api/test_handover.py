@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,23 @@ def test_abort_by_thaw_keeps_the_state(trio: tuple[TestClient, TestClient, TestC
     assert a.post("/neural/markets/Z/export", headers=AUTH).status_code == 200
     assert a.post("/neural/markets/Z/thaw", headers=AUTH).json()["previous"] == "moving"
     assert send(a, "Z", range(30, 35)) == expected
+
+
+def test_each_step_of_a_move_is_logged_with_its_market(trio: tuple[TestClient, TestClient, TestClient],
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A market whose ticks are refused 503 market_moving is found in the log by its id: its export, release and thaw
+    wrote nothing (an export by anyone holding the token froze a live market for minutes without a line to say so)."""
+    a, _, _ = trio
+    send(a, "LOGGED", range(3))
+    with caplog.at_level(logging.INFO, logger="cerebellar_norse"):
+        assert a.post("/neural/markets/LOGGED/export", headers=AUTH).status_code == 200
+        assert a.post("/neural/markets/LOGGED/release", headers=AUTH).status_code == 200
+        assert a.post("/neural/markets/LOGGED/thaw", headers=AUTH).status_code == 200
+        assert a.post("/neural/markets/NEVER/thaw", headers=AUTH).status_code == 200  # nothing to thaw: no line
+    lines = [(r.getMessage().split(":")[0], getattr(r, "fields", {}).get("market_id")) for r in caplog.records
+             if r.name == "cerebellar_norse.api.handover"]
+    assert lines == [("market frozen and exported", "LOGGED"), ("market released", "LOGGED"),
+                     ("market thawed", "LOGGED")], lines
 
 
 def test_bad_imports_change_nothing(trio: tuple[TestClient, TestClient, TestClient], tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ again) and ``GET /neural/moves`` (the markets refused here). See docs/scale-out.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -25,6 +26,7 @@ from ..openapi import RECORDED_503, error_responses
 from .neural import MarketIdPath, MarketNotFoundError
 
 router = APIRouter(prefix="/neural", tags=["scale-out"], dependencies=[Depends(require_token)])
+log = logging.getLogger("cerebellar_norse.api.handover")
 
 NO_STATE = "The market holds no state here: never seen, evicted, reset, moved away, or not a valid market id."
 
@@ -86,6 +88,9 @@ async def export_state(request: Request, market_id: MarketIdPath) -> Response:
     if data is None:  # its last batch evicted it meanwhile (pool full): nothing to move
         svc.moves.thaw(market_id)
         raise MarketNotFoundError(f"market {market_id!r} holds no state here", "market_id")
+    # a market refusing its ticks (503 market_moving) is found in the log by its id, with the request that froze it
+    log.info("market frozen and exported: its ticks are refused here (503 market_moving) until it is imported back, "
+             "thawed (POST /neural/markets/{id}/thaw) or released", extra={"fields": {"market_id": market_id}})
     return Response(data, media_type=MEDIA_TYPE)
 
 
@@ -135,6 +140,8 @@ async def release(request: Request, market_id: MarketIdPath) -> dict[str, Any]:
         raise NotMovingError(f"market {market_id!r} is not being moved here (export it first)", "market_id")
     svc.engine.reset_market(market_id)
     svc.moves.hold(market_id)
+    log.info("market released: its state is forgotten here and its ticks stay refused (503 market_moving) until it is "
+             "imported back or thawed", extra={"fields": {"market_id": market_id, "previous": previous}})
     return {"market_id": market_id, "state": "moved", "previous": previous, "request_id": request_id_var.get()}
 
 
@@ -147,6 +154,9 @@ async def thaw(request: Request, market_id: MarketIdPath) -> dict[str, Any]:
     except InputError:
         raise MarketNotFoundError(f"{market_id!r} is not a valid market id", "market_id") from None
     previous = service(request).moves.thaw(market_id)
+    if previous is not None:
+        log.info("market thawed: its ticks are served here again", extra={"fields": {"market_id": market_id,
+                                                                                     "previous": previous}})
     return {"market_id": market_id, "state": None, "previous": previous, "request_id": request_id_var.get()}
 
 
