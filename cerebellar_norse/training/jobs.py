@@ -629,7 +629,7 @@ class JobManager:
             first[path] = name
         if self.busy:
             running = next(j.job_id for j in self.jobs.values() if j.state in ("queued", "running"))
-            raise JobConflictError(f"job {running} is still running; one job at a time (cancel it with DELETE /training/{running})", "job")
+            raise JobConflictError(f"job {running} is still running; one job at a time (cancel it with DELETE /training/{running})")
         job = JobStatus(job_id=uuid.uuid4().hex[:12], files=list(req.files), epochs=cfg.training.epochs)
         latest = self.latest
         self.jobs[job.job_id] = job

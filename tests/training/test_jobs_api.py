@@ -303,6 +303,7 @@ def test_second_job_conflicts_and_cancel_leaves_no_model(js: JobServer) -> None:
     r2 = c.post("/training", json={"files": ["small.csv"], "epochs": 1}, headers=AUTH)
     assert r2.status_code == 409, r2.text
     assert job_id in r2.json()["error"]["message"] and r2.json()["error"]["type"] == "conflict"
+    assert r2.json()["error"]["field"] is None  # about the service's state, not a field: it named "job", no field
 
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while True:  # wait until the job process is inside its training loop
