@@ -63,6 +63,10 @@ SHOWN_PARSER_ERROR = 120  # characters of the parser's reason shown
 HOST_VALUE = re.compile(rb"(?:\[[0-9A-Za-z._~!$&'()*+,;=:%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
 TARGET_FORMS = "send a path (/health), an absolute URL with one (http://host/health), or * with OPTIONS"
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
+# Connections beyond the open-file limit's room whose request is read all the same, to answer GET/HEAD /metrics (then
+# closed) and refuse anything else: two descriptors of server.FD_RESERVE, for a pair of Prometheus servers.
+SCRAPE_ROOM = 2
+SCRAPE_TARGETS = frozenset({(b"GET", b"/metrics"), (b"HEAD", b"/metrics")})
 
 
 def framing_problem(version: str, headers: Sequence[tuple[bytes, bytes]]) -> str | None:
@@ -138,6 +142,11 @@ def refusal(status_line: bytes, kind: str, message: str, extra: Sequence[tuple[b
     for none) and the headers ``extra``."""
     headers, body = error_answer(kind, message, request_id or new_request_id(), extra)
     return raw_answer(status_line, headers, body)
+
+
+def over_budget_message(max_open: int | None) -> str:
+    """The 503's message for a connection beyond the ``max_open`` connections the open-file limit leaves room for."""
+    return f"too many open connections ({max_open}, what the open-file limit leaves room for); retry later"
 
 
 class _PipelineFlow(FlowControl):
@@ -226,7 +235,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
 
     ``max_open``: the most connections the open-file limit leaves room for (see :func:`.server.connection_budget`).
     A connection beyond it is answered 503 (``capacity``, ``Retry-After``) as soon as it is accepted and closed, so
-    that idle clients cannot take the descriptors the journal and checkpoints need."""
+    that idle clients cannot take the descriptors the journal and checkpoints need; the first :data:`SCRAPE_ROOM`
+    beyond it have their request read instead: ``GET``/``HEAD /metrics`` is answered (and the connection closed), so
+    that Prometheus still scrapes the gauges that say why (a refused scrape reads as the service down), and any
+    other request gets that 503."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -248,6 +260,8 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._running: Any = None  # the cycle whose app runs (self.cycle is the one read last, maybe queued)
             self._ignored_upgrade = False  # the head parsed last asks for a protocol switch that is not made
             self._write_stall: asyncio.TimerHandle | None = None  # the deadline of a peer that takes no answer byte
+            self._scrape_only = False  # beyond the open-file limit's room: only a scrape is answered (SCRAPE_ROOM)
+            self._over_budget = False  # the request read on such a connection is not a scrape: refused 503
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -383,6 +397,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if framing is not None:
                 self._bad_reason = framing
                 raise ValueError(framing)  # the parser stops: send_400_response
+            if self._scrape_only and (self.parser.get_method(), self.url.split(b"?", 1)[0]) not in SCRAPE_TARGETS:
+                self._over_budget = True
+                raise ValueError("over the open-file limit's room")  # the parser stops: send_400_response refuses 503
             if version == "1.0" and self.parser.should_upgrade() and self._should_upgrade():
                 self._bad_reason = "a WebSocket handshake must be an HTTP/1.1 request (RFC 6455)"
                 raise ValueError(self._bad_reason)  # (uvicorn answered it 101, a 1xx an HTTP/1.0 client cannot read)
@@ -400,6 +417,8 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._body_progress = True  # the bytes of this read so far were the head's
             HttpToolsProtocol.on_headers_complete(self)
             cycle = self.cycle
+            if self._scrape_only and cycle is not None:
+                cycle.keep_alive = False  # the scrape's descriptor is given back once it is answered
             if cycle is not None and type(cycle) is RequestResponseCycle:  # (uvicorn makes the cycle; this adds to it)
                 if cycle.more_body:  # its early answer's end
                     cycle.__class__ = _EarlyAnswerCycle
@@ -421,6 +440,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self.loop.call_later(LINGER_S, self.transport.close)
 
         def send_400_response(self, msg: str) -> None:
+            if self._over_budget:
+                self._refuse(b"HTTP/1.1 503 Service Unavailable", "capacity", over_budget_message(max_open))
+                return
             if self._too_large is not None:
                 self._refuse_too_large(self._too_large)
                 return
@@ -463,7 +485,8 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._write_refusal(status_line, kind, message, rid)
 
         def _write_refusal(self, status_line: bytes, kind: str, message: str, rid: str) -> None:
-            self.transport.write(refusal(status_line, kind, message, request_id=rid))
+            retry = [(b"retry-after", b"1")] if kind == "capacity" else []
+            self.transport.write(refusal(status_line, kind, message, retry, request_id=rid))
             # Closing now, with the client's bytes unread, would reset the connection and could lose the answer:
             # end our side, drop what still comes, and close when the client does (or after LINGER_S).
             if self.transport.can_write_eof():
@@ -489,14 +512,15 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             super().connection_made(transport)
             self.flow = _PipelineFlow(transport, lambda: bool(self.pipeline))
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
-            if max_open is not None and len(self.connections) > max_open:
+            if max_open is not None and max_open < len(self.connections) <= max_open + SCRAPE_ROOM:
+                self._scrape_only = True  # its request is read: a scrape is answered, anything else refused
+            elif max_open is not None and len(self.connections) > max_open:
                 if on_refused is not None:
                     on_refused("capacity")
                 self._refused = True
                 # closed at once (no linger as for a refused request): the descriptor is what is short
                 self.transport.write(refusal(b"HTTP/1.1 503 Service Unavailable", "capacity",
-                                             f"too many open connections ({max_open}, what the open-file limit leaves "
-                                             "room for); retry later", [(b"retry-after", b"1")]))
+                                             over_budget_message(max_open), [(b"retry-after", b"1")]))
                 self.transport.close()
 
         def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows a bool

@@ -142,6 +142,55 @@ def test_the_connection_limit_gauge_is_the_room_the_open_file_limit_leaves(tmp_p
         srv.proc.wait()
 
 
+def _ask(port: int, request: bytes) -> bytes:
+    """``request`` sent on a new connection; everything read until the service closes it (or 5 s pass)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request)
+        answer = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := s.recv(65536):
+                answer += chunk
+    return answer
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_a_service_whose_open_file_limit_room_is_used_up(tmp_path: Path) -> None:
+    """Clients holding every connection the open-file limit leaves room for (a connection leak) made each new
+    connection 503 at once, Prometheus' scrape too: the target read as down (CerebellarNorseDown) and
+    CerebellarNorseConnectionsNearLimit lost the gauges it reads, as over server.max_connections they are not. A new
+    connection's GET /metrics is answered (then closed); any other request on it is still refused 503 capacity."""
+    from cerebellar_norse.api.server import FD_RESERVE
+
+    srv = launch_limited(tmp_path / "state", tmp_path / "serve.log", {}, NOFILE)
+    room = NOFILE - FD_RESERVE
+    held: list[socket.socket] = []
+    try:
+        for _ in range(room):  # each one answered, so that every one of them is open at the service
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            held.append(s)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200 "), len(held)
+        refused = _ask(srv.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert refused.startswith(b"HTTP/1.1 503 "), refused[:300]
+        assert b"retry-after: 1" in refused.lower() and b'"capacity"' in refused and b"open-file limit" in refused
+        scrape = _ask(srv.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;"
+                                b"version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n")
+        head, _, body = scrape.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), scrape[:300]
+        assert b"connection: close" in head.lower()  # its descriptor is given back at once
+        gauges = dict(line.split(" ") for line in body.decode().splitlines()
+                      if line.startswith("cerebellar_norse_http_connections"))
+        assert float(gauges["cerebellar_norse_http_connections_limit"]) == room
+        assert float(gauges["cerebellar_norse_http_connections"]) > room  # what the alert compares with 90 % of it
+        head_only = _ask(srv.port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head_only.startswith(b"HTTP/1.1 200 "), head_only[:300]
+    finally:
+        for s in held:
+            s.close()
+    assert srv.stop() == 0, srv.log()[-3000:]
+    assert "Traceback" not in srv.log(), srv.log()[-3000:]
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
 def test_unwritable_stdout_keeps_serving_and_says_so_once_on_stderr(tmp_path: Path) -> None:
     srv = launch_limited(tmp_path / "state", tmp_path / "stderr.log", {}, stdout="/dev/full")
