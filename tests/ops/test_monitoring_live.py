@@ -292,3 +292,41 @@ def test_every_metric_the_rules_and_the_dashboard_read_is_exported(live: Live) -
     read = {m for text in texts for m in name.findall(text)}
     assert {"cerebellar_norse_queue_peak_ticks", "training_loss", "up"} <= read
     assert sorted(read - scraped) == []
+
+
+def test_every_label_value_the_rules_and_the_dashboard_select_is_exported(live: Live) -> None:
+    """A selector whose metric is exported but whose label value is not (``le="1"`` where the service writes
+    ``le="1.0"``, ``reason="queue-full"``, ``state="failure"``) selects nothing: its alert never fires and its panel
+    stays empty, and the metric-name check above passes it. Every ``label="value"`` matcher of the rules' and the
+    dashboard's queries (variables filled in as Grafana fills them) selects a series Prometheus scraped."""
+    import yaml  # type: ignore[import-untyped]
+
+    exprs = [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    dash = _dashboard()
+    exprs += [_grafana(t["expr"]) for p in dash["panels"] for t in p["targets"]]
+    exprs += [_grafana(v["definition"]) for v in dash["templating"]["list"] if "definition" in v]
+    selector = re.compile(r"\b([a-zA-Z_:][\w:]*)\{([^{}]*)\}")
+    matcher = re.compile(r'\s*(\w+)\s*(=~|!=|!~|=)\s*"([^"]*)"\s*')
+    def series(match: str) -> list[dict[str, str]]:
+        body = httpx.get(live.prometheus + "/api/v1/series", params={"match[]": match}, timeout=10.0).json()
+        assert body["status"] == "success", (match, body)
+        found: list[dict[str, str]] = body["data"]
+        return found
+
+    checked, unselected = set(), []
+    for expr in exprs:
+        for name, inside in selector.findall(expr):
+            for part in filter(str.strip, inside.split(",")):
+                m = matcher.fullmatch(part)
+                assert m is not None, (expr, part)
+                label, op, value = m.groups()
+                if op != "=" or label == "instance" or (name, label, value) in checked:
+                    continue
+                checked.add((name, label, value))
+                if not series(name):
+                    continue  # a gauge without a sample yet (NO_SAMPLE_YET): its name is checked by the metadata
+                if not series(f'{name}{{{label}="{value}"}}'):
+                    unselected.append(f'{name}{{{label}="{value}"}}')
+    assert ("cerebellar_norse_event_loop_lag_seconds_bucket", "le", "1.0") in checked
+    assert ("cerebellar_norse_training_jobs_total", "state", "failed") in checked
+    assert unselected == []
