@@ -66,6 +66,7 @@ LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before
 # Connections beyond the open-file limit's room whose request is read all the same, to answer GET/HEAD /metrics (then
 # closed) and refuse anything else: two descriptors of server.FD_RESERVE, for a pair of Prometheus servers.
 SCRAPE_ROOM = 2
+SCRAPE_WAIT_S = 2.0  # such a connection that sends no byte within this is closed: an idle client cannot keep the room
 SCRAPE_TARGETS = frozenset({(b"GET", b"/metrics"), (b"HEAD", b"/metrics")})
 
 
@@ -236,9 +237,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
     ``max_open``: the most connections the open-file limit leaves room for (see :func:`.server.connection_budget`).
     A connection beyond it is answered 503 (``capacity``, ``Retry-After``) as soon as it is accepted and closed, so
     that idle clients cannot take the descriptors the journal and checkpoints need; the first :data:`SCRAPE_ROOM`
-    beyond it have their request read instead: ``GET``/``HEAD /metrics`` is answered (and the connection closed), so
-    that Prometheus still scrapes the gauges that say why (a refused scrape reads as the service down), and any
-    other request gets that 503."""
+    beyond it have their request read instead (closed when no byte of it comes within :data:`SCRAPE_WAIT_S`):
+    ``GET``/``HEAD /metrics`` is answered (and the connection closed), so that Prometheus still scrapes the gauges
+    that say why (a refused scrape reads as the service down), and any other request gets that 503."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -514,6 +515,8 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
             if max_open is not None and max_open < len(self.connections) <= max_open + SCRAPE_ROOM:
                 self._scrape_only = True  # its request is read: a scrape is answered, anything else refused
+                self._unset_keepalive_if_required()
+                self.timeout_keep_alive_task = self.loop.call_later(SCRAPE_WAIT_S, self.timeout_keep_alive_handler)
             elif max_open is not None and len(self.connections) > max_open:
                 if on_refused is not None:
                     on_refused("capacity")

@@ -158,7 +158,9 @@ def test_prometheus_scrapes_a_service_whose_open_file_limit_room_is_used_up(tmp_
     """Clients holding every connection the open-file limit leaves room for (a connection leak) made each new
     connection 503 at once, Prometheus' scrape too: the target read as down (CerebellarNorseDown) and
     CerebellarNorseConnectionsNearLimit lost the gauges it reads, as over server.max_connections they are not. A new
-    connection's GET /metrics is answered (then closed); any other request on it is still refused 503 capacity."""
+    connection's GET /metrics is answered (then closed); any other request on it is still refused 503 capacity, and
+    one that sends nothing is closed within SCRAPE_WAIT_S."""
+    from cerebellar_norse.api.protocol import SCRAPE_ROOM, SCRAPE_WAIT_S
     from cerebellar_norse.api.server import FD_RESERVE
 
     srv = launch_limited(tmp_path / "state", tmp_path / "serve.log", {}, NOFILE)
@@ -184,6 +186,14 @@ def test_prometheus_scrapes_a_service_whose_open_file_limit_room_is_used_up(tmp_
         assert float(gauges["cerebellar_norse_http_connections"]) > room  # what the alert compares with 90 % of it
         head_only = _ask(srv.port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert head_only.startswith(b"HTTP/1.1 200 "), head_only[:300]
+        # idle clients that take the scrapes' room and send nothing lose it within SCRAPE_WAIT_S
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(SCRAPE_ROOM)]
+        held += idle
+        for s in idle:
+            s.settimeout(SCRAPE_WAIT_S + 10)
+            assert s.recv(65536) == b""  # closed by the service, with no answer
+        again = _ask(srv.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert again.startswith(b"HTTP/1.1 200 "), again[:300]
     finally:
         for s in held:
             s.close()
