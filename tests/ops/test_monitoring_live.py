@@ -330,3 +330,13 @@ def test_every_label_value_the_rules_and_the_dashboard_select_is_exported(live: 
     assert ("cerebellar_norse_event_loop_lag_seconds_bucket", "le", "1.0") in checked
     assert ("cerebellar_norse_training_jobs_total", "state", "failed") in checked
     assert unselected == []
+
+
+def test_the_connections_panel_names_both_limits() -> None:
+    """cerebellar_norse_http_connections_limit is server.max_connections or, where it leaves less room, the open-file
+    limit's room; the "Connections" panel called it server.max_connections only, which sent an operator to raise a
+    setting that changes nothing when the open-file limit is what limits."""
+    panel = next(p for p in _dashboard()["panels"] if p["title"] == "Connections")
+    (limit,) = [t for t in panel["targets"] if "cerebellar_norse_http_connections_limit" in t["expr"]]
+    for text in (limit["legendFormat"], panel["description"]):
+        assert "server.max_connections" in text and "open-file limit" in text, text
