@@ -194,10 +194,15 @@ def test_prometheus_scrapes_a_service_whose_open_file_limit_room_is_used_up(tmp_
             assert s.recv(65536) == b""  # closed by the service, with no answer
         again = _ask(srv.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert again.startswith(b"HTTP/1.1 200 "), again[:300]
+        for s in held:
+            s.close()
+        assert srv.stop() == 0, srv.log()[-3000:]
     finally:
         for s in held:
             s.close()
-    assert srv.stop() == 0, srv.log()[-3000:]
+        if srv.proc.poll() is None:  # a failed assertion above: the service must not outlive the test
+            srv.proc.kill()
+            srv.proc.wait()
     assert "Traceback" not in srv.log(), srv.log()[-3000:]
 
 
