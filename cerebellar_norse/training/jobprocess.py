@@ -19,23 +19,37 @@ where ``ps`` would show the config (its ``api_token``) to every user of the host
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib
 import os
 import pickle
 import queue
 import select
+import signal
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-# What the job process runs: read its arguments from stdin (plain builtins, so unpickling imports nothing), then take
-# the service's sys.path before importing the package.
-_BOOT = ("import pickle, sys; d = pickle.load(sys.stdin.buffer); sys.path[:] = d['path']; "
-         "from cerebellar_norse.training.jobprocess import child_main; child_main(d)")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_POLL_S = 0.5  # how often the job process looks whether the service is still its parent (s)
+
+# What the job process runs: first ask the kernel to kill it when the service ends (before anything is imported: a
+# process stopped while importing the training code, a second or more, would otherwise outlive a killed service,
+# stopped), then read its arguments from stdin (plain builtins, so unpickling imports nothing), then take the
+# service's sys.path before importing the package. child_main then looks whether the service ended before the request.
+_BOOT = ("import sys\n"
+         "if sys.platform.startswith('linux'):\n"
+         "    try:\n"
+         "        import ctypes; ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL\n"
+         "    except Exception:\n"
+         "        pass\n"
+         "import pickle; d = pickle.load(sys.stdin.buffer); sys.path[:] = d['path']\n"
+         "from cerebellar_norse.training.jobprocess import child_main; child_main(d)\n")
 CLOSE_WAIT_S = 1.0  # how long closing a reader waits for a read under way before leaving the close to that read
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -212,7 +226,7 @@ def start_job_process(target: str, args: tuple[Any, ...], package: str = "") -> 
     os.close(out_w)
     os.close(stop_r)
     payload = {"path": list(sys.path), "target": target, "args": args, "reports": out_w, "stop": stop_r,
-               "package": package}
+               "package": package, "parent": os.getpid()}
     assert popen.stdin is not None
     try:
         with popen.stdin:
@@ -222,8 +236,38 @@ def start_job_process(target: str, args: tuple[Any, ...], package: str = "") -> 
     return JobProcess(popen), ReportReader(out_r), StopSender(stop_w)
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process end when ``parent_pid`` (the service) does, however it ends (kill -9 included).
+
+    Linux: the kernel sends SIGKILL when the parent dies (``prctl(PR_SET_PDEATHSIG)``, asked for by :data:`_BOOT`
+    already, and again here for a process started otherwise). Everywhere: a daemon thread polls the parent pid every
+    :data:`PARENT_POLL_S` s and exits the process without cleanup (``os._exit``) once the parent is gone. A parent
+    already gone (before the request took effect) exits now.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def gone() -> bool:
+        return os.getppid() != parent_pid
+
+    if gone():
+        os._exit(1)
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def child_main(payload: dict[str, Any]) -> None:
-    """The job process's entry (see :data:`_BOOT`): run the target with its pipes."""
+    """The job process's entry (see :data:`_BOOT`): run the target with its pipes, ending with the process that
+    started it (``payload["parent"]``, :func:`die_with_parent`) from before the target's module is imported."""
+    if payload.get("parent") is not None:
+        die_with_parent(int(payload["parent"]))
     devnull = os.open(os.devnull, os.O_RDONLY)  # stdin was the arguments' pipe: nothing more comes from it
     os.dup2(devnull, 0)
     os.close(devnull)

@@ -6,9 +6,9 @@ weights, evaluates the active model on the same held-out split, and writes the n
 model directory atomically; progress goes to the service through a pipe (:mod:`.jobprocess`).
 
 The job process dies with the service: on Linux the kernel kills it when the service
-process ends (``PR_SET_PDEATHSIG``), and a watchdog thread in it exits as soon as its
-parent is gone (any platform), so it never writes a model for a service that is no
-longer there. A job record is written when the job starts (``running``); a record
+process ends (``PR_SET_PDEATHSIG``, asked for first thing, before its code is imported),
+and a watchdog thread in it exits as soon as its parent is gone (any platform), so it
+never writes a model for a service that is no longer there (:mod:`.jobprocess`). A job record is written when the job starts (``running``); a record
 still ``running`` at the next start belonged to a service that died, and is marked
 ``failed``.
 
@@ -23,16 +23,12 @@ from __future__ import annotations
 import asyncio
 import calendar
 import contextlib
-import ctypes
 import gc
 import logging
 import math
 import numbers
 import os
 import queue
-import signal
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -341,36 +337,6 @@ def run_training(cfg: Config, files: list[Path], epochs: int | None, progress: A
 CANCEL_GRACE_S = 5.0  # how long a cancelled job process has to stop at its next step before it is terminated
 KILL_GRACE_S = 2.0  # how long a terminated job process has to end before it is killed (s)
 EXIT_WAIT_S = 60.0  # how long the process of an ended job is watched, to be reaped as it exits (its teardown: s)
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-PARENT_POLL_S = 0.5
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Make this process end when ``parent_pid`` (the service) does, however it ends (kill -9 included).
-
-    Linux: the kernel sends SIGKILL when the parent dies (``prctl(PR_SET_PDEATHSIG)``).
-    Everywhere: a daemon thread polls the parent pid and exits the process without
-    cleanup (``os._exit``) once the parent is gone. A parent already gone exits now.
-    """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-    def gone() -> bool:
-        return os.getppid() != parent_pid
-
-    if gone():
-        os._exit(1)
-
-    def watch() -> None:
-        while not gone():
-            time.sleep(PARENT_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 EXIT_OUT_OF_MEMORY = 75  # the job process's exit code after a MemoryError (or torch's allocation failure)
 OUT_OF_MEMORY = ("training ran out of memory (MemoryError, or torch could not allocate; the service's memory limit, "
                  "LimitAS=/MemoryMax= or ulimit -v, holds for its jobs too): train on fewer or smaller files, fewer epochs, "
@@ -396,9 +362,7 @@ def _job_main(out: Any, stop: Any, cfg_json: str, files: list[str], epochs: int 
               job_id: str | None = None, from_scratch: bool = False) -> None:
     """Entry point of the job process (:func:`~.jobprocess.start_job_process`): ``out`` takes its reports (``put``),
     ``stop`` says when to stop (``is_set``)."""
-    if parent_pid is not None:
-        die_with_parent(parent_pid)
-    lower_priority()
+    lower_priority()  # (the process ends with the service from its start on: jobprocess.die_with_parent)
     cfg = Config.model_validate_json(cfg_json)
     limit_threads(cfg.training.threads)
 
