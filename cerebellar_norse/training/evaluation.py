@@ -885,12 +885,14 @@ class _Differences:
     per-row differences of all baselines are never held at once, nor a copy of them.
     """
 
-    def __init__(self, fields: tuple[str, ...], series: int, rows: int, resampled: bool) -> None:
+    def __init__(self, fields: tuple[str, ...], series: int, rows: int, resampled: bool,
+                 order: np.ndarray | None = None) -> None:
         self.fields = fields
         self.rows = rows
         self.point = np.zeros(series)
         self.prefix = np.zeros((rows + 1, series)) if resampled and rows else None
         self.keys: list[tuple[str, str]] = []
+        self.order = order  # the rows in time order (None: as given), for the blocks
 
     def add(self, name: str, model: _Rows, baseline: _Rows) -> None:
         """Reduce the differences of ``model`` minus ``baseline`` (named ``name``) in this group's metrics."""
@@ -906,7 +908,7 @@ class _Differences:
             row[np.abs(row) < ROUNDING] = 0.0
             self.point[j] = row.mean()
             if self.prefix is not None:
-                np.cumsum(row, out=self.prefix[1:, j])
+                np.cumsum(row if self.order is None else row[self.order], out=self.prefix[1:, j])
 
     def cells(self, block_all: int) -> list[tuple[str, str, dict[str, Any]]]:
         """``(baseline, metric, {"diff", "ci95"})`` per series added (intervals when the group keeps prefix sums); the
@@ -921,12 +923,49 @@ class _Differences:
                 for j, (name, f) in enumerate(self.keys)]
 
 
-def _difference_groups(model: _Rows, baselines: int, intervals: bool) -> tuple[_Differences, _Differences]:
+def _difference_groups(model: _Rows, baselines: int, intervals: bool,
+                       orders: tuple[np.ndarray | None, np.ndarray | None] = (None, None)) -> tuple[_Differences, _Differences]:
     """Empty :class:`_Differences` of the two metric groups (all rows, moving rows) for ``baselines`` baselines (with
-    ``intervals``, keeping the prefix sums they are made of)."""
+    ``intervals``, keeping the prefix sums they are made of); ``orders``: each group's rows in time order
+    (:func:`_time_order`), or None to keep them as given."""
     sizes = (model.log_loss.shape[0], model.direction_log_loss.shape[0])
-    return (_Differences(_FIELD_GROUPS[0], 2 * baselines, sizes[0], intervals),
-            _Differences(_FIELD_GROUPS[1], 2 * baselines, sizes[1], intervals))
+    return (_Differences(_FIELD_GROUPS[0], 2 * baselines, sizes[0], intervals, orders[0]),
+            _Differences(_FIELD_GROUPS[1], 2 * baselines, sizes[1], intervals, orders[1]))
+
+
+def _time_order(c: _Checked) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+    """The rows in time order for the bootstrap's blocks, all rows and the moving ones (None where they are in it
+    already), and a horizon in rows of that order: the median number of rows, of every market, from a row's tick to
+    its horizon's end (``c.horizon`` with one market or without times, and never less).
+
+    Markets of one period move together: rows of several markets at one time share a shock, and their labels overlap
+    as one market's do over a horizon. Blocks of consecutive rows in time order hold those rows together, and a
+    horizon of rows in that order holds every market's ticks of one horizon (four markets of one period: four times
+    ``horizon`` rows). Blocks cut from the markets one after another held each market's rows apart, and scored four
+    markets of correlation 0.9 as four independent ones: a no-skill lean's P&L interval excluded 0 for 28 % of such
+    files instead of 5 %. Markets of successive periods (a file a month read as a market each) are in time order
+    already, and one market's rows are kept as they are."""
+    n = c.labels.shape[0]
+    if c.times_ms is None or len(c.books) < 2:
+        return None, None, c.horizon
+    t = c.times_ms
+    order = np.argsort(t, kind="stable")
+    sorted_t = t[order]
+    starts, ends = [], []
+    for rows in c.books:
+        end = np.arange(rows.size) + c.spans[rows]
+        inside = end < rows.size  # the horizon's end is a scored row of the market: its time is known
+        starts.append(t[rows[inside]])
+        ends.append(t[rows[end[inside]]])
+    start, stop = np.concatenate(starts), np.concatenate(ends)
+    horizon = c.horizon
+    if start.size:
+        spans = np.searchsorted(sorted_t, stop, side="left") - np.searchsorted(sorted_t, start, side="left")
+        horizon = max(horizon, int(np.median(spans)))
+    if np.array_equal(order, np.arange(n)):
+        return None, None, horizon
+    moving = c.labels != FLAT
+    return order, np.argsort(t[moving], kind="stable"), horizon
 
 
 def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int) -> tuple[dict[str, Any], int]:
@@ -971,7 +1010,7 @@ def _per_market(c: _Checked, rows: _Rows) -> dict[str, Any]:
 
 
 def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.ndarray], block: int, intervals: bool,
-                   per_year: float | None) -> None:
+                   per_year: float | None, order: np.ndarray | None = None) -> None:
     """Add to the model's ``pnl`` the 95 % intervals of its net P&L (``total_bp_ci95``, ``net_per_tick_bp_ci95``), of
     its Sharpe ratios, and its differences with the constant positions (``vs_always_long``, ``vs_always_short``:
     ``{"diff_bp", "ci95"}`` of the totals, model minus constant).
@@ -983,7 +1022,8 @@ def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.
     variance's relative error), so its interval is S plus the interval of ψ's mean about its point: the sd's own
     uncertainty counted, and the rows' autocorrelation (overlapping horizons) through the blocks. For independent
     rows ψ's variance is 1 − S·skew + S²·(kurtosis − 1)/4 (Mertens 2002; 1 + S²/2 for normal ones, Lo 2002).
-    None without ``intervals``, and the Sharpe ratios' with a net P&L of sd 0.
+    None without ``intervals``, and the Sharpe ratios' with a net P&L of sd 0. ``order``: the rows in time order for
+    the blocks (:func:`_time_order`; None: as given).
     """
     n = net.shape[0]
     sd = float(net.std(ddof=1)) if n >= 2 else 0.0
@@ -997,7 +1037,7 @@ def _pnl_intervals(pnl: dict[str, Any], net: np.ndarray, constant: dict[str, np.
     point = series.mean(axis=1)
     ci: np.ndarray | None = None
     if intervals and n:
-        ci = _bootstrap_intervals(_prefix_sums(series), point, min(block, n))
+        ci = _bootstrap_intervals(_prefix_sums(series if order is None else series[:, order]), point, min(block, n))
 
     def interval(j: int, scale: float) -> list[float | None] | None:
         return None if ci is None else [_num(ci[0, j] * scale), _num(ci[1, j] * scale)]
@@ -1067,7 +1107,9 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
     # one baseline at a time: its (n, 3) probabilities made, scored and its per-row contributions reduced into the
     # model-minus-baseline differences before the next (holding every baseline's took gigabytes for millions of rows)
     intervals = bootstrap > 0
-    groups = _difference_groups(model_rows, 2 + len(views) + (c.lr_probs is not None), intervals)
+    order, moving_order, block_horizon = _time_order(c)
+    groups = _difference_groups(model_rows, 2 + len(views) + (c.lr_probs is not None), intervals,
+                                (order, moving_order))
     baselines: dict[str, Any] = {}
     for name, p in each:
         baselines[name], rows = _evaluate(p, c, cost_bp)
@@ -1075,7 +1117,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         for group in groups:
             group.add(name, model_rows, rows)
         del rows
-    vs, block = _diff_cells(groups, n, c.horizon)
+    vs, block = _diff_cells(groups, n, block_horizon)
     del groups
     constant = {}  # the constant positions' books, made once the baselines' rows are freed
     for key, side in (("always_long", 1.0), ("always_short", -1.0)):
@@ -1084,7 +1126,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         model[key] = _pnl(pos, book, c.horizon, per_year)
         constant[key] = book.net
         del pos, book
-    _pnl_intervals(model["pnl"], model_rows.pnl, constant, block, intervals, per_year)
+    _pnl_intervals(model["pnl"], model_rows.pnl, constant, block, intervals, per_year, order)
     moving = int(n - counts[FLAT])
     summary: dict[str, Any] = {
         "samples": int(n),
@@ -1099,6 +1141,8 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
         "baselines": baselines,
         "vs_baselines": vs,
         "bootstrap": {"method": "moving-block bootstrap of per-row model-minus-baseline contributions, "
+                                "the rows in time order (every market's rows at one time in the same blocks; "
+                                "block_length at least horizon_rows, the rows a horizon spans in that order), "
                                 "the same blocks for every baseline, with blocks of block_length and twice that; each "
                                 "one's variance of the mean computed exactly (the variance of the block sums over all "
                                 "starts: the limit of infinitely many resamples, no Monte-Carlo noise), divided by its "
@@ -1111,6 +1155,7 @@ def score(inp: ScoreInputs, cost_bp: float = 0.0, bootstrap: int = 1000, seed: i
                                 "standardised net P&L: the sd's uncertainty counted) the same way over all rows; "
                                 "resamples > 0 asks for the intervals, their number and the seed no longer change them",
                       "resamples": int(bootstrap), "seed": int(seed), "block_length": block,
+                      "horizon_rows": block_horizon, "time_ordered": c.times_ms is not None and len(c.books) > 1,
                       "degrees_of_freedom": {"all_rows": _dof(n, block, intervals),
                                              "moving_rows": _dof(moving, block, intervals)},
                       "t_quantile": {"all_rows": _t975(n, block, intervals), "moving_rows": _t975(moving, block, intervals)},

@@ -96,9 +96,7 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
     vs = summary.get("vs_baselines") or {}
     cells = {name: (vs.get(name) or {}).get("direction_log_loss") or {} for name in DIRECTION_BASELINES if name in vs}
     moving = summary.get("moving_samples") or 0
-    horizon = summary.get("horizon") or 1
-    samples = summary.get("samples") or 0
-    spans = f"{moving} moving labels over about {samples // max(int(horizon), 1)} non-overlapping horizons"
+    spans = f"{moving} moving labels over about {horizons_text(summary)}"
     if not cells or any(not c.get("ci95") or None in c["ci95"] for c in cells.values()):
         return {"action": "do_not_trade",
                 "reason": "no confidence intervals (--bootstrap 0, or no moving labels): the figures cannot tell skill "
@@ -167,6 +165,19 @@ def verdict(summary: Mapping[str, Any]) -> dict[str, str]:
                       + " and ".join(f"{name}'s (model − {name}: {_pnl_ci_text(cell)} bp)" for name, cell in constant)
                       + "; the intervals assume the future resembles these ticks: confirm on later unseen data before "
                         "sizing up"}
+
+
+def horizons_text(summary: Mapping[str, Any]) -> str:
+    """``N non-overlapping horizons``: about how many independent outcomes the scored labels are. Labels of ticks less
+    than a horizon apart share returns, and so do those of markets of one period at one time (they move together): with
+    several markets the count is of horizons of time, the rows of every market in one horizon
+    (``bootstrap.horizon_rows``) counted once, as the intervals count them."""
+    samples = int(summary.get("samples") or 0)
+    horizon = max(int(summary.get("horizon") or 1), 1)
+    rows = (summary.get("bootstrap") or {}).get("horizon_rows")
+    if isinstance(rows, int) and rows > horizon:
+        return f"{samples // rows} non-overlapping horizons of time (every market's ticks in one horizon counted once)"
+    return f"{samples // horizon} non-overlapping horizons"
 
 
 def _bounce(bounce: Any) -> tuple[float | None, str | None]:
@@ -330,7 +341,7 @@ def _overview(summary: Mapping[str, Any]) -> str:
     spans = ""
     if isinstance(samples, int) and isinstance(horizon, int) and horizon > 1:
         # the labels of ticks less than a horizon apart share returns: the independent samples are about these
-        spans = f" (about {samples // horizon} non-overlapping horizons)"
+        spans = f" (about {horizons_text(summary)})"
     return (f"samples {_fmt(samples, none='-')} ({', '.join(parts)}), "
             f"moving {_fmt(summary.get('moving_samples'), none='-')}, horizon {_fmt(horizon, none='-')} "
             f"ticks{spans}, cost {_fmt(summary.get('cost_bp'), 2, none='-')} bp")

@@ -18,6 +18,8 @@ from cerebellar_norse.training.evaluation import (
     rule_tilts,
     score,
 )
+from cerebellar_norse.training.labels import LabelSpec, label_series, past_returns
+from cerebellar_norse.training.report import format_summary
 
 
 def block_variance(series: np.ndarray, block: int) -> np.ndarray:
@@ -922,3 +924,65 @@ def test_markets_scored_over_different_periods_are_annualised_each_over_its_own_
     same = score(inputs(probs[:4_000], labels[:4_000], rng, horizon=10, times_ms=np.concatenate([t_a, t_a]),
                         markets=markets[:4_000]), bootstrap=0)
     assert same["annualisation"]["horizons_per_year"] == pytest.approx(400 / (1_999 / 24 / 365.25))
+
+
+def _walk_inputs(seed: int, n: int, horizon: int) -> ScoreInputs:
+    """One market's random walk scored with a no-skill momentum lean (its own past return's sign), every minute."""
+    rng = np.random.default_rng(seed)
+    price = 100.0 * np.exp(np.cumsum(rng.normal(0.0, 1e-3, n + 2 * horizon)))
+    times = 1_700_000_000_000 + 60_000 * np.arange(price.size)
+    lab = label_series(times, price, LabelSpec(horizon_ticks=horizon))
+    past = past_returns(price, lab.end)
+    rows = np.arange(horizon, horizon + n)
+    base = np.array([0.33, 0.34, 0.33])
+    view = np.sign(past[rows])
+    probs = np.tile(base, (n, 1))
+    probs[:, 2], probs[:, 0] = 0.33 + 0.05 * view, 0.33 - 0.05 * view
+    return ScoreInputs(probs, lab.labels[rows], lab.fwd_ret[rows], past[rows], base, None, horizon,
+                       np.array(["M"] * n, dtype=object), times[rows].astype(np.float64))
+
+
+def test_markets_of_one_period_are_not_counted_as_independent_evidence() -> None:
+    # four markets that move together (here: four copies of one series, as one index's ETFs or one pair's feeds) hold
+    # the evidence of one market, not four: the total P&L is four times one market's, and so is its uncertainty; the
+    # mean differences are one market's, and so are their intervals. Blocks cut from the markets one after another
+    # scored them as independent: intervals half as wide as the evidence allows.
+    n, h, k = 3_000, 20, 4
+    one = _walk_inputs(11, n, h)
+    cat = np.concatenate
+    copies = ScoreInputs(cat([one.probs] * k), cat([one.labels] * k), cat([one.fwd_ret] * k), cat([one.past_ret] * k),
+                         one.base_rates, None, h, cat([np.array([f"M{i}"] * n, dtype=object) for i in range(k)]),
+                         cat([one.times_ms] * k))
+    single, several = score(one, cost_bp=1.0, bootstrap=1), score(copies, cost_bp=1.0, bootstrap=1)
+
+    def half(ci: list[float]) -> float:
+        return (ci[1] - ci[0]) / 2
+
+    pnl_1, pnl_k = single["model"]["pnl"], several["model"]["pnl"]
+    assert pnl_k["total_bp"] == pytest.approx(k * pnl_1["total_bp"])
+    assert half(pnl_k["total_bp_ci95"]) == pytest.approx(k * half(pnl_1["total_bp_ci95"]), rel=0.1)
+    assert half(pnl_k["vs_always_long"]["ci95"]) == pytest.approx(k * half(pnl_1["vs_always_long"]["ci95"]), rel=0.1)
+    for metric in ("direction_log_loss", "directional_accuracy", "log_loss"):
+        cell_1, cell_k = single["vs_baselines"]["base_rates"][metric], several["vs_baselines"]["base_rates"][metric]
+        assert cell_k["diff"] == pytest.approx(cell_1["diff"])
+        assert half(cell_k["ci95"]) == pytest.approx(half(cell_1["ci95"]), rel=0.1)
+    assert several["bootstrap"]["horizon_rows"] == k * h and several["bootstrap"]["time_ordered"]
+    assert single["bootstrap"]["horizon_rows"] == h and not single["bootstrap"]["time_ordered"]
+    assert several["bootstrap"]["degrees_of_freedom"]["all_rows"] == pytest.approx(
+        single["bootstrap"]["degrees_of_freedom"]["all_rows"])
+    assert "about 150 non-overlapping horizons of time" in format_summary(several)
+    assert "about 150 non-overlapping horizons)" in format_summary(single)
+
+
+def test_markets_of_successive_periods_keep_their_blocks() -> None:
+    # a file a month read as a market each: the rows are in time order already, the blocks are one market's
+    n, h = 2_000, 10
+    a, b = _walk_inputs(12, n, h), _walk_inputs(13, n, h)
+    later = b.times_ms + (a.times_ms[-1] - b.times_ms[0]) + 60_000
+    cat = np.concatenate
+    two = ScoreInputs(cat([a.probs, b.probs]), cat([a.labels, b.labels]), cat([a.fwd_ret, b.fwd_ret]),
+                      cat([a.past_ret, b.past_ret]), a.base_rates, None, h,
+                      np.array(["A"] * n + ["B"] * n, dtype=object), cat([a.times_ms, later]))
+    s = score(two, cost_bp=1.0, bootstrap=1)
+    assert s["bootstrap"]["horizon_rows"] == h
+    assert s["bootstrap"]["block_length"] == block_length(2 * n, h)
