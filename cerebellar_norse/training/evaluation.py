@@ -933,39 +933,45 @@ def _difference_groups(model: _Rows, baselines: int, intervals: bool,
             _Differences(_FIELD_GROUPS[1], 2 * baselines, sizes[1], intervals, orders[1]))
 
 
-def _time_order(c: _Checked) -> tuple[np.ndarray | None, np.ndarray | None, int]:
-    """The rows in time order for the bootstrap's blocks, all rows and the moving ones (None where they are in it
-    already), and a horizon in rows of that order: the median number of rows, of every market, from a row's tick to
-    its horizon's end (``c.horizon`` with one market or without times, and never less).
+def time_order(times: np.ndarray, ends: np.ndarray, markets: int, horizon: int) -> tuple[np.ndarray | None, int]:
+    """The rows in time order for blocks of consecutive rows (None where they are in it already, or with one market),
+    and a horizon in rows of that order: the median over the rows of the rows, of every market, from a row's time
+    (``times``, ms) to its horizon's end (``ends``, ms; NaN where not known), at least ``horizon`` (ticks).
 
     Markets of one period move together: rows of several markets at one time share a shock, and their labels overlap
     as one market's do over a horizon. Blocks of consecutive rows in time order hold those rows together, and a
     horizon of rows in that order holds every market's ticks of one horizon (four markets of one period: four times
     ``horizon`` rows). Blocks cut from the markets one after another held each market's rows apart, and scored four
     markets of correlation 0.9 as four independent ones: a no-skill lean's P&L interval excluded 0 for 28 % of such
-    files instead of 5 %. Markets of successive periods (a file a month read as a market each) are in time order
-    already, and one market's rows are kept as they are."""
-    n = c.labels.shape[0]
-    if c.times_ms is None or len(c.books) < 2:
+    files instead of 5 % (benchmarks/interval_coverage.py --markets 4 --rho 0.9). Markets of successive periods (a
+    file a month read as a market each) are in time order already, and one market's rows are kept as they are."""
+    if markets < 2 or not times.size:
+        return None, horizon
+    order = np.argsort(times, kind="stable")
+    sorted_t = times[order]
+    known = np.isfinite(ends)
+    if known.any():
+        spans = (np.searchsorted(sorted_t, ends[known], side="left")
+                 - np.searchsorted(sorted_t, times[known], side="left"))
+        horizon = max(horizon, int(np.median(spans)))
+    return (None if np.array_equal(order, np.arange(times.size)) else order), horizon
+
+
+def _time_order(c: _Checked) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+    """:func:`time_order` of the scored rows, all rows and the moving ones, and the horizon in rows (``c.horizon``
+    without times). A row's horizon ends at the row ``spans`` later in its market, when that is a scored row."""
+    if c.times_ms is None:
         return None, None, c.horizon
     t = c.times_ms
-    order = np.argsort(t, kind="stable")
-    sorted_t = t[order]
-    starts, ends = [], []
+    ends = np.full(t.shape[0], np.nan)
     for rows in c.books:
         end = np.arange(rows.size) + c.spans[rows]
         inside = end < rows.size  # the horizon's end is a scored row of the market: its time is known
-        starts.append(t[rows[inside]])
-        ends.append(t[rows[end[inside]]])
-    start, stop = np.concatenate(starts), np.concatenate(ends)
-    horizon = c.horizon
-    if start.size:
-        spans = np.searchsorted(sorted_t, stop, side="left") - np.searchsorted(sorted_t, start, side="left")
-        horizon = max(horizon, int(np.median(spans)))
-    if np.array_equal(order, np.arange(n)):
+        ends[rows[inside]] = t[rows[end[inside]]]
+    order, horizon = time_order(t, ends, len(c.books), c.horizon)
+    if order is None:
         return None, None, horizon
-    moving = c.labels != FLAT
-    return order, np.argsort(t[moving], kind="stable"), horizon
+    return order, np.argsort(t[c.labels != FLAT], kind="stable"), horizon
 
 
 def _diff_cells(groups: tuple[_Differences, _Differences], n: int, horizon: int) -> tuple[dict[str, Any], int]:

@@ -48,6 +48,7 @@ from ..neurons.topology import Weights
 from ..ticks import Tick
 from .calibration import apply_head, choose_head, cv_score, row_losses
 from .data import CLASS_NAMES, MarketSeries, TickData, class_counts, class_warnings
+from .evaluation import time_order
 from .labels import Labels, LabelSpec, label_series, past_returns
 
 BURN_IN = 16
@@ -429,12 +430,29 @@ def classification_metrics(probs: np.ndarray, labels: np.ndarray, majority_class
             "class_counts": {CLASS_NAMES[c]: int(counts[c]) for c in range(3)}}
 
 
+def validation_order(prep: Prepared, idx: list[np.ndarray]) -> tuple[np.ndarray | None, int]:
+    """The validation rows ``idx`` (per market) in time order for the head's cross-validation (None: as they are, one
+    market's or markets of successive periods), and its horizon in rows of that order (``evaluation.time_order``): with
+    several markets of one period, its folds are periods of every market (a head fitted on one market's ticks scored
+    another's of the same minutes, which move with them) and its blocks hold every market's rows of a horizon (one
+    market's blocks counted markets that move together as independent evidence of an edge)."""
+    times = _cat_times([np.asarray(pm.ticks.timestamp)[i] for pm, i in zip(prep.markets, idx, strict=True)])
+    ends = _cat_times([np.asarray(pm.ticks.timestamp)[pm.end[i]] for pm, i in zip(prep.markets, idx, strict=True)])
+    return time_order(times, ends, sum(int(i.size > 0) for i in idx), prep.block)
+
+
+def _cat_times(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
+
+
 def validate_epoch(cfg: Config, weights: Weights, prep: Prepared) -> tuple[Weights, dict[str, Any], float]:
     """Choose the head on the validation split (cross-validated); the served weights, metrics and score."""
     logp = network_logp(cfg, weights, prep)
     idx, labels = prep.rows(1)
     lv = _gather(logp, idx).reshape(-1, 3)
-    choice = choose_head(lv, labels, prep.train_counts, prep.block)
+    order, horizon = validation_order(prep, idx)
+    choice = (choose_head(lv, labels, prep.train_counts, horizon) if order is None
+              else choose_head(lv[order], labels[order], prep.train_counts, horizon))
     served = weights.with_head(choice.head.gain, choice.head.bias)
     val = classification_metrics(apply_head(lv, served.head_gain, served.head_bias), labels, int(np.argmax(prep.train_counts)))
     val.update({"edge": choice.edge, "head": choice.head.kind, "cv": choice.cv})

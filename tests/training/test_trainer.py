@@ -542,3 +542,31 @@ def test_prepared_markets_hold_their_ticks_as_arrays_not_a_tick_object_per_row(t
     assert len(pm.ticks) == len(m)
     assert pm.ticks[100:230] == expected[100:230] and pm.ticks[7] == expected[7] and list(pm.ticks) == expected
     assert all(type(t.price) is float and type(t.timestamp) is int for t in pm.ticks[:5])
+
+
+def test_markets_of_one_period_are_not_independent_evidence_of_an_edge(tmp_path: Path,
+                                                                      make_config: ConfigFactory) -> None:
+    """Four copies of one market (markets of one period that move together, in the extreme) hold one market's
+    evidence: the head's cross-validation runs over the validation ticks in time order, its folds periods of every
+    market and its blocks every market's ticks of a horizon, so it finds what one market shows. Cut from the markets
+    one after another, a fold's copies were fitted on in the other folds (a head scored on ticks it was fitted on) and
+    the blocks counted four independent markets: a margin half as wide and a gain from the fit itself."""
+    from dataclasses import replace
+
+    cfg = make_config(neural={**TINY_NEURAL, "warmup_ticks": 50, "horizon_ticks": 20})
+    one = tick_data(tmp_path, 2000, 1, seed=4)
+    market = one.markets[0]
+    copies = replace(one, markets=[replace(market, market_id=f"C{k}") for k in range(4)])
+    weights = generate_weights(cfg)
+    _, single, _ = trainer.validate_epoch(cfg, weights, prepare(cfg, one))
+    prep = prepare(cfg, copies)
+    order, horizon = trainer.validation_order(prep, prep.rows(1)[0])
+    assert order is not None and horizon == 4 * 20
+    _, several, _ = trainer.validate_epoch(cfg, weights, prep)
+    cv_1, cv_4 = single["cv"], several["cv"]
+    assert cv_4["samples"] == 4 * cv_1["samples"]
+    assert cv_4["direction_margin"] == pytest.approx(cv_1["direction_margin"], rel=0.1)
+    assert cv_4["flat_margin"] == pytest.approx(cv_1["flat_margin"], rel=0.1)
+    assert cv_4["direction_gain"] == pytest.approx(cv_1["direction_gain"], abs=0.2 * cv_1["direction_margin"])
+    assert cv_4["flat_gain"] == pytest.approx(cv_1["flat_gain"], abs=0.2 * cv_1["flat_margin"])
+    assert several["edge"] == single["edge"]
