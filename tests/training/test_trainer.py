@@ -44,10 +44,14 @@ def tiny_prep(tmp_path: Path, make_config: ConfigFactory) -> tuple[Config, Prepa
 
 @pytest.mark.slow
 def test_training_finds_the_signal_and_beats_the_base_rates_on_the_test_split(tmp_path: Path, make_config: ConfigFactory) -> None:
-    """60,000 ticks of 3 markets with learnable regimes, 2 epochs (one thread: deterministic)."""
+    """60,000 ticks of 3 markets with learnable regimes, 3 epochs (one thread: deterministic). The head's
+    cross-validation runs over the markets' validation ticks in time order, each fold a period of every market: after
+    2 epochs it measures a direction gain of 0.0068 nats against a margin of 0.0071 (cut from the markets one after
+    another, a fold's head was fitted on the other markets' ticks of its own period: 0.0085), after 3 epochs 0.0100
+    against 0.0076."""
     cfg = make_config(neural={"learning_rate": 0.005}, training={"threads": 1})
     prep = prepare(cfg, tick_data(tmp_path, 60_000, 3, seed=3))
-    result = train(cfg, prep, generate_weights(cfg), epochs=2)
+    result = train(cfg, prep, generate_weights(cfg), epochs=3)
     val = result.validation
     assert result.edge == "direction", val["cv"]
     assert val["cv"][val["head"]]["log_loss"] < val["cv"]["priors"]["log_loss"]
@@ -59,7 +63,7 @@ def test_training_finds_the_signal_and_beats_the_base_rates_on_the_test_split(tm
     assert test["loss"] < base_loss, (test, base_loss)  # unseen data: better than knowing nothing
     # better than the more common direction of the test split itself, a constant known only in hindsight
     assert test["directional_accuracy"] > test["directional_baseline_accuracy"], test
-    assert len(result.history) == 2 and val == result.history[result.best_epoch - 1]["validation"]
+    assert len(result.history) == 3 and val == result.history[result.best_epoch - 1]["validation"]
     assert result.ticks_per_second > 0
 
 
