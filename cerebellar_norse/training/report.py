@@ -176,7 +176,7 @@ def horizons_text(summary: Mapping[str, Any]) -> str:
     horizon = max(int(summary.get("horizon") or 1), 1)
     rows = (summary.get("bootstrap") or {}).get("horizon_rows")
     if isinstance(rows, int) and rows > horizon:
-        return f"{samples // rows} non-overlapping horizons of time (every market's ticks in one horizon counted once)"
+        return f"{samples // rows} non-overlapping horizons of time, every market's ticks in one horizon counted once"
     return f"{samples // horizon} non-overlapping horizons"
 
 

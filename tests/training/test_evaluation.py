@@ -970,7 +970,8 @@ def test_markets_of_one_period_are_not_counted_as_independent_evidence() -> None
     assert single["bootstrap"]["horizon_rows"] == h and not single["bootstrap"]["time_ordered"]
     assert several["bootstrap"]["degrees_of_freedom"]["all_rows"] == pytest.approx(
         single["bootstrap"]["degrees_of_freedom"]["all_rows"])
-    assert "about 150 non-overlapping horizons of time" in format_summary(several)
+    assert "(about 150 non-overlapping horizons of time, every market's ticks in one horizon counted once)" in format_summary(
+        several)
     assert "about 150 non-overlapping horizons)" in format_summary(single)
 
 
