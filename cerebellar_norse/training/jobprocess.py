@@ -19,7 +19,6 @@ where ``ps`` would show the config (its ``api_token``) to every user of the host
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import importlib
 import os
@@ -45,7 +44,7 @@ PARENT_POLL_S = 0.5  # how often the job process looks whether the service is st
 _BOOT = ("import sys\n"
          "if sys.platform.startswith('linux'):\n"
          "    try:\n"
-         "        import ctypes; ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL\n"
+         f"        import ctypes; ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}, 0, 0, 0)\n"
          "    except Exception:\n"
          "        pass\n"
          "import pickle; d = pickle.load(sys.stdin.buffer); sys.path[:] = d['path']\n"
@@ -240,14 +239,10 @@ def die_with_parent(parent_pid: int) -> None:
     """Make this process end when ``parent_pid`` (the service) does, however it ends (kill -9 included).
 
     Linux: the kernel sends SIGKILL when the parent dies (``prctl(PR_SET_PDEATHSIG)``, asked for by :data:`_BOOT`
-    already, and again here for a process started otherwise). Everywhere: a daemon thread polls the parent pid every
-    :data:`PARENT_POLL_S` s and exits the process without cleanup (``os._exit``) once the parent is gone. A parent
-    already gone (before the request took effect) exits now.
+    before anything is imported). Everywhere: a daemon thread polls the parent pid every :data:`PARENT_POLL_S` s and
+    exits the process without cleanup (``os._exit``) once the parent is gone. A parent already gone (before the
+    request took effect) exits now.
     """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     def gone() -> bool:
         return os.getppid() != parent_pid
