@@ -21,10 +21,12 @@ from ..observability.context import accept_request_id, new_request_id, request_i
 from ..observability.timelines import SENT, Timeline
 from .bulk import bulk_body_limit
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, SCOPE_TIMELINE, ServiceState
+from .direct import DirectTickRoute
 from .errors import install_error_handlers, unexpected_error_response
 from .fastpath import PATH as HOT_PATH
 from .fastpath import TickFastPath, is_hot
 from .openapi import install_openapi
+from .protocol import DirectRoute
 from .routes import debug, handover, health, model_upload, neural
 from .routing import install_exact_paths, keep_route_words_as_sent
 from .schemas import error_payload
@@ -101,7 +103,7 @@ class RequestContextMiddleware:
             msg += f"; this upload may be up to {bulk} bytes when sent with a Content-Length instead of chunked"
         return msg
 
-    def _over_connection_limit(self) -> bool:
+    def over_connection_limit(self) -> bool:
         """More open connections (or running requests) than ``server.max_connections``, this one included."""
         server = self.state.server
         server_state = getattr(server, "server_state", None)
@@ -116,7 +118,7 @@ class RequestContextMiddleware:
                 await self._refuse_websocket(scope, send, 404, "not_found", f"no WebSocket at {scope['path']!r}: the"
                                              f" stream is {neural.STREAM_PATH}", close_code=1008)
                 return
-            if scope["type"] == "websocket" and self._over_connection_limit():
+            if scope["type"] == "websocket" and self.over_connection_limit():
                 msg = f"too many open connections (server.max_connections = {self.max_connections}); retry later"
                 await self._refuse_websocket(scope, send, 503, "capacity", msg)
                 return
@@ -130,7 +132,7 @@ class RequestContextMiddleware:
             elif k == b"content-length":
                 length = v.strip(b" \t")  # optional whitespace around a field value (RFC 9110)
         t0 = time.perf_counter_ns()
-        rid = accept_request_id(rid)
+        rid = scope.get(SCOPE_REQUEST_ID) or accept_request_id(rid)  # (set already by the protocol's direct route)
         token = request_id_var.set(rid)
         scope[SCOPE_REQUEST_ID] = rid
         status = 500
@@ -168,7 +170,7 @@ class RequestContextMiddleware:
 
         m = self.state.metrics
         try:
-            if self._over_connection_limit() and (scope["method"], scope["path"]) not in OVER_LIMIT_ANSWERED:
+            if self.over_connection_limit() and (scope["method"], scope["path"]) not in OVER_LIMIT_ANSWERED:
                 m.errors.labels("capacity").inc()
                 msg = f"too many open connections (server.max_connections = {self.max_connections}); retry later"
                 await JSONResponse(error_payload("capacity", msg, rid), status_code=503,
@@ -261,6 +263,7 @@ class ServiceApp(FastAPI):
     """
 
     hot: ASGIApp | None = None
+    direct: DirectRoute | None = None  # the hot route as the protocol answers it (:mod:`.direct`)
     server_wide: ASGIApp | None = None  # requests for the target ``*`` (:class:`ServerWide`)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -330,7 +333,10 @@ def create_app(state: ServiceState, extra_routers: list[Any] | None = None, life
     install_error_handlers(app, lambda kind: state.metrics.errors.labels(kind).inc(), frozenset({neural.STREAM_PATH}))
     install_openapi(app, state)
     if fast_path:
-        app.hot = RequestContextMiddleware(TickFastPath(state), state)
+        fast = TickFastPath(state)
+        hot = RequestContextMiddleware(fast, state)
+        app.hot = hot
+        app.direct = DirectTickRoute(fast, hot.over_connection_limit, hot.max_body)
     app.server_wide = RequestContextMiddleware(ServerWide(state, frozenset(methods)), state)
     app.add_middleware(RequestContextMiddleware, state=state)
     return app

@@ -18,20 +18,28 @@ body-size limits, request metrics and the request's timeline apply unchanged.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from ..engine.records import TickResult
 from ..errors import CerebellarNorseError
 from ..observability.context import request_id_var
+from ..observability.timelines import Timeline
 from .deps import SCOPE_ROUTE, SCOPE_TIMELINE, ServiceState, content_type_problem
 from .errors import service_error, validation_response
 from .schemas import error_payload, parse_tick, tick_errors
-from .tickpath import answer_tick
+from .tickpath import begin_tick, tick_answer
 
 PATH = "/neural/process"
 RAW_PATH = PATH.encode()
+
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]  # status, JSON body, headers beyond content-type and -length
 
 
 def is_hot(scope: Scope) -> bool:
@@ -40,8 +48,43 @@ def is_hot(scope: Scope) -> bool:
     return scope["type"] == "http" and scope.get("raw_path") == RAW_PATH and scope["method"] == "POST"
 
 
+@dataclass(slots=True)
+class TickHeaders:
+    """What the hot route reads of a request's headers: the first of a repeated header, as every other route reads
+    it, except ``Content-Encoding``, whose copies join one list of codings."""
+
+    content_type: str = ""
+    coding: str = ""
+    market: str | None = None  # X-Market-ID: the ticks' market when the load balancer routed by it
+    request_id: str | None = None  # X-Request-ID as sent
+    length: bytes | None = None  # Content-Length as sent, without the whitespace around it
+
+
+def tick_headers(headers: Iterable[tuple[bytes, bytes]]) -> TickHeaders:
+    """The hot route's headers of ``headers`` (names in lower case, as the server gives them)."""
+    h = TickHeaders()
+    seen_ctype = False
+    for k, v in headers:
+        if k == b"content-type" and not seen_ctype:
+            h.content_type, seen_ctype = v.decode("latin-1"), True
+        elif k == b"content-length" and h.length is None:
+            h.length = v.strip(b" \t")
+        elif k == b"x-market-id" and h.market is None:
+            h.market = v.decode("latin-1")
+        elif k == b"x-request-id" and h.request_id is None:
+            h.request_id = v.decode("latin-1")
+        elif k == b"content-encoding":  # every copy: codings are a list, repeated headers join it
+            h.coding = f"{h.coding}, {v.decode('latin-1')}" if h.coding else v.decode("latin-1")
+    return h
+
+
 class TickFastPath:
-    """ASGI app answering ``POST /neural/process`` (the requests :func:`is_hot` selects) and nothing else."""
+    """ASGI app answering ``POST /neural/process`` (the requests :func:`is_hot` selects) and nothing else.
+
+    Its steps are also callable one by one, without ASGI, as :class:`.direct.DirectTickRoute` calls them from the
+    protocol: :meth:`media_problem`, :meth:`begin` (the body: parsed, checked, queued) and :meth:`settle` (the engine's
+    outcome). Each answer is an :data:`Answer`; every refusal is counted in ``errors_total`` here.
+    """
 
     def __init__(self, state: ServiceState) -> None:
         self.state = state
@@ -50,32 +93,56 @@ class TickFastPath:
         scope[SCOPE_ROUTE] = PATH  # request metrics label it like the FastAPI route
         await self._handle(scope, receive, send)
 
-    async def _reply(self, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if extra:
-            headers.extend(extra)
+    def refusal(self, status: int, kind: str, message: str, field: str | None = None,
+                extra: list[tuple[bytes, bytes]] | None = None) -> Answer:
+        """A refusal in the JSON error shape (the current request id), counted by its ``kind``."""
+        self.state.metrics.errors.labels(kind).inc()
+        return status, json.dumps(error_payload(kind, message, request_id_var.get(), field)).encode(), extra or []
+
+    def service_refusal(self, exc: CerebellarNorseError) -> Answer:
+        """The answer to an error of the errors tree (a repeated key, the tick refused, its batch refused)."""
+        err = service_error(exc)
+        return self.refusal(err.status, err.kind, err.message, err.field,
+                            [(k.lower().encode(), v.encode()) for k, v in err.headers.items()])
+
+    def media_problem(self, h: TickHeaders) -> Answer | None:
+        """The 415 for a body that is not plain JSON (as FastAPI checks it, before the body is read), else None."""
+        problem = content_type_problem(h.content_type, h.coding)
+        return None if problem is None else self.refusal(415, "unsupported_media_type", problem)
+
+    def begin(self, body: bytes, market: str | None, timeline: Timeline | None) -> Answer | asyncio.Future[TickResult]:
+        """The request's body parsed, checked and queued for the engine (the future :meth:`settle` answers), or the
+        answer that refuses it, with nothing changed."""
+        if not body:  # as FastAPI: no body is missing; a body of whitespace is malformed JSON (400)
+            return self.refusal(422, "validation", "request body is missing")
+        try:
+            return begin_tick(self.state, parse_tick(body), market, timeline)
+        except ValidationError as exc:
+            status, payload = validation_response(tick_errors(exc, body), body)
+            self.state.metrics.errors.labels(payload["error"]["type"]).inc()
+            return status, json.dumps(payload).encode(), []
+        except CerebellarNorseError as exc:  # a repeated key (parse_tick), or the tick refused
+            return self.service_refusal(exc)
+
+    def settle(self, fut: asyncio.Future[TickResult], timeline: Timeline | None) -> Answer:
+        """The answer to a tick :meth:`begin` queued, once its future is done: its result, or the refusal of its batch
+        (an error outside the errors tree is raised)."""
+        exc = fut.exception()
+        if isinstance(exc, CerebellarNorseError):
+            return self.service_refusal(exc)
+        return 200, tick_answer(fut.result(), request_id_var.get(), timeline), []
+
+    async def _reply(self, send: Send, answer: Answer) -> None:
+        status, body, extra = answer
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _error(self, send: Send, status: int, kind: str, message: str, field: str | None = None,
-                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        self.state.metrics.errors.labels(kind).inc()
-        await self._reply(send, status, json.dumps(error_payload(kind, message, request_id_var.get(), field)).encode(), extra)
-
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctype = coding = ""
-        market: str | None = None  # X-Market-ID: the ticks' market when the load balancer routed by it
-        seen_ctype = False
-        for k, v in scope["headers"]:  # the first of a repeated header, as every other route reads it
-            if k == b"content-type" and not seen_ctype:
-                ctype, seen_ctype = v.decode("latin-1"), True
-            elif k == b"x-market-id" and market is None:
-                market = v.decode("latin-1")
-            elif k == b"content-encoding":  # every copy: codings are a list, repeated headers join it
-                coding = f"{coding}, {v.decode('latin-1')}" if coding else v.decode("latin-1")
-        problem = content_type_problem(ctype, coding)
-        if problem is not None:
-            await self._error(send, 415, "unsupported_media_type", problem)
+        h = tick_headers(scope["headers"])
+        refused = self.media_problem(h)
+        if refused is not None:
+            await self._reply(send, refused)
             return
         chunks = []
         while True:
@@ -85,20 +152,10 @@ class TickFastPath:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        if not body:  # as FastAPI: no body is missing; a body of whitespace is malformed JSON (400)
-            await self._error(send, 422, "validation", "request body is missing")
-            return
-        try:
-            answer = await answer_tick(self.state, parse_tick(body), market, scope.get(SCOPE_TIMELINE))
-        except ValidationError as exc:
-            status, payload = validation_response(tick_errors(exc, body), body)
-            self.state.metrics.errors.labels(payload["error"]["type"]).inc()
-            await self._reply(send, status, json.dumps(payload).encode())
-            return
-        except CerebellarNorseError as exc:  # a repeated key (parse_tick), or the tick refused
-            err = service_error(exc)
-            extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-            await self._error(send, err.status, err.kind, err.message, err.field, extra)
-            return
-        await self._reply(send, 200, answer)
+        timeline = scope.get(SCOPE_TIMELINE)
+        begun = self.begin(b"".join(chunks), h.market, timeline)
+        if isinstance(begun, asyncio.Future):
+            with contextlib.suppress(CerebellarNorseError):  # (settle answers it)
+                await begun
+            begun = self.settle(begun, timeline)
+        await self._reply(send, begun)

@@ -38,11 +38,11 @@ import collections
 import json
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httptools
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
@@ -68,6 +68,19 @@ LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before
 SCRAPE_ROOM = 2
 SCRAPE_WAIT_S = 2.0  # such a connection that sends no byte within this is closed: an idle client cannot keep the room
 SCRAPE_TARGETS = frozenset({(b"GET", b"/metrics"), (b"HEAD", b"/metrics")})
+
+
+Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]  # writes an answer: status, headers, body
+
+
+class DirectRoute(Protocol):
+    """A route the protocol answers without an ASGI request cycle (:class:`.direct.DirectTickRoute`)."""
+
+    def eligible(self, scope: Any) -> bool:
+        """Whether :meth:`answer` takes this request (called when its cycle would start)."""
+
+    def answer(self, scope: Any, body: bytes, reply: Reply) -> None:
+        """Answer the request, whose whole body has come, through ``reply`` (now or later, once)."""
 
 
 def framing_problem(version: str, headers: Sequence[tuple[bytes, bytes]]) -> str | None:
@@ -224,7 +237,8 @@ class _EarlyAnswerCycle(_Cycle):
 def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] | None = None,
                      on_refused: Callable[[str], None] | None = None,
                      max_open: int | None = None,
-                     draining: Callable[[], bool] | None = None) -> type[HttpToolsProtocol]:
+                     draining: Callable[[], bool] | None = None,
+                     direct: DirectRoute | None = None) -> type[HttpToolsProtocol]:
     """The protocol class for ``uvicorn.Config(http=...)``; ``on_timeout(phase)`` is called per cut-off request
     (``phase`` is ``"headers"`` or ``"body"``), ``on_refused(kind)`` per request refused here (``"bad_request"``,
     ``"headers_too_large"``, ``"capacity"``).
@@ -239,7 +253,11 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
     that idle clients cannot take the descriptors the journal and checkpoints need; the first :data:`SCRAPE_ROOM`
     beyond it have their request read instead (closed when no byte of it comes within :data:`SCRAPE_WAIT_S`):
     ``GET``/``HEAD /metrics`` is answered (and the connection closed), so that Prometheus still scrapes the gauges
-    that say why (a refused scrape reads as the service down), and any other request gets that 503."""
+    that say why (a refused scrape reads as the service down), and any other request gets that 503.
+
+    ``direct``: a route answered without a request cycle's task (see :mod:`.direct`): a request it takes when its cycle
+    would start is answered by it once its body is complete; one whose body does not come (the request timeout, the
+    connection lost) is handed to the app after all, as every other request is."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -263,6 +281,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._write_stall: asyncio.TimerHandle | None = None  # the deadline of a peer that takes no answer byte
             self._scrape_only = False  # beyond the open-file limit's room: only a scrape is answered (SCRAPE_ROOM)
             self._over_budget = False  # the request read on such a connection is not a scrape: refused 503
+            self._direct: Any = None  # the cycle ``direct`` took, its body still coming
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -582,6 +601,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 self.transport.abort()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            self._undirect()
             self._disarm()
             self._disarm_write_stall()
             super().connection_lost(exc)  # (marks only self.cycle disconnected)
@@ -594,7 +614,54 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             self._running = cycle
+            if direct is not None and app is self.app and not cycle.waiting_for_100_continue and direct.eligible(cycle.scope):
+                if cycle.more_body:
+                    self._direct = cycle  # answered once on_message_complete has come
+                else:
+                    self._answer_direct(cycle)  # (a pipelined request, read whole while the one before it ran)
+                return
             super()._start_asgi_task(cycle, app)
+
+        def _answer_direct(self, cycle: Any) -> None:
+            """Have ``direct`` answer ``cycle`` from the loop's next round, as a task would: the requests behind it
+            in the bytes being parsed are read (and queued behind it) first, and none is run after an answer that
+            closes the connection."""
+            self._direct = None
+            self.loop.call_soon(self._run_direct, cycle)
+
+        def _run_direct(self, cycle: Any) -> None:
+            direct.answer(cycle.scope, bytes(cycle.body),  # type: ignore[union-attr]  # (set: the cycle was taken by it)
+                          lambda status, headers, body: self._write_direct(cycle, status, headers, body))
+
+        def _undirect(self) -> None:
+            """Hand a request taken by ``direct`` whose body will not come to the app (which sees the timeout or the
+            disconnect, and counts it, as for any request)."""
+            cycle, self._direct = self._direct, None
+            if cycle is not None:
+                HttpToolsProtocol._start_asgi_task(self, cycle, self.app)
+
+        def _write_direct(self, cycle: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+            """Write a whole answer of ``direct`` as the cycle's ``send`` would (its default headers first; the
+            connection closed after it unless kept alive), then complete the cycle (the next pipelined request)."""
+            if cycle.disconnected or cycle.response_started:
+                return
+            if cycle.keep_alive and cycle.closing is not None and cycle.closing():
+                cycle.keep_alive = False  # (a stop's drain, as _Cycle.send)
+            content = [STATUS_LINE[status]]
+            for name, value in (*cycle.default_headers, *headers):
+                if name == b"connection" and value == b"close":
+                    cycle.keep_alive = False
+                content += [name, b": ", value, b"\r\n"]
+            if not cycle.keep_alive and (b"connection", b"close") not in headers:
+                content.append(b"connection: close\r\n")
+            content += [b"\r\n", body]
+            cycle.response_started = True
+            self.transport.write(b"".join(content))
+            cycle.response_complete = True
+            cycle.message_event.set()
+            if not cycle.keep_alive:
+                self.transport.close()
+            cycle.on_response()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -609,6 +676,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._disarm()
             self._in_headers = True
             self._message_open = False
+            cycle = self._direct
+            if cycle is not None and cycle is self.cycle and not cycle.more_body:
+                self._answer_direct(cycle)
 
         def handle_websocket_upgrade(self) -> None:
             self._disarm()
@@ -627,6 +697,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._deadline = None
             if self.transport.is_closing():
                 return
+            self._undirect()
             cycle = self.cycle
             headers_done = cycle is not None and cycle.scope is self.scope
             if not headers_done and cycle is not None and not cycle.response_complete:

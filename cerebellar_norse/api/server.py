@@ -43,7 +43,7 @@ from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
 from ..training.jobs import JobManager
 from .accepting import Acceptor
-from .app import create_app
+from .app import ServiceApp, create_app
 from .degradation import Degradation
 from .deps import ServiceState, current_degradation, journal_wait_reason
 from .exposure import check_exposure
@@ -60,7 +60,7 @@ from .lifecycle import (
     sweep_alike_lines,
 )
 from .modelswap import activate_version
-from .protocol import guarded_protocol, websocket_protocol
+from .protocol import DirectRoute, guarded_protocol, websocket_protocol
 from .routes import training as training_routes
 from .starting import StartingResponder, bind_listener
 
@@ -193,7 +193,7 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
     return state
 
 
-def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool = True) -> FastAPI:
+def make_app(state: ServiceState, restore: bool = True, save_on_shutdown: bool = True) -> ServiceApp:
     """The app with a lifespan that restores state, warms up, and drains + saves on shutdown."""
 
     @asynccontextmanager
@@ -285,21 +285,21 @@ def connection_budget(max_connections: int) -> int | None:
 
 def uvicorn_config(app: FastAPI, cfg: Config, on_timeout: Callable[[str], None] | None = None,
                    on_refused: Callable[[str], None] | None = None, max_open: int | None = None,
-                   draining: Callable[[], bool] | None = None) -> uvicorn.Config:
+                   draining: Callable[[], bool] | None = None, direct: DirectRoute | None = None) -> uvicorn.Config:
     """uvicorn settings from ``[server]`` (uvloop, httptools, no access log on the hot path).
 
     The protocol is httptools with request deadlines (``server.request_timeout``, see
     :mod:`.protocol`); ``server.max_connections`` is enforced by the app's request
     middleware, which answers with the JSON error shape, ``Retry-After`` and a request id
     (uvicorn's own limit answers plain text). ``draining`` says whether a stop's drain runs (every answer then closes
-    its connection).
+    its connection). ``direct``: the route the protocol answers itself (the app's ``direct``, see :mod:`.direct`).
     """
     return uvicorn.Config(
         app,
         host=cfg.server.host,
         port=cfg.server.port,
         loop="uvloop",
-        http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused, max_open, draining),
+        http=guarded_protocol(cfg.server.request_timeout, on_timeout, on_refused, max_open, draining, direct),
         ws=websocket_protocol(on_refused),
         ws_max_size=int(cfg.server.max_body_size),  # a stream message is bounded as a request body is (close 1009)
         lifespan="on",
@@ -498,8 +498,9 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
         raise
     state.starting = starting
     state.connection_budget = connection_budget(cfg.server.max_connections)
-    server = GracefulServer(uvicorn_config(make_app(state), cfg, timeout_counter(state), refusal_counter(state),
-                                           state.connection_budget, lambda: state.draining))
+    app = make_app(state)
+    server = GracefulServer(uvicorn_config(app, cfg, timeout_counter(state), refusal_counter(state),
+                                           state.connection_budget, lambda: state.draining, app.direct))
     server.service = state
     state.server = server
     state.config_path = config_path

@@ -14,6 +14,7 @@ the engine, ``serialised`` when the answer's JSON is ready.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -72,9 +73,9 @@ def log_processed(results: Iterable[TickResult]) -> None:
         log.debug("tick processed", extra={"fields": {"market_id": r.market_id, "processing_time_ns": r.processing_time_ns}})
 
 
-async def answer_tick(svc: ServiceState, tick: TickIn, market_header: str | None = None,
-                      timeline: Timeline | None = None, routed_by: str = "X-Market-ID header") -> bytes:
-    """Check one tick, step it through the engine and return the JSON answer.
+def begin_tick(svc: ServiceState, tick: TickIn, market_header: str | None = None, timeline: Timeline | None = None,
+               routed_by: str = "X-Market-ID header") -> asyncio.Future[TickResult]:
+    """Check one tick and queue it for the engine; the future settles with its result (see :func:`tick_answer`).
 
     ``market_header`` is the request's ``X-Market-ID`` (the tick must be of that
     market; ``routed_by`` says where it came from, for the error). Raises a :class:`~cerebellar_norse.errors.CerebellarNorseError` (mapped to
@@ -85,13 +86,25 @@ async def answer_tick(svc: ServiceState, tick: TickIn, market_header: str | None
     if timeline is not None:
         timeline.market_id, timeline.ticks = t.market_id, 1
         timeline.marks[VALIDATED] = time.perf_counter_ns()
-    result = await svc.engine.submit(t, timeline)
+    return svc.engine.submit_nowait(t, timeline)
+
+
+def tick_answer(result: TickResult, request_id: str, timeline: Timeline | None = None) -> bytes:
+    """The JSON answer to a tick the engine stepped (debug log line included)."""
     if log.isEnabledFor(logging.DEBUG):
         log_processed((result,))
-    body = result_json(result, request_id_var.get())
+    body = result_json(result, request_id)
     if timeline is not None:
         timeline.marks[SERIALISED] = time.perf_counter_ns()
     return body
+
+
+async def answer_tick(svc: ServiceState, tick: TickIn, market_header: str | None = None,
+                      timeline: Timeline | None = None, routed_by: str = "X-Market-ID header") -> bytes:
+    """Check one tick, step it through the engine and return the JSON answer (:func:`begin_tick`, then
+    :func:`tick_answer`); raises as :func:`begin_tick` does, or with the error that refused the tick's batch."""
+    result = await begin_tick(svc, tick, market_header, timeline, routed_by)
+    return tick_answer(result, request_id_var.get(), timeline)
 
 
 async def answer_batch(svc: ServiceState, batch: BatchIn, market_header: str | None = None,

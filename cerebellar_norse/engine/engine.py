@@ -455,9 +455,13 @@ class Engine:
         With a ``timeline``, the engine notes the batch the tick ran in (stages
         ``batch_started``, ``stepped``, ``completed``).
         """
+        return await self.submit_nowait(tick, timeline)
+
+    def submit_nowait(self, tick: Tick, timeline: Timeline | None = None) -> asyncio.Future[TickResult]:
+        """:meth:`submit` without waiting: the tick is admitted (or refused, raising, with nothing changed) and queued
+        now; the future settles with its result, or the error that refused its batch, once the batch has run."""
         self._admit((tick,), batch=False)
-        fut = self._enqueue(tick, timeline)
-        return await fut
+        return self._enqueue(tick, timeline)
 
     async def submit_many(self, ticks: Sequence[Tick], timeline: Timeline | None = None) -> list[TickResult]:
         """Process validated ticks in order; all are admitted (order, capacity) or none is.
