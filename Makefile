@@ -39,6 +39,9 @@ tools:
 	@command -v logrotate >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq logrotate >/dev/null) || \
 	  echo "logrotate unavailable: the log rotation tests will be skipped"; }
+	@command -v wrk >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null) || \
+	  echo "wrk unavailable: the wrk benchmark's test will be skipped"; }
 
 lint: venv
 	$(VENV)/bin/ruff check cerebellar_norse tests benchmarks scripts

@@ -7,13 +7,17 @@ the same server). :class:`~cerebellar_norse.api.app.ServiceApp` therefore hands 
 one route to :class:`TickFastPath` before FastAPI sees the request, so it shadows the
 FastAPI route of the same path, which stays for OpenAPI (``/docs``) and for apps
 built without the fast path. Everything after parsing is the one implementation both
-share (:func:`.tickpath.answer_tick`): the same checks, engine call, debug log and
-JSON. Here only what FastAPI would do before it: the content-type check (same
-message), reading the body, and validating it with the same strict pydantic model,
-errors answered in the same JSON shape and counted in the same metrics. A test sends
-the same requests to both and compares the answers. It runs inside
+share (:func:`.tickpath.begin_tick` and :func:`.tickpath.tick_answer`, which the
+FastAPI route calls as :func:`.tickpath.answer_tick`): the same checks, engine call,
+debug log and JSON. Here only what FastAPI would do before it: the content-type check
+(same message), reading the body, and validating it with the same strict pydantic
+model, errors answered in the same JSON shape and counted in the same metrics. A test
+sends the same requests to both and compares the answers. It runs inside
 :class:`~cerebellar_norse.api.app.RequestContextMiddleware`, so request ids,
 body-size limits, request metrics and the request's timeline apply unchanged.
+
+A plain request (a ``Content-Length`` JSON body) is answered by the same steps from the
+HTTP protocol's callbacks instead (:mod:`.direct`), without an ASGI request cycle.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The tick routes' one implementation: checked ticks in, JSON answers out.
 
-``POST /neural/process`` is answered by the ASGI fast path (:mod:`.fastpath`), which
-parses the body itself; the FastAPI route of the same path documents it in OpenAPI
-and answers only where the fast path is not installed. Both call
-:func:`answer_tick` once the body is a :class:`TickIn`, and every check, the engine
-call, the debug log and the JSON of the answer are here, so the two cannot drift.
+``POST /neural/process`` is answered by the fast path (:mod:`.fastpath`, from the
+protocol or as ASGI), which parses the body itself; the FastAPI route of the same path
+documents it in OpenAPI and answers only where the fast path is not installed. Once the
+body is a :class:`TickIn`, both call :func:`begin_tick` (checks, the engine's queue) and
+:func:`tick_answer` (the debug log, the JSON of the answer), the route as
+:func:`answer_tick`, so the two cannot drift.
 ``POST /neural/process/batch`` and the stream use the same functions.
 
 A request's timeline (:mod:`~cerebellar_norse.observability.timelines`) is filled in on

@@ -1,7 +1,7 @@
 """One implementation of the tick route, and request timelines.
 
 The ASGI fast path and the FastAPI route of ``POST /neural/process`` must answer every
-request alike (they share :func:`cerebellar_norse.api.tickpath.answer_tick`); each tick
+request alike (they share the steps of :mod:`cerebellar_norse.api.tickpath`); each tick
 request leaves a timeline whose stages are present and in order.
 """
 
