@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import http_bench as hb  # noqa: E402  (the servers, started the same way)
+import http_bench as hb  # (the servers, started the same way)
 
 TARGET = 2.0
 TICKS_LUA = """
