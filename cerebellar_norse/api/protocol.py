@@ -52,6 +52,7 @@ from .deps import SCOPE_REQUEST_ID, SCOPE_TIMED_OUT
 from .schemas import error_payload
 
 MAX_HEADER_BYTES = 65_536  # request line and headers of one request (nginx allows 32 KiB, uvicorn's h11 16 KiB)
+STOP_ANSWER_S = 1.0  # at a stop, the longest a stream's close waits for the answer to the tick being stepped
 STALLED_PEER_S = 20.0  # a stream peer past its pong deadline that reads nothing for this long is cut off (no ping_timeout)
 HEAD_PART, TRAILERS_PART = "the request line and headers", "the trailers of the chunked body"  # (431 messages)
 FRAMING_PART = "a chunk-size line or the trailers of the chunked body"  # bytes the parser buffers, not yet either
@@ -782,6 +783,7 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
 
     A peer that half-closes its socket after its last tick gets every answer before the socket closes
     (:meth:`eof_received`). A handshake websockets cannot read gets a JSON ``400`` (:meth:`_refuse_unreadable_handshake`).
+    At a stop, a tick being answered is answered before the close (:meth:`shutdown`).
     """
 
     on_refused: Callable[[str], None] | None = None  # called with the error type of each handshake refused here
@@ -793,6 +795,8 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
         self.conn.__class__ = JsonRefusingServerProtocol
         self.conn.on_refused = self.on_refused  # type: ignore[attr-defined]
         self.paused_for_writes = False  # reading stopped because the peer does not read what it is sent
+        self.app_reading = False  # the app waits in receive() (else, after the handshake, it answers a message)
+        self.stop_pending: asyncio.TimerHandle | None = None  # a stop waits for the answer being written (shutdown)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -825,12 +829,47 @@ class DenialAwareWebSocketProtocol(WebSocketsSansIOProtocol):
                 self.transport.resume_reading()
 
     async def receive(self) -> Any:
-        message = await self.queue.get()
+        if self.stop_pending is not None:  # the answer the stop waited for is written: close now
+            if not self.disconnected and not self.transport.is_closing():
+                return self._stop_after_answer()
+            self.stop_pending.cancel()  # (gone meanwhile: its disconnect is queued)
+            self.stop_pending = None
+        self.app_reading = True
+        try:
+            message = await self.queue.get()
+        finally:
+            self.app_reading = False
         if self.read_paused and self.queue.empty():
             self.read_paused = False
             if not self.paused_for_writes:
                 self.transport.resume_reading()
         return message
+
+    def shutdown(self) -> None:
+        """The server stops: uvicorn closes every stream at once with 1012. A stream whose app is answering a message
+        it took (a tick being stepped) closes with 1012 once that answer is written instead, at the latest after
+        :data:`STOP_ANSWER_S`: closed at once, the tick was applied and its answer lost. Messages read but not yet
+        taken by the app are dropped then (never applied), as at once."""
+        if (self.handshake_complete and not self.close_sent and not self.disconnected and not self.app_reading
+                and self.stop_pending is None and not self.transport.is_closing()):
+            self.stop_keepalive()
+            self.stop_pending = self.loop.call_later(STOP_ANSWER_S, self._stop_anyway)
+            return
+        super().shutdown()
+
+    def _stop_anyway(self) -> None:
+        self.stop_pending = None
+        if not self.transport.is_closing():
+            super().shutdown()
+
+    def _stop_after_answer(self) -> Any:
+        handle, self.stop_pending = self.stop_pending, None
+        if handle is not None:
+            handle.cancel()
+        while not self.queue.empty():  # read but not taken: never applied
+            self.queue.get_nowait()
+        super().shutdown()  # close 1012, queue the disconnect, close the socket
+        return self.queue.get_nowait()
 
     def keepalive_timeout(self) -> None:
         """The pong deadline passed: uvicorn's close (1011), queued behind the answers already written, so a peer
