@@ -19,6 +19,7 @@ import httpx
 import pytest
 import websockets
 from live_helpers import BASE_TS, NO_BOOTSTRAP, tick
+from test_protocol_framing import Transport as FakeTransport
 from test_stream_backpressure import frame, handshake
 from uvicorn.config import Config
 from uvicorn.server import ServerState
@@ -27,35 +28,15 @@ from cerebellar_norse.api import protocol as protocol_module
 from cerebellar_norse.api.protocol import DenialAwareWebSocketProtocol
 
 
-class Transport:
-    def __init__(self) -> None:
-        self.written = b""
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 40000)}.get(name, default)
+class Transport(FakeTransport):
+    """The protocol tests' fake socket, which refuses a write after its close (the stream's answer must come first)."""
 
     def write(self, data: bytes) -> None:
         assert not self.closed, "written after close"
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
+        super().write(data)
 
     def get_write_buffer_size(self) -> int:
         return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, *args: object, **kwargs: object) -> None:
-        pass
 
 
 def server_frames(data: bytes) -> list[tuple[int, bytes]]:
