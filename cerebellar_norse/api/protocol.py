@@ -631,6 +631,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self.loop.call_soon(self._run_direct, cycle)
 
         def _run_direct(self, cycle: Any) -> None:
+            if cycle.disconnected:  # gone before its turn: the app's way, which reads the disconnect (the tick unapplied)
+                HttpToolsProtocol._start_asgi_task(self, cycle, self.app)
+                return
             direct.answer(cycle.scope, bytes(cycle.body),  # type: ignore[union-attr]  # (set: the cycle was taken by it)
                           lambda status, headers, body: self._write_direct(cycle, status, headers, body))
 

@@ -243,3 +243,28 @@ def test_an_answer_that_ends_the_connection_closes_it_once_written(how: str) -> 
     assert [b for _, b in got] == [b"direct tick"]  # nothing behind it is read
     assert got[0][0].lower().count(b"connection: close") == 1
     assert t.closed
+
+
+def test_a_request_whose_client_left_before_its_turn_is_not_answered_by_the_route() -> None:
+    """Read whole, then the connection lost before the route's turn: the app's way (it reads the disconnect and
+    applies nothing), as for a task that had not yet run."""
+    route = FakeRoute()
+    run = Run(route)
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await run.serve(scope, receive, send)
+
+    async def check() -> None:
+        protocol = guarded_protocol(30.0, direct=route)(
+            config=Config(app=app, lifespan="off", log_level="error"), server_state=server_state(), app_state={},
+            _loop=asyncio.get_running_loop())
+        transport = PausingTransport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(post(body=b"tick"))
+        protocol.connection_lost(None)  # before the loop's next round
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    asyncio.run(check())
+    assert route.taken == []
+    assert run.app_paths == ["/direct"] and run.app_saw_disconnect
