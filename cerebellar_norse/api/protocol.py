@@ -283,6 +283,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             self._scrape_only = False  # beyond the open-file limit's room: only a scrape is answered (SCRAPE_ROOM)
             self._over_budget = False  # the request read on such a connection is not a scrape: refused 503
             self._direct: Any = None  # the cycle ``direct`` took, its body still coming
+            self._unwritten: tuple[Any, int, list[tuple[bytes, bytes]], bytes] | None = None  # (see _write_direct)
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -577,6 +578,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def resume_writing(self) -> None:
             self._disarm_write_stall()
             super().resume_writing()
+            unwritten, self._unwritten = self._unwritten, None
+            if unwritten is not None:
+                self._write_direct(*unwritten)
 
         def _arm_write_stall(self, queued: int) -> None:
             self._disarm_write_stall()
@@ -603,6 +607,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._undirect()
+            self._unwritten = None
             self._disarm()
             self._disarm_write_stall()
             super().connection_lost(exc)  # (marks only self.cycle disconnected)
@@ -648,6 +653,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             """Write a whole answer of ``direct`` as the cycle's ``send`` would (its default headers first; the
             connection closed after it unless kept alive), then complete the cycle (the next pipelined request)."""
             if cycle.disconnected or cycle.response_started:
+                return
+            if self.flow.write_paused:  # written once the peer has taken what is queued, as the cycle's send waits
+                self._unwritten = (cycle, status, headers, body)  # (the next request starts only after it)
                 return
             if cycle.keep_alive and cycle.closing is not None and cycle.closing():
                 cycle.keep_alive = False  # (a stop's drain, as _Cycle.send)

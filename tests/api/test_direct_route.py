@@ -268,3 +268,39 @@ def test_a_request_whose_client_left_before_its_turn_is_not_answered_by_the_rout
     asyncio.run(check())
     assert route.taken == []
     assert run.app_paths == ["/direct"] and run.app_saw_disconnect
+
+
+@pytest.mark.parametrize("via", ["direct", "app"])
+def test_a_peer_that_does_not_read_its_answers_gets_no_more_until_it_does(via: str) -> None:
+    """While the socket's write buffer is over its high-water mark (the peer reads nothing), no answer is written and
+    no further pipelined request runs, as the cycle's send waits for the buffer to drain: a client that pipelines ticks
+    and never reads cannot grow the server's buffer (or have its ticks applied) without bound."""
+    route = FakeRoute()
+    run = Run(route)
+    path = ROUTE if via == "direct" else b"/other"
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await run.serve(scope, receive, send)
+
+    async def check() -> tuple[int, int, list[bytes], int]:
+        protocol = guarded_protocol(30.0, direct=route)(
+            config=Config(app=app, lifespan="off", log_level="error"), server_state=server_state(), app_state={},
+            _loop=asyncio.get_running_loop())
+        transport = PausingTransport()
+        transport.get_write_buffer_size = lambda: 1 << 20  # type: ignore[attr-defined]  # (for the stall deadline)
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.pause_writing()  # the peer reads nothing
+        protocol.data_received(b"".join(post(path=path, body=b"t%d" % k) for k in range(5)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        paused_answers = len(answers(transport.written))
+        ran = len(route.taken) + len(run.app_paths)
+        protocol.resume_writing()  # it reads again
+        for _ in range(40):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return paused_answers, ran, [b for _, b in answers(transport.written)], len(route.taken) + len(run.app_paths)
+
+    paused_answers, ran, bodies, ran_after = asyncio.run(check())
+    assert paused_answers == 0 and ran == 1  # the first request ran; its answer waits, nothing behind it runs
+    assert ran_after == 5 and len(bodies) == 5
