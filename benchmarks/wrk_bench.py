@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import statistics
@@ -55,19 +54,12 @@ end
 """
 
 
-def cpu_s(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of process ``pid``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
 def one_round(srv: hb.Server, path: str, script: Path, base_ms: int, seconds: float, conns: int) -> dict[str, Any]:
     """One ``wrk`` run against ``srv``: req/s, requests, non-2xx answers, server CPU µs per request."""
-    u0, s0 = cpu_s(srv.proc.pid)
+    u0, s0 = hb.process_cpu_s(srv.proc.pid)
     out = subprocess.run(["wrk", f"-t{conns}", f"-c{conns}", f"-d{seconds:g}s", "-s", str(script), srv.url, "--",
                           path, str(base_ms)], capture_output=True, text=True, check=True).stdout
-    u1, s1 = cpu_s(srv.proc.pid)
+    u1, s1 = hb.process_cpu_s(srv.proc.pid)
     rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
     count = re.search(r"(\d+) requests in", out)
     if rate is None or count is None:
