@@ -657,18 +657,13 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if self.flow.write_paused:  # written once the peer has taken what is queued, as the cycle's send waits
                 self._unwritten = (cycle, status, headers, body)  # (the next request starts only after it)
                 return
-            if cycle.keep_alive and cycle.closing is not None and cycle.closing():
-                cycle.keep_alive = False  # (a stop's drain, as _Cycle.send)
-            content = [STATUS_LINE[status]]
-            for name, value in (*cycle.default_headers, *headers):
-                if name == b"connection" and value == b"close":
-                    cycle.keep_alive = False
-                content += [name, b": ", value, b"\r\n"]
-            if not cycle.keep_alive and (b"connection", b"close") not in headers:
-                content.append(b"connection: close\r\n")
-            content += [b"\r\n", body]
+            says_close = (b"connection", b"close") in headers
+            if cycle.keep_alive and (says_close or (cycle.closing is not None and cycle.closing())):
+                cycle.keep_alive = False  # (the answer's own Connection: close, or a stop's drain, as _Cycle.send)
+            closing = [] if cycle.keep_alive or says_close else [(b"connection", b"close")]
             cycle.response_started = True
-            self.transport.write(b"".join(content))
+            self.transport.write(raw_answer(STATUS_LINE[status][:-2],  # (uvicorn's status line, without its CRLF)
+                                            [*cycle.default_headers, *headers, *closing], body))
             cycle.response_complete = True
             cycle.message_event.set()
             if not cycle.keep_alive:
