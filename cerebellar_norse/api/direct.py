@@ -30,13 +30,11 @@ from ..observability.context import accept_request_id, request_id_var
 from ..observability.timelines import SENT, Timeline
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, ServiceState, content_type_problem
 from .errors import unexpected_error_response
-from .fastpath import PATH, Answer, TickFastPath, TickHeaders, is_hot, tick_headers
+from .fastpath import PATH, Answer, TickFastPath, TickHeaders, answer_headers, is_hot, tick_headers
 from .protocol import CUT_OFF, Reply, error_answer
 
 MAX_INLINE_BODY = 65_536  # bytes: uvicorn stops reading a body beyond this until an app reads it (none runs here)
 SCOPE_DIRECT = "cerebellar_norse.direct"  # the request's headers and start, from eligible() to answer()
-
-_JSON = (b"content-type", b"application/json")
 
 
 class DirectTickRoute:
@@ -106,8 +104,7 @@ class DirectTickRoute:
 
     def _send(self, answer: Answer, rid: str, t0: int, timeline: Timeline, reply: Reply) -> None:
         status, body, extra = answer
-        reply(status, [_JSON, (b"content-length", str(len(body)).encode()), *extra, (b"x-request-id", rid.encode())],
-              body)
+        reply(status, answer_headers(body, [*extra, (b"x-request-id", rid.encode())]), body)
         self._count(status, t0, timeline)
 
     def _unexpected(self, exc: Exception, rid: str, t0: int, timeline: Timeline, reply: Reply) -> None:

@@ -46,6 +46,11 @@ RAW_PATH = PATH.encode()
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]  # status, JSON body, headers beyond content-type and -length
 
 
+def answer_headers(body: bytes, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The headers of an :data:`Answer` of ``body``: its JSON content type and length, then ``extra``."""
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+
+
 def is_hot(scope: Scope) -> bool:
     """True for the request :class:`TickFastPath` answers: ``POST /neural/process``, spelled so (its path as sent:
     ``/neural/%70rocess`` is no route, see :func:`.routing.keep_route_words_as_sent`)."""
@@ -138,8 +143,7 @@ class TickFastPath:
 
     async def _reply(self, send: Send, answer: Answer) -> None:
         status, body, extra = answer
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": answer_headers(body, extra)})
         await send({"type": "http.response.body", "body": body})
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
