@@ -358,10 +358,11 @@ def lower_priority(increment: int = JOB_NICENESS) -> None:
         os.nice(increment)
 
 
-def _job_main(out: Any, stop: Any, cfg_json: str, files: list[str], epochs: int | None, parent_pid: int | None = None,
-              job_id: str | None = None, from_scratch: bool = False) -> None:
+def _job_main(out: Any, stop: Any, cfg_json: str, files: list[str], epochs: int | None, job_id: str | None = None,
+              from_scratch: bool = False) -> None:
     """Entry point of the job process (:func:`~.jobprocess.start_job_process`): ``out`` takes its reports (``put``),
-    ``stop`` says when to stop (``is_set``)."""
+    ``stop`` says when to stop (``is_set``). A service that ends takes the process with it
+    (:func:`~.jobprocess.die_with_parent`), so the job need not look for its parent itself."""
     lower_priority()  # (the process ends with the service from its start on: jobprocess.die_with_parent)
     cfg = Config.model_validate_json(cfg_json)
     limit_threads(cfg.training.threads)
@@ -370,7 +371,7 @@ def _job_main(out: Any, stop: Any, cfg_json: str, files: list[str], epochs: int 
         out.put(("progress", d))
 
     def should_stop() -> bool:
-        return bool(stop.is_set()) or (parent_pid is not None and os.getppid() != parent_pid)
+        return bool(stop.is_set())
 
     out_of_memory = False
     try:
@@ -602,8 +603,8 @@ class JobManager:
         self._reap()
         try:
             self._proc, out, self._stop = start_job_process(
-                f"{__name__}:_job_main", (cfg.model_dump_json(), [str(p) for p in paths], req.epochs, os.getpid(),
-                                          job.job_id, req.from_scratch), self._package)
+                f"{__name__}:_job_main", (cfg.model_dump_json(), [str(p) for p in paths], req.epochs, job.job_id,
+                                          req.from_scratch), self._package)
         except (OSError, RuntimeError) as exc:  # no process (EAGAIN: the task limit), memory or descriptor for it
             del self.jobs[job.job_id]  # never started: no record of it, and the next request may start one
             self.latest, self._proc = latest, None
