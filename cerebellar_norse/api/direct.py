@@ -30,7 +30,7 @@ from ..observability.context import accept_request_id, request_id_var
 from ..observability.timelines import SENT, Timeline
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, ServiceState, content_type_problem
 from .errors import unexpected_error_response
-from .fastpath import PATH, Answer, TickFastPath, TickHeaders, answer_headers, is_hot, tick_headers
+from .fastpath import PATH, RAW_PATH, Answer, TickFastPath, TickHeaders, answer_headers, is_hot, tick_headers
 from .protocol import CUT_OFF, Reply, error_answer
 
 MAX_INLINE_BODY = 65_536  # bytes: uvicorn stops reading a body beyond this until an app reads it (none runs here)
@@ -43,6 +43,8 @@ class DirectTickRoute:
     ``fast``: the route's steps; ``over_limit()``: True over ``server.max_connections`` (the request context's
     check; such a request goes the ASGI way, which refuses it); ``max_body``: ``server.max_body_size`` (bytes).
     """
+
+    target = RAW_PATH
 
     def __init__(self, fast: TickFastPath, over_limit: Callable[[], bool], max_body: int) -> None:
         self.fast = fast

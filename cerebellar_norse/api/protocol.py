@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import re
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -49,6 +49,7 @@ from websockets.server import ServerProtocol
 
 from ..observability.context import accept_request_id, new_request_id
 from .deps import SCOPE_REQUEST_ID, SCOPE_TIMED_OUT
+from .plainhead import HOST_VALUE, read_plain_request
 from .schemas import error_payload
 
 MAX_HEADER_BYTES = 65_536  # request line and headers of one request (nginx allows 32 KiB, uvicorn's h11 16 KiB)
@@ -59,9 +60,6 @@ FRAMING_PART = "a chunk-size line or the trailers of the chunked body"  # bytes 
 BAD_VERSION = "the request line's HTTP version is not HTTP/1.1 or HTTP/1.0 (the versions served)"
 PARSER_SAYS = "the server could not parse it: "  # before the HTTP parser's own reason in a 400's message
 SHOWN_PARSER_ERROR = 120  # characters of the parser's reason shown
-# RFC 9112, section 3.2: Host = uri-host [ ":" port ]; an IP literal in brackets or a reg-name (IPv4 is one), the
-# latter possibly empty (a target without an authority)
-HOST_VALUE = re.compile(rb"(?:\[[0-9A-Za-z._~!$&'()*+,;=:%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
 TARGET_FORMS = "send a path (/health), an absolute URL with one (http://host/health), or * with OPTIONS"
 LINGER_S = 2.0  # how long a refused client may go on sending (discarded) before its connection is closed
 # Connections beyond the open-file limit's room whose request is read all the same, to answer GET/HEAD /metrics (then
@@ -75,7 +73,12 @@ Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]  # writes an ans
 
 
 class DirectRoute(Protocol):
-    """A route the protocol answers without an ASGI request cycle (:class:`.direct.DirectTickRoute`)."""
+    """A route the protocol answers without an ASGI request cycle (:class:`.direct.DirectTickRoute`).
+
+    ``target``: the route's path as sent; a whole ``POST`` to it written plainly in one read is read without the
+    HTTP parser (:mod:`.plainhead`)."""
+
+    target: bytes
 
     def eligible(self, scope: Any) -> bool:
         """Whether :meth:`answer` takes this request (called when its cycle would start)."""
@@ -260,6 +263,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
     would start is answered by it once its body is complete; one whose body does not come (the request timeout, the
     connection lost) is handed to the app after all, as every other request is."""
 
+    plain_target = direct.target if direct is not None else b""
+    plain_line = b"POST " + plain_target + b" HTTP/1.1\r\n"
+    plain_path = urllib.parse.unquote(plain_target.decode("ascii"))
+
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -288,6 +295,9 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return  # the answer is out; what the client still sends is dropped
+            if (direct is not None and self._in_headers and not self._message_open and not self._head_begun
+                    and self._answer_plain(data)):
+                return  # one whole plain request of the direct route, answered without the parser
             in_headers, seen = self._in_headers, self._headers_seen
             if in_headers and not self.transport.is_closing():  # the head's bytes up to its end, before the parser
                 size = self._header_bytes + self._head_part(data)
@@ -627,6 +637,42 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                     self._answer_direct(cycle)  # (a pipelined request, read whole while the one before it ran)
                 return
             super()._start_asgi_task(cycle, app)
+
+        def _answer_plain(self, data: bytes) -> bool:
+            """Have ``direct`` answer ``data`` when it is one whole ``POST`` to its route written plainly
+            (:func:`.plainhead.read_plain_request`), nothing else is under way on the connection and the route takes
+            it; False, nothing done, otherwise (the parser reads ``data``). The request gets the cycle and scope
+            uvicorn would have built, and no request deadline: its bytes are all here."""
+            cycle = self.cycle
+            if ((cycle is not None and not cycle.response_complete) or self.pipeline or self._scrape_only
+                    or self.transport.is_closing()):
+                return False
+            read = read_plain_request(data, plain_line, MAX_HEADER_BYTES)
+            if read is None:
+                return False
+            if self.limit_concurrency is not None and (len(self.connections) >= self.limit_concurrency
+                                                       or len(self.tasks) >= self.limit_concurrency):
+                return False  # (uvicorn's own 503)
+            headers, start = read
+            scope: Any = {"type": "http", "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                          "http_version": "1.1", "server": self.server, "client": self.client, "scheme": self.scheme,
+                          "root_path": self.root_path, "headers": headers, "state": self.app_state.copy(),
+                          "method": "POST", "path": self.root_path + plain_path,
+                          "raw_path": self.root_path.encode("ascii") + plain_target, "query_string": b""}
+            if not direct.eligible(scope):  # type: ignore[union-attr]  # (set: checked by the caller)
+                return False
+            self._unset_keepalive_if_required()
+            cycle = _Cycle(scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
+                           access_logger=self.access_logger, access_log=self.access_log,
+                           default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
+                           expect_100_continue=False, keep_alive=True, on_response=self.on_response_complete)
+            cycle.more_body = False
+            if draining is not None:
+                cycle.closing = lambda: draining() and self.cycle is cycle
+            self.cycle = self._running = cycle
+            direct.answer(scope, data[start:],  # type: ignore[union-attr]
+                          lambda status, headers, body: self._write_direct(cycle, status, headers, body))
+            return True
 
         def _answer_direct(self, cycle: Any) -> None:
             """Have ``direct`` answer ``cycle`` from the loop's next round, as a task would: the requests behind it
