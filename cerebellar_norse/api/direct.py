@@ -14,6 +14,10 @@ context the ASGI route gets from :class:`.app.RequestContextMiddleware` (request
 ``X-Request-ID``, request metrics, the request's timeline, the JSON 500). Anything else,
 and a plain request whose body does not come (request timeout, closed connection), goes
 the ASGI way. A test sends the same requests both ways and compares the answers.
+
+A whole plain tick request that arrives in one read, on a connection with nothing else under way, does not even go
+through the HTTP parser: the protocol reads it in one pass (:mod:`.plainhead`) and offers it to :meth:`eligible` and
+:meth:`answer` the same way (docs/http.md, "Reading a plain tick request in one pass").
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ FIELDS = re.compile(rb"(?:" + TOKEN + rb":[ \t]*(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x
 # (Expect), a protocol switch (Upgrade), hop-by-hop options (TE, Keep-Alive) and the trailers announced.
 LEFT_TO_PARSER = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"te", b"keep-alive", b"trailer"})
 PLAIN_CONNECTION = b"keep-alive"  # the one Connection value read here (httpx and requests send it); others: parser
+CONNECTION_FIELDS = frozenset({b"connection", b"proxy-connection"})  # (llhttp reads the second as the first)
 
 
 def read_plain_request(data: bytes, request_line: bytes, max_head: int) -> tuple[list[tuple[bytes, bytes]], int] | None:
@@ -60,7 +61,7 @@ def read_plain_request(data: bytes, request_line: bytes, max_head: int) -> tuple
             if length is not None:
                 return None
             length = value
-        elif name in LEFT_TO_PARSER or (name == b"connection" and value.lower() != PLAIN_CONNECTION):
+        elif name in LEFT_TO_PARSER or (name in CONNECTION_FIELDS and value.lower() != PLAIN_CONNECTION):
             return None
     body = end + 4
     if (host is None or length is None or not length.isdigit() or len(length) > 18 or int(length) != len(data) - body

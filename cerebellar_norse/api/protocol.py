@@ -261,7 +261,10 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
 
     ``direct``: a route answered without a request cycle's task (see :mod:`.direct`): a request it takes when its cycle
     would start is answered by it once its body is complete; one whose body does not come (the request timeout, the
-    connection lost) is handed to the app after all, as every other request is."""
+    connection lost) is handed to the app after all, as every other request is. A read that holds exactly one whole
+    ``POST`` to its ``target``, written plainly, on a connection with nothing else under way, is read in one pass
+    without the parser (:mod:`.plainhead`; what the parser would have given the route, and no request deadline: the
+    whole request is here)."""
 
     plain_target = direct.target if direct is not None else b""
     plain_line = b"POST " + plain_target + b" HTTP/1.1\r\n"
