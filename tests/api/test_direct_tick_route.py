@@ -1,15 +1,18 @@
 """The tick route answered from the protocol (``DirectTickRoute``) answers as the ASGI route does.
 
-Two live services from the same seed: every request of tests/api/test_tick_route.py's list goes to one
-as a plain request (``Content-Length``: the protocol's direct route takes it) and to the other
-chunked (no length: the ASGI route answers it). Status, headers and bodies must match, and so must
-the request and error metrics they leave. In process: which tick requests the route takes.
+Three live services from the same seed: every request of tests/api/test_tick_route.py's list goes to
+one as a plain request from httpx (``Content-Length``: the protocol's direct route takes it, read by
+the HTTP parser when its head and body come in separate reads), to another as the same request
+written in one socket write (read in one pass, :mod:`cerebellar_norse.api.plainhead`), and to the
+third chunked (no length: the ASGI route answers it). Status, headers and bodies must match, and so
+must the request and error metrics they leave. In process: which tick requests the route takes.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,28 +41,75 @@ def _metrics(c: httpx.Client) -> list[str]:
                   if re.match(r'cerebellar_norse_(http_requests_total\{[^}]*route="/neural/process"|errors_total\{)', line))
 
 
+class OneWrite:
+    """A keep-alive connection that sends each request, head and body, in one socket write (the one-pass read's
+    input) and reads its answer by its ``Content-Length``; reconnects after an answer that closes."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.address = (host, int(port))
+        self.sock: socket.socket | None = None
+
+    def post(self, data: bytes, headers: dict[str, str]) -> httpx.Response:
+        if self.sock is None:
+            self.sock = socket.create_connection(self.address, timeout=30)
+        fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.sock.sendall(f"POST /neural/process HTTP/1.1\r\nHost: {self.address[0]}\r\n{fields}"
+                          f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            raw += self._recv()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        answer_headers = [(k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:])]
+        size = int(dict(answer_headers)["content-length"])
+        while len(body) < size:
+            body += self._recv()
+        if ("connection", "close") in answer_headers:
+            self.close()
+        return httpx.Response(int(lines[0].split()[1]), headers=answer_headers, content=body)
+
+    def _recv(self) -> bytes:
+        assert self.sock is not None
+        chunk = self.sock.recv(65536)
+        assert chunk, "the service closed the connection before its answer was complete"
+        return chunk
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
 def test_the_direct_route_and_the_asgi_route_answer_alike(start_server: Any, tmp_path: Path) -> None:
     direct = start_server(tmp_path / "direct", env=NO_BOOTSTRAP)
+    one_pass = start_server(tmp_path / "one-pass", env=NO_BOOTSTRAP)
     routed = start_server(tmp_path / "asgi", env=NO_BOOTSTRAP)
     statuses = []
+    c = OneWrite(one_pass.url)
     with httpx.Client(base_url=direct.url, timeout=30) as a, httpx.Client(base_url=routed.url, timeout=30) as b:
         for body, headers in REQUESTS:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             sent = {"content-type": "application/json", **headers}
             ra = a.post("/neural/process", content=data, headers=sent)
             rb = b.post("/neural/process", content=iter([data]), headers=sent)  # chunked: no Content-Length
-            assert _comparable(ra) == _comparable(rb), (body, headers, ra.text, rb.text)
-            assert _headers(ra) == _headers(rb), (body, headers)
-            assert ra.headers["x-request-id"] == ra.json().get("request_id", ra.json().get("error", {}).get("request_id"))
-            if ra.status_code == 200:
-                assert "connection" not in ra.headers  # kept alive
+            rc = c.post(data, sent)
+            for r in (ra, rc):
+                assert _comparable(r) == _comparable(rb), (body, headers, r.text, rb.text)
+                assert _headers(r) == _headers(rb), (body, headers)
+                assert r.headers["x-request-id"] == r.json().get("request_id", r.json().get("error", {}).get("request_id"))
+                if r.status_code == 200:
+                    assert "connection" not in r.headers  # kept alive
             statuses.append(ra.status_code)
-        rid = a.post("/neural/process", content=json.dumps(REQUESTS[0][0]).encode(),
-                     headers={"content-type": "application/json", "x-request-id": "caller-7"})
+        first = json.dumps(REQUESTS[0][0]).encode()
+        rid = a.post("/neural/process", content=first, headers={"content-type": "application/json", "x-request-id": "caller-7"})
         assert rid.headers["x-request-id"] == "caller-7"
-        b.post("/neural/process", content=iter([json.dumps(REQUESTS[0][0]).encode()]),
-               headers={"content-type": "application/json", "x-request-id": "caller-7"})
+        assert c.post(first, {"content-type": "application/json", "x-request-id": "caller-7"}).headers["x-request-id"] == "caller-7"
+        b.post("/neural/process", content=iter([first]), headers={"content-type": "application/json", "x-request-id": "caller-7"})
+        c.close()
         assert _metrics(a) == _metrics(b)
+        with httpx.Client(base_url=one_pass.url, timeout=30) as d:
+            assert _metrics(d) == _metrics(b)
     assert {200, 400, 409, 415, 422} <= set(statuses)
 
 
