@@ -210,11 +210,14 @@ class _Cycle(RequestResponseCycle):
         await self.send({"type": "http.response.start", "status": 500, "headers": headers})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
-    closing: Callable[[], bool] | None = None  # True: the answer about to start ends the connection (a stop's drain)
+    # closing(cycle): True when the answer of ``cycle`` about to start ends the connection (a stop's drain); the
+    # protocol's bound method, not a closure over the cycle: a cycle referring to itself would be garbage only the
+    # cyclic collector frees, a dozen objects per request (docs/http.md, "Garbage per request")
+    closing: Callable[[Any], bool] | None = None
 
     async def send(self, message: Any) -> None:
         if (not self.response_started and self.keep_alive and self.closing is not None
-                and message["type"] == "http.response.start" and self.closing()):
+                and message["type"] == "http.response.start" and self.closing(self)):
             self.keep_alive = False  # the answer says Connection: close, and the socket closes once it is written
         await super().send(message)
 
@@ -461,7 +464,12 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 else:
                     cycle.__class__ = _Cycle
                 if draining is not None:
-                    cycle.closing = lambda: draining() and self.cycle is cycle  # type: ignore[attr-defined]
+                    cycle.closing = self._drain_closes  # type: ignore[attr-defined]
+
+        def _drain_closes(self, cycle: Any) -> bool:
+            """Whether the answer of ``cycle`` about to start ends the connection: a stop's drain runs and no request
+            read after it waits (that one's answer closes the connection, in its turn)."""
+            return draining is not None and draining() and self.cycle is cycle
 
         def _end_unread(self) -> None:
             """End the connection after an answer given before the request's body came (see _EarlyAnswerCycle)."""
@@ -671,7 +679,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                            expect_100_continue=False, keep_alive=True, on_response=self.on_response_complete)
             cycle.more_body = False
             if draining is not None:
-                cycle.closing = lambda: draining() and self.cycle is cycle
+                cycle.closing = self._drain_closes
             self.cycle = self._running = cycle
             direct.answer(scope, data[start:],  # type: ignore[union-attr]
                           lambda status, headers, body: self._write_direct(cycle, status, headers, body))
@@ -707,7 +715,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                 self._unwritten = (cycle, status, headers, body)  # (the next request starts only after it)
                 return
             says_close = (b"connection", b"close") in headers
-            if cycle.keep_alive and (says_close or (cycle.closing is not None and cycle.closing())):
+            if cycle.keep_alive and (says_close or (cycle.closing is not None and cycle.closing(cycle))):
                 cycle.keep_alive = False  # (the answer's own Connection: close, or a stop's drain, as _Cycle.send)
             closing = [] if cycle.keep_alive or says_close else [(b"connection", b"close")]
             cycle.response_started = True
