@@ -47,6 +47,7 @@ from .app import ServiceApp, create_app
 from .degradation import Degradation
 from .deps import ServiceState, current_degradation, journal_wait_reason
 from .exposure import check_exposure
+from .heap import freeze_startup_heap
 from .lifecycle import (
     announce_when_listening,
     check_state_dir,
@@ -507,6 +508,7 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
     state.server_overrides = dict(server_overrides or {})
     state.file_overridden = file_values_overridden(config_path, cfg, state.server_overrides, config_data)
     try:
+        freeze_startup_heap()
         server.run(sockets=[sock])
     finally:
         starting.stop()
