@@ -653,8 +653,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             """Have ``direct`` answer ``data`` when it is one whole ``POST`` to its route written plainly
             (:func:`.plainhead.read_plain_request`), nothing else is under way on the connection and the route takes
             it; False, nothing done, otherwise (the parser reads ``data``). The request gets the cycle and scope
-            uvicorn would have built, and no request deadline (its bytes are all here), and goes on as one the parser
-            read (:meth:`_answer_direct`)."""
+            uvicorn would have built, and no request deadline: its bytes are all here."""
             cycle = self.cycle
             if ((cycle is not None and not cycle.response_complete) or self.pipeline or self._scrape_only
                     or self.transport.is_closing()):
@@ -678,11 +677,12 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
                            access_logger=self.access_logger, access_log=self.access_log,
                            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
                            expect_100_continue=False, keep_alive=True, on_response=self.on_response_complete)
-            cycle.body, cycle.more_body = bytearray(memoryview(data)[start:]), False
+            cycle.more_body = False
             if draining is not None:
                 cycle.closing = self._drain_closes
             self.cycle = self._running = cycle
-            self._answer_direct(cycle)  # (from here on as a request the parser read)
+            direct.answer(scope, data[start:],  # type: ignore[union-attr]
+                          lambda status, headers, body: self._write_direct(cycle, status, headers, body))
             return True
 
         def _answer_direct(self, cycle: Any) -> None:
