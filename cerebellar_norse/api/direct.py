@@ -80,16 +80,14 @@ class DirectTickRoute:
         rid: str = scope[SCOPE_REQUEST_ID]
         timeline = Timeline(rid, PATH, t0)
         token = request_id_var.set(rid)
-        try:
-            begun = self.fast.begin(body, h.market, timeline)
+        try:  # (a tick queued is answered by _settled, which the engine calls in the round its batch runs)
+            begun = self.fast.begin(body, h.market, timeline, functools.partial(self._settled, rid, t0, timeline, reply))
         except Exception as exc:
             self._unexpected(exc, rid, t0, timeline, reply)
             return
         finally:
             request_id_var.reset(token)
-        if isinstance(begun, asyncio.Future):
-            begun.add_done_callback(functools.partial(self._settled, rid, t0, timeline, reply))
-        else:
+        if not isinstance(begun, asyncio.Future):
             self._send(begun, rid, t0, timeline, reply)
 
     def _settled(self, rid: str, t0: int, timeline: Timeline, reply: Reply, fut: asyncio.Future[Any]) -> None:

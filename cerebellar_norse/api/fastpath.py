@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from ..engine.engine import Settled
 from ..engine.records import TickResult
 from ..errors import CerebellarNorseError
 from ..observability.context import request_id_var
@@ -119,13 +120,15 @@ class TickFastPath:
         problem = content_type_problem(h.content_type, h.coding)
         return None if problem is None else self.refusal(415, "unsupported_media_type", problem)
 
-    def begin(self, body: bytes, market: str | None, timeline: Timeline | None) -> Answer | asyncio.Future[TickResult]:
+    def begin(self, body: bytes, market: str | None, timeline: Timeline | None,
+              on_settled: Settled | None = None) -> Answer | asyncio.Future[TickResult]:
         """The request's body parsed, checked and queued for the engine (the future :meth:`settle` answers), or the
-        answer that refuses it, with nothing changed."""
+        answer that refuses it, with nothing changed; ``on_settled(future)`` is called when the engine has settled the
+        future (see :meth:`~cerebellar_norse.engine.engine.Engine.submit_nowait`)."""
         if not body:  # as FastAPI: no body is missing; a body of whitespace is malformed JSON (400)
             return self.refusal(422, "validation", "request body is missing")
         try:
-            return begin_tick(self.state, parse_tick(body), market, timeline)
+            return begin_tick(self.state, parse_tick(body), market, timeline, on_settled=on_settled)
         except ValidationError as exc:
             status, payload = validation_response(tick_errors(exc, body), body)
             self.state.metrics.errors.labels(payload["error"]["type"]).inc()

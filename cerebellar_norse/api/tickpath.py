@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Iterable
 
+from ..engine.engine import Settled
 from ..engine.records import TickResult
 from ..observability.context import request_id_var
 from ..observability.timelines import SERIALISED, VALIDATED, Timeline
@@ -75,19 +76,20 @@ def log_processed(results: Iterable[TickResult]) -> None:
 
 
 def begin_tick(svc: ServiceState, tick: TickIn, market_header: str | None = None, timeline: Timeline | None = None,
-               routed_by: str = "X-Market-ID header") -> asyncio.Future[TickResult]:
+               routed_by: str = "X-Market-ID header", on_settled: Settled | None = None) -> asyncio.Future[TickResult]:
     """Check one tick and queue it for the engine; the future settles with its result (see :func:`tick_answer`).
 
     ``market_header`` is the request's ``X-Market-ID`` (the tick must be of that
     market; ``routed_by`` says where it came from, for the error). Raises a :class:`~cerebellar_norse.errors.CerebellarNorseError` (mapped to
-    its HTTP answer by the caller) and changes no state when the tick is refused.
+    its HTTP answer by the caller) and changes no state when the tick is refused. ``on_settled``: see
+    :meth:`~cerebellar_norse.engine.engine.Engine.submit_nowait`.
     """
     t = tick.to_tick()
     check_ticks(svc, (t,), batch=False, market_header=market_header, routed_by=routed_by)
     if timeline is not None:
         timeline.market_id, timeline.ticks = t.market_id, 1
         timeline.marks[VALIDATED] = time.perf_counter_ns()
-    return svc.engine.submit_nowait(t, timeline)
+    return svc.engine.submit_nowait(t, timeline, on_settled)
 
 
 def tick_answer(result: TickResult, request_id: str, timeline: Timeline | None = None) -> bytes:

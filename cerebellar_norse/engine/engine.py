@@ -115,7 +115,8 @@ class EngineStats:
     warm_steps: int = 0
 
 
-Pending = tuple[Tick, "asyncio.Future[TickResult]", Timeline | None]
+Settled = Callable[["asyncio.Future[TickResult]"], None]  # called with a tick's future once it is settled
+Pending = tuple[Tick, "asyncio.Future[TickResult]", Timeline | None, Settled | None]
 
 
 class Engine:
@@ -457,11 +458,17 @@ class Engine:
         """
         return await self.submit_nowait(tick, timeline)
 
-    def submit_nowait(self, tick: Tick, timeline: Timeline | None = None) -> asyncio.Future[TickResult]:
+    def submit_nowait(self, tick: Tick, timeline: Timeline | None = None,
+                      on_settled: Settled | None = None) -> asyncio.Future[TickResult]:
         """:meth:`submit` without waiting: the tick is admitted (or refused, raising, with nothing changed) and queued
-        now; the future settles with its result, or the error that refused its batch, once the batch has run."""
+        now; the future settles with its result, or the error that refused its batch, once the batch has run.
+
+        ``on_settled(future)`` is then called at once, in the same round of the event loop as the batch (a future's
+        done-callbacks run from the loop's next round: answering from one cost every batch another round, several µs
+        of CPU per tick under load, docs/http.md). It must not raise (an exception is logged and dropped); it is
+        called once, also when the future was cancelled meanwhile."""
         self._admit((tick,), batch=False)
-        return self._enqueue(tick, timeline)
+        return self._enqueue(tick, timeline, on_settled)
 
     async def submit_many(self, ticks: Sequence[Tick], timeline: Timeline | None = None) -> list[TickResult]:
         """Process validated ticks in order; all are admitted (order, capacity) or none is.
@@ -474,7 +481,7 @@ class Engine:
         if not ticks:
             return []
         self._admit(ticks, batch=True)
-        futs = [self._enqueue(t, timeline) for t in ticks]
+        futs = [self._enqueue(t, timeline, None) for t in ticks]
         try:
             return list(await asyncio.gather(*futs))
         except CapacityError as exc:  # (a flush steps every queued batch at once: each future is settled by now)
@@ -485,10 +492,10 @@ class Engine:
                 f"{applied} of the {len(ticks)} ticks were applied, the others refused: {exc}; read the markets' "
                 "last ticks (GET /debug/markets/{id}/state) before sending the rest again") from exc
 
-    def _enqueue(self, tick: Tick, timeline: Timeline | None) -> asyncio.Future[TickResult]:
+    def _enqueue(self, tick: Tick, timeline: Timeline | None, on_settled: Settled | None) -> asyncio.Future[TickResult]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[TickResult] = loop.create_future()
-        self._pending.append((tick, fut, timeline))
+        self._pending.append((tick, fut, timeline, on_settled))
         self._pending_ts[tick.market_id] = tick.timestamp
         if len(self._pending) >= self.batch_size:
             if self._flush_handle is not None:
@@ -608,20 +615,22 @@ class Engine:
         if journal is not None and journal.failed is not None:  # queued before the journal failed: never stepped, so
             self.stats.failed_batches += 1  # a refused tick changes no state (and no later save can keep it)
             self.stats.failed_ticks += len(batch)
-            for _, fut, _ in batch:
+            for _, fut, _, _ in batch:
                 if not fut.done():
                     fut.set_exception(journal.refusal())
+            self._tell_settled(batch)
             return
         if journal is not None and journal.stalled is not None and journal.resume() is not None:
             self.stats.failed_batches += 1  # queued before the journal stalled: refused unstepped, as at admission
             self.stats.failed_ticks += len(batch)
-            for _, fut, _ in batch:
+            for _, fut, _, _ in batch:
                 if not fut.done():
                     fut.set_exception(journal.refusal() if journal.failed is not None else journal.wait_error())
+            self._tell_settled(batch)
             return
-        ticks = [t for t, _, _ in batch]
+        ticks = [t for t, _, _, _ in batch]
         started = time.perf_counter_ns()
-        ids = [tl.request_id if tl is not None else None for _, _, tl in batch] if self.cfg.debug.record_requests else None
+        ids = [tl.request_id if tl is not None else None for _, _, tl, _ in batch] if self.cfg.debug.record_requests else None
         try:
             results = self.process_now(ticks, ids)
         except Exception as exc:  # one bad batch must not stop the engine
@@ -635,17 +644,30 @@ class Engine:
             else:
                 log.exception("batch of %d ticks failed", len(batch))
                 err = EngineFatalError(f"batch failed: {type(exc).__name__}: {exc}")
-            for _, fut, _ in batch:
+            for _, fut, _, _ in batch:
                 if not fut.done():
                     fut.set_exception(err)
+            self._tell_settled(batch)
             return
         completed = time.perf_counter_ns()
         stepped, seq, size = self._last_stepped_ns, self.stats.batches, len(batch)
-        for (_, fut, tl), res in zip(batch, results, strict=True):
+        for (_, fut, tl, _), res in zip(batch, results, strict=True):
             if tl is not None:
                 tl.batched(started, stepped, completed, size, seq)
             if not fut.done():
                 fut.set_result(res)
+        self._tell_settled(batch)
+
+    @staticmethod
+    def _tell_settled(batch: list[Pending]) -> None:
+        """Call the ``on_settled`` of each tick of a batch whose futures are all settled (see :meth:`submit_nowait`);
+        one that raises is logged and does not keep the others from being told."""
+        for _, fut, _, on_settled in batch:
+            if on_settled is not None:
+                try:
+                    on_settled(fut)
+                except Exception:
+                    log.exception("a tick's settled callback failed")
 
     def process_now(self, ticks: Sequence[Tick], request_ids: Sequence[str | None] | None = None) -> list[TickResult]:
         """Step a batch synchronously (at most ``batch_size`` ticks, order already checked).
