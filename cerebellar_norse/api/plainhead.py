@@ -24,8 +24,9 @@ HOST_VALUE = re.compile(rb"(?:\[[0-9A-Za-z._~!$&'()*+,;=:%-]+\]|[0-9A-Za-z._~!$&
 TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"  # RFC 9110 field-name
 # A field: name, colon, optional whitespace, a value of visible ASCII words separated by spaces or tabs (llhttp
 # drops the whitespace before a value, the protocol the whitespace after it), CRLF.
-FIELD = re.compile(rb"(" + TOKEN + rb"):[ \t]*((?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?)[ \t]*\r\n")
-FIELDS = re.compile(rb"(?:" + TOKEN + rb":[ \t]*(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?[ \t]*\r\n)*")
+VALUE = rb"(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?"
+FIELD = re.compile(rb"(" + TOKEN + rb"):[ \t]*(" + VALUE + rb")[ \t]*\r\n")
+FIELDS = re.compile(rb"(?:" + TOKEN + rb":[ \t]*" + VALUE + rb"[ \t]*\r\n)*")  # (a head's fields, whole)
 # Fields whose meaning the one-pass read does not take on: the framing (Transfer-Encoding), an interim answer
 # (Expect), a protocol switch (Upgrade), hop-by-hop options (TE, Keep-Alive) and the trailers announced.
 LEFT_TO_PARSER = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"te", b"keep-alive", b"trailer"})
