@@ -613,20 +613,11 @@ class Engine:
     def _run_batch(self, batch: list[Pending]) -> None:
         journal = self.journal
         if journal is not None and journal.failed is not None:  # queued before the journal failed: never stepped, so
-            self.stats.failed_batches += 1  # a refused tick changes no state (and no later save can keep it)
-            self.stats.failed_ticks += len(batch)
-            for _, fut, _, _ in batch:
-                if not fut.done():
-                    fut.set_exception(journal.refusal())
-            self._tell_settled(batch)
+            self._refuse_batch(batch, journal.refusal)  # a refused tick changes no state (and no later save can keep it)
             return
         if journal is not None and journal.stalled is not None and journal.resume() is not None:
-            self.stats.failed_batches += 1  # queued before the journal stalled: refused unstepped, as at admission
-            self.stats.failed_ticks += len(batch)
-            for _, fut, _, _ in batch:
-                if not fut.done():
-                    fut.set_exception(journal.refusal() if journal.failed is not None else journal.wait_error())
-            self._tell_settled(batch)
+            # queued before the journal stalled: refused unstepped, as at admission
+            self._refuse_batch(batch, lambda: journal.refusal() if journal.failed is not None else journal.wait_error())
             return
         ticks = [t for t, _, _, _ in batch]
         started = time.perf_counter_ns()
@@ -634,8 +625,6 @@ class Engine:
         try:
             results = self.process_now(ticks, ids)
         except Exception as exc:  # one bad batch must not stop the engine
-            self.stats.failed_batches += 1
-            self.stats.failed_ticks += len(batch)
             if isinstance(exc, StorageError):  # logged once by the journal, with path and errno
                 err: CerebellarNorseError = exc
             elif isinstance(exc, CapacityError):  # not applied, for want of something the host may have again (GPU
@@ -644,10 +633,7 @@ class Engine:
             else:
                 log.exception("batch of %d ticks failed", len(batch))
                 err = EngineFatalError(f"batch failed: {type(exc).__name__}: {exc}")
-            for _, fut, _, _ in batch:
-                if not fut.done():
-                    fut.set_exception(err)
-            self._tell_settled(batch)
+            self._refuse_batch(batch, lambda: err)
             return
         completed = time.perf_counter_ns()
         stepped, seq, size = self._last_stepped_ns, self.stats.batches, len(batch)
@@ -656,6 +642,16 @@ class Engine:
                 tl.batched(started, stepped, completed, size, seq)
             if not fut.done():
                 fut.set_result(res)
+        self._tell_settled(batch)
+
+    def _refuse_batch(self, batch: list[Pending], error: Callable[[], BaseException]) -> None:
+        """Settle every tick of a batch that was refused or failed with ``error()`` (called per tick), count the batch
+        as failed, and tell the ticks' callers."""
+        self.stats.failed_batches += 1
+        self.stats.failed_ticks += len(batch)
+        for _, fut, _, _ in batch:
+            if not fut.done():
+                fut.set_exception(error())
         self._tell_settled(batch)
 
     @staticmethod
