@@ -681,8 +681,7 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if draining is not None:
                 cycle.closing = self._drain_closes
             self.cycle = self._running = cycle
-            direct.answer(scope, data[start:],  # type: ignore[union-attr]
-                          lambda status, headers, body: self._write_direct(cycle, status, headers, body))
+            self._hand_to_direct(cycle, data[start:])
             return True
 
         def _answer_direct(self, cycle: Any) -> None:
@@ -696,8 +695,12 @@ def guarded_protocol(request_timeout: float, on_timeout: Callable[[str], None] |
             if cycle.disconnected:  # gone before its turn: the app's way, which reads the disconnect (the tick unapplied)
                 HttpToolsProtocol._start_asgi_task(self, cycle, self.app)
                 return
-            direct.answer(cycle.scope, bytes(cycle.body),  # type: ignore[union-attr]  # (set: the cycle was taken by it)
-                          lambda status, headers, body: self._write_direct(cycle, status, headers, body))
+            self._hand_to_direct(cycle, bytes(cycle.body))
+
+        def _hand_to_direct(self, cycle: Any, body: bytes) -> None:
+            """``direct`` answers ``cycle``'s request, whose whole ``body`` has come, through :meth:`_write_direct`."""
+            direct.answer(cycle.scope, body,  # type: ignore[union-attr]  # (set: the cycle was taken by it)
+                          lambda status, headers, answer: self._write_direct(cycle, status, headers, answer))
 
         def _undirect(self) -> None:
             """Hand a request taken by ``direct`` whose body will not come to the app (which sees the timeout or the
