@@ -150,6 +150,18 @@ def zip_member(archive: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo:
     return files[_one_member([i.filename for i in files], "zip", path)]
 
 
+def zip_member_name(path: Path) -> str:
+    """The name of the one file a zip archive at ``path`` holds (as :func:`open_tick_file` reads it); "" for a file
+    that is no zip archive, or one that cannot be read (its reading says why)."""
+    try:
+        if compression_of(path) != "zip":
+            return ""
+        with _zip_archive(path) as archive:
+            return zip_member(archive, path).filename
+    except (OSError, DataError):
+        return ""
+
+
 def _holds_tar(path: Path, kind: str | None) -> bool:
     """Whether the data of the file at ``path`` (decompressed as ``kind`` says: None, "gzip", "bzip2", "xz") starts
     with a tar header: the ``TAR_MARK`` and a header checksum that holds (a text file may hold ``ustar`` at that

@@ -88,6 +88,7 @@ class Columns:
     clock_name: str = ""
     hour_ending: bool | None = None  # the clock is an hour column (see hour_column): hours ending 1..24 (True) or
     # beginning 0..23 (False); None: the clock holds times of day
+    day: str = ""  # YYYY-MM-DD of a QuantConnect Lean minute or second file: its times are ms after that midnight
     newest_first: bool = False  # rows run newest first (see runs_newest_first)
     fixed_point: bool = False  # prices are Databento's integers in units of 1e-9 (see databento.databento_fixed_point)
     time_unit: str = "ms"  # unit of numeric times (a key of UNIT_WORDS), from the first time (see time_unit_of)
@@ -127,7 +128,8 @@ class Columns:
         return FileFormat(
             path=str(path), separator={",": ",", ";": ";", "\t": "tab", "|": "|", " ": "blank"}[self.delimiter],
             header_lines=self.header_rows,
-            time=self.time_name + (f" + {self.clock_name}" if self.clock is not None else ""),
+            time=self.time_name + (f" + {self.clock_name}" if self.clock is not None else "")
+            + (f" (ms after {self.day} 00:00)" if self.day else ""),
             time_unit=None if self.iso and self.time_unit == "ms" else self.time_unit,
             dates=None if self.day_first is None else DATE_ORDER[self.day_first],
             price=self.price_name, ask=self.ask_name or None, volume=self.volume_name if self.volume is not None else None,

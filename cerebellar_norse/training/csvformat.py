@@ -108,6 +108,7 @@ from .csvheaderless import (
     BINANCE_AGG_TRADES,
     BINANCE_KLINES,
     BINANCE_TRADES,
+    DAY_MS,
     HISTDATA_TICKS,
     LEAN_BARS,
     METATRADER4_BARS,
@@ -116,7 +117,7 @@ from .csvheaderless import (
     histdata_ticks_layout,
     kraken_layout,
     lean_bars_layout,
-    lean_intraday_refusal,
+    lean_intraday_layout,
     metatrader4_layout,
     ninjatrader_layout,
     truefx_layout,
@@ -738,7 +739,7 @@ def repeated_hour_time(row: list[str], cols: Columns) -> int | None:
     if len(row) != cols.fields:
         return None
     try:
-        text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
+        text = time_text(row, cols)
         ms, zone, _ = read_time(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
     except ValueError:
         return None
@@ -783,7 +784,7 @@ def clocks_back_hint(row: list[str], cols: Columns, back_ms: int) -> str:
     if not 0 < back_ms <= CLOCKS_BACK_MS or len(row) != cols.fields:
         return ""
     try:
-        text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
+        text = time_text(row, cols)
         read = read_time(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
     except ValueError:
         return ""
@@ -846,7 +847,7 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
     for a row that is no tick and no bad row either (an order book without one side), counted in ``cols.skipped``."""
     if len(row) != cols.fields:
         raise ValueError(f"expected {cols.fields} fields, got {len(row)}{split_number_hint(row, cols)}")
-    text = row[cols.time] if cols.clock is None else _with_clock(row, cols)
+    text = time_text(row, cols)
     iso = cols.iso
     if iso is None and text.strip():  # the first time value decides the fast path of the file
         iso = cols.iso = not is_number(text)
@@ -924,6 +925,25 @@ def _no_values(row: list[str], cols: Columns) -> bool:
     return all(f.strip().lower() in _NO_VALUE for i, f in enumerate(row) if i not in keep)
 
 
+def time_text(row: list[str], cols: Columns) -> str:
+    """A row's time as text to read: its time field, completed by its time of day (``cols.clock``), or written as the
+    date and time of day it stands for in a Lean minute or second file (``cols.day``); ValueError when the time of day
+    is empty, or such a file's time is not ms within a day."""
+    if cols.day:
+        return _day_time(row[cols.time], cols)
+    return row[cols.time] if cols.clock is None else _with_clock(row, cols)
+
+
+def _day_time(text: str, cols: Columns) -> str:
+    """``YYYY-MM-DDTHH:MM:SS.fff``: the time ``text`` (whole ms after midnight of ``cols.day``) stands for."""
+    s = text.strip()
+    if not (s.isascii() and s.isdigit() and int(s) < DAY_MS):
+        raise ValueError(f"{cols.time_name} {s!r} is not whole ms after midnight (0 to {DAY_MS - 1}) of {cols.day},"
+                         " the date in the file's name")
+    ms = int(s)
+    return f"{cols.day}T{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+
+
 def _with_clock(row: list[str], cols: Columns) -> str:
     """The date of a row completed by its time of day (``cols.clock``); ValueError when the time of day is empty."""
     assert cols.clock is not None
@@ -985,7 +1005,7 @@ def runs_newest_first(path: Path, cols: Columns, sample_rows: int = 10_000) -> b
                 if len(r) != cols.fields:
                     continue
                 try:
-                    text = r[cols.time] if cols.clock is None else _with_clock(r, cols)
+                    text = time_text(r, cols)
                     t = time_any(text, cols.time_name, cols.day_first, cols.time_unit, cols.zone)
                 except ValueError:
                     continue  # a bad row: the reading pass reports it
@@ -1072,7 +1092,7 @@ def time_unit_of(path: Path, cols: Columns) -> str | None:
         raise DataError(msg, [msg])
     if first is None:  # every time is 0: read as ms (bad or noted rows of the reading pass)
         first = firsts[0]
-    cols.iso = cols.clock is not None or not is_number(first)
+    cols.iso = cols.clock is not None or bool(cols.day) or not is_number(first)
     if cols.iso:
         return None
     if yyyymmdd(first) is not None:  # 20080102: a date, not ms on 1970-01-01
@@ -1160,7 +1180,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     if delimiter == " ":
         blank_split_times(path, skipped)
     levels = yfinance_header(path, header, delimiter, skipped)
-    ticker, lines, ticker_from = "", 1, "the header's Ticker row"
+    ticker, lines, ticker_from, day = "", 1, "the header's Ticker row", ""
     binance = None
     if levels is not None:
         header, ticker, lines = levels
@@ -1192,8 +1212,14 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
                          f" times in the exchange's zone, New York for US equities, read in {zone_name(zone)}: give that"
                          " zone if it is not; an equity's prices are in 1/10,000 of a dollar, as Lean stores them, which"
                          " changes no return)")
-        elif lean_refusal := lean_intraday_refusal(path, header):
-            raise DataError(lean_refusal, [lean_refusal])
+        elif (lean := lean_intraday_layout(path, header, delimiter)) is not None:
+            header, lines, day = list(lean.names), 0, lean.day
+            if lean.market:
+                ticker, ticker_from = _market_name(lean.market), "the symbol in the file's name (or its folder's), as Lean names them"
+            notes.append(f"{path}: no header line; read as QuantConnect Lean's {lean.what} ({','.join(lean.names)};"
+                         f" times in ms after midnight of {day}, the date in the file's name, in the exchange's zone,"
+                         f" New York for US equities, read in {zone_name(zone)}: give that zone if it is not; an"
+                         " equity's prices are in 1/10,000 of a dollar, as Lean stores them, which changes no return)")
         elif (with_row_names := row_names_header(path, header, delimiter, skipped)) is not None:
             header = with_row_names
             notes.append(f"{path}: every row has one field more than the header names: the first, unnamed, is the rows'"
@@ -1211,6 +1237,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
             ticker, ticker_from = binance_symbol(path), "the Binance file name without its date"
     cols = columns_of(path, header, notes, ticker, ticker_from, series)
     cols.zone = zone
+    cols.day = day
     cols.header_rows = skipped + lines
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")

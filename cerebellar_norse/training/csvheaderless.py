@@ -1,10 +1,10 @@
 """Headerless tick files of a known layout: data.binance.vision's (klines, aggTrades, trades), TrueFX's quotes,
 MetaTrader 4's history export, NinjaTrader's (and HistData's) text files of bars and ticks, HistData's ticks,
-Kraken's downloadable trades (time and sales) and OHLCVT bars, and QuantConnect Lean's daily and hour bars.
+Kraken's downloadable trades (time and sales) and OHLCVT bars, and QuantConnect Lean's daily, hour, minute and second bars.
 
 A file without a header is read only when its first rows fit one of these layouts exactly
 (:func:`binance_layout`, :func:`truefx_layout`, :func:`metatrader4_layout`, :func:`ninjatrader_layout`,
-:func:`histdata_ticks_layout`, :func:`kraken_layout`, :func:`lean_bars_layout`); the column names each layout gives its fields are the names a
+:func:`histdata_ticks_layout`, :func:`kraken_layout`, :func:`lean_bars_layout`, :func:`lean_intraday_layout`); the column names each layout gives its fields are the names a
 header of that vendor would carry, so the rest of the reader finds the time, price and volume columns by name.
 """
 
@@ -14,9 +14,11 @@ import csv
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
-from .compressed import open_tick_text
+from .compressed import open_tick_text, zip_member_name
 from .csvnumbers import is_number
 
 # data.binance.vision's files, headerless (spot, and futures before their files had a header), by layout: the column
@@ -200,27 +202,54 @@ def lean_bars_layout(path: Path, first: list[str], delimiter: str = ",", skip: i
 
 LEAN_QUOTE_BARS = ("time", "bid_open", "bid_high", "bid_low", "bid", "bid_size", "ask_open", "ask_high", "ask_low",
                    "ask", "ask_size")
-_LEAN_DAY_FILE = re.compile(r"(\d{8})_")  # 20171217_trade.zip, 20171217_btcusd_minute_trade.csv
+# QuantConnect Lean's minute and second files: 20171217_btcusd_minute_trade.csv, zipped as 20171217_trade.zip in the
+# symbol's folder (data/crypto/coinbase/minute/btcusd/); their first field is ms since midnight of the name's date
+_LEAN_DAY_FILE = re.compile(r"(\d{8})_")
+_LEAN_DAY_CSV = re.compile(r"\d{8}_(.+)_(minute|second)_(trade|quote)", re.IGNORECASE)
 DAY_MS = 86_400_000
 
 
-def lean_intraday_refusal(path: Path, first: list[str]) -> str:
-    """Why a headerless QuantConnect Lean minute or second file cannot be read, with the pandas lines that write it
-    readably; "" for any other file. Such a file (``20171217_btcusd_minute_trade.csv``, or its zip
-    ``20171217_trade.zip``) holds trade bars (6 fields) or quote bars (11: bid and ask bars and sizes) whose first
-    field is ms since midnight of the date in its name, in the exchange's zone: no time of its own."""
+@dataclass(frozen=True)
+class LeanDay:
+    """How a QuantConnect Lean minute or second file is read (see :func:`lean_intraday_layout`)."""
+
+    names: tuple[str, ...]  # the column names read: LEAN_BARS (trade bars) or LEAN_QUOTE_BARS
+    day: str  # YYYY-MM-DD: the date whose midnight (in the exchange's zone) its times count from, in ms
+    market: str  # the symbol, with "-second" for second bars and "-quote" for quote bars ("" when no name tells it)
+    what: str  # "minute trade bars", "second quote bars", ... for the note
+
+
+def _lean_day_row(row: list[str], fields: int) -> bool:
+    """Whether a headerless row opens a Lean minute or second file: ``fields`` (6 or 11) plain numbers, the first
+    whole ms since midnight."""
+    return (len(row) == fields and row[0].strip().isascii() and row[0].strip().isdigit()
+            and int(row[0]) < DAY_MS and _finite(*row))
+
+
+def lean_intraday_layout(path: Path, first: list[str], delimiter: str = ",") -> LeanDay | None:
+    """How to read a headerless QuantConnect Lean minute or second file, None for any other file: its name starts
+    with a date (``20171217_btcusd_minute_trade.csv``, or the zip ``20171217_trade.zip`` holding it) and its first
+    line ``first`` is a trade bar (6 numbers: ms since midnight, open, high, low, close, volume) or a quote bar (11:
+    ms, the bid's bar and size, the ask's bar and size). Later rows are checked by the reading pass, as any file's.
+    The market is the symbol in the file's name (a zip's: in the name of the file it holds), else the name of the
+    folder the file is in, which Lean names after the symbol."""
     day = _LEAN_DAY_FILE.match(path.name)
-    if day is None or len(first) not in (6, 11) or not first[0].strip().isdigit() or not _finite(*first):
-        return ""
-    if int(first[0]) >= DAY_MS:
-        return ""
+    if day is None or delimiter != "," or len(first) not in (6, 11) or not _lean_day_row(first, len(first)):
+        return None
     d = day[1]
-    names = LEAN_BARS if len(first) == 6 else LEAN_QUOTE_BARS
-    return (f"{path}: no header line, and the first field ({first[0].strip()}) is no time: a QuantConnect Lean minute or"
-            f" second file holds ms since midnight of the date in its name ({d[:4]}-{d[4:6]}-{d[6:]}), in the"
-            " exchange's zone; write the times out, e.g. with pandas: df = pd.read_csv(FILE, header=None);"
-            f" df[0] = pd.Timestamp('{d[:4]}-{d[4:6]}-{d[6:]}') + pd.to_timedelta(df[0], unit='ms');"
-            f" df.to_csv('ticks.csv', index=False, header={list(names)!r}) (and give --timezone the exchange's zone)")
+    try:
+        if date(int(d[:4]), int(d[4:6]), int(d[6:])).year < 1970:
+            return None
+    except ValueError:
+        return None
+    named = _LEAN_DAY_CSV.match(path.name) or _LEAN_DAY_CSV.match(Path(zip_member_name(path)).name)
+    resolution = named[2].lower() if named else ("second" if path.parent.parent.name.lower() == "second" else "minute")
+    kind = "trade" if len(first) == 6 else "quote"
+    symbol = named[1] if named else path.parent.name
+    market = (symbol + ("-second" if resolution == "second" else "") + ("-quote" if kind == "quote" else "")
+              if symbol else "")
+    return LeanDay(LEAN_BARS if kind == "trade" else LEAN_QUOTE_BARS, f"{d[:4]}-{d[4:6]}-{d[6:]}", market,
+                   f"{resolution} {kind} bars")
 
 
 def _histdata_tick_row(row: list[str]) -> bool:

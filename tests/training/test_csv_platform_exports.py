@@ -4,9 +4,11 @@ series as columns, and holidays beside weekends in intraday bars."""
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Callable
 from datetime import timedelta, timezone
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
@@ -345,19 +347,89 @@ def test_a_lean_daily_or_hour_bar_file_is_read_by_its_layout(tmp_path: Path) -> 
         load_csv_files([write(tmp_path, "\n".join(broken) + "\n", "spy2.csv")])
 
 
-@pytest.mark.parametrize(("fields", "names"), [
-    ("0,19650.02,19650.02,19505,19516.96,61.34", "['time', 'open', 'high', 'low', 'close', 'volume']"),
-    ("0,19650,19650,19650,19650,0.03,19650.01,19650.01,19650.01,19650.01,14.5", "['time', 'bid_open', 'bid_high',"),
-])
-def test_a_lean_minute_file_is_refused_naming_the_date_its_times_count_from(tmp_path: Path, fields: str,
-                                                                             names: str) -> None:
+def _lean_minutes(n: int, start_ms: int = 0, step_ms: int = 60_000) -> list[str]:
+    """``n`` Lean trade bars (ms since midnight, open, high, low, close, volume), ``step_ms`` apart from ``start_ms``;
+    the close ``19650.02 + k``."""
+    return [f"{start_ms + step_ms * k},{19650 + k},{19651 + k},{19649 + k},{19650.02 + k},{61.34 + k}" for k in range(n)]
+
+
+def test_a_lean_minute_trade_file_is_read_at_the_date_in_its_name(tmp_path: Path) -> None:
     """Lean's minute and second files (``20171217_btcusd_minute_trade.csv``) hold ms since midnight of the date in
-    their name: refused as a file without a header (adding one would read 0, 60000, … as 1970-01-01); the refusal
-    names the date and the pandas lines that write the times, with the column names that are read."""
-    lines = [f"{60000 * k}," + fields.split(",", 1)[1] for k in range(5)]
-    path = write(tmp_path, "\n".join(lines) + "\n", "20171217_btcusd_minute_trade.csv")
-    with pytest.raises(DataError) as exc:
-        load_csv_files([path])
-    msg = str(exc.value)
-    assert "ms since midnight of the date in its name (2017-12-17)" in msg
-    assert "pd.Timestamp('2017-12-17') + pd.to_timedelta(df[0], unit='ms')" in msg and names in msg
+    their name, no date of their own, and no header line. Such a file is read with the columns
+    ``time,open,high,low,close,volume``, each time that date's midnight plus its ms, its market the symbol in the
+    name; a note says so and asks for the exchange's zone. (It was refused, naming the pandas lines that write the
+    times out.)"""
+    path = write(tmp_path, "\n".join(_lean_minutes(30)) + "\n", "20171217_btcusd_minute_trade.csv")
+    data = load_csv_files([path])
+    (market,) = data.markets
+    assert market.market_id == "btcusd" and data.rows == 30 and data.bad_rows == 0
+    assert market.timestamp.tolist() == [utc_ms(2017, 12, 17) + 60_000 * k for k in range(30)]
+    assert market.price.tolist() == [19650.02 + k for k in range(30)] and market.volume[0] == pytest.approx(61.34)
+    assert any("read as QuantConnect Lean's minute trade bars (time,open,high,low,close,volume; times in ms after"
+               " midnight of 2017-12-17, the date in the file's name, in the exchange's zone" in n for n in data.notes)
+    assert data.formats[0].time == "time (ms after 2017-12-17 00:00)"
+
+
+def test_a_lean_quote_file_is_read_at_the_mid_of_its_closing_bid_and_ask(tmp_path: Path) -> None:
+    """Quote bars (11 numbers: ms, the bid's open, high, low, close and size, then the ask's) are read at the mid of
+    the closes, the volume the two sizes; their market is the symbol's with ``-second`` and ``-quote``, apart from
+    its trade bars."""
+    rows = [f"{1000 * k},19650,19651,19649,{19650 + k},0.5,19650.5,19651.5,19649.5,{19651 + k},1.5" for k in range(10)]
+    path = write(tmp_path, "\n".join(rows) + "\n", "20171217_btcusd_second_quote.csv")
+    data = load_csv_files([path])
+    (market,) = data.markets
+    assert market.market_id == "btcusd-second-quote" and data.bad_rows == 0
+    assert market.timestamp.tolist() == [utc_ms(2017, 12, 17) + 1000 * k for k in range(10)]
+    assert market.price.tolist() == [19650.5 + k for k in range(10)] and market.volume.tolist() == [2.0] * 10
+
+
+def test_lean_zipped_days_in_the_symbols_folder_are_one_market_in_the_exchanges_zone(tmp_path: Path) -> None:
+    """Lean keeps an equity's minutes as one zip a day in the symbol's folder (``equity/usa/minute/spy/
+    20131007_trade.zip`` holding ``20131007_spy_minute_trade.csv``): the days read one after the other as one
+    market, their times in the zone given (New York: 09:30 is 13:30 UTC in October, 14:30 in December, daylight
+    saving time over), as Lean writes them in the exchange's zone."""
+    folder = tmp_path / "equity" / "usa" / "minute" / "spy"
+    folder.mkdir(parents=True)
+    paths = []
+    for day in ("20131007", "20131008", "20131209"):
+        paths.append(folder / f"{day}_trade.zip")
+        with zipfile.ZipFile(paths[-1], "w") as z:
+            z.writestr(f"{day}_spy_minute_trade.csv", "\r\n".join(_lean_minutes(390, 34_200_000)) + "\r\n")
+    data = load_csv_files(paths, zone=ZoneInfo("America/New_York"))
+    (market,) = data.markets
+    assert market.market_id == "spy" and data.rows == 3 * 390 and data.bad_rows == 0
+    starts = market.timestamp[::390].tolist()
+    assert starts == [utc_ms(2013, 10, 7, 13, 30), utc_ms(2013, 10, 8, 13, 30), utc_ms(2013, 12, 9, 14, 30)]
+    assert market.timestamp[389] == utc_ms(2013, 10, 7, 19, 59)  # 15:59 in New York, the day's last bar
+    # a zip whose file's name does not name the symbol: the folder's name does
+    other = tmp_path / "equity" / "usa" / "minute" / "aapl"
+    other.mkdir(parents=True)
+    with zipfile.ZipFile(other / "20131007_trade.zip", "w") as z:
+        z.writestr("20131007.csv", "\n".join(_lean_minutes(5, 34_200_000)) + "\n")
+    assert [m.market_id for m in load_csv_files([other / "20131007_trade.zip"]).markets] == ["aapl"]
+
+
+def test_a_lean_time_that_is_no_ms_of_the_day_is_a_bad_row_naming_the_date(tmp_path: Path) -> None:
+    """A row whose time is not whole ms within the day (86,400,000 or more, a fraction) is a bad row whose reason
+    names the day its times count from; the file's other rows are read."""
+    rows = _lean_minutes(400)
+    rows[150] = "86400000" + rows[150][rows[150].index(","):]
+    rows[200] = "60000.5" + rows[200][rows[200].index(","):]
+    path = write(tmp_path, "\n".join(rows) + "\n", "20171217_btcusd_minute_trade.csv")
+    data = load_csv_files([path], max_bad_fraction=0.05)
+    assert data.rows == 400 and data.bad_rows == 2 and len(data.markets[0].timestamp) == 398
+    report = "\n".join(data.report)
+    assert "time '86400000' is not whole ms after midnight (0 to 86399999) of 2017-12-17" in report
+    assert "time '60000.5' is not whole ms after midnight" in report
+
+
+@pytest.mark.parametrize(("name", "rows"), [
+    ("btcusd_minute_trade.csv", _lean_minutes(5)),  # no date in the name
+    ("20171217_btcusd_minute_trade.csv", _lean_minutes(5, 86_400_000)),  # no time within a day
+    ("20171317_btcusd_minute_trade.csv", _lean_minutes(5)),  # no such date
+    ("20171217_btcusd_minute_trade.csv", [r + ",1" for r in _lean_minutes(5)]),  # seven fields
+])
+def test_numbers_without_a_header_that_are_no_lean_day_are_refused_asking_for_one(tmp_path: Path, name: str,
+                                                                                   rows: list[str]) -> None:
+    with pytest.raises(DataError, match="add a header line"):
+        load_csv_files([write(tmp_path, "\n".join(rows) + "\n", name)])
