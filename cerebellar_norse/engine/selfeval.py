@@ -1,9 +1,9 @@
 """Live self-evaluation: every served prediction is scored once its horizon has passed.
 
 The true class (0 down, 1 flat, 2 up) of a tick is known once its horizon has passed;
-:class:`~cerebellar_norse.training.labels.StreamLabeler` (one per market, the payload
-being the probability row served for the tick) gives it, with the same labels as
-training and ``evaluate``. Each judged tick is scored in two scopes, its market and
+:class:`~cerebellar_norse.training.labels.StreamLabels` (the payload being the
+probability row served for the tick) gives it, with the same labels as training and
+``evaluate``. Each judged tick is scored in two scopes, its market and
 all markets together:
 
 * the model: directional accuracy over ticks labelled up or down (the sign of
@@ -19,8 +19,10 @@ all markets together:
 Figures cover a rolling window of the last ``window`` judged ticks of the scope and
 every tick since the scope was first seen. Log losses are in nats.
 
-Cost: the window is a ring of per-tick contributions with running sums, O(1) per
-judged tick; integer parts (counts, hits in halves or sixths) are exact, the float
+Cost: served ticks are kept as rows of numbers and labelled and scored compiled, every
+``FLUSH_AT`` ticks (and before any read), so that a tick costs its market's lookup and
+one list extension on the serving path. The window is a ring of per-tick contributions
+with running sums, O(1) per judged tick; integer parts (counts, hits in halves or sixths) are exact, the float
 sums are recomputed from the ring every ``window`` updates of a scope so rounding
 never accumulates. The ring holds 21 bytes per tick per scope (losses as float32, so
 window losses carry a relative rounding of about 1e-7; totals are float64), so
@@ -43,13 +45,16 @@ import numpy as np
 from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..config import Config
 from ..ticks import Tick
-from ..training.labels import LabelSpec, Resolved, StreamLabeler
+from ..training.labels import J_CLASS, J_PAYLOAD, LabelSpec, StreamLabels
 
 EPS = 1e-12
 CLASSES = ("down", "flat", "up")
 RING_BYTES_PER_TICK = 4 * 4 + 5  # four float32 losses, five int8 fields
 DEFAULT_MAX_BYTES = 256 * 2**20
-FLUSH_AT = 256  # judged ticks kept before they are scored (reads score what is pending first)
+FLUSH_AT = 256  # served ticks kept before they are labelled and scored (reads score what is pending first)
+# A served tick as kept until then: its market's scope, time (ms), price, then the payload the labels carry to its
+# judgement: the probabilities served (down, flat, up) and the scope it is scored in (-1: served warming up, not scored)
+OBS_WIDTH = 7
 TOP_MARKETS = 100
 
 # Integer sums of a scope (window and total): judged ticks, directional ticks, model
@@ -170,18 +175,21 @@ def _push(s: int, y: int, m_dir: int, m_acc: int, m_dll: float, m_ll: float,
             win_f[s, f] = acc
 
 
-@nb.njit(cache=True, nogil=True)
-def _score(rows: np.ndarray, label: np.ndarray, tot_i: np.ndarray, tot_f: np.ndarray,
+@nb.njit(cache=True)  # holds the GIL, as the engine's step does: it runs on the event loop, inside a batch
+def _score(judged: np.ndarray, tot_i: np.ndarray, tot_f: np.ndarray,
            win_i: np.ndarray, win_f: np.ndarray, ring_i: np.ndarray, ring_f: np.ndarray, pos: np.ndarray,
            since: np.ndarray) -> None:
     """Score judged ticks in order: each in scope 0 (all markets) and in its market's scope.
 
-    ``rows`` (n, 4): the probabilities served (down, flat, up) and the market's scope.
+    ``judged`` (n, 7): as :meth:`~cerebellar_norse.training.labels.StreamLabels.label` yields them: the class, forward
+    return and band, then the payload: the probabilities served (down, flat, up) and the market's scope (-1: not
+    scored).
     """
-    for k in range(label.shape[0]):
-        y = label[k]
-        down, flat, up = rows[k, 0], rows[k, 1], rows[k, 2]
-        if not (math.isfinite(down) and math.isfinite(flat) and math.isfinite(up)):
+    for k in range(judged.shape[0]):
+        y = int(judged[k, J_CLASS])
+        down, flat, up, scope = (judged[k, J_PAYLOAD], judged[k, J_PAYLOAD + 1], judged[k, J_PAYLOAD + 2],
+                                 judged[k, J_PAYLOAD + 3])
+        if scope < 0.0 or not (math.isfinite(down) and math.isfinite(flat) and math.isfinite(up)):
             continue
         py = down if y == 0 else (flat if y == 1 else up)
         m_ll = _class_loss(py)
@@ -192,7 +200,7 @@ def _score(rows: np.ndarray, label: np.ndarray, tot_i: np.ndarray, tot_f: np.nda
             m_dir = _dir_hits2(up, down, y)
             m_dll = _dir_loss(up, down, y)
         _push(0, y, m_dir, m_acc, m_dll, m_ll, tot_i, tot_f, win_i, win_f, ring_i, ring_f, pos, since)
-        _push(int(rows[k, 3]), y, m_dir, m_acc, m_dll, m_ll, tot_i, tot_f, win_i, win_f, ring_i, ring_f, pos, since)
+        _push(int(scope), y, m_dir, m_acc, m_dll, m_ll, tot_i, tot_f, win_i, win_f, ring_i, ring_f, pos, since)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -236,18 +244,15 @@ class LiveScorer:
         by_memory = max_bytes // (window * RING_BYTES_PER_TICK) - 1
         self.max_markets = max(1, min(max_markets, by_memory))
         self.dropped_markets = 0
-        self._markets: OrderedDict[str, tuple[StreamLabeler[list[float]], int]] = OrderedDict()
+        self._markets: OrderedDict[str, int] = OrderedDict()  # market -> its scope (and its row of the labels)
         self._free: list[int] = []
         self._arrays: tuple[np.ndarray, ...] = ()
         self._rows = 0
+        self._labels = StreamLabels(spec, OBS_WIDTH - 3)
         self._alloc(1 + min(self.max_markets, 4))  # grows by doubling
         self._scopes = 1  # scopes in use; scope 0 is all markets together
-        self._judged: list[Resolved[list[float]]] = []
-        # load (or compile) the numba kernels now rather than on the first served ticks
-        self._flush()
-        warm: StreamLabeler[None] = StreamLabeler(spec)
-        for ts in range(2):
-            warm.observe(float(ts), 1.0, None)
+        self._obs: list[float] = []  # served ticks not yet labelled, OBS_WIDTH numbers each
+        self._load_kernels()
 
     @classmethod
     def from_config(cls, cfg: Config, max_markets: int) -> LiveScorer:
@@ -273,6 +278,7 @@ class LiveScorer:
             new[:self._rows] = old
         self._arrays = arrays
         self._rows = rows
+        self._labels.grow_rows(rows)
 
     def _new_slot(self) -> int:
         if self._free:
@@ -284,71 +290,75 @@ class LiveScorer:
             self._scopes += 1
         for a in self._arrays:
             a[s] = 0
+        self._labels.reset(s)
         return s
 
+    def _load_kernels(self) -> None:
+        """Load (or compile) the numba kernels now rather than on the first served ticks: two ticks in row 0 (no
+        market's), not scored, then forgotten."""
+        self._obs += (0, 0.0, 1.0, 0.0, 0.0, 0.0, -1.0) * 2
+        self._flush()
+        _score(np.zeros((0, OBS_WIDTH)), *self._arrays)
+        self._labels.reset(0)
+
     def _flush(self) -> None:
-        """Score the judged ticks collected so far, in order."""
-        judged = self._judged
-        flat: list[float] = []
-        for r in judged:
-            flat += r[0]
+        """Label the served ticks kept so far and score the ticks they judge, in order."""
+        obs = self._obs
         try:
-            rows = np.array(flat, dtype=np.float64).reshape(-1, 4)
-            labels = np.fromiter([r[1] for r in judged], dtype=np.int64, count=len(judged))
-            _score(rows, labels, *self._arrays)
+            served = np.array(obs, dtype=np.float64).reshape(-1, OBS_WIDTH)
         finally:
-            judged.clear()
+            obs.clear()
+        for judged in self._labels.label(served):
+            _score(judged, *self._arrays)
 
     def _flush_pending(self) -> None:
-        if self._judged:
+        if self._obs:
             self._flush()
 
-    def _track(self, market: str) -> tuple[StreamLabeler[list[float]], int]:
+    def _track(self, market: str) -> int:
         if len(self._markets) >= self.max_markets:
-            if self._judged:  # judged ticks of the market about to go still hold its slot
+            if self._obs:  # served ticks of the market about to go still name its scope
                 self._flush()
-            _, (_, slot) = self._markets.popitem(last=False)
+            _, slot = self._markets.popitem(last=False)
             self._free.append(slot)
             self.dropped_markets += 1
-        labeler: StreamLabeler[list[float]] = StreamLabeler(self.spec)
-        entry = (labeler, self._new_slot())
-        self._markets[market] = entry
-        return entry
+        slot = self._new_slot()
+        self._markets[market] = slot
+        return slot
 
     # -- updates ------------------------------------------------------------------
 
     def observe_batch(self, ticks: Sequence[Tick], probs: np.ndarray, warming: Sequence[bool] | None = None) -> None:
-        """Record the probability rows (down, flat, up) served for ``ticks`` and score the ticks they judge.
+        """Record the probability rows (down, flat, up) served for ``ticks``; the ticks they judge are scored every
+        ``FLUSH_AT`` ticks and before any read.
 
         Ticks flagged in ``warming`` (served with ``warming_up``) still drive the labels
         (volatility, horizons) but are not scored, as ``evaluate`` does not score them.
         """
         rows = probs.tolist()  # a copy: the caller reuses the array
         markets = self._markets
-        judged = self._judged
-        skip = [False] * len(rows) if warming is None else list(warming)
+        obs = self._obs
+        skip = [False] * len(rows) if warming is None else warming
         for t, row, warm in zip(ticks, rows, skip, strict=True):
             market = t.market_id
-            entry = markets.get(market)
-            if entry is None:
-                entry = self._track(market)
+            s = markets.get(market)
+            if s is None:
+                s = self._track(market)
             else:
                 markets.move_to_end(market)
-            row.append(-1.0 if warm else entry[1])  # payload: [P(down), P(flat), P(up), slot or -1: not scored]
-            out = entry[0].observe(t.timestamp, t.price, row)
-            if out:
-                judged += [r for r in out if r.payload[3] >= 0.0]
-        if len(judged) >= FLUSH_AT:  # scored in blocks: one numpy/numba pass per block, not per tick
+            obs += (s, t.timestamp, t.price, row[0], row[1], row[2], -1.0 if warm else s)
+        if len(obs) >= FLUSH_AT * OBS_WIDTH:  # labelled and scored in blocks: one compiled pass per block
             self._flush()
 
     def forget(self, market_id: str) -> bool:
         """Drop a market's pending ticks and figures (it was reset or evicted); True when it was tracked."""
-        entry = self._markets.pop(market_id, None)
-        if entry is None:
+        slot = self._markets.pop(market_id, None)
+        if slot is None:
             return False
-        if self._judged:  # its judged ticks still name the slot about to be reused
+        if self._obs:  # its served ticks still name the scope about to be reused
             self._flush()
-        self._free.append(entry[1])
+        self._labels.reset(slot)
+        self._free.append(slot)
         return True
 
     def retain(self, markets: Container[str]) -> int:
@@ -370,8 +380,8 @@ class LiveScorer:
         self._flush_pending()
         if market_id is None:
             return self._scope(0)
-        entry = self._markets.get(market_id)
-        return None if entry is None else self._scope(entry[1])
+        slot = self._markets.get(market_id)
+        return None if slot is None else self._scope(slot)
 
     def _scope(self, s: int) -> dict[str, Any]:
         tot_i, tot_f, win_i, win_f = self._arrays[:4]
@@ -396,7 +406,7 @@ class LiveScorer:
         """JSON-serialisable figures: all markets together and the ``top`` markets by judged ticks (no NaN: None)."""
         self._flush_pending()
         names = list(self._markets)
-        slots = np.fromiter((self._markets[m][1] for m in names), dtype=np.int64, count=len(names))
+        slots = np.fromiter((self._markets[m] for m in names), dtype=np.int64, count=len(names))
         judged = self._arrays[0][slots, I_N]
         order = np.argsort(-judged, kind="stable")[:top]
         return {"window_ticks": self.window, "labels": self.spec.describe(),

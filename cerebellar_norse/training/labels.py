@@ -1,8 +1,8 @@
 """Labels: the class (down, flat, up) of a tick's return over the prediction horizon.
 
 One definition serves training, ``evaluate`` and the service's live self-evaluation;
-:func:`label_series` (a whole series) and :class:`StreamLabeler` (tick by tick) give
-identical labels for the same ticks.
+:func:`label_series` (a whole series) and :class:`StreamLabels` (many markets' ticks as
+they arrive) give identical labels for the same ticks.
 
 Horizon. Tick t of a market is judged at its *end tick* e(t):
 
@@ -29,9 +29,9 @@ Flat band. ``|r| <= band(t)`` is ``flat``, above it ``up``, below ``-band`` ``do
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Generic, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import numba as nb
 import numpy as np
@@ -39,7 +39,6 @@ import numpy as np
 from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..config import Config
 
-T = TypeVar("T")
 MAX_PENDING = 1_000_000  # pending ticks per market beyond which the oldest are dropped (time horizons only)
 
 
@@ -101,25 +100,21 @@ class Labels(NamedTuple):
     sigma: np.ndarray
 
 
-def _volatility_update_py(var: float, count: float, r: float, window: float) -> tuple[float, float]:
+@nb.njit(cache=True, nogil=True)
+def _volatility_update(var: float, count: float, r: float, window: float) -> tuple[float, float]:
     """Running mean of squared returns: plain mean for the first ``window`` returns, then EWMA."""
     count += 1.0
     alpha = max(1.0 / count, 1.0 / window)
     return var + alpha * (r * r - var), count
 
 
-def _classify_py(r: float, band: float) -> int:
+@nb.njit(cache=True, nogil=True)
+def _classify(r: float, band: float) -> int:
     if r > band:
         return 2
     if r < -band:
         return 0
     return 1
-
-
-# The same IEEE operations compiled for the series kernel; the streaming path stays in
-# Python, where a call into numba per tick would cost more than the arithmetic.
-_volatility_update = nb.njit(cache=True, nogil=True)(_volatility_update_py)
-_classify = nb.njit(cache=True, nogil=True)(_classify_py)
 
 
 @nb.njit(cache=True)
@@ -179,58 +174,186 @@ def past_returns(price: np.ndarray, end: np.ndarray) -> np.ndarray:
     return out
 
 
-class Resolved(NamedTuple, Generic[T]):
-    """A tick judged once its horizon passed: its payload, class, forward return and band."""
+# StreamLabels' state. Per market row: state_f (running variance of the per-tick log returns, its count, the last log
+# price) and state_i (ticks seen, the first and last of its pending ticks in the pool, -1 for none, how many pend).
+S_VAR, S_COUNT, S_LOGP = 0, 1, 2
+S_N, S_HEAD, S_TAIL, S_PENDING = 0, 1, 2, 3
+# A pending tick, an entry of the pool shared by all markets: pool_i (its index among its market's ticks, the market's
+# next pending entry, -1 for none) and pool_f (time in ms, log price, sigma, then the caller's payload).
+P_IDX, P_NEXT = 0, 1
+P_TS, P_LOGP, P_SIGMA, P_PAYLOAD = 0, 1, 2, 3
+# Columns of a judged tick in the blocks StreamLabels.label yields: class, forward log return, band, then the payload.
+J_CLASS, J_RET, J_BAND, J_PAYLOAD = 0, 1, 2, 3
+# Columns of an observed tick given to StreamLabels.label: market row, time (ms), price, then the payload.
+O_ROW, O_TS, O_PRICE, O_PAYLOAD = 0, 1, 2, 3
 
-    payload: T
-    label: int
-    fwd_ret: float
-    band: float
+
+@nb.njit(cache=True)  # holds the GIL, as the engine's step does (docs/benchmarks.md, "The GIL inside the processing
+# window"): the service labels served ticks on the event loop, between steps
+def _stream_kernel(obs: np.ndarray, start: int, h_ticks: int, h_ms: float, vol_band: bool, flat_band: float,
+                   k: float, window: float, max_pending: int, state_f: np.ndarray, state_i: np.ndarray,
+                   pool_f: np.ndarray, pool_i: np.ndarray, free: np.ndarray, tops: np.ndarray, out: np.ndarray,
+                   n_out: np.ndarray) -> int:
+    """Label the observed ticks ``obs[start:]`` in order (see :class:`StreamLabels`), writing the ticks each one
+    judges to ``out`` from ``n_out[0]`` on. Returns the index of the first tick not taken: ``len(obs)`` when all
+    were, earlier when the pool has no free entry (``tops[0]``, the free stack's height) or ``out`` has no room for
+    every tick the next one might judge. ``tops[1]`` counts pending ticks dropped beyond ``max_pending``."""
+    w = obs.shape[1] - O_PAYLOAD
+    for j in range(start, obs.shape[0]):
+        s = int(obs[j, O_ROW])
+        if tops[0] == 0 or n_out[0] + state_i[s, S_PENDING] > out.shape[0]:
+            return j
+        ts = obs[j, O_TS]
+        logp = math.log(obs[j, O_PRICE])
+        n = state_i[s, S_N]
+        if n > 0:
+            var, count = _volatility_update(state_f[s, S_VAR], state_f[s, S_COUNT], logp - state_f[s, S_LOGP], window)
+            state_f[s, S_VAR], state_f[s, S_COUNT] = var, count
+        e = state_i[s, S_HEAD]
+        while e >= 0:  # the market's pending ticks whose end tick this is, oldest first
+            if h_ms > 0.0:
+                if ts < pool_f[e, P_TS] + h_ms:
+                    break
+            elif n - pool_i[e, P_IDX] < h_ticks:
+                break
+            r = logp - pool_f[e, P_LOGP]
+            b = k * pool_f[e, P_SIGMA] * math.sqrt(n - pool_i[e, P_IDX]) if vol_band else flat_band
+            o = n_out[0]
+            out[o, J_CLASS], out[o, J_RET], out[o, J_BAND] = _classify(r, b), r, b
+            for c in range(w):
+                out[o, J_PAYLOAD + c] = pool_f[e, P_PAYLOAD + c]
+            n_out[0] = o + 1
+            free[tops[0]] = e
+            tops[0] += 1
+            state_i[s, S_PENDING] -= 1
+            e = pool_i[e, P_NEXT]
+        state_i[s, S_HEAD] = e
+        tops[0] -= 1
+        f = free[tops[0]]
+        pool_i[f, P_IDX], pool_i[f, P_NEXT] = n, -1
+        pool_f[f, P_TS], pool_f[f, P_LOGP], pool_f[f, P_SIGMA] = ts, logp, math.sqrt(state_f[s, S_VAR])
+        for c in range(w):
+            pool_f[f, P_PAYLOAD + c] = obs[j, O_PAYLOAD + c]
+        if e >= 0:
+            pool_i[state_i[s, S_TAIL], P_NEXT] = f
+        else:
+            state_i[s, S_HEAD] = f
+        state_i[s, S_TAIL] = f
+        state_i[s, S_PENDING] += 1
+        if state_i[s, S_PENDING] > max_pending:  # the oldest pending tick goes unjudged
+            h = state_i[s, S_HEAD]
+            state_i[s, S_HEAD] = pool_i[h, P_NEXT]
+            free[tops[0]] = h
+            tops[0] += 1
+            state_i[s, S_PENDING] -= 1
+            tops[1] += 1
+        state_f[s, S_LOGP] = logp
+        state_i[s, S_N] = n + 1
+    return obs.shape[0]
 
 
-class StreamLabeler(Generic[T]):
-    """Labels one market's ticks as they arrive (same labels as :func:`label_series`).
+@nb.njit(cache=True)
+def _stream_reset(s: int, state_f: np.ndarray, state_i: np.ndarray, pool_i: np.ndarray, free: np.ndarray,
+                  tops: np.ndarray) -> None:
+    """Forget market row ``s``: its pending ticks back to the free stack, its state as new."""
+    e = state_i[s, S_HEAD]
+    while e >= 0:
+        free[tops[0]] = e
+        tops[0] += 1
+        e = pool_i[e, P_NEXT]
+    state_f[s] = 0.0
+    state_i[s, S_N], state_i[s, S_HEAD], state_i[s, S_TAIL], state_i[s, S_PENDING] = 0, -1, -1, 0
 
-    ``observe`` takes each tick (with any payload, e.g. the probabilities served for it)
-    and returns the earlier ticks that the new one judges. For time horizons at most
-    ``MAX_PENDING`` ticks wait; older ones are dropped and counted in ``dropped``.
+
+class StreamLabels:
+    """Labels many markets' ticks as they arrive, with the labels :func:`label_series` gives each market's series.
+
+    A market is a row (``0 <= row < rows``, the caller's numbering; :meth:`reset` makes a row new). Ticks are given
+    to :meth:`label` in blocks, in arrival order (each market's in time order): an array of ``(row, time in ms, price
+    > 0, payload...)``, ``payload`` columns of the caller's (``payload_width`` of them, e.g. the probabilities served
+    for the tick). It yields the earlier ticks that they judge, in the order they are judged: ``(class, forward log
+    return, band, payload...)``. A tick waits in a pool shared by the markets until its end tick comes; for a
+    horizon in ms at most ``MAX_PENDING`` ticks of a market wait, older ones are dropped and counted in
+    :attr:`dropped`. All of it runs compiled, one call per block: per tick in Python it cost more than the rest of the
+    service's per-tick work outside the network's step.
     """
 
-    __slots__ = ("_count", "_last_price", "_n", "_pending", "_var", "dropped", "spec")
-
-    def __init__(self, spec: LabelSpec) -> None:
+    def __init__(self, spec: LabelSpec, payload_width: int, rows: int = 1, pool: int = 64, out: int = 256,
+                 max_pending: int = MAX_PENDING) -> None:
         self.spec = spec
-        self._var = 0.0
-        self._count = 0.0
-        self._last_price = math.nan
-        self._n = 0
-        self._pending: deque[tuple[int, float, float, float, T]] = deque()
-        self.dropped = 0
+        self.width = payload_width
+        self.max_pending = max_pending
+        self._params = (spec.horizon_ticks, float(spec.horizon_ms) if spec.horizon_ms is not None else 0.0,
+                        spec.volatility_band, spec.flat_band, spec.band_multiple, float(spec.volatility_window),
+                        max_pending)
+        self._state_f = np.zeros((0, 3))
+        self._state_i = np.zeros((0, 4), np.int64)
+        self.grow_rows(rows)
+        self._pool_f = np.zeros((pool, P_PAYLOAD + payload_width))
+        self._pool_i = np.zeros((pool, 2), np.int64)
+        self._free = np.arange(pool - 1, -1, -1, dtype=np.int64)  # a stack: entry 0 on top
+        self._tops = np.array([pool, 0], np.int64)  # the free stack's height, pending ticks dropped
+        self._out = np.zeros((max(out, 1), J_PAYLOAD + payload_width))
+        self._n_out = np.zeros(1, np.int64)
 
-    def observe(self, ts_ms: float, price: float, payload: T) -> list[Resolved[T]]:
-        """Add a tick (ms since epoch, price > 0); returns the ticks it judges, oldest first."""
-        s = self.spec
-        if self._n > 0:
-            self._var, self._count = _volatility_update_py(self._var, self._count,
-                                                           math.log(price) - math.log(self._last_price), float(s.volatility_window))
-        out: list[Resolved[T]] = []
-        q = self._pending
-        logp = math.log(price)
-        while q:
-            idx, t0, logp0, sig0, pay = q[0]
-            if s.horizon_ms is not None:
-                if ts_ms < t0 + s.horizon_ms:
-                    break
-            elif self._n - idx < s.horizon_ticks:
-                break
-            q.popleft()
-            r = logp - logp0
-            b = s.band_multiple * sig0 * math.sqrt(self._n - idx) if s.volatility_band else s.flat_band
-            out.append(Resolved(pay, _classify_py(r, b), r, b))
-        q.append((self._n, float(ts_ms), logp, math.sqrt(self._var), payload))
-        if len(q) > MAX_PENDING:
-            q.popleft()
-            self.dropped += 1
-        self._last_price = price
-        self._n += 1
-        return out
+    @property
+    def rows(self) -> int:
+        """Market rows held."""
+        return int(self._state_i.shape[0])
+
+    @property
+    def dropped(self) -> int:
+        """Pending ticks dropped unjudged (beyond ``max_pending`` of one market)."""
+        return int(self._tops[1])
+
+    @property
+    def pending(self) -> int:
+        """Ticks waiting for their end tick, all markets."""
+        return int(self._free.shape[0] - self._tops[0])
+
+    def grow_rows(self, rows: int) -> None:
+        """Hold at least ``rows`` market rows (the new ones as new markets)."""
+        old = self.rows
+        if rows <= old:
+            return
+        state_f = np.zeros((rows, 3))
+        state_i = np.zeros((rows, 4), np.int64)
+        state_i[:, S_HEAD:S_TAIL + 1] = -1
+        state_f[:old], state_i[:old] = self._state_f, self._state_i
+        self._state_f, self._state_i = state_f, state_i
+
+    def reset(self, row: int) -> None:
+        """Make ``row`` a new market: its pending ticks are dropped unjudged (not counted in :attr:`dropped`)."""
+        _stream_reset(row, self._state_f, self._state_i, self._pool_i, self._free, self._tops)
+
+    def label(self, obs: np.ndarray) -> Iterator[np.ndarray]:
+        """Label the observed ticks ``obs`` (float64, ``(n, 3 + payload_width)``: row, ms, price, payload), in order;
+        yields blocks of the ticks they judge, oldest first (each block valid until the next is asked for)."""
+        j, n = 0, obs.shape[0]
+        while True:
+            self._n_out[0] = 0
+            j = _stream_kernel(obs, j, *self._params, self._state_f, self._state_i, self._pool_f, self._pool_i,
+                               self._free, self._tops, self._out, self._n_out)
+            judged = int(self._n_out[0])
+            if judged:
+                yield self._out[:judged]
+            if j == n:
+                return
+            if self._tops[0] == 0:
+                self._grow_pool()
+            elif not judged:  # one tick may judge more pending ticks than a block holds
+                need = int(self._state_i[int(obs[j, O_ROW]), S_PENDING])
+                self._out = np.zeros((max(need, 2 * self._out.shape[0]), self._out.shape[1]))
+
+    def _grow_pool(self) -> None:
+        """Twice the pool's entries, the new ones free."""
+        size = self._pool_i.shape[0]
+        pool_f = np.zeros((2 * size, self._pool_f.shape[1]))
+        pool_i = np.zeros((2 * size, 2), np.int64)
+        pool_f[:size], pool_i[:size] = self._pool_f, self._pool_i
+        free = np.zeros(2 * size, np.int64)
+        top = int(self._tops[0])
+        free[:top] = self._free[:top]
+        free[top:top + size] = np.arange(2 * size - 1, size - 1, -1)
+        self._pool_f, self._pool_i, self._free = pool_f, pool_i, free
+        self._tops[0] = top + size

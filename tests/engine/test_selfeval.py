@@ -297,3 +297,35 @@ def test_engine_without_live_evaluation(engine_config: ConfigFactory) -> None:
     metrics = ServiceMetrics()
     metrics.add_source(engine_families(engine, "cpu", lambda: (0, 0)))
     assert "cerebellar_norse_live_" not in metrics.render().decode()
+
+
+def test_reads_and_evictions_while_ticks_wait_change_no_figure() -> None:
+    """Served ticks wait to be labelled and scored until ``FLUSH_AT`` of them are kept or a read comes: a scorer read
+    after every batch ends with the figures of one read only at the end, with a time horizon, ticks served warming
+    up, NaN probabilities, markets evicted (five tracked of nine, so a slot is reused while ticks of the market that
+    held it still wait), forgotten and retained."""
+    spec = LabelSpec(horizon_ms=4000, volatility_band=False, flat_band=4e-4)
+    read_often, read_once = LiveScorer(spec, window=40, max_markets=5), LiveScorer(spec, window=40, max_markets=5)
+    rng = np.random.default_rng(12)
+    price: dict[str, float] = defaultdict(lambda: 100.0)
+    ts = T0
+    for step in range(1500):
+        batch, warm = [], []
+        for _ in range(int(rng.integers(1, 9))):
+            m = f"M{int(rng.integers(0, 9))}"
+            ts += int(rng.integers(1, 900))
+            price[m] *= math.exp(rng.normal(0, 2e-3))
+            batch.append(tick(m, ts, price[m]))
+            warm.append(bool(rng.random() < 0.05))
+        probs = rng.dirichlet(np.ones(3), size=len(batch))
+        if step % 50 == 7:
+            probs[0, 1] = np.nan
+        for sc in (read_often, read_once):
+            sc.observe_batch(batch, probs, warm)
+            if step % 200 == 99:
+                sc.forget("M3")
+            if step % 300 == 149:
+                sc.retain({"M0", "M2", "M4", "M6", "M8"})
+        read_often.snapshot(3)
+    assert read_once.snapshot(20) == read_often.snapshot(20)
+    assert read_once.judged == read_often.judged > 1000 and read_once.dropped_markets > 100

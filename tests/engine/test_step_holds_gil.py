@@ -65,3 +65,19 @@ def test_steps_keep_the_gil(engine_config: ConfigFactory) -> None:
     steps += [partial(engine.process_now, [t]) for t in singles[1:]]
     steps += [engine.warm_step] * 10
     assert runs_of_a_waiting_thread(steps) == 0
+
+
+def test_live_evaluation_keeps_the_gil() -> None:
+    """The served ticks' labelling and scoring (compiled, every 256 ticks, inside a batch's step) hold the GIL too."""
+    import numpy as np
+
+    from cerebellar_norse.engine.selfeval import LiveScorer
+    from cerebellar_norse.training.labels import LabelSpec
+
+    scorer = LiveScorer(LabelSpec(horizon_ticks=2), window=50)
+    ticks = moving_ticks(("A", "B", "C", "D"), 600)
+    probs = np.full((8, 3), 1 / 3)
+    steps: list[Callable[[], object]] = [partial(scorer.observe_batch, ticks[k:k + 8], probs) for k in range(0, 2400, 8)]
+    steps.append(lambda: scorer.judged)
+    assert runs_of_a_waiting_thread(steps) == 0
+    assert scorer.judged == 2400 - 4 * 2
