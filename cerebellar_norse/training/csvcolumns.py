@@ -88,7 +88,10 @@ class Columns:
     clock_name: str = ""
     hour_ending: bool | None = None  # the clock is an hour column (see hour_column): hours ending 1..24 (True) or
     # beginning 0..23 (False); None: the clock holds times of day
-    day: str = ""  # YYYY-MM-DD of a QuantConnect Lean minute or second file: its times are ms after that midnight
+    day: str = ""  # YYYY-MM-DD of a QuantConnect Lean minute, second or tick file: its times are ms after that midnight
+    flag: int | None = None  # Lean's suspicious flag of a tick: a row with 1 there is skipped (as Lean's algorithms do)
+    flag_name: str = ""
+    zero_sides: bool = False  # Lean's quotes: a side written 0 or empty is not quoted in that row (the other side is)
     newest_first: bool = False  # rows run newest first (see runs_newest_first)
     fixed_point: bool = False  # prices are Databento's integers in units of 1e-9 (see databento.databento_fixed_point)
     time_unit: str = "ms"  # unit of numeric times (a key of UNIT_WORDS), from the first time (see time_unit_of)
@@ -119,7 +122,8 @@ class Columns:
         """The fields of a row that are read (none when the row has the wrong field count)."""
         if len(row) != self.fields:
             return []
-        used = (self.time, self.clock, self.price, self.ask, self.volume, self.ask_volume, self.market, self.action,
+        used = (self.time, self.clock, self.flag, self.price, self.ask, self.volume, self.ask_volume, self.market,
+                self.action,
                 self.publisher, *(self.mbo.names if self.mbo is not None else ()))
         return [row[i] for i in used if i is not None]
 

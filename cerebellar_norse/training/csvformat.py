@@ -113,6 +113,7 @@ from .csvheaderless import (
     LEAN_BARS,
     METATRADER4_BARS,
     TRUEFX_QUOTES,
+    LeanDay,
     binance_layout,
     histdata_ticks_layout,
     kraken_layout,
@@ -198,6 +199,8 @@ _BINANCE_NAME = re.compile(r"([A-Z0-9]{2,32}-[A-Za-z0-9]{1,16})-\d{4}-\d{2}(?:-\
 DATE_HOUR_SAMPLE = 10_000  # rows whose times must all be YYYYMMDDHH date-hours for a file to be read as such
 PLAUSIBLE_MS = 100_000_000_000  # 1973-03-03: in a file whose first time is later, an earlier one is of another unit
 FRED_MISSING = "the price is '.', as FRED marks a day without a value (a holiday)"  # why such rows are skipped
+LEAN_SUSPICIOUS = "marked suspicious (1 in its last field), as Lean marks ticks its algorithms skip"
+LEAN_ONE_SIDE = "a quote before both sides of its market were quoted (Lean writes the side not quoted as 0 or empty)"
 # why a row whose every field but its time (and market) is NaN, NA or empty is skipped
 NO_VALUES = ("every field but the time is NaN, NA or empty, as a bar without trades is written (Kaggle's Bitstamp"
              " minutes) and R writes a missing value")
@@ -847,6 +850,9 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
     for a row that is no tick and no bad row either (an order book without one side), counted in ``cols.skipped``."""
     if len(row) != cols.fields:
         raise ValueError(f"expected {cols.fields} fields, got {len(row)}{split_number_hint(row, cols)}")
+    if cols.flag is not None and row[cols.flag].strip() == "1":
+        cols.skipped[LEAN_SUSPICIOUS] = cols.skipped.get(LEAN_SUSPICIOUS, 0) + 1
+        return None
     text = time_text(row, cols)
     iso = cols.iso
     if iso is None and text.strip():  # the first time value decides the fast path of the file
@@ -904,7 +910,11 @@ def parse_row(row: list[str], cols: Columns) -> tuple[int, str, float, float] | 
         price = fixed_price(row[cols.price], cols.price_name) if cols.fixed_point else _price(
             row[cols.price], cols.price_name, cols.decimal_comma)
     else:
-        price = _mid(row, market, cols)
+        quoted = _quote_update(row, market, cols) if cols.zero_sides else _mid(row, market, cols)
+        if quoted is None:
+            cols.skipped[LEAN_ONE_SIDE] = cols.skipped.get(LEAN_ONE_SIDE, 0) + 1
+            return None
+        price = quoted
     if cols.volume is None:
         return ts, market, price, 0.0
     volume = read_volume(row[cols.volume], cols.volume_name, cols)
@@ -935,13 +945,16 @@ def time_text(row: list[str], cols: Columns) -> str:
 
 
 def _day_time(text: str, cols: Columns) -> str:
-    """``YYYY-MM-DDTHH:MM:SS.fff``: the time ``text`` (whole ms after midnight of ``cols.day``) stands for."""
+    """``YYYY-MM-DDTHH:MM:SS.ffffff``: the time ``text`` (ms after midnight of ``cols.day``, a fraction of a ms
+    allowed, as Lean's tick files write them) stands for."""
     s = text.strip()
-    if not (s.isascii() and s.isdigit() and int(s) < DAY_MS):
-        raise ValueError(f"{cols.time_name} {s!r} is not whole ms after midnight (0 to {DAY_MS - 1}) of {cols.day},"
-                         " the date in the file's name")
-    ms = int(s)
-    return f"{cols.day}T{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+    whole, _, frac = s.partition(".")
+    if not (s.isascii() and whole.isdigit() and (not frac or frac.isdigit()) and int(whole) < DAY_MS):
+        raise ValueError(f"{cols.time_name} {s!r} is not ms after midnight (0 to {DAY_MS - 1}) of {cols.day}, the"
+                         " date in the file's name")
+    ms = int(whole)
+    return (f"{cols.day}T{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+            f"{frac[:3].ljust(3, '0')}")
 
 
 def _with_clock(row: list[str], cols: Columns) -> str:
@@ -983,6 +996,24 @@ def _mid(row: list[str], market: str, cols: Columns) -> float:
             raise ValueError(f"{name} is {what} and market {market!r} has no earlier {name} to keep")
     cols.quotes[market] = sides
     return mid_price(sides[0], sides[1])
+
+
+def _quote_update(row: list[str], market: str, cols: Columns) -> float | None:
+    """The mid of a market's latest bid and ask after a row of Lean's quotes (ticks or bars), which quotes one side or
+    both (a side written 0, or empty, is not quoted in the row); None while a side was never quoted."""
+    assert cols.ask is not None
+    sides = list(cols.quotes.get(market, (0.0, 0.0)))
+    for k, (i, name) in enumerate(((cols.price, cols.price_name), (cols.ask, cols.ask_name))):
+        text = row[i]
+        if not text.strip():
+            continue
+        price = signed_price(text, name, cols.decimal_comma)
+        if price < 0.0:
+            raise ValueError(f"{name} {price} is not >= 0 (0: that side not quoted)")
+        if price > 0.0:
+            sides[k] = price
+    cols.quotes[market] = sides
+    return None if 0.0 in sides else mid_price(sides[0], sides[1])
 
 
 def _price(text: str, name: str, decimal_comma: bool) -> float:
@@ -1180,7 +1211,8 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     if delimiter == " ":
         blank_split_times(path, skipped)
     levels = yfinance_header(path, header, delimiter, skipped)
-    ticker, lines, ticker_from, day = "", 1, "the header's Ticker row", ""
+    ticker, lines, ticker_from = "", 1, "the header's Ticker row"
+    lean: LeanDay | None = None
     binance = None
     if levels is not None:
         header, ticker, lines = levels
@@ -1213,12 +1245,12 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
                          " zone if it is not; an equity's prices are in 1/10,000 of a dollar, as Lean stores them, which"
                          " changes no return)")
         elif (lean := lean_intraday_layout(path, header, delimiter)) is not None:
-            header, lines, day = list(lean.names), 0, lean.day
+            header, lines = list(lean.names), 0
             if lean.market:
                 ticker, ticker_from = _market_name(lean.market), "the symbol in the file's name (or its folder's), as Lean names them"
             notes.append(f"{path}: no header line; read as QuantConnect Lean's {lean.what} ({','.join(lean.names)};"
-                         f" times in ms after midnight of {day}, the date in the file's name, in the exchange's zone,"
-                         f" New York for US equities, read in {zone_name(zone)}: give that zone if it is not; an"
+                         f" times in ms after midnight of {lean.day}, the date in the file's name, in the exchange's"
+                         f" zone, New York for US equities, read in {zone_name(zone)}: give that zone if it is not; an"
                          " equity's prices are in 1/10,000 of a dollar, as Lean stores them, which changes no return)")
         elif (with_row_names := row_names_header(path, header, delimiter, skipped)) is not None:
             header = with_row_names
@@ -1237,7 +1269,14 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
             ticker, ticker_from = binance_symbol(path), "the Binance file name without its date"
     cols = columns_of(path, header, notes, ticker, ticker_from, series)
     cols.zone = zone
-    cols.day = day
+    if lean is not None:
+        cols.day = lean.day
+        if "suspicious" in lean.names:
+            cols.flag, cols.flag_name = lean.names.index("suspicious"), "suspicious"
+        if lean.quotes:
+            cols.zero_sides = True
+            notes.append(f"{path}: a row of Lean's quotes may quote one side only, the other written 0 or empty:"
+                         " price the mid of each side's latest quote, from the first row both sides were quoted")
     cols.header_rows = skipped + lines
     if skipped:
         notes.append(f"{path}: {skipped} line{'s' if skipped > 1 else ''} before the header skipped")

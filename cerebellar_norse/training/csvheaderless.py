@@ -1,6 +1,6 @@
 """Headerless tick files of a known layout: data.binance.vision's (klines, aggTrades, trades), TrueFX's quotes,
 MetaTrader 4's history export, NinjaTrader's (and HistData's) text files of bars and ticks, HistData's ticks,
-Kraken's downloadable trades (time and sales) and OHLCVT bars, and QuantConnect Lean's daily, hour, minute and second bars.
+Kraken's downloadable trades (time and sales) and OHLCVT bars, and QuantConnect Lean's bars and ticks.
 
 A file without a header is read only when its first rows fit one of these layouts exactly
 (:func:`binance_layout`, :func:`truefx_layout`, :func:`metatrader4_layout`, :func:`ninjatrader_layout`,
@@ -202,39 +202,66 @@ def lean_bars_layout(path: Path, first: list[str], delimiter: str = ",", skip: i
 
 LEAN_QUOTE_BARS = ("time", "bid_open", "bid_high", "bid_low", "bid", "bid_size", "ask_open", "ask_high", "ask_low",
                    "ask", "ask_size")
-# QuantConnect Lean's minute and second files: 20171217_btcusd_minute_trade.csv, zipped as 20171217_trade.zip in the
-# symbol's folder (data/crypto/coinbase/minute/btcusd/); their first field is ms since midnight of the name's date
+# QuantConnect Lean's tick files: equities' trades and quotes (an exchange, a sale condition and Lean's suspicious flag
+# after the numbers; a quote updates one side, the other written 0,0), forex and CFD quotes (bid, ask), crypto trades
+# and quotes (their numbers only)
+LEAN_TRADE_TICKS = ("time", "price", "quantity", "exchange", "sale_condition", "suspicious")
+LEAN_QUOTE_TICKS = ("time", "bid", "bid_size", "ask", "ask_size", "exchange", "sale_condition", "suspicious")
+_LEAN_TICK_LAYOUTS = {("trade", 6): LEAN_TRADE_TICKS, ("trade", 3): LEAN_TRADE_TICKS[:3],
+                      ("quote", 8): LEAN_QUOTE_TICKS, ("quote", 5): LEAN_QUOTE_TICKS[:5], ("quote", 3): ("time", "bid", "ask")}
+# QuantConnect Lean's minute, second and tick files: 20171217_btcusd_minute_trade.csv, 20131007_spy_Trade_Tick.csv,
+# 20140501_xauusd_tick_quote.csv, each zipped as 20171217_trade.zip in the symbol's folder
+# (data/crypto/coinbase/minute/btcusd/); their first field is ms since midnight of the name's date
 _LEAN_DAY_FILE = re.compile(r"(\d{8})_")
-_LEAN_DAY_CSV = re.compile(r"\d{8}_(.+)_(minute|second)_(trade|quote)", re.IGNORECASE)
+# (a future's or an option's files add the contract's expiry: 20131007_gc_minute_trade_201310.csv)
+_LEAN_DAY_CSV = re.compile(r"\d{8}_(.+?)_(minute|second|tick)_(trade|quote)(?:_(\d{6,8}))?(?:\.|$)", re.IGNORECASE)
+_LEAN_TICK_CSV = re.compile(r"\d{8}_(.+?)_(trade|quote)_(tick)(?:_(\d{6,8}))?(?:\.|$)", re.IGNORECASE)
+_LEAN_DAY_ZIP = re.compile(r"\d{8}_(trade|quote)\.zip", re.IGNORECASE)
+_LEAN_MS = re.compile(r"\d+(?:\.\d+)?")  # tick files write fractions of a ms (43.142)
 DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
 class LeanDay:
-    """How a QuantConnect Lean minute or second file is read (see :func:`lean_intraday_layout`)."""
+    """How a QuantConnect Lean minute, second or tick file is read (see :func:`lean_intraday_layout`)."""
 
-    names: tuple[str, ...]  # the column names read: LEAN_BARS (trade bars) or LEAN_QUOTE_BARS
+    names: tuple[str, ...]  # the column names read (LEAN_BARS, LEAN_QUOTE_BARS, LEAN_TRADE_TICKS, ...)
     day: str  # YYYY-MM-DD: the date whose midnight (in the exchange's zone) its times count from, in ms
-    market: str  # the symbol, with "-second" for second bars and "-quote" for quote bars ("" when no name tells it)
-    what: str  # "minute trade bars", "second quote bars", ... for the note
+    market: str  # the symbol, with "-second", "-tick" and "-quote" as the file's kind says ("" when no name tells it)
+    what: str  # "minute trade bars", "tick quotes", ... for the note
+
+    @property
+    def quotes(self) -> bool:
+        """Whether the file holds quotes (bars or ticks), whose rows may quote one side only."""
+        return "quote" in self.what
 
 
-def _lean_day_row(row: list[str], fields: int) -> bool:
-    """Whether a headerless row opens a Lean minute or second file: ``fields`` (6 or 11) plain numbers, the first
-    whole ms since midnight."""
-    return (len(row) == fields and row[0].strip().isascii() and row[0].strip().isdigit()
-            and int(row[0]) < DAY_MS and _finite(*row))
+def _lean_day_row(row: list[str], numbers: int, quotes: bool) -> bool:
+    """Whether a headerless row opens a Lean minute, second or tick file: ms since midnight (below a day's, a fraction
+    allowed) and ``numbers - 1`` plain finite numbers after it (the fields beyond them are a tick's exchange, sale
+    condition and suspicious flag); in a file of ``quotes`` a side not quoted may be empty, not both."""
+    ms = row[0].strip()
+    if _LEAN_MS.fullmatch(ms) is None or float(ms) >= DAY_MS:
+        return False
+    fields = row[1:numbers]
+    if not quotes:
+        return _finite(*fields)
+    written = [f for f in fields if f.strip()]
+    return _finite(*written) and any(float(f) > 0 for f in written)
 
 
 def lean_intraday_layout(path: Path, first: list[str], delimiter: str = ",") -> LeanDay | None:
-    """How to read a headerless QuantConnect Lean minute or second file, None for any other file: its name starts
-    with a date (``20171217_btcusd_minute_trade.csv``, or the zip ``20171217_trade.zip`` holding it) and its first
-    line ``first`` is a trade bar (6 numbers: ms since midnight, open, high, low, close, volume) or a quote bar (11:
-    ms, the bid's bar and size, the ask's bar and size). Later rows are checked by the reading pass, as any file's.
-    The market is the symbol in the file's name (a zip's: in the name of the file it holds), else the name of the
-    folder the file is in, which Lean names after the symbol."""
+    """How to read a headerless QuantConnect Lean minute, second or tick file, None for any other file: its name
+    starts with a date (``20171217_btcusd_minute_trade.csv``, ``20131007_spy_Trade_Tick.csv``, or the zip
+    ``20171217_trade.zip`` holding one) and its first line ``first`` is a row of one of Lean's layouts: a trade bar
+    (6 numbers: ms since midnight, open, high, low, close, volume), a quote bar (11: ms, the bid's bar and size, the
+    ask's bar and size) or, in a tick file (its name, its zip's file's name or its folder's folder says ``tick``),
+    a tick of its kind (``_LEAN_TICK_LAYOUTS``: a trade's price and quantity, a quote's bid and ask, with their sizes,
+    and an equity's exchange, sale condition and suspicious flag). Later rows are checked by the reading pass, as any
+    file's. The market is the symbol in the file's name (a zip's: in the name of the file it holds), else the name
+    of the folder the file is in, which Lean names after the symbol."""
     day = _LEAN_DAY_FILE.match(path.name)
-    if day is None or delimiter != "," or len(first) not in (6, 11) or not _lean_day_row(first, len(first)):
+    if day is None or delimiter != "," or not first:
         return None
     d = day[1]
     try:
@@ -242,14 +269,39 @@ def lean_intraday_layout(path: Path, first: list[str], delimiter: str = ",") -> 
             return None
     except ValueError:
         return None
-    named = _LEAN_DAY_CSV.match(path.name) or _LEAN_DAY_CSV.match(Path(zip_member_name(path)).name)
-    resolution = named[2].lower() if named else ("second" if path.parent.parent.name.lower() == "second" else "minute")
-    kind = "trade" if len(first) == 6 else "quote"
-    symbol = named[1] if named else path.parent.name
-    market = (symbol + ("-second" if resolution == "second" else "") + ("-quote" if kind == "quote" else "")
-              if symbol else "")
-    return LeanDay(LEAN_BARS if kind == "trade" else LEAN_QUOTE_BARS, f"{d[:4]}-{d[4:6]}-{d[6:]}", market,
-                   f"{resolution} {kind} bars")
+    named = _match_lean_name(path.name) or _match_lean_name(Path(zip_member_name(path)).name)
+    folder = path.parent.parent.name.lower()
+    resolution = named[1] if named else (folder if folder in ("second", "tick") else "minute")
+    zipped = _LEAN_DAY_ZIP.fullmatch(path.name)
+    kind = named[2] if named else zipped[1].lower() if zipped else ""
+    if resolution == "tick":
+        names = _LEAN_TICK_LAYOUTS.get((kind, len(first)))
+        numbers = 5 if names == LEAN_QUOTE_TICKS else 3 if names == LEAN_TRADE_TICKS else len(first)
+        what = f"tick {kind}s"
+    else:
+        names = LEAN_BARS if len(first) == 6 else LEAN_QUOTE_BARS if len(first) == 11 else None
+        numbers = len(first)
+        kind = "trade" if names == LEAN_BARS else "quote"
+        what = f"{resolution} {kind} bars"
+    if names is None or not _lean_day_row(first, numbers, kind == "quote"):
+        return None
+    symbol = named[0] if named else path.parent.name
+    suffix = ("" if resolution == "minute" else f"-{resolution}") + ("-quote" if kind == "quote" else "")
+    return LeanDay(names, f"{d[:4]}-{d[4:6]}-{d[6:]}", symbol + suffix if symbol else "", what)
+
+
+def _match_lean_name(name: str) -> tuple[str, str, str] | None:
+    """(symbol, resolution, kind) of a Lean minute, second or tick file's name, in lower case but the symbol (with a
+    future's expiry: ``gc-201310``, each contract its own series); None for another name."""
+    m = _LEAN_DAY_CSV.match(name)
+    if m is not None:
+        resolution, kind = m[2].lower(), m[3].lower()
+    else:
+        m = _LEAN_TICK_CSV.match(name)
+        if m is None:
+            return None
+        resolution, kind = "tick", m[2].lower()
+    return (m[1] if m[4] is None else f"{m[1]}-{m[4]}"), resolution, kind
 
 
 def _histdata_tick_row(row: list[str]) -> bool:

@@ -383,6 +383,20 @@ def test_a_lean_quote_file_is_read_at_the_mid_of_its_closing_bid_and_ask(tmp_pat
     assert market.price.tolist() == [19650.5 + k for k in range(10)] and market.volume.tolist() == [2.0] * 10
 
 
+def test_a_lean_quote_bar_with_a_side_not_quoted_keeps_that_sides_latest_quote(tmp_path: Path) -> None:
+    """A minute with no quote on one side is written with that side's bar empty (FOXA's first minute of 2013-07-01:
+    ``14400000,270000,270000,270000,270000,100,,,,,0``): the file is still read as Lean's, its rows before both sides
+    were quoted skipped (noted), the others at the mid of each side's latest close."""
+    rows = ["14400000,270000,270000,270000,270000,100,,,,,0",
+            "26160000,270000,270000,270000,270000,100,291500,291500,291500,291500,200",
+            "26400000,,,,,0,291000,291500,291000,291000,300"]
+    data = load_csv_files([write(tmp_path, "\n".join(rows) + "\n", "20130701_foxa_minute_quote.csv")])
+    (market,) = data.markets
+    assert market.market_id == "foxa-quote" and data.bad_rows == 0 and data.skipped_rows == 1
+    assert market.price.tolist() == [(270000 + 291500) / 2, (270000 + 291000) / 2]
+    assert market.volume.tolist() == [300.0, 300.0]
+
+
 def test_lean_zipped_days_in_the_symbols_folder_are_one_market_in_the_exchanges_zone(tmp_path: Path) -> None:
     """Lean keeps an equity's minutes as one zip a day in the symbol's folder (``equity/usa/minute/spy/
     20131007_trade.zip`` holding ``20131007_spy_minute_trade.csv``): the days read one after the other as one
@@ -410,17 +424,17 @@ def test_lean_zipped_days_in_the_symbols_folder_are_one_market_in_the_exchanges_
 
 
 def test_a_lean_time_that_is_no_ms_of_the_day_is_a_bad_row_naming_the_date(tmp_path: Path) -> None:
-    """A row whose time is not whole ms within the day (86,400,000 or more, a fraction) is a bad row whose reason
-    names the day its times count from; the file's other rows are read."""
+    """A row whose time is not ms within the day (86,400,000 or more, a number written otherwise) is a bad row whose
+    reason names the day its times count from; the file's other rows are read."""
     rows = _lean_minutes(400)
     rows[150] = "86400000" + rows[150][rows[150].index(","):]
-    rows[200] = "60000.5" + rows[200][rows[200].index(","):]
+    rows[200] = "1.2e7" + rows[200][rows[200].index(","):]
     path = write(tmp_path, "\n".join(rows) + "\n", "20171217_btcusd_minute_trade.csv")
     data = load_csv_files([path], max_bad_fraction=0.05)
     assert data.rows == 400 and data.bad_rows == 2 and len(data.markets[0].timestamp) == 398
     report = "\n".join(data.report)
-    assert "time '86400000' is not whole ms after midnight (0 to 86399999) of 2017-12-17" in report
-    assert "time '60000.5' is not whole ms after midnight" in report
+    assert "time '86400000' is not ms after midnight (0 to 86399999) of 2017-12-17, the date in the file's name" in report
+    assert "time '1.2e7' is not ms after midnight" in report
 
 
 @pytest.mark.parametrize(("name", "rows"), [
@@ -433,3 +447,75 @@ def test_numbers_without_a_header_that_are_no_lean_day_are_refused_asking_for_on
                                                                                    rows: list[str]) -> None:
     with pytest.raises(DataError, match="add a header line"):
         load_csv_files([write(tmp_path, "\n".join(rows) + "\n", name)])
+
+
+def test_lean_equity_tick_trades_are_read_without_the_ticks_lean_marks_suspicious(tmp_path: Path) -> None:
+    """Lean's equity trade ticks (``20131007_spy_Trade_Tick.csv``: ms since midnight, price in 1/10,000 of a dollar,
+    quantity, exchange, sale condition, suspicious flag) are read at their price and quantity, several to a ms; a
+    tick flagged 1 is skipped, as Lean's algorithms skip it, and noted; the market is the symbol's ``-tick``."""
+    rows = ["34200144,1692000,100,P,00000001,0", "34200144,1692100,300,Q,00000001,0", "34200150,1999900,5,D,00000001,1",
+            "34200151,1692200,200,Z,00000000,0"]
+    path = write(tmp_path, "\r\n".join(rows) + "\r\n", "20131007_spy_Trade_Tick.csv")
+    data = load_csv_files([path], zone=ZoneInfo("America/New_York"))
+    (market,) = data.markets
+    assert market.market_id == "spy-tick" and data.rows == 4 and data.bad_rows == 0 and data.skipped_rows == 1
+    nine_thirty = utc_ms(2013, 10, 7, 13, 30)
+    assert market.timestamp.tolist() == [nine_thirty + 144, nine_thirty + 144, nine_thirty + 151]
+    assert market.price.tolist() == [1692000.0, 1692100.0, 1692200.0] and market.volume.tolist() == [100.0, 300.0, 200.0]
+    assert any("1 row skipped: marked suspicious (1 in its last field), as Lean marks ticks its algorithms skip" in n
+               for n in data.notes)
+    assert any("read as QuantConnect Lean's tick trades (time,price,quantity,exchange,sale_condition,suspicious;"
+               in n for n in data.notes)
+
+
+def test_lean_equity_tick_quotes_keep_each_sides_latest_quote(tmp_path: Path) -> None:
+    """Lean's equity quote ticks quote one side at a time, the other written ``0,0``
+    (``20131010_aig_Quote_Tick.csv``, zipped as ``aig/20131010_quote.zip``): the price is the mid of each side's
+    latest quote from the first row both sides are known (rows before it skipped, noted), the volume the sizes
+    written in the row."""
+    rows = ["14400201,468700,100,0,0,P,1,0", "14400201,0,0,485700,3000,P,1,0", "14400300,470000,200,0,0,P,1,0",
+            "14400400,0,0,480000,100,P,1,0", "14400500,471000,100,479000,100,P,1,0"]
+    folder = tmp_path / "equity" / "usa" / "tick" / "aig"
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / "20131010_quote.zip", "w") as z:
+        z.writestr("20131010_aig_Quote_Tick.csv", "\r\n".join(rows) + "\r\n")
+    data = load_csv_files([folder / "20131010_quote.zip"])
+    (market,) = data.markets
+    assert market.market_id == "aig-tick-quote" and data.bad_rows == 0 and data.skipped_rows == 1
+    assert market.price.tolist() == [(468700 + 485700) / 2, (470000 + 485700) / 2, (470000 + 480000) / 2,
+                                     (471000 + 479000) / 2]
+    assert market.volume.tolist() == [3000.0, 200.0, 100.0, 200.0]
+    assert market.timestamp.tolist() == [utc_ms(2013, 10, 10, 4) + d for d in (201, 300, 400, 500)]
+    assert any("1 row skipped: a quote before both sides of its market were quoted" in n for n in data.notes)
+
+
+def test_lean_forex_tick_quotes_with_fractions_of_a_ms_are_read_at_the_ms(tmp_path: Path) -> None:
+    """Lean's forex and CFD quote ticks (``20140501_xauusd_tick_quote.csv``: ms since midnight with a fraction, bid,
+    ask) are read at the mid, each time the ms it falls in."""
+    rows = ["43.142,1291.677,1292.033", "45.852,1291.652,1292.043", "79200976.26,1289.056,1290.606"]
+    data = load_csv_files([write(tmp_path, "\n".join(rows) + "\n", "20140501_xauusd_tick_quote.csv")])
+    (market,) = data.markets
+    assert market.market_id == "xauusd-tick-quote" and data.bad_rows == 0
+    assert market.timestamp.tolist() == [utc_ms(2014, 5, 1) + 43, utc_ms(2014, 5, 1) + 45, utc_ms(2014, 5, 1, 22) + 976]
+    assert market.price.tolist() == pytest.approx([1291.855, 1291.8475, 1289.831])
+
+
+@pytest.mark.parametrize(("name", "rows"), [
+    ("20131007_spy_Trade_Tick.csv", ["34200144,1692000,100,P", "34200145,1692000,100,P"]),  # four fields
+    ("20131007_spy_Trade_Tick.csv", ["34200144,P,100,P,0,0", "34200145,P,100,P,0,0"]),  # no price
+    ("20131007_spy_tick.csv", ["34200144,1692000,100,P,0,0", "34200145,1692000,100,P,0,0"]),  # no kind named
+])
+def test_lean_named_tick_files_of_another_layout_are_refused_asking_for_a_header(tmp_path: Path, name: str,
+                                                                                 rows: list[str]) -> None:
+    with pytest.raises(DataError, match="add a header line"):
+        load_csv_files([write(tmp_path, "\n".join(rows) + "\n", name)])
+
+
+def test_lean_future_contracts_are_markets_of_their_own(tmp_path: Path) -> None:
+    """A Lean future's daily zip holds one file per contract (``20131007_gc_minute_trade_201310.csv``, ``…_201312``):
+    unpacked, each contract is its own market, named with its expiry, never one series of several contracts'
+    prices."""
+    paths = [write(tmp_path, "\n".join(_lean_minutes(20, 4_920_000)) + "\n", f"20131007_gc_minute_trade_{c}.csv")
+             for c in ("201310", "201312")]
+    data = load_csv_files(paths)
+    assert sorted(m.market_id for m in data.markets) == ["gc-201310", "gc-201312"] and data.bad_rows == 0
