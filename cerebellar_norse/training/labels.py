@@ -283,9 +283,9 @@ class StreamLabels:
         self.spec = spec
         self.width = payload_width
         self.max_pending = max_pending
-        self._params = (spec.horizon_ticks, float(spec.horizon_ms) if spec.horizon_ms is not None else 0.0,
-                        spec.volatility_band, spec.flat_band, spec.band_multiple, float(spec.volatility_window),
-                        max_pending)
+        self._params = (int(spec.horizon_ticks), float(spec.horizon_ms) if spec.horizon_ms is not None else 0.0,
+                        bool(spec.volatility_band), float(spec.flat_band), float(spec.band_multiple),
+                        float(spec.volatility_window), int(max_pending))  # (typed: one compiled variant)
         self._state_f = np.zeros((0, 3))
         self._state_i = np.zeros((0, 4), np.int64)
         self.grow_rows(rows)
@@ -329,6 +329,7 @@ class StreamLabels:
     def label(self, obs: np.ndarray) -> Iterator[np.ndarray]:
         """Label the observed ticks ``obs`` (float64, ``(n, 3 + payload_width)``: row, ms, price, payload), in order;
         yields blocks of the ticks they judge, oldest first (each block valid until the next is asked for)."""
+        obs = np.ascontiguousarray(obs, dtype=np.float64)  # one compiled variant, whatever view is given
         j, n = 0, obs.shape[0]
         while True:
             self._n_out[0] = 0

@@ -55,6 +55,8 @@ def test_a_memory_error_in_training_is_reported_as_out_of_memory_and_exits_with_
 
     monkeypatch.setattr(jobs, "run_training", no_memory)
     monkeypatch.setattr(jobs, "lower_priority", lambda: None)  # a job process's own priority: not pytest's
+    # and its own thread limits: set in pytest's process, NUMBA_NUM_THREADS would make numba refuse every later compile
+    monkeypatch.setattr(jobs, "limit_threads", lambda n: None)
     monkeypatch.setattr(jobs.os, "_exit", exit_)
     out = Reports()
     with pytest.raises(SystemExit) as ended:
