@@ -90,7 +90,6 @@ class Columns:
     # beginning 0..23 (False); None: the clock holds times of day
     day: str = ""  # YYYY-MM-DD of a QuantConnect Lean minute, second or tick file: its times are ms after that midnight
     flag: int | None = None  # Lean's suspicious flag of a tick: a row with 1 there is skipped (as Lean's algorithms do)
-    flag_name: str = ""
     zero_sides: bool = False  # Lean's quotes: a side written 0 or empty is not quoted in that row (the other side is)
     newest_first: bool = False  # rows run newest first (see runs_newest_first)
     fixed_point: bool = False  # prices are Databento's integers in units of 1e-9 (see databento.databento_fixed_point)

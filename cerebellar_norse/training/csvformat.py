@@ -937,8 +937,8 @@ def _no_values(row: list[str], cols: Columns) -> bool:
 
 def time_text(row: list[str], cols: Columns) -> str:
     """A row's time as text to read: its time field, completed by its time of day (``cols.clock``), or written as the
-    date and time of day it stands for in a Lean minute or second file (``cols.day``); ValueError when the time of day
-    is empty, or such a file's time is not ms within a day."""
+    date and time of day it stands for in a Lean minute, second or tick file (``cols.day``); ValueError when the time
+    of day is empty, or such a file's time is not ms within a day."""
     if cols.day:
         return _day_time(row[cols.time], cols)
     return row[cols.time] if cols.clock is None else _with_clock(row, cols)
@@ -1272,7 +1272,7 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     if lean is not None:
         cols.day = lean.day
         if "suspicious" in lean.names:
-            cols.flag, cols.flag_name = lean.names.index("suspicious"), "suspicious"
+            cols.flag = lean.names.index("suspicious")
         if lean.quotes:
             cols.zero_sides = True
             notes.append(f"{path}: a row of Lean's quotes may quote one side only, the other written 0 or empty:"
