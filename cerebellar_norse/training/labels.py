@@ -265,6 +265,23 @@ def _stream_reset(s: int, state_f: np.ndarray, state_i: np.ndarray, pool_i: np.n
     state_i[s, S_N], state_i[s, S_HEAD], state_i[s, S_TAIL], state_i[s, S_PENDING] = 0, -1, -1, 0
 
 
+@nb.njit(cache=True)  # holds the GIL (numpy's own copy of a large array releases it)
+def _grown_pool(pool_f: np.ndarray, pool_i: np.ndarray, free: np.ndarray,
+                top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pool's arrays with twice its entries, the old ones kept and the new ones on the free stack (whose height
+    was ``top``) under the old free entries."""
+    size = pool_i.shape[0]
+    new_f = np.zeros((2 * size, pool_f.shape[1]))
+    new_i = np.zeros((2 * size, 2), np.int64)
+    new_free = np.zeros(2 * size, np.int64)
+    new_f[:size] = pool_f
+    new_i[:size] = pool_i
+    new_free[:top] = free[:top]
+    for k in range(size):
+        new_free[top + k] = 2 * size - 1 - k
+    return new_f, new_i, new_free
+
+
 class StreamLabels:
     """Labels many markets' ticks as they arrive, with the labels :func:`label_series` gives each market's series.
 
@@ -289,10 +306,12 @@ class StreamLabels:
         self._state_f = np.zeros((0, 3))
         self._state_i = np.zeros((0, 4), np.int64)
         self.grow_rows(rows)
-        self._pool_f = np.zeros((pool, P_PAYLOAD + payload_width))
-        self._pool_i = np.zeros((pool, 2), np.int64)
-        self._free = np.arange(pool - 1, -1, -1, dtype=np.int64)  # a stack: entry 0 on top
-        self._tops = np.array([pool, 0], np.int64)  # the free stack's height, pending ticks dropped
+        half = max(pool // 2, 1)  # the pool is made by growing one of half its size: the compiled growth is then
+        self._pool_f = np.zeros((half, P_PAYLOAD + payload_width))  # loaded at the start, not while serving
+        self._pool_i = np.zeros((half, 2), np.int64)
+        self._free = np.arange(half - 1, -1, -1, dtype=np.int64)  # a stack: entry 0 on top
+        self._tops = np.array([half, 0], np.int64)  # the free stack's height, pending ticks dropped
+        self._grow_pool()
         self._out = np.zeros((max(out, 1), J_PAYLOAD + payload_width))
         self._n_out = np.zeros(1, np.int64)
 
@@ -347,14 +366,8 @@ class StreamLabels:
                 self._out = np.zeros((max(need, 2 * self._out.shape[0]), self._out.shape[1]))
 
     def _grow_pool(self) -> None:
-        """Twice the pool's entries, the new ones free."""
+        """Twice the pool's entries, the new ones free (compiled: numpy's copies of a large array release the GIL)."""
         size = self._pool_i.shape[0]
-        pool_f = np.zeros((2 * size, self._pool_f.shape[1]))
-        pool_i = np.zeros((2 * size, 2), np.int64)
-        pool_f[:size], pool_i[:size] = self._pool_f, self._pool_i
-        free = np.zeros(2 * size, np.int64)
         top = int(self._tops[0])
-        free[:top] = self._free[:top]
-        free[top:top + size] = np.arange(2 * size - 1, size - 1, -1)
-        self._pool_f, self._pool_i, self._free = pool_f, pool_i, free
+        self._pool_f, self._pool_i, self._free = _grown_pool(self._pool_f, self._pool_i, self._free, top)
         self._tops[0] = top + size

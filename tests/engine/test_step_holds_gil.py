@@ -68,16 +68,22 @@ def test_steps_keep_the_gil(engine_config: ConfigFactory) -> None:
 
 
 def test_live_evaluation_keeps_the_gil() -> None:
-    """The served ticks' labelling and scoring (compiled, every 256 ticks, inside a batch's step) hold the GIL too."""
+    """The served ticks' labelling and scoring (compiled, every 256 ticks, inside a batch's step) hold the GIL too,
+    also while the pool of ticks waiting for their horizon grows (400 markets' ticks, 10 ticks each waiting: the pool
+    doubles from its first size several times during the steps). Numpy's copies of a large array release the GIL, so
+    the pool is grown by compiled code."""
     import numpy as np
 
     from cerebellar_norse.engine.selfeval import LiveScorer
     from cerebellar_norse.training.labels import LabelSpec
 
-    scorer = LiveScorer(LabelSpec(horizon_ticks=2), window=50)
-    ticks = moving_ticks(("A", "B", "C", "D"), 600)
-    probs = np.full((8, 3), 1 / 3)
-    steps: list[Callable[[], object]] = [partial(scorer.observe_batch, ticks[k:k + 8], probs) for k in range(0, 2400, 8)]
+    markets = tuple(f"M{k:03d}" for k in range(400))
+    scorer = LiveScorer(LabelSpec(horizon_ticks=10), window=50, max_markets=512)
+    ticks = moving_ticks(markets, 30)
+    probs = np.full((40, 3), 1 / 3)
+    scorer.observe_batch(ticks[:400], probs.repeat(10, axis=0))  # every market tracked before the thread waits
+    steps: list[Callable[[], object]] = [partial(scorer.observe_batch, ticks[k:k + 40], probs)
+                                         for k in range(400, len(ticks), 40)]
     steps.append(lambda: scorer.judged)
     assert runs_of_a_waiting_thread(steps) == 0
-    assert scorer.judged == 2400 - 4 * 2
+    assert scorer.judged == len(ticks) - 400 * 10
