@@ -15,11 +15,11 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date
 from pathlib import Path
 
 from .compressed import open_tick_text, zip_member_name
 from .csvnumbers import is_number
+from .csvtime import yyyymmdd
 
 # data.binance.vision's files, headerless (spot, and futures before their files had a header), by layout: the column
 # names Binance's futures files give them (open_time, transact_time and time are time columns, close and price the
@@ -233,7 +233,7 @@ class LeanDay:
     @property
     def quotes(self) -> bool:
         """Whether the file holds quotes (bars or ticks), whose rows may quote one side only."""
-        return "quote" in self.what
+        return "ask" in self.names
 
 
 def _lean_day_row(row: list[str], numbers: int, quotes: bool) -> bool:
@@ -264,10 +264,7 @@ def lean_intraday_layout(path: Path, first: list[str], delimiter: str = ",") -> 
     if day is None or delimiter != "," or not first:
         return None
     d = day[1]
-    try:
-        if date(int(d[:4]), int(d[4:6]), int(d[6:])).year < 1970:
-            return None
-    except ValueError:
+    if yyyymmdd(d) is None:  # no date, or one before 1970
         return None
     named = _match_lean_name(path.name) or _match_lean_name(Path(zip_member_name(path)).name)
     folder = path.parent.parent.name.lower()
@@ -276,14 +273,15 @@ def lean_intraday_layout(path: Path, first: list[str], delimiter: str = ",") -> 
     kind = named[2] if named else zipped[1].lower() if zipped else ""
     if resolution == "tick":
         names = _LEAN_TICK_LAYOUTS.get((kind, len(first)))
-        numbers = 5 if names == LEAN_QUOTE_TICKS else 3 if names == LEAN_TRADE_TICKS else len(first)
         what = f"tick {kind}s"
     else:
         names = LEAN_BARS if len(first) == 6 else LEAN_QUOTE_BARS if len(first) == 11 else None
-        numbers = len(first)
         kind = "trade" if names == LEAN_BARS else "quote"
         what = f"{resolution} {kind} bars"
-    if names is None or not _lean_day_row(first, numbers, kind == "quote"):
+    if names is None:
+        return None
+    numbers = names.index("exchange") if "exchange" in names else len(names)  # (an equity tick's text fields follow)
+    if not _lean_day_row(first, numbers, kind == "quote"):
         return None
     symbol = named[0] if named else path.parent.name
     suffix = ("" if resolution == "minute" else f"-{resolution}") + ("-quote" if kind == "quote" else "")
