@@ -298,8 +298,6 @@ class StreamLabels:
     def __init__(self, spec: LabelSpec, payload_width: int, rows: int = 1, pool: int = 64, out: int = 256,
                  max_pending: int = MAX_PENDING) -> None:
         self.spec = spec
-        self.width = payload_width
-        self.max_pending = max_pending
         self._params = (int(spec.horizon_ticks), float(spec.horizon_ms) if spec.horizon_ms is not None else 0.0,
                         bool(spec.volatility_band), float(spec.flat_band), float(spec.band_multiple),
                         float(spec.volatility_window), int(max_pending))  # (typed: one compiled variant)
