@@ -26,7 +26,7 @@ Every worker sends its own market's ticks in time order, so no request is refuse
 (any non-200 is counted and reported). Targets: ``/neural/process`` p50 ÷ empty p50
 ≤ 1.25 (sequential) and ``/neural/process`` sequential p99 ≤ 2 ms.
 
-    .venv/bin/python benchmarks/http_bench.py [--json results.json]
+    .venv/bin/python benchmarks/http_bench.py [--set SECTION.KEY=VALUE] [--json results.json]
 """
 
 from __future__ import annotations
@@ -112,6 +112,18 @@ def service_env(state_dir: Path, bootstrap: bool = False, extra: dict[str, str] 
     if not bootstrap:
         env["CEREBELLAR_NORSE_TRAINING__BOOTSTRAP_ON_FIRST_RUN"] = "false"
     env.update(extra or {})
+    return env
+
+
+def override_env(settings: list[str]) -> dict[str, str]:
+    """``section.key=value`` settings as the service's ``CEREBELLAR_NORSE_SECTION__KEY`` variables."""
+    env = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not (sep and dot and section and name):
+            raise SystemExit(f"--set {item!r}: expected section.key=value, e.g. performance.busy_poll_us=20000")
+        env[f"CEREBELLAR_NORSE_{section.upper()}__{name.upper()}"] = value.strip()
     return env
 
 
@@ -436,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=20.0, help="time cap per measurement (default 20)")
     ap.add_argument("--untrained", action="store_true",
                     help="skip the first-run training of the default model (serve the seed's untrained network)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="a config key of the started service, e.g. performance.cpu_wakeup_latency_us=0 (repeatable)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -444,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command, "host": host_info()}
     with tempfile.TemporaryDirectory(prefix="http-bench-") as tmp:
         work = Path(tmp)
-        env = service_env(work / "state", bootstrap=not args.untrained)
+        env = service_env(work / "state", bootstrap=not args.untrained, extra=override_env(args.set))
         service = start("service", ["-m", "cerebellar_norse.cli"], work, env)
         empty = start("empty", [str(REPO_ROOT / "benchmarks" / "empty_app.py")], work, env)
         try:

@@ -64,7 +64,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from http_bench import read_answer, service_env  # benchmarks/ is the script's directory, first on sys.path
+from http_bench import override_env, read_answer, service_env  # benchmarks/ is first on sys.path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RULES = REPO_ROOT / "monitoring" / "alerts.yml"
@@ -149,18 +149,6 @@ def wait_http(child: Child | None, url: str, timeout_s: float) -> None:
                 return
         time.sleep(0.1)
     raise SystemExit(f"{url} not ready within {timeout_s:.0f} s" + (f":\n{child.tail()}" if child else ""))
-
-
-def override_env(settings: list[str]) -> dict[str, str]:
-    """``section.key=value`` settings as the service's ``CEREBELLAR_NORSE_SECTION__KEY`` variables."""
-    env = {}
-    for item in settings:
-        key, sep, value = item.partition("=")
-        section, dot, name = key.strip().partition(".")
-        if not (sep and dot and section and name):
-            raise SystemExit(f"--set {item!r}: expected section.key=value, e.g. performance.busy_poll_us=20000")
-        env[f"CEREBELLAR_NORSE_{section.upper()}__{name.upper()}"] = value.strip()
-    return env
 
 
 def start_service(children: Children, work: Path, bootstrap: bool, overrides: dict[str, str] | None = None) -> str:

@@ -20,7 +20,9 @@ They run on a service of the default config (``service``: sleeping between reque
 warm step every ``performance.warm_step_interval_us`` = 1 ms while ticks keep coming), on
 one without warm steps (``service-cold``: ``warm_step_interval_us = 0``), and on one with
 ``performance.busy_poll_us = --busy-poll-us`` (``service+poll``: the event loop polls
-instead of sleeping after each batch; warm steps as by default).
+instead of sleeping after each batch; warm steps as by default), and with ``--wakeup-us``
+on one with ``performance.cpu_wakeup_latency_us`` set (``service+wake``: the host's idle
+CPUs kept polling, or this quick to wake, while that service runs).
 
 Engine scenarios (this process, no HTTP, no I/O: ``Engine.process_now`` of one tick at a
 time over 20 markets), to tell the service's own overhead from the host's:
@@ -37,7 +39,7 @@ If the gaps alone inflate the engine's time as much as the paced service's, the 
 being emptied by other work on the host between ticks, not by the service; if
 ``gap_regs_3ms`` does too, not by anything this process does.
 
-    .venv/bin/python benchmarks/service_latency_bench.py [--ticks 3000] [--busy-poll-us 20000] [--no-cold] [--json out.json]
+    .venv/bin/python benchmarks/service_latency_bench.py [--ticks 3000] [--busy-poll-us 20000] [--wakeup-us 0] [--no-cold] [--json out.json]
 """
 
 from __future__ import annotations
@@ -64,13 +66,16 @@ STARTUP_S = 90.0
 class Service:
     """A service process on a free port with a temporary state dir, and a keep-alive raw connection to it."""
 
-    def __init__(self, busy_poll_us: int = 0, warm_step_interval_us: int | None = None) -> None:
+    def __init__(self, busy_poll_us: int = 0, warm_step_interval_us: int | None = None,
+                 cpu_wakeup_latency_us: int | None = None) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="cn-latency-")
         work = Path(self.tmp.name)
         env = service_env(work / "state", extra={"CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING",
                                                  "CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US": str(busy_poll_us)})
         if warm_step_interval_us is not None:
             env["CEREBELLAR_NORSE_PERFORMANCE__WARM_STEP_INTERVAL_US"] = str(warm_step_interval_us)
+        if cpu_wakeup_latency_us is not None:
+            env["CEREBELLAR_NORSE_PERFORMANCE__CPU_WAKEUP_LATENCY_US"] = str(cpu_wakeup_latency_us)
         self.server = start("service", ["-m", "cerebellar_norse.cli"], work, env)
         self.server.wait_ready("/health", STARTUP_S)
         self.conn = RawConnection(self.server.port)
@@ -212,19 +217,25 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=60, help="batch requests of 256 ticks (default 60)")
     ap.add_argument("--busy-poll-us", type=int, default=20_000, metavar="US",
                     help="also run the service scenarios with performance.busy_poll_us = US (default 20000; 0: not)")
+    ap.add_argument("--wakeup-us", type=int, default=None, metavar="US",
+                    help="also run the service scenarios with performance.cpu_wakeup_latency_us = US (the host's idle "
+                         "CPUs kept this quick to wake while that service runs; needs write access to "
+                         "/dev/cpu_dma_latency: the service's log says when it is refused)")
     ap.add_argument("--no-cold", action="store_true", help="skip the service without warm steps (service-cold)")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
 
     results: dict[str, Any] = {"host": {"cpu": cpu_model(), "cpus": os.cpu_count()}}
     before = hot_loop(args.ticks)
-    services: list[tuple[str, int, int | None]] = [("service", 0, None)]
+    services: list[tuple[str, int, int | None, int | None]] = [("service", 0, None, None)]
     if not args.no_cold:
-        services.append(("service-cold", 0, 0))
+        services.append(("service-cold", 0, 0, None))
     if args.busy_poll_us:
-        services.append(("service+poll", args.busy_poll_us, None))
-    for where, poll, warm in services:
-        svc = Service(poll, warm)
+        services.append(("service+poll", args.busy_poll_us, None, None))
+    if args.wakeup_us is not None:
+        services.append(("service+wake", 0, None, args.wakeup_us))
+    for where, poll, warm, wakeup in services:
+        svc = Service(poll, warm, wakeup)
         try:
             results[where] = {"sequential": run_ticks(svc, args.ticks, None), "paced": run_ticks(svc, args.ticks, args.rate),
                               "batch256": run_batches(svc, args.batches)}
@@ -237,7 +248,7 @@ def main() -> int:
     print(f"host: {results['host']['cpu']} ({results['host']['cpus']} cpus)")
     print(f"hot loop (kernel, batch 1, back to back): p50 {base:.2f} µs (before {before['p50_us']:.2f}, after {after['p50_us']:.2f})")
     print(f"{'where':<12} {'scenario':<13} {'p50 µs':>8} {'p95 µs':>8} {'p99 µs':>8} {'p50/hot':>8} {'p95/hot':>8}")
-    for where in [w for w, _, _ in services] + ["engine"]:
+    for where in [s[0] for s in services] + ["engine"]:
         for scen, q in results[where].items():
             q["p50_ratio"] = q["p50_us"] / base
             q["p95_ratio"] = q["p95_us"] / base

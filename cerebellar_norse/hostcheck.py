@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .config import Config, estimate_memory, fmt_bytes, fmt_bytes_at_least
 from .errors import ConfigProblem
+from .wakeup import DEVICE as WAKEUP_DEVICE
 
 # journal files in the state dir at a time: the open one, the next one made ahead, the one a checkpoint is about to
 # delete (docs/operations.md, Disk space)
@@ -33,6 +34,8 @@ class HostFacts:
         gpu_name: name of CUDA device 0, "" without CUDA.
         state_fs_bytes: size (bytes) of the file system that holds the state dir (or would: its nearest existing
             parent), None when unknown or not looked at.
+        wakeup_device: the kernel's CPU latency QoS device (:mod:`cerebellar_norse.wakeup`) to this user:
+            ``"writable"``, ``"not writable"`` or ``"missing"``; ``""`` when not looked at.
     """
 
     ram_total_bytes: int | None
@@ -41,6 +44,7 @@ class HostFacts:
     gpu_memory_total_bytes: int | None = None
     gpu_name: str = ""
     state_fs_bytes: int | None = None
+    wakeup_device: str = ""
 
 
 def _meminfo() -> tuple[int | None, int | None]:
@@ -93,12 +97,20 @@ def file_system_bytes(path: Path) -> int | None:
     return None
 
 
+def wakeup_device_access(device: Path = WAKEUP_DEVICE) -> str:
+    """Whether this user may hold a CPU wake-up latency limit on ``device``: ``"writable"``, ``"not writable"`` or
+    ``"missing"`` (see :class:`HostFacts`)."""
+    if not device.exists():
+        return "missing"
+    return "writable" if os.access(device, os.W_OK) else "not writable"
+
+
 def gather_host_facts() -> HostFacts:
-    """Read the facts of this host (RAM from /proc/meminfo, CUDA through torch); ``state_fs_bytes`` is left to
-    :func:`with_state_dir`."""
+    """Read the facts of this host (RAM from /proc/meminfo, CUDA through torch, the CPU latency QoS device);
+    ``state_fs_bytes`` is left to :func:`with_state_dir`."""
     total, avail = _meminfo()
     cuda, gpu_mem, gpu_name = _cuda_facts()
-    return HostFacts(total, avail, cuda, gpu_mem, gpu_name)
+    return HostFacts(total, avail, cuda, gpu_mem, gpu_name, wakeup_device=wakeup_device_access())
 
 
 def with_state_dir(host: HostFacts, state_dir: Path) -> HostFacts:
@@ -139,7 +151,8 @@ def cuda_plan_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
 
 
 def host_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
-    """Every problem of ``cfg`` on ``host``: device mismatch and memory that does not fit."""
+    """Every problem of ``cfg`` on ``host``: device mismatch, memory that does not fit, a CPU wake-up latency limit the
+    host would refuse."""
     out: list[ConfigProblem] = []
     device = resolve_device(cfg, host)
     if cfg.performance.device == "cuda" and not host.cuda_available:
@@ -172,6 +185,22 @@ def host_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
             "ticks once its first file is full)",
             f"set it below {fmt_bytes(host.state_fs_bytes // (2 * JOURNAL_FILES_KEPT))} (the default is \"64MB\"), "
             "leaving room for market_state.bin and the models (docs/operations.md, Disk space)",
+        ))
+    wakeup = cfg.performance.cpu_wakeup_latency_us
+    if wakeup is not None and host.wakeup_device == "not writable":
+        out.append(ConfigProblem(
+            "performance.cpu_wakeup_latency_us",
+            f"cpu_wakeup_latency_us = {wakeup} cannot be held here: {WAKEUP_DEVICE} is not writable by this user; the "
+            "service would log a warning and serve without it",
+            "grant the service's user the device (systemd/60-cerebellar-norse.rules, docs/install.md, \"CPU wake-up "
+            "latency\"), or remove the key",
+        ))
+    elif wakeup is not None and host.wakeup_device == "missing":
+        out.append(ConfigProblem(
+            "performance.cpu_wakeup_latency_us",
+            f"cpu_wakeup_latency_us = {wakeup} cannot be held here: {WAKEUP_DEVICE} is missing (no CPU latency QoS "
+            "in this kernel or container); the service would log a warning and serve without it",
+            "remove the key on this host (in a container, pass the host's device in)",
         ))
     if device == "cuda":
         out += cuda_plan_problems(cfg, host)

@@ -21,6 +21,7 @@ from ..errors import CerebellarNorseError, EngineFatalError, InputError
 from ..observability.metrics import ServiceMetrics
 from ..observability.timelines import TimelineBook
 from ..ticks import Tick, check_not_future
+from ..wakeup import WakeupLatency
 from .degradation import Degradation, reason
 from .schemas import loads_utf8
 
@@ -80,6 +81,7 @@ class ServiceState:
     draining: bool = False  # a stop's drain (server.drain_s) runs: /health 503, every answer closes its connection
     timelines: TimelineBook = field(default_factory=TimelineBook)
     trackers: dict[str, Any] = field(default_factory=dict)  # debug sinks attached on first use (spike tracker, trace)
+    wakeup: WakeupLatency = field(default_factory=WakeupLatency)  # performance.cpu_wakeup_latency_us, held by serve()
 
     def model_store(self) -> ModelStore:
         """The service's model store (EngineFatalError, 503, in an app built without one)."""

@@ -163,6 +163,8 @@ def apply_reload(state: ServiceState, new: Config, live: list[str]) -> None:
     eng = state.engine
     eng.cfg = state.cfg
     eng.apply_live_settings(state.cfg.performance)
+    if "performance.cpu_wakeup_latency_us" in live:
+        state.wakeup.apply(state.cfg.performance.cpu_wakeup_latency_us)
     if "debug.record_requests" in live:
         eng.close_recording_if_off()  # "a file is closed when ... recording is switched off", not at the next batch
     logging.getLogger().setLevel(effective_level(state.cfg.logging))

@@ -37,11 +37,13 @@ from ..observability.metrics import (
     engine_families,
     health_families,
     training_job_families,
+    wakeup_families,
 )
 from ..observability.ratelimit import SummaryLog, installed_alike_limit
 from ..training.bootstrap import bootstrap_model
 from ..training.checkpoints import NOT_ACTIVATED, ModelStore, StoredModel, shape_mismatch
 from ..training.jobs import JobManager
+from ..wakeup import WakeupLatency
 from .accepting import Acceptor
 from .app import ServiceApp, create_app
 from .degradation import Degradation
@@ -188,6 +190,7 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
                             metrics.job_ended)
     jobs = state.jobs
     metrics.add_source(training_job_families(lambda: jobs.stalled))
+    metrics.add_source(wakeup_families(lambda: state.wakeup.held))
     loss = last_training_loss(state.jobs, model)
     if loss is not None:
         metrics.training_loss.set(loss)
@@ -482,15 +485,19 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
     lock = check_state_dir(cfg)  # unwritable or in use: start-up fails with one line on stderr, exit code 1
     sock = bind_listener(cfg.server.host, cfg.server.port)  # port taken: the same, before anything else starts
     starting = StartingResponder(sock).start()  # 503 on the port until the app serves it
+    wakeup = WakeupLatency()
+    wakeup.apply(cfg.performance.cpu_wakeup_latency_us)  # a host that refuses is logged; serving goes on without it
     try:
         starting.reason = "loading the model" + (" (or training one on first run)" if cfg.training.bootstrap_on_first_run else "")
         state = build_service(cfg, starting.started)  # one start time: uptime_s runs on when the app takes over
         state.state_lock = lock
+        state.wakeup = wakeup
         starting.reason = "restoring market state"
         prepare_state(state)  # restore + journal replay, before the app serves the socket
     except BaseException as exc:
         starting.stop()
         sock.close()
+        wakeup.release()
         if isinstance(exc, OSError):  # e.g. the disk filled up during first-run training: one line, no traceback
             # a full or read-only disk (during first-run training, say) is a failed write; anything else (an
             # unreadable journal directory) is named without claiming one
@@ -513,4 +520,5 @@ def serve(cfg: Config, config_path: str | None = None, server_overrides: dict[st
     finally:
         starting.stop()
         sock.close()
+        state.wakeup.release()
     return int(state.exit_code) if server.started else 1

@@ -336,6 +336,18 @@ def training_job_families(stalled: Callable[[], bool]) -> Callable[[], Iterable[
     return collect
 
 
+def wakeup_families(held: Callable[[], bool]) -> Callable[[], Iterable[Metric]]:
+    """Scrape-time gauge of whether the service holds its CPU wake-up latency limit (``held()``,
+    ``performance.cpu_wakeup_latency_us``, :mod:`cerebellar_norse.wakeup`)."""
+
+    def collect() -> Iterable[Metric]:
+        yield GaugeMetricFamily("cerebellar_norse_cpu_wakeup_latency_held", "1 while the service holds the host's CPU "
+                                "wake-up latency limit of performance.cpu_wakeup_latency_us; 0 when the key is not "
+                                "set, or the host refused it (logged at WARNING with the reason).", value=float(held()))
+
+    return collect
+
+
 def connection_families(open_connections: Callable[[], int],
                         limit: Callable[[], int]) -> Callable[[], Iterable[Metric]]:
     """Scrape-time gauges of the server's open connections (``open_connections()``: HTTP keep-alive and WebSocket

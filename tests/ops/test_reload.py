@@ -611,3 +611,79 @@ def test_the_start_reads_the_config_file_once(tmp_path: Path, monkeypatch: pytes
         root.setLevel(root_level)
     assert remembered == [{"performance.max_batch_delay_us": 300}]
     assert len(reads) == 1, "the file was read more than once"
+
+
+def test_reloaded_cpu_wakeup_latency_is_held_changed_and_released(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``performance.cpu_wakeup_latency_us`` applies on reload (on a stand-in for the kernel's device), and the
+    metric says whether the limit is held."""
+    from cerebellar_norse.wakeup import WakeupLatency
+
+    dev = tmp_path / "cpu_dma_latency"
+    dev.write_bytes(b"")
+
+    def held() -> str:
+        return next(ln for ln in state.metrics.render().decode().splitlines()
+                    if ln.startswith("cerebellar_norse_cpu_wakeup_latency_held "))
+
+    with reloadable_service(tmp_path, monkeypatch, "queue_size = 4096") as (state, reload):
+        state.wakeup = WakeupLatency(dev)
+        assert held().endswith(" 0.0")
+        reload("cpu_wakeup_latency_us = 0")
+        assert state.wakeup.limit_us == 0 and dev.read_bytes() == (0).to_bytes(4, sys.byteorder, signed=True)
+        assert held().endswith(" 1.0")
+        reload("cpu_wakeup_latency_us = 40")
+        assert state.wakeup.limit_us == 40 and dev.read_bytes()[4:] == (40).to_bytes(4, sys.byteorder, signed=True)
+        reload("queue_size = 4096")
+        assert not state.wakeup.held and held().endswith(" 0.0")
+        state.wakeup.device = tmp_path / "gone" / "cpu_dma_latency"
+        reload("cpu_wakeup_latency_us = 0")
+        assert not state.wakeup.held and "gone" in state.wakeup.refusal and held().endswith(" 0.0")
+
+
+def _host_wakeup_limit() -> int | None:
+    from cerebellar_norse.wakeup import DEVICE, system_limit_us
+
+    fd = os.open(DEVICE, os.O_RDONLY)
+    try:
+        return system_limit_us(fd)
+    finally:
+        os.close(fd)
+
+
+def _real_wakeup_device() -> bool:
+    from cerebellar_norse.wakeup import DEVICE
+
+    return DEVICE.exists() and os.access(DEVICE, os.R_OK | os.W_OK)
+
+
+@pytest.mark.skipif(not _real_wakeup_device(), reason="the kernel's CPU latency QoS device is not readable and writable here")
+def test_the_service_holds_its_wakeup_limit_on_the_host_and_a_crash_leaves_none(tmp_path: Path) -> None:
+    """Held from the start, released and held again by reloads; kill -9 leaves the host's limit as it was."""
+    before = _host_wakeup_limit()
+    assert before is not None
+    if before <= 300:
+        pytest.skip(f"another process holds a lower limit ({before} us)")
+    port = _free_port()
+    cfg = tmp_path / "service.toml"
+    plain = BASE.format(port=port)
+    cfg.write_text(plain.replace("queue_size = 4096", "queue_size = 4096\ncpu_wakeup_latency_us = 300"))
+
+    def until(limit: int) -> None:
+        deadline = time.monotonic() + 20
+        while _host_wakeup_limit() != limit:
+            assert time.monotonic() < deadline, f"host limit {_host_wakeup_limit()} us, expected {limit}"
+            time.sleep(0.05)
+
+    with _service(tmp_path, cfg, port) as proc:
+        assert _host_wakeup_limit() == 300
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert "cerebellar_norse_cpu_wakeup_latency_held 1.0" in metrics
+        cfg.write_text(plain)
+        proc.send_signal(signal.SIGHUP)
+        until(before)
+        cfg.write_text(plain.replace("queue_size = 4096", "queue_size = 4096\ncpu_wakeup_latency_us = 250"))
+        proc.send_signal(signal.SIGHUP)
+        until(250)
+        proc.kill()
+        proc.wait()
+    assert _host_wakeup_limit() == before
