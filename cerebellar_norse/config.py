@@ -204,11 +204,11 @@ class PerformanceConfig(_Section):
     warm_window_ms: int = Field(1000, ge=1, le=3_600_000, description=(
         "How long after each batch the warm steps of warm_step_interval_us go on (ms): an idle service stops them."))
     cpu_wakeup_latency_us: int | None = Field(None, ge=0, le=1_000_000, description=(
-        "While the service runs, ask the kernel to keep the host's idle CPUs at most this quick to wake (us; its CPU "
-        "latency QoS, /dev/cpu_dma_latency): 0 keeps them polling instead of halting, so a tick arriving after an "
+        "While the service runs, ask the kernel to keep every idle CPU of the host able to wake within this (us; its "
+        "CPU latency QoS, /dev/cpu_dma_latency): 0 keeps them polling instead of halting, so a tick arriving after an "
         "idle gap finds the CPU awake and the network's weights in its caches (on the 2-vCPU development VM the "
-        "processing p50 of sequential ticks fell from 1.6 to 1.3x the kernel's hot loop, and the client's round "
-        "trip p99 by a fifth: docs/benchmarks.md). The limit is the whole host's: every idle CPU then burns power. "
+        "processing p50 of sequential ticks fell 16-22% and a sequential client's round trip 19-37%: "
+        "docs/benchmarks.md). The limit is the whole host's: every idle CPU then burns power. "
         "Needs write access to the device (docs/install.md, \"CPU wake-up latency\"); a host that refuses is "
         "logged and the service serves without it. Not set: nothing asked."))
     max_markets: int = Field(1024, ge=1, le=10_000_000, description="Market state slots; least recently used markets are evicted beyond it.")

@@ -341,9 +341,11 @@ def wakeup_families(held: Callable[[], bool]) -> Callable[[], Iterable[Metric]]:
     ``performance.cpu_wakeup_latency_us``, :mod:`cerebellar_norse.wakeup`)."""
 
     def collect() -> Iterable[Metric]:
-        yield GaugeMetricFamily("cerebellar_norse_cpu_wakeup_latency_held", "1 while the service holds the host's CPU "
-                                "wake-up latency limit of performance.cpu_wakeup_latency_us; 0 when the key is not "
-                                "set, or the host refused it (logged at WARNING with the reason).", value=float(held()))
+        # the help names no "latency": the operations guide's `grep latency` of a scrape finds the tick latencies only
+        yield GaugeMetricFamily("cerebellar_norse_cpu_wakeup_limit_held", "1 while the service holds its limit on how "
+                                "long the host's idle CPUs take to wake up (docs/install.md, CPU wake-up); 0 when none "
+                                "is configured, or the host refused it (logged at WARNING with the reason).",
+                                value=float(held()))
 
     return collect
 

@@ -623,7 +623,7 @@ def test_reloaded_cpu_wakeup_latency_is_held_changed_and_released(tmp_path: Path
 
     def held() -> str:
         return next(ln for ln in state.metrics.render().decode().splitlines()
-                    if ln.startswith("cerebellar_norse_cpu_wakeup_latency_held "))
+                    if ln.startswith("cerebellar_norse_cpu_wakeup_limit_held "))
 
     with reloadable_service(tmp_path, monkeypatch, "queue_size = 4096") as (state, reload):
         state.wakeup = WakeupLatency(dev)
@@ -677,7 +677,7 @@ def test_the_service_holds_its_wakeup_limit_on_the_host_and_a_crash_leaves_none(
     with _service(tmp_path, cfg, port) as proc:
         assert _host_wakeup_limit() == 300
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        assert "cerebellar_norse_cpu_wakeup_latency_held 1.0" in metrics
+        assert "cerebellar_norse_cpu_wakeup_limit_held 1.0" in metrics
         cfg.write_text(plain)
         proc.send_signal(signal.SIGHUP)
         until(before)
