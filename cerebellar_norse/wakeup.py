@@ -48,6 +48,18 @@ def system_limit_us(fd: int) -> int | None:
     return int(_VALUE.unpack(raw)[0]) if len(raw) == _VALUE.size else None
 
 
+def host_limit_us(device: Path = DEVICE) -> int | None:
+    """The host's limit in force (µs), read from ``device``; None where it cannot be read (not root, no device)."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return system_limit_us(fd)
+    finally:
+        os.close(fd)
+
+
 def _open(device: Path) -> int:
     """``device`` open to write (and to read the host's limit back where that is allowed too)."""
     try:

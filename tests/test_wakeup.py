@@ -13,7 +13,7 @@ import pytest
 from cerebellar_norse.config import LIVE_KEYS, load_config
 from cerebellar_norse.errors import ConfigError
 from cerebellar_norse.hostcheck import HostFacts, host_problems, wakeup_device_access
-from cerebellar_norse.wakeup import DEVICE, WakeupLatency, _why, system_limit_us
+from cerebellar_norse.wakeup import DEVICE, WakeupLatency, _why, host_limit_us
 
 
 def _limits(path: Path) -> list[int]:
@@ -112,27 +112,19 @@ def test_device_access_is_read_from_the_file_system(tmp_path: Path) -> None:
     assert wakeup_device_access(dev) == "writable"
 
 
-def _host_limit() -> int | None:
-    fd = os.open(DEVICE, os.O_RDONLY)
-    try:
-        return system_limit_us(fd)
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.skipif(not (DEVICE.exists() and os.access(DEVICE, os.R_OK | os.W_OK)),
                     reason="the kernel's CPU latency QoS device is not readable and writable here")
 def test_the_kernel_holds_the_limit_while_it_is_held_and_drops_it_after() -> None:
-    before = _host_limit()
+    before = host_limit_us()
     assert before is not None
     if before <= 200:
         pytest.skip(f"another process holds a lower limit ({before} us)")
     w = WakeupLatency()
     w.apply(200)
     try:
-        assert w.held and _host_limit() == 200
+        assert w.held and host_limit_us() == 200
         w.apply(150)
-        assert _host_limit() == 150
+        assert host_limit_us() == 150
     finally:
         w.release()
-    assert _host_limit() == before
+    assert host_limit_us() == before

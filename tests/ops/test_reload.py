@@ -27,6 +27,7 @@ from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.ticks import Tick
 from cerebellar_norse.training.checkpoints import ModelStore
 from cerebellar_norse.training.jobs import JobStatus
+from cerebellar_norse.wakeup import host_limit_us
 
 BASE = """
 [server]
@@ -640,16 +641,6 @@ def test_reloaded_cpu_wakeup_latency_is_held_changed_and_released(tmp_path: Path
         assert not state.wakeup.held and "gone" in state.wakeup.refusal and held().endswith(" 0.0")
 
 
-def _host_wakeup_limit() -> int | None:
-    from cerebellar_norse.wakeup import DEVICE, system_limit_us
-
-    fd = os.open(DEVICE, os.O_RDONLY)
-    try:
-        return system_limit_us(fd)
-    finally:
-        os.close(fd)
-
-
 def _real_wakeup_device() -> bool:
     from cerebellar_norse.wakeup import DEVICE
 
@@ -659,7 +650,7 @@ def _real_wakeup_device() -> bool:
 @pytest.mark.skipif(not _real_wakeup_device(), reason="the kernel's CPU latency QoS device is not readable and writable here")
 def test_the_service_holds_its_wakeup_limit_on_the_host_and_a_crash_leaves_none(tmp_path: Path) -> None:
     """Held from the start, released and held again by reloads; kill -9 leaves the host's limit as it was."""
-    before = _host_wakeup_limit()
+    before = host_limit_us()
     assert before is not None
     if before <= 300:
         pytest.skip(f"another process holds a lower limit ({before} us)")
@@ -670,12 +661,12 @@ def test_the_service_holds_its_wakeup_limit_on_the_host_and_a_crash_leaves_none(
 
     def until(limit: int) -> None:
         deadline = time.monotonic() + 20
-        while _host_wakeup_limit() != limit:
-            assert time.monotonic() < deadline, f"host limit {_host_wakeup_limit()} us, expected {limit}"
+        while host_limit_us() != limit:
+            assert time.monotonic() < deadline, f"host limit {host_limit_us()} us, expected {limit}"
             time.sleep(0.05)
 
     with _service(tmp_path, cfg, port) as proc:
-        assert _host_wakeup_limit() == 300
+        assert host_limit_us() == 300
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert "cerebellar_norse_cpu_wakeup_limit_held 1.0" in metrics
         cfg.write_text(plain)
@@ -686,4 +677,4 @@ def test_the_service_holds_its_wakeup_limit_on_the_host_and_a_crash_leaves_none(
         until(250)
         proc.kill()
         proc.wait()
-    assert _host_wakeup_limit() == before
+    assert host_limit_us() == before
