@@ -187,20 +187,16 @@ def host_problems(cfg: Config, host: HostFacts) -> list[ConfigProblem]:
             "leaving room for market_state.bin and the models (docs/operations.md, Disk space)",
         ))
     wakeup = cfg.performance.cpu_wakeup_latency_us
-    if wakeup is not None and host.wakeup_device == "not writable":
+    if wakeup is not None and host.wakeup_device in ("not writable", "missing"):
+        missing = host.wakeup_device == "missing"
         out.append(ConfigProblem(
             "performance.cpu_wakeup_latency_us",
-            f"cpu_wakeup_latency_us = {wakeup} cannot be held here: {WAKEUP_DEVICE} is not writable by this user; the "
-            "service would log a warning and serve without it",
+            f"cpu_wakeup_latency_us = {wakeup} cannot be held here: {WAKEUP_DEVICE} is "
+            + ("missing (no CPU latency QoS in this kernel or container)" if missing else "not writable by this user")
+            + "; the service would log a warning and serve without it",
+            "remove the key on this host (in a container, pass the host's device in)" if missing else
             "grant the service's user the device (systemd/60-cerebellar-norse.rules, docs/install.md, \"CPU wake-up "
             "latency\"), or remove the key",
-        ))
-    elif wakeup is not None and host.wakeup_device == "missing":
-        out.append(ConfigProblem(
-            "performance.cpu_wakeup_latency_us",
-            f"cpu_wakeup_latency_us = {wakeup} cannot be held here: {WAKEUP_DEVICE} is missing (no CPU latency QoS "
-            "in this kernel or container); the service would log a warning and serve without it",
-            "remove the key on this host (in a container, pass the host's device in)",
         ))
     if device == "cuda":
         out += cuda_plan_problems(cfg, host)
