@@ -53,6 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numba as nb
 import numpy as np
 from http_bench import RawConnection, service_env, start  # benchmarks/ is the script's directory, first on sys.path
@@ -81,6 +82,16 @@ class Service:
         self.conn = RawConnection(self.server.port)
         self.t0 = int(time.time() * 1000) - 3_600_000  # tick times: an hour ago on, 10 ms apart, never repeating
         self.k = 0
+        if cpu_wakeup_latency_us is not None:
+            self._check_wakeup_held()
+
+    def _check_wakeup_held(self) -> None:
+        """Stop the run unless the service holds its wake-up limit (a refusal would be measured as if it held it)."""
+        scrape = httpx.get(self.server.url + "/metrics", timeout=10.0).text
+        if "cerebellar_norse_cpu_wakeup_limit_held 1.0" not in scrape.splitlines():
+            self.close()
+            raise SystemExit("--wakeup-us: the service could not hold performance.cpu_wakeup_latency_us (write access to "
+                             "/dev/cpu_dma_latency is needed: docs/install.md, \"CPU wake-up latency\")")
 
     def next_k(self) -> int:
         """A fresh tick index (times keep increasing across scenarios)."""
@@ -220,7 +231,7 @@ def main() -> int:
     ap.add_argument("--wakeup-us", type=int, default=None, metavar="US",
                     help="also run the service scenarios with performance.cpu_wakeup_latency_us = US (the host's idle "
                          "CPUs kept this quick to wake while that service runs; needs write access to "
-                         "/dev/cpu_dma_latency: the service's log says when it is refused)")
+                         "/dev/cpu_dma_latency: the run stops when the service cannot hold it)")
     ap.add_argument("--no-cold", action="store_true", help="skip the service without warm steps (service-cold)")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
