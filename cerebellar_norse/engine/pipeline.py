@@ -21,7 +21,7 @@ import numpy as np
 from .. import kernelcache  # noqa: F401  (installs the guard: a failed write of numba's cache is no error)
 from ..neurons.backends import Backend
 from ..neurons.encoder import S_N_TICKS
-from ..neurons.fused import softmax_row
+from ..neurons.fused import softmax_row, tick_batch_table
 from ..neurons.native import ArgTable, compiled_entry, table_at, view1, view2
 from ..neurons.topology import Weights
 from ..ticks import Tick
@@ -106,6 +106,16 @@ def _finish_batch_table(address: int, n_args: int, b: int, apply_head: bool) -> 
                   view1(t, F_CONFIDENCE, nb.float64), view1(t, F_TOTALS, nb.int64), view1(t, F_POPULATIONS, nb.int64))
 
 
+@nb.njit(cache=True, error_model="numpy")  # holds the GIL, as its two parts do
+def _fused_step_table(k_address: int, k_args: int, b: int, steps: int, fzero: Any, f_address: int, f_args: int,
+                      apply_head: bool) -> None:
+    """The fused kernel's step of the first ``b`` staged ticks (:func:`.fused.tick_batch_table` of ``k_address``,
+    ``k_args``, ``steps``, ``fzero``), then the finishing pass (:func:`_finish_batch_table` of ``f_address``,
+    ``f_args``, ``apply_head``): one call from Python for both."""
+    tick_batch_table(k_address, k_args, b, steps, fzero)
+    _finish_batch_table(f_address, f_args, b, apply_head)
+
+
 @dataclass
 class StepBuffers:
     """Preallocated inputs and outputs of :func:`step_ticks` for batches up to ``max_batch`` ticks.
@@ -127,6 +137,7 @@ class StepBuffers:
     apply_head: bool = False
     table: ArgTable | None = None  # the finishing pass's arrays (order F_*)
     finish: Any = None  # _finish_batch_table's compiled variant, resolved on the first step
+    fused: Any = None  # _fused_step_table's compiled variant, resolved on the first step through it
 
     @classmethod
     def allocate(cls, backend: Backend, max_batch: int, n_slots: int) -> StepBuffers:
@@ -168,8 +179,26 @@ def step_ticks(pool: StatePool, backend: Backend, weights: Weights, ticks: Seque
 
 def _step_rows(backend: Backend, weights: Weights, enc: np.ndarray, buf: StepBuffers,
                b: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Step the first ``b`` staged rows of ``buf`` through the backend and the finishing pass; time in ns."""
+    """Step the first ``b`` staged rows of ``buf`` through the backend and the finishing pass; time in ns.
+
+    Where the backend hands over its fused kernel's arguments (``Backend.fused_step``), both run in one call into
+    compiled code (:func:`_fused_step_table`) instead of ``step_buffered`` and a second call: the backend's Python
+    wrapper and the second call cost about a tenth of a tick's time (docs/benchmarks.md, "One compiled call").
+    ``b`` is at most the staged buffers' length (the rows were filled).
+    """
     table = buf.finish_table(weights, enc)
+    fused = backend.fused_step()
+    if fused is not None and b < fused.threaded_from:
+        kernel = fused.table  # (one read: the backend's weights may be swapped meanwhile, this keeps them alive)
+        entry = buf.fused
+        if entry is None:
+            entry = buf.fused = compiled_entry(_fused_step_table, kernel.address, kernel.size, b, fused.steps,
+                                               fused.fzero, table.address, table.size, buf.apply_head)
+        t0 = time.perf_counter_ns()
+        entry(kernel.address, kernel.size, b, fused.steps, fused.fzero, table.address, table.size, buf.apply_head)
+        t1 = time.perf_counter_ns()
+        probs, spikes = fused.outputs[b]
+        return probs, spikes, t1 - t0
     finish = buf.finish
     if finish is None:
         finish = buf.finish = compiled_entry(_finish_batch_table, table.address, table.size, b, buf.apply_head)
@@ -188,7 +217,7 @@ def warm_step(backend: Backend, weights: Weights, enc: np.ndarray, buf: StepBuff
     outputs is overwritten, as the next batch overwrites it). Returns False, stepping
     nothing, before the first batch (``buf`` holds no tick yet).
     """
-    if buf.finish is None:
+    if buf.finish is None and buf.fused is None:  # (each is resolved at the first step that runs through it)
         return False
     buf.slots[0] = slot
     _step_rows(backend, weights, enc, buf, 1)

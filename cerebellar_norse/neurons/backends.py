@@ -61,6 +61,23 @@ class LearningViews:
     active: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class FusedStep:
+    """The fused kernel's staged step as arguments of :func:`.fused.tick_batch_table`, for a caller that runs it and
+    passes of its own in one compiled call (the engine's finishing pass: one call into compiled code per step, not two).
+
+    ``table``, ``steps`` and ``fzero`` are the kernel's arguments beside the batch size ``b``; the step of ``b`` ticks
+    is what :meth:`Backend.step_buffered` (b) runs for every ``b < threaded_from`` (larger batches are split over
+    threads), and ``outputs[b]`` are its probabilities and spikes, views of the output buffers.
+    """
+
+    table: ArgTable
+    steps: int
+    fzero: np.floating[Any]
+    threaded_from: int
+    outputs: list[tuple[np.ndarray, np.ndarray]]
+
+
 class Backend(Protocol):
     """What the engine needs from a backend."""
 
@@ -102,6 +119,11 @@ class Backend(Protocol):
 
     def set_weights(self, weights: Weights) -> None:
         """Swap in new weights (same topology) between batches."""
+        ...
+
+    def fused_step(self) -> FusedStep | None:
+        """The staged step as the fused kernel's arguments (see :class:`FusedStep`), or None where
+        :meth:`step_buffered` runs anything else; read it once per step (``set_weights`` replaces it)."""
         ...
 
     def warmup_batch_sizes(self, max_batch: int) -> tuple[int, ...]:
@@ -150,6 +172,10 @@ class StagedBuffers:
     def input_buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """The staged input buffers (see :class:`Backend`)."""
         return self._inputs
+
+    def fused_step(self) -> FusedStep | None:
+        """None: :meth:`step_buffered` runs :meth:`step` (see :class:`Backend`)."""
+        return None
 
     def output_buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """The output buffers (see :class:`Backend`)."""
@@ -229,7 +255,13 @@ class FusedBackend(HostBackend):
         """Swap weights; a running step keeps the set it started with."""
         packed = PackedWeights.pack(weights, self.coef.dtype)
         table = self._arg_table(packed)
+        threaded_from = self.parallel_min_batch if self.threads > 1 else self.max_batch + 1
         self.packed, self._table = packed, table
+        self._fused = FusedStep(table, self._steps, self._fzero, threaded_from, self._views)
+
+    def fused_step(self) -> FusedStep:
+        """The staged step as :func:`.fused.tick_batch_table`'s arguments (see :class:`Backend`)."""
+        return self._fused
 
     def _arg_table(self, pw: PackedWeights) -> ArgTable:
         """The kernel's arguments for staged steps with weights ``pw`` (order of ``layout.TABLE_ARGS``)."""

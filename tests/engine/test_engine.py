@@ -314,6 +314,7 @@ async def test_failing_batch_fails_only_its_own_ticks(engine_config: ConfigFacto
         return real_step(b)
 
     monkeypatch.setattr(engine.backend, "step_buffered", flaky)
+    monkeypatch.setattr(engine.backend, "fused_step", lambda: None)  # (steps then go through step_buffered)
     ticks = [tick(m, T0) for m in "ABCD"]
     with caplog.at_level(logging.ERROR, logger="cerebellar_norse.engine"):
         out = await asyncio.gather(*(asyncio.create_task(engine.submit(t)) for t in ticks), return_exceptions=True)
