@@ -22,7 +22,8 @@ one without warm steps (``service-cold``: ``warm_step_interval_us = 0``), and on
 ``performance.busy_poll_us = --busy-poll-us`` (``service+poll``: the event loop polls
 instead of sleeping after each batch; warm steps as by default), and with ``--wakeup-us``
 on one with ``performance.cpu_wakeup_latency_us`` set (``service+wake``: the host's idle
-CPUs kept polling, or this quick to wake, while that service runs).
+CPUs kept polling, or this quick to wake, while that service runs); with both options,
+also on one with both keys set (``service+both``).
 
 Engine scenarios (this process, no HTTP, no I/O: ``Engine.process_now`` of one tick at a
 time over 20 markets), to tell the service's own overhead from the host's:
@@ -245,6 +246,8 @@ def main() -> int:
         services.append(("service+poll", args.busy_poll_us, None, None))
     if args.wakeup_us is not None:
         services.append(("service+wake", 0, None, args.wakeup_us))
+        if args.busy_poll_us:
+            services.append(("service+both", args.busy_poll_us, None, args.wakeup_us))
     for where, poll, warm, wakeup in services:
         svc = Service(poll, warm, wakeup)
         try:
