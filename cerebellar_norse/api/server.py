@@ -190,7 +190,7 @@ def build_service(cfg: Config, started: float | None = None) -> ServiceState:
                             metrics.job_ended)
     jobs = state.jobs
     metrics.add_source(training_job_families(lambda: jobs.stalled))
-    metrics.add_source(wakeup_families(lambda: state.wakeup.held))
+    metrics.add_source(wakeup_families(lambda: state.wakeup.held, lambda: bool(state.wakeup.refusal)))
     loss = last_training_loss(state.jobs, model)
     if loss is not None:
         metrics.training_loss.set(loss)

@@ -336,16 +336,21 @@ def training_job_families(stalled: Callable[[], bool]) -> Callable[[], Iterable[
     return collect
 
 
-def wakeup_families(held: Callable[[], bool]) -> Callable[[], Iterable[Metric]]:
-    """Scrape-time gauge of whether the service holds its CPU wake-up latency limit (``held()``,
-    ``performance.cpu_wakeup_latency_us``, :mod:`cerebellar_norse.wakeup`)."""
+def wakeup_families(held: Callable[[], bool], refused: Callable[[], bool]) -> Callable[[], Iterable[Metric]]:
+    """Scrape-time gauges of the service's CPU wake-up latency limit (``performance.cpu_wakeup_latency_us``,
+    :mod:`cerebellar_norse.wakeup`): whether it is held (``held()``), and whether the key is set and the host refused
+    it (``refused()``)."""
 
     def collect() -> Iterable[Metric]:
-        # the help names no "latency": the operations guide's `grep latency` of a scrape finds the tick latencies only
+        # the helps name no "latency": the operations guide's `grep latency` of a scrape finds the tick latencies only
         yield GaugeMetricFamily("cerebellar_norse_cpu_wakeup_limit_held", "1 while the service holds its limit on how "
                                 "long the host's idle CPUs take to wake up (docs/install.md, CPU wake-up); 0 when none "
-                                "is configured, or the host refused it (logged at WARNING with the reason).",
+                                "is configured, or the host refused it (see cerebellar_norse_cpu_wakeup_limit_refused).",
                                 value=float(held()))
+        yield GaugeMetricFamily("cerebellar_norse_cpu_wakeup_limit_refused", "1 while the service's CPU wake-up limit "
+                                "is configured and the host refused it (no device, no permission: logged at WARNING with the "
+                                "reason and the fix), so the service serves without it; 0 otherwise.",
+                                value=float(refused()))
 
     return collect
 

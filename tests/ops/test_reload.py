@@ -622,13 +622,18 @@ def test_reloaded_cpu_wakeup_latency_is_held_changed_and_released(tmp_path: Path
     dev = tmp_path / "cpu_dma_latency"
     dev.write_bytes(b"")
 
+    def gauge(name: str) -> str:
+        return next(ln for ln in state.metrics.render().decode().splitlines() if ln.startswith(f"{name} "))
+
     def held() -> str:
-        return next(ln for ln in state.metrics.render().decode().splitlines()
-                    if ln.startswith("cerebellar_norse_cpu_wakeup_limit_held "))
+        return gauge("cerebellar_norse_cpu_wakeup_limit_held")
+
+    def refused() -> str:
+        return gauge("cerebellar_norse_cpu_wakeup_limit_refused")
 
     with reloadable_service(tmp_path, monkeypatch, "queue_size = 4096") as (state, reload):
         state.wakeup = WakeupLatency(dev)
-        assert held().endswith(" 0.0")
+        assert held().endswith(" 0.0") and refused().endswith(" 0.0")
         reload("cpu_wakeup_latency_us = 0")
         assert state.wakeup.limit_us == 0 and dev.read_bytes() == (0).to_bytes(4, sys.byteorder, signed=True)
         assert held().endswith(" 1.0")
@@ -639,6 +644,12 @@ def test_reloaded_cpu_wakeup_latency_is_held_changed_and_released(tmp_path: Path
         state.wakeup.device = tmp_path / "gone" / "cpu_dma_latency"
         reload("cpu_wakeup_latency_us = 0")
         assert not state.wakeup.held and "gone" in state.wakeup.refusal and held().endswith(" 0.0")
+        assert refused().endswith(" 1.0")  # set and refused: told apart from not set
+        state.wakeup.device = dev
+        reload("cpu_wakeup_latency_us = 5")
+        assert held().endswith(" 1.0") and refused().endswith(" 0.0")
+        reload("queue_size = 4096")
+        assert held().endswith(" 0.0") and refused().endswith(" 0.0")
 
 
 def _real_wakeup_device() -> bool:
