@@ -3,8 +3,9 @@
 Every backend updates the same slot arrays (:class:`StateArrays`) in place (the CUDA
 backend mirrors them on the device and syncs on demand), so they are interchangeable
 and directly comparable. What else the engine needs (online-learning views, warm-up
-batch sizes, host/device sync, a description for /health) is part of the Protocol, so
-the engine never probes a backend for attributes.
+batch sizes, host/device sync, a description for /health, the fused kernel's arguments
+for a step in one compiled call) is part of the Protocol, so the engine never probes a
+backend for attributes.
 
 * ``fused``: the numba kernel of :mod:`.fused` (CPU fast path).
 * ``reference``: the Norse reference module, batched in torch.
