@@ -183,7 +183,7 @@ def _step_rows(backend: Backend, weights: Weights, enc: np.ndarray, buf: StepBuf
 
     Where the backend hands over its fused kernel's arguments (``Backend.fused_step``), both run in one call into
     compiled code (:func:`_fused_step_table`) instead of ``step_buffered`` and a second call: the backend's Python
-    wrapper and the second call cost about a tenth of a tick's time (docs/benchmarks.md, "One compiled call").
+    wrapper and the second call cost 5–8 % of a single tick's window (docs/benchmarks.md, "One compiled call per step").
     ``b`` is at most the staged buffers' length (the rows were filled).
     """
     table = buf.finish_table(weights, enc)
