@@ -257,8 +257,7 @@ class FusedBackend(HostBackend):
         packed = PackedWeights.pack(weights, self.coef.dtype)
         table = self._arg_table(packed)
         threaded_from = self.parallel_min_batch if self.threads > 1 else self.max_batch + 1
-        self.packed, self._table = packed, table
-        self._fused = FusedStep(table, self._steps, self._fzero, threaded_from, self._views)
+        self.packed, self._fused = packed, FusedStep(table, self._steps, self._fzero, threaded_from, self._views)
 
     def fused_step(self) -> FusedStep:
         """The staged step as :func:`.fused.tick_batch_table`'s arguments (see :class:`Backend`)."""
@@ -315,14 +314,15 @@ class FusedBackend(HostBackend):
         """:meth:`step` of the first ``b`` staged ticks; one integer hands the kernel all its arrays."""
         if not 0 <= b <= self.max_batch:
             raise ValueError(f"batch of {b} is outside the workspace of {self.max_batch}")
-        if b >= self.parallel_min_batch and self.threads > 1:
+        fused = self._fused  # one read: a concurrent set_weights swaps whole tables, and this keeps ours alive
+        if b >= fused.threaded_from:
             return super().step_buffered(b)
-        table = self._table  # one read: a concurrent set_weights swaps whole tables, and this keeps ours alive
+        table = fused.table
         entry = self._entry
         if entry is None:
-            entry = self._entry = compiled_entry(tick_batch_table, table.address, table.size, b, self._steps, self._fzero)
-        entry(table.address, table.size, b, self._steps, self._fzero)
-        return self._views[b]
+            entry = self._entry = compiled_entry(tick_batch_table, table.address, table.size, b, fused.steps, fused.fzero)
+        entry(table.address, table.size, b, fused.steps, fused.fzero)
+        return fused.outputs[b]
 
 
 def unique_waves(slots: np.ndarray) -> list[np.ndarray]:
