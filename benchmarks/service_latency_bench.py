@@ -20,10 +20,14 @@ They run on a service of the default config (``service``: sleeping between reque
 warm step every ``performance.warm_step_interval_us`` = 1 ms while ticks keep coming), on
 one without warm steps (``service-cold``: ``warm_step_interval_us = 0``), and on one with
 ``performance.busy_poll_us = --busy-poll-us`` (``service+poll``: the event loop polls
-instead of sleeping after each batch; warm steps as by default), and with ``--wakeup-us``
+instead of sleeping after a batch that came within that time of the one before; warm
+steps as by default), and with ``--wakeup-us``
 on one with ``performance.cpu_wakeup_latency_us`` set (``service+wake``: the host's idle
 CPUs kept polling, or this quick to wake, while that service runs); with both options,
 also on one with both keys set (``service+both``).
+
+Each service scenario also gives the service process's CPU time over it as a share of
+one core (``cores``): what polling costs.
 
 Engine scenarios (this process, no HTTP, no I/O: ``Engine.process_now`` of one tick at a
 time over 20 markets), to tell the service's own overhead from the host's:
@@ -57,7 +61,12 @@ from typing import Any
 import httpx
 import numba as nb
 import numpy as np
-from http_bench import RawConnection, service_env, start  # benchmarks/ is the script's directory, first on sys.path
+from http_bench import (  # benchmarks/ is the script's directory, first on sys.path
+    RawConnection,
+    process_cpu_s,
+    service_env,
+    start,
+)
 
 from cerebellar_norse.neurons.bench import cpu_model
 
@@ -121,10 +130,21 @@ def _quantiles(ns: list[int]) -> dict[str, float]:
             "p99_us": float(np.percentile(a, 99)), "n": int(a.size)}
 
 
+def _cpu_share(svc: Service, since: tuple[float, float]) -> float:
+    """The service process's CPU time since ``since`` (its CPU seconds, wall seconds), as a share of one core."""
+    cpu0, wall0 = since
+    return (sum(process_cpu_s(svc.server.proc.pid)) - cpu0) / (time.perf_counter() - wall0)
+
+
+def _cpu_now(svc: Service) -> tuple[float, float]:
+    return sum(process_cpu_s(svc.server.proc.pid)), time.perf_counter()
+
+
 def run_ticks(svc: Service, ticks: int, rate: float | None) -> dict[str, float]:
     """Send ``ticks`` single ticks round-robin over the markets (paced at ``rate``/s if given)."""
     out = []
     gap = 1.0 / rate if rate else 0.0
+    since = _cpu_now(svc)
     nxt = time.perf_counter()
     for k in range(ticks + 200):
         if gap:
@@ -137,12 +157,13 @@ def run_ticks(svc: Service, ticks: int, rate: float | None) -> dict[str, float]:
             raise SystemExit(f"tick answered {status}: {body[:200]!r}")
         if k >= 200:  # the first ticks load pages and warm the markets
             out.append(int(json.loads(body)["processing_time_ns"]))
-    return _quantiles(out)
+    return {**_quantiles(out), "cpu_share": _cpu_share(svc, since)}
 
 
 def run_batches(svc: Service, batches: int) -> dict[str, float]:
     """Batches of 256 ticks (one per market); the per-tick time the service reports."""
     out = []
+    since = _cpu_now(svc)
     for k in range(batches + 5):
         kk = svc.next_k()
         body = b'{"ticks": [' + b",".join(_tick(m, kk, svc.t0).replace(b'"M', b'"B') for m in range(256)) + b"]}"
@@ -151,7 +172,7 @@ def run_batches(svc: Service, batches: int) -> dict[str, float]:
             raise SystemExit(f"batch answered {status}: {answer[:200]!r}")
         if k >= 5:
             out.append(int(json.loads(answer)["results"][0]["processing_time_ns"]))
-    return _quantiles(out)
+    return {**_quantiles(out), "cpu_share": _cpu_share(svc, since)}
 
 
 def hot_loop(ticks: int) -> dict[str, float]:
@@ -261,13 +282,14 @@ def main() -> int:
     results["hot_loop"] = {"before": before, "after": after, "p50_us": base}
     print(f"host: {results['host']['cpu']} ({results['host']['cpus']} cpus)")
     print(f"hot loop (kernel, batch 1, back to back): p50 {base:.2f} µs (before {before['p50_us']:.2f}, after {after['p50_us']:.2f})")
-    print(f"{'where':<12} {'scenario':<13} {'p50 µs':>8} {'p95 µs':>8} {'p99 µs':>8} {'p50/hot':>8} {'p95/hot':>8}")
+    print(f"{'where':<12} {'scenario':<13} {'p50 µs':>8} {'p95 µs':>8} {'p99 µs':>8} {'p50/hot':>8} {'p95/hot':>8} "
+          f"{'cores':>6}")
     for where in [s[0] for s in services] + ["engine"]:
         for scen, q in results[where].items():
             q["p50_ratio"] = q["p50_us"] / base
             q["p95_ratio"] = q["p95_us"] / base
             print(f"{where:<12} {scen:<13} {q['p50_us']:>8.2f} {q['p95_us']:>8.2f} {q['p99_us']:>8.2f} "
-                  f"{q['p50_ratio']:>8.2f} {q['p95_ratio']:>8.2f}")
+                  f"{q['p50_ratio']:>8.2f} {q['p95_ratio']:>8.2f} " + (f"{q['cpu_share']:>6.2f}" if "cpu_share" in q else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -19,8 +19,9 @@ queued, and stepped in batches by the backend on the event loop's thread:
   to make room is never one whose tick is still in the same backend step;
 * a failing batch fails only its own ticks; the engine keeps serving;
 * with ``busy_poll_us`` set, the loop keeps polling its sockets instead of sleeping for
-  that long after each batch (:meth:`Engine._poll`), so the next tick finds the CPU
-  awake and its caches warm;
+  that long after a batch whose first tick came within ``busy_poll_us`` of the batch
+  before (:meth:`Engine._poll`): the next tick then finds the CPU awake and its caches
+  warm, and ticks that come further apart than that cost no polling at all;
 * with ``warm_step_interval_us`` set (the default), while ticks keep coming (for
   ``warm_window_ms`` after each batch) a timer steps the last batch's first tick again,
   on a state slot no market holds, every ``warm_step_interval_us``
@@ -148,6 +149,7 @@ class Engine:
         self.apply_live_settings(perf)
         self._poll_until = 0.0
         self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
+        self._came_soon = False  # the queued batch's first tick came within busy_poll_us of the batch before
         self._warm_until = 0.0
         self._warm_handle: asyncio.TimerHandle | None = None
         self._warm_paused = False  # the last round found every state slot taken
@@ -497,12 +499,18 @@ class Engine:
         fut: asyncio.Future[TickResult] = loop.create_future()
         self._pending.append((tick, fut, timeline, on_settled))
         self._pending_ts[tick.market_id] = tick.timestamp
+        since = -1.0  # s since the last batch ended; read once per batch, not per tick
+        if len(self._pending) == 1:
+            since = time.monotonic() - self._last_batch_end
+            self._came_soon = since < self.busy_poll_s
         if len(self._pending) >= self.batch_size:
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
             self._flush_handle = loop.call_soon(self._flush)
         elif self._flush_handle is None:
-            busy = (time.monotonic() - self._last_batch_end) < self.delay_s
+            if since < 0.0:
+                since = time.monotonic() - self._last_batch_end
+            busy = since < self.delay_s
             wait = busy and self.delay_s >= MIN_TIMER_DELAY_S
             self._flush_handle = loop.call_later(self.delay_s, self._flush) if wait else loop.call_soon(self._flush)
         return fut
@@ -523,7 +531,7 @@ class Engine:
             self._warm_until = self._last_batch_end + self.warm_window_s
             if self._warm_handle is None:
                 self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
-        if self.busy_poll_s > 0.0 and self._accepting:
+        if self._came_soon and self.busy_poll_s > 0.0 and self._accepting:
             self._poll_until = self._last_batch_end + self.busy_poll_s
             if not self.polling:
                 self.polling = True
@@ -531,6 +539,11 @@ class Engine:
 
     def _poll(self) -> None:
         """Keep the event loop awake until ``busy_poll_us`` after the last batch (``performance.busy_poll_us``).
+
+        Started by a batch whose first tick came within ``busy_poll_us`` of the batch
+        before it: a client that comes back that quickly is likely to again, while
+        polling for ticks that come further apart would only keep a core busy until the
+        window ran out, and the tick would find the CPU idle all the same.
 
         While a callback is ready the loop polls its sockets without blocking, so the
         thread never sleeps: a CPU left idle between ticks is given to other work or put

@@ -210,8 +210,9 @@ async def test_busy_polling_keeps_the_loop_awake_for_its_window_after_each_batch
         Engine._poll(engine)
 
     engine._poll = counted  # type: ignore[method-assign]
-    assert not engine.polling
     await engine.submit(tick("A", T0))
+    assert not engine.polling and rounds == 0  # the first tick after idle time: nothing says the next comes soon
+    await engine.submit(tick("A", T0 + 1))
     assert engine.polling
     await asyncio.sleep(0.03)
     assert engine.polling and rounds > 10  # one round per loop iteration: the loop did not sleep
@@ -230,10 +231,29 @@ async def test_busy_polling_is_off_by_default_and_stops_on_drain(engine_config: 
     engine = Engine(engine_config(busy_poll_us=5_000_000))
     engine.warm_up()
     await engine.submit(tick("A", T0))
+    await engine.submit(tick("A", T0 + 1))
     assert engine.polling
     await engine.drain(save=False)
     await asyncio.sleep(0.01)
     assert not engine.polling
+
+
+async def test_busy_polling_starts_only_for_ticks_that_come_within_its_window(engine_config: ConfigFactory) -> None:
+    """Ticks further apart than ``busy_poll_us`` start no polling (it would run out before they came); closer ones do."""
+    engine = Engine(engine_config(busy_poll_us=20_000))
+    engine.warm_up()
+    for k in range(3):
+        await asyncio.sleep(0.05)
+        await engine.submit(tick("A", T0 + k))
+        assert not engine.polling
+    await engine.submit(tick("A", T0 + 3))
+    assert engine.polling
+    await asyncio.sleep(0.05)  # the window runs out
+    assert not engine.polling
+    await engine.submit(tick("A", T0 + 4))
+    assert not engine.polling
+    results = await engine.submit_many([tick("A", T0 + 5), tick("B", T0)])  # a batch within the window
+    assert len(results) == 2 and engine.polling
 
 
 # -- back-pressure and bad input -------------------------------------------------------------
