@@ -16,15 +16,16 @@ config, untrained network of the seed):
 * ``batch256``: ``POST /neural/process/batch`` of 256 ticks (one per market), the
   per-tick cost reported by the service.
 
-They run on a service of the default config (``service``: sleeping between requests, a
-warm step every ``performance.warm_step_interval_us`` = 1 ms while ticks keep coming), on
-one without warm steps (``service-cold``: ``warm_step_interval_us = 0``), and on one with
-``performance.busy_poll_us = --busy-poll-us`` (``service+poll``: the event loop polls
-instead of sleeping after a batch that came within that time of the one before; warm
-steps as by default), and with ``--wakeup-us``
-on one with ``performance.cpu_wakeup_latency_us`` set (``service+wake``: the host's idle
-CPUs kept polling, or this quick to wake, while that service runs); with both options,
-also on one with both keys set (``service+both``).
+They run on a service of the built-in default config (``service``: the event loop polls
+for 250 µs after a batch that came within 250 µs of the one before, and sleeps
+otherwise; a warm step every ``performance.warm_step_interval_us`` = 1 ms while ticks
+keep coming), on one without warm steps (``service-cold``: ``warm_step_interval_us =
+0``); with ``--busy-poll-us`` on one with ``performance.busy_poll_us`` set to it
+(``service+poll``; ``--busy-poll-us 0``: a service that sleeps at once after each batch,
+as the default did before 2026-11-28); with ``--wakeup-us`` on one with
+``performance.cpu_wakeup_latency_us`` set (``service+wake``: the host's idle CPUs kept
+polling, or this quick to wake, while that service runs); with both options, also on
+one with both keys set (``service+both``).
 
 Each service scenario also gives the service process's CPU time over it as a share of
 one core (``cores``): what polling costs.
@@ -44,7 +45,7 @@ If the gaps alone inflate the engine's time as much as the paced service's, the 
 being emptied by other work on the host between ticks, not by the service; if
 ``gap_regs_3ms`` does too, not by anything this process does.
 
-    .venv/bin/python benchmarks/service_latency_bench.py [--ticks 3000] [--busy-poll-us 20000] [--wakeup-us 0] [--no-cold] [--json out.json]
+    .venv/bin/python benchmarks/service_latency_bench.py [--ticks 3000] [--busy-poll-us 0] [--wakeup-us 0] [--no-cold] [--json out.json]
 """
 
 from __future__ import annotations
@@ -77,12 +78,13 @@ STARTUP_S = 90.0
 class Service:
     """A service process on a free port with a temporary state dir, and a keep-alive raw connection to it."""
 
-    def __init__(self, busy_poll_us: int = 0, warm_step_interval_us: int | None = None,
+    def __init__(self, busy_poll_us: int | None = None, warm_step_interval_us: int | None = None,
                  cpu_wakeup_latency_us: int | None = None) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="cn-latency-")
         work = Path(self.tmp.name)
-        env = service_env(work / "state", extra={"CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING",
-                                                 "CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US": str(busy_poll_us)})
+        env = service_env(work / "state", extra={"CEREBELLAR_NORSE_LOGGING__LEVEL": "WARNING"})
+        if busy_poll_us is not None:
+            env["CEREBELLAR_NORSE_PERFORMANCE__BUSY_POLL_US"] = str(busy_poll_us)
         if warm_step_interval_us is not None:
             env["CEREBELLAR_NORSE_PERFORMANCE__WARM_STEP_INTERVAL_US"] = str(warm_step_interval_us)
         if cpu_wakeup_latency_us is not None:
@@ -248,8 +250,9 @@ def main() -> int:
     ap.add_argument("--ticks", type=int, default=3000, help="ticks per single-tick scenario (default 3000)")
     ap.add_argument("--rate", type=float, default=300.0, help="ticks/s of the paced scenario (default 300)")
     ap.add_argument("--batches", type=int, default=60, help="batch requests of 256 ticks (default 60)")
-    ap.add_argument("--busy-poll-us", type=int, default=20_000, metavar="US",
-                    help="also run the service scenarios with performance.busy_poll_us = US (default 20000; 0: not)")
+    ap.add_argument("--busy-poll-us", type=int, default=None, metavar="US",
+                    help="also run the service scenarios with performance.busy_poll_us = US (0: a service that "
+                         "sleeps at once after each batch; the built-in default polls 250 us)")
     ap.add_argument("--wakeup-us", type=int, default=None, metavar="US",
                     help="also run the service scenarios with performance.cpu_wakeup_latency_us = US (the host's idle "
                          "CPUs kept this quick to wake while that service runs; needs write access to "
@@ -260,14 +263,14 @@ def main() -> int:
 
     results: dict[str, Any] = {"host": {"cpu": cpu_model(), "cpus": os.cpu_count()}}
     before = hot_loop(args.ticks)
-    services: list[tuple[str, int, int | None, int | None]] = [("service", 0, None, None)]
+    services: list[tuple[str, int | None, int | None, int | None]] = [("service", None, None, None)]
     if not args.no_cold:
-        services.append(("service-cold", 0, 0, None))
-    if args.busy_poll_us:
+        services.append(("service-cold", None, 0, None))
+    if args.busy_poll_us is not None:
         services.append(("service+poll", args.busy_poll_us, None, None))
     if args.wakeup_us is not None:
-        services.append(("service+wake", 0, None, args.wakeup_us))
-        if args.busy_poll_us:
+        services.append(("service+wake", None, None, args.wakeup_us))
+        if args.busy_poll_us is not None:
             services.append(("service+both", args.busy_poll_us, None, args.wakeup_us))
     for where, poll, warm, wakeup in services:
         svc = Service(poll, warm, wakeup)

@@ -191,10 +191,12 @@ class PerformanceConfig(_Section):
     batch_size: int = Field(256, ge=1, le=65_536, description="Most ticks stepped as one batch.")
     max_batch_delay_us: int = Field(50, ge=0, le=1_000_000, description="Longest wait to fill a batch (us).")
     queue_size: int = Field(4096, ge=1, le=10_000_000, description="Ticks waiting for the engine before callers get 503.")
-    busy_poll_us: int = Field(0, ge=0, le=10_000_000, description=(
-        "After each batch, keep the event loop polling its sockets instead of sleeping for this long (us): the next "
-        "tick finds the CPU awake and the network's data in cache (lower, steadier latency at a few hundred ticks/s), "
-        "at the cost of one busy core while ticks keep coming; 0 sleeps at once."))
+    busy_poll_us: int = Field(250, ge=0, le=10_000_000, description=(
+        "After a batch whose first tick came within this long of the batch before (us), keep the event loop polling "
+        "its sockets instead of sleeping for this long: a client that sends its next tick as soon as it has the "
+        "answer finds the CPU awake and the network's data in cache (lower latency, at the cost of one busy core "
+        "while it keeps coming that quickly). Ticks further apart cost no polling; polling stops while a task waits "
+        "for a CPU. 0 sleeps at once."))
     warm_step_interval_us: int = Field(1000, ge=0, le=1_000_000, description=(
         "While ticks keep coming (for warm_window_ms after each batch), step the last tick again on a state slot no "
         "market holds this often (us), so that the next tick finds the network's code and weights in the CPU's caches "

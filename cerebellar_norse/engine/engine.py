@@ -21,7 +21,8 @@ queued, and stepped in batches by the backend on the event loop's thread:
 * with ``busy_poll_us`` set, the loop keeps polling its sockets instead of sleeping for
   that long after a batch whose first tick came within ``busy_poll_us`` of the batch
   before (:meth:`Engine._poll`): the next tick then finds the CPU awake and its caches
-  warm, and ticks that come further apart than that cost no polling at all;
+  warm, and ticks that come further apart than that cost no polling at all; polling
+  stops while the host has a task waiting for a CPU;
 * with ``warm_step_interval_us`` set (the default), while ticks keep coming (for
   ``warm_window_ms`` after each batch) a timer steps the last batch's first tick again,
   on a state slot no market holds, every ``warm_step_interval_us``
@@ -79,6 +80,7 @@ from .pipeline import StepBuffers, step_ticks, tick_results, warm_step
 from .pool import Bookkeeping, StatePool
 from .recorder import TickRecorder
 from .records import BatchRecord, EngineSnapshot, PoolFigures, RecordSink, TickResult
+from .runqueue import cpu_wanted
 from .selfeval import LiveScorer
 
 if TYPE_CHECKING:
@@ -543,7 +545,9 @@ class Engine:
         Started by a batch whose first tick came within ``busy_poll_us`` of the batch
         before it: a client that comes back that quickly is likely to again, while
         polling for ticks that come further apart would only keep a core busy until the
-        window ran out, and the tick would find the CPU idle all the same.
+        window ran out, and the tick would find the CPU idle all the same. Polling stops
+        early when a task waits for a CPU (:func:`~cerebellar_norse.engine.runqueue.cpu_wanted`):
+        the client woken by its answer may be the one waiting, queued behind this loop.
 
         While a callback is ready the loop polls its sockets without blocking, so the
         thread never sleeps: a CPU left idle between ticks is given to other work or put
@@ -551,7 +555,7 @@ class Engine:
         then takes several times its back-to-back time (docs/benchmarks.md, "In-service
         processing time"). Each round is one non-blocking poll of the sockets.
         """
-        if self._accepting and self.busy_poll_s > 0.0 and time.monotonic() < self._poll_until:
+        if self._accepting and self.busy_poll_s > 0.0 and time.monotonic() < self._poll_until and not cpu_wanted():
             asyncio.get_running_loop().call_soon(self._poll)
         else:
             self.polling = False

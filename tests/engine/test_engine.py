@@ -29,6 +29,7 @@ from engine_helpers import (
     tick,
 )
 
+from cerebellar_norse.engine import engine as engine_module
 from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.persistence import STATE_FILE
 from cerebellar_norse.engine.records import TickResult
@@ -198,6 +199,13 @@ async def test_sub_millisecond_batch_delay_never_costs_a_millisecond(engine_conf
     assert time.perf_counter() - t0 < n * 0.5e-3
 
 
+@pytest.fixture
+def cpus_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No task waits for a CPU, whatever else runs on the host meanwhile (polling stops when one does)."""
+    monkeypatch.setattr(engine_module, "cpu_wanted", lambda: False)
+
+
+@pytest.mark.usefixtures("cpus_free")
 async def test_busy_polling_keeps_the_loop_awake_for_its_window_after_each_batch(engine_config: ConfigFactory) -> None:
     """``busy_poll_us``: after a batch the loop runs poll rounds (it never blocks) until the window ends."""
     engine = Engine(engine_config(busy_poll_us=150_000))
@@ -223,12 +231,15 @@ async def test_busy_polling_keeps_the_loop_awake_for_its_window_after_each_batch
     assert rounds == stopped_at
 
 
-async def test_busy_polling_is_off_by_default_and_stops_on_drain(engine_config: ConfigFactory) -> None:
-    idle = Engine(engine_config())
-    idle.warm_up()
-    await idle.submit(tick("A", T0))
-    assert not idle.polling
-    engine = Engine(engine_config(busy_poll_us=5_000_000))
+@pytest.mark.usefixtures("cpus_free")
+async def test_busy_polling_is_on_by_default_off_at_0_and_stops_on_drain(engine_config: ConfigFactory) -> None:
+    off = Engine(engine_config(busy_poll_us=0))
+    off.warm_up()
+    await off.submit(tick("A", T0))
+    await off.submit(tick("A", T0 + 1))
+    assert not off.polling
+    engine = Engine(engine_config())
+    assert engine.cfg.performance.busy_poll_us == 250
     engine.warm_up()
     await engine.submit(tick("A", T0))
     await engine.submit(tick("A", T0 + 1))
@@ -238,6 +249,7 @@ async def test_busy_polling_is_off_by_default_and_stops_on_drain(engine_config: 
     assert not engine.polling
 
 
+@pytest.mark.usefixtures("cpus_free")
 async def test_busy_polling_starts_only_for_ticks_that_come_within_its_window(engine_config: ConfigFactory) -> None:
     """Ticks further apart than ``busy_poll_us`` start no polling (it would run out before they came); closer ones do."""
     engine = Engine(engine_config(busy_poll_us=20_000))
@@ -254,6 +266,36 @@ async def test_busy_polling_starts_only_for_ticks_that_come_within_its_window(en
     assert not engine.polling
     results = await engine.submit_many([tick("A", T0 + 5), tick("B", T0)])  # a batch within the window
     assert len(results) == 2 and engine.polling
+
+
+async def test_busy_polling_stops_at_the_next_round_while_a_task_waits_for_a_cpu(
+        engine_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client woken by its answer may be queued behind the polling loop: the loop sleeps instead."""
+    waiting = False
+    checks = 0
+
+    def wanted() -> bool:
+        nonlocal checks
+        checks += 1
+        return waiting
+
+    monkeypatch.setattr(engine_module, "cpu_wanted", wanted)
+    engine = Engine(engine_config(busy_poll_us=5_000_000))
+    engine.warm_up()
+    await engine.submit(tick("A", T0))
+    await engine.submit(tick("A", T0 + 1))
+    await asyncio.sleep(0.01)
+    assert engine.polling and checks > 5  # checked at every round
+    waiting = True
+    await asyncio.sleep(0.01)
+    assert not engine.polling
+    stopped_at = checks
+    await asyncio.sleep(0.01)
+    assert checks == stopped_at
+    waiting = False
+    await engine.submit(tick("A", T0 + 2))  # the next batch polls again
+    assert engine.polling
+    await engine.drain(save=False)
 
 
 # -- back-pressure and bad input -------------------------------------------------------------
