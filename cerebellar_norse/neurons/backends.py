@@ -299,7 +299,7 @@ class FusedBackend(HostBackend):
         if b > self.max_batch:
             raise ValueError(f"batch of {b} exceeds the workspace of {self.max_batch}")
         ws, pw = self.ws, self.packed  # one read of the weights: a concurrent set_weights swaps whole
-        if self.threads > 1 and b >= self.parallel_min_batch:
+        if b >= self._fused.threaded_from:
             order, starts = chunk_by_slot(slots, self.threads)
             nb.set_num_threads(self.threads)
             tick_batch_parallel(order, starts, slots, ticks, self.state.flat, self.state.enc, pw.wf, pw.wi, self.dims,
