@@ -116,6 +116,7 @@ class EngineStats:
     last_batch_size: int = 0
     busy_ns: int = 0
     warm_steps: int = 0
+    polled_s: float = 0.0  # time busy polling kept the loop awake, windows that ended (s; performance.busy_poll_us)
 
 
 Settled = Callable[["asyncio.Future[TickResult]"], None]  # called with a tick's future once it is settled
@@ -151,6 +152,7 @@ class Engine:
         self.apply_live_settings(perf)
         self._poll_until = 0.0
         self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
+        self._poll_started = 0.0  # when the running polling window began (monotonic s)
         self._came_soon = False  # the queued batch's first tick came within busy_poll_us of the batch before
         self._warm_until = 0.0
         self._warm_handle: asyncio.TimerHandle | None = None
@@ -537,6 +539,7 @@ class Engine:
             self._poll_until = self._last_batch_end + self.busy_poll_s
             if not self.polling:
                 self.polling = True
+                self._poll_started = self._last_batch_end
                 asyncio.get_running_loop().call_soon(self._poll)
 
     def _poll(self) -> None:
@@ -555,10 +558,17 @@ class Engine:
         then takes several times its back-to-back time (docs/benchmarks.md, "In-service
         processing time"). Each round is one non-blocking poll of the sockets.
         """
-        if self._accepting and self.busy_poll_s > 0.0 and time.monotonic() < self._poll_until and not cpu_wanted():
+        now = time.monotonic()
+        if self._accepting and self.busy_poll_s > 0.0 and now < self._poll_until and not cpu_wanted():
             asyncio.get_running_loop().call_soon(self._poll)
         else:
             self.polling = False
+            self.stats.polled_s += now - self._poll_started
+
+    def polled_s(self) -> float:
+        """Time busy polling has kept the event loop awake since start (s), the running window included."""
+        running = time.monotonic() - self._poll_started if self.polling else 0.0
+        return self.stats.polled_s + running
 
     def _warm_timer(self) -> None:
         """One round of ``warm_step_interval_us``: a warm step unless ticks wait, then the next round while the window lasts."""
@@ -826,6 +836,7 @@ class Engine:
             model_version=self.model_version, ticks=st.ticks, batches=st.batches, failed_batches=st.failed_batches,
             failed_ticks=st.failed_ticks, rejected_full=st.rejected_full, rejected_order=st.rejected_order,
             spikes=(int(st.spikes[0]), int(st.spikes[1]), int(st.spikes[2])), busy_ns=st.busy_ns, warm_steps=st.warm_steps,
+            polled_s=self.polled_s(),
             online_judged=learner.judged if learner is not None else None,
             online_updates=learner.updates if learner is not None else None,
             backend=self.backend.describe(),

@@ -129,6 +129,7 @@ class EngineSnapshot:
     spikes: tuple[int, int, int]
     busy_ns: int
     warm_steps: int  # scratch steps between batches (performance.warm_step_interval_us)
+    polled_s: float  # time busy polling kept the event loop awake (s; performance.busy_poll_us)
     online_judged: int | None  # climbing-fibre learning's judged ticks (None when learning is off)
     online_updates: int | None
     backend: dict[str, Any] | None

@@ -410,6 +410,9 @@ def engine_families(engine: Engine, device: str, cuda_memory: Callable[[], tuple
         yield CounterMetricFamily("cerebellar_norse_engine_busy_seconds", "Time spent stepping batches (s).", value=snap.busy_ns / 1e9)
         yield CounterMetricFamily("cerebellar_norse_warm_steps", "Scratch steps between batches keeping the network in cache "
                                   "(performance.warm_step_interval_us); not ticks.", value=snap.warm_steps)
+        yield CounterMetricFamily("cerebellar_norse_busy_poll_seconds", "Time the event loop was kept from sleeping by "
+                                  "busy polling for a client's next tick (performance.busy_poll_us; s), ticks served "
+                                  "meanwhile included: at most that much CPU time.", value=snap.polled_s)
         yield GaugeMetricFamily("cerebellar_norse_uptime_seconds", UPTIME_HELP, value=time.monotonic() - started)
         yield GaugeMetricFamily("cerebellar_norse_journal_waiting", "1 while the journal's next file cannot be created "
                                 "for want of a file descriptor (EMFILE, ENFILE) or disk space (ENOSPC, EDQUOT): ticks, "

@@ -34,6 +34,7 @@ from cerebellar_norse.engine.engine import Engine
 from cerebellar_norse.engine.persistence import STATE_FILE
 from cerebellar_norse.engine.records import TickResult
 from cerebellar_norse.errors import CapacityError, EngineFatalError, TickOrderError
+from cerebellar_norse.observability.metrics import ServiceMetrics, engine_families
 from cerebellar_norse.storage import read_checksummed
 from cerebellar_norse.ticks import Tick
 
@@ -296,6 +297,31 @@ async def test_busy_polling_stops_at_the_next_round_while_a_task_waits_for_a_cpu
     await engine.submit(tick("A", T0 + 2))  # the next batch polls again
     assert engine.polling
     await engine.drain(save=False)
+
+
+@pytest.mark.usefixtures("cpus_free")
+async def test_the_time_kept_awake_by_polling_is_counted_and_scraped(engine_config: ConfigFactory) -> None:
+    """``cerebellar_norse_busy_poll_seconds_total``: each window's time, the running one included, never a sleep's."""
+    engine = Engine(engine_config(busy_poll_us=50_000))
+    engine.warm_up()
+    await engine.submit(tick("A", T0))
+    await asyncio.sleep(0.01)
+    assert engine.polled_s() == engine.stats.polled_s == 0.0  # a lone tick: no window
+    t0 = time.monotonic()
+    await engine.submit(tick("A", T0 + 1))
+    await asyncio.sleep(0.01)
+    running = engine.polled_s()
+    assert engine.polling and engine.stats.polled_s == 0.0 and 0.0 < running <= time.monotonic() - t0
+    await asyncio.sleep(0.2)  # the window ends after 50 ms; the loop then sleeps
+    assert not engine.polling
+    first = engine.stats.polled_s
+    assert 0.05 <= first < 0.2 and engine.polled_s() == first
+    await asyncio.sleep(0.05)
+    assert engine.polled_s() == first
+    metrics = ServiceMetrics()
+    metrics.add_source(engine_families(engine, "cpu", lambda: (0, 0)))
+    text = metrics.render().decode()
+    assert f"\n# TYPE cerebellar_norse_busy_poll_seconds_total counter\ncerebellar_norse_busy_poll_seconds_total {first!r}\n" in text
 
 
 # -- back-pressure and bad input -------------------------------------------------------------
