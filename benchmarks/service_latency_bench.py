@@ -132,14 +132,15 @@ def _quantiles(ns: list[int]) -> dict[str, float]:
             "p99_us": float(np.percentile(a, 99)), "n": int(a.size)}
 
 
-def _cpu_share(svc: Service, since: tuple[float, float]) -> float:
-    """The service process's CPU time since ``since`` (its CPU seconds, wall seconds), as a share of one core."""
-    cpu0, wall0 = since
-    return (sum(process_cpu_s(svc.server.proc.pid)) - cpu0) / (time.perf_counter() - wall0)
-
-
 def _cpu_now(svc: Service) -> tuple[float, float]:
+    """The service process's CPU time so far and the wall clock (s)."""
     return sum(process_cpu_s(svc.server.proc.pid)), time.perf_counter()
+
+
+def _cpu_share(svc: Service, since: tuple[float, float]) -> float:
+    """The service process's CPU time since ``since`` (a :func:`_cpu_now`), as a share of one core."""
+    (cpu0, wall0), (cpu1, wall1) = since, _cpu_now(svc)
+    return (cpu1 - cpu0) / (wall1 - wall0)
 
 
 def run_ticks(svc: Service, ticks: int, rate: float | None) -> dict[str, float]:
