@@ -21,14 +21,17 @@ keep-alive connections, each market's ticks in time order, for 180 s; ``--quick`
 * the state of the shipped ``HighProcessingLatency`` alert (inactive / pending /
   firing; ``for: 2m``, so a run shorter than that can show it pending at most), with
   the times it changed during the run;
+* the exact quantiles of the ``processing_time_ns`` of every answer the load received
+  (what the histogram counted, tick by tick: a started service serves no other ticks,
+  and runs up to 5 minutes fall inside the expression's window), and the ratio
+  histogram_quantile ÷ those: the bucket edges bound it to 0.83–1.2 from 1 µs to 1 ms
+  (see ``cerebellar_norse.observability.metrics``). With ``--url``, the window also
+  holds whatever else the service served in the 5 minutes;
 * the service's own exact quantiles ``cerebellar_norse_processing_latency_seconds{quantile}``
   (per tick, over its last 4096 batches): the value at the end and its mean over the
-  run (the gauge's samples scraped every second, over the same window as the
-  histogram's as far as the run allows);
-* the ratio histogram_quantile ÷ exact (mean over the run): the bucket edges bound it
-  to 0.83–1.2 from 1 µs to 1 ms (see ``cerebellar_norse.observability.metrics``); a
-  ratio outside that range comes from the windows differing (load that changed during
-  the 5 minutes), not from interpolation.
+  run (the gauge's samples scraped every second). A quantile of the last 4096 batches,
+  averaged over time, is not the quantile of the run: where the load's tail came in
+  bursts, it differs from both of the above by more than the bucket edges allow.
 
 All child processes are stopped on exit, Ctrl-C and SIGTERM included.
 
@@ -72,6 +75,7 @@ ALERT = "HighProcessingLatency"
 THRESHOLD_S = 1e-5  # the guide's alert threshold, 10 µs
 QUANTILES = ("0.5", "0.95", "0.99")  # as the service labels its gauge (repr of the float)
 GUIDE_EXPR = "histogram_quantile({q}, rate(processing_duration_seconds_bucket[5m]))"
+PROCESSING = re.compile(rb'"processing_time_ns":(\d+)')
 EXACT_GAUGE = 'cerebellar_norse_processing_latency_seconds{{quantile="{q}"}}'
 BASE_TS = 1_640_995_200_000  # the operations guide's example tick time (ms since epoch)
 QUICK_S = 40.0
@@ -255,13 +259,19 @@ class Load:
     ok: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     latencies_us: list[float] = field(default_factory=list)
+    processing_ns: list[int] = field(default_factory=list)  # each answer's processing_time_ns
     elapsed_s: float = 0.0
+
+    def processing_quantiles_s(self) -> dict[str, float | None]:
+        """The exact quantiles (nearest rank) of the answers' processing times, s, keyed as :data:`QUANTILES`."""
+        ns = sorted(self.processing_ns)
+        return {q: nearest_rank(ns, float(q)) / 1e9 if ns else None for q in QUANTILES}
 
     def summary(self, target: float, markets: int, concurrency: int, duration_s: float) -> dict[str, Any]:
         lat = sorted(self.latencies_us)
 
         def pct(q: float) -> float | None:
-            return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1) if lat else None
+            return round(nearest_rank(lat, q), 1) if lat else None
 
         return {"target_ticks_per_s": target, "markets": markets, "concurrency": concurrency, "duration_s": duration_s,
                 "sent": self.sent, "ok": self.ok, "errors": self.errors,
@@ -269,11 +279,15 @@ class Load:
                 "client_p50_us": pct(0.5), "client_p99_us": pct(0.99)}
 
 
-async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> int:
-    """Send one request; read its answer (Content-Length bodies); the status code."""
+def nearest_rank(ordered: list[Any], q: float) -> Any:
+    """The ``q`` quantile (0 < q ≤ 1) of a sorted, non-empty list: its ⌈q·n⌉-th value."""
+    return ordered[max(0, min(len(ordered), math.ceil(q * len(ordered))) - 1)]
+
+
+async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> tuple[int, bytes]:
+    """Send one request; read its answer (Content-Length bodies); the status code and body."""
     writer.write(raw)
-    status, _ = await read_answer(reader)
-    return status
+    return await read_answer(reader)
 
 
 async def drive(url: str, rate: float, markets: int, concurrency: int, duration_s: float, on_tick: Any = None) -> Load:
@@ -317,11 +331,13 @@ async def drive(url: str, rate: float, markets: int, concurrency: int, duration_
                 raw = (b"POST /neural/process HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                        % (parts.netloc.encode(), len(body))) + body
                 sent = time.perf_counter_ns()
-                status = await _roundtrip(reader, writer, raw)
+                status, answer = await _roundtrip(reader, writer, raw)
                 load.sent += 1
                 if status == 200:
                     load.ok += 1
                     load.latencies_us.append((time.perf_counter_ns() - sent) / 1e3)
+                    if (took := PROCESSING.search(answer)) is not None:
+                        load.processing_ns.append(int(took.group(1)))
                 else:
                     load.errors[str(status)] = load.errors.get(str(status), 0) + 1
                 i += 1
@@ -371,17 +387,24 @@ def _num(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else x
 
 
-def measure(prom: Prom, window_s: int) -> dict[str, Any]:
-    """The figures of the run from Prometheus (seconds; None where Prometheus has no value)."""
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def measure(prom: Prom, window_s: int, answers: dict[str, float | None]) -> dict[str, Any]:
+    """The figures of the run from Prometheus (seconds; None where Prometheus has no value).
+
+    ``answers``: the exact quantiles of the processing times the load's answers gave (s).
+    """
     out: dict[str, Any] = {"quantiles": {}}
     for q in QUANTILES:
         hq = _num(prom.scalar(GUIDE_EXPR.format(q=q)))
         gauge = EXACT_GAUGE.format(q=q)
         now = _num(prom.scalar(gauge))
         mean = _num(prom.scalar(f"avg_over_time(({gauge} >= 0)[{window_s}s:1s])"))  # NaN samples (no batch yet) left out
-        out["quantiles"][q] = {"histogram_quantile_s": hq, "exact_now_s": now, "exact_mean_s": mean,
-                               "ratio": round(hq / mean, 3) if hq is not None and mean else None,
-                               "ratio_now": round(hq / now, 3) if hq is not None and now else None}
+        out["quantiles"][q] = {"histogram_quantile_s": hq, "exact_answers_s": answers.get(q),
+                               "ratio_answers": _ratio(hq, answers.get(q)),
+                               "exact_now_s": now, "exact_mean_s": mean, "ratio": _ratio(hq, mean), "ratio_now": _ratio(hq, now)}
     out["guide_expression"] = GUIDE_EXPR.format(q="0.95")
     out["guide_value_s"] = out["quantiles"]["0.95"]["histogram_quantile_s"]
     out["threshold_s"] = THRESHOLD_S
@@ -430,11 +453,13 @@ def table(res: dict[str, Any]) -> str:
         f"concurrency {ld['concurrency']}, {ld['duration_s']:g} s; {ld['ok']} ok, {errors} errors; "
         f"client round trip p50 {ld['client_p50_us']} µs, p99 {ld['client_p99_us']} µs",
         "",
-        f"| quantile | histogram_quantile [5m] | exact, mean over {m['exact_window_s']} s | exact, at the end | ratio (hq ÷ mean) |",
-        "|---|---:|---:|---:|---:|",
+        f"| quantile | histogram_quantile [5m] | exact, the run's {m['answers']} answers | ratio (hq ÷ exact) "
+        f"| service's gauge, mean over {m['exact_window_s']} s | gauge at the end |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for q, v in m["quantiles"].items():
-        lines.append(f"| {q} | {_us(v['histogram_quantile_s'])} | {_us(v['exact_mean_s'])} | {_us(v['exact_now_s'])} | {v['ratio']} |")
+        lines.append(f"| {q} | {_us(v['histogram_quantile_s'])} | {_us(v['exact_answers_s'])} | {v['ratio_answers']} "
+                     f"| {_us(v['exact_mean_s'])} | {_us(v['exact_now_s'])} |")
     lines += ["", f"{m['guide_expression']} = {_us(m['guide_value_s'])} "
               f"({'above' if m['above_threshold'] else 'not above'} the 10 µs threshold)",
               f"{ALERT}: {al['state']} at the end" + (f" (active since {al['active_at']})" if al.get("active_at") else "")
@@ -502,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
             watcher.close()
             res["prometheus"]["answered"] = wait_scraped(p, service_count(url), 30.0)
             time.sleep(args.scrape_interval * 1.5)  # one more rule evaluation on the last scrape
-            res["measurement"] = measure(p, max(2, min(300, math.ceil(load.elapsed_s))))
+            res["measurement"] = measure(p, max(2, min(300, math.ceil(load.elapsed_s))), load.processing_quantiles_s())
+            res["measurement"]["answers"] = len(load.processing_ns)
             state, rule = alert_state(p)
             active = next((a for a in rule.get("alerts", [])), None)
             res["alert"] = {"name": ALERT, "state": state, "for": rule.get("duration"), "rule_health": rule.get("health"),

@@ -37,9 +37,10 @@ def test_a_short_run_reports_prometheus_figures(tmp_path: Path) -> None:
     assert m["guide_expression"] == "histogram_quantile(0.95, rate(processing_duration_seconds_bucket[5m]))"
     for q in ("0.5", "0.95", "0.99"):
         fig = m["quantiles"][q]
-        for key in ("histogram_quantile_s", "exact_now_s", "exact_mean_s"):
+        for key in ("histogram_quantile_s", "exact_answers_s", "exact_now_s", "exact_mean_s"):
             assert isinstance(fig[key], float) and fig[key] > 0, (q, key, fig)
-        assert isinstance(fig["ratio"], float)
+        assert isinstance(fig["ratio"], float) and fig["ratio_answers"] == round(fig["histogram_quantile_s"] / fig["exact_answers_s"], 3)
+    assert m["answers"] == load["ok"]  # every answer gave its processing time
     assert m["above_threshold"] == (m["guide_value_s"] > 1e-5)
     alert = res["alert"]
     assert alert["name"] == "HighProcessingLatency" and alert["rule_health"] == "ok", alert  # the shipped rule loaded
@@ -60,6 +61,16 @@ def _script_module() -> object:
     finally:
         sys.path.remove(str(SCRIPT.parent))
     return mod
+
+
+def test_exact_quantiles_are_nearest_rank() -> None:
+    mod = _script_module()
+    ranked = list(range(1, 101))
+    assert [mod.nearest_rank(ranked, q) for q in (0.5, 0.95, 0.99, 1.0)] == [50, 95, 99, 100]  # type: ignore[attr-defined]
+    assert [mod.nearest_rank([7, 9], q) for q in (0.01, 0.5, 0.51, 1.0)] == [7, 7, 9, 9]  # type: ignore[attr-defined]
+    load = mod.Load(processing_ns=[3000, 1000, 2000])  # type: ignore[attr-defined]
+    assert load.processing_quantiles_s() == {"0.5": 2e-6, "0.95": 3e-6, "0.99": 3e-6}
+    assert mod.Load().processing_quantiles_s() == dict.fromkeys(("0.5", "0.95", "0.99"))  # type: ignore[attr-defined]
 
 
 def test_set_gives_the_started_service_config_variables() -> None:
