@@ -39,6 +39,7 @@ import gc
 import json
 import os
 import platform
+import re
 import shlex
 import signal
 import socket
@@ -60,6 +61,7 @@ TARGET_P99_MS = 2.0
 BASE_TS = 1_640_995_200_000
 PROCESS, EMPTY = "/neural/process", "/empty"
 WARM_ROUNDS = 3  # requests per worker before a raw-client measurement
+PROCESSING = re.compile(rb'"processing_time_ns":(\d+)')  # a tick answer's processing time (ns)
 
 
 # -- servers --------------------------------------------------------------------------------------

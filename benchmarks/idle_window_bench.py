@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import uvloop
+from http_bench import PROCESSING  # benchmarks/ is the script's directory, first on sys.path
 from uvicorn.server import ServerState
 
 from cerebellar_norse.api.server import build_service, make_app, uvicorn_config
@@ -41,7 +41,6 @@ from cerebellar_norse.ticks import Tick
 MARKETS = 20
 SKIP = 500  # first answers of each scenario left out (caches, the markets' first ticks)
 BASE_MS = 1_640_995_200_000
-PROCESSING = re.compile(rb'"processing_time_ns":(\d+)')
 
 
 class MemoryTransport(asyncio.Transport):

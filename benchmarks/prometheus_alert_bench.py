@@ -67,7 +67,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from http_bench import override_env, read_answer, service_env  # benchmarks/ is first on sys.path
+from http_bench import PROCESSING, override_env, read_answer, service_env  # benchmarks/ is first on sys.path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RULES = REPO_ROOT / "monitoring" / "alerts.yml"
@@ -75,7 +75,6 @@ ALERT = "HighProcessingLatency"
 THRESHOLD_S = 1e-5  # the guide's alert threshold, 10 µs
 QUANTILES = ("0.5", "0.95", "0.99")  # as the service labels its gauge (repr of the float)
 GUIDE_EXPR = "histogram_quantile({q}, rate(processing_duration_seconds_bucket[5m]))"
-PROCESSING = re.compile(rb'"processing_time_ns":(\d+)')
 EXACT_GAUGE = 'cerebellar_norse_processing_latency_seconds{{quantile="{q}"}}'
 BASE_TS = 1_640_995_200_000  # the operations guide's example tick time (ms since epoch)
 QUICK_S = 40.0
