@@ -280,7 +280,7 @@ class Load:
 
 def nearest_rank(ordered: list[Any], q: float) -> Any:
     """The ``q`` quantile (0 < q ≤ 1) of a sorted, non-empty list: its ⌈q·n⌉-th value."""
-    return ordered[max(0, min(len(ordered), math.ceil(q * len(ordered))) - 1)]
+    return ordered[max(1, min(len(ordered), math.ceil(q * len(ordered)))) - 1]
 
 
 async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> tuple[int, bytes]:
