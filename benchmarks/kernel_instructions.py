@@ -18,6 +18,11 @@ of ticks over 20 markets (batch 1) or ``batch`` distinct markets. The clock read
 toggle collection are counted too; their own cost, measured in a run with nothing
 between them, is printed beside the window and taken off it.
 
+The counts are of the kernel numba compiles under valgrind: LLVM is asked for the host's
+CPU, and under valgrind that is valgrind's own (a Haswell: AVX2, FMA, no AVX-512), so on
+a host with AVX-512 the variant counted is not the one that serves. Compare counts with
+counts (one revision against another), not with the host's timings.
+
 Needs ``valgrind`` (with its headers, ``valgrind/callgrind.h``) and a C compiler. To
 compare two revisions, run the script with ``PYTHONPATH`` set to the other checkout: on
 revisions older than the staged step (``Backend.step_buffered``) it times ``step``, the
