@@ -100,6 +100,9 @@ WARM_PAUSE_LOG_INTERVAL_S = 60.0
 # the queue's high-water mark covers the last 15 to 30 s: every tick admitted between two scrapes 15 s apart (the
 # shipped scrape interval) is in one of them
 QUEUE_PEAK_WINDOW_S = 15.0
+# Busy polling asks whether a task waits for a CPU at most this often (s): the question costs about 1.5 µs of system
+# calls, and under load a polling round comes with every turn of the event loop.
+CPU_CHECK_S = 50e-6
 
 
 @dataclass
@@ -151,6 +154,7 @@ class Engine:
         self.batch_size = perf.batch_size
         self.apply_live_settings(perf)
         self._poll_until = 0.0
+        self._cpu_check_at = 0.0  # when polling next asks whether a task waits for a CPU (monotonic s)
         self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
         self._poll_started = 0.0  # when the running polling window began (monotonic s)
         self._came_soon = False  # the queued batch's first tick came within busy_poll_us of the batch before
@@ -549,8 +553,9 @@ class Engine:
         before it: a client that comes back that quickly is likely to again, while
         polling for ticks that come further apart would only keep a core busy until the
         window ran out, and the tick would find the CPU idle all the same. Polling stops
-        early when a task waits for a CPU (:func:`~cerebellar_norse.engine.runqueue.cpu_wanted`):
-        the client woken by its answer may be the one waiting, queued behind this loop.
+        early when a task waits for a CPU (:func:`~cerebellar_norse.engine.runqueue.cpu_wanted`,
+        asked at most every ``CPU_CHECK_S``): the client woken by its answer may be the one
+        waiting, queued behind this loop.
 
         While a callback is ready the loop polls its sockets without blocking, so the
         thread never sleeps: a CPU left idle between ticks is given to other work or put
@@ -559,7 +564,11 @@ class Engine:
         processing time"). Each round is one non-blocking poll of the sockets.
         """
         now = time.monotonic()
-        if self._accepting and self.busy_poll_s > 0.0 and now < self._poll_until and not cpu_wanted():
+        wanted = False
+        if now >= self._cpu_check_at:
+            self._cpu_check_at = now + CPU_CHECK_S
+            wanted = cpu_wanted()
+        if self._accepting and self.busy_poll_s > 0.0 and now < self._poll_until and not wanted:
             asyncio.get_running_loop().call_soon(self._poll)
         else:
             self.polling = False

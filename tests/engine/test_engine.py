@@ -284,9 +284,11 @@ async def test_busy_polling_stops_at_the_next_round_while_a_task_waits_for_a_cpu
     engine = Engine(engine_config(busy_poll_us=5_000_000))
     engine.warm_up()
     await engine.submit(tick("A", T0))
+    started = time.monotonic()
     await engine.submit(tick("A", T0 + 1))
     await asyncio.sleep(0.01)
-    assert engine.polling and checks > 5  # checked at every round
+    assert engine.polling and checks > 5  # asked again and again while polling
+    assert checks <= (time.monotonic() - started) / engine_module.CPU_CHECK_S + 1  # at most every CPU_CHECK_S
     waiting = True
     await asyncio.sleep(0.01)
     assert not engine.polling
