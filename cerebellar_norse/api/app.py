@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
-from ..observability.context import accept_request_id, new_request_id, request_id_var
+from ..observability.context import accept_request_id, request_id_var
 from ..observability.timelines import SENT, Timeline
 from .bulk import bulk_body_limit
 from .deps import SCOPE_REQUEST_ID, SCOPE_ROUTE, SCOPE_TIMED_OUT, SCOPE_TIMELINE, ServiceState
@@ -114,6 +114,9 @@ class RequestContextMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "websocket":  # the handshake's id: its answer (101 or the refusal) carries it
+                scope[SCOPE_REQUEST_ID] = accept_request_id(
+                    next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None))
             if scope["type"] == "websocket" and scope["path"] != neural.STREAM_PATH:
                 await self._refuse_websocket(scope, send, 404, "not_found", f"no WebSocket at {scope['path']!r}: the"
                                              f" stream is {neural.STREAM_PATH}", close_code=1008)
@@ -212,7 +215,7 @@ class RequestContextMiddleware:
         """Refuse a WebSocket handshake with the JSON error shape where the server can send an HTTP answer (503 over
         the connection limit, with Retry-After; 404 for a path with no WebSocket), else by closing it."""
         self.state.metrics.errors.labels(kind).inc()
-        rid = new_request_id()
+        rid = scope[SCOPE_REQUEST_ID]
         if "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": close_code, "reason": msg[:120]})
             return

@@ -9,6 +9,7 @@ one market, one error taxonomy on every route, and the log volume of evictions.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -384,6 +385,20 @@ def test_far_future_tick_on_the_stream(srv: LiveServer) -> None:
         assert (err["type"], err["field"]) == ("future_timestamp", "timestamp")
         ws.send(json.dumps(live_tick(m, now_ms())))
         assert json.loads(ws.recv(timeout=10))["market_id"] == m
+
+
+def test_a_stream_handshake_answers_with_its_request_id(srv: LiveServer) -> None:
+    """The 101 carries ``X-Request-ID`` as every HTTP answer does: the caller's when valid, else a fresh one; a
+    refused handshake's JSON error names the same id."""
+    with connect(f"{srv.ws_url}/neural/stream", additional_headers={"X-Request-ID": "ws-conn-1"}) as ws:
+        assert ws.response is not None and ws.response.headers["X-Request-ID"] == "ws-conn-1"
+    with connect(f"{srv.ws_url}/neural/stream", additional_headers={"X-Request-ID": "not valid!"}) as ws:
+        assert ws.response is not None and re.fullmatch(r"[0-9a-f]{32}", ws.response.headers["X-Request-ID"])
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"{srv.ws_url}/neural/nowhere", additional_headers={"X-Request-ID": "ws-conn-2"}, open_timeout=10)
+    assert refused.value.response.status_code == 404
+    assert refused.value.response.headers["X-Request-ID"] == "ws-conn-2"
+    assert json.loads(refused.value.response.body or b"{}")["error"]["request_id"] == "ws-conn-2"
 
 
 def test_reset_one_market(client: httpx.Client) -> None:
