@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--activate", action="store_true", help="make the new model the active one")
     tr.add_argument("--from-scratch", action="store_true", help="start from the config's seed instead of the active model")
     _add_timezone(tr)
+    _add_date_order(tr)
     _add_split_adjust(tr)
     tr.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"0 for no 95%% intervals; otherwise 1 to {MAX_BOOTSTRAP} (default 1000): the intervals, whose "
                          "moving-block bootstrap variance is computed exactly, are the same for any number")
     _add_timezone(ev, " and of a --since TIME without one")
+    _add_date_order(ev)
     _add_split_adjust(ev)
     ev.set_defaults(after_parse=_times_in_zone(ev, "--since"))
     ev.add_argument("--json", action="store_true", help="print one JSON object")
@@ -124,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     ix = sub.add_parser("inspect-data", help="how tick CSV files are read: columns, formats, bad and skipped rows, markets")
     ix.add_argument("files", nargs="+", help="CSV files (paths, or names relative to paths.data_dir)")
     _add_timezone(ix)
+    _add_date_order(ix)
     _add_split_adjust(ix)
     ix.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -142,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--tolerance", type=non_negative, default=None, metavar="T",
                     help="with --detect-divergence: largest |difference| of a probability that is not a divergence (default 1e-9)")
     _add_timezone(rp, " (a tick CSV; a recording's times are ms)")
+    _add_date_order(rp)
     rp.add_argument("--json", action="store_true", help="print one JSON result per line (with --detect-divergence: one JSON report)")
 
     db = sub.add_parser("debug-bundle", help="write a .tar.gz with config, versions, models and service state for support")
@@ -201,6 +205,17 @@ def _add_timezone(parser: argparse.ArgumentParser, more: str = "") -> None:
                         help="zone of the files' times written without an offset or zone" + more + ": UTC, an IANA name"
                              " (America/New_York) or a fixed offset (-05:00, UTC+02:00); overrides"
                              " training.data_timezone (default UTC)")
+
+
+DATE_ORDERS = {"day-first": "day_first", "month-first": "month_first"}  # --date-order's values -> training.date_order
+
+
+def _add_date_order(parser: argparse.ArgumentParser) -> None:
+    """The ``--date-order`` option of a command that reads tick files."""
+    parser.add_argument("--date-order", choices=sorted(DATE_ORDERS),
+                        help="read every date written with slashes or dots (02/03/2010) day first or month first;"
+                             " overrides training.date_order (default: read from each date column, a column that"
+                             " cannot tell is refused)")
 
 
 def _add_split_adjust(parser: argparse.ArgumentParser) -> None:
@@ -306,10 +321,10 @@ def _load(args: argparse.Namespace) -> Config:
 
 def _load_for_data(args: argparse.Namespace) -> Config:
     """:func:`_load` for a command that reads tick files: ``--timezone`` overrides ``training.data_timezone``,
-    ``--no-split-adjust`` ``training.adjust_splits``."""
-    from .config import with_data_timezone, without_split_adjust
+    ``--date-order`` ``training.date_order``, ``--no-split-adjust`` ``training.adjust_splits``."""
+    from .config import with_data_timezone, with_date_order, without_split_adjust
 
-    cfg = with_data_timezone(_load(args), args.timezone)
+    cfg = with_date_order(with_data_timezone(_load(args), args.timezone), DATE_ORDERS.get(getattr(args, "date_order", None) or ""))
     return without_split_adjust(cfg) if getattr(args, "no_split_adjust", False) else cfg
 
 

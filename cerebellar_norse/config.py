@@ -253,6 +253,7 @@ class TrainingConfig(_Section):
     flat_band: float = Field(0.0005, ge=0, le=1, description="Fixed flat band (flat_band_mode fixed): |log return| over the horizon at or below this is class flat (0.0005 = 5 bp).")
     max_bad_row_fraction: float = Field(0.01, ge=0, le=1, description="A job fails when more rows than this fraction are bad.")
     data_timezone: str = Field(DEFAULT_ZONE, description='Time zone of tick files\' times written without an offset or zone (naive local times, as HistData, FirstRate Data or MetaTrader write them): "UTC", an IANA name such as "America/New_York" (daylight saving time included), or a fixed offset such as "-05:00" or "UTC+02:00". Times since the epoch and times with their own offset or zone are exact and not affected.')
+    date_order: Literal["auto", "day_first", "month_first"] = Field("auto", description='Order of day and month in tick files\' dates written with slashes or dots (02/03/2010): "auto" reads it from each date column (a day above 12, or successive dates days apart in one order only; dates with dots that show neither are day first) and refuses a column that cannot tell; "day_first" or "month_first" reads every such column so, and refuses one whose dates show the other order. Dates written year first (ISO 8601) are not affected.')
     adjust_splits: bool = Field(True, description="Read a one-day move of a stock's prices that matches a common split ratio (2:1, 3:2, 1:10, …) within a tight tolerance, and is over 5 % and 25 times the market's median move, between two days, with volumes, as a split: the prices before it divided by the ratio (the volumes multiplied by it where they are as traded), noted (docs/training.md). false reads every price as written (a genuine move that happens to match a ratio).")
     threads: int = Field(1, ge=1, le=1024, description="CPU threads of the training process.")
     stall_warning_s: float = Field(300.0, ge=1, le=86_400, description="A running job whose process has reported no progress and used no CPU time for this long (s) is stalled (stopped, frozen, hung on a dead mount): one WARNING, stalled_s in its status, cerebellar_norse_training_job_stalled 1; end it with DELETE /training/{job_id}.")
@@ -275,6 +276,11 @@ class TrainingConfig(_Section):
     def data_zone(self) -> tzinfo:
         """``data_timezone`` as a zone (``datetime.UTC`` for UTC)."""
         return parse_zone(self.data_timezone)
+
+    @property
+    def day_first(self) -> bool | None:
+        """``date_order`` as the CSV reader takes it: True day first, False month first, None read from each column."""
+        return None if self.date_order == "auto" else self.date_order == "day_first"
 
 
 class ServerConfig(_Section):
@@ -747,6 +753,13 @@ def with_data_timezone(cfg: Config, zone: str | None) -> Config:
     if zone is None:
         return cfg
     return cfg.model_copy(update={"training": cfg.training.model_copy(update={"data_timezone": zone.strip()})})
+
+
+def with_date_order(cfg: Config, order: str | None) -> Config:
+    """``cfg`` with ``training.date_order`` replaced by ``order`` (``--date-order``); ``cfg`` itself when None."""
+    if order is None:
+        return cfg
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update={"date_order": order})})
 
 
 def without_split_adjust(cfg: Config) -> Config:

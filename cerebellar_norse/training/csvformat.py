@@ -229,12 +229,13 @@ def not_utf8(fields: list[str]) -> str:
     return ""
 
 
-def slash_order(path: Path, cols: Columns, notes: list[str] | None = None) -> bool | None:
+def slash_order(path: Path, cols: Columns, notes: list[str] | None = None, given: bool | None = None) -> bool | None:
     """Whether a file's dates written with slashes or dots are day first (True) or month first (False), decided
     over its whole time column; None when its first time is not such a date. Where no day is above 12, the order in
     which its successive dates are days apart, not months (see :func:`_order_by_gaps`), noted in ``notes``; else
     dates with dots are day first (as dates with dots are written); DataError when dates with slashes do not tell,
-    or the column mixes both orders."""
+    or the column mixes both orders. ``given`` (``training.date_order``, ``--date-order``) is the order instead,
+    DataError where a date of the column cannot be read so (a month above 12)."""
     day_first = month_first = False
     example = {True: "", False: ""}
     dates: list[tuple[int, int, int]] = []  # the column's successive distinct dates (first two fields, year)
@@ -264,6 +265,14 @@ def slash_order(path: Path, cols: Columns, notes: list[str] | None = None) -> bo
     except (OSError, csv.Error):
         return None  # the reading pass reports it
     name = cols.time_name
+    if given is not None:
+        shown = month_first if given else day_first  # a date that only the other order reads
+        if shown:
+            order, other = ("day/month", "month/day") if given else ("month/day", "day/month")
+            msg = (f"{path}: {name} date {example[not given]!r} cannot be read as {order} (training.date_order or"
+                   f" --date-order says so): it is {other}; read the file with the other order, or without one")
+            raise DataError(msg, [msg])
+        return given
     if day_first and month_first:
         msg = (f"{path}: {name} mixes day-first ({example[True]!r}) and month-first ({example[False]!r}) dates;"
                " write them as ISO 8601 (YYYY-MM-DD)")
@@ -279,7 +288,8 @@ def slash_order(path: Path, cols: Columns, notes: list[str] | None = None) -> bo
         if dots:
             return True  # dates with dots are written day first (Dukascopy's 02.01.2020)
         msg = (f"{path}: {name} dates such as {first!r} could be month/day or day/month (no day above 12 in the file);"
-               " write them as ISO 8601 (YYYY-MM-DD)")
+               " say which with training.date_order (or --date-order day-first|month-first), or write them as"
+               " ISO 8601 (YYYY-MM-DD)")
         raise DataError(msg, [msg])
     return day_first
 
@@ -1199,7 +1209,8 @@ def _can_be_time(text: str) -> bool:
 
 
 def file_format(path: Path, header: list[str], delimiter: str, notes: list[str], skipped: int = 0,
-                zone: tzinfo = UTC, books: OrderBooks | None = None, series: int | None = None) -> Columns:
+                zone: tzinfo = UTC, books: OrderBooks | None = None, series: int | None = None,
+                day_first: bool | None = None) -> Columns:
     """How the file at ``path`` is written: the columns used, its header lines, date and number formats and row
     order, from its header line (split at ``delimiter``, see :func:`delimiter_of`) and, where that cannot tell,
     from the file itself; a note in ``notes`` for each thing inferred. DataError for a header, or a date column,
@@ -1207,7 +1218,9 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
     start after ``header_rows`` lines (``skipped`` for a headerless Binance file, see :func:`.csvheaderless.binance_layout`). Times
     without an offset are read in ``zone``. ``books``, shared by the files of one load, carries a Databento order
     book's state from one file to the next (see :func:`~.databento.databento_book_events`, :func:`~.databento.databento_mbo`).
-    In a table of several series as columns (``cols.series``), the column ``series`` is read (the first when None)."""
+    In a table of several series as columns (``cols.series``), the column ``series`` is read (the first when None).
+    ``day_first`` (``training.date_order``): the order of dates with slashes or dots, None to read it from the column
+    (see :func:`slash_order`)."""
     if delimiter == " ":
         blank_split_times(path, skipped)
     levels = yfinance_header(path, header, delimiter, skipped)
@@ -1301,9 +1314,10 @@ def file_format(path: Path, header: list[str], delimiter: str, notes: list[str],
         named = {";": "';'", "\t": "tabs", "|": "'|'", " ": "single blanks (as R's write.table writes them)"}[delimiter]
         notes.append(f"{path}: fields separated by {named}" + ("; decimal commas read, '.' between digit groups"
                                                               if cols.decimal_comma else ""))
-    cols.day_first = slash_order(path, cols, notes)
+    cols.day_first = slash_order(path, cols, notes, day_first)
     if cols.day_first is not None:
-        notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}")
+        notes.append(f"{path}: {cols.time_name}: dates read as {'day/month/year' if cols.day_first else 'month/day/year'}"
+                     + (" (training.date_order)" if day_first is not None else ""))
     unit_note = time_unit_of(path, cols)
     if unit_note:
         notes.append(unit_note)

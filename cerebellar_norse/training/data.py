@@ -181,17 +181,19 @@ def _corrupt(path: Path, lines_read: int, exc: CorruptFileError) -> DataError:
 
 
 def load_training_files(paths: list[Path], training: TrainingConfig) -> TickData:
-    """:func:`load_csv_files` as the config's ``[training]`` section says: its bad-row fraction, data time zone and
-    stock split adjustment (``train``, ``evaluate``, ``inspect-data`` and jobs read files this way)."""
-    return load_csv_files(paths, training.max_bad_row_fraction, training.data_zone, training.adjust_splits)
+    """:func:`load_csv_files` as the config's ``[training]`` section says: its bad-row fraction, data time zone, date
+    order and stock split adjustment (``train``, ``evaluate``, ``inspect-data`` and jobs read files this way)."""
+    return load_csv_files(paths, training.max_bad_row_fraction, training.data_zone, training.adjust_splits,
+                          training.day_first)
 
 
 def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzinfo = UTC,
-                   adjust_splits: bool = False) -> TickData:
+                   adjust_splits: bool = False, day_first: bool | None = None) -> TickData:
     """Read tick CSV files (in the given order) into per-market series (format in the module docstring); dates and
     date-times written without an offset or zone are wall-clock times in ``zone`` (``training.data_timezone``); with
     ``adjust_splits`` (``training.adjust_splits``), a move that is a stock split is taken out of its market's prices,
-    noted (:mod:`cerebellar_norse.training.splits`).
+    noted (:mod:`cerebellar_norse.training.splits`); dates with slashes or dots are read day first (True) or month
+    first (False) as ``day_first`` says (``training.date_order``), or as each column shows (None).
 
     Raises:
         DataError: a file cannot be opened or is not a regular file (a FIFO would block the reader), is empty, has no time or price column, or
@@ -258,7 +260,8 @@ def load_csv_files(paths: list[Path], max_bad_fraction: float = 0.01, zone: tzin
             if bad_bytes:
                 raise DataError(f"{path}:1: unreadable header: {bad_bytes}; save the file as UTF-8",
                                 [f"{path}:1: unreadable header"])
-            cols = file_format(path, header, delimiter, notes if series is None else [], skipped, zone, books, series)
+            cols = file_format(path, header, delimiter, notes if series is None else [], skipped, zone, books, series,
+                               day_first)
             if series is None and len(cols.series) > 1:  # each further series in a pass of its own, right after
                 pending.extend((path, k) for k in reversed(cols.series[1:]))
                 tables.append(f"{path} was read as a table of {len(cols.series)} series as columns, each a market's"

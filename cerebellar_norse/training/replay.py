@@ -349,7 +349,8 @@ def served_weights(cfg: Config) -> tuple[Weights, str]:
 
 def _replay_csv(cfg: Config, path: Path, as_json: bool, market: str | None, load_csv_files: Any, served_weights: Any) -> int:
     """A plain tick CSV through the served model, in time order; bad rows are skipped and named on stderr."""
-    data = load_csv_files([path], max_bad_fraction=cfg.training.max_bad_row_fraction, zone=cfg.training.data_zone)
+    data = load_csv_files([path], max_bad_fraction=cfg.training.max_bad_row_fraction, zone=cfg.training.data_zone,
+                          day_first=cfg.training.day_first)
     rows = sorted((int(ts), m.market_id, float(p), float(v)) for m in data.markets
                   for ts, p, v in zip(m.timestamp, m.price, m.volume, strict=True)
                   if market is None or m.market_id == market)

@@ -1280,5 +1280,30 @@ def test_slash_dates_without_a_day_above_12_are_read_in_the_order_that_makes_the
 ])
 def test_slash_dates_whose_gaps_do_not_tell_the_order_are_still_refused(tmp_path: Path, dates: list[str]) -> None:
     path = write(tmp_path, "date,price\n" + "".join(f"{d},1\n" for d in dates))
+    with pytest.raises(DataError, match="could be month/day or day/month") as refused:
+        load_csv_files([path])
+    assert "training.date_order (or --date-order day-first|month-first)" in str(refused.value)
+
+
+def test_a_given_date_order_reads_dates_that_cannot_tell_it(tmp_path: Path) -> None:
+    """``training.date_order``: quotes of one day (``02/03/2010 16:53:50``, backtrader's bidask.csv) read either way."""
+    path = write(tmp_path, "datetime,bid,ask\n02/03/2010 16:53:50,0.5,0.6\n02/03/2010 16:53:51,0.51,0.61\n", "bidask.csv")
     with pytest.raises(DataError, match="could be month/day or day/month"):
         load_csv_files([path])
+    day = load_csv_files([path], day_first=True)
+    assert day.markets[0].timestamp.tolist() == [utc_ms(2010, 3, 2, 16, 53) + 50_000, utc_ms(2010, 3, 2, 16, 53) + 51_000]
+    assert f"{path}: datetime: dates read as day/month/year (training.date_order)" in day.notes
+    month = load_csv_files([path], day_first=False)
+    assert month.markets[0].timestamp.tolist() == [utc_ms(2010, 2, 3, 16, 53) + 50_000, utc_ms(2010, 2, 3, 16, 53) + 51_000]
+    dots = write(tmp_path, "date,price\n03.04.2020,1\n04.04.2020,2\n", "dots.csv")  # dots alone say day first
+    assert load_csv_files([dots], day_first=False).markets[0].timestamp.tolist() == [utc_ms(2020, 3, 4), utc_ms(2020, 4, 4)]
+
+
+@pytest.mark.parametrize(("day_first", "date", "order"), [(True, "02/13/2010", "day/month"),
+                                                          (False, "13/02/2010", "month/day")])
+def test_a_given_date_order_that_a_date_contradicts_is_refused(tmp_path: Path, day_first: bool, date: str,
+                                                               order: str) -> None:
+    path = write(tmp_path, f"date,price\n01/02/2010,1\n{date},2\n")
+    with pytest.raises(DataError, match=f"date '{date}' cannot be read as {order}"):
+        load_csv_files([path], day_first=day_first)
+    assert load_csv_files([path]).bad_rows == 0  # read from the column, the same file is read whole

@@ -1,0 +1,68 @@
+"""The order of day and month in tick files' dates with slashes or dots: ``training.date_order`` and ``--date-order``
+(the CSV reader's side is in test_data.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cerebellar_norse.cli import main
+from cerebellar_norse.config import load_config
+from cerebellar_norse.errors import ConfigError
+from cerebellar_norse.training import commands
+
+QUOTES = "datetime,bid,ask\n02/03/2010 16:53:50,0.5,0.6\n02/03/2010 16:53:51,0.51,0.61\n"  # one day: either order
+
+
+def test_the_config_key_is_checked_at_load() -> None:
+    assert load_config(environ={}).training.day_first is None
+    assert load_config(environ={"CEREBELLAR_NORSE_TRAINING__DATE_ORDER": '"day_first"'}).training.day_first is True
+    assert load_config(environ={"CEREBELLAR_NORSE_TRAINING__DATE_ORDER": '"month_first"'}).training.day_first is False
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={"CEREBELLAR_NORSE_TRAINING__DATE_ORDER": '"dd/mm"'})
+    (problem,) = info.value.problems
+    assert problem.key == "training.date_order"
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for k in list(os.environ):
+        if k.startswith("CEREBELLAR_NORSE_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__DATA_DIR", str(tmp_path))
+    (tmp_path / "bidask.csv").write_text(QUOTES)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("argv", "command"), [(["train", "bidask.csv"], "cmd_train"),
+                                               (["evaluate", "bidask.csv"], "cmd_evaluate"),
+                                               (["inspect-data", "bidask.csv"], "cmd_inspect_data"),
+                                               (["replay", "bidask.csv"], "cmd_replay")])
+def test_the_option_overrides_the_config_key(argv: list[str], command: str, cli_env: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CEREBELLAR_NORSE_TRAINING__DATE_ORDER", '"month_first"')
+    seen: list[str] = []
+    monkeypatch.setattr(commands, command, lambda cfg, *a, **k: seen.append(cfg.training.date_order) or 0)
+    assert main([*argv, "--date-order", "day-first"]) == 0
+    assert main(argv) == 0
+    assert seen == ["day_first", "month_first"]
+
+
+def test_a_bad_option_is_a_usage_error(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["inspect-data", "bidask.csv", "--date-order", "dd/mm"])
+    assert info.value.code == 2
+    assert "--date-order: invalid choice: 'dd/mm'" in capsys.readouterr().err
+
+
+def test_inspect_data_reads_a_file_that_cannot_tell_once_told(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect-data", "bidask.csv"]) != 0
+    assert "say which with training.date_order (or --date-order day-first|month-first)" in capsys.readouterr().err
+    assert main(["inspect-data", "bidask.csv", "--date-order", "day-first"]) == 0
+    out = capsys.readouterr().out
+    assert "2010-03-02T16:53:50Z" in out and "dates read as day/month/year (training.date_order)" in out
+    assert main(["inspect-data", "bidask.csv", "--date-order", "month-first"]) == 0
+    assert "2010-02-03T16:53:50Z" in capsys.readouterr().out
