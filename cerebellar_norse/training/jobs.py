@@ -89,6 +89,9 @@ class TrainingRequest(FirstErrorsModel):
     data_timezone: RequestZone | None = Field(None, description="Zone of the files' times without an offset"
                                               " (training.data_timezone): UTC, an IANA name or a fixed offset such as"
                                               " -05:00.")
+    date_order: Literal["auto", "day_first", "month_first"] | None = Field(
+        None, description="Order of day and month in the files' dates with slashes or dots (training.date_order): auto"
+        " reads it from each date column and refuses one that cannot tell.")
     adjust_splits: bool | None = Field(None, description="Take a one-day move that matches a stock split ratio out of"
                                        " the prices (training.adjust_splits); false reads every price as written.")
     activate: Literal["auto", "always", "never"] = Field("auto", description="auto: when it beats the active model on validation.")

@@ -7,11 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_config
 from cerebellar_norse.errors import ConfigError
 from cerebellar_norse.training import commands
+from cerebellar_norse.training.jobs import TrainingRequest, job_config
 
 QUOTES = "datetime,bid,ask\n02/03/2010 16:53:50,0.5,0.6\n02/03/2010 16:53:51,0.51,0.61\n"  # one day: either order
 
@@ -66,3 +68,13 @@ def test_inspect_data_reads_a_file_that_cannot_tell_once_told(cli_env: Path, cap
     assert "2010-03-02T16:53:50Z" in out and "dates read as day/month/year (training.date_order)" in out
     assert main(["inspect-data", "bidask.csv", "--date-order", "month-first"]) == 0
     assert "2010-02-03T16:53:50Z" in capsys.readouterr().out
+
+
+def test_a_training_request_overrides_the_order_and_refuses_a_bad_one() -> None:
+    cfg = load_config(environ={"CEREBELLAR_NORSE_TRAINING__DATE_ORDER": '"month_first"'})
+    req = TrainingRequest.model_validate({"files": ["a.csv"], "date_order": "day_first"})
+    assert job_config(cfg, req).training.day_first is True
+    assert job_config(cfg, TrainingRequest.model_validate({"files": ["a.csv"]})).training.date_order == "month_first"
+    with pytest.raises(ValidationError) as info:
+        TrainingRequest.model_validate({"files": ["a.csv"], "date_order": "dd/mm"})
+    assert info.value.errors()[0]["loc"] == ("date_order",)
