@@ -7,6 +7,7 @@ is not read), ``paths.state_dir`` and ``paths.data_dir`` under the test's tmp_pa
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,18 @@ from training_helpers import TINY_NEURAL, ConfigFactory, CsvFactory, config_envi
 from cerebellar_norse.config import Config, consistency_problems, load_config
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.training.data import write_csv
+
+
+@pytest.fixture
+def cli_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A command line's environment: none of the caller's ``CEREBELLAR_NORSE_*`` variables, the state dir under
+    ``tmp_path`` and ``tmp_path`` the data dir (returned)."""
+    for k in list(os.environ):
+        if k.startswith("CEREBELLAR_NORSE_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__DATA_DIR", str(tmp_path))
+    return tmp_path
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ or zone are exact."""
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -186,14 +185,9 @@ def test_validate_config_names_a_bad_zone(tmp_path: Path, capsys: pytest.Capture
 
 
 @pytest.fixture
-def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for k in list(os.environ):
-        if k.startswith("CEREBELLAR_NORSE_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__DATA_DIR", str(tmp_path))
-    (tmp_path / "EURUSD.csv").write_text(HISTDATA)
-    return tmp_path
+def cli_env(cli_dirs: Path) -> Path:
+    (cli_dirs / "EURUSD.csv").write_text(HISTDATA)
+    return cli_dirs
 
 
 @pytest.mark.parametrize("argv", [["train", "EURUSD.csv"], ["evaluate", "EURUSD.csv"], ["inspect-data", "EURUSD.csv"],

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,9 @@ def test_the_config_key_is_checked_at_load() -> None:
 
 
 @pytest.fixture
-def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for k in list(os.environ):
-        if k.startswith("CEREBELLAR_NORSE_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("CEREBELLAR_NORSE_PATHS__DATA_DIR", str(tmp_path))
-    (tmp_path / "bidask.csv").write_text(QUOTES)
-    return tmp_path
+def cli_env(cli_dirs: Path) -> Path:
+    (cli_dirs / "bidask.csv").write_text(QUOTES)
+    return cli_dirs
 
 
 @pytest.mark.parametrize(("argv", "command"), [(["train", "bidask.csv"], "cmd_train"),
