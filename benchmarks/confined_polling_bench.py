@@ -85,6 +85,8 @@ def main() -> int:
     ap.add_argument("--service-cpu", type=int, default=None, help="the service's CPU (default: the last usable one)")
     ap.add_argument("--client-cpu", type=int, default=None, help="this process's CPU (default: the first usable one)")
     args = ap.parse_args()
+    if args.ticks < 1 or args.rounds < 1:
+        ap.error("--ticks and --rounds must be at least 1")
     usable = sorted(os.sched_getaffinity(0))
     service_cpu = usable[-1] if args.service_cpu is None else args.service_cpu
     client_cpu = usable[0] if args.client_cpu is None else args.client_cpu

@@ -34,3 +34,10 @@ def test_one_cpu_for_both_is_refused() -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "need two different usable CPUs" in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--ticks", "--rounds"])
+def test_no_ticks_or_no_rounds_is_a_usage_error(flag: str) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), flag, "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--ticks and --rounds must be at least 1" in done.stderr
