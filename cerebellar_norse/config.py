@@ -83,6 +83,7 @@ _SIZE_PATTERN = (r"^\s*(\d+(\.\d+)?|\.\d+)\s*("
 Bytes = Annotated[ByteSize, BeforeValidator(_checked_size), WithJsonSchema(
     {"anyOf": [{"type": "string", "pattern": _SIZE_PATTERN}, {"type": "integer", "minimum": 0}]})]
 """A size in bytes: an integer, or a string of a number and a unit ("28GB", "512 MB", "1.5GiB"; 1 GB = 10^9 B)."""
+DateOrder = Literal["auto", "day_first", "month_first"]  # training.date_order: of tick files' slash or dot dates
 N_FEATURES = 3  # log return, log volume, log inter-tick gap
 N_CLASSES = 3  # down, flat, up
 
@@ -253,7 +254,7 @@ class TrainingConfig(_Section):
     flat_band: float = Field(0.0005, ge=0, le=1, description="Fixed flat band (flat_band_mode fixed): |log return| over the horizon at or below this is class flat (0.0005 = 5 bp).")
     max_bad_row_fraction: float = Field(0.01, ge=0, le=1, description="A job fails when more rows than this fraction are bad.")
     data_timezone: str = Field(DEFAULT_ZONE, description='Time zone of tick files\' times written without an offset or zone (naive local times, as HistData, FirstRate Data or MetaTrader write them): "UTC", an IANA name such as "America/New_York" (daylight saving time included), or a fixed offset such as "-05:00" or "UTC+02:00". Times since the epoch and times with their own offset or zone are exact and not affected.')
-    date_order: Literal["auto", "day_first", "month_first"] = Field("auto", description='Order of day and month in tick files\' dates written with slashes or dots (02/03/2010): "auto" reads it from each date column (a day above 12, or successive dates days apart in one order only; dates with dots that show neither are day first) and refuses a column that cannot tell; "day_first" or "month_first" reads every such column so, and refuses one whose dates show the other order. Dates written year first (ISO 8601) are not affected.')
+    date_order: DateOrder = Field("auto", description='Order of day and month in tick files\' dates written with slashes or dots (02/03/2010): "auto" reads it from each date column (a day above 12, or successive dates days apart in one order only; dates with dots that show neither are day first) and refuses a column that cannot tell; "day_first" or "month_first" reads every such column so, and refuses one whose dates show the other order. Dates written year first (ISO 8601) are not affected.')
     adjust_splits: bool = Field(True, description="Read a one-day move of a stock's prices that matches a common split ratio (2:1, 3:2, 1:10, …) within a tight tolerance, and is over 5 % and 25 times the market's median move, between two days, with volumes, as a split: the prices before it divided by the ratio (the volumes multiplied by it where they are as traded), noted (docs/training.md). false reads every price as written (a genuine move that happens to match a ratio).")
     threads: int = Field(1, ge=1, le=1024, description="CPU threads of the training process.")
     stall_warning_s: float = Field(300.0, ge=1, le=86_400, description="A running job whose process has reported no progress and used no CPU time for this long (s) is stalled (stopped, frozen, hung on a dead mount): one WARNING, stalled_s in its status, cerebellar_norse_training_job_stalled 1; end it with DELETE /training/{job_id}.")

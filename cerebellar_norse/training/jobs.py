@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 
-from ..config import Config
+from ..config import Config, DateOrder
 from ..errors import (
     CapacityError,
     CerebellarNorseError,
@@ -89,7 +89,7 @@ class TrainingRequest(FirstErrorsModel):
     data_timezone: RequestZone | None = Field(None, description="Zone of the files' times without an offset"
                                               " (training.data_timezone): UTC, an IANA name or a fixed offset such as"
                                               " -05:00.")
-    date_order: Literal["auto", "day_first", "month_first"] | None = Field(
+    date_order: DateOrder | None = Field(
         None, description="Order of day and month in the files' dates with slashes or dots (training.date_order): auto"
         " reads it from each date column and refuses one that cannot tell.")
     adjust_splits: bool | None = Field(None, description="Take a one-day move that matches a stock split ratio out of"

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response, WebSocket, WebS
 from pydantic import BaseModel, Field, ValidationError
 
 from ...errors import CerebellarNorseError, InputError
-from ...observability.context import accept_request_id, new_request_id, request_id_var
+from ...observability.context import new_request_id, request_id_var
 from ...observability.timelines import SENT, Timeline
 from ...ticks import MARKET_ID_MAX, MARKET_ID_PATTERN
 from ..deps import SCOPE_REQUEST_ID, SCOPE_TIMELINE, JsonBodyRoute, require_token, service
@@ -168,8 +168,7 @@ async def stream(ws: WebSocket) -> None:
     queried = ws.query_params.getlist("market_id")
     market = header if header is not None else (queried[0] if queried else None)
     routed_by = "X-Market-ID header" if header is not None else "?market_id= of the stream"
-    handshake_id = ws.scope.get(SCOPE_REQUEST_ID) or accept_request_id(ws.headers.get("x-request-id"))
-    await ws.accept(headers=[(b"x-request-id", handshake_id.encode("latin-1"))])
+    await ws.accept(headers=[(b"x-request-id", ws.scope[SCOPE_REQUEST_ID].encode("latin-1"))])  # (the middleware's)
     svc.metrics.stream_connections.inc()
     try:
         while True:
