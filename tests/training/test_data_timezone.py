@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from training_helpers import FILE_COMMANDS, training_seen
 
 from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_config
 from cerebellar_norse.errors import ConfigError
 from cerebellar_norse.timezones import parse_zone, zone_name
-from cerebellar_norse.training import commands
 from cerebellar_norse.training.data import TickData, load_csv_files, parse_time_ms
 from cerebellar_norse.training.jobs import TrainingRequest, job_config
 
@@ -200,17 +200,13 @@ def test_a_bad_timezone_option_is_a_usage_error(argv: list[str], cli_env: Path, 
     assert "--timezone: 'Mars/Olympus' is not a time zone" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("argv", "command"), [(["train", "EURUSD.csv"], "cmd_train"),
-                                               (["evaluate", "EURUSD.csv"], "cmd_evaluate"),
-                                               (["inspect-data", "EURUSD.csv"], "cmd_inspect_data"),
-                                               (["replay", "EURUSD.csv"], "cmd_replay")])
-def test_the_timezone_option_overrides_the_config_key(argv: list[str], command: str, cli_env: Path,
+@pytest.mark.parametrize(("name", "command"), FILE_COMMANDS)
+def test_the_timezone_option_overrides_the_config_key(name: str, command: str, cli_env: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CEREBELLAR_NORSE_TRAINING__DATA_TIMEZONE", '"Europe/London"')
-    seen: list[str] = []
-    monkeypatch.setattr(commands, command, lambda cfg, *a, **k: seen.append(cfg.training.data_timezone) or 0)
-    assert main([*argv, "--timezone", "-05:00"]) == 0  # a value starting with '-' is no option
-    assert main(argv) == 0
+    argv = [name, "EURUSD.csv"]
+    seen = training_seen(monkeypatch, command, "data_timezone",
+                         [*argv, "--timezone", "-05:00"], argv)  # a value starting with '-' is no option
     assert seen == ["-05:00", "Europe/London"]
 
 

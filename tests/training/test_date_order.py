@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from training_helpers import FILE_COMMANDS, training_seen
 
 from cerebellar_norse.cli import main
 from cerebellar_norse.config import load_config
 from cerebellar_norse.errors import ConfigError
-from cerebellar_norse.training import commands
 from cerebellar_norse.training.jobs import TrainingRequest, job_config
 
 QUOTES = "datetime,bid,ask\n02/03/2010 16:53:50,0.5,0.6\n02/03/2010 16:53:51,0.51,0.61\n"  # one day: either order
@@ -33,18 +33,13 @@ def cli_env(cli_dirs: Path) -> Path:
     return cli_dirs
 
 
-@pytest.mark.parametrize(("argv", "command"), [(["train", "bidask.csv"], "cmd_train"),
-                                               (["evaluate", "bidask.csv"], "cmd_evaluate"),
-                                               (["inspect-data", "bidask.csv"], "cmd_inspect_data"),
-                                               (["replay", "bidask.csv"], "cmd_replay")])
-def test_the_option_overrides_the_config_key(argv: list[str], command: str, cli_env: Path,
+@pytest.mark.parametrize(("name", "command"), FILE_COMMANDS)
+def test_the_option_overrides_the_config_key(name: str, command: str, cli_env: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CEREBELLAR_NORSE_TRAINING__DATE_ORDER", '"month_first"')
-    seen: list[str] = []
-    monkeypatch.setattr(commands, command, lambda cfg, *a, **k: seen.append(cfg.training.date_order) or 0)
-    assert main([*argv, "--date-order", "day-first"]) == 0
-    assert main(argv) == 0
-    assert seen == ["day_first", "month_first"]
+    argv = [name, "bidask.csv"]
+    assert training_seen(monkeypatch, command, "date_order", [*argv, "--date-order", "day-first"], argv) == [
+        "day_first", "month_first"]
 
 
 def test_a_bad_option_is_a_usage_error(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,17 +8,36 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cerebellar_norse.config import Config
 
 # The API tests' server launcher (tests/api/live_helpers.py) is reused as is.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from live_helpers import REPO_ROOT, LiveServer, free_port, server_environ, start
 
-__all__ = ["REPO_ROOT", "TINY_NEURAL", "ConfigFactory", "CsvFactory", "LiveServer", "config_environ", "free_port",
-           "server_environ", "start", "tiny_cli_environ", "utc_ms", "write_text_file"]
+__all__ = ["FILE_COMMANDS", "REPO_ROOT", "TINY_NEURAL", "ConfigFactory", "CsvFactory", "LiveServer", "config_environ",
+           "free_port", "server_environ", "start", "tiny_cli_environ", "training_seen", "utc_ms", "write_text_file"]
 
 ConfigFactory = Callable[..., Config]
 CsvFactory = Callable[..., Path]
+
+# The commands that read tick files, each with the function of training.commands it calls.
+FILE_COMMANDS = (("train", "cmd_train"), ("evaluate", "cmd_evaluate"), ("inspect-data", "cmd_inspect_data"),
+                 ("replay", "cmd_replay"))
+
+
+def training_seen(monkeypatch: pytest.MonkeyPatch, command: str, field: str, *argvs: list[str]) -> list[Any]:
+    """``cfg.training.<field>`` as each command line of ``argvs`` hands it to ``commands.<command>`` (not run: each
+    line must exit 0)."""
+    from cerebellar_norse.cli import main
+    from cerebellar_norse.training import commands
+
+    seen: list[Any] = []
+    monkeypatch.setattr(commands, command, lambda cfg, *a, **k: seen.append(getattr(cfg.training, field)) or 0)
+    for argv in argvs:
+        assert main(argv) == 0, argv
+    return seen
 
 # Small enough for the Norse reference to train a window in milliseconds.
 TINY_NEURAL: dict[str, Any] = {
