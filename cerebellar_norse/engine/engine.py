@@ -28,7 +28,9 @@ queued, and stepped in batches by the backend on the event loop's thread:
   on a state slot no market holds, every ``warm_step_interval_us``
   (:meth:`Engine.warm_step`): with milliseconds between ticks the next tick then finds
   the network's code, branch history and weights in the CPU's caches instead of
-  starting cold.
+  starting cold; while the loop polls, the first poll round after each batch steps one
+  too (the batch's own Python evicted them; the client's next tick is due within
+  ``busy_poll_us``).
 
 Running the kernel on the loop thread avoids a thread hand-off per tick (tens of µs),
 which for single ticks costs more than the kernel (a few µs).
@@ -158,6 +160,7 @@ class Engine:
         self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
         self._poll_started = 0.0  # when the running polling window began (monotonic s)
         self._came_soon = False  # the queued batch's first tick came within busy_poll_us of the batch before
+        self._warm_after_batch = False  # the next poll round steps a warm step (a batch ended since the last one)
         self._warm_until = 0.0
         self._warm_handle: asyncio.TimerHandle | None = None
         self._warm_paused = False  # the last round found every state slot taken
@@ -541,6 +544,7 @@ class Engine:
                 self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
         if self._came_soon and self.busy_poll_s > 0.0 and self._accepting:
             self._poll_until = self._last_batch_end + self.busy_poll_s
+            self._warm_after_batch = self.warm_interval_s > 0.0
             if not self.polling:
                 self.polling = True
                 self._poll_started = self._last_batch_end
@@ -562,6 +566,14 @@ class Engine:
         into a power state that empties its caches, and the next tick's network step
         then takes several times its back-to-back time (docs/benchmarks.md, "In-service
         processing time"). Each round is one non-blocking poll of the sockets.
+
+        With warm steps on (``warm_step_interval_us``), the first round after each batch
+        that keeps polling steps one (:meth:`warm_step`) unless a tick is already queued:
+        the batch's own work (parsing, answering, the socket's system calls) evicts the
+        network's code and branch history, and the next tick would otherwise find them
+        cold (docs/benchmarks.md, "A warm step after each polled batch"). Under uvloop
+        that round runs after the loop has read its sockets once, so a tick that came
+        meanwhile is queued and goes first.
         """
         now = time.monotonic()
         wanted = False
@@ -569,6 +581,10 @@ class Engine:
             self._cpu_check_at = now + CPU_CHECK_S
             wanted = cpu_wanted()
         if self._accepting and self.busy_poll_s > 0.0 and now < self._poll_until and not wanted:
+            if self._warm_after_batch:
+                self._warm_after_batch = False
+                if not self._pending and self.warm_interval_s > 0.0:
+                    self._warm_round()
             asyncio.get_running_loop().call_soon(self._poll)
         else:
             self.polling = False
@@ -584,18 +600,23 @@ class Engine:
         self._warm_handle = None
         if not self._accepting or self.warm_interval_s <= 0.0 or time.monotonic() >= self._warm_until:
             return
-        if not self._pending:  # a queued tick goes first; its flush is already scheduled
-            try:
-                stepped = self.warm_step()
-            except Exception:  # never worth more than the ticks: stop warming, keep serving
-                self.warm_interval_s = 0.0
-                log.exception("warm step failed: warm steps are off until the next restart or applied reload")
-                return
-            if stepped == self._warm_paused:
-                self._warm_paused = not stepped
-                self._warm_pauses += not stepped
-            self._say_warm_pause()
+        if not self._pending and not self._warm_round():  # a queued tick goes first; its flush is already scheduled
+            return
         self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
+
+    def _warm_round(self) -> bool:
+        """A warm step, its pause or resumption logged; False when it failed (warm steps are then off)."""
+        try:
+            stepped = self.warm_step()
+        except Exception:  # never worth more than the ticks: stop warming, keep serving
+            self.warm_interval_s = 0.0
+            log.exception("warm step failed: warm steps are off until the next restart or applied reload")
+            return False
+        if stepped == self._warm_paused:
+            self._warm_paused = not stepped
+            self._warm_pauses += not stepped
+        self._say_warm_pause()
+        return True
 
     def _say_warm_pause(self) -> None:
         """Log that the warm steps paused or resumed, when that differs from the last line about them and that line

@@ -200,12 +200,6 @@ async def test_sub_millisecond_batch_delay_never_costs_a_millisecond(engine_conf
     assert time.perf_counter() - t0 < n * 0.5e-3
 
 
-@pytest.fixture
-def cpus_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No task waits for a CPU, whatever else runs on the host meanwhile (polling stops when one does)."""
-    monkeypatch.setattr(engine_module, "cpu_wanted", lambda: False)
-
-
 @pytest.mark.usefixtures("cpus_free")
 async def test_busy_polling_keeps_the_loop_awake_for_its_window_after_each_batch(engine_config: ConfigFactory) -> None:
     """``busy_poll_us``: after a batch the loop runs poll rounds (it never blocks) until the window ends."""

@@ -199,3 +199,45 @@ async def test_a_failing_warm_step_turns_them_off_and_the_engine_keeps_serving(
     assert result.market_id == "A" and engine.stats.ticks == 2
     await asyncio.sleep(0.01)
     assert engine.stats.warm_steps == before
+
+
+@pytest.mark.usefixtures("cpus_free")
+async def test_each_polled_batch_is_followed_by_one_warm_step_and_no_answer_changes(engine_config: ConfigFactory) -> None:
+    """While the loop polls (``busy_poll_us``), its first round after each batch steps one warm step: the batch's own
+    work evicted the network's code. The timer's steps are out of the way here (one a second)."""
+    engine = Engine(engine_config(busy_poll_us=5_000_000, warm_step_interval_us=1_000_000, warm_window_ms=3_600_000))
+    plain = Engine(engine_config(busy_poll_us=5_000_000, warm_step_interval_us=0))
+    for k, t in enumerate(moving_ticks(MARKETS, 4)):
+        got, want = await engine.submit(t), await plain.submit(t)
+        assert core(got) == core(want), f"tick {k}"
+        await asyncio.sleep(0.002)  # many poll rounds, one warm step
+        assert engine.stats.warm_steps == k, f"tick {k}"  # (the first tick polls not: nothing says the next comes soon)
+    assert engine.polling and plain.polling and plain.stats.warm_steps == 0  # warm steps off: polling only
+    for m in MARKETS:
+        slot = engine.pool.table.get(m)
+        assert slot is not None and slot == plain.pool.table.get(m)
+        assert_same_state(plain.arrays.read_slot(slot), engine.arrays.read_slot(slot))
+    assert engine.stats.ticks == plain.stats.ticks
+    await engine.drain(save=False)
+    await plain.drain(save=False)
+
+
+@pytest.mark.usefixtures("cpus_free")
+async def test_a_tick_queued_before_the_poll_round_goes_first_and_a_wanted_cpu_stops_it(
+        engine_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(engine_config(busy_poll_us=5_000_000, warm_step_interval_us=1_000_000, warm_window_ms=3_600_000))
+    await engine.submit(tick("A", T0))
+    await engine.submit(tick("A", T0 + 1))  # polled: its round has not run yet when the caller resumes
+    assert engine.polling and engine.stats.warm_steps == 0
+    queued = engine.submit_nowait(tick("A", T0 + 2))  # queued before that round: no warm step ahead of it
+    await queued
+    await asyncio.sleep(0.002)
+    assert engine.stats.warm_steps == 1  # the one after the queued tick's batch
+    monkeypatch.setattr(engine_mod, "cpu_wanted", lambda: True)  # a task waits for a CPU from now on
+    await asyncio.sleep(0.002)
+    assert not engine.polling
+    await engine.submit(tick("A", T0 + 3))
+    await asyncio.sleep(0.002)
+    assert not engine.polling and engine.stats.warm_steps == 1  # its round asked first: no polling, no warm step
+    assert engine.stats.ticks == 4
+    await engine.drain(save=False)
