@@ -28,7 +28,7 @@ queued, and stepped in batches by the backend on the event loop's thread:
   on a state slot no market holds, every ``warm_step_interval_us``
   (:meth:`Engine.warm_step`): with milliseconds between ticks the next tick then finds
   the network's code, branch history and weights in the CPU's caches instead of
-  starting cold; while the loop polls, the first poll round after each batch steps one
+  starting cold; while the loop polls, its second round after each batch steps one
   too (the batch's own Python evicted them; the client's next tick is due within
   ``busy_poll_us``).
 
@@ -92,6 +92,11 @@ log = logging.getLogger("cerebellar_norse.engine")
 
 # Shortest delay given to an event-loop timer; shorter waits run on the next loop iteration.
 MIN_TIMER_DELAY_S = 0.0005
+
+# The busy-polling round after a batch that steps a warm step (Engine._poll): by the second, the loop has polled its
+# sockets at least once since the batch, whether it runs ready callbacks before I/O (asyncio) or after it (uvloop) and
+# whether the batch ran from a timer or not, so a tick that came meanwhile is queued and goes first.
+WARM_POLL_ROUND = 2
 
 
 IDLE_EVICTION_S = 300.0  # markets idle this long may be evicted above the pool threshold
@@ -160,7 +165,7 @@ class Engine:
         self.polling = False  # the loop is kept awake by _poll (performance.busy_poll_us)
         self._poll_started = 0.0  # when the running polling window began (monotonic s)
         self._came_soon = False  # the queued batch's first tick came within busy_poll_us of the batch before
-        self._warm_after_batch = False  # the next poll round steps a warm step (a batch ended since the last one)
+        self._warm_in_rounds = 0  # the poll round this many rounds on steps a warm step (0: none; see _poll)
         self._warm_until = 0.0
         self._warm_handle: asyncio.TimerHandle | None = None
         self._warm_paused = False  # the last round found every state slot taken
@@ -544,7 +549,7 @@ class Engine:
                 self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
         if self._came_soon and self.busy_poll_s > 0.0 and self._accepting:
             self._poll_until = self._last_batch_end + self.busy_poll_s
-            self._warm_after_batch = self.warm_interval_s > 0.0
+            self._warm_in_rounds = WARM_POLL_ROUND if self.warm_interval_s > 0.0 else 0
             if not self.polling:
                 self.polling = True
                 self._poll_started = self._last_batch_end
@@ -567,13 +572,11 @@ class Engine:
         then takes several times its back-to-back time (docs/benchmarks.md, "In-service
         processing time"). Each round is one non-blocking poll of the sockets.
 
-        With warm steps on (``warm_step_interval_us``), the first round after each batch
-        that keeps polling steps one (:meth:`warm_step`) unless a tick is already queued:
-        the batch's own work (parsing, answering, the socket's system calls) evicts the
-        network's code and branch history, and the next tick would otherwise find them
-        cold (docs/benchmarks.md, "A warm step after each polled batch"). Under uvloop
-        that round runs after the loop has read its sockets once, so a tick that came
-        meanwhile is queued and goes first.
+        With warm steps on (``warm_step_interval_us``), the round :data:`WARM_POLL_ROUND`
+        after each batch steps one (:meth:`warm_step`) if polling goes on and no tick is
+        queued: the batch's own work (parsing, answering, the socket's system calls)
+        evicts the network's code and branch history, and the next tick would otherwise
+        find them cold (docs/benchmarks.md, "A warm step after each polled batch").
         """
         now = time.monotonic()
         wanted = False
@@ -581,9 +584,9 @@ class Engine:
             self._cpu_check_at = now + CPU_CHECK_S
             wanted = cpu_wanted()
         if self._accepting and self.busy_poll_s > 0.0 and now < self._poll_until and not wanted:
-            if self._warm_after_batch:
-                self._warm_after_batch = False
-                if not self._pending and self.warm_interval_s > 0.0:
+            if self._warm_in_rounds:
+                self._warm_in_rounds -= 1
+                if not self._warm_in_rounds and not self._pending and self.warm_interval_s > 0.0:
                     self._warm_round()
             asyncio.get_running_loop().call_soon(self._poll)
         else:

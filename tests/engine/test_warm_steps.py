@@ -223,13 +223,15 @@ async def test_each_polled_batch_is_followed_by_one_warm_step_and_no_answer_chan
 
 
 @pytest.mark.usefixtures("cpus_free")
-async def test_a_tick_queued_before_the_poll_round_goes_first_and_a_wanted_cpu_stops_it(
+async def test_a_queued_tick_goes_before_the_polled_warm_step_and_a_wanted_cpu_stops_it(
         engine_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = Engine(engine_config(busy_poll_us=5_000_000, warm_step_interval_us=1_000_000, warm_window_ms=3_600_000))
+    engine = Engine(engine_config(busy_poll_us=5_000_000, warm_step_interval_us=1_000_000, warm_window_ms=3_600_000,
+                                  max_batch_delay_us=100_000))
     await engine.submit(tick("A", T0))
-    await engine.submit(tick("A", T0 + 1))  # polled: its round has not run yet when the caller resumes
-    assert engine.polling and engine.stats.warm_steps == 0
-    queued = engine.submit_nowait(tick("A", T0 + 2))  # queued before that round: no warm step ahead of it
+    await engine.submit(tick("A", T0 + 1))  # polled: the caller resumes before the poll rounds after its batch
+    queued = engine.submit_nowait(tick("A", T0 + 2))  # waits for its batch (max_batch_delay_us) while the loop polls
+    await asyncio.sleep(0.01)
+    assert engine.polling and engine.queue_depth == 1 and engine.stats.warm_steps == 0  # the queued tick goes first
     await queued
     await asyncio.sleep(0.002)
     assert engine.stats.warm_steps == 1  # the one after the queued tick's batch
