@@ -166,6 +166,7 @@ class Engine:
         self._poll_started = 0.0  # when the running polling window began (monotonic s)
         self._came_soon = False  # the queued batch's first tick came within busy_poll_us of the batch before
         self._warm_in_rounds = 0  # the poll round this many rounds on steps a warm step (0: none; see _poll)
+        self._warm_when_polling = self.backend.fused_step() is not None  # (the fused CPU kernel: see _poll)
         self._warm_until = 0.0
         self._warm_handle: asyncio.TimerHandle | None = None
         self._warm_paused = False  # the last round found every state slot taken
@@ -549,7 +550,7 @@ class Engine:
                 self._warm_handle = asyncio.get_running_loop().call_later(self.warm_interval_s, self._warm_timer)
         if self._came_soon and self.busy_poll_s > 0.0 and self._accepting:
             self._poll_until = self._last_batch_end + self.busy_poll_s
-            self._warm_in_rounds = WARM_POLL_ROUND if self.warm_interval_s > 0.0 else 0
+            self._warm_in_rounds = WARM_POLL_ROUND if self.warm_interval_s > 0.0 and self._warm_when_polling else 0
             if not self.polling:
                 self.polling = True
                 self._poll_started = self._last_batch_end
@@ -576,7 +577,10 @@ class Engine:
         after each batch steps one (:meth:`warm_step`) if polling goes on and no tick is
         queued: the batch's own work (parsing, answering, the socket's system calls)
         evicts the network's code and branch history, and the next tick would otherwise
-        find them cold (docs/benchmarks.md, "A warm step after each polled batch").
+        find them cold (docs/benchmarks.md, "A warm step after each polled batch"). Only
+        where the backend steps the fused CPU kernel (``Backend.fused_step``): a few µs of
+        compiled code on this thread; a CUDA step runs on a device whose code the loop's
+        Python does not evict, and would hold the loop for a synchronisation.
         """
         now = time.monotonic()
         wanted = False

@@ -220,6 +220,12 @@ async def test_each_polled_batch_is_followed_by_one_warm_step_and_no_answer_chan
     assert engine.stats.ticks == plain.stats.ticks
     await engine.drain(save=False)
     await plain.drain(save=False)
+    other = Engine(engine_config(busy_poll_us=5_000_000, warm_step_interval_us=1_000_000), backend="reference")
+    for t in moving_ticks(MARKETS, 2):  # a backend other than the fused CPU kernel: polling, no such step
+        await other.submit(t)
+        await asyncio.sleep(0.002)
+    assert other.polling and other.stats.warm_steps == 0
+    await other.drain(save=False)
 
 
 @pytest.mark.usefixtures("cpus_free")
