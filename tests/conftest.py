@@ -96,3 +96,11 @@ def unreadable(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path, int], None]:
         monkeypatch.setattr(Path, "read_bytes", failing)
 
     return make
+
+
+@pytest.fixture
+def cpus_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No task waits for a CPU, whatever else runs on the host meanwhile (busy polling stops when one does)."""
+    from cerebellar_norse.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "cpu_wanted", lambda: False)

@@ -17,16 +17,9 @@ import pytest
 from engine_helpers import ConfigFactory, StreamFactory, crash
 
 from cerebellar_norse.config import Config, load_config
-from cerebellar_norse.engine import engine as engine_module
 from cerebellar_norse.engine.journal import Durability
 from cerebellar_norse.synthetic import generate_ticks
 from cerebellar_norse.ticks import Tick, validate_ticks
-
-
-@pytest.fixture
-def cpus_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No task waits for a CPU, whatever else runs on the host meanwhile (busy polling stops when one does)."""
-    monkeypatch.setattr(engine_module, "cpu_wanted", lambda: False)
 
 
 @pytest.fixture

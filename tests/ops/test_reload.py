@@ -23,7 +23,6 @@ from cerebellar_norse.api.deps import ServiceState
 from cerebellar_norse.api.lifecycle import LIVE_KEYS, changed_keys, reload_config
 from cerebellar_norse.api.server import build_service
 from cerebellar_norse.config import load_checked_config, load_config
-from cerebellar_norse.engine import engine as engine_module
 from cerebellar_norse.neurons.topology import generate_weights
 from cerebellar_norse.ticks import Tick
 from cerebellar_norse.training.checkpoints import ModelStore
@@ -245,9 +244,9 @@ def reloadable_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("cpus_free")
 async def test_reloaded_busy_poll_us_governs_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``performance.busy_poll_us`` applies on reload: the next batch polls (or not) by the new value."""
-    monkeypatch.setattr(engine_module, "cpu_wanted", lambda: False)  # whatever else runs on the host meanwhile
     with reloadable_service(tmp_path, monkeypatch, "busy_poll_us = 0") as (state, reload):
         eng = state.engine
         await eng.submit(Tick(100.0, 1.0, 1_700_000_000_000, "A"))
