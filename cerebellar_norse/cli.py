@@ -324,7 +324,7 @@ def _load_for_data(args: argparse.Namespace) -> Config:
     ``--date-order`` ``training.date_order``, ``--no-split-adjust`` ``training.adjust_splits``."""
     from .config import with_data_timezone, with_date_order, without_split_adjust
 
-    cfg = with_date_order(with_data_timezone(_load(args), args.timezone), DATE_ORDERS.get(getattr(args, "date_order", None) or ""))
+    cfg = with_date_order(with_data_timezone(_load(args), args.timezone), DATE_ORDERS.get(args.date_order))
     return without_split_adjust(cfg) if getattr(args, "no_split_adjust", False) else cfg
 
 
