@@ -203,7 +203,7 @@ async def test_a_failing_warm_step_turns_them_off_and_the_engine_keeps_serving(
 
 @pytest.mark.usefixtures("cpus_free")
 async def test_each_polled_batch_is_followed_by_one_warm_step_and_no_answer_changes(engine_config: ConfigFactory) -> None:
-    """While the loop polls (``busy_poll_us``), its first round after each batch steps one warm step: the batch's own
+    """While the loop polls (``busy_poll_us``), its second round after each batch steps one warm step: the batch's own
     work evicted the network's code. The timer's steps are out of the way here (one a second)."""
     engine = Engine(engine_config(busy_poll_us=5_000_000, warm_step_interval_us=1_000_000, warm_window_ms=3_600_000))
     plain = Engine(engine_config(busy_poll_us=5_000_000, warm_step_interval_us=0))
